@@ -1,0 +1,57 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// globals are the settings every subcommand shares: where the data lives and
+// how to log. Each flag falls back to a SANDBOXD_* environment variable.
+type globals struct {
+	dataDir   string
+	database  string
+	cacheDir  string
+	logFormat string
+	logLevel  string
+}
+
+func (g *globals) register(root *cobra.Command) {
+	f := root.PersistentFlags()
+	f.StringVar(&g.dataDir, "data-dir", envOr("SANDBOXD_DATA_DIR", "./data"), "directory for the database, repositories, snapshots and sandboxes (env SANDBOXD_DATA_DIR)")
+	f.StringVar(&g.database, "database", envOr("SANDBOXD_DATABASE", ""), "database URL: empty for SQLite in the data dir, or postgres://... (env SANDBOXD_DATABASE)")
+	f.StringVar(&g.cacheDir, "cache-dir", envOr("SANDBOXD_CACHE_DIR", defaultCacheDir()), "cache for built images and kernels, shared by all data dirs (env SANDBOXD_CACHE_DIR)")
+	f.StringVar(&g.logFormat, "log-format", envOr("SANDBOXD_LOG_FORMAT", "text"), "log format: text or json (env SANDBOXD_LOG_FORMAT)")
+	f.StringVar(&g.logLevel, "log-level", envOr("SANDBOXD_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env SANDBOXD_LOG_LEVEL)")
+}
+
+// logger builds the process logger from the flags.
+func (g *globals) logger(w io.Writer) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(g.logFormat, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func defaultCacheDir() string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "sandboxd")
+	}
+	return filepath.Join(os.TempDir(), "sandboxd-cache")
+}

@@ -1,0 +1,40 @@
+// Command sandboxd is the sandboxd service: the HTTP API, the job workers and
+// the sandbox host in one binary, plus the admin, image and bench tools that
+// operate on the same data directory.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCmd() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "sandboxd",
+		Short:         "Self-hosted ephemeral Linux sandboxes behind a small REST API",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	g.register(root)
+	root.AddCommand(
+		newServeCmd(g),
+		newAdminCmd(g),
+		newVersionCmd(),
+	)
+	return root
+}

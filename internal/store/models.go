@@ -1,0 +1,132 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned when a row does not exist (or is not visible to the
+// account asking; callers never learn which).
+var ErrNotFound = errors.New("not found")
+
+// ErrConflict is returned when an insert collides with an existing row.
+var ErrConflict = errors.New("conflict")
+
+// AccountKind tells personal accounts from organizations.
+type AccountKind string
+
+const (
+	AccountPersonal AccountKind = "personal"
+	AccountOrg      AccountKind = "org"
+)
+
+// Account is a personal account or an organization.
+type Account struct {
+	ID   string      `json:"id"`
+	Name string      `json:"name"`
+	Slug string      `json:"slug"`
+	Kind AccountKind `json:"kind"`
+	// MembersShareAccess (organizations only): members may act for one another.
+	MembersShareAccess bool      `json:"members_share_access"`
+	CreatedAt          time.Time `json:"created_at"`
+}
+
+// APIKey is a stored key. The plaintext is never stored: Hash is the SHA-256
+// of the plaintext and Prefix its first characters, shown to tell keys apart.
+type APIKey struct {
+	ID        string     `json:"id"`
+	AccountID string     `json:"account_id"`
+	Name      string     `json:"name"`
+	Prefix    string     `json:"prefix"`
+	Hash      []byte     `json:"-"`
+	SandboxID string     `json:"sandbox_id,omitempty"` // set for keys minted for one sandbox
+	CreatedAt time.Time  `json:"created_at"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// Sandbox statuses, as the API names them.
+const (
+	SandboxPending  = "pending"
+	SandboxRunning  = "running"
+	SandboxStopping = "stopping"
+	SandboxStopped  = "stopped"
+	SandboxFailed   = "failed"
+)
+
+// Sandbox is one sandbox's row: the database is the source of truth for its
+// lifecycle; the node named by NodeID hosts it.
+type Sandbox struct {
+	ID            string     `json:"id"`
+	AccountID     string     `json:"account_id"`
+	NodeID        string     `json:"node_id"`
+	Status        string     `json:"status"`
+	Runtime       string     `json:"runtime"`
+	FailureReason string     `json:"failure_reason,omitempty"`
+	SnapshotID    string     `json:"snapshot_id,omitempty"` // the snapshot it started from
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	Deadline      time.Time  `json:"deadline"`
+	StoppedAt     *time.Time `json:"stopped_at,omitempty"`
+}
+
+// Run statuses, as trigger.dev v3 names them.
+const (
+	RunQueued    = "QUEUED"
+	RunExecuting = "EXECUTING"
+	RunCompleted = "COMPLETED"
+	RunFailed    = "FAILED"
+	RunCrashed   = "CRASHED"
+	RunCanceled  = "CANCELED"
+	RunTimedOut  = "TIMED_OUT"
+)
+
+// Run is one background task execution.
+type Run struct {
+	ID         string          `json:"id"` // run_...
+	AccountID  string          `json:"account_id"`
+	SandboxID  string          `json:"sandbox_id,omitempty"`
+	Task       string          `json:"task"` // run-sandbox-command | setup-sandbox | coding-agent
+	Status     string          `json:"status"`
+	Payload    json.RawMessage `json:"payload"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      json.RawMessage `json:"error,omitempty"`
+	Tags       []string        `json:"tags"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	StartedAt  *time.Time      `json:"started_at,omitempty"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+}
+
+// Snapshot is a captured sandbox filesystem layer stored in blob storage.
+type Snapshot struct {
+	ID        string    `json:"id"`
+	AccountID string    `json:"account_id"`
+	ParentID  string    `json:"parent_id,omitempty"`
+	BaseImage string    `json:"base_image"`
+	BlobKey   string    `json:"blob_key"` // content address (sha256 hex)
+	Size      int64     `json:"size"`
+	Depth     int       `json:"depth"` // chain length to the base
+	SandboxID string    `json:"sandbox_id,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Environment is the account's "snapshot row" of the API: which snapshot new
+// sandboxes start from and which repository backs the account.
+type Environment struct {
+	AccountID  string    `json:"account_id"`
+	SnapshotID *string   `json:"snapshot_id"`
+	GithubRepo *string   `json:"github_repo"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// Node is one sandboxd serve process that hosts sandboxes.
+type Node struct {
+	ID          string    `json:"id"`
+	Hostname    string    `json:"hostname"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+}
