@@ -33,17 +33,19 @@ type Account struct {
 }
 
 // APIKey is a stored key. The plaintext is never stored: Hash is the SHA-256
-// of the plaintext and Prefix its first characters, shown to tell keys apart.
+// of the plaintext in lowercase hex and Prefix its first characters, shown to
+// tell keys apart.
 type APIKey struct {
-	ID        string     `json:"id"`
-	AccountID string     `json:"account_id"`
-	Name      string     `json:"name"`
-	Prefix    string     `json:"prefix"`
-	Hash      []byte     `json:"-"`
-	SandboxID string     `json:"sandbox_id,omitempty"` // set for keys minted for one sandbox
-	CreatedAt time.Time  `json:"created_at"`
-	ExpiresAt *time.Time `json:"expires_at,omitempty"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	ID         string     `json:"id"`
+	AccountID  string     `json:"account_id"`
+	Name       string     `json:"name"`
+	Prefix     string     `json:"prefix"`
+	Hash       string     `json:"-"`
+	SandboxID  string     `json:"sandbox_id,omitempty"` // set for keys minted for one sandbox
+	CreatedAt  time.Time  `json:"created_at"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
 }
 
 // Sandbox statuses, as the API names them.

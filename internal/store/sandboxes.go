@@ -1,0 +1,180 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at"
+
+func scanSandbox(s scanner) (Sandbox, error) {
+	var sb Sandbox
+	var snapshotID sql.NullString
+	var created, updated, deadline int64
+	var stopped sql.NullInt64
+	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
+		&created, &updated, &deadline, &stopped); err != nil {
+		return Sandbox{}, err
+	}
+	sb.SnapshotID = snapshotID.String
+	sb.CreatedAt = fromMillis(created)
+	sb.UpdatedAt = fromMillis(updated)
+	sb.Deadline = fromMillis(deadline)
+	sb.StoppedAt = fromNullMillis(stopped)
+	return sb, nil
+}
+
+// activeSandboxStatuses are the statuses that hold resources on a node.
+var activeSandboxStatuses = []string{SandboxPending, SandboxRunning, SandboxStopping}
+
+// CreateSandbox inserts sb. It fills an empty ID with a random UUID, an empty
+// Status with SandboxPending, a zero CreatedAt with now and a zero UpdatedAt
+// with CreatedAt. An unknown account or snapshot is ErrNotFound; an unknown
+// status is ErrInvalid.
+func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
+	if sb == nil {
+		return fmt.Errorf("create sandbox: %w: nil sandbox", ErrInvalid)
+	}
+	if sb.ID == "" {
+		sb.ID = uuid.NewString()
+	}
+	if sb.Status == "" {
+		sb.Status = SandboxPending
+	}
+	if sb.CreatedAt.IsZero() {
+		sb.CreatedAt = nowMS()
+	}
+	sb.CreatedAt = ms(sb.CreatedAt)
+	if sb.UpdatedAt.IsZero() {
+		sb.UpdatedAt = sb.CreatedAt
+	}
+	sb.UpdatedAt = ms(sb.UpdatedAt)
+	sb.Deadline = ms(sb.Deadline)
+	sb.StoppedAt = msPtr(sb.StoppedAt)
+	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
+		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt))
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
+	}
+	return nil
+}
+
+// GetSandbox returns the sandbox with the given id.
+func (q *Queries) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	sb, err := scanSandbox(q.queryRow(ctx, "SELECT "+sandboxCols+" FROM sandboxes WHERE id = ?", id))
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, notFound(err))
+	}
+	return sb, nil
+}
+
+// ListSandboxes returns the sandboxes of accountID, newest first.
+func (q *Queries) ListSandboxes(ctx context.Context, accountID string) ([]Sandbox, error) {
+	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? ORDER BY created_at DESC, id DESC", accountID)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of %s: %w", accountID, err)
+	}
+	return out, nil
+}
+
+// ListSandboxesByNode returns the sandboxes placed on nodeID whose status is
+// one of statuses (any status when none are given), oldest first.
+func (q *Queries) ListSandboxesByNode(ctx context.Context, nodeID string, statuses ...string) ([]Sandbox, error) {
+	query := "SELECT " + sandboxCols + " FROM sandboxes WHERE node_id = ?"
+	args := []any{nodeID}
+	if len(statuses) > 0 {
+		in, inArgs := inList(statuses)
+		query += " AND status IN (" + in + ")"
+		args = append(args, inArgs...)
+	}
+	out, err := queryAll(ctx, q, scanSandbox, query+" ORDER BY created_at, id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of node %s: %w", nodeID, err)
+	}
+	return out, nil
+}
+
+// TransitionSandbox moves sandbox id to status to if its status is one of
+// from, and reports whether it did (false, nil when the status is not one of
+// from; ErrNotFound when there is no such sandbox). A non-empty reason
+// replaces the failure reason. Moving to stopped or failed sets StoppedAt to
+// at unless it is already set.
+func (q *Queries) TransitionSandbox(ctx context.Context, id string, from []string, to string, reason string, at time.Time) (bool, error) {
+	if len(from) == 0 {
+		return false, nil
+	}
+	atMS := toMillis(ms(at))
+	var stoppedAt any
+	if to == SandboxStopped || to == SandboxFailed {
+		stoppedAt = atMS
+	}
+	in, inArgs := inList(from)
+	args := append([]any{to, atMS, nullString(reason), stoppedAt, id}, inArgs...)
+	n, err := q.execCount(ctx, `UPDATE sandboxes SET status = ?, updated_at = ?,
+		failure_reason = COALESCE(?, failure_reason), stopped_at = COALESCE(stopped_at, ?)
+		WHERE id = ? AND status IN (`+in+`)`, args...)
+	if err != nil {
+		return false, fmt.Errorf("transition sandbox %s to %s: %w", id, to, mapErr(err))
+	}
+	return q.changed(ctx, n, "sandboxes", id, "transition sandbox to "+to+":")
+}
+
+// SetSandboxDeadline sets when sandbox id times out.
+func (q *Queries) SetSandboxDeadline(ctx context.Context, id string, deadline time.Time) error {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET deadline = ?, updated_at = ? WHERE id = ?",
+		toMillis(ms(deadline)), toMillis(nowMS()), id)
+	if err != nil {
+		return fmt.Errorf("set deadline of sandbox %s: %w", id, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("set deadline of sandbox %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// ListExpiredSandboxes returns the pending or running sandboxes on nodeID (on
+// every node when nodeID is empty) whose deadline is at or before now,
+// earliest deadline first.
+func (q *Queries) ListExpiredSandboxes(ctx context.Context, nodeID string, now time.Time) ([]Sandbox, error) {
+	query := "SELECT " + sandboxCols + " FROM sandboxes WHERE status IN (?, ?) AND deadline <= ?"
+	args := []any{SandboxPending, SandboxRunning, toMillis(ms(now))}
+	if nodeID != "" {
+		query += " AND node_id = ?"
+		args = append(args, nodeID)
+	}
+	out, err := queryAll(ctx, q, scanSandbox, query+" ORDER BY deadline, id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list expired sandboxes of node %q: %w", nodeID, err)
+	}
+	return out, nil
+}
+
+// CountActiveSandboxes counts the pending, running and stopping sandboxes of
+// accountID, or of every account when accountID is empty.
+func (q *Queries) CountActiveSandboxes(ctx context.Context, accountID string) (int, error) {
+	in, args := inList(activeSandboxStatuses)
+	query := "SELECT COUNT(*) FROM sandboxes WHERE status IN (" + in + ")"
+	if accountID != "" {
+		query += " AND account_id = ?"
+		args = append(args, accountID)
+	}
+	var n int
+	if err := q.queryRow(ctx, query, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count active sandboxes of %q: %w", accountID, err)
+	}
+	return n, nil
+}
+
+// DeleteSandboxesOf deletes every sandbox row of accountID (and, through the
+// schema, the keys minted for them). Callers stop the sandboxes first.
+func (q *Queries) DeleteSandboxesOf(ctx context.Context, accountID string) error {
+	if _, err := q.exec(ctx, "DELETE FROM sandboxes WHERE account_id = ?", accountID); err != nil {
+		return fmt.Errorf("delete sandboxes of %s: %w", accountID, mapDeleteErr(err))
+	}
+	return nil
+}
