@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -8,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // globals are the settings every subcommand shares: where the data lives and
@@ -54,4 +58,28 @@ func defaultCacheDir() string {
 		return filepath.Join(d, "sandboxd")
 	}
 	return filepath.Join(os.TempDir(), "sandboxd-cache")
+}
+
+// databaseDSN is the database to open: --database, or SQLite in the data dir.
+func (g *globals) databaseDSN() (string, error) {
+	if g.database != "" {
+		return g.database, nil
+	}
+	if err := os.MkdirAll(g.dataDir, 0o700); err != nil {
+		return "", fmt.Errorf("create data dir %s: %w", g.dataDir, err)
+	}
+	return filepath.Join(g.dataDir, "sandboxd.db"), nil
+}
+
+// openStore opens (and migrates) the database.
+func (g *globals) openStore(ctx context.Context) (*store.Store, error) {
+	dsn, err := g.databaseDSN()
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(ctx, dsn, g.logger(os.Stderr))
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	return st, nil
 }

@@ -1,0 +1,53 @@
+# sandboxd — the two commands of the quick start are `make run` and `make test`.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+BIN := bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+# Brief coverage-guided fuzzing of the request decoders on every test run.
+FUZZTIME ?= 10s
+
+.PHONY: all deps build run test unit e2e fuzz lint bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandboxd ./cmd/sandboxd
+
+# Install what is missing, then serve on embedded defaults (SQLite and local
+# disk under ./data) at http://127.0.0.1:8080.
+run: deps build
+	$(BIN)/sandboxd serve
+
+# The whole suite: unit and integration tests (SQLite and a throwaway
+# PostgreSQL, real sandboxes), end-to-end tests against a real server, and a
+# short fuzzing pass over the request decoders.
+test: deps
+	SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 $(GO) test -count=1 -timeout 40m ./...
+	$(MAKE) fuzz
+
+unit:
+	$(GO) test -count=1 ./internal/...
+
+e2e:
+	$(GO) test -count=1 -v ./e2e/...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzCreateSandboxBody$$' -fuzztime $(FUZZTIME) ./internal/api
+	$(GO) test -run '^$$' -fuzz '^FuzzUploadFilesBody$$' -fuzztime $(FUZZTIME) ./internal/api
+	$(GO) test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) ./internal/api
+
+lint:
+	gofmt -l . | (! grep .)
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+bench: build
+	$(BIN)/sandboxd bench
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// newAdminCmd groups the operator commands. They open the same database as
+// `serve` (safe while it runs) and print tables, or JSON with --json.
+func newAdminCmd(g *globals) *cobra.Command {
+	admin := &cobra.Command{Use: "admin", Short: "Manage accounts, organizations and API keys"}
+	account := &cobra.Command{Use: "account", Short: "Manage accounts"}
+	org := &cobra.Command{Use: "org", Short: "Manage organization membership"}
+	key := &cobra.Command{Use: "key", Short: "Manage API keys"}
+	account.AddCommand(newAccountCreateCmd(g), newAccountListCmd(g))
+	org.AddCommand(newOrgAddMemberCmd(g), newOrgRemoveMemberCmd(g), newOrgShareCmd(g))
+	key.AddCommand(newKeyCreateCmd(g), newKeyListCmd(g), newKeyRevokeCmd(g))
+	admin.AddCommand(account, org, key)
+	return admin
+}
+
+func newAccountCreateCmd(g *globals) *cobra.Command {
+	var name, slug string
+	var isOrg, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "create --name NAME [--org]",
+		Short: "Create a personal account or an organization",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if name == "" {
+				return fmt.Errorf("--name is required")
+			}
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			a := store.Account{Name: name, Slug: slug, Kind: store.AccountPersonal}
+			if isOrg {
+				a.Kind = store.AccountOrg
+			}
+			if err := st.CreateAccount(cmd.Context(), &a); err != nil {
+				return fmt.Errorf("create account %q: %w", name, err)
+			}
+			return printAccounts(cmd.OutOrStdout(), asJSON, false, []store.Account{a})
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "account name")
+	cmd.Flags().StringVar(&slug, "slug", "", "URL-safe short name (default derived from --name)")
+	cmd.Flags().BoolVar(&isOrg, "org", false, "create an organization")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newAccountListCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List accounts",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			accts, err := st.ListAccounts(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("list accounts: %w", err)
+			}
+			return printAccounts(cmd.OutOrStdout(), asJSON, true, accts)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// printAccounts prints one account as an object or many as an array.
+func printAccounts(w io.Writer, asJSON, many bool, accts []store.Account) error {
+	if asJSON {
+		if many {
+			if accts == nil {
+				accts = []store.Account{}
+			}
+			return printJSON(w, accts)
+		}
+		return printJSON(w, accts[0])
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tKIND\tNAME\tSLUG\tCREATED")
+	for _, a := range accts {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.ID, a.Kind, a.Name, a.Slug, a.CreatedAt.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func newOrgAddMemberCmd(g *globals) *cobra.Command {
+	var orgID, accountID string
+	cmd := &cobra.Command{
+		Use:   "add-member --org ORG_ID --account ACCOUNT_ID",
+		Short: "Make a personal account a member of an organization",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := st.AddOrgMember(cmd.Context(), orgID, accountID); err != nil {
+				return fmt.Errorf("add %s to organization %s: %w", accountID, orgID, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "added %s to %s\n", accountID, orgID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
+	cmd.Flags().StringVar(&accountID, "account", "", "member account id")
+	_ = cmd.MarkFlagRequired("org")
+	_ = cmd.MarkFlagRequired("account")
+	return cmd
+}
+
+func newOrgRemoveMemberCmd(g *globals) *cobra.Command {
+	var orgID, accountID string
+	cmd := &cobra.Command{
+		Use:   "remove-member --org ORG_ID --account ACCOUNT_ID",
+		Short: "Remove a member from an organization",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := st.RemoveOrgMember(cmd.Context(), orgID, accountID); err != nil {
+				return fmt.Errorf("remove %s from organization %s: %w", accountID, orgID, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", accountID, orgID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
+	cmd.Flags().StringVar(&accountID, "account", "", "member account id")
+	_ = cmd.MarkFlagRequired("org")
+	_ = cmd.MarkFlagRequired("account")
+	return cmd
+}
+
+func newOrgShareCmd(g *globals) *cobra.Command {
+	var orgID string
+	var share bool
+	cmd := &cobra.Command{
+		Use:   "share-access --org ORG_ID [--enabled=true|false]",
+		Short: "Let members of an organization act for one another",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := st.SetMembersShareAccess(cmd.Context(), orgID, share); err != nil {
+				return fmt.Errorf("set member access of %s: %w", orgID, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "members of %s share access: %t\n", orgID, share)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
+	cmd.Flags().BoolVar(&share, "enabled", true, "whether members may act for one another")
+	_ = cmd.MarkFlagRequired("org")
+	return cmd
+}
+
+// createdKey is what `key create` prints: the only time the plaintext is
+// shown.
+type createdKey struct {
+	ID        string     `json:"id"`
+	Key       string     `json:"key"`
+	AccountID string     `json:"account_id"`
+	Name      string     `json:"name,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+func newKeyCreateCmd(g *globals) *cobra.Command {
+	var accountID, name string
+	var expires time.Duration
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "create --account ID [--name N]",
+		Short: "Create an API key (its plaintext is printed once, here)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if _, err := st.GetAccount(cmd.Context(), accountID); err != nil {
+				return fmt.Errorf("account %s: %w", accountID, err)
+			}
+			k, plaintext, err := newAPIKey(accountID, name, expires)
+			if err != nil {
+				return err
+			}
+			if err := st.CreateAPIKey(cmd.Context(), &k); err != nil {
+				return fmt.Errorf("create key: %w", err)
+			}
+			out := createdKey{ID: k.ID, Key: plaintext, AccountID: k.AccountID, Name: k.Name, ExpiresAt: k.ExpiresAt}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "ID\t%s\nACCOUNT\t%s\nKEY\t%s\n", out.ID, out.AccountID, out.Key)
+			fmt.Fprintln(tw, "\nStore the key now: it is not shown again.")
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&accountID, "account", "", "account id the key belongs to")
+	cmd.Flags().StringVar(&name, "name", "", "a label for the key")
+	cmd.Flags().DurationVar(&expires, "expires-in", 0, "expire the key after this long (e.g. 720h); 0 never expires")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	_ = cmd.MarkFlagRequired("account")
+	return cmd
+}
+
+// newAPIKey mints a key row and its plaintext.
+func newAPIKey(accountID, name string, expires time.Duration) (store.APIKey, string, error) {
+	plaintext, prefix, hash, err := auth.NewKey()
+	if err != nil {
+		return store.APIKey{}, "", err
+	}
+	k := store.APIKey{AccountID: accountID, Name: name, Prefix: prefix, Hash: hash}
+	if expires > 0 {
+		t := time.Now().Add(expires).UTC()
+		k.ExpiresAt = &t
+	}
+	return k, plaintext, nil
+}
+
+func newKeyListCmd(g *globals) *cobra.Command {
+	var accountID string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list [--account ID]",
+		Short: "List API keys (never their plaintext)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			keys, err := st.ListAPIKeys(cmd.Context(), accountID)
+			if err != nil {
+				return fmt.Errorf("list keys: %w", err)
+			}
+			if asJSON {
+				if keys == nil {
+					keys = []store.APIKey{}
+				}
+				return printJSON(cmd.OutOrStdout(), keys)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tACCOUNT\tPREFIX\tNAME\tSTATE\tCREATED")
+			for _, k := range keys {
+				state := "active"
+				switch {
+				case k.RevokedAt != nil:
+					state = "revoked"
+				case k.ExpiresAt != nil && !time.Now().Before(*k.ExpiresAt):
+					state = "expired"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\t%s\n", k.ID, k.AccountID, k.Prefix, k.Name, state, k.CreatedAt.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&accountID, "account", "", "only keys of this account")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newKeyRevokeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke an API key at once",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := g.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := st.RevokeAPIKey(cmd.Context(), args[0], time.Now()); err != nil {
+				return fmt.Errorf("revoke key %s: %w", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", args[0])
+			return nil
+		},
+	}
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

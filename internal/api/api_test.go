@@ -1,0 +1,264 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+// fixture is an API server on a real SQLite store with one account and key.
+type fixture struct {
+	st      *store.Store
+	srv     *Server
+	account store.Account
+	key     string
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	st := storetest.Open(t, filepath.Join(t.TempDir(), "api.db"))
+	ctx := context.Background()
+	a := store.Account{Name: "alice", Kind: store.AccountPersonal}
+	if err := st.CreateAccount(ctx, &a); err != nil {
+		t.Fatal(err)
+	}
+	plaintext, prefix, hash, err := auth.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateAPIKey(ctx, &store.APIKey{AccountID: a.ID, Prefix: prefix, Hash: hash}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{st: st, srv: srv, account: a, key: plaintext}
+}
+
+func (f *fixture) do(method, target, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	req.Header.Set("x-api-key", f.key)
+	rec := httptest.NewRecorder()
+	f.srv.ServeHTTP(rec, req)
+	return rec
+}
+
+func TestNotAvailableAfterValidation(t *testing.T) {
+	f := newFixture(t)
+	cases := []struct{ method, path, body string }{
+		{"POST", "/api/sandboxes", `{"command":"ls"}`},
+		{"DELETE", "/api/sandboxes", ``},
+		{"POST", "/api/sandboxes/files", `{"files":[{"url":"https://example.test/a.txt","name":"a.txt"}]}`},
+		{"GET", "/api/sandboxes/file?path=README.md", ``},
+		{"POST", "/api/tasks/coding-agent", `{"repo_url":"https://example.test/r.git","prompt":"fix it"}`},
+	}
+	for _, tc := range cases {
+		rec := f.do(tc.method, tc.path, tc.body)
+		if rec.Code != http.StatusNotImplemented {
+			t.Errorf("%s %s: %d %s", tc.method, tc.path, rec.Code, rec.Body)
+			continue
+		}
+		var body map[string]any
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		if !reflect.DeepEqual(body, map[string]any{"status": "error", "error": "not available yet"}) {
+			t.Errorf("%s %s: body %s", tc.method, tc.path, rec.Body)
+		}
+	}
+}
+
+func TestPatchSnapshot(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	other := store.Account{Name: "bob", Kind: store.AccountPersonal}
+	if err := f.st.CreateAccount(ctx, &other); err != nil {
+		t.Fatal(err)
+	}
+	mine := store.Snapshot{AccountID: f.account.ID, BaseImage: "minimal", BlobKey: strings.Repeat("a", 64)}
+	theirs := store.Snapshot{AccountID: other.ID, BaseImage: "minimal", BlobKey: strings.Repeat("b", 64)}
+	for _, sn := range []*store.Snapshot{&mine, &theirs} {
+		if err := f.st.CreateSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Nothing set yet: the row is null.
+	rec := f.do("PATCH", "/api/sandboxes", ``)
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"snapshot":null`) {
+		t.Fatalf("empty PATCH: %d %s", rec.Code, rec.Body)
+	}
+	// Another account's snapshot is as unknown as a missing one.
+	for _, id := range []string{theirs.ID, "snap_missing"} {
+		if rec := f.do("PATCH", "/api/sandboxes", `{"snapshotId":"`+id+`"}`); rec.Code != 404 {
+			t.Fatalf("PATCH %s: %d %s", id, rec.Code, rec.Body)
+		}
+	}
+	rec = f.do("PATCH", "/api/sandboxes", `{"snapshotId":"`+mine.ID+`","github_repo":"https://git.example.test/a.git"}`)
+	if rec.Code != 200 {
+		t.Fatalf("PATCH: %d %s", rec.Code, rec.Body)
+	}
+	var resp SnapshotResponse
+	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || resp.Snapshot == nil {
+		t.Fatalf("decode %s: %v", rec.Body, err)
+	}
+	if *resp.Snapshot.SnapshotID != mine.ID || *resp.Snapshot.GithubRepo != "https://git.example.test/a.git" || resp.Snapshot.AccountID != f.account.ID {
+		t.Fatalf("row %+v", resp.Snapshot)
+	}
+	exp, err := time.Parse(time.RFC3339, resp.Snapshot.ExpiresAt)
+	if err != nil || exp.Sub(time.Now()) < 6*24*time.Hour {
+		t.Fatalf("expires_at %s", resp.Snapshot.ExpiresAt)
+	}
+	// The list shows the account's snapshot and repository.
+	rec = f.do("GET", "/api/sandboxes", ``)
+	var list ListSandboxesResponse
+	if err := json.Unmarshal(rec.Body.Bytes(), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.SnapshotID == nil || *list.SnapshotID != mine.ID || list.GithubRepo == nil {
+		t.Fatalf("list %s", rec.Body)
+	}
+}
+
+func TestRunsFromStore(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	started := time.Now().Add(-2 * time.Second)
+	run := store.Run{AccountID: f.account.ID, Task: "run-sandbox-command", Status: store.RunQueued,
+		Payload: json.RawMessage(`{"command":"ls"}`), Tags: []string{"account:" + f.account.ID}}
+	if err := f.st.CreateRun(ctx, &run); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.StartRun(ctx, run.ID, started); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.FinishRun(ctx, run.ID, store.RunCompleted, json.RawMessage(`{"exitCode":0}`), nil, started.Add(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	rec := f.do("GET", "/api/tasks/runs?runId="+run.ID, ``)
+	var resp RunsResponse
+	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || len(resp.Runs) != 1 {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	got := resp.Runs[0]
+	if got.Status != "COMPLETED" || !got.IsCompleted || !got.IsSuccess || got.IsFailed || got.DurationMs == nil || *got.DurationMs != 1500 {
+		t.Fatalf("run %+v", got)
+	}
+	if rec := f.do("GET", "/api/tasks/runs?limit=0", ``); rec.Code != 400 {
+		t.Fatalf("limit=0: %d", rec.Code)
+	}
+	rec = f.do("GET", "/api/tasks/runs?limit=5", ``)
+	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || len(resp.Runs) != 1 {
+		t.Fatalf("list: %s", rec.Body)
+	}
+}
+
+func TestIsBinary(t *testing.T) {
+	cases := []struct {
+		name string
+		data []byte
+		want bool
+	}{
+		{"a.txt", []byte("hello"), false},
+		{"a.PNG", []byte("hello"), true},
+		{"a.md", []byte{'a', 0, 'b'}, true},
+		{"a.md", []byte{0xff, 0xfe}, true},
+		{"a.md", []byte("héllo"), false},
+	}
+	for _, tc := range cases {
+		if got := isBinary(tc.name, tc.data); got != tc.want {
+			t.Errorf("isBinary(%q, %q) = %v", tc.name, tc.data, got)
+		}
+	}
+}
+
+func TestCappedBuffer(t *testing.T) {
+	c := &cappedBuffer{max: 4}
+	for _, s := range []string{"ab", "cdef", "gh"} {
+		if n, err := c.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatal(n, err)
+		}
+	}
+	if c.buf.String() != "abcd" || c.dropped != 4 {
+		t.Fatalf("%q dropped %d", c.buf.String(), c.dropped)
+	}
+}
+
+// checkDecoded asserts the invariant of every decoder: bad input yields a
+// client error with the contract's body, never a panic or a 500.
+func checkDecoded(t *testing.T, err error) {
+	if err == nil {
+		return
+	}
+	e, ok := err.(*Error)
+	if !ok || e.Status < 400 || e.Status >= 500 || e.Msg == "" {
+		t.Fatalf("decoder error %T %v", err, err)
+	}
+}
+
+func FuzzCreateSandboxBody(f *testing.F) {
+	for _, seed := range []string{``, `{}`, `{"command":"ls","args":["-la"],"cwd":"/tmp"}`, `{"command":""}`,
+		`{"prompt":"x","command":"y"}`, `{"account_id":"6f1c0e2a-8b7d-4c1e-9a3f-2d5b6c7e8f90"}`, `{"timeout":1.5}`, `[1]`, `{"args":[1]}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		o, err := decodeObject(data)
+		checkDecoded(t, err)
+		if err == nil {
+			_, err = parseCreateSandbox(o)
+			checkDecoded(t, err)
+		}
+	})
+}
+
+func FuzzUploadFilesBody(f *testing.F) {
+	for _, seed := range []string{`{"files":[{"url":"https://a.test/x","name":"x"}]}`, `{"files":[]}`, `{"files":[{"url":1}]}`,
+		`{"files":[{"url":"https://a.test/x","name":"../x"}],"path":"../../etc"}`, `{"files":"x"}`, `{"files":[null]}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		o, err := decodeObject(data)
+		checkDecoded(t, err)
+		if err == nil {
+			req, err := parseUploadFiles(o)
+			checkDecoded(t, err)
+			if err == nil && (strings.Contains(req.Path, "..") || strings.HasPrefix(req.Path, "/")) {
+				t.Fatalf("path escapes: %q", req.Path)
+			}
+		}
+	})
+}
+
+// FuzzRequests sends arbitrary bodies and queries to every route of a real
+// server: nothing may answer 500 or panic.
+func FuzzRequests(f *testing.F) {
+	srv := newFixture(f)
+	routes := srv.srv.routes
+	for i := range routes {
+		f.Add(uint8(i), []byte(`{"command":"ls"}`), "account_id=x&limit=3&path=a&runId=r")
+		f.Add(uint8(i), []byte(`{"files":[{"url":"http://a.test","name":"n"}],"timeout":5}`), "")
+	}
+	f.Fuzz(func(t *testing.T, which uint8, body []byte, query string) {
+		rt := routes[int(which)%len(routes)]
+		target := strings.ReplaceAll(rt.path, "{id}", "sbx_fuzz") + "?" + query
+		req, err := http.NewRequest(rt.method, "http://sandboxd.test"+target, bytes.NewReader(body))
+		if err != nil {
+			return
+		}
+		req.Header.Set("x-api-key", srv.key)
+		rec := httptest.NewRecorder()
+		srv.srv.ServeHTTP(rec, req)
+		if rec.Code >= 500 && rec.Code != http.StatusNotImplemented {
+			t.Fatalf("%s %s %q: %d %s", rt.method, target, body, rec.Code, rec.Body)
+		}
+	})
+}

@@ -1,0 +1,176 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// maxBodyBytes bounds JSON request bodies; file contents never travel in
+// JSON (uploads name URLs, or use multipart with its own limit).
+const maxBodyBytes = 1 << 20
+
+// object is a decoded JSON object whose fields are checked one by one, so
+// that each failure names its field with the contract's message rather than
+// a decoder's wording.
+type object map[string]json.RawMessage
+
+// readObject decodes the request body as a JSON object. An empty body counts
+// as {}.
+func readObject(w http.ResponseWriter, r *http.Request) (object, error) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("Request body must be at most %d bytes", maxBodyBytes)}
+		}
+		return nil, errMalformed
+	}
+	return decodeObject(data)
+}
+
+func decodeObject(data []byte) (object, error) {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return object{}, nil
+	}
+	if !json.Valid(data) {
+		return nil, errMalformed
+	}
+	if data[0] != '{' {
+		return nil, errBadRequest("Request body must be a JSON object")
+	}
+	var o object
+	if err := json.Unmarshal(data, &o); err != nil {
+		return nil, errMalformed
+	}
+	if o == nil {
+		o = object{}
+	}
+	return o, nil
+}
+
+// present reports whether the field is there and not null. Null counts as
+// absent: clients that serialise unset optionals as null keep working.
+func (o object) present(name string) bool {
+	raw, ok := o[name]
+	return ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
+}
+
+// jsonKind names a JSON value's type the way the original API's validator
+// worded type errors ("Expected string, received number").
+func jsonKind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "undefined"
+	}
+	switch raw[0] {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+func typeError(want string, raw json.RawMessage, path []any) *Error {
+	return errField(fmt.Sprintf("Expected %s, received %s", want, jsonKind(raw)), path...)
+}
+
+// str returns a string field; ok is false when it is absent.
+func (o object) str(name string, path ...any) (s string, ok bool, err error) {
+	if !o.present(name) {
+		return "", false, nil
+	}
+	p := append(append([]any{}, path...), name)
+	if err := json.Unmarshal(o[name], &s); err != nil {
+		return "", false, typeError("string", o[name], p)
+	}
+	return s, true, nil
+}
+
+// strings returns a string-array field.
+func (o object) strings(name string) ([]string, bool, error) {
+	if !o.present(name) {
+		return nil, false, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(o[name], &items); err != nil {
+		return nil, false, typeError("array", o[name], []any{name})
+	}
+	out := make([]string, len(items))
+	for i, raw := range items {
+		if err := json.Unmarshal(raw, &out[i]); err != nil {
+			return nil, false, typeError("string", raw, []any{name, i})
+		}
+	}
+	return out, true, nil
+}
+
+// int returns an integer field.
+func (o object) int(name string) (int64, bool, error) {
+	if !o.present(name) {
+		return 0, false, nil
+	}
+	var f float64
+	if err := json.Unmarshal(o[name], &f); err != nil {
+		return 0, false, typeError("number", o[name], []any{name})
+	}
+	if f != float64(int64(f)) {
+		return 0, false, errField("Expected integer, received float", name)
+	}
+	return int64(f), true, nil
+}
+
+// objects returns an array-of-objects field.
+func (o object) objects(name string) ([]object, bool, error) {
+	if !o.present(name) {
+		return nil, false, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(o[name], &items); err != nil {
+		return nil, false, typeError("array", o[name], []any{name})
+	}
+	out := make([]object, len(items))
+	for i, raw := range items {
+		if jsonKind(raw) != "object" {
+			return nil, false, typeError("object", raw, []any{name, i})
+		}
+		if err := json.Unmarshal(raw, &out[i]); err != nil {
+			return nil, false, typeError("object", raw, []any{name, i})
+		}
+	}
+	return out, true, nil
+}
+
+// accountID returns the optional account_id field, checked to be a UUID.
+func (o object) accountID() (string, error) {
+	s, ok, err := o.str("account_id")
+	if err != nil || !ok {
+		return "", err
+	}
+	if !isUUID(s) {
+		return "", errField("account_id must be a valid UUID", "account_id")
+	}
+	return strings.ToLower(s), nil
+}
+
+// isHTTPURL reports whether s is an absolute http or https URL with a host.
+func isHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	if err != nil {
+		return false
+	}
+	return (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}

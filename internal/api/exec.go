@@ -1,0 +1,138 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// maxExecOutput bounds what a non-streamed exec keeps of each stream; the
+// streamed form has no bound.
+const maxExecOutput = 1 << 20
+
+func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) {
+	o, err := readObject(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	req, err := parseExec(o)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	sb, err := s.sandboxFor(r, req.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Sandboxes == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	start := time.Now()
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		s.execStream(w, r, sb, req, start)
+		return
+	}
+	stdout := &cappedBuffer{max: maxExecOutput}
+	stderr := &cappedBuffer{max: maxExecOutput}
+	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req, stdout, stderr)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
+		return
+	}
+	writeJSON(w, http.StatusOK, ExecResponse{
+		Status: "success", ExitCode: code,
+		Stdout: stdout.String(), Stderr: stderr.String(),
+		DurationMs: time.Since(start).Milliseconds(),
+	})
+}
+
+// execStream sends the command's output as Server-Sent Events: "stdout" and
+// "stderr" events carry {"data": "..."}, a final "exit" event carries
+// {"exitCode": N, "durationMs": N}, or "error" carries {"error": "..."}.
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req ExecRequest, start time.Time) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	sse := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req, streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
+	if err != nil {
+		var e *Error
+		msg := "Internal server error"
+		if errors.As(serviceError(err, "Sandbox not found"), &e) {
+			msg = e.Msg
+		} else {
+			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(r.Context()))
+		}
+		_ = sse.event("error", map[string]string{"error": msg})
+		return
+	}
+	_ = sse.event("exit", map[string]int64{"exitCode": int64(code), "durationMs": time.Since(start).Milliseconds()})
+}
+
+// sseWriter serialises events from concurrent stdout/stderr writers and
+// flushes each one so the client sees output as it happens.
+type sseWriter struct {
+	mu sync.Mutex
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (e *sseWriter) event(name string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s event: %w", name, err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, data); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+// streamTo is an io.Writer that turns each write into an event.
+type streamTo struct {
+	sse  *sseWriter
+	name string
+}
+
+func (s streamTo) Write(p []byte) (int, error) {
+	if err := s.sse.event(s.name, map[string]string{"data": string(p)}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// cappedBuffer keeps the first max bytes written and counts the rest, so a
+// chatty command cannot exhaust the server's memory.
+type cappedBuffer struct {
+	buf     bytes.Buffer
+	max     int
+	dropped int64
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	keep := max(0, min(c.max-c.buf.Len(), len(p)))
+	c.buf.Write(p[:keep])
+	c.dropped += int64(len(p) - keep)
+	return len(p), nil
+}
+
+func (c *cappedBuffer) String() string {
+	if c.dropped > 0 {
+		return c.buf.String() + fmt.Sprintf("\n[sandboxd: %d bytes of output dropped]\n", c.dropped)
+	}
+	return c.buf.String()
+}

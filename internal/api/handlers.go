@@ -1,0 +1,629 @@
+package api
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+func (s *Server) routeTable() []route {
+	return []route{
+		{method: http.MethodGet, path: "/api/health", summary: "Liveness and version", tag: "meta", public: true, ok: HealthResponse{}, handler: s.health},
+		{method: http.MethodGet, path: "/api/openapi.json", summary: "This document", tag: "meta", public: true, handler: s.serveOpenAPI},
+		{method: http.MethodPost, path: "/api/sandboxes", summary: "Create a sandbox", tag: "sandboxes",
+			description: "Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId.",
+			body:        CreateSandboxRequest{}, ok: SandboxesResponse{}, handler: s.createSandbox},
+		{method: http.MethodGet, path: "/api/sandboxes", summary: "List the account's sandboxes, snapshot, repository and file tree", tag: "sandboxes",
+			query: ListSandboxesQuery{}, ok: ListSandboxesResponse{}, handler: s.listSandboxes},
+		{method: http.MethodPatch, path: "/api/sandboxes", summary: "Set the account's snapshot or repository", tag: "sandboxes",
+			body: PatchSandboxesRequest{}, ok: SnapshotResponse{}, handler: s.patchSandboxes},
+		{method: http.MethodDelete, path: "/api/sandboxes", summary: "Remove the account's environment", tag: "sandboxes",
+			body: AccountRequest{}, ok: DeleteSandboxesResponse{}, handler: s.deleteSandboxes},
+		{method: http.MethodPost, path: "/api/sandboxes/files", summary: "Add files from URLs to the account's repository", tag: "files",
+			body: UploadFilesRequest{}, ok: UploadFilesResponse{}, handler: s.uploadFiles},
+		{method: http.MethodGet, path: "/api/sandboxes/file", summary: "Read one file of the account's repository", tag: "files",
+			query: FileQuery{}, ok: FileResponse{}, handler: s.readFile},
+		{method: http.MethodGet, path: "/api/tasks/runs", summary: "Get a run, or list the account's runs", tag: "runs",
+			query: RunsQuery{}, ok: RunsResponse{}, handler: s.listRuns},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/exec", summary: "Run a command in a live sandbox", tag: "sandboxes",
+			description: "Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.",
+			body:        ExecRequest{}, ok: ExecResponse{}, stream: true, handler: s.execSandbox},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/stop", summary: "Stop a sandbox", tag: "sandboxes",
+			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
+			body: TimeoutRequest{}, ok: SandboxResponse{}, handler: s.setTimeout},
+		{method: http.MethodPost, path: "/api/tasks/coding-agent", summary: "Run a coding agent on a repository", tag: "runs",
+			body: CodingAgentRequest{}, ok: RunResponse{}, handler: s.codingAgent},
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version})
+}
+
+func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(s.openapi)
+}
+
+// serviceError maps a service's error onto the contract.
+func serviceError(err error, notFound string) error {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, ErrNotFound), errors.Is(err, store.ErrNotFound):
+		return errNotFound(notFound)
+	case errors.Is(err, ErrNoRepository):
+		return errNotFound("No GitHub repository found for this account")
+	case errors.Is(err, ErrQuota):
+		return &Error{Status: http.StatusTooManyRequests, Msg: userMessage(err, ErrQuota)}
+	case errors.Is(err, ErrInvalid):
+		return errBadRequest(userMessage(err, ErrInvalid))
+	case errors.Is(err, ErrSandboxNotRunning):
+		return &Error{Status: http.StatusConflict, Msg: "Sandbox is not running"}
+	}
+	return err
+}
+
+// userMessage is the part of a wrapped error meant for the caller: the text
+// before ": <sentinel>" (services write fmt.Errorf("%s: %w", msg, sentinel)).
+func userMessage(err, sentinel error) string {
+	msg := strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
+	if msg == err.Error() || msg == "" {
+		return sentinel.Error()
+	}
+	return msg
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	o, err := readObject(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	req, err := parseCreateSandbox(o)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, req.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Sandboxes == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req)
+	if err != nil {
+		var e *Error
+		switch {
+		case errors.As(err, &e), errors.Is(err, ErrQuota), errors.Is(err, ErrInvalid):
+			writeError(w, r, s.log, serviceError(err, ""))
+		default:
+			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", requestID(r.Context()))
+			writeError(w, r, s.log, errBadRequest("Failed to create sandbox"))
+		}
+		return
+	}
+	view := s.sandboxView(sb)
+	view.RunID = runID
+	writeJSON(w, http.StatusOK, SandboxesResponse{Status: "success", Sandboxes: []Sandbox{view}})
+}
+
+// sandboxView renders a row as the contract's Sandbox object.
+func (s *Server) sandboxView(sb store.Sandbox) Sandbox {
+	var remaining int64
+	if sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning {
+		remaining = max(0, sb.Deadline.Sub(s.opts.Now()).Milliseconds())
+	}
+	return Sandbox{
+		SandboxID:     sb.ID,
+		SandboxStatus: sb.Status,
+		Timeout:       remaining,
+		CreatedAt:     formatTime(sb.CreatedAt),
+		Runtime:       sb.Runtime,
+	}
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+func formatTimePtr(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := formatTime(*t)
+	return &s
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	q, err := parseListQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, q.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	ctx := r.Context()
+	resp := ListSandboxesResponse{Status: "success", Sandboxes: []Sandbox{}}
+
+	// Statuses, the environment row and the file tree are independent:
+	// fetch them in parallel.
+	var (
+		wg       sync.WaitGroup
+		rows     []store.Sandbox
+		rowsErr  error
+		env      store.Environment
+		envErr   error
+		tree     []FileTreeEntry
+		repoURL  string
+		filesErr error
+	)
+	wg.Go(func() {
+		rows, rowsErr = s.opts.Store.ListSandboxes(ctx, account)
+		if rowsErr == nil && q.SandboxID != "" {
+			rows = filterSandbox(rows, q.SandboxID)
+		}
+		if rowsErr == nil && s.opts.Sandboxes != nil {
+			rows = s.opts.Sandboxes.Live(ctx, rows)
+		}
+	})
+	wg.Go(func() { env, envErr = s.opts.Store.GetEnvironment(ctx, account) })
+	if s.opts.Files != nil {
+		wg.Go(func() {
+			repoURL, filesErr = s.opts.Files.RepoURL(ctx, account)
+			if filesErr == nil && repoURL != "" {
+				tree, filesErr = s.opts.Files.Tree(ctx, account)
+			}
+		})
+	}
+	wg.Wait()
+	if rowsErr != nil {
+		writeError(w, r, s.log, fmt.Errorf("list sandboxes of %s: %w", account, rowsErr))
+		return
+	}
+	if envErr != nil && !errors.Is(envErr, store.ErrNotFound) {
+		writeError(w, r, s.log, fmt.Errorf("get environment of %s: %w", account, envErr))
+		return
+	}
+	for _, sb := range rows {
+		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(sb))
+	}
+	if envErr == nil && s.environmentLive(env) {
+		resp.SnapshotID = env.SnapshotID
+		resp.GithubRepo = env.GithubRepo
+	}
+	if repoURL != "" && resp.GithubRepo == nil {
+		resp.GithubRepo = &repoURL
+	}
+	if filesErr != nil {
+		// The contract answers a null tree when listing fails.
+		s.log.WarnContext(ctx, "list repository tree", "account_id", account, "err", filesErr)
+	} else if tree != nil {
+		resp.Filetree = tree
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func filterSandbox(rows []store.Sandbox, id string) []store.Sandbox {
+	for _, sb := range rows {
+		if sb.ID == id {
+			return []store.Sandbox{sb}
+		}
+	}
+	return nil
+}
+
+// environmentLive reports whether the account's snapshot row has not expired.
+func (s *Server) environmentLive(env store.Environment) bool {
+	return env.ExpiresAt.After(s.opts.Now())
+}
+
+func snapshotRow(env store.Environment) *SnapshotRow {
+	return &SnapshotRow{
+		AccountID:  env.AccountID,
+		SnapshotID: env.SnapshotID,
+		ExpiresAt:  formatTime(env.ExpiresAt),
+		GithubRepo: env.GithubRepo,
+		CreatedAt:  formatTime(env.CreatedAt),
+	}
+}
+
+func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
+	o, err := readObject(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	req, err := parsePatchSandboxes(o)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, req.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	ctx := r.Context()
+	env, err := s.opts.Store.GetEnvironment(ctx, account)
+	found := err == nil
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		writeError(w, r, s.log, fmt.Errorf("get environment of %s: %w", account, err))
+		return
+	}
+	if req.SnapshotID == "" && req.GithubRepo == "" {
+		resp := SnapshotResponse{Status: "success"}
+		if found {
+			resp.Snapshot = snapshotRow(env)
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	if req.SnapshotID != "" {
+		snap, err := s.opts.Store.GetSnapshot(ctx, req.SnapshotID)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && snap.AccountID != account) {
+			writeError(w, r, s.log, errNotFound("Snapshot not found"))
+			return
+		}
+		if err != nil {
+			writeError(w, r, s.log, fmt.Errorf("get snapshot %s: %w", req.SnapshotID, err))
+			return
+		}
+	}
+	now := s.opts.Now()
+	if !found {
+		env = store.Environment{AccountID: account, CreatedAt: now}
+	}
+	if req.SnapshotID != "" {
+		env.SnapshotID = &req.SnapshotID
+	}
+	if req.GithubRepo != "" {
+		env.GithubRepo = &req.GithubRepo
+	}
+	env.ExpiresAt = now.Add(s.opts.SnapshotTTL)
+	env.UpdatedAt = now
+	if err := s.opts.Store.UpsertEnvironment(ctx, &env); err != nil {
+		writeError(w, r, s.log, fmt.Errorf("save environment of %s: %w", account, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, SnapshotResponse{Status: "success", Snapshot: snapshotRow(env)})
+}
+
+func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) {
+	o, err := readObject(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	req, err := parseAccountOnly(o)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, req.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Sandboxes == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	env, err := s.opts.Sandboxes.DeleteEnvironment(r.Context(), account)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Not found"))
+		return
+	}
+	resp := DeleteSandboxesResponse{Status: "success"}
+	if env != nil {
+		resp.DeletedSnapshot = snapshotRow(*env)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
+	req, err := s.readUpload(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Files == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	// Uploads act for the key's own account only.
+	account := principal(r).AccountID
+	uploaded, failures, err := s.opts.Files.Upload(r.Context(), account, req)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Not found"))
+		return
+	}
+	if len(uploaded) == 0 {
+		writeError(w, r, s.log, errBadRequest("All uploads failed: "+strings.Join(failures, "; ")))
+		return
+	}
+	writeJSON(w, http.StatusOK, UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
+}
+
+// readUpload accepts the JSON body of the contract (multipart uploads are
+// added with the file service).
+func (s *Server) readUpload(w http.ResponseWriter, r *http.Request) (UploadFilesRequest, error) {
+	o, err := readObject(w, r)
+	if err != nil {
+		return UploadFilesRequest{}, err
+	}
+	return parseUploadFiles(o)
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	q, err := parseFileQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, q.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Files == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	data, err := s.opts.Files.Read(r.Context(), account, q.Path)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "File not found in repository"))
+		return
+	}
+	resp := FileResponse{Status: "success"}
+	if isBinary(q.Path, data) {
+		resp.Content, resp.Encoding = base64.StdEncoding.EncodeToString(data), "base64"
+	} else {
+		resp.Content = string(data)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// binaryExtensions are the file types the original API always sent base64.
+var binaryExtensions = map[string]bool{
+	".png": true, ".jpg": true, ".jpeg": true, ".gif": true, ".webp": true, ".svg": true, ".ico": true,
+	".bmp": true, ".tiff": true, ".pdf": true, ".woff": true, ".woff2": true, ".ttf": true, ".otf": true,
+	".eot": true, ".zip": true, ".tar": true, ".gz": true, ".bz2": true, ".mp3": true, ".mp4": true,
+	".wav": true, ".ogg": true, ".webm": true, ".avif": true,
+}
+
+// isBinary decides base64: by extension, or by content (NUL bytes or
+// invalid UTF-8) so that no byte is lost in a JSON string.
+func isBinary(name string, data []byte) bool {
+	if binaryExtensions[strings.ToLower(path.Ext(name))] {
+		return true
+	}
+	for _, b := range data {
+		if b == 0 {
+			return true
+		}
+	}
+	return !utf8.Valid(data)
+}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	q, err := parseRunsQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, q.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	ctx := r.Context()
+	if q.RunID != "" {
+		run, err := s.opts.Store.GetRun(ctx, q.RunID)
+		if err == nil && run.AccountID != account {
+			// With no account_id, any account the key may act for will do.
+			ok, aerr := s.mayAccess(r, run.AccountID)
+			if aerr != nil {
+				writeError(w, r, s.log, aerr)
+				return
+			}
+			if q.AccountID != "" || !ok {
+				err = store.ErrNotFound
+			}
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, r, s.log, errNotFound("Task run not found"))
+			return
+		}
+		if err != nil {
+			writeError(w, r, s.log, fmt.Errorf("get run %s: %w", q.RunID, err))
+			return
+		}
+		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run)}})
+		return
+	}
+	runs, err := s.opts.Store.ListRuns(ctx, account, q.Limit)
+	if err != nil {
+		writeError(w, r, s.log, fmt.Errorf("list runs of %s: %w", account, err))
+		return
+	}
+	resp := RunsResponse{Status: "success", Runs: make([]Run, 0, len(runs))}
+	for _, run := range runs {
+		resp.Runs = append(resp.Runs, runView(run))
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// runView renders a run in trigger.dev's v3 shape.
+func runView(run store.Run) Run {
+	v := Run{
+		ID:             run.ID,
+		TaskIdentifier: run.Task,
+		Status:         run.Status,
+		CreatedAt:      formatTime(run.CreatedAt),
+		UpdatedAt:      formatTime(run.UpdatedAt),
+		StartedAt:      formatTimePtr(run.StartedAt),
+		FinishedAt:     formatTimePtr(run.FinishedAt),
+		Tags:           run.Tags,
+		Payload:        run.Payload,
+		Output:         run.Output,
+	}
+	switch run.Status {
+	case store.RunCompleted:
+		v.IsCompleted, v.IsSuccess = true, true
+	case store.RunFailed, store.RunCrashed, store.RunTimedOut:
+		v.IsCompleted, v.IsFailed = true, true
+	case store.RunCanceled:
+		v.IsCompleted = true
+	}
+	if v.Tags == nil {
+		v.Tags = []string{}
+	}
+	if len(v.Payload) == 0 {
+		v.Payload = json.RawMessage("{}")
+	}
+	if len(v.Output) == 0 {
+		v.Output = json.RawMessage("null")
+	}
+	if len(run.Error) > 0 && string(run.Error) != "null" {
+		var e RunError
+		if json.Unmarshal(run.Error, &e) == nil {
+			v.Error = &e
+		}
+	}
+	if run.StartedAt != nil && run.FinishedAt != nil {
+		d := run.FinishedAt.Sub(*run.StartedAt).Milliseconds()
+		v.DurationMs = &d
+	}
+	return v
+}
+
+// sandboxFor loads the sandbox named in the path if the caller may see it;
+// anything else is 404.
+func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, error) {
+	notFound := errNotFound("Sandbox not found")
+	id := chi.URLParam(r, "id")
+	sb, err := s.opts.Store.GetSandbox(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return sb, notFound
+	}
+	if err != nil {
+		return sb, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	if requested != "" {
+		account, err := s.actFor(r, requested)
+		if err != nil {
+			return sb, err
+		}
+		if sb.AccountID != account {
+			return sb, notFound
+		}
+		return sb, nil
+	}
+	ok, err := s.mayAccess(r, sb.AccountID)
+	if err != nil {
+		return sb, err
+	}
+	if !ok {
+		return sb, notFound
+	}
+	return sb, nil
+}
+
+func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
+	actOnSandbox(s, w, r, parseAccountOnlyReq, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+		return s.opts.Sandboxes.Stop(ctx, sb)
+	})
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	actOnSandbox(s, w, r, parseTimeoutReq, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
+		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
+	})
+}
+
+func parseAccountOnlyReq(o object) (AccountRequest, string, error) {
+	req, err := parseAccountOnly(o)
+	return req, req.AccountID, err
+}
+
+func parseTimeoutReq(o object) (TimeoutRequest, string, error) {
+	req, err := parseTimeout(o)
+	return req, req.AccountID, err
+}
+
+// actOnSandbox is the shared shape of the routes that change one sandbox:
+// decode, validate, authorise, act, answer the sandbox.
+func actOnSandbox[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, string, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) {
+	o, err := readObject(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	req, account, err := parse(o)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	sb, err := s.sandboxFor(r, account)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Sandboxes == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	sb, err = act(r.Context(), sb, req)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
+		return
+	}
+	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(sb)})
+}
+
+func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) {
+	o, err := readObject(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	req, err := parseCodingAgent(o)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	account, err := s.actFor(r, req.AccountID)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Agents == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	runID, err := s.opts.Agents.CodingAgent(r.Context(), account, req)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Not found"))
+		return
+	}
+	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
+}

@@ -1,0 +1,168 @@
+// Package api serves the HTTP contract of ../shared/API.md: routes, request
+// validation with the contract's exact messages, error bodies, CORS, and the
+// OpenAPI document generated from the same route table. It authenticates
+// every request through internal/auth and delegates the work to service
+// interfaces; it never touches a runtime or a repository itself.
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Store is what the API reads directly from the database.
+type Store interface {
+	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
+	ListSandboxes(ctx context.Context, accountID string) ([]store.Sandbox, error)
+	GetRun(ctx context.Context, id string) (store.Run, error)
+	ListRuns(ctx context.Context, accountID string, limit int) ([]store.Run, error)
+	GetEnvironment(ctx context.Context, accountID string) (store.Environment, error)
+	UpsertEnvironment(ctx context.Context, env *store.Environment) error
+	GetSnapshot(ctx context.Context, id string) (store.Snapshot, error)
+}
+
+// Options configure the API server.
+type Options struct {
+	Store  Store
+	Auth   *auth.Authenticator
+	Logger *slog.Logger
+	// Registry receives the HTTP metrics and is served at /metrics.
+	Registry *prometheus.Registry
+	Version  string
+	// Services; a nil service makes its routes answer 501 after validating
+	// and authenticating the request.
+	Sandboxes SandboxService
+	Files     FileService
+	Agents    AgentService
+	// SnapshotTTL is how long a snapshot row stays valid (default 7 days).
+	SnapshotTTL time.Duration
+	// Mount adds handlers outside the JSON API (e.g. the git server).
+	Mount map[string]http.Handler
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Server is the HTTP API.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	handler http.Handler
+	openapi []byte
+	routes  []route
+}
+
+// New builds the API server.
+func New(opts Options) (*Server, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	if opts.SnapshotTTL == 0 {
+		opts.SnapshotTTL = 7 * 24 * time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Server{opts: opts, log: opts.Logger}
+	s.routes = s.routeTable()
+	doc, err := openAPIDocument(s.routes, opts.Version)
+	if err != nil {
+		return nil, err
+	}
+	s.openapi = doc
+
+	r := chi.NewRouter()
+	r.Use(withRequestID, withObservability(s.log, newMetrics(opts.Registry)), withCORS)
+	for _, rt := range s.routes {
+		h := rt.handler
+		if !rt.public {
+			h = s.authenticated(h)
+		}
+		r.Method(rt.method, rt.path, h)
+	}
+	r.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
+	for pattern, h := range opts.Mount {
+		r.Handle(pattern, h)
+	}
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, s.log, errNotFound("Not found"))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, s.log, &Error{Status: http.StatusMethodNotAllowed, Msg: "Method not allowed"})
+	})
+	s.handler = r
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// OpenAPI returns the generated OpenAPI 3.1 document.
+func (s *Server) OpenAPI() []byte { return s.openapi }
+
+// authenticated resolves the caller's key before the handler runs.
+func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := auth.KeyFromHeaders(r.Header)
+		if err == nil {
+			var p auth.Principal
+			p, err = s.opts.Auth.Authenticate(r.Context(), key)
+			if err == nil {
+				next(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
+				return
+			}
+		}
+		writeError(w, r, s.log, authError(err))
+	}
+}
+
+// authError maps auth's errors to the contract's bodies.
+func authError(err error) error {
+	switch {
+	case errors.Is(err, auth.ErrCredentials):
+		return &Error{Status: http.StatusUnauthorized, Msg: "Exactly one of x-api-key or Authorization must be provided"}
+	case errors.Is(err, auth.ErrUnauthorized):
+		return &Error{Status: http.StatusUnauthorized, Msg: "Unauthorized", Message: true}
+	case errors.Is(err, auth.ErrInvalidAccountID):
+		return errField("account_id must be a valid UUID", "account_id")
+	case errors.Is(err, auth.ErrForbidden):
+		return &Error{Status: http.StatusForbidden, Msg: "Access denied to specified account_id"}
+	}
+	return err
+}
+
+func principal(r *http.Request) auth.Principal {
+	p, _ := r.Context().Value(principalKey).(auth.Principal)
+	return p
+}
+
+// actFor resolves the account a request acts for (account_id or the key's
+// own) through the one access rule.
+func (s *Server) actFor(r *http.Request, requested string) (string, error) {
+	id, err := s.opts.Auth.ResolveAccount(r.Context(), principal(r), requested)
+	if err != nil {
+		return "", authError(err)
+	}
+	return id, nil
+}
+
+// mayAccess reports whether the caller may see something owned by account;
+// callers answer 404, never 403, so that ids cannot be probed.
+func (s *Server) mayAccess(r *http.Request, account string) (bool, error) {
+	return s.opts.Auth.MayActFor(r.Context(), principal(r), account)
+}
+
+// isUUID reports whether s is a canonical UUID.
+func isUUID(s string) bool { return auth.IsUUID(s) }

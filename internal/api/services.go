@@ -1,0 +1,63 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Errors that services return for the API to map onto the contract. Wrap
+// them with context; the API matches them with errors.Is.
+var (
+	// ErrNotFound: the thing does not exist or is not the caller's (404).
+	ErrNotFound = errors.New("not found")
+	// ErrQuota: over an account or node quota (429); the wrapped message is
+	// shown to the caller.
+	ErrQuota = errors.New("over quota")
+	// ErrNoRepository: the account has no repository (404).
+	ErrNoRepository = errors.New("no repository")
+	// ErrInvalid: the request is well-formed but cannot be done (400); the
+	// wrapped message is shown to the caller.
+	ErrInvalid = errors.New("invalid request")
+	// ErrSandboxNotRunning: the sandbox is not running (409).
+	ErrSandboxNotRunning = errors.New("sandbox is not running")
+)
+
+// SandboxService creates and drives sandboxes (internal/sandbox).
+type SandboxService interface {
+	// Create places a sandbox for account and, with a command or prompt,
+	// starts a run in it. The returned row's status is true when returned.
+	Create(ctx context.Context, accountID string, req CreateSandboxRequest) (sb store.Sandbox, runID string, err error)
+	// Live refreshes rows with the status their hosts report.
+	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
+	// Exec runs a command in a running sandbox, streaming its output.
+	Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error)
+	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
+	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	// SetTimeout makes the sandbox stop d from now.
+	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
+	// DeleteEnvironment stops the account's sandboxes, deletes its
+	// repository and snapshots and clears its row; idempotent.
+	DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error)
+}
+
+// FileService reads and writes the account's repository (internal/repo).
+type FileService interface {
+	// RepoURL is the account's repository URL, or "" when it has none.
+	RepoURL(ctx context.Context, accountID string) (string, error)
+	// Tree lists main of the account's repository recursively.
+	Tree(ctx context.Context, accountID string) ([]FileTreeEntry, error)
+	// Read returns a file of main, resolving git submodules.
+	Read(ctx context.Context, accountID, path string) ([]byte, error)
+	// Upload downloads files into the repository in one commit and reports
+	// per-file failures.
+	Upload(ctx context.Context, accountID string, req UploadFilesRequest) (uploaded []UploadedFile, failures []string, err error)
+}
+
+// AgentService starts coding-agent runs (internal/jobs).
+type AgentService interface {
+	CodingAgent(ctx context.Context, accountID string, req CodingAgentRequest) (runID string, err error)
+}

@@ -1,0 +1,220 @@
+package api
+
+import "encoding/json"
+
+// The request and response types of the contract. They are the single
+// source of the OpenAPI document (jsonschema tags) and of the handlers'
+// answers, so the two cannot drift apart.
+
+// Sandbox is the contract's Sandbox object.
+type Sandbox struct {
+	SandboxID     string `json:"sandboxId" jsonschema:"description=Unique identifier for the sandbox"`
+	SandboxStatus string `json:"sandboxStatus" jsonschema:"enum=pending,enum=running,enum=stopping,enum=stopped,enum=failed,description=Current lifecycle state of the sandbox"`
+	Timeout       int64  `json:"timeout" jsonschema:"description=Milliseconds remaining before the sandbox stops automatically (0 once stopped)"`
+	CreatedAt     string `json:"createdAt" jsonschema:"format=date-time"`
+	RunID         string `json:"runId,omitempty" jsonschema:"description=Run started with the sandbox; poll GET /api/tasks/runs?runId="`
+	Runtime       string `json:"runtime,omitempty" jsonschema:"description=Isolation backend of the sandbox (sandboxd)"`
+}
+
+// FileTreeEntry is one entry of a repository's recursive tree.
+type FileTreeEntry struct {
+	Path string `json:"path"`
+	Type string `json:"type" jsonschema:"enum=blob,enum=tree"`
+	SHA  string `json:"sha"`
+	Size *int64 `json:"size,omitempty" jsonschema:"description=Size in bytes (blobs only)"`
+}
+
+// SnapshotRow is the account's environment row.
+type SnapshotRow struct {
+	AccountID  string  `json:"account_id" jsonschema:"format=uuid"`
+	SnapshotID *string `json:"snapshot_id"`
+	ExpiresAt  string  `json:"expires_at" jsonschema:"format=date-time"`
+	GithubRepo *string `json:"github_repo"`
+	CreatedAt  string  `json:"created_at" jsonschema:"format=date-time"`
+}
+
+// CreateSandboxRequest is the body of POST /api/sandboxes.
+type CreateSandboxRequest struct {
+	Command   string   `json:"command,omitempty" jsonschema:"minLength=1,description=Command to run in the sandbox (not with prompt)"`
+	Args      []string `json:"args,omitempty"`
+	Cwd       string   `json:"cwd,omitempty" jsonschema:"description=Working directory (default /workspace)"`
+	Prompt    string   `json:"prompt,omitempty" jsonschema:"minLength=1,description=Prompt for opencode run (not with command)"`
+	AccountID string   `json:"account_id,omitempty" jsonschema:"format=uuid"`
+	Timeout   int64    `json:"timeout,omitempty" jsonschema:"minimum=1,description=Lifetime in milliseconds (sandboxd; default 10 minutes)"`
+}
+
+// SandboxesResponse answers POST /api/sandboxes.
+type SandboxesResponse struct {
+	Status    string    `json:"status" jsonschema:"enum=success"`
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// ListSandboxesResponse answers GET /api/sandboxes.
+type ListSandboxesResponse struct {
+	Status     string          `json:"status" jsonschema:"enum=success"`
+	Sandboxes  []Sandbox       `json:"sandboxes"`
+	SnapshotID *string         `json:"snapshot_id"`
+	GithubRepo *string         `json:"github_repo"`
+	Filetree   []FileTreeEntry `json:"filetree"`
+}
+
+// PatchSandboxesRequest is the body of PATCH /api/sandboxes.
+type PatchSandboxesRequest struct {
+	SnapshotID string `json:"snapshotId,omitempty" jsonschema:"minLength=1"`
+	GithubRepo string `json:"github_repo,omitempty" jsonschema:"format=uri"`
+	AccountID  string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// SnapshotResponse answers PATCH /api/sandboxes.
+type SnapshotResponse struct {
+	Status   string       `json:"status" jsonschema:"enum=success"`
+	Snapshot *SnapshotRow `json:"snapshot"`
+}
+
+// AccountRequest is a body naming only the account to act for.
+type AccountRequest struct {
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// DeleteSandboxesResponse answers DELETE /api/sandboxes.
+type DeleteSandboxesResponse struct {
+	Status          string       `json:"status" jsonschema:"enum=success"`
+	DeletedSnapshot *SnapshotRow `json:"deleted_snapshot"`
+}
+
+// UploadFile names one file to download into the repository.
+type UploadFile struct {
+	URL  string `json:"url" jsonschema:"format=uri"`
+	Name string `json:"name" jsonschema:"minLength=1"`
+}
+
+// UploadFilesRequest is the body of POST /api/sandboxes/files.
+type UploadFilesRequest struct {
+	Files   []UploadFile `json:"files" jsonschema:"minItems=1,maxItems=100"`
+	Path    string       `json:"path,omitempty"`
+	Message string       `json:"message,omitempty"`
+}
+
+// UploadedFile is one committed file.
+type UploadedFile struct {
+	Path string `json:"path"`
+	SHA  string `json:"sha"`
+}
+
+// UploadFilesResponse answers POST /api/sandboxes/files.
+type UploadFilesResponse struct {
+	Status   string         `json:"status" jsonschema:"enum=success"`
+	Uploaded []UploadedFile `json:"uploaded"`
+	Errors   []string       `json:"errors,omitempty"`
+}
+
+// FileResponse answers GET /api/sandboxes/file.
+type FileResponse struct {
+	Status   string `json:"status" jsonschema:"enum=success"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding,omitempty" jsonschema:"enum=base64"`
+}
+
+// RunError is a run's error.
+type RunError struct {
+	Message string `json:"message"`
+}
+
+// Run is the trigger.dev v3 shape of a background task run.
+type Run struct {
+	ID             string          `json:"id"`
+	TaskIdentifier string          `json:"taskIdentifier" jsonschema:"enum=run-sandbox-command,enum=setup-sandbox,enum=coding-agent"`
+	Status         string          `json:"status" jsonschema:"enum=QUEUED,enum=EXECUTING,enum=COMPLETED,enum=FAILED,enum=CRASHED,enum=CANCELED,enum=TIMED_OUT"`
+	IsCompleted    bool            `json:"isCompleted"`
+	IsSuccess      bool            `json:"isSuccess"`
+	IsFailed       bool            `json:"isFailed"`
+	CreatedAt      string          `json:"createdAt" jsonschema:"format=date-time"`
+	UpdatedAt      string          `json:"updatedAt" jsonschema:"format=date-time"`
+	StartedAt      *string         `json:"startedAt" jsonschema:"format=date-time"`
+	FinishedAt     *string         `json:"finishedAt" jsonschema:"format=date-time"`
+	DurationMs     *int64          `json:"durationMs"`
+	Tags           []string        `json:"tags"`
+	Payload        json.RawMessage `json:"payload" jsonschema:"type=object"`
+	Output         json.RawMessage `json:"output" jsonschema:"type=object"`
+	Error          *RunError       `json:"error"`
+}
+
+// RunsResponse answers GET /api/tasks/runs.
+type RunsResponse struct {
+	Status string `json:"status" jsonschema:"enum=success"`
+	Runs   []Run  `json:"runs"`
+}
+
+// ExecRequest is the body of POST /api/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Command   string            `json:"command" jsonschema:"minLength=1"`
+	Args      []string          `json:"args,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Stdin     string            `json:"stdin,omitempty"`
+	Timeout   int64             `json:"timeout,omitempty" jsonschema:"minimum=1,description=Milliseconds before the command is killed"`
+	AccountID string            `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// ExecResponse answers a non-streamed exec.
+type ExecResponse struct {
+	Status     string `json:"status" jsonschema:"enum=success"`
+	ExitCode   int    `json:"exitCode"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMs int64  `json:"durationMs"`
+}
+
+// TimeoutRequest is the body of POST /api/sandboxes/{id}/timeout.
+type TimeoutRequest struct {
+	Timeout   int64  `json:"timeout" jsonschema:"minimum=1,description=New remaining lifetime in milliseconds from now"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// CodingAgentRequest is the body of POST /api/tasks/coding-agent.
+type CodingAgentRequest struct {
+	RepoURL    string `json:"repo_url" jsonschema:"format=uri"`
+	Prompt     string `json:"prompt" jsonschema:"minLength=1"`
+	BaseBranch string `json:"base_branch,omitempty" jsonschema:"description=Branch to start from (default main)"`
+	AccountID  string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// RunResponse answers a route that starts a run.
+type RunResponse struct {
+	Status string `json:"status" jsonschema:"enum=success"`
+	RunID  string `json:"runId"`
+}
+
+// SandboxResponse answers a route acting on one sandbox.
+type SandboxResponse struct {
+	Status  string  `json:"status" jsonschema:"enum=success"`
+	Sandbox Sandbox `json:"sandbox"`
+}
+
+// HealthResponse answers GET /api/health.
+type HealthResponse struct {
+	Status  string `json:"status" jsonschema:"enum=success"`
+	Version string `json:"version"`
+	Runtime string `json:"runtime,omitempty"`
+}
+
+// Query parameter sets, documented in the OpenAPI document.
+
+// ListSandboxesQuery is the query of GET /api/sandboxes.
+type ListSandboxesQuery struct {
+	SandboxID string `json:"sandbox_id,omitempty"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// FileQuery is the query of GET /api/sandboxes/file.
+type FileQuery struct {
+	Path      string `json:"path" jsonschema:"minLength=1"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// RunsQuery is the query of GET /api/tasks/runs.
+type RunsQuery struct {
+	RunID     string `json:"runId,omitempty"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=20"`
+}

@@ -1,0 +1,304 @@
+package api
+
+import (
+	"fmt"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// maxUploadFiles bounds one upload request.
+const maxUploadFiles = 100
+
+// parseCreateSandbox validates the body of POST /api/sandboxes in the order
+// of the original schema, reporting the first failing field.
+func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
+	var req CreateSandboxRequest
+	cmd, hasCmd, err := o.str("command")
+	if err != nil {
+		return req, err
+	}
+	if hasCmd && cmd == "" {
+		return req, errField("command cannot be empty", "command")
+	}
+	if req.Args, _, err = o.strings("args"); err != nil {
+		return req, err
+	}
+	if req.Cwd, _, err = o.str("cwd"); err != nil {
+		return req, err
+	}
+	prompt, hasPrompt, err := o.str("prompt")
+	if err != nil {
+		return req, err
+	}
+	if hasPrompt && prompt == "" {
+		return req, errField("prompt cannot be empty", "prompt")
+	}
+	if req.AccountID, err = o.accountID(); err != nil {
+		return req, err
+	}
+	timeout, hasTimeout, err := o.int("timeout")
+	if err != nil {
+		return req, err
+	}
+	if hasTimeout && timeout <= 0 {
+		return req, errField("timeout must be a positive number of milliseconds", "timeout")
+	}
+	if hasCmd && hasPrompt {
+		return req, errField("Cannot specify both command and prompt", "prompt")
+	}
+	req.Command, req.Prompt, req.Timeout = cmd, prompt, timeout
+	return req, nil
+}
+
+// parsePatchSandboxes validates the body of PATCH /api/sandboxes.
+func parsePatchSandboxes(o object) (PatchSandboxesRequest, error) {
+	var req PatchSandboxesRequest
+	id, ok, err := o.str("snapshotId")
+	if err != nil {
+		return req, err
+	}
+	if ok && id == "" {
+		return req, errField("snapshotId cannot be empty", "snapshotId")
+	}
+	repo, hasRepo, err := o.str("github_repo")
+	if err != nil {
+		return req, err
+	}
+	if hasRepo && !isHTTPURL(repo) {
+		return req, errField("github_repo must be a valid URL", "github_repo")
+	}
+	if req.AccountID, err = o.accountID(); err != nil {
+		return req, err
+	}
+	req.SnapshotID, req.GithubRepo = id, repo
+	return req, nil
+}
+
+// parseAccountOnly validates a body that carries only account_id.
+func parseAccountOnly(o object) (AccountRequest, error) {
+	id, err := o.accountID()
+	return AccountRequest{AccountID: id}, err
+}
+
+// parseUploadFiles validates the body of POST /api/sandboxes/files.
+func parseUploadFiles(o object) (UploadFilesRequest, error) {
+	var req UploadFilesRequest
+	files, ok, err := o.objects("files")
+	if err != nil {
+		return req, err
+	}
+	if !ok || len(files) == 0 {
+		return req, errField("At least one file is required", "files")
+	}
+	if len(files) > maxUploadFiles {
+		return req, errField(fmt.Sprintf("At most %d files can be uploaded at once", maxUploadFiles), "files")
+	}
+	for i, f := range files {
+		u, ok, err := f.str("url", "files", i)
+		if err != nil {
+			return req, err
+		}
+		if !ok || !isHTTPURL(u) {
+			return req, errField("Each file must have a valid URL", "files", i, "url")
+		}
+		name, ok, err := f.str("name", "files", i)
+		if err != nil {
+			return req, err
+		}
+		if !ok || name == "" {
+			return req, errField("Each file must have a name", "files", i, "name")
+		}
+		if strings.ContainsAny(name, "/\\\x00") || name == "." || name == ".." {
+			return req, errField("File name must not contain '/' or be '.' or '..'", "files", i, "name")
+		}
+		req.Files = append(req.Files, UploadFile{URL: u, Name: name})
+	}
+	dir, _, err := o.str("path")
+	if err != nil {
+		return req, err
+	}
+	if req.Path, err = cleanRepoPath(dir, true); err != nil {
+		return req, errField(err.Error(), "path")
+	}
+	msg, _, err := o.str("message")
+	if err != nil {
+		return req, err
+	}
+	if msg == "" {
+		msg = "Upload files via API"
+	}
+	req.Message = msg
+	return req, nil
+}
+
+// cleanRepoPath normalises a path inside a repository, refusing absolute
+// paths and any escape through "..".
+func cleanRepoPath(p string, allowEmpty bool) (string, error) {
+	p = strings.Trim(strings.TrimSpace(p), "/")
+	if p == "" {
+		if allowEmpty {
+			return "", nil
+		}
+		return "", fmt.Errorf("path cannot be empty")
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == ".." || strings.ContainsRune(seg, 0) {
+			return "", fmt.Errorf("path must stay inside the repository")
+		}
+	}
+	return path.Clean(p), nil
+}
+
+// parseFileQuery validates the query of GET /api/sandboxes/file.
+func parseFileQuery(q url.Values) (FileQuery, error) {
+	var out FileQuery
+	if !q.Has("path") {
+		return out, errBadRequest("path is required")
+	}
+	p, err := cleanRepoPath(q.Get("path"), false)
+	if err != nil {
+		return out, errBadRequest(err.Error())
+	}
+	out.Path = p
+	out.AccountID, err = queryAccountID(q)
+	return out, err
+}
+
+// parseRunsQuery validates the query of GET /api/tasks/runs.
+func parseRunsQuery(q url.Values) (RunsQuery, error) {
+	out := RunsQuery{Limit: 20}
+	if q.Has("runId") {
+		out.RunID = strings.TrimSpace(q.Get("runId"))
+		if out.RunID == "" {
+			return out, errBadRequest("runId is required")
+		}
+	}
+	if q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || n < 1 || n > 100 {
+			return out, errBadRequest("limit must be an integer between 1 and 100")
+		}
+		out.Limit = n
+	}
+	var err error
+	out.AccountID, err = queryAccountID(q)
+	return out, err
+}
+
+// parseListQuery validates the query of GET /api/sandboxes.
+func parseListQuery(q url.Values) (ListSandboxesQuery, error) {
+	var out ListSandboxesQuery
+	out.SandboxID = strings.TrimSpace(q.Get("sandbox_id"))
+	var err error
+	out.AccountID, err = queryAccountID(q)
+	return out, err
+}
+
+func queryAccountID(q url.Values) (string, error) {
+	id := q.Get("account_id")
+	if id == "" {
+		return "", nil
+	}
+	if !isUUID(id) {
+		return "", errBadRequest("account_id must be a valid UUID")
+	}
+	return strings.ToLower(id), nil
+}
+
+// parseExec validates the body of POST /api/sandboxes/{id}/exec.
+func parseExec(o object) (ExecRequest, error) {
+	var req ExecRequest
+	cmd, ok, err := o.str("command")
+	if err != nil {
+		return req, err
+	}
+	if !ok || cmd == "" {
+		return req, errField("command cannot be empty", "command")
+	}
+	req.Command = cmd
+	if req.Args, _, err = o.strings("args"); err != nil {
+		return req, err
+	}
+	if req.Cwd, _, err = o.str("cwd"); err != nil {
+		return req, err
+	}
+	if o.present("env") {
+		env, err := decodeObject(o["env"])
+		if err != nil || jsonKind(o["env"]) != "object" {
+			return req, typeError("object", o["env"], []any{"env"})
+		}
+		req.Env = map[string]string{}
+		for k := range env {
+			v, _, err := env.str(k, "env")
+			if err != nil {
+				return req, err
+			}
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				return req, errField("env names must be non-empty and contain no '='", "env", k)
+			}
+			req.Env[k] = v
+		}
+	}
+	if req.Stdin, _, err = o.str("stdin"); err != nil {
+		return req, err
+	}
+	t, ok, err := o.int("timeout")
+	if err != nil {
+		return req, err
+	}
+	if ok && t <= 0 {
+		return req, errField("timeout must be a positive number of milliseconds", "timeout")
+	}
+	req.Timeout = t
+	req.AccountID, err = o.accountID()
+	return req, err
+}
+
+// parseTimeout validates the body of POST /api/sandboxes/{id}/timeout.
+func parseTimeout(o object) (TimeoutRequest, error) {
+	var req TimeoutRequest
+	t, ok, err := o.int("timeout")
+	if err != nil {
+		return req, err
+	}
+	if !ok || t <= 0 {
+		return req, errField("timeout must be a positive number of milliseconds", "timeout")
+	}
+	req.Timeout = t
+	req.AccountID, err = o.accountID()
+	return req, err
+}
+
+// parseCodingAgent validates the body of POST /api/tasks/coding-agent.
+func parseCodingAgent(o object) (CodingAgentRequest, error) {
+	var req CodingAgentRequest
+	u, ok, err := o.str("repo_url")
+	if err != nil {
+		return req, err
+	}
+	if !ok || !isHTTPURL(u) {
+		return req, errField("repo_url must be a valid URL", "repo_url")
+	}
+	p, ok, err := o.str("prompt")
+	if err != nil {
+		return req, err
+	}
+	if !ok || p == "" {
+		return req, errField("prompt cannot be empty", "prompt")
+	}
+	b, _, err := o.str("base_branch")
+	if err != nil {
+		return req, err
+	}
+	if b == "" {
+		b = "main"
+	}
+	if strings.HasPrefix(b, "-") || strings.ContainsAny(b, " ~^:?*[\\\x00") || strings.Contains(b, "..") {
+		return req, errField("base_branch must be a valid branch name", "base_branch")
+	}
+	req.RepoURL, req.Prompt, req.BaseBranch = u, p, b
+	req.AccountID, err = o.accountID()
+	return req, err
+}

@@ -1,0 +1,187 @@
+// Package auth owns API keys and the one rule of who may act for whom.
+//
+// A key is a random secret with a visible prefix ("sbx_" + 12 characters) so
+// operators can tell keys apart in listings; only its SHA-256 is stored. A
+// request authenticates with exactly one of the x-api-key header or an
+// Authorization: Bearer header. Everything that acts for an account asks
+// MayActFor; nothing else decides access.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// KeyPrefix starts every key so that leaked keys are easy to recognise
+// (secret scanners, logs) and easy to tell apart from other credentials.
+const KeyPrefix = "sbx_"
+
+// visiblePrefixLen is how much of a key is stored in clear to identify it.
+const visiblePrefixLen = len(KeyPrefix) + 8
+
+var (
+	// ErrCredentials means neither or both credential headers were sent.
+	ErrCredentials = errors.New("exactly one of x-api-key or Authorization must be provided")
+	// ErrUnauthorized means the key is unknown, expired or revoked.
+	ErrUnauthorized = errors.New("unauthorized")
+	// ErrInvalidAccountID means account_id is not a UUID.
+	ErrInvalidAccountID = errors.New("account_id must be a valid UUID")
+	// ErrForbidden means the key may not act for the requested account.
+	ErrForbidden = errors.New("access denied to specified account_id")
+)
+
+// NewKey returns a fresh plaintext key, the prefix stored in clear, and the
+// hex SHA-256 stored in the database. 32 random bytes make the hash safe
+// without a slow KDF: there is nothing to brute-force.
+func NewKey() (plaintext, prefix, hash string, err error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", "", fmt.Errorf("generate key: %w", err)
+	}
+	body := strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+	plaintext = KeyPrefix + body
+	return plaintext, plaintext[:visiblePrefixLen], HashKey(plaintext), nil
+}
+
+// HashKey is the stored form of a plaintext key.
+func HashKey(plaintext string) string {
+	sum := sha256.Sum256([]byte(plaintext))
+	return hex.EncodeToString(sum[:])
+}
+
+// Principal is the authenticated caller: a key and the account it belongs to.
+type Principal struct {
+	KeyID     string
+	AccountID string
+	Kind      store.AccountKind
+	// SandboxID is set for keys minted for one sandbox; such keys act only
+	// for their own account.
+	SandboxID string
+}
+
+// Store is what auth needs from the database.
+type Store interface {
+	GetAPIKeyByHash(ctx context.Context, hashHex string) (store.APIKey, error)
+	GetAccount(ctx context.Context, id string) (store.Account, error)
+	IsOrgMember(ctx context.Context, orgID, accountID string) (bool, error)
+	SharesOrgWithAccess(ctx context.Context, a, b string) (bool, error)
+}
+
+// Authenticator turns request credentials into a Principal.
+type Authenticator struct {
+	store Store
+	now   func() time.Time
+}
+
+// NewAuthenticator returns an Authenticator backed by st.
+func NewAuthenticator(st Store) *Authenticator {
+	return &Authenticator{store: st, now: time.Now}
+}
+
+// KeyFromHeaders extracts the credential: exactly one of x-api-key or
+// Authorization: Bearer must be present.
+func KeyFromHeaders(h http.Header) (string, error) {
+	apiKey := strings.TrimSpace(h.Get("x-api-key"))
+	authz := strings.TrimSpace(h.Get("Authorization"))
+	switch {
+	case apiKey != "" && authz != "", apiKey == "" && authz == "":
+		return "", ErrCredentials
+	case apiKey != "":
+		return apiKey, nil
+	}
+	scheme, token, ok := strings.Cut(authz, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
+		return "", ErrUnauthorized
+	}
+	return strings.TrimSpace(token), nil
+}
+
+// Authenticate checks a plaintext key and returns its Principal.
+func (a *Authenticator) Authenticate(ctx context.Context, plaintext string) (Principal, error) {
+	key, err := a.store.GetAPIKeyByHash(ctx, HashKey(plaintext))
+	if errors.Is(err, store.ErrNotFound) {
+		return Principal{}, ErrUnauthorized
+	}
+	if err != nil {
+		return Principal{}, fmt.Errorf("look up key: %w", err)
+	}
+	now := a.now()
+	if key.RevokedAt != nil || (key.ExpiresAt != nil && !now.Before(*key.ExpiresAt)) {
+		return Principal{}, ErrUnauthorized
+	}
+	acct, err := a.store.GetAccount(ctx, key.AccountID)
+	if errors.Is(err, store.ErrNotFound) {
+		return Principal{}, ErrUnauthorized
+	}
+	if err != nil {
+		return Principal{}, fmt.Errorf("look up account of key %s: %w", key.ID, err)
+	}
+	return Principal{KeyID: key.ID, AccountID: acct.ID, Kind: acct.Kind, SandboxID: key.SandboxID}, nil
+}
+
+// MayActFor answers the one access question of the service: may the caller
+// act for account target? Always for its own account; for an organization
+// key, for the organization's members; for a personal key, for accounts that
+// share an organization with it when that organization allows it. Keys
+// minted for a sandbox never reach beyond their own account.
+func (a *Authenticator) MayActFor(ctx context.Context, p Principal, target string) (bool, error) {
+	if target == p.AccountID {
+		return true, nil
+	}
+	if p.SandboxID != "" {
+		return false, nil
+	}
+	if p.Kind == store.AccountOrg {
+		ok, err := a.store.IsOrgMember(ctx, p.AccountID, target)
+		if err != nil {
+			return false, fmt.Errorf("check membership of %s in %s: %w", target, p.AccountID, err)
+		}
+		return ok, nil
+	}
+	ok, err := a.store.SharesOrgWithAccess(ctx, p.AccountID, target)
+	if err != nil {
+		return false, fmt.Errorf("check shared organization of %s and %s: %w", p.AccountID, target, err)
+	}
+	return ok, nil
+}
+
+// ResolveAccount returns the account a request acts for: the key's own when
+// requested is empty, otherwise requested if the key may act for it.
+func (a *Authenticator) ResolveAccount(ctx context.Context, p Principal, requested string) (string, error) {
+	if requested == "" {
+		return p.AccountID, nil
+	}
+	if !IsUUID(requested) {
+		return "", ErrInvalidAccountID
+	}
+	requested = strings.ToLower(requested)
+	ok, err := a.MayActFor(ctx, p, requested)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", ErrForbidden
+	}
+	return requested, nil
+}
+
+// IsUUID reports whether s is a UUID in its canonical 36-character form.
+func IsUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	_, err := uuid.Parse(s)
+	return err == nil
+}

@@ -1,0 +1,176 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+func TestMain(m *testing.M) { storetest.Main(m) }
+
+func TestKeyFromHeaders(t *testing.T) {
+	cases := []struct {
+		name    string
+		headers map[string]string
+		want    string
+		err     error
+	}{
+		{"none", nil, "", ErrCredentials},
+		{"both", map[string]string{"x-api-key": "a", "Authorization": "Bearer b"}, "", ErrCredentials},
+		{"x-api-key", map[string]string{"x-api-key": " k1 "}, "k1", nil},
+		{"bearer", map[string]string{"Authorization": "Bearer k2"}, "k2", nil},
+		{"bearer lowercase", map[string]string{"Authorization": "bearer k3"}, "k3", nil},
+		{"basic", map[string]string{"Authorization": "Basic abc"}, "", ErrUnauthorized},
+		{"bearer empty", map[string]string{"Authorization": "Bearer"}, "", ErrUnauthorized},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			for k, v := range tc.headers {
+				h.Set(k, v)
+			}
+			got, err := KeyFromHeaders(h)
+			if !errors.Is(err, tc.err) || got != tc.want {
+				t.Fatalf("got %q, %v; want %q, %v", got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+func TestNewKey(t *testing.T) {
+	k1, p1, h1, err := NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, _, h2, _ := NewKey()
+	if k1 == k2 || h1 == h2 {
+		t.Fatal("keys repeat")
+	}
+	if !strings.HasPrefix(k1, KeyPrefix) || !strings.HasPrefix(k1, p1) || len(k1) < 50 {
+		t.Fatalf("key %q prefix %q", k1, p1)
+	}
+	if HashKey(k1) != h1 || len(h1) != 64 || strings.Contains(h1, k1) {
+		t.Fatalf("hash %q", h1)
+	}
+}
+
+// TestAccess covers the one access rule on both databases: personal keys,
+// organization keys, members, non-members, shared organizations, sandbox
+// keys, and revoked or expired keys.
+func TestAccess(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		st := storetest.Open(t, dsn)
+		mk := func(name string, kind store.AccountKind) store.Account {
+			a := store.Account{Name: name, Kind: kind}
+			if err := st.CreateAccount(ctx, &a); err != nil {
+				t.Fatal(err)
+			}
+			return a
+		}
+		alice, bob, carol, dave := mk("alice", store.AccountPersonal), mk("bob", store.AccountPersonal), mk("carol", store.AccountPersonal), mk("dave", store.AccountPersonal)
+		org, shared := mk("acme", store.AccountOrg), mk("shared", store.AccountOrg)
+		for _, m := range [][2]string{{org.ID, alice.ID}, {org.ID, bob.ID}, {shared.ID, carol.ID}, {shared.ID, dave.ID}} {
+			if err := st.AddOrgMember(ctx, m[0], m[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := st.SetMembersShareAccess(ctx, shared.ID, true); err != nil {
+			t.Fatal(err)
+		}
+		sb := store.Sandbox{ID: "sbx_1", AccountID: carol.ID, NodeID: "node", Status: store.SandboxRunning, Runtime: "gvisor", Deadline: time.Now().Add(time.Hour)}
+		if err := st.CreateSandbox(ctx, &sb); err != nil {
+			t.Fatal(err)
+		}
+		a := NewAuthenticator(st)
+		key := func(account string, mutate func(*store.APIKey)) string {
+			plaintext, prefix, hash, err := NewKey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := store.APIKey{AccountID: account, Prefix: prefix, Hash: hash}
+			if mutate != nil {
+				mutate(&k)
+			}
+			if err := st.CreateAPIKey(ctx, &k); err != nil {
+				t.Fatal(err)
+			}
+			return plaintext
+		}
+		past := time.Now().Add(-time.Hour)
+		future := time.Now().Add(time.Hour)
+		revokedKey := key(alice.ID, nil)
+		keys, _ := st.ListAPIKeys(ctx, alice.ID)
+		if err := st.RevokeAPIKey(ctx, keys[0].ID, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+
+		cases := []struct {
+			name    string
+			key     string
+			target  string
+			authErr error
+			want    bool
+		}{
+			{"personal key, own account", key(alice.ID, nil), alice.ID, nil, true},
+			{"personal key, org co-member without sharing", key(alice.ID, nil), bob.ID, nil, false},
+			{"personal key, stranger", key(alice.ID, nil), carol.ID, nil, false},
+			{"personal key, its organization", key(alice.ID, nil), org.ID, nil, false},
+			{"personal key, sharing organization", key(carol.ID, nil), dave.ID, nil, true},
+			{"org key, itself", key(org.ID, nil), org.ID, nil, true},
+			{"org key, member", key(org.ID, nil), alice.ID, nil, true},
+			{"org key, non-member", key(org.ID, nil), carol.ID, nil, false},
+			{"org key, other organization", key(org.ID, nil), shared.ID, nil, false},
+			{"sandbox key, own account", key(carol.ID, func(k *store.APIKey) { k.SandboxID = "sbx_1" }), carol.ID, nil, true},
+			{"sandbox key, sharing member", key(carol.ID, func(k *store.APIKey) { k.SandboxID = "sbx_1" }), dave.ID, nil, false},
+			{"unexpired key", key(alice.ID, func(k *store.APIKey) { k.ExpiresAt = &future }), alice.ID, nil, true},
+			{"expired key", key(alice.ID, func(k *store.APIKey) { k.ExpiresAt = &past }), alice.ID, ErrUnauthorized, false},
+			{"revoked key", revokedKey, alice.ID, ErrUnauthorized, false},
+			{"unknown key", "sbx_unknown", alice.ID, ErrUnauthorized, false},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				p, err := a.Authenticate(ctx, tc.key)
+				if !errors.Is(err, tc.authErr) {
+					t.Fatalf("Authenticate: %v, want %v", err, tc.authErr)
+				}
+				if err != nil {
+					return
+				}
+				got, err := a.MayActFor(ctx, p, tc.target)
+				if err != nil || got != tc.want {
+					t.Fatalf("MayActFor = %v, %v; want %v", got, err, tc.want)
+				}
+				resolved, err := a.ResolveAccount(ctx, p, tc.target)
+				if tc.want && (err != nil || resolved != tc.target) {
+					t.Fatalf("ResolveAccount = %q, %v", resolved, err)
+				}
+				if !tc.want && !errors.Is(err, ErrForbidden) {
+					t.Fatalf("ResolveAccount err = %v, want ErrForbidden", err)
+				}
+			})
+		}
+
+		t.Run("resolve defaults and bad ids", func(t *testing.T) {
+			p, err := a.Authenticate(ctx, key(alice.ID, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := a.ResolveAccount(ctx, p, ""); err != nil || got != alice.ID {
+				t.Fatalf("default account: %q %v", got, err)
+			}
+			if _, err := a.ResolveAccount(ctx, p, "not-a-uuid"); !errors.Is(err, ErrInvalidAccountID) {
+				t.Fatalf("bad id: %v", err)
+			}
+			if got, err := a.ResolveAccount(ctx, p, strings.ToUpper(alice.ID)); err != nil || got != alice.ID {
+				t.Fatalf("upper-case id: %q %v", got, err)
+			}
+		})
+	})
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what sandboxd and its tests need on a Debian 12 host, and nothing
+# that is already there. Idempotent; safe to run before every `make` target.
+set -euo pipefail
+
+# Debian packages, as "command-or-path:package".
+need=(
+  "runsc:runsc"                                   # gVisor, the default sandbox backend
+  "debootstrap:debootstrap"                       # builds the base image
+  "/usr/lib/postgresql/15/bin/initdb:postgresql"  # tests run the store against PostgreSQL too
+  "/bin/busybox:busybox-static"                   # tiny test root filesystems
+  "zstd:zstd"
+  "ip:iproute2"
+  "mkfs.ext4:e2fsprogs"
+  "git:git"
+  "curl:curl"
+)
+
+missing=()
+for entry in "${need[@]}"; do
+  probe=${entry%%:*} pkg=${entry##*:}
+  if [[ $probe == /* ]]; then
+    [[ -e $probe ]] || missing+=("$pkg")
+  else
+    command -v "$probe" >/dev/null 2>&1 || missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-deps: missing packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
+  echo "install-deps: Go is at /usr/local/go/bin; add it to PATH" >&2
+fi
