@@ -1,0 +1,255 @@
+package store_test
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+func TestCreateSandbox(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		snap := mustSnapshot(t, s, alice.ID, "", t0)
+
+		tests := []struct {
+			name string
+			in   *store.Sandbox
+			want error
+		}{
+			{"defaults", &store.Sandbox{AccountID: alice.ID, NodeID: "n1", Runtime: "gvisor", Deadline: t0}, nil},
+			{"full", &store.Sandbox{ID: "sb-full", AccountID: alice.ID, NodeID: "n1", Status: store.SandboxFailed, Runtime: "microvm",
+				FailureReason: "boom", SnapshotID: snap.ID, CreatedAt: t0, UpdatedAt: t0.Add(time.Second), Deadline: t0.Add(time.Hour),
+				StoppedAt: ptr(t0.Add(time.Minute))}, nil},
+			{"duplicate id", &store.Sandbox{ID: "sb-full", AccountID: alice.ID, NodeID: "n1", Runtime: "gvisor"}, store.ErrConflict},
+			{"unknown account", &store.Sandbox{AccountID: "missing", NodeID: "n1", Runtime: "gvisor"}, store.ErrNotFound},
+			{"unknown snapshot", &store.Sandbox{AccountID: alice.ID, NodeID: "n1", Runtime: "gvisor", SnapshotID: "missing"}, store.ErrNotFound},
+			{"unknown status", &store.Sandbox{AccountID: alice.ID, NodeID: "n1", Runtime: "gvisor", Status: "sleeping"}, store.ErrInvalid},
+			{"nil", nil, store.ErrInvalid},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				err := s.CreateSandbox(ctx, tt.in)
+				wantErr(t, "CreateSandbox", err, tt.want)
+				if err != nil {
+					return
+				}
+				got, err := s.GetSandbox(ctx, tt.in.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !sandboxEqual(got, *tt.in) {
+					t.Fatalf("GetSandbox = %+v, want %+v", got, *tt.in)
+				}
+			})
+		}
+		def, _ := s.ListSandboxesByNode(ctx, "n1", store.SandboxPending)
+		if len(def) != 1 || def[0].Status != store.SandboxPending || def[0].UpdatedAt != def[0].CreatedAt || def[0].CreatedAt.IsZero() {
+			t.Errorf("defaults not filled: %+v", def)
+		}
+		_, err := s.GetSandbox(ctx, "missing")
+		wantErr(t, "GetSandbox(missing)", err, store.ErrNotFound)
+
+		// Deleting the snapshot a sandbox started from keeps the sandbox.
+		if _, err := s.DeleteSnapshotsOf(ctx, alice.ID); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetSandbox(ctx, "sb-full")
+		if err != nil || got.SnapshotID != "" {
+			t.Errorf("after deleting its snapshot: %+v, %v; want SnapshotID cleared", got, err)
+		}
+	})
+}
+
+func sandboxEqual(a, b store.Sandbox) bool {
+	sa, sb := a.StoppedAt, b.StoppedAt
+	a.StoppedAt, b.StoppedAt = nil, nil
+	return a == b && ((sa == nil) == (sb == nil)) && (sa == nil || *sa == *sb)
+}
+
+func TestListSandboxes(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		bob := mustAccount(t, s, store.AccountPersonal, "Bob")
+		a1 := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		a2 := mustSandbox(t, s, alice.ID, "n2", store.SandboxPending, t0.Add(time.Second))
+		a3 := mustSandbox(t, s, alice.ID, "n1", store.SandboxStopped, t0.Add(2*time.Second))
+		a4 := mustSandbox(t, s, alice.ID, "n1", store.SandboxStopping, t0.Add(3*time.Second))
+		b1 := mustSandbox(t, s, bob.ID, "n1", store.SandboxPending, t0.Add(4*time.Second))
+		b2 := mustSandbox(t, s, bob.ID, "n2", store.SandboxFailed, t0.Add(5*time.Second))
+		id := func(sb store.Sandbox) string { return sb.ID }
+
+		byAccount := []struct {
+			account string
+			want    []string
+		}{
+			{alice.ID, []string{a4.ID, a3.ID, a2.ID, a1.ID}},
+			{bob.ID, []string{b2.ID, b1.ID}},
+			{"missing", []string{}},
+		}
+		for _, tt := range byAccount {
+			got, err := s.ListSandboxes(ctx, tt.account)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := ids(got, id); !slices.Equal(g, tt.want) {
+				t.Errorf("ListSandboxes(%s) = %v, want %v", tt.account, g, tt.want)
+			}
+		}
+
+		byNode := []struct {
+			node     string
+			statuses []string
+			want     []string
+		}{
+			{"n1", nil, []string{a1.ID, a3.ID, a4.ID, b1.ID}},
+			{"n1", []string{store.SandboxRunning, store.SandboxPending}, []string{a1.ID, b1.ID}},
+			{"n2", []string{store.SandboxFailed}, []string{b2.ID}},
+			{"n3", nil, []string{}},
+		}
+		for _, tt := range byNode {
+			got, err := s.ListSandboxesByNode(ctx, tt.node, tt.statuses...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := ids(got, id); !slices.Equal(g, tt.want) {
+				t.Errorf("ListSandboxesByNode(%s, %v) = %v, want %v", tt.node, tt.statuses, g, tt.want)
+			}
+		}
+
+		counts := []struct {
+			account string
+			want    int
+		}{
+			{alice.ID, 3}, {bob.ID, 1}, {"", 4}, {"missing", 0},
+		}
+		for _, tt := range counts {
+			got, err := s.CountActiveSandboxes(ctx, tt.account)
+			if err != nil || got != tt.want {
+				t.Errorf("CountActiveSandboxes(%q) = %d, %v; want %d", tt.account, got, err, tt.want)
+			}
+		}
+
+		// Deadlines are t0+1h+i s; a1 (running) and a2 (pending) expire first.
+		wantErr(t, "SetSandboxDeadline", s.SetSandboxDeadline(ctx, b1.ID, t0.Add(-time.Hour)), nil)
+		wantErr(t, "SetSandboxDeadline(missing)", s.SetSandboxDeadline(ctx, "missing", t0), store.ErrNotFound)
+		got, _ := s.GetSandbox(ctx, b1.ID)
+		if got.Deadline != t0ms.Add(-time.Hour) {
+			t.Errorf("Deadline = %v, want %v", got.Deadline, t0ms.Add(-time.Hour))
+		}
+		expired := []struct {
+			node string
+			now  time.Time
+			want []string
+		}{
+			{"n1", t0, []string{b1.ID}},
+			{"n1", t0.Add(time.Hour), []string{b1.ID, a1.ID}},
+			{"n1", t0.Add(2 * time.Hour), []string{b1.ID, a1.ID}}, // a3 stopped, a4 stopping
+			{"n2", t0.Add(2 * time.Hour), []string{a2.ID}},     // b2 failed
+			{"", t0.Add(2 * time.Hour), []string{b1.ID, a1.ID, a2.ID}},
+		}
+		for _, tt := range expired {
+			got, err := s.ListExpiredSandboxes(ctx, tt.node, tt.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := ids(got, id); !slices.Equal(g, tt.want) {
+				t.Errorf("ListExpiredSandboxes(%q, %v) = %v, want %v", tt.node, tt.now, g, tt.want)
+			}
+		}
+
+		wantErr(t, "DeleteSandboxesOf", s.DeleteSandboxesOf(ctx, alice.ID), nil)
+		if got, _ := s.ListSandboxes(ctx, alice.ID); len(got) != 0 {
+			t.Errorf("alice still has %d sandboxes", len(got))
+		}
+		if got, _ := s.ListSandboxes(ctx, bob.ID); len(got) != 2 {
+			t.Errorf("bob has %d sandboxes, want 2", len(got))
+		}
+		wantErr(t, "DeleteSandboxesOf(none)", s.DeleteSandboxesOf(ctx, "missing"), nil)
+	})
+}
+
+func TestTransitionSandbox(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		sb := mustSandbox(t, s, alice.ID, "n1", store.SandboxPending, t0)
+
+		steps := []struct {
+			name        string
+			id          string
+			from        []string
+			to, reason  string
+			at          time.Time
+			want        bool
+			wantErr     error
+			wantStatus  string
+			wantReason  string
+			wantStopped *time.Time
+		}{
+			{"pending to running", sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", t0.Add(1 * time.Second), true, nil, store.SandboxRunning, "", nil},
+			{"stale: pending to running", sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", t0.Add(2 * time.Second), false, nil, store.SandboxRunning, "", nil},
+			{"no from states", sb.ID, nil, store.SandboxStopping, "", t0.Add(2 * time.Second), false, nil, store.SandboxRunning, "", nil},
+			{"unknown status", sb.ID, []string{store.SandboxRunning}, "sleeping", "", t0.Add(2 * time.Second), false, store.ErrInvalid, store.SandboxRunning, "", nil},
+			{"running to stopping", sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, "", t0.Add(3 * time.Second), true, nil, store.SandboxStopping, "", nil},
+			{"stopping to failed", sb.ID, []string{store.SandboxStopping}, store.SandboxFailed, "vm crashed", t0.Add(4 * time.Second), true, nil, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
+			{"failed again keeps first stop", sb.ID, []string{store.SandboxFailed}, store.SandboxFailed, "", t0.Add(5 * time.Second), true, nil, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
+			{"missing sandbox", "missing", []string{store.SandboxRunning}, store.SandboxStopped, "", t0, false, store.ErrNotFound, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
+		}
+		lastUpdate := t0ms
+		for _, tt := range steps {
+			got, err := s.TransitionSandbox(ctx, tt.id, tt.from, tt.to, tt.reason, tt.at)
+			wantErr(t, tt.name, err, tt.wantErr)
+			if got != tt.want {
+				t.Fatalf("%s: TransitionSandbox = %v, want %v", tt.name, got, tt.want)
+			}
+			row, err := s.GetSandbox(ctx, sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got {
+				lastUpdate = ms(tt.at)
+			}
+			if row.Status != tt.wantStatus || row.FailureReason != tt.wantReason || row.UpdatedAt != lastUpdate ||
+				(row.StoppedAt == nil) != (tt.wantStopped == nil) || (row.StoppedAt != nil && *row.StoppedAt != *tt.wantStopped) {
+				t.Fatalf("%s: row %+v (stopped %v); want status %s reason %q updated %v stopped %v",
+					tt.name, row, row.StoppedAt, tt.wantStatus, tt.wantReason, lastUpdate, tt.wantStopped)
+			}
+		}
+
+		// Compare-and-set under contention: exactly one winner.
+		sb2 := mustSandbox(t, s, alice.ID, "n1", store.SandboxPending, t0)
+		var wg sync.WaitGroup
+		wins := make(chan bool, 10)
+		for range 10 {
+			wg.Go(func() {
+				ok, err := s.TransitionSandbox(ctx, sb2.ID, []string{store.SandboxPending}, store.SandboxRunning, "", t0)
+				if err != nil {
+					t.Error(err)
+				}
+				wins <- ok
+			})
+		}
+		wg.Wait()
+		close(wins)
+		n := 0
+		for ok := range wins {
+			if ok {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d concurrent transitions won, want 1", n)
+		}
+	})
+}
+
+func ms(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
