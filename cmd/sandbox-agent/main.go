@@ -1,0 +1,100 @@
+// Command sandbox-agent runs inside every sandbox as its first process (PID 1
+// under gVisor). It dials the host over a unix socket that the runtime mounts
+// into the sandbox, speaks the guest protocol (internal/guest) on that one
+// connection, reaps orphans, and forwards connections to
+// sandboxd.internal:80 home. When the host goes away (sandboxd restarts) it
+// keeps its processes and dials again until the host is back.
+//
+// It must be a static binary (CGO_ENABLED=0): it runs on whatever root
+// filesystem the sandbox has.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/guest/agent"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "version" {
+		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
+		return
+	}
+	socket := flag.String("socket", "/run/sandboxd/sock/agent.sock", "host socket to dial")
+	home := flag.String("home", "127.0.0.1:80", "address to forward home (sandboxd.internal); empty disables")
+	cwd := flag.String("cwd", "/workspace", "default working directory, created if missing")
+	debug := flag.Bool("debug", false, "log debug messages")
+	flag.Parse()
+
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("agent", version)
+	if err := run(log, *socket, *home, *cwd); err != nil {
+		log.Error("sandbox-agent failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, socket, home, cwd string) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pid1 := os.Getpid() == 1
+	if pid1 {
+		agent.HandleSignals(cancel)
+	} else {
+		// Not init: become a subreaper so orphans of our sessions are ours
+		// to reap rather than leaking to the real init.
+		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	}
+	if err := os.MkdirAll(cwd, 0o755); err != nil {
+		log.Warn("create default working directory", "dir", cwd, "err", err)
+	}
+	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log})
+	if home != "" {
+		ln, err := net.Listen("tcp", home)
+		if err != nil {
+			log.Warn("listen for sandboxd.internal", "addr", home, "err", err)
+		} else {
+			defer ln.Close()
+			go func() {
+				if err := a.ServeHome(ln); err != nil {
+					log.Warn("home forwarding stopped", "err", err)
+				}
+			}()
+		}
+	}
+	// Dial the host forever: at boot it is already listening; after a host
+	// restart it comes back on the same path.
+	backoff := 5 * time.Millisecond
+	for ctx.Err() == nil {
+		conn, err := net.Dial("unix", socket)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 500*time.Millisecond)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		log.Debug("connected to host")
+		if err := a.Serve(ctx, conn); err != nil && ctx.Err() == nil {
+			log.Warn("session ended", "err", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,280 @@
+// Package agent is the guest side of the guest protocol: the services the
+// sandbox agent (cmd/sandbox-agent) offers the host over one connection —
+// processes with streamed output, files, sync, health and an OOM killer — and
+// the forwarding of in-sandbox connections home.
+//
+// Invariants: every process the agent starts runs in its own session (its
+// pid is the session id), so a timeout, a cancelled request or an OOM kill
+// can take down the whole tree it started; in PID 1 mode (Options.Reap) the
+// agent reaps every process in the sandbox and is the only caller of wait4.
+// The agent never kills a process outside the sessions it started unless it
+// is PID 1, where every process in the sandbox is its own.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+)
+
+// Options configure an Agent.
+type Options struct {
+	// Version is the agent build version reported in Hello.
+	Version string
+	// Reap makes the agent reap every child (it is PID 1 or a subreaper).
+	// Without it each process is waited for individually, which is what a
+	// test that runs the agent inside another program needs.
+	Reap bool
+	// Env is the environment every process starts with before the request's
+	// own; nil means DefaultEnv.
+	Env []string
+	// Cwd is the working directory when a request gives none.
+	Cwd    string
+	Logger *slog.Logger
+}
+
+// DefaultEnv is the base environment of processes the agent starts.
+var DefaultEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/root",
+	"LANG=C.UTF-8",
+	"USER=root",
+}
+
+// Agent serves the guest protocol. One Agent serves one connection at a
+// time; after the host goes away the caller dials again and calls Serve anew.
+type Agent struct {
+	opts  Options
+	log   *slog.Logger
+	boot  string
+	start time.Time
+	procs *procTable
+
+	mu   sync.Mutex
+	sess *yamux.Session
+	// ready is closed while a session is up and replaced when it ends, so
+	// OpenHome can wait for the host to (re)connect.
+	ready chan struct{}
+}
+
+// New returns an Agent. In Reap mode it starts reaping children at once.
+func New(opts Options) *Agent {
+	if opts.Env == nil {
+		opts.Env = DefaultEnv
+	}
+	if opts.Cwd == "" {
+		opts.Cwd = "/"
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), procs: newProcTable(opts.Reap), ready: make(chan struct{})}
+	if opts.Reap {
+		go a.procs.reapLoop()
+	}
+	return a
+}
+
+// Hello is what the agent announces on every connection.
+func (a *Agent) Hello() guest.Hello {
+	h := guest.Hello{Protocol: guest.Protocol, Agent: a.opts.Version, PID: os.Getpid(), Boot: a.boot}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		h.Kernel = unix.ByteSliceToString(u.Release[:]) + " " + unix.ByteSliceToString(u.Version[:])
+	}
+	return h
+}
+
+// Serve runs the agent side of the handshake on conn and serves the host's
+// operations until the session ends or ctx is done. Processes whose exec
+// stream dies with the session are killed: nobody could read their output.
+func (a *Agent) Serve(ctx context.Context, conn net.Conn) error {
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := guest.WriteJSON(conn, guest.FrameHello, a.Hello()); err != nil {
+		conn.Close()
+		return fmt.Errorf("send hello: %w", err)
+	}
+	var w guest.Welcome
+	if err := guest.ReadJSON(conn, guest.FrameWelcome, &w); err != nil {
+		conn.Close()
+		return fmt.Errorf("read welcome: %w", err)
+	}
+	if w.Error != "" {
+		conn.Close()
+		return fmt.Errorf("host refused agent: %s", w.Error)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.KeepAliveInterval = 15 * time.Second
+	cfg.MaxStreamWindowSize = 1 << 20
+	sess, err := yamux.Server(conn, cfg)
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("start session: %w", err)
+	}
+	a.mu.Lock()
+	a.sess = sess
+	close(a.ready)
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		if a.sess == sess {
+			a.sess = nil
+			a.ready = make(chan struct{})
+		}
+		a.mu.Unlock()
+	}()
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			sess.Close()
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return nil
+		}
+		go a.serveStream(st)
+	}
+}
+
+// homeWait is how long a connection home waits for the host to connect.
+const homeWait = 10 * time.Second
+
+// OpenHome opens a stream home on the current session, for one connection
+// to sandboxd.internal. If the host is not connected (it is restarting) it
+// waits for it a while.
+func (a *Agent) OpenHome() (net.Conn, error) {
+	a.mu.Lock()
+	sess, ready := a.sess, a.ready
+	a.mu.Unlock()
+	if sess == nil {
+		select {
+		case <-ready:
+		case <-time.After(homeWait):
+			return nil, errors.New("host not connected")
+		}
+		a.mu.Lock()
+		sess = a.sess
+		a.mu.Unlock()
+		if sess == nil {
+			return nil, errors.New("host not connected")
+		}
+	}
+	st, err := sess.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open home stream: %w", err)
+	}
+	if err := guest.WriteJSON(st, guest.FrameRequest, guest.Request{Op: guest.OpHome}); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("open home stream: %w", err)
+	}
+	return st, nil
+}
+
+// ServeHome accepts connections on ln (the sandbox's sandboxd.internal:80)
+// and forwards each one home until ln is closed.
+func (a *Agent) ServeHome(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("accept home connection: %w", err)
+		}
+		go func() {
+			st, err := a.OpenHome()
+			if err != nil {
+				a.log.Warn("forward home", "err", err)
+				c.Close()
+				return
+			}
+			guest.Splice(c, st)
+		}()
+	}
+}
+
+func (a *Agent) serveStream(st *yamux.Stream) {
+	defer st.Close()
+	var req guest.Request
+	if err := guest.ReadJSON(st, guest.FrameRequest, &req); err != nil {
+		a.log.Debug("bad request", "err", err)
+		return
+	}
+	w := &frameWriter{w: st}
+	switch req.Op {
+	case guest.OpExec:
+		if req.Exec == nil || len(req.Exec.Cmd) == 0 {
+			_ = w.json(guest.FrameExit, guest.Exit{Code: -1, Error: "empty command"})
+			return
+		}
+		a.exec(st, w, *req.Exec)
+	case guest.OpReadFile:
+		a.readFile(w, req.Path)
+	case guest.OpWriteFile:
+		a.writeFile(st, w, req.Path, req.Mode)
+	case guest.OpListDir:
+		_ = w.json(guest.FrameResult, listDir(req.Path))
+	case guest.OpSync:
+		unix.Sync()
+		_ = w.json(guest.FrameResult, guest.Result{})
+	case guest.OpPing:
+		h := a.health()
+		_ = w.json(guest.FrameResult, guest.Result{Health: &h})
+	case guest.OpOOMKill:
+		k := a.procs.oomKill()
+		_ = w.json(guest.FrameResult, guest.Result{Killed: k})
+	default:
+		_ = w.json(guest.FrameResult, guest.Result{Error: fmt.Sprintf("unknown op %q", req.Op), ErrorKind: guest.KindOther})
+	}
+}
+
+// frameWriter serializes frames from several goroutines onto one stream.
+type frameWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (f *frameWriter) frame(t guest.FrameType, b []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return guest.WriteFrame(f.w, t, b)
+}
+
+func (f *frameWriter) json(t guest.FrameType, v any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return guest.WriteJSON(f.w, t, v)
+}
+
+// HandleSignals makes a PID 1 agent exit on SIGTERM/SIGINT (what `runsc
+// kill` sends), so the sandbox stops; PID 1 gets no default handlers.
+func HandleSignals(cancel context.CancelFunc) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-ch
+		cancel()
+	}()
+}
