@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// apiClient is the CLI's HTTP client for a running sandboxd.
+type apiClient struct {
+	url, key string
+	http     *http.Client
+}
+
+// apiError is an error answer of the API.
+type apiError struct {
+	Status int
+	Body   struct {
+		Error         string `json:"error"`
+		MissingFields []any  `json:"missing_fields"`
+	}
+}
+
+func (e *apiError) Error() string {
+	if e.Body.Error == "" {
+		return fmt.Sprintf("HTTP %d", e.Status)
+	}
+	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body.Error)
+}
+
+// do sends a JSON request and decodes a JSON answer into out.
+func (c *apiClient) do(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.send(ctx, method, path, body, "application/json")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		e := &apiError{Status: resp.StatusCode}
+		_ = json.Unmarshal(data, &e.Body)
+		return e
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("decode answer: %w", err)
+		}
+	}
+	return nil
+}
+
+func (c *apiClient) send(ctx context.Context, method, path string, body any, accept string) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.url, "/")+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", accept)
+	req.Header.Set("x-api-key", c.key)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return resp, nil
+}
+
+// sandboxView is the API's Sandbox object as the CLI prints it.
+type sandboxView struct {
+	SandboxID     string `json:"sandboxId"`
+	SandboxStatus string `json:"sandboxStatus"`
+	Timeout       int64  `json:"timeout"`
+	CreatedAt     string `json:"createdAt"`
+	RunID         string `json:"runId,omitempty"`
+	Runtime       string `json:"runtime,omitempty"`
+}
+
+func printSandboxes(w io.Writer, sbs []sandboxView) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATUS\tREMAINING\tRUNTIME\tCREATED\tRUN")
+	for _, s := range sbs {
+		remaining := (time.Duration(s.Timeout) * time.Millisecond).Round(time.Second)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SandboxID, s.SandboxStatus, remaining, s.Runtime, s.CreatedAt, s.RunID)
+	}
+	return tw.Flush()
+}
+
+// newSandboxCmd is the API client: `sandboxd sandbox create|ls|exec|stop`.
+func newSandboxCmd() *cobra.Command {
+	c := &apiClient{http: &http.Client{}}
+	var asJSON bool
+	var account string
+	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, use and stop sandboxes through a running server's API"}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&c.url, "url", envOr("SANDBOXD_URL", "http://127.0.0.1:8080"), "server URL (env SANDBOXD_URL)")
+	pf.StringVar(&c.key, "key", os.Getenv("SANDBOXD_API_KEY"), "API key (env SANDBOXD_API_KEY)")
+	pf.BoolVar(&asJSON, "json", false, "print JSON")
+	pf.StringVar(&account, "account", "", "act for this account id (organization keys)")
+	requireKey := func(*cobra.Command, []string) error {
+		if c.key == "" {
+			return fmt.Errorf("no API key: pass --key or set SANDBOXD_API_KEY")
+		}
+		return nil
+	}
+	cmd.PersistentPreRunE = requireKey
+
+	var timeout time.Duration
+	var cwd, prompt string
+	create := &cobra.Command{
+		Use:   "create [-- COMMAND ARGS...]",
+		Short: "Create a sandbox, optionally running a command or a prompt in it",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{}
+			if len(args) > 0 {
+				body["command"], body["args"] = args[0], args[1:]
+			}
+			if prompt != "" {
+				body["prompt"] = prompt
+			}
+			if cwd != "" {
+				body["cwd"] = cwd
+			}
+			if timeout > 0 {
+				body["timeout"] = timeout.Milliseconds()
+			}
+			if account != "" {
+				body["account_id"] = account
+			}
+			var out struct {
+				Sandboxes []sandboxView `json:"sandboxes"`
+			}
+			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes", body, &out); err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out.Sandboxes[0])
+			}
+			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
+		},
+	}
+	create.Flags().DurationVar(&timeout, "timeout", 0, "lifetime (default: the server's, 10m)")
+	create.Flags().StringVar(&cwd, "cwd", "", "working directory of the command")
+	create.Flags().StringVar(&prompt, "prompt", "", "run opencode with this prompt instead of a command")
+
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := "/api/sandboxes"
+			if account != "" {
+				path += "?account_id=" + account
+			}
+			var out struct {
+				Sandboxes  []sandboxView `json:"sandboxes"`
+				SnapshotID *string       `json:"snapshot_id"`
+				GithubRepo *string       `json:"github_repo"`
+			}
+			if err := c.do(cmd.Context(), http.MethodGet, path, nil, &out); err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
+		},
+	}
+
+	exec := &cobra.Command{
+		Use:   "exec SANDBOX_ID -- COMMAND [ARGS...]",
+		Short: "Run a command in a running sandbox, streaming its output",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{"command": args[1], "args": args[2:]}
+			if cwd != "" {
+				body["cwd"] = cwd
+			}
+			if account != "" {
+				body["account_id"] = account
+			}
+			path := "/api/sandboxes/" + args[0] + "/exec"
+			if asJSON {
+				var out map[string]any
+				if err := c.do(cmd.Context(), http.MethodPost, path, body, &out); err != nil {
+					return err
+				}
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			code, err := c.execStream(cmd.Context(), path, body, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &exitError{code: code}
+			}
+			return nil
+		},
+	}
+	exec.Flags().StringVar(&cwd, "cwd", "", "working directory")
+
+	stop := &cobra.Command{
+		Use:   "stop SANDBOX_ID",
+		Short: "Stop a sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{}
+			if account != "" {
+				body["account_id"] = account
+			}
+			var out struct {
+				Sandbox sandboxView `json:"sandbox"`
+			}
+			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/stop", body, &out); err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out.Sandbox)
+			}
+			return printSandboxes(cmd.OutOrStdout(), []sandboxView{out.Sandbox})
+		},
+	}
+	cmd.AddCommand(create, ls, exec, stop)
+	return cmd
+}
+
+// exitError carries a remote command's exit code to the CLI's exit status.
+type exitError struct{ code int }
+
+func (e *exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
+
+// execStream runs an exec as Server-Sent Events, copying output as it comes.
+func (c *apiClient) execStream(ctx context.Context, path string, body any, stdout, stderr io.Writer) (int, error) {
+	resp, err := c.send(ctx, http.MethodPost, path, body, "text/event-stream")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		e := &apiError{Status: resp.StatusCode}
+		_ = json.NewDecoder(resp.Body).Decode(&e.Body)
+		return 0, e
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	var event string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			var d struct {
+				Data     string `json:"data"`
+				ExitCode int    `json:"exitCode"`
+				Error    string `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &d); err != nil {
+				return 0, fmt.Errorf("decode event: %w", err)
+			}
+			switch event {
+			case "stdout":
+				io.WriteString(stdout, d.Data)
+			case "stderr":
+				io.WriteString(stderr, d.Data)
+			case "exit":
+				return d.ExitCode, nil
+			case "error":
+				return 0, fmt.Errorf("exec: %s", d.Error)
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("read event stream: %w", err)
+	}
+	return 0, fmt.Errorf("event stream ended without an exit event")
+}
