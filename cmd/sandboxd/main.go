@@ -34,6 +34,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newServeCmd(g),
 		newAdminCmd(g),
+		newImageCmd(g),
 		newVersionCmd(),
 	)
 	return root
