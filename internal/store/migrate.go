@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"syscall"
@@ -24,11 +25,7 @@ func (s *Store) migrate(ctx context.Context, sqlitePath string) error {
 	switch s.dialect {
 	case DialectPostgres:
 		dialect = goose.DialectPostgres
-		locker, err := lock.NewPostgresSessionLocker()
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
-		opts = append(opts, goose.WithSessionLocker(locker))
+		opts = append(opts, goose.WithSessionLocker(pgAdvisoryLocker{id: migrationLockID}))
 	case DialectSQLite:
 		dialect = goose.DialectSQLite3
 		unlock, err := flockFile(ctx, sqlitePath+"-migrate.lock")
@@ -87,4 +84,31 @@ func flockFile(ctx context.Context, path string) (unlock func(), err error) {
 		}()
 		return nil, fmt.Errorf("lock %s: %w", path, ctx.Err())
 	}
+}
+
+// migrationLockID is the PostgreSQL advisory lock that serializes sandboxd's
+// migrations across processes (an arbitrary constant, unique to sandboxd).
+const migrationLockID int64 = 0x73616e64626f78 // "sandbox"
+
+// pgAdvisoryLocker holds a PostgreSQL session advisory lock while goose
+// migrates. goose's own locker polls with pg_try_advisory_lock every few
+// seconds, so nodes starting together would wait seconds for each other;
+// pg_advisory_lock waits in the server and returns as soon as the lock is
+// free (or ctx ends: the driver cancels the query).
+type pgAdvisoryLocker struct{ id int64 }
+
+var _ lock.SessionLocker = pgAdvisoryLocker{}
+
+func (l pgAdvisoryLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.id); err != nil {
+		return fmt.Errorf("take migration lock: %w", err)
+	}
+	return nil
+}
+
+func (l pgAdvisoryLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", l.id); err != nil {
+		return fmt.Errorf("release migration lock: %w", err)
+	}
+	return nil
 }

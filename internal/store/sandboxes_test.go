@@ -152,7 +152,7 @@ func TestListSandboxes(t *testing.T) {
 			{"n1", t0, []string{b1.ID}},
 			{"n1", t0.Add(time.Hour), []string{b1.ID, a1.ID}},
 			{"n1", t0.Add(2 * time.Hour), []string{b1.ID, a1.ID}}, // a3 stopped, a4 stopping
-			{"n2", t0.Add(2 * time.Hour), []string{a2.ID}},     // b2 failed
+			{"n2", t0.Add(2 * time.Hour), []string{a2.ID}},        // b2 failed
 			{"", t0.Add(2 * time.Hour), []string{b1.ID, a1.ID, a2.ID}},
 		}
 		for _, tt := range expired {
