@@ -98,7 +98,7 @@ func (q *Queries) CreateAccount(ctx context.Context, a *Account) error {
 	base := Slugify(a.Name)
 	// Another writer may take the slug we picked between our look and our
 	// insert (on PostgreSQL; SQLite writers are serialized); look again.
-	for attempt := 0; attempt < 10; attempt++ {
+	for attempt := 0; attempt < 50; attempt++ {
 		slug, err := q.freeSlug(ctx, base)
 		if err != nil {
 			return fmt.Errorf("create account %s: %w", a.ID, err)

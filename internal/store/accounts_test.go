@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -183,5 +185,35 @@ func TestOrgMembership(t *testing.T) {
 		}
 		wantErr(t, "SetMembersShareAccess(off)", s.SetMembersShareAccess(ctx, org2.ID, false), nil)
 		shares(alice.ID, carol.ID, false)
+	})
+}
+
+// TestCreateAccountConcurrentSlugs creates accounts with one name at once:
+// each must get its own slug, none an error.
+func TestCreateAccountConcurrentSlugs(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		const n = 10
+		slugs := make([]string, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				a := store.Account{Name: "Same Name"}
+				if err := s.CreateAccount(t.Context(), &a); err != nil {
+					t.Errorf("CreateAccount %d: %v", i, err)
+				}
+				slugs[i] = a.Slug
+			})
+		}
+		wg.Wait()
+		slices.Sort(slugs)
+		want := []string{"same-name"}
+		for i := 2; i <= n; i++ {
+			want = append(want, "same-name-"+strconv.Itoa(i))
+		}
+		slices.Sort(want)
+		if !slices.Equal(slugs, want) {
+			t.Errorf("slugs = %v, want %v", slugs, want)
+		}
 	})
 }
