@@ -1,0 +1,158 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// makeDisk creates a sparse ext4 image of size bytes at img and mounts it at
+// dir through an auto-clearing loop device (the device goes with the mount).
+// mkfs of a sparse image with lazy init takes ≈ 45 ms whatever the size.
+func makeDisk(ctx context.Context, img, dir string, size int64) error {
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("create disk image: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("size disk image: %w", err)
+	}
+	mkfs := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0",
+		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", img)
+	if out, err := mkfs.CombinedOutput(); err != nil {
+		return fmt.Errorf("mkfs.ext4 (e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	mnt := exec.CommandContext(ctx, "mount", "-o", "loop,nosuid,nodev", img, dir)
+	if out, err := mnt.CombinedOutput(); err != nil {
+		return fmt.Errorf("mount disk image: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// mountOverlay mounts base, the restored lowers (bottom first) and upper at
+// target. index, redirect_dir and metacopy stay off so the upper directory
+// is self-contained: it alone is the snapshot.
+func mountOverlay(target, base string, lowers []string, upper, work string) error {
+	stack := make([]string, 0, len(lowers)+1)
+	for i := len(lowers) - 1; i >= 0; i-- {
+		stack = append(stack, lowers[i])
+	}
+	stack = append(stack, base)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,redirect_dir=off,metacopy=off",
+		strings.Join(stack, ":"), upper, work)
+	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay rootfs: %w", err)
+	}
+	return nil
+}
+
+// unmount unmounts target if it is a mount point, retrying while it is busy
+// (the gofer may take a moment to exit), and detaching it lazily as a last
+// resort so Destroy always completes.
+func unmount(target string) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if !isMountPoint(target) {
+			return nil
+		}
+		err := unix.Unmount(target, 0)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			if derr := unix.Unmount(target, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
+				return fmt.Errorf("unmount %s: %w", target, err)
+			}
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// isMountPoint reports whether path is listed in /proc/self/mountinfo.
+func isMountPoint(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMount(f[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// MountsUnder lists mount points at or below dir (for tests and leak checks).
+func MountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 {
+			p := unescapeMount(f[4])
+			if p == dir || strings.HasPrefix(p, dir+"/") {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// unescapeMount decodes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// diskUsage is the bytes in use on the file system holding dir.
+func diskUsage(dir string) int64 {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return 0
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize
+}
+
+// dirSize sums the sizes of the files under dir (no disk limit: no image).
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

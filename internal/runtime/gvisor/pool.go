@@ -1,0 +1,160 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// pool keeps started sandboxes of the warm base with an empty writable
+// layer. Handing one out is a rename: write its meta and claim its id.
+type pool struct {
+	r    *Runtime
+	size int
+
+	mu     sync.Mutex
+	ready  []*sandbox
+	closed bool
+	kick   chan struct{}
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+func newPool(r *Runtime, size int) *pool {
+	ctx, cancel := context.WithCancel(r.ctx)
+	p := &pool{r: r, size: size, kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel}
+	go p.fill(ctx)
+	return p
+}
+
+// warmSpec is what pool sandboxes are made of.
+func (p *pool) warmSpec() runtime.Spec {
+	return runtime.Spec{
+		BaseDir: p.r.opts.WarmBaseDir, BaseImage: p.r.opts.WarmBaseImage,
+		Limits: p.r.limits(runtime.Limits{}), Hostname: "sandbox",
+	}
+}
+
+// fits says whether a warm sandbox can serve spec: same base, default
+// limits (they are fixed at start: the disk image and RLIMIT_NPROC), no
+// custom hostname, and nothing to restore (restored layers are overlay
+// lowers, which cannot be added under a mounted overlay).
+func (p *pool) fits(spec runtime.Spec) bool {
+	w := p.warmSpec()
+	return len(spec.Layers) == 0 && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
+}
+
+// take returns a warm sandbox or nil, and asks for a replacement.
+func (p *pool) take() *sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	if len(p.ready) == 0 {
+		return nil
+	}
+	s := p.ready[0]
+	p.ready = p.ready[1:]
+	return s
+}
+
+// WarmReady is how many warm sandboxes wait (for tests and the bench).
+func (r *Runtime) WarmReady() int {
+	r.mu.Lock()
+	p := r.pool
+	r.mu.Unlock()
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+func (p *pool) fill(ctx context.Context) {
+	defer close(p.done)
+	backoff := time.Second
+	for {
+		p.mu.Lock()
+		need := p.size - len(p.ready)
+		p.mu.Unlock()
+		if need > 0 {
+			s, err := p.r.createCold(ctx, p.warmSpec(), "")
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				p.r.log.Warn("warm pool: start sandbox", "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(backoff*2, time.Minute)
+				continue
+			}
+			backoff = time.Second
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				_ = s.Destroy(context.Background())
+				return
+			}
+			p.ready = append(p.ready, s)
+			p.mu.Unlock()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		}
+	}
+}
+
+// close stops filling and destroys the warm sandboxes.
+func (p *pool) close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	<-p.done
+	p.mu.Lock()
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	var errs []error
+	for _, s := range ready {
+		errs = append(errs, s.Destroy(context.Background()))
+	}
+	return errors.Join(errs...)
+}
+
+// assign turns a warm sandbox into spec's sandbox.
+func (s *sandbox) assign(spec runtime.Spec, link string) error {
+	m := s.meta()
+	if err := os.Symlink(filepath.Join("..", "sandboxes", m.CID), link); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrExists)
+		}
+		return err
+	}
+	s.mu.Lock()
+	s.m.ID, s.m.Env, s.m.HomeSocket, s.m.BaseImage = spec.ID, spec.Env, spec.HomeSocket, spec.BaseImage
+	s.m.Created = time.Now().UTC()
+	m = s.m
+	s.mu.Unlock()
+	if err := writeMeta(s.dir, m); err != nil {
+		_ = os.Remove(link)
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,577 @@
+package gvisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/cgroup"
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/snapshot"
+)
+
+// sandbox is one runsc container and everything around it on the host.
+type sandbox struct {
+	r   *Runtime
+	dir string
+
+	mu     sync.Mutex
+	m      meta
+	hello  guest.Hello
+	client *guest.Client
+	ready  chan struct{} // closed while client != nil
+	ln     net.Listener
+	cancel context.CancelFunc // ends the accept loop and the memory guard
+	gone   bool               // destroyed
+}
+
+var _ runtime.Sandbox = (*sandbox)(nil)
+
+func newSandbox(r *Runtime, dir string, m meta) *sandbox {
+	return &sandbox{r: r, dir: dir, m: m, ready: make(chan struct{})}
+}
+
+func (s *sandbox) path(p ...string) string { return filepath.Join(append([]string{s.dir}, p...)...) }
+
+func (s *sandbox) upperDir() string { return s.path("layer", "upper") }
+
+func (s *sandbox) meta() meta {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m
+}
+
+// ID implements runtime.Sandbox.
+func (s *sandbox) ID() string { return s.meta().ID }
+
+// Info implements runtime.Sandbox.
+func (s *sandbox) Info() runtime.Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kernel := s.hello.Kernel
+	if f := strings.Fields(kernel); len(f) > 0 {
+		kernel = f[0]
+	}
+	return runtime.Info{Backend: Name, Platform: s.m.Platform, Kernel: kernel, Agent: s.hello.Agent}
+}
+
+// create builds the sandbox on the host and starts it; the caller destroys
+// it on error.
+func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
+	m := s.meta()
+	for _, d := range []string{s.dir, s.path("layer"), s.path("rootfs"), s.path("sock"), s.path("bundle")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if m.Limits.DiskBytes > 0 {
+		if err := makeDisk(ctx, s.path("disk.img"), s.path("layer"), m.Limits.DiskBytes); err != nil {
+			return err
+		}
+		m.Disk = true
+	}
+	if err := os.Mkdir(s.upperDir(), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(s.path("layer", "work"), 0o700); err != nil {
+		return err
+	}
+	var lowers []string
+	for i, l := range layers {
+		dir := s.path("layer", fmt.Sprintf("lower-%d", i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return err
+		}
+		id, err := applyLayer(ctx, l, dir)
+		if err != nil {
+			return fmt.Errorf("restore layer %d: %w", i, err)
+		}
+		m.Layers = append(m.Layers, id)
+		lowers = append(lowers, dir)
+	}
+	if err := mountOverlay(s.path("rootfs"), m.BaseDir, lowers, s.upperDir(), s.path("layer", "work")); err != nil {
+		return err
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost sandboxd.internal\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", m.Hostname)
+	if err := os.WriteFile(s.path("hosts"), []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"))
+	if err := writeSpec(s.path("bundle"), spec); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.m = m
+	s.mu.Unlock()
+	if err := writeMeta(s.dir, m); err != nil {
+		return err
+	}
+	if err := s.attach(); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(s.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := s.r.runscCmd(ctx, "run", "--bundle", s.path("bundle"), "--detach", m.CID)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc run: %w (see %s)", err, s.path("agent.log"))
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.r.opts.StartTimeout)
+	defer cancel()
+	if _, err := s.agent(wctx); err != nil {
+		return fmt.Errorf("wait for agent: %w", err)
+	}
+	return nil
+}
+
+// applyLayer restores one layer into dir and returns its content address,
+// checked against l.ID when that is a content address ("sha256:...").
+func applyLayer(ctx context.Context, l runtime.Layer, dir string) (string, error) {
+	h := sha256.New()
+	tee := io.TeeReader(l.R, h)
+	if _, err := snapshot.Apply(ctx, tee, dir); err != nil {
+		return "", err
+	}
+	// Hash the whole blob, including what the decoder did not need.
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return "", err
+	}
+	id := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if strings.HasPrefix(l.ID, "sha256:") && l.ID != id {
+		return "", fmt.Errorf("layer is %s, want %s", id, l.ID)
+	}
+	return id, nil
+}
+
+// attach listens for the agent, registers the sandbox with the runtime and
+// starts the memory guard.
+func (s *sandbox) attach() error {
+	sock := s.path("sock", "agent.sock")
+	_ = os.Remove(sock) // a previous process's socket
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("listen for agent: %w", err)
+	}
+	ctx, cancel := context.WithCancel(s.r.ctx)
+	s.mu.Lock()
+	s.ln, s.cancel = ln, cancel
+	m := s.m
+	s.mu.Unlock()
+	s.r.mu.Lock()
+	s.r.sandboxes[m.CID] = s
+	s.r.mu.Unlock()
+	go s.acceptLoop(ln)
+	if m.Limits.MemoryBytes > 0 && !m.Stopped {
+		go s.guardMemory(ctx)
+	}
+	return nil
+}
+
+// detach lets go of the sandbox without touching it (Runtime.Close).
+func (s *sandbox) detach() {
+	s.mu.Lock()
+	ln, c, cancel := s.ln, s.client, s.cancel
+	s.ln, s.cancel = nil, nil
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if ln != nil {
+		ln.Close()
+	}
+	if c != nil {
+		c.Close()
+	}
+}
+
+func (s *sandbox) acceptLoop(ln net.Listener) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log})
+		if err != nil {
+			s.r.log.Warn("agent handshake failed", "cid", s.meta().CID, "err", err)
+			continue
+		}
+		s.mu.Lock()
+		old := s.client
+		s.client, s.hello = c, c.Hello()
+		if old == nil {
+			close(s.ready)
+		}
+		s.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+		go func() {
+			<-c.Done()
+			s.mu.Lock()
+			if s.client == c {
+				s.client = nil
+				s.ready = make(chan struct{})
+			}
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// dialHome connects a sandbox's sandboxd.internal connection to the API.
+func (s *sandbox) dialHome(ctx context.Context) (net.Conn, error) {
+	sock := s.meta().HomeSocket
+	if sock == "" {
+		return nil, errors.New("sandbox has no home socket")
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", sock)
+}
+
+// agent returns the connected agent, waiting for it to (re)connect. It
+// fails with ErrNotRunning once the container is gone.
+func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		c, ready, stopped, gone := s.client, s.ready, s.m.Stopped, s.gone
+		s.mu.Unlock()
+		if stopped || gone {
+			return nil, runtime.ErrNotRunning
+		}
+		if c != nil {
+			return c, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-tick.C:
+			if st, err := s.State(ctx); err == nil && st != runtime.StateRunning {
+				return nil, runtime.ErrNotRunning
+			}
+		}
+	}
+}
+
+// failure explains an error from the agent channel: a sandbox that died
+// reports ErrNotRunning.
+func (s *sandbox) failure(ctx context.Context, op string, err error) error {
+	if errors.Is(err, guest.ErrClosed) {
+		if st, serr := s.State(context.WithoutCancel(ctx)); serr == nil && st != runtime.StateRunning {
+			err = fmt.Errorf("%w (%v)", runtime.ErrNotRunning, err)
+		}
+	}
+	return fmt.Errorf("%s in sandbox %s: %w", op, s.ID(), err)
+}
+
+// State implements runtime.Sandbox.
+func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
+	m := s.meta()
+	if m.Stopped {
+		return runtime.StateStopped, nil
+	}
+	out, err := s.r.runscRun(ctx, "state", m.CID)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		return runtime.StateStopped, nil // runsc knows no such container
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("parse runsc state: %w", err)
+	}
+	switch st.Status {
+	case "running", "paused", "created":
+		return runtime.StateRunning, nil
+	}
+	return runtime.StateStopped, nil
+}
+
+// Exec implements runtime.Sandbox.
+func (s *sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
+	if len(req.Cmd) == 0 {
+		return runtime.ExecResult{}, errors.New("exec: empty command")
+	}
+	c, err := s.agent(ctx)
+	if err != nil {
+		return runtime.ExecResult{}, s.failure(ctx, "exec", err)
+	}
+	m := s.meta()
+	spec := guest.ExecSpec{
+		Cmd: req.Cmd, Env: append(append([]string(nil), m.Env...), req.Env...), Cwd: req.Cwd,
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout.Milliseconds(),
+	}
+	if req.Timeout > 0 && spec.Timeout == 0 {
+		spec.Timeout = 1
+	}
+	start := time.Now()
+	e, err := c.Exec(ctx, spec, guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr})
+	res := runtime.ExecResult{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, OOMKilled: e.OOMKilled, Duration: time.Since(start)}
+	switch {
+	case err != nil:
+		return res, s.failure(ctx, "exec", err)
+	case e.NotFound:
+		return res, fmt.Errorf("exec %s in sandbox %s: %w", req.Cmd[0], m.ID, runtime.ErrCommandNotFound)
+	case e.Error != "":
+		return res, fmt.Errorf("exec %s in sandbox %s: %s", req.Cmd[0], m.ID, e.Error)
+	}
+	return res, nil
+}
+
+// ReadFile implements runtime.Sandbox.
+func (s *sandbox) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, s.failure(ctx, "read file", err)
+	}
+	rc, _, err := c.ReadFile(ctx, path)
+	if err != nil {
+		return nil, s.failure(ctx, "read file", err)
+	}
+	return rc, nil
+}
+
+// WriteFile implements runtime.Sandbox.
+func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return s.failure(ctx, "write file", err)
+	}
+	if _, err := c.WriteFile(ctx, path, mode, r); err != nil {
+		return s.failure(ctx, "write file", err)
+	}
+	return nil
+}
+
+// ListDir implements runtime.Sandbox.
+func (s *sandbox) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, s.failure(ctx, "list dir", err)
+	}
+	ents, err := c.ListDir(ctx, path)
+	if err != nil {
+		return nil, s.failure(ctx, "list dir", err)
+	}
+	out := make([]runtime.DirEntry, len(ents))
+	for i, e := range ents {
+		out[i] = runtime.DirEntry{Name: e.Name, Size: e.Size, Mode: fs.FileMode(e.Mode), ModTime: e.ModTime, Link: e.Link}
+	}
+	return out, nil
+}
+
+// Quiesce implements runtime.Sandbox: the agent syncs (gVisor flushes its
+// page cache to the host files) and runsc pauses every task.
+func (s *sandbox) Quiesce(ctx context.Context) (func(context.Context) error, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, s.failure(ctx, "quiesce", err)
+	}
+	if err := c.Sync(ctx); err != nil {
+		return nil, s.failure(ctx, "quiesce", err)
+	}
+	cid := s.meta().CID
+	if _, err := s.r.runscRun(ctx, "pause", cid); err != nil {
+		return nil, fmt.Errorf("quiesce sandbox %s: %w", s.ID(), err)
+	}
+	var once sync.Once
+	return func(ctx context.Context) error {
+		var err error
+		once.Do(func() {
+			if _, rerr := s.r.runscRun(ctx, "resume", cid); rerr != nil {
+				err = fmt.Errorf("resume sandbox %s: %w", s.ID(), rerr)
+			}
+		})
+		return err
+	}, nil
+}
+
+// Snapshot implements runtime.Sandbox.
+func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error) {
+	if st, err := s.State(ctx); err == nil && st == runtime.StateRunning {
+		resume, err := s.Quiesce(ctx)
+		if err != nil {
+			return snapshot.Manifest{}, err
+		}
+		defer func() {
+			if err := resume(context.WithoutCancel(ctx)); err != nil {
+				s.r.log.Error("resume after snapshot", "id", s.ID(), "err", err)
+			}
+		}()
+	}
+	m := s.meta()
+	if _, err := os.Stat(s.upperDir()); err != nil {
+		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, runtime.ErrNotFound)
+	}
+	man := snapshot.Manifest{BaseImage: m.BaseImage}
+	if n := len(m.Layers); n > 0 {
+		man.Parent = m.Layers[n-1]
+	}
+	man, err := snapshot.Write(ctx, w, s.upperDir(), man)
+	if err != nil {
+		return man, fmt.Errorf("snapshot sandbox %s: %w", m.ID, err)
+	}
+	return man, nil
+}
+
+// Stats implements runtime.Sandbox.
+func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
+	m := s.meta()
+	var out runtime.Stats
+	if m.Disk {
+		out.DiskBytes = diskUsage(s.path("layer"))
+	} else {
+		out.DiskBytes = dirSize(s.path("layer"))
+	}
+	if m.Stopped {
+		return out, nil
+	}
+	cs, err := cgroup.New(m.CgroupPath).Stats()
+	if err != nil {
+		return out, fmt.Errorf("stats of sandbox %s: %w", m.ID, err)
+	}
+	out.MemoryBytes, out.CPU, out.Pids = cs.MemoryBytes, cs.CPU, cs.Pids
+	s.mu.Lock()
+	c := s.client
+	s.mu.Unlock()
+	if c != nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if h, err := c.Ping(pctx); err == nil {
+			out.Processes = h.Processes
+		}
+	}
+	return out, nil
+}
+
+// guardMemory is the sandbox's OOM killer (see the package doc).
+func (s *sandbox) guardMemory(ctx context.Context) {
+	m := s.meta()
+	g := cgroup.New(m.CgroupPath)
+	// The cgroup appears when runsc starts the sandbox.
+	for i := 0; i < 100 && !g.Exists(); i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	err := g.WatchMemory(ctx, m.Limits.MemoryBytes, func() {
+		s.mu.Lock()
+		c := s.client
+		s.mu.Unlock()
+		if c == nil {
+			return
+		}
+		for range 8 {
+			kctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			k, err := c.OOMKill(kctx)
+			cancel()
+			if err != nil || k.PID == 0 {
+				return
+			}
+			s.r.log.Warn("sandbox out of memory: killed a process", "id", s.ID(), "pid", k.PID, "name", k.Name, "rss", k.RSS)
+			// gVisor returns freed memory to the host asynchronously.
+			for range 10 {
+				time.Sleep(20 * time.Millisecond)
+				if st, err := g.Stats(); err != nil || st.MemoryBytes < m.Limits.MemoryBytes {
+					return
+				}
+			}
+		}
+	})
+	if err != nil && ctx.Err() == nil {
+		s.r.log.Warn("memory guard not running", "id", m.ID, "err", err)
+	}
+}
+
+// Stop implements runtime.Sandbox.
+func (s *sandbox) Stop(ctx context.Context) error {
+	s.detach()
+	m := s.meta()
+	var errs []error
+	if _, err := s.r.runscRun(ctx, "delete", "--force", m.CID); err != nil && !strings.Contains(err.Error(), "does not exist") &&
+		!strings.Contains(err.Error(), "not found") {
+		errs = append(errs, err)
+	}
+	if err := unmount(s.path("rootfs")); err != nil {
+		errs = append(errs, err)
+	}
+	s.mu.Lock()
+	s.m.Stopped = true
+	m = s.m
+	gone := s.gone
+	s.mu.Unlock()
+	if !gone {
+		if _, err := os.Stat(s.dir); err == nil {
+			if err := writeMeta(s.dir, m); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+// Destroy implements runtime.Sandbox.
+func (s *sandbox) Destroy(ctx context.Context) error {
+	var errs []error
+	if err := s.Stop(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	m := s.meta()
+	if err := unmount(s.path("layer")); err != nil {
+		errs = append(errs, err)
+	}
+	if g := cgroup.New(m.CgroupPath); g.Exists() {
+		if err := g.Remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(MountsUnder(s.dir)) == 0 {
+		if err := os.RemoveAll(s.dir); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("mounts remain under %s", s.dir))
+	}
+	if m.ID != "" {
+		link := filepath.Join(s.r.opts.StateDir, "ids", m.ID)
+		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == m.CID {
+			_ = os.Remove(link)
+		}
+	}
+	s.mu.Lock()
+	s.gone = true
+	s.mu.Unlock()
+	s.r.mu.Lock()
+	if s.r.sandboxes[m.CID] == s {
+		delete(s.r.sandboxes, m.CID)
+	}
+	s.r.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", m.ID, err)
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+// Package runtime defines what a sandbox backend is: a small, containerd-like
+// interface (Runtime creates and finds sandboxes, Sandbox runs processes,
+// moves files, snapshots its writable layer and goes away) that the rest of
+// sandboxd programs against. Backends live in subpackages (runtime/gvisor,
+// later runtime/microvm); the core never imports a backend's details, and
+// every backend passes the conformance suite in runtime/runtimetest.
+//
+// Invariants every backend keeps:
+//   - Create returns a running sandbox whose agent answers; a sandbox never
+//     exists half-made: on error everything Create made is gone.
+//   - A sandbox's filesystem is a read-only base (Spec.BaseDir), the layers
+//     it was restored from (read-only), and one writable layer; Snapshot
+//     captures exactly that writable layer in the snapshot package's format.
+//   - Sandboxes outlive the Runtime value: after a restart, New on the same
+//     state directory finds them again (Get, List).
+//   - Destroy leaves nothing behind on the host and is idempotent.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/snapshot"
+)
+
+// Errors shared by all backends; test with errors.Is.
+var (
+	// ErrNotFound: no sandbox with that id exists on this host.
+	ErrNotFound = errors.New("sandbox not found")
+	// ErrNotRunning: the sandbox exists but is stopped (or died).
+	ErrNotRunning = errors.New("sandbox is not running")
+	// ErrCommandNotFound: Exec's Cmd[0] does not exist in the sandbox. Exec
+	// then also returns ExecResult{ExitCode: 127} and writes a shell-like
+	// "command not found" line to Stderr, so callers that only forward the
+	// output and exit code behave like a shell.
+	ErrCommandNotFound = errors.New("command not found")
+	// ErrExists: Create was given an id that is already in use.
+	ErrExists = errors.New("sandbox already exists")
+)
+
+// Runtime creates sandboxes of one backend on this host.
+type Runtime interface {
+	// Name is the backend's name, e.g. "gvisor".
+	Name() string
+	// Create prepares and starts a sandbox and returns it running.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Get returns a sandbox present on this host, also one created by an
+	// earlier process on the same state; ErrNotFound if there is none. The
+	// sandbox may have stopped (see Sandbox.State).
+	Get(ctx context.Context, id string) (Sandbox, error)
+	// List returns the ids of all sandboxes present on this host, running or
+	// not, so a restarted server can reconcile them with its database.
+	List(ctx context.Context) ([]string, error)
+	// Close releases the Runtime's own resources (connections, warm pool).
+	// Created sandboxes keep running.
+	Close() error
+}
+
+// Layer is a snapshot to restore, as a stream in the snapshot format.
+type Layer struct {
+	ID string // the layer's content address; verified while restoring when it is "sha256:..."
+	R  io.Reader
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID names the sandbox; it must be unique on the host. Letters, digits,
+	// '-', '_' and '.'; at most 128 bytes.
+	ID string
+	// BaseDir is the root filesystem, used read-only and shared.
+	BaseDir string
+	// BaseImage identifies BaseDir; recorded in snapshots.
+	BaseImage string
+	// Layers is the snapshot chain to restore, bottom first. The sandbox's
+	// next Snapshot records the last one as its parent.
+	Layers []Layer
+	// Env is added to every process's environment (before ExecRequest.Env).
+	Env []string
+	// Limits; zero fields take the runtime's defaults.
+	Limits Limits
+	// HomeSocket is the host's sandboxd API unix socket, reachable inside as
+	// http://sandboxd.internal. Empty: connections home are refused.
+	HomeSocket string
+	// Hostname inside the sandbox; empty means "sandbox".
+	Hostname string
+}
+
+// Limits bound a sandbox's resources.
+type Limits struct {
+	CPUs        float64 // CPU time in cores (cfs quota); 0: unlimited
+	MemoryBytes int64   // memory of the sandbox's processes
+	Pids        int64   // processes and threads inside
+	DiskBytes   int64   // size of the writable layer (restored layers count)
+}
+
+// Sandbox is one running (or stopped) sandbox. Methods are safe for
+// concurrent use.
+type Sandbox interface {
+	ID() string
+	Info() Info
+	// State reports whether the sandbox still runs.
+	State(ctx context.Context) (State, error)
+	// Exec runs a process and streams its output to the request's writers as
+	// it is produced. The error is for failures to run at all (see
+	// ErrCommandNotFound); a process that ran reports through ExecResult.
+	Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
+	// ReadFile streams a file out; errors wrap fs.ErrNotExist when missing.
+	ReadFile(ctx context.Context, path string) (io.ReadCloser, error)
+	// WriteFile atomically replaces path (creating parents) with r's bytes.
+	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error
+	// ListDir lists a directory without following symlinks.
+	ListDir(ctx context.Context, path string) ([]DirEntry, error)
+	// Quiesce flushes the sandbox's writes and freezes it, for a consistent
+	// copy of its filesystem; resume thaws it. Snapshot quiesces by itself.
+	Quiesce(ctx context.Context) (resume func(context.Context) error, err error)
+	// Snapshot writes the writable layer to w in the snapshot format, with
+	// Parent set to the last restored layer. It works on a stopped sandbox
+	// too.
+	Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error)
+	Stats(ctx context.Context) (Stats, error)
+	// Stop kills every process; the writable layer stays for Snapshot.
+	Stop(ctx context.Context) error
+	// Destroy stops the sandbox and removes everything it had on the host.
+	Destroy(ctx context.Context) error
+}
+
+// State of a sandbox.
+type State string
+
+// States.
+const (
+	StateRunning State = "running"
+	StateStopped State = "stopped"
+)
+
+// Info says what a sandbox runs on.
+type Info struct {
+	Backend  string // "gvisor"
+	Platform string // backend detail, e.g. gVisor's "ptrace"
+	Kernel   string // kernel release seen inside
+	Agent    string // guest agent version
+}
+
+// ExecRequest is a process to run.
+type ExecRequest struct {
+	Cmd     []string
+	Env     []string // added to the sandbox's Env
+	Cwd     string   // default /workspace
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer // ignored with TTY: a terminal has one output
+	Timeout time.Duration
+	TTY     bool
+	Rows    uint16
+	Cols    uint16
+}
+
+// ExecResult is how a process ended.
+type ExecResult struct {
+	ExitCode  int // exit status, 128+signal when killed
+	Signal    int
+	TimedOut  bool // killed because Timeout passed
+	OOMKilled bool // killed because the sandbox ran out of memory
+	Duration  time.Duration
+}
+
+// DirEntry is one entry of ListDir.
+type DirEntry struct {
+	Name    string
+	Size    int64
+	Mode    fs.FileMode
+	ModTime time.Time
+	Link    string // symlink target
+}
+
+// Stats are a sandbox's resource use.
+type Stats struct {
+	MemoryBytes int64         // host memory charged to the sandbox
+	CPU         time.Duration // CPU time used
+	Pids        int64         // host tasks (threads) of the sandbox
+	DiskBytes   int64         // bytes used by the writable layers
+	Processes   int           // processes inside, as the agent sees them
+}
