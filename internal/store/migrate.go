@@ -8,24 +8,28 @@ import (
 	"syscall"
 
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/sandboxd/sandboxd/internal/store/migrations"
 )
 
 // migrate applies pending migrations. Several processes may open the same
 // database at once (nodes sharing PostgreSQL; the admin CLI next to the
-// server on SQLite), so migrations run under a lock each of them honours: a
-// PostgreSQL advisory lock, or for SQLite an flock on a file beside the
-// database (goose checks and applies in separate transactions, so
-// IMMEDIATE transactions alone would let two processes apply one migration).
+// server on SQLite), so the whole of it runs under a lock each of them
+// honours: a PostgreSQL advisory lock, or for SQLite an flock on a file
+// beside the database. goose's own session locker would not do: it covers
+// applying migrations but not goose's first look at its version table, so
+// processes racing on a new database retry for a second or more, and it
+// polls for the lock every five seconds.
 func (s *Store) migrate(ctx context.Context, sqlitePath string) error {
-	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
 	var dialect goose.Dialect
 	switch s.dialect {
 	case DialectPostgres:
 		dialect = goose.DialectPostgres
-		opts = append(opts, goose.WithSessionLocker(pgAdvisoryLocker{id: migrationLockID}))
+		unlock, err := pgAdvisoryLock(ctx, s.db, migrationLockID)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		defer unlock()
 	case DialectSQLite:
 		dialect = goose.DialectSQLite3
 		unlock, err := flockFile(ctx, sqlitePath+"-migrate.lock")
@@ -34,7 +38,7 @@ func (s *Store) migrate(ctx context.Context, sqlitePath string) error {
 		}
 		defer unlock()
 	}
-	p, err := goose.NewProvider(dialect, s.db, migrations.FS, opts...)
+	p, err := goose.NewProvider(dialect, s.db, migrations.FS, goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
@@ -48,6 +52,31 @@ func (s *Store) migrate(ctx context.Context, sqlitePath string) error {
 		return fmt.Errorf("migrate %s database: %w", s.dialect, err)
 	}
 	return nil
+}
+
+// migrationLockID is the PostgreSQL advisory lock that serializes sandboxd's
+// migrations across processes (an arbitrary constant, unique to sandboxd).
+const migrationLockID int64 = 0x73616e64626f78 // "sandbox"
+
+// pgAdvisoryLock takes a session advisory lock on a connection of its own
+// and returns the function that releases it. pg_advisory_lock waits in the
+// server and returns as soon as the lock is free, or fails when ctx ends
+// (the driver cancels the query).
+func pgAdvisoryLock(ctx context.Context, db *sql.DB, id int64) (unlock func(), err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("take advisory lock: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", id); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("take advisory lock: %w", err)
+	}
+	return func() {
+		// Closing the session would release the lock too, but the pool
+		// keeps sessions open: release it explicitly, even if ctx ended.
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", id)
+		conn.Close()
+	}, nil
 }
 
 // flockFile takes an exclusive flock on path, creating the file if needed,
@@ -84,31 +113,4 @@ func flockFile(ctx context.Context, path string) (unlock func(), err error) {
 		}()
 		return nil, fmt.Errorf("lock %s: %w", path, ctx.Err())
 	}
-}
-
-// migrationLockID is the PostgreSQL advisory lock that serializes sandboxd's
-// migrations across processes (an arbitrary constant, unique to sandboxd).
-const migrationLockID int64 = 0x73616e64626f78 // "sandbox"
-
-// pgAdvisoryLocker holds a PostgreSQL session advisory lock while goose
-// migrates. goose's own locker polls with pg_try_advisory_lock every few
-// seconds, so nodes starting together would wait seconds for each other;
-// pg_advisory_lock waits in the server and returns as soon as the lock is
-// free (or ctx ends: the driver cancels the query).
-type pgAdvisoryLocker struct{ id int64 }
-
-var _ lock.SessionLocker = pgAdvisoryLocker{}
-
-func (l pgAdvisoryLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.id); err != nil {
-		return fmt.Errorf("take migration lock: %w", err)
-	}
-	return nil
-}
-
-func (l pgAdvisoryLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", l.id); err != nil {
-		return fmt.Errorf("release migration lock: %w", err)
-	}
-	return nil
 }
