@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver
@@ -69,8 +70,12 @@ func openPostgres(ctx context.Context, dsn string, logger *slog.Logger) (*Store,
 	if err != nil {
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
-	// Keep some connections warm: every API request touches the database.
+	// Bounded, so that a burst queues here instead of exhausting the
+	// server's max_connections (shared by every node and by River); some
+	// stay warm because every API request touches the database.
+	db.SetMaxOpenConns(25)
 	db.SetMaxIdleConns(8)
+	db.SetConnMaxIdleTime(5 * time.Minute)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("connect to postgres %s: %w", redactURL(dsn), err)
@@ -202,7 +207,7 @@ func (s *Store) Close() error {
 // back when fn returns an error or panics. fn must do all its work through q
 // (or tx): on SQLite the transaction holds the only write connection, so a
 // write through the Store from inside fn would wait forever.
-func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx, q *Queries) error) (err error) {
+func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx, q *Queries) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
