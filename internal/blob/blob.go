@@ -145,10 +145,10 @@ func removeStaleSpools(dir string, before time.Time) error {
 }
 
 // spool copies r into a new temporary file in dir while hashing it, and
-// flushes the file to stable storage. On success the caller owns the open
-// file (positioned at its end) and must close and remove it; on failure
-// nothing is left behind.
-func spool(ctx context.Context, dir string, r io.Reader) (*os.File, string, int64, error) {
+// with durable set flushes the file to stable storage. On success the
+// caller owns the open file (positioned at its end) and must close and
+// remove it; on failure nothing is left behind.
+func spool(ctx context.Context, dir string, r io.Reader, durable bool) (*os.File, string, int64, error) {
 	f, err := os.CreateTemp(dir, spoolPrefix+"*")
 	if err != nil {
 		return nil, "", 0, fmt.Errorf("create spool file: %w", err)
@@ -164,8 +164,10 @@ func spool(ctx context.Context, dir string, r io.Reader) (*os.File, string, int6
 	if err != nil {
 		return fail(fmt.Errorf("write %s: %w", f.Name(), err))
 	}
-	if err := f.Sync(); err != nil {
-		return fail(fmt.Errorf("sync %s: %w", f.Name(), err))
+	if durable {
+		if err := f.Sync(); err != nil {
+			return fail(fmt.Errorf("sync %s: %w", f.Name(), err))
+		}
 	}
 	return f, hex.EncodeToString(h.Sum(nil)), size, nil
 }

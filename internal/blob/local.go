@@ -46,7 +46,7 @@ func (l *Local) path(key string) string {
 
 // Put implements Store.
 func (l *Local) Put(ctx context.Context, r io.Reader) (Info, error) {
-	f, key, size, err := spool(ctx, l.tmpDir(), r)
+	f, key, size, err := spool(ctx, l.tmpDir(), r, true)
 	if err != nil {
 		return Info{}, fmt.Errorf("put blob: %w", err)
 	}
@@ -70,7 +70,7 @@ func (l *Local) PutKnown(ctx context.Context, key string, size int64, r io.Reade
 	} else if !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("put blob: %w", err)
 	}
-	f, gotKey, gotSize, err := spool(ctx, l.tmpDir(), r)
+	f, gotKey, gotSize, err := spool(ctx, l.tmpDir(), r, true)
 	if err != nil {
 		return fmt.Errorf("put blob %s: %w", key, err)
 	}

@@ -125,7 +125,8 @@ func isNotFound(err error) bool {
 
 // Put implements Store.
 func (s *S3) Put(ctx context.Context, r io.Reader) (Info, error) {
-	f, key, size, err := spool(ctx, s.spoolDir, r)
+	// The spool only has to outlive this call: no fsync.
+	f, key, size, err := spool(ctx, s.spoolDir, r, false)
 	if err != nil {
 		return Info{}, fmt.Errorf("put blob: %w", err)
 	}
@@ -151,7 +152,7 @@ func (s *S3) PutKnown(ctx context.Context, key string, size int64, r io.Reader) 
 	} else if !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("put blob: %w", err)
 	}
-	f, gotKey, gotSize, err := spool(ctx, s.spoolDir, r)
+	f, gotKey, gotSize, err := spool(ctx, s.spoolDir, r, false)
 	if err != nil {
 		return fmt.Errorf("put blob %s: %w", key, err)
 	}

@@ -24,7 +24,7 @@ type rawS3 struct {
 	bucket string
 }
 
-func dialRaw(t *testing.T, storeURL string) (rawS3, *url.URL) {
+func dialRaw(t testing.TB, storeURL string) (rawS3, *url.URL) {
 	t.Helper()
 	u, err := url.Parse(storeURL)
 	if err != nil {
@@ -43,7 +43,7 @@ func dialRaw(t *testing.T, storeURL string) (rawS3, *url.URL) {
 	return rawS3{client, bucket}, u
 }
 
-func (r rawS3) put(t *testing.T, name string, content []byte) {
+func (r rawS3) put(t testing.TB, name string, content []byte) {
 	t.Helper()
 	_, err := r.client.PutObject(t.Context(), r.bucket, name, bytes.NewReader(content), int64(len(content)), minio.PutObjectOptions{})
 	if err != nil {

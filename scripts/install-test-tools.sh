@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the tools the test suite runs beside sandboxd that Debian does not
+# package: versitygw, the S3-compatible server the blob store's S3 backend is
+# tested against. Idempotent: a tool already present at the pinned version is
+# left alone. Binaries go to $(go env GOPATH)/bin, where the tests look.
+set -euo pipefail
+
+export PATH=/usr/local/go/bin:$PATH
+versitygw_module=github.com/versity/versitygw
+versitygw_version=v1.8.0
+
+gobin="$(go env GOPATH | cut -d: -f1)/bin"
+
+# installed_version BIN MODULE prints the version of MODULE that the Go
+# binary BIN was built from, or nothing.
+installed_version() {
+  go version -m "$1" 2>/dev/null | awk -v m="$2" '$1 == "mod" && $2 == m { print $3 }'
+}
+
+bin=$(command -v versitygw || true)
+if [[ -n $bin && $bin != "$gobin/versitygw" ]]; then
+  have=$(installed_version "$bin" "$versitygw_module")
+  if [[ $have == "$versitygw_version" ]]; then
+    exit 0
+  fi
+  # The tests take the first versitygw on PATH.
+  echo "install-test-tools: warning: $bin is versitygw ${have:-of unknown version}, not $versitygw_version; it will be used" >&2
+  exit 0
+fi
+bin="$gobin/versitygw"
+if [[ -x $bin && $(installed_version "$bin" "$versitygw_module") == "$versitygw_version" ]]; then
+  exit 0
+fi
+echo "install-test-tools: building versitygw $versitygw_version (about a minute)" >&2
+start=$SECONDS
+GOFLAGS= go install "$versitygw_module/cmd/versitygw@$versitygw_version"
+echo "install-test-tools: versitygw installed in $gobin in $((SECONDS - start)) s" >&2
