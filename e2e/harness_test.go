@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
 
@@ -39,8 +40,24 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build sandboxd:", err)
 		os.Exit(1)
 	}
+	// The gVisor runtime finds the agent next to the sandboxd binary.
+	if err := runtimetest.BuildAgent(filepath.Join(filepath.Dir(binary), "sandbox-agent")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Sandboxes start from a small busybox root filesystem built here in
+	// milliseconds (a test image; the real one is built with debootstrap).
+	rootfs = filepath.Join(filepath.Dir(binary), "rootfs")
+	_ = os.RemoveAll(rootfs)
+	if err := runtimetest.BuildRootfs(rootfs); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	storetest.Main(m)
 }
+
+// rootfs is the test root filesystem every test server uses.
+var rootfs string
 
 // server is one running sandboxd.
 type server struct {
@@ -59,7 +76,7 @@ func startServer(t *testing.T, dsn string, extra ...string) *server {
 	s := &server{t: t, dataDir: t.TempDir(), dsn: dsn, logs: &bytes.Buffer{}}
 	addr := freeAddr(t)
 	s.base = "http://" + addr
-	args := append([]string{"serve", "--listen", addr}, s.globalFlags()...)
+	args := append([]string{"serve", "--listen", addr, "--rootfs", rootfs, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false"}, s.globalFlags()...)
 	args = append(args, extra...)
 	s.cmd = exec.Command(binary, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs

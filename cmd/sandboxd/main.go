@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -17,6 +18,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+		var exit *exitError
+		if errors.As(err, &exit) {
+			os.Exit(exit.code)
+		}
 		fmt.Fprintln(os.Stderr, "sandboxd:", err)
 		os.Exit(1)
 	}
@@ -36,6 +41,7 @@ func newRootCmd() *cobra.Command {
 		newAdminCmd(g),
 		newImageCmd(g),
 		newVersionCmd(),
+		newSandboxCmd(),
 	)
 	return root
 }

@@ -8,20 +8,42 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/riverqueue/river"
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/image"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 )
 
 // serveOptions are the settings of `sandboxd serve`.
 type serveOptions struct {
-	listen      string
-	snapshotTTL time.Duration
+	listen       string
+	snapshotTTL  time.Duration
+	runtimeName  string
+	template     string
+	rootfs       string
+	platform     string
+	warmPool     int
+	timeout      time.Duration
+	maxTimeout   time.Duration
+	perAccount   int
+	nodeCapacity int
+	cpus         float64
+	memoryMiB    int64
+	pids         int64
+	diskMiB      int64
+	concurrency  int
+	keep         bool
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -37,7 +59,33 @@ func newServeCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", envOr("SANDBOXD_LISTEN", "127.0.0.1:8080"), "address to serve the API on (env SANDBOXD_LISTEN)")
 	f.DurationVar(&o.snapshotTTL, "snapshot-ttl", envDuration("SANDBOXD_SNAPSHOT_TTL", 7*24*time.Hour), "how long an account's snapshot row stays valid (env SANDBOXD_SNAPSHOT_TTL)")
+	f.StringVar(&o.runtimeName, "runtime", envOr("SANDBOXD_RUNTIME", "gvisor"), "sandbox backend (env SANDBOXD_RUNTIME): gvisor")
+	f.StringVar(&o.template, "template", envOr("SANDBOXD_TEMPLATE", "base"), "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames())
+	f.StringVar(&o.rootfs, "rootfs", envOr("SANDBOXD_ROOTFS", ""), "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
+	f.StringVar(&o.platform, "gvisor-platform", envOr("SANDBOXD_GVISOR_PLATFORM", ""), "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
+	f.IntVar(&o.warmPool, "warm-pool", envInt("SANDBOXD_WARM_POOL", 2), "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
+	f.DurationVar(&o.timeout, "sandbox-timeout", envDuration("SANDBOXD_SANDBOX_TIMEOUT", 10*time.Minute), "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
+	f.DurationVar(&o.maxTimeout, "sandbox-max-timeout", envDuration("SANDBOXD_SANDBOX_MAX_TIMEOUT", 24*time.Hour), "longest lifetime a request may ask for (env SANDBOXD_SANDBOX_MAX_TIMEOUT)")
+	f.IntVar(&o.perAccount, "max-sandboxes-per-account", envInt("SANDBOXD_MAX_SANDBOXES_PER_ACCOUNT", 10), "concurrent sandboxes per account; 0 unlimited")
+	f.IntVar(&o.nodeCapacity, "node-capacity", envInt("SANDBOXD_NODE_CAPACITY", 200), "concurrent sandboxes on this node; 0 unlimited")
+	f.Float64Var(&o.cpus, "sandbox-cpus", 1, "CPU cores per sandbox; 0 unlimited")
+	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
+	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
+	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
+	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
+	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
 	return cmd
+}
+
+func templateNames() string {
+	var names string
+	for i, t := range image.Templates() {
+		if i > 0 {
+			names += ", "
+		}
+		names += t.Name
+	}
+	return names
 }
 
 func envDuration(name string, def time.Duration) time.Duration {
@@ -49,13 +97,69 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return def
 }
 
+func envInt(name string, def int) int {
+	var n int
+	if v := os.Getenv(name); v != "" {
+		if _, err := fmt.Sscanf(v, "%d", &n); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
 func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	log := g.logger(os.Stderr)
+	dataDir, err := filepath.Abs(g.dataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	nodeID, err := sandbox.NodeID(dataDir)
+	if err != nil {
+		return err
+	}
+	log = log.With("node_id", nodeID)
 	st, err := g.openStore(ctx)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+
+	baseDir, baseID, err := resolveRootfs(ctx, g, o, log)
+	if err != nil {
+		return err
+	}
+	limits := runtime.Limits{CPUs: o.cpus, MemoryBytes: o.memoryMiB << 20, Pids: o.pids, DiskBytes: o.diskMiB << 20}
+	rt, err := openRuntime(ctx, o, dataDir, baseDir, baseID, limits, log)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+
+	workers := river.NewWorkers()
+	jc, err := jobs.New(ctx, st, jobs.Config{
+		NodeID: nodeID, Workers: workers, Concurrency: o.concurrency,
+		PostgresDSN: g.database, Logger: log.With("component", "jobs"),
+	})
+	if err != nil {
+		return err
+	}
+	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
+	mgr := sandbox.NewManager(sandbox.Config{
+		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
+		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
+		Settings: sandbox.Settings{
+			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
+			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
+		},
+		Logger: log.With("component", "sandbox"),
+	})
+	mgr.RegisterWorkers(workers)
+	if err := mgr.Reconcile(ctx); err != nil {
+		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -66,6 +170,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Registry:    reg,
 		Version:     version,
 		SnapshotTTL: o.snapshotTTL,
+		Sandboxes:   mgr,
 	})
 	if err != nil {
 		return fmt.Errorf("build API: %w", err)
@@ -75,26 +180,100 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", o.listen, err)
 	}
+	// The same API on a unix socket: the way home from inside sandboxes
+	// (http://sandboxd.internal), authenticated like any other caller.
+	_ = os.Remove(homeSocket)
+	homeLn, err := net.Listen("unix", homeSocket)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("listen on %s: %w", homeSocket, err)
+	}
 	httpSrv := &http.Server{
 		Handler:           srv,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("sandboxd serving", "addr", ln.Addr().String(), "data_dir", g.dataDir, "database", st.Dialect(), "version", version)
 
-	errc := make(chan error, 1)
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	if err := jc.Start(runCtx); err != nil {
+		return err
+	}
+	go func() {
+		if err := mgr.Run(runCtx); err != nil {
+			log.Error("sandbox manager stopped", "err", err)
+		}
+	}()
+
+	log.Info("sandboxd serving", "addr", ln.Addr().String(), "data_dir", dataDir, "database", st.Dialect(),
+		"runtime", rt.Name(), "image", baseID, "version", version)
+	errc := make(chan error, 2)
 	go func() { errc <- httpSrv.Serve(ln) }()
+	go func() { errc <- httpSrv.Serve(homeLn) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := httpSrv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("shut down HTTP server: %w", err)
+	err = httpSrv.Shutdown(shutdownCtx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
 	}
-	return nil
+	if o.keep {
+		log.Info("shutting down; sandboxes keep running and are re-attached at the next start")
+	} else {
+		log.Info("shutting down; stopping this node's sandboxes")
+		err = errors.Join(err, mgr.StopAll(shutdownCtx, "sandboxd shut down"))
+	}
+	// Running jobs get until the shutdown deadline; a command still running
+	// then is marked CRASHED by the next start's reconcile.
+	err = errors.Join(err, jc.Stop(shutdownCtx))
+	stopRun()
+	return err
 }
+
+// resolveRootfs returns the root filesystem sandboxes start from: --rootfs,
+// or the template's image, built now if the cache lacks it.
+func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.Logger) (dir, id string, err error) {
+	if o.rootfs != "" {
+		dir, err := filepath.Abs(o.rootfs)
+		if err != nil {
+			return "", "", err
+		}
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return "", "", fmt.Errorf("--rootfs %s is not a directory", o.rootfs)
+		}
+		return dir, "rootfs:" + dir, nil
+	}
+	images := image.NewStore(g.cacheDir, log.With("component", "image"))
+	img, err := images.Ensure(ctx, o.template, os.Stderr)
+	if err != nil {
+		return "", "", fmt.Errorf("prepare image %s: %w", o.template, err)
+	}
+	return img.Rootfs, img.ID, nil
+}
+
+// openRuntime starts the chosen sandbox backend.
+func openRuntime(ctx context.Context, o *serveOptions, dataDir, baseDir, baseID string, limits runtime.Limits, log *slog.Logger) (runtime.Runtime, error) {
+	switch o.runtimeName {
+	case "gvisor":
+		rt, err := gvisor.New(ctx, gvisor.Options{
+			StateDir:      filepath.Join(dataDir, "runtime", "gvisor"),
+			Platform:      o.platform,
+			DefaultLimits: limits,
+			WarmPool:      o.warmPool,
+			WarmBaseDir:   baseDir,
+			WarmBaseImage: baseID,
+			Logger:        log.With("component", "runtime"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start gvisor runtime: %w", err)
+		}
+		return rt, nil
+	}
+	return nil, fmt.Errorf("unknown runtime %q (available: gvisor)", o.runtimeName)
+}
+

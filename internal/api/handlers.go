@@ -203,6 +203,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, fmt.Errorf("get environment of %s: %w", account, envErr))
 		return
 	}
+	if q.SandboxID != "" && len(rows) == 0 {
+		writeError(w, r, s.log, errNotFound("Sandbox not found"))
+		return
+	}
 	for _, sb := range rows {
 		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(sb))
 	}

@@ -1,0 +1,192 @@
+// Package jobs owns the background job queue: River on the same database as
+// the store (SQLite by default, PostgreSQL when configured), its schema
+// migrations, the job argument types, and routing of jobs to the node that
+// hosts their sandbox.
+//
+// Jobs are inserted in the same database transaction as the rows they act
+// on (transactional enqueue), so a job exists exactly when its run row does.
+// Each node works two queues: "default", which any node may take, and its
+// own "node-<id>" queue for jobs that must run where their sandbox lives.
+// River's queue names cannot contain ':', hence "node-" rather than "node:".
+package jobs
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"github.com/riverqueue/river/riverdriver/riversqlite"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Job kinds, as the API names the tasks.
+const (
+	KindRunCommand  = "run-sandbox-command"
+	KindStopSandbox = "stop-sandbox"
+)
+
+// RunCommandArgs runs the command of a run in its sandbox. Everything the
+// worker needs is in the run row; the job only points at it.
+type RunCommandArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Kind implements river.JobArgs.
+func (RunCommandArgs) Kind() string { return KindRunCommand }
+
+// StopSandboxArgs stops a sandbox on the node that hosts it.
+type StopSandboxArgs struct {
+	SandboxID string `json:"sandbox_id"`
+	Reason    string `json:"reason"`
+}
+
+// Kind implements river.JobArgs.
+func (StopSandboxArgs) Kind() string { return KindStopSandbox }
+
+// NodeQueue is the queue of jobs that must run on node id.
+func NodeQueue(nodeID string) string {
+	return "node-" + strings.ToLower(nodeID)
+}
+
+// Config configures a Client.
+type Config struct {
+	NodeID string
+	// Workers are the job implementations; nil makes an insert-only client.
+	Workers *river.Workers
+	// Concurrency is how many jobs of each queue run at once on this node.
+	Concurrency int
+	// PostgresDSN is the database URL when the store is PostgreSQL; River
+	// listens for new jobs on a pgx pool of its own.
+	PostgresDSN string
+	Logger      *slog.Logger
+}
+
+// Client inserts and works jobs.
+type Client struct {
+	river    *river.Client[*sql.Tx]
+	listener *pgxpool.Pool
+}
+
+// New migrates River's schema and returns a client. Call Start to work jobs.
+func New(ctx context.Context, st *store.Store, cfg Config) (*Client, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	var (
+		driver   riverdriver.Driver[*sql.Tx]
+		listener *pgxpool.Pool
+	)
+	switch st.Dialect() {
+	case store.DialectSQLite:
+		driver = riversqlite.New(st.DB())
+	case store.DialectPostgres:
+		var err error
+		listener, err = pgxpool.New(ctx, cfg.PostgresDSN)
+		if err != nil {
+			return nil, fmt.Errorf("connect job listener: %w", err)
+		}
+		driver = riverdatabasesql.NewWithPgxListener(st.DB(), listener)
+	default:
+		return nil, fmt.Errorf("jobs: unsupported database %q", st.Dialect())
+	}
+	closeListener := func() {
+		if listener != nil {
+			listener.Close()
+		}
+	}
+	migrator, err := rivermigrate.New(driver, &rivermigrate.Config{Logger: cfg.Logger})
+	if err != nil {
+		closeListener()
+		return nil, fmt.Errorf("prepare job queue migrations: %w", err)
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		closeListener()
+		return nil, fmt.Errorf("migrate job queue schema: %w", err)
+	}
+	rc := &river.Config{
+		Logger: cfg.Logger,
+		// Commands have side effects: a job is retried only when its worker
+		// says so by returning an error before the command started.
+		MaxAttempts: 3,
+		// A job taken by a node that died is handed out again after this
+		// long; workers check their run's state first, so a rescue never
+		// runs a command twice.
+		RescueStuckJobsAfter: 10 * time.Minute,
+		// Short polling keeps insert-to-work latency low on SQLite (no
+		// LISTEN/NOTIFY there).
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		JobTimeout:        -1, // runs carry their own deadline: the sandbox's
+	}
+	if cfg.Workers != nil {
+		rc.Workers = cfg.Workers
+		rc.Queues = map[string]river.QueueConfig{
+			river.QueueDefault:    {MaxWorkers: cfg.Concurrency},
+			NodeQueue(cfg.NodeID): {MaxWorkers: cfg.Concurrency},
+		}
+	}
+	client, err := river.NewClient(driver, rc)
+	if err != nil {
+		closeListener()
+		return nil, fmt.Errorf("create job client: %w", err)
+	}
+	return &Client{river: client, listener: listener}, nil
+}
+
+// InsertTx enqueues args inside tx. With a node id the job runs on that
+// node; otherwise on any.
+func (c *Client) InsertTx(ctx context.Context, tx *sql.Tx, args river.JobArgs, nodeID string) error {
+	opts := &river.InsertOpts{}
+	if nodeID != "" {
+		opts.Queue = NodeQueue(nodeID)
+	}
+	if _, err := c.river.InsertTx(ctx, tx, args, opts); err != nil {
+		return fmt.Errorf("enqueue %s job: %w", args.Kind(), err)
+	}
+	return nil
+}
+
+// Insert enqueues args in a transaction of its own.
+func (c *Client) Insert(ctx context.Context, args river.JobArgs, nodeID string) error {
+	opts := &river.InsertOpts{}
+	if nodeID != "" {
+		opts.Queue = NodeQueue(nodeID)
+	}
+	if _, err := c.river.Insert(ctx, args, opts); err != nil {
+		return fmt.Errorf("enqueue %s job: %w", args.Kind(), err)
+	}
+	return nil
+}
+
+// Start begins working jobs until Stop.
+func (c *Client) Start(ctx context.Context) error {
+	if err := c.river.Start(ctx); err != nil {
+		return fmt.Errorf("start job workers: %w", err)
+	}
+	return nil
+}
+
+// Stop waits for running jobs to finish (until ctx ends) and releases the
+// client's connections.
+func (c *Client) Stop(ctx context.Context) error {
+	err := c.river.Stop(ctx)
+	if c.listener != nil {
+		c.listener.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("stop job workers: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,515 @@
+// Package sandbox owns the lifecycle of sandboxes: the state machine
+// (pending → running → stopping → stopped, any → failed), placement on this
+// node's runtime, deadlines and the reaper, the background runs executed in
+// sandboxes, and reconciliation after a restart.
+//
+// Invariants: every transition is a database update first (compare-and-set
+// on the status), then the action; a sandbox row names the node that hosts
+// it, and only that node touches its runtime sandbox — other nodes ask it
+// through a job on its queue. On start, Reconcile makes the database and the
+// runtime agree before anything else runs.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Settings are the operator's limits and defaults.
+type Settings struct {
+	DefaultTimeout time.Duration // lifetime when the request names none (10 min)
+	MaxTimeout     time.Duration // longest lifetime a request may ask for
+	PerAccount     int           // concurrent sandboxes per account
+	NodeCapacity   int           // concurrent sandboxes on this node
+	Limits         runtime.Limits
+	// Extra environment for every sandbox (GITHUB_TOKEN, model keys, ...).
+	// Values are secrets: they are never logged.
+	Env map[string]string
+}
+
+// Persistence carries a sandbox's work between sandboxes: the account's
+// snapshot layer to start from, and what happens after a run (commit, push,
+// snapshot). It is optional; without it sandboxes start fresh.
+type Persistence interface {
+	// Layers opens the chain of layers of the account's current snapshot,
+	// bottom first, or returns no layers when the account has none. release
+	// closes what was opened.
+	Layers(ctx context.Context, accountID string) (layers []runtime.Layer, snapshotID string, release func(), err error)
+	// AfterRun persists the work of a run and returns the new snapshot id.
+	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (snapshotID string, err error)
+	// DeleteAccount removes the account's repository and snapshot blobs.
+	DeleteAccount(ctx context.Context, accountID string) error
+}
+
+// Config builds a Manager.
+type Config struct {
+	Store    *store.Store
+	Runtime  runtime.Runtime
+	Jobs     *jobs.Client
+	NodeID   string
+	DataDir  string
+	BaseDir  string // read-only root filesystem of the base image
+	BaseID   string // its image id
+	Home     string // unix socket of this server, reachable as sandboxd.internal
+	Settings Settings
+	Persist  Persistence
+	Logger   *slog.Logger
+}
+
+// Manager implements api.SandboxService on one node.
+type Manager struct {
+	cfg Config
+	st  *store.Store
+	rt  runtime.Runtime
+	log *slog.Logger
+	now func() time.Time
+
+	// stopping dedups concurrent stops of one sandbox on this node.
+	mu       sync.Mutex
+	stopping map[string]chan struct{}
+}
+
+var _ api.SandboxService = (*Manager)(nil)
+
+// NewManager returns a Manager. Call Reconcile before serving.
+func NewManager(cfg Config) *Manager {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &cfg.Settings
+	if s.DefaultTimeout <= 0 {
+		s.DefaultTimeout = 10 * time.Minute
+	}
+	if s.MaxTimeout <= 0 {
+		s.MaxTimeout = 24 * time.Hour
+	}
+	if s.DefaultTimeout > s.MaxTimeout {
+		s.DefaultTimeout = s.MaxTimeout
+	}
+	return &Manager{
+		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
+		stopping: map[string]chan struct{}{},
+	}
+}
+
+// activeStatuses are the statuses in which a sandbox holds resources.
+var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.SandboxStopping}
+
+// newID returns prefix + 26 random base32 characters (130 bits).
+func newID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// Create implements api.SandboxService.
+func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
+	lifetime := m.cfg.Settings.DefaultTimeout
+	if req.Timeout > 0 {
+		lifetime = time.Duration(req.Timeout) * time.Millisecond
+		if lifetime > m.cfg.Settings.MaxTimeout {
+			return store.Sandbox{}, "", fmt.Errorf("timeout must be at most %d ms: %w", m.cfg.Settings.MaxTimeout.Milliseconds(), api.ErrInvalid)
+		}
+	}
+	if err := m.checkQuota(ctx, accountID); err != nil {
+		return store.Sandbox{}, "", err
+	}
+
+	now := m.now()
+	sb := store.Sandbox{
+		ID: newID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
+		Status: store.SandboxPending, Runtime: m.rt.Name(),
+		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
+	}
+	if err := m.st.CreateSandbox(ctx, &sb); err != nil {
+		return sb, "", fmt.Errorf("record sandbox: %w", err)
+	}
+	// From here on the row exists: finish what was started even if the
+	// caller goes away, so no row is left pending by a dropped request.
+	ctx = context.WithoutCancel(ctx)
+	if err := m.start(ctx, &sb); err != nil {
+		return sb, "", err
+	}
+	command, args := req.Command, req.Args
+	if req.Prompt != "" {
+		// One argument, never through a shell: the prompt arrives as typed.
+		command, args = "opencode", []string{"run", req.Prompt}
+	}
+	if command == "" {
+		return sb, "", nil
+	}
+	runID, err := m.enqueueRun(ctx, sb, command, args, req.Cwd)
+	if err != nil {
+		m.stopQuietly(ctx, sb, "failed to start its run")
+		return sb, "", err
+	}
+	return sb, runID, nil
+}
+
+func (m *Manager) checkQuota(ctx context.Context, accountID string) error {
+	if limit := m.cfg.Settings.PerAccount; limit > 0 {
+		n, err := m.st.CountActiveSandboxes(ctx, accountID)
+		if err != nil {
+			return fmt.Errorf("count sandboxes of %s: %w", accountID, err)
+		}
+		if n >= limit {
+			return fmt.Errorf("account has %d active sandboxes, the limit is %d; stop one first: %w", n, limit, api.ErrQuota)
+		}
+	}
+	if limit := m.cfg.Settings.NodeCapacity; limit > 0 {
+		rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
+		if err != nil {
+			return fmt.Errorf("count sandboxes on node: %w", err)
+		}
+		if len(rows) >= limit {
+			return fmt.Errorf("the server is at capacity (%d sandboxes); try again later: %w", limit, api.ErrQuota)
+		}
+	}
+	return nil
+}
+
+// start places a pending sandbox on the runtime and marks it running, or
+// failed with the reason.
+func (m *Manager) start(ctx context.Context, sb *store.Sandbox) error {
+	fail := func(reason string, err error) error {
+		if _, terr := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxFailed, reason, m.now()); terr != nil {
+			m.log.Error("mark sandbox failed", "sandbox_id", sb.ID, "err", terr)
+		}
+		_ = m.st.RevokeSandboxKeys(ctx, sb.ID, m.now())
+		sb.Status, sb.FailureReason = store.SandboxFailed, reason
+		return fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
+	}
+	env, err := m.sandboxEnv(ctx, *sb)
+	if err != nil {
+		return fail("could not mint its API key", err)
+	}
+	spec := runtime.Spec{
+		ID: sb.ID, BaseDir: m.cfg.BaseDir, BaseImage: m.cfg.BaseID,
+		Env: env, Limits: m.cfg.Settings.Limits, HomeSocket: m.cfg.Home, Hostname: "sandbox",
+	}
+	rsb, err := m.createFromSnapshot(ctx, sb, spec)
+	if err != nil {
+		return fail("the runtime could not start it", err)
+	}
+	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", m.now())
+	if err != nil || !ok {
+		_ = rsb.Destroy(ctx)
+		if err == nil {
+			err = errors.New("sandbox left pending while starting")
+		}
+		return fail("its state changed while starting", err)
+	}
+	sb.Status, sb.UpdatedAt = store.SandboxRunning, m.now()
+	m.log.Info("sandbox running", "sandbox_id", sb.ID, "account_id", sb.AccountID, "runtime", rsb.Info().Backend, "snapshot_id", sb.SnapshotID)
+	return nil
+}
+
+// createFromSnapshot starts the sandbox from the account's snapshot when it
+// has one, falling back to a fresh sandbox when the restore fails.
+func (m *Manager) createFromSnapshot(ctx context.Context, sb *store.Sandbox, spec runtime.Spec) (runtime.Sandbox, error) {
+	if m.cfg.Persist != nil {
+		layers, snapID, release, err := m.cfg.Persist.Layers(ctx, sb.AccountID)
+		if err != nil {
+			m.log.Warn("open account snapshot; starting fresh", "sandbox_id", sb.ID, "account_id", sb.AccountID, "err", err)
+		}
+		if len(layers) > 0 {
+			spec.Layers = layers
+			rsb, err := m.rt.Create(ctx, spec)
+			release()
+			if err == nil {
+				sb.SnapshotID = snapID
+				return rsb, nil
+			}
+			m.log.Warn("restore account snapshot; starting fresh", "sandbox_id", sb.ID, "snapshot_id", snapID, "err", err)
+			spec.Layers = nil
+		}
+	}
+	return m.rt.Create(ctx, spec)
+}
+
+// sandboxEnv is the environment of every command in the sandbox: the
+// account, a key minted for this sandbox alone (revoked when it stops), and
+// the operator's configured tokens.
+func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, error) {
+	plaintext, prefix, hash, err := auth.NewKey()
+	if err != nil {
+		return nil, err
+	}
+	key := store.APIKey{AccountID: sb.AccountID, Name: "sandbox " + sb.ID, Prefix: prefix, Hash: hash, SandboxID: sb.ID}
+	if err := m.st.CreateAPIKey(ctx, &key); err != nil {
+		return nil, fmt.Errorf("mint sandbox key: %w", err)
+	}
+	env := []string{
+		"RECOUP_ACCOUNT_ID=" + sb.AccountID,
+		"RECOUP_API_KEY=" + plaintext,
+		"SANDBOX_ID=" + sb.ID,
+		"SANDBOXD_URL=http://sandboxd.internal",
+	}
+	for k, v := range m.cfg.Settings.Env {
+		if v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env, nil
+}
+
+// enqueueRun records a run and its job in one transaction.
+func (m *Manager) enqueueRun(ctx context.Context, sb store.Sandbox, command string, args []string, cwd string) (string, error) {
+	if args == nil {
+		args = []string{}
+	}
+	payload, err := json.Marshal(map[string]any{
+		"command": command, "args": args, "cwd": cwd, "sandboxId": sb.ID, "accountId": sb.AccountID,
+	})
+	if err != nil {
+		return "", fmt.Errorf("encode run payload: %w", err)
+	}
+	now := m.now()
+	run := store.Run{
+		ID: newID("run_"), AccountID: sb.AccountID, SandboxID: sb.ID,
+		Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: payload,
+		Tags:      []string{"account:" + sb.AccountID, "sandbox:" + sb.ID},
+		CreatedAt: now, UpdatedAt: now,
+	}
+	err = m.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
+		if err := q.CreateRun(ctx, &run); err != nil {
+			return fmt.Errorf("record run: %w", err)
+		}
+		return m.cfg.Jobs.InsertTx(ctx, tx, jobs.RunCommandArgs{RunID: run.ID}, sb.NodeID)
+	})
+	if err != nil {
+		return "", err
+	}
+	return run.ID, nil
+}
+
+// Live implements api.SandboxService. The database is the source of truth
+// (the reaper and the stop path keep it current); rows of this node whose
+// runtime sandbox vanished are corrected on the spot.
+func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox {
+	out := make([]store.Sandbox, len(sbs))
+	var wg sync.WaitGroup
+	for i, sb := range sbs {
+		out[i] = sb
+		if sb.Status != store.SandboxRunning || sb.NodeID != m.cfg.NodeID {
+			continue
+		}
+		wg.Go(func() {
+			if _, err := m.rt.Get(ctx, sb.ID); errors.Is(err, runtime.ErrNotFound) {
+				reason := "the sandbox process exited unexpectedly"
+				if ok, _ := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxRunning}, store.SandboxFailed, reason, m.now()); ok {
+					out[i].Status, out[i].FailureReason = store.SandboxFailed, reason
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Exec implements api.SandboxService.
+func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	rsb, err := m.local(ctx, sb)
+	if err != nil {
+		return 0, err
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	timeout := time.Until(sb.Deadline)
+	if req.Timeout > 0 {
+		timeout = min(timeout, time.Duration(req.Timeout)*time.Millisecond)
+	}
+	var stdin io.Reader
+	if req.Stdin != "" {
+		stdin = strings.NewReader(req.Stdin)
+	}
+	res, err := rsb.Exec(ctx, runtime.ExecRequest{
+		Cmd: append([]string{req.Command}, req.Args...), Env: env, Cwd: req.Cwd,
+		Stdin: stdin, Stdout: stdout, Stderr: stderr, Timeout: timeout,
+	})
+	if err != nil {
+		if errors.Is(err, runtime.ErrCommandNotFound) {
+			return 0, fmt.Errorf("command not found: %s: %w", req.Command, api.ErrInvalid)
+		}
+		return 0, fmt.Errorf("exec in %s: %w", sb.ID, err)
+	}
+	return res.ExitCode, nil
+}
+
+// local returns the runtime sandbox of a running sandbox of this node.
+func (m *Manager) local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
+	if sb.Status != store.SandboxRunning {
+		return nil, api.ErrSandboxNotRunning
+	}
+	if sb.NodeID != m.cfg.NodeID {
+		return nil, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, api.ErrSandboxNotRunning)
+	}
+	rsb, err := m.rt.Get(ctx, sb.ID)
+	if errors.Is(err, runtime.ErrNotFound) {
+		return nil, api.ErrSandboxNotRunning
+	}
+	if err != nil {
+		return nil, fmt.Errorf("attach to sandbox %s: %w", sb.ID, err)
+	}
+	return rsb, nil
+}
+
+// Stop implements api.SandboxService.
+func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if err := m.stop(context.WithoutCancel(ctx), sb, "stopped by request"); err != nil {
+		return sb, err
+	}
+	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// stop moves a sandbox to stopping, and then — here if this node hosts it,
+// else through a job on its node — destroys it and marks it stopped.
+func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) error {
+	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, "", m.now()); err != nil {
+		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
+	}
+	if sb.NodeID != m.cfg.NodeID {
+		return m.cfg.Jobs.Insert(ctx, jobs.StopSandboxArgs{SandboxID: sb.ID, Reason: reason}, sb.NodeID)
+	}
+	return m.finishStop(ctx, sb.ID, reason)
+}
+
+// finishStop destroys the runtime sandbox of a stopping sandbox of this node
+// and marks it stopped. Concurrent calls for one sandbox wait for the first.
+func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
+	m.mu.Lock()
+	if done, ok := m.stopping[id]; ok {
+		m.mu.Unlock()
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	done := make(chan struct{})
+	m.stopping[id] = done
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.stopping, id)
+		m.mu.Unlock()
+		close(done)
+	}()
+
+	rsb, err := m.rt.Get(ctx, id)
+	switch {
+	case errors.Is(err, runtime.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("attach to sandbox %s: %w", id, err)
+	default:
+		if err := rsb.Destroy(ctx); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
+	}
+	if err := m.st.RevokeSandboxKeys(ctx, id, m.now()); err != nil {
+		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
+	}
+	if _, err := m.st.TransitionSandbox(ctx, id, []string{store.SandboxStopping}, store.SandboxStopped, reason, m.now()); err != nil {
+		return fmt.Errorf("mark sandbox %s stopped: %w", id, err)
+	}
+	m.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
+	return nil
+}
+
+// StopAll stops every active sandbox of this node.
+func (m *Manager) StopAll(ctx context.Context, reason string) error {
+	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
+	if err != nil {
+		return fmt.Errorf("list sandboxes of node: %w", err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(rows))
+	for i, sb := range rows {
+		wg.Go(func() { errs[i] = m.stop(ctx, sb, reason) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// stopQuietly stops a sandbox on an error path, logging what fails.
+func (m *Manager) stopQuietly(ctx context.Context, sb store.Sandbox, reason string) {
+	if err := m.stop(ctx, sb, reason); err != nil {
+		m.log.Error("stop sandbox", "sandbox_id", sb.ID, "err", err)
+	}
+}
+
+// SetTimeout implements api.SandboxService.
+func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
+	if d > m.cfg.Settings.MaxTimeout {
+		return sb, fmt.Errorf("timeout must be at most %d ms: %w", m.cfg.Settings.MaxTimeout.Milliseconds(), api.ErrInvalid)
+	}
+	if sb.Status != store.SandboxRunning && sb.Status != store.SandboxPending {
+		return sb, api.ErrSandboxNotRunning
+	}
+	if err := m.st.SetSandboxDeadline(ctx, sb.ID, m.now().Add(d)); err != nil {
+		return sb, fmt.Errorf("set deadline of %s: %w", sb.ID, err)
+	}
+	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// DeleteEnvironment implements api.SandboxService.
+func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error) {
+	ctx = context.WithoutCancel(ctx)
+	rows, err := m.st.ListSandboxes(ctx, accountID)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of %s: %w", accountID, err)
+	}
+	for _, sb := range rows {
+		if sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning || sb.Status == store.SandboxStopping {
+			if err := m.stop(ctx, sb, "account environment deleted"); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if m.cfg.Persist != nil {
+		if err := m.cfg.Persist.DeleteAccount(ctx, accountID); err != nil {
+			return nil, fmt.Errorf("delete data of %s: %w", accountID, err)
+		}
+	}
+	var deleted *store.Environment
+	err = m.st.InTx(ctx, func(_ *sql.Tx, q *store.Queries) error {
+		env, err := q.DeleteEnvironment(ctx, accountID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return fmt.Errorf("delete environment of %s: %w", accountID, err)
+		default:
+			deleted = &env
+		}
+		if _, err := q.DeleteSnapshotsOf(ctx, accountID); err != nil {
+			return fmt.Errorf("delete snapshots of %s: %w", accountID, err)
+		}
+		return nil
+	})
+	return deleted, err
+}
+
+// runLogPath is where the full output of a run is kept.
+func (m *Manager) runLogPath(runID string) string {
+	return filepath.Join(m.cfg.DataDir, "runs", runID+".log")
+}

@@ -1,0 +1,143 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// reasonTimeout is the stop reason of sandboxes that reached their deadline.
+const reasonTimeout = "timeout"
+
+// Run registers the node and keeps the node's sandboxes to their deadlines
+// until ctx ends. Call Reconcile first.
+func (m *Manager) Run(ctx context.Context) error {
+	host, _ := os.Hostname()
+	now := m.now()
+	node := store.Node{ID: m.cfg.NodeID, Hostname: host, StartedAt: now, HeartbeatAt: now}
+	if err := m.st.UpsertNode(ctx, &node); err != nil {
+		return fmt.Errorf("register node: %w", err)
+	}
+	go heartbeat(ctx, m.st, node, 10*time.Second, m.log)
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			m.reap(ctx)
+		}
+	}
+}
+
+// reap stops the sandboxes of this node whose deadline has passed.
+func (m *Manager) reap(ctx context.Context) {
+	expired, err := m.st.ListExpiredSandboxes(ctx, m.cfg.NodeID, m.now())
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("list expired sandboxes", "err", err)
+		}
+		return
+	}
+	for _, sb := range expired {
+		go func() {
+			if err := m.stop(context.WithoutCancel(ctx), sb, reasonTimeout); err != nil {
+				m.log.Error("stop expired sandbox", "sandbox_id", sb.ID, "err", err)
+			}
+		}()
+	}
+}
+
+// Reconcile makes the database and this node's runtime agree after a
+// restart (or a crash): a row that says pending, running or stopping without
+// a live sandbox becomes failed (or stopped, when it was stopping); a live
+// sandbox without such a row is destroyed; runs that were executing when the
+// process died are marked CRASHED, since their output stream is lost.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
+	if err != nil {
+		return fmt.Errorf("list sandboxes of node: %w", err)
+	}
+	live, err := m.rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list runtime sandboxes: %w", err)
+	}
+	alive := map[string]bool{}
+	for _, id := range live {
+		alive[id] = true
+	}
+	keep := map[string]bool{}
+	for _, sb := range rows {
+		switch sb.Status {
+		case store.SandboxRunning:
+			if alive[sb.ID] {
+				if _, err := m.rt.Get(ctx, sb.ID); err == nil {
+					keep[sb.ID] = true
+					continue
+				}
+			}
+			m.markGone(ctx, sb, "the sandbox was gone after sandboxd restarted")
+		case store.SandboxPending:
+			m.markGone(ctx, sb, "sandboxd restarted while the sandbox was starting")
+		case store.SandboxStopping:
+			if err := m.finishStop(ctx, sb.ID, "stopped during restart"); err != nil {
+				m.log.Error("finish stop after restart", "sandbox_id", sb.ID, "err", err)
+			}
+		}
+	}
+	for _, id := range live {
+		if keep[id] {
+			continue
+		}
+		rsb, err := m.rt.Get(ctx, id)
+		if errors.Is(err, runtime.ErrNotFound) {
+			continue
+		}
+		if err == nil {
+			err = rsb.Destroy(ctx)
+		}
+		if err != nil {
+			m.log.Error("destroy orphaned sandbox", "sandbox_id", id, "err", err)
+			continue
+		}
+		m.log.Info("destroyed orphaned sandbox", "sandbox_id", id)
+	}
+	return m.reconcileRuns(ctx)
+}
+
+func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string) {
+	if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
+		_ = rsb.Destroy(ctx)
+	}
+	if _, err := m.st.TransitionSandbox(ctx, sb.ID, activeStatuses, store.SandboxFailed, reason, m.now()); err != nil {
+		m.log.Error("mark sandbox failed", "sandbox_id", sb.ID, "err", err)
+	}
+	_ = m.st.RevokeSandboxKeys(ctx, sb.ID, m.now())
+	m.log.Warn("sandbox failed during reconcile", "sandbox_id", sb.ID, "reason", reason)
+}
+
+// reconcileRuns marks runs of this node that were executing as crashed.
+// Queued runs are left alone: their jobs are still in the queue and run
+// when the workers start (and fail cleanly if their sandbox is gone).
+func (m *Manager) reconcileRuns(ctx context.Context) error {
+	runs, err := m.st.ListRunsByStatus(ctx, store.RunExecuting)
+	if err != nil {
+		return fmt.Errorf("list executing runs: %w", err)
+	}
+	for _, run := range runs {
+		sb, err := m.st.GetSandbox(ctx, run.SandboxID)
+		if err != nil || sb.NodeID != m.cfg.NodeID {
+			continue
+		}
+		if err := m.finishRun(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// maxRunOutput bounds the stdout and stderr kept in a run's output; the
+// whole stream goes to the run's log file in the data dir.
+const maxRunOutput = 256 << 10
+
+// RegisterWorkers adds this package's job workers to w (before the job
+// client starts).
+func (m *Manager) RegisterWorkers(w *river.Workers) {
+	river.AddWorker(w, &runCommandWorker{m: m})
+	river.AddWorker(w, &stopSandboxWorker{m: m})
+}
+
+// runPayload is what a run-sandbox-command run was asked to do.
+type runPayload struct {
+	Command   string   `json:"command"`
+	Args      []string `json:"args"`
+	Cwd       string   `json:"cwd"`
+	SandboxID string   `json:"sandboxId"`
+	AccountID string   `json:"accountId"`
+}
+
+// runOutput is the output of a command run, in the contract's shape.
+type runOutput struct {
+	ExitCode   int    `json:"exitCode"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	SandboxID  string `json:"sandboxId"`
+	SnapshotID string `json:"snapshotId,omitempty"`
+}
+
+type runCommandWorker struct {
+	river.WorkerDefaults[jobs.RunCommandArgs]
+	m *Manager
+}
+
+// Work runs the command of a run once. The run row decides: only a QUEUED
+// run is started, so a job handed out again after a crash never runs its
+// command twice. Errors are recorded in the run, not returned to River,
+// except failures before the command started, which are safe to retry.
+func (w *runCommandWorker) Work(ctx context.Context, job *river.Job[jobs.RunCommandArgs]) error {
+	return w.m.runCommand(ctx, job.Args.RunID)
+}
+
+func (m *Manager) runCommand(ctx context.Context, runID string) error {
+	run, err := m.st.GetRun(ctx, runID)
+	if errors.Is(err, store.ErrNotFound) {
+		m.log.Warn("job for unknown run", "run_id", runID)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load run %s: %w", runID, err)
+	}
+	if run.Status != store.RunQueued {
+		return nil
+	}
+	var p runPayload
+	if err := json.Unmarshal(run.Payload, &p); err != nil || p.Command == "" {
+		return m.finishRun(ctx, run, store.RunFailed, nil, fmt.Sprintf("invalid run payload: %v", err))
+	}
+	sb, err := m.st.GetSandbox(ctx, run.SandboxID)
+	if err != nil {
+		return fmt.Errorf("load sandbox of run %s: %w", runID, err)
+	}
+	if sb.Status != store.SandboxRunning {
+		status := store.RunFailed
+		if sb.FailureReason == reasonTimeout {
+			status = store.RunTimedOut
+		}
+		return m.finishRun(ctx, run, status, nil, fmt.Sprintf("sandbox %s is %s before the command could start", sb.ID, sb.Status))
+	}
+	rsb, err := m.local(ctx, sb)
+	if err != nil {
+		return m.finishRun(ctx, run, store.RunFailed, nil, fmt.Sprintf("sandbox %s is not reachable: %v", sb.ID, err))
+	}
+	started, err := m.st.StartRun(ctx, run.ID, m.now())
+	if err != nil {
+		return fmt.Errorf("start run %s: %w", runID, err)
+	}
+	if !started {
+		return nil
+	}
+	m.log.Info("run executing", "run_id", run.ID, "sandbox_id", sb.ID, "command", p.Command)
+
+	logFile, err := m.openRunLog(run.ID)
+	if err != nil {
+		return m.finishRun(ctx, run, store.RunFailed, nil, "could not open the run log")
+	}
+	defer logFile.Close()
+	stdout := &boundedBuffer{max: maxRunOutput}
+	stderr := &boundedBuffer{max: maxRunOutput}
+	cwd := p.Cwd
+	if cwd == "" {
+		cwd = "/workspace"
+	}
+	// The run may last as long as the sandbox does.
+	execCtx, cancel := context.WithDeadline(ctx, sb.Deadline)
+	defer cancel()
+	res, execErr := rsb.Exec(execCtx, runtime.ExecRequest{
+		Cmd:    append([]string{p.Command}, p.Args...),
+		Cwd:    cwd,
+		Stdout: io.MultiWriter(stdout, prefixWriter{logFile, "stdout"}),
+		Stderr: io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}),
+		// The sandbox deadline bounds the command; execCtx enforces it.
+		Timeout: time.Until(sb.Deadline),
+	})
+	out := runOutput{Stdout: stdout.String(), Stderr: stderr.String(), SandboxID: sb.ID}
+	if execErr != nil {
+		switch {
+		case m.now().After(sb.Deadline) || errors.Is(execErr, context.DeadlineExceeded):
+			return m.finishRun(ctx, run, store.RunTimedOut, &out, fmt.Sprintf("the sandbox reached its timeout at %s", sb.Deadline.UTC().Format(time.RFC3339)))
+		case errors.Is(execErr, runtime.ErrCommandNotFound):
+			out.ExitCode = 127
+			return m.finishRun(ctx, run, store.RunFailed, &out, fmt.Sprintf("command not found: %s", p.Command))
+		default:
+			current, _ := m.st.GetSandbox(ctx, sb.ID)
+			if current.Status != store.SandboxRunning {
+				status := store.RunFailed
+				if current.FailureReason == reasonTimeout {
+					status = store.RunTimedOut
+				}
+				return m.finishRun(ctx, run, status, &out, fmt.Sprintf("the sandbox %s while the command ran", current.Status))
+			}
+			m.log.Error("run exec", "run_id", run.ID, "err", execErr)
+			return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+execErr.Error())
+		}
+	}
+	out.ExitCode = res.ExitCode
+	if m.cfg.Persist != nil {
+		snapID, err := m.cfg.Persist.AfterRun(ctx, sb, rsb, run)
+		if err != nil {
+			m.log.Error("persist run", "run_id", run.ID, "err", err)
+			return m.finishRun(ctx, run, store.RunFailed, &out, "the command finished but its work could not be saved: "+err.Error())
+		}
+		out.SnapshotID = snapID
+	}
+	return m.finishRun(ctx, run, store.RunCompleted, &out, "")
+}
+
+// finishRun records a run's end. A command that ran to its end is
+// COMPLETED whatever its exit code: the exit code is in the output.
+func (m *Manager) finishRun(ctx context.Context, run store.Run, status string, out *runOutput, errMsg string) error {
+	var output, errJSON json.RawMessage
+	if out != nil {
+		b, err := json.Marshal(out)
+		if err != nil {
+			return fmt.Errorf("encode output of %s: %w", run.ID, err)
+		}
+		output = b
+	}
+	if errMsg != "" {
+		b, _ := json.Marshal(map[string]string{"message": errMsg})
+		errJSON = b
+	}
+	if _, err := m.st.FinishRun(context.WithoutCancel(ctx), run.ID, status, output, errJSON, m.now()); err != nil {
+		return fmt.Errorf("record end of run %s: %w", run.ID, err)
+	}
+	m.log.Info("run finished", "run_id", run.ID, "status", status)
+	return nil
+}
+
+func (m *Manager) openRunLog(runID string) (*os.File, error) {
+	path := m.runLogPath(runID)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+}
+
+// prefixWriter writes each chunk to the run log tagged with its stream.
+type prefixWriter struct {
+	w    io.Writer
+	name string
+}
+
+func (p prefixWriter) Write(b []byte) (int, error) {
+	if _, err := fmt.Fprintf(p.w, "[%s] %s", p.name, b); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// boundedBuffer keeps the first max bytes and notes how much it dropped.
+type boundedBuffer struct {
+	buf     []byte
+	max     int
+	dropped int64
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	keep := max(0, min(b.max-len(b.buf), len(p)))
+	b.buf = append(b.buf, p[:keep]...)
+	b.dropped += int64(len(p) - keep)
+	return len(p), nil
+}
+
+func (b *boundedBuffer) String() string {
+	if b.dropped > 0 {
+		return string(b.buf) + fmt.Sprintf("\n[sandboxd: %d more bytes in the run log]\n", b.dropped)
+	}
+	return string(b.buf)
+}
+
+type stopSandboxWorker struct {
+	river.WorkerDefaults[jobs.StopSandboxArgs]
+	m *Manager
+}
+
+// Work finishes a stop requested by another node.
+func (w *stopSandboxWorker) Work(ctx context.Context, job *river.Job[jobs.StopSandboxArgs]) error {
+	return w.m.finishStop(ctx, job.Args.SandboxID, job.Args.Reason)
+}
