@@ -221,4 +221,3 @@ func TestLoad(t *testing.T) {
 	}
 	t.Logf("load: %d sandboxes created in %v (slowest create %v), all %d runs completed after %v", n, created, worst, n, all)
 }
-

@@ -276,4 +276,3 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, baseDir, baseID 
 	}
 	return nil, fmt.Errorf("unknown runtime %q (available: gvisor)", o.runtimeName)
 }
-
