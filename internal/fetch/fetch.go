@@ -110,7 +110,6 @@ func New(opts Options) *Fetcher {
 		DialContext:           f.dialContext,
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: opts.Timeout,
 		ExpectContinueTimeout: time.Second,
 		MaxIdleConns:          16,
 		IdleConnTimeout:       30 * time.Second,
@@ -146,7 +145,7 @@ var (
 // TooLargeError reports a download over the size cap.
 type TooLargeError struct{ Limit int64 }
 
-func (e *TooLargeError) Error() string { return "larger than " + formatBytes(e.Limit) }
+func (e *TooLargeError) Error() string { return "larger than " + FormatSize(e.Limit) }
 
 // TimeoutError reports a download that did not finish within the time cap.
 type TimeoutError struct{ Limit time.Duration }
@@ -373,7 +372,9 @@ func redact(u *url.URL) string {
 	return c.String()
 }
 
-func formatBytes(n int64) string {
+// FormatSize writes a byte count the way limits are quoted to users:
+// "100 MiB", "1 GiB", "1000 bytes".
+func FormatSize(n int64) string {
 	switch {
 	case n >= 1<<30 && n%(1<<30) == 0:
 		return strconv.FormatInt(n>>30, 10) + " GiB"

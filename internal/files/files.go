@@ -1,0 +1,369 @@
+// Package files is the API's file service (api.FileService): the account's
+// repository URL, its tree, reads of single files, and uploads — files
+// downloaded from URLs (internal/fetch) or sent as multipart parts —
+// committed into the repository (internal/repo).
+//
+// Invariants:
+//   - An upload makes at most one commit per repository it touches, with
+//     every file that arrived; files that did not are reported one by one as
+//     "name: reason" and never abort the others. Nothing arrived, nothing is
+//     committed.
+//   - Downloads are spooled to temporary files, bounded per file (the
+//     fetcher's cap), per upload (Options.MaxUploadBytes) and in
+//     parallelism (Options.Concurrency); the temporary files are removed
+//     before Upload returns.
+//   - Errors are mapped onto the api package's sentinels, so the API answers
+//     with the contract's statuses; no message leaks a server path.
+package files
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/fetch"
+	"github.com/sandboxd/sandboxd/internal/repo"
+)
+
+// Defaults of Options.
+const (
+	DefaultConcurrency    = 4
+	DefaultMaxUploadBytes = 1 << 30
+	DefaultMessage        = "Upload files via API"
+	maxFilesPerUpload     = 100
+)
+
+// Options configure a Service.
+type Options struct {
+	Repos   *repo.Manager
+	Fetcher *fetch.Fetcher
+	// PublicURL is the server's base URL as clients reach it (e.g.
+	// "http://127.0.0.1:8080"); clone URLs are <PublicURL>/git/<id>.git.
+	PublicURL string
+	// Concurrency bounds parallel downloads of one upload (default 4).
+	Concurrency int
+	// MaxUploadBytes bounds the bytes of one upload, all files together
+	// (default 1 GiB): they sit in temporary files until committed.
+	MaxUploadBytes int64
+	// TempDir holds the temporary files (default os.TempDir()).
+	TempDir string
+	// Author signs upload commits (default repo.DefaultAuthor).
+	Author repo.Signature
+	Logger *slog.Logger
+}
+
+// Service implements api.FileService.
+type Service struct {
+	opts Options
+	log  *slog.Logger
+}
+
+var _ api.FileService = (*Service)(nil)
+
+// New returns a Service.
+func New(opts Options) (*Service, error) {
+	if opts.Repos == nil || opts.Fetcher == nil {
+		return nil, errors.New("files: a repository manager and a fetcher are required")
+	}
+	opts.PublicURL = strings.TrimRight(opts.PublicURL, "/")
+	if opts.PublicURL == "" {
+		return nil, errors.New("files: a public URL is required")
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = DefaultConcurrency
+	}
+	if opts.MaxUploadBytes <= 0 {
+		opts.MaxUploadBytes = DefaultMaxUploadBytes
+	}
+	if opts.TempDir == "" {
+		opts.TempDir = os.TempDir()
+	}
+	if opts.Author.Name == "" || opts.Author.Email == "" {
+		opts.Author = repo.DefaultAuthor
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{opts: opts, log: opts.Logger}, nil
+}
+
+// CloneURL is the URL of account's repository, whether or not it exists.
+func (s *Service) CloneURL(accountID string) string {
+	return s.opts.PublicURL + repo.GitPathPrefix + strings.ToLower(accountID) + ".git"
+}
+
+// RepoURL is the clone URL of account's repository, or "" when it has none.
+func (s *Service) RepoURL(ctx context.Context, accountID string) (string, error) {
+	ok, err := s.opts.Repos.Exists(ctx, accountID)
+	if err != nil {
+		return "", mapErr(err)
+	}
+	if !ok {
+		return "", nil
+	}
+	return s.CloneURL(accountID), nil
+}
+
+// Tree lists main of account's repository recursively. Submodules are
+// listed as directories ("tree", with the commit they record as sha): the
+// contract's types are blob and tree, and in the workspace a submodule is
+// a directory.
+func (s *Service) Tree(ctx context.Context, accountID string) ([]api.FileTreeEntry, error) {
+	entries, err := s.opts.Repos.Tree(ctx, accountID)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	out := make([]api.FileTreeEntry, len(entries))
+	sizes := make([]int64, len(entries))
+	for i, e := range entries {
+		out[i] = api.FileTreeEntry{Path: e.Path, Type: "tree", SHA: e.SHA}
+		if e.Type == "blob" {
+			sizes[i] = e.Size
+			out[i].Type, out[i].Size = "blob", &sizes[i]
+		}
+	}
+	return out, nil
+}
+
+// Read returns the file at path on main, following submodules.
+func (s *Service) Read(ctx context.Context, accountID, path string) ([]byte, error) {
+	data, err := s.opts.Repos.ReadFile(ctx, accountID, path)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	return data, nil
+}
+
+// invalid is a request error whose message the API shows the caller (400).
+func invalid(msg string) error { return fmt.Errorf("%s: %w", msg, api.ErrInvalid) }
+
+// mapErr maps repo's errors onto the API's sentinels.
+func mapErr(err error) error {
+	switch {
+	case errors.Is(err, repo.ErrNoRepository):
+		return fmt.Errorf("%w: %w", api.ErrNoRepository, err)
+	case errors.Is(err, repo.ErrNotFound):
+		return fmt.Errorf("%w: %w", api.ErrNotFound, err)
+	case errors.Is(err, repo.ErrInvalidAccount):
+		return invalid("account_id must be a valid UUID")
+	}
+	return err
+}
+
+// item is one file of an upload on its way to the repository.
+type item struct {
+	name    string // as the caller named it, for failures
+	path    string // target path in the repository
+	file    *os.File
+	size    int64
+	failure string // why it did not arrive; "" when it did
+}
+
+// Upload downloads req.Files concurrently and commits the ones that arrived
+// into req.Path of main in one commit with req.Message (into a submodule's
+// repository when the path lies inside one). Failed files come back as
+// "name: reason"; when none arrived, uploaded is empty and err nil, and
+// nothing is committed.
+func (s *Service) Upload(ctx context.Context, accountID string, req api.UploadFilesRequest) ([]api.UploadedFile, []string, error) {
+	if len(req.Files) == 0 {
+		return nil, nil, invalid("At least one file is required")
+	}
+	if len(req.Files) > maxFilesPerUpload {
+		return nil, nil, invalid(fmt.Sprintf("At most %d files can be uploaded at once", maxFilesPerUpload))
+	}
+	dir, err := cleanDir(req.Path)
+	if err != nil {
+		return nil, nil, err
+	}
+	items := make([]*item, len(req.Files))
+	for i, f := range req.Files {
+		items[i] = &item{name: f.Name}
+	}
+	defer removeAll(items)
+	planTargets(items, dir)
+
+	budget := &budget{max: s.opts.MaxUploadBytes}
+	sem := make(chan struct{}, s.opts.Concurrency)
+	var wg sync.WaitGroup
+	for i, it := range items {
+		if it.failure != "" {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			s.download(ctx, it, req.Files[i].URL, budget)
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	return s.commit(ctx, accountID, dir, req.Message, items)
+}
+
+// download fetches url into a temporary file for it.
+func (s *Service) download(ctx context.Context, it *item, url string, b *budget) {
+	f, err := os.CreateTemp(s.opts.TempDir, "sandboxd-upload-")
+	if err != nil {
+		s.log.ErrorContext(ctx, "upload: create temporary file", "err", err)
+		it.failure = "could not store the download"
+		return
+	}
+	it.file = f
+	bw := &budgetWriter{w: f, b: b}
+	res, err := s.opts.Fetcher.Fetch(ctx, url, bw)
+	if err != nil {
+		bw.refund()
+		if errors.Is(err, errBudget) {
+			it.failure = "upload larger than " + fetch.FormatSize(b.max) + " in total"
+		} else {
+			it.failure = fetch.Reason(err)
+		}
+		s.log.InfoContext(ctx, "upload: download failed", "name", it.name, "reason", it.failure, "err", err)
+		return
+	}
+	it.size = res.Size
+}
+
+// commit commits the items that arrived and reports the others.
+func (s *Service) commit(ctx context.Context, accountID, dir, message string, items []*item) ([]api.UploadedFile, []string, error) {
+	var (
+		files    []repo.File
+		failures []string
+	)
+	for _, it := range items {
+		if it.failure != "" {
+			failures = append(failures, it.name+": "+it.failure)
+			continue
+		}
+		if _, err := it.file.Seek(0, io.SeekStart); err != nil {
+			return nil, nil, fmt.Errorf("rewind upload of %s: %w", it.name, err)
+		}
+		files = append(files, repo.File{Path: it.path, Content: it.file, Size: it.size})
+	}
+	if len(files) == 0 {
+		return []api.UploadedFile{}, failures, nil
+	}
+	if message == "" {
+		message = DefaultMessage
+	}
+	commit, blobs, err := s.opts.Repos.CommitFiles(ctx, accountID, repo.MainBranch, files, message, s.opts.Author)
+	if err != nil {
+		return nil, nil, commitError(dir, err)
+	}
+	uploaded := make([]api.UploadedFile, 0, len(files))
+	for _, f := range files {
+		uploaded = append(uploaded, api.UploadedFile{Path: f.Path, SHA: blobs[f.Path]})
+	}
+	s.log.InfoContext(ctx, "upload committed", "account", accountID, "commit", commit, "files", len(uploaded), "failed", len(failures))
+	return uploaded, failures, nil
+}
+
+// commitError says why files could not be committed, in words for users
+// where the cause is theirs.
+func commitError(dir string, err error) error {
+	where := "the repository root"
+	if dir != "" {
+		where = dir
+	}
+	switch {
+	case errors.Is(err, repo.ErrInvalidPath):
+		return invalid("Cannot write into " + where + ": a file, directory or submodule there is in the way")
+	case errors.Is(err, repo.ErrNotFound):
+		return invalid("Cannot write into " + where + ": it lies in a submodule whose repository is not available here")
+	case errors.Is(err, repo.ErrConflict):
+		return invalid("The repository kept changing during the upload; try again")
+	case errors.Is(err, repo.ErrInvalidAccount):
+		return mapErr(err)
+	}
+	return err
+}
+
+// cleanDir validates the target directory of an upload.
+func cleanDir(p string) (string, error) {
+	p = strings.Trim(strings.TrimSpace(p), "/")
+	if p == "" {
+		return "", nil
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == ".." || seg == "." || seg == "" || strings.ContainsRune(seg, 0) || strings.EqualFold(seg, ".git") {
+			return "", invalid("path must stay inside the repository")
+		}
+	}
+	return p, nil
+}
+
+// validName reports whether name can be a file name in the repository: the
+// API refuses the same names, but this service does not rely on it.
+func validName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.EqualFold(name, ".git") &&
+		!strings.ContainsAny(name, "/\\\x00")
+}
+
+// planTargets sets each item's target path, failing invalid names and
+// names given twice (the first one wins).
+func planTargets(items []*item, dir string) {
+	seen := map[string]bool{}
+	for _, it := range items {
+		if it.failure != "" {
+			continue
+		}
+		if !validName(it.name) {
+			it.failure = "invalid file name"
+			continue
+		}
+		it.path = it.name
+		if dir != "" {
+			it.path = dir + "/" + it.name
+		}
+		if seen[it.path] {
+			it.failure = "file name given more than once"
+			continue
+		}
+		seen[it.path] = true
+	}
+}
+
+func removeAll(items []*item) {
+	for _, it := range items {
+		if it.file != nil {
+			it.file.Close()
+			os.Remove(it.file.Name())
+		}
+	}
+}
+
+// errBudget is a write past the upload's total budget.
+var errBudget = errors.New("upload budget exceeded")
+
+// budget is the bytes all files of one upload may take together.
+type budget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// budgetWriter charges what it writes to a budget.
+type budgetWriter struct {
+	w       io.Writer
+	b       *budget
+	charged int64
+}
+
+func (bw *budgetWriter) Write(p []byte) (int, error) {
+	bw.charged += int64(len(p))
+	if bw.b.used.Add(int64(len(p))) > bw.b.max {
+		return 0, errBudget
+	}
+	return bw.w.Write(p)
+}
+
+// refund gives back what a failed file took, for the files still coming.
+func (bw *budgetWriter) refund() { bw.b.used.Add(-bw.charged) }

@@ -1,0 +1,130 @@
+package files
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/fetch"
+)
+
+// maxFieldBytes bounds the text fields of a multipart upload.
+const maxFieldBytes = 64 << 10
+
+// IsMultipart reports whether r carries a multipart/form-data body.
+func IsMultipart(r *http.Request) bool {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	return err == nil && mt == "multipart/form-data"
+}
+
+// UploadMultipart commits the files of a multipart/form-data request like
+// Upload does downloads: each part named "file" is a file (named by its
+// filename), the fields "path" and "message" are as in the JSON body. Parts
+// are streamed to temporary files, each capped like a download and all
+// together by MaxUploadBytes; a file over its cap is reported as a failure
+// and the others are still committed.
+func (s *Service) UploadMultipart(ctx context.Context, accountID string, r *http.Request) ([]api.UploadedFile, []string, error) {
+	if !IsMultipart(r) {
+		return nil, nil, invalid("Request body must be multipart/form-data")
+	}
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return nil, nil, invalid("Request body must be valid multipart/form-data")
+	}
+	var (
+		items        []*item
+		dir, message string
+		budget       = &budget{max: s.opts.MaxUploadBytes}
+		perFile      = s.opts.Fetcher.MaxBytes()
+		parseProblem error
+	)
+	defer func() { removeAll(items) }()
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, invalid("Request body must be valid multipart/form-data")
+		}
+		switch name := part.FormName(); name {
+		case "path", "message":
+			v, err := io.ReadAll(io.LimitReader(part, maxFieldBytes+1))
+			if err != nil || len(v) > maxFieldBytes {
+				return nil, nil, invalid(name + " is too long")
+			}
+			if name == "path" {
+				dir = string(v)
+			} else {
+				message = string(v)
+			}
+		case "file", "files":
+			if len(items) == maxFilesPerUpload {
+				return nil, nil, invalid(fmt.Sprintf("At most %d files can be uploaded at once", maxFilesPerUpload))
+			}
+			it := &item{name: part.FileName()}
+			items = append(items, it)
+			if it.name == "" && parseProblem == nil {
+				parseProblem = invalid("Each file must have a name")
+			}
+			if err := s.spoolPart(ctx, it, part, perFile, budget); err != nil {
+				return nil, nil, err
+			}
+		default:
+			// Unknown fields are skipped, as unknown JSON fields are.
+			if _, err := io.Copy(io.Discard, io.LimitReader(part, maxFieldBytes)); err != nil {
+				return nil, nil, invalid("Request body must be valid multipart/form-data")
+			}
+		}
+		part.Close()
+	}
+	if len(items) == 0 {
+		return nil, nil, invalid("At least one file is required")
+	}
+	if parseProblem != nil {
+		return nil, nil, parseProblem
+	}
+	d, err := cleanDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	planTargets(items, d)
+	return s.commit(ctx, accountID, d, message, items)
+}
+
+// spoolPart copies a file part to a temporary file, within the per-file
+// cap and the upload's budget; a part over either is recorded as the
+// item's failure and the rest of it is skipped. Only a broken request body
+// is an error.
+func (s *Service) spoolPart(ctx context.Context, it *item, part io.Reader, perFile int64, b *budget) error {
+	f, err := os.CreateTemp(s.opts.TempDir, "sandboxd-upload-")
+	if err != nil {
+		return fmt.Errorf("create temporary file for %s: %w", it.name, err)
+	}
+	it.file = f
+	bw := &budgetWriter{w: f, b: b}
+	n, err := io.Copy(bw, io.LimitReader(part, perFile+1))
+	switch {
+	case errors.Is(err, errBudget):
+		it.failure = "upload larger than " + fetch.FormatSize(b.max) + " in total"
+	case err != nil:
+		return invalid("Request body ended before file " + it.name + " did")
+	case n > perFile:
+		it.failure = (&fetch.TooLargeError{Limit: perFile}).Error()
+	}
+	if it.failure != "" {
+		bw.refund()
+		s.log.InfoContext(ctx, "upload: part refused", "name", it.name, "reason", it.failure)
+		if _, err := io.Copy(io.Discard, part); err != nil {
+			return invalid("Request body ended before file " + it.name + " did")
+		}
+		return nil
+	}
+	it.size = n
+	return nil
+}
