@@ -73,7 +73,13 @@ type server struct {
 // answers /api/health.
 func startServer(t *testing.T, dsn string, extra ...string) *server {
 	t.Helper()
-	s := &server{t: t, dataDir: t.TempDir(), dsn: dsn, logs: &bytes.Buffer{}}
+	return startServerIn(t, t.TempDir(), dsn, extra...)
+}
+
+// startServerIn is startServer on a given data dir.
+func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
+	t.Helper()
+	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}}
 	addr := freeAddr(t)
 	s.base = "http://" + addr
 	args := append([]string{"serve", "--listen", addr, "--rootfs", rootfs, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false"}, s.globalFlags()...)

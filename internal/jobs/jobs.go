@@ -190,3 +190,11 @@ func (c *Client) Stop(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Close releases an insert-only client's connections (Stop does this for a
+// started one).
+func (c *Client) Close() {
+	if c.listener != nil {
+		c.listener.Close()
+	}
+}
