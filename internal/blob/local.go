@@ -66,7 +66,11 @@ func (l *Local) PutKnown(ctx context.Context, key string, size int64, r io.Reade
 		if info.Size != size {
 			return fmt.Errorf("put blob: %w: %s is stored with %d bytes, not %d", ErrMismatch, key, info.Size, size)
 		}
-		return l.touch(key)
+		err := l.touch(key)
+		if !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		// Deleted since Stat: store it after all.
 	} else if !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("put blob: %w", err)
 	}
@@ -92,6 +96,13 @@ func (l *Local) publish(f *os.File, key string, size int64) (Info, error) {
 	defer os.Remove(tmp) // no-op once renamed
 	// Read-only marks what must never change; it does not stop Delete.
 	err := f.Chmod(0o444)
+	var written time.Time
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = f.Stat(); err == nil {
+			written = fi.ModTime()
+		}
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -100,17 +111,20 @@ func (l *Local) publish(f *os.File, key string, size int64) (Info, error) {
 	}
 
 	dst := l.path(key)
-	if fi, err := os.Stat(dst); err == nil {
-		if fi.Size() == size {
-			now := time.Now()
-			if err := os.Chtimes(dst, now, now); err != nil {
-				return Info{}, err
-			}
+	if fi, err := os.Stat(dst); err == nil && fi.Size() == size {
+		now := time.Now()
+		err := os.Chtimes(dst, now, now)
+		if err == nil {
 			return Info{Key: key, Size: size, Modified: now}, nil
 		}
-		// A stored file of the wrong size under a hash key is damage (its
-		// content cannot hash to key); replace it with the good copy.
+		if !errors.Is(err, fs.ErrNotExist) {
+			return Info{}, err
+		}
+		// Deleted since Stat: publish this copy after all.
 	}
+	// Otherwise the key is not stored, or is stored with the wrong size,
+	// which is damage (such content cannot hash to key): the rename
+	// replaces it with the good copy.
 	shard := filepath.Dir(dst)
 	if err := os.Mkdir(shard, 0o755); err == nil {
 		if err := syncDir(l.dir); err != nil {
@@ -126,11 +140,8 @@ func (l *Local) publish(f *os.File, key string, size int64) (Info, error) {
 	if err := syncDir(shard); err != nil {
 		return Info{}, err
 	}
-	fi, err := os.Stat(dst)
-	if err != nil {
-		return Info{}, err
-	}
-	return Info{Key: key, Size: fi.Size(), Modified: fi.ModTime()}, nil
+	// Not stat'ed again: a Delete may already have removed it.
+	return Info{Key: key, Size: size, Modified: written}, nil
 }
 
 func (l *Local) touch(key string) error {

@@ -187,11 +187,13 @@ func (s *S3) upload(ctx context.Context, key string, size int64, f *os.File) (In
 	if up.Size != size {
 		return Info{}, fmt.Errorf("upload: stored %d bytes of %d", up.Size, size)
 	}
-	if up.LastModified.IsZero() {
-		// Not every server dates a single PUT in its answer; ask.
-		return s.Stat(ctx, key)
+	modified := up.LastModified
+	if modified.IsZero() {
+		// A single PUT's answer carries no date. Asking with a HEAD would
+		// race Deletes; this node's clock is close enough.
+		modified = time.Now()
 	}
-	return Info{Key: key, Size: size, Modified: up.LastModified}, nil
+	return Info{Key: key, Size: size, Modified: modified}, nil
 }
 
 // Get implements Store.
