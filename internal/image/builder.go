@@ -334,11 +334,15 @@ func finishRootfs(rootfs string) error {
 		{"var/cache/apt/archives/partial", nil},
 		{"tmp", nil},
 		{"var/tmp", nil},
-		{"root/.npm", nil},
-		{"root/.cache", nil},
 	}
 	for _, c := range clean {
 		if err := emptyDir(root, c.dir, c.keep); err != nil {
+			return fmt.Errorf("finalize: %w", err)
+		}
+	}
+	// Caches that installers create in root's home.
+	for _, d := range []string{"root/.npm", "root/.cache"} {
+		if err := root.RemoveAll(d); err != nil {
 			return fmt.Errorf("finalize: %w", err)
 		}
 	}

@@ -22,11 +22,13 @@ package image
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,7 +51,7 @@ type Image struct {
 	// Size is the disk space the root filesystem takes, in bytes.
 	Size          int64         `json:"size"`
 	CreatedAt     time.Time     `json:"created"`
-	BuildDuration time.Duration `json:"build_duration"`
+	BuildDuration time.Duration `json:"-"` // in JSON as build_seconds
 	// Mirror is the Debian mirror the packages came from.
 	Mirror string `json:"mirror,omitempty"`
 	// Highlights are the template's headline packages with their versions.
@@ -59,6 +61,15 @@ type Image struct {
 
 	dir   string
 	store *Store
+}
+
+// MarshalJSON writes the image with its build duration in seconds.
+func (img *Image) MarshalJSON() ([]byte, error) {
+	type plain Image
+	return json.Marshal(struct {
+		*plain
+		BuildSeconds float64 `json:"build_seconds"`
+	}{(*plain)(img), math.Round(img.BuildDuration.Seconds()*10) / 10})
 }
 
 // BuildOptions change how Build works.
@@ -322,7 +333,8 @@ func (s *Store) Lookup(template string) (*Image, error) {
 	return s.load(imageID(t.Name, key))
 }
 
-// List returns the images in the cache, newest first.
+// List returns the images in the cache, newest first. Directories without a
+// readable manifest are not images and are left out.
 func (s *Store) List(ctx context.Context) ([]*Image, error) {
 	entries, err := os.ReadDir(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -344,7 +356,10 @@ func (s *Store) List(ctx context.Context) ([]*Image, error) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			// One damaged image must not hide the others; Build
+			// with Force replaces it.
+			s.logger.Warn("skipping unreadable image", "image", e.Name(), "err", err)
+			continue
 		}
 		out = append(out, img)
 	}

@@ -229,9 +229,11 @@ func (r *barReporter) report(ev Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = ev
-	r.bar.Describe(r.describe(ev))
-	// The bar refuses to move past its maximum; Finish fills it on success.
+	// Set first: it may skip drawing (throttled), while Describe always
+	// draws, and then with the new value. The bar refuses to move past
+	// its maximum; Finish fills it on success.
 	_ = r.bar.Set(int(math.Min(ev.Percent, 99)))
+	r.bar.Describe(r.describe(ev))
 }
 
 func (r *barReporter) close(err error) {

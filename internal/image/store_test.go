@@ -2,6 +2,7 @@ package image
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -148,6 +149,20 @@ func TestBuildPublishesAndCaches(t *testing.T) {
 		t.Errorf("cache holds %q, want the image and its lock only", got)
 	}
 
+	js, err := json.Marshal(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(js, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"id", "template", "key", "rootfs", "size", "created", "build_seconds", "packages", "highlights"} {
+		if _, ok := fields[k]; !ok {
+			t.Errorf("image JSON lacks %s: %s", k, js)
+		}
+	}
+
 	again, err := s.Ensure(ctx, "small", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -262,8 +277,19 @@ func TestCrashLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// And an image whose manifest got damaged.
+	damaged := filepath.Join(s.Dir(), "other-000000000000")
+	if err := os.MkdirAll(damaged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(damaged, manifestName), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if list, err := s.List(ctx); err != nil || len(list) != 0 {
 		t.Errorf("List with only leftovers = %v, %v", list, err)
+	}
+	if err := os.RemoveAll(damaged); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := s.Lookup("small"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Lookup of an image without manifest = %v, want not exist", err)

@@ -101,7 +101,17 @@ func Templates() []Template {
 				// /usr/local/bin comes first on PATH, so from here on
 				// "npm" runs with the Node.js just installed.
 				{Name: "install npm " + npmVersion, Argv: append(slices.Clone(global), "npm@"+npmVersion)},
+				// npm 12 runs no dependency's install scripts unless
+				// allowed. These are the ones the pinned CLIs have, each
+				// reviewed: opencode and claude link their platform's
+				// binary, openclaw sets up its bundled plugins, koffi
+				// installs its prebuilt library, protobufjs and genai
+				// check versions. --strict-allow-scripts fails the build
+				// when a new version brings a script not listed here,
+				// instead of leaving a CLI half installed.
 				{Name: "install agent CLIs", Argv: append(slices.Clone(global),
+					"--strict-allow-scripts",
+					"--allow-scripts=opencode-ai,@anthropic-ai/claude-code,openclaw,koffi,protobufjs,@google/genai",
 					"opencode-ai@"+opencodeVersion,
 					"@anthropic-ai/claude-code@"+claudeCodeVersion,
 					"openclaw@"+openclawVersion)},
