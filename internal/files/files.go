@@ -196,8 +196,10 @@ func (s *Service) Upload(ctx context.Context, accountID string, req api.UploadFi
 		if it.failure != "" {
 			continue
 		}
+		// Taking the slot before starting keeps downloads in request order
+		// and the number of goroutines bounded.
+		sem <- struct{}{}
 		wg.Go(func() {
-			sem <- struct{}{}
 			defer func() { <-sem }()
 			s.download(ctx, it, req.Files[i].URL, budget)
 		})
