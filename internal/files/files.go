@@ -52,7 +52,8 @@ type Options struct {
 	// MaxUploadBytes bounds the bytes of one upload, all files together
 	// (default 1 GiB): they sit in temporary files until committed.
 	MaxUploadBytes int64
-	// TempDir holds the temporary files (default os.TempDir()).
+	// TempDir holds the temporary files (default os.TempDir()); it is
+	// created if missing.
 	TempDir string
 	// Author signs upload commits (default repo.DefaultAuthor).
 	Author repo.Signature
@@ -84,6 +85,9 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.TempDir == "" {
 		opts.TempDir = os.TempDir()
+	}
+	if err := os.MkdirAll(opts.TempDir, 0o700); err != nil {
+		return nil, fmt.Errorf("files: create temporary directory: %w", err)
 	}
 	if opts.Author.Name == "" || opts.Author.Email == "" {
 		opts.Author = repo.DefaultAuthor
