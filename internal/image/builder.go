@@ -33,8 +33,8 @@ type buildRequest struct {
 	Rootfs string
 	// Parent is the finished image of Template.Parent, if it has one.
 	Parent *Image
-	// Mirror is the Debian mirror for debootstrap and apt.
-	Mirror string
+	// Mirrors are the Debian archives for debootstrap and apt.
+	Mirrors Mirrors
 	// ExpectedPackages is how many packages an earlier build of the same
 	// template installed, 0 if unknown; it sizes the download stage.
 	ExpectedPackages int
@@ -93,12 +93,13 @@ func (b *debootstrapBuilder) build(ctx context.Context, req buildRequest) error 
 		})
 		weights = append(weights, 6)
 	}
-	if len(t.Packages) > 0 {
+	if req.Parent == nil {
 		phases = append(phases, func(ctx context.Context, lo, hi float64) error {
 			return b.aptInstall(ctx, req, lo, hi)
 		})
-		// Each requested package brings a few dependencies along.
-		weights = append(weights, 1+float64(len(t.Packages))/2)
+		// Updates, then each requested package with a few
+		// dependencies.
+		weights = append(weights, 2+float64(len(t.Packages))/2)
 	}
 	for i, s := range t.Steps {
 		phases = append(phases, func(ctx context.Context, lo, hi float64) error {
@@ -142,7 +143,7 @@ func (b *debootstrapBuilder) debootstrap(ctx context.Context, req buildRequest, 
 		return err
 	}
 	tr := &debootstrapTracker{expected: req.ExpectedPackages}
-	argv := []string{tool, "--variant=" + t.Variant, "--components=main", "--include=ca-certificates", t.Suite, req.Rootfs, req.Mirror}
+	argv := []string{tool, "--variant=" + t.Variant, "--components=main", "--include=ca-certificates", t.Suite, req.Rootfs, req.Mirrors.Main}
 	err = b.run(ctx, "debootstrap", argv, append(os.Environ(), "LC_ALL=C"), true, func(line string) {
 		if ev, ok := tr.feed(line); ok {
 			ev.Percent = lo + (hi-lo)*ev.Percent/100
@@ -160,23 +161,64 @@ func (b *debootstrapBuilder) debootstrap(ctx context.Context, req buildRequest, 
 	return nil
 }
 
-// aptInstall installs the template's packages with apt-get inside the root
-// filesystem, from the package lists debootstrap just fetched.
+// aptInstall points the image's APT at the main, updates and security
+// archives, applies the updates released since the suite's point release,
+// then installs the template's packages, all with apt-get inside the root
+// filesystem. Its shares of [lo, hi]: update 0–15%, upgrade 15–35%,
+// install the rest.
 func (b *debootstrapBuilder) aptInstall(ctx context.Context, req buildRequest, lo, hi float64) error {
-	argv := []string{"apt-get", "install", "--yes", "--no-install-recommends",
-		"-o", "APT::Status-Fd=1", "-o", "Dpkg::Use-Pty=0"}
-	if _, err := os.Stat(filepath.Join(req.Rootfs, buildScratch, "ca.pem")); err == nil {
-		argv = append(argv, "-o", "Acquire::https::CaInfo="+path.Join(buildScratch, "ca.pem"))
+	t := req.Template
+	root, err := os.OpenRoot(req.Rootfs)
+	if err != nil {
+		return fmt.Errorf("configure apt: %w", err)
 	}
-	argv = append(argv, req.Template.Packages...)
-	var tr aptTracker
-	req.Report(Event{Stage: "packages", Total: len(req.Template.Packages), Percent: lo})
-	return b.chroot(ctx, req.Rootfs, "apt-get install", argv, nil, func(line string) {
-		if ev, ok := tr.feed(line); ok {
-			ev.Percent = lo + (hi-lo)*ev.Percent/100
-			req.Report(ev)
+	err = replaceFile(root, "etc/apt/sources.list.d/debian.sources", []byte(aptSourcesFile(t.Suite, req.Mirrors)), 0o644)
+	if err == nil {
+		err = root.Remove("etc/apt/sources.list") // debootstrap's, now replaced
+		if errors.Is(err, fs.ErrNotExist) {
+			err = nil
 		}
-	})
+	}
+	root.Close()
+	if err != nil {
+		return fmt.Errorf("configure apt: %w", err)
+	}
+
+	opts := []string{"-o", "APT::Status-Fd=1", "-o", "Dpkg::Use-Pty=0"}
+	if _, err := os.Stat(filepath.Join(req.Rootfs, buildScratch, "ca.pem")); err == nil {
+		opts = append(opts, "-o", "Acquire::https::CaInfo="+path.Join(buildScratch, "ca.pem"))
+	}
+	runs := []struct {
+		what   string
+		argv   []string
+		lo, hi float64
+	}{
+		{"apt-get update", append([]string{"apt-get", "update"}, opts...), 0, 0.15},
+		{"apt-get dist-upgrade", append([]string{"apt-get", "dist-upgrade", "--yes"}, opts...), 0.15, 0.35},
+		{"apt-get install", append(append([]string{"apt-get", "install", "--yes", "--no-install-recommends"}, opts...), t.Packages...), 0.35, 1},
+	}
+	for _, r := range runs {
+		if r.what == "apt-get install" && len(t.Packages) == 0 {
+			continue
+		}
+		rlo, rhi := lo+(hi-lo)*r.lo, lo+(hi-lo)*r.hi
+		stage := strings.TrimPrefix(r.what, "apt-get ")
+		req.Report(Event{Stage: stage, Percent: rlo})
+		var tr aptTracker
+		err := b.chroot(ctx, req.Rootfs, r.what, r.argv, nil, func(line string) {
+			if ev, ok := tr.feed(line); ok {
+				ev.Percent = rlo + (rhi-rlo)*ev.Percent/100
+				if stage != "install" {
+					ev.Stage = stage + " " + ev.Stage
+				}
+				req.Report(ev)
+			}
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // copyParent starts the root filesystem as a copy of the parent image's,

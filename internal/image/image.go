@@ -52,8 +52,10 @@ type Image struct {
 	Size          int64         `json:"size"`
 	CreatedAt     time.Time     `json:"created"`
 	BuildDuration time.Duration `json:"-"` // in JSON as build_seconds
-	// Mirror is the Debian mirror the packages came from.
-	Mirror string `json:"mirror,omitempty"`
+	// Mirror and SecurityMirror are the Debian archives the packages came
+	// from; the image's APT sources point at them.
+	Mirror         string `json:"mirror,omitempty"`
+	SecurityMirror string `json:"security_mirror,omitempty"`
 	// Highlights are the template's headline packages with their versions.
 	Highlights []Package `json:"highlights"`
 	// Packages is everything installed: Debian packages, then npm globals.
@@ -78,7 +80,8 @@ type BuildOptions struct {
 	// parent is still reused from the cache.
 	Force bool
 	// Mirror is the Debian mirror to use; empty means the host's own
-	// (see HostMirror).
+	// (see HostMirrors). Security updates come from the host's security
+	// archive either way.
 	Mirror string
 }
 
@@ -88,8 +91,8 @@ type Store struct {
 	logger    *slog.Logger
 	builder   builder
 	templates []Template
-	// hostMirror finds the default mirror for a suite (HostMirror).
-	hostMirror func(suite string) (string, error)
+	// hostMirrors finds the default mirrors for a suite (HostMirrors).
+	hostMirrors func(suite string) (Mirrors, error)
 }
 
 // NewStore returns the image store under cacheDir. It does no I/O; the
@@ -106,7 +109,7 @@ func newStore(cacheDir string, logger *slog.Logger, b builder, templates []Templ
 	if err != nil {
 		dir = filepath.Join(cacheDir, "images")
 	}
-	return &Store{dir: dir, logger: logger, builder: b, templates: templates, hostMirror: HostMirror}
+	return &Store{dir: dir, logger: logger, builder: b, templates: templates, hostMirrors: HostMirrors}
 }
 
 // Dir is the directory holding the images.
@@ -167,15 +170,22 @@ func (s *Store) Build(ctx context.Context, template string, opts BuildOptions, p
 // buildLocked builds the image into a temporary directory and publishes it.
 // The caller holds the image's lock.
 func (s *Store) buildLocked(ctx context.Context, t Template, key, id string, parent *Image, opts BuildOptions, progress io.Writer) (*Image, error) {
-	mirror := opts.Mirror
-	if mirror == "" && t.Parent == "" {
-		var err error
-		if mirror, err = s.hostMirror(t.Suite); err != nil {
+	var mirrors Mirrors
+	switch {
+	case parent != nil:
+		mirrors = Mirrors{Main: parent.Mirror, Security: parent.SecurityMirror}
+	default:
+		host, err := s.hostMirrors(t.Suite)
+		if err != nil && opts.Mirror == "" {
 			return nil, fmt.Errorf("build image %s: %w", id, err)
 		}
-	}
-	if parent != nil && mirror == "" {
-		mirror = parent.Mirror
+		mirrors = host
+		if opts.Mirror != "" {
+			mirrors.Main = opts.Mirror
+		}
+		if mirrors.Security == "" {
+			s.logger.Warn("no Debian security archive in the host's APT sources: the image gets no security updates past the point release", "image", id)
+		}
 	}
 	tmp, err := os.MkdirTemp(s.dir, ".build-"+id+"-")
 	if err != nil {
@@ -200,13 +210,13 @@ func (s *Store) buildLocked(ctx context.Context, t Template, key, id string, par
 	}
 
 	start := time.Now()
-	s.logger.Info("building image", "image", id, "template", t.Name, "mirror", mirror)
+	s.logger.Info("building image", "image", id, "template", t.Name, "mirror", mirrors.Main, "security_mirror", mirrors.Security)
 	rep := newReporter(progress, s.logger, id)
 	req := buildRequest{
 		Template:         t,
 		Rootfs:           rootfs,
 		Parent:           parent,
-		Mirror:           mirror,
+		Mirrors:          mirrors,
 		ExpectedPackages: s.expectedPackages(t.Name),
 		Report:           rep.report,
 	}
@@ -225,16 +235,17 @@ func (s *Store) buildLocked(ctx context.Context, t Template, key, id string, par
 		return nil, fmt.Errorf("build image %s: %w", id, err)
 	}
 	m := manifest{
-		ID:            id,
-		Template:      t.Name,
-		Key:           key,
-		Format:        formatVersion,
-		Mirror:        mirror,
-		CreatedAt:     time.Now().UTC().Truncate(time.Second),
-		Size:          size,
-		BuildDuration: time.Since(start).Seconds(),
-		Highlights:    highlights(pkgs, t.Highlights),
-		Packages:      pkgs,
+		ID:             id,
+		Template:       t.Name,
+		Key:            key,
+		Format:         formatVersion,
+		Mirror:         mirrors.Main,
+		SecurityMirror: mirrors.Security,
+		CreatedAt:      time.Now().UTC().Truncate(time.Second),
+		Size:           size,
+		BuildDuration:  time.Since(start).Seconds(),
+		Highlights:     highlights(pkgs, t.Highlights),
+		Packages:       pkgs,
 	}
 	if parent != nil {
 		m.Parent = parent.ID
@@ -380,19 +391,20 @@ func (s *Store) load(id string) (*Image, error) {
 		return nil, fmt.Errorf("load image %s: manifest names %q", id, m.ID)
 	}
 	return &Image{
-		ID:            m.ID,
-		Template:      m.Template,
-		Key:           m.Key,
-		Parent:        m.Parent,
-		Rootfs:        filepath.Join(dir, "rootfs"),
-		Size:          m.Size,
-		CreatedAt:     m.CreatedAt,
-		BuildDuration: time.Duration(m.BuildDuration * float64(time.Second)),
-		Mirror:        m.Mirror,
-		Highlights:    m.Highlights,
-		Packages:      m.Packages,
-		dir:           dir,
-		store:         s,
+		ID:             m.ID,
+		Template:       m.Template,
+		Key:            m.Key,
+		Parent:         m.Parent,
+		Rootfs:         filepath.Join(dir, "rootfs"),
+		Size:           m.Size,
+		CreatedAt:      m.CreatedAt,
+		BuildDuration:  time.Duration(m.BuildDuration * float64(time.Second)),
+		Mirror:         m.Mirror,
+		SecurityMirror: m.SecurityMirror,
+		Highlights:     m.Highlights,
+		Packages:       m.Packages,
+		dir:            dir,
+		store:          s,
 	}, nil
 }
 

@@ -31,17 +31,18 @@ type Package struct {
 
 // manifest is the on-disk form of an Image.
 type manifest struct {
-	ID            string    `json:"id"`
-	Template      string    `json:"template"`
-	Key           string    `json:"key"`
-	Format        int       `json:"format"`
-	Parent        string    `json:"parent,omitempty"`
-	Mirror        string    `json:"mirror,omitempty"`
-	CreatedAt     time.Time `json:"created"`
-	Size          int64     `json:"size"`
-	BuildDuration float64   `json:"build_seconds"`
-	Highlights    []Package `json:"highlights"`
-	Packages      []Package `json:"packages"`
+	ID             string    `json:"id"`
+	Template       string    `json:"template"`
+	Key            string    `json:"key"`
+	Format         int       `json:"format"`
+	Parent         string    `json:"parent,omitempty"`
+	Mirror         string    `json:"mirror,omitempty"`
+	SecurityMirror string    `json:"security_mirror,omitempty"`
+	CreatedAt      time.Time `json:"created"`
+	Size           int64     `json:"size"`
+	BuildDuration  float64   `json:"build_seconds"`
+	Highlights     []Package `json:"highlights"`
+	Packages       []Package `json:"packages"`
 }
 
 func writeManifest(dir string, m manifest) error {

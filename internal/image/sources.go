@@ -17,28 +17,52 @@ type aptSource struct {
 	Suites []string
 }
 
-// HostMirror returns the Debian mirror the host's APT is configured with, so
-// images are built from the same mirror the host already trusts and reaches
-// (and no mirror host name lives in sandboxd's code). It prefers an entry that
-// lists suite itself, then any entry that is not a security, updates or
-// backports archive.
-func HostMirror(suite string) (string, error) {
-	return hostMirror("/", suite)
+// Mirrors are the Debian archives an image's packages come from.
+type Mirrors struct {
+	// Main serves the suite and its -updates suite.
+	Main string
+	// Security serves the -security suite; empty when unknown, and then
+	// images get no security updates beyond the suite's point release.
+	Security string
 }
 
-// hostMirror is HostMirror reading the APT configuration below root.
-func hostMirror(root, suite string) (string, error) {
+// HostMirrors returns the Debian mirrors the host's APT is configured with,
+// so images are built from archives the host already trusts and reaches (and
+// no mirror host name lives in sandboxd's code). For the main archive it
+// prefers an entry that lists suite itself, then any entry that is not a
+// security, updates or backports archive; for security, the entry that lists
+// suite-security, then any security archive.
+func HostMirrors(suite string) (Mirrors, error) {
+	return hostMirrors("/", suite)
+}
+
+// hostMirrors is HostMirrors reading the APT configuration below root.
+func hostMirrors(root, suite string) (Mirrors, error) {
+	sources, err := hostSources(root)
+	if err != nil {
+		return Mirrors{}, err
+	}
+	main, ok := pickMirror(sources, suite)
+	if !ok {
+		return Mirrors{}, fmt.Errorf("no Debian mirror for %s in %s: pass a mirror explicitly", suite, filepath.Join(root, "etc/apt"))
+	}
+	security, _ := pickSecurityMirror(sources, suite)
+	return Mirrors{Main: main, Security: security}, nil
+}
+
+// hostSources reads the "deb" entries of the APT configuration below root.
+func hostSources(root string) ([]aptSource, error) {
 	var sources []aptSource
 	list := filepath.Join(root, "etc/apt/sources.list")
 	if data, err := os.ReadFile(list); err == nil {
 		sources = append(sources, parseSourcesList(data)...)
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("read %s: %w", list, err)
+		return nil, fmt.Errorf("read %s: %w", list, err)
 	}
 	dir := filepath.Join(root, "etc/apt/sources.list.d")
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("read %s: %w", dir, err)
+		return nil, fmt.Errorf("read %s: %w", dir, err)
 	}
 	// APT reads only these two suffixes; files renamed to disable them
 	// (".disabled", ".save") must not count.
@@ -49,7 +73,7 @@ func hostMirror(root, suite string) (string, error) {
 		}
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			return "", fmt.Errorf("read apt source %s: %w", name, err)
+			return nil, fmt.Errorf("read apt source %s: %w", name, err)
 		}
 		if strings.HasSuffix(name, ".sources") {
 			sources = append(sources, parseDeb822Sources(data)...)
@@ -57,10 +81,36 @@ func hostMirror(root, suite string) (string, error) {
 			sources = append(sources, parseSourcesList(data)...)
 		}
 	}
-	if m, ok := pickMirror(sources, suite); ok {
-		return m, nil
+	return sources, nil
+}
+
+// pickSecurityMirror chooses the archive that serves suite-security.
+func pickSecurityMirror(sources []aptSource, suite string) (string, bool) {
+	for _, s := range sources {
+		if usableURI(s.URI) && slices.Contains(s.Suites, suite+"-security") {
+			return s.URI, true
+		}
 	}
-	return "", fmt.Errorf("no Debian mirror for %s in %s: pass a mirror explicitly", suite, filepath.Join(root, "etc/apt"))
+	// A host on another release: its security archive serves every
+	// supported suite.
+	for _, s := range sources {
+		if usableURI(s.URI) && slices.ContainsFunc(s.Suites, func(x string) bool { return strings.HasSuffix(x, "-security") }) {
+			return s.URI, true
+		}
+	}
+	return "", false
+}
+
+// aptSourcesFile is the deb822 sources file an image gets, in the place and
+// format Debian 12 uses: the main archive with its updates, and security.
+func aptSourcesFile(suite string, m Mirrors) string {
+	const keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+	var b strings.Builder
+	fmt.Fprintf(&b, "Types: deb\nURIs: %s\nSuites: %s %s-updates\nComponents: main\nSigned-By: %s\n", m.Main, suite, suite, keyring)
+	if m.Security != "" {
+		fmt.Fprintf(&b, "\nTypes: deb\nURIs: %s\nSuites: %s-security\nComponents: main\nSigned-By: %s\n", m.Security, suite, keyring)
+	}
+	return b.String()
 }
 
 // pickMirror chooses the mirror debootstrap should use for suite.

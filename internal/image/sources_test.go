@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -118,7 +119,54 @@ func TestPickMirror(t *testing.T) {
 	}
 }
 
-func TestHostMirror(t *testing.T) {
+func TestPickSecurityMirror(t *testing.T) {
+	tests := []struct {
+		name    string
+		sources []aptSource
+		want    string
+	}{
+		{"exact suite", []aptSource{
+			{URI: "http://mirror.example/debian", Suites: []string{"bookworm"}},
+			{URI: "http://other.example/debian-security", Suites: []string{"trixie-security"}},
+			{URI: "http://mirror.example/debian-security", Suites: []string{"bookworm-security"}},
+		}, "http://mirror.example/debian-security"},
+		{"another release's security archive", []aptSource{
+			{URI: "http://mirror.example/debian", Suites: []string{"trixie"}},
+			{URI: "http://security.example/debian-security", Suites: []string{"trixie-security"}},
+		}, "http://security.example/debian-security"},
+		{"none", []aptSource{{URI: "http://mirror.example/debian", Suites: []string{"bookworm", "bookworm-updates"}}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := pickSecurityMirror(tt.sources, "bookworm")
+			if got != tt.want || ok != (tt.want != "") {
+				t.Errorf("pickSecurityMirror = %q, %v; want %q", got, ok, tt.want)
+			}
+		})
+	}
+}
+
+func TestAptSourcesFile(t *testing.T) {
+	got := aptSourcesFile("bookworm", Mirrors{Main: "http://mirror.example/debian", Security: "http://mirror.example/debian-security"})
+	// What we write, APT (and our own parser) must read back.
+	parsed := parseDeb822Sources([]byte(got))
+	want := []aptSource{
+		{URI: "http://mirror.example/debian", Suites: []string{"bookworm", "bookworm-updates"}},
+		{URI: "http://mirror.example/debian-security", Suites: []string{"bookworm-security"}},
+	}
+	if !reflect.DeepEqual(parsed, want) {
+		t.Errorf("parsed back %+v, want %+v from:\n%s", parsed, want, got)
+	}
+	if !strings.Contains(got, "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg") {
+		t.Errorf("sources lack Signed-By:\n%s", got)
+	}
+	noSec := parseDeb822Sources([]byte(aptSourcesFile("bookworm", Mirrors{Main: "http://mirror.example/debian"})))
+	if len(noSec) != 1 {
+		t.Errorf("without a security mirror: %+v", noSec)
+	}
+}
+
+func TestHostMirrors(t *testing.T) {
 	write := func(t *testing.T, root string, files map[string]string) {
 		t.Helper()
 		for name, content := range files {
@@ -134,32 +182,34 @@ func TestHostMirror(t *testing.T) {
 	tests := []struct {
 		name    string
 		files   map[string]string
-		want    string
+		want    Mirrors
 		wantErr bool
 	}{
-		{"debian 12 deb822", map[string]string{"etc/apt/sources.list.d/debian.sources": debianSources}, "http://mirror.example/debian", false},
-		{"one-line sources.list", map[string]string{"etc/apt/sources.list": "deb http://mirror.example/debian bookworm main\n"}, "http://mirror.example/debian", false},
+		{"debian 12 deb822", map[string]string{"etc/apt/sources.list.d/debian.sources": debianSources},
+			Mirrors{Main: "http://mirror.example/debian", Security: "http://mirror.example/debian-security"}, false},
+		{"one-line sources.list", map[string]string{"etc/apt/sources.list": "deb http://mirror.example/debian bookworm main\ndeb http://security.example/debian-security bookworm-security main\n"},
+			Mirrors{Main: "http://mirror.example/debian", Security: "http://security.example/debian-security"}, false},
 		{"disabled files ignored", map[string]string{
 			"etc/apt/sources.list.d/nodesource.sources.disabled": "Types: deb\nURIs: https://node.example/x\nSuites: bookworm\n",
 			"etc/apt/sources.list.d/old.list.save":               "deb http://old.example/debian bookworm main\n",
 			"etc/apt/sources.list.d/debian.sources":              debianSources,
-		}, "http://mirror.example/debian", false},
-		{"third-party list with the suite name", map[string]string{
+		}, Mirrors{Main: "http://mirror.example/debian", Security: "http://mirror.example/debian-security"}, false},
+		{"third-party list with the suite name, no security", map[string]string{
 			"etc/apt/sources.list":                 "deb http://mirror.example/debian bookworm main\n",
 			"etc/apt/sources.list.d/a-vendor.list": "deb https://vendor.example/apt cloud-sdk-bookworm main\n",
-		}, "http://mirror.example/debian", false},
-		{"no configuration", map[string]string{}, "", true},
+		}, Mirrors{Main: "http://mirror.example/debian"}, false},
+		{"no configuration", map[string]string{}, Mirrors{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			root := t.TempDir()
 			write(t, root, tt.files)
-			got, err := hostMirror(root, "bookworm")
+			got, err := hostMirrors(root, "bookworm")
 			if (err != nil) != tt.wantErr {
-				t.Fatalf("hostMirror err = %v, wantErr %v", err, tt.wantErr)
+				t.Fatalf("hostMirrors err = %v, wantErr %v", err, tt.wantErr)
 			}
 			if got != tt.want {
-				t.Errorf("hostMirror = %q, want %q", got, tt.want)
+				t.Errorf("hostMirrors = %+v, want %+v", got, tt.want)
 			}
 		})
 	}

@@ -83,7 +83,9 @@ func newTestStore(t *testing.T, b *fakeBuilder, h slog.Handler) *Store {
 		h = slog.DiscardHandler
 	}
 	s := newStore(t.TempDir(), slog.New(h), b, testTemplates())
-	s.hostMirror = func(string) (string, error) { return "http://mirror.example/debian", nil }
+	s.hostMirrors = func(string) (Mirrors, error) {
+		return Mirrors{Main: "http://mirror.example/debian", Security: "http://mirror.example/debian-security"}, nil
+	}
 	return s
 }
 
@@ -202,8 +204,8 @@ func TestBuildForceReplaces(t *testing.T) {
 	if got := readMarker(t, second); got != "small build 2\n" {
 		t.Errorf("marker after force = %q", got)
 	}
-	if second.Mirror != "http://other.example/debian" {
-		t.Errorf("mirror = %q", second.Mirror)
+	if second.Mirror != "http://other.example/debian" || second.SecurityMirror != "http://mirror.example/debian-security" {
+		t.Errorf("mirrors = %q, %q", second.Mirror, second.SecurityMirror)
 	}
 	if got := strings.Join(cacheEntries(t, s), " "); got != first.ID+" "+first.ID+".lock" {
 		t.Errorf("cache holds %q after a forced rebuild", got)
@@ -328,7 +330,7 @@ func TestConcurrentBuildsBuildOnce(t *testing.T) {
 		st := s
 		if i > 0 {
 			st = newStore(filepath.Dir(s.Dir()), slog.New(h), b, testTemplates())
-			st.hostMirror = s.hostMirror
+			st.hostMirrors = s.hostMirrors
 		}
 		wg.Add(1)
 		go func() {
@@ -423,7 +425,7 @@ func TestDerivedTemplate(t *testing.T) {
 	if childReq.Template.Name != "derived" || childReq.Parent == nil || childReq.Parent.Template != "small" {
 		t.Fatalf("second build = %+v", childReq)
 	}
-	if img.Parent != childReq.Parent.ID || img.Mirror != "http://mirror.example/debian" {
+	if img.Parent != childReq.Parent.ID || img.Mirror != "http://mirror.example/debian" || img.SecurityMirror == "" {
 		t.Errorf("derived image parent %q mirror %q", img.Parent, img.Mirror)
 	}
 	// Force rebuilds the child, not the cached parent.
@@ -508,5 +510,22 @@ func TestExt4(t *testing.T) {
 	leftovers, _ := filepath.Glob(filepath.Join(s.Dir(), img.ID, ".rootfs.ext4-*"))
 	if len(leftovers) > 0 {
 		t.Errorf("temporary files left: %v", leftovers)
+	}
+}
+
+func TestBuildWithoutHostMirrors(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBuilder{}
+	s := newTestStore(t, b, nil)
+	s.hostMirrors = func(string) (Mirrors, error) { return Mirrors{}, errors.New("no Debian mirror in /etc/apt") }
+	if _, err := s.Ensure(ctx, "small", nil); err == nil || !strings.Contains(err.Error(), "no Debian mirror") {
+		t.Fatalf("Ensure without mirrors = %v", err)
+	}
+	img, err := s.Build(ctx, "small", BuildOptions{Mirror: "http://given.example/debian"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.calls[0].Mirrors; got != (Mirrors{Main: "http://given.example/debian"}) || img.Mirror != got.Main {
+		t.Errorf("builder got mirrors %+v, image %q", got, img.Mirror)
 	}
 }

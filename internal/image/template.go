@@ -12,7 +12,7 @@ import (
 // formatVersion changes whenever the builder changes what it does to every
 // image (the finishing touches in finalize, the build environment), so that
 // images built by an older sandboxd are not mistaken for current ones.
-const formatVersion = 1
+const formatVersion = 2
 
 // DefaultTemplate is the template `serve` and `image build` use unless told
 // otherwise.
