@@ -18,8 +18,13 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/fetch"
+	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/persist"
+	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -44,6 +49,9 @@ type serveOptions struct {
 	diskMiB      int64
 	concurrency  int
 	keep         bool
+	publicURL    string
+	allowPrivate bool
+	blobURL      string
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -73,6 +81,9 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
+	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
+	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
+	f.StringVar(&o.blobURL, "blob-store", envOr("SANDBOXD_BLOB_STORE", ""), "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
 	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
 	return cmd
 }
@@ -146,6 +157,43 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
+	authn := auth.NewAuthenticator(st)
+	if o.publicURL == "" {
+		o.publicURL = "http://" + o.listen
+	}
+	repos, err := repo.New(repo.Options{
+		Root:      filepath.Join(dataDir, "repos"),
+		LocalURLs: []string{o.publicURL, "http://sandboxd.internal"},
+		Access:    files.SubmoduleAccess{Auth: authn, Accounts: st},
+		Logger:    log.With("component", "repo"),
+	})
+	if err != nil {
+		return fmt.Errorf("open repositories: %w", err)
+	}
+	fileSvc, err := files.New(files.Options{
+		Repos:     repos,
+		Fetcher:   fetch.New(fetch.Options{AllowPrivate: o.allowPrivate, Logger: log.With("component", "fetch")}),
+		PublicURL: o.publicURL,
+		TempDir:   filepath.Join(dataDir, "tmp"),
+		Logger:    log.With("component", "files"),
+	})
+	if err != nil {
+		return fmt.Errorf("start file service: %w", err)
+	}
+
+	blobs, err := blob.Open(ctx, o.blobURL, dataDir)
+	if err != nil {
+		return fmt.Errorf("open blob store: %w", err)
+	}
+	persistence, err := persist.New(persist.Options{
+		Store: st, Blobs: blobs, Repos: repos, BaseDir: baseDir,
+		TempDir: filepath.Join(dataDir, "tmp"), TTL: o.snapshotTTL,
+		Logger: log.With("component", "persist"),
+	})
+	if err != nil {
+		return err
+	}
+
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
 		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
@@ -154,7 +202,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
 		},
-		Logger: log.With("component", "sandbox"),
+		Persist: persistence,
+		Logger:  log.With("component", "sandbox"),
 	})
 	mgr.RegisterWorkers(workers)
 	if err := mgr.Reconcile(ctx); err != nil {
@@ -165,12 +214,14 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := api.New(api.Options{
 		Store:       st,
-		Auth:        auth.NewAuthenticator(st),
+		Auth:        authn,
 		Logger:      log,
 		Registry:    reg,
 		Version:     version,
 		SnapshotTTL: o.snapshotTTL,
 		Sandboxes:   mgr,
+		Files:       fileSvc,
+		Mount:       map[string]http.Handler{repo.GitPathPrefix + "*": repos.GitHTTPHandler(authn)},
 	})
 	if err != nil {
 		return fmt.Errorf("build API: %w", err)

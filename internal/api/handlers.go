@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"path"
 	"strings"
@@ -344,18 +345,37 @@ func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
-	req, err := s.readUpload(w, r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	if s.opts.Files == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
-	}
 	// Uploads act for the key's own account only.
 	account := principal(r).AccountID
-	uploaded, failures, err := s.opts.Files.Upload(r.Context(), account, req)
+	var (
+		uploaded []UploadedFile
+		failures []string
+		err      error
+	)
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
+		if s.opts.Files == nil {
+			writeError(w, r, s.log, errNotAvailable)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxMultipartBytes)
+		uploaded, failures, err = s.opts.Files.UploadMultipart(r.Context(), account, r)
+	} else {
+		var o object
+		if o, err = readObject(w, r); err != nil {
+			writeError(w, r, s.log, err)
+			return
+		}
+		var req UploadFilesRequest
+		if req, err = parseUploadFiles(o); err != nil {
+			writeError(w, r, s.log, err)
+			return
+		}
+		if s.opts.Files == nil {
+			writeError(w, r, s.log, errNotAvailable)
+			return
+		}
+		uploaded, failures, err = s.opts.Files.Upload(r.Context(), account, req)
+	}
 	if err != nil {
 		writeError(w, r, s.log, serviceError(err, "Not found"))
 		return
@@ -367,15 +387,9 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
 }
 
-// readUpload accepts the JSON body of the contract (multipart uploads are
-// added with the file service).
-func (s *Server) readUpload(w http.ResponseWriter, r *http.Request) (UploadFilesRequest, error) {
-	o, err := readObject(w, r)
-	if err != nil {
-		return UploadFilesRequest{}, err
-	}
-	return parseUploadFiles(o)
-}
+// maxMultipartBytes bounds a multipart upload's body (1 GiB of files and
+// some room for the form's framing).
+const maxMultipartBytes = 1<<30 + 1<<20
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 	q, err := parseFileQuery(r.URL.Query())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -55,6 +56,9 @@ type FileService interface {
 	// Upload downloads files into the repository in one commit and reports
 	// per-file failures.
 	Upload(ctx context.Context, accountID string, req UploadFilesRequest) (uploaded []UploadedFile, failures []string, err error)
+	// UploadMultipart commits the file parts of a multipart/form-data
+	// request (parts named "file", fields "path" and "message").
+	UploadMultipart(ctx context.Context, accountID string, r *http.Request) (uploaded []UploadedFile, failures []string, err error)
 }
 
 // AgentService starts coding-agent runs (internal/jobs).

@@ -45,17 +45,29 @@ type Settings struct {
 }
 
 // Persistence carries a sandbox's work between sandboxes: the account's
-// snapshot layer to start from, and what happens after a run (commit, push,
-// snapshot). It is optional; without it sandboxes start fresh.
+// snapshot layer to start from, the workspace, and what happens after a run
+// (commit, push, snapshot). It is optional; without it sandboxes start
+// fresh and keep nothing.
 type Persistence interface {
+	// Env is added to the sandbox's environment (e.g. git's credentials).
+	Env(sb store.Sandbox) []string
+	// Prepare readies /workspace in a started sandbox; idempotent.
+	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error
 	// Layers opens the chain of layers of the account's current snapshot,
 	// bottom first, or returns no layers when the account has none. release
 	// closes what was opened.
 	Layers(ctx context.Context, accountID string) (layers []runtime.Layer, snapshotID string, release func(), err error)
-	// AfterRun persists the work of a run and returns the new snapshot id.
-	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (snapshotID string, err error)
+	// AfterRun persists the work of a run.
+	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (Saved, error)
 	// DeleteAccount removes the account's repository and snapshot blobs.
 	DeleteAccount(ctx context.Context, accountID string) error
+}
+
+// Saved is what AfterRun kept of a run's work.
+type Saved struct {
+	SnapshotID string // the snapshot now the account's
+	Branch     string // where the commit was pushed: main, or sandbox/<id> when main had moved
+	GitError   string // why commit or push failed, if they did (the snapshot still has the work)
 }
 
 // Config builds a Manager.
@@ -81,9 +93,17 @@ type Manager struct {
 	log *slog.Logger
 	now func() time.Time
 
-	// stopping dedups concurrent stops of one sandbox on this node.
+	// stopping dedups concurrent stops of one sandbox on this node;
+	// prepared remembers the workspace preparation of each sandbox.
 	mu       sync.Mutex
 	stopping map[string]chan struct{}
+	prepared map[string]*preparation
+}
+
+// preparation is the one preparation of a sandbox's workspace.
+type preparation struct {
+	done chan struct{}
+	err  error
 }
 
 var _ api.SandboxService = (*Manager)(nil)
@@ -106,6 +126,7 @@ func NewManager(cfg Config) *Manager {
 	return &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
 		stopping: map[string]chan struct{}{},
+		prepared: map[string]*preparation{},
 	}
 }
 
@@ -144,9 +165,12 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 	// From here on the row exists: finish what was started even if the
 	// caller goes away, so no row is left pending by a dropped request.
 	ctx = context.WithoutCancel(ctx)
-	if err := m.start(ctx, &sb); err != nil {
+	rsb, err := m.start(ctx, &sb)
+	if err != nil {
 		return sb, "", err
 	}
+	// The workspace is readied after the answer; runs and execs wait for it.
+	go func() { _ = m.prepare(ctx, sb, rsb) }()
 	command, args := req.Command, req.Args
 	if req.Prompt != "" {
 		// One argument, never through a shell: the prompt arrives as typed.
@@ -187,14 +211,14 @@ func (m *Manager) checkQuota(ctx context.Context, accountID string) error {
 
 // start places a pending sandbox on the runtime and marks it running, or
 // failed with the reason.
-func (m *Manager) start(ctx context.Context, sb *store.Sandbox) error {
-	fail := func(reason string, err error) error {
+func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox, error) {
+	fail := func(reason string, err error) (runtime.Sandbox, error) {
 		if _, terr := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxFailed, reason, m.now()); terr != nil {
 			m.log.Error("mark sandbox failed", "sandbox_id", sb.ID, "err", terr)
 		}
 		_ = m.st.RevokeSandboxKeys(ctx, sb.ID, m.now())
 		sb.Status, sb.FailureReason = store.SandboxFailed, reason
-		return fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
+		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
 	env, err := m.sandboxEnv(ctx, *sb)
 	if err != nil {
@@ -218,7 +242,35 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) error {
 	}
 	sb.Status, sb.UpdatedAt = store.SandboxRunning, m.now()
 	m.log.Info("sandbox running", "sandbox_id", sb.ID, "account_id", sb.AccountID, "runtime", rsb.Info().Backend, "snapshot_id", sb.SnapshotID)
-	return nil
+	return rsb, nil
+}
+
+// prepare readies the sandbox's workspace once; concurrent callers wait
+// for the first. After a restart it runs again (it is idempotent).
+func (m *Manager) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
+	if m.cfg.Persist == nil {
+		return nil
+	}
+	m.mu.Lock()
+	p, ok := m.prepared[sb.ID]
+	if !ok {
+		p = &preparation{done: make(chan struct{})}
+		m.prepared[sb.ID] = p
+	}
+	m.mu.Unlock()
+	if !ok {
+		p.err = m.cfg.Persist.Prepare(ctx, sb, rsb)
+		if p.err != nil {
+			m.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", p.err)
+		}
+		close(p.done)
+	}
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // createFromSnapshot starts the sandbox from the account's snapshot when it
@@ -234,6 +286,10 @@ func (m *Manager) createFromSnapshot(ctx context.Context, sb *store.Sandbox, spe
 			rsb, err := m.rt.Create(ctx, spec)
 			release()
 			if err == nil {
+				if err := m.st.SetSandboxSnapshot(ctx, sb.ID, snapID); err != nil {
+					_ = rsb.Destroy(ctx)
+					return nil, err
+				}
 				sb.SnapshotID = snapID
 				return rsb, nil
 			}
@@ -266,6 +322,9 @@ func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, e
 		if v != "" {
 			env = append(env, k+"="+v)
 		}
+	}
+	if m.cfg.Persist != nil {
+		env = append(env, m.cfg.Persist.Env(sb)...)
 	}
 	return env, nil
 }
@@ -330,6 +389,7 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecReques
 	if err != nil {
 		return 0, err
 	}
+	_ = m.prepare(ctx, sb, rsb) // a failure is logged; the command may not need the clone
 	env := make([]string, 0, len(req.Env))
 	for k, v := range req.Env {
 		env = append(env, k+"="+v)
@@ -412,6 +472,7 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 	defer func() {
 		m.mu.Lock()
 		delete(m.stopping, id)
+		delete(m.prepared, id)
 		m.mu.Unlock()
 		close(done)
 	}()

@@ -44,6 +44,8 @@ type runOutput struct {
 	Stderr     string `json:"stderr"`
 	SandboxID  string `json:"sandboxId"`
 	SnapshotID string `json:"snapshotId,omitempty"`
+	Branch     string `json:"branch,omitempty"`
+	GitError   string `json:"gitError,omitempty"`
 }
 
 type runCommandWorker struct {
@@ -106,6 +108,9 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 	defer logFile.Close()
 	stdout := &boundedBuffer{max: maxRunOutput}
 	stderr := &boundedBuffer{max: maxRunOutput}
+	if err := m.prepare(ctx, sb, rsb); err != nil {
+		fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: preparing /workspace failed: %v\n", err)
+	}
 	cwd := p.Cwd
 	if cwd == "" {
 		cwd = "/workspace"
@@ -144,12 +149,13 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 	}
 	out.ExitCode = res.ExitCode
 	if m.cfg.Persist != nil {
-		snapID, err := m.cfg.Persist.AfterRun(ctx, sb, rsb, run)
+		saved, err := m.cfg.Persist.AfterRun(ctx, sb, rsb, run)
+		out.Branch, out.GitError = saved.Branch, saved.GitError
 		if err != nil {
 			m.log.Error("persist run", "run_id", run.ID, "err", err)
 			return m.finishRun(ctx, run, store.RunFailed, &out, "the command finished but its work could not be saved: "+err.Error())
 		}
-		out.SnapshotID = snapID
+		out.SnapshotID = saved.SnapshotID
 	}
 	return m.finishRun(ctx, run, store.RunCompleted, &out, "")
 }

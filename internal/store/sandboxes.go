@@ -137,6 +137,20 @@ func (q *Queries) SetSandboxDeadline(ctx context.Context, id string, deadline ti
 	return nil
 }
 
+// SetSandboxSnapshot records the snapshot a sandbox started from ("" for
+// none). An unknown snapshot is ErrNotFound.
+func (q *Queries) SetSandboxSnapshot(ctx context.Context, id, snapshotID string) error {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET snapshot_id = ?, updated_at = ? WHERE id = ?",
+		nullString(snapshotID), toMillis(nowMS()), id)
+	if err != nil {
+		return fmt.Errorf("set snapshot of sandbox %s: %w", id, mapErr(err))
+	}
+	if n == 0 {
+		return fmt.Errorf("set snapshot of sandbox %s: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
 // ListExpiredSandboxes returns the pending or running sandboxes on nodeID (on
 // every node when nodeID is empty) whose deadline is at or before now,
 // earliest deadline first.

@@ -107,16 +107,30 @@ func (q *Queries) DeleteSnapshotsOf(ctx context.Context, accountID string) ([]Sn
 }
 
 // ListUnreferencedSnapshots returns the snapshots that are neither an
-// environment's snapshot nor another snapshot's parent, oldest first: the
-// candidates for garbage collection. DeleteSnapshot refuses any that became
-// referenced since.
+// environment's snapshot, nor another snapshot's parent, nor the starting
+// point of an active sandboxes (whose next snapshot will name it as parent),
+// oldest first: the candidates for garbage collection. DeleteSnapshot
+// refuses any that became an environment's or a parent since.
 func (q *Queries) ListUnreferencedSnapshots(ctx context.Context) ([]Snapshot, error) {
 	out, err := queryAll(ctx, q, scanSnapshot, `SELECT `+prefixCols("s", snapshotCols)+` FROM snapshots s
 		WHERE NOT EXISTS (SELECT 1 FROM environments e WHERE e.snapshot_id = s.id)
 		AND NOT EXISTS (SELECT 1 FROM snapshots c WHERE c.parent_id = s.id)
+		AND NOT EXISTS (SELECT 1 FROM sandboxes b WHERE b.snapshot_id = s.id
+			AND b.status IN ('pending', 'running', 'stopping'))
 		ORDER BY s.created_at, s.id`)
 	if err != nil {
 		return nil, fmt.Errorf("list unreferenced snapshots: %w", err)
 	}
 	return out, nil
+}
+
+// CountSnapshotsWithBlob returns how many snapshot rows name blobKey. Blobs
+// are content-addressed, so two snapshots (even of different accounts) may
+// share one; a blob may be deleted only when this is zero.
+func (q *Queries) CountSnapshotsWithBlob(ctx context.Context, blobKey string) (int, error) {
+	var n int
+	if err := q.queryRow(ctx, "SELECT COUNT(*) FROM snapshots WHERE blob_key = ?", blobKey).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count snapshots of blob %s: %w", blobKey, err)
+	}
+	return n, nil
 }

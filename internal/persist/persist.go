@@ -1,0 +1,433 @@
+// Package persist carries a sandbox's work from one sandbox to the next: it
+// prepares /workspace as a clone of the account's repository, and after a
+// run commits and pushes what changed and captures the sandbox's writable
+// layer as a snapshot in blob storage, which becomes the account's snapshot
+// that new sandboxes start from.
+//
+// Snapshots form chains: a sandbox restored from snapshot P captures only
+// its own writable layer, recorded with parent P. Past MaxDepth the chain is
+// flattened into one layer, so restores stay quick. Snapshots that nothing
+// refers to any more (no environment, no child, no active sandbox) are
+// deleted with their blobs, unless another snapshot shares the blob.
+//
+// Git inside the sandbox authenticates to http://sandboxd.internal with the
+// sandbox's own key through a credential helper given in the environment
+// (see GitEnv), so no secret is ever written to the repository or to a
+// snapshot.
+package persist
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/snapshot"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// HomeURL is the server as sandboxes reach it.
+const HomeURL = "http://sandboxd.internal"
+
+// Options configure a Service.
+type Options struct {
+	Store *store.Store
+	Blobs blob.Store
+	Repos *repo.Manager
+	// BaseDir is the base root filesystem, needed to flatten chains.
+	BaseDir string
+	// TempDir holds scratch space for flattening.
+	TempDir string
+	// MaxDepth is the longest chain of layers kept (default 8).
+	MaxDepth int
+	// TTL is how long the account's snapshot stays valid (default 7 days).
+	TTL    time.Duration
+	Logger *slog.Logger
+}
+
+// Service implements sandbox.Persistence.
+type Service struct {
+	opts Options
+	st   *store.Store
+	log  *slog.Logger
+}
+
+var _ sandbox.Persistence = (*Service)(nil)
+
+// New returns a Service.
+func New(opts Options) (*Service, error) {
+	if opts.Store == nil || opts.Blobs == nil || opts.Repos == nil {
+		return nil, errors.New("persist: store, blobs and repos are required")
+	}
+	if opts.MaxDepth <= 0 {
+		opts.MaxDepth = 8
+	}
+	if opts.TTL <= 0 {
+		opts.TTL = 7 * 24 * time.Hour
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.TempDir == "" {
+		opts.TempDir = os.TempDir()
+	}
+	return &Service{opts: opts, st: opts.Store, log: opts.Logger}, nil
+}
+
+// GitEnv is the environment that makes git inside a sandbox authenticate to
+// sandboxd with the sandbox's key (read from RECOUP_API_KEY when git runs)
+// and sign commits as the sandbox.
+func GitEnv(sandboxID string) []string {
+	cfg := [][2]string{
+		{"credential." + HomeURL + ".helper", `!f() { test "$1" = get && echo username=sandbox && echo "password=$RECOUP_API_KEY"; }; f`},
+		{"user.name", "sandboxd"},
+		{"user.email", sandboxID + "@sandboxd.internal"},
+		{"init.defaultBranch", "main"},
+		{"safe.directory", "*"},
+	}
+	env := []string{fmt.Sprintf("GIT_CONFIG_COUNT=%d", len(cfg))}
+	for i, kv := range cfg {
+		env = append(env, fmt.Sprintf("GIT_CONFIG_KEY_%d=%s", i, kv[0]), fmt.Sprintf("GIT_CONFIG_VALUE_%d=%s", i, kv[1]))
+	}
+	return env
+}
+
+// Env implements sandbox.Persistence.
+func (s *Service) Env(sb store.Sandbox) []string { return GitEnv(sb.ID) }
+
+// RepoURL is the account's repository as sandboxes reach it.
+func RepoURL(accountID string) string {
+	return HomeURL + repo.GitPathPrefix + accountID + ".git"
+}
+
+// prepareScript makes /workspace a clone of the account's repository: a
+// fresh sandbox clones; one restored from a snapshot fetches and
+// fast-forwards. It is idempotent and leaves diverged work alone.
+const prepareScript = `set -e
+if ! command -v git >/dev/null 2>&1; then echo "sandboxd: git is not installed; /workspace is not a clone" >&2; exit 0; fi
+mkdir -p /workspace
+cd /workspace
+if [ ! -d .git ]; then
+  git init -q -b main .
+  git remote add origin "$1"
+fi
+git fetch -q origin
+if git rev-parse -q --verify refs/remotes/origin/main >/dev/null; then
+  if git rev-parse -q --verify HEAD >/dev/null; then
+    git merge -q --ff-only origin/main || echo "sandboxd: /workspace has diverged from main; left as it is" >&2
+  else
+    git checkout -q -B main origin/main
+  fi
+  git branch -q --set-upstream-to=origin/main main 2>/dev/null || true
+fi
+`
+
+// Prepare implements sandbox.Persistence.
+func (s *Service) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
+	if _, err := s.opts.Repos.Ensure(ctx, sb.AccountID); err != nil {
+		return fmt.Errorf("ensure repository of %s: %w", sb.AccountID, err)
+	}
+	if _, err := runScript(ctx, rsb, prepareScript, RepoURL(sb.AccountID)); err != nil {
+		return fmt.Errorf("prepare /workspace of %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// saveScript commits everything in /workspace and pushes it to main, or to
+// sandbox/<id> when main moved on meanwhile, so work is never lost. It
+// prints "pushed <branch>".
+const saveScript = `set -e
+command -v git >/dev/null 2>&1 || exit 0
+cd /workspace 2>/dev/null || exit 0
+[ -d .git ] || exit 0
+git add -A
+git diff --cached --quiet || git commit -q -m "$1"
+git rev-parse -q --verify HEAD >/dev/null || exit 0
+if git push -q origin HEAD:refs/heads/main 2>/dev/null; then
+  echo "pushed main"
+else
+  git push -q -f origin "HEAD:refs/heads/sandbox/$2"
+  echo "pushed sandbox/$2"
+fi
+`
+
+// AfterRun implements sandbox.Persistence.
+func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (sandbox.Saved, error) {
+	var saved sandbox.Saved
+	out, err := runScript(ctx, rsb, saveScript, "sandboxd: run "+run.ID, sb.ID)
+	if err != nil {
+		// The snapshot still keeps the work; say what went wrong.
+		saved.GitError = err.Error()
+		s.log.Warn("commit and push of run", "run_id", run.ID, "err", err)
+	}
+	if b, ok := strings.CutPrefix(strings.TrimSpace(out), "pushed "); ok {
+		saved.Branch = b
+	}
+	snap, err := s.Capture(ctx, sb, rsb)
+	if err != nil {
+		return saved, err
+	}
+	saved.SnapshotID = snap.ID
+	return saved, nil
+}
+
+// runScript runs a shell script in the sandbox with args as $1, $2, ...
+func runScript(ctx context.Context, rsb runtime.Sandbox, script string, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	res, err := rsb.Exec(ctx, runtime.ExecRequest{
+		Cmd:    append([]string{"/bin/sh", "-c", script, "sandboxd"}, args...),
+		Cwd:    "/",
+		Stdout: &stdout, Stderr: &stderr,
+		Timeout: 5 * time.Minute,
+	})
+	if err != nil {
+		return stdout.String(), err
+	}
+	if res.ExitCode != 0 {
+		return stdout.String(), fmt.Errorf("exit status %d: %s", res.ExitCode, strings.TrimSpace(lastLines(stderr.String(), 5)))
+	}
+	return stdout.String(), nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Capture snapshots the sandbox's writable layer, records it (flattening a
+// chain grown past MaxDepth) and makes it the account's snapshot.
+func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (store.Snapshot, error) {
+	var parent *store.Snapshot
+	if sb.SnapshotID != "" {
+		p, err := s.st.GetSnapshot(ctx, sb.SnapshotID)
+		if err != nil {
+			return store.Snapshot{}, fmt.Errorf("load parent snapshot: %w", err)
+		}
+		parent = &p
+	}
+	pr, pw := io.Pipe()
+	manifest := make(chan snapshot.Manifest, 1)
+	go func() {
+		m, err := rsb.Snapshot(ctx, pw)
+		manifest <- m
+		pw.CloseWithError(err)
+	}()
+	info, err := s.opts.Blobs.Put(ctx, pr)
+	pr.CloseWithError(err)
+	m := <-manifest
+	if err != nil {
+		return store.Snapshot{}, fmt.Errorf("store snapshot of %s: %w", sb.ID, err)
+	}
+	snap := store.Snapshot{
+		ID: newSnapshotID(), AccountID: sb.AccountID, BaseImage: m.BaseImage,
+		BlobKey: info.Key, Size: info.Size, Depth: 1, SandboxID: sb.ID,
+	}
+	if parent != nil {
+		snap.ParentID, snap.Depth = parent.ID, parent.Depth+1
+	}
+	if snap.Depth > s.opts.MaxDepth {
+		flat, err := s.flatten(ctx, snap, parent)
+		if err != nil {
+			return store.Snapshot{}, err
+		}
+		snap = flat
+	}
+	if err := s.st.CreateSnapshot(ctx, &snap); err != nil {
+		return store.Snapshot{}, fmt.Errorf("record snapshot: %w", err)
+	}
+	if err := s.setEnvironment(ctx, sb.AccountID, snap.ID); err != nil {
+		return store.Snapshot{}, err
+	}
+	s.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot_id", snap.ID, "bytes", snap.Size, "depth", snap.Depth, "files", m.Entries)
+	s.collect(ctx)
+	return snap, nil
+}
+
+// flatten merges snap's chain (parent's chain plus snap's own layer) into
+// one layer with no parent.
+func (s *Service) flatten(ctx context.Context, snap store.Snapshot, parent *store.Snapshot) (store.Snapshot, error) {
+	chain, err := s.chain(ctx, parent)
+	if err != nil {
+		return snap, err
+	}
+	keys := append(chainKeys(chain), snap.BlobKey)
+	readers := make([]io.Reader, 0, len(keys))
+	for _, k := range keys {
+		rc, err := s.opts.Blobs.Get(ctx, k)
+		if err != nil {
+			closeAll(readers)
+			return snap, fmt.Errorf("open layer %s: %w", k, err)
+		}
+		readers = append(readers, rc)
+	}
+	defer closeAll(readers)
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := snapshot.Flatten(ctx, pw, readers, s.opts.BaseDir, s.opts.TempDir, snapshot.Manifest{BaseImage: snap.BaseImage})
+		pw.CloseWithError(err)
+	}()
+	info, err := s.opts.Blobs.Put(ctx, pr)
+	pr.CloseWithError(err)
+	if err != nil {
+		return snap, fmt.Errorf("flatten %d layers: %w", len(keys), err)
+	}
+	s.log.Info("flattened snapshot chain", "layers", len(keys), "bytes", info.Size)
+	snap.BlobKey, snap.Size, snap.ParentID, snap.Depth = info.Key, info.Size, "", 1
+	return snap, nil
+}
+
+func closeAll(rs []io.Reader) {
+	for _, r := range rs {
+		if c, ok := r.(io.Closer); ok {
+			c.Close()
+		}
+	}
+}
+
+// chain returns the snapshots from the bottom of the chain up to top.
+func (s *Service) chain(ctx context.Context, top *store.Snapshot) ([]store.Snapshot, error) {
+	var rev []store.Snapshot
+	for cur := top; cur != nil; {
+		rev = append(rev, *cur)
+		if cur.ParentID == "" {
+			break
+		}
+		if len(rev) > 4*s.opts.MaxDepth+16 {
+			return nil, fmt.Errorf("snapshot chain of %s is too long", top.ID)
+		}
+		p, err := s.st.GetSnapshot(ctx, cur.ParentID)
+		if err != nil {
+			return nil, fmt.Errorf("load snapshot chain: %w", err)
+		}
+		cur = &p
+	}
+	out := make([]store.Snapshot, len(rev))
+	for i, sn := range rev {
+		out[len(rev)-1-i] = sn
+	}
+	return out, nil
+}
+
+func chainKeys(chain []store.Snapshot) []string {
+	keys := make([]string, len(chain))
+	for i, sn := range chain {
+		keys[i] = sn.BlobKey
+	}
+	return keys
+}
+
+// setEnvironment makes snapshotID the account's snapshot for TTL more.
+func (s *Service) setEnvironment(ctx context.Context, accountID, snapshotID string) error {
+	now := time.Now()
+	env, err := s.st.GetEnvironment(ctx, accountID)
+	if errors.Is(err, store.ErrNotFound) {
+		env = store.Environment{AccountID: accountID, CreatedAt: now}
+	} else if err != nil {
+		return fmt.Errorf("load environment of %s: %w", accountID, err)
+	}
+	env.SnapshotID = &snapshotID
+	env.ExpiresAt = now.Add(s.opts.TTL)
+	env.UpdatedAt = now
+	if err := s.st.UpsertEnvironment(ctx, &env); err != nil {
+		return fmt.Errorf("save environment of %s: %w", accountID, err)
+	}
+	return nil
+}
+
+// Layers implements sandbox.Persistence.
+func (s *Service) Layers(ctx context.Context, accountID string) ([]runtime.Layer, string, func(), error) {
+	noop := func() {}
+	env, err := s.st.GetEnvironment(ctx, accountID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (env.SnapshotID == nil || !env.ExpiresAt.After(time.Now()))) {
+		return nil, "", noop, nil
+	}
+	if err != nil {
+		return nil, "", noop, fmt.Errorf("load environment of %s: %w", accountID, err)
+	}
+	top, err := s.st.GetSnapshot(ctx, *env.SnapshotID)
+	if err != nil {
+		return nil, "", noop, fmt.Errorf("load snapshot %s: %w", *env.SnapshotID, err)
+	}
+	chain, err := s.chain(ctx, &top)
+	if err != nil {
+		return nil, "", noop, err
+	}
+	var opened []io.Reader
+	release := func() { closeAll(opened) }
+	layers := make([]runtime.Layer, 0, len(chain))
+	for _, sn := range chain {
+		rc, err := s.opts.Blobs.Get(ctx, sn.BlobKey)
+		if err != nil {
+			release()
+			return nil, "", noop, fmt.Errorf("open layer of snapshot %s: %w", sn.ID, err)
+		}
+		opened = append(opened, rc)
+		layers = append(layers, runtime.Layer{ID: "sha256:" + sn.BlobKey, R: rc})
+	}
+	return layers, top.ID, release, nil
+}
+
+// DeleteAccount implements sandbox.Persistence: the repository goes, and
+// the snapshot rows and their blobs (unless shared).
+func (s *Service) DeleteAccount(ctx context.Context, accountID string) error {
+	snaps, err := s.st.DeleteSnapshotsOf(ctx, accountID)
+	if err != nil {
+		return fmt.Errorf("delete snapshots of %s: %w", accountID, err)
+	}
+	for _, sn := range snaps {
+		if err := s.deleteBlobIfUnused(ctx, sn.BlobKey); err != nil {
+			return err
+		}
+	}
+	if err := s.opts.Repos.Delete(ctx, accountID); err != nil && !errors.Is(err, repo.ErrNoRepository) {
+		return fmt.Errorf("delete repository of %s: %w", accountID, err)
+	}
+	return nil
+}
+
+func (s *Service) deleteBlobIfUnused(ctx context.Context, key string) error {
+	n, err := s.st.CountSnapshotsWithBlob(ctx, key)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if err := s.opts.Blobs.Delete(ctx, key); err != nil {
+		return fmt.Errorf("delete blob %s: %w", key, err)
+	}
+	return nil
+}
+
+// collect deletes snapshots nothing refers to any more. It is best effort:
+// what fails now is collected next time.
+func (s *Service) collect(ctx context.Context) {
+	snaps, err := s.st.ListUnreferencedSnapshots(ctx)
+	if err != nil {
+		s.log.Warn("list unreferenced snapshots", "err", err)
+		return
+	}
+	for _, sn := range snaps {
+		if time.Since(sn.CreatedAt) < time.Minute {
+			continue // may be about to be referenced by a run in flight
+		}
+		if err := s.st.DeleteSnapshot(ctx, sn.ID); err != nil {
+			continue
+		}
+		if err := s.deleteBlobIfUnused(ctx, sn.BlobKey); err != nil {
+			s.log.Warn("delete snapshot blob", "snapshot_id", sn.ID, "err", err)
+		}
+	}
+}
