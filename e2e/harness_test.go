@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,10 @@ func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}}
 	addr := freeAddr(t)
 	s.base = "http://" + addr
-	args := append([]string{"serve", "--listen", addr, "--rootfs", rootfs, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false"}, s.globalFlags()...)
+	args := append([]string{"serve", "--listen", addr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false"}, s.globalFlags()...)
+	if !slices.Contains(extra, "--template") {
+		args = append(args, "--rootfs", rootfs)
+	}
 	args = append(args, extra...)
 	s.cmd = exec.Command(binary, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
