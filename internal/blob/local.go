@@ -17,6 +17,8 @@ import (
 // place, so a crash never leaves a partial file under a valid key; the
 // rename is atomic, so concurrent Puts of the same content are safe (the
 // last rename wins, with identical bytes).
+var _ Store = (*Local)(nil)
+
 type Local struct {
 	dir string
 }

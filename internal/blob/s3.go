@@ -50,6 +50,8 @@ const uploadThreads = 4
 // uploaded at all, nothing is ever copied server-side, and no temporary
 // objects can be left behind. The price is local disk for the blobs being
 // put.
+var _ Store = (*S3)(nil)
+
 type S3 struct {
 	client   *minio.Client
 	bucket   string
