@@ -17,11 +17,11 @@ import (
 // place, so a crash never leaves a partial file under a valid key; the
 // rename is atomic, so concurrent Puts of the same content are safe (the
 // last rename wins, with identical bytes).
-var _ Store = (*Local)(nil)
-
 type Local struct {
 	dir string
 }
+
+var _ Store = (*Local)(nil)
 
 // NewLocal opens the blob directory dir, creating it if needed, and removes
 // temp files that crashed Puts left behind.

@@ -50,14 +50,14 @@ const uploadThreads = 4
 // uploaded at all, nothing is ever copied server-side, and no temporary
 // objects can be left behind. The price is local disk for the blobs being
 // put.
-var _ Store = (*S3)(nil)
-
 type S3 struct {
 	client   *minio.Client
 	bucket   string
 	prefix   string
 	spoolDir string
 }
+
+var _ Store = (*S3)(nil)
 
 // NewS3 connects to an S3-compatible store and creates the bucket when it
 // does not exist.
