@@ -15,8 +15,10 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
+# sandbox-agent runs inside sandboxes: static, next to sandboxd.
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandboxd ./cmd/sandboxd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandbox-agent ./cmd/sandbox-agent
 
 # Install what is missing, then serve on embedded defaults (SQLite and local
 # disk under ./data) at http://127.0.0.1:8080.
@@ -27,7 +29,8 @@ run: deps build
 # PostgreSQL, real sandboxes), end-to-end tests against a real server, and a
 # short fuzzing pass over the request decoders.
 test: deps
-	SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 $(GO) test -count=1 -timeout 40m ./...
+	@scripts/install-test-tools.sh
+	SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 SANDBOXD_REQUIRE_S3=1 $(GO) test -count=1 -timeout 60m ./...
 	$(MAKE) fuzz
 
 unit:
