@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -144,7 +145,7 @@ func (b *debootstrapBuilder) debootstrap(ctx context.Context, req buildRequest, 
 	}
 	tr := &debootstrapTracker{expected: req.ExpectedPackages}
 	argv := []string{tool, "--variant=" + t.Variant, "--components=main", "--include=ca-certificates", t.Suite, req.Rootfs, req.Mirrors.Main}
-	err = b.run(ctx, "debootstrap", argv, append(os.Environ(), "LC_ALL=C"), true, func(line string) {
+	err = b.run(ctx, "debootstrap", argv, append(os.Environ(), "LC_ALL=C"), true, nil, func(line string) {
 		if ev, ok := tr.feed(line); ok {
 			ev.Percent = lo + (hi-lo)*ev.Percent/100
 			req.Report(ev)
@@ -184,7 +185,10 @@ func (b *debootstrapBuilder) aptInstall(ctx context.Context, req buildRequest, l
 		return fmt.Errorf("configure apt: %w", err)
 	}
 
-	opts := []string{"-o", "APT::Status-Fd=1", "-o", "Dpkg::Use-Pty=0"}
+	// Status lines go to their own descriptor: with APT::Status-Fd=1,
+	// maintainer scripts run by dpkg triggers fail writing to stdout
+	// (update-ca-certificates: "echo: I/O error").
+	opts := []string{"-o", fmt.Sprintf("APT::Status-Fd=%d", statusFD), "-o", "Dpkg::Use-Pty=0"}
 	if _, err := os.Stat(filepath.Join(req.Rootfs, buildScratch, "ca.pem")); err == nil {
 		opts = append(opts, "-o", "Acquire::https::CaInfo="+path.Join(buildScratch, "ca.pem"))
 	}
@@ -205,7 +209,7 @@ func (b *debootstrapBuilder) aptInstall(ctx context.Context, req buildRequest, l
 		stage := strings.TrimPrefix(r.what, "apt-get ")
 		req.Report(Event{Stage: stage, Percent: rlo})
 		var tr aptTracker
-		err := b.chroot(ctx, req.Rootfs, r.what, r.argv, nil, func(line string) {
+		err := b.chrootStatus(ctx, req.Rootfs, r.what, r.argv, func(line string) {
 			if ev, ok := tr.feed(line); ok {
 				ev.Percent = rlo + (rhi-rlo)*ev.Percent/100
 				if stage != "install" {
@@ -231,7 +235,7 @@ func (b *debootstrapBuilder) copyParent(ctx context.Context, req buildRequest, l
 		return err
 	}
 	argv := []string{cp, "-a", "--reflink=auto", req.Parent.Rootfs + "/.", req.Rootfs + "/"}
-	return b.run(ctx, "copy "+req.Parent.ID, argv, os.Environ(), false, nil)
+	return b.run(ctx, "copy "+req.Parent.ID, argv, os.Environ(), false, nil, nil)
 }
 
 // buildEnv is the environment of commands run inside the root filesystem:
@@ -440,6 +444,16 @@ func replaceFile(root *os.Root, name string, data []byte, perm fs.FileMode) erro
 
 // chroot runs argv inside rootfs with the build environment plus env.
 func (b *debootstrapBuilder) chroot(ctx context.Context, rootfs, what string, argv, env []string, onLine func(string)) error {
+	return b.chrootWith(ctx, rootfs, what, argv, env, nil, onLine)
+}
+
+// chrootStatus is chroot for commands that write machine-readable status
+// lines to file descriptor statusFD; each such line goes to onStatus.
+func (b *debootstrapBuilder) chrootStatus(ctx context.Context, rootfs, what string, argv []string, onStatus func(string)) error {
+	return b.chrootWith(ctx, rootfs, what, argv, nil, onStatus, nil)
+}
+
+func (b *debootstrapBuilder) chrootWith(ctx context.Context, rootfs, what string, argv, env []string, onStatus, onLine func(string)) error {
 	sh, err := lookTool("sh")
 	if err != nil {
 		return err
@@ -447,16 +461,21 @@ func (b *debootstrapBuilder) chroot(ctx context.Context, rootfs, what string, ar
 	full := append([]string{sh, "-c", chrootScript, "sandboxd-chroot", rootfs}, argv...)
 	// The script itself runs on the host with the build environment; its
 	// PATH has the sbin directories where mount and chroot live.
-	return b.run(ctx, what, full, buildEnv(rootfs, env), true, onLine)
+	return b.run(ctx, what, full, buildEnv(rootfs, env), true, onStatus, onLine)
 }
 
+// statusFD is the file descriptor on which commands run with an onStatus
+// callback find the write end of the status pipe.
+const statusFD = 3
+
 // run starts argv and waits for it, passing each line of its combined output
-// to onLine. With privateMounts it runs in a new mount namespace, so mounts
+// to onLine and, if onStatus is set, each line it writes to statusFD to
+// onStatus. With privateMounts it runs in a new mount namespace, so mounts
 // it makes die with it. It runs in its own process group, killed as a whole
 // when ctx ends and after the command exits, so no stray child keeps running
 // (or keeps the namespace and its mounts alive). The error carries the end
 // of the output.
-func (b *debootstrapBuilder) run(ctx context.Context, what string, argv, env []string, privateMounts bool, onLine func(string)) error {
+func (b *debootstrapBuilder) run(ctx context.Context, what string, argv, env []string, privateMounts bool, onStatus, onLine func(string)) error {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -475,12 +494,45 @@ func (b *debootstrapBuilder) run(ctx context.Context, what string, argv, env []s
 	}}
 	cmd.Stdout = lw
 	cmd.Stderr = lw
+
+	var statusR, statusW *os.File
+	if onStatus != nil {
+		var err error
+		if statusR, statusW, err = os.Pipe(); err != nil {
+			return fmt.Errorf("%s: status pipe: %w", what, err)
+		}
+		defer statusR.Close()
+		cmd.ExtraFiles = []*os.File{statusW} // descriptor 3 == statusFD
+	}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	err := cmd.Start()
+	if statusW != nil {
+		statusW.Close() // the child has its copy
+	}
+	if err != nil {
 		return fmt.Errorf("%s: start %s: %w", what, argv[0], err)
 	}
-	err := cmd.Wait()
+	statusDone := make(chan struct{})
+	if statusR != nil {
+		go func() {
+			defer close(statusDone)
+			sw := &lineWriter{fn: onStatus}
+			_, _ = io.Copy(sw, statusR)
+			sw.flush()
+		}()
+	} else {
+		close(statusDone)
+	}
+	err = cmd.Wait()
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-statusDone:
+	case <-time.After(10 * time.Second):
+		// Something outside the process group kept the pipe open;
+		// closing our end ends the copy.
+		statusR.Close()
+		<-statusDone
+	}
 	lw.flush()
 	b.logger.Debug("image build command finished", "what", what, "elapsed", time.Since(start).Round(time.Millisecond), "err", err)
 	if ctx.Err() != nil {

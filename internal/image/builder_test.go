@@ -3,6 +3,7 @@ package image
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -301,5 +302,24 @@ func TestLineWriter(t *testing.T) {
 	want := []string{"I: Retrieving a 1", "I: Validating a 1", "progress 50%", "progress 100%", "last"}
 	if !slices.Equal(got, want) {
 		t.Errorf("lines = %q, want %q", got, want)
+	}
+}
+
+func TestChrootStatusFD(t *testing.T) {
+	root := busyboxRootfs(t)
+	b := newDebootstrapBuilder(slog.New(slog.DiscardHandler))
+	var status []string
+	script := fmt.Sprintf("echo on stdout; echo pmstatus:x:50:Unpacking x >&%d; echo on stderr >&2; echo dlstatus:1:10:Retrieving file 1 of 2 >&%d", statusFD, statusFD)
+	if err := b.chrootStatus(context.Background(), root, "status", []string{"sh", "-c", script}, func(l string) { status = append(status, l) }); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"pmstatus:x:50:Unpacking x", "dlstatus:1:10:Retrieving file 1 of 2"}
+	if !slices.Equal(status, want) {
+		t.Errorf("status lines = %q, want %q", status, want)
+	}
+	// Without a status callback there is no descriptor 3.
+	err := b.chroot(context.Background(), root, "no status", []string{"sh", "-c", "echo x >&3"}, nil, nil)
+	if err == nil {
+		t.Error("writing to descriptor 3 without a status pipe succeeded")
 	}
 }
