@@ -391,6 +391,10 @@ func (f *fileReader) Close() error {
 	return nil
 }
 
+// killGrace is how long Exec waits for the agent to report a killed process
+// after its context ended.
+const killGrace = 5 * time.Second
+
 // ExecIO connects a process's standard streams. Nil Stdin means /dev/null;
 // nil Stdout or Stderr discard. Resize, when not nil, delivers TTY window
 // sizes; Signal delivers signals for the process's session.
@@ -450,6 +454,13 @@ func (c *Client) Exec(ctx context.Context, spec ExecSpec, pio ExecIO) (Exit, err
 				return
 			case <-ctx.Done():
 				_ = send(FrameSignal, Signal{Signal: int(syscall.SIGKILL)})
+				// An agent that cannot answer (a frozen sandbox) must not
+				// hold the caller: give up on the stream after a grace.
+				select {
+				case <-finished:
+				case <-time.After(killGrace):
+					_ = st.SetDeadline(time.Now())
+				}
 				return
 			case r, ok := <-pio.Resize:
 				if !ok {

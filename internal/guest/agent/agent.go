@@ -251,20 +251,44 @@ func (a *Agent) serveStream(st *yamux.Stream) {
 }
 
 // frameWriter serializes frames from several goroutines onto one stream.
+// Once sealed it drops everything but the final frame.
 type frameWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu     sync.Mutex
+	w      io.Writer
+	sealed bool
 }
+
+var errSealed = errors.New("stream sealed")
 
 func (f *frameWriter) frame(t guest.FrameType, b []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.sealed {
+		return errSealed
+	}
 	return guest.WriteFrame(f.w, t, b)
 }
 
 func (f *frameWriter) json(t guest.FrameType, v any) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.sealed {
+		return errSealed
+	}
+	return guest.WriteJSON(f.w, t, v)
+}
+
+func (f *frameWriter) seal() {
+	f.mu.Lock()
+	f.sealed = true
+	f.mu.Unlock()
+}
+
+// final seals the stream and writes its last frame.
+func (f *frameWriter) final(t guest.FrameType, v any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sealed = true
 	return guest.WriteJSON(f.w, t, v)
 }
 

@@ -389,6 +389,7 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 		return
 	}
 	if spec.TTY {
+		ptyFile = pollable(ptyFile)
 		readers = []*os.File{ptyFile}
 		if spec.Stdin {
 			stdinW = ptyFile
@@ -451,7 +452,7 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 			case guest.FrameResize:
 				var rz guest.Resize
 				if json.Unmarshal(payload, &rz) == nil && ptyFile != nil {
-					_ = pty.Setsize(ptyFile, &pty.Winsize{Rows: rz.Rows, Cols: rz.Cols})
+					setWinsize(ptyFile, rz.Rows, rz.Cols)
 				}
 			case guest.FrameSignal:
 				var sg guest.Signal
@@ -500,7 +501,15 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 		for _, r := range readers {
 			_ = r.SetReadDeadline(time.Now())
 		}
-		<-outDone
+		select {
+		case <-outDone:
+		case <-time.After(outputGrace):
+			// A reader the poller cannot interrupt (a terminal some
+			// kernels cannot poll) stays blocked; seal the stream so its
+			// late output never follows the exit frame.
+			w.seal()
+			a.log.Warn("output reader still blocked after exit", "pid", sid)
+		}
 	}
 	closeAll(readers)
 	if stdinW != nil && stdinW != ptyFile {
@@ -512,7 +521,47 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 		exit.Signal = int(ws.Signal())
 		exit.Code = 128 + exit.Signal
 	}
-	_ = w.json(guest.FrameExit, exit)
+	_ = w.final(guest.FrameExit, exit)
+}
+
+// pollable returns f (a pty master) as a non-blocking file registered with
+// Go's poller, so reads honour deadlines. creack/pty opens it blocking, and
+// gVisor's terminal then never reports EOF once the child is gone: without
+// a deadline the output reader would hang. If the fd cannot be made
+// non-blocking f is returned as it was.
+func pollable(f *os.File) *os.File {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return f
+	}
+	nfd := -1
+	_ = rc.Control(func(fd uintptr) {
+		if d, err := unix.Dup(int(fd)); err == nil {
+			nfd = d
+		}
+	})
+	if nfd < 0 {
+		return f
+	}
+	unix.CloseOnExec(nfd)
+	if err := unix.SetNonblock(nfd, true); err != nil {
+		unix.Close(nfd)
+		return f
+	}
+	f.Close()
+	return os.NewFile(uintptr(nfd), "ptmx")
+}
+
+// setWinsize resizes a terminal without os.File.Fd, which would put the
+// file back into blocking mode.
+func setWinsize(f *os.File, rows, cols uint16) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	})
 }
 
 // errIsDir is the error for reading a directory as a file.

@@ -50,59 +50,46 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// leaks lists what is left on the host of a destroyed sandbox: mounts under
-// the state dir, sandbox directories, runsc containers, cgroups and
-// processes that mention the state dir.
-func leaks(t *testing.T, stateDir, id string) []string {
-	var out []string
-	if _, err := os.Lstat(filepath.Join(stateDir, "ids", id)); err == nil {
-		out = append(out, "id link")
+// leaks finds the sandbox's container id before it is destroyed and then
+// lists what is left of it on the host: its directory, mounts, runsc
+// container, cgroups and processes.
+func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
+	target, err := os.Readlink(filepath.Join(stateDir, "ids", sb.ID()))
+	if err != nil {
+		t.Fatalf("find container of %s: %v", sb.ID(), err)
 	}
-	live := map[string]bool{}
-	ents, _ := os.ReadDir(filepath.Join(stateDir, "sandboxes"))
-	for _, e := range ents {
-		live[e.Name()] = true
-	}
-	for _, m := range gvisor.MountsUnder(stateDir) {
-		cid := strings.SplitN(strings.TrimPrefix(m, filepath.Join(stateDir, "sandboxes")+"/"), "/", 2)[0]
-		if !live[cid] {
+	cid := filepath.Base(target)
+	return func() []string {
+		var out []string
+		dir := filepath.Join(stateDir, "sandboxes", cid)
+		if _, err := os.Lstat(filepath.Join(stateDir, "ids", sb.ID())); err == nil {
+			out = append(out, "id link")
+		}
+		if _, err := os.Stat(dir); err == nil {
+			out = append(out, "directory "+dir)
+		}
+		for _, m := range gvisor.MountsUnder(dir) {
 			out = append(out, "mount "+m)
 		}
-	}
-	cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/sbx-*")
-	for _, d := range cg {
-		if !live[filepath.Base(d)] {
+		cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/" + cid)
+		for _, d := range cg {
 			out = append(out, "cgroup "+d)
 		}
-	}
-	list, err := exec.Command("runsc", "--root", filepath.Join(stateDir, "runsc"), "list", "-quiet").Output()
-	if err != nil {
-		t.Errorf("runsc list: %v", err)
-	}
-	for _, cid := range strings.Fields(string(list)) {
-		if !live[cid] {
-			out = append(out, "runsc container "+cid)
-		}
-	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
+		list, err := exec.Command("runsc", "--root", filepath.Join(stateDir, "runsc"), "list", "-quiet").Output()
 		if err != nil {
-			continue
+			t.Errorf("runsc list: %v", err)
 		}
-		cmd := strings.ReplaceAll(string(b), "\x00", " ")
-		if !strings.Contains(cmd, stateDir) {
-			continue
-		}
-		keep := false
-		for cid := range live {
-			if strings.Contains(cmd, cid) {
-				keep = true
+		for _, c := range strings.Fields(string(list)) {
+			if c == cid {
+				out = append(out, "runsc container "+c)
 			}
 		}
-		if !keep {
-			out = append(out, "process "+cmd)
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), cid) {
+				out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
+			}
 		}
+		return out
 	}
-	return out
 }

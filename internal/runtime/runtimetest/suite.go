@@ -28,10 +28,11 @@ type Harness struct {
 	// New returns a Runtime keeping its state in stateDir. Called again with
 	// the same stateDir after Close, it must find the sandboxes (a restart).
 	New func(t *testing.T, stateDir string) runtime.Runtime
-	// Leaks lists what the backend holds on the host for the sandbox with
-	// that id after it was destroyed (mounts, cgroups, processes, state);
-	// the suite fails if the list is not empty. Nil skips the check.
-	Leaks func(t *testing.T, stateDir, id string) []string
+	// Leaks is called before a sandbox is destroyed and returns a check to
+	// run after: it lists what the backend still holds on the host for that
+	// sandbox (mounts, cgroups, processes, state); the suite fails if the
+	// list is not empty. Nil skips the check.
+	Leaks func(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string
 }
 
 // suite carries what the subtests share.
@@ -383,7 +384,7 @@ func (s *suite) testForkBomb(t *testing.T) {
 	bystander := s.create(t, runtime.Spec{})
 	done := make(chan execOut, 1)
 	go func() {
-		done <- run(t, sb, runtime.ExecRequest{Cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 5"}, Timeout: 8 * time.Second})
+		done <- run(t, sb, runtime.ExecRequest{Cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, Timeout: 6 * time.Second})
 	}()
 	// Count processes inside through the agent's file service: forking
 	// anything there fails while the bomb holds every slot.
@@ -411,6 +412,9 @@ func (s *suite) testForkBomb(t *testing.T) {
 	}
 	if peak < pids/2 {
 		t.Errorf("peak %d: the bomb did not run", peak)
+	}
+	if !o.res.TimedOut {
+		t.Errorf("bomb result %+v (%v): want it killed at its timeout", o.res, o.err)
 	}
 	// Once the bomb is gone (its session was killed at the timeout) the
 	// sandbox works again, and the neighbour never stopped.
@@ -542,11 +546,18 @@ func (s *suite) testDestroy(t *testing.T) {
 	if _, err := s.rt.Create(ctx, runtime.Spec{ID: id, BaseDir: s.base}); !errors.Is(err, runtime.ErrExists) {
 		t.Errorf("second create with the same id: %v, want ErrExists", err)
 	}
+	check := func() []string { return nil }
+	if s.h.Leaks != nil {
+		check = s.h.Leaks(t, s.state, sb)
+	}
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatalf("second destroy: %v", err)
+	}
+	if leaks := check(); len(leaks) > 0 {
+		t.Errorf("destroy left behind: %v", leaks)
 	}
 	if _, err := s.rt.Get(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get after destroy: %v, want ErrNotFound", err)
@@ -558,11 +569,6 @@ func (s *suite) testDestroy(t *testing.T) {
 	for _, got := range ids {
 		if got == id {
 			t.Errorf("list after destroy still has %s", id)
-		}
-	}
-	if s.h.Leaks != nil {
-		if leaks := s.h.Leaks(t, s.state, id); len(leaks) > 0 {
-			t.Errorf("destroy left behind: %v", leaks)
 		}
 	}
 }
