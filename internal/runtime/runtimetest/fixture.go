@@ -1,13 +1,12 @@
 // Package runtimetest is the conformance suite every runtime backend passes,
-// plus the fixtures it needs: a small busybox root filesystem (built in
-// milliseconds, so tests need no debootstrap) and the sandbox-agent binary.
+// plus the fixtures it needs: the busybox root filesystem and the
+// sandbox-agent binary.
 //
 // The suite needs root and the backend's tools. Without them it skips with
 // a reason, unless SANDBOXD_REQUIRE_RUNTIME=1 (CI), where it fails.
 package runtimetest
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/busybox"
 )
 
 // Require skips (or, with SANDBOXD_REQUIRE_RUNTIME=1, fails) the test unless
@@ -40,81 +41,11 @@ func Require(t testing.TB, tools ...string) {
 	t.Skip(msg)
 }
 
-// busyboxPaths are where a static busybox may be installed (Debian's
-// busybox-static puts it in /bin).
-var busyboxPaths = []string{"/bin/busybox", "/usr/bin/busybox"}
-
-// BuildRootfs writes a minimal root filesystem into dir: a static busybox
-// with a symlink per applet in /bin, /etc files that tools expect, and the
-// usual top-level directories. It is a few milliseconds of work.
-func BuildRootfs(dir string) error {
-	var bb string
-	for _, p := range busyboxPaths {
-		if isStatic(p) {
-			bb = p
-			break
-		}
-	}
-	if bb == "" {
-		return fmt.Errorf("no static busybox in %v (apt-get install busybox-static)", busyboxPaths)
-	}
-	for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "tmp", "var/tmp", "proc", "sys", "dev", "run", "home", "usr/share/doc"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return err
-		}
-	}
-	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
-		return err
-	}
-	data, err := os.ReadFile(bb)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bin", "busybox"), data, 0o755); err != nil {
-		return err
-	}
-	out, err := exec.Command(bb, "--list").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list: %w", err)
-	}
-	for _, applet := range strings.Fields(string(out)) {
-		if applet == "busybox" {
-			continue
-		}
-		if err := os.Symlink("busybox", filepath.Join(dir, "bin", applet)); err != nil && !os.IsExist(err) {
-			return err
-		}
-	}
-	files := map[string]string{
-		"etc/passwd":             "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-		"etc/group":              "root:x:0:\nnogroup:x:65534:\n",
-		"etc/hostname":           "sandbox\n",
-		"etc/os-release":         "NAME=\"sandboxd busybox fixture\"\nID=busybox\n",
-		"usr/share/doc/README":   "base image file\n",
-		"usr/share/doc/keep.txt": "kept\n",
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func isStatic(path string) bool {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) < 4 || !bytes.Equal(b[:4], []byte("\x7fELF")) {
-		return false
-	}
-	// A dynamic executable names its interpreter.
-	return !bytes.Contains(b, []byte("/lib64/ld-linux")) && !bytes.Contains(b, []byte("/lib/ld-linux"))
-}
-
 // Rootfs builds the busybox root filesystem in a test temp dir.
 func Rootfs(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "rootfs")
-	if err := BuildRootfs(dir); err != nil {
+	if err := busybox.BuildRootfs(dir); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -137,21 +68,10 @@ func AgentBinary(t testing.TB) string {
 			return
 		}
 		agentOnce.path = filepath.Join(dir, "sandbox-agent")
-		agentOnce.err = BuildAgent(agentOnce.path)
+		agentOnce.err = busybox.BuildAgent(agentOnce.path)
 	})
 	if agentOnce.err != nil {
 		t.Fatal(agentOnce.err)
 	}
 	return agentOnce.path
-}
-
-// BuildAgent compiles the sandbox agent to out with the go tool (it must
-// run inside this module).
-func BuildAgent(out string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "github.com/sandboxd/sandboxd/cmd/sandbox-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build sandbox-agent: %w\n%s", err, b)
-	}
-	return nil
 }
