@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
@@ -91,5 +92,82 @@ func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
 			}
 		}
 		return out
+	}
+}
+
+func TestWarmPool(t *testing.T) {
+	base := runtimetest.Rootfs(t)
+	state := t.TempDir()
+	r := newRuntime(t, state, func(o *gvisor.Options) {
+		o.WarmPool, o.WarmBaseDir, o.WarmBaseImage = 2, base, "busybox-fixture"
+	})
+	defer r.Close()
+	ctx := context.Background()
+	waitWarm(t, r, 2)
+	before := time.Now()
+	sb, err := r.Create(ctx, runtime.Spec{ID: "warm-1", BaseDir: base, BaseImage: "busybox-fixture", Env: []string{"WHO=warm"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	// It was started before Create was called: its bundle is older.
+	target, err := os.Readlink(filepath.Join(state, "ids", "warm-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(state, "sandboxes", filepath.Base(target), "bundle", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fi.ModTime().Before(before) {
+		t.Fatalf("sandbox was created cold (bundle written %v, create called %v)", fi.ModTime(), before)
+	}
+	var out strings.Builder
+	if _, err := sb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"sh", "-c", "echo $WHO; ls /workspace | wc -l"}, Stdout: &out}); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "warm\n0\n" {
+		t.Fatalf("warm sandbox: %q", out.String())
+	}
+	// The pool refills, and a spec that does not fit (a restored layer, other
+	// limits) is created cold.
+	waitWarm(t, r, 2)
+	other, err := r.Create(ctx, runtime.Spec{ID: "cold-1", BaseDir: base, Limits: runtime.Limits{Pids: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Destroy(ctx)
+	if r.WarmReady() != 2 {
+		t.Errorf("a cold create took a warm sandbox: %d left", r.WarmReady())
+	}
+	// Close destroys the unclaimed warm sandboxes but not the claimed ones.
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(state, "sandboxes"))
+	if len(ents) != 2 {
+		t.Errorf("after close %d sandbox dirs, want the 2 claimed", len(ents))
+	}
+	r2 := newRuntime(t, state, nil)
+	defer r2.Close()
+	for _, id := range []string{"warm-1", "cold-1"} {
+		s, err := r2.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitWarm(t *testing.T, r *gvisor.Runtime, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for r.WarmReady() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool has %d of %d after a minute", r.WarmReady(), n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
