@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+	"github.com/sandboxd/sandboxd/internal/runtime/busybox"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
 
@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	// The gVisor runtime finds the agent next to the sandboxd binary.
-	if err := runtimetest.BuildAgent(filepath.Join(filepath.Dir(binary), "sandbox-agent")); err != nil {
+	if err := busybox.BuildAgent(filepath.Join(filepath.Dir(binary), "sandbox-agent")); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 	// milliseconds (a test image; the real one is built with debootstrap).
 	rootfs = filepath.Join(filepath.Dir(binary), "rootfs")
 	_ = os.RemoveAll(rootfs)
-	if err := runtimetest.BuildRootfs(rootfs); err != nil {
+	if err := busybox.BuildRootfs(rootfs); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

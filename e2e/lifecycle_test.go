@@ -221,3 +221,21 @@ func TestLoad(t *testing.T) {
 	}
 	t.Logf("load: %d sandboxes created in %v (slowest create %v), all %d runs completed after %v", n, created, worst, n, all)
 }
+
+// TestQuota: over the per-account limit, creation answers 429 with a clear
+// message; stopping a sandbox makes room again.
+func TestQuota(t *testing.T) {
+	s := startServer(t, filepath.Join(t.TempDir(), "quota.db"), "--max-sandboxes-per-account", "2")
+	a := s.createAccount("busy", false)
+	k := s.createKey(a.ID)
+	first := s.createSandbox(k, map[string]any{})
+	s.createSandbox(k, map[string]any{})
+	r := s.as(k, "POST", "/api/sandboxes", map[string]any{})
+	if r.Status != 429 || !strings.Contains(fmt.Sprint(r.Body["error"]), "limit is 2") {
+		t.Fatalf("third sandbox: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "POST", "/api/sandboxes/"+first["sandboxId"].(string)+"/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Raw)
+	}
+	s.createSandbox(k, map[string]any{})
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -20,7 +22,37 @@ import (
 // cache (about a minute, once).
 func imageServer(t *testing.T, dsn string, extra ...string) *server {
 	t.Helper()
+	imageOnce.Do(func() {
+		// Build (or find in the cache) before the server starts, so the
+		// server's health check does not wait on debootstrap.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binary, "image", "build", "--template", "minimal")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			imageErr = fmt.Errorf("build the minimal image: %v\n%s", err, lastLines(out.String(), 40))
+		}
+		t.Logf("minimal image ready after %v", time.Since(start).Round(time.Second))
+	})
+	if imageErr != nil {
+		t.Fatal(imageErr)
+	}
 	return startServer(t, dsn, append([]string{"--template", "minimal"}, extra...)...)
+}
+
+var (
+	imageOnce sync.Once
+	imageErr  error
+)
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // pngBytes is a 1x1 PNG; pdfBytes a tiny PDF with a NUL byte in it.
