@@ -181,18 +181,6 @@ func TestIsBinary(t *testing.T) {
 	}
 }
 
-func TestCappedBuffer(t *testing.T) {
-	c := &cappedBuffer{max: 4}
-	for _, s := range []string{"ab", "cdef", "gh"} {
-		if n, err := c.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatal(n, err)
-		}
-	}
-	if c.buf.String() != "abcd" || c.dropped != 4 {
-		t.Fatalf("%q dropped %d", c.buf.String(), c.dropped)
-	}
-}
-
 // checkDecoded asserts the invariant of every decoder: bad input yields a
 // client error with the contract's body, never a panic or a 500.
 func checkDecoded(t *testing.T, err error) {

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -42,8 +42,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) {
 		s.execStream(w, r, sb, req, start)
 		return
 	}
-	stdout := &cappedBuffer{max: maxExecOutput}
-	stderr := &cappedBuffer{max: maxExecOutput}
+	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
 	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req, stdout, stderr)
 	if err != nil {
 		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
@@ -51,7 +50,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
 		Status: "success", ExitCode: code,
-		Stdout: stdout.String(), Stderr: stderr.String(),
+		Stdout: stdout.String("not shown; stream the exec to see all"), Stderr: stderr.String("not shown; stream the exec to see all"),
 		DurationMs: time.Since(start).Milliseconds(),
 	})
 }
@@ -113,26 +112,4 @@ func (s streamTo) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
-}
-
-// cappedBuffer keeps the first max bytes written and counts the rest, so a
-// chatty command cannot exhaust the server's memory.
-type cappedBuffer struct {
-	buf     bytes.Buffer
-	max     int
-	dropped int64
-}
-
-func (c *cappedBuffer) Write(p []byte) (int, error) {
-	keep := max(0, min(c.max-c.buf.Len(), len(p)))
-	c.buf.Write(p[:keep])
-	c.dropped += int64(len(p) - keep)
-	return len(p), nil
-}
-
-func (c *cappedBuffer) String() string {
-	if c.dropped > 0 {
-		return c.buf.String() + fmt.Sprintf("\n[sandboxd: %d bytes of output dropped]\n", c.dropped)
-	}
-	return c.buf.String()
 }

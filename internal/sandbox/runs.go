@@ -12,6 +12,7 @@ import (
 
 	"github.com/riverqueue/river"
 
+	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -106,8 +107,7 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 		return m.finishRun(ctx, run, store.RunFailed, nil, "could not open the run log")
 	}
 	defer logFile.Close()
-	stdout := &boundedBuffer{max: maxRunOutput}
-	stderr := &boundedBuffer{max: maxRunOutput}
+	stdout, stderr := capbuf.New(maxRunOutput), capbuf.New(maxRunOutput)
 	if err := m.prepare(ctx, sb, rsb); err != nil {
 		fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: preparing /workspace failed: %v\n", err)
 	}
@@ -126,7 +126,7 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 		// The sandbox deadline bounds the command; execCtx enforces it.
 		Timeout: time.Until(sb.Deadline),
 	})
-	out := runOutput{Stdout: stdout.String(), Stderr: stderr.String(), SandboxID: sb.ID}
+	out := runOutput{Stdout: stdout.String("in the run log"), Stderr: stderr.String("in the run log"), SandboxID: sb.ID}
 	if execErr != nil {
 		switch {
 		case m.now().After(sb.Deadline) || errors.Is(execErr, context.DeadlineExceeded):
@@ -201,27 +201,6 @@ func (p prefixWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
-}
-
-// boundedBuffer keeps the first max bytes and notes how much it dropped.
-type boundedBuffer struct {
-	buf     []byte
-	max     int
-	dropped int64
-}
-
-func (b *boundedBuffer) Write(p []byte) (int, error) {
-	keep := max(0, min(b.max-len(b.buf), len(p)))
-	b.buf = append(b.buf, p[:keep]...)
-	b.dropped += int64(len(p) - keep)
-	return len(p), nil
-}
-
-func (b *boundedBuffer) String() string {
-	if b.dropped > 0 {
-		return string(b.buf) + fmt.Sprintf("\n[sandboxd: %d more bytes in the run log]\n", b.dropped)
-	}
-	return string(b.buf)
 }
 
 type stopSandboxWorker struct {
