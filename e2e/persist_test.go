@@ -155,8 +155,12 @@ rm -f /etc/motd`, base64.StdEncoding.EncodeToString(pngBytes), base64.StdEncodin
 
 	// DELETE removes it all; GET then shows nulls and the repository is
 	// gone from disk.
+	current := s.as(k, "GET", "/api/sandboxes", nil).Body["snapshot_id"]
+	if current == nil || current == snapshotID {
+		t.Fatalf("the second run did not move the account's snapshot: %v", current)
+	}
 	del := s.as(k, "DELETE", "/api/sandboxes", nil)
-	if del.Status != 200 || del.Body["deleted_snapshot"].(map[string]any)["snapshot_id"] != snapshotID {
+	if del.Status != 200 || del.Body["deleted_snapshot"].(map[string]any)["snapshot_id"] != current {
 		t.Fatalf("DELETE: %d %s", del.Status, del.Raw)
 	}
 	list = s.as(k, "GET", "/api/sandboxes", nil)

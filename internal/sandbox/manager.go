@@ -547,27 +547,32 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 			}
 		}
 	}
+	// The answer is the row as it was: deleting the snapshots clears it.
+	var deleted *store.Environment
+	switch env, err := m.st.GetEnvironment(ctx, accountID); {
+	case err == nil:
+		deleted = &env
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, fmt.Errorf("load environment of %s: %w", accountID, err)
+	}
 	if m.cfg.Persist != nil {
 		if err := m.cfg.Persist.DeleteAccount(ctx, accountID); err != nil {
 			return nil, fmt.Errorf("delete data of %s: %w", accountID, err)
 		}
 	}
-	var deleted *store.Environment
 	err = m.st.InTx(ctx, func(_ *sql.Tx, q *store.Queries) error {
-		env, err := q.DeleteEnvironment(ctx, accountID)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-		case err != nil:
+		if _, err := q.DeleteEnvironment(ctx, accountID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("delete environment of %s: %w", accountID, err)
-		default:
-			deleted = &env
 		}
 		if _, err := q.DeleteSnapshotsOf(ctx, accountID); err != nil {
 			return fmt.Errorf("delete snapshots of %s: %w", accountID, err)
 		}
 		return nil
 	})
-	return deleted, err
+	if err != nil {
+		return nil, err
+	}
+	return deleted, nil
 }
 
 // runLogPath is where the full output of a run is kept.
