@@ -157,6 +157,22 @@ func (a *Authenticator) MayActFor(ctx context.Context, p Principal, target strin
 	return ok, nil
 }
 
+// MayRead answers whether the caller may read (never change) what account
+// target owns: everything it may act for, and the organizations its account
+// is a member of — so a member's sandbox can fetch the organization's
+// repository as a submodule.
+func (a *Authenticator) MayRead(ctx context.Context, p Principal, target string) (bool, error) {
+	ok, err := a.MayActFor(ctx, p, target)
+	if err != nil || ok {
+		return ok, err
+	}
+	member, err := a.store.IsOrgMember(ctx, target, p.AccountID)
+	if err != nil {
+		return false, fmt.Errorf("check membership of %s in %s: %w", p.AccountID, target, err)
+	}
+	return member, nil
+}
+
 // ResolveAccount returns the account a request acts for: the key's own when
 // requested is empty, otherwise requested if the key may act for it.
 func (a *Authenticator) ResolveAccount(ctx context.Context, p Principal, requested string) (string, error) {

@@ -157,6 +157,30 @@ func TestAccess(t *testing.T) {
 			})
 		}
 
+		t.Run("read", func(t *testing.T) {
+			reads := []struct {
+				name   string
+				key    string
+				target string
+				want   bool
+			}{
+				{"member reads its organization", key(alice.ID, nil), org.ID, true},
+				{"member's sandbox reads its organization", key(carol.ID, func(k *store.APIKey) { k.SandboxID = "sbx_1" }), shared.ID, true},
+				{"stranger reads an organization", key(carol.ID, nil), org.ID, false},
+				{"member reads a co-member", key(alice.ID, nil), bob.ID, false},
+				{"own account", key(bob.ID, nil), bob.ID, true},
+			}
+			for _, tc := range reads {
+				p, err := a.Authenticate(ctx, tc.key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, err := a.MayRead(ctx, p, tc.target); err != nil || got != tc.want {
+					t.Errorf("%s: MayRead = %v, %v; want %v", tc.name, got, err, tc.want)
+				}
+			}
+		})
+
 		t.Run("resolve defaults and bad ids", func(t *testing.T) {
 			p, err := a.Authenticate(ctx, key(alice.ID, nil))
 			if err != nil {

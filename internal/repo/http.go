@@ -16,10 +16,12 @@ import (
 // GitPathPrefix is where the git server is mounted: /git/<account-id>.git.
 const GitPathPrefix = "/git/"
 
-// Authorizer is the access rule of the git server: who a key is, and
-// whether it may act for an account. *auth.Authenticator is one.
+// Authorizer is the access rule of the git server: who a key is, whether
+// it may read an account's repository (fetch, clone) and whether it may act
+// for the account (push). *auth.Authenticator is one.
 type Authorizer interface {
 	Authenticate(ctx context.Context, key string) (auth.Principal, error)
+	MayRead(ctx context.Context, p auth.Principal, accountID string) (bool, error)
 	MayActFor(ctx context.Context, p auth.Principal, accountID string) (bool, error)
 }
 
@@ -80,7 +82,11 @@ func (g *gitServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	allowed, err := g.auth.MayActFor(r.Context(), p, id)
+	may := g.auth.MayActFor
+	if service == "git-upload-pack" {
+		may = g.auth.MayRead
+	}
+	allowed, err := may(r.Context(), p, id)
 	if err != nil {
 		g.log.ErrorContext(r.Context(), "git: check access", "account", id, "err", err)
 		http.Error(w, "internal server error", http.StatusInternalServerError)

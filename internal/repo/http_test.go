@@ -156,6 +156,9 @@ func TestGitAccess(t *testing.T) {
 	infoRefs := func(account string) string {
 		return f.srv.URL + GitPathPrefix + account + ".git/info/refs?service=git-upload-pack"
 	}
+	pushRefs := func(account string) string {
+		return f.srv.URL + GitPathPrefix + account + ".git/info/refs?service=git-receive-pack"
+	}
 	cases := []struct {
 		name      string
 		method    string
@@ -171,8 +174,14 @@ func TestGitAccess(t *testing.T) {
 		{"own key", "GET", infoRefs(f.alice.ID), "x", f.aliceKey, "", http.StatusOK},
 		{"key as user name", "GET", infoRefs(f.alice.ID), f.aliceKey, "", "", http.StatusOK},
 		{"other account", "GET", infoRefs(f.alice.ID), "x", f.bobKey, "", http.StatusNotFound},
-		{"member for its org", "GET", infoRefs(f.acme.ID), "x", f.aliceKey, "", http.StatusNotFound},
-		{"sandbox key for the org", "GET", infoRefs(f.acme.ID), "x", f.sandboxKey, "", http.StatusNotFound},
+		// Members read their organization's repository (it is their
+		// submodule) but do not push to it; strangers do neither.
+		{"member fetches its org", "GET", infoRefs(f.acme.ID), "x", f.aliceKey, "", http.StatusOK},
+		{"member's sandbox fetches the org", "GET", infoRefs(f.acme.ID), "x", f.sandboxKey, "", http.StatusOK},
+		{"member pushes to its org", "GET", pushRefs(f.acme.ID), "x", f.aliceKey, "", http.StatusNotFound},
+		{"member's sandbox pushes to the org", "GET", pushRefs(f.acme.ID), "x", f.sandboxKey, "", http.StatusNotFound},
+		{"stranger fetches the org", "GET", infoRefs(f.acme.ID), "x", f.bobKey, "", http.StatusNotFound},
+		{"own push", "GET", pushRefs(f.alice.ID), "x", f.aliceKey, "", http.StatusOK},
 		{"not a uuid", "GET", f.srv.URL + GitPathPrefix + "etc.git/info/refs?service=git-upload-pack", "x", f.aliceKey, "", http.StatusNotFound},
 		{"dumb protocol", "GET", f.srv.URL + GitPathPrefix + f.alice.ID + ".git/HEAD", "x", f.aliceKey, "", http.StatusNotFound},
 		{"unknown service", "GET", f.srv.URL + GitPathPrefix + f.alice.ID + ".git/info/refs?service=git-upload-archive", "x", f.aliceKey, "", http.StatusNotFound},
@@ -201,8 +210,9 @@ func TestGitAccess(t *testing.T) {
 			}
 		})
 	}
-	// Refused callers created nothing.
-	for _, a := range []string{f.acme.ID, f.bob.ID} {
+	// Refused callers created nothing (acme's was created by its members'
+	// allowed fetches).
+	for _, a := range []string{f.bob.ID} {
 		if ok, _ := f.m.Exists(context.Background(), a); ok {
 			t.Fatalf("repository of %s created by a refused request", a)
 		}
