@@ -60,6 +60,13 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	tmp := f.Name()
+	// CreateTemp makes the file private; a VMM not running as root must
+	// be able to read it.
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		_ = os.Remove(tmp)
+		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
+	}
 	done := false
 	defer func() {
 		if !done {

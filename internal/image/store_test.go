@@ -481,6 +481,9 @@ func TestExt4(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if st1.Mode().Perm() != 0o644 {
+		t.Errorf("ext4 image mode %v, want 0644", st1.Mode().Perm())
+	}
 	if st1.Size() < 128<<20 {
 		t.Errorf("ext4 image is %d bytes, want room to spare", st1.Size())
 	}
