@@ -83,7 +83,7 @@ func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}}
 	addr := freeAddr(t)
 	s.base = "http://" + addr
-	args := append([]string{"serve", "--listen", addr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false"}, s.globalFlags()...)
+	args := append([]string{"serve", "--listen", addr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false", "--setup-on-first-use=false"}, s.globalFlags()...)
 	if !slices.Contains(extra, "--template") {
 		args = append(args, "--rootfs", rootfs)
 	}

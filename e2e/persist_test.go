@@ -22,6 +22,13 @@ import (
 // cache (about a minute, once).
 func imageServer(t *testing.T, dsn string, extra ...string) *server {
 	t.Helper()
+	imageServerReady(t)
+	return startServer(t, dsn, append([]string{"--template", "minimal"}, extra...)...)
+}
+
+// imageServerReady builds the minimal image once per test process.
+func imageServerReady(t *testing.T) {
+	t.Helper()
 	imageOnce.Do(func() {
 		// Build (or find in the cache) before the server starts, so the
 		// server's health check does not wait on debootstrap.
@@ -39,7 +46,6 @@ func imageServer(t *testing.T, dsn string, extra ...string) *server {
 	if imageErr != nil {
 		t.Fatal(imageErr)
 	}
-	return startServer(t, dsn, append([]string{"--template", "minimal"}, extra...)...)
 }
 
 var (

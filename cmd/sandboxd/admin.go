@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -20,7 +23,7 @@ func newAdminCmd(g *globals) *cobra.Command {
 	account := &cobra.Command{Use: "account", Short: "Manage accounts"}
 	org := &cobra.Command{Use: "org", Short: "Manage organization membership"}
 	key := &cobra.Command{Use: "key", Short: "Manage API keys"}
-	account.AddCommand(newAccountCreateCmd(g), newAccountListCmd(g))
+	account.AddCommand(newAccountCreateCmd(g), newAccountListCmd(g), newAccountSetupCmd(g))
 	org.AddCommand(newOrgAddMemberCmd(g), newOrgRemoveMemberCmd(g), newOrgShareCmd(g))
 	key.AddCommand(newKeyCreateCmd(g), newKeyListCmd(g), newKeyRevokeCmd(g))
 	admin.AddCommand(account, org, key)
@@ -100,6 +103,42 @@ func printAccounts(w io.Writer, asJSON, many bool, accts []store.Account) error 
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.ID, a.Kind, a.Name, a.Slug, a.CreatedAt.Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+func newAccountSetupCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "setup ACCOUNT_ID",
+		Short: "Queue the setup-sandbox task for an account (README, organization submodules, first snapshot)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			st, err := g.openStore(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if _, err := st.GetAccount(ctx, args[0]); err != nil {
+				return fmt.Errorf("account %s: %w", args[0], err)
+			}
+			jc, err := jobs.New(ctx, st, jobs.Config{PostgresDSN: g.database, Logger: g.logger(os.Stderr)})
+			if err != nil {
+				return err
+			}
+			defer jc.Close()
+			runID, err := sandbox.EnqueueTask(ctx, st, jc, args[0], jobs.KindSetupSandbox, map[string]any{"accountId": args[0]})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), map[string]string{"runId": runID, "account_id": args[0]})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "queued %s (setup-sandbox); a running server works it: GET /api/tasks/runs?runId=%s\n", runID, runID)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
 }
 
 func newOrgAddMemberCmd(g *globals) *cobra.Command {

@@ -52,6 +52,13 @@ type serveOptions struct {
 	publicURL    string
 	allowPrivate bool
 	blobURL      string
+	setup        bool
+	githubToken  string
+	claudeToken  string
+	anthropicKey string
+	modelURL     string
+	modelKey     string
+	modelName    string
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -84,6 +91,13 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
 	f.StringVar(&o.blobURL, "blob-store", envOr("SANDBOXD_BLOB_STORE", ""), "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
+	f.BoolVar(&o.setup, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
+	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GITHUB_TOKEN given to sandboxes (env GITHUB_TOKEN)")
+	f.StringVar(&o.claudeToken, "claude-code-oauth-token", os.Getenv("CLAUDE_CODE_OAUTH_TOKEN"), "CLAUDE_CODE_OAUTH_TOKEN given to sandboxes (env CLAUDE_CODE_OAUTH_TOKEN)")
+	f.StringVar(&o.anthropicKey, "anthropic-api-key", os.Getenv("ANTHROPIC_API_KEY"), "ANTHROPIC_API_KEY given to sandboxes (env ANTHROPIC_API_KEY)")
+	f.StringVar(&o.modelURL, "model-base-url", envOr("SANDBOXD_MODEL_BASE_URL", ""), "OpenAI-compatible model API that prompts (opencode) use (env SANDBOXD_MODEL_BASE_URL)")
+	f.StringVar(&o.modelKey, "model-api-key", envOr("SANDBOXD_MODEL_API_KEY", ""), "its API key (env SANDBOXD_MODEL_API_KEY)")
+	f.StringVar(&o.modelName, "model", envOr("SANDBOXD_MODEL", ""), "the model prompts use (env SANDBOXD_MODEL)")
 	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
 	return cmd
 }
@@ -197,10 +211,17 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
 		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
-		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
+		BaseDir: baseDir, BaseID: baseID, Home: homeSocket, PublicURL: o.publicURL,
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
+			SetupOnFirstUse: o.setup,
+			Env: map[string]string{
+				"GITHUB_TOKEN":            o.githubToken,
+				"CLAUDE_CODE_OAUTH_TOKEN": o.claudeToken,
+				"ANTHROPIC_API_KEY":       o.anthropicKey,
+			},
+			Model: sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
 		},
 		Persist: persistence,
 		Logger:  log.With("component", "sandbox"),
@@ -220,6 +241,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Version:     version,
 		SnapshotTTL: o.snapshotTTL,
 		Sandboxes:   mgr,
+		Agents:      mgr,
 		Files:       fileSvc,
 		Mount:       map[string]http.Handler{repo.GitPathPrefix + "*": repos.GitHTTPHandler(authn)},
 	})

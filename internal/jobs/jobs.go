@@ -30,8 +30,10 @@ import (
 
 // Job kinds, as the API names the tasks.
 const (
-	KindRunCommand  = "run-sandbox-command"
-	KindStopSandbox = "stop-sandbox"
+	KindRunCommand   = "run-sandbox-command"
+	KindSetupSandbox = "setup-sandbox"
+	KindCodingAgent  = "coding-agent"
+	KindStopSandbox  = "stop-sandbox"
 )
 
 // RunCommandArgs runs the command of a run in its sandbox. Everything the
@@ -42,6 +44,22 @@ type RunCommandArgs struct {
 
 // Kind implements river.JobArgs.
 func (RunCommandArgs) Kind() string { return KindRunCommand }
+
+// SetupSandboxArgs sets up an account's repository and first snapshot.
+type SetupSandboxArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Kind implements river.JobArgs.
+func (SetupSandboxArgs) Kind() string { return KindSetupSandbox }
+
+// CodingAgentArgs runs a coding agent on a repository.
+type CodingAgentArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Kind implements river.JobArgs.
+func (CodingAgentArgs) Kind() string { return KindCodingAgent }
 
 // StopSandboxArgs stops a sandbox on the node that hosts it.
 type StopSandboxArgs struct {

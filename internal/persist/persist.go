@@ -129,6 +129,11 @@ if git rev-parse -q --verify refs/remotes/origin/main >/dev/null; then
   fi
   git branch -q --set-upstream-to=origin/main main 2>/dev/null || true
 fi
+if [ -f .gitmodules ]; then
+  git submodule -q update --init --recursive || echo "sandboxd: could not update the submodules" >&2
+  # Organization repositories start every piece of work at their latest main.
+  git submodule -q foreach 'git fetch -q origin && git reset -q --hard origin/main' || echo "sandboxd: could not reset the submodules" >&2
+fi
 `
 
 // Prepare implements sandbox.Persistence.
@@ -178,6 +183,32 @@ func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 	}
 	saved.SnapshotID = snap.ID
 	return saved, nil
+}
+
+// Snapshot implements sandbox.Persistence.
+func (s *Service) Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (string, error) {
+	snap, err := s.Capture(ctx, sb, rsb)
+	return snap.ID, err
+}
+
+// Initialize implements sandbox.Persistence: an account's repository
+// without commits gets a README, so it can be cloned and used as a
+// submodule.
+func (s *Service) Initialize(ctx context.Context, account store.Account) error {
+	if _, err := s.opts.Repos.Ensure(ctx, account.ID); err != nil {
+		return err
+	}
+	head, err := s.opts.Repos.Head(ctx, account.ID, repo.MainBranch)
+	if err != nil || head != "" {
+		return err
+	}
+	readme := fmt.Sprintf("# %s\n\nThe repository of %s on sandboxd.\n", account.Name, account.Slug)
+	_, _, err = s.opts.Repos.CommitFiles(ctx, account.ID, repo.MainBranch,
+		[]repo.File{repo.BytesFile("README.md", []byte(readme))}, "Initialize repository", repo.DefaultAuthor)
+	if errors.Is(err, repo.ErrConflict) {
+		return nil // someone else initialised it meanwhile
+	}
+	return err
 }
 
 // runScript runs a shell script in the sandbox with args as $1, $2, ...

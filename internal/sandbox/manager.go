@@ -37,11 +37,16 @@ type Settings struct {
 	DefaultTimeout time.Duration // lifetime when the request names none (10 min)
 	MaxTimeout     time.Duration // longest lifetime a request may ask for
 	PerAccount     int           // concurrent sandboxes per account
-	NodeCapacity   int           // concurrent sandboxes on this node
-	Limits         runtime.Limits
+	// SetupOnFirstUse runs the setup-sandbox task for an account the first
+	// time it creates a sandbox.
+	SetupOnFirstUse bool
+	NodeCapacity    int // concurrent sandboxes on this node
+	Limits          runtime.Limits
 	// Extra environment for every sandbox (GITHUB_TOKEN, model keys, ...).
 	// Values are secrets: they are never logged.
 	Env map[string]string
+	// Model is the provider OpenCode is pointed at for prompts.
+	Model ModelProvider
 }
 
 // Persistence carries a sandbox's work between sandboxes: the account's
@@ -59,8 +64,19 @@ type Persistence interface {
 	Layers(ctx context.Context, accountID string) (layers []runtime.Layer, snapshotID string, release func(), err error)
 	// AfterRun persists the work of a run.
 	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (Saved, error)
+	// Snapshot captures the sandbox's filesystem as the account's snapshot.
+	Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (snapshotID string, err error)
+	// Initialize gives an account's empty repository a first commit.
+	Initialize(ctx context.Context, account store.Account) error
 	// DeleteAccount removes the account's repository and snapshot blobs.
 	DeleteAccount(ctx context.Context, accountID string) error
+}
+
+// ModelProvider is an OpenAI-compatible model API.
+type ModelProvider struct {
+	BaseURL string
+	APIKey  string // given to sandboxes as SANDBOXD_MODEL_API_KEY, never written to files
+	Model   string
 }
 
 // Saved is what AfterRun kept of a run's work.
@@ -72,17 +88,20 @@ type Saved struct {
 
 // Config builds a Manager.
 type Config struct {
-	Store    *store.Store
-	Runtime  runtime.Runtime
-	Jobs     *jobs.Client
-	NodeID   string
-	DataDir  string
-	BaseDir  string // read-only root filesystem of the base image
-	BaseID   string // its image id
-	Home     string // unix socket of this server, reachable as sandboxd.internal
-	Settings Settings
-	Persist  Persistence
-	Logger   *slog.Logger
+	Store   *store.Store
+	Runtime runtime.Runtime
+	Jobs    *jobs.Client
+	NodeID  string
+	DataDir string
+	BaseDir string // read-only root filesystem of the base image
+	BaseID  string // its image id
+	Home    string // unix socket of this server, reachable as sandboxd.internal
+	// PublicURL is this server's URL as clients know it; repository URLs
+	// under it are rewritten to http://sandboxd.internal inside sandboxes.
+	PublicURL string
+	Settings  Settings
+	Persist   Persistence
+	Logger    *slog.Logger
 }
 
 // Manager implements api.SandboxService on one node.
@@ -100,9 +119,11 @@ type Manager struct {
 	prepared map[string]*preparation
 }
 
-// preparation is the one preparation of a sandbox's workspace.
+// preparation is the state of a sandbox's workspace; mu serialises the git
+// work in it.
 type preparation struct {
-	done chan struct{}
+	mu   sync.Mutex
+	done bool
 	err  error
 }
 
@@ -149,28 +170,18 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 			return store.Sandbox{}, "", fmt.Errorf("timeout must be at most %d ms: %w", m.cfg.Settings.MaxTimeout.Milliseconds(), api.ErrInvalid)
 		}
 	}
-	if err := m.checkQuota(ctx, accountID); err != nil {
-		return store.Sandbox{}, "", err
-	}
-
-	now := m.now()
-	sb := store.Sandbox{
-		ID: newID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
-		Status: store.SandboxPending, Runtime: m.rt.Name(),
-		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
-	}
-	if err := m.st.CreateSandbox(ctx, &sb); err != nil {
-		return sb, "", fmt.Errorf("record sandbox: %w", err)
-	}
-	// From here on the row exists: finish what was started even if the
-	// caller goes away, so no row is left pending by a dropped request.
-	ctx = context.WithoutCancel(ctx)
-	rsb, err := m.start(ctx, &sb)
+	sb, rsb, err := m.launch(ctx, accountID, lifetime, true)
 	if err != nil {
 		return sb, "", err
 	}
+	ctx = context.WithoutCancel(ctx)
 	// The workspace is readied after the answer; runs and execs wait for it.
-	go func() { _ = m.prepare(ctx, sb, rsb) }()
+	go func() { _ = m.prepare(ctx, sb, rsb, false) }()
+	if m.cfg.Settings.SetupOnFirstUse {
+		if err := m.setupIfNew(ctx, accountID); err != nil {
+			m.log.Error("enqueue account setup", "account_id", accountID, "err", err)
+		}
+	}
 	command, args := req.Command, req.Args
 	if req.Prompt != "" {
 		// One argument, never through a shell: the prompt arrives as typed.
@@ -187,8 +198,30 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 	return sb, runID, nil
 }
 
-func (m *Manager) checkQuota(ctx context.Context, accountID string) error {
-	if limit := m.cfg.Settings.PerAccount; limit > 0 {
+// launch records and starts a sandbox for account. Sandboxes that users
+// ask for count against the account's quota; those the service starts for
+// its own tasks (setup, coding agents) only against the node's capacity.
+func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, userQuota bool) (store.Sandbox, runtime.Sandbox, error) {
+	if err := m.checkQuota(ctx, accountID, userQuota); err != nil {
+		return store.Sandbox{}, nil, err
+	}
+	now := m.now()
+	sb := store.Sandbox{
+		ID: newID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
+		Status: store.SandboxPending, Runtime: m.rt.Name(),
+		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
+	}
+	if err := m.st.CreateSandbox(ctx, &sb); err != nil {
+		return sb, nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	// From here on the row exists: finish what was started even if the
+	// caller goes away, so no row is left pending by a dropped request.
+	rsb, err := m.start(context.WithoutCancel(ctx), &sb)
+	return sb, rsb, err
+}
+
+func (m *Manager) checkQuota(ctx context.Context, accountID string, userQuota bool) error {
+	if limit := m.cfg.Settings.PerAccount; limit > 0 && userQuota {
 		n, err := m.st.CountActiveSandboxes(ctx, accountID)
 		if err != nil {
 			return fmt.Errorf("count sandboxes of %s: %w", accountID, err)
@@ -245,32 +278,30 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	return rsb, nil
 }
 
-// prepare readies the sandbox's workspace once; concurrent callers wait
-// for the first. After a restart it runs again (it is idempotent).
-func (m *Manager) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
+// prepare readies the sandbox's workspace: once, or again when asked (to
+// pick up what was pushed since). Calls for one sandbox take turns; after a
+// restart it runs again (it is idempotent).
+func (m *Manager) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
 	if m.cfg.Persist == nil {
 		return nil
 	}
 	m.mu.Lock()
 	p, ok := m.prepared[sb.ID]
 	if !ok {
-		p = &preparation{done: make(chan struct{})}
+		p = &preparation{}
 		m.prepared[sb.ID] = p
 	}
 	m.mu.Unlock()
-	if !ok {
-		p.err = m.cfg.Persist.Prepare(ctx, sb, rsb)
-		if p.err != nil {
-			m.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", p.err)
-		}
-		close(p.done)
-	}
-	select {
-	case <-p.done:
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done && !again {
 		return p.err
-	case <-ctx.Done():
-		return ctx.Err()
 	}
+	p.err, p.done = m.cfg.Persist.Prepare(ctx, sb, rsb), true
+	if p.err != nil {
+		m.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", p.err)
+	}
+	return p.err
 }
 
 // createFromSnapshot starts the sandbox from the account's snapshot when it
@@ -322,6 +353,9 @@ func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, e
 		if v != "" {
 			env = append(env, k+"="+v)
 		}
+	}
+	if m.cfg.Settings.Model.APIKey != "" {
+		env = append(env, "SANDBOXD_MODEL_API_KEY="+m.cfg.Settings.Model.APIKey)
 	}
 	if m.cfg.Persist != nil {
 		env = append(env, m.cfg.Persist.Env(sb)...)
@@ -389,7 +423,7 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecReques
 	if err != nil {
 		return 0, err
 	}
-	_ = m.prepare(ctx, sb, rsb) // a failure is logged; the command may not need the clone
+	_ = m.prepare(ctx, sb, rsb, false) // a failure is logged; the command may not need the clone
 	env := make([]string, 0, len(req.Env))
 	for k, v := range req.Env {
 		env = append(env, k+"="+v)

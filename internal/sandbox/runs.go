@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -27,6 +29,8 @@ const maxRunOutput = 256 << 10
 func (m *Manager) RegisterWorkers(w *river.Workers) {
 	river.AddWorker(w, &runCommandWorker{m: m})
 	river.AddWorker(w, &stopSandboxWorker{m: m})
+	river.AddWorker(w, &setupWorker{m: m})
+	river.AddWorker(w, &codingAgentWorker{m: m})
 }
 
 // runPayload is what a run-sandbox-command run was asked to do.
@@ -93,6 +97,10 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 	if err != nil {
 		return m.finishRun(ctx, run, store.RunFailed, nil, fmt.Sprintf("sandbox %s is not reachable: %v", sb.ID, err))
 	}
+	if m.setupPending(ctx, run.AccountID) {
+		// Start from the set-up repository: wait for the account's setup.
+		return river.JobSnooze(time.Second)
+	}
 	started, err := m.st.StartRun(ctx, run.ID, m.now())
 	if err != nil {
 		return fmt.Errorf("start run %s: %w", runID, err)
@@ -108,12 +116,19 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 	}
 	defer logFile.Close()
 	stdout, stderr := capbuf.New(maxRunOutput), capbuf.New(maxRunOutput)
-	if err := m.prepare(ctx, sb, rsb); err != nil {
+	// Again, not once: what was pushed since the sandbox started (by the
+	// account's setup, say) is fetched and fast-forwarded.
+	if err := m.prepare(ctx, sb, rsb, true); err != nil {
 		fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: preparing /workspace failed: %v\n", err)
 	}
 	cwd := p.Cwd
 	if cwd == "" {
 		cwd = "/workspace"
+	}
+	if p.Command == "opencode" {
+		if err := m.writeOpenCodeConfig(ctx, rsb, cwd); err != nil {
+			fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: writing opencode.json failed: %v\n", err)
+		}
 	}
 	// The run may last as long as the sandbox does.
 	execCtx, cancel := context.WithDeadline(ctx, sb.Deadline)
@@ -201,6 +216,37 @@ func (p prefixWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// writeOpenCodeConfig points OpenCode at the configured model provider by
+// writing opencode.json in dir, unless the repository has its own. The key
+// stays in the environment: the file names only the variable.
+func (m *Manager) writeOpenCodeConfig(ctx context.Context, rsb runtime.Sandbox, dir string) error {
+	mp := m.cfg.Settings.Model
+	if mp.BaseURL == "" || mp.Model == "" {
+		return nil
+	}
+	path := strings.TrimRight(dir, "/") + "/opencode.json"
+	if rc, err := rsb.ReadFile(ctx, path); err == nil {
+		rc.Close()
+		return nil
+	}
+	cfg := map[string]any{
+		"provider": map[string]any{
+			"sandboxd": map[string]any{
+				"npm":     "@ai-sdk/openai-compatible",
+				"name":    "sandboxd",
+				"options": map[string]any{"baseURL": mp.BaseURL, "apiKey": "{env:SANDBOXD_MODEL_API_KEY}"},
+				"models":  map[string]any{mp.Model: map[string]any{}},
+			},
+		},
+		"model": "sandboxd/" + mp.Model,
+	}
+	data, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return err
+	}
+	return rsb.WriteFile(ctx, path, bytes.NewReader(append(data, '\n')), 0o644)
 }
 
 type stopSandboxWorker struct {

@@ -1,0 +1,369 @@
+package sandbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// taskLifetime bounds the sandboxes the service starts for its own tasks.
+const taskLifetime = 30 * time.Minute
+
+// EnqueueTask records a run of task for account with payload, and its job,
+// in one transaction. Tasks that start their own sandbox go to the default
+// queue: any node may take them.
+func EnqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountID, task string, payload any) (string, error) {
+	data, err := json.Marshal(payload)
+	if err != nil {
+		return "", fmt.Errorf("encode %s payload: %w", task, err)
+	}
+	run := store.Run{
+		ID: newID("run_"), AccountID: accountID, Task: task, Status: store.RunQueued,
+		Payload: data, Tags: []string{"account:" + accountID},
+	}
+	var args river.JobArgs
+	switch task {
+	case jobs.KindSetupSandbox:
+		args = jobs.SetupSandboxArgs{RunID: run.ID}
+	case jobs.KindCodingAgent:
+		args = jobs.CodingAgentArgs{RunID: run.ID}
+	default:
+		return "", fmt.Errorf("enqueue: unknown task %q", task)
+	}
+	err = st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
+		if err := q.CreateRun(ctx, &run); err != nil {
+			return fmt.Errorf("record %s run: %w", task, err)
+		}
+		return jc.InsertTx(ctx, tx, args, "")
+	})
+	if err != nil {
+		return "", err
+	}
+	return run.ID, nil
+}
+
+// setupIfNew enqueues the account's setup when it has neither an
+// environment nor a setup run yet.
+func (m *Manager) setupIfNew(ctx context.Context, accountID string) error {
+	if _, err := m.st.GetEnvironment(ctx, accountID); err == nil || !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if _, ok, err := m.setupRun(ctx, accountID); err != nil || ok {
+		return err
+	}
+	_, err := EnqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindSetupSandbox, map[string]any{"accountId": accountID})
+	return err
+}
+
+// setupRun returns the account's most recent setup run, if any.
+func (m *Manager) setupRun(ctx context.Context, accountID string) (store.Run, bool, error) {
+	runs, err := m.st.ListRuns(ctx, accountID, 100)
+	if err != nil {
+		return store.Run{}, false, fmt.Errorf("list runs of %s: %w", accountID, err)
+	}
+	for _, r := range runs {
+		if r.Task == jobs.KindSetupSandbox {
+			return r, true, nil
+		}
+	}
+	return store.Run{}, false, nil
+}
+
+// setupPending reports whether the account's setup has yet to finish; runs
+// wait for it so they start from the set-up repository.
+func (m *Manager) setupPending(ctx context.Context, accountID string) bool {
+	r, ok, err := m.setupRun(ctx, accountID)
+	return err == nil && ok && (r.Status == store.RunQueued || r.Status == store.RunExecuting)
+}
+
+type setupWorker struct {
+	river.WorkerDefaults[jobs.SetupSandboxArgs]
+	m *Manager
+}
+
+func (w *setupWorker) Work(ctx context.Context, job *river.Job[jobs.SetupSandboxArgs]) error {
+	return w.m.runTask(ctx, job.Args.RunID, w.m.setupAccount)
+}
+
+type codingAgentWorker struct {
+	river.WorkerDefaults[jobs.CodingAgentArgs]
+	m *Manager
+}
+
+func (w *codingAgentWorker) Work(ctx context.Context, job *river.Job[jobs.CodingAgentArgs]) error {
+	return w.m.runTask(ctx, job.Args.RunID, w.m.codingAgent)
+}
+
+// taskFunc does a task's work in a sandbox started for it and returns the
+// run's output.
+type taskFunc func(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error)
+
+// runTask runs a task that starts a sandbox of its own: only a QUEUED run
+// starts; the sandbox is stopped at the end whatever happens.
+func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error {
+	run, err := m.st.GetRun(ctx, runID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load run %s: %w", runID, err)
+	}
+	started, err := m.st.StartRun(ctx, run.ID, m.now())
+	if err != nil || !started {
+		return err
+	}
+	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, false)
+	if err != nil {
+		return m.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
+	}
+	m.log.Info("task running", "run_id", run.ID, "task", run.Task, "sandbox_id", sb.ID)
+	var out map[string]any
+	err = m.prepare(ctx, sb, rsb, false)
+	if err == nil {
+		out, err = fn(ctx, run, sb, rsb)
+	}
+	if out == nil {
+		out = map[string]any{}
+	}
+	out["sandboxId"] = sb.ID
+	// The sandbox is stopped before the run says it ended.
+	m.stopQuietly(context.WithoutCancel(ctx), sb, run.Task+" finished")
+	return m.finishTask(ctx, run, out, err)
+}
+
+func (m *Manager) finishTask(ctx context.Context, run store.Run, out map[string]any, taskErr error) error {
+	status, msg := store.RunCompleted, ""
+	if taskErr != nil {
+		status, msg = store.RunFailed, taskErr.Error()
+		m.log.Warn("task failed", "run_id", run.ID, "task", run.Task, "err", taskErr)
+	}
+	var output json.RawMessage
+	if out != nil {
+		b, err := json.Marshal(out)
+		if err != nil {
+			return err
+		}
+		output = b
+	}
+	var errJSON json.RawMessage
+	if msg != "" {
+		errJSON, _ = json.Marshal(map[string]string{"message": msg})
+	}
+	if _, err := m.st.FinishRun(context.WithoutCancel(ctx), run.ID, status, output, errJSON, m.now()); err != nil {
+		return fmt.Errorf("record end of run %s: %w", run.ID, err)
+	}
+	return nil
+}
+
+// sh runs a script in the sandbox with args as $1, $2, ..., failing with
+// its last lines of stderr when it exits non-zero.
+func sh(ctx context.Context, rsb runtime.Sandbox, cwd, script string, args ...string) (string, error) {
+	stdout, stderr := capbuf.New(1<<20), capbuf.New(64<<10)
+	res, err := rsb.Exec(ctx, runtime.ExecRequest{
+		Cmd: append([]string{"/bin/sh", "-c", script, "sandboxd"}, args...), Cwd: cwd,
+		Stdout: stdout, Stderr: stderr, Timeout: taskLifetime,
+	})
+	if err != nil {
+		return "", err
+	}
+	if res.ExitCode != 0 {
+		lines := strings.Split(strings.TrimSpace(stderr.String("")), "\n")
+		return stdout.String(""), fmt.Errorf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n"))
+	}
+	return stdout.String(""), nil
+}
+
+// setupScript writes the README, adds each organization's repository as a
+// submodule at orgs/<slug> hard-reset to its latest main, commits and
+// pushes. Arguments: sandbox id, account id, then slug and account id of
+// each organization.
+const setupScript = `set -e
+cd /workspace
+sandbox=$1 account=$2
+shift 2
+if [ ! -e README.md ]; then
+  printf '# Sandbox workspace\n\n- Sandbox ID: %s\n- Account ID: %s\n' "$sandbox" "$account" > README.md
+fi
+while [ $# -ge 2 ]; do
+  slug=$1 org=$2
+  shift 2
+  if [ ! -e "orgs/$slug/.git" ]; then
+    git submodule add -q -f "../$org.git" "orgs/$slug"
+  fi
+  git -C "orgs/$slug" fetch -q origin
+  if git -C "orgs/$slug" rev-parse -q --verify refs/remotes/origin/main >/dev/null; then
+    git -C "orgs/$slug" reset -q --hard origin/main
+  fi
+  echo "org $slug $(git -C "orgs/$slug" rev-parse HEAD)"
+done
+git add -A
+git diff --cached --quiet || git commit -q -m "Set up sandbox workspace"
+git push -q origin HEAD:refs/heads/main
+`
+
+// setupAccount is the setup-sandbox task: the account's repository gets
+// its README and its organizations as submodules, and the result becomes
+// the account's snapshot.
+func (m *Manager) setupAccount(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error) {
+	if m.cfg.Persist == nil {
+		return nil, errors.New("setup needs persistence (repositories and snapshots)")
+	}
+	orgs, err := m.st.ListOrgsOf(ctx, run.AccountID)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{sb.ID, run.AccountID}
+	for _, o := range orgs {
+		// An empty organization repository cannot be a submodule: give it
+		// its first commit.
+		if err := m.cfg.Persist.Initialize(ctx, o); err != nil {
+			return nil, fmt.Errorf("initialise repository of %s: %w", o.Slug, err)
+		}
+		args = append(args, o.Slug, o.ID)
+	}
+	out, err := sh(ctx, rsb, "/workspace", setupScript, args...)
+	result := map[string]any{"orgs": parseOrgs(out)}
+	if err != nil {
+		return result, fmt.Errorf("set up the workspace: %w", err)
+	}
+	snapID, err := m.cfg.Persist.Snapshot(ctx, sb, rsb)
+	if err != nil {
+		return result, err
+	}
+	result["snapshotId"] = snapID
+	return result, nil
+}
+
+func parseOrgs(out string) map[string]string {
+	orgs := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "org" {
+			orgs[f[1]] = f[2]
+		}
+	}
+	return orgs
+}
+
+// codingAgentPayload is what a coding-agent run was asked.
+type codingAgentPayload struct {
+	RepoURL    string `json:"repo_url"`
+	Prompt     string `json:"prompt"`
+	BaseBranch string `json:"base_branch"`
+	AccountID  string `json:"accountId"`
+}
+
+// CodingAgent implements api.AgentService.
+func (m *Manager) CodingAgent(ctx context.Context, accountID string, req api.CodingAgentRequest) (string, error) {
+	return EnqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
+		RepoURL: req.RepoURL, Prompt: req.Prompt, BaseBranch: req.BaseBranch, AccountID: accountID,
+	})
+}
+
+// ralphOnceScript runs Claude Code once on the prompt ($1) in the current
+// directory, as the original service's ralph-once.sh did.
+const ralphOnceScript = `#!/bin/sh
+# Written by sandboxd: run Claude Code once on a prompt.
+exec claude --model opus --permission-mode acceptEdits -p "$1"
+`
+
+// RunClaudeCode writes ralph-once.sh into the sandbox and runs it in dir
+// with the prompt as one argument, streaming its output.
+func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string, stdout, stderr io.Writer) (int, error) {
+	if err := rsb.WriteFile(ctx, "/tmp/ralph-once.sh", strings.NewReader(ralphOnceScript), 0o755); err != nil {
+		return 0, fmt.Errorf("write ralph-once.sh: %w", err)
+	}
+	res, err := rsb.Exec(ctx, runtime.ExecRequest{
+		Cmd: []string{"/bin/sh", "/tmp/ralph-once.sh", prompt}, Cwd: dir,
+		Stdout: stdout, Stderr: stderr, Timeout: taskLifetime,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("run claude: %w", err)
+	}
+	return res.ExitCode, nil
+}
+
+// cloneScript clones $1 (with submodules) into $2 at the latest $3, and
+// hard-resets the submodules to their latest main.
+const cloneScript = `set -e
+git clone -q --recurse-submodules "$1" "$2"
+cd "$2"
+git checkout -q -B "$3" "origin/$3"
+git submodule -q foreach 'git fetch -q origin && git reset -q --hard origin/main || true'
+`
+
+// pushScript commits what the agent changed on branch $1 and pushes it,
+// printing the diff stat; it prints nothing when nothing changed.
+const pushScript = `set -e
+[ -n "$(git status --porcelain)" ] || exit 0
+git checkout -q -b "$1"
+git add -A
+git commit -q -m "$2"
+git push -q origin "HEAD:refs/heads/$1"
+git diff --stat HEAD~1 HEAD
+`
+
+// codingAgent is the coding-agent task: clone, run Claude Code, push the
+// change on agent/<run id>.
+func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error) {
+	var p codingAgentPayload
+	if err := json.Unmarshal(run.Payload, &p); err != nil {
+		return nil, fmt.Errorf("invalid payload: %w", err)
+	}
+	url := m.insideURL(p.RepoURL)
+	const dir = "/workspace/agent-repo"
+	if _, err := sh(ctx, rsb, "/", cloneScript, url, dir, p.BaseBranch); err != nil {
+		return nil, fmt.Errorf("clone %s at %s: %w", p.RepoURL, p.BaseBranch, err)
+	}
+	stdout, stderr := capbuf.New(maxRunOutput), capbuf.New(maxRunOutput)
+	code, err := RunClaudeCode(ctx, rsb, dir, p.Prompt, stdout, stderr)
+	out := map[string]any{"exitCode": code, "stdout": stdout.String("not kept"), "stderr": stderr.String("not kept")}
+	if err != nil {
+		return out, err
+	}
+	if code != 0 {
+		return out, fmt.Errorf("claude exited with status %d", code)
+	}
+	branch := "agent/" + run.ID
+	title := strings.SplitN(strings.TrimSpace(p.Prompt), "\n", 2)[0]
+	stat, err := sh(ctx, rsb, dir, pushScript, branch, "Agent: "+truncate(title, 72))
+	if err != nil {
+		return out, fmt.Errorf("push %s: %w", branch, err)
+	}
+	if strings.TrimSpace(stat) == "" {
+		out["changed"] = false
+		return out, nil
+	}
+	out["changed"], out["branch"], out["diffStat"] = true, branch, strings.TrimRight(stat, "\n")
+	return out, nil
+}
+
+// insideURL maps a repository URL of this server to the address sandboxes
+// reach it at.
+func (m *Manager) insideURL(u string) string {
+	if m.cfg.PublicURL != "" {
+		if rest, ok := strings.CutPrefix(u, strings.TrimRight(m.cfg.PublicURL, "/")+"/git/"); ok {
+			return "http://sandboxd.internal/git/" + rest
+		}
+	}
+	return u
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
