@@ -478,7 +478,9 @@ func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, er
 // stop moves a sandbox to stopping, and then — here if this node hosts it,
 // else through a job on its node — destroys it and marks it stopped.
 func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) error {
-	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, "", m.now()); err != nil {
+	// The reason is recorded now, so that a run cut short by the stop can
+	// tell why (a timeout makes it TIMED_OUT).
+	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
 	}
 	if sb.NodeID != m.cfg.NodeID {

@@ -130,39 +130,36 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 			fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: writing opencode.json failed: %v\n", err)
 		}
 	}
-	// The run may last as long as the sandbox does.
-	execCtx, cancel := context.WithDeadline(ctx, sb.Deadline)
-	defer cancel()
-	res, execErr := rsb.Exec(execCtx, runtime.ExecRequest{
+	// The run lasts as long as the sandbox does: its deadline (which may be
+	// extended meanwhile) is the reaper's to enforce, by stopping it.
+	res, execErr := rsb.Exec(ctx, runtime.ExecRequest{
 		Cmd:    append([]string{p.Command}, p.Args...),
 		Cwd:    cwd,
 		Stdout: io.MultiWriter(stdout, prefixWriter{logFile, "stdout"}),
 		Stderr: io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}),
-		// The sandbox deadline bounds the command; execCtx enforces it.
-		Timeout: time.Until(sb.Deadline),
 	})
-	out := runOutput{Stdout: stdout.String("in the run log"), Stderr: stderr.String("in the run log"), SandboxID: sb.ID}
-	if execErr != nil {
-		switch {
-		case m.now().After(sb.Deadline) || errors.Is(execErr, context.DeadlineExceeded):
-			return m.finishRun(ctx, run, store.RunTimedOut, &out, fmt.Sprintf("the sandbox reached its timeout at %s", sb.Deadline.UTC().Format(time.RFC3339)))
-		case errors.Is(execErr, runtime.ErrCommandNotFound):
-			out.ExitCode = 127
-			return m.finishRun(ctx, run, store.RunFailed, &out, fmt.Sprintf("command not found: %s", p.Command))
-		default:
-			current, _ := m.st.GetSandbox(ctx, sb.ID)
-			if current.Status != store.SandboxRunning {
-				status := store.RunFailed
-				if current.FailureReason == reasonTimeout {
-					status = store.RunTimedOut
-				}
-				return m.finishRun(ctx, run, status, &out, fmt.Sprintf("the sandbox %s while the command ran", current.Status))
-			}
-			m.log.Error("run exec", "run_id", run.ID, "err", execErr)
-			return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+execErr.Error())
-		}
+	out := runOutput{Stdout: stdout.String("in the run log"), Stderr: stderr.String("in the run log"), SandboxID: sb.ID, ExitCode: res.ExitCode}
+	if errors.Is(execErr, runtime.ErrCommandNotFound) {
+		out.ExitCode = 127
+		return m.finishRun(ctx, run, store.RunFailed, &out, fmt.Sprintf("command not found: %s", p.Command))
 	}
-	out.ExitCode = res.ExitCode
+	// Whether the command ended by itself or because its sandbox went away
+	// (a stop kills it, reported as an error or as a signal's exit code),
+	// the sandbox's state tells.
+	current, err := m.st.GetSandbox(context.WithoutCancel(ctx), sb.ID)
+	if err != nil {
+		return fmt.Errorf("reload sandbox %s: %w", sb.ID, err)
+	}
+	if current.Status != store.SandboxRunning {
+		if current.FailureReason == reasonTimeout {
+			return m.finishRun(ctx, run, store.RunTimedOut, &out, fmt.Sprintf("the sandbox reached its timeout at %s", current.Deadline.UTC().Format(time.RFC3339)))
+		}
+		return m.finishRun(ctx, run, store.RunFailed, &out, fmt.Sprintf("the sandbox was %s while the command ran (%s)", current.Status, current.FailureReason))
+	}
+	if execErr != nil {
+		m.log.Error("run exec", "run_id", run.ID, "err", execErr)
+		return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+execErr.Error())
+	}
 	if m.cfg.Persist != nil {
 		saved, err := m.cfg.Persist.AfterRun(ctx, sb, rsb, run)
 		out.Branch, out.GitError = saved.Branch, saved.GitError
