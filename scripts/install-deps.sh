@@ -7,6 +7,7 @@ set -euo pipefail
 need=(
   "runsc:runsc"                                   # gVisor, the default sandbox backend
   "debootstrap:debootstrap"                       # builds the base image
+  "/usr/share/keyrings/debian-archive-keyring.gpg:debian-archive-keyring"
   "/usr/lib/postgresql/15/bin/initdb:postgresql"  # tests run the store against PostgreSQL too
   "/bin/busybox:busybox-static"                   # tiny test root filesystems
   "zstd:zstd"
