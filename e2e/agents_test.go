@@ -179,3 +179,23 @@ func TestAgents(t *testing.T) {
 		t.Fatal("the Anthropic key appears in the server's logs")
 	}
 }
+
+// TestFullImageCLIs checks that the agent CLIs of the full image run inside
+// a sandbox. Building the full image takes 5-10 minutes and needs the npm
+// registry, so it runs only with SANDBOXD_TEST_IMAGES_FULL=1 (not in CI).
+func TestFullImageCLIs(t *testing.T) {
+	if os.Getenv("SANDBOXD_TEST_IMAGES_FULL") != "1" {
+		t.Skip("set SANDBOXD_TEST_IMAGES_FULL=1 to build the full image and run its CLIs")
+	}
+	s := startServer(t, filepath.Join(t.TempDir(), "full.db"), "--template", "full")
+	a := s.createAccount("full", false)
+	k := s.createKey(a.ID)
+	id := s.createSandbox(k, map[string]any{})["sandboxId"].(string)
+	for _, cli := range []string{"opencode", "claude", "openclaw"} {
+		r := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": cli, "args": []string{"--version"}})
+		if r.Status != 200 || r.Body["exitCode"] != 0.0 || strings.TrimSpace(fmt.Sprint(r.Body["stdout"])) == "" {
+			t.Fatalf("%s --version: %d %s", cli, r.Status, r.Raw)
+		}
+		t.Logf("%s --version: %s", cli, strings.TrimSpace(fmt.Sprint(r.Body["stdout"])))
+	}
+}
