@@ -42,6 +42,7 @@ func newRootCmd() *cobra.Command {
 		newImageCmd(g),
 		newVersionCmd(),
 		newSandboxCmd(),
+		newBenchCmd(g),
 	)
 	return root
 }
