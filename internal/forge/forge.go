@@ -140,21 +140,19 @@ func checkRemote(remote string) error {
 	if err != nil {
 		return errors.New("remote URL is malformed")
 	}
+	switch {
+	case u.Scheme == "https":
+	case u.Scheme == "http" && isLoopback(u.Hostname()):
+	case u.Scheme == "http":
+		return errors.New("remote URL must use https: a token is never sent in the clear")
+	default:
+		return errors.New("remote URL must use https")
+	}
 	if u.User != nil {
 		return errors.New("remote URL must not carry credentials")
 	}
 	if u.Host == "" {
 		return errors.New("remote URL has no host")
 	}
-	switch u.Scheme {
-	case "https":
-		return nil
-	case "http":
-		if isLoopback(u.Hostname()) {
-			return nil
-		}
-		return errors.New("remote URL must use https: a token is never sent in the clear")
-	default:
-		return errors.New("remote URL must use https")
-	}
+	return nil
 }

@@ -44,8 +44,8 @@ func newBare(t *testing.T, p string) string {
 }
 
 // commitOn makes a commit with a file named after msg on branch of the bare
-// repository (the branch's tip as parent, unless parent is given) and
-// moves the branch to it; it returns the commit.
+// repository and moves the branch to it; it returns the commit. Its parent
+// is the branch's tip, unless parents are given ("" alone: a root commit).
 func commitOn(t *testing.T, bare, branch, msg string, parent ...string) string {
 	t.Helper()
 	blob := hashObject(t, bare, msg+"\n")
@@ -60,7 +60,9 @@ func commitOn(t *testing.T, bare, branch, msg string, parent ...string) string {
 	switch {
 	case len(parent) > 0:
 		for _, p := range parent {
-			args = append(args, "-p", p)
+			if p != "" {
+				args = append(args, "-p", p)
+			}
 		}
 	default:
 		if tip := revParse(t, bare, "refs/heads/"+branch); tip != "" {
@@ -141,6 +143,7 @@ func newGitServer(t *testing.T, token string) *gitServer {
 			"GIT_PROJECT_ROOT=" + g.root, "GIT_HTTP_EXPORT_ALL=1",
 			"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
 		},
+		Stderr: testLogWriter{t},
 	}
 	g.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.mu.Lock()
@@ -175,6 +178,14 @@ func newGitServer(t *testing.T, token string) *gitServer {
 	}))
 	t.Cleanup(g.Close)
 	return g
+}
+
+// testLogWriter sends what http-backend says on stderr to the test's log.
+type testLogWriter struct{ t *testing.T }
+
+func (w testLogWriter) Write(b []byte) (int, error) {
+	w.t.Logf("git http-backend: %s", bytes.TrimSpace(b))
+	return len(b), nil
 }
 
 func (g *gitServer) requestCount() int {
