@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os/exec"
 	"sort"
 	"strings"
@@ -38,12 +39,13 @@ type MirrorOptions struct {
 // ids are never reused, so a new account can never inherit the mirror (and
 // the history) of a deleted account that had the same slug.
 //
-// Sync pushes branches only (refs/heads/*) and never deletes a branch on
-// the forge: branches pushed there directly, such as the coding agent's
-// pull-request branches, stay. What this mirror last pushed is recorded in
-// the local repository under refs/forge/<owner>/<name>/heads/, which lets a
-// sync overwrite its own earlier push (a branch rewritten here) but never
-// commits that only the forge has.
+// Sync and SyncURL push branches only (refs/heads/*) and never delete a
+// branch on the forge: branches pushed there directly, such as the coding
+// agent's pull-request branches, stay. What was last pushed to a forge
+// repository is recorded in the local repository under
+// refs/forge/<owner>/<name>/heads/, which lets a sync overwrite its own
+// earlier push (a branch rewritten here) but never commits that only the
+// forge has: a pull request merged there, say.
 type Mirror struct {
 	opts MirrorOptions
 	git  string
@@ -51,7 +53,7 @@ type Mirror struct {
 
 	mu    sync.Mutex
 	repos map[string]Repo        // account id → ensured forge repository
-	locks map[string]*sync.Mutex // account id → serialises its syncs
+	locks map[string]*sync.Mutex // bare repository → serialises its syncs
 }
 
 // NewMirror returns a Mirror.
@@ -115,7 +117,7 @@ func (e *UnmirroredError) Error() string {
 // returns the mirror; the Repo is valid whenever the mirror was ensured,
 // even when the error is an *UnmirroredError for some branches.
 func (m *Mirror) Sync(ctx context.Context, accountID, bareRepoPath string) (Repo, error) {
-	lock := m.lock(accountID)
+	lock := m.lock(bareRepoPath)
 	lock.Lock()
 	defer lock.Unlock()
 
@@ -123,19 +125,7 @@ func (m *Mirror) Sync(ctx context.Context, accountID, bareRepoPath string) (Repo
 	if err != nil {
 		return Repo{}, err
 	}
-	ns, err := trackingPrefix(r.FullName)
-	if err != nil {
-		return r, fmt.Errorf("mirror %s: %w", accountID, err)
-	}
-	local, tracked, err := m.refs(ctx, bareRepoPath, ns)
-	if err != nil {
-		return r, fmt.Errorf("mirror %s: %w", accountID, err)
-	}
-	if upToDate(local, tracked) {
-		return r, nil
-	}
-	err = m.push(ctx, bareRepoPath, r, ns, local, tracked)
-	if err != nil {
+	if err := m.syncTo(ctx, bareRepoPath, r); err != nil {
 		var unmirrored *UnmirroredError
 		if !errors.As(err, &unmirrored) {
 			// The mirror may be gone (deleted on the forge): look it up
@@ -145,6 +135,53 @@ func (m *Mirror) Sync(ctx context.Context, accountID, bareRepoPath string) (Repo
 		return r, fmt.Errorf("mirror %s: %w", accountID, err)
 	}
 	return r, nil
+}
+
+// ErrNotOnForge: a URL does not name a repository on the mirror's forge, so
+// the forge's token is not sent to it.
+var ErrNotOnForge = errors.New("not a repository on the forge")
+
+// SyncURL pushes the bare repository at bareRepoPath to the existing forge
+// repository at repoURL (an account's own remote, set with PATCH
+// github_repo) the way Sync pushes to a mirror: changed branches only,
+// never losing the forge's commits. repoURL must be on the forge (its web
+// or clone URL), else the error is ErrNotOnForge: the token goes nowhere
+// else. The repository is not created.
+func (m *Mirror) SyncURL(ctx context.Context, bareRepoPath, repoURL string) (Repo, error) {
+	full, ok := m.opts.Forge.ParseRepoURL(repoURL)
+	if !ok {
+		return Repo{}, fmt.Errorf("push to %s: %w", redact(repoURL, m.opts.Token), ErrNotOnForge)
+	}
+	u, err := url.Parse(strings.TrimSpace(repoURL))
+	if err != nil {
+		return Repo{}, fmt.Errorf("push to %s: %w", redact(repoURL, m.opts.Token), ErrNotOnForge)
+	}
+	web := u.Scheme + "://" + u.Host + "/" + full
+	r := Repo{CloneURL: web + ".git", HTMLURL: web, FullName: full}
+
+	lock := m.lock(bareRepoPath)
+	lock.Lock()
+	defer lock.Unlock()
+	if err := m.syncTo(ctx, bareRepoPath, r); err != nil {
+		return r, fmt.Errorf("push to %s: %w", full, err)
+	}
+	return r, nil
+}
+
+// syncTo pushes what changed since the last sync to r.
+func (m *Mirror) syncTo(ctx context.Context, dir string, r Repo) error {
+	ns, err := trackingPrefix(r.FullName)
+	if err != nil {
+		return err
+	}
+	local, tracked, err := m.refs(ctx, dir, ns)
+	if err != nil {
+		return err
+	}
+	if upToDate(local, tracked) {
+		return nil
+	}
+	return m.push(ctx, dir, r, ns, local, tracked)
 }
 
 // push moves the forge's branches to local's where that loses nothing, and
@@ -191,7 +228,8 @@ func (m *Mirror) push(ctx context.Context, dir string, r Repo, ns string, local,
 			switch {
 			case !u.ok():
 				rejected = true
-				skipped[b] = "rejected: " + strings.Trim(u.summary, "[] ")
+				// "[rejected] (stale info)", "[remote rejected] (reason)"
+				skipped[b] = strings.NewReplacer("[", "", "]", "").Replace(u.summary)
 			case u.flag == '=':
 				record[b] = local[b]
 			default:
@@ -307,13 +345,15 @@ func (m *Mirror) forget(accountID string) {
 	m.mu.Unlock()
 }
 
-func (m *Mirror) lock(accountID string) *sync.Mutex {
+// lock returns the mutex of a bare repository. There is one per
+// repository ever synced: a few bytes per account.
+func (m *Mirror) lock(dir string) *sync.Mutex {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	l, ok := m.locks[accountID]
+	l, ok := m.locks[dir]
 	if !ok {
 		l = new(sync.Mutex)
-		m.locks[accountID] = l
+		m.locks[dir] = l
 	}
 	return l
 }

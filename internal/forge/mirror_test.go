@@ -268,3 +268,107 @@ func TestMirrorPublicOption(t *testing.T) {
 		t.Errorf("repo %+v private=%v; want public acme/ws-<id>", r, fx.gh.repos[r.FullName].Private)
 	}
 }
+
+// loopbackForge is the fake GitHub with the test git server as its web
+// host: SyncURL needs a forge whose repository URLs git can reach here.
+type loopbackForge struct {
+	*GitHub
+	srv *gitServer
+}
+
+func (f loopbackForge) ParseRepoURL(u string) (string, bool) {
+	rest, ok := strings.CutPrefix(u, f.srv.URL+"/")
+	if !ok {
+		return "", false
+	}
+	owner, name, ok := strings.Cut(strings.TrimSuffix(rest, ".git"), "/")
+	if !ok || !validOwner(owner) || !validRepoName(name) {
+		return "", false
+	}
+	return owner + "/" + name, true
+}
+
+func TestMirrorSyncURL(t *testing.T) {
+	fx := newMirrorFixture(t)
+	g, err := NewGitHub(Options{Token: testToken, Owner: "acme", BaseURL: fx.gh.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMirror(MirrorOptions{Forge: loopbackForge{g, fx.srv}, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ext := newBare(t, fx.srv.repoPath("octo/own-repo"))
+	c1 := commitOn(t, fx.src, "main", "first")
+
+	r, err := m.SyncURL(ctx, fx.src, fx.srv.URL+"/octo/own-repo")
+	if err != nil {
+		t.Fatalf("SyncURL: %v", err)
+	}
+	if r.FullName != "octo/own-repo" || r.CloneURL != fx.srv.URL+"/octo/own-repo.git" {
+		t.Errorf("repo = %+v", r)
+	}
+	if got := revParse(t, ext, "refs/heads/main"); got != c1 {
+		t.Errorf("external main = %q, want %q", got, c1)
+	}
+	// The account's mirror is tracked apart from its external remote.
+	if _, err := m.Sync(ctx, testAccount, fx.src); err != nil {
+		t.Fatalf("Sync beside SyncURL: %v", err)
+	}
+	if got := fx.remote(t, "main"); got != c1 {
+		t.Errorf("mirror main = %q, want %q", got, c1)
+	}
+	// An existing repository with its own history is not overwritten.
+	other := newBare(t, fx.srv.repoPath("octo/busy"))
+	theirs := commitOn(t, other, "main", "their history")
+	_, err = m.SyncURL(ctx, fx.src, fx.srv.URL+"/octo/busy.git")
+	var un *UnmirroredError
+	if !errors.As(err, &un) || un.Branches["main"] != reasonDiverged {
+		t.Errorf("SyncURL to a repository with other history: err = %v", err)
+	}
+	if got := revParse(t, other, "refs/heads/main"); got != theirs {
+		t.Errorf("their main = %q, want %q kept", got, theirs)
+	}
+
+	// The token goes to the forge only.
+	for _, u := range []string{"https://example.com/octo/own-repo.git", "http://127.0.0.1:1/octo/own-repo.git"} {
+		if _, err := m.SyncURL(ctx, fx.src, u); !errors.Is(err, ErrNotOnForge) {
+			t.Errorf("SyncURL(%s): err = %v, want ErrNotOnForge", u, err)
+		}
+	}
+}
+
+func TestMirrorConcurrentSyncs(t *testing.T) {
+	fx := newMirrorFixture(t)
+	commitOn(t, fx.src, "main", "first")
+	for i := range 3 {
+		commitOn(t, fx.src, "branch-"+string(rune('a'+i)), "work "+string(rune('a'+i)))
+	}
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := fx.mirror.Sync(context.Background(), testAccount, fx.src)
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent sync: %v", err)
+		}
+	}
+	creates := 0
+	for _, c := range fx.gh.takeRequests() {
+		if strings.HasPrefix(c, "POST") {
+			creates++
+		}
+	}
+	if creates != 1 {
+		t.Errorf("mirror created %d times", creates)
+	}
+	for _, b := range []string{"main", "branch-a", "branch-b", "branch-c"} {
+		if got, want := fx.remote(t, b), fx.local(t, b); got != want {
+			t.Errorf("forge %s = %q, want %q", b, got, want)
+		}
+	}
+}
