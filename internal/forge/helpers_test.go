@@ -18,7 +18,7 @@ import (
 )
 
 // git runs git for a test, failing it on error, and returns trimmed stdout.
-func git(t *testing.T, dir string, args ...string) string {
+func git(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	if dir != "" {
 		args = append([]string{"--git-dir=" + dir}, args...)
@@ -37,7 +37,7 @@ func git(t *testing.T, dir string, args ...string) string {
 }
 
 // newBare creates an empty bare repository at p.
-func newBare(t *testing.T, p string) string {
+func newBare(t testing.TB, p string) string {
 	t.Helper()
 	git(t, "", "init", "-q", "--bare", "-b", "main", p)
 	return p
@@ -46,7 +46,7 @@ func newBare(t *testing.T, p string) string {
 // commitOn makes a commit with a file named after msg on branch of the bare
 // repository and moves the branch to it; it returns the commit. Its parent
 // is the branch's tip, unless parents are given ("" alone: a root commit).
-func commitOn(t *testing.T, bare, branch, msg string, parent ...string) string {
+func commitOn(t testing.TB, bare, branch, msg string, parent ...string) string {
 	t.Helper()
 	blob := hashObject(t, bare, msg+"\n")
 	cmd := exec.Command("git", "--git-dir="+bare, "mktree")
@@ -74,7 +74,7 @@ func commitOn(t *testing.T, bare, branch, msg string, parent ...string) string {
 	return c
 }
 
-func hashObject(t *testing.T, bare, content string) string {
+func hashObject(t testing.TB, bare, content string) string {
 	t.Helper()
 	cmd := exec.Command("git", "--git-dir="+bare, "hash-object", "-w", "--stdin")
 	cmd.Stdin = strings.NewReader(content)
@@ -87,7 +87,7 @@ func hashObject(t *testing.T, bare, content string) string {
 }
 
 // revParse returns the commit ref names in bare, or "" when there is none.
-func revParse(t *testing.T, bare, ref string) string {
+func revParse(t testing.TB, bare, ref string) string {
 	t.Helper()
 	cmd := exec.Command("git", "--git-dir="+bare, "rev-parse", "-q", "--verify", ref+"^{commit}")
 	cmd.Env = baseGitEnv()
@@ -99,7 +99,7 @@ func revParse(t *testing.T, bare, ref string) string {
 }
 
 // assertNoSecret fails when secret occurs in any file under dir.
-func assertNoSecret(t *testing.T, dir, secret string) {
+func assertNoSecret(t testing.TB, dir, secret string) {
 	t.Helper()
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -133,7 +133,7 @@ type gitServer struct {
 	denied   int
 }
 
-func newGitServer(t *testing.T, token string) *gitServer {
+func newGitServer(t testing.TB, token string) *gitServer {
 	t.Helper()
 	execPath := git(t, "", "--exec-path")
 	g := &gitServer{root: t.TempDir(), token: token, users: make(map[string]bool)}
@@ -181,7 +181,7 @@ func newGitServer(t *testing.T, token string) *gitServer {
 }
 
 // testLogWriter sends what http-backend says on stderr to the test's log.
-type testLogWriter struct{ t *testing.T }
+type testLogWriter struct{ t testing.TB }
 
 func (w testLogWriter) Write(b []byte) (int, error) {
 	w.t.Logf("git http-backend: %s", bytes.TrimSpace(b))
@@ -203,7 +203,7 @@ func (g *gitServer) repoPath(fullName string) string {
 // state: accounts, repositories and pull requests.
 type fakeGitHub struct {
 	*httptest.Server
-	t     *testing.T
+	t     testing.TB
 	token string
 	me    string
 	// git, when set, hosts the repositories' contents: creating a
@@ -236,7 +236,7 @@ type fakePull struct {
 	Body   string
 }
 
-func newFakeGitHub(t *testing.T, token, me string, orgs ...string) *fakeGitHub {
+func newFakeGitHub(t testing.TB, token, me string, orgs ...string) *fakeGitHub {
 	t.Helper()
 	f := &fakeGitHub{
 		t: t, token: token, me: me,

@@ -3,6 +3,7 @@ package forge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ type mirrorFixture struct {
 	full   string // the mirror's owner/name
 }
 
-func newMirrorFixture(t *testing.T) *mirrorFixture {
+func newMirrorFixture(t testing.TB) *mirrorFixture {
 	t.Helper()
 	srv := newGitServer(t, testToken)
 	gh := newFakeGitHub(t, testToken, "octo", "acme")
@@ -35,7 +36,7 @@ func newMirrorFixture(t *testing.T) *mirrorFixture {
 }
 
 // newMirror is a Mirror as a freshly started server has it.
-func (fx *mirrorFixture) newMirror(t *testing.T) *Mirror {
+func (fx *mirrorFixture) newMirror(t testing.TB) *Mirror {
 	t.Helper()
 	g, err := NewGitHub(Options{Token: testToken, Owner: "acme", BaseURL: fx.gh.URL})
 	if err != nil {
@@ -48,18 +49,18 @@ func (fx *mirrorFixture) newMirror(t *testing.T) *Mirror {
 	return m
 }
 
-func (fx *mirrorFixture) sync(t *testing.T) (Repo, error) {
+func (fx *mirrorFixture) sync(t testing.TB) (Repo, error) {
 	t.Helper()
 	return fx.mirror.Sync(context.Background(), testAccount, fx.src)
 }
 
 // remote is the commit branch has on the forge.
-func (fx *mirrorFixture) remote(t *testing.T, branch string) string {
+func (fx *mirrorFixture) remote(t testing.TB, branch string) string {
 	t.Helper()
 	return revParse(t, fx.srv.repoPath(fx.full), "refs/heads/"+branch)
 }
 
-func (fx *mirrorFixture) local(t *testing.T, branch string) string {
+func (fx *mirrorFixture) local(t testing.TB, branch string) string {
 	t.Helper()
 	return revParse(t, fx.src, "refs/heads/"+branch)
 }
@@ -178,7 +179,7 @@ func TestMirrorKeepsForgeOnlyCommits(t *testing.T) {
 
 // fetchObjects brings the forge's objects into the local repository, as a
 // fetch would, without moving branches.
-func fetchObjects(t *testing.T, fx *mirrorFixture) {
+func fetchObjects(t testing.TB, fx *mirrorFixture) {
 	t.Helper()
 	git(t, fx.src, "fetch", "-q", fx.srv.repoPath(fx.full), "+refs/heads/*:refs/fetched/*")
 }
@@ -369,6 +370,24 @@ func TestMirrorConcurrentSyncs(t *testing.T) {
 	for _, b := range []string{"main", "branch-a", "branch-b", "branch-c"} {
 		if got, want := fx.remote(t, b), fx.local(t, b); got != want {
 			t.Errorf("forge %s = %q, want %q", b, got, want)
+		}
+	}
+}
+
+// BenchmarkMirrorIdleSync is the cost of Sync after a run that changed
+// nothing: what every run pays when mirroring is on.
+func BenchmarkMirrorIdleSync(b *testing.B) {
+	fx := newMirrorFixture(b)
+	for i := range 20 {
+		commitOn(b, fx.src, fmt.Sprintf("branch-%d", i), fmt.Sprintf("work %d", i))
+	}
+	ctx := context.Background()
+	if _, err := fx.mirror.Sync(ctx, testAccount, fx.src); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := fx.mirror.Sync(ctx, testAccount, fx.src); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
