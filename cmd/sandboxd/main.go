@@ -43,6 +43,7 @@ func newRootCmd() *cobra.Command {
 		newVersionCmd(),
 		newSandboxCmd(),
 		newBenchCmd(g),
+		newKernelCmd(g),
 	)
 	return root
 }
