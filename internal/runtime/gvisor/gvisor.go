@@ -413,7 +413,9 @@ func (r *Runtime) reattach(ctx context.Context) error {
 		s := newSandbox(r, dir, m)
 		if err := s.attach(); err != nil {
 			r.log.Warn("re-attach sandbox", "id", m.ID, "err", err)
+			continue
 		}
+		s.startGuard()
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +170,52 @@ func waitWarm(t *testing.T, r *gvisor.Runtime, n int) {
 			t.Fatalf("warm pool has %d of %d after a minute", r.WarmReady(), n)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLimitsApplied checks each limit where it is enforced: the host cgroup
+// (CPU quota, memory hard cap), RLIMIT_NPROC inside, and the size of the
+// writable layer's file system.
+func TestLimitsApplied(t *testing.T) {
+	state := t.TempDir()
+	r := newRuntime(t, state, nil)
+	defer r.Close()
+	ctx := context.Background()
+	lim := runtime.Limits{CPUs: 0.5, MemoryBytes: 300 << 20, Pids: 100, DiskBytes: 128 << 20}
+	sb, err := r.Create(ctx, runtime.Spec{ID: "limits", BaseDir: runtimetest.Rootfs(t), Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	target, err := os.Readlink(filepath.Join(state, "ids", "limits"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := "/sandboxd/" + filepath.Base(target)
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := read("/sys/fs/cgroup/cpu" + cg + "/cpu.cfs_quota_us"); got != "50000" {
+		t.Errorf("cfs quota %s, want 50000 (0.5 CPU)", got)
+	}
+	hard, _ := strconv.ParseInt(read("/sys/fs/cgroup/memory"+cg+"/memory.limit_in_bytes"), 10, 64)
+	if hard <= lim.MemoryBytes || hard > 2*lim.MemoryBytes {
+		t.Errorf("memory hard limit %d for a %d limit", hard, lim.MemoryBytes)
+	}
+	var out strings.Builder
+	if _, err := sb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"sh", "-c", "ulimit -u; df -k / | tail -1"}, Stdout: &out}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || lines[0] != "100" {
+		t.Fatalf("inside: %q, want process limit 100", out.String())
+	}
+	st, err := sb.Stats(ctx)
+	if err != nil || st.MemoryBytes <= 0 || st.Pids <= 0 || st.DiskBytes <= 0 || st.Processes <= 0 {
+		t.Errorf("stats %+v %v", st, err)
 	}
 }

@@ -34,6 +34,8 @@ type sandbox struct {
 	ready  chan struct{} // closed while client != nil
 	ln     net.Listener
 	cancel context.CancelFunc // ends the accept loop and the memory guard
+	// guardCtx is the context the memory guard runs under.
+	guardCtx context.Context
 	gone   bool               // destroyed
 }
 
@@ -131,6 +133,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runsc run: %w (see %s)", err, s.path("agent.log"))
 	}
+	s.startGuard()
 	wctx, cancel := context.WithTimeout(ctx, s.r.opts.StartTimeout)
 	defer cancel()
 	if _, err := s.agent(wctx); err != nil {
@@ -176,10 +179,21 @@ func (s *sandbox) attach() error {
 	s.r.sandboxes[m.CID] = s
 	s.r.mu.Unlock()
 	go s.acceptLoop(ln)
-	if m.Limits.MemoryBytes > 0 && !m.Stopped {
+	s.mu.Lock()
+	s.guardCtx = ctx
+	s.mu.Unlock()
+	return nil
+}
+
+// startGuard starts the memory guard once the container (and so its
+// cgroup) exists.
+func (s *sandbox) startGuard() {
+	s.mu.Lock()
+	ctx, m := s.guardCtx, s.m
+	s.mu.Unlock()
+	if ctx != nil && m.Limits.MemoryBytes > 0 && !m.Stopped {
 		go s.guardMemory(ctx)
 	}
-	return nil
 }
 
 // detach lets go of the sandbox without touching it (Runtime.Close).
@@ -467,8 +481,16 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 func (s *sandbox) guardMemory(ctx context.Context) {
 	m := s.meta()
 	g := cgroup.New(m.CgroupPath)
-	// The cgroup appears when runsc starts the sandbox.
-	for i := 0; i < 100 && !g.Exists(); i++ {
+	// runsc has made the cgroup by now; its controllers appear one by one,
+	// so wait for the memory controller's files themselves.
+	for i := 0; ; i++ {
+		if _, err := g.MemoryLimit(); err == nil {
+			break
+		}
+		if i == 300 {
+			s.r.log.Warn("memory guard not running: no memory cgroup", "id", m.ID, "cgroup", m.CgroupPath)
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
