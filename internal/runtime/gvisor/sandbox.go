@@ -36,7 +36,7 @@ type sandbox struct {
 	cancel context.CancelFunc // ends the accept loop and the memory guard
 	// guardCtx is the context the memory guard runs under.
 	guardCtx context.Context
-	gone   bool               // destroyed
+	gone     bool // destroyed
 }
 
 var _ runtime.Sandbox = (*sandbox)(nil)
