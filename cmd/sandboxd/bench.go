@@ -100,7 +100,7 @@ func printReport(w io.Writer, r bench.Report) {
 	fmt.Fprintf(tw, "%d concurrent starts\tall running in %.0f ms\teach p50 %.0f ms, p90 %.0f ms\n", c.N, c.TotalMs, c.Each.P50, c.Each.P90)
 	fmt.Fprintf(tw, "idle sandbox memory\tRSS %.1f MiB\tPSS %.1f MiB\tcgroup %.1f MiB\n", c.IdleRSSMiB, c.IdlePSSMiB, c.IdleCgroupMB)
 	s := r.Snapshot
-	fmt.Fprintf(tw, "snapshot of %d MiB changed\t%.0f ms\tlayer %.1f MiB\n", s.ChangedMiB, s.SnapshotMs, s.LayerMiB)
+	fmt.Fprintf(tw, "snapshot of %d MiB changed\tquiesce %.0f ms, then snapshot %.0f ms\tlayer %.1f MiB\n", s.ChangedMiB, s.QuiesceMs, s.SnapshotMs, s.LayerMiB)
 	fmt.Fprintf(tw, "restore\tcreate %.0f ms\tunpack alone %.0f ms\tidentical %v\n", s.RestoreMs, s.ApplyMs, s.VerifiedSame)
 	tw.Flush()
 }
