@@ -132,9 +132,9 @@ rm -f /etc/motd`, base64.StdEncoding.EncodeToString(pngBytes), base64.StdEncodin
 
 	// A new sandbox starts from the snapshot: the repository file and a
 	// file outside the repository are there, the deleted file is not.
-	sb2 := s.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", "cat /workspace/report.md /home/user/.cache/x; test ! -e /etc/motd && echo motd-gone; git -C /workspace log --oneline | wc -l"}})
+	sb2 := s.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", "cat /workspace/report.md /home/user/.cache/x; test ! -e /etc/motd && echo motd-gone; git -C /workspace log --oneline | wc -l; ls /home/user/.cache; stat -c %s /workspace/report.md"}})
 	r = s.waitRun(k, sb2["runId"].(string), 3*time.Minute)
-	if r.Status != "COMPLETED" || r.Output["stdout"] != "# Report\nall good\noutside\nmotd-gone\n1\n" {
+	if r.Status != "COMPLETED" || r.Output["stdout"] != "# Report\nall good\noutside\nmotd-gone\n1\nx\n18\n" {
 		t.Fatalf("second run %+v", r)
 	}
 

@@ -38,6 +38,7 @@ type serveOptions struct {
 	template     string
 	rootfs       string
 	platform     string
+	runsc        string
 	warmPool     int
 	timeout      time.Duration
 	maxTimeout   time.Duration
@@ -77,6 +78,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.runtimeName, "runtime", envOr("SANDBOXD_RUNTIME", "gvisor"), "sandbox backend (env SANDBOXD_RUNTIME): gvisor")
 	f.StringVar(&o.template, "template", envOr("SANDBOXD_TEMPLATE", "base"), "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames())
 	f.StringVar(&o.rootfs, "rootfs", envOr("SANDBOXD_ROOTFS", ""), "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
+	f.StringVar(&o.runsc, "runsc", envOr("SANDBOXD_RUNSC", ""), "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
 	f.StringVar(&o.platform, "gvisor-platform", envOr("SANDBOXD_GVISOR_PLATFORM", ""), "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
 	f.IntVar(&o.warmPool, "warm-pool", envInt("SANDBOXD_WARM_POOL", 2), "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
 	f.DurationVar(&o.timeout, "sandbox-timeout", envDuration("SANDBOXD_SANDBOX_TIMEOUT", 10*time.Minute), "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
@@ -335,6 +337,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, baseDir, baseID 
 	case "gvisor":
 		rt, err := gvisor.New(ctx, gvisor.Options{
 			StateDir:      filepath.Join(dataDir, "runtime", "gvisor"),
+			RunscPath:     o.runsc,
 			Platform:      o.platform,
 			DefaultLimits: limits,
 			WarmPool:      o.warmPool,

@@ -100,6 +100,9 @@ type Runtime struct {
 	platform string
 	rejected map[string]string
 	version  string
+	// preload is the host file mounted as /etc/ld.so.preload, naming the
+	// statx shim; "" when the shim could not be built.
+	preload string
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -155,6 +158,11 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if err := installAgent(agentPath, filepath.Join(state, "bin", "sandbox-agent")); err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
+	preload, err := installStatxShim(ctx, filepath.Join(state, "bin"))
+	if err != nil {
+		opts.Logger.Warn("gvisor runtime: running without the statx shim; coreutils ls and stat fail on runsc before 2023", "err", err)
+		preload = ""
+	}
 	out, err := exec.CommandContext(ctx, runsc, "--version").Output()
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: runsc --version: %w", err)
@@ -164,6 +172,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		opts: opts, log: opts.Logger.With("runtime", Name), runsc: runsc,
 		version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]),
 		ctx:     rctx, cancel: cancel, sandboxes: map[string]*sandbox{},
+		preload: preload,
 	}
 	if r.platform, r.rejected, err = r.choosePlatform(ctx); err != nil {
 		cancel()

@@ -130,7 +130,9 @@ func hardLimits(l runtime.Limits) (memHard, pidsHard int64) {
 }
 
 // buildSpec writes the OCI bundle config for sandbox s.
-func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile string) ociSpec {
+// preload, when not empty, is the host file mounted as /etc/ld.so.preload
+// (see statxcompat.go).
+func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string) ociSpec {
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	proc := ociProcess{
 		Args:         []string{guestAgent, "--socket", guestSocket},
@@ -156,22 +158,26 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile string) ociSpec {
 	if pidsHard > 0 {
 		res.Pids = &ociPids{Limit: pidsHard}
 	}
+	mounts := []ociMount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=755"}},
+		{Destination: guestBinDir, Type: "bind", Source: binDir, Options: []string{"rbind", "ro"}},
+		{Destination: guestSockDir, Type: "bind", Source: sockDir, Options: []string{"rbind", "ro"}},
+		{Destination: guestHostsFile, Type: "bind", Source: hostsFile, Options: []string{"rbind", "ro"}},
+	}
+	if preload != "" {
+		mounts = append(mounts, ociMount{Destination: guestPreload, Type: "bind", Source: preload, Options: []string{"rbind", "ro"}})
+	}
 	return ociSpec{
 		Version:  "1.0.2",
 		Process:  proc,
 		Root:     ociRoot{Path: rootfs},
 		Hostname: s.Hostname,
-		Mounts: []ociMount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=755"}},
-			{Destination: guestBinDir, Type: "bind", Source: binDir, Options: []string{"rbind", "ro"}},
-			{Destination: guestSockDir, Type: "bind", Source: sockDir, Options: []string{"rbind", "ro"}},
-			{Destination: guestHostsFile, Type: "bind", Source: hostsFile, Options: []string{"rbind", "ro"}},
-		},
+		Mounts:   mounts,
 		Linux: ociLinux{
 			Namespaces:  []ociNamespace{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
 			CgroupsPath: s.CgroupPath,

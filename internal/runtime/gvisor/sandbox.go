@@ -110,7 +110,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := os.WriteFile(s.path("hosts"), []byte(hosts), 0o644); err != nil {
 		return err
 	}
-	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"))
+	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"), s.r.preload)
 	if err := writeSpec(s.path("bundle"), spec); err != nil {
 		return err
 	}
