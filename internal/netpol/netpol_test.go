@@ -1,0 +1,584 @@
+package netpol
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// The test "internet": a namespace behind a veth from the host, on
+// TEST-NET-2, with HTTP servers on several addresses. Host routes send the
+// metadata address and a private range there too, so that only the deny
+// list (not a missing route) can keep a sandbox from them.
+var (
+	inetHost     = netip.MustParseAddr("198.51.100.1")
+	inetA        = netip.MustParseAddr("198.51.100.2")
+	inetB        = netip.MustParseAddr("198.51.100.3")
+	inetDomain   = netip.MustParseAddr("198.51.100.4") // what "internet.test" resolves to
+	inetDNS      = netip.MustParseAddr("198.51.100.53")
+	inetMetadata = netip.MustParseAddr("169.254.169.254")
+	inetPrivate  = netip.MustParseAddr("10.99.0.1")
+)
+
+const testDomain = "internet.test"
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, nftables)")
+	}
+}
+
+// inNetns runs fn on a thread in the namespace at path; the thread is
+// thrown away afterwards.
+func inNetns(path string, fn func() error) error {
+	ch := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			ch <- err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			ch <- err
+			return
+		}
+		ch <- fn()
+	}()
+	return <-ch
+}
+
+// listenIn listens on addr inside the namespace at path.
+func listenIn(t testing.TB, path, addr string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := inNetns(path, func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, path, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// serveHTTP answers every request with "hello from ADDR".
+func serveHTTP(l net.Listener) {
+	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s", l.Addr())
+	}))
+}
+
+// guestGet fetches url from inside the namespace at path, as a sandbox
+// would.
+func guestGet(path, url string) (string, error) {
+	tr := &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := inNetns(path, func() (err error) {
+				c, err = (&net.Dialer{Timeout: time.Second}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		},
+	}
+	cl := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	resp, err := cl.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+type internet struct {
+	netns string
+	link  string
+}
+
+// newInternet builds the test internet and its servers.
+func newInternet(t *testing.T) *internet {
+	t.Helper()
+	var rb [3]byte
+	_, _ = rand.Read(rb[:])
+	suffix := hex.EncodeToString(rb[:])
+	in := &internet{netns: "tin-" + suffix, link: "tin" + suffix}
+	ns, err := newNamedNetns(in.netns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	t.Cleanup(func() {
+		_ = delLink(in.link)
+		_ = delNetns(in.netns)
+	})
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: in.link}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
+		t.Fatal(err)
+	}
+	host, err := netlink.LinkByName(in.link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(inetHost, 24)}))
+	must(t, netlink.LinkSetUp(host))
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	lo, _ := h.LinkByName("lo")
+	must(t, h.LinkSetUp(lo))
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{inetA, inetB, inetDomain, inetDNS} {
+		must(t, h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(a, 24)}))
+	}
+	for _, a := range []netip.Addr{inetMetadata, inetPrivate} {
+		must(t, h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(a, 32)}))
+	}
+	must(t, h.LinkSetUp(eth))
+	must(t, h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: inetHost.AsSlice()}))
+	for _, a := range []netip.Addr{inetMetadata, inetPrivate} {
+		must(t, netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipNet(a, 32), Gw: inetA.AsSlice()}))
+	}
+	path := filepath.Join(netnsDir, in.netns)
+	for _, a := range []netip.Addr{inetA, inetB, inetDomain, inetMetadata, inetPrivate} {
+		serveHTTP(listenIn(t, path, netip.AddrPortFrom(a, 80).String()))
+	}
+	// A UDP echo on the DNS address: enough to show port 53 gets through.
+	var pc net.PacketConn
+	if err := inNetns(path, func() (err error) {
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(inetDNS, 53).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:n], from)
+		}
+	}()
+	return in
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newManager makes a Manager with the test's prefix, pool and resolvers;
+// the test's end removes everything it made.
+func newManager(t testing.TB, prefix string, pool string, mod func(*Options)) *Manager {
+	t.Helper()
+	requireRoot(t)
+	opts := Options{
+		StateDir: t.TempDir(),
+		Prefix:   prefix,
+		Pool:     netip.MustParsePrefix(pool),
+		DNS:      []netip.Addr{inetDNS},
+		LookupIP: func(ctx context.Context, host string) ([]netip.Addr, error) {
+			if host == testDomain {
+				return []netip.Addr{inetDomain}, nil
+			}
+			return nil, fmt.Errorf("no such host %s", host)
+		},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if mod != nil {
+		mod(&opts)
+	}
+	m, err := New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Uninstall(context.Background()); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	return m
+}
+
+func url(a netip.Addr, port int) string {
+	return "http://" + netip.AddrPortFrom(a, uint16(port)).String() + "/"
+}
+
+func TestPolicy(t *testing.T) {
+	requireRoot(t)
+	newInternet(t)
+	m := newManager(t, "tnp", "10.201.0.0/16", nil)
+	ctx := context.Background()
+
+	none, err := m.Setup(ctx, "sb-none", Policy{Mode: ModeNone})
+	if err != nil || none != nil {
+		t.Fatalf("Setup(none) = %v, %v; want nil, nil", none, err)
+	}
+	egress, err := m.Setup(ctx, "sb-egress", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow, err := m.Setup(ctx, "sb-allow", Policy{Mode: ModeAllow, Allow: []string{inetA.String(), testDomain}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The host's sandboxd port: a listener on every host address.
+	hostL, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostL.Close()
+	serveHTTP(hostL)
+	hostPort := hostL.Addr().(*net.TCPAddr).Port
+	if _, err := http.Get(url(egress.HostAddr, hostPort)); err != nil {
+		t.Fatalf("the host listener does not answer on the veth address from the host: %v", err)
+	}
+	hostAddrs := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLoopback() {
+			hostAddrs = append(hostAddrs, ip.Unmap())
+		}
+	}
+	// Listeners inside each sandbox, for sandbox-to-sandbox checks.
+	for _, n := range []*Network{egress, allow} {
+		serveHTTP(listenIn(t, n.Netns, netip.AddrPortFrom(n.GuestAddr, 8080).String()))
+	}
+
+	type check struct {
+		from  *Network
+		url   string
+		reach bool
+	}
+	var checks []check
+	for _, n := range []*Network{egress, allow} {
+		for _, a := range hostAddrs {
+			checks = append(checks, check{n, url(a, hostPort), false})
+		}
+		checks = append(checks,
+			check{n, url(inetMetadata, 80), false},
+			check{n, url(inetPrivate, 80), false},
+		)
+	}
+	checks = append(checks,
+		check{egress, url(allow.GuestAddr, 8080), false},
+		check{allow, url(egress.GuestAddr, 8080), false},
+		check{egress, url(inetA, 80), true},
+		check{egress, url(inetB, 80), true},
+		check{egress, url(inetDomain, 80), true},
+		check{allow, url(inetA, 80), true},
+		check{allow, url(inetDomain, 80), true},
+		check{allow, url(inetB, 80), false},
+		check{allow, url(inetDNS, 80), false}, // the resolver, but not port 53
+	)
+	var wg sync.WaitGroup
+	for _, c := range checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body, err := guestGet(c.from.Netns, c.url)
+			switch {
+			case c.reach && err != nil:
+				t.Errorf("%s (%s) cannot reach %s: %v", c.from.ID, c.from.Policy.Mode, c.url, err)
+			case c.reach && !strings.HasPrefix(body, "hello from"):
+				t.Errorf("%s (%s) got %q from %s", c.from.ID, c.from.Policy.Mode, body, c.url)
+			case !c.reach && err == nil:
+				t.Errorf("%s (%s) reached %s: %q", c.from.ID, c.from.Policy.Mode, c.url, body)
+			}
+		}()
+	}
+	// DNS to the configured resolver gets through in both modes.
+	for _, n := range []*Network{egress, allow} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := udpEcho(n.Netns, netip.AddrPortFrom(inetDNS, 53)); err != nil {
+				t.Errorf("%s (%s): DNS to %s: %v", n.ID, n.Policy.Mode, inetDNS, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := string(egress.ResolvConf()); !strings.Contains(got, "nameserver "+inetDNS.String()+"\n") {
+		t.Errorf("resolv.conf = %q", got)
+	}
+}
+
+// udpEcho sends a datagram from the namespace at path and waits for it
+// to come back.
+func udpEcho(path string, to netip.AddrPort) error {
+	var c net.Conn
+	if err := inNetns(path, func() (err error) {
+		c, err = net.Dial("udp", to.String())
+		return err
+	}); err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if string(buf[:n]) != "ping" {
+		return fmt.Errorf("echo = %q", buf[:n])
+	}
+	return nil
+}
+
+// TestAllowPrivate: an operator's private exception opens that range and
+// nothing of the hard deny list.
+func TestAllowPrivate(t *testing.T) {
+	requireRoot(t)
+	newInternet(t)
+	m := newManager(t, "tnq", "10.202.0.0/16", func(o *Options) {
+		o.AllowPrivate = []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24"), netip.MustParsePrefix("169.254.0.0/16")}
+	})
+	n, err := m.Setup(context.Background(), "sb-private", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guestGet(n.Netns, url(inetPrivate, 80)); err != nil {
+		t.Errorf("allowed private address: %v", err)
+	}
+	if body, err := guestGet(n.Netns, url(inetMetadata, 80)); err == nil {
+		t.Errorf("metadata reachable although only private ranges may be allowed: %q", body)
+	}
+}
+
+// TestConnLimit: the connection beyond MaxConns is dropped.
+func TestConnLimit(t *testing.T) {
+	requireRoot(t)
+	newInternet(t)
+	const limit = 4
+	m := newManager(t, "tnr", "10.203.0.0/16", func(o *Options) { o.MaxConns = limit })
+	n, err := m.Setup(context.Background(), "sb-conns", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range limit + 1 {
+		var c net.Conn
+		err := inNetns(n.Netns, func() (err error) {
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(inetA, 80).String(), time.Second)
+			return err
+		})
+		if i < limit && err != nil {
+			t.Fatalf("connection %d of %d: %v", i+1, limit, err)
+		}
+		if i == limit && err == nil {
+			t.Fatalf("connection %d got through a limit of %d", i+1, limit)
+		}
+		if c != nil {
+			conns = append(conns, c)
+		}
+	}
+}
+
+// leftovers lists what m has on the host: namespaces, links, per-sandbox
+// chains and jump rules, records.
+func leftovers(t *testing.T, m *Manager) []string {
+	t.Helper()
+	var out []string
+	nss, err := listNetns(m.opts.Prefix + "-")
+	must(t, err)
+	for _, ns := range nss {
+		out = append(out, "netns "+ns)
+	}
+	links, err := listLinks(m.opts.Prefix)
+	must(t, err)
+	for _, l := range links {
+		out = append(out, "link "+l)
+	}
+	c, err := nftables.New()
+	must(t, err)
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	must(t, err)
+	for _, ch := range chains {
+		if ch.Table.Name == m.table {
+			if _, ok := m.chainKey(ch.Name); ok {
+				out = append(out, "chain "+ch.Name)
+			}
+		}
+	}
+	t2 := m.tbl()
+	for _, name := range []string{chainEgress, chainIngress} {
+		rules, err := c.GetRules(t2, &nftables.Chain{Name: name, Table: t2})
+		must(t, err)
+		for range rules {
+			out = append(out, "rule in "+name)
+		}
+	}
+	recs, err := m.records()
+	must(t, err)
+	for _, r := range recs {
+		out = append(out, "record "+r.ID)
+	}
+	return out
+}
+
+func TestTeardownLeavesNothing(t *testing.T) {
+	requireRoot(t)
+	newInternet(t)
+	m := newManager(t, "tns", "10.204.0.0/16", nil)
+	ctx := context.Background()
+	for i := range 20 {
+		id := fmt.Sprintf("sb-%02d", i)
+		p := Policy{Mode: ModeEgress}
+		if i%2 == 1 {
+			p = Policy{Mode: ModeAllow, Allow: []string{"198.51.100.0/24"}}
+		}
+		n, err := m.Setup(ctx, id, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 || i == 19 {
+			if _, err := guestGet(n.Netns, url(inetA, 80)); err != nil {
+				t.Errorf("%s: %v", id, err)
+			}
+		}
+		if err := m.Teardown(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Teardown(ctx, id); err != nil {
+			t.Fatalf("second teardown: %v", err)
+		}
+	}
+	if l := leftovers(t, m); len(l) > 0 {
+		t.Errorf("left after 20 setups and teardowns: %v", l)
+	}
+}
+
+// TestReconcileAfterCrash: a Manager dies with networks up and half-made
+// objects around; a new one on the same state keeps the live sandbox's
+// network working and removes everything else.
+func TestReconcileAfterCrash(t *testing.T) {
+	requireRoot(t)
+	newInternet(t)
+	m := newManager(t, "tnt", "10.205.0.0/16", nil)
+	ctx := context.Background()
+	for _, id := range []string{"gone-1", "kept", "gone-2"} {
+		if _, err := m.Setup(ctx, id, Policy{Mode: ModeEgress}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A crash mid-setup: objects with no record.
+	orphan := "0123456789"
+	ns, err := newNamedNetns(m.netnsName(orphan))
+	must(t, err)
+	defer ns.Close()
+	must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: m.linkName(orphan)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}))
+	must(t, m.addSandboxRules(&Network{Key: orphan, HostIf: m.linkName(orphan), Policy: Policy{Mode: ModeEgress}}))
+
+	m2, err := New(ctx, m.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Reconcile(ctx, func(id string) bool { return id == "kept" }); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := m2.Get("kept")
+	if err != nil || kept == nil {
+		t.Fatalf("Get(kept) = %v, %v", kept, err)
+	}
+	if gone, _ := m2.Get("gone-1"); gone != nil {
+		t.Errorf("gone-1 still has a network")
+	}
+	want := []string{"netns " + m.netnsName(kept.Key), "link " + kept.HostIf,
+		"chain " + m.outChain(kept.Key), "chain " + m.inChain(kept.Key),
+		"rule in egress", "rule in ingress", "record kept"}
+	got := leftovers(t, m2)
+	if fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
+		t.Errorf("after reconcile: %v, want %v", got, want)
+	}
+	if _, err := guestGet(kept.Netns, url(inetA, 80)); err != nil {
+		t.Errorf("kept sandbox lost egress: %v", err)
+	}
+	// The freed slots are handed out again; the kept one is not.
+	n, err := m2.Setup(ctx, "new", Policy{Mode: ModeEgress})
+	must(t, err)
+	if n.GuestAddr == kept.GuestAddr {
+		t.Errorf("new sandbox got the kept one's address %s", n.GuestAddr)
+	}
+	must(t, m2.Teardown(ctx, "new"))
+	must(t, m2.Teardown(ctx, "kept"))
+	if l := leftovers(t, m2); len(l) > 0 {
+		t.Errorf("left after teardown: %v", l)
+	}
+}
+
+func sorted(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+// BenchmarkSetupTeardown measures one sandbox network's setup and teardown.
+func BenchmarkSetupTeardown(b *testing.B) {
+	m := newManager(b, "tnb", "10.206.0.0/16", nil)
+	ctx := context.Background()
+	var setup, teardown time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("bench-%d", i)
+		t0 := time.Now()
+		if _, err := m.Setup(ctx, id, Policy{Mode: ModeEgress}); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := m.Teardown(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		setup += t1.Sub(t0)
+		teardown += time.Since(t1)
+	}
+	b.ReportMetric(float64(setup.Microseconds())/float64(b.N)/1000, "setup-ms/op")
+	b.ReportMetric(float64(teardown.Microseconds())/float64(b.N)/1000, "teardown-ms/op")
+}

@@ -1,0 +1,355 @@
+package netpol
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+// The table (family inet, named sandboxd_<prefix>; P is the prefix):
+//
+//	chain forward  hook forward, policy accept   (rebuilt by New)
+//	    iifname "P*" jump egress
+//	    oifname "P*" jump ingress
+//	    iifname "P*" drop                         unknown sandbox link
+//	    oifname "P*" drop
+//	chain input    hook input, policy accept     (rebuilt by New)
+//	    iifname "P*" ct state established,related accept
+//	    iifname "P*" drop                         sandboxes never reach the host
+//	chain postrouting  nat hook                  (rebuilt by New)
+//	    meta nfproto ipv4 ip saddr POOL oifname != "P*" masquerade
+//	chain egress / ingress                       (kept across restarts)
+//	    iifname "PKEY" goto P-KEY-out            one per sandbox, comment KEY
+//	    oifname "PKEY" goto P-KEY-in
+//	chain dns      ip daddr RESOLVER udp/tcp dport 53 accept   (rebuilt)
+//	chain deny     ip daddr DENIED drop                         (rebuilt)
+//	chain private  ip daddr ALLOWED-PRIVATE return; ip daddr PRIVATE drop (rebuilt)
+//	chain P-KEY-out
+//	    meta nfproto ipv6 drop
+//	    limit rate over RATE bytes/second burst BURST bytes drop
+//	    ct state established,related accept
+//	    ct count over MAXCONNS drop
+//	    jump dns; jump deny; jump private
+//	    accept                                    egress
+//	    ip daddr ALLOWED accept ...               allow list
+//	    drop
+//	chain P-KEY-in
+//	    meta nfproto ipv6 drop
+//	    limit rate over RATE bytes/second burst BURST bytes drop
+//	    ct state established,related accept
+//	    drop                                      nothing dials into a sandbox
+//	                                              through the forward path
+//
+// Rules match addresses one prefix per rule: the lists are short, and rules
+// avoid the quirks of interval sets. The host's own addresses need no list:
+// a packet to any of them takes the input hook, where sandboxes may only
+// answer.
+
+// hardDeny is denied to every sandbox, whatever the operator allows.
+var hardDeny = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"), // link-local: cloud metadata
+	netip.MustParsePrefix("224.0.0.0/4"),    // multicast
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, broadcast
+}
+
+// privateRanges are denied unless Options.AllowPrivate says otherwise.
+var privateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT, also some clouds' internal networks
+	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking, used by some proxies
+}
+
+// Chain names.
+const (
+	chainForward     = "forward"
+	chainInput       = "input"
+	chainPostrouting = "postrouting"
+	chainEgress      = "egress"
+	chainIngress     = "ingress"
+	chainDNS         = "dns"
+	chainDeny        = "deny"
+	chainPrivate     = "private"
+)
+
+func (m *Manager) tbl() *nftables.Table {
+	return &nftables.Table{Name: m.table, Family: nftables.TableFamilyINet}
+}
+
+func (m *Manager) outChain(key string) string { return m.opts.Prefix + "-" + key + "-out" }
+func (m *Manager) inChain(key string) string  { return m.opts.Prefix + "-" + key + "-in" }
+
+// installTable creates the table and its shared chains, and rebuilds the
+// rules that depend on Options; per-sandbox chains and their jumps stay.
+func (m *Manager) installTable() error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := c.AddTable(m.tbl())
+	accept := nftables.ChainPolicyAccept
+	base := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: &accept})
+		c.FlushChain(ch)
+		return ch
+	}
+	regular := func(name string, flush bool) *nftables.Chain {
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: t})
+		if flush {
+			c.FlushChain(ch)
+		}
+		return ch
+	}
+	// Regular chains first: base chains jump to them.
+	egress, ingress := regular(chainEgress, false), regular(chainIngress, false)
+	dns, deny, private := regular(chainDNS, true), regular(chainDeny, true), regular(chainPrivate, true)
+	fwd := base(chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
+	in := base(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
+	post := base(chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
+
+	p := m.opts.Prefix
+	add := func(ch *nftables.Chain, exprs ...[]expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: concat(exprs...)})
+	}
+	add(fwd, ifname(expr.MetaKeyIIFNAME, p, false), jump(expr.VerdictJump, egress.Name))
+	add(fwd, ifname(expr.MetaKeyOIFNAME, p, false), jump(expr.VerdictJump, ingress.Name))
+	add(fwd, ifname(expr.MetaKeyIIFNAME, p, false), verdict(expr.VerdictDrop))
+	add(fwd, ifname(expr.MetaKeyOIFNAME, p, false), verdict(expr.VerdictDrop))
+	add(in, ifname(expr.MetaKeyIIFNAME, p, false), ctEstablished(), verdict(expr.VerdictAccept))
+	add(in, ifname(expr.MetaKeyIIFNAME, p, false), verdict(expr.VerdictDrop))
+	add(post, nfproto(unix.NFPROTO_IPV4), ipAddr(12, m.opts.Pool), ifnameNeq(expr.MetaKeyOIFNAME, p), []expr.Any{&expr.Masq{}})
+	for _, a := range m.opts.DNS {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			add(dns, ipAddr(16, netip.PrefixFrom(a, 32)), l4dport(proto, 53), verdict(expr.VerdictAccept))
+		}
+	}
+	for _, pfx := range append(append(append([]netip.Prefix{}, hardDeny...), m.opts.Pool), m.opts.Deny...) {
+		add(deny, ipAddr(16, pfx), verdict(expr.VerdictDrop))
+	}
+	for _, pfx := range m.opts.AllowPrivate {
+		add(private, ipAddr(16, pfx), verdict(expr.VerdictReturn))
+	}
+	for _, pfx := range privateRanges {
+		add(private, ipAddr(16, pfx), verdict(expr.VerdictDrop))
+	}
+	return c.Flush()
+}
+
+// addSandboxRules adds n's chains and the jumps to them, in one
+// transaction.
+func (m *Manager) addSandboxRules(n *Network) error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := m.tbl()
+	out := c.AddChain(&nftables.Chain{Name: m.outChain(n.Key), Table: t})
+	in := c.AddChain(&nftables.Chain{Name: m.inChain(n.Key), Table: t})
+	add := func(ch *nftables.Chain, exprs ...[]expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: concat(exprs...)})
+	}
+	for _, ch := range []*nftables.Chain{out, in} {
+		add(ch, nfproto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))
+		add(ch, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: m.opts.RateBytes, Unit: expr.LimitTimeSecond, Burst: m.opts.BurstBytes, Over: true}}, verdict(expr.VerdictDrop))
+		add(ch, ctEstablished(), verdict(expr.VerdictAccept))
+	}
+	add(out, []expr.Any{&expr.Connlimit{Count: m.opts.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV}}, verdict(expr.VerdictDrop))
+	add(out, jump(expr.VerdictJump, chainDNS))
+	add(out, jump(expr.VerdictJump, chainDeny))
+	add(out, jump(expr.VerdictJump, chainPrivate))
+	switch n.Policy.Mode {
+	case ModeEgress:
+		add(out, verdict(expr.VerdictAccept))
+	case ModeAllow:
+		for _, pfx := range n.Allowed {
+			add(out, ipAddr(16, pfx), verdict(expr.VerdictAccept))
+		}
+	}
+	add(out, verdict(expr.VerdictDrop))
+	add(in, verdict(expr.VerdictDrop))
+	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainEgress, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, out.Name))})
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainIngress, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyOIFNAME, n.HostIf, true), jump(expr.VerdictGoto, in.Name))})
+	return c.Flush()
+}
+
+// delSandboxRules removes the chains and jumps of the given keys.
+func (m *Manager) delSandboxRules(keys map[string]bool) error {
+	return m.delRules(func(key string) bool { return keys[key] })
+}
+
+// delSandboxRulesExcept removes the chains and jumps of every key not in
+// keep.
+func (m *Manager) delSandboxRulesExcept(keep map[string]bool) error {
+	return m.delRules(func(key string) bool { return !keep[key] })
+}
+
+func (m *Manager) delRules(del func(key string) bool) error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := m.tbl()
+	n := 0
+	for _, name := range []string{chainEgress, chainIngress} {
+		rules, err := c.GetRules(t, &nftables.Chain{Name: name, Table: t})
+		if err != nil {
+			return fmt.Errorf("list rules of %s: %w", name, err)
+		}
+		for _, r := range rules {
+			key, ok := userdata.GetString(r.UserData, userdata.TypeComment)
+			if ok && del(key) {
+				if err := c.DelRule(r); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list chains: %w", err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != m.table {
+			continue
+		}
+		key, ok := m.chainKey(ch.Name)
+		if ok && del(key) {
+			c.FlushChain(ch)
+			c.DelChain(ch)
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete sandbox rules: %w", err)
+	}
+	return nil
+}
+
+// chainKey is the sandbox key of a per-sandbox chain's name.
+func (m *Manager) chainKey(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, m.opts.Prefix+"-")
+	if !ok {
+		return "", false
+	}
+	for _, suf := range []string{"-out", "-in"} {
+		if key, ok := strings.CutSuffix(rest, suf); ok && keyPattern.MatchString(key) {
+			return key, true
+		}
+	}
+	return "", false
+}
+
+// Rule building blocks; each returns expressions to concatenate.
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func verdict(k expr.VerdictKind) []expr.Any { return []expr.Any{&expr.Verdict{Kind: k}} }
+
+func jump(k expr.VerdictKind, chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: k, Chain: chain}}
+}
+
+// ifname matches an interface name: exactly, or by prefix (nft's "p*").
+func ifname(key expr.MetaKey, name string, exact bool) []expr.Any {
+	data := []byte(name)
+	if exact {
+		data = make([]byte, unix.IFNAMSIZ)
+		copy(data, name)
+	}
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data},
+	}
+}
+
+func ifnameNeq(key expr.MetaKey, prefix string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(prefix)},
+	}
+}
+
+func nfproto(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+// ipAddr matches the IPv4 address at offset (12 source, 16 destination)
+// against a prefix.
+func ipAddr(offset uint32, p netip.Prefix) []expr.Any {
+	mask := make([]byte, 4)
+	binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-p.Bits()))
+	if p.Bits() == 0 {
+		mask = []byte{0, 0, 0, 0}
+	}
+	a := p.Masked().Addr().As4()
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]},
+	}
+}
+
+func l4dport(proto byte, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)},
+	}
+}
+
+func ctEstablished() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+			Xor:  []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+}
+
+func (m *Manager) deleteTable() error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	c.DelTable(m.tbl())
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete nftables table %s: %w", m.table, err)
+	}
+	return nil
+}
