@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/persist"
@@ -55,6 +56,7 @@ type serveOptions struct {
 	blobURL      string
 	setup        bool
 	githubToken  string
+	githubOwner  string
 	claudeToken  string
 	anthropicKey string
 	modelURL     string
@@ -95,6 +97,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.blobURL, "blob-store", envOr("SANDBOXD_BLOB_STORE", ""), "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
 	f.BoolVar(&o.setup, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
 	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GITHUB_TOKEN given to sandboxes (env GITHUB_TOKEN)")
+	f.StringVar(&o.githubOwner, "github-owner", envOr("SANDBOXD_GITHUB_OWNER", ""), "GitHub organization or user that receives a mirror repository per account and the coding agent's pull requests; needs --github-token (env SANDBOXD_GITHUB_OWNER)")
 	f.StringVar(&o.claudeToken, "claude-code-oauth-token", os.Getenv("CLAUDE_CODE_OAUTH_TOKEN"), "CLAUDE_CODE_OAUTH_TOKEN given to sandboxes (env CLAUDE_CODE_OAUTH_TOKEN)")
 	f.StringVar(&o.anthropicKey, "anthropic-api-key", os.Getenv("ANTHROPIC_API_KEY"), "ANTHROPIC_API_KEY given to sandboxes (env ANTHROPIC_API_KEY)")
 	f.StringVar(&o.modelURL, "model-base-url", envOr("SANDBOXD_MODEL_BASE_URL", ""), "OpenAI-compatible model API that prompts (opencode) use (env SANDBOXD_MODEL_BASE_URL)")
@@ -201,9 +204,25 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("open blob store: %w", err)
 	}
+	var (
+		gh        forge.Forge
+		mirror    *forge.Mirror
+		forgeHost string
+	)
+	if o.githubToken != "" && o.githubOwner != "" {
+		g, err := forge.NewGitHub(forge.Options{Token: o.githubToken, Owner: o.githubOwner, Logger: log.With("component", "forge")})
+		if err != nil {
+			return fmt.Errorf("configure GitHub: %w", err)
+		}
+		if mirror, err = forge.NewMirror(forge.MirrorOptions{Forge: g, Token: o.githubToken, Logger: log.With("component", "forge")}); err != nil {
+			return fmt.Errorf("configure GitHub mirror: %w", err)
+		}
+		gh, forgeHost = g, forge.DefaultWebHost
+	}
 	persistence, err := persist.New(persist.Options{
 		Store: st, Blobs: blobs, Repos: repos, BaseDir: baseDir,
 		TempDir: filepath.Join(dataDir, "tmp"), TTL: o.snapshotTTL,
+		Mirror: mirror, ForgeHost: forgeHost,
 		Logger: log.With("component", "persist"),
 	})
 	if err != nil {
@@ -226,6 +245,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			Model: sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
 		},
 		Persist: persistence,
+		Forge:   gh,
 		Logger:  log.With("component", "sandbox"),
 	})
 	mgr.RegisterWorkers(workers)

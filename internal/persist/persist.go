@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -50,8 +51,14 @@ type Options struct {
 	// MaxDepth is the longest chain of layers kept (default 8).
 	MaxDepth int
 	// TTL is how long the account's snapshot stays valid (default 7 days).
-	TTL    time.Duration
-	Logger *slog.Logger
+	TTL time.Duration
+	// Mirror, when set, keeps a forge (GitHub) repository per account in
+	// step with the account's repository after every run.
+	Mirror *forge.Mirror
+	// ForgeHost is the forge's web host (e.g. "github.com") whose git
+	// remotes sandboxes reach with GITHUB_TOKEN; "" when none.
+	ForgeHost string
+	Logger    *slog.Logger
 }
 
 // Service implements sandbox.Persistence.
@@ -86,13 +93,18 @@ func New(opts Options) (*Service, error) {
 // GitEnv is the environment that makes git inside a sandbox authenticate to
 // sandboxd with the sandbox's key (read from RECOUP_API_KEY when git runs)
 // and sign commits as the sandbox.
-func GitEnv(sandboxID string) []string {
+func GitEnv(sandboxID, forgeHost string) []string {
 	cfg := [][2]string{
 		{"credential." + HomeURL + ".helper", `!f() { test "$1" = get && echo username=sandbox && echo "password=$RECOUP_API_KEY"; }; f`},
 		{"user.name", "sandboxd"},
 		{"user.email", sandboxID + "@sandboxd.internal"},
 		{"init.defaultBranch", "main"},
 		{"safe.directory", "*"},
+	}
+	if forgeHost != "" {
+		// Remotes on the forge authenticate with the GITHUB_TOKEN the
+		// sandbox is given; the token is read when git runs, never stored.
+		cfg = append(cfg, [2]string{"credential.https://" + forgeHost + ".helper", forge.CredentialHelper("GITHUB_TOKEN")})
 	}
 	env := []string{fmt.Sprintf("GIT_CONFIG_COUNT=%d", len(cfg))}
 	for i, kv := range cfg {
@@ -102,7 +114,7 @@ func GitEnv(sandboxID string) []string {
 }
 
 // Env implements sandbox.Persistence.
-func (s *Service) Env(sb store.Sandbox) []string { return GitEnv(sb.ID) }
+func (s *Service) Env(sb store.Sandbox) []string { return GitEnv(sb.ID, s.opts.ForgeHost) }
 
 // RepoURL is the account's repository as sandboxes reach it.
 func RepoURL(accountID string) string {
@@ -177,12 +189,68 @@ func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 	if b, ok := strings.CutPrefix(strings.TrimSpace(out), "pushed "); ok {
 		saved.Branch = b
 	}
+	if s.opts.Mirror != nil {
+		s.mirror(ctx, sb.AccountID)
+	}
 	snap, err := s.Capture(ctx, sb, rsb)
 	if err != nil {
 		return saved, err
 	}
 	saved.SnapshotID = snap.ID
 	return saved, nil
+}
+
+// mirror brings the account's forge repository up to date: the one the
+// account named with PATCH github_repo when it is on the forge, else the
+// mirror sandboxd keeps for it, whose URL becomes the account's
+// github_repo. It is best effort: the work is safe here either way.
+func (s *Service) mirror(ctx context.Context, accountID string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	bare, err := s.opts.Repos.Path(accountID)
+	if err != nil {
+		s.log.Warn("mirror: repository path", "account_id", accountID, "err", err)
+		return
+	}
+	env, err := s.st.GetEnvironment(ctx, accountID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("mirror: load environment", "account_id", accountID, "err", err)
+		return
+	}
+	if env.GithubRepo != nil && *env.GithubRepo != "" {
+		if _, err := s.opts.Mirror.SyncURL(ctx, bare, *env.GithubRepo); err == nil || !errors.Is(err, forge.ErrNotOnForge) {
+			if err != nil {
+				s.log.Warn("mirror: push to the account's repository", "account_id", accountID, "err", err)
+			}
+			return
+		}
+	}
+	repoInfo, err := s.opts.Mirror.Sync(ctx, accountID, bare)
+	if err != nil {
+		s.log.Warn("mirror: sync", "account_id", accountID, "err", err)
+		if repoInfo.HTMLURL == "" {
+			return
+		}
+	}
+	if err := s.setRepoURL(ctx, accountID, repoInfo.HTMLURL); err != nil {
+		s.log.Warn("mirror: record repository URL", "account_id", accountID, "err", err)
+	}
+}
+
+// setRepoURL records url as the account's github_repo.
+func (s *Service) setRepoURL(ctx context.Context, accountID, url string) error {
+	now := time.Now()
+	env, err := s.st.GetEnvironment(ctx, accountID)
+	if errors.Is(err, store.ErrNotFound) {
+		env = store.Environment{AccountID: accountID, CreatedAt: now, ExpiresAt: now.Add(s.opts.TTL)}
+	} else if err != nil {
+		return err
+	}
+	if env.GithubRepo != nil && *env.GithubRepo == url {
+		return nil
+	}
+	env.GithubRepo, env.UpdatedAt = &url, now
+	return s.st.UpsertEnvironment(ctx, &env)
 }
 
 // Snapshot implements sandbox.Persistence.

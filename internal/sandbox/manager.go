@@ -27,6 +27,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -101,7 +102,9 @@ type Config struct {
 	PublicURL string
 	Settings  Settings
 	Persist   Persistence
-	Logger    *slog.Logger
+	// Forge, when configured, receives the coding agent's pull requests.
+	Forge  forge.Forge
+	Logger *slog.Logger
 }
 
 // Manager implements api.SandboxService on one node.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -347,6 +348,19 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 		return out, nil
 	}
 	out["changed"], out["branch"], out["diffStat"] = true, branch, strings.TrimRight(stat, "\n")
+	if f := m.cfg.Forge; f != nil {
+		if full, ok := f.ParseRepoURL(p.RepoURL); ok {
+			pr, err := f.OpenPullRequest(ctx, full, forge.PullRequest{
+				Head: branch, Base: p.BaseBranch, Title: "Agent: " + truncate(title, 72),
+				Body: p.Prompt + "\n\nRun " + run.ID + " by sandboxd.\n\n```\n" + strings.TrimRight(stat, "\n") + "\n```\n",
+			})
+			if err != nil {
+				out["pullRequestError"] = err.Error()
+			} else {
+				out["pullRequest"], out["pullRequestNumber"] = pr.HTMLURL, pr.Number
+			}
+		}
+	}
 	return out, nil
 }
 
