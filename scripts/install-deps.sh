@@ -15,6 +15,7 @@ need=(
   "mkfs.ext4:e2fsprogs"
   "git:git"
   "curl:curl"
+  "cc:gcc"                                        # builds the statx shim preloaded in gVisor sandboxes
 )
 
 missing=()
