@@ -32,6 +32,9 @@ func main() {
 		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
 		return
 	}
+	if len(os.Args) > 1 && (os.Args[1] == "vm-init" || os.Args[1] == "vm-agent") {
+		os.Exit(vmMain(os.Args[1], os.Args[2:])) // microVM modes: vm.go
+	}
 	socket := flag.String("socket", "/run/sandboxd/sock/agent.sock", "host socket to dial")
 	home := flag.String("home", "127.0.0.1:80", "address to forward home (sandboxd.internal); empty disables")
 	cwd := flag.String("cwd", "/workspace", "default working directory, created if missing")

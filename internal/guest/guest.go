@@ -127,6 +127,9 @@ type Request struct {
 	Exec *ExecSpec `json:"exec,omitempty"`
 	Path string    `json:"path,omitempty"`
 	Mode uint32    `json:"mode,omitempty"`
+	// Layer and Clock carry the arguments of the VM operations (vm.go).
+	Layer *LayerRequest `json:"layer,omitempty"`
+	Clock *ClockRequest `json:"clock,omitempty"`
 }
 
 // ExecSpec is what to run. Env is the complete extra environment (the host

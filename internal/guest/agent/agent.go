@@ -46,6 +46,13 @@ type Options struct {
 	// Cwd is the working directory when a request gives none.
 	Cwd    string
 	Logger *slog.Logger
+	// Cgroup, when set, is a cgroup v2 directory every process the agent
+	// starts is placed in as it is cloned (a microVM's sandbox limits); the
+	// agent stays outside it. OpFreeze and OpThaw act on it (vm.go).
+	Cgroup string
+	// Layer is the overlay upper directory OpExportLayer archives; empty
+	// refuses the operation.
+	Layer string
 }
 
 // DefaultEnv is the base environment of processes the agent starts.
@@ -64,6 +71,7 @@ type Agent struct {
 	boot  string
 	start time.Time
 	procs *procTable
+	vm    vmState
 
 	mu   sync.Mutex
 	sess *yamux.Session
@@ -245,6 +253,8 @@ func (a *Agent) serveStream(st *yamux.Stream) {
 	case guest.OpOOMKill:
 		k := a.procs.oomKill()
 		_ = w.json(guest.FrameResult, guest.Result{Killed: k})
+	case guest.OpFreeze, guest.OpThaw, guest.OpExportLayer, guest.OpSetClock:
+		a.serveVM(w, req)
 	default:
 		_ = w.json(guest.FrameResult, guest.Result{Error: fmt.Sprintf("unknown op %q", req.Op), ErrorKind: guest.KindOther})
 	}

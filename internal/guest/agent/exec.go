@@ -378,6 +378,7 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 			stdinW = inW
 		}
 	}
+	a.placeInCgroup(cmd)
 	wait, err := a.procs.start(cmd, startFn)
 	closeAll(toClose)
 	if err != nil {

@@ -1,0 +1,480 @@
+package main
+
+// The microVM modes. The runtime/microvm backend boots a minimal kernel with
+// this binary as /sandbox-agent in an uncompressed initramfs and runs it as
+// the kernel's init: `rdinit=/sandbox-agent -- vm-init`.
+//
+// vm-init (PID 1 of the VM) builds the sandbox's root file system — the
+// base image disk (read-only ext4, virtio-blk serial "sandboxd-base") and
+// the writable layer disk (ext4, serial "sandboxd-layer", holding lower-N/
+// restored layers, upper/ and work/) under overlayfs — moves into it, sets
+// the hostname, loopback and the sandbox cgroup (memory and pids limits from
+// the kernel command line), and starts vm-agent in a new PID and mount
+// namespace. The agent is PID 1 there: the sandbox's processes see only
+// themselves and the agent in /proc, never the kernel's threads. When the
+// agent dies, vm-init reboots, and QEMU (-no-reboot) exits: the sandbox
+// stops.
+//
+// vm-agent serves the guest protocol on the virtio-serial port named
+// "sandboxd". A port can be opened only once; when the host side goes away
+// (sandboxd restarts) reads return EOF, the agent closes the port, waits for
+// the host to connect again and speaks a fresh handshake.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/guest/agent"
+)
+
+// Kernel command line parameters vm-init reads (sandboxd.*).
+const (
+	paramHostname = "sandboxd.hostname"
+	paramPids     = "sandboxd.pids"   // pids.max of the sandbox cgroup
+	paramMemory   = "sandboxd.memory" // memory.max of the sandbox cgroup, bytes
+	paramProbe    = "sandboxd.probe"  // print probeMarker and power off
+	paramPort     = "sandboxd.port"   // virtio-serial port name
+	probeMarker   = "sandboxd-probe-ok"
+	sandboxCgroup = "/sys/fs/cgroup/sandbox"
+	newRoot       = "/newroot"
+	upperFD       = 3 // the writable layer's upper dir, passed to vm-agent
+)
+
+// vmMain runs a microVM mode and returns the exit status.
+func vmMain(mode string, args []string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("agent", version, "mode", mode)
+	var err error
+	switch mode {
+	case "vm-init":
+		err = vmInit(log)
+	case "vm-agent":
+		err = vmAgent(log, args)
+	default:
+		err = fmt.Errorf("unknown mode %q", mode)
+	}
+	if err != nil {
+		log.Error("sandbox-agent failed", "err", err)
+		if os.Getpid() == 1 {
+			powerOff()
+		}
+		return 1
+	}
+	return 0
+}
+
+// powerOff ends the VM: with reboot=t the kernel resets through a triple
+// fault, and QEMU, started with -no-reboot, exits.
+func powerOff() {
+	unix.Sync()
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	select {}
+}
+
+func mount(source, target, fstype string, flags uintptr, data string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("mount %s: %w", target, err)
+	}
+	if err := unix.Mount(source, target, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", fstype, target, err)
+	}
+	return nil
+}
+
+// cmdline parses the sandboxd.* parameters of the kernel command line.
+func cmdline() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, f := range strings.Fields(string(b)) {
+		if f == "--" {
+			break
+		}
+		if k, v, ok := strings.Cut(f, "="); ok && strings.HasPrefix(k, "sandboxd.") {
+			out[k] = v
+		}
+	}
+	return out, nil
+}
+
+// findDisk returns the /dev node of the virtio-blk disk with this serial.
+func findDisk(serial string) (string, error) {
+	ents, _ := filepath.Glob("/sys/block/vd*/serial")
+	for _, p := range ents {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.TrimSpace(string(b)) == serial {
+			return "/dev/" + filepath.Base(filepath.Dir(p)), nil
+		}
+	}
+	return "", fmt.Errorf("no virtio disk with serial %q", serial)
+}
+
+// findPort returns the /dev node of the virtio-serial port with this name
+// (no udev here to make /dev/virtio-ports/NAME).
+func findPort(name string) (string, error) {
+	ents, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+	for _, p := range ents {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.TrimSpace(string(b)) == name {
+			return "/dev/" + filepath.Base(filepath.Dir(p)), nil
+		}
+	}
+	return "", fmt.Errorf("no virtio-serial port named %q", name)
+}
+
+func vmInit(log *slog.Logger) error {
+	if os.Getpid() != 1 {
+		return errors.New("vm-init must be the kernel's init")
+	}
+	const nosuid = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := mount("proc", "/proc", "proc", nosuid, ""); err != nil {
+		return err
+	}
+	params, err := cmdline()
+	if err != nil {
+		return err
+	}
+	if params[paramProbe] != "" {
+		fmt.Println(probeMarker)
+		powerOff()
+	}
+	if err := mount("sysfs", "/sys", "sysfs", nosuid, ""); err != nil {
+		return err
+	}
+	if err := mount("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
+		return err
+	}
+	base, err := findDisk("sandboxd-base")
+	if err != nil {
+		return err
+	}
+	layer, err := findDisk("sandboxd-layer")
+	if err != nil {
+		return err
+	}
+	if err := mount(base, "/base", "ext4", unix.MS_RDONLY, ""); err != nil {
+		return err
+	}
+	if err := mount(layer, "/layer", "ext4", unix.MS_NOATIME, ""); err != nil {
+		return err
+	}
+	// Restored layers are lower-0 (bottom) ... lower-N; overlayfs wants the
+	// top first.
+	lowerDirs, _ := filepath.Glob("/layer/lower-*")
+	sort.Slice(lowerDirs, func(i, j int) bool { return lowerIndex(lowerDirs[i]) > lowerIndex(lowerDirs[j]) })
+	lowers := append(lowerDirs, "/base")
+	for _, d := range []string{"/layer/upper", "/layer/work"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// The upper directory alone must be the snapshot: no index, redirects
+	// or metacopy, which would point into the lowers.
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=/layer/upper,workdir=/layer/work,index=off,redirect_dir=off,metacopy=off",
+		strings.Join(lowers, ":"))
+	if err := mount("overlay", newRoot, "overlay", 0, opts); err != nil {
+		return err
+	}
+	upper, err := unix.Open("/layer/upper", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("open upper dir: %w", err)
+	}
+	// sandboxd.internal resolves to the agent's forwarder on loopback. The
+	// file lives in the initramfs and is bind-mounted over the sandbox's
+	// /etc/hosts, so it never lands in the writable layer.
+	hostname := params[paramHostname]
+	if hostname == "" {
+		hostname = "sandbox"
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost sandboxd.internal\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname)
+	if err := os.WriteFile("/hosts", []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	target := newRoot + "/etc/hosts"
+	if _, err := os.Stat(target); err != nil {
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(target, nil, 0o644); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("/hosts", target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind /etc/hosts: %w", err)
+	}
+	if err := unix.Mount("/dev", newRoot+"/dev", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move /dev: %w", err)
+	}
+	if err := mount("devpts", newRoot+"/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", newRoot+"/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return err
+	}
+	// vm-init keeps the whole VM's /proc; vm-agent mounts its own PID
+	// namespace's over it.
+	if err := unix.Mount("/proc", newRoot+"/proc", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move /proc: %w", err)
+	}
+	if err := unix.Mount("/sys", newRoot+"/sys", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move /sys: %w", err)
+	}
+	if err := mount("cgroup2", newRoot+"/sys/fs/cgroup", "cgroup2", nosuid, ""); err != nil {
+		return err
+	}
+	// Switch root: the overlay becomes /, the initramfs stays underneath.
+	if err := os.Chdir(newRoot); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte(hostname)); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	if err := setupCgroup(params); err != nil {
+		return err
+	}
+	port := params[paramPort]
+	if port == "" {
+		port = "sandboxd"
+	}
+	log.Info("root file system ready", "lowers", len(lowerDirs), "uptime", uptime())
+	return supervise(log, upper, port)
+}
+
+func lowerIndex(p string) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "lower-"))
+	return n
+}
+
+func uptime() string {
+	b, _ := os.ReadFile("/proc/uptime")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0] + "s"
+}
+
+// loopbackUp brings lo up; the kernel then gives it 127.0.0.1 and ::1.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
+}
+
+// setupCgroup creates the sandbox cgroup with the limits from the command
+// line. The guest's memory is the limit plus room for the kernel and the
+// agent; here the sandbox's processes are held to the limit itself, so the
+// guest kernel's OOM killer picks among them and never starves the agent.
+func setupCgroup(params map[string]string) error {
+	root := "/sys/fs/cgroup"
+	if err := os.WriteFile(root+"/cgroup.subtree_control", []byte("+memory +pids +cpu"), 0); err != nil {
+		return fmt.Errorf("enable cgroup controllers: %w", err)
+	}
+	if err := os.Mkdir(sandboxCgroup, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create sandbox cgroup: %w", err)
+	}
+	set := func(file, v string) error {
+		if v == "" || v == "0" {
+			return nil
+		}
+		if err := os.WriteFile(filepath.Join(sandboxCgroup, file), []byte(v), 0); err != nil {
+			return fmt.Errorf("set %s=%s: %w", file, v, err)
+		}
+		return nil
+	}
+	if err := set("memory.max", params[paramMemory]); err != nil {
+		return err
+	}
+	// No swap in the guest, but say so: a limit means a limit.
+	_ = set("memory.swap.max", "0")
+	return set("pids.max", params[paramPids])
+}
+
+// supervise starts vm-agent in its own PID and mount namespace and reaps
+// everything; when the agent ends, the VM ends.
+func supervise(log *slog.Logger, upper int, port string) error {
+	cmd := exec.Command("/proc/self/exe", "vm-agent", "--port", port)
+	cmd.Args[0] = "sandbox-agent"
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(upper), "upper")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start vm-agent: %w", err)
+	}
+	agentPID := cmd.Process.Pid
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait: %w", err)
+		}
+		if pid == agentPID {
+			log.Error("vm-agent exited; powering off", "status", ws.ExitStatus(), "signal", ws.Signal())
+			powerOff()
+		}
+	}
+}
+
+// vmAgent is the agent proper, PID 1 of the sandbox's PID namespace.
+func vmAgent(log *slog.Logger, args []string) error {
+	port := "sandboxd"
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--port" {
+			port = args[i+1]
+		}
+	}
+	// This mount namespace's /proc shows this PID namespace. Mounts here
+	// must not propagate back to vm-init's namespace.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	agent.HandleSignals(cancel)
+	const cwd = "/workspace"
+	if err := os.MkdirAll(cwd, 0o755); err != nil {
+		log.Warn("create default working directory", "dir", cwd, "err", err)
+	}
+	a := agent.New(agent.Options{
+		Version: version, Reap: true, Cwd: cwd, Logger: log,
+		Cgroup: sandboxCgroup,
+		// The upper dir is reached through the fd vm-init passed: it is
+		// not visible in the sandbox's file tree.
+		Layer: fmt.Sprintf("/proc/self/fd/%d/", upperFD),
+	})
+	if ln, err := net.Listen("tcp", "127.0.0.1:80"); err != nil {
+		log.Warn("listen for sandboxd.internal", "err", err)
+	} else {
+		defer ln.Close()
+		go func() {
+			if err := a.ServeHome(ln); err != nil {
+				log.Warn("home forwarding stopped", "err", err)
+			}
+		}()
+	}
+	path, err := waitPort(ctx, port)
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", path, err)
+		}
+		if waitHost(ctx, f) {
+			if err := a.Serve(ctx, portConn{f}); err != nil && ctx.Err() == nil {
+				log.Warn("session ended", "err", err)
+			}
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// waitPort waits for the virtio-serial port to appear (the driver may
+// still be probing when the agent starts).
+func waitPort(ctx context.Context, name string) (string, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p, err := findPort(name)
+		if err == nil {
+			if _, serr := os.Stat(p); serr == nil {
+				return p, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", err
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// waitHost waits until the host end of the port is connected: the port
+// reports POLLHUP while it is not. It returns false when ctx ends.
+func waitHost(ctx context.Context, f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	for ctx.Err() == nil {
+		var revents int16
+		_ = rc.Control(func(fd uintptr) {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
+			if _, err := unix.Poll(pfd, 0); err == nil {
+				revents = pfd[0].Revents
+			}
+		})
+		if revents&unix.POLLHUP == 0 && revents != 0 {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
+}
+
+// portConn is the virtio-serial port as the net.Conn the agent serves.
+type portConn struct{ f *os.File }
+
+func (c portConn) Read(p []byte) (int, error)         { return c.f.Read(p) }
+func (c portConn) Write(p []byte) (int, error)        { return c.f.Write(p) }
+func (c portConn) Close() error                       { return c.f.SetDeadline(time.Now()) }
+func (c portConn) LocalAddr() net.Addr                { return portAddr{} }
+func (c portConn) RemoteAddr() net.Addr               { return portAddr{} }
+func (c portConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
+func (c portConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
+func (c portConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+
+type portAddr struct{}
+
+func (portAddr) Network() string { return "virtio-serial" }
+func (portAddr) String() string  { return "host" }

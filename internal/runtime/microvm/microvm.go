@@ -1,0 +1,580 @@
+// Package microvm is the runtime backend that runs each sandbox as a QEMU
+// microVM: the microvm machine (virtio-mmio, no PCI, no ACPI, no firmware
+// beyond qboot), the minimal guest kernel of internal/kernel booted as a
+// PVH vmlinux, and the guest agent (cmd/sandbox-agent) as the kernel's init,
+// speaking the guest protocol over a virtio-serial port. On hosts where KVM
+// works it is a hardware boundary; elsewhere QEMU emulates the CPU (TCG),
+// which is slow but keeps the same boundary of a separate kernel.
+//
+// What it owns, under Options.StateDir:
+//
+//	boot/vmlinux, boot/initrd-<hash>.cpio   the kernel and the agent's initramfs
+//	bases/<fingerprint>.ext4                read-only base disks made from Spec.BaseDir
+//	accel.json                              the accelerator probe's cached answer
+//	templates/<key>/                        booted VMs saved as memory snapshots
+//	sandboxes/<cid>/                        one directory per VM (cid = "vm-<hex>")
+//	    meta.json                           what the sandbox is; written last
+//	    qemu.log                            QEMU's own messages
+//	    memory.state                        the VM's memory while paused
+//	    jail/                               QEMU's chroot (see jail.go), holding
+//	        disk/layer.ext4                 the writable layer disk
+//	        run/{qmp,agent}.sock, run/console.log
+//	ids/<id> -> ../sandboxes/<cid>          the sandbox id, claimed atomically
+//
+// The guest's file system: the base disk (ext4, read-only, shared by all
+// VMs of a base) and the layer disk (ext4 of Limits.DiskBytes holding the
+// restored layers as lower-N/, and upper/ and work/) under overlayfs,
+// assembled by the agent's vm-init. Snapshot asks the agent to stream
+// upper/ in the snapshot format — the guest kernel reads its own file
+// system, so the host never mounts a disk a guest has written. A stopped
+// sandbox is booted again for that, with nothing but the agent running.
+//
+// Limits: the guest gets Limits.MemoryBytes plus room for its kernel and
+// agent, and ceil(Limits.CPUs) vCPUs; inside, a cgroup holds the sandbox's
+// processes to Limits.MemoryBytes and Limits.Pids (the guest's OOM killer
+// picks among them, never the agent). Outside, QEMU's host cgroup caps CPU
+// time at Limits.CPUs and memory at the guest's plus QEMU's own, as a
+// backstop. Disk: the layer disk's size. Stats.MemoryBytes is the memory
+// the guest charges to the sandbox's processes (what the limit bounds); the
+// VMM's own footprint comes on top.
+//
+// Speed: a VM started from a template — a booted VM of the same base and
+// limits saved with QMP migrate — is restored with -incoming instead of
+// booted (Options.Template). The sandbox's clock is set and its RNG
+// reseeded from the host after every restore, so clones never share
+// randomness.
+package microvm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/kernel"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Name is the backend's name.
+const Name = "microvm"
+
+// Options configure the backend.
+type Options struct {
+	// StateDir holds everything the backend keeps on the host (see the
+	// package doc). Sandboxes found there are re-attached by New.
+	StateDir string
+	// QEMUPath is qemu-system-x86_64; empty: looked up in PATH.
+	QEMUPath string
+	// KernelPath is the guest vmlinux; empty: the kernel built by
+	// internal/kernel in CacheDir (`sandboxd kernel build`).
+	KernelPath string
+	CacheDir   string
+	// AgentPath is the static sandbox-agent binary; empty: FindAgent.
+	AgentPath string
+	// Accel is "kvm" or "tcg"; empty: probe (KVM if a probe VM boots on
+	// it) and cache the answer in StateDir.
+	Accel string
+	// DefaultLimits fill a Spec's zero limits.
+	DefaultLimits runtime.Limits
+	// UIDBase is the first of 65536 host uids given to QEMU processes, one
+	// per sandbox (default 1900000000). They need no passwd entries.
+	UIDBase int
+	// Template, when BaseDir is set, keeps a booted VM of that base with
+	// the default limits as a memory snapshot; Create restores from it
+	// when the spec fits (no layers, default limits and hostname).
+	Template TemplateOptions
+	// StartTimeout bounds how long Create waits for the agent (default 90s:
+	// a TCG boot on a loaded host takes seconds).
+	StartTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// TemplateOptions name the base a memory-snapshot template is made of.
+type TemplateOptions struct {
+	BaseDir   string
+	BaseImage string
+}
+
+// DefaultLimits are used when Options.DefaultLimits is zero.
+var DefaultLimits = runtime.Limits{CPUs: 2, MemoryBytes: 2 << 30, Pids: 1024, DiskBytes: 10 << 30}
+
+// Runtime is the microVM backend. It implements runtime.Runtime.
+type Runtime struct {
+	opts        Options
+	log         *slog.Logger
+	qemu        string
+	qemuVersion string
+	kernel      string // in StateDir/boot
+	initrd      string
+	accel       string
+	rejected    string // why KVM is not used
+	tscKHz      uint64
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+
+	baseMu sync.Mutex
+	bases  map[string]string // base dir -> disk
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox // by cid, attached ones
+	uids      map[int]string      // uid -> cid
+	tmpl      *templates
+	closed    bool
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New prepares the state directory, probes the accelerator and re-attaches
+// the sandboxes an earlier process left running. It needs root.
+func New(ctx context.Context, opts Options) (*Runtime, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("microvm runtime: needs root (jails, cgroups)")
+	}
+	if opts.StateDir == "" {
+		return nil, errors.New("microvm runtime: StateDir is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.DefaultLimits == (runtime.Limits{}) {
+		opts.DefaultLimits = DefaultLimits
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 90 * time.Second
+	}
+	if opts.UIDBase <= 0 {
+		opts.UIDBase = 1_900_000_000
+	}
+	state, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	opts.StateDir = state
+	r := &Runtime{opts: opts, log: opts.Logger.With("runtime", Name), bases: map[string]string{},
+		sandboxes: map[string]*sandbox{}, uids: map[int]string{}}
+	if r.qemu, err = findQEMU(opts.QEMUPath); err != nil {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, r.qemu, "--version").Output()
+	if err != nil {
+		return nil, fmt.Errorf("microvm runtime: %s --version: %w", r.qemu, err)
+	}
+	r.qemuVersion = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	for _, d := range []string{"boot", "bases", "templates", "sandboxes", "ids"} {
+		if err := os.MkdirAll(filepath.Join(state, d), 0o700); err != nil {
+			return nil, fmt.Errorf("microvm runtime: create state dir: %w", err)
+		}
+	}
+	kpath := opts.KernelPath
+	if kpath == "" {
+		k, err := kernel.NewStore(opts.CacheDir, opts.Logger).Lookup("")
+		if err != nil {
+			return nil, fmt.Errorf("microvm runtime: guest kernel: %w", err)
+		}
+		kpath = k.Path
+	}
+	if r.kernel, err = installFile(kpath, filepath.Join(state, "boot")); err != nil {
+		return nil, fmt.Errorf("microvm runtime: install kernel: %w", err)
+	}
+	agentPath := opts.AgentPath
+	if agentPath == "" {
+		if agentPath, err = FindAgent(); err != nil {
+			return nil, fmt.Errorf("microvm runtime: %w", err)
+		}
+	}
+	if r.initrd, err = buildInitrd(agentPath, filepath.Join(state, "boot")); err != nil {
+		return nil, fmt.Errorf("microvm runtime: %w", err)
+	}
+	r.tscKHz = tscKHz()
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.ctx, r.cancel = rctx, cancel
+	if r.accel, r.rejected, err = r.chooseAccel(ctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("microvm runtime: %w", err)
+	}
+	if r.rejected != "" {
+		r.log.Info("KVM not used; running VMs under TCG (software emulation, slow)", "reason", r.rejected)
+	}
+	r.log.Info("microvm runtime ready", "qemu", r.qemuVersion, "accel", r.accel, "kernel", r.kernel, "tsc_khz", r.tscKHz)
+	if err := r.reattach(ctx); err != nil {
+		cancel()
+		return nil, err
+	}
+	if opts.Template.BaseDir != "" {
+		r.tmpl = newTemplates(r)
+	}
+	return r, nil
+}
+
+func findQEMU(p string) (string, error) {
+	if p == "" {
+		var err error
+		if p, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return "", fmt.Errorf("microvm runtime: qemu-system-x86_64 not found (apt-get install qemu-system-x86): %w", err)
+		}
+	}
+	return filepath.Abs(p)
+}
+
+// installFile copies src into dir under a name derived from its content
+// identity (so running VMs keep theirs when it changes), read-only.
+func installFile(src, dir string) (string, error) {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, fmt.Sprintf("%s-%d-%d", filepath.Base(src), fi.Size(), fi.ModTime().Unix()))
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o444); err != nil {
+		return "", err
+	}
+	return dst, os.Rename(tmp, dst)
+}
+
+// FindAgent looks for the sandbox-agent binary next to the running
+// executable, then in PATH.
+func FindAgent() (string, error) {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "sandbox-agent")
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("sandbox-agent")
+	if err != nil {
+		return "", errors.New("sandbox-agent binary not found next to the executable or in PATH (build it with CGO_ENABLED=0 go build ./cmd/sandbox-agent)")
+	}
+	return p, nil
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return Name }
+
+// Accel is the accelerator in use ("kvm" or "tcg") and, for TCG, why KVM
+// was rejected.
+func (r *Runtime) Accel() (string, string) { return r.accel, r.rejected }
+
+// Close releases the Runtime: agent connections and templates. Created
+// sandboxes keep running and a new Runtime on the same StateDir finds them.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	sbs := make([]*sandbox, 0, len(r.sandboxes))
+	for _, s := range r.sandboxes {
+		sbs = append(sbs, s)
+	}
+	t := r.tmpl
+	r.mu.Unlock()
+	var errs []error
+	if t != nil {
+		errs = append(errs, t.close())
+	}
+	r.cancel()
+	for _, s := range sbs {
+		s.detach()
+	}
+	return errors.Join(errs...)
+}
+
+var (
+	idPattern       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+	hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+)
+
+// Create implements runtime.Runtime. A spec that fits the template (no
+// layers, default limits and hostname, the template's base) is restored
+// from its memory snapshot when one is ready; anything else boots cold.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
+	if !idPattern.MatchString(spec.ID) {
+		return nil, fmt.Errorf("create sandbox: invalid id %q", spec.ID)
+	}
+	if spec.BaseDir == "" {
+		return nil, fmt.Errorf("create sandbox %s: BaseDir is required", spec.ID)
+	}
+	if spec.Hostname == "" {
+		spec.Hostname = "sandbox"
+	}
+	if !hostnamePattern.MatchString(spec.Hostname) {
+		return nil, fmt.Errorf("create sandbox %s: invalid hostname %q", spec.ID, spec.Hostname)
+	}
+	spec.Limits = r.limits(spec.Limits)
+	r.mu.Lock()
+	closed, t := r.closed, r.tmpl
+	r.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
+	}
+	link := filepath.Join(r.opts.StateDir, "ids", spec.ID)
+	if t != nil && t.fits(spec) {
+		if tp := t.ready(); tp != nil {
+			s, err := r.createFromTemplate(ctx, spec, link, tp)
+			if err == nil || errors.Is(err, runtime.ErrExists) {
+				return s, err
+			}
+			r.log.Warn("restore from template failed; booting cold", "id", spec.ID, "err", err)
+		}
+	}
+	return r.createCold(ctx, spec, link)
+}
+
+func (r *Runtime) limits(l runtime.Limits) runtime.Limits {
+	d := r.opts.DefaultLimits
+	if l.CPUs == 0 {
+		l.CPUs = d.CPUs
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = d.MemoryBytes
+	}
+	if l.Pids == 0 {
+		l.Pids = d.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = d.DiskBytes
+	}
+	return l
+}
+
+func newCID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "vm-" + hex.EncodeToString(b[:])
+}
+
+// claim reserves the id link and a uid for a new sandbox.
+func (r *Runtime) claim(id, cid, link string) (int, error) {
+	if link != "" {
+		if err := os.Symlink(filepath.Join("..", "sandboxes", cid), link); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return 0, fmt.Errorf("create sandbox %s: %w", id, runtime.ErrExists)
+			}
+			return 0, fmt.Errorf("create sandbox %s: claim id: %w", id, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid := r.opts.UIDBase; uid < r.opts.UIDBase+65536; uid++ {
+		if _, used := r.uids[uid]; !used {
+			r.uids[uid] = cid
+			return uid, nil
+		}
+	}
+	if link != "" {
+		_ = os.Remove(link)
+	}
+	return 0, fmt.Errorf("create sandbox %s: no free uid in the jail range", id)
+}
+
+func (r *Runtime) releaseUID(uid int, cid string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.uids[uid] == cid {
+		delete(r.uids, uid)
+	}
+}
+
+// newMeta is the meta of a new sandbox of spec.
+func (r *Runtime) newMeta(spec runtime.Spec, cid string, uid int) meta {
+	return meta{
+		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
+		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
+		CgroupPath: "/sandboxd/" + cid, UID: uid, Accel: r.accel, Created: time.Now().UTC(),
+	}
+}
+
+// createCold makes the sandbox's disks and boots it. link, when not empty,
+// is the ids/ entry to claim for it.
+func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string) (*sandbox, error) {
+	cid := newCID()
+	uid, err := r.claim(spec.ID, cid, link)
+	if err != nil {
+		return nil, err
+	}
+	s := newSandbox(r, filepath.Join(r.opts.StateDir, "sandboxes", cid), r.newMeta(spec, cid, uid))
+	if err := s.create(ctx, spec.Layers); err != nil {
+		_ = s.Destroy(context.WithoutCancel(ctx))
+		if link != "" {
+			_ = os.Remove(link)
+		}
+		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
+	return s, nil
+}
+
+// Get implements runtime.Runtime.
+func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
+	s, err := r.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (r *Runtime) get(id string) (*sandbox, error) {
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("get sandbox %q: %w", id, runtime.ErrNotFound)
+	}
+	target, err := os.Readlink(filepath.Join(r.opts.StateDir, "ids", id))
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	r.mu.Lock()
+	s := r.sandboxes[filepath.Base(target)]
+	r.mu.Unlock()
+	if s == nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
+	}
+	return s, nil
+}
+
+// List implements runtime.Runtime.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(r.opts.StateDir, "ids"))
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	ids := make([]string, 0, len(ents))
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids, nil
+}
+
+// reattach finds the sandboxes of an earlier process: those with an id are
+// served again (running VMs are reconnected; VMs that died meanwhile are
+// marked stopped, their disks kept), the rest (half-made, template
+// builders) are destroyed.
+func (r *Runtime) reattach(ctx context.Context) error {
+	root := filepath.Join(r.opts.StateDir, "sandboxes")
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return fmt.Errorf("scan sandboxes: %w", err)
+	}
+	claimed := map[string]string{} // cid -> id
+	if links, err := os.ReadDir(filepath.Join(r.opts.StateDir, "ids")); err == nil {
+		for _, l := range links {
+			p := filepath.Join(r.opts.StateDir, "ids", l.Name())
+			t, err := os.Readlink(p)
+			if err != nil {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(root, filepath.Base(t))); err != nil {
+				_ = os.Remove(p)
+				continue
+			}
+			claimed[filepath.Base(t)] = l.Name()
+		}
+	}
+	for _, e := range ents {
+		dir := filepath.Join(root, e.Name())
+		m, err := readMeta(dir)
+		if err != nil || m.ID == "" || claimed[m.CID] != m.ID {
+			r.log.Info("removing leftover sandbox", "cid", e.Name(), "err", err)
+			if err != nil {
+				m = meta{CID: e.Name(), CgroupPath: "/sandboxd/" + e.Name()}
+			}
+			if derr := newSandbox(r, dir, m).Destroy(ctx); derr != nil {
+				r.log.Warn("remove leftover sandbox", "cid", e.Name(), "err", derr)
+			}
+			continue
+		}
+		r.mu.Lock()
+		r.uids[m.UID] = m.CID
+		r.mu.Unlock()
+		s := newSandbox(r, dir, m)
+		if !m.Stopped && !m.Paused && !alive(m.PID, m.PIDStart) {
+			r.log.Warn("sandbox's VM died while sandboxd was away; marking it stopped", "id", m.ID)
+			if err := s.Stop(ctx); err != nil {
+				r.log.Warn("stop dead sandbox", "id", m.ID, "err", err)
+			}
+		}
+		s.attach()
+	}
+	return nil
+}
+
+// meta is what the state directory records about a sandbox.
+type meta struct {
+	ID         string         `json:"id"` // "" for a template builder
+	CID        string         `json:"cid"`
+	BaseDir    string         `json:"base_dir"`
+	BaseImage  string         `json:"base_image,omitempty"`
+	Layers     []string       `json:"layers,omitempty"` // restored layer ids, bottom first
+	Env        []string       `json:"env,omitempty"`
+	Limits     runtime.Limits `json:"limits"`
+	HomeSocket string         `json:"home_socket,omitempty"`
+	Hostname   string         `json:"hostname"`
+	CgroupPath string         `json:"cgroup_path"`
+	UID        int            `json:"uid"`
+	Accel      string         `json:"accel"`
+	VM         vmConfig       `json:"vm"`
+	PID        int            `json:"pid,omitempty"`
+	PIDStart   uint64         `json:"pid_start,omitempty"`
+	Template   string         `json:"template,omitempty"` // restored from this template
+	Created    time.Time      `json:"created"`
+	Stopped    bool           `json:"stopped,omitempty"`
+	Paused     bool           `json:"paused,omitempty"` // memory saved in memory.state
+	Hello      guest.Hello    `json:"hello,omitempty"`  // what the paused agent waits to have answered
+}
+
+func readMeta(dir string) (meta, error) {
+	var m meta
+	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("parse %s/meta.json: %w", dir, err)
+	}
+	return m, nil
+}
+
+// writeMeta replaces meta.json atomically; it holds the sandbox's env, so
+// only root may read it.
+func writeMeta(dir string, m meta) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, "meta.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write meta: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, "meta.json"))
+}
+
+// PID is the host pid of a sandbox's QEMU, 0 when it does not run (for
+// tests and diagnostics).
+func PID(sb runtime.Sandbox) int {
+	s, ok := sb.(*sandbox)
+	if !ok {
+		return 0
+	}
+	m := s.meta()
+	if !alive(m.PID, m.PIDStart) {
+		return 0
+	}
+	return m.PID
+}

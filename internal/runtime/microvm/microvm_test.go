@@ -1,0 +1,200 @@
+package microvm_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/kernel"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
+)
+
+// requireVM skips the test unless QEMU and the guest kernel are here (the
+// kernel from SANDBOXD_MICROVM_KERNEL or the cache, see kernelPath), or
+// fails with SANDBOXD_REQUIRE_MICROVM=1.
+func requireVM(t testing.TB) string {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, tool := range []string{"qemu-system-x86_64", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool+" (apt-get install qemu-system-x86 e2fsprogs)")
+		}
+	}
+	k, err := kernelPath()
+	if err != nil {
+		missing = append(missing, fmt.Sprintf("the guest kernel (%v)", err))
+	}
+	if len(missing) == 0 {
+		return k
+	}
+	msg := "microVM tests need " + strings.Join(missing, ", ")
+	if os.Getenv("SANDBOXD_REQUIRE_MICROVM") == "1" {
+		t.Fatal(msg + " (SANDBOXD_REQUIRE_MICROVM=1)")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// kernelPath is SANDBOXD_MICROVM_KERNEL, or the kernel `sandboxd kernel
+// build` cached in SANDBOXD_CACHE_DIR (default: the user cache dir).
+func kernelPath() (string, error) {
+	if p := os.Getenv("SANDBOXD_MICROVM_KERNEL"); p != "" {
+		_, err := os.Stat(p)
+		return p, err
+	}
+	cache := os.Getenv("SANDBOXD_CACHE_DIR")
+	if cache == "" {
+		d, err := os.UserCacheDir()
+		if err != nil {
+			return "", err
+		}
+		cache = filepath.Join(d, "sandboxd")
+	}
+	k, err := kernel.NewStore(cache, nil).Lookup("")
+	if err != nil {
+		return "", err
+	}
+	return k.Path, nil
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func newRuntime(t *testing.T, stateDir string, mod func(*microvm.Options)) *microvm.Runtime {
+	t.Helper()
+	k := requireVM(t)
+	opts := microvm.Options{
+		StateDir:   stateDir,
+		KernelPath: k,
+		AgentPath:  runtimetest.AgentBinary(t),
+		Logger:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		// Small VMs keep a dozen of them cheap on a CI machine.
+		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 512, DiskBytes: 256 << 20},
+	}
+	if mod != nil {
+		mod(&opts)
+	}
+	r, err := microvm.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestConformance runs the runtime conformance suite. Under TCG (no usable
+// KVM) every VM boots in software emulation: the suite takes minutes.
+func TestConformance(t *testing.T) {
+	runtimetest.Run(t, runtimetest.Harness{
+		New: func(t *testing.T, stateDir string) runtime.Runtime {
+			return newRuntime(t, stateDir, nil)
+		},
+		Leaks: leaks,
+	})
+}
+
+// leaks lists what is left of a sandbox on the host after Destroy: its
+// directory, mounts, cgroups and QEMU process.
+func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
+	target, err := os.Readlink(filepath.Join(stateDir, "ids", sb.ID()))
+	if err != nil {
+		t.Fatalf("find VM of %s: %v", sb.ID(), err)
+	}
+	cid := filepath.Base(target)
+	return func() []string {
+		var out []string
+		dir := filepath.Join(stateDir, "sandboxes", cid)
+		if _, err := os.Lstat(filepath.Join(stateDir, "ids", sb.ID())); err == nil {
+			out = append(out, "id link")
+		}
+		if _, err := os.Stat(dir); err == nil {
+			out = append(out, "directory "+dir)
+		}
+		for _, m := range microvm.MountsUnder(dir) {
+			out = append(out, "mount "+m)
+		}
+		cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/" + cid)
+		cg2, _ := filepath.Glob("/sys/fs/cgroup/sandboxd/" + cid)
+		for _, d := range append(cg, cg2...) {
+			out = append(out, "cgroup "+d)
+		}
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte("qemu")) {
+				if root, err := os.Readlink(filepath.Join(filepath.Dir(p), "root")); err == nil && strings.Contains(root, cid) {
+					out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
+				}
+			}
+		}
+		return out
+	}
+}
+
+// TestJail checks the QEMU process's confinement from the host's side.
+func TestJail(t *testing.T) {
+	base := runtimetest.Rootfs(t)
+	r := newRuntime(t, t.TempDir(), nil)
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := r.Create(ctx, runtime.Spec{ID: "jailed", BaseDir: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	pid := microvm.PID(sb)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(status), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			fields[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	if uid := strings.Fields(fields["Uid"]); len(uid) == 0 || uid[0] == "0" {
+		t.Errorf("QEMU runs as uid %q", fields["Uid"])
+	}
+	if fields["CapEff"] != "0000000000000000" {
+		t.Errorf("QEMU has capabilities %s", fields["CapEff"])
+	}
+	if fields["Seccomp"] != "2" {
+		t.Errorf("QEMU is not under a seccomp filter: Seccomp %q", fields["Seccomp"])
+	}
+	if fields["NoNewPrivs"] != "1" {
+		t.Errorf("QEMU may gain privileges: NoNewPrivs %q", fields["NoNewPrivs"])
+	}
+	for _, ns := range []string{"mnt", "pid", "net", "ipc", "uts"} {
+		mine, _ := os.Readlink("/proc/self/ns/" + ns)
+		its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err != nil || its == mine {
+			t.Errorf("QEMU shares the host's %s namespace (%v)", ns, err)
+		}
+	}
+	root, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
+	if !strings.HasSuffix(root, "/jail") {
+		t.Errorf("QEMU's root is %q, want its jail", root)
+	}
+	info := sb.Info()
+	accel, why := r.Accel()
+	if info.Platform != accel {
+		t.Errorf("info %+v, accel %s (%s)", info, accel, why)
+	}
+	t.Logf("accelerator %s; KVM rejected because: %s", accel, why)
+}

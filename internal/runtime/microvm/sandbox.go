@@ -1,0 +1,705 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/snapshot"
+)
+
+// sandbox is one VM. It implements runtime.Sandbox.
+type sandbox struct {
+	r   *Runtime
+	dir string
+
+	// opMu serializes lifecycle changes (boot, stop, pause, destroy).
+	opMu sync.Mutex
+
+	mu     sync.Mutex
+	m      meta
+	client *guest.Client
+	hello  guest.Hello
+	ready  chan struct{} // closed while client is set
+	cancel context.CancelFunc
+	gone   bool
+}
+
+var _ runtime.Sandbox = (*sandbox)(nil)
+
+func newSandbox(r *Runtime, dir string, m meta) *sandbox {
+	return &sandbox{r: r, dir: dir, m: m, ready: make(chan struct{})}
+}
+
+func (s *sandbox) path(p ...string) string { return filepath.Join(append([]string{s.dir}, p...)...) }
+func (s *sandbox) jail(p ...string) string {
+	return filepath.Join(append([]string{s.dir, "jail"}, p...)...)
+}
+
+func (s *sandbox) meta() meta {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m
+}
+
+func (s *sandbox) setMeta(f func(*meta)) error {
+	s.mu.Lock()
+	f(&s.m)
+	m, gone := s.m, s.gone
+	s.mu.Unlock()
+	if gone {
+		return nil
+	}
+	return writeMeta(s.dir, m)
+}
+
+// ID implements runtime.Sandbox.
+func (s *sandbox) ID() string { return s.meta().ID }
+
+// Info implements runtime.Sandbox.
+func (s *sandbox) Info() runtime.Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kernel := s.hello.Kernel
+	if f := strings.Fields(kernel); len(f) > 0 {
+		kernel = f[0]
+	}
+	return runtime.Info{Backend: Name, Platform: s.m.Accel, Kernel: kernel, Agent: s.hello.Agent}
+}
+
+// create makes the sandbox's disks and boots it; the caller destroys it on
+// error.
+func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
+	m := s.meta()
+	if err := os.MkdirAll(s.jail("disk"), 0o711); err != nil {
+		return err
+	}
+	if err := writeMeta(s.dir, m); err != nil {
+		return err
+	}
+	ids, err := layerDisk(ctx, s.jail("disk", "layer.ext4"), s.path("staging"), m.Limits.DiskBytes, layers)
+	if err != nil {
+		return err
+	}
+	if err := os.Chown(s.jail("disk", "layer.ext4"), m.UID, m.UID); err != nil {
+		return err
+	}
+	guestMiB, vcpus, _ := vmLimits(m.Limits, s.r.accel == "tcg")
+	cfg := vmConfig{
+		Accel: s.r.accel, MemMiB: guestMiB, VCPUs: vcpus, TSCKHz: s.r.tscKHz, Hostname: m.Hostname,
+		// The agent counts as one of the sandbox's processes.
+		Pids: max(m.Limits.Pids-1, 1), Memory: m.Limits.MemoryBytes,
+	}
+	if err := s.setMeta(func(m *meta) { m.Layers, m.VM = ids, cfg }); err != nil {
+		return err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	return s.boot(ctx, nil)
+}
+
+// boot starts QEMU for the sandbox's disks and waits for its agent. With
+// incoming, the VM is restored from that memory snapshot instead of booted;
+// the snapshot's agent is waiting for a Welcome to hello. Callers hold opMu.
+func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
+	m := s.meta()
+	base, err := s.r.baseDisk(ctx, m.BaseDir)
+	if err != nil {
+		return err
+	}
+	jail := s.jail()
+	if err := unmountAll(jail); err != nil {
+		return err
+	}
+	if err := makeJail(jail, m.UID, m.VM.Accel == "kvm"); err != nil {
+		return fmt.Errorf("make jail: %w", err)
+	}
+	for src, dst := range map[string]string{s.r.kernel: jailKernel, s.r.initrd: jailInitrd, base: jailBase} {
+		p := filepath.Join(jail, dst)
+		_ = os.Remove(p)
+		if err := linkReadOnly(src, p); err != nil {
+			return err
+		}
+	}
+	for _, f := range []string{jailQMP, jailAgent, jailConsole} {
+		_ = os.Remove(filepath.Join(jail, f))
+	}
+	cg := newHostCgroup(m.CgroupPath)
+	_, _, hostLimits := vmLimits(m.Limits, m.VM.Accel == "tcg")
+	if err := cg.create(hostLimits); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(s.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cfg := m.VM
+	var extra []*os.File
+	if incoming != nil {
+		cfg.incoming = true
+		extra = append(extra, incoming.state)
+	}
+	start := time.Now()
+	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logf, extra...)
+	if err != nil {
+		return err
+	}
+	pstart, err := procStart(proc.Pid)
+	if err != nil {
+		_ = proc.Kill()
+		_, _ = proc.Wait()
+		return fmt.Errorf("qemu exited at once (see %s): %w", s.path("qemu.log"), err)
+	}
+	go func() { _, _ = proc.Wait() }() // reap it; exits are watched with a pidfd
+	if err := s.setMeta(func(m *meta) { m.PID, m.PIDStart, m.Stopped, m.Paused = proc.Pid, pstart, false, false }); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.r.opts.StartTimeout)
+	defer cancel()
+	mon, err := dialMonitor(wctx, s.jail(strings.TrimPrefix(jailQMP, "/")))
+	if err != nil {
+		return s.bootErr(fmt.Errorf("connect to qemu: %w", err))
+	}
+	defer mon.close()
+	if incoming != nil {
+		if err := mon.waitIncoming(wctx); err != nil {
+			return s.bootErr(err)
+		}
+	}
+	if err := mon.cont(wctx); err != nil {
+		return s.bootErr(err)
+	}
+	if incoming != nil {
+		// The snapshot's agent already said hello and waits for the answer.
+		if err := s.resumeAgent(wctx, incoming.hello); err != nil {
+			return s.bootErr(err)
+		}
+	}
+	s.attach()
+	c, err := s.agent(wctx)
+	if err != nil {
+		return s.bootErr(fmt.Errorf("wait for agent: %w", err))
+	}
+	if incoming != nil {
+		entropy := make([]byte, 64)
+		_, _ = rand.Read(entropy)
+		if err := c.SetClock(wctx, time.Now(), entropy); err != nil {
+			return s.bootErr(fmt.Errorf("set clock after restore: %w", err))
+		}
+	}
+	s.r.log.Debug("sandbox VM up", "id", m.ID, "cid", m.CID, "accel", m.VM.Accel, "restored", incoming != nil, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// bootErr adds the console's last lines to a boot failure.
+func (s *sandbox) bootErr(err error) error {
+	if tail := consoleTail(s.jail(), 15); tail != "" {
+		return fmt.Errorf("%w\nguest console:\n%s", err, tail)
+	}
+	if b, rerr := os.ReadFile(s.path("qemu.log")); rerr == nil && len(b) > 0 {
+		return fmt.Errorf("%w\nqemu: %s", err, strings.TrimSpace(string(b)))
+	}
+	return err
+}
+
+// attach registers the sandbox with the runtime and, while its VM runs,
+// keeps a connection to its agent.
+func (s *sandbox) attach() {
+	s.mu.Lock()
+	m := s.m
+	if s.cancel != nil {
+		s.cancel()
+	}
+	ctx, cancel := context.WithCancel(s.r.ctx)
+	s.cancel = cancel
+	c := s.client
+	s.mu.Unlock()
+	s.r.mu.Lock()
+	s.r.sandboxes[m.CID] = s
+	s.r.mu.Unlock()
+	if !m.Stopped && !m.Paused && c == nil {
+		go s.connectLoop(ctx, m.PID, m.PIDStart)
+	}
+}
+
+// connectLoop connects to the agent through QEMU's chardev socket and
+// reconnects when the session ends, until the VM exits or ctx ends.
+func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
+	exited := waitExit(ctx, pid, start)
+	sock := s.jail(strings.TrimPrefix(jailAgent, "/"))
+	for ctx.Err() == nil {
+		select {
+		case <-exited:
+			return
+		default:
+		}
+		s.mu.Lock()
+		have := s.client
+		s.mu.Unlock()
+		if have != nil {
+			select {
+			case <-have.Done():
+			case <-exited:
+				return
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "unix", sock)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-exited:
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		// The agent says hello once it has booted: that may take long.
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		go func() {
+			select {
+			case <-exited:
+				conn.Close()
+			case <-ctx.Done():
+			}
+		}()
+		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log, HandshakeTimeout: s.r.opts.StartTimeout})
+		stop()
+		if err != nil {
+			if ctx.Err() == nil {
+				s.r.log.Debug("agent handshake failed", "cid", s.meta().CID, "err", err)
+			}
+			continue
+		}
+		s.setClient(c)
+	}
+}
+
+func (s *sandbox) setClient(c *guest.Client) {
+	s.mu.Lock()
+	old := s.client
+	s.client, s.hello = c, c.Hello()
+	if old == nil {
+		close(s.ready)
+	}
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	go func() {
+		<-c.Done()
+		s.mu.Lock()
+		if s.client == c {
+			s.client = nil
+			s.ready = make(chan struct{})
+		}
+		s.mu.Unlock()
+	}()
+}
+
+// resumeAgent completes the handshake of a restored agent whose hello was
+// read before its memory was saved.
+func (s *sandbox) resumeAgent(ctx context.Context, h guest.Hello) error {
+	sock := s.jail(strings.TrimPrefix(jailAgent, "/"))
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return fmt.Errorf("connect to agent: %w", err)
+	}
+	c, err := guest.Resume(conn, h, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log})
+	if err != nil {
+		return err
+	}
+	s.setClient(c)
+	return nil
+}
+
+// detach lets go of the VM without touching it (Runtime.Close, Stop).
+func (s *sandbox) detach() {
+	s.mu.Lock()
+	c, cancel := s.client, s.cancel
+	s.cancel = nil
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if c != nil {
+		c.Close()
+	}
+}
+
+// dialHome connects a sandbox's sandboxd.internal connection to the API.
+func (s *sandbox) dialHome(ctx context.Context) (net.Conn, error) {
+	sock := s.meta().HomeSocket
+	if sock == "" {
+		return nil, errors.New("sandbox has no home socket")
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", sock)
+}
+
+// agent returns the connected agent, waiting for it to (re)connect. It
+// fails with ErrNotRunning once the VM is gone.
+func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		c, ready, m, gone := s.client, s.ready, s.m, s.gone
+		s.mu.Unlock()
+		if m.Stopped || m.Paused || gone {
+			return nil, runtime.ErrNotRunning
+		}
+		if c != nil {
+			return c, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-tick.C:
+			if !alive(m.PID, m.PIDStart) {
+				return nil, runtime.ErrNotRunning
+			}
+		}
+	}
+}
+
+// failure explains an error from the agent channel: a sandbox whose VM died
+// reports ErrNotRunning.
+func (s *sandbox) failure(ctx context.Context, op string, err error) error {
+	if errors.Is(err, guest.ErrClosed) {
+		if st, serr := s.State(context.WithoutCancel(ctx)); serr == nil && st != runtime.StateRunning {
+			err = fmt.Errorf("%w (%v)", runtime.ErrNotRunning, err)
+		}
+	}
+	return fmt.Errorf("%s in sandbox %s: %w", op, s.ID(), err)
+}
+
+// State implements runtime.Sandbox. A paused sandbox (memory saved, QEMU
+// gone) is not running.
+func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
+	m := s.meta()
+	if m.Stopped || m.Paused || !alive(m.PID, m.PIDStart) {
+		return runtime.StateStopped, nil
+	}
+	return runtime.StateRunning, nil
+}
+
+// Exec implements runtime.Sandbox.
+func (s *sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
+	if len(req.Cmd) == 0 {
+		return runtime.ExecResult{}, errors.New("exec: empty command")
+	}
+	c, err := s.agent(ctx)
+	if err != nil {
+		return runtime.ExecResult{}, s.failure(ctx, "exec", err)
+	}
+	m := s.meta()
+	spec := guest.ExecSpec{
+		Cmd: req.Cmd, Env: append(append([]string(nil), m.Env...), req.Env...), Cwd: req.Cwd,
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout.Milliseconds(),
+	}
+	if req.Timeout > 0 && spec.Timeout == 0 {
+		spec.Timeout = 1
+	}
+	start := time.Now()
+	e, err := c.Exec(ctx, spec, guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr})
+	res := runtime.ExecResult{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, OOMKilled: e.OOMKilled, Duration: time.Since(start)}
+	switch {
+	case err != nil:
+		return res, s.failure(ctx, "exec", err)
+	case e.NotFound:
+		return res, fmt.Errorf("exec %s in sandbox %s: %w", req.Cmd[0], m.ID, runtime.ErrCommandNotFound)
+	case e.Error != "":
+		return res, fmt.Errorf("exec %s in sandbox %s: %s", req.Cmd[0], m.ID, e.Error)
+	}
+	return res, nil
+}
+
+// ReadFile implements runtime.Sandbox.
+func (s *sandbox) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, s.failure(ctx, "read file", err)
+	}
+	rc, _, err := c.ReadFile(ctx, path)
+	if err != nil {
+		return nil, s.failure(ctx, "read file", err)
+	}
+	return rc, nil
+}
+
+// WriteFile implements runtime.Sandbox.
+func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return s.failure(ctx, "write file", err)
+	}
+	if _, err := c.WriteFile(ctx, path, mode, r); err != nil {
+		return s.failure(ctx, "write file", err)
+	}
+	return nil
+}
+
+// ListDir implements runtime.Sandbox.
+func (s *sandbox) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, s.failure(ctx, "list dir", err)
+	}
+	ents, err := c.ListDir(ctx, path)
+	if err != nil {
+		return nil, s.failure(ctx, "list dir", err)
+	}
+	out := make([]runtime.DirEntry, len(ents))
+	for i, e := range ents {
+		out[i] = runtime.DirEntry{Name: e.Name, Size: e.Size, Mode: fs.FileMode(e.Mode), ModTime: e.ModTime, Link: e.Link}
+	}
+	return out, nil
+}
+
+// Quiesce implements runtime.Sandbox: the agent syncs and freezes every
+// process of the sandbox (the guest's cgroup freezer); the agent itself
+// keeps answering, so files can be read and Snapshot works meanwhile.
+func (s *sandbox) Quiesce(ctx context.Context) (func(context.Context) error, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, s.failure(ctx, "quiesce", err)
+	}
+	if err := c.Freeze(ctx); err != nil {
+		return nil, s.failure(ctx, "quiesce", err)
+	}
+	var once sync.Once
+	return func(ctx context.Context) error {
+		var err error
+		once.Do(func() {
+			if terr := c.Thaw(ctx); terr != nil {
+				err = s.failure(ctx, "resume", terr)
+			}
+		})
+		return err
+	}, nil
+}
+
+// Snapshot implements runtime.Sandbox. The agent streams the layer (it
+// freezes the sandbox's processes meanwhile); a stopped sandbox is booted
+// for that, with nothing but its agent running, and stopped again.
+func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error) {
+	m := s.meta()
+	if _, err := os.Stat(s.jail("disk", "layer.ext4")); err != nil {
+		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, runtime.ErrNotFound)
+	}
+	if st, _ := s.State(ctx); st != runtime.StateRunning {
+		s.opMu.Lock()
+		err := s.boot(ctx, nil)
+		s.opMu.Unlock()
+		if err != nil {
+			_ = s.Stop(context.WithoutCancel(ctx))
+			return snapshot.Manifest{}, fmt.Errorf("snapshot stopped sandbox %s: boot: %w", m.ID, err)
+		}
+		defer func() {
+			if err := s.Stop(context.WithoutCancel(ctx)); err != nil {
+				s.r.log.Error("stop after snapshot", "id", m.ID, "err", err)
+			}
+		}()
+	}
+	c, err := s.agent(ctx)
+	if err != nil {
+		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
+	}
+	var parent string
+	if n := len(m.Layers); n > 0 {
+		parent = m.Layers[n-1]
+	}
+	rc, err := c.ExportLayer(ctx, parent, m.BaseImage)
+	if err != nil {
+		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	head := &prefix{max: 1 << 20}
+	n, err := io.Copy(io.MultiWriter(w, h, head), rc)
+	if err != nil {
+		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
+	}
+	// The blob comes from the guest: its manifest must say what the host
+	// asked for, or it could claim another layer as its parent.
+	man, err := snapshot.ReadManifest(bytes.NewReader(head.b))
+	if err != nil {
+		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: layer from the guest: %w", m.ID, err)
+	}
+	if man.Parent != parent || man.BaseImage != m.BaseImage || man.Version != snapshot.FormatVersion {
+		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: the guest's layer claims parent %q base %q version %d", m.ID, man.Parent, man.BaseImage, man.Version)
+	}
+	man.ID = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	man.Size = n
+	return man, nil
+}
+
+// prefix keeps the first max bytes written to it.
+type prefix struct {
+	b   []byte
+	max int
+}
+
+func (p *prefix) Write(b []byte) (int, error) {
+	if room := p.max - len(p.b); room > 0 {
+		p.b = append(p.b, b[:min(room, len(b))]...)
+	}
+	return len(b), nil
+}
+
+// Stats implements runtime.Sandbox. MemoryBytes is what the guest charges
+// to the sandbox's processes (the quantity Limits.MemoryBytes bounds); CPU
+// and Pids are QEMU's on the host.
+func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
+	m := s.meta()
+	out := runtime.Stats{DiskBytes: allocated(s.jail("disk", "layer.ext4"))}
+	if st, _ := s.State(ctx); st != runtime.StateRunning {
+		return out, nil
+	}
+	cs, err := newHostCgroup(m.CgroupPath).Stats()
+	if err != nil {
+		return out, fmt.Errorf("stats of sandbox %s: %w", m.ID, err)
+	}
+	out.CPU, out.Pids, out.MemoryBytes = cs.CPU, cs.Pids, cs.MemoryBytes
+	s.mu.Lock()
+	c := s.client
+	s.mu.Unlock()
+	if c == nil {
+		return out, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if h, err := c.Ping(actx); err == nil {
+		out.Processes = h.Processes
+	}
+	if rc, _, err := c.ReadFile(actx, "/sys/fs/cgroup/sandbox/memory.current"); err == nil {
+		b, rerr := io.ReadAll(io.LimitReader(rc, 64))
+		rc.Close()
+		if v, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); rerr == nil && perr == nil {
+			out.MemoryBytes = v
+		}
+	}
+	return out, nil
+}
+
+// Stop implements runtime.Sandbox: the agent flushes the guest's writes,
+// QEMU quits (killed if it does not), the jail's mounts and the host cgroup
+// go; the disks stay.
+func (s *sandbox) Stop(ctx context.Context) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	return s.stopLocked(ctx)
+}
+
+func (s *sandbox) stopLocked(ctx context.Context) error {
+	m := s.meta()
+	var errs []error
+	if alive(m.PID, m.PIDStart) {
+		s.mu.Lock()
+		c := s.client
+		s.mu.Unlock()
+		if c != nil {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = c.Sync(sctx)
+			cancel()
+		}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if mon, err := dialMonitor(qctx, s.jail(strings.TrimPrefix(jailQMP, "/"))); err == nil {
+			_ = mon.quit(qctx)
+			mon.close()
+		}
+		cancel()
+		deadline := time.Now().Add(3 * time.Second)
+		for alive(m.PID, m.PIDStart) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := killWait(m.PID, m.PIDStart, 5*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.detach()
+	if err := unmountAll(s.jail()); err != nil {
+		errs = append(errs, err)
+	}
+	if g := newHostCgroup(m.CgroupPath); g.Exists() {
+		if err := g.remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := os.Stat(s.dir); err == nil {
+		if err := s.setMeta(func(m *meta) { m.Stopped = true }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+// Destroy implements runtime.Sandbox.
+func (s *sandbox) Destroy(ctx context.Context) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	var errs []error
+	if err := s.stopLocked(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	m := s.meta()
+	if err := unmountAll(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	if len(MountsUnder(s.dir)) == 0 {
+		if err := os.RemoveAll(s.dir); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("mounts remain under %s", s.dir))
+	}
+	if m.ID != "" {
+		link := filepath.Join(s.r.opts.StateDir, "ids", m.ID)
+		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == m.CID {
+			_ = os.Remove(link)
+		}
+	}
+	s.mu.Lock()
+	s.gone = true
+	s.mu.Unlock()
+	s.r.mu.Lock()
+	if s.r.sandboxes[m.CID] == s {
+		delete(s.r.sandboxes, m.CID)
+	}
+	s.r.mu.Unlock()
+	s.r.releaseUID(m.UID, m.CID)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+// restoreFrom is a memory snapshot to start a VM from.
+type restoreFrom struct {
+	state *os.File    // the migration stream, read by QEMU as fd 3
+	hello guest.Hello // what the agent said before it was saved
+}

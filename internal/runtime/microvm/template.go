@@ -1,0 +1,393 @@
+package microvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Memory snapshots. A VM is "parked" by closing the host's agent session,
+// connecting again and reading the agent's fresh Hello without answering
+// it, then stopping the VM and saving its state with QMP migrate to a file;
+// QEMU then quits. Restoring starts QEMU with -incoming from that file and
+// answers the saved Hello on a new connection (guest.Resume), so the
+// restored agent's session starts cleanly. Templates are parked VMs that
+// new sandboxes are cloned from (memory state plus a copy of the layer
+// disk as it was when saved); Pause and Resume park and restore one
+// sandbox in place.
+
+// template is a parked VM new sandboxes are restored from.
+type template struct {
+	Key      string         `json:"key"`
+	BaseDir  string         `json:"base_dir"`
+	Limits   runtime.Limits `json:"limits"`
+	Hostname string         `json:"hostname"`
+	VM       vmConfig       `json:"vm"`
+	Hello    guest.Hello    `json:"hello"`
+	Created  time.Time      `json:"created"`
+	dir      string
+}
+
+func (t *template) state() string { return filepath.Join(t.dir, "memory.state") }
+func (t *template) layer() string { return filepath.Join(t.dir, "layer.ext4") }
+
+// templates builds the template of Options.Template in the background and
+// hands it out.
+type templates struct {
+	r      *Runtime
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu  sync.Mutex
+	cur *template
+}
+
+func newTemplates(r *Runtime) *templates {
+	ctx, cancel := context.WithCancel(r.ctx)
+	t := &templates{r: r, cancel: cancel, done: make(chan struct{})}
+	go t.build(ctx)
+	return t
+}
+
+// spec is what template VMs are made of.
+func (t *templates) spec() runtime.Spec {
+	o := t.r.opts.Template
+	return runtime.Spec{BaseDir: o.BaseDir, BaseImage: o.BaseImage, Limits: t.r.limits(runtime.Limits{}), Hostname: "sandbox"}
+}
+
+// fits says whether a template VM can become spec's sandbox: its disk
+// size, memory, vCPUs, hostname and guest cgroup limits were fixed when it
+// booted, and restored layers are overlay lowers mounted at boot.
+func (t *templates) fits(spec runtime.Spec) bool {
+	w := t.spec()
+	return len(spec.Layers) == 0 && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
+}
+
+// ready returns the template once it is built.
+func (t *templates) ready() *template {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cur
+}
+
+// key identifies a template: what went into the VM and its snapshot.
+func (t *templates) key() string {
+	w := t.spec()
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%+v\n%s\n%s\n%s\n%s\n%s\n%d\n", w.BaseDir, w.Limits, w.Hostname, t.r.qemuVersion, t.r.kernel, t.r.initrd, t.r.accel, t.r.tscKHz)
+	if fp, err := fingerprint(w.BaseDir); err == nil {
+		h.Write([]byte(fp))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+func (t *templates) build(ctx context.Context) {
+	defer close(t.done)
+	key := t.key()
+	dir := filepath.Join(t.r.opts.StateDir, "templates", key)
+	if tp, err := loadTemplate(dir); err == nil {
+		t.mu.Lock()
+		t.cur = tp
+		t.mu.Unlock()
+		return
+	}
+	// Older templates (another base, kernel or agent) are of no use.
+	if olds, _ := filepath.Glob(filepath.Join(t.r.opts.StateDir, "templates", "*")); len(olds) > 0 {
+		for _, o := range olds {
+			_ = os.RemoveAll(o)
+		}
+	}
+	backoff := 5 * time.Second
+	for ctx.Err() == nil {
+		start := time.Now()
+		tp, err := t.r.makeTemplate(ctx, t.spec(), dir, key)
+		if err == nil {
+			t.r.log.Info("memory-snapshot template ready", "base", tp.BaseDir, "elapsed", time.Since(start).Round(time.Millisecond))
+			t.mu.Lock()
+			t.cur = tp
+			t.mu.Unlock()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		t.r.log.Warn("build memory-snapshot template", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Minute)
+	}
+}
+
+func (t *templates) close() error {
+	t.cancel()
+	<-t.done
+	return nil
+}
+
+func loadTemplate(dir string) (*template, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "template.json"))
+	if err != nil {
+		return nil, err
+	}
+	var tp template
+	if err := json.Unmarshal(b, &tp); err != nil {
+		return nil, err
+	}
+	tp.dir = dir
+	for _, f := range []string{tp.state(), tp.layer()} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, err
+		}
+	}
+	return &tp, nil
+}
+
+// makeTemplate boots a VM of spec, parks it into dir and removes the VM.
+func (r *Runtime) makeTemplate(ctx context.Context, spec runtime.Spec, dir, key string) (*template, error) {
+	s, err := r.createCold(ctx, spec, "")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := s.Destroy(context.WithoutCancel(ctx)); err != nil {
+			r.log.Warn("remove template builder VM", "err", err)
+		}
+	}()
+	tmp := dir + ".tmp"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	tp := &template{Key: key, BaseDir: spec.BaseDir, Limits: spec.Limits, Hostname: spec.Hostname, VM: s.meta().VM, Created: time.Now().UTC(), dir: tmp}
+	s.opMu.Lock()
+	tp.Hello, err = s.park(ctx, tp.state())
+	s.opMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := copySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600); err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(tp, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "template.json"), b, 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, err
+	}
+	tp.dir = dir
+	return tp, nil
+}
+
+// createFromTemplate makes spec's sandbox from a copy of the template's
+// layer disk and its memory.
+func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, link string, tp *template) (*sandbox, error) {
+	cid := newCID()
+	uid, err := r.claim(spec.ID, cid, link)
+	if err != nil {
+		return nil, err
+	}
+	m := r.newMeta(spec, cid, uid)
+	m.VM, m.Template = tp.VM, tp.Key
+	s := newSandbox(r, filepath.Join(r.opts.StateDir, "sandboxes", cid), m)
+	fail := func(err error) (*sandbox, error) {
+		_ = s.Destroy(context.WithoutCancel(ctx))
+		if link != "" {
+			_ = os.Remove(link)
+		}
+		return nil, fmt.Errorf("create sandbox %s from template: %w", spec.ID, err)
+	}
+	if err := os.MkdirAll(s.jail("disk"), 0o711); err != nil {
+		return fail(err)
+	}
+	if err := writeMeta(s.dir, m); err != nil {
+		return fail(err)
+	}
+	layer := s.jail("disk", "layer.ext4")
+	if err := copySparse(tp.layer(), layer, 0o600); err != nil {
+		return fail(err)
+	}
+	if err := os.Chown(layer, uid, uid); err != nil {
+		return fail(err)
+	}
+	f, err := os.Open(tp.state())
+	if err != nil {
+		return fail(err)
+	}
+	defer f.Close()
+	s.opMu.Lock()
+	err = s.boot(ctx, &restoreFrom{state: f, hello: tp.Hello})
+	s.opMu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// park saves the running VM's memory to statePath and ends QEMU; it
+// returns the Hello its agent is waiting to have answered. Callers hold
+// opMu.
+func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, error) {
+	m := s.meta()
+	if !alive(m.PID, m.PIDStart) {
+		return guest.Hello{}, runtime.ErrNotRunning
+	}
+	// End the session, then wait for the agent to notice and say hello
+	// again: that proves it is back to waiting for a host.
+	s.detach()
+	var (
+		conn net.Conn
+		h    guest.Hello
+		err  error
+	)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "unix", s.jail(strings.TrimPrefix(jailAgent, "/")))
+		if err == nil {
+			h, err = guest.ReadHello(conn, 15*time.Second)
+			if err == nil {
+				break
+			}
+			conn.Close()
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return h, fmt.Errorf("park VM: agent did not say hello again: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer conn.Close()
+	mon, err := dialMonitor(ctx, s.jail(strings.TrimPrefix(jailQMP, "/")))
+	if err != nil {
+		return h, fmt.Errorf("park VM: %w", err)
+	}
+	defer mon.close()
+	if err := mon.stop(ctx); err != nil {
+		return h, fmt.Errorf("park VM: %w", err)
+	}
+	f, err := os.OpenFile(statePath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return h, err
+	}
+	defer f.Close()
+	if err := mon.migrateToFile(ctx, f); err != nil {
+		return h, fmt.Errorf("park VM: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return h, err
+	}
+	_ = mon.quit(ctx)
+	if err := killWait(m.PID, m.PIDStart, 5*time.Second); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// Pause saves a running sandbox's memory to disk and ends its VM: it then
+// uses no CPU or memory, and Resume brings it back exactly where it was.
+// A paused sandbox reports StateStopped; Exec fails with ErrNotRunning.
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	s, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	h, err := s.park(ctx, s.path("memory.state"))
+	if err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	if err := unmountAll(s.jail()); err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	_ = newHostCgroup(s.meta().CgroupPath).remove()
+	return s.setMeta(func(m *meta) { m.Paused, m.Hello = true, h })
+}
+
+// Resume restores a paused sandbox from its saved memory.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	s, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	m := s.meta()
+	if !m.Paused {
+		return fmt.Errorf("resume sandbox %s: not paused", id)
+	}
+	f, err := os.Open(s.path("memory.state"))
+	if err != nil {
+		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	defer f.Close()
+	if err := s.boot(ctx, &restoreFrom{state: f, hello: m.Hello}); err != nil {
+		_ = s.stopLocked(context.WithoutCancel(ctx))
+		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	_ = os.Remove(s.path("memory.state"))
+	return nil
+}
+
+// copySparse copies a sparse file, reading only its data extents.
+func copySparse(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(fi.Size()); err != nil {
+		return err
+	}
+	size := fi.Size()
+	var off int64
+	for off < size {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole remains
+		}
+		if err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
+		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
+		}
+		off = hole
+	}
+	return out.Close()
+}
