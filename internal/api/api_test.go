@@ -115,7 +115,7 @@ func TestPatchSnapshot(t *testing.T) {
 		t.Fatalf("row %+v", resp.Snapshot)
 	}
 	exp, err := time.Parse(time.RFC3339, resp.Snapshot.ExpiresAt)
-	if err != nil || exp.Sub(time.Now()) < 6*24*time.Hour {
+	if err != nil || time.Until(exp) < 6*24*time.Hour {
 		t.Fatalf("expires_at %s", resp.Snapshot.ExpiresAt)
 	}
 	// The list shows the account's snapshot and repository.
