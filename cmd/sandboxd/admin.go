@@ -69,18 +69,13 @@ func newAccountListCmd(g *globals) *cobra.Command {
 		Use:   "list",
 		Short: "List accounts",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			accts, err := st.ListAccounts(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("list accounts: %w", err)
 			}
 			return printAccounts(cmd.OutOrStdout(), asJSON, true, accts)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -147,18 +142,13 @@ func newOrgAddMemberCmd(g *globals) *cobra.Command {
 		Use:   "add-member --org ORG_ID --account ACCOUNT_ID",
 		Short: "Make a personal account a member of an organization",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			if err := st.AddOrgMember(cmd.Context(), orgID, accountID); err != nil {
 				return fmt.Errorf("add %s to organization %s: %w", accountID, orgID, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "added %s to %s\n", accountID, orgID)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
 	cmd.Flags().StringVar(&accountID, "account", "", "member account id")
@@ -173,18 +163,13 @@ func newOrgRemoveMemberCmd(g *globals) *cobra.Command {
 		Use:   "remove-member --org ORG_ID --account ACCOUNT_ID",
 		Short: "Remove a member from an organization",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			if err := st.RemoveOrgMember(cmd.Context(), orgID, accountID); err != nil {
 				return fmt.Errorf("remove %s from organization %s: %w", accountID, orgID, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", accountID, orgID)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
 	cmd.Flags().StringVar(&accountID, "account", "", "member account id")
@@ -200,18 +185,13 @@ func newOrgShareCmd(g *globals) *cobra.Command {
 		Use:   "share-access --org ORG_ID [--enabled=true|false]",
 		Short: "Let members of an organization act for one another",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			if err := st.SetMembersShareAccess(cmd.Context(), orgID, share); err != nil {
 				return fmt.Errorf("set member access of %s: %w", orgID, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "members of %s share access: %t\n", orgID, share)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
 	cmd.Flags().BoolVar(&share, "enabled", true, "whether members may act for one another")
@@ -237,12 +217,7 @@ func newKeyCreateCmd(g *globals) *cobra.Command {
 		Use:   "create --account ID [--name N]",
 		Short: "Create an API key (its plaintext is printed once, here)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			if _, err := st.GetAccount(cmd.Context(), accountID); err != nil {
 				return fmt.Errorf("account %s: %w", accountID, err)
 			}
@@ -261,7 +236,7 @@ func newKeyCreateCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(tw, "ID\t%s\nACCOUNT\t%s\nKEY\t%s\n", out.ID, out.AccountID, out.Key)
 			fmt.Fprintln(tw, "\nStore the key now: it is not shown again.")
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&accountID, "account", "", "account id the key belongs to")
 	cmd.Flags().StringVar(&name, "name", "", "a label for the key")
@@ -292,12 +267,7 @@ func newKeyListCmd(g *globals) *cobra.Command {
 		Use:   "list [--account ID]",
 		Short: "List API keys (never their plaintext)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			keys, err := st.ListAPIKeys(cmd.Context(), accountID)
 			if err != nil {
 				return fmt.Errorf("list keys: %w", err)
@@ -321,7 +291,7 @@ func newKeyListCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s…\t%s\t%s\t%s\n", k.ID, k.AccountID, k.Prefix, k.Name, state, k.CreatedAt.Format(time.RFC3339))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&accountID, "account", "", "only keys of this account")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -333,18 +303,13 @@ func newKeyRevokeCmd(g *globals) *cobra.Command {
 		Use:   "revoke ID",
 		Short: "Revoke an API key at once",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := g.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: g.withStore(func(cmd *cobra.Command, args []string, st *store.Store) error {
 			if err := st.RevokeAPIKey(cmd.Context(), args[0], time.Now()); err != nil {
 				return fmt.Errorf("revoke key %s: %w", args[0], err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", args[0])
 			return nil
-		},
+		}),
 	}
 }
 

@@ -83,3 +83,16 @@ func (g *globals) openStore(ctx context.Context) (*store.Store, error) {
 	}
 	return st, nil
 }
+
+// withStore adapts a command that needs the database: it opens the store
+// for the command and closes it after.
+func (g *globals) withStore(run func(cmd *cobra.Command, args []string, st *store.Store) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		st, err := g.openStore(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		return run(cmd, args, st)
+	}
+}

@@ -174,3 +174,54 @@ func isHTTPURL(s string) bool {
 	}
 	return (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
+
+// actsFor is a request that may name the account it acts for.
+type actsFor interface{ actingFor() string }
+
+func (r CreateSandboxRequest) actingFor() string  { return r.AccountID }
+func (r PatchSandboxesRequest) actingFor() string { return r.AccountID }
+func (r AccountRequest) actingFor() string        { return r.AccountID }
+func (r CodingAgentRequest) actingFor() string    { return r.AccountID }
+func (r TimeoutRequest) actingFor() string        { return r.AccountID }
+func (r ExecRequest) actingFor() string           { return r.AccountID }
+func (q ListSandboxesQuery) actingFor() string    { return q.AccountID }
+func (q FileQuery) actingFor() string             { return q.AccountID }
+func (q RunsQuery) actingFor() string             { return q.AccountID }
+
+// readBody decodes the body and validates it with parse.
+func readBody[T any](w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (T, error) {
+	o, err := readObject(w, r)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return parse(o)
+}
+
+// bindBody is the start of every handler with a JSON body: decode,
+// validate, resolve the account the request acts for. On failure it has
+// answered and ok is false.
+func bindBody[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (req T, account string, ok bool) {
+	req, err := readBody(w, r, parse)
+	if err == nil {
+		account, err = s.actFor(r, req.actingFor())
+	}
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return req, "", false
+	}
+	return req, account, true
+}
+
+// bindQuery is bindBody for handlers whose input is the query string.
+func bindQuery[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(url.Values) (T, error)) (q T, account string, ok bool) {
+	q, err := parse(r.URL.Query())
+	if err == nil {
+		account, err = s.actFor(r, q.actingFor())
+	}
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return q, "", false
+	}
+	return q, account, true
+}

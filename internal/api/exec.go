@@ -18,12 +18,7 @@ import (
 const maxExecOutput = 1 << 20
 
 func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) {
-	o, err := readObject(w, r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	req, err := parseExec(o)
+	req, err := readBody(w, r, parseExec)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return

@@ -90,19 +90,8 @@ func userMessage(err, sentinel error) string {
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	o, err := readObject(w, r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	req, err := parseCreateSandbox(o)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, req.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	req, account, ok := bindBody(s, w, r, parseCreateSandbox)
+	if !ok {
 		return
 	}
 	if s.opts.Sandboxes == nil {
@@ -152,14 +141,8 @@ func formatTimePtr(t *time.Time) *string {
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	q, err := parseListQuery(r.URL.Query())
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, q.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	q, account, ok := bindQuery(s, w, r, parseListQuery)
+	if !ok {
 		return
 	}
 	ctx := r.Context()
@@ -252,19 +235,8 @@ func snapshotRow(env store.Environment) *SnapshotRow {
 }
 
 func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
-	o, err := readObject(w, r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	req, err := parsePatchSandboxes(o)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, req.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	req, account, ok := bindBody(s, w, r, parsePatchSandboxes)
+	if !ok {
 		return
 	}
 	ctx := r.Context()
@@ -313,19 +285,8 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) {
-	o, err := readObject(w, r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	req, err := parseAccountOnly(o)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, req.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	_, account, ok := bindBody(s, w, r, parseAccountOnly)
+	if !ok {
 		return
 	}
 	if s.opts.Sandboxes == nil {
@@ -392,14 +353,8 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 const maxMultipartBytes = 1<<30 + 1<<20
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	q, err := parseFileQuery(r.URL.Query())
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, q.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	q, account, ok := bindQuery(s, w, r, parseFileQuery)
+	if !ok {
 		return
 	}
 	if s.opts.Files == nil {
@@ -443,14 +398,8 @@ func isBinary(name string, data []byte) bool {
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
-	q, err := parseRunsQuery(r.URL.Query())
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, q.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	q, account, ok := bindQuery(s, w, r, parseRunsQuery)
+	if !ok {
 		return
 	}
 	ctx := r.Context()
@@ -567,41 +516,26 @@ func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, e
 }
 
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	actOnSandbox(s, w, r, parseAccountOnlyReq, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+	actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Stop(ctx, sb)
 	})
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	actOnSandbox(s, w, r, parseTimeoutReq, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
+	actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
 	})
 }
 
-func parseAccountOnlyReq(o object) (AccountRequest, string, error) {
-	req, err := parseAccountOnly(o)
-	return req, req.AccountID, err
-}
-
-func parseTimeoutReq(o object) (TimeoutRequest, string, error) {
-	req, err := parseTimeout(o)
-	return req, req.AccountID, err
-}
-
 // actOnSandbox is the shared shape of the routes that change one sandbox:
 // decode, validate, authorise, act, answer the sandbox.
-func actOnSandbox[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, string, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) {
-	o, err := readObject(w, r)
+func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) {
+	req, err := readBody(w, r, parse)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
-	req, account, err := parse(o)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	sb, err := s.sandboxFor(r, account)
+	sb, err := s.sandboxFor(r, req.actingFor())
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -619,19 +553,8 @@ func actOnSandbox[T any](s *Server, w http.ResponseWriter, r *http.Request, pars
 }
 
 func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) {
-	o, err := readObject(w, r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	req, err := parseCodingAgent(o)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	account, err := s.actFor(r, req.AccountID)
-	if err != nil {
-		writeError(w, r, s.log, err)
+	req, account, ok := bindBody(s, w, r, parseCodingAgent)
+	if !ok {
 		return
 	}
 	if s.opts.Agents == nil {
