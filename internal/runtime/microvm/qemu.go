@@ -42,7 +42,7 @@ type vmConfig struct {
 	Hostname string `json:"hostname"`
 	Pids     int64  `json:"pids"`   // pids.max of the sandbox cgroup in the guest
 	Memory   int64  `json:"memory"` // memory.max of the sandbox cgroup in the guest
-	incoming bool   // restore from the memory snapshot passed as fd 3
+	incoming bool   // restore from a memory snapshot (migrate-incoming)
 }
 
 // kernelCmdline is the guest kernel's command line. The sandboxd.*
@@ -104,7 +104,11 @@ func (c vmConfig) qemuArgs() []string {
 		"-msg", "timestamp=on",
 	}
 	if c.incoming {
-		args = append(args, "-incoming", "fd:3")
+		// The state comes later through QMP (migrate-incoming), once the
+		// host is connected to the agent's port: loading it then leaves
+		// the port's connected state as it was saved, and the restored
+		// agent never sees its host go away.
+		args = append(args, "-incoming", "defer")
 	}
 	return args
 }

@@ -147,6 +147,18 @@ func (m *monitor) migrateToFile(ctx context.Context, f *os.File) error {
 	}
 }
 
+// migrateFromFile loads a VM started with -incoming defer from f and waits
+// until the state is loaded.
+func (m *monitor) migrateFromFile(ctx context.Context, f *os.File) error {
+	if err := m.runFile(ctx, nil, f, "getfd", map[string]string{"fdname": "snapshot"}); err != nil {
+		return err
+	}
+	if err := m.run(ctx, nil, "migrate-incoming", map[string]string{"uri": "fd:snapshot"}); err != nil {
+		return err
+	}
+	return m.waitIncoming(ctx)
+}
+
 // waitIncoming waits until an -incoming VM has loaded its state.
 func (m *monitor) waitIncoming(ctx context.Context) error {
 	for {

@@ -150,13 +150,9 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	}
 	defer logf.Close()
 	cfg := m.VM
-	var extra []*os.File
-	if incoming != nil {
-		cfg.incoming = true
-		extra = append(extra, incoming.state)
-	}
+	cfg.incoming = incoming != nil
 	start := time.Now()
-	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logf, extra...)
+	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logf)
 	if err != nil {
 		return err
 	}
@@ -177,19 +173,30 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 		return s.bootErr(fmt.Errorf("connect to qemu: %w", err))
 	}
 	defer mon.close()
+	var agentConn net.Conn
 	if incoming != nil {
-		if err := mon.waitIncoming(wctx); err != nil {
+		var d net.Dialer
+		if agentConn, err = d.DialContext(wctx, "unix", s.jail(strings.TrimPrefix(jailAgent, "/"))); err != nil {
+			return s.bootErr(fmt.Errorf("connect to agent port: %w", err))
+		}
+		if err := mon.migrateFromFile(wctx, incoming.state); err != nil {
+			agentConn.Close()
 			return s.bootErr(err)
 		}
 	}
 	if err := mon.cont(wctx); err != nil {
+		if agentConn != nil {
+			agentConn.Close()
+		}
 		return s.bootErr(err)
 	}
 	if incoming != nil {
 		// The snapshot's agent already said hello and waits for the answer.
-		if err := s.resumeAgent(wctx, incoming.hello); err != nil {
+		c, err := guest.Resume(agentConn, incoming.hello, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log})
+		if err != nil {
 			return s.bootErr(err)
 		}
+		s.setClient(c)
 	}
 	s.attach()
 	c, err := s.agent(wctx)
@@ -313,23 +320,6 @@ func (s *sandbox) setClient(c *guest.Client) {
 		}
 		s.mu.Unlock()
 	}()
-}
-
-// resumeAgent completes the handshake of a restored agent whose hello was
-// read before its memory was saved.
-func (s *sandbox) resumeAgent(ctx context.Context, h guest.Hello) error {
-	sock := s.jail(strings.TrimPrefix(jailAgent, "/"))
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", sock)
-	if err != nil {
-		return fmt.Errorf("connect to agent: %w", err)
-	}
-	c, err := guest.Resume(conn, h, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log})
-	if err != nil {
-		return err
-	}
-	s.setClient(c)
-	return nil
 }
 
 // detach lets go of the VM without touching it (Runtime.Close, Stop).
@@ -700,6 +690,6 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 
 // restoreFrom is a memory snapshot to start a VM from.
 type restoreFrom struct {
-	state *os.File    // the migration stream, read by QEMU as fd 3
+	state *os.File    // the migration stream, passed to QEMU through QMP
 	hello guest.Hello // what the agent said before it was saved
 }

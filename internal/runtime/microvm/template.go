@@ -255,7 +255,11 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 		return guest.Hello{}, runtime.ErrNotRunning
 	}
 	// End the session, then wait for the agent to notice and say hello
-	// again: that proves it is back to waiting for a host.
+	// again: that proves it is back to waiting for a host. A disconnect
+	// followed at once by a connect can reach the guest as no change at
+	// all (the port's state is a flag, not a queue of events), leaving the
+	// agent in its old session: then no hello comes, and the next
+	// disconnect is one it cannot miss.
 	s.detach()
 	var (
 		conn net.Conn
@@ -263,11 +267,12 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 		err  error
 	)
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	for wait := 2 * time.Second; ; wait = min(wait*2, 10*time.Second) {
+		time.Sleep(50 * time.Millisecond)
 		var d net.Dialer
 		conn, err = d.DialContext(ctx, "unix", s.jail(strings.TrimPrefix(jailAgent, "/")))
 		if err == nil {
-			h, err = guest.ReadHello(conn, 15*time.Second)
+			h, err = guest.ReadHello(conn, wait)
 			if err == nil {
 				break
 			}
@@ -276,7 +281,6 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return h, fmt.Errorf("park VM: agent did not say hello again: %w", err)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	defer conn.Close()
 	mon, err := dialMonitor(ctx, s.jail(strings.TrimPrefix(jailQMP, "/")))
@@ -390,4 +394,13 @@ func copySparse(src, dst string, mode os.FileMode) error {
 		off = hole
 	}
 	return out.Close()
+}
+
+// TemplateReady says whether the memory-snapshot template is built (for
+// tests and the bench).
+func (r *Runtime) TemplateReady() bool {
+	r.mu.Lock()
+	t := r.tmpl
+	r.mu.Unlock()
+	return t != nil && t.ready() != nil
 }
