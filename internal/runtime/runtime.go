@@ -86,6 +86,20 @@ type Spec struct {
 	HomeSocket string
 	// Hostname inside the sandbox; empty means "sandbox".
 	Hostname string
+	// Network, when set, is the network namespace (made and policed on the
+	// host by package netpol) the sandbox's network lives in; nil: loopback
+	// only. http://sandboxd.internal works either way: it goes through the
+	// agent's channel home, not the network.
+	Network *Network
+}
+
+// Network is where a sandbox's network comes from.
+type Network struct {
+	// Netns is the path of a network namespace holding the guest's link
+	// (eth0, addressed and routed), e.g. /run/netns/sbx-0123456789.
+	Netns string `json:"netns"`
+	// Nameservers go into the guest's /etc/resolv.conf.
+	Nameservers []string `json:"nameservers,omitempty"`
 }
 
 // Limits bound a sandbox's resources.

@@ -25,7 +25,10 @@
 // ≈ 40 ms). The agent listens on 127.0.0.1:80 inside and forwards each
 // connection over the channel to Spec.HomeSocket: that is
 // http://sandboxd.internal, and the only host endpoint a sandbox reaches
-// (--network=none).
+// (--network=none). A sandbox given a network (Spec.Network, a namespace
+// that package netpol made and polices) runs gVisor's netstack on that
+// namespace's link instead (--network=sandbox, see network.go); home still
+// goes through the agent, not the network.
 //
 // Limits: runsc applies the bundle's linux.resources to a host cgroup
 // (/sandboxd/<cid>) around the sentry and gofer. gVisor has no OOM killer of
@@ -336,6 +339,7 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 	m := meta{
 		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
 		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
+		Network:    spec.Network,
 		CgroupPath: "/sandboxd/" + cid, Platform: r.platform, Created: time.Now().UTC(),
 	}
 	s := newSandbox(r, dir, m)
@@ -431,12 +435,22 @@ func (r *Runtime) reattach(ctx context.Context) error {
 
 // runscCmd builds a runsc invocation with our global flags.
 func (r *Runtime) runscCmd(ctx context.Context, args ...string) *exec.Cmd {
+	return r.runscNetCmd(ctx, "none", args...)
+}
+
+// runscNetCmd is runscCmd with gVisor's network mode: "none" (loopback
+// only) or "sandbox" (gVisor's netstack on the links of the bundle's
+// network namespace).
+func (r *Runtime) runscNetCmd(ctx context.Context, network string, args ...string) *exec.Cmd {
 	global := []string{
 		"--root", filepath.Join(r.opts.StateDir, "runsc"),
 		"--platform", r.platform,
-		"--network", "none",
+		"--network", network,
 		"--host-uds", "open",
 		"--cpu-num-from-quota",
+	}
+	if network == "sandbox" {
+		return sandboxNetCmd(ctx, r.runsc, append(global, args...))
 	}
 	return exec.CommandContext(ctx, r.runsc, append(global, args...)...)
 }
@@ -455,20 +469,21 @@ func (r *Runtime) runscRun(ctx context.Context, args ...string) ([]byte, error) 
 
 // meta is what the state directory records about a sandbox.
 type meta struct {
-	ID         string         `json:"id"` // "" while in the warm pool
-	CID        string         `json:"cid"`
-	BaseDir    string         `json:"base_dir"`
-	BaseImage  string         `json:"base_image,omitempty"`
-	Layers     []string       `json:"layers,omitempty"` // restored layer ids, bottom first
-	Env        []string       `json:"env,omitempty"`
-	Limits     runtime.Limits `json:"limits"`
-	HomeSocket string         `json:"home_socket,omitempty"`
-	Hostname   string         `json:"hostname"`
-	CgroupPath string         `json:"cgroup_path"`
-	Platform   string         `json:"platform"`
-	Disk       bool           `json:"disk,omitempty"` // layer/ is a loop-mounted image
-	Created    time.Time      `json:"created"`
-	Stopped    bool           `json:"stopped,omitempty"`
+	ID         string           `json:"id"` // "" while in the warm pool
+	CID        string           `json:"cid"`
+	BaseDir    string           `json:"base_dir"`
+	BaseImage  string           `json:"base_image,omitempty"`
+	Layers     []string         `json:"layers,omitempty"` // restored layer ids, bottom first
+	Env        []string         `json:"env,omitempty"`
+	Limits     runtime.Limits   `json:"limits"`
+	HomeSocket string           `json:"home_socket,omitempty"`
+	Network    *runtime.Network `json:"network,omitempty"` // nil: --network=none
+	Hostname   string           `json:"hostname"`
+	CgroupPath string           `json:"cgroup_path"`
+	Platform   string           `json:"platform"`
+	Disk       bool             `json:"disk,omitempty"` // layer/ is a loop-mounted image
+	Created    time.Time        `json:"created"`
+	Stopped    bool             `json:"stopped,omitempty"`
 }
 
 func readMeta(dir string) (meta, error) {

@@ -71,6 +71,7 @@ type ociLinux struct {
 
 type ociNamespace struct {
 	Type string `json:"type"`
+	Path string `json:"path,omitempty"` // join this namespace instead of making one
 }
 
 type ociResources struct {
@@ -179,7 +180,7 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string) ociS
 		Hostname: s.Hostname,
 		Mounts:   mounts,
 		Linux: ociLinux{
-			Namespaces:  []ociNamespace{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Namespaces:  []ociNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 			CgroupsPath: s.CgroupPath,
 			Resources:   res,
 		},

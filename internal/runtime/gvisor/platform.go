@@ -122,7 +122,7 @@ func (r *Runtime) trial(ctx context.Context, p string) error {
 		Process: ociProcess{Args: []string{"/sandbox-agent", "version"}, Cwd: "/", Env: []string{"PATH=/"}},
 		Root:    ociRoot{Path: rootfs, Readonly: true},
 		Mounts:  []ociMount{{Destination: "/proc", Type: "proc", Source: "proc"}},
-		Linux:   ociLinux{Namespaces: []ociNamespace{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}}},
+		Linux:   ociLinux{Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}}},
 	}
 	if err := writeSpec(dir, spec); err != nil {
 		return err

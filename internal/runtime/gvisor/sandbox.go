@@ -111,6 +111,10 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		return err
 	}
 	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"), s.r.preload)
+	network, err := withNetwork(&spec, m.Network, s.path("resolv.conf"))
+	if err != nil {
+		return err
+	}
 	if err := writeSpec(s.path("bundle"), spec); err != nil {
 		return err
 	}
@@ -128,7 +132,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := s.r.runscCmd(ctx, "run", "--bundle", s.path("bundle"), "--detach", m.CID)
+	cmd := s.r.runscNetCmd(ctx, network, "run", "--bundle", s.path("bundle"), "--detach", m.CID)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runsc run: %w (see %s)", err, s.path("agent.log"))
