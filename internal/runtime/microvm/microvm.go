@@ -77,7 +77,8 @@ type Options struct {
 	// QEMUPath is qemu-system-x86_64; empty: looked up in PATH.
 	QEMUPath string
 	// KernelPath is the guest vmlinux; empty: the kernel built by
-	// internal/kernel in CacheDir (`sandboxd kernel build`).
+	// internal/kernel in CacheDir (`sandboxd kernel build`; default: the
+	// user cache dir's sandboxd/, as for sandboxd --cache-dir).
 	KernelPath string
 	CacheDir   string
 	// AgentPath is the static sandbox-agent binary; empty: FindAgent.
@@ -178,6 +179,14 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		}
 	}
 	kpath := opts.KernelPath
+	if kpath == "" && opts.CacheDir == "" {
+		// sandboxd's default --cache-dir.
+		d, err := os.UserCacheDir()
+		if err != nil {
+			return nil, fmt.Errorf("microvm runtime: no KernelPath or CacheDir: %w", err)
+		}
+		opts.CacheDir = filepath.Join(d, "sandboxd")
+	}
 	if kpath == "" {
 		k, err := kernel.NewStore(opts.CacheDir, opts.Logger).Lookup("")
 		if err != nil {
