@@ -114,7 +114,7 @@ func TestGVisor(t *testing.T) {
 	if out, code := wget(t, eg.sb, "", []string{"sh", "-c", "mkdir -p /tmp/www && echo guest-page > /tmp/www/index.html && httpd -p 8080 -h /tmp/www"}); code != 0 {
 		t.Fatalf("start httpd in the sandbox: %d %q", code, out)
 	}
-	guestURL := url(eg.net.GuestAddr, 8080)
+	guestURL := urlOf(eg.net.GuestAddr, 8080)
 	var body string
 	for range 50 { // httpd daemonizes: give it a moment to listen
 		if resp, err := http.Get(guestURL); err == nil {
@@ -139,16 +139,16 @@ func TestGVisor(t *testing.T) {
 	for mode, b := range boxes {
 		checks = append(checks,
 			check{mode, "http://sandboxd.internal/api/health", true},
-			check{mode, url(inetA, 80), mode != ModeNone},
-			check{mode, url(inetB, 80), mode == ModeEgress},
-			check{mode, url(inetMetadata, 80), false},
-			check{mode, url(inetPrivate, 80), false},
+			check{mode, urlOf(inetA, 80), mode != ModeNone},
+			check{mode, urlOf(inetB, 80), mode == ModeEgress},
+			check{mode, urlOf(inetMetadata, 80), false},
+			check{mode, urlOf(inetPrivate, 80), false},
 		)
 		for _, a := range hostAddrs {
-			checks = append(checks, check{mode, url(a, hostPort), false})
+			checks = append(checks, check{mode, urlOf(a, hostPort), false})
 		}
 		if b.net != nil {
-			checks = append(checks, check{mode, url(b.net.HostAddr, hostPort), false})
+			checks = append(checks, check{mode, urlOf(b.net.HostAddr, hostPort), false})
 		}
 		if mode != ModeEgress {
 			checks = append(checks, check{mode, guestURL, false})

@@ -230,7 +230,7 @@ func newManager(t testing.TB, prefix string, pool string, mod func(*Options)) *M
 	return m
 }
 
-func url(a netip.Addr, port int) string {
+func urlOf(a netip.Addr, port int) string {
 	return "http://" + netip.AddrPortFrom(a, uint16(port)).String() + "/"
 }
 
@@ -261,7 +261,7 @@ func TestPolicy(t *testing.T) {
 	defer hostL.Close()
 	serveHTTP(hostL)
 	hostPort := hostL.Addr().(*net.TCPAddr).Port
-	if _, err := http.Get(url(egress.HostAddr, hostPort)); err != nil {
+	if _, err := http.Get(urlOf(egress.HostAddr, hostPort)); err != nil {
 		t.Fatalf("the host listener does not answer on the veth address from the host: %v", err)
 	}
 	hostAddrs := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
@@ -287,23 +287,23 @@ func TestPolicy(t *testing.T) {
 	var checks []check
 	for _, n := range []*Network{egress, allow} {
 		for _, a := range hostAddrs {
-			checks = append(checks, check{n, url(a, hostPort), false})
+			checks = append(checks, check{n, urlOf(a, hostPort), false})
 		}
 		checks = append(checks,
-			check{n, url(inetMetadata, 80), false},
-			check{n, url(inetPrivate, 80), false},
+			check{n, urlOf(inetMetadata, 80), false},
+			check{n, urlOf(inetPrivate, 80), false},
 		)
 	}
 	checks = append(checks,
-		check{egress, url(allow.GuestAddr, 8080), false},
-		check{allow, url(egress.GuestAddr, 8080), false},
-		check{egress, url(inetA, 80), true},
-		check{egress, url(inetB, 80), true},
-		check{egress, url(inetDomain, 80), true},
-		check{allow, url(inetA, 80), true},
-		check{allow, url(inetDomain, 80), true},
-		check{allow, url(inetB, 80), false},
-		check{allow, url(inetDNS, 80), false}, // the resolver, but not port 53
+		check{egress, urlOf(allow.GuestAddr, 8080), false},
+		check{allow, urlOf(egress.GuestAddr, 8080), false},
+		check{egress, urlOf(inetA, 80), true},
+		check{egress, urlOf(inetB, 80), true},
+		check{egress, urlOf(inetDomain, 80), true},
+		check{allow, urlOf(inetA, 80), true},
+		check{allow, urlOf(inetDomain, 80), true},
+		check{allow, urlOf(inetB, 80), false},
+		check{allow, urlOf(inetDNS, 80), false}, // the resolver, but not port 53
 	)
 	var wg sync.WaitGroup
 	for _, c := range checks {
@@ -375,10 +375,10 @@ func TestAllowPrivate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := guestGet(n.Netns, url(inetPrivate, 80)); err != nil {
+	if _, err := guestGet(n.Netns, urlOf(inetPrivate, 80)); err != nil {
 		t.Errorf("allowed private address: %v", err)
 	}
-	if body, err := guestGet(n.Netns, url(inetMetadata, 80)); err == nil {
+	if body, err := guestGet(n.Netns, urlOf(inetMetadata, 80)); err == nil {
 		t.Errorf("metadata reachable although only private ranges may be allowed: %q", body)
 	}
 }
@@ -475,7 +475,7 @@ func TestTeardownLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 0 || i == 19 {
-			if _, err := guestGet(n.Netns, url(inetA, 80)); err != nil {
+			if _, err := guestGet(n.Netns, urlOf(inetA, 80)); err != nil {
 				t.Errorf("%s: %v", id, err)
 			}
 		}
@@ -533,7 +533,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	if fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
 		t.Errorf("after reconcile: %v, want %v", got, want)
 	}
-	if _, err := guestGet(kept.Netns, url(inetA, 80)); err != nil {
+	if _, err := guestGet(kept.Netns, urlOf(inetA, 80)); err != nil {
 		t.Errorf("kept sandbox lost egress: %v", err)
 	}
 	// The freed slots are handed out again; the kept one is not.
