@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -55,6 +59,12 @@ type serveOptions struct {
 	allowPrivate bool
 	blobURL      string
 	setup        bool
+	network      string
+	netPool      string
+	netDNS       []string
+	netPrivate   []string
+	netRate      uint64
+	netConns     uint32
 	githubToken  string
 	githubOwner  string
 	claudeToken  string
@@ -95,6 +105,12 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
 	f.StringVar(&o.blobURL, "blob-store", envOr("SANDBOXD_BLOB_STORE", ""), "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
+	f.StringVar(&o.network, "network-default", envOr("SANDBOXD_NETWORK_DEFAULT", "none"), `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
+	f.StringVar(&o.netPool, "network-pool", "10.200.0.0/16", "IPv4 range sandbox addresses come from (a /30 each)")
+	f.StringSliceVar(&o.netDNS, "network-dns", nil, "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
+	f.StringSliceVar(&o.netPrivate, "network-allow-private", nil, "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
+	f.Uint64Var(&o.netRate, "network-rate", 100_000_000/8, "bandwidth per sandbox and direction, bytes/s")
+	f.Uint32Var(&o.netConns, "network-max-conns", 1024, "concurrent connections per sandbox")
 	f.BoolVar(&o.setup, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
 	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GITHUB_TOKEN given to sandboxes (env GITHUB_TOKEN)")
 	f.StringVar(&o.githubOwner, "github-owner", envOr("SANDBOXD_GITHUB_OWNER", ""), "GitHub organization or user that receives a mirror repository per account and the coding agent's pull requests; needs --github-token (env SANDBOXD_GITHUB_OWNER)")
@@ -229,6 +245,11 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 
+	netMgr, defaultPolicy, err := openNetwork(ctx, o, dataDir, log)
+	if err != nil {
+		return err
+	}
+
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
 		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
@@ -242,10 +263,12 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 				"CLAUDE_CODE_OAUTH_TOKEN": o.claudeToken,
 				"ANTHROPIC_API_KEY":       o.anthropicKey,
 			},
-			Model: sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
+			Model:   sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
+			Network: defaultPolicy,
 		},
 		Persist: persistence,
 		Forge:   gh,
+		Net:     netMgr,
 		Logger:  log.With("component", "sandbox"),
 	})
 	mgr.RegisterWorkers(workers)
@@ -264,6 +287,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		SnapshotTTL: o.snapshotTTL,
 		Sandboxes:   mgr,
 		Agents:      mgr,
+		Proxy:       netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
 		Files:       fileSvc,
 		Mount:       map[string]http.Handler{repo.GitPathPrefix + "*": repos.GitHTTPHandler(authn)},
 	})
@@ -349,6 +373,48 @@ func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.L
 		return "", "", fmt.Errorf("prepare image %s: %w", o.template, err)
 	}
 	return img.Rootfs, img.ID, nil
+}
+
+// openNetwork prepares sandbox networking and returns the default policy.
+// Networking needs root and nftables in the kernel; when it cannot start,
+// sandboxes run with loopback only, and a request for a network is refused
+// with a clear error.
+func openNetwork(ctx context.Context, o *serveOptions, dataDir string, log *slog.Logger) (*netpol.Manager, netpol.Policy, error) {
+	var def netpol.Policy
+	if err := json.Unmarshal([]byte(strconv.Quote(o.network)), &def); err != nil {
+		return nil, def, fmt.Errorf("--network-default: %w", err)
+	}
+	pool, err := netip.ParsePrefix(o.netPool)
+	if err != nil {
+		return nil, def, fmt.Errorf("--network-pool: %w", err)
+	}
+	opts := netpol.Options{
+		StateDir: filepath.Join(dataDir, "net"), Pool: pool,
+		RateBytes: o.netRate, MaxConns: o.netConns, Logger: log.With("component", "network"),
+	}
+	for _, d := range o.netDNS {
+		a, err := netip.ParseAddr(d)
+		if err != nil {
+			return nil, def, fmt.Errorf("--network-dns: %w", err)
+		}
+		opts.DNS = append(opts.DNS, a)
+	}
+	for _, p := range o.netPrivate {
+		pr, err := netip.ParsePrefix(p)
+		if err != nil {
+			return nil, def, fmt.Errorf("--network-allow-private: %w", err)
+		}
+		opts.AllowPrivate = append(opts.AllowPrivate, pr)
+	}
+	mgr, err := netpol.New(ctx, opts)
+	if err != nil {
+		if def.Mode != netpol.ModeNone {
+			return nil, def, fmt.Errorf("start sandbox networking (needed by --network-default %s): %w", def.Mode, err)
+		}
+		log.Warn("sandbox networking unavailable; sandboxes get loopback only", "err", err)
+		return nil, def, nil
+	}
+	return mgr, def, nil
 }
 
 // openRuntime starts the chosen sandbox backend.

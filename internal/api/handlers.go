@@ -45,6 +45,9 @@ func (s *Server) routeTable() []route {
 			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
 			body: TimeoutRequest{}, ok: SandboxResponse{}, handler: s.setTimeout},
+		{method: http.MethodGet, path: "/api/sandboxes/{id}/proxy/{port}/*", summary: "Reach a port of a sandbox (any method; websockets pass through)", tag: "sandboxes",
+			description: "Forwards the request to the port inside a sandbox with a network (sandboxd). Authenticated like every route; the sandboxd credentials are not forwarded.",
+			anyMethod:   true, handler: s.proxy},
 		{method: http.MethodPost, path: "/api/tasks/coding-agent", summary: "Run a coding agent on a repository", tag: "runs",
 			body: CodingAgentRequest{}, ok: RunResponse{}, handler: s.codingAgent},
 	}
@@ -550,6 +553,18 @@ func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(sb)})
+}
+
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.sandboxFor(r, ""); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Proxy == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	s.opts.Proxy.ServeHTTP(w, r)
 }
 
 func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) {

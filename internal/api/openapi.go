@@ -9,6 +9,9 @@ import (
 	"strings"
 
 	"github.com/invopop/jsonschema"
+	orderedmap "github.com/pb33f/ordered-map/v2"
+
+	"github.com/sandboxd/sandboxd/internal/netpol"
 )
 
 // route is one operation of the API: how it is served and how it is
@@ -25,6 +28,7 @@ type route struct {
 	body        any  // request body type
 	ok          any  // 200 body type
 	stream      bool // may answer text/event-stream
+	anyMethod   bool // served for every method, documented as method
 	handler     http.HandlerFunc
 }
 
@@ -45,8 +49,17 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 		Anonymous:                 true,
 		AllowAdditionalProperties: true,
 		Mapper: func(t reflect.Type) *jsonschema.Schema {
-			if t == reflect.TypeFor[json.RawMessage]() {
+			switch t {
+			case reflect.TypeFor[json.RawMessage]():
 				return &jsonschema.Schema{Type: "object"}
+			case reflect.TypeFor[netpol.Policy]():
+				return &jsonschema.Schema{
+					Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
+					OneOf: []*jsonschema.Schema{
+						{Type: "string", Enum: []any{"none", "egress"}},
+						{Type: "object", Required: []string{"allow"}, Properties: allowProps()},
+					},
+				}
 			}
 			return nil
 		},
@@ -168,6 +181,14 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 	}
 	return json.MarshalIndent(doc, "", "  ")
 }
+
+func allowProps() *orderedmap.OrderedMap[string, *jsonschema.Schema] {
+	props := orderedmap.New[string, *jsonschema.Schema]()
+	props.Set("allow", &jsonschema.Schema{Type: "array", MaxItems: ptr(uint64(netpol.MaxAllow)), Items: &jsonschema.Schema{Type: "string"}})
+	return props
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // resolve follows a top-level $ref into the collected schemas.
 func resolve(s map[string]any, schemas map[string]any) map[string]any {

@@ -46,6 +46,10 @@ type Options struct {
 	Agents    AgentService
 	// SnapshotTTL is how long a snapshot row stays valid (default 7 days).
 	SnapshotTTL time.Duration
+	// Proxy forwards /api/sandboxes/{id}/proxy/{port}/... to the sandbox's
+	// port once the caller's access to the sandbox is checked; nil answers
+	// 501.
+	Proxy http.Handler
 	// Mount adds handlers outside the JSON API (e.g. the git server).
 	Mount map[string]http.Handler
 	// Now is the clock (tests); default time.Now.
@@ -89,6 +93,10 @@ func New(opts Options) (*Server, error) {
 		h := rt.handler
 		if !rt.public {
 			h = s.authenticated(h)
+		}
+		if rt.anyMethod {
+			r.Handle(rt.path, h)
+			continue
 		}
 		r.Method(rt.method, rt.path, h)
 	}

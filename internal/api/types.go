@@ -1,6 +1,10 @@
 package api
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/sandboxd/sandboxd/internal/netpol"
+)
 
 // The request and response types of the contract. They are the single
 // source of the OpenAPI document (jsonschema tags) and of the handlers'
@@ -41,6 +45,9 @@ type CreateSandboxRequest struct {
 	Prompt    string   `json:"prompt,omitempty" jsonschema:"minLength=1,description=Prompt for opencode run (not with command)"`
 	AccountID string   `json:"account_id,omitempty" jsonschema:"format=uuid"`
 	Timeout   int64    `json:"timeout,omitempty" jsonschema:"minimum=1,description=Lifetime in milliseconds (sandboxd; default 10 minutes)"`
+	// Network is the sandbox's network policy (sandboxd): "none", "egress",
+	// or {"allow": ["cidr, address or domain", ...]}.
+	Network *netpol.Policy `json:"network,omitempty"`
 }
 
 // SandboxesResponse answers POST /api/sandboxes.

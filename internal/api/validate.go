@@ -1,11 +1,14 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"path"
 	"strconv"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/netpol"
 )
 
 // maxUploadFiles bounds one upload request.
@@ -44,6 +47,13 @@ func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
 	}
 	if hasTimeout && timeout <= 0 {
 		return req, errField("timeout must be a positive number of milliseconds", "timeout")
+	}
+	if o.present("network") {
+		var p netpol.Policy
+		if err := json.Unmarshal(o["network"], &p); err != nil {
+			return req, errField(strings.TrimPrefix(err.Error(), "network: "), "network")
+		}
+		req.Network = &p
 	}
 	if hasCmd && hasPrompt {
 		return req, errField("Cannot specify both command and prompt", "prompt")

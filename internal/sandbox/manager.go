@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -48,6 +50,9 @@ type Settings struct {
 	Env map[string]string
 	// Model is the provider OpenCode is pointed at for prompts.
 	Model ModelProvider
+	// Network is the policy of sandboxes whose request names none, and of
+	// the sandboxes of the service's own tasks.
+	Network netpol.Policy
 }
 
 // Persistence carries a sandbox's work between sandboxes: the account's
@@ -103,7 +108,10 @@ type Config struct {
 	Settings  Settings
 	Persist   Persistence
 	// Forge, when configured, receives the coding agent's pull requests.
-	Forge  forge.Forge
+	Forge forge.Forge
+	// Net gives sandboxes a network namespace under a policy; nil: every
+	// sandbox has loopback only.
+	Net    *netpol.Manager
 	Logger *slog.Logger
 }
 
@@ -173,7 +181,11 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 			return store.Sandbox{}, "", fmt.Errorf("timeout must be at most %d ms: %w", m.cfg.Settings.MaxTimeout.Milliseconds(), api.ErrInvalid)
 		}
 	}
-	sb, rsb, err := m.launch(ctx, accountID, lifetime, true)
+	policy := m.cfg.Settings.Network
+	if req.Network != nil {
+		policy = *req.Network
+	}
+	sb, rsb, err := m.launch(ctx, accountID, lifetime, true, policy)
 	if err != nil {
 		return sb, "", err
 	}
@@ -204,14 +216,24 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 // launch records and starts a sandbox for account. Sandboxes that users
 // ask for count against the account's quota; those the service starts for
 // its own tasks (setup, coding agents) only against the node's capacity.
-func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, userQuota bool) (store.Sandbox, runtime.Sandbox, error) {
+func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, userQuota bool, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+	if err := policy.Validate(); err != nil {
+		return store.Sandbox{}, nil, fmt.Errorf("%s: %w", err.Error(), api.ErrInvalid)
+	}
+	if hasNetwork(policy) && m.cfg.Net == nil {
+		return store.Sandbox{}, nil, fmt.Errorf("networking is not enabled on this server; create the sandbox with network \"none\": %w", api.ErrInvalid)
+	}
 	if err := m.checkQuota(ctx, accountID, userQuota); err != nil {
+		return store.Sandbox{}, nil, err
+	}
+	network, err := json.Marshal(policy)
+	if err != nil {
 		return store.Sandbox{}, nil, err
 	}
 	now := m.now()
 	sb := store.Sandbox{
 		ID: newID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
-		Status: store.SandboxPending, Runtime: m.rt.Name(),
+		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 	}
 	if err := m.st.CreateSandbox(ctx, &sb); err != nil {
@@ -264,13 +286,22 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		ID: sb.ID, BaseDir: m.cfg.BaseDir, BaseImage: m.cfg.BaseID,
 		Env: env, Limits: m.cfg.Settings.Limits, HomeSocket: m.cfg.Home, Hostname: "sandbox",
 	}
+	if policy, _ := sandboxPolicy(*sb); hasNetwork(policy) {
+		n, err := m.cfg.Net.Setup(ctx, sb.ID, policy)
+		if err != nil {
+			return fail("could not set up its network", err)
+		}
+		spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers()}
+	}
 	rsb, err := m.createFromSnapshot(ctx, sb, spec)
 	if err != nil {
+		m.teardownNetwork(ctx, sb.ID)
 		return fail("the runtime could not start it", err)
 	}
 	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", m.now())
 	if err != nil || !ok {
 		_ = rsb.Destroy(ctx)
+		m.teardownNetwork(ctx, sb.ID)
 		if err == nil {
 			err = errors.New("sandbox left pending while starting")
 		}
@@ -526,6 +557,7 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 	}
+	m.teardownNetwork(ctx, id)
 	if err := m.st.RevokeSandboxKeys(ctx, id, m.now()); err != nil {
 		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
 	}
@@ -549,6 +581,42 @@ func (m *Manager) StopAll(ctx context.Context, reason string) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// hasNetwork reports whether a policy needs a network namespace.
+func hasNetwork(p netpol.Policy) bool { return p.Mode != "" && p.Mode != netpol.ModeNone }
+
+// sandboxPolicy reads the policy recorded on a sandbox's row.
+func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
+	var p netpol.Policy
+	if sb.Network == "" {
+		return netpol.Policy{Mode: netpol.ModeNone}, nil
+	}
+	err := json.Unmarshal([]byte(sb.Network), &p)
+	return p, err
+}
+
+// teardownNetwork removes a sandbox's network, if it has one.
+func (m *Manager) teardownNetwork(ctx context.Context, id string) {
+	if m.cfg.Net == nil {
+		return
+	}
+	if err := m.cfg.Net.Teardown(ctx, id); err != nil {
+		m.log.Error("tear down sandbox network", "sandbox_id", id, "err", err)
+	}
+}
+
+// GuestAddr is the address the host reaches sandbox id's network at (for
+// the port proxy); an error when it has none.
+func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) {
+	if m.cfg.Net == nil {
+		return netip.Addr{}, api.ErrNotFound
+	}
+	n, err := m.cfg.Net.Get(id)
+	if err != nil || n == nil {
+		return netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, api.ErrNotFound)
+	}
+	return n.GuestAddr, nil
 }
 
 // stopQuietly stops a sandbox on an error path, logging what fails.

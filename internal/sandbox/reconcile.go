@@ -106,7 +106,15 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.log.Error("destroy orphaned sandbox", "sandbox_id", id, "err", err)
 			continue
 		}
+		m.teardownNetwork(ctx, id)
 		m.log.Info("destroyed orphaned sandbox", "sandbox_id", id)
+	}
+	if m.cfg.Net != nil {
+		// Namespaces, links and rules of sandboxes that are gone (a crash
+		// leaves them behind) go too.
+		if err := m.cfg.Net.Reconcile(ctx, func(id string) bool { return keep[id] }); err != nil {
+			m.log.Error("reconcile sandbox networks", "err", err)
+		}
 	}
 	return m.reconcileRuns(ctx)
 }
@@ -115,6 +123,7 @@ func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string)
 	if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
 		_ = rsb.Destroy(ctx)
 	}
+	m.teardownNetwork(ctx, sb.ID)
 	if _, err := m.st.TransitionSandbox(ctx, sb.ID, activeStatuses, store.SandboxFailed, reason, m.now()); err != nil {
 		m.log.Error("mark sandbox failed", "sandbox_id", sb.ID, "err", err)
 	}

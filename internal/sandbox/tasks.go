@@ -126,7 +126,7 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if err != nil || !started {
 		return err
 	}
-	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, false)
+	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, false, m.cfg.Settings.Network)
 	if err != nil {
 		return m.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
 	}

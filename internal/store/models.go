@@ -60,17 +60,19 @@ const (
 // Sandbox is one sandbox's row: the database is the source of truth for its
 // lifecycle; the node named by NodeID hosts it.
 type Sandbox struct {
-	ID            string     `json:"id"`
-	AccountID     string     `json:"account_id"`
-	NodeID        string     `json:"node_id"`
-	Status        string     `json:"status"`
-	Runtime       string     `json:"runtime"`
-	FailureReason string     `json:"failure_reason,omitempty"`
-	SnapshotID    string     `json:"snapshot_id,omitempty"` // the snapshot it started from
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
-	Deadline      time.Time  `json:"deadline"`
-	StoppedAt     *time.Time `json:"stopped_at,omitempty"`
+	ID            string `json:"id"`
+	AccountID     string `json:"account_id"`
+	NodeID        string `json:"node_id"`
+	Status        string `json:"status"`
+	Runtime       string `json:"runtime"`
+	FailureReason string `json:"failure_reason,omitempty"`
+	SnapshotID    string `json:"snapshot_id,omitempty"` // the snapshot it started from
+	// Network is the sandbox's network policy as the API's JSON ("" = none).
+	Network   string     `json:"network,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	Deadline  time.Time  `json:"deadline"`
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
 }
 
 // Run statuses, as trigger.dev v3 names them.

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at"
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network"
 
 func scanSandbox(s scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -17,7 +17,7 @@ func scanSandbox(s scanner) (Sandbox, error) {
 	var created, updated, deadline int64
 	var stopped sql.NullInt64
 	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
-		&created, &updated, &deadline, &stopped); err != nil {
+		&created, &updated, &deadline, &stopped, &sb.Network); err != nil {
 		return Sandbox{}, err
 	}
 	sb.SnapshotID = snapshotID.String
@@ -55,9 +55,9 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	sb.UpdatedAt = ms(sb.UpdatedAt)
 	sb.Deadline = ms(sb.Deadline)
 	sb.StoppedAt = msPtr(sb.StoppedAt)
-	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt))
+		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 	}

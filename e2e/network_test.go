@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/netpol"
+)
+
+// TestNetwork: a sandbox with a network serves a port through the proxy to
+// its account's key only; a sandbox without one has no port to reach; bad
+// policies are refused; after a SIGKILL, a restart and stops, nothing of the
+// sandboxes' networks stays on the host. (Egress and the deny list are
+// tested in internal/netpol against a fake internet in namespaces of the
+// test's own.)
+func TestNetwork(t *testing.T) {
+	dsn := filepath.Join(t.TempDir(), "net.db")
+	s := startServer(t, dsn, "--keep-sandboxes=true")
+	a, b := s.createAccount("web", false), s.createAccount("other", false)
+	k, bk := s.createKey(a.ID), s.createKey(b.ID)
+
+	if r := s.as(k, "POST", "/api/sandboxes", map[string]any{"network": "bogus"}); r.Status != 400 || fmt.Sprint(r.Body["missing_fields"]) != "[network]" {
+		t.Fatalf("bad policy: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "POST", "/api/sandboxes", map[string]any{"network": map[string]any{"allow": []string{"not an address!"}}}); r.Status != 400 {
+		t.Fatalf("bad allow list: %d %s", r.Status, r.Raw)
+	}
+
+	web := s.createSandbox(k, map[string]any{"network": map[string]any{"allow": []string{"198.51.100.7"}}})
+	id := web["sandboxId"].(string)
+	start := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c",
+		"mkdir -p /tmp/www && echo hello from the sandbox > /tmp/www/index.html && httpd -p 3000 -h /tmp/www && echo started"}})
+	if start.Status != 200 || start.Body["stdout"] != "started\n" {
+		t.Fatalf("start httpd: %d %s", start.Status, start.Raw)
+	}
+	path := "/api/sandboxes/" + id + "/proxy/3000/index.html"
+	var got response
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if got = s.as(k, "GET", path, nil); got.Status == 200 {
+			break
+		}
+	}
+	if got.Status != 200 || string(got.Raw) != "hello from the sandbox\n" {
+		t.Fatalf("proxy with the key: %d %q", got.Status, got.Raw)
+	}
+	if r := s.call("GET", path, nil, nil); r.Status != 401 {
+		t.Fatalf("proxy without a key: %d", r.Status)
+	}
+	if r := s.as(bk, "GET", path, nil); r.Status != 404 {
+		t.Fatalf("proxy with another account's key: %d", r.Status)
+	}
+	closed := s.createSandbox(k, map[string]any{})
+	if r := s.as(k, "GET", "/api/sandboxes/"+closed["sandboxId"].(string)+"/proxy/3000/", nil); r.Status != 404 {
+		t.Fatalf("proxy to a sandbox without a network: %d %s", r.Status, r.Raw)
+	}
+
+	// Three more sandboxes with networks, then a crash.
+	ids := []string{id}
+	for range 3 {
+		ids = append(ids, s.createSandbox(k, map[string]any{"network": "egress"})["sandboxId"].(string))
+	}
+	for _, id := range ids {
+		if !netnsExists(id) {
+			t.Fatalf("sandbox %s has no network namespace", id)
+		}
+	}
+	if err := s.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.cmd.Wait()
+	s2 := restartServer(t, s)
+	// Re-attached sandboxes keep their network: the port still answers.
+	if r := s2.as(k, "GET", path, nil); r.Status != 200 {
+		t.Fatalf("proxy after restart: %d %s", r.Status, r.Raw)
+	}
+	s2.stopAll(k)
+	for _, id := range ids {
+		if netnsExists(id) {
+			t.Fatalf("network namespace of stopped sandbox %s is left", id)
+		}
+		link := "sbx" + netpol.Key(id)
+		if _, err := os.Stat("/sys/class/net/" + link); err == nil {
+			t.Fatalf("link %s of stopped sandbox %s is left", link, id)
+		}
+	}
+}
+
+func netnsExists(id string) bool {
+	_, err := os.Stat("/run/netns/sbx-" + netpol.Key(id))
+	return err == nil
+}
+
