@@ -92,4 +92,3 @@ func netnsExists(id string) bool {
 	_, err := os.Stat("/run/netns/sbx-" + netpol.Key(id))
 	return err == nil
 }
-
