@@ -323,6 +323,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if spec.BaseDir == "" {
 		return nil, fmt.Errorf("create sandbox %s: BaseDir is required", spec.ID)
 	}
+	if spec.Network != nil {
+		// Refused rather than ignored: a sandbox that asked for a network
+		// must not quietly start without one. (The guest kernel has
+		// virtio-net and TUN; a tap in Network.Netns is the way in.)
+		return nil, fmt.Errorf("create sandbox %s: the microvm runtime does not support sandbox networks yet", spec.ID)
+	}
 	if spec.Hostname == "" {
 		spec.Hostname = "sandbox"
 	}
