@@ -32,6 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
+	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 )
 
@@ -87,7 +88,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", envOr("SANDBOXD_LISTEN", "127.0.0.1:8080"), "address to serve the API on (env SANDBOXD_LISTEN)")
 	f.DurationVar(&o.snapshotTTL, "snapshot-ttl", envDuration("SANDBOXD_SNAPSHOT_TTL", 7*24*time.Hour), "how long an account's snapshot row stays valid (env SANDBOXD_SNAPSHOT_TTL)")
-	f.StringVar(&o.runtimeName, "runtime", envOr("SANDBOXD_RUNTIME", "gvisor"), "sandbox backend (env SANDBOXD_RUNTIME): gvisor")
+	f.StringVar(&o.runtimeName, "runtime", envOr("SANDBOXD_RUNTIME", "gvisor"), "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; needs `sandboxd kernel build`)")
 	f.StringVar(&o.template, "template", envOr("SANDBOXD_TEMPLATE", "base"), "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames())
 	f.StringVar(&o.rootfs, "rootfs", envOr("SANDBOXD_ROOTFS", ""), "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
 	f.StringVar(&o.runsc, "runsc", envOr("SANDBOXD_RUNSC", ""), "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
@@ -178,7 +179,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 	limits := runtime.Limits{CPUs: o.cpus, MemoryBytes: o.memoryMiB << 20, Pids: o.pids, DiskBytes: o.diskMiB << 20}
-	rt, err := openRuntime(ctx, o, dataDir, baseDir, baseID, limits, log)
+	rt, err := openRuntime(ctx, o, dataDir, g.cacheDir, baseDir, baseID, limits, log)
 	if err != nil {
 		return err
 	}
@@ -418,7 +419,7 @@ func openNetwork(ctx context.Context, o *serveOptions, dataDir string, log *slog
 }
 
 // openRuntime starts the chosen sandbox backend.
-func openRuntime(ctx context.Context, o *serveOptions, dataDir, baseDir, baseID string, limits runtime.Limits, log *slog.Logger) (runtime.Runtime, error) {
+func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDir, baseID string, limits runtime.Limits, log *slog.Logger) (runtime.Runtime, error) {
 	switch o.runtimeName {
 	case "gvisor":
 		rt, err := gvisor.New(ctx, gvisor.Options{
@@ -435,6 +436,21 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, baseDir, baseID 
 			return nil, fmt.Errorf("start gvisor runtime: %w", err)
 		}
 		return rt, nil
+	case "microvm":
+		// QEMU microVMs with the kernel of `sandboxd kernel build`; KVM when
+		// a probe VM boots on it, TCG (slow) otherwise. New sandboxes start
+		// from a memory snapshot of a booted template.
+		rt, err := microvm.New(ctx, microvm.Options{
+			StateDir:      filepath.Join(dataDir, "runtime", "microvm"),
+			CacheDir:      cacheDir,
+			DefaultLimits: limits,
+			Template:      microvm.TemplateOptions{BaseDir: baseDir, BaseImage: baseID},
+			Logger:        log.With("component", "runtime"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start microvm runtime: %w", err)
+		}
+		return rt, nil
 	}
-	return nil, fmt.Errorf("unknown runtime %q (available: gvisor)", o.runtimeName)
+	return nil, fmt.Errorf("unknown runtime %q (available: gvisor, microvm)", o.runtimeName)
 }
