@@ -384,14 +384,18 @@ func (s *suite) testForkBomb(t *testing.T) {
 	bystander := s.create(t, runtime.Spec{})
 	done := make(chan execOut, 1)
 	go func() {
-		done <- run(t, sb, runtime.ExecRequest{Cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, Timeout: 6 * time.Second})
+		done <- run(t, sb, runtime.ExecRequest{Cmd: []string{"sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 60"}, Timeout: 15 * time.Second})
 	}()
 	// Count processes inside through the agent's file service: forking
-	// anything there fails while the bomb holds every slot.
+	// anything there fails while the bomb holds every slot. On a loaded
+	// host the bomb ramps up slowly, so watch until it has filled half the
+	// slots and a while longer (to catch any overshoot), or until shortly
+	// before its timeout.
 	peak := 0
 	ctx := ctxT(t, time.Minute)
-	deadline := time.Now().Add(4 * time.Second)
-	for time.Now().Before(deadline) {
+	deadline := time.Now().Add(13 * time.Second)
+	var filled time.Time
+	for time.Now().Before(deadline) && (filled.IsZero() || time.Since(filled) < 2*time.Second) {
 		ents, err := sb.ListDir(ctx, "/proc")
 		if err != nil {
 			t.Fatal(err)
@@ -403,6 +407,9 @@ func (s *suite) testForkBomb(t *testing.T) {
 			}
 		}
 		peak = max(peak, n)
+		if peak >= pids/2 && filled.IsZero() {
+			filled = time.Now()
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	o := <-done
