@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,13 @@ func TestNetwork(t *testing.T) {
 	}
 	if got.Status != 200 || string(got.Raw) != "hello from the sandbox\n" {
 		t.Fatalf("proxy with the key: %d %q", got.Status, got.Raw)
+	}
+	ports := s.as(k, "GET", "/api/sandboxes/"+id+"/ports", nil)
+	if ports.Status != 200 || !strings.Contains(string(ports.Raw), `{"port":3000,"url":"/api/sandboxes/`+id+`/proxy/3000/"}`) {
+		t.Fatalf("ports: %d %s", ports.Status, ports.Raw)
+	}
+	if r := s.as(bk, "GET", "/api/sandboxes/"+id+"/ports", nil); r.Status != 404 {
+		t.Fatalf("another account's ports: %d", r.Status)
 	}
 	if r := s.call("GET", path, nil, nil); r.Status != 401 {
 		t.Fatalf("proxy without a key: %d", r.Status)

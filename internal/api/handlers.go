@@ -45,6 +45,8 @@ func (s *Server) routeTable() []route {
 			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
 			body: TimeoutRequest{}, ok: SandboxResponse{}, handler: s.setTimeout},
+		{method: http.MethodGet, path: "/api/sandboxes/{id}/ports", summary: "List the ports listening in a sandbox", tag: "sandboxes",
+			query: AccountRequest{}, ok: PortsResponse{}, handler: s.ports},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/proxy/{port}/*", summary: "Reach a port of a sandbox (any method; websockets pass through)", tag: "sandboxes",
 			description: "Forwards the request to the port inside a sandbox with a network (sandboxd). Authenticated like every route; the sandboxd credentials are not forwarded.",
 			anyMethod:   true, handler: s.proxy},
@@ -553,6 +555,33 @@ func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(sb)})
+}
+
+func (s *Server) ports(w http.ResponseWriter, r *http.Request) {
+	requested, err := queryAccountID(r.URL.Query())
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	sb, err := s.sandboxFor(r, requested)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if s.opts.Sandboxes == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	ports, err := s.opts.Sandboxes.Ports(r.Context(), sb)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
+		return
+	}
+	resp := PortsResponse{Status: "success", Ports: make([]Port, 0, len(ports))}
+	for _, p := range ports {
+		resp.Ports = append(resp.Ports, Port{Port: p, URL: fmt.Sprintf("/api/sandboxes/%s/proxy/%d/", sb.ID, p)})
+	}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {

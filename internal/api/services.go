@@ -38,6 +38,8 @@ type SandboxService interface {
 	Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error)
 	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
 	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	// Ports lists the TCP ports something listens on in a running sandbox.
+	Ports(ctx context.Context, sb store.Sandbox) ([]int, error)
 	// SetTimeout makes the sandbox stop d from now.
 	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
 	// DeleteEnvironment stops the account's sandboxes, deletes its

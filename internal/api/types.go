@@ -172,6 +172,19 @@ type ExecResponse struct {
 	DurationMs int64  `json:"durationMs"`
 }
 
+// PortsResponse answers GET /api/sandboxes/{id}/ports.
+type PortsResponse struct {
+	Status string `json:"status" jsonschema:"enum=success"`
+	Ports  []Port `json:"ports"`
+}
+
+// Port is a TCP port listening inside a sandbox.
+type Port struct {
+	Port int `json:"port"`
+	// URL reaches it through the port proxy (for sandboxes with a network).
+	URL string `json:"url"`
+}
+
 // TimeoutRequest is the body of POST /api/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	Timeout   int64  `json:"timeout" jsonschema:"minimum=1,description=New remaining lifetime in milliseconds from now"`

@@ -1,0 +1,63 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// tcpListen is the state of a listening socket in /proc/net/tcp.
+const tcpListen = "0A"
+
+// Ports implements api.SandboxService: the TCP ports something listens on
+// inside the sandbox, read from the guest's /proc/net/tcp and tcp6.
+func (m *Manager) Ports(ctx context.Context, sb store.Sandbox) ([]int, error) {
+	rsb, err := m.local(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	var ports []int
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		rc, err := rsb.ReadFile(ctx, f)
+		if err != nil {
+			continue // no IPv6, say
+		}
+		p, err := listeningPorts(rc)
+		rc.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read %s of %s: %w", f, sb.ID, err)
+		}
+		ports = append(ports, p...)
+	}
+	slices.Sort(ports)
+	return slices.Compact(ports), nil
+}
+
+// listeningPorts parses /proc/net/tcp: "sl local_address rem_address st ...",
+// addresses as HEXIP:HEXPORT.
+func listeningPorts(r io.Reader) ([]int, error) {
+	var ports []int
+	sc := bufio.NewScanner(r)
+	for first := true; sc.Scan(); first = false {
+		f := strings.Fields(sc.Text())
+		if first || len(f) < 4 || f[3] != tcpListen {
+			continue
+		}
+		_, hexPort, ok := strings.Cut(f[1], ":")
+		if !ok {
+			continue
+		}
+		p, err := strconv.ParseUint(hexPort, 16, 16)
+		if err != nil {
+			return nil, fmt.Errorf("port %q: %w", hexPort, err)
+		}
+		ports = append(ports, int(p))
+	}
+	return ports, sc.Err()
+}
