@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -137,37 +138,38 @@ func newAccountSetupCmd(g *globals) *cobra.Command {
 }
 
 func newOrgAddMemberCmd(g *globals) *cobra.Command {
-	var orgID, accountID string
-	cmd := &cobra.Command{
-		Use:   "add-member --org ORG_ID --account ACCOUNT_ID",
-		Short: "Make a personal account a member of an organization",
-		Args:  cobra.NoArgs,
-		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
-			if err := st.AddOrgMember(cmd.Context(), orgID, accountID); err != nil {
-				return fmt.Errorf("add %s to organization %s: %w", accountID, orgID, err)
+	return newOrgMemberCmd(g, "add-member", "Make a personal account a member of an organization", "added %s to %s",
+		func(ctx context.Context, st *store.Store, org, account string) error {
+			if err := st.AddOrgMember(ctx, org, account); err != nil {
+				return fmt.Errorf("add %s to organization %s: %w", account, org, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "added %s to %s\n", accountID, orgID)
 			return nil
-		}),
-	}
-	cmd.Flags().StringVar(&orgID, "org", "", "organization account id")
-	cmd.Flags().StringVar(&accountID, "account", "", "member account id")
-	_ = cmd.MarkFlagRequired("org")
-	_ = cmd.MarkFlagRequired("account")
-	return cmd
+		})
 }
 
 func newOrgRemoveMemberCmd(g *globals) *cobra.Command {
+	return newOrgMemberCmd(g, "remove-member", "Remove a member from an organization", "removed %s from %s",
+		func(ctx context.Context, st *store.Store, org, account string) error {
+			if err := st.RemoveOrgMember(ctx, org, account); err != nil {
+				return fmt.Errorf("remove %s from organization %s: %w", account, org, err)
+			}
+			return nil
+		})
+}
+
+// newOrgMemberCmd is the shape of the membership commands: --org and
+// --account, one change, one line saying what was done.
+func newOrgMemberCmd(g *globals, name, short, done string, change func(ctx context.Context, st *store.Store, org, account string) error) *cobra.Command {
 	var orgID, accountID string
 	cmd := &cobra.Command{
-		Use:   "remove-member --org ORG_ID --account ACCOUNT_ID",
-		Short: "Remove a member from an organization",
+		Use:   name + " --org ORG_ID --account ACCOUNT_ID",
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
-			if err := st.RemoveOrgMember(cmd.Context(), orgID, accountID); err != nil {
-				return fmt.Errorf("remove %s from organization %s: %w", accountID, orgID, err)
+			if err := change(cmd.Context(), st, orgID, accountID); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", accountID, orgID)
+			fmt.Fprintf(cmd.OutOrStdout(), done+"\n", accountID, orgID)
 			return nil
 		}),
 	}
