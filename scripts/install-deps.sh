@@ -16,6 +16,17 @@ need=(
   "git:git"
   "curl:curl"
   "cc:gcc"                                        # builds the statx shim preloaded in gVisor sandboxes
+  # The microVM backend: QEMU, and what building its guest kernel takes.
+  "qemu-system-x86_64:qemu-system-x86"
+  "/usr/src/linux-source-6.1.tar.xz:linux-source-6.1"
+  "make:build-essential"
+  "bc:bc"
+  "bison:bison"
+  "flex:flex"
+  "/usr/include/libelf.h:libelf-dev"
+  "/usr/include/openssl/ssl.h:libssl-dev"
+  "xz:xz-utils"
+  "cpio:cpio"
 )
 
 missing=()
