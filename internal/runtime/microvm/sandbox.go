@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
 
@@ -373,15 +374,14 @@ func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
 	}
 }
 
-// failure explains an error from the agent channel: a sandbox whose VM died
-// reports ErrNotRunning.
+// ops serves the operations every backend does through the agent.
+func (s *sandbox) ops() agentops.Conn {
+	return agentops.Conn{Sandbox: s, Env: s.meta().Env, Agent: s.agent}
+}
+
+// failure explains an error from the agent channel (agentops.Conn.Failure).
 func (s *sandbox) failure(ctx context.Context, op string, err error) error {
-	if errors.Is(err, guest.ErrClosed) {
-		if st, serr := s.State(context.WithoutCancel(ctx)); serr == nil && st != runtime.StateRunning {
-			err = fmt.Errorf("%w (%v)", runtime.ErrNotRunning, err)
-		}
-	}
-	return fmt.Errorf("%s in sandbox %s: %w", op, s.ID(), err)
+	return s.ops().Failure(ctx, op, err)
 }
 
 // State implements runtime.Sandbox. A paused sandbox (memory saved, QEMU
@@ -396,75 +396,22 @@ func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 
 // Exec implements runtime.Sandbox.
 func (s *sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
-	if len(req.Cmd) == 0 {
-		return runtime.ExecResult{}, errors.New("exec: empty command")
-	}
-	c, err := s.agent(ctx)
-	if err != nil {
-		return runtime.ExecResult{}, s.failure(ctx, "exec", err)
-	}
-	m := s.meta()
-	spec := guest.ExecSpec{
-		Cmd: req.Cmd, Env: append(append([]string(nil), m.Env...), req.Env...), Cwd: req.Cwd,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout.Milliseconds(),
-	}
-	if req.Timeout > 0 && spec.Timeout == 0 {
-		spec.Timeout = 1
-	}
-	start := time.Now()
-	e, err := c.Exec(ctx, spec, guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr})
-	res := runtime.ExecResult{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, OOMKilled: e.OOMKilled, Duration: time.Since(start)}
-	switch {
-	case err != nil:
-		return res, s.failure(ctx, "exec", err)
-	case e.NotFound:
-		return res, fmt.Errorf("exec %s in sandbox %s: %w", req.Cmd[0], m.ID, runtime.ErrCommandNotFound)
-	case e.Error != "":
-		return res, fmt.Errorf("exec %s in sandbox %s: %s", req.Cmd[0], m.ID, e.Error)
-	}
-	return res, nil
+	return s.ops().Exec(ctx, req)
 }
 
 // ReadFile implements runtime.Sandbox.
 func (s *sandbox) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return nil, s.failure(ctx, "read file", err)
-	}
-	rc, _, err := c.ReadFile(ctx, path)
-	if err != nil {
-		return nil, s.failure(ctx, "read file", err)
-	}
-	return rc, nil
+	return s.ops().ReadFile(ctx, path)
 }
 
 // WriteFile implements runtime.Sandbox.
 func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return s.failure(ctx, "write file", err)
-	}
-	if _, err := c.WriteFile(ctx, path, mode, r); err != nil {
-		return s.failure(ctx, "write file", err)
-	}
-	return nil
+	return s.ops().WriteFile(ctx, path, r, mode)
 }
 
 // ListDir implements runtime.Sandbox.
 func (s *sandbox) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return nil, s.failure(ctx, "list dir", err)
-	}
-	ents, err := c.ListDir(ctx, path)
-	if err != nil {
-		return nil, s.failure(ctx, "list dir", err)
-	}
-	out := make([]runtime.DirEntry, len(ents))
-	for i, e := range ents {
-		out[i] = runtime.DirEntry{Name: e.Name, Size: e.Size, Mode: fs.FileMode(e.Mode), ModTime: e.ModTime, Link: e.Link}
-	}
-	return out, nil
+	return s.ops().ListDir(ctx, path)
 }
 
 // Quiesce implements runtime.Sandbox: the agent syncs and freezes every

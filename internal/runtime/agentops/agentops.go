@@ -1,0 +1,117 @@
+// Package agentops implements the runtime.Sandbox operations that every
+// backend serves the same way, through the guest agent: exec, file reads,
+// writes and listings, and the explanation of a failed agent call (a
+// sandbox that died reports runtime.ErrNotRunning). Backends differ only in
+// how they reach the agent and what their sandbox's state is.
+package agentops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// Sandbox is what the operations need to know of a backend's sandbox.
+type Sandbox interface {
+	ID() string
+	State(ctx context.Context) (runtime.State, error)
+}
+
+// Conn is one sandbox's way to its agent.
+type Conn struct {
+	Sandbox Sandbox
+	// Env is the sandbox's environment, put before each exec's own.
+	Env []string
+	// Agent returns the connected agent client, waiting for it if needed.
+	Agent func(ctx context.Context) (*guest.Client, error)
+}
+
+// Failure explains an error of operation op from the agent channel: when
+// the channel closed because the sandbox is gone, the error wraps
+// runtime.ErrNotRunning.
+func (c Conn) Failure(ctx context.Context, op string, err error) error {
+	if errors.Is(err, guest.ErrClosed) {
+		if st, serr := c.Sandbox.State(context.WithoutCancel(ctx)); serr == nil && st != runtime.StateRunning {
+			err = fmt.Errorf("%w (%v)", runtime.ErrNotRunning, err)
+		}
+	}
+	return fmt.Errorf("%s in sandbox %s: %w", op, c.Sandbox.ID(), err)
+}
+
+// Exec implements runtime.Sandbox.Exec.
+func (c Conn) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
+	if len(req.Cmd) == 0 {
+		return runtime.ExecResult{}, errors.New("exec: empty command")
+	}
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return runtime.ExecResult{}, c.Failure(ctx, "exec", err)
+	}
+	spec := guest.ExecSpec{
+		Cmd: req.Cmd, Env: append(append([]string(nil), c.Env...), req.Env...), Cwd: req.Cwd,
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout.Milliseconds(),
+	}
+	if req.Timeout > 0 && spec.Timeout == 0 {
+		spec.Timeout = 1 // under a millisecond still means "a timeout"
+	}
+	start := time.Now()
+	e, err := cl.Exec(ctx, spec, guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr})
+	res := runtime.ExecResult{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, OOMKilled: e.OOMKilled, Duration: time.Since(start)}
+	switch {
+	case err != nil:
+		return res, c.Failure(ctx, "exec", err)
+	case e.NotFound:
+		return res, fmt.Errorf("exec %s in sandbox %s: %w", req.Cmd[0], c.Sandbox.ID(), runtime.ErrCommandNotFound)
+	case e.Error != "":
+		return res, fmt.Errorf("exec %s in sandbox %s: %s", req.Cmd[0], c.Sandbox.ID(), e.Error)
+	}
+	return res, nil
+}
+
+// ReadFile implements runtime.Sandbox.ReadFile.
+func (c Conn) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return nil, c.Failure(ctx, "read file", err)
+	}
+	rc, _, err := cl.ReadFile(ctx, path)
+	if err != nil {
+		return nil, c.Failure(ctx, "read file", err)
+	}
+	return rc, nil
+}
+
+// WriteFile implements runtime.Sandbox.WriteFile.
+func (c Conn) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return c.Failure(ctx, "write file", err)
+	}
+	if _, err := cl.WriteFile(ctx, path, mode, r); err != nil {
+		return c.Failure(ctx, "write file", err)
+	}
+	return nil
+}
+
+// ListDir implements runtime.Sandbox.ListDir.
+func (c Conn) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return nil, c.Failure(ctx, "list dir", err)
+	}
+	ents, err := cl.ListDir(ctx, path)
+	if err != nil {
+		return nil, c.Failure(ctx, "list dir", err)
+	}
+	out := make([]runtime.DirEntry, len(ents))
+	for i, e := range ents {
+		out[i] = runtime.DirEntry{Name: e.Name, Size: e.Size, Mode: fs.FileMode(e.Mode), ModTime: e.ModTime, Link: e.Link}
+	}
+	return out, nil
+}
