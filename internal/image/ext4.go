@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
 // ext4Name is the file beside rootfs/ holding the same tree as an ext4 file
@@ -29,7 +31,7 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 	if _, err := os.Stat(final); err == nil {
 		return final, nil
 	}
-	unlock, err := lockFile(ctx, filepath.Join(img.store.dir, img.ID+".lock"), img.store.logger)
+	unlock, err := flock.Lock(ctx, filepath.Join(img.store.dir, img.ID+".lock"), img.store.waiting(img.ID+".lock"))
 	if err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}

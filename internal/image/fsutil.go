@@ -2,55 +2,15 @@ package image
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// lockFile takes an exclusive flock on path, waiting until it is free or ctx
-// ends. flock locks belong to the open file, so this excludes other processes
-// and other goroutines of this one alike, and the kernel drops the lock when
-// a holder dies. Lock files are never removed: removing one while a process
-// waits on it would let a third take a different lock on a new file.
-func lockFile(ctx context.Context, path string, logger *slog.Logger) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
-	}
-	logged := false
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !logged {
-			logger.Info("waiting for another build of the same image to finish", "lock", path)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("wait for lock %s: %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
 
 // removeTree deletes dir and everything below it, but first makes sure that
 // nothing is mounted inside it: a bind mount of the host's /dev left behind

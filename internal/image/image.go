@@ -34,6 +34,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
 // Image is a finished root filesystem in the cache.
@@ -150,7 +152,7 @@ func (s *Store) Build(ctx context.Context, template string, opts BuildOptions, p
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create image cache: %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.dir, id+".lock"), s.logger)
+	unlock, err := flock.Lock(ctx, filepath.Join(s.dir, id+".lock"), s.waiting(id+".lock"))
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", id, err)
 	}
@@ -438,4 +440,11 @@ func (s *Store) resolveDepth(name string, depth int) (Template, string, error) {
 		parentKey = k
 	}
 	return t, t.key(parentKey), nil
+}
+
+// waiting logs, for flock.Lock, that another build holds the lock.
+func (s *Store) waiting(lock string) func() {
+	return func() {
+		s.logger.Info("waiting for another build of the same image to finish", "lock", filepath.Join(s.dir, lock))
+	}
 }

@@ -46,7 +46,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
 // Fragment is the kernel configuration fragment applied over allnoconfig.
@@ -277,7 +277,9 @@ func (s *Store) Build(ctx context.Context, opts BuildOptions, progress io.Writer
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("build kernel: %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(s.dir, kid+".lock"), s.log)
+	unlock, err := flock.Lock(ctx, filepath.Join(s.dir, kid+".lock"), func() {
+		s.log.Info("waiting for another build of the same kernel to finish", "lock", filepath.Join(s.dir, kid+".lock"))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("build kernel %s: %w", kid, err)
 	}
@@ -525,37 +527,4 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return f.Close()
-}
-
-// lockFile takes an exclusive flock on path, waiting until it is free or
-// ctx ends. The kernel drops the lock when the holder dies.
-func lockFile(ctx context.Context, path string, logger *slog.Logger) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
-	}
-	logged := false
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if !logged {
-			logger.Info("waiting for another build of the same kernel to finish", "lock", path)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("wait for lock %s: %w", path, ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
 }
