@@ -63,6 +63,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 )
 
 // Name is the backend's name.
@@ -283,7 +284,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if closed {
 		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
 	}
-	link := filepath.Join(r.opts.StateDir, "ids", spec.ID)
+	link := idlinks.Dir(r.opts.StateDir).Path(spec.ID)
 	if p != nil && p.fits(spec) {
 		if s := p.take(); s != nil {
 			if err := s.assign(spec, link); err != nil {
@@ -358,11 +359,10 @@ func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
 	if !idPattern.MatchString(id) {
 		return nil, fmt.Errorf("get sandbox %q: %w", id, runtime.ErrNotFound)
 	}
-	target, err := os.Readlink(filepath.Join(r.opts.StateDir, "ids", id))
+	cid, err := idlinks.Dir(r.opts.StateDir).CID(id)
 	if err != nil {
-		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
+		return nil, err
 	}
-	cid := filepath.Base(target)
 	r.mu.Lock()
 	s := r.sandboxes[cid]
 	r.mu.Unlock()
@@ -374,15 +374,7 @@ func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
 
 // List implements runtime.Runtime.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(r.opts.StateDir, "ids"))
-	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	ids := make([]string, 0, len(ents))
-	for _, e := range ents {
-		ids = append(ids, e.Name())
-	}
-	return ids, nil
+	return idlinks.Dir(r.opts.StateDir).List()
 }
 
 // reattach finds the sandboxes of an earlier process: those with an id are
@@ -394,21 +386,7 @@ func (r *Runtime) reattach(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("scan sandboxes: %w", err)
 	}
-	claimed := map[string]string{} // cid -> id
-	if links, err := os.ReadDir(filepath.Join(r.opts.StateDir, "ids")); err == nil {
-		for _, l := range links {
-			p := filepath.Join(r.opts.StateDir, "ids", l.Name())
-			t, err := os.Readlink(p)
-			if err != nil {
-				continue
-			}
-			if _, err := os.Stat(filepath.Join(root, filepath.Base(t))); err != nil {
-				_ = os.Remove(p) // dangling: its sandbox is gone
-				continue
-			}
-			claimed[filepath.Base(t)] = l.Name()
-		}
-	}
+	claimed := idlinks.Dir(r.opts.StateDir).Claims() // cid -> id
 	for _, e := range ents {
 		dir := filepath.Join(root, e.Name())
 		m, err := readMeta(dir)

@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
+	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
 
@@ -530,7 +531,7 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("mounts remain under %s", s.dir))
 	}
 	if m.ID != "" {
-		link := filepath.Join(s.r.opts.StateDir, "ids", m.ID)
+		link := idlinks.Dir(s.r.opts.StateDir).Path(m.ID)
 		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == m.CID {
 			_ = os.Remove(link)
 		}

@@ -64,6 +64,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/kernel"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 )
 
 // Name is the backend's name.
@@ -342,7 +343,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if closed {
 		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
 	}
-	link := filepath.Join(r.opts.StateDir, "ids", spec.ID)
+	link := idlinks.Dir(r.opts.StateDir).Path(spec.ID)
 	if t != nil && t.fits(spec) {
 		if tp := t.ready(); tp != nil {
 			s, err := r.createFromTemplate(ctx, spec, link, tp)
@@ -451,12 +452,12 @@ func (r *Runtime) get(id string) (*sandbox, error) {
 	if !idPattern.MatchString(id) {
 		return nil, fmt.Errorf("get sandbox %q: %w", id, runtime.ErrNotFound)
 	}
-	target, err := os.Readlink(filepath.Join(r.opts.StateDir, "ids", id))
+	cid, err := idlinks.Dir(r.opts.StateDir).CID(id)
 	if err != nil {
-		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
+		return nil, err
 	}
 	r.mu.Lock()
-	s := r.sandboxes[filepath.Base(target)]
+	s := r.sandboxes[cid]
 	r.mu.Unlock()
 	if s == nil {
 		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
@@ -466,15 +467,7 @@ func (r *Runtime) get(id string) (*sandbox, error) {
 
 // List implements runtime.Runtime.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(r.opts.StateDir, "ids"))
-	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	ids := make([]string, 0, len(ents))
-	for _, e := range ents {
-		ids = append(ids, e.Name())
-	}
-	return ids, nil
+	return idlinks.Dir(r.opts.StateDir).List()
 }
 
 // reattach finds the sandboxes of an earlier process: those with an id are
@@ -487,21 +480,7 @@ func (r *Runtime) reattach(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("scan sandboxes: %w", err)
 	}
-	claimed := map[string]string{} // cid -> id
-	if links, err := os.ReadDir(filepath.Join(r.opts.StateDir, "ids")); err == nil {
-		for _, l := range links {
-			p := filepath.Join(r.opts.StateDir, "ids", l.Name())
-			t, err := os.Readlink(p)
-			if err != nil {
-				continue
-			}
-			if _, err := os.Stat(filepath.Join(root, filepath.Base(t))); err != nil {
-				_ = os.Remove(p)
-				continue
-			}
-			claimed[filepath.Base(t)] = l.Name()
-		}
-	}
+	claimed := idlinks.Dir(r.opts.StateDir).Claims() // cid -> id
 	for _, e := range ents {
 		dir := filepath.Join(root, e.Name())
 		m, err := readMeta(dir)
