@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
 func needRoot(t *testing.T) {
@@ -86,7 +88,7 @@ func TestChrootRunsInsideWithPrivateMounts(t *testing.T) {
 		t.Error("caller's environment reached the chroot")
 	}
 	// The mounts lived in the command's own namespace only.
-	if m, err := mountsUnder(root); err != nil || len(m) > 0 {
+	if m, err := mountinfo.Under(root); err != nil || len(m) > 0 {
 		t.Errorf("mounts left under the rootfs: %v, %v", m, err)
 	}
 }
@@ -128,7 +130,7 @@ func TestChrootFailureAndCancel(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if m, err := mountsUnder(root); err != nil || len(m) > 0 {
+	if m, err := mountinfo.Under(root); err != nil || len(m) > 0 {
 		t.Errorf("mounts left under the rootfs: %v, %v", m, err)
 	}
 }
@@ -162,7 +164,7 @@ func TestRemoveTreeDetachesMounts(t *testing.T) {
 		t.Skipf("bind mount: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
-	if m, err := mountsUnder(tree); err != nil || len(m) != 1 || m[0] != mnt {
+	if m, err := mountinfo.Under(tree); err != nil || len(m) != 1 || m[0] != mnt {
 		t.Fatalf("mountsUnder = %v, %v", m, err)
 	}
 	if err := removeTree(tree); err != nil {
@@ -173,20 +175,6 @@ func TestRemoveTreeDetachesMounts(t *testing.T) {
 	}
 	if b, err := os.ReadFile(sentinel); err != nil || string(b) != "keep me" {
 		t.Errorf("file behind the mount was touched: %q, %v", b, err)
-	}
-}
-
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/plain`:               "/plain",
-		`/with\040space`:       "/with space",
-		`/tab\011and\134slash`: "/tab\tand\\slash",
-		`/not\09octal`:         `/not\09octal`,
-		`/end\04`:              `/end\04`,
-	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
 	}
 }
 

@@ -1,15 +1,15 @@
 package image
 
 import (
-	"bufio"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
 // removeTree deletes dir and everything below it, but first makes sure that
@@ -21,7 +21,7 @@ func removeTree(dir string) error {
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
-	mounts, err := mountsUnder(abs)
+	mounts, err := mountinfo.Under(abs)
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
@@ -30,7 +30,7 @@ func removeTree(dir string) error {
 		_ = unix.Unmount(mounts[i], unix.MNT_DETACH)
 	}
 	if len(mounts) > 0 {
-		if left, err := mountsUnder(abs); err != nil || len(left) > 0 {
+		if left, err := mountinfo.Under(abs); err != nil || len(left) > 0 {
 			return fmt.Errorf("remove %s: still has mounts %v (%v)", dir, left, err)
 		}
 	}
@@ -38,61 +38,6 @@ func removeTree(dir string) error {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
 	return nil
-}
-
-// mountsUnder lists the mount points at or below dir, in mount order.
-func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// Field 5 is the mount point, with spaces and the like escaped
-		// as octal (\040).
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	return out, nil
-}
-
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // diskUsage returns the bytes dir occupies on disk (allocated blocks, each

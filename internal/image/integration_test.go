@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
 // These tests build real images with debootstrap: they need root and network
@@ -117,7 +119,7 @@ func TestIntegrationMinimal(t *testing.T) {
 			t.Errorf("manifest lacks package %s", want)
 		}
 	}
-	if m, err := mountsUnder(s.Dir()); err != nil || len(m) > 0 {
+	if m, err := mountinfo.Under(s.Dir()); err != nil || len(m) > 0 {
 		t.Errorf("mounts left under the cache: %v, %v", m, err)
 	}
 

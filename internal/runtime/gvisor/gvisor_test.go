@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
@@ -70,7 +71,8 @@ func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
 		if _, err := os.Stat(dir); err == nil {
 			out = append(out, "directory "+dir)
 		}
-		for _, m := range gvisor.MountsUnder(dir) {
+		mounts, _ := mountinfo.Under(dir)
+		for _, m := range mounts {
 			out = append(out, "mount "+m)
 		}
 		cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/" + cid)

@@ -7,11 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 )
 
 // makeDisk creates a sparse ext4 image of size bytes at img and mounts it at
@@ -64,7 +65,7 @@ func mountOverlay(target, base string, lowers []string, upper, work string) erro
 func unmount(target string) error {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		if !isMountPoint(target) {
+		if !mountinfo.IsMountPoint(target) {
 			return nil
 		}
 		err := unix.Unmount(target, 0)
@@ -79,59 +80,6 @@ func unmount(target string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// isMountPoint reports whether path is listed in /proc/self/mountinfo.
-func isMountPoint(path string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMount(f[4]) == path {
-			return true
-		}
-	}
-	return false
-}
-
-// MountsUnder lists mount points at or below dir (for tests and leak checks).
-func MountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 {
-			p := unescapeMount(f[4])
-			if p == dir || strings.HasPrefix(p, dir+"/") {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
-}
-
-// unescapeMount decodes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // diskUsage is the bytes in use on the file system holding dir.

@@ -7,12 +7,12 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/cgroup"
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -171,7 +171,7 @@ func linkReadOnly(src, dst string) error {
 // unmountAll unmounts everything at or below dir, deepest first, detaching
 // what stays busy; it reports what could not be unmounted.
 func unmountAll(dir string) error {
-	mounts := MountsUnder(dir)
+	mounts, _ := mountinfo.Under(dir)
 	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
 	var errs []error
 	for _, m := range mounts {
@@ -193,45 +193,6 @@ func unmountAll(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// MountsUnder lists mount points at or below dir (for cleanup and leak
-// checks).
-func MountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 {
-			p := unescapeMount(f[4])
-			if p == dir || strings.HasPrefix(p, dir+"/") {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
-}
-
-// unescapeMount decodes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // hostCgroup is the host cgroup holding one sandbox's QEMU. internal/cgroup

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/kernel"
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
@@ -125,7 +126,8 @@ func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
 		if _, err := os.Stat(dir); err == nil {
 			out = append(out, "directory "+dir)
 		}
-		for _, m := range microvm.MountsUnder(dir) {
+		mounts, _ := mountinfo.Under(dir)
+		for _, m := range mounts {
 			out = append(out, "mount "+m)
 		}
 		cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/" + cid)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
@@ -608,7 +609,7 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	if err := unmountAll(s.dir); err != nil {
 		errs = append(errs, err)
 	}
-	if len(MountsUnder(s.dir)) == 0 {
+	if mounts, _ := mountinfo.Under(s.dir); len(mounts) == 0 {
 		if err := os.RemoveAll(s.dir); err != nil {
 			errs = append(errs, err)
 		}
