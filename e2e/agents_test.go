@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // Stand-ins for the agent CLIs, installed in a test image derived from the
@@ -109,6 +111,31 @@ func TestAgents(t *testing.T) {
 		}
 	})
 
+	t.Run("POST /api/sandboxes/setup provisions the account", func(t *testing.T) {
+		r := s.as(bk, "POST", "/api/sandboxes/setup", nil)
+		if r.Status != 200 || r.Body["status"] != "success" {
+			t.Fatalf("setup: %d %s", r.Status, r.Raw)
+		}
+		run := s.waitRun(bk, r.Body["runId"].(string), 3*time.Minute)
+		if run.Status != "COMPLETED" {
+			t.Fatalf("setup %+v", run)
+		}
+		readme := s.as(bk, "GET", "/api/sandboxes/file?path=README.md", nil).Body["content"]
+		if !strings.Contains(fmt.Sprint(readme), "Account ID: "+bob.ID) {
+			t.Fatalf("README %q", readme)
+		}
+	})
+
+	t.Run("a prompt that starts with a dash is not an option", func(t *testing.T) {
+		securitytest.Attack(t, "agents", "a prompt starting with \"-\" is sent, to be read by opencode as a command-line option",
+			"opencode is given \"--\" before it, so the prompt stays the prompt")
+		sb := s.createSandbox(k, map[string]any{"prompt": "--version"})
+		r := s.waitRun(k, sb["runId"].(string), 2*time.Minute)
+		if r.Status != "COMPLETED" || r.Output["stdout"] != "[run]\n[--]\n[--version]\n" {
+			t.Fatalf("run %+v", r)
+		}
+	})
+
 	t.Run("prompt reaches opencode as one unchanged argument", func(t *testing.T) {
 		prompt := `say "hi" and 'bye'; $(rm -rf /) ` + "`id`" + ` && echo $HOME`
 		sb := s.createSandbox(k, map[string]any{"prompt": prompt})
@@ -158,7 +185,7 @@ func TestAgents(t *testing.T) {
 		if run.Status != "COMPLETED" || run.Output["branch"] != branch || !strings.Contains(fmt.Sprint(run.Output["diffStat"]), "AGENT.md") {
 			t.Fatalf("run %+v", run)
 		}
-		for _, want := range []string{"[--model]\n[opus]\n", "[--permission-mode]\n[acceptEdits]\n", "[-p]\n[Add AGENT.md\nplease]\n", "key set\n"} {
+		for _, want := range []string{"[--model]\n[opus]\n", "[--permission-mode]\n[acceptEdits]\n", "[-p]\n[--]\n[Add AGENT.md\nplease]\n", "key set\n"} {
 			if !strings.Contains(fmt.Sprint(run.Output["stdout"]), want) {
 				t.Fatalf("claude was not run with %q:\n%s", want, run.Output["stdout"])
 			}
@@ -180,14 +207,32 @@ func TestAgents(t *testing.T) {
 	}
 }
 
-// TestFullImageCLIs checks that the agent CLIs of the full image run inside
-// a sandbox. Building the full image takes 5-10 minutes and needs the npm
-// registry, so it runs only with SANDBOXD_TEST_IMAGES_FULL=1 (not in CI).
+// TestFullImageCLIs checks that the agent CLIs of the full image (serve's
+// default) run inside a sandbox, and that a prompt on a server with no model
+// configured reaches `opencode run`. Building the full image takes a few
+// minutes and needs the npm registry, so it runs with
+// SANDBOXD_TEST_IMAGES_FULL=1 (make test builds the image and sets it).
 func TestFullImageCLIs(t *testing.T) {
 	if os.Getenv("SANDBOXD_TEST_IMAGES_FULL") != "1" {
 		t.Skip("set SANDBOXD_TEST_IMAGES_FULL=1 to build the full image and run its CLIs")
 	}
 	s := startServer(t, filepath.Join(t.TempDir(), "full.db"), "--template", "full")
+	t.Run("a prompt reaches opencode run out of the box", func(t *testing.T) {
+		a := s.createAccount("prompter", false)
+		k := s.createKey(a.ID)
+		// No model is configured and sandboxes have no network: opencode
+		// starts, fails to reach its provider and says so itself.
+		sb := s.createSandbox(k, map[string]any{"prompt": "say hi", "timeout": 240000})
+		r := s.waitRun(k, sb["runId"].(string), 5*time.Minute)
+		all := fmt.Sprint(r.Output["stdout"], r.Output["stderr"], r.Error["message"])
+		if strings.Contains(all, "not found") || r.Output["exitCode"] == 127.0 {
+			t.Fatalf("opencode did not run: %+v", r)
+		}
+		if r.Status != "COMPLETED" && r.Status != "FAILED" {
+			t.Fatalf("prompt run %+v", r)
+		}
+		t.Logf("opencode's own answer without a model: %q", strings.TrimSpace(fmt.Sprint(r.Output["stderr"])))
+	})
 	a := s.createAccount("full", false)
 	k := s.createKey(a.ID)
 	id := s.createSandbox(k, map[string]any{})["sandboxId"].(string)

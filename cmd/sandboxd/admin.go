@@ -122,7 +122,7 @@ func newAccountSetupCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer jc.Close()
-			runID, err := sandbox.EnqueueTask(ctx, st, jc, args[0], jobs.KindSetupSandbox, map[string]any{"accountId": args[0]})
+			runID, _, err := sandbox.EnqueueSetup(ctx, st, jc, nil, args[0])
 			if err != nil {
 				return err
 			}

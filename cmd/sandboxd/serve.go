@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/kernel"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/repo"
@@ -89,7 +90,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.listen, "listen", envOr("SANDBOXD_LISTEN", "127.0.0.1:8080"), "address to serve the API on (env SANDBOXD_LISTEN)")
 	f.DurationVar(&o.snapshotTTL, "snapshot-ttl", envDuration("SANDBOXD_SNAPSHOT_TTL", 7*24*time.Hour), "how long an account's snapshot row stays valid (env SANDBOXD_SNAPSHOT_TTL)")
 	f.StringVar(&o.runtimeName, "runtime", envOr("SANDBOXD_RUNTIME", "gvisor"), "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; needs `sandboxd kernel build`)")
-	f.StringVar(&o.template, "template", envOr("SANDBOXD_TEMPLATE", "base"), "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames())
+	f.StringVar(&o.template, "template", envOr("SANDBOXD_TEMPLATE", image.DefaultTemplate), "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames()+"; base and minimal suit smaller hosts but have no agent CLIs (prompts need full)")
 	f.StringVar(&o.rootfs, "rootfs", envOr("SANDBOXD_ROOTFS", ""), "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
 	f.StringVar(&o.runsc, "runsc", envOr("SANDBOXD_RUNSC", ""), "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
 	f.StringVar(&o.platform, "gvisor-platform", envOr("SANDBOXD_GVISOR_PLATFORM", ""), "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
@@ -264,8 +265,10 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 				"CLAUDE_CODE_OAUTH_TOKEN": o.claudeToken,
 				"ANTHROPIC_API_KEY":       o.anthropicKey,
 			},
-			Model:   sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
-			Network: defaultPolicy,
+			Model:    sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
+			Commands: agentCommands(baseDir),
+			Image:    imageName(o),
+			Network:  defaultPolicy,
 		},
 		Persist: persistence,
 		Forge:   gh,
@@ -355,6 +358,23 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	return err
 }
 
+// agentCommands says which agent CLIs the base image has.
+func agentCommands(rootfs string) map[string]bool {
+	have := map[string]bool{}
+	for _, name := range []string{"opencode", "claude", "openclaw"} {
+		have[name] = image.HasCommand(rootfs, name)
+	}
+	return have
+}
+
+// imageName names the base image in messages, without host paths.
+func imageName(o *serveOptions) string {
+	if o.rootfs != "" {
+		return "the --rootfs directory"
+	}
+	return "template " + o.template
+}
+
 // resolveRootfs returns the root filesystem sandboxes start from: --rootfs,
 // or the template's image, built now if the cache lacks it.
 func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.Logger) (dir, id string, err error) {
@@ -437,9 +457,13 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 		}
 		return rt, nil
 	case "microvm":
-		// QEMU microVMs with the kernel of `sandboxd kernel build`; KVM when
-		// a probe VM boots on it, TCG (slow) otherwise. New sandboxes start
+		// QEMU microVMs with the kernel of `sandboxd kernel build`, built
+		// now (with the same progress) when the cache lacks it; KVM when a
+		// probe VM boots on it, TCG (slow) otherwise. New sandboxes start
 		// from a memory snapshot of a booted template.
+		if _, err := kernel.NewStore(cacheDir, log.With("component", "kernel")).Ensure(ctx, os.Stderr); err != nil {
+			return nil, fmt.Errorf("prepare the microVM guest kernel: %w", err)
+		}
 		rt, err := microvm.New(ctx, microvm.Options{
 			StateDir:      filepath.Join(dataDir, "runtime", "microvm"),
 			CacheDir:      cacheDir,

@@ -29,9 +29,13 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodGet, path: "/api/sandboxes", summary: "List the account's sandboxes, snapshot, repository and file tree", tag: "sandboxes",
 			query: ListSandboxesQuery{}, ok: ListSandboxesResponse{}, handler: s.listSandboxes},
 		{method: http.MethodPatch, path: "/api/sandboxes", summary: "Set the account's snapshot or repository", tag: "sandboxes",
-			body: PatchSandboxesRequest{}, ok: SnapshotResponse{}, handler: s.patchSandboxes},
+			description: "Answers the account's snapshot row itself (the published UpdateSnapshotResponse), or null while the account has no snapshot.",
+			body:        PatchSandboxesRequest{}, ok: SnapshotRow{}, okNullable: true, handler: s.patchSandboxes},
 		{method: http.MethodDelete, path: "/api/sandboxes", summary: "Remove the account's environment", tag: "sandboxes",
 			body: AccountRequest{}, ok: DeleteSandboxesResponse{}, handler: s.deleteSandboxes},
+		{method: http.MethodPost, path: "/api/sandboxes/setup", summary: "Provision the account's sandbox (the setup-sandbox task)", tag: "sandboxes",
+			description: "Starts the setup-sandbox task for the account, or answers the run already queued or executing.",
+			body:        AccountRequest{}, ok: RunResponse{}, handler: s.setupSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/files", summary: "Add files from URLs to the account's repository", tag: "files",
 			body: UploadFilesRequest{}, ok: UploadFilesResponse{}, handler: s.uploadFiles},
 		{method: http.MethodGet, path: "/api/sandboxes/file", summary: "Read one file of the account's repository", tag: "files",
@@ -192,15 +196,11 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, fmt.Errorf("get environment of %s: %w", account, envErr))
 		return
 	}
-	if q.SandboxID != "" && len(rows) == 0 {
-		writeError(w, r, s.log, errNotFound("Sandbox not found"))
-		return
-	}
 	for _, sb := range rows {
 		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(sb))
 	}
 	if envErr == nil && s.environmentLive(env) {
-		resp.SnapshotID = env.SnapshotID
+		resp.SnapshotID = env.SnapshotID // a filter matching nothing still answers the account's environment
 		resp.GithubRepo = env.GithubRepo
 	}
 	if repoURL != "" && resp.GithubRepo == nil {
@@ -229,10 +229,15 @@ func (s *Server) environmentLive(env store.Environment) bool {
 	return env.ExpiresAt.After(s.opts.Now())
 }
 
+// snapshotRow renders the account's row, or nil (JSON null) while it has no
+// snapshot: the published shape types snapshot_id as a string.
 func snapshotRow(env store.Environment) *SnapshotRow {
+	if env.SnapshotID == nil || *env.SnapshotID == "" {
+		return nil
+	}
 	return &SnapshotRow{
 		AccountID:  env.AccountID,
-		SnapshotID: env.SnapshotID,
+		SnapshotID: *env.SnapshotID,
 		ExpiresAt:  formatTime(env.ExpiresAt),
 		GithubRepo: env.GithubRepo,
 		CreatedAt:  formatTime(env.CreatedAt),
@@ -252,11 +257,11 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.SnapshotID == "" && req.GithubRepo == "" {
-		resp := SnapshotResponse{Status: "success"}
+		var row *SnapshotRow
 		if found {
-			resp.Snapshot = snapshotRow(env)
+			row = snapshotRow(env)
 		}
-		writeJSON(w, http.StatusOK, resp)
+		writeJSON(w, http.StatusOK, row)
 		return
 	}
 	if req.SnapshotID != "" {
@@ -286,7 +291,26 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, fmt.Errorf("save environment of %s: %w", account, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, SnapshotResponse{Status: "success", Snapshot: snapshotRow(env)})
+	// The raw row, never wrapped: the original's handler and its published
+	// UpdateSnapshotResponse both answer it so.
+	writeJSON(w, http.StatusOK, snapshotRow(env))
+}
+
+func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) {
+	_, account, ok := bindBody(s, w, r, parseAccountOnly)
+	if !ok {
+		return
+	}
+	if s.opts.Agents == nil {
+		writeError(w, r, s.log, errNotAvailable)
+		return
+	}
+	runID, err := s.opts.Agents.Setup(r.Context(), account)
+	if err != nil {
+		writeError(w, r, s.log, serviceError(err, "Not found"))
+		return
+	}
+	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
 }
 
 func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -429,7 +453,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, s.log, fmt.Errorf("get run %s: %w", q.RunID, err))
 			return
 		}
-		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run)}})
+		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run, s.opts.Now())}})
 		return
 	}
 	runs, err := s.opts.Store.ListRuns(ctx, account, q.Limit)
@@ -439,13 +463,13 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := RunsResponse{Status: "success", Runs: make([]Run, 0, len(runs))}
 	for _, run := range runs {
-		resp.Runs = append(resp.Runs, runView(run))
+		resp.Runs = append(resp.Runs, runView(run, s.opts.Now()))
 	}
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// runView renders a run in trigger.dev's v3 shape.
-func runView(run store.Run) Run {
+// runView renders a run in trigger.dev's v3 shape, as of now.
+func runView(run store.Run, now time.Time) Run {
 	v := Run{
 		ID:             run.ID,
 		TaskIdentifier: run.Task,
@@ -461,7 +485,7 @@ func runView(run store.Run) Run {
 	switch run.Status {
 	case store.RunCompleted:
 		v.IsCompleted, v.IsSuccess = true, true
-	case store.RunFailed, store.RunCrashed, store.RunTimedOut:
+	case store.RunFailed, store.RunCrashed:
 		v.IsCompleted, v.IsFailed = true, true
 	case store.RunCanceled:
 		v.IsCompleted = true
@@ -481,9 +505,13 @@ func runView(run store.Run) Run {
 			v.Error = &e
 		}
 	}
-	if run.StartedAt != nil && run.FinishedAt != nil {
-		d := run.FinishedAt.Sub(*run.StartedAt).Milliseconds()
-		v.DurationMs = &d
+	// A number on every run, as the published schema types it: 0 until the
+	// run starts, the time so far while it runs.
+	switch {
+	case run.StartedAt != nil && run.FinishedAt != nil:
+		v.DurationMs = max(0, run.FinishedAt.Sub(*run.StartedAt).Milliseconds())
+	case run.StartedAt != nil:
+		v.DurationMs = max(0, now.Sub(*run.StartedAt).Milliseconds())
 	}
 	return v
 }

@@ -27,6 +27,7 @@ type route struct {
 	query       any  // struct whose json fields are the query parameters
 	body        any  // request body type
 	ok          any  // 200 body type
+	okNullable  bool // the 200 body may be JSON null instead
 	stream      bool // may answer text/event-stream
 	anyMethod   bool // served for every method, documented as method
 	handler     http.HandlerFunc
@@ -139,6 +140,9 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			okSchema, err := ref(rt.ok)
 			if err != nil {
 				return nil, err
+			}
+			if rt.okNullable {
+				okSchema = map[string]any{"anyOf": []any{okSchema, map[string]any{"type": "null"}}}
 			}
 			content := map[string]any{"application/json": map[string]any{"schema": okSchema}}
 			if rt.stream {

@@ -63,7 +63,11 @@ type FileService interface {
 	UploadMultipart(ctx context.Context, accountID string, r *http.Request) (uploaded []UploadedFile, failures []string, err error)
 }
 
-// AgentService starts coding-agent runs (internal/jobs).
+// AgentService starts the runs of tasks that start sandboxes of their own
+// (internal/sandbox).
 type AgentService interface {
 	CodingAgent(ctx context.Context, accountID string, req CodingAgentRequest) (runID string, err error)
+	// Setup starts the account's setup-sandbox run, or returns the one
+	// already queued or executing.
+	Setup(ctx context.Context, accountID string) (runID string, err error)
 }

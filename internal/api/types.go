@@ -28,10 +28,12 @@ type FileTreeEntry struct {
 	Size *int64 `json:"size,omitempty" jsonschema:"description=Size in bytes (blobs only)"`
 }
 
-// SnapshotRow is the account's environment row.
+// SnapshotRow is the account's environment row. It is only sent once the
+// row has a snapshot: the published UpdateSnapshotResponse types
+// snapshot_id as a string, so a row without one is answered as null.
 type SnapshotRow struct {
 	AccountID  string  `json:"account_id" jsonschema:"format=uuid"`
-	SnapshotID *string `json:"snapshot_id"`
+	SnapshotID string  `json:"snapshot_id"`
 	ExpiresAt  string  `json:"expires_at" jsonschema:"format=date-time"`
 	GithubRepo *string `json:"github_repo"`
 	CreatedAt  string  `json:"created_at" jsonschema:"format=date-time"`
@@ -70,12 +72,6 @@ type PatchSandboxesRequest struct {
 	SnapshotID string `json:"snapshotId,omitempty" jsonschema:"minLength=1"`
 	GithubRepo string `json:"github_repo,omitempty" jsonschema:"format=uri"`
 	AccountID  string `json:"account_id,omitempty" jsonschema:"format=uuid"`
-}
-
-// SnapshotResponse answers PATCH /api/sandboxes.
-type SnapshotResponse struct {
-	Status   string       `json:"status" jsonschema:"enum=success"`
-	Snapshot *SnapshotRow `json:"snapshot"`
 }
 
 // AccountRequest is a body naming only the account to act for.
@@ -131,7 +127,7 @@ type RunError struct {
 type Run struct {
 	ID             string          `json:"id"`
 	TaskIdentifier string          `json:"taskIdentifier" jsonschema:"enum=run-sandbox-command,enum=setup-sandbox,enum=coding-agent"`
-	Status         string          `json:"status" jsonschema:"enum=QUEUED,enum=EXECUTING,enum=COMPLETED,enum=FAILED,enum=CRASHED,enum=CANCELED,enum=TIMED_OUT"`
+	Status         string          `json:"status" jsonschema:"enum=QUEUED,enum=EXECUTING,enum=COMPLETED,enum=FAILED,enum=CRASHED,enum=CANCELED,enum=SYSTEM_FAILURE,enum=INTERRUPTED,description=A run cut by its sandbox's deadline is FAILED; its error says so"`
 	IsCompleted    bool            `json:"isCompleted"`
 	IsSuccess      bool            `json:"isSuccess"`
 	IsFailed       bool            `json:"isFailed"`
@@ -139,7 +135,7 @@ type Run struct {
 	UpdatedAt      string          `json:"updatedAt" jsonschema:"format=date-time"`
 	StartedAt      *string         `json:"startedAt" jsonschema:"format=date-time"`
 	FinishedAt     *string         `json:"finishedAt" jsonschema:"format=date-time"`
-	DurationMs     *int64          `json:"durationMs"`
+	DurationMs     int64           `json:"durationMs" jsonschema:"description=0 before the run starts; elapsed time while it runs"`
 	Tags           []string        `json:"tags"`
 	Payload        json.RawMessage `json:"payload" jsonschema:"type=object"`
 	Output         json.RawMessage `json:"output" jsonschema:"type=object"`
@@ -199,7 +195,8 @@ type CodingAgentRequest struct {
 	AccountID  string `json:"account_id,omitempty" jsonschema:"format=uuid"`
 }
 
-// RunResponse answers a route that starts a run.
+// RunResponse answers a route that starts a run (for POST
+// /api/sandboxes/setup, the published SetupSandboxResponse).
 type RunResponse struct {
 	Status string `json:"status" jsonschema:"enum=success"`
 	RunID  string `json:"runId"`

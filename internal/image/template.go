@@ -49,6 +49,10 @@ type Template struct {
 	// with their versions. They do not change the content, so they are not
 	// part of the key.
 	Highlights []string `json:"highlights,omitempty"`
+	// Commands are the agent CLIs the image adds, which requests that need
+	// them (a prompt needs opencode) are checked against. Not part of the
+	// key: the Steps decide them.
+	Commands []string `json:"commands,omitempty"`
 }
 
 // Step is one command run inside the image's root filesystem while it is
@@ -125,6 +129,7 @@ func Templates() []Template {
 				},
 			},
 			Highlights: []string{nodePkg, "npm", "opencode-ai", "@anthropic-ai/claude-code", "openclaw", "git", "python3"},
+			Commands:   []string{"opencode", "claude", "openclaw"},
 		},
 	}
 }

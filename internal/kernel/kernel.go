@@ -61,6 +61,10 @@ const formatVersion = 1
 // LocalVersion is appended to the kernel release (uname -r inside).
 const LocalVersion = "-sandboxd"
 
+// InstallCommand installs the kernel source and everything building it
+// takes, on Debian 12 (scripts/install-deps.sh does the same).
+const InstallCommand = "apt-get install -y linux-source-6.1 build-essential bc bison flex libelf-dev libssl-dev xz-utils"
+
 // ErrNotBuilt is returned by Lookup when the kernel for the current source
 // and fragment is not in the cache.
 var ErrNotBuilt = errors.New("guest kernel not built (run `sandboxd kernel build`)")
@@ -142,7 +146,7 @@ func findSource(path string) (source, error) {
 			}
 		}
 		if best == "" {
-			return source{}, errors.New("no /usr/src/linux-source-*.tar.xz: install Debian's linux-source package (apt-get install linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential)")
+			return source{}, errors.New("no /usr/src/linux-source-*.tar.xz to build the guest kernel from; install it and the build tools with: " + InstallCommand)
 		}
 		path = best
 	}
@@ -271,7 +275,7 @@ func (s *Store) Build(ctx context.Context, opts BuildOptions, progress io.Writer
 	}
 	for _, tool := range []string{"make", "gcc", "tar", "bc", "bison", "flex", "xz"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("build kernel: %s not found (apt-get install build-essential bc bison flex libelf-dev libssl-dev xz-utils)", tool)
+			return nil, fmt.Errorf("build kernel: %s not found; install the build tools with: %s", tool, InstallCommand)
 		}
 	}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {

@@ -197,6 +197,10 @@ func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 		return saved, err
 	}
 	saved.SnapshotID = snap.ID
+	// Capture made it the account's snapshot: its row says until when.
+	if env, err := s.st.GetEnvironment(ctx, sb.AccountID); err == nil {
+		saved.SnapshotExpiresAt = env.ExpiresAt
+	}
 	return saved, nil
 }
 

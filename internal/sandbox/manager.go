@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/forge"
+	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -50,6 +51,12 @@ type Settings struct {
 	Env map[string]string
 	// Model is the provider OpenCode is pointed at for prompts.
 	Model ModelProvider
+	// Commands says which agent CLIs (opencode, claude) the base image
+	// has, so that a request needing one the image lacks is refused at
+	// once instead of failing later; nil checks nothing.
+	Commands map[string]bool
+	// Image names the base image in those refusals ("template base").
+	Image string
 	// Network is the policy of sandboxes whose request names none, and of
 	// the sandboxes of the service's own tasks.
 	Network netpol.Policy
@@ -88,8 +95,10 @@ type ModelProvider struct {
 // Saved is what AfterRun kept of a run's work.
 type Saved struct {
 	SnapshotID string // the snapshot now the account's
-	Branch     string // where the commit was pushed: main, or sandbox/<id> when main had moved
-	GitError   string // why commit or push failed, if they did (the snapshot still has the work)
+	// SnapshotExpiresAt is when the account's snapshot row expires.
+	SnapshotExpiresAt time.Time
+	Branch            string // where the commit was pushed: main, or sandbox/<id> when main had moved
+	GitError          string // why commit or push failed, if they did (the snapshot still has the work)
 }
 
 // Config builds a Manager.
@@ -128,6 +137,8 @@ type Manager struct {
 	mu       sync.Mutex
 	stopping map[string]chan struct{}
 	prepared map[string]*preparation
+	// setupMu serialises the check-then-enqueue of account setups.
+	setupMu sync.Mutex
 }
 
 // preparation is the state of a sandbox's workspace; mu serialises the git
@@ -162,6 +173,30 @@ func NewManager(cfg Config) *Manager {
 	}
 }
 
+// requireCommand refuses (400) a request for what when the base image lacks
+// the CLI name, naming the template that has it.
+func (m *Manager) requireCommand(name, what string) error {
+	have := m.cfg.Settings.Commands
+	if have == nil || have[name] {
+		return nil
+	}
+	msg := fmt.Sprintf("%s needs the %s CLI, which this server's image (%s) does not have", what, name, m.cfg.Settings.Image)
+	if t := image.TemplateWith(name); t != "" {
+		msg += fmt.Sprintf("; start sandboxd serve with --template %s", t)
+	}
+	return fmt.Errorf("%s: %w", msg, api.ErrInvalid)
+}
+
+// promptArgs are opencode's arguments for a prompt: one argument, never
+// through a shell, so the prompt arrives as typed. A prompt that starts
+// with "-" follows "--", so that it is not read as an option.
+func promptArgs(prompt string) []string {
+	if strings.HasPrefix(prompt, "-") {
+		return []string{"run", "--", prompt}
+	}
+	return []string{"run", prompt}
+}
+
 // activeStatuses are the statuses in which a sandbox holds resources.
 var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.SandboxStopping}
 
@@ -174,6 +209,11 @@ func newID(prefix string) string {
 
 // Create implements api.SandboxService.
 func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
+	if req.Prompt != "" {
+		if err := m.requireCommand("opencode", "a prompt"); err != nil {
+			return store.Sandbox{}, "", err
+		}
+	}
 	lifetime := m.cfg.Settings.DefaultTimeout
 	if req.Timeout > 0 {
 		lifetime = time.Duration(req.Timeout) * time.Millisecond
@@ -199,8 +239,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 	}
 	command, args := req.Command, req.Args
 	if req.Prompt != "" {
-		// One argument, never through a shell: the prompt arrives as typed.
-		command, args = "opencode", []string{"run", req.Prompt}
+		command, args = "opencode", promptArgs(req.Prompt)
 	}
 	if command == "" {
 		return sb, "", nil

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // maxRunOutput bounds the stdout and stderr kept in a run's output; the
@@ -42,15 +43,38 @@ type runPayload struct {
 	AccountID string   `json:"accountId"`
 }
 
-// runOutput is the output of a command run, in the contract's shape.
+// runOutput is the output of a command run, in the shape of the task
+// runner's result schema: stdout, stderr, exitCode and the snapshot taken
+// after the command ({id, expiresAt}); the rest are sandboxd's additions.
 type runOutput struct {
-	ExitCode   int    `json:"exitCode"`
-	Stdout     string `json:"stdout"`
-	Stderr     string `json:"stderr"`
-	SandboxID  string `json:"sandboxId"`
-	SnapshotID string `json:"snapshotId,omitempty"`
-	Branch     string `json:"branch,omitempty"`
-	GitError   string `json:"gitError,omitempty"`
+	Stdout     string       `json:"stdout"`
+	Stderr     string       `json:"stderr"`
+	ExitCode   int          `json:"exitCode"`
+	Snapshot   *runSnapshot `json:"snapshot,omitempty"`
+	SandboxID  string       `json:"sandboxId"`
+	SnapshotID string       `json:"snapshotId,omitempty"`
+	Branch     string       `json:"branch,omitempty"`
+	GitError   string       `json:"gitError,omitempty"`
+}
+
+// runSnapshot is the snapshot a run left, as the task runner reads it.
+type runSnapshot struct {
+	ID        string `json:"id"`
+	ExpiresAt string `json:"expiresAt"`
+}
+
+func (o *runOutput) setSnapshot(id string, expiresAt time.Time) {
+	if id == "" {
+		return
+	}
+	o.SnapshotID = id
+	o.Snapshot = &runSnapshot{ID: id, ExpiresAt: expiresAt.UTC().Format("2006-01-02T15:04:05.000Z")}
+}
+
+// timeoutMessage says that sb reached its deadline, and after how long.
+func timeoutMessage(sb store.Sandbox) string {
+	lifetime := sb.Deadline.Sub(sb.CreatedAt).Round(time.Millisecond)
+	return fmt.Sprintf("the sandbox reached its timeout after %s (at %s)", lifetime, sb.Deadline.UTC().Format(time.RFC3339))
 }
 
 type runCommandWorker struct {
@@ -87,15 +111,15 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 		return fmt.Errorf("load sandbox of run %s: %w", runID, err)
 	}
 	if sb.Status != store.SandboxRunning {
-		status := store.RunFailed
 		if sb.FailureReason == reasonTimeout {
-			status = store.RunTimedOut
+			return m.finishRun(ctx, run, store.RunFailed, nil, timeoutMessage(sb)+" before the command could start")
 		}
-		return m.finishRun(ctx, run, status, nil, fmt.Sprintf("sandbox %s is %s before the command could start", sb.ID, sb.Status))
+		return m.finishRun(ctx, run, store.RunFailed, nil, fmt.Sprintf("sandbox %s is %s before the command could start", sb.ID, sb.Status))
 	}
 	rsb, err := m.local(ctx, sb)
 	if err != nil {
-		return m.finishRun(ctx, run, store.RunFailed, nil, fmt.Sprintf("sandbox %s is not reachable: %v", sb.ID, err))
+		m.log.Error("run: sandbox not reachable", "run_id", run.ID, "sandbox_id", sb.ID, "err", err)
+		return m.finishRun(ctx, run, store.RunFailed, nil, fmt.Sprintf("sandbox %s is not reachable", sb.ID))
 	}
 	if m.setupPending(ctx, run.AccountID) {
 		// Start from the set-up repository: wait for the account's setup.
@@ -152,22 +176,24 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 	}
 	if current.Status != store.SandboxRunning {
 		if current.FailureReason == reasonTimeout {
-			return m.finishRun(ctx, run, store.RunTimedOut, &out, fmt.Sprintf("the sandbox reached its timeout at %s", current.Deadline.UTC().Format(time.RFC3339)))
+			// FAILED, not a status of our own: the published enum has no
+			// timeout, and clients poll statuses they do not know forever.
+			return m.finishRun(ctx, run, store.RunFailed, &out, timeoutMessage(current)+" while the command ran; the output up to then is kept")
 		}
 		return m.finishRun(ctx, run, store.RunFailed, &out, fmt.Sprintf("the sandbox was %s while the command ran (%s)", current.Status, current.FailureReason))
 	}
 	if execErr != nil {
 		m.log.Error("run exec", "run_id", run.ID, "err", execErr)
-		return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+execErr.Error())
+		return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+usererr.Message(execErr, "the sandbox's agent failed (details are in the server log)"))
 	}
 	if m.cfg.Persist != nil {
 		saved, err := m.cfg.Persist.AfterRun(ctx, sb, rsb, run)
 		out.Branch, out.GitError = saved.Branch, saved.GitError
 		if err != nil {
 			m.log.Error("persist run", "run_id", run.ID, "err", err)
-			return m.finishRun(ctx, run, store.RunFailed, &out, "the command finished but its work could not be saved: "+err.Error())
+			return m.finishRun(ctx, run, store.RunFailed, &out, "the command finished but its work could not be saved: "+usererr.Message(err, "internal error (details are in the server log)"))
 		}
-		out.SnapshotID = saved.SnapshotID
+		out.setSnapshot(saved.SnapshotID, saved.SnapshotExpiresAt)
 	}
 	return m.finishRun(ctx, run, store.RunCompleted, &out, "")
 }

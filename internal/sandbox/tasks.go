@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -27,6 +28,17 @@ const taskLifetime = 30 * time.Minute
 // in one transaction. Tasks that start their own sandbox go to the default
 // queue: any node may take them.
 func EnqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountID, task string, payload any) (string, error) {
+	var runID string
+	err := st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
+		var err error
+		runID, err = insertTaskRun(ctx, tx, q, jc, accountID, task, payload)
+		return err
+	})
+	return runID, err
+}
+
+// insertTaskRun records a run of task and inserts its job, in tx.
+func insertTaskRun(ctx context.Context, tx *sql.Tx, q *store.Queries, jc *jobs.Client, accountID, task string, payload any) (string, error) {
 	data, err := json.Marshal(payload)
 	if err != nil {
 		return "", fmt.Errorf("encode %s payload: %w", task, err)
@@ -44,16 +56,59 @@ func EnqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountI
 	default:
 		return "", fmt.Errorf("enqueue: unknown task %q", task)
 	}
+	if err := q.CreateRun(ctx, &run); err != nil {
+		return "", fmt.Errorf("record %s run: %w", task, err)
+	}
+	return run.ID, jc.InsertTx(ctx, tx, args, "")
+}
+
+// EnqueueSetup starts the account's setup-sandbox run, or returns the id of
+// the one already queued or executing (existing), so that two requests do
+// not provision the account twice. The check and the insert share one
+// transaction (serialised on SQLite); mu, when given, serialises callers of
+// one process on PostgreSQL too.
+func EnqueueSetup(ctx context.Context, st *store.Store, jc *jobs.Client, mu *sync.Mutex, accountID string) (runID string, existing bool, err error) {
+	if mu != nil {
+		mu.Lock()
+		defer mu.Unlock()
+	}
 	err = st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
-		if err := q.CreateRun(ctx, &run); err != nil {
-			return fmt.Errorf("record %s run: %w", task, err)
+		if r, ok, err := activeSetup(ctx, q, accountID); err != nil || ok {
+			runID, existing = r.ID, ok
+			return err
 		}
-		return jc.InsertTx(ctx, tx, args, "")
+		var err error
+		runID, err = insertTaskRun(ctx, tx, q, jc, accountID, jobs.KindSetupSandbox, map[string]any{"accountId": accountID})
+		return err
 	})
+	if err != nil {
+		return "", false, fmt.Errorf("enqueue setup of %s: %w", accountID, err)
+	}
+	return runID, existing, nil
+}
+
+// activeSetup returns the account's setup run that is queued or executing.
+func activeSetup(ctx context.Context, q *store.Queries, accountID string) (store.Run, bool, error) {
+	runs, err := q.ListRuns(ctx, accountID, 100)
+	if err != nil {
+		return store.Run{}, false, fmt.Errorf("list runs of %s: %w", accountID, err)
+	}
+	for _, r := range runs {
+		if r.Task == jobs.KindSetupSandbox && (r.Status == store.RunQueued || r.Status == store.RunExecuting) {
+			return r, true, nil
+		}
+	}
+	return store.Run{}, false, nil
+}
+
+// Setup implements api.AgentService: POST /api/sandboxes/setup.
+func (m *Manager) Setup(ctx context.Context, accountID string) (string, error) {
+	runID, existing, err := EnqueueSetup(ctx, m.st, m.cfg.Jobs, &m.setupMu, accountID)
 	if err != nil {
 		return "", err
 	}
-	return run.ID, nil
+	m.log.Info("setup requested", "account_id", accountID, "run_id", runID, "already_running", existing)
+	return runID, nil
 }
 
 // setupIfNew enqueues the account's setup when it has neither an
@@ -65,7 +120,7 @@ func (m *Manager) setupIfNew(ctx context.Context, accountID string) error {
 	if _, ok, err := m.setupRun(ctx, accountID); err != nil || ok {
 		return err
 	}
-	_, err := EnqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindSetupSandbox, map[string]any{"accountId": accountID})
+	_, _, err := EnqueueSetup(ctx, m.st, m.cfg.Jobs, &m.setupMu, accountID)
 	return err
 }
 
@@ -268,6 +323,9 @@ type codingAgentPayload struct {
 
 // CodingAgent implements api.AgentService.
 func (m *Manager) CodingAgent(ctx context.Context, accountID string, req api.CodingAgentRequest) (string, error) {
+	if err := m.requireCommand("claude", "a coding-agent run"); err != nil {
+		return "", err
+	}
 	return EnqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
 		RepoURL: req.RepoURL, Prompt: req.Prompt, BaseBranch: req.BaseBranch, AccountID: accountID,
 	})
@@ -277,7 +335,8 @@ func (m *Manager) CodingAgent(ctx context.Context, accountID string, req api.Cod
 // directory, as the original service's ralph-once.sh did.
 const ralphOnceScript = `#!/bin/sh
 # Written by sandboxd: run Claude Code once on a prompt.
-exec claude --model opus --permission-mode acceptEdits -p "$1"
+# "--" ends the options: a prompt that starts with "-" is still the prompt.
+exec claude --model opus --permission-mode acceptEdits -p -- "$1"
 `
 
 // RunClaudeCode writes ralph-once.sh into the sandbox and runs it in dir

@@ -75,7 +75,9 @@ type Sandbox struct {
 	StoppedAt *time.Time `json:"stopped_at,omitempty"`
 }
 
-// Run statuses, as trigger.dev v3 names them.
+// Run statuses, as trigger.dev v3 names them: only values of the published
+// TaskRunResponse enum that the original's web clients know (a run cut by
+// its sandbox's deadline is FAILED, its error says so).
 const (
 	RunQueued    = "QUEUED"
 	RunExecuting = "EXECUTING"
@@ -83,7 +85,6 @@ const (
 	RunFailed    = "FAILED"
 	RunCrashed   = "CRASHED"
 	RunCanceled  = "CANCELED"
-	RunTimedOut  = "TIMED_OUT"
 )
 
 // Run is one background task execution.

@@ -46,7 +46,7 @@ func scanRun(s scanner) (Run, error) {
 
 // finalRunStatuses are the statuses a run ends in.
 var finalRunStatuses = map[string]bool{
-	RunCompleted: true, RunFailed: true, RunCrashed: true, RunCanceled: true, RunTimedOut: true,
+	RunCompleted: true, RunFailed: true, RunCrashed: true, RunCanceled: true,
 }
 
 // nullJSON stores an absent document (nil or empty) as NULL and checks that a

@@ -164,7 +164,7 @@ func TestRunLifecycle(t *testing.T) {
 		}{
 			{[]string{store.RunQueued, store.RunExecuting}, []string{runs[2].ID, runs[3].ID}},
 			{[]string{store.RunCompleted}, []string{runs[0].ID}},
-			{[]string{store.RunTimedOut}, []string{}},
+			{[]string{store.RunCrashed}, []string{}},
 			{nil, []string{runs[0].ID, runs[1].ID, runs[2].ID, runs[3].ID}},
 		}
 		for _, tt := range byStatus {

@@ -1,0 +1,29 @@
+package usererr
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestMessage(t *testing.T) {
+	cause := errors.New("open /var/lib/sandboxd/tmp/x: no space left on device")
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"plain error hides its text", cause, "fallback"},
+		{"user message found through wrapping", fmt.Errorf("capture: %w", Wrap(cause, "the snapshot is larger than the 4096 MiB disk limit")), "the snapshot is larger than the 4096 MiB disk limit"},
+		{"new", New("opencode is not installed"), "opencode is not installed"},
+		{"nil", nil, "fallback"},
+	}
+	for _, tt := range tests {
+		if got := Message(tt.err, "fallback"); got != tt.want {
+			t.Errorf("%s: Message = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	if w := Wrap(cause, "msg"); !errors.Is(w, cause) || w.Error() != "msg: "+cause.Error() {
+		t.Errorf("Wrap keeps the cause for logs: %v", w)
+	}
+}
