@@ -21,19 +21,22 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sandbox-agent ./cmd/sandbox-agent
 
 # Install what is missing, then serve on embedded defaults (SQLite and local
-# disk under ./data) at http://127.0.0.1:8080.
+# disk under ./data) at http://127.0.0.1:8080, with the full template (the
+# agent CLIs; built on first use with progress, a few minutes once).
 run: deps build
 	$(BIN)/sandboxd serve
 
 # The whole suite: unit and integration tests (SQLite and a throwaway
 # PostgreSQL, real sandboxes), end-to-end tests against a real server, and a
 # short fuzzing pass over the request decoders.
-# The microVM guest kernel is built first (≈ 10 minutes once; cached in
-# ~/.cache/sandboxd/kernels).
+# The microVM guest kernel and the full image (serve's default, whose agent
+# CLIs the tests run) are built first (≈ 10 and ≈ 5 minutes once; cached in
+# ~/.cache/sandboxd).
 test: deps build
 	@scripts/install-test-tools.sh
 	$(BIN)/sandboxd kernel build
-	SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 SANDBOXD_REQUIRE_S3=1 SANDBOXD_REQUIRE_MICROVM=1 $(GO) test -count=1 -timeout 60m ./...
+	$(BIN)/sandboxd image build --template full
+	SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 SANDBOXD_REQUIRE_S3=1 SANDBOXD_REQUIRE_MICROVM=1 SANDBOXD_TEST_IMAGES_FULL=1 $(GO) test -count=1 -timeout 60m ./...
 	$(MAKE) fuzz
 
 # SECURITY.md's table of attacks, from what the suite really performed: every
