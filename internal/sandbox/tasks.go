@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // taskLifetime bounds the sandboxes the service starts for its own tasks.
@@ -183,6 +184,10 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	}
 	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, false, m.cfg.Settings.Network)
 	if err != nil {
+		if errors.Is(err, api.ErrQuota) {
+			// The account's own limit: say which.
+			err = usererr.New(strings.TrimSuffix(err.Error(), ": "+api.ErrQuota.Error()))
+		}
 		return m.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
 	}
 	m.log.Info("task running", "run_id", run.ID, "task", run.Task, "sandbox_id", sb.ID)
@@ -203,7 +208,9 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 func (m *Manager) finishTask(ctx context.Context, run store.Run, out map[string]any, taskErr error) error {
 	status, msg := store.RunCompleted, ""
 	if taskErr != nil {
-		status, msg = store.RunFailed, taskErr.Error()
+		// The run says what the user can act on; the rest (host paths,
+		// internal errors) stays in the log.
+		status, msg = store.RunFailed, usererr.Message(taskErr, run.Task+" failed (details are in the server log)")
 		m.log.Warn("task failed", "run_id", run.ID, "task", run.Task, "err", taskErr)
 	}
 	var output json.RawMessage
@@ -236,8 +243,9 @@ func sh(ctx context.Context, rsb runtime.Sandbox, cwd, script string, args ...st
 		return "", err
 	}
 	if res.ExitCode != 0 {
+		// What the script said inside the sandbox is the user's to see.
 		lines := strings.Split(strings.TrimSpace(stderr.String("")), "\n")
-		return stdout.String(""), fmt.Errorf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n"))
+		return stdout.String(""), usererr.New(fmt.Sprintf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n")))
 	}
 	return stdout.String(""), nil
 }
@@ -394,7 +402,7 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 		return out, err
 	}
 	if code != 0 {
-		return out, fmt.Errorf("claude exited with status %d", code)
+		return out, usererr.New(fmt.Sprintf("claude exited with status %d", code))
 	}
 	branch := "agent/" + run.ID
 	title := strings.SplitN(strings.TrimSpace(p.Prompt), "\n", 2)[0]

@@ -7,7 +7,10 @@
 // reports the failure asks Message for the user's text and logs the rest.
 package usererr
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // Error carries a message meant for the user, and the error it explains.
 type Error struct {
@@ -30,12 +33,20 @@ func New(msg string) error { return &Error{Msg: msg} }
 // Wrap explains err to the user with msg; err's own text stays in logs.
 func Wrap(err error, msg string) error { return &Error{Msg: msg, Err: err} }
 
-// Message returns the outermost user message in err's chain, or fallback
-// when there is none.
+// Message returns err's text down to the outermost user message in its
+// chain — the context the wrapping code added ("clone REPO: ") and the user
+// message, without the cause below it — or fallback when the chain has no
+// user message. Wrapping code adds context, never host paths.
 func Message(err error, fallback string) string {
 	var e *Error
-	if errors.As(err, &e) {
-		return e.Msg
+	if !errors.As(err, &e) {
+		return fallback
 	}
-	return fallback
+	if e.Err == nil {
+		return err.Error()
+	}
+	if msg, ok := strings.CutSuffix(err.Error(), ": "+e.Err.Error()); ok {
+		return msg
+	}
+	return e.Msg
 }

@@ -14,7 +14,8 @@ func TestMessage(t *testing.T) {
 		want string
 	}{
 		{"plain error hides its text", cause, "fallback"},
-		{"user message found through wrapping", fmt.Errorf("capture: %w", Wrap(cause, "the snapshot is larger than the 4096 MiB disk limit")), "the snapshot is larger than the 4096 MiB disk limit"},
+		{"user message with its context, without its cause", fmt.Errorf("capture: %w", Wrap(cause, "the snapshot is larger than the 4096 MiB disk limit")), "capture: the snapshot is larger than the 4096 MiB disk limit"},
+		{"context around a message without a cause", fmt.Errorf("clone r at main: %w", New("exit status 128: repository not found")), "clone r at main: exit status 128: repository not found"},
 		{"new", New("opencode is not installed"), "opencode is not installed"},
 		{"nil", nil, "fallback"},
 	}
