@@ -468,6 +468,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			Platform:      o.platform,
 			DefaultLimits: limits,
 			WarmPool:      o.warmPool,
+			MaxSandboxes:  o.nodeCapacity,
 			WarmBaseDir:   baseDir,
 			WarmBaseImage: baseID,
 			Logger:        log.With("component", "runtime"),
