@@ -15,7 +15,7 @@ import (
 // fairSnooze is how long a job of an account already at its share waits
 // before it is fetched again. Snoozing frees the worker at once and does not
 // count as an attempt.
-const fairSnooze = 2 * time.Second
+const fairSnooze = time.Second
 
 // fairShare is worker middleware that bounds how many jobs of one account
 // run at once on this node (over all its queues), so that one account's
