@@ -56,6 +56,25 @@ func TestContract(t *testing.T) {
 			}
 		})
 
+		t.Run("repeated credentials", func(t *testing.T) {
+			securitytest.Attack(t, "api", "a client sends x-api-key twice (a valid key, then another) and Authorization twice to a real server",
+				"401 with the contract's \"Exactly one of x-api-key or Authorization must be provided\"; no value is picked")
+			for _, h := range [][2]string{{"x-api-key", aliceKey.Key}, {"Authorization", "Bearer " + aliceKey.Key}} {
+				req, _ := http.NewRequest(http.MethodGet, s.base+"/api/sandboxes", nil)
+				req.Header.Add(h[0], h[1])
+				req.Header.Add(h[0], h[1]+"x")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 401 || !strings.Contains(string(body), "Exactly one of x-api-key or Authorization must be provided") {
+					t.Fatalf("%s twice: %d %s", h[0], resp.StatusCode, body)
+				}
+			}
+		})
+
 		t.Run("validation", func(t *testing.T) {
 			cases := []struct {
 				name, method, path string
