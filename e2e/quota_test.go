@@ -86,7 +86,7 @@ func TestAgentQuota(t *testing.T) {
 	}
 	var accepted []string
 	for i := range 6 {
-		r := s.as(k, "POST", "/api/tasks/coding-agent", map[string]any{"repo_url": "https://example.test/r.git", "prompt": "fix it"})
+		r := s.as(k, "POST", "/api/tasks/coding-agent", map[string]any{"repo_url": s.base + "/git/" + bob.ID + ".git", "prompt": "fix it"})
 		switch {
 		case i < 2 && r.Status == 200:
 			accepted = append(accepted, r.Body["runId"].(string))
