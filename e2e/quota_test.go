@@ -111,3 +111,34 @@ func TestAgentQuota(t *testing.T) {
 		t.Fatalf("%d sandboxes, want the 2 of the quota: %s", n, r.Raw)
 	}
 }
+
+// TestSetupQuota: an account whose first sandbox fills its quota still gets
+// set up (setup's sandbox counts, with one place beyond the quota), and
+// its next sandbox is refused while the first runs.
+func TestSetupQuota(t *testing.T) {
+	securitytest.Attack(t, "quotas", "an account at its quota of 1 triggers its setup-sandbox task, whose sandbox the quota did not count before",
+		"setup's sandbox is counted, with exactly one place of headroom: setup completes, and a second user sandbox is still refused with 429")
+	s := startServer(t, storetest.SQLiteDSN(t), "--rootfs", agentRootfs(t), "--setup-on-first-use=true", "--max-sandboxes-per-account", "1")
+	a := s.createAccount("carol", false)
+	k := s.createKey(a.ID)
+	s.createSandbox(k, map[string]any{})
+	var setupID string
+	deadline := time.Now().Add(time.Minute)
+	for setupID == "" && time.Now().Before(deadline) {
+		for _, v := range s.as(k, "GET", "/api/tasks/runs", nil).Body["runs"].([]any) {
+			if r := v.(map[string]any); r["taskIdentifier"] == "setup-sandbox" {
+				setupID = r["id"].(string)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if setupID == "" {
+		t.Fatal("no setup-sandbox run")
+	}
+	if r := s.waitRun(k, setupID, 3*time.Minute); r.Status != "COMPLETED" {
+		t.Fatalf("setup at the quota: %+v", r)
+	}
+	if r := s.as(k, "POST", "/api/sandboxes", map[string]any{}); r.Status != 429 {
+		t.Fatalf("second sandbox over a quota of 1: %d %s", r.Status, r.Raw)
+	}
+}
