@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestContract checks authentication, access rules and validation against
@@ -50,6 +53,25 @@ func TestContract(t *testing.T) {
 						t.Fatalf("body %v, want %v", r.Body, tc.body)
 					}
 				})
+			}
+		})
+
+		t.Run("repeated credentials", func(t *testing.T) {
+			securitytest.Attack(t, "api", "a client sends x-api-key twice (a valid key, then another) and Authorization twice to a real server",
+				"401 with the contract's \"Exactly one of x-api-key or Authorization must be provided\"; no value is picked")
+			for _, h := range [][2]string{{"x-api-key", aliceKey.Key}, {"Authorization", "Bearer " + aliceKey.Key}} {
+				req, _ := http.NewRequest(http.MethodGet, s.base+"/api/sandboxes", nil)
+				req.Header.Add(h[0], h[1])
+				req.Header.Add(h[0], h[1]+"x")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 401 || !strings.Contains(string(body), "Exactly one of x-api-key or Authorization must be provided") {
+					t.Fatalf("%s twice: %d %s", h[0], resp.StatusCode, body)
+				}
 			}
 		})
 
@@ -207,9 +229,20 @@ func TestContract(t *testing.T) {
 			if r.Status != 200 || r.Body["status"] != "success" {
 				t.Fatalf("%d %s", r.Status, r.Raw)
 			}
+			securitytest.Attack(t, "api", "an unauthenticated client reads /metrics on the API port to learn every route and its counts",
+				"the API port answers 404; the metrics are served only on --metrics-addr (loopback by default)")
 			r = s.call(http.MethodGet, "/metrics", nil, nil)
-			if r.Status != 200 || !strings.Contains(string(r.Raw), "sandboxd_http_requests_total") {
-				t.Fatalf("metrics: %d", r.Status)
+			if r.Status != http.StatusNotFound || strings.Contains(string(r.Raw), "sandboxd_http_requests_total") {
+				t.Fatalf("metrics on the API port: %d %s", r.Status, r.Raw)
+			}
+			resp, err := http.Get(s.metrics + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(body), "sandboxd_http_requests_total") {
+				t.Fatalf("metrics listener: %d", resp.StatusCode)
 			}
 		})
 	})

@@ -64,6 +64,7 @@ var rootfs string
 type server struct {
 	t       *testing.T
 	base    string
+	metrics string // base URL of the metrics listener
 	dataDir string
 	dsn     string
 	cmd     *exec.Cmd
@@ -83,7 +84,9 @@ func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}}
 	addr := freeAddr(t)
 	s.base = "http://" + addr
-	args := append([]string{"serve", "--listen", addr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false", "--setup-on-first-use=false"}, s.globalFlags()...)
+	metricsAddr := freeAddr(t)
+	s.metrics = "http://" + metricsAddr
+	args := append([]string{"serve", "--listen", addr, "--metrics-addr", metricsAddr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false", "--setup-on-first-use=false"}, s.globalFlags()...)
 	if !slices.Contains(extra, "--template") {
 		args = append(args, "--rootfs", rootfs)
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -87,6 +88,28 @@ func (c *apiClient) send(ctx context.Context, method, path string, body any, acc
 	return resp, nil
 }
 
+// newAPIHTTPClient returns the client the CLI talks to the API with. Go's
+// client strips Authorization on a redirect to another host but not
+// x-api-key: without this, a redirect (from a proxy, or a server that was
+// told to) would hand the account's key to whatever host it names.
+func newAPIHTTPClient() *http.Client {
+	return &http.Client{CheckRedirect: keyStaysWithOrigin}
+}
+
+// keyStaysWithOrigin is a CheckRedirect that drops the credentials when a
+// redirect leaves the origin (scheme, host and port) of the first request.
+func keyStaysWithOrigin(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	first := via[0].URL
+	if !strings.EqualFold(req.URL.Scheme, first.Scheme) || !strings.EqualFold(req.URL.Host, first.Host) {
+		req.Header.Del("x-api-key")
+		req.Header.Del("Authorization")
+	}
+	return nil
+}
+
 // sandboxView is the API's Sandbox object as the CLI prints it.
 type sandboxView struct {
 	SandboxID     string `json:"sandboxId"`
@@ -109,7 +132,7 @@ func printSandboxes(w io.Writer, sbs []sandboxView) error {
 
 // newSandboxCmd is the API client: `sandboxd sandbox create|ls|exec|stop`.
 func newSandboxCmd() *cobra.Command {
-	c := &apiClient{http: &http.Client{}}
+	c := &apiClient{http: newAPIHTTPClient()}
 	var asJSON bool
 	var account string
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, use and stop sandboxes through a running server's API"}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/riverqueue/river"
 	"github.com/spf13/cobra"
 
@@ -56,6 +57,9 @@ type serveOptions struct {
 	pids         int64
 	diskMiB      int64
 	concurrency  int
+	jobsPerAcct  int
+	agentRuns    int
+	metricsAddr  string
 	keep         bool
 	publicURL    string
 	allowPrivate bool
@@ -122,6 +126,9 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.modelKey, "model-api-key", envOr("SANDBOXD_MODEL_API_KEY", ""), "its API key (env SANDBOXD_MODEL_API_KEY)")
 	f.StringVar(&o.modelName, "model", envOr("SANDBOXD_MODEL", ""), "the model prompts use (env SANDBOXD_MODEL)")
 	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
+	f.IntVar(&o.jobsPerAcct, "job-concurrency-per-account", envInt("SANDBOXD_JOB_CONCURRENCY_PER_ACCOUNT", 8), "jobs of one account run at once on this node, over all queues (the rest wait while other accounts' jobs run); 0 unlimited")
+	f.IntVar(&o.agentRuns, "max-agent-runs-per-account", envInt("SANDBOXD_MAX_AGENT_RUNS_PER_ACCOUNT", 4), "queued and executing coding-agent runs per account (more are refused with 429); 0 unlimited")
+	f.StringVar(&o.metricsAddr, "metrics-addr", envOr("SANDBOXD_METRICS_ADDR", "127.0.0.1:9090"), "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
 	return cmd
 }
 
@@ -188,7 +195,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 
 	workers := river.NewWorkers()
 	jc, err := jobs.New(ctx, st, jobs.Config{
-		NodeID: nodeID, Workers: workers, Concurrency: o.concurrency,
+		NodeID: nodeID, Workers: workers, Concurrency: o.concurrency, PerAccount: o.jobsPerAcct,
 		PostgresDSN: g.database, Logger: log.With("component", "jobs"),
 	})
 	if err != nil {
@@ -259,7 +266,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
-			SetupOnFirstUse: o.setup,
+			AgentRunsPerAccount: o.agentRuns,
+			SetupOnFirstUse:     o.setup,
 			Env: map[string]string{
 				"GITHUB_TOKEN":            o.githubToken,
 				"CLAUDE_CODE_OAUTH_TOKEN": o.claudeToken,
@@ -331,9 +339,14 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 
 	log.Info("sandboxd serving", "addr", ln.Addr().String(), "data_dir", dataDir, "database", st.Dialect(),
 		"runtime", rt.Name(), "image", baseID, "version", version)
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- httpSrv.Serve(ln) }()
 	go func() { errc <- httpSrv.Serve(homeLn) }()
+	metricsSrv, err := serveMetrics(o.metricsAddr, reg, log, errc)
+	if err != nil {
+		_ = httpSrv.Close()
+		return err
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -342,6 +355,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = httpSrv.Shutdown(shutdownCtx)
+	if metricsSrv != nil {
+		err = errors.Join(err, metricsSrv.Shutdown(shutdownCtx))
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
@@ -373,6 +389,30 @@ func imageName(o *serveOptions) string {
 		return "the --rootfs directory"
 	}
 	return "template " + o.template
+}
+
+// serveMetrics serves reg at /metrics on addr (nothing when addr is empty),
+// apart from the API: the metrics name every route with its counts, which
+// is for the operator, not for tenants (nor for sandboxes, which reach the
+// API through the home socket). Serve errors go to errc.
+func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	go func() { errc <- fmt.Errorf("metrics: %w", srv.Serve(ln)) }()
+	return srv, nil
 }
 
 // resolveRootfs returns the root filesystem sandboxes start from: --rootfs,
@@ -448,6 +488,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			Platform:      o.platform,
 			DefaultLimits: limits,
 			WarmPool:      o.warmPool,
+			MaxSandboxes:  o.nodeCapacity,
 			WarmBaseDir:   baseDir,
 			WarmBaseImage: baseID,
 			Logger:        log.With("component", "runtime"),

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // maxBodyBytes bounds JSON request bodies; file contents never travel in
@@ -127,10 +129,37 @@ func (o object) int(name string) (int64, bool, error) {
 	if err := json.Unmarshal(o[name], &f); err != nil {
 		return 0, false, typeError("number", o[name], []any{name})
 	}
+	// Out of int64's range the conversion below is undefined (on amd64 it
+	// gives math.MinInt64): refuse first.
+	if f >= 0x1p63 || f < -0x1p63 {
+		return 0, false, errField(name+" is out of range", name)
+	}
 	if f != float64(int64(f)) {
 		return 0, false, errField("Expected integer, received float", name)
 	}
 	return int64(f), true, nil
+}
+
+// maxMillis is the longest duration in milliseconds that time.Duration
+// holds (about 292 years); more would overflow into a negative lifetime
+// that passes every "at most" check.
+const maxMillis = int64(math.MaxInt64 / int64(time.Millisecond))
+
+// millis returns a field that is a positive number of milliseconds that
+// fits a time.Duration; required says whether it must be present.
+func (o object) millis(name string, required bool) (int64, bool, error) {
+	v, ok, err := o.int(name)
+	switch {
+	case err != nil:
+		return 0, false, err
+	case !ok && !required:
+		return 0, false, nil
+	case !ok || v <= 0:
+		return 0, false, errField(name+" must be a positive number of milliseconds", name)
+	case v > maxMillis:
+		return 0, false, errField(fmt.Sprintf("%s must be at most %d milliseconds", name, maxMillis), name)
+	}
+	return v, true, nil
 }
 
 // objects returns an array-of-objects field.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -36,7 +35,9 @@ type Options struct {
 	Store  Store
 	Auth   *auth.Authenticator
 	Logger *slog.Logger
-	// Registry receives the HTTP metrics and is served at /metrics.
+	// Registry receives the HTTP metrics. The API does not serve it: they
+	// name every route with its counts, so `sandboxd serve` exposes them on
+	// a listener of their own (--metrics-addr, loopback by default).
 	Registry *prometheus.Registry
 	Version  string
 	// Services; a nil service makes its routes answer 501 after validating
@@ -100,7 +101,6 @@ func New(opts Options) (*Server, error) {
 		}
 		r.Method(rt.method, rt.path, h)
 	}
-	r.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{}))
 	for pattern, h := range opts.Mount {
 		r.Handle(pattern, h)
 	}

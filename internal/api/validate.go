@@ -41,12 +41,9 @@ func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
 	if req.AccountID, err = o.accountID(); err != nil {
 		return req, err
 	}
-	timeout, hasTimeout, err := o.int("timeout")
+	timeout, _, err := o.millis("timeout", false)
 	if err != nil {
 		return req, err
-	}
-	if hasTimeout && timeout <= 0 {
-		return req, errField("timeout must be a positive number of milliseconds", "timeout")
 	}
 	if o.present("network") {
 		var p netpol.Policy
@@ -254,12 +251,9 @@ func parseExec(o object) (ExecRequest, error) {
 	if req.Stdin, _, err = o.str("stdin"); err != nil {
 		return req, err
 	}
-	t, ok, err := o.int("timeout")
+	t, _, err := o.millis("timeout", false)
 	if err != nil {
 		return req, err
-	}
-	if ok && t <= 0 {
-		return req, errField("timeout must be a positive number of milliseconds", "timeout")
 	}
 	req.Timeout = t
 	req.AccountID, err = o.accountID()
@@ -269,12 +263,9 @@ func parseExec(o object) (ExecRequest, error) {
 // parseTimeout validates the body of POST /api/sandboxes/{id}/timeout.
 func parseTimeout(o object) (TimeoutRequest, error) {
 	var req TimeoutRequest
-	t, ok, err := o.int("timeout")
+	t, _, err := o.millis("timeout", true)
 	if err != nil {
 		return req, err
-	}
-	if !ok || t <= 0 {
-		return req, errField("timeout must be a positive number of milliseconds", "timeout")
 	}
 	req.Timeout = t
 	req.AccountID, err = o.accountID()

@@ -91,8 +91,13 @@ func NewAuthenticator(st Store) *Authenticator {
 }
 
 // KeyFromHeaders extracts the credential: exactly one of x-api-key or
-// Authorization: Bearer must be present.
+// Authorization: Bearer must be present, once. A repeated header is refused
+// like two different ones: otherwise one layer (a proxy, a log) may act on
+// the first value while another acts on the last.
 func KeyFromHeaders(h http.Header) (string, error) {
+	if len(h.Values("x-api-key")) > 1 || len(h.Values("Authorization")) > 1 {
+		return "", ErrCredentials
+	}
 	apiKey := strings.TrimSpace(h.Get("x-api-key"))
 	authz := strings.TrimSpace(h.Get("Authorization"))
 	switch {

@@ -18,22 +18,31 @@ func TestKeyFromHeaders(t *testing.T) {
 	cases := []struct {
 		name    string
 		headers map[string]string
+		repeat  []string // headers sent twice more: once as given, once different
 		want    string
 		err     error
 	}{
-		{"none", nil, "", ErrCredentials},
-		{"both", map[string]string{"x-api-key": "a", "Authorization": "Bearer b"}, "", ErrCredentials},
-		{"x-api-key", map[string]string{"x-api-key": " k1 "}, "k1", nil},
-		{"bearer", map[string]string{"Authorization": "Bearer k2"}, "k2", nil},
-		{"bearer lowercase", map[string]string{"Authorization": "bearer k3"}, "k3", nil},
-		{"basic", map[string]string{"Authorization": "Basic abc"}, "", ErrUnauthorized},
-		{"bearer empty", map[string]string{"Authorization": "Bearer"}, "", ErrUnauthorized},
+		{"x-api-key twice, same", map[string]string{"x-api-key": "k1"}, []string{"x-api-key=k1"}, "", ErrCredentials},
+		{"x-api-key twice, different", map[string]string{"x-api-key": "k1"}, []string{"x-api-key=k2"}, "", ErrCredentials},
+		{"Authorization twice", map[string]string{"Authorization": "Bearer k1"}, []string{"Authorization=Bearer k2"}, "", ErrCredentials},
+		{"x-api-key twice, first empty", map[string]string{"x-api-key": ""}, []string{"x-api-key=k2"}, "", ErrCredentials},
+		{"none", nil, nil, "", ErrCredentials},
+		{"both", map[string]string{"x-api-key": "a", "Authorization": "Bearer b"}, nil, "", ErrCredentials},
+		{"x-api-key", map[string]string{"x-api-key": " k1 "}, nil, "k1", nil},
+		{"bearer", map[string]string{"Authorization": "Bearer k2"}, nil, "k2", nil},
+		{"bearer lowercase", map[string]string{"Authorization": "bearer k3"}, nil, "k3", nil},
+		{"basic", map[string]string{"Authorization": "Basic abc"}, nil, "", ErrUnauthorized},
+		{"bearer empty", map[string]string{"Authorization": "Bearer"}, nil, "", ErrUnauthorized},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := http.Header{}
 			for k, v := range tc.headers {
 				h.Set(k, v)
+			}
+			for _, kv := range tc.repeat {
+				k, v, _ := strings.Cut(kv, "=")
+				h.Add(k, v)
 			}
 			got, err := KeyFromHeaders(h)
 			if !errors.Is(err, tc.err) || got != tc.want {

@@ -24,6 +24,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"github.com/riverqueue/river/riverdriver/riversqlite"
 	"github.com/riverqueue/river/rivermigrate"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -82,6 +83,10 @@ type Config struct {
 	Workers *river.Workers
 	// Concurrency is how many jobs of each queue run at once on this node.
 	Concurrency int
+	// PerAccount is how many jobs of one account run at once on this node,
+	// over all its queues (0: no limit). Jobs beyond it wait, snoozed,
+	// while other accounts' jobs get the workers.
+	PerAccount int
 	// PostgresDSN is the database URL when the store is PostgreSQL; River
 	// listens for new jobs on a pgx pool of its own.
 	PostgresDSN string
@@ -150,6 +155,9 @@ func New(ctx context.Context, st *store.Store, cfg Config) (*Client, error) {
 	}
 	if cfg.Workers != nil {
 		rc.Workers = cfg.Workers
+		if cfg.PerAccount > 0 {
+			rc.Middleware = []rivertype.Middleware{newFairShare(cfg.PerAccount, storeAccountOf(st))}
+		}
 		rc.Queues = map[string]river.QueueConfig{
 			river.QueueDefault:    {MaxWorkers: cfg.Concurrency},
 			NodeQueue(cfg.NodeID): {MaxWorkers: cfg.Concurrency},

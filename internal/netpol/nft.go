@@ -33,6 +33,8 @@ import (
 //	chain private  ip daddr ALLOWED-PRIVATE return; ip daddr PRIVATE drop (rebuilt)
 //	chain P-KEY-out
 //	    meta nfproto ipv6 drop
+//	    ip saddr != GUEST drop                    spoofed sources (guest root
+//	                                              can add any address to eth0)
 //	    limit rate over RATE bytes/second burst BURST bytes drop
 //	    ct state established,related accept
 //	    ct count over MAXCONNS drop
@@ -164,6 +166,17 @@ func (m *Manager) addSandboxRules(n *Network) error {
 	}
 	for _, ch := range []*nftables.Chain{out, in} {
 		add(ch, nfproto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))
+		if ch == out {
+			// Before anything can accept: only the sandbox's own address
+			// leaves. Otherwise guest root could send as another sandbox
+			// (masquerading would then deliver the replies to it) or as
+			// any address of the internet.
+			if n.GuestAddr.Is4() {
+				add(ch, ipAddrNeq(12, netip.PrefixFrom(n.GuestAddr, 32)), verdict(expr.VerdictDrop))
+			} else {
+				add(ch, verdict(expr.VerdictDrop)) // no address of its own: nothing leaves
+			}
+		}
 		add(ch, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: m.opts.RateBytes, Unit: expr.LimitTimeSecond, Burst: m.opts.BurstBytes, Over: true}}, verdict(expr.VerdictDrop))
 		add(ch, ctEstablished(), verdict(expr.VerdictAccept))
 	}
@@ -319,6 +332,13 @@ func ipAddr(offset uint32, p netip.Prefix) []expr.Any {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]},
 	}
+}
+
+// ipAddrNeq matches an IPv4 address at offset that is not in the prefix.
+func ipAddrNeq(offset uint32, p netip.Prefix) []expr.Any {
+	e := ipAddr(offset, p)
+	e[len(e)-1].(*expr.Cmp).Op = expr.CmpOpNeq
+	return e
 }
 
 func l4dport(proto byte, port uint16) []expr.Any {

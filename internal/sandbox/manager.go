@@ -40,7 +40,10 @@ import (
 type Settings struct {
 	DefaultTimeout time.Duration // lifetime when the request names none (10 min)
 	MaxTimeout     time.Duration // longest lifetime a request may ask for
-	PerAccount     int           // concurrent sandboxes per account
+	PerAccount     int           // concurrent sandboxes per account, its tasks' included
+	// AgentRunsPerAccount bounds the queued and executing coding-agent runs
+	// of an account (0: unlimited).
+	AgentRunsPerAccount int
 	// SetupOnFirstUse runs the setup-sandbox task for an account the first
 	// time it creates a sandbox.
 	SetupOnFirstUse bool
@@ -225,7 +228,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 	if req.Network != nil {
 		policy = *req.Network
 	}
-	sb, rsb, err := m.launch(ctx, accountID, lifetime, true, policy)
+	sb, rsb, err := m.launch(ctx, accountID, lifetime, 0, policy)
 	if err != nil {
 		return sb, "", err
 	}
@@ -252,18 +255,16 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 	return sb, runID, nil
 }
 
-// launch records and starts a sandbox for account. Sandboxes that users
-// ask for count against the account's quota; those the service starts for
-// its own tasks (setup, coding agents) only against the node's capacity.
-func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, userQuota bool, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+// launch records and starts a sandbox for account. Every sandbox counts
+// against the account's quota, those the service starts for the account's
+// tasks too; extra raises the account's limit for this one (setup gets one
+// place beyond it, so that a user who is at the quota still gets set up).
+func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
 	if err := policy.Validate(); err != nil {
 		return store.Sandbox{}, nil, fmt.Errorf("%s: %w", err.Error(), api.ErrInvalid)
 	}
 	if hasNetwork(policy) && m.cfg.Net == nil {
 		return store.Sandbox{}, nil, fmt.Errorf("networking is not enabled on this server; create the sandbox with network \"none\": %w", api.ErrInvalid)
-	}
-	if err := m.checkQuota(ctx, accountID, userQuota); err != nil {
-		return store.Sandbox{}, nil, err
 	}
 	network, err := json.Marshal(policy)
 	if err != nil {
@@ -275,8 +276,10 @@ func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Du
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 	}
-	if err := m.st.CreateSandbox(ctx, &sb); err != nil {
-		return sb, nil, fmt.Errorf("record sandbox: %w", err)
+	// Count and insert in one locked transaction: simultaneous creates
+	// cannot all see the same free place.
+	if err := m.st.CreateSandboxWithin(ctx, &sb, m.sandboxLimits(extra)); err != nil {
+		return store.Sandbox{}, nil, quotaError(err)
 	}
 	// From here on the row exists: finish what was started even if the
 	// caller goes away, so no row is left pending by a dropped request.
@@ -284,26 +287,31 @@ func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Du
 	return sb, rsb, err
 }
 
-func (m *Manager) checkQuota(ctx context.Context, accountID string, userQuota bool) error {
-	if limit := m.cfg.Settings.PerAccount; limit > 0 && userQuota {
-		n, err := m.st.CountActiveSandboxes(ctx, accountID)
-		if err != nil {
-			return fmt.Errorf("count sandboxes of %s: %w", accountID, err)
-		}
-		if n >= limit {
-			return fmt.Errorf("account has %d active sandboxes, the limit is %d; stop one first: %w", n, limit, api.ErrQuota)
-		}
+// sandboxLimits are the limits a new sandbox is checked against; extra
+// raises the account's (a zero, unlimited, quota stays unlimited).
+func (m *Manager) sandboxLimits(extra int) store.SandboxLimits {
+	lim := store.SandboxLimits{PerAccount: m.cfg.Settings.PerAccount, PerNode: m.cfg.Settings.NodeCapacity}
+	if lim.PerAccount > 0 {
+		lim.PerAccount += extra
 	}
-	if limit := m.cfg.Settings.NodeCapacity; limit > 0 {
-		rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
-		if err != nil {
-			return fmt.Errorf("count sandboxes on node: %w", err)
-		}
-		if len(rows) >= limit {
-			return fmt.Errorf("the server is at capacity (%d sandboxes); try again later: %w", limit, api.ErrQuota)
-		}
+	return lim
+}
+
+// quotaError turns the store's quota errors into the API's (429, with the
+// figures); other errors keep their cause.
+func quotaError(err error) error {
+	var qe *store.QuotaError
+	if !errors.As(err, &qe) {
+		return fmt.Errorf("record sandbox: %w", err)
 	}
-	return nil
+	switch qe.Scope {
+	case "account":
+		return fmt.Errorf("account has %d active sandboxes (its tasks' included), the limit is %d; stop one first: %w", qe.Count, qe.Limit, api.ErrQuota)
+	case "node":
+		return fmt.Errorf("the server is at capacity (%d sandboxes); try again later: %w", qe.Limit, api.ErrQuota)
+	default:
+		return fmt.Errorf("%s: %w", qe.Error(), api.ErrQuota)
+	}
 }
 
 // start places a pending sandbox on the runtime and marks it running, or

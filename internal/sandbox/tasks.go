@@ -25,21 +25,32 @@ import (
 // taskLifetime bounds the sandboxes the service starts for its own tasks.
 const taskLifetime = 30 * time.Minute
 
+// taskQuotaWait is how long a task waits, queued, for its account to have a
+// free sandbox place before it fails with the quota's message.
+const taskQuotaWait = 30 * time.Minute
+
 // EnqueueTask records a run of task for account with payload, and its job,
 // in one transaction. Tasks that start their own sandbox go to the default
 // queue: any node may take them.
 func EnqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountID, task string, payload any) (string, error) {
+	return enqueueTask(ctx, st, jc, accountID, task, payload, 0)
+}
+
+// enqueueTask is EnqueueTask refusing (api.ErrQuota) when the account
+// already has limit queued or executing runs of task (0: no limit).
+func enqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountID, task string, payload any, limit int) (string, error) {
 	var runID string
 	err := st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		var err error
-		runID, err = insertTaskRun(ctx, tx, q, jc, accountID, task, payload)
+		runID, err = insertTaskRun(ctx, tx, q, jc, accountID, task, payload, limit)
 		return err
 	})
 	return runID, err
 }
 
-// insertTaskRun records a run of task and inserts its job, in tx.
-func insertTaskRun(ctx context.Context, tx *sql.Tx, q *store.Queries, jc *jobs.Client, accountID, task string, payload any) (string, error) {
+// insertTaskRun records a run of task and inserts its job, in tx, refusing
+// as enqueueTask does.
+func insertTaskRun(ctx context.Context, tx *sql.Tx, q *store.Queries, jc *jobs.Client, accountID, task string, payload any, limit int) (string, error) {
 	data, err := json.Marshal(payload)
 	if err != nil {
 		return "", fmt.Errorf("encode %s payload: %w", task, err)
@@ -57,7 +68,11 @@ func insertTaskRun(ctx context.Context, tx *sql.Tx, q *store.Queries, jc *jobs.C
 	default:
 		return "", fmt.Errorf("enqueue: unknown task %q", task)
 	}
-	if err := q.CreateRun(ctx, &run); err != nil {
+	if err := q.CreateRunWithin(ctx, &run, limit); err != nil {
+		var qe *store.QuotaError
+		if errors.As(err, &qe) {
+			return "", fmt.Errorf("account has %d queued or executing %s runs, the limit is %d; wait for one to finish: %w", qe.Count, task, qe.Limit, api.ErrQuota)
+		}
 		return "", fmt.Errorf("record %s run: %w", task, err)
 	}
 	return run.ID, jc.InsertTx(ctx, tx, args, "")
@@ -79,7 +94,7 @@ func EnqueueSetup(ctx context.Context, st *store.Store, jc *jobs.Client, mu *syn
 			return err
 		}
 		var err error
-		runID, err = insertTaskRun(ctx, tx, q, jc, accountID, jobs.KindSetupSandbox, map[string]any{"accountId": accountID})
+		runID, err = insertTaskRun(ctx, tx, q, jc, accountID, jobs.KindSetupSandbox, map[string]any{"accountId": accountID}, 0)
 		return err
 	})
 	if err != nil {
@@ -178,11 +193,21 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if err != nil {
 		return fmt.Errorf("load run %s: %w", runID, err)
 	}
+	// The task's sandbox counts against the account's quota; setup may go
+	// one beyond it (the account's sandboxes wait for their setup).
+	extra := 0
+	if run.Task == jobs.KindSetupSandbox {
+		extra = 1
+	}
+	if m.atQuota(ctx, run.AccountID, extra) && m.now().Sub(run.CreatedAt) < taskQuotaWait {
+		// Wait queued, without holding a worker, for a place to free up.
+		return river.JobSnooze(5 * time.Second)
+	}
 	started, err := m.st.StartRun(ctx, run.ID, m.now())
 	if err != nil || !started {
 		return err
 	}
-	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, false, m.cfg.Settings.Network)
+	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, extra, m.cfg.Settings.Network)
 	if err != nil {
 		if errors.Is(err, api.ErrQuota) {
 			// The account's own limit: say which.
@@ -203,6 +228,18 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	// The sandbox is stopped before the run says it ended.
 	m.stopQuietly(context.WithoutCancel(ctx), sb, run.Task+" finished")
 	return m.finishTask(ctx, run, out, err)
+}
+
+// atQuota reports whether the account has no free sandbox place (with
+// extra more allowed). It is only a hint for waiting: launch checks again,
+// atomically.
+func (m *Manager) atQuota(ctx context.Context, accountID string, extra int) bool {
+	limit := m.sandboxLimits(extra).PerAccount
+	if limit <= 0 {
+		return false
+	}
+	n, err := m.st.CountActiveSandboxes(ctx, accountID)
+	return err == nil && n >= limit
 }
 
 func (m *Manager) finishTask(ctx context.Context, run store.Run, out map[string]any, taskErr error) error {
@@ -334,9 +371,9 @@ func (m *Manager) CodingAgent(ctx context.Context, accountID string, req api.Cod
 	if err := m.requireCommand("claude", "a coding-agent run"); err != nil {
 		return "", err
 	}
-	return EnqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
+	return enqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
 		RepoURL: req.RepoURL, Prompt: req.Prompt, BaseBranch: req.BaseBranch, AccountID: accountID,
-	})
+	}, m.cfg.Settings.AgentRunsPerAccount)
 }
 
 // ralphOnceScript runs Claude Code once on the prompt ($1) in the current

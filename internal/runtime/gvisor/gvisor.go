@@ -88,6 +88,10 @@ type Options struct {
 	WarmPool      int
 	WarmBaseDir   string
 	WarmBaseImage string
+	// MaxSandboxes is how many sandboxes this node runs at most (its
+	// capacity; 0: not known). Each sandbox's host pids backstop is at most
+	// its share of the host's pid_max and threads-max.
+	MaxSandboxes int
 	// StartTimeout bounds how long Create waits for the agent (default 20s).
 	StartTimeout time.Duration
 	Logger       *slog.Logger
@@ -104,6 +108,8 @@ type Runtime struct {
 	platform string
 	rejected map[string]string
 	version  string
+	// pidsCeiling caps each sandbox's host pids backstop (hostTaskCeiling).
+	pidsCeiling int64
 	// preload is the host file mounted as /etc/ld.so.preload, naming the
 	// statx shim; "" when the shim could not be built.
 	preload string
@@ -176,13 +182,13 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		opts: opts, log: opts.Logger.With("runtime", Name), runsc: runsc,
 		version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]),
 		ctx:     rctx, cancel: cancel, sandboxes: map[string]*sandbox{},
-		preload: preload,
+		preload: preload, pidsCeiling: hostTaskCeiling(opts.MaxSandboxes),
 	}
 	if r.platform, r.rejected, err = r.choosePlatform(ctx); err != nil {
 		cancel()
 		return nil, err
 	}
-	r.log.Info("gvisor runtime ready", "runsc", r.version, "platform", r.platform, "rejected", r.rejected)
+	r.log.Info("gvisor runtime ready", "runsc", r.version, "platform", r.platform, "rejected", r.rejected, "host_pids_per_sandbox", r.pidsCeiling)
 	if err := r.reattach(ctx); err != nil {
 		cancel()
 		return nil, err

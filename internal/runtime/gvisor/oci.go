@@ -6,6 +6,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -119,21 +121,62 @@ const (
 // enforced inside (RLIMIT_NPROC); on the ptrace platform gVisor needs host
 // tasks per process and per sentry thread (a fork bomb capped at 64
 // processes inside drove ≈ 1,500 host tasks in 8 s), so the host pids cap is
-// only a generous backstop against a runaway sentry.
-func hardLimits(l runtime.Limits) (memHard, pidsHard int64) {
+// a generous backstop against a runaway sentry — but never more than
+// ceiling, the sandbox's share of the node's tasks (see taskCeiling).
+func hardLimits(l runtime.Limits, ceiling int64) (memHard, pidsHard int64) {
 	if l.MemoryBytes > 0 {
 		memHard = l.MemoryBytes + max(128<<20, l.MemoryBytes/4)
 	}
 	if l.Pids > 0 {
 		pidsHard = l.Pids*64 + 4096
+		if ceiling > 0 {
+			pidsHard = min(pidsHard, ceiling)
+		}
 	}
 	return memHard, pidsHard
+}
+
+// taskCeiling is the most host tasks (processes and threads) one sandbox's
+// cgroup may hold on a host whose kernel allows pidMax pids and threadsMax
+// threads in all, running at most sandboxes sandboxes (0: not known): its
+// equal share of the node, but at least a working minimum (4096, or a
+// quarter of the host on a small one) and never more than a quarter of the
+// host, so that one runaway sandbox cannot take the host's last pids.
+// 0 means nothing is known (no cap beyond the limits' own).
+func taskCeiling(pidMax, threadsMax int64, sandboxes int) int64 {
+	budget := pidMax
+	if threadsMax > 0 && (budget <= 0 || threadsMax < budget) {
+		budget = threadsMax
+	}
+	if budget <= 0 {
+		return 0
+	}
+	quarter := budget / 4
+	share := quarter
+	if sandboxes > 0 {
+		share = budget / int64(sandboxes)
+	}
+	return min(max(share, min(4096, quarter)), quarter)
+}
+
+// hostTaskCeiling is taskCeiling for this host.
+func hostTaskCeiling(sandboxes int) int64 {
+	read := func(path string) int64 {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0
+		}
+		v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return v
+	}
+	return taskCeiling(read("/proc/sys/kernel/pid_max"), read("/proc/sys/kernel/threads-max"), sandboxes)
 }
 
 // buildSpec writes the OCI bundle config for sandbox s.
 // preload, when not empty, is the host file mounted as /etc/ld.so.preload
 // (see statxcompat.go).
-func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string) ociSpec {
+// pidsCeiling caps the host pids backstop (see hardLimits; 0: no cap).
+func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pidsCeiling int64) ociSpec {
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	proc := ociProcess{
 		Args:         []string{guestAgent, "--socket", guestSocket},
@@ -147,7 +190,7 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string) ociS
 		proc.Rlimits = append(proc.Rlimits, ociRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	res := &ociResources{}
-	memHard, pidsHard := hardLimits(s.Limits)
+	memHard, pidsHard := hardLimits(s.Limits, pidsCeiling)
 	if memHard > 0 {
 		res.Memory = &ociMemory{Limit: &memHard}
 	}

@@ -113,7 +113,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := os.WriteFile(s.path("hosts"), []byte(hosts), 0o644); err != nil {
 		return err
 	}
-	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"), s.r.preload)
+	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"), s.r.preload, s.r.pidsCeiling)
 	network, err := withNetwork(&spec, m.Network, s.path("resolv.conf"))
 	if err != nil {
 		return err
