@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/kernel"
+	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/repo"
@@ -73,11 +74,14 @@ type serveOptions struct {
 	netConns     uint32
 	githubToken  string
 	githubOwner  string
+	githubAPI    string
 	claudeToken  string
 	anthropicKey string
+	anthropicURL string
 	modelURL     string
 	modelKey     string
 	modelName    string
+	modelMaxBody int64
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -118,12 +122,15 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Uint64Var(&o.netRate, "network-rate", 100_000_000/8, "bandwidth per sandbox and direction, bytes/s")
 	f.Uint32Var(&o.netConns, "network-max-conns", 1024, "concurrent connections per sandbox")
 	f.BoolVar(&o.setup, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
-	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GITHUB_TOKEN given to sandboxes (env GITHUB_TOKEN)")
+	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GitHub token for the mirrors and pull requests, used on the host only, never given to sandboxes (env GITHUB_TOKEN)")
 	f.StringVar(&o.githubOwner, "github-owner", envOr("SANDBOXD_GITHUB_OWNER", ""), "GitHub organization or user that receives a mirror repository per account and the coding agent's pull requests; needs --github-token (env SANDBOXD_GITHUB_OWNER)")
-	f.StringVar(&o.claudeToken, "claude-code-oauth-token", os.Getenv("CLAUDE_CODE_OAUTH_TOKEN"), "CLAUDE_CODE_OAUTH_TOKEN given to sandboxes (env CLAUDE_CODE_OAUTH_TOKEN)")
-	f.StringVar(&o.anthropicKey, "anthropic-api-key", os.Getenv("ANTHROPIC_API_KEY"), "ANTHROPIC_API_KEY given to sandboxes (env ANTHROPIC_API_KEY)")
-	f.StringVar(&o.modelURL, "model-base-url", envOr("SANDBOXD_MODEL_BASE_URL", ""), "OpenAI-compatible model API that prompts (opencode) use (env SANDBOXD_MODEL_BASE_URL)")
-	f.StringVar(&o.modelKey, "model-api-key", envOr("SANDBOXD_MODEL_API_KEY", ""), "its API key (env SANDBOXD_MODEL_API_KEY)")
+	f.StringVar(&o.githubAPI, "github-api-url", envOr("SANDBOXD_GITHUB_API_URL", ""), "GitHub REST API base URL (default GitHub's own; GitHub Enterprise: https://HOST/api/v3/) (env SANDBOXD_GITHUB_API_URL)")
+	f.StringVar(&o.claudeToken, "claude-code-oauth-token", os.Getenv("CLAUDE_CODE_OAUTH_TOKEN"), "Claude OAuth token the model proxy adds to sandboxes' Anthropic requests when no API key is set; never given to sandboxes (env CLAUDE_CODE_OAUTH_TOKEN)")
+	f.StringVar(&o.anthropicKey, "anthropic-api-key", os.Getenv("ANTHROPIC_API_KEY"), "Anthropic API key the model proxy adds to sandboxes' requests (Claude Code); never given to sandboxes (env ANTHROPIC_API_KEY)")
+	f.StringVar(&o.anthropicURL, "anthropic-base-url", envOr("SANDBOXD_ANTHROPIC_BASE_URL", "https://api.anthropic.com"), "the Anthropic API the model proxy forwards to (env SANDBOXD_ANTHROPIC_BASE_URL)")
+	f.StringVar(&o.modelURL, "model-base-url", envOr("SANDBOXD_MODEL_BASE_URL", ""), "OpenAI-compatible model API that prompts (opencode) use through the model proxy (env SANDBOXD_MODEL_BASE_URL)")
+	f.StringVar(&o.modelKey, "model-api-key", envOr("SANDBOXD_MODEL_API_KEY", ""), "its API key, added by the model proxy; never given to sandboxes (env SANDBOXD_MODEL_API_KEY)")
+	f.Int64Var(&o.modelMaxBody, "model-proxy-max-body", modelproxy.DefaultMaxBody, "largest request body, in bytes, a sandbox may send to a model API through the proxy (413 beyond)")
 	f.StringVar(&o.modelName, "model", envOr("SANDBOXD_MODEL", ""), "the model prompts use (env SANDBOXD_MODEL)")
 	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
 	f.IntVar(&o.jobsPerAcct, "job-concurrency-per-account", envInt("SANDBOXD_JOB_CONCURRENCY_PER_ACCOUNT", 8), "jobs of one account run at once on this node, over all queues (the rest wait while other accounts' jobs run); 0 unlimited")
@@ -164,6 +171,12 @@ func envInt(name string, def int) int {
 
 func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	log := g.logger(os.Stderr)
+	// The operator's credentials are in o now; take them out of this
+	// process's environment so that no child (runsc, QEMU, git, hooks)
+	// inherits them.
+	for _, k := range []string{"GITHUB_TOKEN", "ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "SANDBOXD_MODEL_API_KEY"} {
+		_ = os.Unsetenv(k)
+	}
 	dataDir, err := filepath.Abs(g.dataDir)
 	if err != nil {
 		return err
@@ -230,24 +243,23 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return fmt.Errorf("open blob store: %w", err)
 	}
 	var (
-		gh        forge.Forge
-		mirror    *forge.Mirror
-		forgeHost string
+		gh     forge.Forge
+		mirror *forge.Mirror
 	)
 	if o.githubToken != "" && o.githubOwner != "" {
-		g, err := forge.NewGitHub(forge.Options{Token: o.githubToken, Owner: o.githubOwner, Logger: log.With("component", "forge")})
+		g, err := forge.NewGitHub(forge.Options{Token: o.githubToken, Owner: o.githubOwner, BaseURL: o.githubAPI, Logger: log.With("component", "forge")})
 		if err != nil {
 			return fmt.Errorf("configure GitHub: %w", err)
 		}
 		if mirror, err = forge.NewMirror(forge.MirrorOptions{Forge: g, Token: o.githubToken, Logger: log.With("component", "forge")}); err != nil {
 			return fmt.Errorf("configure GitHub mirror: %w", err)
 		}
-		gh, forgeHost = g, forge.DefaultWebHost
+		gh = g
 	}
 	persistence, err := persist.New(persist.Options{
 		Store: st, Blobs: blobs, Repos: repos, BaseDir: baseDir,
 		TempDir: filepath.Join(dataDir, "tmp"), TTL: o.snapshotTTL,
-		Mirror: mirror, ForgeHost: forgeHost,
+		Mirror: mirror,
 		Logger: log.With("component", "persist"),
 	})
 	if err != nil {
@@ -268,15 +280,13 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
 			AgentRunsPerAccount: o.agentRuns,
 			SetupOnFirstUse:     o.setup,
-			Env: map[string]string{
-				"GITHUB_TOKEN":            o.githubToken,
-				"CLAUDE_CODE_OAUTH_TOKEN": o.claudeToken,
-				"ANTHROPIC_API_KEY":       o.anthropicKey,
-			},
-			Model:    sandbox.ModelProvider{BaseURL: o.modelURL, APIKey: o.modelKey, Model: o.modelName},
-			Commands: agentCommands(baseDir),
-			Image:    imageName(o),
-			Network:  defaultPolicy,
+			// No operator credential goes into a sandbox: models are
+			// reached through the model proxy, GitHub from the host.
+			AnthropicProxy: o.anthropicKey != "" || o.claudeToken != "",
+			Model:          sandbox.ModelProvider{BaseURL: o.modelURL, Model: o.modelName},
+			Commands:       agentCommands(baseDir),
+			Image:          imageName(o),
+			Network:        defaultPolicy,
 		},
 		Persist: persistence,
 		Forge:   gh,
@@ -290,6 +300,17 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	models, err := modelproxy.New(modelproxy.Options{
+		Auth: authn,
+		Upstreams: map[string]modelproxy.Upstream{
+			modelproxy.Anthropic: {BaseURL: o.anthropicURL, APIKey: o.anthropicKey, BearerToken: o.claudeToken},
+			modelproxy.OpenAI:    {BaseURL: o.modelURL, APIKey: o.modelKey},
+		},
+		MaxBody: o.modelMaxBody, Registry: reg, Logger: log.With("component", "modelproxy"),
+	})
+	if err != nil {
+		return err
+	}
 	srv, err := api.New(api.Options{
 		Store:       st,
 		Auth:        authn,
@@ -301,7 +322,10 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Agents:      mgr,
 		Proxy:       netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
 		Files:       fileSvc,
-		Mount:       map[string]http.Handler{repo.GitPathPrefix + "*": repos.GitHTTPHandler(authn)},
+		Mount: map[string]http.Handler{
+			repo.GitPathPrefix + "*":    repos.GitHTTPHandler(authn),
+			modelproxy.PathPrefix + "*": models,
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("build API: %w", err)

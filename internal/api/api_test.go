@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -45,6 +46,18 @@ func newFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	return &fixture{st: st, srv: srv, account: a, key: plaintext}
+}
+
+// ownRepos is the sandbox service of these tests: only CheckRepoURL is
+// served (any other method panics: the PATCH handler must not reach
+// further into the sandbox manager), refusing repositories under github.com/forbidden.
+type ownRepos struct{ SandboxService }
+
+func (ownRepos) CheckRepoURL(_, url string) error {
+	if strings.HasPrefix(url, "https://github.com/forbidden/") {
+		return fmt.Errorf("on github.com this account may only name its own mirror: %w", ErrInvalid)
+	}
+	return nil
 }
 
 func (f *fixture) do(method, target, body string) *httptest.ResponseRecorder {
@@ -103,6 +116,13 @@ func TestPatchSnapshot(t *testing.T) {
 	if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != "null" {
 		t.Fatalf("PATCH github_repo only: %d %s", rec.Code, rec.Body)
 	}
+	// A repository the service refuses is a 400 naming the field.
+	f.srv.opts.Sandboxes = ownRepos{}
+	rec = f.do("PATCH", "/api/sandboxes", `{"github_repo":"https://github.com/forbidden/x"}`)
+	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "github_repo: on github.com this account may only name its own mirror") {
+		t.Fatalf("PATCH a refused github_repo: %d %s", rec.Code, rec.Body)
+	}
+	f.srv.opts.Sandboxes = nil
 	// Another account's snapshot is as unknown as a missing one.
 	for _, id := range []string{theirs.ID, "snap_missing"} {
 		if rec := f.do("PATCH", "/api/sandboxes", `{"snapshotId":"`+id+`"}`); rec.Code != 404 {

@@ -264,6 +264,15 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, row)
 		return
 	}
+	if req.GithubRepo != "" && s.opts.Sandboxes != nil {
+		// sandboxd pushes to github_repo with the operator's forge token:
+		// an account may only name its own mirror there. (Without a
+		// sandbox service nothing is ever pushed.)
+		if err := s.opts.Sandboxes.CheckRepoURL(account, req.GithubRepo); err != nil {
+			writeError(w, r, s.log, serviceError(fmt.Errorf("github_repo: %w", err), "Not found"))
+			return
+		}
+	}
 	if req.SnapshotID != "" {
 		snap, err := s.opts.Store.GetSnapshot(ctx, req.SnapshotID)
 		if errors.Is(err, store.ErrNotFound) || (err == nil && snap.AccountID != account) {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
 )
 
 type ctxKey int
@@ -145,4 +147,16 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 			next.ServeHTTP(rec, r)
 		})
 	}
+}
+
+// checkScope refuses, with 403 and the reason, a request that the key's
+// scope does not cover: a sandbox's own key (RECOUP_API_KEY, in the hands
+// of the untrusted code inside) only reads, so that code cannot extend its
+// sandbox, start sandboxes or runs, upload, or change or delete the
+// account's environment.
+func checkScope(r *http.Request, p auth.Principal) error {
+	if err := p.MayCall(r.Method); err != nil {
+		return &Error{Status: http.StatusForbidden, Msg: "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy; " + r.Method + " " + r.URL.Path + " needs an account key"}
+	}
+	return nil
 }

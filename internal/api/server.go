@@ -128,6 +128,9 @@ func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
 			var p auth.Principal
 			p, err = s.opts.Auth.Authenticate(r.Context(), key)
 			if err == nil {
+				err = checkScope(r, p)
+			}
+			if err == nil {
 				next(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
 				return
 			}

@@ -45,6 +45,9 @@ type SandboxService interface {
 	// DeleteEnvironment stops the account's sandboxes, deletes its
 	// repository and snapshots and clears its row; idempotent.
 	DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error)
+	// CheckRepoURL refuses (ErrInvalid) a repository URL that the account
+	// may not name: one on the configured forge that is not its own mirror.
+	CheckRepoURL(accountID, url string) error
 }
 
 // FileService reads and writes the account's repository (internal/repo).

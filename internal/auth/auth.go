@@ -40,7 +40,52 @@ var (
 	ErrInvalidAccountID = errors.New("account_id must be a valid UUID")
 	// ErrForbidden means the key may not act for the requested account.
 	ErrForbidden = errors.New("access denied to specified account_id")
+	// ErrScope means the key is valid but its scope does not cover the
+	// request (a sandbox key asking to change something).
+	ErrScope = errors.New("this key may not do this")
 )
+
+// Scope is what a key may do for its account.
+type Scope int
+
+const (
+	// ScopeFull keys (made by an operator with `admin key create`) may do
+	// everything their account may.
+	ScopeFull Scope = iota
+	// ScopeSandbox keys are minted for one sandbox and handed to the code
+	// inside it, which is untrusted: they may read their own account's
+	// API routes, read and write its repository through the git server,
+	// and use the model proxy. They may not change the account's
+	// environment, start sandboxes or runs, upload, or extend any
+	// sandbox's lifetime — so code inside cannot outlive what it was
+	// given.
+	ScopeSandbox
+)
+
+// Scope is the principal's scope, derived from the key: keys minted for a
+// sandbox are sandbox-scoped.
+func (p Principal) Scope() Scope {
+	if p.SandboxID != "" {
+		return ScopeSandbox
+	}
+	return ScopeFull
+}
+
+// MayCall answers whether the principal's scope covers an API request with
+// the given method. Sandbox keys read (GET, HEAD); everything that changes
+// state or starts work is refused with an error saying so. The git server
+// and the model proxy are not API routes: they apply their own rules
+// (account repository access, sandbox keys only).
+func (p Principal) MayCall(method string) error {
+	if p.Scope() == ScopeFull {
+		return nil
+	}
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return nil
+	}
+	return fmt.Errorf("%w: a sandbox's key (RECOUP_API_KEY) may only read the API (GET), use the git server and the model proxy; %s needs an account key", ErrScope, method)
+}
 
 // NewKey returns a fresh plaintext key, the prefix stored in clear, and the
 // hex SHA-256 stored in the database. 32 random bytes make the hash safe

@@ -207,3 +207,29 @@ func TestAccess(t *testing.T) {
 		})
 	})
 }
+
+func TestMayCall(t *testing.T) {
+	full := Principal{KeyID: "k", AccountID: "a"}
+	sandbox := Principal{KeyID: "k", AccountID: "a", SandboxID: "sbx_1"}
+	cases := []struct {
+		p      Principal
+		method string
+		ok     bool
+	}{
+		{full, http.MethodPost, true},
+		{full, http.MethodDelete, true},
+		{sandbox, http.MethodGet, true},
+		{sandbox, http.MethodHead, true},
+		{sandbox, http.MethodPost, false},
+		{sandbox, http.MethodPatch, false},
+		{sandbox, http.MethodDelete, false},
+		{sandbox, http.MethodPut, false},
+		{sandbox, "PROPFIND", false},
+	}
+	for _, tc := range cases {
+		err := tc.p.MayCall(tc.method)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrScope)) {
+			t.Errorf("scope %v %s: %v, want ok=%v", tc.p.Scope(), tc.method, err, tc.ok)
+		}
+	}
+}

@@ -97,6 +97,9 @@ func NewGitHub(opts Options) (*GitHub, error) {
 // Owner is the configured owner.
 func (g *GitHub) Owner() string { return g.owner }
 
+// WebHost is the host of the forge's web and clone URLs.
+func (g *GitHub) WebHost() string { return g.webHost }
+
 // EnsureRepo implements Forge. It looks the repository up first (the
 // common case once it exists costs one call), creates it when missing, and
 // returns the existing one when a concurrent creation won the race.

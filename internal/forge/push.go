@@ -24,9 +24,7 @@ const TokenEnv = "SANDBOXD_FORGE_TOKEN"
 // x-access-token is the user name GitHub expects with app installation
 // tokens; it accepts any user name with personal access tokens.
 //
-// Git inside a sandbox can use it too, with the forge's token in the
-// sandbox's environment: credential.https://github.com.helper set to
-// CredentialHelper("GITHUB_TOKEN").
+// It is for git on the host only: the forge's token never enters a sandbox.
 func CredentialHelper(env string) string {
 	return `!f() { test "$1" = get || exit 0; echo username=x-access-token; echo "password=$` + env + `"; }; f`
 }

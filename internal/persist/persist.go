@@ -13,7 +13,8 @@
 // Git inside the sandbox authenticates to http://sandboxd.internal with the
 // sandbox's own key through a credential helper given in the environment
 // (see GitEnv), so no secret is ever written to the repository or to a
-// snapshot.
+// snapshot. Sandboxes push only there: the forge (GitHub) is reached from
+// the host alone (Mirror), with a token no sandbox ever holds.
 package persist
 
 import (
@@ -55,10 +56,7 @@ type Options struct {
 	// Mirror, when set, keeps a forge (GitHub) repository per account in
 	// step with the account's repository after every run.
 	Mirror *forge.Mirror
-	// ForgeHost is the forge's web host (e.g. "github.com") whose git
-	// remotes sandboxes reach with GITHUB_TOKEN; "" when none.
-	ForgeHost string
-	Logger    *slog.Logger
+	Logger *slog.Logger
 }
 
 // Service implements sandbox.Persistence.
@@ -68,7 +66,10 @@ type Service struct {
 	log  *slog.Logger
 }
 
-var _ sandbox.Persistence = (*Service)(nil)
+var (
+	_ sandbox.Persistence = (*Service)(nil)
+	_ sandbox.ForgeMirror = (*Service)(nil)
+)
 
 // New returns a Service.
 func New(opts Options) (*Service, error) {
@@ -92,19 +93,15 @@ func New(opts Options) (*Service, error) {
 
 // GitEnv is the environment that makes git inside a sandbox authenticate to
 // sandboxd with the sandbox's key (read from RECOUP_API_KEY when git runs)
-// and sign commits as the sandbox.
-func GitEnv(sandboxID, forgeHost string) []string {
+// and sign commits as the sandbox. It holds no credential for any other
+// host: pushes to GitHub happen on the host (see Mirror).
+func GitEnv(sandboxID string) []string {
 	cfg := [][2]string{
 		{"credential." + HomeURL + ".helper", `!f() { test "$1" = get && echo username=sandbox && echo "password=$RECOUP_API_KEY"; }; f`},
 		{"user.name", "sandboxd"},
 		{"user.email", sandboxID + "@sandboxd.internal"},
 		{"init.defaultBranch", "main"},
 		{"safe.directory", "*"},
-	}
-	if forgeHost != "" {
-		// Remotes on the forge authenticate with the GITHUB_TOKEN the
-		// sandbox is given; the token is read when git runs, never stored.
-		cfg = append(cfg, [2]string{"credential.https://" + forgeHost + ".helper", forge.CredentialHelper("GITHUB_TOKEN")})
 	}
 	env := []string{fmt.Sprintf("GIT_CONFIG_COUNT=%d", len(cfg))}
 	for i, kv := range cfg {
@@ -114,7 +111,7 @@ func GitEnv(sandboxID, forgeHost string) []string {
 }
 
 // Env implements sandbox.Persistence.
-func (s *Service) Env(sb store.Sandbox) []string { return GitEnv(sb.ID, s.opts.ForgeHost) }
+func (s *Service) Env(sb store.Sandbox) []string { return GitEnv(sb.ID) }
 
 // RepoURL is the account's repository as sandboxes reach it.
 func RepoURL(accountID string) string {
@@ -221,7 +218,10 @@ func (s *Service) mirror(ctx context.Context, accountID string) {
 		s.log.Warn("mirror: load environment", "account_id", accountID, "err", err)
 		return
 	}
-	if env.GithubRepo != nil && *env.GithubRepo != "" {
+	if env.GithubRepo != nil && *env.GithubRepo != "" && s.opts.Mirror.OwnsRepo(accountID, *env.GithubRepo) == nil {
+		// Checked again here, not only when it was set: a row written
+		// before the check existed must not make the token push to a
+		// repository the account does not own.
 		if _, err := s.opts.Mirror.SyncURL(ctx, bare, *env.GithubRepo); err == nil || !errors.Is(err, forge.ErrNotOnForge) {
 			if err != nil {
 				s.log.Warn("mirror: push to the account's repository", "account_id", accountID, "err", err)
@@ -239,6 +239,32 @@ func (s *Service) mirror(ctx context.Context, accountID string) {
 	if err := s.setRepoURL(ctx, accountID, repoInfo.HTMLURL); err != nil {
 		s.log.Warn("mirror: record repository URL", "account_id", accountID, "err", err)
 	}
+}
+
+// OwnsRepo implements sandbox.ForgeMirror: see forge.Mirror.OwnsRepo.
+func (s *Service) OwnsRepo(accountID, url string) error {
+	return s.opts.Mirror.OwnsRepo(accountID, url)
+}
+
+// MirrorNow pushes the account's repository to its mirror on the forge at
+// once (the coding agent's branch, before its pull request is opened) and
+// returns the mirror. The push runs here on the host: no sandbox holds the
+// forge's token.
+func (s *Service) MirrorNow(ctx context.Context, accountID string) (forge.Repo, error) {
+	if s.opts.Mirror == nil {
+		return forge.Repo{}, errors.New("no forge is configured")
+	}
+	bare, err := s.opts.Repos.Path(accountID)
+	if err != nil {
+		return forge.Repo{}, fmt.Errorf("repository of %s: %w", accountID, err)
+	}
+	r, err := s.opts.Mirror.Sync(ctx, accountID, bare)
+	if r.HTMLURL != "" {
+		if err := s.setRepoURL(ctx, accountID, r.HTMLURL); err != nil {
+			s.log.Warn("mirror: record repository URL", "account_id", accountID, "err", err)
+		}
+	}
+	return r, err
 }
 
 // setRepoURL records url as the account's github_repo.

@@ -49,10 +49,12 @@ type Settings struct {
 	SetupOnFirstUse bool
 	NodeCapacity    int // concurrent sandboxes on this node
 	Limits          runtime.Limits
-	// Extra environment for every sandbox (GITHUB_TOKEN, model keys, ...).
-	// Values are secrets: they are never logged.
+	// Extra environment for every sandbox. Everything in it is readable by
+	// every tenant: never an operator credential (GitHub tokens and model
+	// keys stay on the host; see AnthropicProxy and Model).
 	Env map[string]string
-	// Model is the provider OpenCode is pointed at for prompts.
+	// Model is the provider OpenCode is pointed at for prompts, through
+	// the model proxy on sandboxd.internal.
 	Model ModelProvider
 	// Commands says which agent CLIs (opencode, claude) the base image
 	// has, so that a request needing one the image lacks is refused at
@@ -60,6 +62,10 @@ type Settings struct {
 	Commands map[string]bool
 	// Image names the base image in those refusals ("template base").
 	Image string
+	// AnthropicProxy points Claude Code in sandboxes at the Anthropic API
+	// through the model proxy (ANTHROPIC_BASE_URL), with the sandbox's own
+	// key as its ANTHROPIC_API_KEY: the proxy adds the real credential.
+	AnthropicProxy bool
 	// Network is the policy of sandboxes whose request names none, and of
 	// the sandboxes of the service's own tasks.
 	Network netpol.Policy
@@ -88,12 +94,17 @@ type Persistence interface {
 	DeleteAccount(ctx context.Context, accountID string) error
 }
 
-// ModelProvider is an OpenAI-compatible model API.
+// ModelProvider is an OpenAI-compatible model API, which sandboxes reach
+// only through the model proxy (ModelProxyURL + "openai"); its key stays on
+// the host.
 type ModelProvider struct {
-	BaseURL string
-	APIKey  string // given to sandboxes as SANDBOXD_MODEL_API_KEY, never written to files
+	BaseURL string // the real API; "" when none is configured
 	Model   string
 }
+
+// ModelProxyURL is the model proxy as sandboxes reach it; a provider's API
+// is under ModelProxyURL + name (see internal/modelproxy).
+const ModelProxyURL = "http://sandboxd.internal/model/"
 
 // Saved is what AfterRun kept of a run's work.
 type Saved struct {
@@ -318,10 +329,7 @@ func quotaError(err error) error {
 // failed with the reason.
 func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox, error) {
 	fail := func(reason string, err error) (runtime.Sandbox, error) {
-		if _, terr := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxFailed, reason, m.now()); terr != nil {
-			m.log.Error("mark sandbox failed", "sandbox_id", sb.ID, "err", terr)
-		}
-		_ = m.st.RevokeSandboxKeys(ctx, sb.ID, m.now())
+		m.markFailed(ctx, sb.ID, []string{store.SandboxPending}, reason)
 		sb.Status, sb.FailureReason = store.SandboxFailed, reason
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
@@ -413,8 +421,10 @@ func (m *Manager) createFromSnapshot(ctx context.Context, sb *store.Sandbox, spe
 }
 
 // sandboxEnv is the environment of every command in the sandbox: the
-// account, a key minted for this sandbox alone (revoked when it stops), and
-// the operator's configured tokens.
+// account, a key minted for this sandbox alone (sandbox-scoped, revoked
+// when it ends), and where the model proxy is. No operator credential: the
+// agent CLIs get the sandbox's key as their API key, which the proxy swaps
+// for the real one outside the sandbox.
 func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, error) {
 	plaintext, prefix, hash, err := auth.NewKey()
 	if err != nil {
@@ -435,8 +445,8 @@ func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, e
 			env = append(env, k+"="+v)
 		}
 	}
-	if m.cfg.Settings.Model.APIKey != "" {
-		env = append(env, "SANDBOXD_MODEL_API_KEY="+m.cfg.Settings.Model.APIKey)
+	if m.cfg.Settings.AnthropicProxy {
+		env = append(env, "ANTHROPIC_BASE_URL="+ModelProxyURL+"anthropic", "ANTHROPIC_API_KEY="+plaintext)
 	}
 	if m.cfg.Persist != nil {
 		env = append(env, m.cfg.Persist.Env(sb)...)
@@ -488,7 +498,7 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 		wg.Go(func() {
 			if _, err := m.rt.Get(ctx, sb.ID); errors.Is(err, runtime.ErrNotFound) {
 				reason := "the sandbox process exited unexpectedly"
-				if ok, _ := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxRunning}, store.SandboxFailed, reason, m.now()); ok {
+				if m.markFailed(context.WithoutCancel(ctx), sb.ID, []string{store.SandboxRunning}, reason) {
 					out[i].Status, out[i].FailureReason = store.SandboxFailed, reason
 				}
 			}
@@ -564,6 +574,11 @@ func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) err
 	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
 	}
+	// The key dies with the decision, not when the node gets round to it:
+	// code inside cannot use it while the stop is on its way.
+	if err := m.revokeKeys(ctx, sb.ID); err != nil {
+		m.log.Error("revoke sandbox keys", "sandbox_id", sb.ID, "err", err)
+	}
 	if sb.NodeID != m.cfg.NodeID {
 		return m.cfg.Jobs.Insert(ctx, jobs.StopSandboxArgs{SandboxID: sb.ID, Reason: reason}, sb.NodeID)
 	}
@@ -605,14 +620,40 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 		}
 	}
 	m.teardownNetwork(ctx, id)
-	if err := m.st.RevokeSandboxKeys(ctx, id, m.now()); err != nil {
-		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
+	if err := m.revokeKeys(ctx, id); err != nil {
+		return err
 	}
 	if _, err := m.st.TransitionSandbox(ctx, id, []string{store.SandboxStopping}, store.SandboxStopped, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopped: %w", id, err)
 	}
 	m.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
 	return nil
+}
+
+// revokeKeys revokes the keys minted for sandbox id. Every path on which a
+// sandbox ends — stop (by request, at its deadline, with its task or its
+// account's environment), a failed start, a sandbox found gone (Live,
+// Reconcile) — goes through here or markFailed, which calls it.
+func (m *Manager) revokeKeys(ctx context.Context, id string) error {
+	if err := m.st.RevokeSandboxKeys(ctx, id, m.now()); err != nil {
+		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// markFailed moves sandbox id from one of the statuses from to failed with
+// reason, and revokes its keys whatever the transition did (a key must not
+// outlive a sandbox that is not running). It reports whether this call
+// made the transition.
+func (m *Manager) markFailed(ctx context.Context, id string, from []string, reason string) bool {
+	ok, err := m.st.TransitionSandbox(ctx, id, from, store.SandboxFailed, reason, m.now())
+	if err != nil {
+		m.log.Error("mark sandbox failed", "sandbox_id", id, "err", err)
+	}
+	if err := m.revokeKeys(ctx, id); err != nil {
+		m.log.Error("revoke sandbox keys", "sandbox_id", id, "err", err)
+	}
+	return ok
 }
 
 // StopAll stops every active sandbox of this node.

@@ -124,10 +124,7 @@ func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string)
 		_ = rsb.Destroy(ctx)
 	}
 	m.teardownNetwork(ctx, sb.ID)
-	if _, err := m.st.TransitionSandbox(ctx, sb.ID, activeStatuses, store.SandboxFailed, reason, m.now()); err != nil {
-		m.log.Error("mark sandbox failed", "sandbox_id", sb.ID, "err", err)
-	}
-	_ = m.st.RevokeSandboxKeys(ctx, sb.ID, m.now())
+	m.markFailed(ctx, sb.ID, activeStatuses, reason)
 	m.log.Warn("sandbox failed during reconcile", "sandbox_id", sb.ID, "reason", reason)
 }
 

@@ -241,25 +241,45 @@ func (p prefixWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// writeOpenCodeConfig points OpenCode at the configured model provider by
-// writing opencode.json in dir, unless the repository has its own. The key
-// stays in the environment: the file names only the variable.
+// writeOpenCodeConfig points OpenCode at the configured model provider
+// through the model proxy by writing opencode.json in dir, unless the
+// repository has its own. The file names only the proxy and the variable
+// holding the sandbox's own key (RECOUP_API_KEY): the provider's real key
+// never enters the sandbox. A file sandboxd wrote before (committed with
+// the workspace, naming the provider directly) is rewritten.
 func (m *Manager) writeOpenCodeConfig(ctx context.Context, rsb runtime.Sandbox, dir string) error {
 	mp := m.cfg.Settings.Model
 	if mp.BaseURL == "" || mp.Model == "" {
 		return nil
 	}
 	path := strings.TrimRight(dir, "/") + "/opencode.json"
+	const proxied = ModelProxyURL + "openai"
 	if rc, err := rsb.ReadFile(ctx, path); err == nil {
+		// Bounded: the file comes from the sandbox.
+		data, _ := io.ReadAll(io.LimitReader(rc, 1<<20))
 		rc.Close()
-		return nil
+		var old struct {
+			Provider map[string]struct {
+				Name    string `json:"name"`
+				Options struct {
+					BaseURL string `json:"baseURL"`
+				} `json:"options"`
+			} `json:"provider"`
+		}
+		if json.Unmarshal(data, &old) != nil {
+			return nil
+		}
+		p, ours := old.Provider["sandboxd"]
+		if !ours || p.Name != "sandboxd" || p.Options.BaseURL == proxied {
+			return nil
+		}
 	}
 	cfg := map[string]any{
 		"provider": map[string]any{
 			"sandboxd": map[string]any{
 				"npm":     "@ai-sdk/openai-compatible",
 				"name":    "sandboxd",
-				"options": map[string]any{"baseURL": mp.BaseURL, "apiKey": "{env:SANDBOXD_MODEL_API_KEY}"},
+				"options": map[string]any{"baseURL": proxied, "apiKey": "{env:RECOUP_API_KEY}"},
 				"models":  map[string]any{mp.Model: map[string]any{}},
 			},
 		},

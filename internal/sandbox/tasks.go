@@ -366,10 +366,37 @@ type codingAgentPayload struct {
 	AccountID  string `json:"accountId"`
 }
 
+// ForgeMirror is implemented by a Persistence that mirrors the accounts'
+// repositories to a forge (GitHub) from the host.
+type ForgeMirror interface {
+	// OwnsRepo is nil when url is not on the forge, or is accountID's own
+	// mirror there (see forge.Mirror.OwnsRepo).
+	OwnsRepo(accountID, url string) error
+	// MirrorNow pushes the account's repository to its mirror now.
+	MirrorNow(ctx context.Context, accountID string) (forge.Repo, error)
+}
+
+// CheckRepoURL refuses (api.ErrInvalid, 400) a repository URL on the forge
+// that is not accountID's own mirror: sandboxd's token acts only there.
+// For PATCH github_repo and the coding agent's repo_url.
+func (m *Manager) CheckRepoURL(accountID, url string) error {
+	fm, ok := m.cfg.Persist.(ForgeMirror)
+	if !ok {
+		return nil
+	}
+	if err := fm.OwnsRepo(accountID, url); err != nil {
+		return fmt.Errorf("%s: %w", err.Error(), api.ErrInvalid)
+	}
+	return nil
+}
+
 // CodingAgent implements api.AgentService.
 func (m *Manager) CodingAgent(ctx context.Context, accountID string, req api.CodingAgentRequest) (string, error) {
 	if err := m.requireCommand("claude", "a coding-agent run"); err != nil {
 		return "", err
+	}
+	if err := m.CheckRepoURL(accountID, req.RepoURL); err != nil {
+		return "", fmt.Errorf("repo_url: %w", err)
 	}
 	return enqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
 		RepoURL: req.RepoURL, Prompt: req.Prompt, BaseBranch: req.BaseBranch, AccountID: accountID,
@@ -428,6 +455,22 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 		return nil, fmt.Errorf("invalid payload: %w", err)
 	}
 	url := m.insideURL(p.RepoURL)
+	// A repository on the forge is the account's own mirror (checked when
+	// the task was accepted, and again here): the sandbox works on the
+	// account's repository on sandboxd, which the mirror copies, and the
+	// host pushes the result to the forge. The sandbox never holds a forge
+	// credential.
+	fm, hasMirror := m.cfg.Persist.(ForgeMirror)
+	onForge := false
+	if f := m.cfg.Forge; f != nil {
+		_, onForge = f.ParseRepoURL(p.RepoURL)
+	}
+	if onForge {
+		if err := m.CheckRepoURL(run.AccountID, p.RepoURL); err != nil || !hasMirror {
+			return nil, fmt.Errorf("repository %s is not this account's mirror", p.RepoURL)
+		}
+		url = "http://sandboxd.internal/git/" + run.AccountID + ".git"
+	}
 	const dir = "/workspace/agent-repo"
 	if _, err := sh(ctx, rsb, "/", cloneScript, url, dir, p.BaseBranch); err != nil {
 		return nil, fmt.Errorf("clone %s at %s: %w", p.RepoURL, p.BaseBranch, err)
@@ -452,9 +495,11 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 		return out, nil
 	}
 	out["changed"], out["branch"], out["diffStat"] = true, branch, strings.TrimRight(stat, "\n")
-	if f := m.cfg.Forge; f != nil {
-		if full, ok := f.ParseRepoURL(p.RepoURL); ok {
-			pr, err := f.OpenPullRequest(ctx, full, forge.PullRequest{
+	if f := m.cfg.Forge; f != nil && onForge {
+		if r, err := fm.MirrorNow(ctx, run.AccountID); err != nil && r.FullName == "" {
+			out["pullRequestError"] = "could not push to the mirror: " + err.Error()
+		} else {
+			pr, err := f.OpenPullRequest(ctx, r.FullName, forge.PullRequest{
 				Head: branch, Base: p.BaseBranch, Title: "Agent: " + truncate(title, 72),
 				Body: p.Prompt + "\n\nRun " + run.ID + " by sandboxd.\n\n```\n" + strings.TrimRight(stat, "\n") + "\n```\n",
 			})
