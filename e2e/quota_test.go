@@ -3,9 +3,13 @@ package e2e
 import (
 	"bytes"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -142,4 +146,47 @@ func TestSetupQuota(t *testing.T) {
 	if r := s.as(k, "POST", "/api/sandboxes", map[string]any{}); r.Status != 429 {
 		t.Fatalf("second sandbox over a quota of 1: %d %s", r.Status, r.Raw)
 	}
+}
+
+// TestDiskOvercommit asks a real server for more sparse sandbox disks than
+// its data directory's filesystem could hold if they were filled: the
+// create beyond what the node can honour is refused with 429 and the
+// figures, and a place freed by a stop is given out again.
+func TestDiskOvercommit(t *testing.T) {
+	securitytest.Attack(t, "disk",
+		"an account creates sandboxes whose sparse disks, once filled, would need more space than the host's disk has",
+		"the create the node could not honour is refused with 429 naming the free, promised and reserved space; after a stop the place is given out again")
+	dataDir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dataDir, &st); err != nil {
+		t.Fatal(err)
+	}
+	const diskMiB = 4096
+	freeMiB := int64(st.Bavail) * st.Bsize >> 20
+	if freeMiB < 2*diskMiB {
+		t.Skipf("%d MiB free under %s: too little to leave room for exactly one %d MiB sandbox", freeMiB, dataDir, diskMiB)
+	}
+	// Room for one sandbox and half of another: 2 GiB of slack either way
+	// absorbs what other processes write meanwhile.
+	reserve := freeMiB - diskMiB*3/2
+	s := startServerIn(t, dataDir, storetest.SQLiteDSN(t), "--warm-pool", "0",
+		"--sandbox-disk-mib", strconv.Itoa(diskMiB), "--disk-reserve-mib", strconv.FormatInt(reserve, 10))
+	a := s.createAccount("alice", false)
+	k := s.createKey(a.ID)
+	first := s.as(k, "POST", "/api/sandboxes", map[string]any{})
+	if first.Status != 200 {
+		t.Fatalf("first create: %d %s", first.Status, first.Raw)
+	}
+	second := s.as(k, "POST", "/api/sandboxes", map[string]any{})
+	if second.Status != 429 || !strings.Contains(string(second.Raw), "cannot hold another sandbox of 4096 MiB") {
+		t.Fatalf("second create: %d %s, want 429 naming the disk", second.Status, second.Raw)
+	}
+	id := first.Body["sandboxes"].([]any)[0].(map[string]any)["sandboxId"].(string)
+	if r := s.as(k, "POST", "/api/sandboxes/"+id+"/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Raw)
+	}
+	if third := s.as(k, "POST", "/api/sandboxes", map[string]any{}); third.Status != 200 {
+		t.Fatalf("create after the stop: %d %s", third.Status, third.Raw)
+	}
+	s.stopAll(k)
 }

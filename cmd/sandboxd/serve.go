@@ -57,6 +57,7 @@ type serveOptions struct {
 	memoryMiB    int64
 	pids         int64
 	diskMiB      int64
+	diskReserve  int64
 	concurrency  int
 	jobsPerAcct  int
 	agentRuns    int
@@ -111,6 +112,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
+	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
 	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
@@ -278,6 +280,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
+			DiskReserveBytes:    o.diskReserve << 20,
+			WarmSandboxes:       warmSandboxes(o),
 			AgentRunsPerAccount: o.agentRuns,
 			SetupOnFirstUse:     o.setup,
 			// No operator credential goes into a sandbox: models are
@@ -500,6 +504,15 @@ func openNetwork(ctx context.Context, o *serveOptions, dataDir string, log *slog
 		return nil, def, nil
 	}
 	return mgr, def, nil
+}
+
+// warmSandboxes is how many sandboxes the runtime keeps started ahead:
+// gVisor's warm pool (microVMs start from a memory snapshot instead).
+func warmSandboxes(o *serveOptions) int {
+	if o.runtimeName == "gvisor" {
+		return o.warmPool
+	}
+	return 0
 }
 
 // openRuntime starts the chosen sandbox backend.

@@ -135,6 +135,10 @@ type Sandbox interface {
 	// too.
 	Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error)
 	Stats(ctx context.Context) (Stats, error)
+	// HostDiskBytes is what the writable layer occupies on the host's disk
+	// now (a sparse image's allocated blocks), measured on the host
+	// without asking the guest: cheap enough for every admission check.
+	HostDiskBytes() int64
 	// Stop kills every process; the writable layer stays for Snapshot.
 	Stop(ctx context.Context) error
 	// Destroy stops the sandbox and removes everything it had on the host.

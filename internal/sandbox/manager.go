@@ -49,6 +49,13 @@ type Settings struct {
 	SetupOnFirstUse bool
 	NodeCapacity    int // concurrent sandboxes on this node
 	Limits          runtime.Limits
+	// DiskReserveBytes of the data directory's filesystem are never
+	// promised to sandboxes: the database, repositories, snapshots and
+	// logs live there too (see admitDisk).
+	DiskReserveBytes int64
+	// WarmSandboxes the runtime keeps started ahead, each with a disk of
+	// Limits.DiskBytes that admitDisk counts as promised.
+	WarmSandboxes int
 	// Extra environment for every sandbox. Everything in it is readable by
 	// every tenant: never an operator credential (GitHub tokens and model
 	// keys stay on the host; see AnthropicProxy and Model).
@@ -153,6 +160,10 @@ type Manager struct {
 	prepared map[string]*preparation
 	// setupMu serialises the check-then-enqueue of account setups.
 	setupMu sync.Mutex
+	// diskMu serialises disk admission with the row's insert (admitDisk);
+	// diskFreeFn measures free space (a field so tests can shrink a disk).
+	diskMu     sync.Mutex
+	diskFreeFn func(dir string) (int64, error)
 }
 
 // preparation is the state of a sandbox's workspace; mu serialises the git
@@ -182,8 +193,9 @@ func NewManager(cfg Config) *Manager {
 	}
 	return &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
-		stopping: map[string]chan struct{}{},
-		prepared: map[string]*preparation{},
+		stopping:   map[string]chan struct{}{},
+		prepared:   map[string]*preparation{},
+		diskFreeFn: diskFree,
 	}
 }
 
@@ -287,9 +299,15 @@ func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Du
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 	}
+	release, err := m.admitDisk(ctx)
+	if err != nil {
+		return store.Sandbox{}, nil, err
+	}
 	// Count and insert in one locked transaction: simultaneous creates
 	// cannot all see the same free place.
-	if err := m.st.CreateSandboxWithin(ctx, &sb, m.sandboxLimits(extra)); err != nil {
+	err = m.st.CreateSandboxWithin(ctx, &sb, m.sandboxLimits(extra))
+	release()
+	if err != nil {
 		return store.Sandbox{}, nil, quotaError(err)
 	}
 	// From here on the row exists: finish what was started even if the

@@ -91,6 +91,15 @@ func diskUsage(dir string) int64 {
 	return int64(st.Blocks-st.Bfree) * st.Bsize
 }
 
+// allocatedBytes is the space a (sparse) file holds on its filesystem.
+func allocatedBytes(path string) int64 {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
 // dirSize sums the sizes of the files under dir (no disk limit: no image).
 func dirSize(dir string) int64 {
 	var n int64

@@ -400,6 +400,14 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 	return man, nil
 }
 
+// HostDiskBytes implements runtime.Sandbox.
+func (s *sandbox) HostDiskBytes() int64 {
+	if s.meta().Disk {
+		return allocatedBytes(s.path("disk.img"))
+	}
+	return dirSize(s.path("layer"))
+}
+
 // Stats implements runtime.Sandbox.
 func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 	m := s.meta()

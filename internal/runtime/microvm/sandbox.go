@@ -507,6 +507,9 @@ func (p *prefix) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// HostDiskBytes implements runtime.Sandbox.
+func (s *sandbox) HostDiskBytes() int64 { return allocated(s.jail("disk", "layer.ext4")) }
+
 // Stats implements runtime.Sandbox. MemoryBytes is what the guest charges
 // to the sandbox's processes (the quantity Limits.MemoryBytes bounds); CPU
 // and Pids are QEMU's on the host.
