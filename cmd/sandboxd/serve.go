@@ -244,6 +244,11 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("open blob store: %w", err)
 	}
+	// The store's credentials (from its URL or the environment) are held
+	// by blobs now: no child process needs them.
+	for _, k := range []string{blob.EnvS3AccessKey, blob.EnvS3SecretKey, "SANDBOXD_BLOB_STORE"} {
+		_ = os.Unsetenv(k)
+	}
 	var (
 		gh     forge.Forge
 		mirror *forge.Mirror
