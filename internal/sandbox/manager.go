@@ -134,8 +134,11 @@ type Config struct {
 	Forge forge.Forge
 	// Net gives sandboxes a network namespace under a policy; nil: every
 	// sandbox has loopback only.
-	Net    *netpol.Manager
-	Logger *slog.Logger
+	Net *netpol.Manager
+	// LogMaxBytes caps each run's log file (head and tail are kept);
+	// 0: DefaultLogMaxBytes.
+	LogMaxBytes int64
+	Logger      *slog.Logger
 }
 
 // Manager implements api.SandboxService on one node.

@@ -99,7 +99,20 @@ type Options struct {
 	// StartTimeout bounds how long Create waits for the agent (default 90s:
 	// a TCG boot on a loaded host takes seconds).
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// LogMaxBytes caps each sandbox's console log and qemu.log, which the
+	// guest can fill (default DefaultLogMaxBytes).
+	LogMaxBytes int64
+	Logger      *slog.Logger
+}
+
+// DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
+const DefaultLogMaxBytes = 16 << 20
+
+func (r *Runtime) logMaxBytes() int64 {
+	if r.opts.LogMaxBytes > 0 {
+		return r.opts.LogMaxBytes
+	}
+	return DefaultLogMaxBytes
 }
 
 // TemplateOptions name the base a memory-snapshot template is made of.
