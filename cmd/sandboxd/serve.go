@@ -293,11 +293,12 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			Image:          imageName(o),
 			Network:        defaultPolicy,
 		},
-		Persist:     persistence,
-		Forge:       gh,
-		Net:         netMgr,
+		Persist: persistence,
+		Forge:   gh,
+		Net:     netMgr,
+		Logger:  log.With("component", "sandbox"),
+
 		LogMaxBytes: o.logMaxMiB << 20,
-		Logger:      log.With("component", "sandbox"),
 	})
 	mgr.RegisterWorkers(workers)
 	if err := mgr.Reconcile(ctx); err != nil {

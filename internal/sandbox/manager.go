@@ -134,11 +134,12 @@ type Config struct {
 	Forge forge.Forge
 	// Net gives sandboxes a network namespace under a policy; nil: every
 	// sandbox has loopback only.
-	Net *netpol.Manager
+	Net    *netpol.Manager
+	Logger *slog.Logger
+
 	// LogMaxBytes caps each run's log file (head and tail are kept);
 	// 0: DefaultLogMaxBytes.
 	LogMaxBytes int64
-	Logger      *slog.Logger
 }
 
 // Manager implements api.SandboxService on one node.
