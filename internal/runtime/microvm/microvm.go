@@ -14,11 +14,12 @@
 //	templates/<key>/                        booted VMs saved as memory snapshots
 //	sandboxes/<cid>/                        one directory per VM (cid = "vm-<hex>")
 //	    meta.json                           what the sandbox is; written last
-//	    qemu.log                            QEMU's own messages
+//	    qemu.log, console.log               QEMU's own messages and the guest's console, capped
+//	    qemu.fifo                           the pipe QEMU writes qemu.log into
 //	    memory.state                        the VM's memory while paused
 //	    jail/                               QEMU's chroot (see jail.go), holding
 //	        disk/layer.ext4                 the writable layer disk
-//	        run/{qmp,agent}.sock, run/console.log
+//	        run/{qmp,agent,console}.sock
 //	ids/<id> -> ../sandboxes/<cid>          the sandbox id, claimed atomically
 //
 // The guest's file system: the base disk (ext4, read-only, shared by all
@@ -518,6 +519,9 @@ func (r *Runtime) reattach(ctx context.Context) error {
 			}
 		}
 		s.attach()
+		if m := s.meta(); !m.Stopped && !m.Paused {
+			s.startLogs(m.PID, m.PIDStart)
+		}
 	}
 	return nil
 }
