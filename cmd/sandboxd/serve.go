@@ -58,6 +58,7 @@ type serveOptions struct {
 	pids         int64
 	diskMiB      int64
 	diskReserve  int64
+	logMaxMiB    int64
 	concurrency  int
 	jobsPerAcct  int
 	agentRuns    int
@@ -113,6 +114,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
 	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
+	f.Int64Var(&o.logMaxMiB, "log-max-mib", int64(envInt("SANDBOXD_LOG_MAX_MIB", 16)), "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
 	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
@@ -173,6 +175,9 @@ func envInt(name string, def int) int {
 
 func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	log := g.logger(os.Stderr)
+	if o.logMaxMiB < 1 || o.logMaxMiB > 1<<20 {
+		return fmt.Errorf("--log-max-mib %d: want 1 to %d", o.logMaxMiB, 1<<20)
+	}
 	// The operator's credentials are in o now; take them out of this
 	// process's environment so that no child (runsc, QEMU, git, hooks)
 	// inherits them.
@@ -301,6 +306,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Forge:   gh,
 		Net:     netMgr,
 		Logger:  log.With("component", "sandbox"),
+
+		LogMaxBytes: o.logMaxMiB << 20,
 	})
 	mgr.RegisterWorkers(workers)
 	if err := mgr.Reconcile(ctx); err != nil {
@@ -533,6 +540,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			MaxSandboxes:  o.nodeCapacity,
 			WarmBaseDir:   baseDir,
 			WarmBaseImage: baseID,
+			LogMaxBytes:   o.logMaxMiB << 20,
 			Logger:        log.With("component", "runtime"),
 		})
 		if err != nil {
@@ -552,6 +560,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			CacheDir:      cacheDir,
 			DefaultLimits: limits,
 			Template:      microvm.TemplateOptions{BaseDir: baseDir, BaseImage: baseID},
+			LogMaxBytes:   o.logMaxMiB << 20,
 			Logger:        log.With("component", "runtime"),
 		})
 		if err != nil {

@@ -143,6 +143,10 @@ type Config struct {
 	// sandbox has loopback only.
 	Net    *netpol.Manager
 	Logger *slog.Logger
+
+	// LogMaxBytes caps each run's log file (head and tail are kept);
+	// 0: DefaultLogMaxBytes.
+	LogMaxBytes int64
 }
 
 // Manager implements api.SandboxService on one node.

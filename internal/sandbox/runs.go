@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -22,8 +23,13 @@ import (
 )
 
 // maxRunOutput bounds the stdout and stderr kept in a run's output; the
-// whole stream goes to the run's log file in the data dir.
+// whole stream goes to the run's log file in the data dir, itself capped
+// to its head and tail (Config.LogMaxBytes).
 const maxRunOutput = 256 << 10
+
+// DefaultLogMaxBytes caps each log a sandbox fills when Config.LogMaxBytes
+// is zero.
+const DefaultLogMaxBytes = 16 << 20
 
 // RegisterWorkers adds this package's job workers to w (before the job
 // client starts).
@@ -55,6 +61,12 @@ type runOutput struct {
 	SnapshotID string       `json:"snapshotId,omitempty"`
 	Branch     string       `json:"branch,omitempty"`
 	GitError   string       `json:"gitError,omitempty"`
+	// The run's log file (its whole output, on the server) was capped:
+	// how many bytes were dropped between its head and tail, and a note
+	// saying so in words.
+	LogTruncated    bool   `json:"logTruncated,omitempty"`
+	LogDroppedBytes int64  `json:"logDroppedBytes,omitempty"`
+	LogNote         string `json:"logNote,omitempty"`
 }
 
 // runSnapshot is the snapshot a run left, as the task runner reads it.
@@ -162,7 +174,16 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 		Stdout: io.MultiWriter(stdout, prefixWriter{logFile, "stdout"}),
 		Stderr: io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}),
 	})
-	out := runOutput{Stdout: stdout.String("in the run log"), Stderr: stderr.String("in the run log"), SandboxID: sb.ID, ExitCode: res.ExitCode}
+	where := "in the run log"
+	if logFile.Dropped() > 0 {
+		where = "not kept (the run log keeps only its head and tail)"
+	}
+	out := runOutput{Stdout: stdout.String(where), Stderr: stderr.String(where), SandboxID: sb.ID, ExitCode: res.ExitCode}
+	if d := logFile.Dropped(); d > 0 {
+		out.LogTruncated, out.LogDroppedBytes = true, d
+		out.LogNote = "the output was longer than the run log keeps: " + logFile.Note()
+		m.log.Warn("run log capped", "run_id", run.ID, "dropped_bytes", d)
+	}
 	if errors.Is(execErr, runtime.ErrCommandNotFound) {
 		out.ExitCode = 127
 		return m.finishRun(ctx, run, store.RunFailed, &out, fmt.Sprintf("command not found: %s", p.Command))
@@ -220,12 +241,22 @@ func (m *Manager) finishRun(ctx context.Context, run store.Run, status string, o
 	return nil
 }
 
-func (m *Manager) openRunLog(runID string) (*os.File, error) {
+// openRunLog opens a run's log, capped: the command's output comes from
+// the sandbox and may be endless.
+func (m *Manager) openRunLog(runID string) (*caplog.Writer, error) {
 	path := m.runLogPath(runID)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	return caplog.Open(path, m.logMaxBytes())
+}
+
+// logMaxBytes is the cap of each log a sandbox fills.
+func (m *Manager) logMaxBytes() int64 {
+	if m.cfg.LogMaxBytes > 0 {
+		return m.cfg.LogMaxBytes
+	}
+	return DefaultLogMaxBytes
 }
 
 // prefixWriter writes each chunk to the run log tagged with its stream.

@@ -94,7 +94,20 @@ type Options struct {
 	MaxSandboxes int
 	// StartTimeout bounds how long Create waits for the agent (default 20s).
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// LogMaxBytes caps each sandbox's agent.log, which the guest can write
+	// (default DefaultLogMaxBytes).
+	LogMaxBytes int64
+	Logger      *slog.Logger
+}
+
+// DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
+const DefaultLogMaxBytes = 16 << 20
+
+func (r *Runtime) logMaxBytes() int64 {
+	if r.opts.LogMaxBytes > 0 {
+		return r.opts.LogMaxBytes
+	}
+	return DefaultLogMaxBytes
 }
 
 // DefaultLimits are used when Options.DefaultLimits is zero.

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/cgroup"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
@@ -127,16 +128,23 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := writeMeta(s.dir, m); err != nil {
 		return err
 	}
-	if err := s.attach(); err != nil {
+	// runsc's output and the container's stdout and stderr (PID 1's,
+	// which any process inside can write to) go through a pipe that
+	// sandboxd drains into agent.log, capped (see caplog): the open write
+	// end must exist before attach starts draining.
+	if err := caplog.MakeFIFO(s.path(agentFIFO)); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(s.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logw, err := caplog.WriteEnd(s.path(agentFIFO))
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
+	defer logw.Close()
+	if err := s.attach(); err != nil {
+		return err
+	}
 	cmd := s.r.runscNetCmd(ctx, network, "run", "--bundle", s.path("bundle"), "--detach", m.CID)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr = logw, logw
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runsc run: %w (see %s)", err, s.path("agent.log"))
 	}
@@ -186,10 +194,36 @@ func (s *sandbox) attach() error {
 	s.r.sandboxes[m.CID] = s
 	s.r.mu.Unlock()
 	go s.acceptLoop(ln)
+	go s.drainLog(ctx)
 	s.mu.Lock()
 	s.guardCtx = ctx
 	s.mu.Unlock()
 	return nil
+}
+
+// agentFIFO is the pipe the container's output comes through (see create).
+const agentFIFO = "agent.fifo"
+
+// drainLog copies the container's output into agent.log, capped, until the
+// container has exited (every writer closed the pipe) or ctx ends. A later
+// sandboxd continues the same file.
+func (s *sandbox) drainLog(ctx context.Context) {
+	fifo := s.path(agentFIFO)
+	if _, err := os.Lstat(fifo); err != nil {
+		return // made by an older sandboxd, with a plain agent.log
+	}
+	w, err := caplog.Open(s.path("agent.log"), s.r.logMaxBytes())
+	if err != nil {
+		s.r.log.Warn("agent log not kept", "cid", s.meta().CID, "err", err)
+		return
+	}
+	defer w.Close()
+	if err := caplog.Drain(ctx, fifo, w); err != nil && ctx.Err() == nil {
+		s.r.log.Warn("draining agent log", "cid", s.meta().CID, "err", err)
+	}
+	if d := w.Dropped(); d > 0 {
+		s.r.log.Info("agent log capped", "cid", s.meta().CID, "dropped_bytes", d)
+	}
 }
 
 // startGuard starts the memory guard once the container (and so its

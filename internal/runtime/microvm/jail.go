@@ -31,7 +31,7 @@ import (
 //	    boot/        the kernel and initramfs (hard links, root-owned, read-only)
 //	    disk/        base.ext4 (hard link or read-only bind, root-owned, 0444) and
 //	                 layer.ext4 (owned by the sandbox's uid)
-//	    run/         owned by the sandbox's uid: qmp.sock, agent.sock, console.log
+//	    run/         owned by the sandbox's uid: qmp.sock, agent.sock, console.sock
 //
 // Nothing else of the host is visible: not the other sandboxes, not the
 // state directory, not /proc.

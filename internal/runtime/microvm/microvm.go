@@ -14,11 +14,12 @@
 //	templates/<key>/                        booted VMs saved as memory snapshots
 //	sandboxes/<cid>/                        one directory per VM (cid = "vm-<hex>")
 //	    meta.json                           what the sandbox is; written last
-//	    qemu.log                            QEMU's own messages
+//	    qemu.log, console.log               QEMU's own messages and the guest's console, capped
+//	    qemu.fifo                           the pipe QEMU writes qemu.log into
 //	    memory.state                        the VM's memory while paused
 //	    jail/                               QEMU's chroot (see jail.go), holding
 //	        disk/layer.ext4                 the writable layer disk
-//	        run/{qmp,agent}.sock, run/console.log
+//	        run/{qmp,agent,console}.sock
 //	ids/<id> -> ../sandboxes/<cid>          the sandbox id, claimed atomically
 //
 // The guest's file system: the base disk (ext4, read-only, shared by all
@@ -99,7 +100,20 @@ type Options struct {
 	// StartTimeout bounds how long Create waits for the agent (default 90s:
 	// a TCG boot on a loaded host takes seconds).
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// LogMaxBytes caps each sandbox's console log and qemu.log, which the
+	// guest can fill (default DefaultLogMaxBytes).
+	LogMaxBytes int64
+	Logger      *slog.Logger
+}
+
+// DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
+const DefaultLogMaxBytes = 16 << 20
+
+func (r *Runtime) logMaxBytes() int64 {
+	if r.opts.LogMaxBytes > 0 {
+		return r.opts.LogMaxBytes
+	}
+	return DefaultLogMaxBytes
 }
 
 // TemplateOptions name the base a memory-snapshot template is made of.
@@ -505,6 +519,9 @@ func (r *Runtime) reattach(ctx context.Context) error {
 			}
 		}
 		s.attach()
+		if m := s.meta(); !m.Stopped && !m.Paused {
+			s.startLogs(m.PID, m.PIDStart)
+		}
 	}
 	return nil
 }

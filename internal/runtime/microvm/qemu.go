@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,7 +28,7 @@ const (
 	jailLayer   = "/disk/layer.ext4"
 	jailQMP     = "/run/qmp.sock"
 	jailAgent   = "/run/agent.sock"
-	jailConsole = "/run/console.log"
+	jailConsole = "/run/console.sock"
 	agentPort   = "sandboxd"
 )
 
@@ -96,7 +95,9 @@ func (c vmConfig) qemuArgs() []string {
 		"-device", "virtserialport,chardev=agent,name=" + agentPort,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng",
-		"-chardev", "file,id=console,path=" + jailConsole,
+		// Read by sandboxd into a capped log (logs.go); not a file the
+		// guest could grow without bound.
+		"-chardev", "socket,id=console,path=" + jailConsole + ",server=on,wait=off",
 		"-serial", "chardev:console",
 		"-qmp", "unix:" + jailQMP + ",server=on,wait=off",
 		"-no-reboot",
@@ -228,8 +229,8 @@ func waitExit(ctx context.Context, pid int, start uint64) <-chan struct{} {
 }
 
 // consoleTail is the end of a VM's console log, for error messages.
-func consoleTail(jail string, n int) string {
-	b, err := os.ReadFile(filepath.Join(jail, jailConsole))
+func consoleTail(path string, n int) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}

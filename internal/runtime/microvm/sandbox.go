@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -41,6 +42,8 @@ type sandbox struct {
 	ready  chan struct{} // closed while client is set
 	cancel context.CancelFunc
 	gone   bool
+	// logCancel ends the log drains (logs.go).
+	logCancel context.CancelFunc
 }
 
 var _ runtime.Sandbox = (*sandbox)(nil)
@@ -147,15 +150,20 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	if err := cg.create(hostLimits); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(s.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// QEMU's own messages go through a pipe into qemu.log, capped (see
+	// logs.go); the write end is open before the drain starts.
+	if err := caplog.MakeFIFO(s.path(qemuFIFO)); err != nil {
+		return err
+	}
+	logw, err := caplog.WriteEnd(s.path(qemuFIFO))
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
+	defer logw.Close()
 	cfg := m.VM
 	cfg.incoming = incoming != nil
 	start := time.Now()
-	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logf)
+	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logw)
 	if err != nil {
 		return err
 	}
@@ -163,8 +171,9 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	if err != nil {
 		_ = proc.Kill()
 		_, _ = proc.Wait()
-		return fmt.Errorf("qemu exited at once (see %s): %w", s.path("qemu.log"), err)
+		return fmt.Errorf("qemu exited at once (see %s): %w", s.path(qemuLog), err)
 	}
+	consoleUp := s.startLogs(proc.Pid, pstart)
 	go func() { _, _ = proc.Wait() }() // reap it; exits are watched with a pidfd
 	if err := s.setMeta(func(m *meta) { m.PID, m.PIDStart, m.Stopped, m.Paused = proc.Pid, pstart, false, false }); err != nil {
 		return err
@@ -176,6 +185,12 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 		return s.bootErr(fmt.Errorf("connect to qemu: %w", err))
 	}
 	defer mon.close()
+	// The VM is held (-S) until the console is read: nothing is lost.
+	select {
+	case <-consoleUp:
+	case <-wctx.Done():
+		return s.bootErr(fmt.Errorf("connect to the console: %w", wctx.Err()))
+	}
 	var agentConn net.Conn
 	if incoming != nil {
 		var d net.Dialer
@@ -219,10 +234,10 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 
 // bootErr adds the console's last lines to a boot failure.
 func (s *sandbox) bootErr(err error) error {
-	if tail := consoleTail(s.jail(), 15); tail != "" {
+	if tail := consoleTail(s.path(consoleLog), 15); tail != "" {
 		return fmt.Errorf("%w\nguest console:\n%s", err, tail)
 	}
-	if b, rerr := os.ReadFile(s.path("qemu.log")); rerr == nil && len(b) > 0 {
+	if b, rerr := os.ReadFile(s.path(qemuLog)); rerr == nil && len(b) > 0 {
 		return fmt.Errorf("%w\nqemu: %s", err, strings.TrimSpace(string(b)))
 	}
 	return err
@@ -328,11 +343,14 @@ func (s *sandbox) setClient(c *guest.Client) {
 // detach lets go of the VM without touching it (Runtime.Close, Stop).
 func (s *sandbox) detach() {
 	s.mu.Lock()
-	c, cancel := s.client, s.cancel
-	s.cancel = nil
+	c, cancel, logCancel := s.client, s.cancel, s.logCancel
+	s.cancel, s.logCancel = nil, nil
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()
+	}
+	if logCancel != nil {
+		logCancel()
 	}
 	if c != nil {
 		c.Close()
