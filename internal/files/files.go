@@ -152,8 +152,16 @@ func (s *Service) Read(ctx context.Context, accountID, path string) ([]byte, err
 	return data, nil
 }
 
-// formatMiB writes n bytes in MiB with one decimal.
-func formatMiB(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+// formatMiB writes n bytes with one decimal, in MiB from 1 MiB on.
+func formatMiB(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
 
 // quotaError says, in words for the caller, why a write was refused by a
 // repository quota (429).

@@ -170,7 +170,7 @@ quota="${SANDBOXD_REPO_QUOTA_KIB:-0}"
 if [ "$quota" -gt 0 ]; then
 	used=$(du -sk . | cut -f1)
 	if [ "$used" -gt "$quota" ]; then
-		echo "sandboxd: push refused: the repository would take $((used / 1024)) MiB, over the account's quota of $((quota / 1024)) MiB; nothing was changed" >&2
+		echo "sandboxd: push refused: the repository would take $((used / 1024)).$((used % 1024 * 10 / 1024)) MiB, over the account's quota of $((quota / 1024)) MiB; nothing was changed" >&2
 		exit 1
 	fi
 fi
