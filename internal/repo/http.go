@@ -37,7 +37,11 @@ type Authorizer interface {
 // for are 404, never 403, so account ids cannot be probed. A repository is
 // created on the first request of an authorised caller, so a new account
 // can clone (empty) and push at once. Only the smart protocol's three
-// endpoints are served.
+// endpoints are served. A repeated query parameter is 400 and repeated
+// Authorization headers are 401, so that the access check and git never
+// read different values. Pushes run one at a time per repository, bounded
+// by receive.maxInputSize and a pre-receive hook that enforces the object
+// limit and the account's repository quota (see pushEnv).
 func (m *Manager) GitHTTPHandler(a Authorizer) http.Handler {
 	return &gitServer{m: m, auth: a, log: m.log}
 }

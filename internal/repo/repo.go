@@ -17,10 +17,16 @@
 //   - Objects are written with go-git (blobs streamed, never held whole in
 //     memory); refs, tree listings and smart HTTP use the git CLI, which
 //     shares git's locking and is faster at listing.
+//   - Everything in a repository is hostile: files are read whole only
+//     below a limit checked from the object's header, tree listings stop
+//     at a limit while git lists them, and writes (commits here, pushes
+//     through the git server) are refused before they would pass the
+//     account's repository quota (Limits).
 //   - A submodule resolves only into a repository hosted here, named by a
 //     URL relative to its parent ("../<id>.git") or under one of the
 //     server's own URLs (".../git/<id>.git"), and only when the account
-//     that reads or writes may use that repository (Options.Access).
+//     that reads or writes may use that repository (Options.Access), for
+//     writing by the same rule as git push.
 package repo
 
 import (
