@@ -135,6 +135,18 @@ func TestRepoLimits(t *testing.T) {
 			small := gitOK(t, dir, strings.NewReader("hello\n"), "hash-object", "-w", "--stdin")
 			return gitOK(t, dir, strings.NewReader("100644 blob "+blob+"\tzeros.txt\n100644 blob "+small+"\thello.txt\n"), "mktree")
 		})
+		// git compresses the zeros: what the push stored is small.
+		var stored int64
+		_ = filepath.Walk(filepath.Join(s.dataDir, "repos", a.ID+".git"), func(_ string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				stored += fi.Size()
+			}
+			return nil
+		})
+		if stored == 0 || stored > 1<<20 {
+			t.Fatalf("the repository stores %d bytes", stored)
+		}
+		t.Logf("the 128 MiB file takes %d bytes in the repository", stored)
 		before := s.rssKiB(t)
 		for i := 0; i < 3; i++ {
 			r := s.as(k, "GET", "/api/sandboxes/file?path=zeros.txt", nil)
