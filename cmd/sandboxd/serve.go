@@ -84,6 +84,30 @@ type serveOptions struct {
 	modelKey     string
 	modelName    string
 	modelMaxBody int64
+	repoLimits   repoFlags
+}
+
+// repoFlags are the bounds of the repositories (0 in a flag: unlimited).
+type repoFlags struct {
+	fileReadMiB, accountRepoMiB, pushMiB, pushObjects int64
+	treeEntries                                       int
+}
+
+// limits converts the flags into repo.Limits, whose 0 means the default.
+func (f repoFlags) limits() repo.Limits {
+	orUnlimited := func(v, unit int64) int64 {
+		if v <= 0 {
+			return -1
+		}
+		return v * unit
+	}
+	return repo.Limits{
+		MaxReadBytes:   orUnlimited(f.fileReadMiB, 1<<20),
+		TreeMaxEntries: int(orUnlimited(int64(f.treeEntries), 1)),
+		QuotaBytes:     orUnlimited(f.accountRepoMiB, 1<<20),
+		MaxPushBytes:   orUnlimited(f.pushMiB, 1<<20),
+		MaxPushObjects: orUnlimited(f.pushObjects, 1),
+	}
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -139,6 +163,11 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
 	f.IntVar(&o.jobsPerAcct, "job-concurrency-per-account", envInt("SANDBOXD_JOB_CONCURRENCY_PER_ACCOUNT", 8), "jobs of one account run at once on this node, over all queues (the rest wait while other accounts' jobs run); 0 unlimited")
 	f.IntVar(&o.agentRuns, "max-agent-runs-per-account", envInt("SANDBOXD_MAX_AGENT_RUNS_PER_ACCOUNT", 4), "queued and executing coding-agent runs per account (more are refused with 429); 0 unlimited")
+	f.Int64Var(&o.repoLimits.fileReadMiB, "max-file-read-mib", repo.DefaultMaxReadBytes>>20, "largest file GET /api/sandboxes/file returns, in MiB (413 beyond, checked from the object's size before reading); 0 unlimited")
+	f.IntVar(&o.repoLimits.treeEntries, "filetree-max-entries", repo.DefaultTreeMaxEntries, "entries of the file tree GET /api/sandboxes lists (also cut at 4 MiB of paths; filetree_truncated says so); 0 unlimited")
+	f.Int64Var(&o.repoLimits.accountRepoMiB, "account-repo-mib", repo.DefaultQuotaBytes>>20, "disk space one account's git repository may take, in MiB: pushes past it are refused by a pre-receive hook, uploads with 429; 0 unlimited")
+	f.Int64Var(&o.repoLimits.pushMiB, "max-push-mib", repo.DefaultMaxPushBytes>>20, "largest pack one git push may send, in MiB (receive.maxInputSize; never more than --account-repo-mib); 0 unlimited")
+	f.Int64Var(&o.repoLimits.pushObjects, "max-push-objects", repo.DefaultMaxPushObjects, "most objects one git push may send; 0 unlimited")
 	f.StringVar(&o.metricsAddr, "metrics-addr", envOr("SANDBOXD_METRICS_ADDR", "127.0.0.1:9090"), "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
 	return cmd
 }
@@ -229,6 +258,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Root:      filepath.Join(dataDir, "repos"),
 		LocalURLs: []string{o.publicURL, "http://sandboxd.internal"},
 		Access:    files.SubmoduleAccess{Auth: authn, Accounts: st},
+		Limits:    o.repoLimits.limits(),
 		Logger:    log.With("component", "repo"),
 	})
 	if err != nil {

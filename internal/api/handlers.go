@@ -82,6 +82,10 @@ func serviceError(err error, notFound string) error {
 		return &Error{Status: http.StatusTooManyRequests, Msg: userMessage(err, ErrQuota)}
 	case errors.Is(err, ErrInvalid):
 		return errBadRequest(userMessage(err, ErrInvalid))
+	case errors.Is(err, ErrTooLarge):
+		return &Error{Status: http.StatusRequestEntityTooLarge, Msg: userMessage(err, ErrTooLarge)}
+	case errors.Is(err, ErrForbidden):
+		return &Error{Status: http.StatusForbidden, Msg: userMessage(err, ErrForbidden)}
 	case errors.Is(err, ErrSandboxNotRunning):
 		return &Error{Status: http.StatusConflict, Msg: "Sandbox is not running"}
 	}
@@ -166,6 +170,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		env      store.Environment
 		envErr   error
 		tree     []FileTreeEntry
+		treeCut  bool
 		repoURL  string
 		filesErr error
 	)
@@ -183,7 +188,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		wg.Go(func() {
 			repoURL, filesErr = s.opts.Files.RepoURL(ctx, account)
 			if filesErr == nil && repoURL != "" {
-				tree, filesErr = s.opts.Files.Tree(ctx, account)
+				tree, treeCut, filesErr = s.opts.Files.Tree(ctx, account)
 			}
 		})
 	}
@@ -210,7 +215,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		// The contract answers a null tree when listing fails.
 		s.log.WarnContext(ctx, "list repository tree", "account_id", account, "err", filesErr)
 	} else if tree != nil {
-		resp.Filetree = tree
+		resp.Filetree, resp.FiletreeTruncated = tree, treeCut
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

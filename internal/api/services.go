@@ -23,6 +23,12 @@ var (
 	// ErrInvalid: the request is well-formed but cannot be done (400); the
 	// wrapped message is shown to the caller.
 	ErrInvalid = errors.New("invalid request")
+	// ErrTooLarge: the thing asked for is larger than the server sends
+	// (413); the wrapped message is shown to the caller.
+	ErrTooLarge = errors.New("too large")
+	// ErrForbidden: the caller may see the thing but not change it (403);
+	// the wrapped message is shown to the caller.
+	ErrForbidden = errors.New("forbidden")
 	// ErrSandboxNotRunning: the sandbox is not running (409).
 	ErrSandboxNotRunning = errors.New("sandbox is not running")
 )
@@ -54,8 +60,9 @@ type SandboxService interface {
 type FileService interface {
 	// RepoURL is the account's repository URL, or "" when it has none.
 	RepoURL(ctx context.Context, accountID string) (string, error)
-	// Tree lists main of the account's repository recursively.
-	Tree(ctx context.Context, accountID string) ([]FileTreeEntry, error)
+	// Tree lists main of the account's repository recursively, up to the
+	// server's limits; truncated says the listing was cut there.
+	Tree(ctx context.Context, accountID string) (entries []FileTreeEntry, truncated bool, err error)
 	// Read returns a file of main, resolving git submodules.
 	Read(ctx context.Context, accountID, path string) ([]byte, error)
 	// Upload downloads files into the repository in one commit and reports

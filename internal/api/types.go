@@ -65,6 +65,10 @@ type ListSandboxesResponse struct {
 	SnapshotID *string         `json:"snapshot_id"`
 	GithubRepo *string         `json:"github_repo"`
 	Filetree   []FileTreeEntry `json:"filetree"`
+	// FiletreeTruncated is set when the tree was cut at the server's
+	// limits (entries or path bytes) and filetree holds its beginning
+	// only (sandboxd).
+	FiletreeTruncated bool `json:"filetree_truncated,omitempty" jsonschema:"description=Present (true) when filetree was cut at the server's limits; clone the repository for the rest (sandboxd)"`
 }
 
 // PatchSandboxesRequest is the body of PATCH /api/sandboxes.

@@ -207,6 +207,17 @@ func (a *Authenticator) MayActFor(ctx context.Context, p Principal, target strin
 	return ok, nil
 }
 
+// MayWrite answers the one write rule of the service: may the caller write
+// what account target owns (push to its repository, commit an upload into
+// it, directly or through a submodule)? Exactly when it may act for
+// target. In particular an organization's members, who may read its
+// repository (MayRead), never write it: every member's workspace resets to
+// that repository, so a write there would reach them all. The git server
+// and the file service both ask this, nothing else.
+func (a *Authenticator) MayWrite(ctx context.Context, p Principal, target string) (bool, error) {
+	return a.MayActFor(ctx, p, target)
+}
+
 // MayRead answers whether the caller may read (never change) what account
 // target owns: everything it may act for, and the organizations its account
 // is a member of — so a member's sandbox can fetch the organization's

@@ -14,15 +14,14 @@ import (
 // *store.Store is one.
 type AccountStore interface {
 	GetAccount(ctx context.Context, id string) (store.Account, error)
-	IsOrgMember(ctx context.Context, orgID, accountID string) (bool, error)
 }
 
 // SubmoduleAccess is the rule for following a submodule of account's
-// repository into owner's repository (to read a file, or to commit an
-// upload): allowed when account may act for owner under the project's one
-// access rule (auth.MayActFor, asked as account's own key would be), or
-// when owner is an organization account belongs to — the organizations'
-// repositories are the submodules of their members' workspaces.
+// repository into owner's repository, asked as account's own key would be:
+// to read a file, auth.MayRead (which lets an organization's members read
+// its repository — the organizations' repositories are the submodules of
+// their members' workspaces); to commit an upload, auth.MayWrite, the rule
+// git push follows, so that no path writes where a push may not.
 type SubmoduleAccess struct {
 	Auth     *auth.Authenticator
 	Accounts AccountStore
@@ -31,15 +30,8 @@ type SubmoduleAccess struct {
 var _ repo.SubmoduleAccess = SubmoduleAccess{}
 
 // MayUseRepository implements repo.SubmoduleAccess.
-func (a SubmoduleAccess) MayUseRepository(ctx context.Context, account, owner string) (bool, error) {
+func (a SubmoduleAccess) MayUseRepository(ctx context.Context, account, owner string, use repo.Use) (bool, error) {
 	if account == owner {
-		return true, nil
-	}
-	member, err := a.Accounts.IsOrgMember(ctx, owner, account)
-	if err != nil {
-		return false, fmt.Errorf("check membership of %s in %s: %w", account, owner, err)
-	}
-	if member {
 		return true, nil
 	}
 	acct, err := a.Accounts.GetAccount(ctx, account)
@@ -49,5 +41,9 @@ func (a SubmoduleAccess) MayUseRepository(ctx context.Context, account, owner st
 	if err != nil {
 		return false, fmt.Errorf("look up account %s: %w", account, err)
 	}
-	return a.Auth.MayActFor(ctx, auth.Principal{AccountID: acct.ID, Kind: acct.Kind}, owner)
+	p := auth.Principal{AccountID: acct.ID, Kind: acct.Kind}
+	if use == repo.UseWrite {
+		return a.Auth.MayWrite(ctx, p, owner)
+	}
+	return a.Auth.MayRead(ctx, p, owner)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -31,26 +32,42 @@ func TestSubmoduleAccess(t *testing.T) {
 	}
 	access := SubmoduleAccess{Auth: auth.NewAuthenticator(st), Accounts: st}
 	cases := []struct {
-		name           string
-		account, owner string
-		want           bool
+		name              string
+		account, owner    string
+		mayRead, mayWrite bool
 	}{
-		{"own repository", alice, alice, true},
-		{"member into its organization", alice, acme, true},
-		{"organization into its member", acme, alice, true},
-		{"members of a closed organization", alice, bob, false},
-		{"members of a sharing organization", carol, dave, true},
-		{"outsider into an organization", carol, acme, false},
-		{"organization into an outsider", acme, carol, false},
-		{"unrelated accounts", alice, carol, false},
-		{"unknown account", uuid.NewString(), alice, false},
-		{"unknown owner", alice, uuid.NewString(), false},
+		{"own repository", alice, alice, true, true},
+		// The one write rule (git push's): members read, never write.
+		{"member into its organization", alice, acme, true, false},
+		{"member into its sharing organization", carol, shared, true, false},
+		{"organization into its member", acme, alice, true, true},
+		{"members of a closed organization", alice, bob, false, false},
+		{"members of a sharing organization", carol, dave, true, true},
+		{"outsider into an organization", carol, acme, false, false},
+		{"organization into an outsider", acme, carol, false, false},
+		{"unrelated accounts", alice, carol, false, false},
+		{"unknown account", uuid.NewString(), alice, false, false},
+		{"unknown owner", alice, uuid.NewString(), false, false},
 	}
+	authn := auth.NewAuthenticator(st)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := access.MayUseRepository(ctx, tc.account, tc.owner)
-			if err != nil || got != tc.want {
-				t.Fatalf("MayUseRepository = %v, %v; want %v", got, err, tc.want)
+			for _, u := range []struct {
+				use  repo.Use
+				want bool
+			}{{repo.UseRead, tc.mayRead}, {repo.UseWrite, tc.mayWrite}} {
+				got, err := access.MayUseRepository(ctx, tc.account, tc.owner, u.use)
+				if err != nil || got != u.want {
+					t.Fatalf("MayUseRepository(use %d) = %v, %v; want %v", u.use, got, err, u.want)
+				}
+			}
+			// Writing follows git push exactly: MayWrite of the account's
+			// own key.
+			if acct, err := st.GetAccount(ctx, tc.account); err == nil {
+				push, err := authn.MayWrite(ctx, auth.Principal{AccountID: acct.ID, Kind: acct.Kind}, tc.owner)
+				if err != nil || push != tc.mayWrite {
+					t.Fatalf("MayWrite = %v, %v; want %v", push, err, tc.mayWrite)
+				}
 			}
 		})
 	}

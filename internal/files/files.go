@@ -119,10 +119,10 @@ func (s *Service) RepoURL(ctx context.Context, accountID string) (string, error)
 // listed as directories ("tree", with the commit they record as sha): the
 // contract's types are blob and tree, and in the workspace a submodule is
 // a directory.
-func (s *Service) Tree(ctx context.Context, accountID string) ([]api.FileTreeEntry, error) {
-	entries, err := s.opts.Repos.Tree(ctx, accountID)
+func (s *Service) Tree(ctx context.Context, accountID string) ([]api.FileTreeEntry, bool, error) {
+	entries, truncated, err := s.opts.Repos.Tree(ctx, accountID)
 	if err != nil {
-		return nil, mapErr(err)
+		return nil, false, mapErr(err)
 	}
 	out := make([]api.FileTreeEntry, len(entries))
 	sizes := make([]int64, len(entries))
@@ -133,16 +133,47 @@ func (s *Service) Tree(ctx context.Context, accountID string) ([]api.FileTreeEnt
 			out[i].Type, out[i].Size = "blob", &sizes[i]
 		}
 	}
-	return out, nil
+	return out, truncated, nil
 }
 
-// Read returns the file at path on main, following submodules.
+// Read returns the file at path on main, following submodules. A file
+// larger than the repositories' read limit is refused (413) from its size
+// alone, before any of it is read.
 func (s *Service) Read(ctx context.Context, accountID, path string) ([]byte, error) {
 	data, err := s.opts.Repos.ReadFile(ctx, accountID, path)
+	var big *repo.TooLargeError
+	if errors.As(err, &big) {
+		return nil, userError(api.ErrTooLarge, "File is larger than %s (%s), the most the API reads; clone the repository to read it",
+			fetch.FormatSize(big.Limit), formatMiB(big.Size))
+	}
 	if err != nil {
 		return nil, mapErr(err)
 	}
 	return data, nil
+}
+
+// formatMiB writes n bytes with one decimal, in MiB from 1 MiB on.
+func formatMiB(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// quotaError says, in words for the caller, why a write was refused by a
+// repository quota (429).
+func quotaError(q *repo.QuotaError) error {
+	return userError(api.ErrQuota, "Upload refused: the repository would pass its storage quota of %s (%s used); nothing was written",
+		fetch.FormatSize(q.Quota), formatMiB(q.Used))
+}
+
+// userError is an error of kind sentinel whose message, format and args,
+// the API shows the caller.
+func userError(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), sentinel)
 }
 
 // invalid is a request error whose message the API shows the caller (400).
@@ -193,7 +224,10 @@ func (s *Service) Upload(ctx context.Context, accountID string, req api.UploadFi
 	defer removeAll(items)
 	planTargets(items, dir)
 
-	budget := &budget{max: s.opts.MaxUploadBytes}
+	budget, err := s.newBudget(ctx, accountID)
+	if err != nil {
+		return nil, nil, err
+	}
 	sem := make(chan struct{}, s.opts.Concurrency)
 	var wg sync.WaitGroup
 	for i, it := range items {
@@ -212,7 +246,35 @@ func (s *Service) Upload(ctx context.Context, accountID string, req api.UploadFi
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	if err := budget.overQuota(); err != nil {
+		return nil, nil, err
+	}
 	return s.commit(ctx, accountID, dir, req.Message, items)
+}
+
+// newBudget is the budget of one upload to account's repository: the
+// upload limit, and no more than the room left in the repository's quota,
+// so that the temporary files stop growing once the upload could not be
+// committed anyway. A repository already at its quota refuses the upload
+// before anything is downloaded.
+func (s *Service) newBudget(ctx context.Context, accountID string) (*budget, error) {
+	b := &budget{max: s.opts.MaxUploadBytes}
+	quota := s.opts.Repos.Limits().QuotaBytes
+	if quota <= 0 {
+		return b, nil
+	}
+	used, err := s.opts.Repos.Usage(ctx, accountID)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	b.quota = &repo.QuotaError{Owner: accountID, Used: used, Quota: quota}
+	if used >= quota {
+		return nil, quotaError(b.quota)
+	}
+	if room := quota - used; room < b.max {
+		b.max, b.byQuota = room, true
+	}
+	return b, nil
 }
 
 // download fetches url into a temporary file for it.
@@ -229,7 +291,7 @@ func (s *Service) download(ctx context.Context, it *item, url string, b *budget)
 	if err != nil {
 		bw.refund()
 		if errors.Is(err, errBudget) {
-			it.failure = "upload larger than " + fetch.FormatSize(b.max) + " in total"
+			it.failure = b.failure()
 		} else {
 			it.failure = fetch.Reason(err)
 		}
@@ -263,6 +325,7 @@ func (s *Service) commit(ctx context.Context, accountID, dir, message string, it
 	}
 	commit, blobs, err := s.opts.Repos.CommitFiles(ctx, accountID, repo.MainBranch, files, message, s.opts.Author)
 	if err != nil {
+		s.log.InfoContext(ctx, "upload not committed", "account", accountID, "err", err)
 		return nil, nil, commitError(dir, err)
 	}
 	uploaded := make([]api.UploadedFile, 0, len(files))
@@ -280,7 +343,13 @@ func commitError(dir string, err error) error {
 	if dir != "" {
 		where = dir
 	}
+	var q *repo.QuotaError
+	if errors.As(err, &q) {
+		return quotaError(q)
+	}
 	switch {
+	case errors.Is(err, repo.ErrReadOnly):
+		return userError(api.ErrForbidden, "Cannot write into %s: it lies in the repository of an organization, which its members may read but not write (as with git push)", where)
 	case errors.Is(err, repo.ErrInvalidPath):
 		return invalid("Cannot write into " + where + ": a file, directory or submodule there is in the way")
 	case errors.Is(err, repo.ErrNotFound):
@@ -354,6 +423,32 @@ var errBudget = errors.New("upload budget exceeded")
 type budget struct {
 	max  int64
 	used atomic.Int64
+	// byQuota: max is the room left in the repository's quota (then
+	// quota describes it), not the upload limit.
+	byQuota bool
+	quota   *repo.QuotaError
+	// hitQuota is set once a file was refused for the quota.
+	hitQuota atomic.Bool
+}
+
+// failure is the reason given for a file that did not fit, and notes a
+// refusal by the quota.
+func (b *budget) failure() string {
+	if b.byQuota {
+		b.hitQuota.Store(true)
+		return "it would pass the repository's storage quota"
+	}
+	return "upload larger than " + fetch.FormatSize(b.max) + " in total"
+}
+
+// overQuota refuses the whole upload (429) when a file did not fit in the
+// quota: what did arrive is not committed either, so the caller learns
+// about the quota once, not file by file.
+func (b *budget) overQuota() error {
+	if !b.hitQuota.Load() {
+		return nil
+	}
+	return quotaError(b.quota)
 }
 
 // budgetWriter charges what it writes to a budget.

@@ -292,7 +292,7 @@ func TestTreeAndRead(t *testing.T) {
 	f := newFixture(t, fixtureOpts{allowPrivate: true})
 	account := uuid.NewString()
 
-	if _, err := f.svc.Tree(ctx, account); !errors.Is(err, api.ErrNoRepository) {
+	if _, _, err := f.svc.Tree(ctx, account); !errors.Is(err, api.ErrNoRepository) {
 		t.Fatalf("Tree without a repository: %v", err)
 	}
 	if _, err := f.svc.Read(ctx, account, "x"); !errors.Is(err, api.ErrNoRepository) {
@@ -301,7 +301,7 @@ func TestTreeAndRead(t *testing.T) {
 	if _, err := f.repos.Ensure(ctx, account); err != nil {
 		t.Fatal(err)
 	}
-	if tree, err := f.svc.Tree(ctx, account); err != nil || tree == nil || len(tree) != 0 {
+	if tree, _, err := f.svc.Tree(ctx, account); err != nil || tree == nil || len(tree) != 0 {
 		t.Fatalf("Tree of an empty repository = %#v, %v", tree, err)
 	}
 	if _, err := f.svc.Read(ctx, account, "x"); !errors.Is(err, api.ErrNotFound) {
@@ -318,7 +318,7 @@ func TestTreeAndRead(t *testing.T) {
 	}
 	addGitlink(t, f.repos, account, "lib/sub", "../"+sub+".git", subCommit)
 
-	tree, err := f.svc.Tree(ctx, account)
+	tree, _, err := f.svc.Tree(ctx, account)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestTreeAndRead(t *testing.T) {
 
 func TestUploadIntoSubmodule(t *testing.T) {
 	ctx := context.Background()
-	allow := repo.AccessFunc(func(context.Context, string, string) (bool, error) { return true, nil })
+	allow := repo.AccessFunc(func(context.Context, string, string, repo.Use) (bool, error) { return true, nil })
 	f := newFixture(t, fixtureOpts{allowPrivate: true, access: allow})
 	account, org := uuid.NewString(), uuid.NewString()
 	orgCommit, _, err := f.repos.CommitFiles(ctx, org, repo.MainBranch, []repo.File{repo.BytesFile("README.md", []byte("org"))}, "org", repo.Signature{})

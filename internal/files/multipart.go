@@ -39,10 +39,13 @@ func (s *Service) UploadMultipart(ctx context.Context, accountID string, r *http
 	var (
 		items        []*item
 		dir, message string
-		budget       = &budget{max: s.opts.MaxUploadBytes}
 		perFile      = s.opts.Fetcher.MaxBytes()
 		parseProblem error
 	)
+	budget, err := s.newBudget(ctx, accountID)
+	if err != nil {
+		return nil, nil, err
+	}
 	defer func() { removeAll(items) }()
 	for {
 		part, err := mr.NextPart()
@@ -94,6 +97,9 @@ func (s *Service) UploadMultipart(ctx context.Context, accountID string, r *http
 		return nil, nil, err
 	}
 	planTargets(items, d)
+	if err := budget.overQuota(); err != nil {
+		return nil, nil, err
+	}
 	return s.commit(ctx, accountID, d, message, items)
 }
 
@@ -111,7 +117,7 @@ func (s *Service) spoolPart(ctx context.Context, it *item, part io.Reader, perFi
 	n, err := io.Copy(bw, io.LimitReader(part, perFile+1))
 	switch {
 	case errors.Is(err, errBudget):
-		it.failure = "upload larger than " + fetch.FormatSize(b.max) + " in total"
+		it.failure = b.failure()
 	case err != nil:
 		return invalid("Request body ended before file " + it.name + " did")
 	case n > perFile:

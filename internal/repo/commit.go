@@ -153,7 +153,7 @@ func (c *committer) commit(ctx context.Context, owner, repoPath, branch, prefix 
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
-	mods, err := modulesIn(tree0)
+	mods, err := modulesIn(st, tree0)
 	if err != nil {
 		return plumbing.ZeroHash, err
 	}
@@ -176,6 +176,17 @@ func (c *committer) commit(ctx context.Context, owner, repoPath, branch, prefix 
 		subs[sub.Path] = sub
 	}
 
+	// The quota is checked before anything is written, here or in a
+	// submodule: a refused commit leaves no object behind. Blobs count at
+	// their uncompressed size, trees and the commit not at all.
+	var adding int64
+	for _, f := range own {
+		adding += f.Size
+	}
+	if err := c.m.checkQuota(owner, repoPath, adding); err != nil {
+		return plumbing.ZeroHash, err
+	}
+
 	var changes []change
 	// Submodules first, so that their new commits exist before the gitlinks
 	// naming them.
@@ -189,7 +200,7 @@ func (c *committer) commit(ctx context.Context, owner, repoPath, branch, prefix 
 			return plumbing.ZeroHash, fmt.Errorf("submodules nested deeper than %d at %s%s: %w", maxSubmoduleDepth, prefix, sp, ErrInvalidPath)
 		}
 		sub := subs[sp]
-		subOwner, subRepo, err := c.m.submoduleRepo(ctx, c.account, owner, sub)
+		subOwner, subRepo, err := c.m.submoduleRepo(ctx, c.account, owner, sub, UseWrite)
 		if err != nil {
 			return plumbing.ZeroHash, err
 		}
@@ -222,7 +233,7 @@ func (c *committer) commit(ctx context.Context, owner, repoPath, branch, prefix 
 		if head != head0 {
 			// The branch moved since the files were routed: the routing
 			// must still hold on the new head.
-			mods, err := modulesIn(tree)
+			mods, err := modulesIn(st, tree)
 			if err != nil {
 				return plumbing.ZeroHash, err
 			}
@@ -292,11 +303,11 @@ func headTree(st *filesystem.Storage, branch string) (plumbing.Hash, *object.Tre
 	return head, t, nil
 }
 
-func modulesIn(tree *object.Tree) ([]submodule, error) {
+func modulesIn(st *filesystem.Storage, tree *object.Tree) ([]submodule, error) {
 	if tree == nil {
 		return nil, nil
 	}
-	return modulesOf(tree)
+	return modulesOf(st, tree)
 }
 
 // submoduleFor returns the submodule (longest .gitmodules path with a

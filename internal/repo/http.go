@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/cgi"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -17,12 +19,13 @@ import (
 const GitPathPrefix = "/git/"
 
 // Authorizer is the access rule of the git server: who a key is, whether
-// it may read an account's repository (fetch, clone) and whether it may act
-// for the account (push). *auth.Authenticator is one.
+// it may read an account's repository (fetch, clone) and whether it may
+// write it (push) — the one write rule, which commits into submodules
+// follow too. *auth.Authenticator is one.
 type Authorizer interface {
 	Authenticate(ctx context.Context, key string) (auth.Principal, error)
 	MayRead(ctx context.Context, p auth.Principal, accountID string) (bool, error)
-	MayActFor(ctx context.Context, p auth.Principal, accountID string) (bool, error)
+	MayWrite(ctx context.Context, p auth.Principal, accountID string) (bool, error)
 }
 
 // GitHTTPHandler serves the repositories over git smart HTTP (clone, fetch,
@@ -34,7 +37,11 @@ type Authorizer interface {
 // for are 404, never 403, so account ids cannot be probed. A repository is
 // created on the first request of an authorised caller, so a new account
 // can clone (empty) and push at once. Only the smart protocol's three
-// endpoints are served.
+// endpoints are served. A repeated query parameter is 400 and repeated
+// Authorization headers are 401, so that the access check and git never
+// read different values. Pushes run one at a time per repository, bounded
+// by receive.maxInputSize and a pre-receive hook that enforces the object
+// limit and the account's repository quota (see pushEnv).
 func (m *Manager) GitHTTPHandler(a Authorizer) http.Handler {
 	return &gitServer{m: m, auth: a, log: m.log}
 }
@@ -46,11 +53,12 @@ type gitServer struct {
 }
 
 // smartService returns the git service a request asks for, or "" when it
-// is not one of the smart protocol's requests.
-func smartService(r *http.Request, rest string) string {
+// is not one of the smart protocol's requests. query is the request's
+// parsed query, without repeated parameters.
+func smartService(r *http.Request, rest string, query url.Values) string {
 	switch {
 	case rest == "info/refs" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
-		switch s := r.URL.Query().Get("service"); s {
+		switch s := query.Get("service"); s {
 		case "git-upload-pack", "git-receive-pack":
 			return s
 		}
@@ -67,7 +75,21 @@ func (g *gitServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	repoName, rest, _ := strings.Cut(tail, "/")
-	service := smartService(r, rest)
+	// The access check and http-backend must see the same service: a
+	// parameter given twice (authorised on the first value, executed on
+	// the last) or a query Go and git would split differently is refused.
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		http.Error(w, "malformed query", http.StatusBadRequest)
+		return
+	}
+	for k, v := range query {
+		if len(v) > 1 {
+			http.Error(w, "query parameter "+strconv.Quote(k)+" given more than once", http.StatusBadRequest)
+			return
+		}
+	}
+	service := smartService(r, rest, query)
 	if service == "" {
 		http.NotFound(w, r)
 		return
@@ -82,7 +104,7 @@ func (g *gitServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	may := g.auth.MayActFor
+	may := g.auth.MayWrite
 	if service == "git-upload-pack" {
 		may = g.auth.MayRead
 	}
@@ -107,10 +129,20 @@ func (g *gitServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = GitPathPrefix + id + ".git/" + rest
 	r2.URL.RawPath = ""
+	r2.URL.RawQuery = query.Encode()
 	r2.Header.Del("Authorization")
+	push := rest == "git-receive-pack"
+	if push {
+		// One push at a time per repository: the hook's quota check sees
+		// the repository and this push only, never another push's
+		// quarantine that is about to land too.
+		l := g.m.lock(g.m.root + "\x00push\x00" + id)
+		l.Lock()
+		defer l.Unlock()
+	}
 	if r2.ContentLength < 0 && r.Method == http.MethodPost {
 		// CGI needs a length, and git sends pushes over 1 MiB chunked.
-		body, n, err := g.spool(r.Body)
+		body, n, err := g.spool(r.Body, g.m.maxBody())
 		if body != nil {
 			defer func() { body.Close(); os.Remove(body.Name()) }()
 		}
@@ -125,44 +157,61 @@ func (g *gitServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r2.Body, r2.ContentLength, r2.TransferEncoding = body, n, nil
 	}
+	// Only what http-backend needs: the server's own environment may
+	// hold secrets that git has no use for. CGI adds PATH.
+	env := append(append([]string{}, gitSettings...),
+		"GIT_PROJECT_ROOT="+g.m.root,
+		"GIT_HTTP_EXPORT_ALL=1",
+		// REMOTE_USER enables receive-pack and names the pusher in the
+		// reflog.
+		"REMOTE_USER="+p.AccountID,
+	)
+	if push {
+		env = append(env, g.m.pushEnv()...)
+	}
 	h := &cgi.Handler{
-		Path: g.m.git,
-		Args: []string{"http-backend"},
-		Root: strings.TrimSuffix(GitPathPrefix, "/"),
-		// Only what http-backend needs: the server's own environment may
-		// hold secrets that git has no use for. CGI adds PATH.
-		Env: append(append([]string{}, gitSettings...),
-			"GIT_PROJECT_ROOT="+g.m.root,
-			"GIT_HTTP_EXPORT_ALL=1",
-			// REMOTE_USER enables receive-pack and names the pusher in
-			// the reflog.
-			"REMOTE_USER="+p.AccountID,
-		),
+		Path:   g.m.git,
+		Args:   []string{"http-backend"},
+		Root:   strings.TrimSuffix(GitPathPrefix, "/"),
+		Env:    env,
 		Stderr: &logWriter{log: g.log, ctx: r.Context(), account: id},
 	}
 	h.ServeHTTP(w, r2)
-	if rest == "git-receive-pack" {
+	if push {
 		g.log.InfoContext(r.Context(), "git push", "account", id, "by", p.AccountID, "key", p.KeyID)
 	}
 }
 
-// maxSpooledBody caps a chunked request body (a push).
+// maxSpooledBody caps a chunked request body (a push) when pushes have
+// no size limit.
 const maxSpooledBody = 4 << 30
+
+// maxBody is the largest chunked request body spooled: a push's pack is
+// bounded by receive.maxInputSize (see pushEnv), and its commands take
+// little beside it.
+func (m *Manager) maxBody() int64 {
+	limit := m.pushLimit()
+	if limit <= 0 || limit > maxSpooledBody {
+		return maxSpooledBody
+	}
+	return limit + 1<<20
+}
 
 var errBodyTooLarge = errors.New("request body too large")
 
-// spool copies a request body of unknown length to a temporary file beside
-// the repositories and returns it rewound, with its length.
-func (g *gitServer) spool(body io.Reader) (*os.File, int64, error) {
+// spool copies a request body of unknown length, at most max bytes, to a
+// temporary file beside the repositories and returns it rewound, with its
+// length.
+func (g *gitServer) spool(body io.Reader, max int64) (*os.File, int64, error) {
 	f, err := os.CreateTemp(g.m.root, ".body-")
 	if err != nil {
 		return nil, 0, err
 	}
-	n, err := io.Copy(f, io.LimitReader(body, maxSpooledBody+1))
+	n, err := io.Copy(f, io.LimitReader(body, max+1))
 	if err != nil {
 		return f, n, err
 	}
-	if n > maxSpooledBody {
+	if n > max {
 		return f, n, errBodyTooLarge
 	}
 	_, err = f.Seek(0, io.SeekStart)
@@ -171,6 +220,12 @@ func (g *gitServer) spool(body io.Reader) (*os.File, int64, error) {
 
 // principal authenticates the request or answers 401.
 func (g *gitServer) principal(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
+	if len(r.Header.Values("Authorization")) > 1 {
+		// As the API does (auth.KeyFromHeaders): which of two credentials
+		// counts must not depend on who reads the headers.
+		challenge(w)
+		return auth.Principal{}, false
+	}
 	key := keyOf(r)
 	if key == "" {
 		challenge(w)

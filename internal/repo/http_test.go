@@ -31,6 +31,12 @@ type gitServerFixture struct {
 
 func newGitServer(t *testing.T) gitServerFixture {
 	t.Helper()
+	return newGitServerWith(t, Limits{})
+}
+
+// newGitServerWith is newGitServer with the given limits.
+func newGitServerWith(t *testing.T, limits Limits) gitServerFixture {
+	t.Helper()
 	ctx := context.Background()
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
 	var f gitServerFixture
@@ -68,7 +74,7 @@ func newGitServer(t *testing.T) gitServerFixture {
 	f.aliceKey, f.bobKey, f.acmeKey = key(f.alice, "", false), key(f.bob, "", false), key(f.acme, "", false)
 	f.sandboxKey, f.revokedKey = key(f.alice, sb.ID, false), key(f.alice, "", true)
 
-	f.m = newManager(t, Options{})
+	f.m = newManager(t, Options{Limits: limits})
 	mux := http.NewServeMux()
 	mux.Handle(GitPathPrefix, f.m.GitHTTPHandler(auth.NewAuthenticator(st)))
 	f.srv = httptest.NewServer(mux)

@@ -1,17 +1,21 @@
 package repo
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"path"
+	"strconv"
 	"strings"
 
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
+
+	"github.com/sandboxd/sandboxd/internal/capbuf"
 )
 
 // cleanPath normalises a path inside a repository; "" means the path is
@@ -88,7 +92,7 @@ func (m *Manager) readAt(ctx context.Context, account, owner, repoPath string, c
 	if err != nil {
 		return nil, fmt.Errorf("read tree of %s in %s: %w", commit, owner, err)
 	}
-	mods, err := modulesOf(tree)
+	mods, err := modulesOf(st, tree)
 	if err != nil {
 		return nil, fmt.Errorf("%s at %s: %w", owner, commit, err)
 	}
@@ -106,7 +110,7 @@ func (m *Manager) readAt(ctx context.Context, account, owner, repoPath string, c
 		if depth >= maxSubmoduleDepth {
 			return nil, fmt.Errorf("submodules nested deeper than %d at %s: %w", maxSubmoduleDepth, sub.Path, ErrNotFound)
 		}
-		subOwner, subPath, err := m.submoduleRepo(ctx, account, owner, sub)
+		subOwner, subPath, err := m.submoduleRepo(ctx, account, owner, sub, UseRead)
 		if err != nil {
 			return nil, err
 		}
@@ -123,18 +127,64 @@ func (m *Manager) readAt(ctx context.Context, account, owner, repoPath string, c
 	if e.Mode == filemode.Dir || e.Mode == filemode.Submodule {
 		return nil, fmt.Errorf("%s is not a file: %w", p, ErrNotFound)
 	}
-	blob, err := object.GetBlob(st, e.Hash)
+	data, err := m.readBlob(ctx, repoPath, e.Hash, p)
 	if err != nil {
 		return nil, fmt.Errorf("read blob %s (%s): %w", e.Hash, p, err)
 	}
-	r, err := blob.Reader()
+	return data, nil
+}
+
+// readBlob returns blob h of the repository at repoPath (the file p),
+// refusing one larger than the read limit (TooLargeError) before reading
+// any of its content. git cat-file --batch prints the object's size first,
+// taken from its header (for a delta, from the delta's header), so a blob
+// that inflates to gigabytes from a few bytes of push costs nothing to
+// refuse; below the limit the content is streamed into a buffer of exactly
+// that size. (go-git would inflate a delta whole to learn its size.)
+func (m *Manager) readBlob(ctx context.Context, repoPath string, h plumbing.Hash, p string) ([]byte, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, m.git, "--git-dir="+repoPath, "cat-file", "--batch")
+	cmd.Env = gitEnv()
+	cmd.Stdin = strings.NewReader(h.String() + "\n")
+	stderr := capbuf.New(4 << 10)
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, fmt.Errorf("read blob %s (%s): %w", e.Hash, p, err)
+		return nil, err
 	}
-	defer r.Close()
-	data := bytes.NewBuffer(make([]byte, 0, blob.Size))
-	if _, err := io.Copy(data, r); err != nil {
-		return nil, fmt.Errorf("read blob %s (%s): %w", e.Hash, p, err)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start git cat-file: %w", err)
 	}
-	return data.Bytes(), nil
+	// Once the answer is read (or refused), git is stopped rather than
+	// waited for: it may be blocked writing content nobody will read.
+	defer func() { cancel(); _ = cmd.Wait() }()
+	br := bufio.NewReaderSize(stdout, 64<<10)
+	header, err := br.ReadString('\n')
+	if err != nil {
+		return nil, fmt.Errorf("git cat-file: %w: %s", err, strings.TrimSpace(stderr.String("dropped")))
+	}
+	// "<object> <type> <size>" or "<object> missing".
+	f := strings.Fields(header)
+	if len(f) == 2 && f[1] == "missing" {
+		return nil, fmt.Errorf("object %s is missing: %w", h, ErrNotFound)
+	}
+	if len(f) != 3 {
+		return nil, fmt.Errorf("git cat-file: unexpected header %q", header)
+	}
+	if f[1] != "blob" {
+		return nil, fmt.Errorf("%s is a %s, not a file: %w", p, f[1], ErrNotFound)
+	}
+	size, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || size < 0 {
+		return nil, fmt.Errorf("git cat-file: unexpected header %q", header)
+	}
+	if limit := m.limits.MaxReadBytes; limit > 0 && size > limit {
+		return nil, &TooLargeError{Path: p, Size: size, Limit: limit}
+	}
+	data := make([]byte, size)
+	if _, err := io.ReadFull(br, data); err != nil {
+		return nil, fmt.Errorf("git cat-file: read %d bytes: %w", size, err)
+	}
+	return data, nil
 }

@@ -17,10 +17,16 @@
 //   - Objects are written with go-git (blobs streamed, never held whole in
 //     memory); refs, tree listings and smart HTTP use the git CLI, which
 //     shares git's locking and is faster at listing.
+//   - Everything in a repository is hostile: files are read whole only
+//     below a limit checked from the object's header, tree listings stop
+//     at a limit while git lists them, and writes (commits here, pushes
+//     through the git server) are refused before they would pass the
+//     account's repository quota (Limits).
 //   - A submodule resolves only into a repository hosted here, named by a
 //     URL relative to its parent ("../<id>.git") or under one of the
 //     server's own URLs (".../git/<id>.git"), and only when the account
-//     that reads or writes may use that repository (Options.Access).
+//     that reads or writes may use that repository (Options.Access), for
+//     writing by the same rule as git push.
 package repo
 
 import (
@@ -66,18 +72,30 @@ var (
 	ErrConflict = errors.New("branch moved concurrently")
 )
 
+// Use is what a submodule is followed for.
+type Use int
+
+const (
+	// UseRead follows a submodule to read a file.
+	UseRead Use = iota
+	// UseWrite follows a submodule to commit into its repository.
+	UseWrite
+)
+
 // SubmoduleAccess decides whether a submodule followed on behalf of account
-// may lead into owner's repository (to read it, or to commit to it).
+// may lead into owner's repository, to read it or to commit to it. Writing
+// must follow the same rule as git push (auth.MayWrite): an account that
+// may read a repository (an organization's member) may not thereby write it.
 type SubmoduleAccess interface {
-	MayUseRepository(ctx context.Context, account, owner string) (bool, error)
+	MayUseRepository(ctx context.Context, account, owner string, use Use) (bool, error)
 }
 
 // AccessFunc adapts a function to SubmoduleAccess.
-type AccessFunc func(ctx context.Context, account, owner string) (bool, error)
+type AccessFunc func(ctx context.Context, account, owner string, use Use) (bool, error)
 
 // MayUseRepository calls f.
-func (f AccessFunc) MayUseRepository(ctx context.Context, account, owner string) (bool, error) {
-	return f(ctx, account, owner)
+func (f AccessFunc) MayUseRepository(ctx context.Context, account, owner string, use Use) (bool, error) {
+	return f(ctx, account, owner, use)
 }
 
 // Options configure a Manager.
@@ -95,7 +113,14 @@ type Options struct {
 	Git string
 	// TreeCacheEntries bounds the cache of tree listings (default 32).
 	TreeCacheEntries int
-	Logger           *slog.Logger
+	// Limits bound what the server reads and accepts (zero fields take
+	// the defaults, negative ones mean unlimited): MaxReadBytes is the
+	// largest file ReadFile returns (ErrTooLarge beyond), TreeMaxEntries
+	// and TreeMaxPathBytes cut tree listings, QuotaBytes is the disk space
+	// one account's repository may take (commits and pushes that would
+	// pass it are refused), MaxPushBytes and MaxPushObjects bound one push.
+	Limits Limits
+	Logger *slog.Logger
 }
 
 // Manager manages the repositories under one root. It is safe for
@@ -108,6 +133,7 @@ type Manager struct {
 	access    SubmoduleAccess
 	log       *slog.Logger
 	treeCache *lru
+	limits    Limits
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
@@ -148,7 +174,11 @@ func New(opts Options) (*Manager, error) {
 		access:    opts.Access,
 		log:       opts.Logger,
 		treeCache: newLRU(opts.TreeCacheEntries),
+		limits:    opts.Limits.withDefaults(),
 		locks:     map[string]*sync.Mutex{},
+	}
+	if err := m.installHooks(); err != nil {
+		return nil, fmt.Errorf("repo: %w", err)
 	}
 	for _, u := range opts.LocalURLs {
 		l, err := parseLocalURL(u)

@@ -1,6 +1,7 @@
 package repo
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -47,7 +48,7 @@ func TestLifecycle(t *testing.T) {
 	if ok, err := m.Exists(ctx, a); err != nil || ok {
 		t.Fatalf("Exists before Ensure = %v, %v", ok, err)
 	}
-	if _, err := m.Tree(ctx, a); !errors.Is(err, ErrNoRepository) {
+	if _, _, err := m.Tree(ctx, a); !errors.Is(err, ErrNoRepository) {
 		t.Fatalf("Tree of a missing repository: %v", err)
 	}
 	if _, err := m.ReadFile(ctx, a, "x"); !errors.Is(err, ErrNoRepository) {
@@ -75,7 +76,7 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	// An empty repository: an empty tree, every read not found.
-	tree, err := m.Tree(ctx, a)
+	tree, _, err := m.Tree(ctx, a)
 	if err != nil || tree == nil || len(tree) != 0 {
 		t.Fatalf("Tree of an empty repository = %#v, %v", tree, err)
 	}
@@ -96,8 +97,8 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("second Delete: %v", err)
 	}
 	entries, _ := os.ReadDir(m.Root())
-	if len(entries) != 0 {
-		t.Fatalf("root not empty after Delete: %v", entries)
+	if len(entries) != 1 || entries[0].Name() != ".hooks" {
+		t.Fatalf("root holds more than the push hooks after Delete: %v", entries)
 	}
 	if _, err := m.Ensure(ctx, "../escape"); !errors.Is(err, ErrInvalidAccount) {
 		t.Fatalf("Ensure of a bad id: %v", err)
@@ -319,7 +320,7 @@ func TestConcurrentCommits(t *testing.T) {
 	if count := gitCmd(t, p, "rev-list", "--count", "main"); count != fmt.Sprint(n) {
 		t.Fatalf("%s commits, want %d", count, n)
 	}
-	tree, err := m.Tree(ctx, a)
+	tree, _, err := m.Tree(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +381,7 @@ func TestTree(t *testing.T) {
 	commitOne(t, m, a, map[string]string{"z.txt": "zz", "a/b/c.bin": "\x00\x01\x02", "a/x.txt": "x"})
 	setGitlinks(t, m, a, map[string][2]string{"vendor/b": {"../" + b + ".git", subCommit}})
 
-	tree, err := m.Tree(ctx, a)
+	tree, _, err := m.Tree(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +413,7 @@ func TestTree(t *testing.T) {
 
 	// Cached listings are copies: changing one does not change the next.
 	tree[0].Path = "changed"
-	again, _ := m.Tree(ctx, a)
+	again, _, _ := m.Tree(ctx, a)
 	if again[0].Path != ".gitmodules" {
 		t.Fatal("the cached listing was modified through a returned slice")
 	}
@@ -438,7 +439,7 @@ func TestParseLsTree(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseLsTree([]byte(tc.in))
+			got, _, err := parseLsTree(bufio.NewReader(strings.NewReader(tc.in)), 0, 0)
 			if (err == nil) != tc.ok {
 				t.Fatalf("err = %v", err)
 			}
@@ -473,7 +474,7 @@ func BenchmarkTree10k(b *testing.B) {
 	uncached := func(b *testing.B) {
 		for b.Loop() {
 			m.treeCache = newLRU(1)
-			tree, err := m.Tree(ctx, a)
+			tree, _, err := m.Tree(ctx, a)
 			if err != nil || len(tree) != want {
 				b.Fatalf("%d entries, %v", len(tree), err)
 			}
@@ -485,7 +486,7 @@ func BenchmarkTree10k(b *testing.B) {
 	b.Run("packed/uncached", uncached)
 	b.Run("packed/cached", func(b *testing.B) {
 		for b.Loop() {
-			if tree, err := m.Tree(ctx, a); err != nil || len(tree) != want {
+			if tree, _, err := m.Tree(ctx, a); err != nil || len(tree) != want {
 				b.Fatalf("%d entries, %v", len(tree), err)
 			}
 		}

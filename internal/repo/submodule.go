@@ -14,6 +14,7 @@ import (
 	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/storage/filesystem"
 )
 
 // maxSubmoduleDepth bounds how deep submodules are followed, so that
@@ -27,23 +28,42 @@ type submodule struct {
 	Branch string
 }
 
-// modulesOf parses the .gitmodules of tree; a tree without one has no
-// submodules. Entries git itself would refuse (empty or escaping paths,
-// suspicious names) are ignored.
-func modulesOf(tree *object.Tree) ([]submodule, error) {
-	f, err := tree.File(".gitmodules")
-	if errors.Is(err, object.ErrFileNotFound) || errors.Is(err, object.ErrDirectoryNotFound) {
+// maxGitmodulesBytes bounds the .gitmodules file read.
+const maxGitmodulesBytes = 1 << 20
+
+// modulesOf parses the .gitmodules of tree (whose objects are in st); a
+// tree without one has no submodules. Entries git itself would refuse
+// (empty or escaping paths, suspicious names) are ignored, and so is a
+// .gitmodules larger than 1 MiB: its size is read from the object's header
+// before anything is inflated.
+func modulesOf(st *filesystem.Storage, tree *object.Tree) ([]submodule, error) {
+	e, err := tree.FindEntry(".gitmodules")
+	if errors.Is(err, object.ErrEntryNotFound) || errors.Is(err, object.ErrFileNotFound) || errors.Is(err, object.ErrDirectoryNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read .gitmodules: %w", err)
 	}
-	r, err := f.Reader()
+	if !e.Mode.IsFile() {
+		return nil, nil
+	}
+	size, err := st.EncodedObjectSize(e.Hash)
+	if err != nil {
+		return nil, fmt.Errorf("read .gitmodules: %w", err)
+	}
+	if size > maxGitmodulesBytes {
+		return nil, nil
+	}
+	blob, err := object.GetBlob(st, e.Hash)
+	if err != nil {
+		return nil, fmt.Errorf("read .gitmodules: %w", err)
+	}
+	r, err := blob.Reader()
 	if err != nil {
 		return nil, fmt.Errorf("read .gitmodules: %w", err)
 	}
 	defer r.Close()
-	data, err := io.ReadAll(io.LimitReader(r, 1<<20))
+	data, err := io.ReadAll(io.LimitReader(r, maxGitmodulesBytes))
 	if err != nil {
 		return nil, fmt.Errorf("read .gitmodules: %w", err)
 	}
@@ -147,21 +167,27 @@ func (m *Manager) ownerOf(base, raw string) (string, error) {
 
 // submoduleRepo returns the owner and path of the repository submodule sub
 // of account base's repository leads to, if account (the one reading or
-// writing) may use it.
-func (m *Manager) submoduleRepo(ctx context.Context, account, base string, sub submodule) (string, string, error) {
+// writing) may use it so. A write refused where a read would be allowed is
+// ErrReadOnly; a repository the account may not even read is ErrNotFound,
+// so that ids cannot be probed.
+func (m *Manager) submoduleRepo(ctx context.Context, account, base string, sub submodule, use Use) (string, string, error) {
 	owner, err := m.ownerOf(base, sub.URL)
 	if err != nil {
 		return "", "", fmt.Errorf("submodule %s: %w", sub.Path, err)
 	}
 	if owner != account {
-		ok := false
-		if m.access != nil {
-			if ok, err = m.access.MayUseRepository(ctx, account, owner); err != nil {
-				return "", "", fmt.Errorf("submodule %s: check access of %s to %s: %w", sub.Path, account, owner, err)
+		ok, err := m.mayUse(ctx, account, owner, use)
+		if err != nil {
+			return "", "", fmt.Errorf("submodule %s: %w", sub.Path, err)
+		}
+		if !ok && use == UseWrite {
+			if readable, err := m.mayUse(ctx, account, owner, UseRead); err != nil {
+				return "", "", fmt.Errorf("submodule %s: %w", sub.Path, err)
+			} else if readable {
+				return "", "", fmt.Errorf("submodule %s: repository of %s: %w", sub.Path, owner, ErrReadOnly)
 			}
 		}
 		if !ok {
-			// Not found, not forbidden: ids cannot be probed this way.
 			return "", "", fmt.Errorf("submodule %s: repository of %s: %w", sub.Path, owner, ErrNotFound)
 		}
 	}
@@ -173,6 +199,22 @@ func (m *Manager) submoduleRepo(ctx context.Context, account, base string, sub s
 		return "", "", err
 	}
 	return owner, p, nil
+}
+
+// mayUse asks the access rule; without one only the account's own
+// repository may be used.
+func (m *Manager) mayUse(ctx context.Context, account, owner string, use Use) (bool, error) {
+	if owner == account {
+		return true, nil
+	}
+	if m.access == nil {
+		return false, nil
+	}
+	ok, err := m.access.MayUseRepository(ctx, account, owner, use)
+	if err != nil {
+		return false, fmt.Errorf("check access of %s to %s: %w", account, owner, err)
+	}
+	return ok, nil
 }
 
 // redactURL drops credentials from a URL for messages.

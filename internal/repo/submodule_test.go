@@ -7,7 +7,7 @@ import (
 )
 
 // allowAll lets every account use every repository through submodules.
-var allowAll = AccessFunc(func(context.Context, string, string) (bool, error) { return true, nil })
+var allowAll = AccessFunc(func(context.Context, string, string, Use) (bool, error) { return true, nil })
 
 func TestOwnerOf(t *testing.T) {
 	m := newManager(t, Options{LocalURLs: []string{"http://127.0.0.1:8080", "http://sandboxd.internal", "https://example.com/sandboxd/"}})
@@ -119,7 +119,7 @@ func TestReadThroughSubmodules(t *testing.T) {
 func TestSubmoduleAccess(t *testing.T) {
 	ctx := context.Background()
 	var asked [][2]string
-	onlyB := AccessFunc(func(_ context.Context, account, owner string) (bool, error) {
+	onlyB := AccessFunc(func(_ context.Context, account, owner string, _ Use) (bool, error) {
 		asked = append(asked, [2]string{account, owner})
 		return false, nil
 	})
@@ -141,7 +141,7 @@ func TestSubmoduleAccess(t *testing.T) {
 	}
 	// Nested reads ask for the reading account, not the intermediate one.
 	asked = nil
-	viaB := AccessFunc(func(_ context.Context, account, owner string) (bool, error) {
+	viaB := AccessFunc(func(_ context.Context, account, owner string, _ Use) (bool, error) {
 		asked = append(asked, [2]string{account, owner})
 		return owner == f.b, nil
 	})
