@@ -195,6 +195,9 @@ func NewManager(cfg Config) *Manager {
 	if s.DefaultTimeout > s.MaxTimeout {
 		s.DefaultTimeout = s.MaxTimeout
 	}
+	if s.Network.Mode == "" {
+		s.Network = netpol.Policy{Mode: netpol.ModeNone}
+	}
 	return &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
 		stopping:   map[string]chan struct{}{},

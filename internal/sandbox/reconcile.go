@@ -77,8 +77,16 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		switch sb.Status {
 		case store.SandboxRunning:
 			if alive[sb.ID] {
-				if _, err := m.rt.Get(ctx, sb.ID); err == nil {
-					keep[sb.ID] = true
+				// Present is not enough: its processes may have died
+				// with the host's (an OOM kill, a reboot that left the
+				// state behind), and a stopped sandbox kept as running
+				// would hold its account's place until its deadline.
+				if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
+					if st, err := rsb.State(ctx); err == nil && st == runtime.StateRunning {
+						keep[sb.ID] = true
+						continue
+					}
+					m.markGone(ctx, sb, "the sandbox had stopped when sandboxd restarted")
 					continue
 				}
 			}

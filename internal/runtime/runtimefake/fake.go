@@ -1,0 +1,408 @@
+// Package runtimefake is an in-memory runtime.Runtime for tests of the
+// control plane (the sandbox manager, runs, persistence) that must run in
+// seconds and without root, runsc or KVM: a test support package beside
+// runtimetest, in the way Nomad's mock driver serves its client's tests.
+//
+// It keeps the runtime contract's observable rules — ids are unique, a
+// destroyed sandbox is gone (ErrNotFound), a stopped one answers
+// ErrNotRunning, Destroy is idempotent — and lets a test script what real
+// backends do on their own: process results (Exec), a sandbox dying under
+// the service (Kill), a host losing it (Lose), and failures (FailCreate).
+// Files live in memory; Snapshot writes them in the real snapshot format.
+// It is never used by production code.
+package runtimefake
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/snapshot"
+)
+
+// ExecFunc scripts a process: it gets the sandbox and the request (its
+// writers included) and returns how the process ended.
+type ExecFunc func(ctx context.Context, sb *Sandbox, req runtime.ExecRequest) (runtime.ExecResult, error)
+
+// Runtime is the fake backend, scripted with SetExec and FailCreate and
+// disturbed with Kill, Lose and Add. Safe for concurrent use.
+type Runtime struct {
+	mu sync.Mutex
+	// exec runs every process of every sandbox; nil: exit 0, no output.
+	exec ExecFunc
+	// failCreate, when set, decides whether a Create fails (before
+	// anything exists, as the contract wants).
+	failCreate func(spec runtime.Spec) error
+	sandboxes  map[string]*Sandbox
+	specs      map[string]runtime.Spec
+	creates    int
+	destroys   map[string]int
+}
+
+// New returns an empty fake runtime.
+func New() *Runtime {
+	return &Runtime{sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}}
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// SetExec scripts the processes of every sandbox from now on.
+func (r *Runtime) SetExec(fn ExecFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.exec = fn
+}
+
+// FailCreate makes Create return fn's error when it is not nil.
+func (r *Runtime) FailCreate(fn func(spec runtime.Spec) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failCreate = fn
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "fake" }
+
+// Create implements runtime.Runtime. The layers are read to their end (a
+// real backend consumes them) and their ids kept in the spec.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	fail := r.failCreate
+	_, exists := r.sandboxes[spec.ID]
+	r.mu.Unlock()
+	if exists {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, runtime.ErrExists)
+	}
+	if fail != nil {
+		if err := fail(spec); err != nil {
+			return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+		}
+	}
+	for _, l := range spec.Layers {
+		if _, err := io.Copy(io.Discard, l.R); err != nil {
+			return nil, fmt.Errorf("create %s: read layer %s: %w", spec.ID, l.ID, err)
+		}
+	}
+	sb := &Sandbox{rt: r, id: spec.ID, files: map[string][]byte{}, created: time.Now()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.sandboxes[spec.ID]; ok {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, runtime.ErrExists)
+	}
+	r.sandboxes[spec.ID] = sb
+	r.specs[spec.ID] = spec
+	r.creates++
+	return sb, nil
+}
+
+// Get implements runtime.Runtime.
+func (r *Runtime) Get(_ context.Context, id string) (runtime.Sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb, ok := r.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("get %s: %w", id, runtime.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// List implements runtime.Runtime.
+func (r *Runtime) List(context.Context) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]string, 0, len(r.sandboxes))
+	for id := range r.sandboxes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// Close implements runtime.Runtime; sandboxes stay, as with a real backend.
+func (r *Runtime) Close() error { return nil }
+
+// Spec is what sandbox id was created with.
+func (r *Runtime) Spec(id string) (runtime.Spec, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.specs[id]
+	return s, ok
+}
+
+// Creates counts the successful Creates.
+func (r *Runtime) Creates() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.creates
+}
+
+// Destroys counts the Destroys of sandbox id that found it.
+func (r *Runtime) Destroys(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.destroys[id]
+}
+
+// Add puts a sandbox on the host that the service did not create (as
+// after a crash between the runtime's create and the database's record).
+func (r *Runtime) Add(id string) *Sandbox {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := &Sandbox{rt: r, id: id, files: map[string][]byte{}, created: time.Now()}
+	r.sandboxes[id] = sb
+	return sb
+}
+
+// Kill stops sandbox id as if its processes died on their own: it stays on
+// the host, stopped.
+func (r *Runtime) Kill(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sb, ok := r.sandboxes[id]; ok {
+		sb.stopped = true
+	}
+}
+
+// Lose removes sandbox id as if the host lost it (a reboot, a crash).
+func (r *Runtime) Lose(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.sandboxes, id)
+}
+
+// Sandbox is one fake sandbox; its files are in memory.
+type Sandbox struct {
+	rt      *Runtime
+	id      string
+	created time.Time
+	// Guarded by rt.mu.
+	stopped bool
+	files   map[string][]byte
+	execs   [][]string
+	stops   int
+}
+
+var _ runtime.Sandbox = (*Sandbox)(nil)
+
+// ID implements runtime.Sandbox.
+func (s *Sandbox) ID() string { return s.id }
+
+// Info implements runtime.Sandbox.
+func (s *Sandbox) Info() runtime.Info {
+	return runtime.Info{Backend: "fake", Platform: "memory", Kernel: "fake", Agent: "fake"}
+}
+
+// alive is nil when the sandbox is present and running.
+func (s *Sandbox) alive() error {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	if s.rt.sandboxes[s.id] != s {
+		return fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotFound)
+	}
+	if s.stopped {
+		return fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotRunning)
+	}
+	return nil
+}
+
+// State implements runtime.Sandbox.
+func (s *Sandbox) State(context.Context) (runtime.State, error) {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	if s.rt.sandboxes[s.id] != s {
+		return "", fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotFound)
+	}
+	if s.stopped {
+		return runtime.StateStopped, nil
+	}
+	return runtime.StateRunning, nil
+}
+
+// Exec implements runtime.Sandbox with the runtime's ExecFunc. A Timeout
+// is honoured as real backends do: the script's context ends with it and
+// the result says TimedOut.
+func (s *Sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
+	if err := s.alive(); err != nil {
+		return runtime.ExecResult{}, err
+	}
+	s.rt.mu.Lock()
+	fn := s.rt.exec
+	s.execs = append(s.execs, slices.Clone(req.Cmd))
+	s.rt.mu.Unlock()
+	if req.Stdout == nil {
+		req.Stdout = io.Discard
+	}
+	if req.Stderr == nil {
+		req.Stderr = io.Discard
+	}
+	if fn == nil {
+		return runtime.ExecResult{}, nil
+	}
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, req.Timeout)
+		defer cancel()
+	}
+	start := time.Now()
+	res, err := fn(ctx, s, req)
+	res.Duration = time.Since(start)
+	if err == nil && req.Timeout > 0 && ctx.Err() == context.DeadlineExceeded {
+		res.TimedOut, res.ExitCode, res.Signal = true, 137, 9
+	}
+	return res, err
+}
+
+// Execs are the command lines run so far.
+func (s *Sandbox) Execs() [][]string {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	return slices.Clone(s.execs)
+}
+
+// Stops counts Stop calls.
+func (s *Sandbox) Stops() int {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	return s.stops
+}
+
+func clean(p string) string { return path.Clean("/" + p) }
+
+// ReadFile implements runtime.Sandbox.
+func (s *Sandbox) ReadFile(_ context.Context, p string) (io.ReadCloser, error) {
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	b, ok := s.files[clean(p)]
+	if !ok {
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// WriteFile implements runtime.Sandbox.
+func (s *Sandbox) WriteFile(_ context.Context, p string, r io.Reader, _ fs.FileMode) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	s.files[clean(p)] = b
+	return nil
+}
+
+// File returns the content of p, or false.
+func (s *Sandbox) File(p string) ([]byte, bool) {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	b, ok := s.files[clean(p)]
+	return b, ok
+}
+
+// ListDir implements runtime.Sandbox: the files directly under p.
+func (s *Sandbox) ListDir(_ context.Context, p string) ([]runtime.DirEntry, error) {
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	dir := clean(p)
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	var out []runtime.DirEntry
+	for name, b := range s.files {
+		if path.Dir(name) == dir {
+			out = append(out, runtime.DirEntry{Name: path.Base(name), Size: int64(len(b)), Mode: 0o644, ModTime: s.created})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Quiesce implements runtime.Sandbox; there is nothing to freeze.
+func (s *Sandbox) Quiesce(context.Context) (func(context.Context) error, error) {
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	return func(context.Context) error { return nil }, nil
+}
+
+// Snapshot implements runtime.Sandbox: the sandbox's files, written to a
+// scratch directory, in the real layer format.
+func (s *Sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error) {
+	s.rt.mu.Lock()
+	files := make(map[string][]byte, len(s.files))
+	for p, b := range s.files {
+		files[p] = b
+	}
+	s.rt.mu.Unlock()
+	dir, err := os.MkdirTemp("", "runtimefake-")
+	if err != nil {
+		return snapshot.Manifest{}, err
+	}
+	defer os.RemoveAll(dir)
+	for p, b := range files {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return snapshot.Manifest{}, err
+		}
+		if err := os.WriteFile(full, b, 0o644); err != nil {
+			return snapshot.Manifest{}, err
+		}
+	}
+	return snapshot.Write(ctx, w, dir, snapshot.Manifest{})
+}
+
+// Stats implements runtime.Sandbox.
+func (s *Sandbox) Stats(context.Context) (runtime.Stats, error) {
+	return runtime.Stats{DiskBytes: s.HostDiskBytes()}, nil
+}
+
+// HostDiskBytes implements runtime.Sandbox: the bytes of its files.
+func (s *Sandbox) HostDiskBytes() int64 {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	var n int64
+	for _, b := range s.files {
+		n += int64(len(b))
+	}
+	return n
+}
+
+// Stop implements runtime.Sandbox.
+func (s *Sandbox) Stop(context.Context) error {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	s.stops++
+	s.stopped = true
+	return nil
+}
+
+// Destroy implements runtime.Sandbox; idempotent.
+func (s *Sandbox) Destroy(context.Context) error {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	s.stopped = true
+	if s.rt.sandboxes[s.id] == s {
+		delete(s.rt.sandboxes, s.id)
+		s.rt.destroys[s.id]++
+	}
+	return nil
+}

@@ -1,0 +1,455 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+// These tests drive the control plane (the Manager over a real SQLite
+// store and a real River client) against the in-memory runtime of package
+// runtimefake: no root, no runsc, seconds. The runtime is a fake at a
+// process boundary the manager does not own; everything else is real.
+
+// plane is a manager on node "here" with one account.
+type plane struct {
+	m       *Manager
+	rt      *runtimefake.Runtime
+	st      *store.Store
+	auth    *auth.Authenticator
+	account store.Account
+}
+
+func newPlane(t *testing.T, settings Settings) *plane {
+	t.Helper()
+	ctx := context.Background()
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { jc.Close() })
+	acct := store.Account{Name: "alice", Kind: store.AccountPersonal}
+	if err := st.CreateAccount(ctx, &acct); err != nil {
+		t.Fatal(err)
+	}
+	rt := runtimefake.New()
+	m := NewManager(Config{Store: st, Runtime: rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: settings})
+	return &plane{m: m, rt: rt, st: st, auth: auth.NewAuthenticator(st), account: acct}
+}
+
+// sandboxKey is the RECOUP_API_KEY the runtime was given for id.
+func (p *plane) sandboxKey(t *testing.T, id string) string {
+	t.Helper()
+	spec, ok := p.rt.Spec(id)
+	if !ok {
+		t.Fatalf("the runtime never created %s", id)
+	}
+	for _, kv := range spec.Env {
+		if k, ok := strings.CutPrefix(kv, "RECOUP_API_KEY="); ok {
+			return k
+		}
+	}
+	t.Fatalf("no RECOUP_API_KEY in %s's environment", id)
+	return ""
+}
+
+func (p *plane) status(t *testing.T, id string) store.Sandbox {
+	t.Helper()
+	sb, err := p.st.GetSandbox(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+func (p *plane) keyWorks(id, key string) bool {
+	k, err := p.auth.Authenticate(context.Background(), key)
+	return err == nil && k.SandboxID == id
+}
+
+func TestCreateRecordsAndStarts(t *testing.T) {
+	p := newPlane(t, Settings{})
+	ctx := context.Background()
+	sb, runID, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: 60_000})
+	if err != nil || runID != "" {
+		t.Fatalf("create: %v (run %q)", err, runID)
+	}
+	if sb.Status != store.SandboxRunning || p.status(t, sb.ID).Status != store.SandboxRunning {
+		t.Fatalf("status %s / %s, want running", sb.Status, p.status(t, sb.ID).Status)
+	}
+	if got := sb.Deadline.Sub(sb.CreatedAt); got != time.Minute {
+		t.Fatalf("lifetime %s, want the requested 1m", got)
+	}
+	if !p.keyWorks(sb.ID, p.sandboxKey(t, sb.ID)) {
+		t.Fatal("the sandbox's key does not authenticate as the sandbox")
+	}
+	// A lifetime past the maximum is refused before anything exists.
+	_, _, err = p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: (25 * time.Hour).Milliseconds()})
+	if !errors.Is(err, api.ErrInvalid) || p.rt.Creates() != 1 {
+		t.Fatalf("create past the max timeout: %v, %d creates", err, p.rt.Creates())
+	}
+}
+
+func TestCreateFailureLeavesAFailedRowAndNoKey(t *testing.T) {
+	p := newPlane(t, Settings{})
+	boom := errors.New("no space for the image")
+	var key string
+	p.rt.FailCreate(func(spec runtime.Spec) error {
+		for _, kv := range spec.Env {
+			if k, ok := strings.CutPrefix(kv, "RECOUP_API_KEY="); ok {
+				key = k
+			}
+		}
+		return boom
+	})
+	sb, _, err := p.m.Create(context.Background(), p.account.ID, api.CreateSandboxRequest{})
+	if !errors.Is(err, boom) {
+		t.Fatalf("create: %v, want the runtime's error", err)
+	}
+	got := p.status(t, sb.ID)
+	if got.Status != store.SandboxFailed || got.FailureReason != "the runtime could not start it" {
+		t.Fatalf("row %s %q, want failed with the reason", got.Status, got.FailureReason)
+	}
+	if key == "" || p.keyWorks(sb.ID, key) {
+		t.Fatalf("the key minted for the failed sandbox still works (%q)", key)
+	}
+	if ids, _ := p.rt.List(context.Background()); len(ids) != 0 {
+		t.Fatalf("runtime holds %v after a failed create", ids)
+	}
+}
+
+func TestConcurrentCreatesKeepTheQuota(t *testing.T) {
+	const quota, calls = 3, 12
+	p := newPlane(t, Settings{PerAccount: quota})
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		ok     int
+		quotas int
+		start  = make(chan struct{})
+	)
+	for range calls {
+		wg.Go(func() {
+			<-start
+			_, _, err := p.m.Create(context.Background(), p.account.ID, api.CreateSandboxRequest{})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, api.ErrQuota):
+				quotas++
+			default:
+				t.Errorf("create: %v", err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if ok != quota || quotas != calls-quota || p.rt.Creates() != quota {
+		t.Fatalf("%d created, %d refused, %d in the runtime; want %d, %d, %d", ok, quotas, p.rt.Creates(), quota, calls-quota, quota)
+	}
+}
+
+func TestStopIsOnceAndRevokes(t *testing.T) {
+	p := newPlane(t, Settings{})
+	ctx := context.Background()
+	sb, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := p.sandboxKey(t, sb.ID)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if _, err := p.m.Stop(ctx, sb); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	got := p.status(t, sb.ID)
+	if got.Status != store.SandboxStopped || got.FailureReason != "stopped by request" {
+		t.Fatalf("row %s %q, want stopped by request", got.Status, got.FailureReason)
+	}
+	if n := p.rt.Destroys(sb.ID); n != 1 {
+		t.Fatalf("destroyed %d times, want once", n)
+	}
+	if p.keyWorks(sb.ID, key) {
+		t.Fatal("the key of a stopped sandbox still works")
+	}
+	// Stopping a stopped sandbox is not an error and changes nothing.
+	if _, err := p.m.Stop(ctx, got); err != nil || p.status(t, sb.ID).Status != store.SandboxStopped {
+		t.Fatalf("second stop: %v, %s", err, p.status(t, sb.ID).Status)
+	}
+}
+
+func TestReaperStopsAtTheDeadline(t *testing.T) {
+	p := newPlane(t, Settings{})
+	ctx := context.Background()
+	short, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: 3_600_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	p.m.reap(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for p.status(t, short.ID).Status != store.SandboxStopped {
+		if time.Now().After(deadline) {
+			t.Fatalf("expired sandbox is %s", p.status(t, short.ID).Status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := p.status(t, short.ID).FailureReason; r != reasonTimeout {
+		t.Fatalf("reason %q, want %q", r, reasonTimeout)
+	}
+	if s := p.status(t, long.ID).Status; s != store.SandboxRunning {
+		t.Fatalf("a sandbox before its deadline is %s", s)
+	}
+}
+
+// TestReconcileMatrix restarts the control plane over each combination of
+// a row's status and what the runtime holds, as a crash leaves them.
+func TestReconcileMatrix(t *testing.T) {
+	p := newPlane(t, Settings{})
+	ctx := context.Background()
+	row := func(status string) store.Sandbox {
+		sb := store.Sandbox{ID: newID("sbx_"), AccountID: p.account.ID, NodeID: "here", Status: status, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+		if err := p.st.CreateSandbox(ctx, &sb); err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	cases := []struct {
+		name    string
+		status  string
+		runtime string // "running", "stopped" (its processes died), "gone"
+		want    string
+		kept    bool // still on the runtime afterwards
+	}{
+		{"running and alive", store.SandboxRunning, "running", store.SandboxRunning, true},
+		{"running, died meanwhile", store.SandboxRunning, "stopped", store.SandboxFailed, false},
+		{"running, lost with the host", store.SandboxRunning, "gone", store.SandboxFailed, false},
+		{"pending", store.SandboxPending, "running", store.SandboxFailed, false},
+		{"pending, never created", store.SandboxPending, "gone", store.SandboxFailed, false},
+		{"stopping", store.SandboxStopping, "running", store.SandboxStopped, false},
+		{"stopping, already destroyed", store.SandboxStopping, "gone", store.SandboxStopped, false},
+		{"stopped, left on the host", store.SandboxStopped, "running", store.SandboxStopped, false},
+		{"failed, left on the host", store.SandboxFailed, "stopped", store.SandboxFailed, false},
+	}
+	ids := make([]string, len(cases))
+	for i, tc := range cases {
+		sb := row(tc.status)
+		ids[i] = sb.ID
+		switch tc.runtime {
+		case "running":
+			p.rt.Add(sb.ID)
+		case "stopped":
+			p.rt.Add(sb.ID)
+			p.rt.Kill(sb.ID)
+		}
+	}
+	orphan := p.rt.Add("sbx_without_a_row")
+	// A run executing at the crash, in a sandbox that survived, and one
+	// still queued.
+	executing := store.Run{ID: newID("run_"), AccountID: p.account.ID, SandboxID: ids[0], Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: json.RawMessage(`{"command":"sleep"}`)}
+	queued := store.Run{ID: newID("run_"), AccountID: p.account.ID, SandboxID: ids[0], Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: json.RawMessage(`{"command":"true"}`)}
+	for _, r := range []*store.Run{&executing, &queued} {
+		if err := p.st.CreateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := p.st.StartRun(ctx, executing.ID, time.Now()); err != nil || !ok {
+		t.Fatalf("start run: %v %v", ok, err)
+	}
+
+	if err := p.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range cases {
+		got := p.status(t, ids[i])
+		_, err := p.rt.Get(ctx, ids[i])
+		if got.Status != tc.want || (err == nil) != tc.kept {
+			t.Errorf("%s: row %s (%q), on the runtime %v; want %s, %v", tc.name, got.Status, got.FailureReason, err == nil, tc.want, tc.kept)
+		}
+	}
+	if _, err := p.rt.Get(ctx, orphan.ID()); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("a runtime sandbox without a row survived reconcile: %v", err)
+	}
+	for _, want := range []struct {
+		id, status string
+	}{{executing.ID, store.RunCrashed}, {queued.ID, store.RunQueued}} {
+		r, err := p.st.GetRun(ctx, want.id)
+		if err != nil || r.Status != want.status {
+			t.Errorf("run %s is %s (%v), want %s", want.id, r.Status, err, want.status)
+		}
+	}
+}
+
+// runOf creates a sandbox with a command and runs its job the way the
+// worker would, returning the finished run and its decoded output.
+func (p *plane) runOf(t *testing.T, command string) (store.Run, map[string]any) {
+	t.Helper()
+	ctx := context.Background()
+	_, runID, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Command: command, Args: []string{"x"}})
+	if err != nil || runID == "" {
+		t.Fatalf("create with a command: %v %q", err, runID)
+	}
+	if err := p.m.runCommand(ctx, runID); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	run, err := p.st.GetRun(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if len(run.Output) > 0 {
+		if err := json.Unmarshal(run.Output, &out); err != nil {
+			t.Fatalf("output %s: %v", run.Output, err)
+		}
+	}
+	return run, out
+}
+
+func errorMessage(run store.Run) string {
+	var e struct{ Message string }
+	_ = json.Unmarshal(run.Error, &e)
+	return e.Message
+}
+
+func TestRunStatuses(t *testing.T) {
+	p := newPlane(t, Settings{})
+	ctx := context.Background()
+	var stopSelf func(sb *runtimefake.Sandbox)
+	p.rt.SetExec(func(ctx context.Context, sb *runtimefake.Sandbox, req runtime.ExecRequest) (runtime.ExecResult, error) {
+		switch req.Cmd[0] {
+		case "exit3":
+			fmt.Fprint(req.Stdout, "partial")
+			fmt.Fprint(req.Stderr, "oops")
+			return runtime.ExecResult{ExitCode: 3}, nil
+		case "missing":
+			return runtime.ExecResult{ExitCode: 127}, runtime.ErrCommandNotFound
+		case "agentdies":
+			return runtime.ExecResult{}, io.ErrUnexpectedEOF
+		case "timesout":
+			fmt.Fprint(req.Stdout, "before the deadline")
+			stopSelf(sb)
+			return runtime.ExecResult{ExitCode: 137, Signal: 9}, nil
+		}
+		return runtime.ExecResult{}, nil
+	})
+	stopSelf = func(sb *runtimefake.Sandbox) {
+		row := p.status(t, sb.ID())
+		if err := p.m.stop(context.Background(), row, reasonTimeout); err != nil {
+			t.Errorf("stop at the deadline: %v", err)
+		}
+	}
+
+	t.Run("a command that ran is COMPLETED whatever its exit code", func(t *testing.T) {
+		run, out := p.runOf(t, "exit3")
+		if run.Status != store.RunCompleted || out["exitCode"] != 3.0 || out["stdout"] != "partial" || out["stderr"] != "oops" {
+			t.Fatalf("run %s, output %v", run.Status, out)
+		}
+		// The job handed out again (after a crash, say) does not run the
+		// command twice: only a QUEUED run starts.
+		sb, _ := p.rt.Get(ctx, run.SandboxID)
+		before := len(sb.(*runtimefake.Sandbox).Execs())
+		if err := p.m.runCommand(ctx, run.ID); err != nil {
+			t.Fatal(err)
+		}
+		if after := len(sb.(*runtimefake.Sandbox).Execs()); after != before {
+			t.Fatalf("a finished run's job ran the command again (%d → %d execs)", before, after)
+		}
+	})
+	t.Run("a missing command is FAILED with 127", func(t *testing.T) {
+		run, out := p.runOf(t, "missing")
+		if run.Status != store.RunFailed || out["exitCode"] != 127.0 || errorMessage(run) != "command not found: missing" {
+			t.Fatalf("run %s %q, output %v", run.Status, errorMessage(run), out)
+		}
+	})
+	t.Run("an agent that fails mid-run is CRASHED", func(t *testing.T) {
+		run, _ := p.runOf(t, "agentdies")
+		if run.Status != store.RunCrashed || !strings.Contains(errorMessage(run), "could not be run to completion") {
+			t.Fatalf("run %s %q", run.Status, errorMessage(run))
+		}
+	})
+	t.Run("a run cut by the deadline is FAILED with the partial output", func(t *testing.T) {
+		run, out := p.runOf(t, "timesout")
+		if run.Status != store.RunFailed || !strings.Contains(errorMessage(run), "reached its timeout") || out["stdout"] != "before the deadline" {
+			t.Fatalf("run %s %q, output %v", run.Status, errorMessage(run), out)
+		}
+	})
+	t.Run("a run whose sandbox ended before it started is FAILED", func(t *testing.T) {
+		sb, runID, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Command: "exit3"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.m.Stop(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.m.runCommand(ctx, runID); err != nil {
+			t.Fatal(err)
+		}
+		run, _ := p.st.GetRun(ctx, runID)
+		if run.Status != store.RunFailed || !strings.Contains(errorMessage(run), "before the command could start") {
+			t.Fatalf("run %s %q", run.Status, errorMessage(run))
+		}
+	})
+}
+
+func TestDiskAdmission(t *testing.T) {
+	const gib = int64(1) << 30
+	p := newPlane(t, Settings{Limits: runtime.Limits{DiskBytes: 4 * gib}, DiskReserveBytes: gib, WarmSandboxes: 1})
+	free := 14 * gib
+	p.m.diskFreeFn = func(string) (int64, error) { return free, nil }
+	ctx := context.Background()
+	// 14 free - 1 reserved - 4 for the warm sandbox: room for two.
+	var made []store.Sandbox
+	for range 2 {
+		sb, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
+		if err != nil {
+			t.Fatalf("create within the disk: %v", err)
+		}
+		made = append(made, sb)
+	}
+	_, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
+	if !errors.Is(err, api.ErrQuota) || !strings.Contains(err.Error(), "cannot hold another sandbox of 4096 MiB") {
+		t.Fatalf("create beyond the disk: %v", err)
+	}
+	// What a sandbox already wrote is out of free and no longer owed:
+	// filling one does not change the balance.
+	rsb, _ := p.rt.Get(ctx, made[0].ID)
+	if err := rsb.WriteFile(ctx, "/big", strings.NewReader(strings.Repeat("x", 1<<20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	free -= 1 << 20
+	if _, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{}); !errors.Is(err, api.ErrQuota) {
+		t.Fatalf("create after a sandbox wrote: %v", err)
+	}
+	// A stop gives the place back.
+	if _, err := p.m.Stop(ctx, made[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{}); err != nil {
+		t.Fatalf("create after a stop: %v", err)
+	}
+}
