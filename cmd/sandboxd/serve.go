@@ -57,6 +57,7 @@ type serveOptions struct {
 	memoryMiB    int64
 	pids         int64
 	diskMiB      int64
+	snapshotMiB  int64
 	concurrency  int
 	jobsPerAcct  int
 	agentRuns    int
@@ -111,6 +112,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
+	f.Int64Var(&o.snapshotMiB, "account-snapshot-mib", 2048, "snapshot blobs one account may store, in MiB; 0 unlimited")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
 	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
@@ -259,6 +261,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	persistence, err := persist.New(persist.Options{
 		Store: st, Blobs: blobs, Repos: repos, BaseDir: baseDir,
 		TempDir: filepath.Join(dataDir, "tmp"), TTL: o.snapshotTTL,
+		LayerBytes: o.diskMiB << 20, SnapshotQuota: o.snapshotMiB << 20,
 		Mirror: mirror,
 		Logger: log.With("component", "persist"),
 	})
