@@ -69,6 +69,11 @@ func Apply(ctx context.Context, r io.Reader, dir string, b *Budget) (Manifest, e
 			continue
 		}
 		if err := a.entry(rel, hdr, lr.tr); err != nil {
+			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+				// The disk under the budget is full first (its file system
+				// has overhead): the same refusal, said the same way.
+				err = a.b.full(err)
+			}
 			return lr.m, fmt.Errorf("apply %s: %w", rel, err)
 		}
 		if hdr.Typeflag == tar.TypeDir {

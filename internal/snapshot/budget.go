@@ -72,6 +72,15 @@ func (b *Budget) tooLarge() error {
 	return usererr.Wrap(ErrTooLarge, fmt.Sprintf("the filesystem snapshot is larger than the sandbox's disk limit of %d MiB", mib(b.max)))
 }
 
+// full explains a write that found its disk full as ErrTooLarge.
+func (b *Budget) full(cause error) error {
+	msg := "there is no space left to restore the filesystem snapshot"
+	if m := b.Max(); m > 0 {
+		msg = fmt.Sprintf("the filesystem snapshot does not fit in the sandbox's disk limit of %d MiB", mib(m))
+	}
+	return usererr.Wrap(fmt.Errorf("%w: %w", ErrTooLarge, cause), msg)
+}
+
 func mib(n int64) int64 { return (n + 1<<20 - 1) >> 20 }
 
 // storedBytes is what a regular file's data really occupies: its allocated
