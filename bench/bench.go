@@ -457,7 +457,7 @@ func (b *bencher) snapshot(ctx context.Context) error {
 		return err
 	}
 	start = time.Now()
-	if _, err := snapshot.Apply(ctx, layer, scratch); err != nil {
+	if _, err := snapshot.Apply(ctx, layer, scratch, nil); err != nil {
 		return err
 	}
 	b.rep.Snapshot.ApplyMs = ms(time.Since(start))

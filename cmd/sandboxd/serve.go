@@ -59,6 +59,7 @@ type serveOptions struct {
 	diskMiB      int64
 	diskReserve  int64
 	logMaxMiB    int64
+	snapshotMiB  int64
 	concurrency  int
 	jobsPerAcct  int
 	agentRuns    int
@@ -139,6 +140,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
 	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
 	f.Int64Var(&o.logMaxMiB, "log-max-mib", int64(envInt("SANDBOXD_LOG_MAX_MIB", 16)), "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
+	f.Int64Var(&o.snapshotMiB, "account-snapshot-mib", 2048, "snapshot blobs one account may store, in MiB; 0 unlimited")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
 	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
@@ -301,6 +303,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	persistence, err := persist.New(persist.Options{
 		Store: st, Blobs: blobs, Repos: repos, BaseDir: baseDir,
 		TempDir: filepath.Join(dataDir, "tmp"), TTL: o.snapshotTTL,
+		LayerBytes: o.diskMiB << 20, SnapshotQuota: o.snapshotMiB << 20,
 		Mirror: mirror,
 		Logger: log.With("component", "persist"),
 	})

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
@@ -35,6 +36,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // HomeURL is the server as sandboxes reach it.
@@ -49,6 +51,14 @@ type Options struct {
 	BaseDir string
 	// TempDir holds scratch space for flattening.
 	TempDir string
+	// LayerBytes is the sandboxes' disk limit: a flatten's scratch space and
+	// result are bounded by it, and TempDir must have that much free
+	// first. 0 is unlimited.
+	LayerBytes int64
+	// SnapshotQuota is how many bytes of snapshot blobs one account may
+	// store; a capture that would pass it is refused before its blob is
+	// stored. 0 is unlimited.
+	SnapshotQuota int64
 	// MaxDepth is the longest chain of layers kept (default 8).
 	MaxDepth int
 	// TTL is how long the account's snapshot stays valid (default 7 days).
@@ -64,6 +74,11 @@ type Service struct {
 	opts Options
 	st   *store.Store
 	log  *slog.Logger
+
+	// captures serializes the captures of one account, so two sandboxes
+	// cannot both pass the snapshot quota check with the same room.
+	mu       sync.Mutex
+	captures map[string]*sync.Mutex
 }
 
 var (
@@ -88,7 +103,7 @@ func New(opts Options) (*Service, error) {
 	if opts.TempDir == "" {
 		opts.TempDir = os.TempDir()
 	}
-	return &Service{opts: opts, st: opts.Store, log: opts.Logger}, nil
+	return &Service{opts: opts, st: opts.Store, log: opts.Logger, captures: map[string]*sync.Mutex{}}, nil
 }
 
 // GitEnv is the environment that makes git inside a sandbox authenticate to
@@ -346,6 +361,12 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 		}
 		parent = &p
 	}
+	unlock := s.lockAccount(sb.AccountID)
+	defer unlock()
+	room, err := s.snapshotRoom(ctx, sb.AccountID)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
 	pr, pw := io.Pipe()
 	manifest := make(chan snapshot.Manifest, 1)
 	go func() {
@@ -353,12 +374,13 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 		manifest <- m
 		pw.CloseWithError(err)
 	}()
-	info, err := s.opts.Blobs.Put(ctx, pr)
+	info, err := s.opts.Blobs.Put(ctx, s.quotaReader(pr, room))
 	pr.CloseWithError(err)
 	m := <-manifest
 	if err != nil {
-		return store.Snapshot{}, fmt.Errorf("store snapshot of %s: %w", sb.ID, err)
+		return store.Snapshot{}, fmt.Errorf("store snapshot of %s: %w", sb.ID, userFacing(err))
 	}
+	room -= info.Size
 	snap := store.Snapshot{
 		ID: newSnapshotID(), AccountID: sb.AccountID, BaseImage: m.BaseImage,
 		BlobKey: info.Key, Size: info.Size, Depth: 1, SandboxID: sb.ID,
@@ -366,15 +388,21 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 	if parent != nil {
 		snap.ParentID, snap.Depth = parent.ID, parent.Depth+1
 	}
+	layerKey := snap.BlobKey
 	if snap.Depth > s.opts.MaxDepth {
-		flat, err := s.flatten(ctx, snap, parent)
+		flat, err := s.flatten(ctx, snap, parent, room)
 		if err != nil {
-			return store.Snapshot{}, err
+			s.dropBlob(ctx, layerKey)
+			return store.Snapshot{}, userFacing(err)
 		}
 		snap = flat
 	}
 	if err := s.st.CreateSnapshot(ctx, &snap); err != nil {
 		return store.Snapshot{}, fmt.Errorf("record snapshot: %w", err)
+	}
+	if snap.BlobKey != layerKey {
+		// The flattened blob holds the layer: nothing refers to it alone.
+		s.dropBlob(ctx, layerKey)
 	}
 	if err := s.setEnvironment(ctx, sb.AccountID, snap.ID); err != nil {
 		return store.Snapshot{}, err
@@ -384,9 +412,104 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 	return snap, nil
 }
 
+// lockAccount serializes the captures of one account.
+func (s *Service) lockAccount(accountID string) func() {
+	s.mu.Lock()
+	l, ok := s.captures[accountID]
+	if !ok {
+		l = &sync.Mutex{}
+		s.captures[accountID] = l
+	}
+	s.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// snapshotRoom is how many bytes of snapshot blobs the account may still
+// store (-1: unlimited), after collecting what nothing refers to any more
+// so that replaced and expired snapshots do not count.
+func (s *Service) snapshotRoom(ctx context.Context, accountID string) (int64, error) {
+	if s.opts.SnapshotQuota <= 0 {
+		return -1, nil
+	}
+	s.collect(ctx)
+	snaps, err := s.st.ListSnapshots(ctx, accountID)
+	if err != nil {
+		return 0, fmt.Errorf("list snapshots of %s: %w", accountID, err)
+	}
+	var used int64
+	seen := map[string]bool{}
+	for _, sn := range snaps {
+		if !seen[sn.BlobKey] {
+			seen[sn.BlobKey] = true
+			used += sn.Size
+		}
+	}
+	room := s.opts.SnapshotQuota - used
+	if room <= 0 {
+		return 0, s.quotaError(used)
+	}
+	return room, nil
+}
+
+func (s *Service) quotaError(used int64) error {
+	return usererr.New(fmt.Sprintf("the account's snapshots would use more than its snapshot storage quota of %d MiB (%d MiB are stored); delete the environment (DELETE /api/sandboxes) or store less outside /workspace",
+		s.opts.SnapshotQuota>>20, used>>20))
+}
+
+// quotaReader passes at most room bytes of r (all of it when room < 0)
+// and fails with the quota error past that, so the blob is never stored.
+func (s *Service) quotaReader(r io.Reader, room int64) io.Reader {
+	if room < 0 {
+		return r
+	}
+	return &quotaReader{r: r, left: room, err: func() error { return s.quotaError(s.opts.SnapshotQuota - room) }}
+}
+
+type quotaReader struct {
+	r    io.Reader
+	left int64
+	err  func() error
+}
+
+func (q *quotaReader) Read(p []byte) (int, error) {
+	if q.left <= 0 {
+		var one [1]byte
+		n, err := q.r.Read(one[:])
+		if n > 0 {
+			return 0, q.err()
+		}
+		return 0, err
+	}
+	if int64(len(p)) > q.left {
+		p = p[:q.left]
+	}
+	n, err := q.r.Read(p)
+	q.left -= int64(n)
+	return n, err
+}
+
+// userFacing keeps only the user's message of err (and drops the context
+// wrapped around it below, which may name host paths, such as the spool
+// file of a refused blob) when it has one.
+func userFacing(err error) error {
+	var ue *usererr.Error
+	if errors.As(err, &ue) {
+		return usererr.Wrap(err, ue.Msg)
+	}
+	return err
+}
+
+// dropBlob deletes a blob no snapshot refers to; best effort.
+func (s *Service) dropBlob(ctx context.Context, key string) {
+	if err := s.deleteBlobIfUnused(context.WithoutCancel(ctx), key); err != nil {
+		s.log.Warn("delete unreferenced snapshot blob", "key", key, "err", err)
+	}
+}
+
 // flatten merges snap's chain (parent's chain plus snap's own layer) into
-// one layer with no parent.
-func (s *Service) flatten(ctx context.Context, snap store.Snapshot, parent *store.Snapshot) (store.Snapshot, error) {
+// one layer with no parent, storing at most room bytes (< 0: unlimited).
+func (s *Service) flatten(ctx context.Context, snap store.Snapshot, parent *store.Snapshot, room int64) (store.Snapshot, error) {
 	chain, err := s.chain(ctx, parent)
 	if err != nil {
 		return snap, err
@@ -404,10 +527,10 @@ func (s *Service) flatten(ctx context.Context, snap store.Snapshot, parent *stor
 	defer closeAll(readers)
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := snapshot.Flatten(ctx, pw, readers, s.opts.BaseDir, s.opts.TempDir, snapshot.Manifest{BaseImage: snap.BaseImage})
+		_, err := snapshot.Flatten(ctx, pw, readers, s.opts.BaseDir, s.opts.TempDir, snapshot.Manifest{BaseImage: snap.BaseImage}, s.opts.LayerBytes)
 		pw.CloseWithError(err)
 	}()
-	info, err := s.opts.Blobs.Put(ctx, pr)
+	info, err := s.opts.Blobs.Put(ctx, s.quotaReader(pr, room))
 	pr.CloseWithError(err)
 	if err != nil {
 		return snap, fmt.Errorf("flatten %d layers: %w", len(keys), err)

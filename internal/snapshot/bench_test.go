@@ -28,7 +28,7 @@ func BenchmarkWrite100MiB(b *testing.B) {
 	b.SetBytes(100 << 20)
 	b.ResetTimer()
 	for range b.N {
-		if _, err := snapshot.Write(context.Background(), io.Discard, dir, snapshot.Manifest{}); err != nil {
+		if _, err := snapshot.Write(context.Background(), io.Discard, dir, snapshot.Manifest{}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

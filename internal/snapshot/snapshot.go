@@ -2,13 +2,17 @@
 // backend produces and consumes: a sandbox's writable layer (its overlayfs
 // upper directory) as a zstd-compressed PAX tar.
 //
-// Format (version 1):
+// Format (version 2; version 1 is version 2 without sparse files):
 //   - the tar's first record is a PAX global header whose record
 //     "SANDBOXD.manifest" holds the JSON Manifest (parent, base image, counts);
 //     ordinary tar tools skip it;
 //   - then the upper directory's entries in lexical walk order (a directory
 //     before its children), with numeric owners, modes, mtimes, symlinks,
 //     hard links, FIFOs and device nodes;
+//   - a regular file with holes carries the PAX record SANDBOXD.sparse
+//     ("<size> <offset> <length> ...", its data segments) and as tar data
+//     only those segments' bytes, so a sparse file costs what it stores,
+//     not its apparent size;
 //   - overlayfs whiteouts stay what they are on disk, character devices 0:0,
 //     and opaque directories carry the xattr trusted.overlay.opaque=y (as a
 //     SCHILY.xattr PAX record). user.* and security.capability xattrs are kept;
@@ -24,8 +28,14 @@
 // layer of the chain into its own empty directory and stack them as overlay
 // lower directories (top first) over the base, with a fresh upper; the next
 // snapshot then holds only the new changes. Flatten merges a chain into one
-// layer so chains stay short. Apply never follows a symlink inside the target
-// directory: layers come from sandboxes and are untrusted.
+// layer so chains stay short.
+//
+// Layers come from sandboxes and are untrusted. Apply works relative to
+// the target's file descriptor and never resolves a symlink (openat2 with
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), creates no device node but the
+// overlay whiteout (character device 0:0), drops setuid and setgid bits and
+// file capabilities, and writes zero blocks as holes. Every capture, apply
+// and flatten can be bounded by a Budget (the sandbox's disk limit).
 package snapshot
 
 import (
@@ -40,7 +50,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -50,7 +59,12 @@ import (
 )
 
 // FormatVersion is the version of the layer format written by Write.
-const FormatVersion = 1
+// Readers accept versions 1 and 2.
+const FormatVersion = 2
+
+// maxWindow bounds the memory a hostile zstd frame can make the decoder
+// allocate; Write's encoder uses an 8 MiB window.
+const maxWindow = 64 << 20
 
 // MediaType names the format for storage and HTTP.
 const MediaType = "application/vnd.sandboxd.layer.v1.tar+zstd"
@@ -81,8 +95,11 @@ var ErrFormat = errors.New("not a sandboxd layer")
 
 // Write captures dir, an overlay upper directory, as a layer into w. It
 // returns m completed with Version, Created (if zero), the counts, ID and
-// Size. dir must not change while it is written (quiesce the sandbox).
-func Write(ctx context.Context, w io.Writer, dir string, m Manifest) (Manifest, error) {
+// Size. dir must not change while it is written (quiesce the sandbox). The
+// layer's data (holes excluded) and entries are charged to b (nil:
+// unlimited) before anything is written, so a layer past it is refused
+// with ErrTooLarge at once.
+func Write(ctx context.Context, w io.Writer, dir string, m Manifest, b *Budget) (Manifest, error) {
 	m.Version = FormatVersion
 	if m.Created.IsZero() {
 		m.Created = time.Now().UTC()
@@ -110,10 +127,15 @@ func Write(ctx context.Context, w io.Writer, dir string, m Manifest) (Manifest, 
 		if err := unix.Lstat(p, &st); err != nil {
 			return m, fmt.Errorf("stat %s: %w", p, err)
 		}
+		cost := int64(entryCost)
 		if isWhiteout(&st) {
 			m.Whiteouts++
 		} else if st.Mode&unix.S_IFMT == unix.S_IFREG {
 			m.Bytes += st.Size
+			cost += storedBytes(&st)
+		}
+		if err := b.charge(cost); err != nil {
+			return m, err
 		}
 	}
 	m.Entries = len(paths)
@@ -230,6 +252,7 @@ func writeEntry(tw *tar.Writer, p, rel string, links map[[2]uint64]string, buf [
 		}
 	}
 	var file *os.File
+	var segs []segment
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		hdr.Typeflag = tar.TypeDir
@@ -251,10 +274,25 @@ func writeEntry(tw *tar.Writer, p, rel string, links map[[2]uint64]string, buf [
 		}
 		hdr.Typeflag = tar.TypeReg
 		hdr.Size = st.Size
-		if file, err = os.Open(p); err != nil {
+		if file, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0); err != nil {
 			return err
 		}
 		defer file.Close()
+		sparse := false
+		if segs, sparse, err = dataSegments(file, st.Size); err != nil {
+			return err
+		} else if sparse {
+			if hdr.PAXRecords == nil {
+				hdr.PAXRecords = map[string]string{}
+			}
+			hdr.PAXRecords[sparseRecord] = encodeSparse(st.Size, segs)
+			hdr.Size = 0
+			for _, s := range segs {
+				hdr.Size += s.n
+			}
+		} else {
+			segs = []segment{{0, st.Size}}
+		}
 	case unix.S_IFCHR, unix.S_IFBLK:
 		hdr.Typeflag = tar.TypeChar
 		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
@@ -270,13 +308,13 @@ func writeEntry(tw *tar.Writer, p, rel string, links map[[2]uint64]string, buf [
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	if file != nil {
-		n, err := io.CopyBuffer(tw, io.LimitReader(file, hdr.Size), buf)
+	for _, s := range segs {
+		n, err := io.CopyBuffer(tw, io.NewSectionReader(file, s.off, s.n), buf)
 		if err != nil {
 			return err
 		}
-		if n != hdr.Size {
-			return fmt.Errorf("file shrank while archiving (%d of %d bytes)", n, hdr.Size)
+		if n != s.n {
+			return fmt.Errorf("file shrank while archiving (%d of %d bytes at %d)", n, s.n, s.off)
 		}
 	}
 	return nil
@@ -290,7 +328,7 @@ type layerReader struct {
 }
 
 func openLayer(r io.Reader) (*layerReader, error) {
-	zr, err := zstd.NewReader(r)
+	zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecoderMaxMemory(maxWindow*2), zstd.WithDecoderConcurrency(1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrFormat, err)
 	}
@@ -310,9 +348,9 @@ func openLayer(r io.Reader) (*layerReader, error) {
 		zr.Close()
 		return nil, fmt.Errorf("%w: manifest: %v", ErrFormat, err)
 	}
-	if m.Version != FormatVersion {
+	if m.Version < 1 || m.Version > FormatVersion {
 		zr.Close()
-		return nil, fmt.Errorf("%w: format version %d, want %d", ErrFormat, m.Version, FormatVersion)
+		return nil, fmt.Errorf("%w: format version %d, want 1 to %d", ErrFormat, m.Version, FormatVersion)
 	}
 	return &layerReader{zr: zr, tr: tr, m: m}, nil
 }
@@ -338,206 +376,6 @@ func Digest(r io.Reader) (string, int64, error) {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// Apply unpacks the layer r over dir with overlay semantics: a whiteout
-// removes what is below it (and stays, to hide the base image), an opaque
-// directory drops the contents the directory had before this layer, other
-// entries replace what is at their path. Applied to an empty directory this
-// restores an upper directory. It returns the layer's manifest.
-func Apply(ctx context.Context, r io.Reader, dir string) (Manifest, error) {
-	lr, err := openLayer(r)
-	if err != nil {
-		return Manifest{}, err
-	}
-	defer lr.zr.Close()
-	root, err := filepath.Abs(dir)
-	if err != nil {
-		return lr.m, err
-	}
-	type dirTime struct {
-		path string
-		mt   time.Time
-	}
-	var dirs []dirTime
-	buf := make([]byte, 256<<10)
-	for {
-		if err := ctx.Err(); err != nil {
-			return lr.m, err
-		}
-		hdr, err := lr.tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return lr.m, fmt.Errorf("%w: %v", ErrFormat, err)
-		}
-		rel, err := cleanName(hdr.Name)
-		if err != nil {
-			return lr.m, err
-		}
-		if rel == "" {
-			continue
-		}
-		p, err := safeParent(root, rel)
-		if err != nil {
-			return lr.m, err
-		}
-		if err := applyEntry(root, p, hdr, lr.tr, buf); err != nil {
-			return lr.m, fmt.Errorf("apply %s: %w", rel, err)
-		}
-		if hdr.Typeflag == tar.TypeDir {
-			dirs = append(dirs, dirTime{p, hdr.ModTime})
-		}
-	}
-	// Creating children bumps a directory's mtime: restore them last,
-	// deepest first.
-	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i].path) > len(dirs[j].path) })
-	for _, d := range dirs {
-		ts := []unix.Timespec{unix.NsecToTimespec(d.mt.UnixNano()), unix.NsecToTimespec(d.mt.UnixNano())}
-		_ = unix.UtimesNanoAt(unix.AT_FDCWD, d.path, ts, unix.AT_SYMLINK_NOFOLLOW)
-	}
-	return lr.m, nil
-}
-
-// cleanName validates a tar entry name: relative, no "..", normalized.
-func cleanName(name string) (string, error) {
-	n := strings.TrimSuffix(name, "/")
-	if n == "" || n == "." {
-		return "", nil
-	}
-	if strings.HasPrefix(n, "/") || strings.Contains(n, "\x00") {
-		return "", fmt.Errorf("%w: unsafe entry name %q", ErrFormat, name)
-	}
-	c := filepath.Clean(n)
-	if c != n || c == ".." || strings.HasPrefix(c, "../") {
-		return "", fmt.Errorf("%w: unsafe entry name %q", ErrFormat, name)
-	}
-	return c, nil
-}
-
-// safeParent makes sure every parent of rel under root is a real directory
-// (creating missing ones) and returns the full path. It refuses a symlink
-// anywhere on the way, so an entry can never land outside root.
-func safeParent(root, rel string) (string, error) {
-	parts := strings.Split(rel, "/")
-	cur := root
-	for _, part := range parts[:len(parts)-1] {
-		cur = filepath.Join(cur, part)
-		var st unix.Stat_t
-		err := unix.Lstat(cur, &st)
-		if errors.Is(err, unix.ENOENT) {
-			if err := unix.Mkdir(cur, 0o755); err != nil {
-				return "", fmt.Errorf("create parent %s: %w", cur, err)
-			}
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return "", fmt.Errorf("%w: parent of %q is not a directory", ErrFormat, rel)
-		}
-	}
-	return filepath.Join(root, rel), nil
-}
-
-func applyEntry(root, p string, hdr *tar.Header, r io.Reader, buf []byte) error {
-	var existing unix.Stat_t
-	exists := unix.Lstat(p, &existing) == nil
-	existingDir := exists && existing.Mode&unix.S_IFMT == unix.S_IFDIR
-	if exists && !(hdr.Typeflag == tar.TypeDir && existingDir) {
-		if err := os.RemoveAll(p); err != nil {
-			return err
-		}
-	}
-	mode := uint32(hdr.Mode & 0o7777)
-	switch hdr.Typeflag {
-	case tar.TypeDir:
-		if !existingDir {
-			if err := unix.Mkdir(p, 0o700); err != nil {
-				return err
-			}
-		} else if hdr.PAXRecords[xattrPrefix+OpaqueXattr] == "y" {
-			// Opaque: what lower layers had here is gone.
-			ents, err := os.ReadDir(p)
-			if err != nil {
-				return err
-			}
-			for _, e := range ents {
-				if err := os.RemoveAll(filepath.Join(p, e.Name())); err != nil {
-					return err
-				}
-			}
-		}
-	case tar.TypeReg:
-		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
-		if err != nil {
-			return err
-		}
-		_, err = io.CopyBuffer(f, r, buf)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil || target == "" {
-			return fmt.Errorf("%w: bad hard link target %q", ErrFormat, hdr.Linkname)
-		}
-		tp, err := safeParent(root, target)
-		if err != nil {
-			return err
-		}
-		// linkat without AT_SYMLINK_FOLLOW links a symlink itself, never
-		// what it points to.
-		return unix.Linkat(unix.AT_FDCWD, tp, unix.AT_FDCWD, p, 0)
-	case tar.TypeSymlink:
-		if err := unix.Symlink(hdr.Linkname, p); err != nil {
-			return err
-		}
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		kind := uint32(unix.S_IFCHR)
-		switch hdr.Typeflag {
-		case tar.TypeBlock:
-			kind = unix.S_IFBLK
-		case tar.TypeFifo:
-			kind = unix.S_IFIFO
-		}
-		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-		if err := unix.Mknod(p, kind|mode, int(dev)); err != nil {
-			return err
-		}
-	default:
-		return nil // unknown types are skipped, as tar does
-	}
-	if err := unix.Lchown(p, hdr.Uid, hdr.Gid); err != nil {
-		return err
-	}
-	if hdr.Typeflag != tar.TypeSymlink {
-		// After chown, which clears setuid bits.
-		if err := unix.Chmod(p, mode); err != nil {
-			return err
-		}
-	}
-	for k, v := range hdr.PAXRecords {
-		name, ok := strings.CutPrefix(k, xattrPrefix)
-		if !ok || !keepXattr(name) {
-			continue
-		}
-		if err := unix.Lsetxattr(p, name, []byte(v), 0); err != nil {
-			return fmt.Errorf("set xattr %s: %w", name, err)
-		}
-	}
-	if hdr.Typeflag != tar.TypeDir {
-		ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Flatten merges a chain of layers, bottom first, into one layer written to
 // w, using a scratch directory under tmpDir. base is the root filesystem the
 // chain applies to: merging leaves whiteouts that hide nothing in base (a
@@ -545,14 +383,23 @@ func applyEntry(root, p string, hdr *tar.Header, r io.Reader, buf []byte) error 
 // those in directory listings as entries that cannot be opened, so they are
 // dropped. The result mounted over base shows what the chain mounted over
 // base shows; m supplies the result's Parent (usually "") and BaseImage.
-func Flatten(ctx context.Context, w io.Writer, layers []io.Reader, base, tmpDir string, m Manifest) (Manifest, error) {
+//
+// The scratch directory's contents are charged to a Budget of limit bytes
+// (the sandbox's disk limit; <= 0 unlimited), and the file system of tmpDir
+// must have that much free first: a chain cannot make the host hold more
+// than one sandbox's disk for it. The result's capture is bounded the same.
+func Flatten(ctx context.Context, w io.Writer, layers []io.Reader, base, tmpDir string, m Manifest, limit int64) (Manifest, error) {
+	if err := CheckFree(tmpDir, limit); err != nil {
+		return m, fmt.Errorf("flatten: %w", err)
+	}
 	scratch, err := os.MkdirTemp(tmpDir, "flatten-")
 	if err != nil {
 		return m, fmt.Errorf("flatten: %w", err)
 	}
 	defer os.RemoveAll(scratch)
+	b := NewBudget(limit)
 	for i, l := range layers {
-		lm, err := Apply(ctx, l, scratch)
+		lm, err := Apply(ctx, l, scratch, b)
 		if err != nil {
 			return m, fmt.Errorf("flatten: apply layer %d: %w", i, err)
 		}
@@ -563,7 +410,7 @@ func Flatten(ctx context.Context, w io.Writer, layers []io.Reader, base, tmpDir 
 	if err := pruneWhiteouts(scratch, base); err != nil {
 		return m, fmt.Errorf("flatten: %w", err)
 	}
-	out, err := Write(ctx, w, scratch, m)
+	out, err := Write(ctx, w, scratch, m, NewBudget(limit))
 	if err != nil {
 		return out, fmt.Errorf("flatten: %w", err)
 	}

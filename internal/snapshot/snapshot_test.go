@@ -129,7 +129,7 @@ func diffTrees(t *testing.T, want, got map[string]string) {
 func writeLayer(t *testing.T, dir string, m snapshot.Manifest) ([]byte, snapshot.Manifest) {
 	t.Helper()
 	var buf bytes.Buffer
-	m, err := snapshot.Write(context.Background(), &buf, dir, m)
+	m, err := snapshot.Write(context.Background(), &buf, dir, m, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +170,11 @@ func TestSnapshotRestoreChainFlatten(t *testing.T) {
 	}
 	want1 := tree(t, m1)
 	unmount(t, m1)
+	// Layers are untrusted: a restore drops the setuid bit.
+	if !strings.Contains(want1["new/suid"], "mode=104755") {
+		t.Fatalf("setuid file: %s", want1["new/suid"])
+	}
+	want1["new/suid"] = strings.Replace(want1["new/suid"], "mode=104755", "mode=100755", 1)
 	if v := make([]byte, 1); true {
 		if n, err := unix.Lgetxattr(filepath.Join(up1, "dir2"), snapshot.OpaqueXattr, v); err != nil || n != 1 || v[0] != 'y' {
 			t.Fatalf("overlayfs did not make dir2 opaque (%v): the test does not cover opaque directories", err)
@@ -190,7 +195,7 @@ func TestSnapshotRestoreChainFlatten(t *testing.T) {
 
 	// Restore generation 1 into a fresh upper and compare the merged view.
 	up1r := t.TempDir()
-	if _, err := snapshot.Apply(context.Background(), bytes.NewReader(blob1), up1r); err != nil {
+	if _, err := snapshot.Apply(context.Background(), bytes.NewReader(blob1), up1r, nil); err != nil {
 		t.Fatal(err)
 	}
 	diffTrees(t, want1, tree(t, overlay(t, up1r, base)))
@@ -198,7 +203,7 @@ func TestSnapshotRestoreChainFlatten(t *testing.T) {
 	// Generation 2 on top of generation 1 as a read-only lower: its upper
 	// holds only the difference.
 	l1 := t.TempDir()
-	if _, err := snapshot.Apply(context.Background(), bytes.NewReader(blob1), l1); err != nil {
+	if _, err := snapshot.Apply(context.Background(), bytes.NewReader(blob1), l1, nil); err != nil {
 		t.Fatal(err)
 	}
 	up2 := t.TempDir()
@@ -219,13 +224,13 @@ func TestSnapshotRestoreChainFlatten(t *testing.T) {
 	// The chain restored as read-only lowers (how a runtime restores it),
 	// and its flattened form restored as one layer, both show generation 2.
 	l2 := t.TempDir()
-	if _, err := snapshot.Apply(context.Background(), bytes.NewReader(blob2), l2); err != nil {
+	if _, err := snapshot.Apply(context.Background(), bytes.NewReader(blob2), l2, nil); err != nil {
 		t.Fatal(err)
 	}
 	diffTrees(t, want2, tree(t, overlay(t, t.TempDir(), l2, l1, base)))
 
 	var flat bytes.Buffer
-	fm, err := snapshot.Flatten(context.Background(), &flat, []io.Reader{bytes.NewReader(blob1), bytes.NewReader(blob2)}, base, t.TempDir(), snapshot.Manifest{})
+	fm, err := snapshot.Flatten(context.Background(), &flat, []io.Reader{bytes.NewReader(blob1), bytes.NewReader(blob2)}, base, t.TempDir(), snapshot.Manifest{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +238,7 @@ func TestSnapshotRestoreChainFlatten(t *testing.T) {
 		t.Fatalf("flattened manifest %+v", fm)
 	}
 	flatUp := t.TempDir()
-	if _, err := snapshot.Apply(context.Background(), &flat, flatUp); err != nil {
+	if _, err := snapshot.Apply(context.Background(), &flat, flatUp, nil); err != nil {
 		t.Fatal(err)
 	}
 	diffTrees(t, want2, tree(t, overlay(t, flatUp, base)))
@@ -280,7 +285,7 @@ func TestApplyRefusesEscapes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := t.TempDir()
-			_, err := snapshot.Apply(context.Background(), bytes.NewReader(evilLayer(t, tc.entries)), dst)
+			_, err := snapshot.Apply(context.Background(), bytes.NewReader(evilLayer(t, tc.entries)), dst, nil)
 			if !errors.Is(err, snapshot.ErrFormat) {
 				t.Errorf("apply: %v, want ErrFormat", err)
 			}

@@ -155,7 +155,9 @@ func (a *Agent) exportLayer(w *frameWriter, lr *guest.LayerRequest) error {
 		}()
 	}
 	unix.Sync()
-	_, err := snapshot.Write(context.Background(), dataFrames{w}, a.opts.Layer, snapshot.Manifest{Parent: lr.Parent, BaseImage: lr.BaseImage})
+	// The layer disk bounds what there is to write; the host bounds what it
+	// reads of the stream, since it cannot trust this side.
+	_, err := snapshot.Write(context.Background(), dataFrames{w}, a.opts.Layer, snapshot.Manifest{Parent: lr.Parent, BaseImage: lr.BaseImage}, nil)
 	return err
 }
 

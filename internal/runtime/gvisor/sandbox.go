@@ -95,12 +95,16 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		return err
 	}
 	var lowers []string
+	// The restored layers share the sandbox's disk: one budget for all,
+	// so a layer that expands past the disk limit is refused with a clear
+	// error before it fills the disk.
+	budget := snapshot.NewBudget(m.Limits.DiskBytes)
 	for i, l := range layers {
 		dir := s.path("layer", fmt.Sprintf("lower-%d", i))
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return err
 		}
-		id, err := applyLayer(ctx, l, dir)
+		id, err := applyLayer(ctx, l, dir, budget)
 		if err != nil {
 			return fmt.Errorf("restore layer %d: %w", i, err)
 		}
@@ -159,10 +163,10 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 
 // applyLayer restores one layer into dir and returns its content address,
 // checked against l.ID when that is a content address ("sha256:...").
-func applyLayer(ctx context.Context, l runtime.Layer, dir string) (string, error) {
+func applyLayer(ctx context.Context, l runtime.Layer, dir string, b *snapshot.Budget) (string, error) {
 	h := sha256.New()
 	tee := io.TeeReader(l.R, h)
-	if _, err := snapshot.Apply(ctx, tee, dir); err != nil {
+	if _, err := snapshot.Apply(ctx, tee, dir, b); err != nil {
 		return "", err
 	}
 	// Hash the whole blob, including what the decoder did not need.
@@ -427,7 +431,7 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 	if n := len(m.Layers); n > 0 {
 		man.Parent = m.Layers[n-1]
 	}
-	man, err := snapshot.Write(ctx, w, s.upperDir(), man)
+	man, err := snapshot.Write(ctx, w, s.upperDir(), man, snapshot.NewBudget(m.Limits.DiskBytes))
 	if err != nil {
 		return man, fmt.Errorf("snapshot sandbox %s: %w", m.ID, err)
 	}

@@ -155,12 +155,20 @@ func mkfs(ctx context.Context, img string, size int64, label, dir string, inodes
 // layerDisk creates the writable layer disk of Limits.DiskBytes at img:
 // the restored layers as lower-0 (bottom) ... lower-N, an empty upper/ and
 // work/. The layers are unpacked on the host (snapshot.Apply treats them as
-// untrusted) into a staging directory that mkfs copies in. It returns the
-// restored layers' content addresses, bottom first.
+// untrusted) into a staging directory that mkfs copies in. The staging
+// directory is on the host's disk, so what the layers unpack to is bounded
+// by size (the disk they are for) and the host must have that much free
+// first. It returns the restored layers' content addresses, bottom first.
 func layerDisk(ctx context.Context, img, staging string, size int64, layers []runtime.Layer) ([]string, error) {
 	if err := os.MkdirAll(staging, 0o700); err != nil {
 		return nil, err
 	}
+	if len(layers) > 0 {
+		if err := snapshot.CheckFree(staging, size); err != nil {
+			return nil, err
+		}
+	}
+	budget := snapshot.NewBudget(size)
 	defer os.RemoveAll(staging)
 	for _, d := range []string{"upper", "work"} {
 		if err := os.Mkdir(filepath.Join(staging, d), 0o755); err != nil {
@@ -173,7 +181,7 @@ func layerDisk(ctx context.Context, img, staging string, size int64, layers []ru
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, err
 		}
-		id, err := applyLayer(ctx, l, dir)
+		id, err := applyLayer(ctx, l, dir, budget)
 		if err != nil {
 			return nil, fmt.Errorf("restore layer %d: %w", i, err)
 		}
@@ -188,10 +196,10 @@ func layerDisk(ctx context.Context, img, staging string, size int64, layers []ru
 
 // applyLayer restores one layer into dir and returns its content address,
 // checked against l.ID when that is one ("sha256:...").
-func applyLayer(ctx context.Context, l runtime.Layer, dir string) (string, error) {
+func applyLayer(ctx context.Context, l runtime.Layer, dir string, b *snapshot.Budget) (string, error) {
 	h := sha256.New()
 	tee := io.TeeReader(l.R, h)
-	if _, err := snapshot.Apply(ctx, tee, dir); err != nil {
+	if _, err := snapshot.Apply(ctx, tee, dir, b); err != nil {
 		return "", err
 	}
 	// Hash the whole blob, including what the decoder did not need.

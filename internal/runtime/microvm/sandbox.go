@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
+	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // sandbox is one VM. It implements runtime.Sandbox.
@@ -494,7 +495,14 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 	defer rc.Close()
 	h := sha256.New()
 	head := &prefix{max: 1 << 20}
-	n, err := io.Copy(io.MultiWriter(w, h, head), rc)
+	// The stream is the guest's to shape: it may not be longer than a
+	// layer of the sandbox's disk can be, whatever the guest sends.
+	limit := layerStreamLimit(m.Limits.DiskBytes)
+	n, err := io.Copy(io.MultiWriter(w, h, head), &boundedReader{r: rc, left: limit})
+	if errors.Is(err, errStreamTooLong) {
+		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, usererr.Wrap(snapshot.ErrTooLarge,
+			fmt.Sprintf("the filesystem snapshot from the sandbox is longer than %d MiB, more than its %d MiB disk can hold", limit>>20, m.Limits.DiskBytes>>20)))
+	}
 	if err != nil {
 		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
 	}
@@ -510,6 +518,43 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 	man.ID = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	man.Size = n
 	return man, nil
+}
+
+// layerStreamLimit is the longest compressed layer a disk of diskBytes can
+// produce: its data, plus the tar headers of as many inodes as mkfs gives
+// it (one per 16 KiB, up to 1.5 KiB of headers each), plus slack for zstd
+// frames of incompressible data.
+func layerStreamLimit(diskBytes int64) int64 {
+	return diskBytes + diskBytes/8 + 16<<20
+}
+
+var errStreamTooLong = errors.New("layer stream longer than its limit")
+
+// boundedReader reads at most left bytes of r and fails, instead of
+// returning EOF, when r has more.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a stream that ends exactly here from one
+		// that goes on.
+		var one [1]byte
+		if n, err := b.r.Read(one[:]); n > 0 {
+			return 0, errStreamTooLong
+		} else if err != nil {
+			return 0, err
+		}
+		return 0, nil
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // prefix keeps the first max bytes written to it.

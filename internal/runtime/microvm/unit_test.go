@@ -2,6 +2,8 @@ package microvm
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 func TestVMLimits(t *testing.T) {
@@ -143,3 +146,26 @@ func TestPrefix(t *testing.T) {
 		t.Errorf("kept %q", p.b)
 	}
 }
+
+// TestLayerStreamBound: the guest's layer stream is read up to the limit a
+// disk of its size allows, never further, and a longer one is an error.
+func TestLayerStreamBound(t *testing.T) {
+	securitytest.Attack(t, "host disk", "a microVM guest streams a layer longer than its disk could hold",
+		"the host stops reading at the limit and refuses the snapshot")
+	const limit = 1 << 20
+	var got bytes.Buffer
+	n, err := io.Copy(&got, &boundedReader{r: io.LimitReader(zeroReader{}, 10<<20), left: limit})
+	if !errors.Is(err, errStreamTooLong) || n != limit {
+		t.Fatalf("a 10 MiB stream with a 1 MiB limit: %d bytes, %v", n, err)
+	}
+	if n, err := io.Copy(io.Discard, &boundedReader{r: io.LimitReader(zeroReader{}, limit), left: limit}); err != nil || n != limit {
+		t.Fatalf("a stream of exactly the limit: %d bytes, %v", n, err)
+	}
+	if l := layerStreamLimit(64 << 20); l < 64<<20 || l > 128<<20 {
+		t.Fatalf("limit for a 64 MiB disk: %d", l)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }

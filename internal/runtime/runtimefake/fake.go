@@ -367,7 +367,7 @@ func (s *Sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 			return snapshot.Manifest{}, err
 		}
 	}
-	return snapshot.Write(ctx, w, dir, snapshot.Manifest{})
+	return snapshot.Write(ctx, w, dir, snapshot.Manifest{}, nil)
 }
 
 // Stats implements runtime.Sandbox.

@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("MemoryBomb", s.testMemoryBomb)
 	t.Run("ForkBomb", s.testForkBomb)
 	t.Run("Snapshot", s.testSnapshot)
+	t.Run("LayerBounds", s.testLayerBounds)
 	t.Run("StopThenSnapshot", s.testStop)
 	t.Run("Destroy", s.testDestroy)
 	t.Run("Reattach", s.testReattach)

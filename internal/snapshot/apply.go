@@ -1,0 +1,384 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// resolveFlags make openat2 refuse any path that leaves the target or goes
+// through a symlink (or a mount point), instead of following it.
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// Apply unpacks the layer r over dir with overlay semantics: a whiteout
+// removes what is below it (and stays, to hide the base image), an opaque
+// directory drops the contents the directory had before this layer, other
+// entries replace what is at their path. Applied to an empty directory this
+// restores an upper directory. It returns the layer's manifest.
+//
+// The layer is untrusted. Every operation is relative to a directory file
+// descriptor reached from dir without following any symlink, so nothing
+// outside dir is ever touched, even through symlinks the layer itself
+// creates; device nodes other than whiteouts are skipped; setuid and setgid
+// bits (setgid stays on directories, where it only means group
+// inheritance) and security.capability are dropped. What the layer stores
+// is charged to b (nil: unlimited): past it Apply stops with ErrTooLarge.
+func Apply(ctx context.Context, r io.Reader, dir string, b *Budget) (Manifest, error) {
+	lr, err := openLayer(r)
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer lr.zr.Close()
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return lr.m, fmt.Errorf("open target %s: %w", dir, err)
+	}
+	defer unix.Close(root)
+	a := &applier{root: root, b: b, buf: make([]byte, 256<<10)}
+	type dirTime struct {
+		rel string
+		mt  time.Time
+	}
+	var dirs []dirTime
+	for {
+		if err := ctx.Err(); err != nil {
+			return lr.m, err
+		}
+		hdr, err := lr.tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return lr.m, fmt.Errorf("%w: %v", ErrFormat, err)
+		}
+		rel, err := cleanName(hdr.Name)
+		if err != nil {
+			return lr.m, err
+		}
+		if rel == "" {
+			continue
+		}
+		if err := a.entry(rel, hdr, lr.tr); err != nil {
+			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+				// The disk under the budget is full first (its file system
+				// has overhead): the same refusal, said the same way.
+				err = a.b.full(err)
+			}
+			return lr.m, fmt.Errorf("apply %s: %w", rel, err)
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			dirs = append(dirs, dirTime{rel, hdr.ModTime})
+		}
+	}
+	// Creating children bumps a directory's mtime: restore them last. A
+	// later entry may have replaced a directory (or a parent of it) with a
+	// symlink: resolving without symlinks skips it instead of following.
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i].rel) > len(dirs[j].rel) })
+	for _, d := range dirs {
+		pfd, name, done, err := a.parent(d.rel, false)
+		if err != nil {
+			continue
+		}
+		ts := []unix.Timespec{unix.NsecToTimespec(d.mt.UnixNano()), unix.NsecToTimespec(d.mt.UnixNano())}
+		_ = unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+		done()
+	}
+	return lr.m, nil
+}
+
+// cleanName validates a tar entry name: relative, no "..", normalized.
+func cleanName(name string) (string, error) {
+	n := strings.TrimSuffix(name, "/")
+	if n == "" || n == "." {
+		return "", nil
+	}
+	if strings.HasPrefix(n, "/") || strings.Contains(n, "\x00") {
+		return "", fmt.Errorf("%w: unsafe entry name %q", ErrFormat, name)
+	}
+	c := filepath.Clean(n)
+	if c != n || c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("%w: unsafe entry name %q", ErrFormat, name)
+	}
+	return c, nil
+}
+
+// applier unpacks entries under the directory open as root.
+type applier struct {
+	root int
+	b    *Budget
+	buf  []byte
+}
+
+// beneath opens rel, a directory under root, as an O_PATH descriptor
+// without following any symlink on the way.
+func (a *applier) beneath(dirfd int, rel string) (int, error) {
+	fd, err := unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveFlags})
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
+		return -1, fmt.Errorf("%w: %q is not a directory of the layer", ErrFormat, rel)
+	}
+	return fd, err
+}
+
+// parent returns a descriptor of rel's parent directory and rel's last
+// component; create makes missing parents. done releases the descriptor.
+func (a *applier) parent(rel string, create bool) (fd int, name string, done func(), err error) {
+	dir, name := path.Split(rel)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		return a.root, name, func() {}, nil
+	}
+	fd, err = a.beneath(a.root, dir)
+	if errors.Is(err, unix.ENOENT) && create {
+		fd, err = a.mkdirs(dir)
+	}
+	if err != nil {
+		return -1, "", nil, err
+	}
+	return fd, name, func() { unix.Close(fd) }, nil
+}
+
+// mkdirs creates the missing directories of dir, one component at a time.
+func (a *applier) mkdirs(dir string) (int, error) {
+	cur := a.root
+	release := func() {
+		if cur != a.root {
+			unix.Close(cur)
+		}
+	}
+	for _, part := range strings.Split(dir, "/") {
+		err := unix.Mkdirat(cur, part, 0o755)
+		if err == nil {
+			if err := a.b.charge(entryCost); err != nil {
+				release()
+				return -1, err
+			}
+		} else if !errors.Is(err, unix.EEXIST) {
+			release()
+			return -1, err
+		}
+		next, err := a.beneath(cur, part)
+		release()
+		if err != nil {
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// removeAll removes name in dirfd and everything under it, never following
+// a symlink, and refunds what it stored.
+func (a *applier) removeAll(dirfd int, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if err := a.clearDir(dirfd, name); err != nil {
+			return err
+		}
+		if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil {
+			return err
+		}
+	} else if err := unix.Unlinkat(dirfd, name, 0); err != nil {
+		return err
+	}
+	refund := int64(entryCost)
+	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1 {
+		refund += storedBytes(&st)
+	}
+	a.b.refund(refund)
+	return nil
+}
+
+// clearDir removes the contents of the directory name in dirfd.
+func (a *applier) clearDir(dirfd int, name string) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := a.removeAll(fd, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keepOnApply says which extended attributes Apply sets: file capabilities
+// are privileges, and a layer is not trusted to grant them.
+func keepOnApply(name string) bool {
+	return keepXattr(name) && name != "security.capability"
+}
+
+func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
+	pfd, name, done, err := a.parent(rel, true)
+	if err != nil {
+		return err
+	}
+	defer done()
+	var existing unix.Stat_t
+	exists := unix.Fstatat(pfd, name, &existing, unix.AT_SYMLINK_NOFOLLOW) == nil
+	existingDir := exists && existing.Mode&unix.S_IFMT == unix.S_IFDIR
+	if exists && !(hdr.Typeflag == tar.TypeDir && existingDir) {
+		if err := a.removeAll(pfd, name); err != nil {
+			return err
+		}
+	}
+	mode := uint32(hdr.Mode & 0o7777)
+	if hdr.Typeflag == tar.TypeDir {
+		mode &^= unix.S_ISUID
+	} else {
+		mode &^= unix.S_ISUID | unix.S_ISGID
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	var f *os.File // dirs and regular files: attributes go through it
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if !existingDir {
+			if err := a.b.charge(entryCost); err != nil {
+				return err
+			}
+			if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
+				return err
+			}
+		} else if hdr.PAXRecords[xattrPrefix+OpaqueXattr] == "y" {
+			// Opaque: what lower layers had here is gone.
+			if err := a.clearDir(pfd, name); err != nil {
+				return err
+			}
+		}
+		fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f = os.NewFile(uintptr(fd), name)
+		defer f.Close()
+	case tar.TypeReg:
+		if err := a.b.charge(entryCost); err != nil {
+			return err
+		}
+		fd, err := unix.Openat(pfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return err
+		}
+		f = os.NewFile(uintptr(fd), name)
+		defer f.Close()
+		if err := a.content(f, hdr, r); err != nil {
+			return err
+		}
+	case tar.TypeLink:
+		target, err := cleanName(hdr.Linkname)
+		if err != nil || target == "" {
+			return fmt.Errorf("%w: bad hard link target %q", ErrFormat, hdr.Linkname)
+		}
+		tfd, tname, tdone, err := a.parent(target, false)
+		if err != nil {
+			return err
+		}
+		defer tdone()
+		if err := a.b.charge(entryCost); err != nil {
+			return err
+		}
+		// linkat without AT_SYMLINK_FOLLOW links a symlink itself, never
+		// what it points to. The inode's attributes are those its first
+		// entry set: a hard link entry changes none.
+		return unix.Linkat(tfd, tname, pfd, name, 0)
+	case tar.TypeSymlink:
+		if err := a.b.charge(entryCost); err != nil {
+			return err
+		}
+		if err := unix.Symlinkat(hdr.Linkname, pfd, name); err != nil {
+			return err
+		}
+		if err := unix.Fchownat(pfd, name, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		return unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	case tar.TypeChar, tar.TypeFifo:
+		kind := uint32(unix.S_IFIFO)
+		if hdr.Typeflag == tar.TypeChar {
+			if hdr.Devmajor != 0 || hdr.Devminor != 0 {
+				return nil // a device node: never created from a layer
+			}
+			kind = unix.S_IFCHR // the overlay whiteout, 0:0
+		}
+		if err := a.b.charge(entryCost); err != nil {
+			return err
+		}
+		if err := unix.Mknodat(pfd, name, kind|mode, 0); err != nil {
+			return err
+		}
+		if err := unix.Fchownat(pfd, name, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+		// What is at name is the node just made in a directory reached
+		// without symlinks, so following it here cannot leave the target.
+		if err := unix.Fchmodat(pfd, name, mode, 0); err != nil {
+			return err
+		}
+		return unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	default:
+		return nil // block devices and unknown types are skipped
+	}
+	fd := int(f.Fd())
+	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+		return err
+	}
+	// After chown, which clears setuid bits.
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return err
+	}
+	for k, v := range hdr.PAXRecords {
+		xname, ok := strings.CutPrefix(k, xattrPrefix)
+		if !ok || !keepOnApply(xname) {
+			continue
+		}
+		if err := unix.Fsetxattr(fd, xname, []byte(v), 0); err != nil {
+			return fmt.Errorf("set xattr %s: %w", xname, err)
+		}
+	}
+	if hdr.Typeflag != tar.TypeDir {
+		if err := unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// content writes a regular file's data into f, keeping holes.
+func (a *applier) content(f *os.File, hdr *tar.Header, r io.Reader) error {
+	w := &holeWriter{f: f, b: a.b, buf: a.buf}
+	size, segs := hdr.Size, []segment{{0, hdr.Size}}
+	if rec, ok := hdr.PAXRecords[sparseRecord]; ok {
+		var err error
+		if size, segs, err = decodeSparse(rec, hdr.Size); err != nil {
+			return err
+		}
+	}
+	for _, s := range segs {
+		if err := w.copyAt(r, s.off, s.n); err != nil {
+			return err
+		}
+	}
+	return w.finish(size)
+}
