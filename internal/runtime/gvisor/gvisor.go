@@ -62,6 +62,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 )
@@ -94,7 +95,12 @@ type Options struct {
 	MaxSandboxes int
 	// StartTimeout bounds how long Create waits for the agent (default 20s).
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// Home limits each sandbox's connections and requests to
+	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
+	// was refused (nil: not counted).
+	Home        homegate.Limits
+	HomeMetrics *homegate.Metrics
+	Logger      *slog.Logger
 }
 
 // DefaultLimits are used when Options.DefaultLimits is zero.
@@ -468,6 +474,10 @@ type meta struct {
 	Disk       bool             `json:"disk,omitempty"` // layer/ is a loop-mounted image
 	Created    time.Time        `json:"created"`
 	Stopped    bool             `json:"stopped,omitempty"`
+	// AgentSecret (hex) is the key the sandbox's agent proves it holds in
+	// the handshake; only PID 1 is given it (see buildSpec). Empty for a
+	// sandbox made before sessions were authenticated.
+	AgentSecret string `json:"agent_secret,omitempty"`
 }
 
 func readMeta(dir string) (meta, error) {

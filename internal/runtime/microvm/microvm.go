@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
@@ -99,7 +100,12 @@ type Options struct {
 	// StartTimeout bounds how long Create waits for the agent (default 90s:
 	// a TCG boot on a loaded host takes seconds).
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// Home limits each sandbox's connections and requests to
+	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
+	// was refused (nil: not counted).
+	Home        homegate.Limits
+	HomeMetrics *homegate.Metrics
+	Logger      *slog.Logger
 }
 
 // TemplateOptions name the base a memory-snapshot template is made of.
