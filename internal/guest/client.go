@@ -37,7 +37,7 @@ const DefaultCallTimeout = 2 * time.Minute
 // maxPendingAgentStreams bounds the streams the agent opened that have not
 // yet sent their request: each holds a goroutine for up to homeRequestWait.
 const (
-	maxPendingAgentStreams = 16
+	maxPendingAgentStreams = 64
 	homeRequestWait        = 10 * time.Second
 )
 
