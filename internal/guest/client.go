@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/time/rate"
 )
 
 // ErrClosed is returned by a Client whose session has ended (the agent died,
@@ -36,9 +37,15 @@ const DefaultCallTimeout = 2 * time.Minute
 
 // maxPendingAgentStreams bounds the streams the agent opened that have not
 // yet sent their request: each holds a goroutine for up to homeRequestWait.
+// The host takes at most agentStreamRate new streams a second (bursts of
+// agentStreamBurst); beyond that yamux resets them unseen once its accept
+// backlog is full, so an agent that opens streams without end and never
+// closes them holds at most rate × StreamCloseTimeout of them.
 const (
 	maxPendingAgentStreams = 64
 	homeRequestWait        = 10 * time.Second
+	agentStreamRate        = 200
+	agentStreamBurst       = 400
 )
 
 // ClientOptions configure the host side of a connection.
@@ -155,7 +162,15 @@ func (c *Client) Close() error {
 // are yet are capped (maxPendingAgentStreams), and Home caps the rest.
 func (c *Client) acceptLoop() {
 	defer c.wg.Done()
+	lim := rate.NewLimiter(agentStreamRate, agentStreamBurst)
 	for {
+		if d := lim.Reserve().Delay(); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-c.sess.CloseChan():
+				return
+			}
+		}
 		st, err := c.sess.AcceptStream()
 		if err != nil {
 			return

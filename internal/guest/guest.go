@@ -328,5 +328,8 @@ func yamuxConfig() *yamux.Config {
 	c.ConnectionWriteTimeout = 30 * time.Second
 	// Larger windows keep bulk file transfers from stalling on round trips.
 	c.MaxStreamWindowSize = 1 << 20
+	// A stream we closed whose peer never closes its side is reset after
+	// this, so a hostile peer cannot make us keep streams without end.
+	c.StreamCloseTimeout = 30 * time.Second
 	return c
 }
