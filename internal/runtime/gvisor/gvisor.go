@@ -22,10 +22,15 @@
 // sock/agent.sock (runsc --host-uds=open lets a sandbox connect to, never
 // create, host sockets) and the host runs the guest protocol over that one
 // connection; exec goes through the agent, not `runsc exec` (≈ 1 ms against
-// ≈ 40 ms). The agent listens on 127.0.0.1:80 inside and forwards each
-// connection over the channel to Spec.HomeSocket: that is
-// http://sandboxd.internal, and the only host endpoint a sandbox reaches
-// (--network=none). A sandbox given a network (Spec.Network, a namespace
+// ≈ 40 ms). Any process inside can connect to that socket too, so the
+// session is authenticated: the host gives PID 1 alone a per-sandbox secret
+// (meta.AgentSecret, in its initial environment, which the agent erases at
+// start before any other process exists, and it is not dumpable) and
+// accepts only a peer that proves it in the handshake. The agent listens on
+// 127.0.0.1:80 inside and forwards each connection over the channel to the
+// sandbox's gate (package homegate: per-sandbox connection and request
+// limits) in front of Spec.HomeSocket: that is http://sandboxd.internal,
+// and the only host endpoint a sandbox reaches (--network=none). A sandbox given a network (Spec.Network, a namespace
 // that package netpol made and polices) runs gVisor's netstack on that
 // namespace's link instead (--network=sandbox, see network.go); home still
 // goes through the agent, not the network.
