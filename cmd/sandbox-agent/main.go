@@ -35,6 +35,8 @@ func main() {
 	if len(os.Args) > 1 && (os.Args[1] == "vm-init" || os.Args[1] == "vm-agent") {
 		os.Exit(vmMain(os.Args[1], os.Args[2:])) // microVM modes: vm.go
 	}
+	// Before anything else: no other process may ever see the secret.
+	secret := takeSecret()
 	socket := flag.String("socket", "/run/sandboxd/sock/agent.sock", "host socket to dial")
 	home := flag.String("home", "127.0.0.1:80", "address to forward home (sandboxd.internal); empty disables")
 	cwd := flag.String("cwd", "/workspace", "default working directory, created if missing")
@@ -46,13 +48,13 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("agent", version)
-	if err := run(log, *socket, *home, *cwd); err != nil {
+	if err := run(log, *socket, *home, *cwd, secret); err != nil {
 		log.Error("sandbox-agent failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, socket, home, cwd string) error {
+func run(log *slog.Logger, socket, home, cwd string, secret []byte) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pid1 := os.Getpid() == 1
@@ -66,7 +68,7 @@ func run(log *slog.Logger, socket, home, cwd string) error {
 	if err := os.MkdirAll(cwd, 0o755); err != nil {
 		log.Warn("create default working directory", "dir", cwd, "err", err)
 	}
-	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log})
+	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log, Secret: secret})
 	if home != "" {
 		ln, err := net.Listen("tcp", home)
 		if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/forge"
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/kernel"
@@ -75,6 +76,7 @@ type serveOptions struct {
 	netPrivate   []string
 	netRate      uint64
 	netConns     uint32
+	home         homegate.Limits
 	githubToken  string
 	githubOwner  string
 	githubAPI    string
@@ -151,6 +153,9 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringSliceVar(&o.netPrivate, "network-allow-private", nil, "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
 	f.Uint64Var(&o.netRate, "network-rate", 100_000_000/8, "bandwidth per sandbox and direction, bytes/s")
 	f.Uint32Var(&o.netConns, "network-max-conns", 1024, "concurrent connections per sandbox")
+	f.IntVar(&o.home.MaxConns, "internal-max-conns-per-sandbox", 32, "concurrent connections one sandbox may hold to sandboxd.internal (429 beyond); 0 unlimited")
+	f.Float64Var(&o.home.RequestsPerSecond, "internal-requests-per-second", 50, "requests per second one sandbox may make to sandboxd.internal (429 beyond); 0 unlimited")
+	f.IntVar(&o.home.Burst, "internal-request-burst", 100, "requests one sandbox may make to sandboxd.internal in a burst above --internal-requests-per-second")
 	f.BoolVar(&o.setup, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
 	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GitHub token for the mirrors and pull requests, used on the host only, never given to sandboxes (env GITHUB_TOKEN)")
 	f.StringVar(&o.githubOwner, "github-owner", envOr("SANDBOXD_GITHUB_OWNER", ""), "GitHub organization or user that receives a mirror repository per account and the coding agent's pull requests; needs --github-token (env SANDBOXD_GITHUB_OWNER)")
@@ -238,7 +243,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 	limits := runtime.Limits{CPUs: o.cpus, MemoryBytes: o.memoryMiB << 20, Pids: o.pids, DiskBytes: o.diskMiB << 20}
-	rt, err := openRuntime(ctx, o, dataDir, g.cacheDir, baseDir, baseID, limits, log)
+	homeMetrics := homegate.NewMetrics()
+	rt, err := openRuntime(ctx, o, dataDir, g.cacheDir, baseDir, baseID, limits, homeMetrics, log)
 	if err != nil {
 		return err
 	}
@@ -348,7 +354,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics)
 	models, err := modelproxy.New(modelproxy.Options{
 		Auth: authn,
 		Upstreams: map[string]modelproxy.Upstream{
@@ -561,7 +567,7 @@ func warmSandboxes(o *serveOptions) int {
 }
 
 // openRuntime starts the chosen sandbox backend.
-func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDir, baseID string, limits runtime.Limits, log *slog.Logger) (runtime.Runtime, error) {
+func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDir, baseID string, limits runtime.Limits, homeMetrics *homegate.Metrics, log *slog.Logger) (runtime.Runtime, error) {
 	switch o.runtimeName {
 	case "gvisor":
 		rt, err := gvisor.New(ctx, gvisor.Options{
@@ -574,6 +580,8 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			WarmBaseDir:   baseDir,
 			WarmBaseImage: baseID,
 			LogMaxBytes:   o.logMaxMiB << 20,
+			Home:          o.home,
+			HomeMetrics:   homeMetrics,
 			Logger:        log.With("component", "runtime"),
 		})
 		if err != nil {
@@ -594,6 +602,8 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			DefaultLimits: limits,
 			Template:      microvm.TemplateOptions{BaseDir: baseDir, BaseImage: baseID},
 			LogMaxBytes:   o.logMaxMiB << 20,
+			Home:          o.home,
+			HomeMetrics:   homeMetrics,
 			Logger:        log.With("component", "runtime"),
 		})
 		if err != nil {

@@ -22,12 +22,20 @@
 // process output) is split into many FrameData/FrameStdout/FrameStderr frames
 // and flows under yamux's per-stream flow control.
 //
+// The agent runs where guest root can replace it, so the host treats every
+// reply as hostile: frames are bounded (MaxFrame), replies are checked
+// against the bounds in limits.go, every call has a deadline, and where the
+// backend allows it (gVisor) the session is authenticated with a
+// per-sandbox secret (Welcome.Challenge, Proof).
+//
 // Invariants: a stream carries exactly one operation; the side that opened a
 // stream writes the request frame first; every stream ends with a terminal
 // frame (FrameExit, FrameEnd or FrameResult) unless the session itself dies.
 package guest
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -53,8 +61,8 @@ const chunkSize = 32 << 10
 type FrameType byte
 
 // Frame types. Host→agent: Request, Stdin, StdinClose, Resize, Signal, Data,
-// End. Agent→host: Hello (handshake), Started, Stdout, Stderr, Exit, Header,
-// Data, End, Result. Welcome is the host's handshake answer.
+// End. Agent→host: Hello and Proof (handshake), Started, Stdout, Stderr,
+// Exit, Header, Data, End, Result. Welcome is the host's handshake answer.
 const (
 	FrameHello      FrameType = 1
 	FrameWelcome    FrameType = 2
@@ -71,6 +79,7 @@ const (
 	FrameData       FrameType = 13
 	FrameEnd        FrameType = 14
 	FrameResult     FrameType = 15
+	FrameProof      FrameType = 16
 )
 
 // Op names an operation, the first thing on every stream.
@@ -115,10 +124,37 @@ type Hello struct {
 }
 
 // Welcome is the host's answer to Hello. A non-empty Error means the host
-// refused the agent and will close the connection.
+// refused the agent and will close the connection. A Challenge asks the
+// agent to prove it holds the sandbox's secret (see Proof) before the
+// session starts.
 type Welcome struct {
-	Protocol int    `json:"protocol"`
-	Error    string `json:"error,omitempty"`
+	Protocol  int    `json:"protocol"`
+	Error     string `json:"error,omitempty"`
+	Challenge []byte `json:"challenge,omitempty"`
+}
+
+// Proof answers a Welcome's Challenge: ProofMAC of the challenge under the
+// per-sandbox secret the host gave the real agent out of band. Any other
+// process in the sandbox can reach the agent socket, but without the secret
+// it cannot start a session.
+type Proof struct {
+	MAC []byte `json:"mac"`
+}
+
+// SecretEnv is the environment variable a backend that can hand a secret
+// to the agent alone (gVisor: its init's environment) passes it in, hex
+// encoded. The agent removes it at start.
+const SecretEnv = "SANDBOXD_AGENT_SECRET"
+
+// ChallengeSize is the length of a Welcome's Challenge.
+const ChallengeSize = 32
+
+// ProofMAC is the MAC that proves knowledge of secret for challenge.
+func ProofMAC(secret, challenge []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("sandboxd agent proof v1\x00"))
+	m.Write(challenge)
+	return m.Sum(nil)
 }
 
 // Request starts every stream.
@@ -292,5 +328,8 @@ func yamuxConfig() *yamux.Config {
 	c.ConnectionWriteTimeout = 30 * time.Second
 	// Larger windows keep bulk file transfers from stalling on round trips.
 	c.MaxStreamWindowSize = 1 << 20
+	// A stream we closed whose peer never closes its side is reset after
+	// this, so a hostile peer cannot make us keep streams without end.
+	c.StreamCloseTimeout = 30 * time.Second
 	return c
 }

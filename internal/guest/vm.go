@@ -94,6 +94,9 @@ func ReadHello(conn net.Conn, timeout time.Duration) (Hello, error) {
 	if h.Protocol != Protocol {
 		return h, fmt.Errorf("%w: host speaks protocol %d, agent %d", ErrProtocol, Protocol, h.Protocol)
 	}
+	if err := CheckHello(h); err != nil {
+		return h, err
+	}
 	return h, nil
 }
 
@@ -116,8 +119,5 @@ func Resume(conn net.Conn, h Hello, opts ClientOptions) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("start session: %w", err)
 	}
-	c := &Client{hello: h, sess: sess, opts: opts, log: log}
-	c.wg.Add(1)
-	go c.acceptLoop()
-	return c, nil
+	return newClient(h, sess, opts, log), nil
 }

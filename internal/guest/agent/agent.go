@@ -53,6 +53,10 @@ type Options struct {
 	// Layer is the overlay upper directory OpExportLayer archives; empty
 	// refuses the operation.
 	Layer string
+	// Secret answers the host's handshake challenge (guest.Proof): the
+	// per-sandbox key the host gave this process alone, so that no other
+	// process in the sandbox can take over the host's session.
+	Secret []byte
 }
 
 // DefaultEnv is the base environment of processes the agent starts.
@@ -128,6 +132,18 @@ func (a *Agent) Serve(ctx context.Context, conn net.Conn) error {
 	if w.Error != "" {
 		conn.Close()
 		return fmt.Errorf("host refused agent: %s", w.Error)
+	}
+	if len(w.Challenge) > 0 {
+		if len(w.Challenge) > 4*guest.ChallengeSize {
+			conn.Close()
+			return fmt.Errorf("host challenge of %d bytes", len(w.Challenge))
+		}
+		// Without a secret the proof is wrong and the host says so by
+		// closing the connection.
+		if err := guest.WriteJSON(conn, guest.FrameProof, guest.Proof{MAC: guest.ProofMAC(a.opts.Secret, w.Challenge)}); err != nil {
+			conn.Close()
+			return fmt.Errorf("send proof: %w", err)
+		}
 	}
 	_ = conn.SetDeadline(time.Time{})
 	cfg := yamux.DefaultConfig()

@@ -23,7 +23,19 @@ import (
 
 // pair connects a host Client to an in-process Agent over a real unix
 // socket, the same transport the gVisor runtime uses.
-func pair(t *testing.T, home func(context.Context) (net.Conn, error)) (*guest.Client, *agent.Agent) {
+func pair(t *testing.T, home func(net.Conn)) (*guest.Client, *agent.Agent) {
+	t.Helper()
+	secret := []byte("per-sandbox secret")
+	c, a, err := pairWith(t, guest.ClientOptions{Home: home, Secret: secret}, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, a
+}
+
+// pairWith is pair with the host's options and the agent's secret given;
+// it returns the handshake's error.
+func pairWith(t *testing.T, opts guest.ClientOptions, agentSecret []byte) (*guest.Client, *agent.Agent, error) {
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
@@ -32,7 +44,7 @@ func pair(t *testing.T, home func(context.Context) (net.Conn, error)) (*guest.Cl
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	a := agent.New(agent.Options{Version: "test", Cwd: dir})
+	a := agent.New(agent.Options{Version: "test", Cwd: dir, Secret: agentSecret})
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() {
@@ -48,16 +60,18 @@ func pair(t *testing.T, home func(context.Context) (net.Conn, error)) (*guest.Cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := guest.Accept(conn, guest.ClientOptions{Home: home})
+	c, err := guest.Accept(conn, opts)
 	if err != nil {
-		t.Fatal(err)
+		cancel()
+		<-served
+		return nil, a, err
 	}
 	t.Cleanup(func() {
 		c.Close()
 		cancel()
 		<-served
 	})
-	return c, a
+	return c, a, nil
 }
 
 type execCase struct {
@@ -331,9 +345,14 @@ func TestHome(t *testing.T) {
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	_, a := pair(t, func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
+	_, a := pair(t, func(st net.Conn) {
+		home, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Error(err)
+			st.Close()
+			return
+		}
+		guest.Splice(st, home)
 	})
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -365,5 +384,26 @@ func TestProtocolMismatchRefused(t *testing.T) {
 	}()
 	if _, err := guest.Accept(a, guest.ClientOptions{}); !errors.Is(err, guest.ErrProtocol) {
 		t.Fatalf("accept of a newer agent: %v, want ErrProtocol", err)
+	}
+}
+
+// TestSecretRequired: an agent that does not hold the sandbox's secret (any
+// other process that reaches the agent socket) cannot start a session.
+func TestSecretRequired(t *testing.T) {
+	secret := []byte("the sandbox's secret")
+	for name, agentSecret := range map[string][]byte{"no secret": nil, "wrong secret": []byte("a guess")} {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := pairWith(t, guest.ClientOptions{Secret: secret}, agentSecret)
+			if !errors.Is(err, guest.ErrUnauthenticated) {
+				t.Fatalf("handshake: %v, want ErrUnauthenticated", err)
+			}
+		})
+	}
+	c, _, err := pairWith(t, guest.ClientOptions{Secret: secret}, secret)
+	if err != nil {
+		t.Fatalf("handshake with the secret: %v", err)
+	}
+	if _, err := c.Ping(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,11 +2,13 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -151,11 +153,20 @@ func (a *Agent) writeFile(r io.Reader, w *frameWriter, path string, mode uint32)
 }
 
 // listDir lists path's entries without following symlinks.
+// listDir lists path: at most guest.MaxListEntries entries, and no more
+// than fit in one frame, sorted by name. A bigger directory is listed in
+// part (the host refuses more).
 func listDir(path string) guest.Result {
-	ents, err := os.ReadDir(path)
+	d, err := os.Open(path)
 	if err != nil {
 		return errResult(err)
 	}
+	defer d.Close()
+	ents, err := d.ReadDir(guest.MaxListEntries)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return errResult(err)
+	}
+	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	out := make([]guest.FileInfo, 0, len(ents))
 	for _, e := range ents {
 		fi, err := e.Info()
@@ -167,6 +178,14 @@ func listDir(path string) guest.Result {
 			link, _ = os.Readlink(filepath.Join(path, e.Name()))
 		}
 		out = append(out, fileInfo(e.Name(), fi, link))
+	}
+	// Long names and links may not fit in one frame: cut until they do.
+	for len(out) > 0 {
+		b, err := json.Marshal(guest.Result{Entries: out})
+		if err == nil && len(b) <= guest.MaxFrame {
+			break
+		}
+		out = out[:len(out)*3/4]
 	}
 	return guest.Result{Entries: out}
 }

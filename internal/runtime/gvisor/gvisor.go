@@ -22,10 +22,15 @@
 // sock/agent.sock (runsc --host-uds=open lets a sandbox connect to, never
 // create, host sockets) and the host runs the guest protocol over that one
 // connection; exec goes through the agent, not `runsc exec` (≈ 1 ms against
-// ≈ 40 ms). The agent listens on 127.0.0.1:80 inside and forwards each
-// connection over the channel to Spec.HomeSocket: that is
-// http://sandboxd.internal, and the only host endpoint a sandbox reaches
-// (--network=none). A sandbox given a network (Spec.Network, a namespace
+// ≈ 40 ms). Any process inside can connect to that socket too, so the
+// session is authenticated: the host gives PID 1 alone a per-sandbox secret
+// (meta.AgentSecret, in its initial environment, which the agent erases at
+// start before any other process exists, and it is not dumpable) and
+// accepts only a peer that proves it in the handshake. The agent listens on
+// 127.0.0.1:80 inside and forwards each connection over the channel to the
+// sandbox's gate (package homegate: per-sandbox connection and request
+// limits) in front of Spec.HomeSocket: that is http://sandboxd.internal,
+// and the only host endpoint a sandbox reaches (--network=none). A sandbox given a network (Spec.Network, a namespace
 // that package netpol made and polices) runs gVisor's netstack on that
 // namespace's link instead (--network=sandbox, see network.go); home still
 // goes through the agent, not the network.
@@ -62,6 +67,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 )
@@ -97,6 +103,11 @@ type Options struct {
 	// LogMaxBytes caps each sandbox's agent.log, which the guest can write
 	// (default DefaultLogMaxBytes).
 	LogMaxBytes int64
+	// Home limits each sandbox's connections and requests to
+	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
+	// was refused (nil: not counted).
+	Home        homegate.Limits
+	HomeMetrics *homegate.Metrics
 	Logger      *slog.Logger
 }
 
@@ -481,6 +492,10 @@ type meta struct {
 	Disk       bool             `json:"disk,omitempty"` // layer/ is a loop-mounted image
 	Created    time.Time        `json:"created"`
 	Stopped    bool             `json:"stopped,omitempty"`
+	// AgentSecret (hex) is the key the sandbox's agent proves it holds in
+	// the handshake; only PID 1 is given it (see buildSpec). Empty for a
+	// sandbox made before sessions were authenticated.
+	AgentSecret string `json:"agent_secret,omitempty"`
 }
 
 func readMeta(dir string) (meta, error) {

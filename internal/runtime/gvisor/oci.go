@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -178,6 +179,12 @@ func hostTaskCeiling(sandboxes int) int64 {
 // pidsCeiling caps the host pids backstop (see hardLimits; 0: no cap).
 func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pidsCeiling int64) ociSpec {
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	if s.AgentSecret != "" {
+		// The agent (PID 1) takes it out of its environment and memory at
+		// start, before any other process exists in the sandbox; processes
+		// it starts get an environment of their own.
+		env = append(env, guest.SecretEnv+"="+s.AgentSecret)
+	}
 	proc := ociProcess{
 		Args:         []string{guestAgent, "--socket", guestSocket},
 		Env:          env,

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -18,7 +19,10 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/cgroup"
+	"golang.org/x/time/rate"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
@@ -37,6 +41,7 @@ type sandbox struct {
 	client *guest.Client
 	ready  chan struct{} // closed while client != nil
 	ln     net.Listener
+	gate   *homegate.Gate     // serves sandboxd.internal while attached
 	cancel context.CancelFunc // ends the accept loop and the memory guard
 	// guardCtx is the context the memory guard runs under.
 	guardCtx context.Context
@@ -91,6 +96,11 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := os.Mkdir(s.upperDir(), 0o755); err != nil {
 		return err
 	}
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return fmt.Errorf("make agent secret: %w", err)
+	}
+	m.AgentSecret = hex.EncodeToString(secret[:])
 	if err := os.Mkdir(s.path("layer", "work"), 0o700); err != nil {
 		return err
 	}
@@ -190,14 +200,17 @@ func (s *sandbox) attach() error {
 		return fmt.Errorf("listen for agent: %w", err)
 	}
 	ctx, cancel := context.WithCancel(s.r.ctx)
+	gate := homegate.New(homegate.Options{
+		Dial: s.dialHome, Sandbox: s.ID, Limits: s.r.opts.Home, Metrics: s.r.opts.HomeMetrics, Logger: s.r.log,
+	})
 	s.mu.Lock()
-	s.ln, s.cancel = ln, cancel
+	s.ln, s.cancel, s.gate = ln, cancel, gate
 	m := s.m
 	s.mu.Unlock()
 	s.r.mu.Lock()
 	s.r.sandboxes[m.CID] = s
 	s.r.mu.Unlock()
-	go s.acceptLoop(ln)
+	go s.acceptLoop(ln, gate)
 	go s.drainLog(ctx)
 	s.mu.Lock()
 	s.guardCtx = ctx
@@ -244,8 +257,8 @@ func (s *sandbox) startGuard() {
 // detach lets go of the sandbox without touching it (Runtime.Close).
 func (s *sandbox) detach() {
 	s.mu.Lock()
-	ln, c, cancel := s.ln, s.client, s.cancel
-	s.ln, s.cancel = nil, nil
+	ln, c, cancel, gate := s.ln, s.client, s.cancel, s.gate
+	s.ln, s.cancel, s.gate = nil, nil, nil
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()
@@ -256,39 +269,71 @@ func (s *sandbox) detach() {
 	if c != nil {
 		c.Close()
 	}
+	if gate != nil {
+		gate.Close()
+	}
 }
 
-func (s *sandbox) acceptLoop(ln net.Listener) {
+// maxHandshakes bounds the agent handshakes in progress at once: any
+// process in the sandbox can connect to the agent socket, and one that never
+// finishes its handshake must not hold up the real agent's, nor make the
+// host start goroutines without end.
+const maxHandshakes = 4
+
+// acceptLoop serves the agent socket. Only a peer that proves it holds the
+// sandbox's secret (the real agent, see meta.AgentSecret) gets a session;
+// it replaces the previous one (the agent reconnected).
+func (s *sandbox) acceptLoop(ln net.Listener, gate *homegate.Gate) {
+	slots := make(chan struct{}, maxHandshakes)
+	refusals := rate.Sometimes{First: 3, Interval: 10 * time.Second}
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log})
-		if err != nil {
-			s.r.log.Warn("agent handshake failed", "cid", s.meta().CID, "err", err)
+		select {
+		case slots <- struct{}{}:
+		default:
+			conn.Close()
 			continue
 		}
-		s.mu.Lock()
-		old := s.client
-		s.client, s.hello = c, c.Hello()
-		if old == nil {
-			close(s.ready)
-		}
-		s.mu.Unlock()
-		if old != nil {
-			old.Close()
-		}
 		go func() {
-			<-c.Done()
-			s.mu.Lock()
-			if s.client == c {
-				s.client = nil
-				s.ready = make(chan struct{})
+			defer func() { <-slots }()
+			m := s.meta()
+			secret, _ := hex.DecodeString(m.AgentSecret)
+			c, err := guest.Accept(conn, guest.ClientOptions{Home: gate.Serve, Secret: secret, Logger: s.r.log})
+			if err != nil {
+				refusals.Do(func() {
+					s.r.log.Warn("agent handshake refused", "id", m.ID, "cid", m.CID, "err", err)
+				})
+				return
 			}
-			s.mu.Unlock()
+			s.setClient(c)
 		}()
 	}
+}
+
+// setClient makes c the sandbox's agent session.
+func (s *sandbox) setClient(c *guest.Client) {
+	s.mu.Lock()
+	old := s.client
+	s.client, s.hello = c, c.Hello()
+	if old == nil {
+		close(s.ready)
+	}
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	go func() {
+		<-c.Done()
+		s.mu.Lock()
+		if s.client == c {
+			s.client = nil
+			s.ready = make(chan struct{})
+		}
+		s.mu.Unlock()
+	}()
 }
 
 // dialHome connects a sandbox's sandboxd.internal connection to the API.

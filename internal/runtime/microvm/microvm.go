@@ -63,6 +63,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
@@ -103,6 +104,11 @@ type Options struct {
 	// LogMaxBytes caps each sandbox's console log and qemu.log, which the
 	// guest can fill (default DefaultLogMaxBytes).
 	LogMaxBytes int64
+	// Home limits each sandbox's connections and requests to
+	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
+	// was refused (nil: not counted).
+	Home        homegate.Limits
+	HomeMetrics *homegate.Metrics
 	Logger      *slog.Logger
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
@@ -42,6 +43,7 @@ type sandbox struct {
 	hello  guest.Hello
 	ready  chan struct{} // closed while client is set
 	cancel context.CancelFunc
+	gate   *homegate.Gate // serves sandboxd.internal; made on first use
 	gone   bool
 	// logCancel ends the log drains (logs.go).
 	logCancel context.CancelFunc
@@ -211,7 +213,7 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	}
 	if incoming != nil {
 		// The snapshot's agent already said hello and waits for the answer.
-		c, err := guest.Resume(agentConn, incoming.hello, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log})
+		c, err := guest.Resume(agentConn, incoming.hello, guest.ClientOptions{Home: s.serveHome, Logger: s.r.log})
 		if err != nil {
 			return s.bootErr(err)
 		}
@@ -307,7 +309,7 @@ func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
 			case <-ctx.Done():
 			}
 		}()
-		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.dialHome, Logger: s.r.log, HandshakeTimeout: s.r.opts.StartTimeout})
+		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.serveHome, Logger: s.r.log, HandshakeTimeout: s.r.opts.StartTimeout})
 		stop()
 		if err != nil {
 			if ctx.Err() == nil {
@@ -344,8 +346,8 @@ func (s *sandbox) setClient(c *guest.Client) {
 // detach lets go of the VM without touching it (Runtime.Close, Stop).
 func (s *sandbox) detach() {
 	s.mu.Lock()
-	c, cancel, logCancel := s.client, s.cancel, s.logCancel
-	s.cancel, s.logCancel = nil, nil
+	c, cancel, logCancel, gate := s.client, s.cancel, s.logCancel, s.gate
+	s.cancel, s.logCancel, s.gate = nil, nil, nil
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()
@@ -356,6 +358,28 @@ func (s *sandbox) detach() {
 	if c != nil {
 		c.Close()
 	}
+	if gate != nil {
+		gate.Close()
+	}
+}
+
+// serveHome serves one connection to sandboxd.internal through the
+// sandbox's gate (its limits), made on first use after an attach.
+func (s *sandbox) serveHome(conn net.Conn) {
+	s.mu.Lock()
+	if s.gone || s.m.Stopped {
+		s.mu.Unlock()
+		conn.Close()
+		return
+	}
+	if s.gate == nil {
+		s.gate = homegate.New(homegate.Options{
+			Dial: s.dialHome, Sandbox: func() string { return s.meta().ID }, Limits: s.r.opts.Home, Metrics: s.r.opts.HomeMetrics, Logger: s.r.log,
+		})
+	}
+	gate := s.gate
+	s.mu.Unlock()
+	gate.Serve(conn)
 }
 
 // dialHome connects a sandbox's sandboxd.internal connection to the API.
