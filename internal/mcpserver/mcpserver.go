@@ -84,9 +84,12 @@ func New(opts Options) (*Handler, error) {
 		opts.Now = time.Now
 	}
 	h := &Handler{opts: opts, log: opts.Logger}
+	// The SDK logs every request's session at Info; the API's access log
+	// already has each request, so only its warnings and errors are kept.
+	sdkLog := slog.New(warnOnly{opts.Logger.Handler()})
 	srv := mcp.NewServer(&mcp.Implementation{Name: "sandboxd", Title: "sandboxd", Version: opts.Version}, &mcp.ServerOptions{
 		Instructions: instructions,
-		Logger:       opts.Logger,
+		Logger:       sdkLog,
 		// No logging capability: nothing is sent but tool results and
 		// progress.
 		Capabilities: &mcp.ServerCapabilities{},
@@ -95,7 +98,7 @@ func New(opts Options) (*Handler, error) {
 	h.addResources(srv)
 	h.transport = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:                    true,
-		Logger:                       opts.Logger,
+		Logger:                       sdkLog,
 		MaxRequestBodyBytes:          opts.MaxRequestBytes,
 		PropagateRequestCancellation: true,
 		// The protection is for servers that trust whoever reaches
@@ -136,3 +139,16 @@ func principal(ctx context.Context) (auth.Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(auth.Principal)
 	return p, ok && p.AccountID != ""
 }
+
+// warnOnly passes on records of level Warn and above.
+type warnOnly struct{ slog.Handler }
+
+func (w warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && w.Handler.Enabled(ctx, l)
+}
+
+func (w warnOnly) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnOnly{w.Handler.WithAttrs(attrs)}
+}
+
+func (w warnOnly) WithGroup(name string) slog.Handler { return warnOnly{w.Handler.WithGroup(name)} }
