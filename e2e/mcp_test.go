@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -133,7 +134,12 @@ func dig(v any, keys ...string) any {
 }
 
 func TestMCP(t *testing.T) {
-	s := startServer(t, filepath.Join(t.TempDir(), "mcp.db"), "--rootfs", mcpRootfs(t))
+	// upload_files downloads from this loopback server.
+	files := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "downloaded "+r.URL.Path+"\n")
+	}))
+	t.Cleanup(files.Close)
+	s := startServer(t, filepath.Join(t.TempDir(), "mcp.db"), "--rootfs", mcpRootfs(t), "--allow-private-downloads")
 	alice, bob := s.createAccount("alice", false), s.createAccount("bob", false)
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)
 	a := s.mcpConnect(ak)
@@ -201,6 +207,13 @@ func TestMCP(t *testing.T) {
 		if r := a.call(t, "write_file", map[string]any{"path": "docs/plan.md", "content": "# Plan\n", "message": "Add the plan"}, ""); r.IsError {
 			t.Fatalf("write_file: %s", r.Text)
 		}
+		up := a.call(t, "upload_files", map[string]any{"files": []any{map[string]any{"url": files.URL + "/data.csv", "name": "data.csv"}}, "path": "in"}, "")
+		if up.IsError || !strings.Contains(up.Text, `"path": "in/data.csv"`) {
+			t.Fatalf("upload_files: %s", up.Text)
+		}
+		if r := a.call(t, "read_file", map[string]any{"path": "in/data.csv"}, ""); r.Text != "downloaded /data.csv\n" {
+			t.Fatalf("uploaded file reads %q", r.Text)
+		}
 		r := a.call(t, "list_files", nil, "")
 		if r.IsError || !strings.Contains(r.Text, `"path": "docs/plan.md"`) || !strings.Contains(r.Text, `"path": "PROMPTED.md"`) {
 			t.Fatalf("list_files: %s", r.Text)
@@ -237,6 +250,23 @@ func TestMCP(t *testing.T) {
 		}
 		if r := a.call(t, "get_run", map[string]any{"limit": 5}, ""); r.IsError || !strings.Contains(r.Text, commandRun) {
 			t.Fatalf("list runs: %s", r.Text)
+		}
+		// wait false answers at once; get_run follows the run to its end.
+		r = a.call(t, "run_command", map[string]any{"command": "sh", "args": []string{"-c", "sleep 1; echo later"}, "wait": false}, "")
+		id, _ := dig(r.Data, "run", "id").(string)
+		if r.IsError || id == "" || dig(r.Data, "finished") != false || !strings.Contains(r.Note(), "get_run") {
+			t.Fatalf("run_command without waiting: %s", r.Text)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for dig(r.Data, "runs") == nil || dig(r.Data["runs"].([]any)[0], "isCompleted") != true {
+			if time.Now().After(deadline) {
+				t.Fatalf("the run did not end: %s", r.Text)
+			}
+			time.Sleep(200 * time.Millisecond)
+			r = a.call(t, "get_run", map[string]any{"run_id": id}, "")
+		}
+		if out := dig(r.Data["runs"].([]any)[0], "output", "stdout"); out != "later\n" {
+			t.Fatalf("stdout %q", out)
 		}
 	})
 
@@ -352,6 +382,31 @@ done`
 		}
 		if r := s.as(ak, "GET", "/api/sandboxes/file?path=PWNED.md", nil); r.Status != 404 {
 			t.Fatalf("PWNED.md: %d", r.Status)
+		}
+	})
+
+	t.Run("a client that hangs up ends its call", func(t *testing.T) {
+		securitytest.Attack(t, "api", "a client of an older MCP protocol (2025-06-18) starts a long command through /mcp and hangs up, to leave work running for nobody",
+			"the call is bound to its HTTP request: the command is killed when the client goes away")
+		call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_command","arguments":{"sandbox_id":"` + sandboxID + `","command":"sh","args":["-c","sleep 3; touch /tmp/late"]}}}`
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "POST", s.base+"/mcp", strings.NewReader(call))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		req.Header.Set("Authorization", "Bearer "+ak.Key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil {
+				t.Fatal("the call answered before the client hung up")
+			}
+		}
+		time.Sleep(4 * time.Second)
+		r := s.as(ak, "POST", "/api/sandboxes/"+sandboxID+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "test -e /tmp/late && echo ran on || echo killed"}})
+		if r.Body["stdout"] != "killed\n" {
+			t.Fatalf("after the client left: %d %s", r.Status, r.Raw)
 		}
 	})
 

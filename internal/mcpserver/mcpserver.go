@@ -67,7 +67,10 @@ type Handler struct {
 	transport http.Handler
 }
 
-type principalKey struct{}
+type (
+	principalKey  struct{}
+	requestCtxKey struct{}
+)
 
 // New builds the MCP endpoint.
 func New(opts Options) (*Handler, error) {
@@ -122,7 +125,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		var p auth.Principal
 		if p, err = h.opts.Auth.Authenticate(r.Context(), key); err == nil {
-			h.transport.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+			ctx := context.WithValue(r.Context(), principalKey{}, p)
+			ctx = context.WithValue(ctx, requestCtxKey{}, r.Context())
+			h.transport.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
 	}
@@ -138,6 +143,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func principal(ctx context.Context) (auth.Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(auth.Principal)
 	return p, ok && p.AccountID != ""
+}
+
+// boundToRequest returns ctx cancelled also when the HTTP request that
+// carried the call ends (its client went away). The SDK ties a handler to
+// its request only for clients of the 2026-07-28 protocol; for older ones
+// a wait or an exec would go on for nobody.
+func boundToRequest(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if req, ok := ctx.Value(requestCtxKey{}).(context.Context); ok {
+		stop := context.AfterFunc(req, cancel)
+		return ctx, func() { stop(); cancel() }
+	}
+	return ctx, cancel
 }
 
 // warnOnly passes on records of level Warn and above.

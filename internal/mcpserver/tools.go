@@ -70,6 +70,8 @@ var networkSchema = &jsonschema.Schema{
 
 func (h *Handler) handle(t tool) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		ctx, cancel := boundToRequest(ctx)
+		defer cancel()
 		p, ok := principal(ctx)
 		if !ok {
 			// ServeHTTP authenticates every request; a handler without a
