@@ -227,10 +227,11 @@ func (h *Handler) listFiles(ctx context.Context, c *call) (*mcp.CallToolResult, 
 		return jsonResult(res)
 	}
 	res.Repository = &url
-	tree, err := h.opts.Files.Tree(ctx, account)
+	tree, cut, err := h.tree(ctx, account)
 	if err != nil {
-		return nil, api.ServiceError(err, "Not found")
+		return nil, err
 	}
+	res.Truncated = cut
 	for _, e := range tree {
 		if !strings.HasPrefix(e.Path, prefix) {
 			continue
@@ -242,6 +243,16 @@ func (h *Handler) listFiles(ctx context.Context, c *call) (*mcp.CallToolResult, 
 		res.Filetree = append(res.Filetree, e)
 	}
 	return jsonResult(res)
+}
+
+// tree lists main of account's repository; the one place the tools ask
+// the file service for it. cut says the service stopped at its limits.
+func (h *Handler) tree(ctx context.Context, account string) (entries []api.FileTreeEntry, cut bool, err error) {
+	entries, err = h.opts.Files.Tree(ctx, account)
+	if err != nil {
+		return nil, false, api.ServiceError(err, "Not found")
+	}
+	return entries, false, nil
 }
 
 // mimeType guesses a file's media type from its name.

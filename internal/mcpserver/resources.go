@@ -84,7 +84,7 @@ func (h *Handler) listResources(ctx context.Context, req *mcp.ListResourcesReque
 	if url == "" {
 		return res, nil
 	}
-	tree, err := h.opts.Files.Tree(ctx, p.AccountID)
+	tree, _, err := h.tree(ctx, p.AccountID)
 	if err != nil {
 		return nil, h.resourceError(ctx, err)
 	}

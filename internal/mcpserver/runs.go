@@ -105,7 +105,7 @@ func (h *Handler) promptSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 	if err != nil {
 		return nil, err
 	}
-	before, err := h.blobs(ctx, account)
+	before, beforeCut, err := h.blobs(ctx, account)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +114,7 @@ func (h *Handler) promptSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 		return nil, err
 	}
 	if res.Finished {
-		res.ChangedFiles, res.Note, err = h.changes(ctx, account, before, res.Run)
+		res.ChangedFiles, res.Note, err = h.changes(ctx, account, before, beforeCut, res.Run)
 		if err != nil {
 			return nil, err
 		}
@@ -238,30 +238,31 @@ func progress(req *mcp.CallToolRequest) func(ctx context.Context, done float64, 
 }
 
 // blobs maps the paths of main's files to their blob ids; nil when the
-// account has no repository yet.
-func (h *Handler) blobs(ctx context.Context, account string) (map[string]string, error) {
+// account has no repository yet. cut says the listing stopped at the
+// server's limits, so the map is not the whole of main.
+func (h *Handler) blobs(ctx context.Context, account string) (m map[string]string, cut bool, err error) {
 	url, err := h.opts.Files.RepoURL(ctx, account)
 	if err != nil || url == "" {
-		return nil, err
+		return nil, false, err
 	}
-	tree, err := h.opts.Files.Tree(ctx, account)
+	tree, cut, err := h.tree(ctx, account)
 	if err != nil {
-		return nil, api.ServiceError(err, "Not found")
+		return nil, false, err
 	}
-	m := make(map[string]string, len(tree))
+	m = make(map[string]string, len(tree))
 	for _, e := range tree {
 		if e.Type == "blob" {
 			m[e.Path] = e.SHA
 		}
 	}
-	return m, nil
+	return m, cut, nil
 }
 
 // changes lists what a finished run changed on main: the files whose
 // blobs differ between before the run and now. A run whose commit went to
 // a branch of its own (main had moved meanwhile) changed nothing on main,
 // and the note says where its work is.
-func (h *Handler) changes(ctx context.Context, account string, before map[string]string, run api.Run) ([]changedFile, string, error) {
+func (h *Handler) changes(ctx context.Context, account string, before map[string]string, beforeCut bool, run api.Run) ([]changedFile, string, error) {
 	var out struct {
 		Branch   string `json:"branch"`
 		GitError string `json:"gitError"`
@@ -275,9 +276,12 @@ func (h *Handler) changes(ctx context.Context, account string, before map[string
 	case out.Branch != "main":
 		return nil, "main moved while the run ran, so its commit was pushed to branch " + out.Branch + " instead; the files it changed are on that branch.", nil
 	}
-	after, err := h.blobs(ctx, account)
+	after, afterCut, err := h.blobs(ctx, account)
 	if err != nil {
 		return nil, "", err
+	}
+	if beforeCut || afterCut {
+		return nil, "The repository is larger than the server lists, so the files the run changed are not listed; its commit is on main.", nil
 	}
 	return diffBlobs(before, after), "", nil
 }
