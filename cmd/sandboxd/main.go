@@ -44,6 +44,7 @@ func newRootCmd() *cobra.Command {
 		newSandboxCmd(),
 		newBenchCmd(g),
 		newKernelCmd(g),
+		newMCPCmd(),
 	)
 	return root
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/kernel"
+	"github.com/sandboxd/sandboxd/internal/mcpserver"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
@@ -366,6 +367,10 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
+	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Sandboxes: mgr, Files: fileSvc, Version: version, Logger: log.With("component", "mcp")})
+	if err != nil {
+		return err
+	}
 	srv, err := api.New(api.Options{
 		Store:       st,
 		Auth:        authn,
@@ -380,6 +385,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Mount: map[string]http.Handler{
 			repo.GitPathPrefix + "*":    repos.GitHTTPHandler(authn),
 			modelproxy.PathPrefix + "*": models,
+			mcpserver.Path:              mcpSrv,
 		},
 	})
 	if err != nil {

@@ -129,19 +129,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 // sandboxView renders a row as the contract's Sandbox object.
-func (s *Server) sandboxView(sb store.Sandbox) Sandbox {
-	var remaining int64
-	if sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning {
-		remaining = max(0, sb.Deadline.Sub(s.opts.Now()).Milliseconds())
-	}
-	return Sandbox{
-		SandboxID:     sb.ID,
-		SandboxStatus: sb.Status,
-		Timeout:       remaining,
-		CreatedAt:     formatTime(sb.CreatedAt),
-		Runtime:       sb.Runtime,
-	}
-}
+func (s *Server) sandboxView(sb store.Sandbox) Sandbox { return ViewSandbox(sb, s.opts.Now()) }
 
 func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 

@@ -156,7 +156,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 // account's environment.
 func checkScope(r *http.Request, p auth.Principal) error {
 	if err := p.MayCall(r.Method); err != nil {
-		return &Error{Status: http.StatusForbidden, Msg: "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy; " + r.Method + " " + r.URL.Path + " needs an account key"}
+		return ScopeError(r.Method + " " + r.URL.Path)
 	}
 	return nil
 }

@@ -1,0 +1,172 @@
+// Package mcpserver serves sandboxd to AI assistants and IDE agents over the
+// Model Context Protocol: the Streamable HTTP transport at /mcp, with tools
+// that run prompts and commands in sandboxes, read and write the account's
+// repository, follow runs and stop sandboxes, and the repository's files as
+// resources.
+//
+// It is another front end of the services the HTTP API drives
+// (api.SandboxService, api.FileService, the store's runs): every tool calls
+// them directly, validates its arguments with the API's own rules and
+// messages (api.Args), and decides access with the one rule of
+// internal/auth (ResolveAccount, MayActFor). A sandbox's own key keeps its
+// scope: it may use the reading tools only.
+//
+// The transport is stateless: every HTTP request is authenticated on its
+// own and carries its principal in its context, so a session can never be
+// taken over with another key, and the server keeps nothing per client
+// between requests. Progress notifications of a long tool call travel on
+// that call's own response stream.
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Path is where sandboxd serves the MCP endpoint.
+const Path = "/mcp"
+
+// Store is what the tools read from the database directly.
+type Store interface {
+	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
+	GetRun(ctx context.Context, id string) (store.Run, error)
+	ListRuns(ctx context.Context, accountID string, limit int) ([]store.Run, error)
+}
+
+// Options configure the MCP server.
+type Options struct {
+	Store     Store
+	Auth      *auth.Authenticator
+	Sandboxes api.SandboxService
+	Files     api.FileService
+	Logger    *slog.Logger
+	Version   string
+	// PollInterval is how often a waiting tool looks at its run and sends
+	// a progress notification (default 500ms).
+	PollInterval time.Duration
+	// MaxRequestBytes bounds one request's body, write_file's content
+	// included (default 4 MiB, the SDK's).
+	MaxRequestBytes int64
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Handler is the MCP endpoint; mount it at Path.
+type Handler struct {
+	opts      Options
+	log       *slog.Logger
+	transport http.Handler
+}
+
+type (
+	principalKey  struct{}
+	requestCtxKey struct{}
+)
+
+// New builds the MCP endpoint.
+func New(opts Options) (*Handler, error) {
+	if opts.Store == nil || opts.Auth == nil || opts.Sandboxes == nil || opts.Files == nil {
+		return nil, errors.New("mcpserver: a store, an authenticator, a sandbox service and a file service are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 500 * time.Millisecond
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	h := &Handler{opts: opts, log: opts.Logger}
+	// The SDK logs every request's session at Info; the API's access log
+	// already has each request, so only its warnings and errors are kept.
+	sdkLog := slog.New(warnOnly{opts.Logger.Handler()})
+	srv := mcp.NewServer(&mcp.Implementation{Name: "sandboxd", Title: "sandboxd", Version: opts.Version}, &mcp.ServerOptions{
+		Instructions: instructions,
+		Logger:       sdkLog,
+		// No logging capability: nothing is sent but tool results and
+		// progress.
+		Capabilities: &mcp.ServerCapabilities{},
+	})
+	h.addTools(srv)
+	h.addResources(srv)
+	h.transport = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		Stateless:                    true,
+		Logger:                       sdkLog,
+		MaxRequestBodyBytes:          opts.MaxRequestBytes,
+		PropagateRequestCancellation: true,
+		// The protection is for servers that trust whoever reaches
+		// localhost. This one trusts no request without an API key, which
+		// a page rebinding its DNS does not have; and sandboxd is often
+		// reached on loopback through a reverse proxy with the public Host.
+		DisableLocalhostProtection: true,
+	})
+	return h, nil
+}
+
+const instructions = `sandboxd runs commands and prompts in ephemeral, isolated Linux sandboxes. Each account has a git repository that every sandbox starts from (/workspace) and that each run's changes are committed to.
+Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. Tools act for the key's own account unless account_id names another the key may act for.`
+
+// ServeHTTP authenticates the request as the API does (an API key as
+// Authorization: Bearer, or x-api-key) and hands it to the MCP transport
+// with its principal. A missing or bad key is answered 401 with the API's
+// error body before any MCP message is read.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, err := auth.KeyFromHeaders(r.Header)
+	if err == nil {
+		var p auth.Principal
+		if p, err = h.opts.Auth.Authenticate(r.Context(), key); err == nil {
+			ctx := context.WithValue(r.Context(), principalKey{}, p)
+			ctx = context.WithValue(ctx, requestCtxKey{}, r.Context())
+			h.transport.ServeHTTP(w, r.WithContext(ctx))
+			return
+		}
+	}
+	if errors.Is(err, auth.ErrCredentials) || errors.Is(err, auth.ErrUnauthorized) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
+	}
+	api.WriteError(w, r, h.log, api.AuthError(err))
+}
+
+// principal is the authenticated caller of a request. The transport is
+// stateless, so the session of every request is made with that request's
+// context, and a handler's context carries the key that sent it.
+func principal(ctx context.Context) (auth.Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(auth.Principal)
+	return p, ok && p.AccountID != ""
+}
+
+// boundToRequest returns ctx cancelled also when the HTTP request that
+// carried the call ends (its client went away). The SDK ties a handler to
+// its request only for clients of the 2026-07-28 protocol; for older ones
+// a wait or an exec would go on for nobody.
+func boundToRequest(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if req, ok := ctx.Value(requestCtxKey{}).(context.Context); ok {
+		stop := context.AfterFunc(req, cancel)
+		return ctx, func() { stop(); cancel() }
+	}
+	return ctx, cancel
+}
+
+// warnOnly passes on records of level Warn and above.
+type warnOnly struct{ slog.Handler }
+
+func (w warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && w.Handler.Enabled(ctx, l)
+}
+
+func (w warnOnly) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnOnly{w.Handler.WithAttrs(attrs)}
+}
+
+func (w warnOnly) WithGroup(name string) slog.Handler { return warnOnly{w.Handler.WithGroup(name)} }

@@ -1,0 +1,227 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// call is one tool call: who makes it and its arguments.
+type call struct {
+	req  *mcp.CallToolRequest
+	p    auth.Principal
+	args api.Args
+}
+
+// toolFunc does a tool's work. An *api.Error is answered as a tool error
+// with its message; any other error is logged and answered as an internal
+// error that leaks nothing.
+type toolFunc func(ctx context.Context, c *call) (*mcp.CallToolResult, error)
+
+// tool describes one tool: In documents its arguments (the schema clients
+// see); the handler checks them itself, with the API's messages.
+type tool struct {
+	name, title, description string
+	// changes is true for tools that change state or start work: a
+	// sandbox's own key may not use them, as it may only GET the API.
+	changes bool
+	in      reflect.Type
+	fn      toolFunc
+}
+
+func (h *Handler) addTools(srv *mcp.Server) {
+	for _, t := range h.tools() {
+		schema, err := jsonschema.ForType(t.in, &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
+			reflect.TypeFor[netpol.Policy](): networkSchema,
+		}})
+		if err != nil {
+			// The argument types are this package's own: a failure is a
+			// programming error caught by every test.
+			panic(fmt.Sprintf("mcpserver: schema of %s: %v", t.name, err))
+		}
+		destructive := t.changes
+		srv.AddTool(&mcp.Tool{
+			Name: t.name, Title: t.title, Description: t.description, InputSchema: schema,
+			Annotations: &mcp.ToolAnnotations{Title: t.title, ReadOnlyHint: !t.changes, DestructiveHint: &destructive},
+		}, h.handle(t))
+	}
+}
+
+// networkSchema documents the network policy of a new sandbox as the API
+// takes it.
+var networkSchema = &jsonschema.Schema{
+	Description: `Network of the new sandbox: "none" (loopback only), "egress" (the internet, never the host or private ranges), or {"allow": ["CIDR, address or domain", ...]}. Default: the server's.`,
+	OneOf: []*jsonschema.Schema{
+		{Type: "string", Enum: []any{"none", "egress"}},
+		{Type: "object", Properties: map[string]*jsonschema.Schema{"allow": {Type: "array", Items: &jsonschema.Schema{Type: "string"}}}, Required: []string{"allow"}},
+	},
+}
+
+func (h *Handler) handle(t tool) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		ctx, cancel := boundToRequest(ctx)
+		defer cancel()
+		p, ok := principal(ctx)
+		if !ok {
+			// ServeHTTP authenticates every request; a handler without a
+			// principal is a wiring error, refused rather than trusted.
+			return errorResult(&api.Error{Status: http.StatusUnauthorized, Msg: "Unauthorized"}), nil
+		}
+		if t.changes {
+			if err := p.MayCall(http.MethodPost); err != nil {
+				return errorResult(api.ScopeError("the " + t.name + " tool")), nil
+			}
+		}
+		args, err := api.DecodeArgs(req.Params.Arguments)
+		if err != nil {
+			return errorResult(err), nil
+		}
+		res, err := t.fn(ctx, &call{req: req, p: p, args: args})
+		if err != nil {
+			var e *api.Error
+			if !errors.As(err, &e) {
+				h.log.ErrorContext(ctx, "mcp tool failed", "tool", t.name, "account_id", p.AccountID, "err", err)
+			}
+			return errorResult(err), nil
+		}
+		return res, nil
+	}
+}
+
+// toolError is the structured content of a tool error: the API's error
+// body and its HTTP status.
+type toolError struct {
+	api.ErrorBody
+	StatusCode int `json:"statusCode"`
+}
+
+// errorResult is the isError result of err: the message the API answers
+// for it, or "Internal server error" for an error the API would not show.
+func errorResult(err error) *mcp.CallToolResult {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		e = &api.Error{Status: http.StatusInternalServerError, Msg: "Internal server error"}
+	}
+	body := toolError{ErrorBody: api.ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}, StatusCode: e.Status}
+	return &mcp.CallToolResult{
+		IsError:           true,
+		Content:           []mcp.Content{&mcp.TextContent{Text: e.Msg}},
+		StructuredContent: body,
+	}
+}
+
+// jsonResult answers v as structured content and as its JSON text, for
+// clients that show only text to the model.
+func jsonResult(v any) (*mcp.CallToolResult, error) {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode result: %w", err)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(data)}}, StructuredContent: v}, nil
+}
+
+// resolve is the account a call acts for: its account_id if the key may
+// act for it (the API's one rule), else the key's own.
+func (h *Handler) resolve(ctx context.Context, p auth.Principal, requested string) (string, error) {
+	id, err := h.opts.Auth.ResolveAccount(ctx, p, requested)
+	if err != nil {
+		return "", api.AuthError(err)
+	}
+	return id, nil
+}
+
+// account resolves the call's optional account_id.
+func (h *Handler) account(ctx context.Context, c *call) (string, error) {
+	requested, err := c.args.AccountID()
+	if err != nil {
+		return "", err
+	}
+	return h.resolve(ctx, c.p, requested)
+}
+
+// requiredString is a string argument that must be present and not empty.
+func requiredString(a api.Args, name string) (string, error) {
+	s, _, err := a.String(name)
+	if err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", &api.Error{Status: http.StatusBadRequest, Msg: name + " is required", Fields: []any{name}}
+	}
+	return s, nil
+}
+
+// sandbox loads a sandbox the caller may see, as the API's /{id} routes
+// do: with account_id, only that account's; without, any account's the
+// key may act for. Anything else is "Sandbox not found", so that ids
+// cannot be probed.
+func (h *Handler) sandbox(ctx context.Context, p auth.Principal, requested, id string) (store.Sandbox, error) {
+	notFound := &api.Error{Status: http.StatusNotFound, Msg: "Sandbox not found"}
+	sb, err := h.opts.Store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return sb, notFound
+	}
+	if err != nil {
+		return sb, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	if requested != "" {
+		account, err := h.resolve(ctx, p, requested)
+		if err != nil {
+			return sb, err
+		}
+		if sb.AccountID != account {
+			return sb, notFound
+		}
+		return sb, nil
+	}
+	ok, err := h.opts.Auth.MayActFor(ctx, p, sb.AccountID)
+	if err != nil {
+		return sb, err
+	}
+	if !ok {
+		return sb, notFound
+	}
+	return sb, nil
+}
+
+// run loads a run the caller may see, as GET /api/tasks/runs?runId= does.
+func (h *Handler) run(ctx context.Context, p auth.Principal, requested, id string) (store.Run, error) {
+	notFound := &api.Error{Status: http.StatusNotFound, Msg: "Task run not found"}
+	account, err := h.resolve(ctx, p, requested)
+	if err != nil {
+		return store.Run{}, err
+	}
+	run, err := h.opts.Store.GetRun(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return run, notFound
+	}
+	if err != nil {
+		return run, fmt.Errorf("get run %s: %w", id, err)
+	}
+	if run.AccountID == account {
+		return run, nil
+	}
+	// With no account_id, any account the key may act for will do.
+	if requested != "" {
+		return run, notFound
+	}
+	ok, err := h.opts.Auth.MayActFor(ctx, p, run.AccountID)
+	if err != nil {
+		return run, err
+	}
+	if !ok {
+		return run, notFound
+	}
+	return run, nil
+}
