@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -55,7 +57,7 @@ type ownRepos struct{ SandboxService }
 
 func (ownRepos) CheckRepoURL(_, url string) error {
 	if strings.HasPrefix(url, "https://github.com/forbidden/") {
-		return fmt.Errorf("on github.com this account may only name its own mirror: %w", ErrInvalid)
+		return fmt.Errorf("on github.com this account may only name its own mirror: %w", errdefs.ErrInvalid)
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -74,32 +76,22 @@ func serviceError(err error, notFound string) error {
 	switch {
 	case errors.As(err, &e):
 		return e
-	case errors.Is(err, ErrNotFound), errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, store.ErrNotFound):
 		return errNotFound(notFound)
-	case errors.Is(err, ErrNoRepository):
+	case errors.Is(err, errdefs.ErrNoRepository):
 		return errNotFound("No GitHub repository found for this account")
-	case errors.Is(err, ErrQuota):
-		return &Error{Status: http.StatusTooManyRequests, Msg: userMessage(err, ErrQuota)}
-	case errors.Is(err, ErrInvalid):
-		return errBadRequest(userMessage(err, ErrInvalid))
-	case errors.Is(err, ErrTooLarge):
-		return &Error{Status: http.StatusRequestEntityTooLarge, Msg: userMessage(err, ErrTooLarge)}
-	case errors.Is(err, ErrForbidden):
-		return &Error{Status: http.StatusForbidden, Msg: userMessage(err, ErrForbidden)}
-	case errors.Is(err, ErrSandboxNotRunning):
+	case errors.Is(err, errdefs.ErrQuota):
+		return &Error{Status: http.StatusTooManyRequests, Msg: errdefs.Message(err, "Over quota")}
+	case errors.Is(err, errdefs.ErrInvalid):
+		return errBadRequest(errdefs.Message(err, "Invalid request"))
+	case errors.Is(err, errdefs.ErrTooLarge):
+		return &Error{Status: http.StatusRequestEntityTooLarge, Msg: errdefs.Message(err, "Too large")}
+	case errors.Is(err, errdefs.ErrForbidden):
+		return &Error{Status: http.StatusForbidden, Msg: errdefs.Message(err, "Forbidden")}
+	case errors.Is(err, errdefs.ErrNotRunning):
 		return &Error{Status: http.StatusConflict, Msg: "Sandbox is not running"}
 	}
 	return err
-}
-
-// userMessage is the part of a wrapped error meant for the caller: the text
-// before ": <sentinel>" (services write fmt.Errorf("%s: %w", msg, sentinel)).
-func userMessage(err, sentinel error) string {
-	msg := strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
-	if msg == err.Error() || msg == "" {
-		return sentinel.Error()
-	}
-	return msg
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -115,7 +107,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var e *Error
 		switch {
-		case errors.As(err, &e), errors.Is(err, ErrQuota), errors.Is(err, ErrInvalid):
+		case errors.As(err, &e), errors.Is(err, errdefs.ErrQuota), errors.Is(err, errdefs.ErrInvalid):
 			writeError(w, r, s.log, serviceError(err, ""))
 		default:
 			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", requestID(r.Context()))

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -10,28 +9,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Errors that services return for the API to map onto the contract. Wrap
-// them with context; the API matches them with errors.Is.
-var (
-	// ErrNotFound: the thing does not exist or is not the caller's (404).
-	ErrNotFound = errors.New("not found")
-	// ErrQuota: over an account or node quota (429); the wrapped message is
-	// shown to the caller.
-	ErrQuota = errors.New("over quota")
-	// ErrNoRepository: the account has no repository (404).
-	ErrNoRepository = errors.New("no repository")
-	// ErrInvalid: the request is well-formed but cannot be done (400); the
-	// wrapped message is shown to the caller.
-	ErrInvalid = errors.New("invalid request")
-	// ErrTooLarge: the thing asked for is larger than the server sends
-	// (413); the wrapped message is shown to the caller.
-	ErrTooLarge = errors.New("too large")
-	// ErrForbidden: the caller may see the thing but not change it (403);
-	// the wrapped message is shown to the caller.
-	ErrForbidden = errors.New("forbidden")
-	// ErrSandboxNotRunning: the sandbox is not running (409).
-	ErrSandboxNotRunning = errors.New("sandbox is not running")
-)
+// Services return errdefs errors; serviceError maps them onto the contract.
 
 // SandboxService creates and drives sandboxes (internal/sandbox).
 type SandboxService interface {
@@ -51,7 +29,7 @@ type SandboxService interface {
 	// DeleteEnvironment stops the account's sandboxes, deletes its
 	// repository and snapshots and clears its row; idempotent.
 	DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error)
-	// CheckRepoURL refuses (ErrInvalid) a repository URL that the account
+	// CheckRepoURL refuses (errdefs.ErrInvalid) a repository URL that the account
 	// may not name: one on the configured forge that is not its own mirror.
 	CheckRepoURL(accountID, url string) error
 }

@@ -27,6 +27,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
@@ -143,7 +145,7 @@ func (s *Service) Read(ctx context.Context, accountID, path string) ([]byte, err
 	data, err := s.opts.Repos.ReadFile(ctx, accountID, path)
 	var big *repo.TooLargeError
 	if errors.As(err, &big) {
-		return nil, userError(api.ErrTooLarge, "File is larger than %s (%s), the most the API reads; clone the repository to read it",
+		return nil, userError(errdefs.ErrTooLarge, "File is larger than %s (%s), the most the API reads; clone the repository to read it",
 			fetch.FormatSize(big.Limit), formatMiB(big.Size))
 	}
 	if err != nil {
@@ -166,26 +168,26 @@ func formatMiB(n int64) string {
 // quotaError says, in words for the caller, why a write was refused by a
 // repository quota (429).
 func quotaError(q *repo.QuotaError) error {
-	return userError(api.ErrQuota, "Upload refused: the repository would pass its storage quota of %s (%s used); nothing was written",
+	return userError(errdefs.ErrQuota, "Upload refused: the repository would pass its storage quota of %s (%s used); nothing was written",
 		fetch.FormatSize(q.Quota), formatMiB(q.Used))
 }
 
 // userError is an error of kind sentinel whose message, format and args,
 // the API shows the caller.
 func userError(sentinel error, format string, args ...any) error {
-	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), sentinel)
+	return errdefs.Newf(sentinel, format, args...)
 }
 
 // invalid is a request error whose message the API shows the caller (400).
-func invalid(msg string) error { return fmt.Errorf("%s: %w", msg, api.ErrInvalid) }
+func invalid(msg string) error { return errdefs.New(errdefs.ErrInvalid, msg) }
 
 // mapErr maps repo's errors onto the API's sentinels.
 func mapErr(err error) error {
 	switch {
 	case errors.Is(err, repo.ErrNoRepository):
-		return fmt.Errorf("%w: %w", api.ErrNoRepository, err)
+		return fmt.Errorf("%w: %w", errdefs.ErrNoRepository, err)
 	case errors.Is(err, repo.ErrNotFound):
-		return fmt.Errorf("%w: %w", api.ErrNotFound, err)
+		return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
 	case errors.Is(err, repo.ErrInvalidAccount):
 		return invalid("account_id must be a valid UUID")
 	}
@@ -349,7 +351,7 @@ func commitError(dir string, err error) error {
 	}
 	switch {
 	case errors.Is(err, repo.ErrReadOnly):
-		return userError(api.ErrForbidden, "Cannot write into %s: it lies in the repository of an organization, which its members may read but not write (as with git push)", where)
+		return userError(errdefs.ErrForbidden, "Cannot write into %s: it lies in the repository of an organization, which its members may read but not write (as with git push)", where)
 	case errors.Is(err, repo.ErrInvalidPath):
 		return invalid("Cannot write into " + where + ": a file, directory or submodule there is in the way")
 	case errors.Is(err, repo.ErrNotFound):

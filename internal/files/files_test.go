@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/google/uuid"
 
 	"github.com/sandboxd/sandboxd/internal/api"
@@ -280,7 +282,7 @@ func TestUploadRefusals(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := f.svc.Upload(ctx, account, tc.req)
-			if !errors.Is(err, api.ErrInvalid) || !strings.HasPrefix(err.Error(), tc.msg+":") {
+			if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Message(err, "") != tc.msg {
 				t.Fatalf("err = %v, want %q", err, tc.msg)
 			}
 		})
@@ -292,10 +294,10 @@ func TestTreeAndRead(t *testing.T) {
 	f := newFixture(t, fixtureOpts{allowPrivate: true})
 	account := uuid.NewString()
 
-	if _, _, err := f.svc.Tree(ctx, account); !errors.Is(err, api.ErrNoRepository) {
+	if _, _, err := f.svc.Tree(ctx, account); !errors.Is(err, errdefs.ErrNoRepository) {
 		t.Fatalf("Tree without a repository: %v", err)
 	}
-	if _, err := f.svc.Read(ctx, account, "x"); !errors.Is(err, api.ErrNoRepository) {
+	if _, err := f.svc.Read(ctx, account, "x"); !errors.Is(err, errdefs.ErrNoRepository) {
 		t.Fatalf("Read without a repository: %v", err)
 	}
 	if _, err := f.repos.Ensure(ctx, account); err != nil {
@@ -304,7 +306,7 @@ func TestTreeAndRead(t *testing.T) {
 	if tree, _, err := f.svc.Tree(ctx, account); err != nil || tree == nil || len(tree) != 0 {
 		t.Fatalf("Tree of an empty repository = %#v, %v", tree, err)
 	}
-	if _, err := f.svc.Read(ctx, account, "x"); !errors.Is(err, api.ErrNotFound) {
+	if _, err := f.svc.Read(ctx, account, "x"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Read in an empty repository: %v", err)
 	}
 
@@ -342,7 +344,7 @@ func TestTreeAndRead(t *testing.T) {
 	for _, missing := range []string{"img", "nope", "lib/sub", "lib/sub/s.txt"} {
 		// lib/sub/s.txt is another account's repository and this fixture
 		// has no access rule: not found.
-		if _, err := f.svc.Read(ctx, account, missing); !errors.Is(err, api.ErrNotFound) {
+		if _, err := f.svc.Read(ctx, account, missing); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("Read(%s) = %v, want not found", missing, err)
 		}
 	}
@@ -485,7 +487,7 @@ func TestUploadMultipart(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := f.svc.UploadMultipart(ctx, account, tc.req)
-			if !errors.Is(err, api.ErrInvalid) || !strings.HasPrefix(err.Error(), tc.msg+":") {
+			if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Message(err, "") != tc.msg {
 				t.Fatalf("err = %v, want %q", err, tc.msg)
 			}
 		})

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/google/uuid"
 
 	"github.com/sandboxd/sandboxd/internal/api"
@@ -43,7 +45,7 @@ func limitedService(t *testing.T, root string, limits repo.Limits, access repo.S
 func TestUploadQuota(t *testing.T) {
 	securitytest.Attack(t, "storage quotas",
 		"a tenant uploads files that would take its repository past the account's quota, and uploads again once the repository is full",
-		"the upload is refused (api.ErrQuota, 429) with nothing committed; into a full repository, before anything is downloaded")
+		"the upload is refused (errdefs.ErrQuota, 429) with nothing committed; into a full repository, before anything is downloaded")
 	ctx := context.Background()
 	var hits atomic.Int64
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -70,7 +72,7 @@ func TestUploadQuota(t *testing.T) {
 	// Room for one file of the two: neither is committed.
 	svc, repos = limitedService(t, root, repo.Limits{QuotaBytes: used + 1500}, nil)
 	err = upload(svc)
-	if !errors.Is(err, api.ErrQuota) || !strings.HasPrefix(err.Error(), "Upload refused: the repository would pass its storage quota of ") {
+	if !errors.Is(err, errdefs.ErrQuota) || !strings.HasPrefix(err.Error(), "Upload refused: the repository would pass its storage quota of ") {
 		t.Fatalf("upload past the quota: %v", err)
 	}
 	if now, _ := repos.Head(ctx, account, repo.MainBranch); now != head {
@@ -79,7 +81,7 @@ func TestUploadQuota(t *testing.T) {
 	// Full: refused before downloading.
 	svc, _ = limitedService(t, root, repo.Limits{QuotaBytes: used}, nil)
 	before := hits.Load()
-	if err := upload(svc); !errors.Is(err, api.ErrQuota) {
+	if err := upload(svc); !errors.Is(err, errdefs.ErrQuota) {
 		t.Fatalf("upload into a full repository: %v", err)
 	}
 	if hits.Load() != before {
@@ -95,7 +97,7 @@ func TestUploadQuota(t *testing.T) {
 func TestReadLimitAndReadOnlySubmodule(t *testing.T) {
 	securitytest.Attack(t, "accounts",
 		"an account uploads into a submodule whose repository it may read but not write (its organization's), and reads a file past the read limit",
-		"the upload is api.ErrForbidden (403) saying members may read but not write it, nothing moves; the read is api.ErrTooLarge (413) naming the limit")
+		"the upload is errdefs.ErrForbidden (403) saying members may read but not write it, nothing moves; the read is errdefs.ErrTooLarge (413) naming the limit")
 	ctx := context.Background()
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "x") }))
 	t.Cleanup(origin.Close)
@@ -111,7 +113,7 @@ func TestReadLimitAndReadOnlySubmodule(t *testing.T) {
 		t.Fatalf("member reads the organization: %q, %v", got, err)
 	}
 	_, _, err = svc.Upload(ctx, member, api.UploadFilesRequest{Path: "orgs/acme", Files: []api.UploadFile{{URL: origin.URL, Name: "x.txt"}}})
-	if !errors.Is(err, api.ErrForbidden) || !strings.Contains(err.Error(), "may read but not write") {
+	if !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "may read but not write") {
 		t.Fatalf("upload into the organization: %v", err)
 	}
 	if h, _ := repos.Head(ctx, org, repo.MainBranch); h != orgCommit {
@@ -123,7 +125,7 @@ func TestReadLimitAndReadOnlySubmodule(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = svc.Read(ctx, member, "big.txt")
-	if !errors.Is(err, api.ErrTooLarge) || !strings.HasPrefix(err.Error(), "File is larger than 1 KiB (4.0 KiB)") {
+	if !errors.Is(err, errdefs.ErrTooLarge) || !strings.HasPrefix(err.Error(), "File is larger than 1 KiB (4.0 KiB)") {
 		t.Fatalf("read past the limit: %v", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -128,7 +130,7 @@ func (h *Handler) readResource(ctx context.Context, req *mcp.ReadResourceRequest
 	}
 	account = strings.ToLower(account)
 	data, err := h.opts.Files.Read(ctx, account, file)
-	if errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrNoRepository) || errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrNoRepository) || errors.Is(err, store.ErrNotFound) {
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	if err != nil {

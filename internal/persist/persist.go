@@ -30,13 +30,13 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 	"github.com/sandboxd/sandboxd/internal/store"
-	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // HomeURL is the server as sandboxes reach it.
@@ -453,7 +453,7 @@ func (s *Service) snapshotRoom(ctx context.Context, accountID string) (int64, er
 }
 
 func (s *Service) quotaError(used int64) error {
-	return usererr.New(fmt.Sprintf("the account's snapshots would use more than its snapshot storage quota of %d MiB (%d MiB are stored); delete the environment (DELETE /api/sandboxes) or store less outside /workspace",
+	return errdefs.New(nil, fmt.Sprintf("the account's snapshots would use more than its snapshot storage quota of %d MiB (%d MiB are stored); delete the environment (DELETE /api/sandboxes) or store less outside /workspace",
 		s.opts.SnapshotQuota>>20, used>>20))
 }
 
@@ -493,9 +493,9 @@ func (q *quotaReader) Read(p []byte) (int, error) {
 // wrapped around it below, which may name host paths, such as the spool
 // file of a refused blob) when it has one.
 func userFacing(err error) error {
-	var ue *usererr.Error
+	var ue *errdefs.Error
 	if errors.As(err, &ue) {
-		return usererr.Wrap(err, ue.Msg)
+		return errdefs.Wrap(nil, err, ue.Msg)
 	}
 	return err
 }

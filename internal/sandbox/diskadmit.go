@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -56,7 +57,7 @@ func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
 		// reserve still holds.
 		if free < reserve {
 			release()
-			return nil, fmt.Errorf("the server is out of disk space (%d MiB free, %d MiB kept for the service); try again later: %w", free>>20, reserve>>20, api.ErrQuota)
+			return nil, errdefs.Newf(errdefs.ErrQuota, "the server is out of disk space (%d MiB free, %d MiB kept for the service); try again later", free>>20, reserve>>20)
 		}
 		return release, nil
 	}
@@ -75,8 +76,8 @@ func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
 	}
 	if left := free - reserve - promised; left < limit {
 		release()
-		return nil, fmt.Errorf("the server's disk cannot hold another sandbox of %d MiB: %d MiB free, %d MiB promised to its %d active and %d warm sandboxes, %d MiB kept for the service; try again later: %w",
-			limit>>20, free>>20, promised>>20, len(active), m.cfg.Settings.WarmSandboxes, reserve>>20, api.ErrQuota)
+		return nil, errdefs.Newf(errdefs.ErrQuota, "the server's disk cannot hold another sandbox of %d MiB: %d MiB free, %d MiB promised to its %d active and %d warm sandboxes, %d MiB kept for the service; try again later",
+			limit>>20, free>>20, promised>>20, len(active), m.cfg.Settings.WarmSandboxes, reserve>>20)
 	}
 	return release, nil
 }

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/forge"
@@ -217,7 +219,7 @@ func (m *Manager) requireCommand(name, what string) error {
 	if t := image.TemplateWith(name); t != "" {
 		msg += fmt.Sprintf("; start sandboxd serve with --template %s", t)
 	}
-	return fmt.Errorf("%s: %w", msg, api.ErrInvalid)
+	return errdefs.New(errdefs.ErrInvalid, msg)
 }
 
 // promptArgs are opencode's arguments for a prompt: one argument, never
@@ -251,7 +253,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 	if req.Timeout > 0 {
 		lifetime = time.Duration(req.Timeout) * time.Millisecond
 		if lifetime > m.cfg.Settings.MaxTimeout {
-			return store.Sandbox{}, "", fmt.Errorf("timeout must be at most %d ms: %w", m.cfg.Settings.MaxTimeout.Milliseconds(), api.ErrInvalid)
+			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
 		}
 	}
 	policy := m.cfg.Settings.Network
@@ -291,10 +293,10 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 // place beyond it, so that a user who is at the quota still gets set up).
 func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
 	if err := policy.Validate(); err != nil {
-		return store.Sandbox{}, nil, fmt.Errorf("%s: %w", err.Error(), api.ErrInvalid)
+		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, err.Error())
 	}
 	if hasNetwork(policy) && m.cfg.Net == nil {
-		return store.Sandbox{}, nil, fmt.Errorf("networking is not enabled on this server; create the sandbox with network \"none\": %w", api.ErrInvalid)
+		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, `networking is not enabled on this server; create the sandbox with network "none"`)
 	}
 	network, err := json.Marshal(policy)
 	if err != nil {
@@ -342,11 +344,11 @@ func quotaError(err error) error {
 	}
 	switch qe.Scope {
 	case "account":
-		return fmt.Errorf("account has %d active sandboxes (its tasks' included), the limit is %d; stop one first: %w", qe.Count, qe.Limit, api.ErrQuota)
+		return errdefs.Newf(errdefs.ErrQuota, "account has %d active sandboxes (its tasks' included), the limit is %d; stop one first", qe.Count, qe.Limit)
 	case "node":
-		return fmt.Errorf("the server is at capacity (%d sandboxes); try again later: %w", qe.Limit, api.ErrQuota)
+		return errdefs.Newf(errdefs.ErrQuota, "the server is at capacity (%d sandboxes); try again later", qe.Limit)
 	default:
-		return fmt.Errorf("%s: %w", qe.Error(), api.ErrQuota)
+		return errdefs.New(errdefs.ErrQuota, qe.Error())
 	}
 }
 
@@ -558,7 +560,7 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecReques
 	})
 	if err != nil {
 		if errors.Is(err, runtime.ErrCommandNotFound) {
-			return 0, fmt.Errorf("command not found: %s: %w", req.Command, api.ErrInvalid)
+			return 0, errdefs.Newf(errdefs.ErrInvalid, "command not found: %s", req.Command)
 		}
 		return 0, fmt.Errorf("exec in %s: %w", sb.ID, err)
 	}
@@ -568,14 +570,14 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecReques
 // local returns the runtime sandbox of a running sandbox of this node.
 func (m *Manager) local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
 	if sb.Status != store.SandboxRunning {
-		return nil, api.ErrSandboxNotRunning
+		return nil, errdefs.ErrNotRunning
 	}
 	if sb.NodeID != m.cfg.NodeID {
-		return nil, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, api.ErrSandboxNotRunning)
+		return nil, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	}
 	rsb, err := m.rt.Get(ctx, sb.ID)
 	if errors.Is(err, runtime.ErrNotFound) {
-		return nil, api.ErrSandboxNotRunning
+		return nil, errdefs.ErrNotRunning
 	}
 	if err != nil {
 		return nil, fmt.Errorf("attach to sandbox %s: %w", sb.ID, err)
@@ -723,11 +725,11 @@ func (m *Manager) teardownNetwork(ctx context.Context, id string) {
 // the port proxy); an error when it has none.
 func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) {
 	if m.cfg.Net == nil {
-		return netip.Addr{}, api.ErrNotFound
+		return netip.Addr{}, errdefs.ErrNotFound
 	}
 	n, err := m.cfg.Net.Get(id)
 	if err != nil || n == nil {
-		return netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, api.ErrNotFound)
+		return netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, errdefs.ErrNotFound)
 	}
 	return n.GuestAddr, nil
 }
@@ -742,10 +744,10 @@ func (m *Manager) stopQuietly(ctx context.Context, sb store.Sandbox, reason stri
 // SetTimeout implements api.SandboxService.
 func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
 	if d > m.cfg.Settings.MaxTimeout {
-		return sb, fmt.Errorf("timeout must be at most %d ms: %w", m.cfg.Settings.MaxTimeout.Milliseconds(), api.ErrInvalid)
+		return sb, errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
 	}
 	if sb.Status != store.SandboxRunning && sb.Status != store.SandboxPending {
-		return sb, api.ErrSandboxNotRunning
+		return sb, errdefs.ErrNotRunning
 	}
 	if err := m.st.SetSandboxDeadline(ctx, sb.ID, m.now().Add(d)); err != nil {
 		return sb, fmt.Errorf("set deadline of %s: %w", sb.ID, err)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/jobs"
@@ -100,7 +102,7 @@ func TestCreateRecordsAndStarts(t *testing.T) {
 	}
 	// A lifetime past the maximum is refused before anything exists.
 	_, _, err = p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: (25 * time.Hour).Milliseconds()})
-	if !errors.Is(err, api.ErrInvalid) || p.rt.Creates() != 1 {
+	if !errors.Is(err, errdefs.ErrInvalid) || p.rt.Creates() != 1 {
 		t.Fatalf("create past the max timeout: %v, %d creates", err, p.rt.Creates())
 	}
 }
@@ -152,7 +154,7 @@ func TestConcurrentCreatesKeepTheQuota(t *testing.T) {
 			switch {
 			case err == nil:
 				ok++
-			case errors.Is(err, api.ErrQuota):
+			case errors.Is(err, errdefs.ErrQuota):
 				quotas++
 			default:
 				t.Errorf("create: %v", err)
@@ -432,7 +434,7 @@ func TestDiskAdmission(t *testing.T) {
 		made = append(made, sb)
 	}
 	_, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
-	if !errors.Is(err, api.ErrQuota) || !strings.Contains(err.Error(), "cannot hold another sandbox of 4096 MiB") {
+	if !errors.Is(err, errdefs.ErrQuota) || !strings.Contains(err.Error(), "cannot hold another sandbox of 4096 MiB") {
 		t.Fatalf("create beyond the disk: %v", err)
 	}
 	// What a sandbox already wrote is out of free and no longer owed:
@@ -442,7 +444,7 @@ func TestDiskAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	free -= 1 << 20
-	if _, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{}); !errors.Is(err, api.ErrQuota) {
+	if _, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{}); !errors.Is(err, errdefs.ErrQuota) {
 		t.Fatalf("create after a sandbox wrote: %v", err)
 	}
 	// A stop gives the place back.

@@ -16,10 +16,10 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/caplog"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
-	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // maxRunOutput bounds the stdout and stderr kept in a run's output; the
@@ -205,14 +205,14 @@ func (m *Manager) runCommand(ctx context.Context, runID string) error {
 	}
 	if execErr != nil {
 		m.log.Error("run exec", "run_id", run.ID, "err", execErr)
-		return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+usererr.Message(execErr, "the sandbox's agent failed (details are in the server log)"))
+		return m.finishRun(ctx, run, store.RunCrashed, &out, "the command could not be run to completion: "+errdefs.Message(execErr, "the sandbox's agent failed (details are in the server log)"))
 	}
 	if m.cfg.Persist != nil {
 		saved, err := m.cfg.Persist.AfterRun(ctx, sb, rsb, run)
 		out.Branch, out.GitError = saved.Branch, saved.GitError
 		if err != nil {
 			m.log.Error("persist run", "run_id", run.ID, "err", err)
-			return m.finishRun(ctx, run, store.RunFailed, &out, "the command finished but its work could not be saved: "+usererr.Message(err, "internal error (details are in the server log)"))
+			return m.finishRun(ctx, run, store.RunFailed, &out, "the command finished but its work could not be saved: "+errdefs.Message(err, "internal error (details are in the server log)"))
 		}
 		out.setSnapshot(saved.SnapshotID, saved.SnapshotExpiresAt)
 	}

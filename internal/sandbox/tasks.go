@@ -15,11 +15,11 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
-	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // taskLifetime bounds the sandboxes the service starts for its own tasks.
@@ -36,7 +36,7 @@ func EnqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountI
 	return enqueueTask(ctx, st, jc, accountID, task, payload, 0)
 }
 
-// enqueueTask is EnqueueTask refusing (api.ErrQuota) when the account
+// enqueueTask is EnqueueTask refusing (errdefs.ErrQuota) when the account
 // already has limit queued or executing runs of task (0: no limit).
 func enqueueTask(ctx context.Context, st *store.Store, jc *jobs.Client, accountID, task string, payload any, limit int) (string, error) {
 	var runID string
@@ -71,7 +71,7 @@ func insertTaskRun(ctx context.Context, tx *sql.Tx, q *store.Queries, jc *jobs.C
 	if err := q.CreateRunWithin(ctx, &run, limit); err != nil {
 		var qe *store.QuotaError
 		if errors.As(err, &qe) {
-			return "", fmt.Errorf("account has %d queued or executing %s runs, the limit is %d; wait for one to finish: %w", qe.Count, task, qe.Limit, api.ErrQuota)
+			return "", errdefs.Newf(errdefs.ErrQuota, "account has %d queued or executing %s runs, the limit is %d; wait for one to finish", qe.Count, task, qe.Limit)
 		}
 		return "", fmt.Errorf("record %s run: %w", task, err)
 	}
@@ -209,10 +209,6 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	}
 	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, extra, m.cfg.Settings.Network)
 	if err != nil {
-		if errors.Is(err, api.ErrQuota) {
-			// The account's own limit: say which.
-			err = usererr.New(strings.TrimSuffix(err.Error(), ": "+api.ErrQuota.Error()))
-		}
 		return m.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
 	}
 	m.log.Info("task running", "run_id", run.ID, "task", run.Task, "sandbox_id", sb.ID)
@@ -247,7 +243,7 @@ func (m *Manager) finishTask(ctx context.Context, run store.Run, out map[string]
 	if taskErr != nil {
 		// The run says what the user can act on; the rest (host paths,
 		// internal errors) stays in the log.
-		status, msg = store.RunFailed, usererr.Message(taskErr, run.Task+" failed (details are in the server log)")
+		status, msg = store.RunFailed, errdefs.Message(taskErr, run.Task+" failed (details are in the server log)")
 		m.log.Warn("task failed", "run_id", run.ID, "task", run.Task, "err", taskErr)
 	}
 	var output json.RawMessage
@@ -282,7 +278,7 @@ func sh(ctx context.Context, rsb runtime.Sandbox, cwd, script string, args ...st
 	if res.ExitCode != 0 {
 		// What the script said inside the sandbox is the user's to see.
 		lines := strings.Split(strings.TrimSpace(stderr.String("")), "\n")
-		return stdout.String(""), usererr.New(fmt.Sprintf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n")))
+		return stdout.String(""), errdefs.New(nil, fmt.Sprintf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n")))
 	}
 	return stdout.String(""), nil
 }
@@ -376,7 +372,7 @@ type ForgeMirror interface {
 	MirrorNow(ctx context.Context, accountID string) (forge.Repo, error)
 }
 
-// CheckRepoURL refuses (api.ErrInvalid, 400) a repository URL on the forge
+// CheckRepoURL refuses (errdefs.ErrInvalid, 400) a repository URL on the forge
 // that is not accountID's own mirror: sandboxd's token acts only there.
 // For PATCH github_repo and the coding agent's repo_url.
 func (m *Manager) CheckRepoURL(accountID, url string) error {
@@ -385,7 +381,7 @@ func (m *Manager) CheckRepoURL(accountID, url string) error {
 		return nil
 	}
 	if err := fm.OwnsRepo(accountID, url); err != nil {
-		return fmt.Errorf("%s: %w", err.Error(), api.ErrInvalid)
+		return errdefs.New(errdefs.ErrInvalid, err.Error())
 	}
 	return nil
 }
@@ -482,7 +478,7 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 		return out, err
 	}
 	if code != 0 {
-		return out, usererr.New(fmt.Sprintf("claude exited with status %d", code))
+		return out, errdefs.New(nil, fmt.Sprintf("claude exited with status %d", code))
 	}
 	branch := "agent/" + run.ID
 	title := strings.SplitN(strings.TrimSpace(p.Prompt), "\n", 2)[0]

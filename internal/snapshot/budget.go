@@ -6,10 +6,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/internal/usererr"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
 
-// ErrTooLarge is returned (wrapped in a usererr message naming the limit)
+// ErrTooLarge is returned (wrapped in an errdefs message naming the limit)
 // when a capture, apply or flatten would go past its Budget.
 var ErrTooLarge = errors.New("snapshot: layer exceeds its size limit")
 
@@ -69,7 +69,7 @@ func (b *Budget) refund(n int64) {
 }
 
 func (b *Budget) tooLarge() error {
-	return usererr.Wrap(ErrTooLarge, fmt.Sprintf("the filesystem snapshot is larger than the sandbox's disk limit of %d MiB", mib(b.max)))
+	return errdefs.Wrap(nil, ErrTooLarge, fmt.Sprintf("the filesystem snapshot is larger than the sandbox's disk limit of %d MiB", mib(b.max)))
 }
 
 // full explains a write that found its disk full as ErrTooLarge.
@@ -78,7 +78,7 @@ func (b *Budget) full(cause error) error {
 	if m := b.Max(); m > 0 {
 		msg = fmt.Sprintf("the filesystem snapshot does not fit in the sandbox's disk limit of %d MiB", mib(m))
 	}
-	return usererr.Wrap(fmt.Errorf("%w: %w", ErrTooLarge, cause), msg)
+	return errdefs.Wrap(nil, fmt.Errorf("%w: %w", ErrTooLarge, cause), msg)
 }
 
 func mib(n int64) int64 { return (n + 1<<20 - 1) >> 20 }
@@ -102,7 +102,7 @@ func CheckFree(dir string, need int64) error {
 	}
 	free := int64(fs.Bavail) * fs.Bsize
 	if free < need {
-		return usererr.New(fmt.Sprintf("the server has %d MiB of free disk space for snapshot work, less than the %d MiB the sandbox's disk limit needs; try again later", free>>20, mib(need)))
+		return errdefs.New(nil, fmt.Sprintf("the server has %d MiB of free disk space for snapshot work, less than the %d MiB the sandbox's disk limit needs; try again later", free>>20, mib(need)))
 	}
 	return nil
 }

@@ -18,9 +18,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
-	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // allocated is the disk space path really uses.
@@ -248,7 +248,7 @@ func TestSizeBound(t *testing.T) {
 	if !errors.Is(err, snapshot.ErrTooLarge) || out.Len() != 0 {
 		t.Errorf("capture of 3 MiB with a 2 MiB budget: %v, %d bytes written", err, out.Len())
 	}
-	if msg := usererr.Message(err, ""); !strings.Contains(msg, "disk limit of 2 MiB") || strings.Contains(msg, src) {
+	if msg := errdefs.Message(err, ""); !strings.Contains(msg, "disk limit of 2 MiB") || strings.Contains(msg, src) {
 		t.Errorf("user message %q", msg)
 	}
 
@@ -290,7 +290,7 @@ func TestSizeBound(t *testing.T) {
 		t.Errorf("flatten of 4 generations of one 1.5 MiB file with a 2 MiB limit: %v", err)
 	}
 	// And the host must have the room before any scratch work starts.
-	if _, err := snapshot.Flatten(ctx, io.Discard, nil, t.TempDir(), t.TempDir(), snapshot.Manifest{}, 1<<60); err == nil || !strings.Contains(usererr.Message(err, ""), "free disk space") {
+	if _, err := snapshot.Flatten(ctx, io.Discard, nil, t.TempDir(), t.TempDir(), snapshot.Manifest{}, 1<<60); err == nil || !strings.Contains(errdefs.Message(err, ""), "free disk space") {
 		t.Errorf("flatten with a limit past the free space: %v", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/caplog"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
@@ -26,7 +27,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
 	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
-	"github.com/sandboxd/sandboxd/internal/usererr"
 )
 
 // sandbox is one VM. It implements runtime.Sandbox.
@@ -524,7 +524,7 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 	limit := layerStreamLimit(m.Limits.DiskBytes)
 	n, err := io.Copy(io.MultiWriter(w, h, head), &boundedReader{r: rc, left: limit})
 	if errors.Is(err, errStreamTooLong) {
-		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, usererr.Wrap(snapshot.ErrTooLarge,
+		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, errdefs.Wrap(nil, snapshot.ErrTooLarge,
 			fmt.Sprintf("the filesystem snapshot from the sandbox is longer than %d MiB, more than its %d MiB disk can hold", limit>>20, m.Limits.DiskBytes>>20)))
 	}
 	if err != nil {
