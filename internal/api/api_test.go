@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -57,7 +56,7 @@ type ownRepos struct{ SandboxService }
 
 func (ownRepos) CheckRepoURL(_, url string) error {
 	if strings.HasPrefix(url, "https://github.com/forbidden/") {
-		return fmt.Errorf("on github.com this account may only name its own mirror: %w", errdefs.ErrInvalid)
+		return errdefs.New(errdefs.ErrInvalid, "on github.com this account may only name its own mirror")
 	}
 	return nil
 }

@@ -38,7 +38,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
-	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req, stdout, stderr)
+	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
 	if err != nil {
 		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
 		return
@@ -60,7 +60,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	sse := &sseWriter{w: w, rc: http.NewResponseController(w)}
-	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req, streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
+	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
 	if err != nil {
 		var e *Error
 		msg := "Internal server error"

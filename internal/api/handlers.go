@@ -103,7 +103,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, errNotAvailable)
 		return
 	}
-	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req)
+	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req.Domain())
 	if err != nil {
 		var e *Error
 		switch {
@@ -342,7 +342,12 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxMultipartBytes)
-		uploaded, failures, err = s.opts.Files.UploadMultipart(r.Context(), account, r)
+		mr, merr := r.MultipartReader()
+		if merr != nil {
+			writeError(w, r, s.log, errBadRequest("Request body must be valid multipart/form-data"))
+			return
+		}
+		uploaded, failures, err = s.opts.Files.UploadMultipart(r.Context(), account, mr)
 	} else {
 		var o object
 		if o, err = readObject(w, r); err != nil {
@@ -358,7 +363,7 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, s.log, errNotAvailable)
 			return
 		}
-		uploaded, failures, err = s.opts.Files.Upload(r.Context(), account, req)
+		uploaded, failures, err = s.opts.Files.Upload(r.Context(), account, req.Domain())
 	}
 	if err != nil {
 		writeError(w, r, s.log, serviceError(err, "Not found"))
@@ -627,7 +632,7 @@ func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, errNotAvailable)
 		return
 	}
-	runID, err := s.opts.Agents.CodingAgent(r.Context(), account, req)
+	runID, err := s.opts.Agents.CodingAgent(r.Context(), account, req.Domain())
 	if err != nil {
 		writeError(w, r, s.log, serviceError(err, "Not found"))
 		return

@@ -3,9 +3,11 @@ package api
 import (
 	"context"
 	"io"
-	"net/http"
+	"mime/multipart"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -15,11 +17,11 @@ import (
 type SandboxService interface {
 	// Create places a sandbox for account and, with a command or prompt,
 	// starts a run in it. The returned row's status is true when returned.
-	Create(ctx context.Context, accountID string, req CreateSandboxRequest) (sb store.Sandbox, runID string, err error)
+	Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (sb store.Sandbox, runID string, err error)
 	// Live refreshes rows with the status their hosts report.
 	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	// Exec runs a command in a running sandbox, streaming its output.
-	Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (exitCode int, err error)
+	Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (exitCode int, err error)
 	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
 	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	// Ports lists the TCP ports something listens on in a running sandbox.
@@ -45,16 +47,16 @@ type FileService interface {
 	Read(ctx context.Context, accountID, path string) ([]byte, error)
 	// Upload downloads files into the repository in one commit and reports
 	// per-file failures.
-	Upload(ctx context.Context, accountID string, req UploadFilesRequest) (uploaded []UploadedFile, failures []string, err error)
+	Upload(ctx context.Context, accountID string, req files.Upload) (uploaded []UploadedFile, failures []string, err error)
 	// UploadMultipart commits the file parts of a multipart/form-data
-	// request (parts named "file", fields "path" and "message").
-	UploadMultipart(ctx context.Context, accountID string, r *http.Request) (uploaded []UploadedFile, failures []string, err error)
+	// body (parts named "file", fields "path" and "message").
+	UploadMultipart(ctx context.Context, accountID string, mr *multipart.Reader) (uploaded []UploadedFile, failures []string, err error)
 }
 
 // AgentService starts the runs of tasks that start sandboxes of their own
 // (internal/sandbox).
 type AgentService interface {
-	CodingAgent(ctx context.Context, accountID string, req CodingAgentRequest) (runID string, err error)
+	CodingAgent(ctx context.Context, accountID string, req sandbox.CodingAgentRequest) (runID string, err error)
 	// Setup starts the account's setup-sandbox run, or returns the one
 	// already queued or executing.
 	Setup(ctx context.Context, accountID string) (runID string, err error)

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 
+	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 )
 
@@ -21,12 +22,7 @@ type Sandbox struct {
 }
 
 // FileTreeEntry is one entry of a repository's recursive tree.
-type FileTreeEntry struct {
-	Path string `json:"path"`
-	Type string `json:"type" jsonschema:"enum=blob,enum=tree"`
-	SHA  string `json:"sha"`
-	Size *int64 `json:"size,omitempty" jsonschema:"description=Size in bytes (blobs only)"`
-}
+type FileTreeEntry = files.TreeEntry
 
 // SnapshotRow is the account's environment row. It is only sent once the
 // row has a snapshot: the published UpdateSnapshotResponse types
@@ -103,10 +99,7 @@ type UploadFilesRequest struct {
 }
 
 // UploadedFile is one committed file.
-type UploadedFile struct {
-	Path string `json:"path"`
-	SHA  string `json:"sha"`
-}
+type UploadedFile = files.Committed
 
 // UploadFilesResponse answers POST /api/sandboxes/files.
 type UploadFilesResponse struct {

@@ -1,4 +1,4 @@
-package files
+package files_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/fetch"
+	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -40,10 +41,10 @@ func TestThroughAPI(t *testing.T) {
 	}
 	authn := auth.NewAuthenticator(st)
 
-	files := http.NewServeMux()
-	files.HandleFunc("/report.md", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "# Report\n") })
-	files.HandleFunc("/pixel.png", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(pngBytes) })
-	fileSrv := httptest.NewServer(files)
+	origin := http.NewServeMux()
+	origin.HandleFunc("/report.md", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "# Report\n") })
+	origin.HandleFunc("/pixel.png", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(files.PNGBytes) })
+	fileSrv := httptest.NewServer(origin)
 	t.Cleanup(fileSrv.Close)
 
 	// The public URL is known only once the listener is; the handler is
@@ -54,12 +55,12 @@ func TestThroughAPI(t *testing.T) {
 	repos, err := repo.New(repo.Options{
 		Root:      filepath.Join(t.TempDir(), "repos"),
 		LocalURLs: []string{apiSrv.URL, "http://sandboxd.internal"},
-		Access:    SubmoduleAccess{Auth: authn, Accounts: st},
+		Access:    files.SubmoduleAccess{Auth: authn, Accounts: st},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := New(Options{Repos: repos, Fetcher: fetch.New(fetch.Options{AllowPrivate: true}), PublicURL: apiSrv.URL})
+	svc, err := files.New(files.Options{Repos: repos, Fetcher: fetch.New(fetch.Options{AllowPrivate: true}), PublicURL: apiSrv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func TestThroughAPI(t *testing.T) {
 			sizes[e.Path] = *e.Size
 		}
 	}
-	if sizes["out/report.md"] != 9 || sizes["out/pixel.png"] != int64(len(pngBytes)) {
+	if sizes["out/report.md"] != 9 || sizes["out/pixel.png"] != int64(len(files.PNGBytes)) {
 		t.Fatalf("filetree %+v", list.Filetree)
 	}
 
@@ -115,7 +116,7 @@ func TestThroughAPI(t *testing.T) {
 	if code := call("GET", "/api/sandboxes/file?path=out/pixel.png", "", &file); code != 200 || file.Encoding != "base64" {
 		t.Fatalf("read png: %d %+v", code, file)
 	}
-	if got, _ := base64.StdEncoding.DecodeString(file.Content); string(got) != string(pngBytes) {
+	if got, _ := base64.StdEncoding.DecodeString(file.Content); string(got) != string(files.PNGBytes) {
 		t.Fatal("png changed on its way")
 	}
 	var errBody api.ErrorBody
@@ -127,7 +128,7 @@ func TestThroughAPI(t *testing.T) {
 	u, _ := url.Parse(*list.GithubRepo)
 	u.User = url.UserPassword("x", key)
 	wt := t.TempDir()
-	git(t, wt, "clone", "-q", u.String(), ".")
+	files.Git(t, wt, "clone", "-q", u.String(), ".")
 	if got, err := os.ReadFile(filepath.Join(wt, "out", "report.md")); err != nil || string(got) != "# Report\n" {
 		t.Fatalf("cloned report.md = %q, %v", got, err)
 	}

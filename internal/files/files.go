@@ -1,4 +1,4 @@
-// Package files is the API's file service (api.FileService): the account's
+// Package files is the service behind the API's file routes: the account's
 // repository URL, its tree, reads of single files, and uploads — files
 // downloaded from URLs (internal/fetch) or sent as multipart parts —
 // committed into the repository (internal/repo).
@@ -29,7 +29,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
 )
@@ -62,13 +61,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Service implements api.FileService.
+// Service serves the account's files.
 type Service struct {
 	opts Options
 	log  *slog.Logger
 }
-
-var _ api.FileService = (*Service)(nil)
 
 // New returns a Service.
 func New(opts Options) (*Service, error) {
@@ -121,15 +118,15 @@ func (s *Service) RepoURL(ctx context.Context, accountID string) (string, error)
 // listed as directories ("tree", with the commit they record as sha): the
 // contract's types are blob and tree, and in the workspace a submodule is
 // a directory.
-func (s *Service) Tree(ctx context.Context, accountID string) ([]api.FileTreeEntry, bool, error) {
+func (s *Service) Tree(ctx context.Context, accountID string) ([]TreeEntry, bool, error) {
 	entries, truncated, err := s.opts.Repos.Tree(ctx, accountID)
 	if err != nil {
 		return nil, false, mapErr(err)
 	}
-	out := make([]api.FileTreeEntry, len(entries))
+	out := make([]TreeEntry, len(entries))
 	sizes := make([]int64, len(entries))
 	for i, e := range entries {
-		out[i] = api.FileTreeEntry{Path: e.Path, Type: "tree", SHA: e.SHA}
+		out[i] = TreeEntry{Path: e.Path, Type: "tree", SHA: e.SHA}
 		if e.Type == "blob" {
 			sizes[i] = e.Size
 			out[i].Type, out[i].Size = "blob", &sizes[i]
@@ -204,18 +201,18 @@ type item struct {
 }
 
 // Upload downloads req.Files concurrently and commits the ones that arrived
-// into req.Path of main in one commit with req.Message (into a submodule's
+// into req.Dir of main in one commit with req.Message (into a submodule's
 // repository when the path lies inside one). Failed files come back as
 // "name: reason"; when none arrived, uploaded is empty and err nil, and
 // nothing is committed.
-func (s *Service) Upload(ctx context.Context, accountID string, req api.UploadFilesRequest) ([]api.UploadedFile, []string, error) {
+func (s *Service) Upload(ctx context.Context, accountID string, req Upload) ([]Committed, []string, error) {
 	if len(req.Files) == 0 {
 		return nil, nil, invalid("At least one file is required")
 	}
 	if len(req.Files) > maxFilesPerUpload {
 		return nil, nil, invalid(fmt.Sprintf("At most %d files can be uploaded at once", maxFilesPerUpload))
 	}
-	dir, err := cleanDir(req.Path)
+	dir, err := cleanDir(req.Dir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -304,7 +301,7 @@ func (s *Service) download(ctx context.Context, it *item, url string, b *budget)
 }
 
 // commit commits the items that arrived and reports the others.
-func (s *Service) commit(ctx context.Context, accountID, dir, message string, items []*item) ([]api.UploadedFile, []string, error) {
+func (s *Service) commit(ctx context.Context, accountID, dir, message string, items []*item) ([]Committed, []string, error) {
 	var (
 		files    []repo.File
 		failures []string
@@ -320,7 +317,7 @@ func (s *Service) commit(ctx context.Context, accountID, dir, message string, it
 		files = append(files, repo.File{Path: it.path, Content: it.file, Size: it.size})
 	}
 	if len(files) == 0 {
-		return []api.UploadedFile{}, failures, nil
+		return []Committed{}, failures, nil
 	}
 	if message == "" {
 		message = DefaultMessage
@@ -330,9 +327,9 @@ func (s *Service) commit(ctx context.Context, accountID, dir, message string, it
 		s.log.InfoContext(ctx, "upload not committed", "account", accountID, "err", err)
 		return nil, nil, commitError(dir, err)
 	}
-	uploaded := make([]api.UploadedFile, 0, len(files))
+	uploaded := make([]Committed, 0, len(files))
 	for _, f := range files {
-		uploaded = append(uploaded, api.UploadedFile{Path: f.Path, SHA: blobs[f.Path]})
+		uploaded = append(uploaded, Committed{Path: f.Path, SHA: blobs[f.Path]})
 	}
 	s.log.InfoContext(ctx, "upload committed", "account", accountID, "commit", commit, "files", len(uploaded), "failed", len(failures))
 	return uploaded, failures, nil

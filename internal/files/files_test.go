@@ -19,7 +19,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
 )
@@ -110,8 +109,8 @@ func TestUpload(t *testing.T) {
 	if u, err := f.svc.RepoURL(ctx, account); err != nil || u != "" {
 		t.Fatalf("RepoURL before any upload = %q, %v", u, err)
 	}
-	uploaded, failures, err := f.svc.Upload(ctx, account, api.UploadFilesRequest{
-		Files: []api.UploadFile{
+	uploaded, failures, err := f.svc.Upload(ctx, account, Upload{
+		Files: []Source{
 			{URL: f.url("/notes.txt"), Name: "notes.txt"},
 			{URL: f.url("/missing"), Name: "gone.txt"},
 			{URL: f.url("/pixel.png"), Name: "pixel.png"},
@@ -119,7 +118,7 @@ func TestUpload(t *testing.T) {
 			{URL: f.url("/to-metadata"), Name: "creds.json"},
 			{URL: "ftp://example.com/x", Name: "ftp.txt"},
 		},
-		Path:    "/docs/in/",
+		Dir:     "/docs/in/",
 		Message: "Add research files",
 	})
 	if err != nil {
@@ -165,7 +164,7 @@ func TestUpload(t *testing.T) {
 	}
 
 	// The default message, and a second upload on top of the first.
-	if _, _, err := f.svc.Upload(ctx, account, api.UploadFilesRequest{Files: []api.UploadFile{{URL: f.url("/notes.txt"), Name: "top.txt"}}}); err != nil {
+	if _, _, err := f.svc.Upload(ctx, account, Upload{Files: []Source{{URL: f.url("/notes.txt"), Name: "top.txt"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if msg := git(t, repoPath, "log", "-1", "--format=%s", "main"); msg != DefaultMessage {
@@ -180,7 +179,7 @@ func TestUploadAllFail(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, fixtureOpts{}) // loopback not allowed
 	account := uuid.NewString()
-	uploaded, failures, err := f.svc.Upload(ctx, account, api.UploadFilesRequest{Files: []api.UploadFile{
+	uploaded, failures, err := f.svc.Upload(ctx, account, Upload{Files: []Source{
 		{URL: f.url("/notes.txt"), Name: "a.txt"},
 		{URL: "http://169.254.169.254/latest/meta-data/", Name: "b.txt"},
 		{URL: "http://[::1]:1/x", Name: "c.txt"},
@@ -203,15 +202,15 @@ func TestUploadLimitsAndNames(t *testing.T) {
 	cases := []struct {
 		name     string
 		opts     fixtureOpts
-		files    func(f fixture) []api.UploadFile
+		files    func(f fixture) []Source
 		uploaded []string
 		failures []string
 	}{
 		{
 			name: "per-file cap",
 			opts: fixtureOpts{allowPrivate: true, maxBytes: 999},
-			files: func(f fixture) []api.UploadFile {
-				return []api.UploadFile{{URL: f.url("/kilo"), Name: "k"}, {URL: f.url("/notes.txt"), Name: "n"}}
+			files: func(f fixture) []Source {
+				return []Source{{URL: f.url("/kilo"), Name: "k"}, {URL: f.url("/notes.txt"), Name: "n"}}
 			},
 			uploaded: []string{"n"},
 			failures: []string{"k: larger than 999 bytes"},
@@ -219,8 +218,8 @@ func TestUploadLimitsAndNames(t *testing.T) {
 		{
 			name: "upload budget",
 			opts: fixtureOpts{allowPrivate: true, maxUploadBytes: 1500, concurrency: 1},
-			files: func(f fixture) []api.UploadFile {
-				return []api.UploadFile{{URL: f.url("/kilo"), Name: "k1"}, {URL: f.url("/kilo"), Name: "k2"}, {URL: f.url("/notes.txt"), Name: "n"}}
+			files: func(f fixture) []Source {
+				return []Source{{URL: f.url("/kilo"), Name: "k1"}, {URL: f.url("/kilo"), Name: "k2"}, {URL: f.url("/notes.txt"), Name: "n"}}
 			},
 			uploaded: []string{"k1", "n"},
 			failures: []string{"k2: upload larger than 1500 bytes in total"},
@@ -228,9 +227,9 @@ func TestUploadLimitsAndNames(t *testing.T) {
 		{
 			name: "names",
 			opts: fixtureOpts{allowPrivate: true},
-			files: func(f fixture) []api.UploadFile {
+			files: func(f fixture) []Source {
 				u := f.url("/notes.txt")
-				return []api.UploadFile{{URL: u, Name: "ok.txt"}, {URL: u, Name: "../up"}, {URL: u, Name: "a/b"}, {URL: u, Name: ".git"},
+				return []Source{{URL: u, Name: "ok.txt"}, {URL: u, Name: "../up"}, {URL: u, Name: "a/b"}, {URL: u, Name: ".git"},
 					{URL: u, Name: "ok.txt"}, {URL: u, Name: ".."}, {URL: u, Name: `a\b`}, {URL: u, Name: ""}}
 			},
 			uploaded: []string{"ok.txt"},
@@ -241,7 +240,7 @@ func TestUploadLimitsAndNames(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, tc.opts)
-			uploaded, failures, err := f.svc.Upload(ctx, uuid.NewString(), api.UploadFilesRequest{Files: tc.files(f)})
+			uploaded, failures, err := f.svc.Upload(ctx, uuid.NewString(), Upload{Files: tc.files(f)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -260,24 +259,24 @@ func TestUploadRefusals(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, fixtureOpts{allowPrivate: true})
 	account := uuid.NewString()
-	if _, _, err := f.svc.Upload(ctx, account, api.UploadFilesRequest{Files: []api.UploadFile{{URL: f.url("/notes.txt"), Name: "docs"}}}); err != nil {
+	if _, _, err := f.svc.Upload(ctx, account, Upload{Files: []Source{{URL: f.url("/notes.txt"), Name: "docs"}}}); err != nil {
 		t.Fatal(err)
 	}
-	many := make([]api.UploadFile, 101)
+	many := make([]Source, 101)
 	for i := range many {
-		many[i] = api.UploadFile{URL: f.url("/notes.txt"), Name: fmt.Sprint(i)}
+		many[i] = Source{URL: f.url("/notes.txt"), Name: fmt.Sprint(i)}
 	}
 	cases := []struct {
 		name string
-		req  api.UploadFilesRequest
+		req  Upload
 		msg  string
 	}{
-		{"no files", api.UploadFilesRequest{}, "At least one file is required"},
-		{"too many", api.UploadFilesRequest{Files: many}, "At most 100 files can be uploaded at once"},
-		{"escaping path", api.UploadFilesRequest{Files: many[:1], Path: "a/../../b"}, "path must stay inside the repository"},
-		{".git path", api.UploadFilesRequest{Files: many[:1], Path: ".git/hooks"}, "path must stay inside the repository"},
-		{"into a file", api.UploadFilesRequest{Files: many[:1], Path: "docs"}, "Cannot write into docs: a file, directory or submodule there is in the way"},
-		{"over a directory", api.UploadFilesRequest{Files: []api.UploadFile{{URL: f.url("/notes.txt"), Name: "x"}}, Path: "docs/x"}, "Cannot write into docs/x: a file, directory or submodule there is in the way"},
+		{"no files", Upload{}, "At least one file is required"},
+		{"too many", Upload{Files: many}, "At most 100 files can be uploaded at once"},
+		{"escaping path", Upload{Files: many[:1], Dir: "a/../../b"}, "path must stay inside the repository"},
+		{".git path", Upload{Files: many[:1], Dir: ".git/hooks"}, "path must stay inside the repository"},
+		{"into a file", Upload{Files: many[:1], Dir: "docs"}, "Cannot write into docs: a file, directory or submodule there is in the way"},
+		{"over a directory", Upload{Files: []Source{{URL: f.url("/notes.txt"), Name: "x"}}, Dir: "docs/x"}, "Cannot write into docs/x: a file, directory or submodule there is in the way"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -315,7 +314,7 @@ func TestTreeAndRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := f.svc.Upload(ctx, account, api.UploadFilesRequest{Files: []api.UploadFile{{URL: f.url("/pixel.png"), Name: "pixel.png"}}, Path: "img"}); err != nil {
+	if _, _, err := f.svc.Upload(ctx, account, Upload{Files: []Source{{URL: f.url("/pixel.png"), Name: "pixel.png"}}, Dir: "img"}); err != nil {
 		t.Fatal(err)
 	}
 	addGitlink(t, f.repos, account, "lib/sub", "../"+sub+".git", subCommit)
@@ -361,9 +360,9 @@ func TestUploadIntoSubmodule(t *testing.T) {
 	}
 	addGitlink(t, f.repos, account, "orgs/acme", "../"+org+".git", orgCommit)
 
-	uploaded, failures, err := f.svc.Upload(ctx, account, api.UploadFilesRequest{
-		Files:   []api.UploadFile{{URL: f.url("/paper.pdf"), Name: "paper.pdf"}},
-		Path:    "orgs/acme/papers",
+	uploaded, failures, err := f.svc.Upload(ctx, account, Upload{
+		Files:   []Source{{URL: f.url("/paper.pdf"), Name: "paper.pdf"}},
+		Dir:     "orgs/acme/papers",
 		Message: "Share a paper",
 	})
 	if err != nil || len(failures) != 0 || len(uploaded) != 1 || uploaded[0].Path != "orgs/acme/papers/paper.pdf" {
@@ -402,9 +401,9 @@ func addGitlink(t *testing.T, repos *repo.Manager, account, p, url, commit strin
 	git(t, wt, "push", "-q", "origin", "HEAD:main")
 }
 
-// multipartRequest builds a multipart/form-data request of fields and
-// files (name → content; a name starting with "!" is sent without one).
-func multipartRequest(t *testing.T, fields map[string]string, files [][2]string) *http.Request {
+// multipartRequest builds a multipart/form-data body of fields and files
+// (name → content; a name starting with "!" is sent without one).
+func multipartRequest(t *testing.T, fields map[string]string, files [][2]string) *multipart.Reader {
 	t.Helper()
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
@@ -432,9 +431,7 @@ func multipartRequest(t *testing.T, fields map[string]string, files [][2]string)
 	if err := mw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r := httptest.NewRequest(http.MethodPost, "/api/sandboxes/files", &body)
-	r.Header.Set("Content-Type", mw.FormDataContentType())
-	return r
+	return multipart.NewReader(&body, mw.Boundary())
 }
 
 func TestUploadMultipart(t *testing.T) {
@@ -448,9 +445,6 @@ func TestUploadMultipart(t *testing.T) {
 		{"paper.pdf", string(pdfBytes)},
 		{"../evil", "x"},
 	})
-	if !IsMultipart(r) {
-		t.Fatal("IsMultipart = false")
-	}
 	uploaded, failures, err := f.svc.UploadMultipart(ctx, account, r)
 	if err != nil {
 		t.Fatal(err)
@@ -476,13 +470,12 @@ func TestUploadMultipart(t *testing.T) {
 
 	cases := []struct {
 		name string
-		req  *http.Request
+		req  *multipart.Reader
 		msg  string
 	}{
 		{"no files", multipartRequest(t, map[string]string{"path": "x"}, nil), "At least one file is required"},
 		{"file without a name", multipartRequest(t, nil, [][2]string{{"!", "x"}}), "Each file must have a name"},
 		{"escaping path", multipartRequest(t, map[string]string{"path": "../x"}, [][2]string{{"a", "x"}}), "path must stay inside the repository"},
-		{"not multipart", httptest.NewRequest(http.MethodPost, "/", strings.NewReader("{}")), "Request body must be multipart/form-data"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
@@ -56,7 +55,7 @@ func TestUploadQuota(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "repos")
 	account := uuid.NewString()
 	svc, repos := limitedService(t, root, repo.Limits{}, nil)
-	if _, _, err := svc.Upload(ctx, account, api.UploadFilesRequest{Files: []api.UploadFile{{URL: origin.URL, Name: "first.txt"}}}); err != nil {
+	if _, _, err := svc.Upload(ctx, account, Upload{Files: []Source{{URL: origin.URL, Name: "first.txt"}}}); err != nil {
 		t.Fatal(err)
 	}
 	used, err := repos.Usage(ctx, account)
@@ -65,7 +64,7 @@ func TestUploadQuota(t *testing.T) {
 	}
 	head, _ := repos.Head(ctx, account, repo.MainBranch)
 	upload := func(svc *Service) error {
-		_, _, err := svc.Upload(ctx, account, api.UploadFilesRequest{Files: []api.UploadFile{{URL: origin.URL, Name: "a.txt"}, {URL: origin.URL, Name: "b.txt"}}})
+		_, _, err := svc.Upload(ctx, account, Upload{Files: []Source{{URL: origin.URL, Name: "a.txt"}, {URL: origin.URL, Name: "b.txt"}}})
 		return err
 	}
 
@@ -112,7 +111,7 @@ func TestReadLimitAndReadOnlySubmodule(t *testing.T) {
 	if got, err := svc.Read(ctx, member, "orgs/acme/README.md"); err != nil || string(got) != "org" {
 		t.Fatalf("member reads the organization: %q, %v", got, err)
 	}
-	_, _, err = svc.Upload(ctx, member, api.UploadFilesRequest{Path: "orgs/acme", Files: []api.UploadFile{{URL: origin.URL, Name: "x.txt"}}})
+	_, _, err = svc.Upload(ctx, member, Upload{Dir: "orgs/acme", Files: []Source{{URL: origin.URL, Name: "x.txt"}}})
 	if !errors.Is(err, errdefs.ErrForbidden) || !strings.Contains(err.Error(), "may read but not write") {
 		t.Fatalf("upload into the organization: %v", err)
 	}

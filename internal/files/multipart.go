@@ -5,37 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
-	"net/http"
+	"mime/multipart"
 	"os"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 )
 
 // maxFieldBytes bounds the text fields of a multipart upload.
 const maxFieldBytes = 64 << 10
 
-// IsMultipart reports whether r carries a multipart/form-data body.
-func IsMultipart(r *http.Request) bool {
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	return err == nil && mt == "multipart/form-data"
-}
-
-// UploadMultipart commits the files of a multipart/form-data request like
+// UploadMultipart commits the files of a multipart/form-data body like
 // Upload does downloads: each part named "file" is a file (named by its
 // filename), the fields "path" and "message" are as in the JSON body. Parts
 // are streamed to temporary files, each capped like a download and all
 // together by MaxUploadBytes; a file over its cap is reported as a failure
 // and the others are still committed.
-func (s *Service) UploadMultipart(ctx context.Context, accountID string, r *http.Request) ([]api.UploadedFile, []string, error) {
-	if !IsMultipart(r) {
-		return nil, nil, invalid("Request body must be multipart/form-data")
-	}
-	mr, err := r.MultipartReader()
-	if err != nil {
-		return nil, nil, invalid("Request body must be valid multipart/form-data")
-	}
+func (s *Service) UploadMultipart(ctx context.Context, accountID string, mr *multipart.Reader) ([]Committed, []string, error) {
 	var (
 		items        []*item
 		dir, message string

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"fmt"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -124,18 +123,18 @@ func (h *Handler) writeFile(ctx context.Context, c *call) (*mcp.CallToolResult, 
 	if err != nil {
 		return nil, err
 	}
-	r, err := multipartUpload(ctx, path.Dir(p), path.Base(p), message, data)
+	mr, err := multipartUpload(path.Dir(p), path.Base(p), message, data)
 	if err != nil {
 		return nil, err
 	}
-	uploaded, failures, err := h.opts.Files.UploadMultipart(ctx, account, r)
+	uploaded, failures, err := h.opts.Files.UploadMultipart(ctx, account, mr)
 	return uploadResult(uploaded, failures, err)
 }
 
-// multipartUpload is the multipart request POST /api/sandboxes/files takes
-// for one file: the file service's one way to commit given content, used
-// here without a round trip through HTTP.
-func multipartUpload(ctx context.Context, dir, name, message string, data []byte) (*http.Request, error) {
+// multipartUpload is the multipart body POST /api/sandboxes/files takes for
+// one file: the file service's one way to commit given content (streamed
+// to a spool file, capped and counted against the quota like any upload).
+func multipartUpload(dir, name, message string, data []byte) (*multipart.Reader, error) {
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	if dir != "." {
@@ -158,12 +157,7 @@ func multipartUpload(ctx context.Context, dir, name, message string, data []byte
 	if err := mw.Close(); err != nil {
 		return nil, err
 	}
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, "/api/sandboxes/files", &body)
-	if err != nil {
-		return nil, fmt.Errorf("build upload: %w", err)
-	}
-	r.Header.Set("Content-Type", mw.FormDataContentType())
-	return r, nil
+	return multipart.NewReader(&body, mw.Boundary()), nil
 }
 
 func (h *Handler) uploadFiles(ctx context.Context, c *call) (*mcp.CallToolResult, error) {
@@ -175,7 +169,7 @@ func (h *Handler) uploadFiles(ctx context.Context, c *call) (*mcp.CallToolResult
 	if err != nil {
 		return nil, err
 	}
-	uploaded, failures, err := h.opts.Files.Upload(ctx, account, req)
+	uploaded, failures, err := h.opts.Files.Upload(ctx, account, req.Domain())
 	return uploadResult(uploaded, failures, err)
 }
 

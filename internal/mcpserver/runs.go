@@ -156,7 +156,7 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 	if err != nil {
 		return runResult{}, err
 	}
-	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req)
+	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req.Domain())
 	if err != nil {
 		mapped, shown := api.CreateError(err)
 		if !shown {
@@ -325,7 +325,7 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	stop := h.tickProgress(ctx, c.req, func(elapsed time.Duration) string {
 		return fmt.Sprintf("%s is running in %s after %s", req.Command, sb.ID, elapsed.Round(time.Second))
 	})
-	code, err := h.opts.Sandboxes.Exec(ctx, sb, req, stdout, stderr)
+	code, err := h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
 	stop()
 	if err != nil {
 		return nil, api.ServiceError(err, "Sandbox not found")

@@ -28,7 +28,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
@@ -151,7 +150,8 @@ type Config struct {
 	LogMaxBytes int64
 }
 
-// Manager implements api.SandboxService on one node.
+// Manager drives the sandboxes of one node: the service behind the API's
+// sandbox routes.
 type Manager struct {
 	cfg Config
 	st  *store.Store
@@ -179,8 +179,6 @@ type preparation struct {
 	done bool
 	err  error
 }
-
-var _ api.SandboxService = (*Manager)(nil)
 
 // NewManager returns a Manager. Call Reconcile before serving.
 func NewManager(cfg Config) *Manager {
@@ -242,16 +240,17 @@ func newID(prefix string) string {
 	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
-// Create implements api.SandboxService.
-func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
+// Create places a sandbox for account and, with a command or prompt,
+// starts a run in it; the row's status is true when returned.
+func (m *Manager) Create(ctx context.Context, accountID string, req CreateRequest) (store.Sandbox, string, error) {
 	if req.Prompt != "" {
 		if err := m.requireCommand("opencode", "a prompt"); err != nil {
 			return store.Sandbox{}, "", err
 		}
 	}
 	lifetime := m.cfg.Settings.DefaultTimeout
-	if req.Timeout > 0 {
-		lifetime = time.Duration(req.Timeout) * time.Millisecond
+	if req.Lifetime > 0 {
+		lifetime = req.Lifetime
 		if lifetime > m.cfg.Settings.MaxTimeout {
 			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
 		}
@@ -292,9 +291,6 @@ func (m *Manager) Create(ctx context.Context, accountID string, req api.CreateSa
 // tasks too; extra raises the account's limit for this one (setup gets one
 // place beyond it, so that a user who is at the quota still gets set up).
 func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
-	if err := policy.Validate(); err != nil {
-		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, err.Error())
-	}
 	if hasNetwork(policy) && m.cfg.Net == nil {
 		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, `networking is not enabled on this server; create the sandbox with network "none"`)
 	}
@@ -511,7 +507,7 @@ func (m *Manager) enqueueRun(ctx context.Context, sb store.Sandbox, command stri
 	return run.ID, nil
 }
 
-// Live implements api.SandboxService. The database is the source of truth
+// Live refreshes rows with the status their hosts report. The database is the source of truth
 // (the reaper and the stop path keep it current); rows of this node whose
 // runtime sandbox vanished are corrected on the spot.
 func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox {
@@ -535,8 +531,8 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	return out
 }
 
-// Exec implements api.SandboxService.
-func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+// Exec runs a command in a running sandbox, streaming its output.
+func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (int, error) {
 	rsb, err := m.local(ctx, sb)
 	if err != nil {
 		return 0, err
@@ -548,7 +544,7 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req api.ExecReques
 	}
 	timeout := time.Until(sb.Deadline)
 	if req.Timeout > 0 {
-		timeout = min(timeout, time.Duration(req.Timeout)*time.Millisecond)
+		timeout = min(timeout, req.Timeout)
 	}
 	var stdin io.Reader
 	if req.Stdin != "" {
@@ -585,7 +581,7 @@ func (m *Manager) local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 	return rsb, nil
 }
 
-// Stop implements api.SandboxService.
+// Stop stops a sandbox; stopping a stopped sandbox is not an error.
 func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	if err := m.stop(context.WithoutCancel(ctx), sb, "stopped by request"); err != nil {
 		return sb, err
@@ -741,7 +737,7 @@ func (m *Manager) stopQuietly(ctx context.Context, sb store.Sandbox, reason stri
 	}
 }
 
-// SetTimeout implements api.SandboxService.
+// SetTimeout makes the sandbox stop d from now.
 func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
 	if d > m.cfg.Settings.MaxTimeout {
 		return sb, errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
@@ -755,7 +751,8 @@ func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Durat
 	return m.st.GetSandbox(ctx, sb.ID)
 }
 
-// DeleteEnvironment implements api.SandboxService.
+// DeleteEnvironment stops the account's sandboxes, deletes its repository
+// and snapshots and clears its row; idempotent.
 func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error) {
 	ctx = context.WithoutCancel(ctx)
 	rows, err := m.st.ListSandboxes(ctx, accountID)

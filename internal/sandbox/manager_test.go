@@ -13,7 +13,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -87,7 +86,7 @@ func (p *plane) keyWorks(id, key string) bool {
 func TestCreateRecordsAndStarts(t *testing.T) {
 	p := newPlane(t, Settings{})
 	ctx := context.Background()
-	sb, runID, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: 60_000})
+	sb, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute})
 	if err != nil || runID != "" {
 		t.Fatalf("create: %v (run %q)", err, runID)
 	}
@@ -101,7 +100,7 @@ func TestCreateRecordsAndStarts(t *testing.T) {
 		t.Fatal("the sandbox's key does not authenticate as the sandbox")
 	}
 	// A lifetime past the maximum is refused before anything exists.
-	_, _, err = p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: (25 * time.Hour).Milliseconds()})
+	_, _, err = p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: 25 * time.Hour})
 	if !errors.Is(err, errdefs.ErrInvalid) || p.rt.Creates() != 1 {
 		t.Fatalf("create past the max timeout: %v, %d creates", err, p.rt.Creates())
 	}
@@ -119,7 +118,7 @@ func TestCreateFailureLeavesAFailedRowAndNoKey(t *testing.T) {
 		}
 		return boom
 	})
-	sb, _, err := p.m.Create(context.Background(), p.account.ID, api.CreateSandboxRequest{})
+	sb, _, err := p.m.Create(context.Background(), p.account.ID, CreateRequest{})
 	if !errors.Is(err, boom) {
 		t.Fatalf("create: %v, want the runtime's error", err)
 	}
@@ -148,7 +147,7 @@ func TestConcurrentCreatesKeepTheQuota(t *testing.T) {
 	for range calls {
 		wg.Go(func() {
 			<-start
-			_, _, err := p.m.Create(context.Background(), p.account.ID, api.CreateSandboxRequest{})
+			_, _, err := p.m.Create(context.Background(), p.account.ID, CreateRequest{})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -171,7 +170,7 @@ func TestConcurrentCreatesKeepTheQuota(t *testing.T) {
 func TestStopIsOnceAndRevokes(t *testing.T) {
 	p := newPlane(t, Settings{})
 	ctx := context.Background()
-	sb, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
+	sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,11 +203,11 @@ func TestStopIsOnceAndRevokes(t *testing.T) {
 func TestReaperStopsAtTheDeadline(t *testing.T) {
 	p := newPlane(t, Settings{})
 	ctx := context.Background()
-	short, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: 1})
+	short, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	long, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Timeout: 3_600_000})
+	long, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +311,7 @@ func TestReconcileMatrix(t *testing.T) {
 func (p *plane) runOf(t *testing.T, command string) (store.Run, map[string]any) {
 	t.Helper()
 	ctx := context.Background()
-	_, runID, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Command: command, Args: []string{"x"}})
+	_, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Command: command, Args: []string{"x"}})
 	if err != nil || runID == "" {
 		t.Fatalf("create with a command: %v %q", err, runID)
 	}
@@ -401,7 +400,7 @@ func TestRunStatuses(t *testing.T) {
 		}
 	})
 	t.Run("a run whose sandbox ended before it started is FAILED", func(t *testing.T) {
-		sb, runID, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{Command: "exit3"})
+		sb, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Command: "exit3"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -427,13 +426,13 @@ func TestDiskAdmission(t *testing.T) {
 	// 14 free - 1 reserved - 4 for the warm sandbox: room for two.
 	var made []store.Sandbox
 	for range 2 {
-		sb, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
+		sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{})
 		if err != nil {
 			t.Fatalf("create within the disk: %v", err)
 		}
 		made = append(made, sb)
 	}
-	_, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{})
+	_, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{})
 	if !errors.Is(err, errdefs.ErrQuota) || !strings.Contains(err.Error(), "cannot hold another sandbox of 4096 MiB") {
 		t.Fatalf("create beyond the disk: %v", err)
 	}
@@ -444,14 +443,14 @@ func TestDiskAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	free -= 1 << 20
-	if _, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{}); !errors.Is(err, errdefs.ErrQuota) {
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); !errors.Is(err, errdefs.ErrQuota) {
 		t.Fatalf("create after a sandbox wrote: %v", err)
 	}
 	// A stop gives the place back.
 	if _, err := p.m.Stop(ctx, made[1]); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := p.m.Create(ctx, p.account.ID, api.CreateSandboxRequest{}); err != nil {
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); err != nil {
 		t.Fatalf("create after a stop: %v", err)
 	}
 }

@@ -24,7 +24,7 @@ const (
 	maxTCPLine  = 4096
 )
 
-// Ports implements api.SandboxService: the TCP ports something listens on
+// Ports lists the TCP ports something listens on
 // inside the sandbox, read from the guest's /proc/net/tcp and tcp6.
 func (m *Manager) Ports(ctx context.Context, sb store.Sandbox) ([]int, error) {
 	rsb, err := m.local(ctx, sb)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/riverqueue/river"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
@@ -117,7 +116,8 @@ func activeSetup(ctx context.Context, q *store.Queries, accountID string) (store
 	return store.Run{}, false, nil
 }
 
-// Setup implements api.AgentService: POST /api/sandboxes/setup.
+// Setup starts the account's setup-sandbox task (POST /api/sandboxes/setup),
+// or returns the one already running.
 func (m *Manager) Setup(ctx context.Context, accountID string) (string, error) {
 	runID, existing, err := EnqueueSetup(ctx, m.st, m.cfg.Jobs, &m.setupMu, accountID)
 	if err != nil {
@@ -386,8 +386,8 @@ func (m *Manager) CheckRepoURL(accountID, url string) error {
 	return nil
 }
 
-// CodingAgent implements api.AgentService.
-func (m *Manager) CodingAgent(ctx context.Context, accountID string, req api.CodingAgentRequest) (string, error) {
+// CodingAgent queues a coding-agent task for the account.
+func (m *Manager) CodingAgent(ctx context.Context, accountID string, req CodingAgentRequest) (string, error) {
 	if err := m.requireCommand("claude", "a coding-agent run"); err != nil {
 		return "", err
 	}

@@ -1,0 +1,41 @@
+package api
+
+import (
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+)
+
+// The bodies, validated, in the services' terms: each field is parsed and
+// checked once, by the parse functions of validate.go, and mapped here.
+
+// Domain is the body as the sandbox manager's request.
+func (r CreateSandboxRequest) Domain() sandbox.CreateRequest {
+	return sandbox.CreateRequest{
+		Lifetime: time.Duration(r.Timeout) * time.Millisecond,
+		Command:  r.Command, Args: r.Args, Cwd: r.Cwd, Prompt: r.Prompt, Network: r.Network,
+	}
+}
+
+// Domain is the body as the sandbox manager's request.
+func (r ExecRequest) Domain() sandbox.ExecRequest {
+	return sandbox.ExecRequest{
+		Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env, Stdin: r.Stdin,
+		Timeout: time.Duration(r.Timeout) * time.Millisecond,
+	}
+}
+
+// Domain is the body as the agent service's request.
+func (r CodingAgentRequest) Domain() sandbox.CodingAgentRequest {
+	return sandbox.CodingAgentRequest{RepoURL: r.RepoURL, Prompt: r.Prompt, BaseBranch: r.BaseBranch}
+}
+
+// Domain is the body as the file service's request.
+func (r UploadFilesRequest) Domain() files.Upload {
+	up := files.Upload{Files: make([]files.Source, len(r.Files)), Dir: r.Path, Message: r.Message}
+	for i, f := range r.Files {
+		up.Files[i] = files.Source{URL: f.URL, Name: f.Name}
+	}
+	return up
+}

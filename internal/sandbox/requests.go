@@ -1,0 +1,43 @@
+package sandbox
+
+import (
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/netpol"
+)
+
+// The requests the manager serves, in the domain's terms: parsed and
+// validated once at the edge (internal/api and internal/mcpserver map their
+// JSON to these), so that the manager checks only what depends on its own
+// settings (the longest lifetime, the image's CLIs, networking enabled).
+
+// CreateRequest is a sandbox to create.
+type CreateRequest struct {
+	Lifetime time.Duration // 0: the server's default
+	// Command runs at once in the new sandbox as a run (with Args in Cwd,
+	// default /workspace); Prompt instead runs `opencode run` on it.
+	Command string
+	Args    []string
+	Cwd     string
+	Prompt  string
+	Network *netpol.Policy // nil: the server's default policy
+}
+
+// ExecRequest is a command to run in a running sandbox.
+type ExecRequest struct {
+	Command string
+	Args    []string
+	Cwd     string            // default /workspace
+	Env     map[string]string // added to the sandbox's environment
+	Stdin   string
+	Timeout time.Duration // 0: until the sandbox's deadline
+}
+
+// CodingAgentRequest is a coding-agent task: Claude Code on Prompt in a
+// clone of RepoURL at BaseBranch (default main), its work pushed to a
+// branch and offered as a pull request.
+type CodingAgentRequest struct {
+	RepoURL    string
+	Prompt     string
+	BaseBranch string
+}
