@@ -67,6 +67,9 @@ type Options struct {
 	// step with the account's repository after every run.
 	Mirror *forge.Mirror
 	Logger *slog.Logger
+	// Now is the clock of expiries and of the collector's grace period
+	// (default time.Now).
+	Now func() time.Time
 }
 
 // Service implements sandbox.Persistence.
@@ -96,6 +99,9 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.TTL <= 0 {
 		opts.TTL = 7 * 24 * time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -284,7 +290,7 @@ func (s *Service) MirrorNow(ctx context.Context, accountID string) (forge.Repo, 
 
 // setRepoURL records url as the account's github_repo.
 func (s *Service) setRepoURL(ctx context.Context, accountID, url string) error {
-	now := time.Now()
+	now := s.opts.Now()
 	env, err := s.st.GetEnvironment(ctx, accountID)
 	if errors.Is(err, store.ErrNotFound) {
 		env = store.Environment{AccountID: accountID, CreatedAt: now, ExpiresAt: now.Add(s.opts.TTL)}
@@ -384,6 +390,7 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 	snap := store.Snapshot{
 		ID: newSnapshotID(), AccountID: sb.AccountID, BaseImage: m.BaseImage,
 		BlobKey: info.Key, Size: info.Size, Depth: 1, SandboxID: sb.ID,
+		CreatedAt: s.opts.Now(),
 	}
 	if parent != nil {
 		snap.ParentID, snap.Depth = parent.ID, parent.Depth+1
@@ -582,7 +589,7 @@ func chainKeys(chain []store.Snapshot) []string {
 
 // setEnvironment makes snapshotID the account's snapshot for TTL more.
 func (s *Service) setEnvironment(ctx context.Context, accountID, snapshotID string) error {
-	now := time.Now()
+	now := s.opts.Now()
 	env, err := s.st.GetEnvironment(ctx, accountID)
 	if errors.Is(err, store.ErrNotFound) {
 		env = store.Environment{AccountID: accountID, CreatedAt: now}
@@ -602,7 +609,7 @@ func (s *Service) setEnvironment(ctx context.Context, accountID, snapshotID stri
 func (s *Service) Layers(ctx context.Context, accountID string) ([]runtime.Layer, string, func(), error) {
 	noop := func() {}
 	env, err := s.st.GetEnvironment(ctx, accountID)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && (env.SnapshotID == nil || !env.ExpiresAt.After(time.Now()))) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (env.SnapshotID == nil || !env.ExpiresAt.After(s.opts.Now()))) {
 		return nil, "", noop, nil
 	}
 	if err != nil {
@@ -663,23 +670,38 @@ func (s *Service) deleteBlobIfUnused(ctx context.Context, key string) error {
 	return nil
 }
 
-// collect deletes snapshots nothing refers to any more. It is best effort:
-// what fails now is collected next time.
+// collect deletes snapshots nothing refers to any more, passes after
+// passes: deleting the top of a replaced chain unreferences the layer
+// below it, and a chain left whole would count against its account's
+// quota for as many captures as it is deep. It is best effort: what fails
+// now is collected next time.
 func (s *Service) collect(ctx context.Context) {
+	for pass := 0; pass < 4*s.opts.MaxDepth+16; pass++ {
+		if s.collectOnce(ctx) == 0 {
+			return
+		}
+	}
+}
+
+// collectOnce deletes the snapshots unreferenced now, and says how many.
+func (s *Service) collectOnce(ctx context.Context) int {
 	snaps, err := s.st.ListUnreferencedSnapshots(ctx)
 	if err != nil {
 		s.log.Warn("list unreferenced snapshots", "err", err)
-		return
+		return 0
 	}
+	deleted := 0
 	for _, sn := range snaps {
-		if time.Since(sn.CreatedAt) < time.Minute {
+		if s.opts.Now().Sub(sn.CreatedAt) < time.Minute {
 			continue // may be about to be referenced by a run in flight
 		}
 		if err := s.st.DeleteSnapshot(ctx, sn.ID); err != nil {
 			continue
 		}
+		deleted++
 		if err := s.deleteBlobIfUnused(ctx, sn.BlobKey); err != nil {
 			s.log.Warn("delete snapshot blob", "snapshot_id", sn.ID, "err", err)
 		}
 	}
+	return deleted
 }

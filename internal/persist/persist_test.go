@@ -1,0 +1,223 @@
+package persist
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
+	"github.com/sandboxd/sandboxd/internal/snapshot"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+// These tests run the snapshot chain — capture, flatten past MaxDepth,
+// restore and garbage collection — over a real SQLite store, the real local
+// blob store and the real layer format, with the sandboxes of package
+// runtimefake (whose Snapshot writes its in-memory files as a real layer):
+// no root-only runtime needed.
+
+type chainFixture struct {
+	svc     *Service
+	st      *store.Store
+	blobs   blob.Store
+	rt      *runtimefake.Runtime
+	account store.Account
+
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newChainFixture(t *testing.T, opts Options) *chainFixture {
+	t.Helper()
+	ctx := context.Background()
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	blobs, err := blob.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	repos, err := repo.New(repo.Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &chainFixture{st: st, blobs: blobs, rt: runtimefake.New(), now: time.Now()}
+	opts.Store, opts.Blobs, opts.Repos = st, blobs, repos
+	opts.BaseDir, opts.TempDir = t.TempDir(), t.TempDir()
+	opts.Now = f.clock
+	if f.svc, err = New(opts); err != nil {
+		t.Fatal(err)
+	}
+	f.account = store.Account{Name: "alice", Kind: store.AccountPersonal}
+	if err := st.CreateAccount(ctx, &f.account); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *chainFixture) clock() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *chainFixture) advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+}
+
+// capture runs one sandbox of the account from its current snapshot,
+// writes files into it and captures it, as a run's end does.
+func (f *chainFixture) capture(t *testing.T, files map[string]string) (store.Snapshot, error) {
+	t.Helper()
+	ctx := context.Background()
+	sb := store.Sandbox{ID: fmt.Sprintf("sbx_%d", time.Now().UnixNano()), AccountID: f.account.ID, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+	if env, err := f.st.GetEnvironment(ctx, f.account.ID); err == nil && env.SnapshotID != nil {
+		sb.SnapshotID = *env.SnapshotID
+	}
+	if err := f.st.CreateSandbox(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	rsb := f.rt.Add(sb.ID)
+	for p, content := range files {
+		if err := rsb.WriteFile(ctx, p, strings.NewReader(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := f.svc.Capture(ctx, sb, rsb)
+	// The run is over and the sandbox with it: it no longer holds the
+	// snapshot it started from.
+	if _, terr := f.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxRunning}, store.SandboxStopped, "test", time.Now()); terr != nil {
+		t.Fatal(terr)
+	}
+	return snap, err
+}
+
+// restored applies the account's chain, bottom first, into one directory:
+// what a sandbox started from the snapshot sees of its writable layers.
+func (f *chainFixture) restored(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	layers, _, release, err := f.svc.Layers(ctx, f.account.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	dir := t.TempDir()
+	for _, l := range layers {
+		if _, err := snapshot.Apply(ctx, l.R, dir, nil); err != nil {
+			t.Fatalf("apply layer %s: %v", l.ID, err)
+		}
+	}
+	return dir
+}
+
+func (f *chainFixture) storedBlobs(t *testing.T) []string {
+	t.Helper()
+	var keys []string
+	if err := f.blobs.List(context.Background(), func(i blob.Info) error { keys = append(keys, i.Key); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func TestChainFlattensAndCollects(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 3})
+	ctx := context.Background()
+	var depths []int
+	for gen := 1; gen <= 7; gen++ {
+		snap, err := f.capture(t, map[string]string{
+			"/workspace/state.txt":               fmt.Sprintf("generation %d", gen),
+			fmt.Sprintf("/home/gen-%d.txt", gen): "kept",
+		})
+		if err != nil {
+			t.Fatalf("capture %d: %v", gen, err)
+		}
+		depths = append(depths, snap.Depth)
+		env, err := f.st.GetEnvironment(ctx, f.account.ID)
+		if err != nil || env.SnapshotID == nil || *env.SnapshotID != snap.ID {
+			t.Fatalf("capture %d: the environment does not point at it (%v)", gen, err)
+		}
+	}
+	// Past MaxDepth the chain is flattened into one layer without parent.
+	if fmt.Sprint(depths) != "[1 2 3 1 2 3 1]" {
+		t.Fatalf("depths %v, want [1 2 3 1 2 3 1]", depths)
+	}
+	// The restored filesystem is the last generation's, every file kept.
+	dir := f.restored(t)
+	if b, err := os.ReadFile(filepath.Join(dir, "workspace", "state.txt")); err != nil || string(b) != "generation 7" {
+		t.Fatalf("restored state.txt = %q, %v", b, err)
+	}
+	for gen := 1; gen <= 7; gen++ {
+		if _, err := os.Stat(filepath.Join(dir, "home", fmt.Sprintf("gen-%d.txt", gen))); err != nil {
+			t.Fatalf("generation %d's file is lost: %v", gen, err)
+		}
+	}
+
+	// Once past the grace period, everything but the current chain (here
+	// one flattened layer) is collected: rows and blobs.
+	f.advance(2 * time.Minute)
+	f.svc.collect(ctx)
+	env, _ := f.st.GetEnvironment(ctx, f.account.ID)
+	top, err := f.st.GetSnapshot(ctx, *env.SnapshotID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := f.svc.chain(ctx, &top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := chainKeys(chain)
+	slices.Sort(want)
+	if got := f.storedBlobs(t); !slices.Equal(got, want) {
+		t.Fatalf("blobs after collection %v, want the current chain's %v", got, want)
+	}
+	snaps, err := f.st.ListSnapshots(ctx, f.account.ID)
+	if err != nil || len(snaps) != len(chain) {
+		t.Fatalf("%d snapshot rows after collection (%v), want %d", len(snaps), err, len(chain))
+	}
+}
+
+func TestCollectSparesRecentSnapshots(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 1})
+	for gen := 1; gen <= 3; gen++ {
+		if _, err := f.capture(t, map[string]string{"/f": fmt.Sprint(gen)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Replaced snapshots younger than a minute may be about to be used by
+	// a run in flight: they stay, with their blobs.
+	f.svc.collect(context.Background())
+	if n := len(f.storedBlobs(t)); n != 3 {
+		t.Fatalf("%d blobs right after the captures, want all 3", n)
+	}
+}
+
+func TestSnapshotQuota(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 8, SnapshotQuota: 1 << 20})
+	if _, err := f.capture(t, map[string]string{"/small": "x"}); err != nil {
+		t.Fatalf("a small snapshot within the quota: %v", err)
+	}
+	// Random content does not compress below the quota.
+	big := make([]byte, 2<<20)
+	_, _ = rand.Read(big)
+	before := f.storedBlobs(t)
+	_, err := f.capture(t, map[string]string{"/big": string(big)})
+	if err == nil || !strings.Contains(errdefs.Message(err, ""), "snapshot storage quota of 1 MiB") {
+		t.Fatalf("a snapshot past the quota: %v", err)
+	}
+	if got := f.storedBlobs(t); !slices.Equal(got, before) {
+		t.Fatalf("blobs %v after the refused capture, want %v: nothing stored", got, before)
+	}
+}
