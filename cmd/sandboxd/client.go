@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -137,8 +136,8 @@ func newSandboxCmd() *cobra.Command {
 	var account string
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, use and stop sandboxes through a running server's API"}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.url, "url", envOr("SANDBOXD_URL", "http://127.0.0.1:8080"), "server URL (env SANDBOXD_URL)")
-	pf.StringVar(&c.key, "key", os.Getenv("SANDBOXD_API_KEY"), "API key (env SANDBOXD_API_KEY)")
+	pf.StringVar(&c.url, "url", "http://127.0.0.1:8080", "server URL (env SANDBOXD_URL)")
+	pf.StringVar(&c.key, "key", "", "API key (env SANDBOXD_API_KEY)")
 	pf.BoolVar(&asJSON, "json", false, "print JSON")
 	pf.StringVar(&account, "account", "", "act for this account id (organization keys)")
 	requireKey := func(*cobra.Command, []string) error {
@@ -147,7 +146,7 @@ func newSandboxCmd() *cobra.Command {
 		}
 		return nil
 	}
-	cmd.PersistentPreRunE = requireKey
+	cmd.PersistentPreRunE = withEnv(requireKey)
 
 	var timeout time.Duration
 	var cwd, prompt string

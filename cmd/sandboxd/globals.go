@@ -15,7 +15,8 @@ import (
 )
 
 // globals are the settings every subcommand shares: where the data lives and
-// how to log. Each flag falls back to a SANDBOXD_* environment variable.
+// how to log. Each flag falls back to its SANDBOXD_* environment variable
+// (env.go).
 type globals struct {
 	dataDir   string
 	database  string
@@ -26,11 +27,11 @@ type globals struct {
 
 func (g *globals) register(root *cobra.Command) {
 	f := root.PersistentFlags()
-	f.StringVar(&g.dataDir, "data-dir", envOr("SANDBOXD_DATA_DIR", "./data"), "directory for the database, repositories, snapshots and sandboxes (env SANDBOXD_DATA_DIR)")
-	f.StringVar(&g.database, "database", envOr("SANDBOXD_DATABASE", ""), "database URL: empty for SQLite in the data dir, or postgres://... (env SANDBOXD_DATABASE)")
-	f.StringVar(&g.cacheDir, "cache-dir", envOr("SANDBOXD_CACHE_DIR", defaultCacheDir()), "cache for built images and kernels, shared by all data dirs (env SANDBOXD_CACHE_DIR)")
-	f.StringVar(&g.logFormat, "log-format", envOr("SANDBOXD_LOG_FORMAT", "text"), "log format: text or json (env SANDBOXD_LOG_FORMAT)")
-	f.StringVar(&g.logLevel, "log-level", envOr("SANDBOXD_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env SANDBOXD_LOG_LEVEL)")
+	f.StringVar(&g.dataDir, "data-dir", "./data", "directory for the database, repositories, snapshots and sandboxes (env SANDBOXD_DATA_DIR)")
+	f.StringVar(&g.database, "database", "", "database URL: empty for SQLite in the data dir, or postgres://... (env SANDBOXD_DATABASE)")
+	f.StringVar(&g.cacheDir, "cache-dir", defaultCacheDir(), "cache for built images and kernels, shared by all data dirs (env SANDBOXD_CACHE_DIR)")
+	f.StringVar(&g.logFormat, "log-format", "text", "log format: text or json (env SANDBOXD_LOG_FORMAT)")
+	f.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error (env SANDBOXD_LOG_LEVEL)")
 }
 
 // logger builds the process logger from the flags.
@@ -44,13 +45,6 @@ func (g *globals) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-func envOr(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return v
-	}
-	return def
 }
 
 func defaultCacheDir() string {

@@ -34,6 +34,8 @@ func newRootCmd() *cobra.Command {
 		Short:         "Self-hosted ephemeral Linux sandboxes behind a small REST API",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Every flag also comes from its SANDBOXD_* variable (env.go).
+		PersistentPreRunE: withEnv(nil),
 	}
 	g.register(root)
 	root.AddCommand(

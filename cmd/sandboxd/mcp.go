@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 
@@ -43,8 +42,8 @@ func newMCPCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&serverURL, "url", envOr("SANDBOXD_URL", "http://127.0.0.1:8080"), "server URL as the MCP client reaches it (env SANDBOXD_URL)")
-	f.StringVar(&key, "key", os.Getenv("SANDBOXD_API_KEY"), "API key (env SANDBOXD_API_KEY)")
+	f.StringVar(&serverURL, "url", "http://127.0.0.1:8080", "server URL as the MCP client reaches it (env SANDBOXD_URL)")
+	f.StringVar(&key, "key", "", "API key (env SANDBOXD_API_KEY)")
 	f.StringVar(&name, "name", "sandboxd", "name of the server in the client's configuration")
 	f.StringVar(&client, "client", "all", "print only this client's snippet: "+strings.Join(mcpClients, ", "))
 	return cmd

@@ -125,30 +125,30 @@ func newServeCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.listen, "listen", envOr("SANDBOXD_LISTEN", "127.0.0.1:8080"), "address to serve the API on (env SANDBOXD_LISTEN)")
-	f.DurationVar(&o.snapshotTTL, "snapshot-ttl", envDuration("SANDBOXD_SNAPSHOT_TTL", 7*24*time.Hour), "how long an account's snapshot row stays valid (env SANDBOXD_SNAPSHOT_TTL)")
-	f.StringVar(&o.runtimeName, "runtime", envOr("SANDBOXD_RUNTIME", "gvisor"), "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; needs `sandboxd kernel build`)")
-	f.StringVar(&o.template, "template", envOr("SANDBOXD_TEMPLATE", image.DefaultTemplate), "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames()+"; base and minimal suit smaller hosts but have no agent CLIs (prompts need full)")
-	f.StringVar(&o.rootfs, "rootfs", envOr("SANDBOXD_ROOTFS", ""), "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
-	f.StringVar(&o.runsc, "runsc", envOr("SANDBOXD_RUNSC", ""), "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
-	f.StringVar(&o.platform, "gvisor-platform", envOr("SANDBOXD_GVISOR_PLATFORM", ""), "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
-	f.IntVar(&o.warmPool, "warm-pool", envInt("SANDBOXD_WARM_POOL", 2), "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
-	f.DurationVar(&o.timeout, "sandbox-timeout", envDuration("SANDBOXD_SANDBOX_TIMEOUT", 10*time.Minute), "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
-	f.DurationVar(&o.maxTimeout, "sandbox-max-timeout", envDuration("SANDBOXD_SANDBOX_MAX_TIMEOUT", 24*time.Hour), "longest lifetime a request may ask for (env SANDBOXD_SANDBOX_MAX_TIMEOUT)")
-	f.IntVar(&o.perAccount, "max-sandboxes-per-account", envInt("SANDBOXD_MAX_SANDBOXES_PER_ACCOUNT", 10), "concurrent sandboxes per account; 0 unlimited")
-	f.IntVar(&o.nodeCapacity, "node-capacity", envInt("SANDBOXD_NODE_CAPACITY", 200), "concurrent sandboxes on this node; 0 unlimited")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the API on (env SANDBOXD_LISTEN)")
+	f.DurationVar(&o.snapshotTTL, "snapshot-ttl", 7*24*time.Hour, "how long an account's snapshot row stays valid (env SANDBOXD_SNAPSHOT_TTL)")
+	f.StringVar(&o.runtimeName, "runtime", "gvisor", "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; needs `sandboxd kernel build`)")
+	f.StringVar(&o.template, "template", image.DefaultTemplate, "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames()+"; base and minimal suit smaller hosts but have no agent CLIs (prompts need full)")
+	f.StringVar(&o.rootfs, "rootfs", "", "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
+	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
+	f.StringVar(&o.platform, "gvisor-platform", "", "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
+	f.IntVar(&o.warmPool, "warm-pool", 2, "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
+	f.DurationVar(&o.timeout, "sandbox-timeout", 10*time.Minute, "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
+	f.DurationVar(&o.maxTimeout, "sandbox-max-timeout", 24*time.Hour, "longest lifetime a request may ask for (env SANDBOXD_SANDBOX_MAX_TIMEOUT)")
+	f.IntVar(&o.perAccount, "max-sandboxes-per-account", 10, "concurrent sandboxes per account; 0 unlimited")
+	f.IntVar(&o.nodeCapacity, "node-capacity", 200, "concurrent sandboxes on this node; 0 unlimited")
 	f.Float64Var(&o.cpus, "sandbox-cpus", 1, "CPU cores per sandbox; 0 unlimited")
 	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
 	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
-	f.Int64Var(&o.logMaxMiB, "log-max-mib", int64(envInt("SANDBOXD_LOG_MAX_MIB", 16)), "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
+	f.Int64Var(&o.logMaxMiB, "log-max-mib", 16, "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
 	f.Int64Var(&o.snapshotMiB, "account-snapshot-mib", 2048, "snapshot blobs one account may store, in MiB; 0 unlimited")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
-	f.StringVar(&o.publicURL, "public-url", envOr("SANDBOXD_PUBLIC_URL", ""), "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
+	f.StringVar(&o.publicURL, "public-url", "", "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
-	f.StringVar(&o.blobURL, "blob-store", envOr("SANDBOXD_BLOB_STORE", ""), "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
-	f.StringVar(&o.network, "network-default", envOr("SANDBOXD_NETWORK_DEFAULT", "none"), `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
+	f.StringVar(&o.blobURL, "blob-store", "", "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
+	f.StringVar(&o.network, "network-default", "none", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
 	f.StringVar(&o.netPool, "network-pool", "10.200.0.0/16", "IPv4 range sandbox addresses come from (a /30 each)")
 	f.StringSliceVar(&o.netDNS, "network-dns", nil, "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
 	f.StringSliceVar(&o.netPrivate, "network-allow-private", nil, "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
@@ -158,25 +158,25 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Float64Var(&o.home.RequestsPerSecond, "internal-requests-per-second", 50, "requests per second one sandbox may make to sandboxd.internal (429 beyond); 0 unlimited")
 	f.IntVar(&o.home.Burst, "internal-request-burst", 100, "requests one sandbox may make to sandboxd.internal in a burst above --internal-requests-per-second")
 	f.BoolVar(&o.setup, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
-	f.StringVar(&o.githubToken, "github-token", os.Getenv("GITHUB_TOKEN"), "GitHub token for the mirrors and pull requests, used on the host only, never given to sandboxes (env GITHUB_TOKEN)")
-	f.StringVar(&o.githubOwner, "github-owner", envOr("SANDBOXD_GITHUB_OWNER", ""), "GitHub organization or user that receives a mirror repository per account and the coding agent's pull requests; needs --github-token (env SANDBOXD_GITHUB_OWNER)")
-	f.StringVar(&o.githubAPI, "github-api-url", envOr("SANDBOXD_GITHUB_API_URL", ""), "GitHub REST API base URL (default GitHub's own; GitHub Enterprise: https://HOST/api/v3/) (env SANDBOXD_GITHUB_API_URL)")
-	f.StringVar(&o.claudeToken, "claude-code-oauth-token", os.Getenv("CLAUDE_CODE_OAUTH_TOKEN"), "Claude OAuth token the model proxy adds to sandboxes' Anthropic requests when no API key is set; never given to sandboxes (env CLAUDE_CODE_OAUTH_TOKEN)")
-	f.StringVar(&o.anthropicKey, "anthropic-api-key", os.Getenv("ANTHROPIC_API_KEY"), "Anthropic API key the model proxy adds to sandboxes' requests (Claude Code); never given to sandboxes (env ANTHROPIC_API_KEY)")
-	f.StringVar(&o.anthropicURL, "anthropic-base-url", envOr("SANDBOXD_ANTHROPIC_BASE_URL", "https://api.anthropic.com"), "the Anthropic API the model proxy forwards to (env SANDBOXD_ANTHROPIC_BASE_URL)")
-	f.StringVar(&o.modelURL, "model-base-url", envOr("SANDBOXD_MODEL_BASE_URL", ""), "OpenAI-compatible model API that prompts (opencode) use through the model proxy (env SANDBOXD_MODEL_BASE_URL)")
-	f.StringVar(&o.modelKey, "model-api-key", envOr("SANDBOXD_MODEL_API_KEY", ""), "its API key, added by the model proxy; never given to sandboxes (env SANDBOXD_MODEL_API_KEY)")
+	f.StringVar(&o.githubToken, "github-token", "", "GitHub token for the mirrors and pull requests, used on the host only, never given to sandboxes (env GITHUB_TOKEN)")
+	f.StringVar(&o.githubOwner, "github-owner", "", "GitHub organization or user that receives a mirror repository per account and the coding agent's pull requests; needs --github-token (env SANDBOXD_GITHUB_OWNER)")
+	f.StringVar(&o.githubAPI, "github-api-url", "", "GitHub REST API base URL (default GitHub's own; GitHub Enterprise: https://HOST/api/v3/) (env SANDBOXD_GITHUB_API_URL)")
+	f.StringVar(&o.claudeToken, "claude-code-oauth-token", "", "Claude OAuth token the model proxy adds to sandboxes' Anthropic requests when no API key is set; never given to sandboxes (env CLAUDE_CODE_OAUTH_TOKEN)")
+	f.StringVar(&o.anthropicKey, "anthropic-api-key", "", "Anthropic API key the model proxy adds to sandboxes' requests (Claude Code); never given to sandboxes (env ANTHROPIC_API_KEY)")
+	f.StringVar(&o.anthropicURL, "anthropic-base-url", "https://api.anthropic.com", "the Anthropic API the model proxy forwards to (env SANDBOXD_ANTHROPIC_BASE_URL)")
+	f.StringVar(&o.modelURL, "model-base-url", "", "OpenAI-compatible model API that prompts (opencode) use through the model proxy (env SANDBOXD_MODEL_BASE_URL)")
+	f.StringVar(&o.modelKey, "model-api-key", "", "its API key, added by the model proxy; never given to sandboxes (env SANDBOXD_MODEL_API_KEY)")
 	f.Int64Var(&o.modelMaxBody, "model-proxy-max-body", modelproxy.DefaultMaxBody, "largest request body, in bytes, a sandbox may send to a model API through the proxy (413 beyond)")
-	f.StringVar(&o.modelName, "model", envOr("SANDBOXD_MODEL", ""), "the model prompts use (env SANDBOXD_MODEL)")
-	f.IntVar(&o.concurrency, "job-concurrency", envInt("SANDBOXD_JOB_CONCURRENCY", 32), "jobs run at once per queue on this node")
-	f.IntVar(&o.jobsPerAcct, "job-concurrency-per-account", envInt("SANDBOXD_JOB_CONCURRENCY_PER_ACCOUNT", 8), "jobs of one account run at once on this node, over all queues (the rest wait while other accounts' jobs run); 0 unlimited")
-	f.IntVar(&o.agentRuns, "max-agent-runs-per-account", envInt("SANDBOXD_MAX_AGENT_RUNS_PER_ACCOUNT", 4), "queued and executing coding-agent runs per account (more are refused with 429); 0 unlimited")
+	f.StringVar(&o.modelName, "model", "", "the model prompts use (env SANDBOXD_MODEL)")
+	f.IntVar(&o.concurrency, "job-concurrency", 32, "jobs run at once per queue on this node")
+	f.IntVar(&o.jobsPerAcct, "job-concurrency-per-account", 8, "jobs of one account run at once on this node, over all queues (the rest wait while other accounts' jobs run); 0 unlimited")
+	f.IntVar(&o.agentRuns, "max-agent-runs-per-account", 4, "queued and executing coding-agent runs per account (more are refused with 429); 0 unlimited")
 	f.Int64Var(&o.repoLimits.fileReadMiB, "max-file-read-mib", repo.DefaultMaxReadBytes>>20, "largest file GET /api/sandboxes/file returns, in MiB (413 beyond, checked from the object's size before reading); 0 unlimited")
 	f.IntVar(&o.repoLimits.treeEntries, "filetree-max-entries", repo.DefaultTreeMaxEntries, "entries of the file tree GET /api/sandboxes lists (also cut at 4 MiB of paths; filetree_truncated says so); 0 unlimited")
 	f.Int64Var(&o.repoLimits.accountRepoMiB, "account-repo-mib", repo.DefaultQuotaBytes>>20, "disk space one account's git repository may take, in MiB: pushes past it are refused by a pre-receive hook, uploads with 429; 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushMiB, "max-push-mib", repo.DefaultMaxPushBytes>>20, "largest pack one git push may send, in MiB (receive.maxInputSize; never more than --account-repo-mib); 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushObjects, "max-push-objects", repo.DefaultMaxPushObjects, "most objects one git push may send; 0 unlimited")
-	f.StringVar(&o.metricsAddr, "metrics-addr", envOr("SANDBOXD_METRICS_ADDR", "127.0.0.1:9090"), "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9090", "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
 	return cmd
 }
 
@@ -189,25 +189,6 @@ func templateNames() string {
 		names += t.Name
 	}
 	return names
-}
-
-func envDuration(name string, def time.Duration) time.Duration {
-	if v := os.Getenv(name); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return def
-}
-
-func envInt(name string, def int) int {
-	var n int
-	if v := os.Getenv(name); v != "" {
-		if _, err := fmt.Sscanf(v, "%d", &n); err == nil {
-			return n
-		}
-	}
-	return def
 }
 
 func serve(ctx context.Context, g *globals, o *serveOptions) error {
