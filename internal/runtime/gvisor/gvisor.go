@@ -53,23 +53,19 @@ package gvisor
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // Name is the backend's name.
@@ -141,10 +137,11 @@ type Runtime struct {
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 
-	mu        sync.Mutex
-	sandboxes map[string]*sandbox // by cid, attached ones
-	pool      *pool
-	closed    bool
+	mu sync.Mutex
+	// table is the state directory and the attached sandboxes.
+	table  *host.Table[*sandbox]
+	pool   *pool
+	closed bool
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -205,7 +202,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	r := &Runtime{
 		opts: opts, log: opts.Logger.With("runtime", Name), runsc: runsc,
 		version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]),
-		ctx:     rctx, cancel: cancel, sandboxes: map[string]*sandbox{},
+		ctx:     rctx, cancel: cancel, table: host.NewTable[*sandbox](opts.StateDir),
 		preload: preload, pidsCeiling: hostTaskCeiling(opts.MaxSandboxes),
 	}
 	if r.platform, r.rejected, err = r.choosePlatform(ctx); err != nil {
@@ -274,10 +271,7 @@ func (r *Runtime) Close() error {
 	}
 	r.closed = true
 	p := r.pool
-	sbs := make([]*sandbox, 0, len(r.sandboxes))
-	for _, s := range r.sandboxes {
-		sbs = append(sbs, s)
-	}
+	sbs := r.table.All()
 	r.mu.Unlock()
 	var errs []error
 	if p != nil {
@@ -290,15 +284,13 @@ func (r *Runtime) Close() error {
 	return errors.Join(errs...)
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 // Create implements runtime.Runtime. With no layers, the default limits, the
 // warm pool's base and no custom hostname, it hands out a pre-started
 // sandbox (its writable layer is still empty, so nothing else needs doing);
 // otherwise it creates one cold: restored layers become overlay lowers, and
 // they cannot be added under a running overlay.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
-	if !idPattern.MatchString(spec.ID) {
+	if !host.ValidID(spec.ID) {
 		return nil, fmt.Errorf("create sandbox: invalid id %q", spec.ID)
 	}
 	if spec.BaseDir == "" {
@@ -314,7 +306,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if closed {
 		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
 	}
-	link := idlinks.Dir(r.opts.StateDir).Path(spec.ID)
+	link := host.Dir(r.opts.StateDir).Path(spec.ID)
 	if p != nil && p.fits(spec) {
 		if s := p.take(); s != nil {
 			if err := s.assign(spec, link); err != nil {
@@ -332,39 +324,17 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 }
 
 func (r *Runtime) limits(l runtime.Limits) runtime.Limits {
-	d := r.opts.DefaultLimits
-	if l.CPUs == 0 {
-		l.CPUs = d.CPUs
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.DiskBytes == 0 {
-		l.DiskBytes = d.DiskBytes
-	}
-	return l
-}
-
-func newCID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return "sbx-" + hex.EncodeToString(b[:])
+	return host.Limits(l, r.opts.DefaultLimits)
 }
 
 // createCold builds and starts a sandbox for spec. link, when not empty, is
 // the ids/ entry to claim for it.
 func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string) (*sandbox, error) {
-	cid := newCID()
-	dir := filepath.Join(r.opts.StateDir, "sandboxes", cid)
+	cid := host.NewCID("sbx-")
+	dir := host.Dir(r.opts.StateDir).SandboxDir(cid)
 	if link != "" {
-		if err := os.Symlink(filepath.Join("..", "sandboxes", cid), link); err != nil {
-			if errors.Is(err, os.ErrExist) {
-				return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrExists)
-			}
-			return nil, fmt.Errorf("create sandbox %s: claim id: %w", spec.ID, err)
+		if err := host.Dir(r.opts.StateDir).Claim(spec.ID, cid); err != nil {
+			return nil, err
 		}
 	}
 	m := meta{
@@ -386,59 +356,34 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 
 // Get implements runtime.Runtime.
 func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
-	if !idPattern.MatchString(id) {
-		return nil, fmt.Errorf("get sandbox %q: %w", id, runtime.ErrNotFound)
-	}
-	cid, err := idlinks.Dir(r.opts.StateDir).CID(id)
+	s, err := r.table.Get(id)
 	if err != nil {
-		return nil, err
-	}
-	r.mu.Lock()
-	s := r.sandboxes[cid]
-	r.mu.Unlock()
-	if s == nil {
-		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
+		return nil, err // not a typed nil in the interface
 	}
 	return s, nil
 }
 
 // List implements runtime.Runtime.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	return idlinks.Dir(r.opts.StateDir).List()
+	return r.table.List()
 }
 
 // reattach finds the sandboxes of an earlier process: those with an id are
 // served again (their agents dial back in), unclaimed warm ones and
 // half-made ones are destroyed.
 func (r *Runtime) reattach(ctx context.Context) error {
-	root := filepath.Join(r.opts.StateDir, "sandboxes")
-	ents, err := os.ReadDir(root)
-	if err != nil {
-		return fmt.Errorf("scan sandboxes: %w", err)
-	}
-	claimed := idlinks.Dir(r.opts.StateDir).Claims() // cid -> id
-	for _, e := range ents {
-		dir := filepath.Join(root, e.Name())
-		m, err := readMeta(dir)
-		if err != nil || m.ID == "" || claimed[m.CID] != m.ID {
-			r.log.Info("removing leftover sandbox", "cid", e.Name(), "err", err)
-			s := newSandbox(r, dir, meta{CID: e.Name(), CgroupPath: "/sandboxd/" + e.Name()})
-			if err == nil {
-				s = newSandbox(r, dir, m)
+	return host.Reattach(ctx, r.table.Dir, r.log, host.Backend[meta]{
+		Blank:   blankMeta,
+		Destroy: func(ctx context.Context, dir string, m meta) error { return newSandbox(r, dir, m).Destroy(ctx) },
+		Serve: func(_ context.Context, dir string, m meta) {
+			s := newSandbox(r, dir, m)
+			if err := s.attach(); err != nil {
+				r.log.Warn("re-attach sandbox", "id", m.ID, "err", err)
+				return
 			}
-			if derr := s.Destroy(ctx); derr != nil {
-				r.log.Warn("remove leftover sandbox", "cid", e.Name(), "err", derr)
-			}
-			continue
-		}
-		s := newSandbox(r, dir, m)
-		if err := s.attach(); err != nil {
-			r.log.Warn("re-attach sandbox", "id", m.ID, "err", err)
-			continue
-		}
-		s.startGuard()
-	}
-	return nil
+			s.startGuard()
+		},
+	})
 }
 
 // runscCmd builds a runsc invocation with our global flags.
@@ -498,28 +443,12 @@ type meta struct {
 	AgentSecret string `json:"agent_secret,omitempty"`
 }
 
-func readMeta(dir string) (meta, error) {
-	var m meta
-	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
-	if err != nil {
-		return m, err
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("parse %s/meta.json: %w", dir, err)
-	}
-	return m, nil
-}
+// SandboxID implements host.Meta.
+func (m meta) SandboxID() string { return m.ID }
 
-// writeMeta replaces meta.json atomically; it holds the sandbox's env, so
-// only root may read it.
-func writeMeta(dir string, m meta) error {
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, "meta.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write meta: %w", err)
-	}
-	return os.Rename(tmp, filepath.Join(dir, "meta.json"))
-}
+// blankMeta is enough of a meta to destroy the sandbox cid.
+func blankMeta(cid string) meta { return meta{CID: cid, CgroupPath: "/sandboxd/" + cid} }
+
+func readMeta(dir string) (meta, error) { return host.ReadMeta[meta](dir) }
+
+func writeMeta(dir string, m meta) error { return host.WriteMeta(dir, m) }

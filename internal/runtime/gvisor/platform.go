@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // platformOrder is gVisor's platforms, fastest first.
@@ -127,7 +129,7 @@ func (r *Runtime) trial(ctx context.Context, p string) error {
 	if err := writeSpec(dir, spec); err != nil {
 		return err
 	}
-	cid := "probe-" + p + "-" + newCID()[4:]
+	cid := "probe-" + p + "-" + host.NewCID("")
 	tctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	cmd := exec.Command(r.runsc, "--root", root, "--platform", p, "--network", "none", "--ignore-cgroups", "run", "--bundle", dir, cid)

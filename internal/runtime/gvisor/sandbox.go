@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,29 +16,31 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/cgroup"
-	"golang.org/x/time/rate"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
-	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
-	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
 
 // sandbox is one runsc container and everything around it on the host.
 type sandbox struct {
+	// Ops serves Exec, ReadFile, WriteFile and ListDir through the agent.
+	host.Ops
+
 	r   *Runtime
 	dir string
 
+	// agentSlot is the session with the guest agent, which reconnects.
+	agentSlot host.Slot
+
 	mu     sync.Mutex
 	m      meta
-	hello  guest.Hello
-	client *guest.Client
-	ready  chan struct{} // closed while client != nil
 	ln     net.Listener
 	gate   *homegate.Gate     // serves sandboxd.internal while attached
 	cancel context.CancelFunc // ends the accept loop and the memory guard
@@ -51,7 +52,9 @@ type sandbox struct {
 var _ runtime.Sandbox = (*sandbox)(nil)
 
 func newSandbox(r *Runtime, dir string, m meta) *sandbox {
-	return &sandbox{r: r, dir: dir, m: m, ready: make(chan struct{})}
+	s := &sandbox{r: r, dir: dir, m: m}
+	s.Ops = host.Ops{Conn: s.ops}
+	return s
 }
 
 func (s *sandbox) path(p ...string) string { return filepath.Join(append([]string{s.dir}, p...)...) }
@@ -69,13 +72,7 @@ func (s *sandbox) ID() string { return s.meta().ID }
 
 // Info implements runtime.Sandbox.
 func (s *sandbox) Info() runtime.Info {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	kernel := s.hello.Kernel
-	if f := strings.Fields(kernel); len(f) > 0 {
-		kernel = f[0]
-	}
-	return runtime.Info{Backend: Name, Platform: s.m.Platform, Kernel: kernel, Agent: s.hello.Agent}
+	return host.Info(Name, s.meta().Platform, s.agentSlot.Hello())
 }
 
 // create builds the sandbox on the host and starts it; the caller destroys
@@ -207,9 +204,7 @@ func (s *sandbox) attach() error {
 	s.ln, s.cancel, s.gate = ln, cancel, gate
 	m := s.m
 	s.mu.Unlock()
-	s.r.mu.Lock()
-	s.r.sandboxes[m.CID] = s
-	s.r.mu.Unlock()
+	s.r.table.Put(m.CID, s)
 	go s.acceptLoop(ln, gate)
 	go s.drainLog(ctx)
 	s.mu.Lock()
@@ -257,9 +252,10 @@ func (s *sandbox) startGuard() {
 // detach lets go of the sandbox without touching it (Runtime.Close).
 func (s *sandbox) detach() {
 	s.mu.Lock()
-	ln, c, cancel, gate := s.ln, s.client, s.cancel, s.gate
+	ln, cancel, gate := s.ln, s.cancel, s.gate
 	s.ln, s.cancel, s.gate = nil, nil, nil
 	s.mu.Unlock()
+	c := s.agentSlot.Client()
 	if cancel != nil {
 		cancel()
 	}
@@ -308,32 +304,9 @@ func (s *sandbox) acceptLoop(ln net.Listener, gate *homegate.Gate) {
 				})
 				return
 			}
-			s.setClient(c)
+			s.agentSlot.Set(c)
 		}()
 	}
-}
-
-// setClient makes c the sandbox's agent session.
-func (s *sandbox) setClient(c *guest.Client) {
-	s.mu.Lock()
-	old := s.client
-	s.client, s.hello = c, c.Hello()
-	if old == nil {
-		close(s.ready)
-	}
-	s.mu.Unlock()
-	if old != nil {
-		old.Close()
-	}
-	go func() {
-		<-c.Done()
-		s.mu.Lock()
-		if s.client == c {
-			s.client = nil
-			s.ready = make(chan struct{})
-		}
-		s.mu.Unlock()
-	}()
 }
 
 // dialHome connects a sandbox's sandboxd.internal connection to the API.
@@ -349,36 +322,22 @@ func (s *sandbox) dialHome(ctx context.Context) (net.Conn, error) {
 // agent returns the connected agent, waiting for it to (re)connect. It
 // fails with ErrNotRunning once the container is gone.
 func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
+	return s.agentSlot.Wait(ctx, time.Second, func() bool {
 		s.mu.Lock()
-		c, ready, stopped, gone := s.client, s.ready, s.m.Stopped, s.gone
-		s.mu.Unlock()
-		if stopped || gone {
-			return nil, runtime.ErrNotRunning
-		}
-		if c != nil {
-			return c, nil
-		}
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-			if st, err := s.State(ctx); err == nil && st != runtime.StateRunning {
-				return nil, runtime.ErrNotRunning
-			}
-		}
-	}
+		defer s.mu.Unlock()
+		return s.m.Stopped || s.gone
+	}, func(ctx context.Context) bool {
+		st, err := s.State(ctx)
+		return err == nil && st != runtime.StateRunning
+	})
 }
 
 // ops serves the operations every backend does through the agent.
-func (s *sandbox) ops() agentops.Conn {
-	return agentops.Conn{Sandbox: s, Env: s.meta().Env, Agent: s.agent}
+func (s *sandbox) ops() host.Conn {
+	return host.Conn{Sandbox: s, Env: s.meta().Env, Agent: s.agent}
 }
 
-// failure explains an error from the agent channel (agentops.Conn.Failure).
+// failure explains an error from the agent channel (host.Conn.Failure).
 func (s *sandbox) failure(ctx context.Context, op string, err error) error {
 	return s.ops().Failure(ctx, op, err)
 }
@@ -407,26 +366,6 @@ func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 		return runtime.StateRunning, nil
 	}
 	return runtime.StateStopped, nil
-}
-
-// Exec implements runtime.Sandbox.
-func (s *sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
-	return s.ops().Exec(ctx, req)
-}
-
-// ReadFile implements runtime.Sandbox.
-func (s *sandbox) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
-	return s.ops().ReadFile(ctx, path)
-}
-
-// WriteFile implements runtime.Sandbox.
-func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
-	return s.ops().WriteFile(ctx, path, r, mode)
-}
-
-// ListDir implements runtime.Sandbox.
-func (s *sandbox) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
-	return s.ops().ListDir(ctx, path)
 }
 
 // Quiesce implements runtime.Sandbox: the agent syncs (gVisor flushes its
@@ -508,10 +447,7 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 		return out, fmt.Errorf("stats of sandbox %s: %w", m.ID, err)
 	}
 	out.MemoryBytes, out.CPU, out.Pids = cs.MemoryBytes, cs.CPU, cs.Pids
-	s.mu.Lock()
-	c := s.client
-	s.mu.Unlock()
-	if c != nil {
+	if c := s.agentSlot.Client(); c != nil {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		if h, err := c.Ping(pctx); err == nil {
@@ -542,9 +478,7 @@ func (s *sandbox) guardMemory(ctx context.Context) {
 		}
 	}
 	err := g.WatchMemory(ctx, m.Limits.MemoryBytes, func() {
-		s.mu.Lock()
-		c := s.client
-		s.mu.Unlock()
+		c := s.agentSlot.Client()
 		if c == nil {
 			return
 		}
@@ -615,27 +549,13 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if mounts, _ := mountinfo.Under(s.dir); len(mounts) == 0 {
-		if err := os.RemoveAll(s.dir); err != nil {
-			errs = append(errs, err)
-		}
-	} else {
-		errs = append(errs, fmt.Errorf("mounts remain under %s", s.dir))
-	}
-	if m.ID != "" {
-		link := idlinks.Dir(s.r.opts.StateDir).Path(m.ID)
-		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == m.CID {
-			_ = os.Remove(link)
-		}
+	if err := s.r.table.Dir.Remove(s.dir, m.ID, m.CID); err != nil {
+		errs = append(errs, err)
 	}
 	s.mu.Lock()
 	s.gone = true
 	s.mu.Unlock()
-	s.r.mu.Lock()
-	if s.r.sandboxes[m.CID] == s {
-		delete(s.r.sandboxes, m.CID)
-	}
-	s.r.mu.Unlock()
+	s.r.table.Remove(m.CID, s)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", m.ID, err)
 	}

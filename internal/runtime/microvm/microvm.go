@@ -48,9 +48,6 @@ package microvm
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,7 +63,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // Name is the backend's name.
@@ -149,11 +146,12 @@ type Runtime struct {
 	baseMu sync.Mutex
 	bases  map[string]string // base dir -> disk
 
-	mu        sync.Mutex
-	sandboxes map[string]*sandbox // by cid, attached ones
-	uids      map[int]string      // uid -> cid
-	tmpl      *templates
-	closed    bool
+	mu sync.Mutex
+	// table is the state directory and the attached sandboxes.
+	table  *host.Table[*sandbox]
+	uids   map[int]string // uid -> cid
+	tmpl   *templates
+	closed bool
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -185,7 +183,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	opts.StateDir = state
 	r := &Runtime{opts: opts, log: opts.Logger.With("runtime", Name), bases: map[string]string{},
-		sandboxes: map[string]*sandbox{}, uids: map[int]string{}}
+		table: host.NewTable[*sandbox](opts.StateDir), uids: map[int]string{}}
 	if r.qemu, err = findQEMU(opts.QEMUPath); err != nil {
 		return nil, err
 	}
@@ -312,10 +310,7 @@ func (r *Runtime) Close() error {
 		return nil
 	}
 	r.closed = true
-	sbs := make([]*sandbox, 0, len(r.sandboxes))
-	for _, s := range r.sandboxes {
-		sbs = append(sbs, s)
-	}
+	sbs := r.table.All()
 	t := r.tmpl
 	r.mu.Unlock()
 	var errs []error
@@ -330,7 +325,6 @@ func (r *Runtime) Close() error {
 }
 
 var (
-	idPattern       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 	hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
 )
 
@@ -338,7 +332,7 @@ var (
 // layers, default limits and hostname, the template's base) is restored
 // from its memory snapshot when one is ready; anything else boots cold.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
-	if !idPattern.MatchString(spec.ID) {
+	if !host.ValidID(spec.ID) {
 		return nil, fmt.Errorf("create sandbox: invalid id %q", spec.ID)
 	}
 	if spec.BaseDir == "" {
@@ -363,7 +357,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if closed {
 		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
 	}
-	link := idlinks.Dir(r.opts.StateDir).Path(spec.ID)
+	link := host.Dir(r.opts.StateDir).Path(spec.ID)
 	if t != nil && t.fits(spec) {
 		if tp := t.ready(); tp != nil {
 			s, err := r.createFromTemplate(ctx, spec, link, tp)
@@ -377,36 +371,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 }
 
 func (r *Runtime) limits(l runtime.Limits) runtime.Limits {
-	d := r.opts.DefaultLimits
-	if l.CPUs == 0 {
-		l.CPUs = d.CPUs
-	}
-	if l.MemoryBytes == 0 {
-		l.MemoryBytes = d.MemoryBytes
-	}
-	if l.Pids == 0 {
-		l.Pids = d.Pids
-	}
-	if l.DiskBytes == 0 {
-		l.DiskBytes = d.DiskBytes
-	}
-	return l
+	return host.Limits(l, r.opts.DefaultLimits)
 }
 
-func newCID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return "vm-" + hex.EncodeToString(b[:])
-}
+func newCID() string { return host.NewCID("vm-") }
 
 // claim reserves the id link and a uid for a new sandbox.
 func (r *Runtime) claim(id, cid, link string) (int, error) {
 	if link != "" {
-		if err := os.Symlink(filepath.Join("..", "sandboxes", cid), link); err != nil {
-			if errors.Is(err, os.ErrExist) {
-				return 0, fmt.Errorf("create sandbox %s: %w", id, runtime.ErrExists)
-			}
-			return 0, fmt.Errorf("create sandbox %s: claim id: %w", id, err)
+		if err := host.Dir(r.opts.StateDir).Claim(id, cid); err != nil {
+			return 0, err
 		}
 	}
 	r.mu.Lock()
@@ -468,26 +442,11 @@ func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
 	return s, nil
 }
 
-func (r *Runtime) get(id string) (*sandbox, error) {
-	if !idPattern.MatchString(id) {
-		return nil, fmt.Errorf("get sandbox %q: %w", id, runtime.ErrNotFound)
-	}
-	cid, err := idlinks.Dir(r.opts.StateDir).CID(id)
-	if err != nil {
-		return nil, err
-	}
-	r.mu.Lock()
-	s := r.sandboxes[cid]
-	r.mu.Unlock()
-	if s == nil {
-		return nil, fmt.Errorf("get sandbox %s: %w", id, runtime.ErrNotFound)
-	}
-	return s, nil
-}
+func (r *Runtime) get(id string) (*sandbox, error) { return r.table.Get(id) }
 
 // List implements runtime.Runtime.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	return idlinks.Dir(r.opts.StateDir).List()
+	return r.table.List()
 }
 
 // reattach finds the sandboxes of an earlier process: those with an id are
@@ -495,41 +454,26 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 // marked stopped, their disks kept), the rest (half-made, template
 // builders) are destroyed.
 func (r *Runtime) reattach(ctx context.Context) error {
-	root := filepath.Join(r.opts.StateDir, "sandboxes")
-	ents, err := os.ReadDir(root)
-	if err != nil {
-		return fmt.Errorf("scan sandboxes: %w", err)
-	}
-	claimed := idlinks.Dir(r.opts.StateDir).Claims() // cid -> id
-	for _, e := range ents {
-		dir := filepath.Join(root, e.Name())
-		m, err := readMeta(dir)
-		if err != nil || m.ID == "" || claimed[m.CID] != m.ID {
-			r.log.Info("removing leftover sandbox", "cid", e.Name(), "err", err)
-			if err != nil {
-				m = meta{CID: e.Name(), CgroupPath: "/sandboxd/" + e.Name()}
+	return host.Reattach(ctx, r.table.Dir, r.log, host.Backend[meta]{
+		Blank:   blankMeta,
+		Destroy: func(ctx context.Context, dir string, m meta) error { return newSandbox(r, dir, m).Destroy(ctx) },
+		Serve: func(ctx context.Context, dir string, m meta) {
+			r.mu.Lock()
+			r.uids[m.UID] = m.CID
+			r.mu.Unlock()
+			s := newSandbox(r, dir, m)
+			if !m.Stopped && !m.Paused && !alive(m.PID, m.PIDStart) {
+				r.log.Warn("sandbox's VM died while sandboxd was away; marking it stopped", "id", m.ID)
+				if err := s.Stop(ctx); err != nil {
+					r.log.Warn("stop dead sandbox", "id", m.ID, "err", err)
+				}
 			}
-			if derr := newSandbox(r, dir, m).Destroy(ctx); derr != nil {
-				r.log.Warn("remove leftover sandbox", "cid", e.Name(), "err", derr)
+			s.attach()
+			if m := s.meta(); !m.Stopped && !m.Paused {
+				s.startLogs(m.PID, m.PIDStart)
 			}
-			continue
-		}
-		r.mu.Lock()
-		r.uids[m.UID] = m.CID
-		r.mu.Unlock()
-		s := newSandbox(r, dir, m)
-		if !m.Stopped && !m.Paused && !alive(m.PID, m.PIDStart) {
-			r.log.Warn("sandbox's VM died while sandboxd was away; marking it stopped", "id", m.ID)
-			if err := s.Stop(ctx); err != nil {
-				r.log.Warn("stop dead sandbox", "id", m.ID, "err", err)
-			}
-		}
-		s.attach()
-		if m := s.meta(); !m.Stopped && !m.Paused {
-			s.startLogs(m.PID, m.PIDStart)
-		}
-	}
-	return nil
+		},
+	})
 }
 
 // meta is what the state directory records about a sandbox.
@@ -556,31 +500,15 @@ type meta struct {
 	Hello      guest.Hello    `json:"hello,omitempty"`  // what the paused agent waits to have answered
 }
 
-func readMeta(dir string) (meta, error) {
-	var m meta
-	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
-	if err != nil {
-		return m, err
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("parse %s/meta.json: %w", dir, err)
-	}
-	return m, nil
-}
+// SandboxID implements host.Meta.
+func (m meta) SandboxID() string { return m.ID }
 
-// writeMeta replaces meta.json atomically; it holds the sandbox's env, so
-// only root may read it.
-func writeMeta(dir string, m meta) error {
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, "meta.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write meta: %w", err)
-	}
-	return os.Rename(tmp, filepath.Join(dir, "meta.json"))
-}
+// blankMeta is enough of a meta to destroy the sandbox cid.
+func blankMeta(cid string) meta { return meta{CID: cid, CgroupPath: "/sandboxd/" + cid} }
+
+func readMeta(dir string) (meta, error) { return host.ReadMeta[meta](dir) }
+
+func writeMeta(dir string, m meta) error { return host.WriteMeta(dir, m) }
 
 // PID is the host pid of a sandbox's QEMU, 0 when it does not run (for
 // tests and diagnostics).

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,26 +21,27 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
-	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/runtime/agentops"
-	"github.com/sandboxd/sandboxd/internal/runtime/idlinks"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
 
 // sandbox is one VM. It implements runtime.Sandbox.
 type sandbox struct {
+	// Ops serves Exec, ReadFile, WriteFile and ListDir through the agent.
+	host.Ops
+
 	r   *Runtime
 	dir string
 
 	// opMu serializes lifecycle changes (boot, stop, pause, destroy).
 	opMu sync.Mutex
 
+	// agentSlot is the session with the guest agent, which reconnects.
+	agentSlot host.Slot
+
 	mu     sync.Mutex
 	m      meta
-	client *guest.Client
-	hello  guest.Hello
-	ready  chan struct{} // closed while client is set
 	cancel context.CancelFunc
 	gate   *homegate.Gate // serves sandboxd.internal; made on first use
 	gone   bool
@@ -52,7 +52,9 @@ type sandbox struct {
 var _ runtime.Sandbox = (*sandbox)(nil)
 
 func newSandbox(r *Runtime, dir string, m meta) *sandbox {
-	return &sandbox{r: r, dir: dir, m: m, ready: make(chan struct{})}
+	s := &sandbox{r: r, dir: dir, m: m}
+	s.Ops = host.Ops{Conn: s.ops}
+	return s
 }
 
 func (s *sandbox) path(p ...string) string { return filepath.Join(append([]string{s.dir}, p...)...) }
@@ -82,13 +84,7 @@ func (s *sandbox) ID() string { return s.meta().ID }
 
 // Info implements runtime.Sandbox.
 func (s *sandbox) Info() runtime.Info {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	kernel := s.hello.Kernel
-	if f := strings.Fields(kernel); len(f) > 0 {
-		kernel = f[0]
-	}
-	return runtime.Info{Backend: Name, Platform: s.m.Accel, Kernel: kernel, Agent: s.hello.Agent}
+	return host.Info(Name, s.meta().Accel, s.agentSlot.Hello())
 }
 
 // create makes the sandbox's disks and boots it; the caller destroys it on
@@ -217,7 +213,7 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 		if err != nil {
 			return s.bootErr(err)
 		}
-		s.setClient(c)
+		s.agentSlot.Set(c)
 	}
 	s.attach()
 	c, err := s.agent(wctx)
@@ -256,11 +252,9 @@ func (s *sandbox) attach() {
 	}
 	ctx, cancel := context.WithCancel(s.r.ctx)
 	s.cancel = cancel
-	c := s.client
 	s.mu.Unlock()
-	s.r.mu.Lock()
-	s.r.sandboxes[m.CID] = s
-	s.r.mu.Unlock()
+	c := s.agentSlot.Client()
+	s.r.table.Put(m.CID, s)
 	if !m.Stopped && !m.Paused && c == nil {
 		go s.connectLoop(ctx, m.PID, m.PIDStart)
 	}
@@ -277,10 +271,7 @@ func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
 			return
 		default:
 		}
-		s.mu.Lock()
-		have := s.client
-		s.mu.Unlock()
-		if have != nil {
+		if have := s.agentSlot.Client(); have != nil {
 			select {
 			case <-have.Done():
 			case <-exited:
@@ -317,38 +308,17 @@ func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
 			}
 			continue
 		}
-		s.setClient(c)
+		s.agentSlot.Set(c)
 	}
-}
-
-func (s *sandbox) setClient(c *guest.Client) {
-	s.mu.Lock()
-	old := s.client
-	s.client, s.hello = c, c.Hello()
-	if old == nil {
-		close(s.ready)
-	}
-	s.mu.Unlock()
-	if old != nil {
-		old.Close()
-	}
-	go func() {
-		<-c.Done()
-		s.mu.Lock()
-		if s.client == c {
-			s.client = nil
-			s.ready = make(chan struct{})
-		}
-		s.mu.Unlock()
-	}()
 }
 
 // detach lets go of the VM without touching it (Runtime.Close, Stop).
 func (s *sandbox) detach() {
 	s.mu.Lock()
-	c, cancel, logCancel, gate := s.client, s.cancel, s.logCancel, s.gate
+	cancel, logCancel, gate := s.cancel, s.logCancel, s.gate
 	s.cancel, s.logCancel, s.gate = nil, nil, nil
 	s.mu.Unlock()
+	c := s.agentSlot.Client()
 	if cancel != nil {
 		cancel()
 	}
@@ -395,36 +365,22 @@ func (s *sandbox) dialHome(ctx context.Context) (net.Conn, error) {
 // agent returns the connected agent, waiting for it to (re)connect. It
 // fails with ErrNotRunning once the VM is gone.
 func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	return s.agentSlot.Wait(ctx, 200*time.Millisecond, func() bool {
 		s.mu.Lock()
-		c, ready, m, gone := s.client, s.ready, s.m, s.gone
-		s.mu.Unlock()
-		if m.Stopped || m.Paused || gone {
-			return nil, runtime.ErrNotRunning
-		}
-		if c != nil {
-			return c, nil
-		}
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-			if !alive(m.PID, m.PIDStart) {
-				return nil, runtime.ErrNotRunning
-			}
-		}
-	}
+		defer s.mu.Unlock()
+		return s.m.Stopped || s.m.Paused || s.gone
+	}, func(context.Context) bool {
+		m := s.meta()
+		return !alive(m.PID, m.PIDStart)
+	})
 }
 
 // ops serves the operations every backend does through the agent.
-func (s *sandbox) ops() agentops.Conn {
-	return agentops.Conn{Sandbox: s, Env: s.meta().Env, Agent: s.agent}
+func (s *sandbox) ops() host.Conn {
+	return host.Conn{Sandbox: s, Env: s.meta().Env, Agent: s.agent}
 }
 
-// failure explains an error from the agent channel (agentops.Conn.Failure).
+// failure explains an error from the agent channel (host.Conn.Failure).
 func (s *sandbox) failure(ctx context.Context, op string, err error) error {
 	return s.ops().Failure(ctx, op, err)
 }
@@ -437,26 +393,6 @@ func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 		return runtime.StateStopped, nil
 	}
 	return runtime.StateRunning, nil
-}
-
-// Exec implements runtime.Sandbox.
-func (s *sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
-	return s.ops().Exec(ctx, req)
-}
-
-// ReadFile implements runtime.Sandbox.
-func (s *sandbox) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
-	return s.ops().ReadFile(ctx, path)
-}
-
-// WriteFile implements runtime.Sandbox.
-func (s *sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
-	return s.ops().WriteFile(ctx, path, r, mode)
-}
-
-// ListDir implements runtime.Sandbox.
-func (s *sandbox) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
-	return s.ops().ListDir(ctx, path)
 }
 
 // Quiesce implements runtime.Sandbox: the agent syncs and freezes every
@@ -611,9 +547,7 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 		return out, fmt.Errorf("stats of sandbox %s: %w", m.ID, err)
 	}
 	out.CPU, out.Pids, out.MemoryBytes = cs.CPU, cs.Pids, cs.MemoryBytes
-	s.mu.Lock()
-	c := s.client
-	s.mu.Unlock()
+	c := s.agentSlot.Client()
 	if c == nil {
 		return out, nil
 	}
@@ -645,10 +579,7 @@ func (s *sandbox) stopLocked(ctx context.Context) error {
 	m := s.meta()
 	var errs []error
 	if alive(m.PID, m.PIDStart) {
-		s.mu.Lock()
-		c := s.client
-		s.mu.Unlock()
-		if c != nil {
+		if c := s.agentSlot.Client(); c != nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_ = c.Sync(sctx)
 			cancel()
@@ -699,27 +630,13 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	if err := unmountAll(s.dir); err != nil {
 		errs = append(errs, err)
 	}
-	if mounts, _ := mountinfo.Under(s.dir); len(mounts) == 0 {
-		if err := os.RemoveAll(s.dir); err != nil {
-			errs = append(errs, err)
-		}
-	} else {
-		errs = append(errs, fmt.Errorf("mounts remain under %s", s.dir))
-	}
-	if m.ID != "" {
-		link := idlinks.Dir(s.r.opts.StateDir).Path(m.ID)
-		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == m.CID {
-			_ = os.Remove(link)
-		}
+	if err := s.r.table.Dir.Remove(s.dir, m.ID, m.CID); err != nil {
+		errs = append(errs, err)
 	}
 	s.mu.Lock()
 	s.gone = true
 	s.mu.Unlock()
-	s.r.mu.Lock()
-	if s.r.sandboxes[m.CID] == s {
-		delete(s.r.sandboxes, m.CID)
-	}
-	s.r.mu.Unlock()
+	s.r.table.Remove(m.CID, s)
 	s.r.releaseUID(m.UID, m.CID)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", m.ID, err)

@@ -1,4 +1,4 @@
-package idlinks
+package host
 
 import (
 	"errors"

@@ -1,9 +1,10 @@
-// Package agentops implements the runtime.Sandbox operations that every
-// backend serves the same way, through the guest agent: exec, file reads,
-// writes and listings, and the explanation of a failed agent call (a
-// sandbox that died reports runtime.ErrNotRunning). Backends differ only in
-// how they reach the agent and what their sandbox's state is.
-package agentops
+package host
+
+// The runtime.Sandbox operations that every backend serves the same way,
+// through the guest agent: exec, file reads, writes and listings, and the
+// explanation of a failed agent call (a sandbox that died reports
+// runtime.ErrNotRunning). Backends differ only in how they reach the agent
+// and what their sandbox's state is.
 
 import (
 	"context"
@@ -114,4 +115,35 @@ func (c Conn) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, err
 		out[i] = runtime.DirEntry{Name: e.Name, Size: e.Size, Mode: fs.FileMode(e.Mode), ModTime: e.ModTime, Link: e.Link}
 	}
 	return out, nil
+}
+
+// Ops gives a backend's sandbox Exec, ReadFile, WriteFile and ListDir by
+// embedding: Conn says how to reach the sandbox's agent now.
+type Ops struct {
+	Conn func() Conn
+}
+
+// Exec implements runtime.Sandbox.
+func (o Ops) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
+	return o.Conn().Exec(ctx, req)
+}
+
+// ReadFile implements runtime.Sandbox.
+func (o Ops) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	return o.Conn().ReadFile(ctx, path)
+}
+
+// WriteFile implements runtime.Sandbox.
+func (o Ops) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
+	return o.Conn().WriteFile(ctx, path, r, mode)
+}
+
+// ListDir implements runtime.Sandbox.
+func (o Ops) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
+	return o.Conn().ListDir(ctx, path)
+}
+
+// Failure explains an error of op from the agent channel (Conn.Failure).
+func (o Ops) Failure(ctx context.Context, op string, err error) error {
+	return o.Conn().Failure(ctx, op, err)
 }
