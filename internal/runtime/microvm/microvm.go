@@ -506,8 +506,6 @@ func (m meta) SandboxID() string { return m.ID }
 // blankMeta is enough of a meta to destroy the sandbox cid.
 func blankMeta(cid string) meta { return meta{CID: cid, CgroupPath: "/sandboxd/" + cid} }
 
-func readMeta(dir string) (meta, error) { return host.ReadMeta[meta](dir) }
-
 func writeMeta(dir string, m meta) error { return host.WriteMeta(dir, m) }
 
 // PID is the host pid of a sandbox's QEMU, 0 when it does not run (for
