@@ -303,6 +303,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
+	if defaultPolicy.Mode != netpol.ModeNone && !rt.Capabilities().Network {
+		return fmt.Errorf("--network-default %s: the %s runtime does not support sandbox networks yet; use --network-default none (or --runtime gvisor)", o.network, rt.Name())
+	}
 
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{

@@ -45,6 +45,9 @@ var (
 type Runtime interface {
 	// Name is the backend's name, e.g. "gvisor".
 	Name() string
+	// Capabilities says what the backend can do, so that a request it
+	// cannot serve is refused before anything is made for it.
+	Capabilities() Capabilities
 	// Create prepares and starts a sandbox and returns it running.
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
 	// Get returns a sandbox present on this host, also one created by an
@@ -57,6 +60,15 @@ type Runtime interface {
 	// Close releases the Runtime's own resources (connections, warm pool).
 	// Created sandboxes keep running.
 	Close() error
+}
+
+// Capabilities are what a backend supports beyond the common contract.
+type Capabilities struct {
+	// Network: Spec.Network is honoured (a sandbox network in a netns).
+	Network bool
+	// MemorySnapshot: a running sandbox's memory can be saved and
+	// restored (pause/resume, templates).
+	MemorySnapshot bool
 }
 
 // Layer is a snapshot to restore, as a stream in the snapshot format.

@@ -291,6 +291,9 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 // tasks too; extra raises the account's limit for this one (setup gets one
 // place beyond it, so that a user who is at the quota still gets set up).
 func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+	if hasNetwork(policy) && !m.rt.Capabilities().Network {
+		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
+	}
 	if hasNetwork(policy) && m.cfg.Net == nil {
 		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, `networking is not enabled on this server; create the sandbox with network "none"`)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/jobs"
@@ -452,5 +453,25 @@ func TestDiskAdmission(t *testing.T) {
 	}
 	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); err != nil {
 		t.Fatalf("create after a stop: %v", err)
+	}
+}
+
+// TestNetworkNeedsTheCapability: a runtime without sandbox networks (the
+// microVM backend today) refuses a network at once, before any row,
+// namespace or sandbox exists.
+func TestNetworkNeedsTheCapability(t *testing.T) {
+	p := newPlane(t, Settings{})
+	p.rt.SetCapabilities(runtime.Capabilities{})
+	ctx := context.Background()
+	_, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Network: &netpol.Policy{Mode: netpol.ModeEgress}})
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errdefs.Message(err, ""), "the fake runtime of this server does not support sandbox networks yet") {
+		t.Fatalf("create with a network: %v", err)
+	}
+	if rows, _ := p.st.ListSandboxes(ctx, p.account.ID); len(rows) != 0 || p.rt.Creates() != 0 {
+		t.Fatalf("%d rows and %d creates after the refusal, want none", len(rows), p.rt.Creates())
+	}
+	// Without a network the same runtime serves the create.
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); err != nil {
+		t.Fatal(err)
 	}
 }

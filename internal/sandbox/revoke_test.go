@@ -22,6 +22,9 @@ import (
 type lostRuntime struct{}
 
 func (lostRuntime) Name() string { return "gvisor" }
+func (lostRuntime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Network: true}
+}
 func (lostRuntime) Create(context.Context, runtime.Spec) (runtime.Sandbox, error) {
 	return nil, errors.New("this host cannot create sandboxes")
 }

@@ -256,6 +256,12 @@ func installAgent(src, dst string) error {
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return Name }
 
+// Capabilities implements runtime.Runtime: networks through gVisor's
+// netstack in the sandbox's namespace; no memory snapshots here.
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Network: true}
+}
+
 // Platform is the gVisor platform in use; Rejected says why the faster ones
 // were not chosen.
 func (r *Runtime) Platform() (string, map[string]string) { return r.platform, r.rejected }

@@ -297,6 +297,12 @@ func FindAgent() (string, error) {
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return Name }
 
+// Capabilities implements runtime.Runtime: memory snapshots (templates,
+// pause and resume); no sandbox networks yet.
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{MemorySnapshot: true}
+}
+
 // Accel is the accelerator in use ("kvm" or "tcg") and, for TCG, why KVM
 // was rejected.
 func (r *Runtime) Accel() (string, string) { return r.accel, r.rejected }

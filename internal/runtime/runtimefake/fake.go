@@ -43,6 +43,7 @@ type Runtime struct {
 	// failCreate, when set, decides whether a Create fails (before
 	// anything exists, as the contract wants).
 	failCreate func(spec runtime.Spec) error
+	caps       runtime.Capabilities
 	sandboxes  map[string]*Sandbox
 	specs      map[string]runtime.Spec
 	creates    int
@@ -51,7 +52,7 @@ type Runtime struct {
 
 // New returns an empty fake runtime.
 func New() *Runtime {
-	return &Runtime{sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}}
+	return &Runtime{caps: runtime.Capabilities{Network: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}}
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -72,6 +73,21 @@ func (r *Runtime) FailCreate(fn func(spec runtime.Spec) error) {
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "fake" }
+
+// Capabilities implements runtime.Runtime: networks by default (the fake
+// only records Spec.Network), as set by SetCapabilities.
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.caps
+}
+
+// SetCapabilities makes the runtime claim caps.
+func (r *Runtime) SetCapabilities(caps runtime.Capabilities) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.caps = caps
+}
 
 // Create implements runtime.Runtime. The layers are read to their end (a
 // real backend consumes them) and their ids kept in the spec.
