@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )

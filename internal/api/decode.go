@@ -230,27 +230,19 @@ func readBody[T any](w http.ResponseWriter, r *http.Request, parse func(object) 
 // bindBody is the start of every handler with a JSON body: decode,
 // validate, resolve the account the request acts for. On failure it has
 // answered and ok is false.
-func bindBody[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (req T, account string, ok bool) {
-	req, err := readBody(w, r, parse)
+func bindBody[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (req T, account string, err error) {
+	req, err = readBody(w, r, parse)
 	if err == nil {
 		account, err = s.actFor(r, req.actingFor())
 	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return req, "", false
-	}
-	return req, account, true
+	return req, account, err
 }
 
 // bindQuery is bindBody for handlers whose input is the query string.
-func bindQuery[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(url.Values) (T, error)) (q T, account string, ok bool) {
-	q, err := parse(r.URL.Query())
+func bindQuery[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(url.Values) (T, error)) (q T, account string, err error) {
+	q, err = parse(r.URL.Query())
 	if err == nil {
 		account, err = s.actFor(r, q.actingFor())
 	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return q, "", false
-	}
-	return q, account, true
+	return q, account, err
 }

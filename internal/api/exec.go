@@ -17,37 +17,34 @@ import (
 // streamed form has no bound.
 const maxExecOutput = 1 << 20
 
-func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) {
+func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 	req, err := readBody(w, r, parseExec)
 	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	sb, err := s.sandboxFor(r, req.AccountID)
 	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	if s.opts.Sandboxes == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	start := time.Now()
 	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
 		s.execStream(w, r, sb, req, start)
-		return
+		return nil
 	}
 	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
 	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
-		return
+		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
 		Status: "success", ExitCode: code,
 		Stdout: stdout.String("not shown; stream the exec to see all"), Stderr: stderr.String("not shown; stream the exec to see all"),
 		DurationMs: time.Since(start).Milliseconds(),
 	})
+	return nil
 }
 
 // execStream sends the command's output as Server-Sent Events: "stdout" and

@@ -14,10 +14,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"github.com/go-chi/chi/v5"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -61,13 +60,15 @@ func (s *Server) routeTable() []route {
 	}
 }
 
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version})
+	return nil
 }
 
-func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(s.openapi)
+	return nil
 }
 
 // serviceError maps a service's error onto the contract.
@@ -94,30 +95,29 @@ func serviceError(err error, notFound string) error {
 	return err
 }
 
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	req, account, ok := bindBody(s, w, r, parseCreateSandbox)
-	if !ok {
-		return
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
+	req, account, err := bindBody(s, w, r, parseCreateSandbox)
+	if err != nil {
+		return err
 	}
 	if s.opts.Sandboxes == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req.Domain())
 	if err != nil {
 		var e *Error
 		switch {
 		case errors.As(err, &e), errors.Is(err, errdefs.ErrQuota), errors.Is(err, errdefs.ErrInvalid):
-			writeError(w, r, s.log, serviceError(err, ""))
+			return serviceError(err, "")
 		default:
 			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", requestID(r.Context()))
-			writeError(w, r, s.log, errBadRequest("Failed to create sandbox"))
+			return errBadRequest("Failed to create sandbox")
 		}
-		return
 	}
 	view := s.sandboxView(sb)
 	view.RunID = runID
 	writeJSON(w, http.StatusOK, SandboxesResponse{Status: "success", Sandboxes: []Sandbox{view}})
+	return nil
 }
 
 // sandboxView renders a row as the contract's Sandbox object.
@@ -133,10 +133,10 @@ func formatTimePtr(t *time.Time) *string {
 	return &s
 }
 
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	q, account, ok := bindQuery(s, w, r, parseListQuery)
-	if !ok {
-		return
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	q, account, err := bindQuery(s, w, r, parseListQuery)
+	if err != nil {
+		return err
 	}
 	ctx := r.Context()
 	resp := ListSandboxesResponse{Status: "success", Sandboxes: []Sandbox{}}
@@ -174,12 +174,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	wg.Wait()
 	if rowsErr != nil {
-		writeError(w, r, s.log, fmt.Errorf("list sandboxes of %s: %w", account, rowsErr))
-		return
+		return fmt.Errorf("list sandboxes of %s: %w", account, rowsErr)
 	}
 	if envErr != nil && !errors.Is(envErr, store.ErrNotFound) {
-		writeError(w, r, s.log, fmt.Errorf("get environment of %s: %w", account, envErr))
-		return
+		return fmt.Errorf("get environment of %s: %w", account, envErr)
 	}
 	for _, sb := range rows {
 		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(sb))
@@ -198,6 +196,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		resp.Filetree, resp.FiletreeTruncated = tree, treeCut
 	}
 	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
 func filterSandbox(rows []store.Sandbox, id string) []store.Sandbox {
@@ -229,17 +228,16 @@ func snapshotRow(env store.Environment) *SnapshotRow {
 	}
 }
 
-func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
-	req, account, ok := bindBody(s, w, r, parsePatchSandboxes)
-	if !ok {
-		return
+func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
+	req, account, err := bindBody(s, w, r, parsePatchSandboxes)
+	if err != nil {
+		return err
 	}
 	ctx := r.Context()
 	env, err := s.opts.Store.GetEnvironment(ctx, account)
 	found := err == nil
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		writeError(w, r, s.log, fmt.Errorf("get environment of %s: %w", account, err))
-		return
+		return fmt.Errorf("get environment of %s: %w", account, err)
 	}
 	if req.SnapshotID == "" && req.GithubRepo == "" {
 		var row *SnapshotRow
@@ -247,26 +245,23 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
 			row = snapshotRow(env)
 		}
 		writeJSON(w, http.StatusOK, row)
-		return
+		return nil
 	}
 	if req.GithubRepo != "" && s.opts.Sandboxes != nil {
 		// sandboxd pushes to github_repo with the operator's forge token:
 		// an account may only name its own mirror there. (Without a
 		// sandbox service nothing is ever pushed.)
 		if err := s.opts.Sandboxes.CheckRepoURL(account, req.GithubRepo); err != nil {
-			writeError(w, r, s.log, serviceError(fmt.Errorf("github_repo: %w", err), "Not found"))
-			return
+			return serviceError(fmt.Errorf("github_repo: %w", err), "Not found")
 		}
 	}
 	if req.SnapshotID != "" {
 		snap, err := s.opts.Store.GetSnapshot(ctx, req.SnapshotID)
 		if errors.Is(err, store.ErrNotFound) || (err == nil && snap.AccountID != account) {
-			writeError(w, r, s.log, errNotFound("Snapshot not found"))
-			return
+			return errNotFound("Snapshot not found")
 		}
 		if err != nil {
-			writeError(w, r, s.log, fmt.Errorf("get snapshot %s: %w", req.SnapshotID, err))
-			return
+			return fmt.Errorf("get snapshot %s: %w", req.SnapshotID, err)
 		}
 	}
 	now := s.opts.Now()
@@ -282,53 +277,51 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) {
 	env.ExpiresAt = now.Add(s.opts.SnapshotTTL)
 	env.UpdatedAt = now
 	if err := s.opts.Store.UpsertEnvironment(ctx, &env); err != nil {
-		writeError(w, r, s.log, fmt.Errorf("save environment of %s: %w", account, err))
-		return
+		return fmt.Errorf("save environment of %s: %w", account, err)
 	}
 	// The raw row, never wrapped: the original's handler and its published
 	// UpdateSnapshotResponse both answer it so.
 	writeJSON(w, http.StatusOK, snapshotRow(env))
+	return nil
 }
 
-func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) {
-	_, account, ok := bindBody(s, w, r, parseAccountOnly)
-	if !ok {
-		return
+func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) error {
+	_, account, err := bindBody(s, w, r, parseAccountOnly)
+	if err != nil {
+		return err
 	}
 	if s.opts.Agents == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	runID, err := s.opts.Agents.Setup(r.Context(), account)
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Not found"))
-		return
+		return serviceError(err, "Not found")
 	}
 	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
+	return nil
 }
 
-func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) {
-	_, account, ok := bindBody(s, w, r, parseAccountOnly)
-	if !ok {
-		return
+func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) error {
+	_, account, err := bindBody(s, w, r, parseAccountOnly)
+	if err != nil {
+		return err
 	}
 	if s.opts.Sandboxes == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	env, err := s.opts.Sandboxes.DeleteEnvironment(r.Context(), account)
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Not found"))
-		return
+		return serviceError(err, "Not found")
 	}
 	resp := DeleteSandboxesResponse{Status: "success"}
 	if env != nil {
 		resp.DeletedSnapshot = snapshotRow(*env)
 	}
 	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
-func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
+func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 	// Uploads act for the key's own account only.
 	account := principal(r).AccountID
 	var (
@@ -338,61 +331,53 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 	)
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
 		if s.opts.Files == nil {
-			writeError(w, r, s.log, errNotAvailable)
-			return
+			return errNotAvailable
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxMultipartBytes)
 		mr, merr := r.MultipartReader()
 		if merr != nil {
-			writeError(w, r, s.log, errBadRequest("Request body must be valid multipart/form-data"))
-			return
+			return errBadRequest("Request body must be valid multipart/form-data")
 		}
 		uploaded, failures, err = s.opts.Files.UploadMultipart(r.Context(), account, mr)
 	} else {
 		var o object
 		if o, err = readObject(w, r); err != nil {
-			writeError(w, r, s.log, err)
-			return
+			return err
 		}
 		var req UploadFilesRequest
 		if req, err = parseUploadFiles(o); err != nil {
-			writeError(w, r, s.log, err)
-			return
+			return err
 		}
 		if s.opts.Files == nil {
-			writeError(w, r, s.log, errNotAvailable)
-			return
+			return errNotAvailable
 		}
 		uploaded, failures, err = s.opts.Files.Upload(r.Context(), account, req.Domain())
 	}
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Not found"))
-		return
+		return serviceError(err, "Not found")
 	}
 	if len(uploaded) == 0 {
-		writeError(w, r, s.log, errBadRequest("All uploads failed: "+strings.Join(failures, "; ")))
-		return
+		return errBadRequest("All uploads failed: " + strings.Join(failures, "; "))
 	}
 	writeJSON(w, http.StatusOK, UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
+	return nil
 }
 
 // maxMultipartBytes bounds a multipart upload's body (1 GiB of files and
 // some room for the form's framing).
 const maxMultipartBytes = 1<<30 + 1<<20
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	q, account, ok := bindQuery(s, w, r, parseFileQuery)
-	if !ok {
-		return
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
+	q, account, err := bindQuery(s, w, r, parseFileQuery)
+	if err != nil {
+		return err
 	}
 	if s.opts.Files == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	data, err := s.opts.Files.Read(r.Context(), account, q.Path)
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "File not found in repository"))
-		return
+		return serviceError(err, "File not found in repository")
 	}
 	resp := FileResponse{Status: "success"}
 	if isBinary(q.Path, data) {
@@ -401,6 +386,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		resp.Content = string(data)
 	}
 	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
 // binaryExtensions are the file types the original API always sent base64.
@@ -425,10 +411,10 @@ func isBinary(name string, data []byte) bool {
 	return !utf8.Valid(data)
 }
 
-func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
-	q, account, ok := bindQuery(s, w, r, parseRunsQuery)
-	if !ok {
-		return
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
+	q, account, err := bindQuery(s, w, r, parseRunsQuery)
+	if err != nil {
+		return err
 	}
 	ctx := r.Context()
 	if q.RunID != "" {
@@ -437,34 +423,31 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 			// With no account_id, any account the key may act for will do.
 			ok, aerr := s.mayAccess(r, run.AccountID)
 			if aerr != nil {
-				writeError(w, r, s.log, aerr)
-				return
+				return aerr
 			}
 			if q.AccountID != "" || !ok {
 				err = store.ErrNotFound
 			}
 		}
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, r, s.log, errNotFound("Task run not found"))
-			return
+			return errNotFound("Task run not found")
 		}
 		if err != nil {
-			writeError(w, r, s.log, fmt.Errorf("get run %s: %w", q.RunID, err))
-			return
+			return fmt.Errorf("get run %s: %w", q.RunID, err)
 		}
 		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run, s.opts.Now())}})
-		return
+		return nil
 	}
 	runs, err := s.opts.Store.ListRuns(ctx, account, q.Limit)
 	if err != nil {
-		writeError(w, r, s.log, fmt.Errorf("list runs of %s: %w", account, err))
-		return
+		return fmt.Errorf("list runs of %s: %w", account, err)
 	}
 	resp := RunsResponse{Status: "success", Runs: make([]Run, 0, len(runs))}
 	for _, run := range runs {
 		resp.Runs = append(resp.Runs, runView(run, s.opts.Now()))
 	}
 	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
 // runView renders a run in trigger.dev's v3 shape, as of now.
@@ -547,95 +530,87 @@ func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, e
 	return sb, nil
 }
 
-func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {
+	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Stop(ctx, sb)
 	})
 }
 
-func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	return actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
 	})
 }
 
 // actOnSandbox is the shared shape of the routes that change one sandbox:
 // decode, validate, authorise, act, answer the sandbox.
-func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) {
+func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) error {
 	req, err := readBody(w, r, parse)
 	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	sb, err := s.sandboxFor(r, req.actingFor())
 	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	if s.opts.Sandboxes == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	sb, err = act(r.Context(), sb, req)
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
-		return
+		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(sb)})
+	return nil
 }
 
-func (s *Server) ports(w http.ResponseWriter, r *http.Request) {
+func (s *Server) ports(w http.ResponseWriter, r *http.Request) error {
 	requested, err := queryAccountID(r.URL.Query())
 	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	sb, err := s.sandboxFor(r, requested)
 	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	if s.opts.Sandboxes == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	ports, err := s.opts.Sandboxes.Ports(r.Context(), sb)
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Sandbox not found"))
-		return
+		return serviceError(err, "Sandbox not found")
 	}
 	resp := PortsResponse{Status: "success", Ports: make([]Port, 0, len(ports))}
 	for _, p := range ports {
 		resp.Ports = append(resp.Ports, Port{Port: p, URL: fmt.Sprintf("/api/sandboxes/%s/proxy/%d/", sb.ID, p)})
 	}
 	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
-func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.sandboxFor(r, ""); err != nil {
-		writeError(w, r, s.log, err)
-		return
+		return err
 	}
 	if s.opts.Proxy == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	s.opts.Proxy.ServeHTTP(w, r)
+	return nil
 }
 
-func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) {
-	req, account, ok := bindBody(s, w, r, parseCodingAgent)
-	if !ok {
-		return
+func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) error {
+	req, account, err := bindBody(s, w, r, parseCodingAgent)
+	if err != nil {
+		return err
 	}
 	if s.opts.Agents == nil {
-		writeError(w, r, s.log, errNotAvailable)
-		return
+		return errNotAvailable
 	}
 	runID, err := s.opts.Agents.CodingAgent(r.Context(), account, req.Domain())
 	if err != nil {
-		writeError(w, r, s.log, serviceError(err, "Not found"))
-		return
+		return serviceError(err, "Not found")
 	}
 	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
+	return nil
 }

@@ -30,8 +30,12 @@ type route struct {
 	okNullable  bool // the 200 body may be JSON null instead
 	stream      bool // may answer text/event-stream
 	anyMethod   bool // served for every method, documented as method
-	handler     http.HandlerFunc
+	handler     handler
 }
+
+// handler serves a route; the error it returns is written once, by the
+// router (writeError), as the contract's body for its class.
+type handler func(w http.ResponseWriter, r *http.Request) error
 
 // errorResponses are documented on every authenticated route.
 var errorResponses = map[string]string{

@@ -91,7 +91,7 @@ func New(opts Options) (*Server, error) {
 	r := chi.NewRouter()
 	r.Use(withRequestID, withObservability(s.log, newMetrics(opts.Registry)), withCORS)
 	for _, rt := range s.routes {
-		h := rt.handler
+		h := s.serveRoute(rt.handler)
 		if !rt.public {
 			h = s.authenticated(h)
 		}
@@ -116,6 +116,15 @@ func New(opts Options) (*Server, error) {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// serveRoute adapts a route's handler: the one place its error is written.
+func (s *Server) serveRoute(h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			writeError(w, r, s.log, err)
+		}
+	}
+}
 
 // OpenAPI returns the generated OpenAPI 3.1 document.
 func (s *Server) OpenAPI() []byte { return s.openapi }

@@ -28,7 +28,6 @@ import (
 	"sync/atomic"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
 )

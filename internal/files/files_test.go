@@ -15,10 +15,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"github.com/google/uuid"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
 )

@@ -12,10 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"github.com/google/uuid"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/securitytest"

@@ -4,10 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 

@@ -26,9 +26,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"

@@ -11,11 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-	"github.com/sandboxd/sandboxd/internal/netpol"
-
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/store"
