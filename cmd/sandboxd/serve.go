@@ -35,6 +35,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
@@ -321,7 +322,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			// No operator credential goes into a sandbox: models are
 			// reached through the model proxy, GitHub from the host.
 			AnthropicProxy: o.anthropicKey != "" || o.claudeToken != "",
-			Model:          sandbox.ModelProvider{BaseURL: o.modelURL, Model: o.modelName},
+			Model:          runs.ModelProvider{BaseURL: o.modelURL, Model: o.modelName},
 			Commands:       agentCommands(baseDir),
 			Image:          imageName(o),
 			Network:        defaultPolicy,

@@ -21,6 +21,10 @@ import (
 // MinSize is the smallest cap: room for a head, the marker and a tail.
 const MinSize = 4 * markerLen
 
+// DefaultSize is the cap of the logs sandboxd keeps when its operator sets
+// none (--log-max-mib): tens of MiB keep a long run's head and tail.
+const DefaultSize = 16 << 20
+
 // markerLen is the marker line's fixed length, so that it can be rewritten
 // in place as the dropped count grows.
 const markerLen = 64

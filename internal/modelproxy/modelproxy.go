@@ -42,6 +42,10 @@ import (
 // PathPrefix + name + "/".
 const PathPrefix = "/model/"
 
+// SandboxURL is the proxy as sandboxes reach it; a provider's API is under
+// SandboxURL + its name ("anthropic", "openai").
+const SandboxURL = "http://sandboxd.internal" + PathPrefix
+
 // Provider names.
 const (
 	Anthropic = "anthropic" // the Messages API, for Claude Code

@@ -33,6 +33,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
@@ -196,8 +197,8 @@ fi
 `
 
 // AfterRun implements sandbox.Persistence.
-func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (sandbox.Saved, error) {
-	var saved sandbox.Saved
+func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (runs.Saved, error) {
+	var saved runs.Saved
 	out, err := runScript(ctx, rsb, saveScript, "sandboxd: run "+run.ID, sb.ID)
 	if err != nil {
 		// The snapshot still keeps the work; say what went wrong.
@@ -388,7 +389,7 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 	}
 	room -= info.Size
 	snap := store.Snapshot{
-		ID: newSnapshotID(), AccountID: sb.AccountID, BaseImage: m.BaseImage,
+		ID: store.NewID("snap_"), AccountID: sb.AccountID, BaseImage: m.BaseImage,
 		BlobKey: info.Key, Size: info.Size, Depth: 1, SandboxID: sb.ID,
 		CreatedAt: s.opts.Now(),
 	}

@@ -12,16 +12,13 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -31,7 +28,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -62,7 +61,7 @@ type Settings struct {
 	Env map[string]string
 	// Model is the provider OpenCode is pointed at for prompts, through
 	// the model proxy on sandboxd.internal.
-	Model ModelProvider
+	Model runs.ModelProvider
 	// Commands says which agent CLIs (opencode, claude) the base image
 	// has, so that a request needing one the image lacks is refused at
 	// once instead of failing later; nil checks nothing.
@@ -92,34 +91,13 @@ type Persistence interface {
 	// closes what was opened.
 	Layers(ctx context.Context, accountID string) (layers []runtime.Layer, snapshotID string, release func(), err error)
 	// AfterRun persists the work of a run.
-	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (Saved, error)
+	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (runs.Saved, error)
 	// Snapshot captures the sandbox's filesystem as the account's snapshot.
 	Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (snapshotID string, err error)
 	// Initialize gives an account's empty repository a first commit.
 	Initialize(ctx context.Context, account store.Account) error
 	// DeleteAccount removes the account's repository and snapshot blobs.
 	DeleteAccount(ctx context.Context, accountID string) error
-}
-
-// ModelProvider is an OpenAI-compatible model API, which sandboxes reach
-// only through the model proxy (ModelProxyURL + "openai"); its key stays on
-// the host.
-type ModelProvider struct {
-	BaseURL string // the real API; "" when none is configured
-	Model   string
-}
-
-// ModelProxyURL is the model proxy as sandboxes reach it; a provider's API
-// is under ModelProxyURL + name (see internal/modelproxy).
-const ModelProxyURL = "http://sandboxd.internal/model/"
-
-// Saved is what AfterRun kept of a run's work.
-type Saved struct {
-	SnapshotID string // the snapshot now the account's
-	// SnapshotExpiresAt is when the account's snapshot row expires.
-	SnapshotExpiresAt time.Time
-	Branch            string // where the commit was pushed: main, or sandbox/<id> when main had moved
-	GitError          string // why commit or push failed, if they did (the snapshot still has the work)
 }
 
 // Config builds a Manager.
@@ -163,6 +141,8 @@ type Manager struct {
 	mu       sync.Mutex
 	stopping map[string]chan struct{}
 	prepared map[string]*preparation
+	// runs executes this node's run-sandbox-command runs.
+	runs *runs.Runner
 	// setupMu serialises the check-then-enqueue of account setups.
 	setupMu sync.Mutex
 	// diskMu serialises disk admission with the row's insert (admitDisk);
@@ -197,12 +177,22 @@ func NewManager(cfg Config) *Manager {
 	if s.Network.Mode == "" {
 		s.Network = netpol.Policy{Mode: netpol.ModeNone}
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
 		stopping:   map[string]chan struct{}{},
 		prepared:   map[string]*preparation{},
 		diskFreeFn: diskFree,
 	}
+	var persist runs.AfterRunner
+	if cfg.Persist != nil {
+		persist = cfg.Persist
+	}
+	m.runs = runs.New(runs.Config{
+		Store: cfg.Store, Jobs: cfg.Jobs, Host: m, Persist: persist, NodeID: cfg.NodeID,
+		DataDir: cfg.DataDir, LogMaxBytes: cfg.LogMaxBytes, Model: cfg.Settings.Model,
+		Logger: cfg.Logger.With("component", "runs"), Now: func() time.Time { return m.now() },
+	})
+	return m
 }
 
 // requireCommand refuses (400) a request for what when the base image lacks
@@ -232,13 +222,6 @@ func promptArgs(prompt string) []string {
 // activeStatuses are the statuses in which a sandbox holds resources.
 var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.SandboxStopping}
 
-// newID returns prefix + 26 random base32 characters (130 bits).
-func newID(prefix string) string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
-}
-
 // Create places a sandbox for account and, with a command or prompt,
 // starts a run in it; the row's status is true when returned.
 func (m *Manager) Create(ctx context.Context, accountID string, req CreateRequest) (store.Sandbox, string, error) {
@@ -264,7 +247,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	}
 	ctx = context.WithoutCancel(ctx)
 	// The workspace is readied after the answer; runs and execs wait for it.
-	go func() { _ = m.prepare(ctx, sb, rsb, false) }()
+	go func() { _ = m.Prepare(ctx, sb, rsb, false) }()
 	if m.cfg.Settings.SetupOnFirstUse {
 		if err := m.setupIfNew(ctx, accountID); err != nil {
 			m.log.Error("enqueue account setup", "account_id", accountID, "err", err)
@@ -277,7 +260,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	if command == "" {
 		return sb, "", nil
 	}
-	runID, err := m.enqueueRun(ctx, sb, command, args, req.Cwd)
+	runID, err := runs.Enqueue(ctx, m.st, m.cfg.Jobs, sb, command, args, req.Cwd, m.now())
 	if err != nil {
 		m.stopQuietly(ctx, sb, "failed to start its run")
 		return sb, "", err
@@ -302,7 +285,7 @@ func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Du
 	}
 	now := m.now()
 	sb := store.Sandbox{
-		ID: newID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
+		ID: store.NewID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 	}
@@ -392,10 +375,10 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	return rsb, nil
 }
 
-// prepare readies the sandbox's workspace: once, or again when asked (to
+// Prepare readies the sandbox's workspace: once, or again when asked (to
 // pick up what was pushed since). Calls for one sandbox take turns; after a
 // restart it runs again (it is idempotent).
-func (m *Manager) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
+func (m *Manager) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
 	if m.cfg.Persist == nil {
 		return nil
 	}
@@ -471,42 +454,12 @@ func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, e
 		}
 	}
 	if m.cfg.Settings.AnthropicProxy {
-		env = append(env, "ANTHROPIC_BASE_URL="+ModelProxyURL+"anthropic", "ANTHROPIC_API_KEY="+plaintext)
+		env = append(env, "ANTHROPIC_BASE_URL="+modelproxy.SandboxURL+"anthropic", "ANTHROPIC_API_KEY="+plaintext)
 	}
 	if m.cfg.Persist != nil {
 		env = append(env, m.cfg.Persist.Env(sb)...)
 	}
 	return env, nil
-}
-
-// enqueueRun records a run and its job in one transaction.
-func (m *Manager) enqueueRun(ctx context.Context, sb store.Sandbox, command string, args []string, cwd string) (string, error) {
-	if args == nil {
-		args = []string{}
-	}
-	payload, err := json.Marshal(map[string]any{
-		"command": command, "args": args, "cwd": cwd, "sandboxId": sb.ID, "accountId": sb.AccountID,
-	})
-	if err != nil {
-		return "", fmt.Errorf("encode run payload: %w", err)
-	}
-	now := m.now()
-	run := store.Run{
-		ID: newID("run_"), AccountID: sb.AccountID, SandboxID: sb.ID,
-		Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: payload,
-		Tags:      []string{"account:" + sb.AccountID, "sandbox:" + sb.ID},
-		CreatedAt: now, UpdatedAt: now,
-	}
-	err = m.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
-		if err := q.CreateRun(ctx, &run); err != nil {
-			return fmt.Errorf("record run: %w", err)
-		}
-		return m.cfg.Jobs.InsertTx(ctx, tx, jobs.RunCommandArgs{RunID: run.ID}, sb.NodeID)
-	})
-	if err != nil {
-		return "", err
-	}
-	return run.ID, nil
 }
 
 // Live refreshes rows with the status their hosts report. The database is the source of truth
@@ -535,11 +488,11 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 
 // Exec runs a command in a running sandbox, streaming its output.
 func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	rsb, err := m.local(ctx, sb)
+	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return 0, err
 	}
-	_ = m.prepare(ctx, sb, rsb, false) // a failure is logged; the command may not need the clone
+	_ = m.Prepare(ctx, sb, rsb, false) // a failure is logged; the command may not need the clone
 	env := make([]string, 0, len(req.Env))
 	for k, v := range req.Env {
 		env = append(env, k+"="+v)
@@ -565,8 +518,8 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 	return res.ExitCode, nil
 }
 
-// local returns the runtime sandbox of a running sandbox of this node.
-func (m *Manager) local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
+// Local returns the runtime sandbox of a running sandbox of this node.
+func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
 	if sb.Status != store.SandboxRunning {
 		return nil, errdefs.ErrNotRunning
 	}
@@ -794,9 +747,4 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 		return nil, err
 	}
 	return deleted, nil
-}
-
-// runLogPath is where the full output of a run is kept.
-func (m *Manager) runLogPath(runID string) string {
-	return filepath.Join(m.cfg.DataDir, "runs", runID+".log")
 }

@@ -220,8 +220,8 @@ func TestReaperStopsAtTheDeadline(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if r := p.status(t, short.ID).FailureReason; r != reasonTimeout {
-		t.Fatalf("reason %q, want %q", r, reasonTimeout)
+	if r := p.status(t, short.ID).FailureReason; r != store.ReasonTimeout {
+		t.Fatalf("reason %q, want %q", r, store.ReasonTimeout)
 	}
 	if s := p.status(t, long.ID).Status; s != store.SandboxRunning {
 		t.Fatalf("a sandbox before its deadline is %s", s)
@@ -234,7 +234,7 @@ func TestReconcileMatrix(t *testing.T) {
 	p := newPlane(t, Settings{})
 	ctx := context.Background()
 	row := func(status string) store.Sandbox {
-		sb := store.Sandbox{ID: newID("sbx_"), AccountID: p.account.ID, NodeID: "here", Status: status, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: p.account.ID, NodeID: "here", Status: status, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
 		if err := p.st.CreateSandbox(ctx, &sb); err != nil {
 			t.Fatal(err)
 		}
@@ -272,8 +272,8 @@ func TestReconcileMatrix(t *testing.T) {
 	orphan := p.rt.Add("sbx_without_a_row")
 	// A run executing at the crash, in a sandbox that survived, and one
 	// still queued.
-	executing := store.Run{ID: newID("run_"), AccountID: p.account.ID, SandboxID: ids[0], Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: json.RawMessage(`{"command":"sleep"}`)}
-	queued := store.Run{ID: newID("run_"), AccountID: p.account.ID, SandboxID: ids[0], Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: json.RawMessage(`{"command":"true"}`)}
+	executing := store.Run{ID: store.NewID("run_"), AccountID: p.account.ID, SandboxID: ids[0], Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: json.RawMessage(`{"command":"sleep"}`)}
+	queued := store.Run{ID: store.NewID("run_"), AccountID: p.account.ID, SandboxID: ids[0], Task: jobs.KindRunCommand, Status: store.RunQueued, Payload: json.RawMessage(`{"command":"true"}`)}
 	for _, r := range []*store.Run{&executing, &queued} {
 		if err := p.st.CreateRun(ctx, r); err != nil {
 			t.Fatal(err)
@@ -315,7 +315,7 @@ func (p *plane) runOf(t *testing.T, command string) (store.Run, map[string]any) 
 	if err != nil || runID == "" {
 		t.Fatalf("create with a command: %v %q", err, runID)
 	}
-	if err := p.m.runCommand(ctx, runID); err != nil {
+	if err := p.m.runs.Run(ctx, runID); err != nil {
 		t.Fatalf("run: %v", err)
 	}
 	run, err := p.st.GetRun(ctx, runID)
@@ -360,7 +360,7 @@ func TestRunStatuses(t *testing.T) {
 	})
 	stopSelf = func(sb *runtimefake.Sandbox) {
 		row := p.status(t, sb.ID())
-		if err := p.m.stop(context.Background(), row, reasonTimeout); err != nil {
+		if err := p.m.stop(context.Background(), row, store.ReasonTimeout); err != nil {
 			t.Errorf("stop at the deadline: %v", err)
 		}
 	}
@@ -374,7 +374,7 @@ func TestRunStatuses(t *testing.T) {
 		// command twice: only a QUEUED run starts.
 		sb, _ := p.rt.Get(ctx, run.SandboxID)
 		before := len(sb.(*runtimefake.Sandbox).Execs())
-		if err := p.m.runCommand(ctx, run.ID); err != nil {
+		if err := p.m.runs.Run(ctx, run.ID); err != nil {
 			t.Fatal(err)
 		}
 		if after := len(sb.(*runtimefake.Sandbox).Execs()); after != before {
@@ -407,7 +407,7 @@ func TestRunStatuses(t *testing.T) {
 		if _, err := p.m.Stop(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.m.runCommand(ctx, runID); err != nil {
+		if err := p.m.runs.Run(ctx, runID); err != nil {
 			t.Fatal(err)
 		}
 		run, _ := p.st.GetRun(ctx, runID)

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 func TestNodeIDIsStable(t *testing.T) {
@@ -31,7 +33,7 @@ func TestNodeIDIsStable(t *testing.T) {
 func TestNewIDs(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
-		id := newID("sbx_")
+		id := store.NewID("sbx_")
 		if !strings.HasPrefix(id, "sbx_") || len(id) != 30 || seen[id] || strings.ToLower(id) != id {
 			t.Fatalf("id %q", id)
 		}

@@ -27,7 +27,7 @@ const (
 // Ports lists the TCP ports something listens on
 // inside the sandbox, read from the guest's /proc/net/tcp and tcp6.
 func (m *Manager) Ports(ctx context.Context, sb store.Sandbox) ([]int, error) {
-	rsb, err := m.local(ctx, sb)
+	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
 	}

@@ -11,9 +11,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// reasonTimeout is the stop reason of sandboxes that reached their deadline.
-const reasonTimeout = "timeout"
-
 // Run registers the node and keeps the node's sandboxes to their deadlines
 // until ctx ends. Call Reconcile first.
 func (m *Manager) Run(ctx context.Context) error {
@@ -47,7 +44,7 @@ func (m *Manager) reap(ctx context.Context) {
 	}
 	for _, sb := range expired {
 		go func() {
-			if err := m.stop(context.WithoutCancel(ctx), sb, reasonTimeout); err != nil {
+			if err := m.stop(context.WithoutCancel(ctx), sb, store.ReasonTimeout); err != nil {
 				m.log.Error("stop expired sandbox", "sandbox_id", sb.ID, "err", err)
 			}
 		}()
@@ -124,7 +121,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.log.Error("reconcile sandbox networks", "err", err)
 		}
 	}
-	return m.reconcileRuns(ctx)
+	return m.runs.Reconcile(ctx)
 }
 
 func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string) {
@@ -134,24 +131,4 @@ func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string)
 	m.teardownNetwork(ctx, sb.ID)
 	m.markFailed(ctx, sb.ID, activeStatuses, reason)
 	m.log.Warn("sandbox failed during reconcile", "sandbox_id", sb.ID, "reason", reason)
-}
-
-// reconcileRuns marks runs of this node that were executing as crashed.
-// Queued runs are left alone: their jobs are still in the queue and run
-// when the workers start (and fail cleanly if their sandbox is gone).
-func (m *Manager) reconcileRuns(ctx context.Context) error {
-	runs, err := m.st.ListRunsByStatus(ctx, store.RunExecuting)
-	if err != nil {
-		return fmt.Errorf("list executing runs: %w", err)
-	}
-	for _, run := range runs {
-		sb, err := m.st.GetSandbox(ctx, run.SandboxID)
-		if err != nil || sb.NodeID != m.cfg.NodeID {
-			continue
-		}
-		if err := m.finishRun(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing"); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -56,7 +56,7 @@ func TestSandboxKeysRevokedOnEveryEnd(t *testing.T) {
 
 	// sandbox records a sandbox on node in status with a key of its own.
 	sandbox := func(node, status string) (store.Sandbox, string) {
-		sb := store.Sandbox{ID: newID("sbx_"), AccountID: acct.ID, NodeID: node, Status: status, Runtime: "gvisor", Deadline: time.Now().Add(time.Hour)}
+		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: acct.ID, NodeID: node, Status: status, Runtime: "gvisor", Deadline: time.Now().Add(time.Hour)}
 		if err := st.CreateSandbox(ctx, &sb); err != nil {
 			t.Fatal(err)
 		}

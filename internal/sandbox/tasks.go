@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -55,7 +56,7 @@ func insertTaskRun(ctx context.Context, tx *sql.Tx, q *store.Queries, jc *jobs.C
 		return "", fmt.Errorf("encode %s payload: %w", task, err)
 	}
 	run := store.Run{
-		ID: newID("run_"), AccountID: accountID, Task: task, Status: store.RunQueued,
+		ID: store.NewID("run_"), AccountID: accountID, Task: task, Status: store.RunQueued,
 		Payload: data, Tags: []string{"account:" + accountID},
 	}
 	var args river.JobArgs
@@ -154,9 +155,9 @@ func (m *Manager) setupRun(ctx context.Context, accountID string) (store.Run, bo
 	return store.Run{}, false, nil
 }
 
-// setupPending reports whether the account's setup has yet to finish; runs
+// SetupPending reports whether the account's setup has yet to finish; runs
 // wait for it so they start from the set-up repository.
-func (m *Manager) setupPending(ctx context.Context, accountID string) bool {
+func (m *Manager) SetupPending(ctx context.Context, accountID string) bool {
 	r, ok, err := m.setupRun(ctx, accountID)
 	return err == nil && ok && (r.Status == store.RunQueued || r.Status == store.RunExecuting)
 }
@@ -213,7 +214,7 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	}
 	m.log.Info("task running", "run_id", run.ID, "task", run.Task, "sandbox_id", sb.ID)
 	var out map[string]any
-	err = m.prepare(ctx, sb, rsb, false)
+	err = m.Prepare(ctx, sb, rsb, false)
 	if err == nil {
 		out, err = fn(ctx, run, sb, rsb)
 	}
@@ -471,7 +472,7 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 	if _, err := sh(ctx, rsb, "/", cloneScript, url, dir, p.BaseBranch); err != nil {
 		return nil, fmt.Errorf("clone %s at %s: %w", p.RepoURL, p.BaseBranch, err)
 	}
-	stdout, stderr := capbuf.New(maxRunOutput), capbuf.New(maxRunOutput)
+	stdout, stderr := capbuf.New(runs.MaxOutput), capbuf.New(runs.MaxOutput)
 	code, err := RunClaudeCode(ctx, rsb, dir, p.Prompt, stdout, stderr)
 	out := map[string]any{"exitCode": code, "stdout": stdout.String("not kept"), "stderr": stderr.String("not kept")}
 	if err != nil {

@@ -63,6 +63,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
@@ -108,7 +109,7 @@ type Options struct {
 }
 
 // DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
-const DefaultLogMaxBytes = 16 << 20
+const DefaultLogMaxBytes = caplog.DefaultSize
 
 func (r *Runtime) logMaxBytes() int64 {
 	if r.opts.LogMaxBytes > 0 {

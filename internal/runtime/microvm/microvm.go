@@ -59,6 +59,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
@@ -110,7 +111,7 @@ type Options struct {
 }
 
 // DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
-const DefaultLogMaxBytes = 16 << 20
+const DefaultLogMaxBytes = caplog.DefaultSize
 
 func (r *Runtime) logMaxBytes() int64 {
 	if r.opts.LogMaxBytes > 0 {
