@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sandboxd/sandboxd/internal/agents"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/jobs"
-	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -122,7 +122,7 @@ func newAccountSetupCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer jc.Close()
-			runID, _, err := sandbox.EnqueueSetup(ctx, st, jc, nil, args[0])
+			runID, _, err := agents.EnqueueSetup(ctx, st, jc, nil, args[0])
 			if err != nil {
 				return err
 			}

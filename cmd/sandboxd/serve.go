@@ -20,6 +20,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/spf13/cobra"
 
+	"github.com/sandboxd/sandboxd/internal/agents"
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
@@ -311,14 +312,13 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
 		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
-		BaseDir: baseDir, BaseID: baseID, Home: homeSocket, PublicURL: o.publicURL,
+		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
-			DiskReserveBytes:    o.diskReserve << 20,
-			WarmSandboxes:       warmSandboxes(o),
-			AgentRunsPerAccount: o.agentRuns,
-			SetupOnFirstUse:     o.setup,
+			DiskReserveBytes: o.diskReserve << 20,
+			WarmSandboxes:    warmSandboxes(o),
+			SetupOnFirstUse:  o.setup,
 			// No operator credential goes into a sandbox: models are
 			// reached through the model proxy, GitHub from the host.
 			AnthropicProxy: o.anthropicKey != "" || o.claudeToken != "",
@@ -328,13 +328,21 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			Network:        defaultPolicy,
 		},
 		Persist: persistence,
-		Forge:   gh,
 		Net:     netMgr,
 		Logger:  log.With("component", "sandbox"),
 
 		LogMaxBytes: o.logMaxMiB << 20,
 	})
+	// The tasks that start sandboxes of their own (setup, coding agent)
+	// drive them through the manager.
+	agentSvc := agents.New(agents.Config{
+		Store: st, Jobs: jc, Lifecycle: mgr, Persist: persistence, Forge: gh,
+		PublicURL: o.publicURL, Network: defaultPolicy, AgentRunsPerAccount: o.agentRuns,
+		Logger: log.With("component", "agents"),
+	})
+	mgr.UseSetups(agentSvc)
 	mgr.RegisterWorkers(workers)
+	agentSvc.Register(workers)
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
@@ -364,7 +372,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Version:     version,
 		SnapshotTTL: o.snapshotTTL,
 		Sandboxes:   mgr,
-		Agents:      mgr,
+		Agents:      agentSvc,
 		Proxy:       netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
 		Files:       fileSvc,
 		Mount: map[string]http.Handler{

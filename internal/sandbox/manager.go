@@ -25,7 +25,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
-	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
@@ -40,9 +39,6 @@ type Settings struct {
 	DefaultTimeout time.Duration // lifetime when the request names none (10 min)
 	MaxTimeout     time.Duration // longest lifetime a request may ask for
 	PerAccount     int           // concurrent sandboxes per account, its tasks' included
-	// AgentRunsPerAccount bounds the queued and executing coding-agent runs
-	// of an account (0: unlimited).
-	AgentRunsPerAccount int
 	// SetupOnFirstUse runs the setup-sandbox task for an account the first
 	// time it creates a sandbox.
 	SetupOnFirstUse bool
@@ -102,21 +98,16 @@ type Persistence interface {
 
 // Config builds a Manager.
 type Config struct {
-	Store   *store.Store
-	Runtime runtime.Runtime
-	Jobs    *jobs.Client
-	NodeID  string
-	DataDir string
-	BaseDir string // read-only root filesystem of the base image
-	BaseID  string // its image id
-	Home    string // unix socket of this server, reachable as sandboxd.internal
-	// PublicURL is this server's URL as clients know it; repository URLs
-	// under it are rewritten to http://sandboxd.internal inside sandboxes.
-	PublicURL string
-	Settings  Settings
-	Persist   Persistence
-	// Forge, when configured, receives the coding agent's pull requests.
-	Forge forge.Forge
+	Store    *store.Store
+	Runtime  runtime.Runtime
+	Jobs     *jobs.Client
+	NodeID   string
+	DataDir  string
+	BaseDir  string // read-only root filesystem of the base image
+	BaseID   string // its image id
+	Home     string // unix socket of this server, reachable as sandboxd.internal
+	Settings Settings
+	Persist  Persistence
 	// Net gives sandboxes a network namespace under a policy; nil: every
 	// sandbox has loopback only.
 	Net    *netpol.Manager
@@ -143,8 +134,8 @@ type Manager struct {
 	prepared map[string]*preparation
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
-	// setupMu serialises the check-then-enqueue of account setups.
-	setupMu sync.Mutex
+	// setups is the account setup task (internal/agents), when served.
+	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
 	// diskFreeFn measures free space (a field so tests can shrink a disk).
 	diskMu     sync.Mutex
@@ -195,9 +186,9 @@ func NewManager(cfg Config) *Manager {
 	return m
 }
 
-// requireCommand refuses (400) a request for what when the base image lacks
+// RequireCommand refuses (400) a request for what when the base image lacks
 // the CLI name, naming the template that has it.
-func (m *Manager) requireCommand(name, what string) error {
+func (m *Manager) RequireCommand(name, what string) error {
 	have := m.cfg.Settings.Commands
 	if have == nil || have[name] {
 		return nil
@@ -226,7 +217,7 @@ var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.
 // starts a run in it; the row's status is true when returned.
 func (m *Manager) Create(ctx context.Context, accountID string, req CreateRequest) (store.Sandbox, string, error) {
 	if req.Prompt != "" {
-		if err := m.requireCommand("opencode", "a prompt"); err != nil {
+		if err := m.RequireCommand("opencode", "a prompt"); err != nil {
 			return store.Sandbox{}, "", err
 		}
 	}
@@ -241,15 +232,15 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	if req.Network != nil {
 		policy = *req.Network
 	}
-	sb, rsb, err := m.launch(ctx, accountID, lifetime, 0, policy)
+	sb, rsb, err := m.Launch(ctx, accountID, lifetime, 0, policy)
 	if err != nil {
 		return sb, "", err
 	}
 	ctx = context.WithoutCancel(ctx)
 	// The workspace is readied after the answer; runs and execs wait for it.
 	go func() { _ = m.Prepare(ctx, sb, rsb, false) }()
-	if m.cfg.Settings.SetupOnFirstUse {
-		if err := m.setupIfNew(ctx, accountID); err != nil {
+	if m.cfg.Settings.SetupOnFirstUse && m.setups != nil {
+		if err := m.setups.IfNew(ctx, accountID); err != nil {
 			m.log.Error("enqueue account setup", "account_id", accountID, "err", err)
 		}
 	}
@@ -262,17 +253,17 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	}
 	runID, err := runs.Enqueue(ctx, m.st, m.cfg.Jobs, sb, command, args, req.Cwd, m.now())
 	if err != nil {
-		m.stopQuietly(ctx, sb, "failed to start its run")
+		m.StopQuietly(ctx, sb, "failed to start its run")
 		return sb, "", err
 	}
 	return sb, runID, nil
 }
 
-// launch records and starts a sandbox for account. Every sandbox counts
+// Launch records and starts a sandbox for account. Every sandbox counts
 // against the account's quota, those the service starts for the account's
 // tasks too; extra raises the account's limit for this one (setup gets one
 // place beyond it, so that a user who is at the quota still gets set up).
-func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
 	}
@@ -685,8 +676,8 @@ func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) 
 	return n.GuestAddr, nil
 }
 
-// stopQuietly stops a sandbox on an error path, logging what fails.
-func (m *Manager) stopQuietly(ctx context.Context, sb store.Sandbox, reason string) {
+// StopQuietly stops a sandbox on an error path, logging what fails.
+func (m *Manager) StopQuietly(ctx context.Context, sb store.Sandbox, reason string) {
 	if err := m.stop(ctx, sb, reason); err != nil {
 		m.log.Error("stop sandbox", "sandbox_id", sb.ID, "err", err)
 	}
@@ -747,4 +738,34 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 		return nil, err
 	}
 	return deleted, nil
+}
+
+// Setups is the account setup task as the lifecycle needs it: a new
+// account's first sandbox starts its setup, and runs wait for a setup in
+// progress. internal/agents serves it; UseSetups registers it.
+type Setups interface {
+	// IfNew starts the account's setup if it never had one.
+	IfNew(ctx context.Context, accountID string) error
+	// Pending says the account's setup is queued or executing.
+	Pending(ctx context.Context, accountID string) bool
+}
+
+// UseSetups registers the setup task (before serving).
+func (m *Manager) UseSetups(s Setups) { m.setups = s }
+
+// SetupPending implements runs.Host.
+func (m *Manager) SetupPending(ctx context.Context, accountID string) bool {
+	return m.setups != nil && m.setups.Pending(ctx, accountID)
+}
+
+// AtQuota reports whether the account has no free sandbox place (with
+// extra more allowed). It is only a hint for waiting: Launch checks again,
+// atomically.
+func (m *Manager) AtQuota(ctx context.Context, accountID string, extra int) bool {
+	limit := m.sandboxLimits(extra).PerAccount
+	if limit <= 0 {
+		return false
+	}
+	n, err := m.st.CountActiveSandboxes(ctx, accountID)
+	return err == nil && n >= limit
 }

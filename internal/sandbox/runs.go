@@ -13,8 +13,6 @@ import (
 func (m *Manager) RegisterWorkers(w *river.Workers) {
 	m.runs.Register(w)
 	river.AddWorker(w, &stopSandboxWorker{m: m})
-	river.AddWorker(w, &setupWorker{m: m})
-	river.AddWorker(w, &codingAgentWorker{m: m})
 }
 
 type stopSandboxWorker struct {

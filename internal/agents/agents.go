@@ -1,4 +1,11 @@
-package sandbox
+// Package agents owns the tasks that start sandboxes of their own: the
+// account's setup (setup-sandbox: its README, its organizations'
+// repositories as submodules, its first snapshot) and the coding agent
+// (Claude Code on a clone of a repository, its change pushed to a branch
+// and offered as a pull request). It drives sandboxes through Lifecycle,
+// which the sandbox manager implements; scripts and agent CLIs live here,
+// not in the lifecycle.
+package agents
 
 import (
 	"context"
@@ -7,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +25,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -119,31 +129,31 @@ func activeSetup(ctx context.Context, q *store.Queries, accountID string) (store
 
 // Setup starts the account's setup-sandbox task (POST /api/sandboxes/setup),
 // or returns the one already running.
-func (m *Manager) Setup(ctx context.Context, accountID string) (string, error) {
-	runID, existing, err := EnqueueSetup(ctx, m.st, m.cfg.Jobs, &m.setupMu, accountID)
+func (s *Service) Setup(ctx context.Context, accountID string) (string, error) {
+	runID, existing, err := EnqueueSetup(ctx, s.cfg.Store, s.cfg.Jobs, &s.setupMu, accountID)
 	if err != nil {
 		return "", err
 	}
-	m.log.Info("setup requested", "account_id", accountID, "run_id", runID, "already_running", existing)
+	s.log.Info("setup requested", "account_id", accountID, "run_id", runID, "already_running", existing)
 	return runID, nil
 }
 
-// setupIfNew enqueues the account's setup when it has neither an
-// environment nor a setup run yet.
-func (m *Manager) setupIfNew(ctx context.Context, accountID string) error {
-	if _, err := m.st.GetEnvironment(ctx, accountID); err == nil || !errors.Is(err, store.ErrNotFound) {
+// IfNew enqueues the account's setup when it has neither an environment
+// nor a setup run yet (sandbox.Setups).
+func (s *Service) IfNew(ctx context.Context, accountID string) error {
+	if _, err := s.cfg.Store.GetEnvironment(ctx, accountID); err == nil || !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if _, ok, err := m.setupRun(ctx, accountID); err != nil || ok {
+	if _, ok, err := s.setupRun(ctx, accountID); err != nil || ok {
 		return err
 	}
-	_, _, err := EnqueueSetup(ctx, m.st, m.cfg.Jobs, &m.setupMu, accountID)
+	_, _, err := EnqueueSetup(ctx, s.cfg.Store, s.cfg.Jobs, &s.setupMu, accountID)
 	return err
 }
 
 // setupRun returns the account's most recent setup run, if any.
-func (m *Manager) setupRun(ctx context.Context, accountID string) (store.Run, bool, error) {
-	runs, err := m.st.ListRuns(ctx, accountID, 100)
+func (s *Service) setupRun(ctx context.Context, accountID string) (store.Run, bool, error) {
+	runs, err := s.cfg.Store.ListRuns(ctx, accountID, 100)
 	if err != nil {
 		return store.Run{}, false, fmt.Errorf("list runs of %s: %w", accountID, err)
 	}
@@ -155,29 +165,29 @@ func (m *Manager) setupRun(ctx context.Context, accountID string) (store.Run, bo
 	return store.Run{}, false, nil
 }
 
-// SetupPending reports whether the account's setup has yet to finish; runs
-// wait for it so they start from the set-up repository.
-func (m *Manager) SetupPending(ctx context.Context, accountID string) bool {
-	r, ok, err := m.setupRun(ctx, accountID)
+// Pending reports whether the account's setup has yet to finish; runs wait
+// for it so they start from the set-up repository (sandbox.Setups).
+func (s *Service) Pending(ctx context.Context, accountID string) bool {
+	r, ok, err := s.setupRun(ctx, accountID)
 	return err == nil && ok && (r.Status == store.RunQueued || r.Status == store.RunExecuting)
 }
 
 type setupWorker struct {
 	river.WorkerDefaults[jobs.SetupSandboxArgs]
-	m *Manager
+	s *Service
 }
 
 func (w *setupWorker) Work(ctx context.Context, job *river.Job[jobs.SetupSandboxArgs]) error {
-	return w.m.runTask(ctx, job.Args.RunID, w.m.setupAccount)
+	return w.s.runTask(ctx, job.Args.RunID, w.s.setupAccount)
 }
 
 type codingAgentWorker struct {
 	river.WorkerDefaults[jobs.CodingAgentArgs]
-	m *Manager
+	s *Service
 }
 
 func (w *codingAgentWorker) Work(ctx context.Context, job *river.Job[jobs.CodingAgentArgs]) error {
-	return w.m.runTask(ctx, job.Args.RunID, w.m.codingAgent)
+	return w.s.runTask(ctx, job.Args.RunID, w.s.codingAgent)
 }
 
 // taskFunc does a task's work in a sandbox started for it and returns the
@@ -186,8 +196,8 @@ type taskFunc func(ctx context.Context, run store.Run, sb store.Sandbox, rsb run
 
 // runTask runs a task that starts a sandbox of its own: only a QUEUED run
 // starts; the sandbox is stopped at the end whatever happens.
-func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error {
-	run, err := m.st.GetRun(ctx, runID)
+func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error {
+	run, err := s.cfg.Store.GetRun(ctx, runID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
@@ -200,21 +210,21 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if run.Task == jobs.KindSetupSandbox {
 		extra = 1
 	}
-	if m.atQuota(ctx, run.AccountID, extra) && m.now().Sub(run.CreatedAt) < taskQuotaWait {
+	if s.cfg.Lifecycle.AtQuota(ctx, run.AccountID, extra) && s.now().Sub(run.CreatedAt) < taskQuotaWait {
 		// Wait queued, without holding a worker, for a place to free up.
 		return river.JobSnooze(5 * time.Second)
 	}
-	started, err := m.st.StartRun(ctx, run.ID, m.now())
+	started, err := s.cfg.Store.StartRun(ctx, run.ID, s.now())
 	if err != nil || !started {
 		return err
 	}
-	sb, rsb, err := m.launch(ctx, run.AccountID, taskLifetime, extra, m.cfg.Settings.Network)
+	sb, rsb, err := s.cfg.Lifecycle.Launch(ctx, run.AccountID, taskLifetime, extra, s.cfg.Network)
 	if err != nil {
-		return m.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
+		return s.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
 	}
-	m.log.Info("task running", "run_id", run.ID, "task", run.Task, "sandbox_id", sb.ID)
+	s.log.Info("task running", "run_id", run.ID, "task", run.Task, "sandbox_id", sb.ID)
 	var out map[string]any
-	err = m.Prepare(ctx, sb, rsb, false)
+	err = s.cfg.Lifecycle.Prepare(ctx, sb, rsb, false)
 	if err == nil {
 		out, err = fn(ctx, run, sb, rsb)
 	}
@@ -223,29 +233,17 @@ func (m *Manager) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	}
 	out["sandboxId"] = sb.ID
 	// The sandbox is stopped before the run says it ended.
-	m.stopQuietly(context.WithoutCancel(ctx), sb, run.Task+" finished")
-	return m.finishTask(ctx, run, out, err)
+	s.cfg.Lifecycle.StopQuietly(context.WithoutCancel(ctx), sb, run.Task+" finished")
+	return s.finishTask(ctx, run, out, err)
 }
 
-// atQuota reports whether the account has no free sandbox place (with
-// extra more allowed). It is only a hint for waiting: launch checks again,
-// atomically.
-func (m *Manager) atQuota(ctx context.Context, accountID string, extra int) bool {
-	limit := m.sandboxLimits(extra).PerAccount
-	if limit <= 0 {
-		return false
-	}
-	n, err := m.st.CountActiveSandboxes(ctx, accountID)
-	return err == nil && n >= limit
-}
-
-func (m *Manager) finishTask(ctx context.Context, run store.Run, out map[string]any, taskErr error) error {
+func (s *Service) finishTask(ctx context.Context, run store.Run, out map[string]any, taskErr error) error {
 	status, msg := store.RunCompleted, ""
 	if taskErr != nil {
 		// The run says what the user can act on; the rest (host paths,
 		// internal errors) stays in the log.
 		status, msg = store.RunFailed, errdefs.Message(taskErr, run.Task+" failed (details are in the server log)")
-		m.log.Warn("task failed", "run_id", run.ID, "task", run.Task, "err", taskErr)
+		s.log.Warn("task failed", "run_id", run.ID, "task", run.Task, "err", taskErr)
 	}
 	var output json.RawMessage
 	if out != nil {
@@ -259,7 +257,7 @@ func (m *Manager) finishTask(ctx context.Context, run store.Run, out map[string]
 	if msg != "" {
 		errJSON, _ = json.Marshal(map[string]string{"message": msg})
 	}
-	if _, err := m.st.FinishRun(context.WithoutCancel(ctx), run.ID, status, output, errJSON, m.now()); err != nil {
+	if _, err := s.cfg.Store.FinishRun(context.WithoutCancel(ctx), run.ID, status, output, errJSON, s.now()); err != nil {
 		return fmt.Errorf("record end of run %s: %w", run.ID, err)
 	}
 	return nil
@@ -315,11 +313,11 @@ git push -q origin HEAD:refs/heads/main
 // setupAccount is the setup-sandbox task: the account's repository gets
 // its README and its organizations as submodules, and the result becomes
 // the account's snapshot.
-func (m *Manager) setupAccount(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error) {
-	if m.cfg.Persist == nil {
+func (s *Service) setupAccount(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error) {
+	if s.cfg.Persist == nil {
 		return nil, errors.New("setup needs persistence (repositories and snapshots)")
 	}
-	orgs, err := m.st.ListOrgsOf(ctx, run.AccountID)
+	orgs, err := s.cfg.Store.ListOrgsOf(ctx, run.AccountID)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +325,7 @@ func (m *Manager) setupAccount(ctx context.Context, run store.Run, sb store.Sand
 	for _, o := range orgs {
 		// An empty organization repository cannot be a submodule: give it
 		// its first commit.
-		if err := m.cfg.Persist.Initialize(ctx, o); err != nil {
+		if err := s.cfg.Persist.Initialize(ctx, o); err != nil {
 			return nil, fmt.Errorf("initialise repository of %s: %w", o.Slug, err)
 		}
 		args = append(args, o.Slug, o.ID)
@@ -337,7 +335,7 @@ func (m *Manager) setupAccount(ctx context.Context, run store.Run, sb store.Sand
 	if err != nil {
 		return result, fmt.Errorf("set up the workspace: %w", err)
 	}
-	snapID, err := m.cfg.Persist.Snapshot(ctx, sb, rsb)
+	snapID, err := s.cfg.Persist.Snapshot(ctx, sb, rsb)
 	if err != nil {
 		return result, err
 	}
@@ -363,41 +361,17 @@ type codingAgentPayload struct {
 	AccountID  string `json:"accountId"`
 }
 
-// ForgeMirror is implemented by a Persistence that mirrors the accounts'
-// repositories to a forge (GitHub) from the host.
-type ForgeMirror interface {
-	// OwnsRepo is nil when url is not on the forge, or is accountID's own
-	// mirror there (see forge.Mirror.OwnsRepo).
-	OwnsRepo(accountID, url string) error
-	// MirrorNow pushes the account's repository to its mirror now.
-	MirrorNow(ctx context.Context, accountID string) (forge.Repo, error)
-}
-
-// CheckRepoURL refuses (errdefs.ErrInvalid, 400) a repository URL on the forge
-// that is not accountID's own mirror: sandboxd's token acts only there.
-// For PATCH github_repo and the coding agent's repo_url.
-func (m *Manager) CheckRepoURL(accountID, url string) error {
-	fm, ok := m.cfg.Persist.(ForgeMirror)
-	if !ok {
-		return nil
-	}
-	if err := fm.OwnsRepo(accountID, url); err != nil {
-		return errdefs.New(errdefs.ErrInvalid, err.Error())
-	}
-	return nil
-}
-
 // CodingAgent queues a coding-agent task for the account.
-func (m *Manager) CodingAgent(ctx context.Context, accountID string, req CodingAgentRequest) (string, error) {
-	if err := m.requireCommand("claude", "a coding-agent run"); err != nil {
+func (s *Service) CodingAgent(ctx context.Context, accountID string, req sandbox.CodingAgentRequest) (string, error) {
+	if err := s.cfg.Lifecycle.RequireCommand("claude", "a coding-agent run"); err != nil {
 		return "", err
 	}
-	if err := m.CheckRepoURL(accountID, req.RepoURL); err != nil {
+	if err := s.cfg.Lifecycle.CheckRepoURL(accountID, req.RepoURL); err != nil {
 		return "", fmt.Errorf("repo_url: %w", err)
 	}
-	return enqueueTask(ctx, m.st, m.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
+	return enqueueTask(ctx, s.cfg.Store, s.cfg.Jobs, accountID, jobs.KindCodingAgent, codingAgentPayload{
 		RepoURL: req.RepoURL, Prompt: req.Prompt, BaseBranch: req.BaseBranch, AccountID: accountID,
-	}, m.cfg.Settings.AgentRunsPerAccount)
+	}, s.cfg.AgentRunsPerAccount)
 }
 
 // ralphOnceScript runs Claude Code once on the prompt ($1) in the current
@@ -446,24 +420,24 @@ git diff --stat HEAD~1 HEAD
 
 // codingAgent is the coding-agent task: clone, run Claude Code, push the
 // change on agent/<run id>.
-func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error) {
+func (s *Service) codingAgent(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox) (map[string]any, error) {
 	var p codingAgentPayload
 	if err := json.Unmarshal(run.Payload, &p); err != nil {
 		return nil, fmt.Errorf("invalid payload: %w", err)
 	}
-	url := m.insideURL(p.RepoURL)
+	url := s.insideURL(p.RepoURL)
 	// A repository on the forge is the account's own mirror (checked when
 	// the task was accepted, and again here): the sandbox works on the
 	// account's repository on sandboxd, which the mirror copies, and the
 	// host pushes the result to the forge. The sandbox never holds a forge
 	// credential.
-	fm, hasMirror := m.cfg.Persist.(ForgeMirror)
+	fm, hasMirror := s.cfg.Persist.(mirror)
 	onForge := false
-	if f := m.cfg.Forge; f != nil {
+	if f := s.cfg.Forge; f != nil {
 		_, onForge = f.ParseRepoURL(p.RepoURL)
 	}
 	if onForge {
-		if err := m.CheckRepoURL(run.AccountID, p.RepoURL); err != nil || !hasMirror {
+		if err := s.cfg.Lifecycle.CheckRepoURL(run.AccountID, p.RepoURL); err != nil || !hasMirror {
 			return nil, fmt.Errorf("repository %s is not this account's mirror", p.RepoURL)
 		}
 		url = "http://sandboxd.internal/git/" + run.AccountID + ".git"
@@ -492,7 +466,7 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 		return out, nil
 	}
 	out["changed"], out["branch"], out["diffStat"] = true, branch, strings.TrimRight(stat, "\n")
-	if f := m.cfg.Forge; f != nil && onForge {
+	if f := s.cfg.Forge; f != nil && onForge {
 		if r, err := fm.MirrorNow(ctx, run.AccountID); err != nil && r.FullName == "" {
 			out["pullRequestError"] = "could not push to the mirror: " + err.Error()
 		} else {
@@ -512,9 +486,9 @@ func (m *Manager) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 
 // insideURL maps a repository URL of this server to the address sandboxes
 // reach it at.
-func (m *Manager) insideURL(u string) string {
-	if m.cfg.PublicURL != "" {
-		if rest, ok := strings.CutPrefix(u, strings.TrimRight(m.cfg.PublicURL, "/")+"/git/"); ok {
+func (s *Service) insideURL(u string) string {
+	if s.cfg.PublicURL != "" {
+		if rest, ok := strings.CutPrefix(u, strings.TrimRight(s.cfg.PublicURL, "/")+"/git/"); ok {
 			return "http://sandboxd.internal/git/" + rest
 		}
 	}
@@ -526,4 +500,81 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n]
+}
+
+// Lifecycle is what the tasks need of the sandbox manager.
+type Lifecycle interface {
+	// Launch records and starts a sandbox for the account's task; extra
+	// raises the account's quota for it.
+	Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error)
+	// Prepare readies the sandbox's /workspace.
+	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error
+	// StopQuietly stops a sandbox, logging a failure.
+	StopQuietly(ctx context.Context, sb store.Sandbox, reason string)
+	// AtQuota hints that the account has no free sandbox place.
+	AtQuota(ctx context.Context, accountID string, extra int) bool
+	// RequireCommand refuses (400) when the image lacks the CLI name.
+	RequireCommand(name, what string) error
+	// CheckRepoURL refuses (400) a repository the account may not name.
+	CheckRepoURL(accountID, url string) error
+}
+
+// Persistence is what the tasks need of internal/persist.
+type Persistence interface {
+	// Initialize gives an account's empty repository a first commit.
+	Initialize(ctx context.Context, account store.Account) error
+	// Snapshot captures the sandbox's filesystem as the account's snapshot.
+	Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (string, error)
+}
+
+// mirror is a Persistence that mirrors repositories to the forge.
+type mirror interface {
+	MirrorNow(ctx context.Context, accountID string) (forge.Repo, error)
+}
+
+// Config builds a Service.
+type Config struct {
+	Store     *store.Store
+	Jobs      *jobs.Client
+	Lifecycle Lifecycle
+	Persist   Persistence // nil: setup fails, saying it needs persistence
+	// Forge, when configured, receives the coding agent's pull requests.
+	Forge forge.Forge
+	// PublicURL is this server's URL as clients know it; repository URLs
+	// under it are rewritten to http://sandboxd.internal inside sandboxes.
+	PublicURL string
+	// Network is the policy of the tasks' sandboxes.
+	Network netpol.Policy
+	// AgentRunsPerAccount bounds the queued and executing coding-agent
+	// runs of an account (0: unlimited).
+	AgentRunsPerAccount int
+	Logger              *slog.Logger
+	Now                 func() time.Time
+}
+
+// Service serves the account setup and coding-agent tasks (the API's
+// AgentService) and runs their jobs.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+	// setupMu serialises the check-then-enqueue of account setups.
+	setupMu sync.Mutex
+}
+
+// New returns a Service.
+func New(cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Service{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+}
+
+// Register adds the tasks' job workers to w (before the job client starts).
+func (s *Service) Register(w *river.Workers) {
+	river.AddWorker(w, &setupWorker{s: s})
+	river.AddWorker(w, &codingAgentWorker{s: s})
 }
