@@ -245,22 +245,11 @@ func (s *Service) finishTask(ctx context.Context, run store.Run, out map[string]
 		status, msg = store.RunFailed, errdefs.Message(taskErr, run.Task+" failed (details are in the server log)")
 		s.log.Warn("task failed", "run_id", run.ID, "task", run.Task, "err", taskErr)
 	}
-	var output json.RawMessage
+	var output any
 	if out != nil {
-		b, err := json.Marshal(out)
-		if err != nil {
-			return err
-		}
-		output = b
+		output = out
 	}
-	var errJSON json.RawMessage
-	if msg != "" {
-		errJSON, _ = json.Marshal(map[string]string{"message": msg})
-	}
-	if _, err := s.cfg.Store.FinishRun(context.WithoutCancel(ctx), run.ID, status, output, errJSON, s.now()); err != nil {
-		return fmt.Errorf("record end of run %s: %w", run.ID, err)
-	}
-	return nil
+	return runs.Record(ctx, s.cfg.Store, run.ID, status, output, msg, s.now())
 }
 
 // sh runs a script in the sandbox with args as $1, $2, ..., failing with

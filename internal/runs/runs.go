@@ -221,22 +221,35 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 // Finish records a run's end. A command that ran to its end is
 // COMPLETED whatever its exit code: the exit code is in the output.
 func (r *Runner) Finish(ctx context.Context, run store.Run, status string, out *runOutput, errMsg string) error {
+	var output any
+	if out != nil {
+		output = out
+	}
+	if err := Record(ctx, r.cfg.Store, run.ID, status, output, errMsg, r.now()); err != nil {
+		return err
+	}
+	r.log.Info("run finished", "run_id", run.ID, "status", status)
+	return nil
+}
+
+// Record writes the end of run runID, of any task: its status, its output
+// (out as JSON; nil: none) and its error message ("": none), the shape the
+// runs API answers.
+func Record(ctx context.Context, st *store.Store, runID, status string, out any, errMsg string, now time.Time) error {
 	var output, errJSON json.RawMessage
 	if out != nil {
 		b, err := json.Marshal(out)
 		if err != nil {
-			return fmt.Errorf("encode output of %s: %w", run.ID, err)
+			return fmt.Errorf("encode output of %s: %w", runID, err)
 		}
 		output = b
 	}
 	if errMsg != "" {
-		b, _ := json.Marshal(map[string]string{"message": errMsg})
-		errJSON = b
+		errJSON, _ = json.Marshal(map[string]string{"message": errMsg})
 	}
-	if _, err := r.cfg.Store.FinishRun(context.WithoutCancel(ctx), run.ID, status, output, errJSON, r.now()); err != nil {
-		return fmt.Errorf("record end of run %s: %w", run.ID, err)
+	if _, err := st.FinishRun(context.WithoutCancel(ctx), runID, status, output, errJSON, now); err != nil {
+		return fmt.Errorf("record end of run %s: %w", runID, err)
 	}
-	r.log.Info("run finished", "run_id", run.ID, "status", status)
 	return nil
 }
 
