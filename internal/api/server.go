@@ -1,4 +1,4 @@
-// Package api serves the HTTP contract of ../shared/API.md: routes, request
+// Package api serves the HTTP contract (docs/API.md): routes, request
 // validation with the contract's exact messages, error bodies, CORS, and the
 // OpenAPI document generated from the same route table. It authenticates
 // every request through internal/auth and delegates the work to service

@@ -133,16 +133,6 @@ type Network struct {
 	Allowed []netip.Prefix
 }
 
-// ResolvConf is the guest's /etc/resolv.conf.
-func (n *Network) ResolvConf() []byte {
-	var b strings.Builder
-	for _, a := range n.DNS {
-		fmt.Fprintf(&b, "nameserver %s\n", a)
-	}
-	b.WriteString("options timeout:2 attempts:2\n")
-	return []byte(b.String())
-}
-
 // Nameservers are n.DNS as strings.
 func (n *Network) Nameservers() []string {
 	s := make([]string, len(n.DNS))
