@@ -1,0 +1,202 @@
+package runs_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/runs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+// These tests run the run worker over a real SQLite store and River client
+// with the in-memory sandboxes of runtimefake. host stands in for the
+// sandbox manager at the boundary runs defines (runs.Host): a sandbox is
+// local when the fake runtime holds it.
+
+type host struct {
+	rt           *runtimefake.Runtime
+	setupPending bool
+}
+
+func (h *host) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
+	if sb.Status != store.SandboxRunning {
+		return nil, errors.New("not running")
+	}
+	return h.rt.Get(ctx, sb.ID)
+}
+func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error { return nil }
+func (h *host) SetupPending(context.Context, string) bool                          { return h.setupPending }
+
+type fixture struct {
+	st      *store.Store
+	jc      *jobs.Client
+	rt      *runtimefake.Runtime
+	host    *host
+	runner  *runs.Runner
+	account store.Account
+	dataDir string
+}
+
+func newFixture(t *testing.T, cfg runs.Config) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { jc.Close() })
+	f := &fixture{st: st, jc: jc, rt: runtimefake.New(), dataDir: t.TempDir()}
+	f.host = &host{rt: f.rt}
+	cfg.Store, cfg.Jobs, cfg.Host, cfg.NodeID, cfg.DataDir = st, jc, f.host, "here", f.dataDir
+	f.runner = runs.New(cfg)
+	f.account = store.Account{Name: "alice", Kind: store.AccountPersonal}
+	if err := st.CreateAccount(ctx, &f.account); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// enqueue makes a running sandbox with a run of command.
+func (f *fixture) enqueue(t *testing.T, command string, args ...string) (store.Sandbox, string) {
+	t.Helper()
+	ctx := context.Background()
+	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: f.account.ID, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+	if err := f.st.CreateSandbox(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	f.rt.Add(sb.ID)
+	runID, err := runs.Enqueue(ctx, f.st, f.jc, sb, command, args, "", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb, runID
+}
+
+func (f *fixture) result(t *testing.T, runID string) (store.Run, map[string]any, string) {
+	t.Helper()
+	run, err := f.st.GetRun(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if len(run.Output) > 0 {
+		if err := json.Unmarshal(run.Output, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var e struct{ Message string }
+	_ = json.Unmarshal(run.Error, &e)
+	return run, out, e.Message
+}
+
+func TestRunWaitsForSetup(t *testing.T) {
+	f := newFixture(t, runs.Config{})
+	f.host.setupPending = true
+	_, runID := f.enqueue(t, "true")
+	err := f.runner.Run(context.Background(), runID)
+	var snooze *river.JobSnoozeError
+	if !errors.As(err, &snooze) {
+		t.Fatalf("a run while the account's setup is pending: %v, want a snooze", err)
+	}
+	if run, _, _ := f.result(t, runID); run.Status != store.RunQueued {
+		t.Fatalf("run is %s, want still QUEUED", run.Status)
+	}
+}
+
+func TestRunLogIsCappedAndSaysSo(t *testing.T) {
+	f := newFixture(t, runs.Config{LogMaxBytes: 64 << 10})
+	f.rt.SetExec(func(ctx context.Context, _ *runtimefake.Sandbox, req runtime.ExecRequest) (runtime.ExecResult, error) {
+		line := strings.Repeat("y", 1023) + "\n"
+		for range 1024 { // 1 MiB, 16 times the cap
+			if _, err := io.WriteString(req.Stdout, line); err != nil {
+				return runtime.ExecResult{}, err
+			}
+		}
+		return runtime.ExecResult{}, nil
+	})
+	_, runID := f.enqueue(t, "yes")
+	if err := f.runner.Run(context.Background(), runID); err != nil {
+		t.Fatal(err)
+	}
+	run, out, _ := f.result(t, runID)
+	if run.Status != store.RunCompleted || out["logTruncated"] != true || out["logDroppedBytes"].(float64) < 900<<10 {
+		t.Fatalf("run %s, output log fields %v %v", run.Status, out["logTruncated"], out["logDroppedBytes"])
+	}
+	fi, err := os.Stat(runs.LogPath(f.dataDir, runID))
+	if err != nil || fi.Size() > 64<<10 {
+		t.Fatalf("run log %v (%v), want at most the cap", fi, err)
+	}
+}
+
+func TestOpenCodeConfigNamesOnlyTheProxy(t *testing.T) {
+	f := newFixture(t, runs.Config{Model: runs.ModelProvider{BaseURL: "https://models.example.test/v1", Model: "m1"}})
+	sb, runID := f.enqueue(t, "opencode", "run", "hello")
+	if err := f.runner.Run(context.Background(), runID); err != nil {
+		t.Fatal(err)
+	}
+	rsb, _ := f.rt.Get(context.Background(), sb.ID)
+	cfg, ok := rsb.(*runtimefake.Sandbox).File("/workspace/opencode.json")
+	if !ok {
+		t.Fatal("no opencode.json written")
+	}
+	if s := string(cfg); !strings.Contains(s, "http://sandboxd.internal/model/openai") || !strings.Contains(s, "{env:RECOUP_API_KEY}") || strings.Contains(s, "models.example.test") {
+		t.Fatalf("opencode.json %s: want the proxy and the sandbox's key only", s)
+	}
+}
+
+func TestReconcileCrashesOnlyThisNodesExecutingRuns(t *testing.T) {
+	f := newFixture(t, runs.Config{})
+	ctx := context.Background()
+	_, here := f.enqueue(t, "sleep")
+	_, queued := f.enqueue(t, "sleep")
+	other := store.Sandbox{ID: store.NewID("sbx_"), AccountID: f.account.ID, NodeID: "elsewhere", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+	if err := f.st.CreateSandbox(ctx, &other); err != nil {
+		t.Fatal(err)
+	}
+	there, err := runs.Enqueue(ctx, f.st, f.jc, other, "sleep", nil, "", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{here, there} {
+		if ok, err := f.st.StartRun(ctx, id, time.Now()); err != nil || !ok {
+			t.Fatalf("start %s: %v %v", id, ok, err)
+		}
+	}
+	if err := f.runner.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{here: store.RunCrashed, queued: store.RunQueued, there: store.RunExecuting} {
+		if run, _, msg := f.result(t, id); run.Status != want {
+			t.Errorf("run %s is %s (%q), want %s", id, run.Status, msg, want)
+		}
+	}
+}
+
+func TestRecordWritesTheRunsShape(t *testing.T) {
+	f := newFixture(t, runs.Config{})
+	_, runID := f.enqueue(t, "true")
+	if ok, err := f.st.StartRun(context.Background(), runID, time.Now()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if err := runs.Record(context.Background(), f.st, runID, store.RunFailed, map[string]any{"k": 1}, "it broke", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	run, out, msg := f.result(t, runID)
+	if run.Status != store.RunFailed || fmt.Sprint(out["k"]) != "1" || msg != "it broke" {
+		t.Fatalf("run %s, output %v, error %q", run.Status, out, msg)
+	}
+}
