@@ -38,7 +38,7 @@ func (h *host) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, er
 	return h.rt.Get(ctx, sb.ID)
 }
 func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error { return nil }
-func (h *host) SetupPending(context.Context, string) bool                          { return h.setupPending }
+func (h *host) SetupPending(context.Context, string) bool                           { return h.setupPending }
 
 type fixture struct {
 	st      *store.Store
