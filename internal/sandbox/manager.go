@@ -23,11 +23,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
-	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -110,7 +108,10 @@ type Config struct {
 	Persist  Persistence
 	// Net gives sandboxes a network namespace under a policy; nil: every
 	// sandbox has loopback only.
-	Net    *netpol.Manager
+	Net *netpol.Manager
+	// Hooks are concerns of the operator's plugged into every sandbox's
+	// life after the built-in ones (see Hook).
+	Hooks  []Hook
 	Logger *slog.Logger
 
 	// LogMaxBytes caps each run's log file (head and tail are kept);
@@ -134,6 +135,10 @@ type Manager struct {
 	prepared map[string]*preparation
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
+	// hooks are the concerns plugged into every sandbox's life (hooks.go):
+	// its key, its network, persistence's environment, then Config.Hooks.
+	hooks []Hook
+	keys  keyHook // also revoked at the stop decision, before the stop hooks
 	// setups is the account setup task (internal/agents), when served.
 	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
@@ -178,6 +183,15 @@ func NewManager(cfg Config) *Manager {
 	if cfg.Persist != nil {
 		persist = cfg.Persist
 	}
+	m.keys = keyHook{st: cfg.Store, settings: &m.cfg.Settings, now: func() time.Time { return m.now() }}
+	m.hooks = []Hook{m.keys}
+	if cfg.Net != nil {
+		m.hooks = append(m.hooks, networkHook{net: cfg.Net})
+	}
+	if cfg.Persist != nil {
+		m.hooks = append(m.hooks, persistEnvHook{p: cfg.Persist})
+	}
+	m.hooks = append(m.hooks, cfg.Hooks...)
 	m.runs = runs.New(runs.Config{
 		Store: cfg.Store, Jobs: cfg.Jobs, Host: m, Persist: persist, NodeID: cfg.NodeID,
 		DataDir: cfg.DataDir, LogMaxBytes: cfg.LogMaxBytes, Model: cfg.Settings.Model,
@@ -332,30 +346,20 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		sb.Status, sb.FailureReason = store.SandboxFailed, reason
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
-	env, err := m.sandboxEnv(ctx, *sb)
-	if err != nil {
-		return fail("could not mint its API key", err)
-	}
 	spec := runtime.Spec{
 		ID: sb.ID, BaseDir: m.cfg.BaseDir, BaseImage: m.cfg.BaseID,
-		Env: env, Limits: m.cfg.Settings.Limits, HomeSocket: m.cfg.Home, Hostname: "sandbox",
+		Limits: m.cfg.Settings.Limits, HomeSocket: m.cfg.Home, Hostname: "sandbox",
 	}
-	if policy, _ := sandboxPolicy(*sb); hasNetwork(policy) {
-		n, err := m.cfg.Net.Setup(ctx, sb.ID, policy)
-		if err != nil {
-			return fail("could not set up its network", err)
-		}
-		spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers()}
+	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
+		return fail(reason, err)
 	}
 	rsb, err := m.createFromSnapshot(ctx, sb, spec)
 	if err != nil {
-		m.teardownNetwork(ctx, sb.ID)
 		return fail("the runtime could not start it", err)
 	}
 	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", m.now())
 	if err != nil || !ok {
 		_ = rsb.Destroy(ctx)
-		m.teardownNetwork(ctx, sb.ID)
 		if err == nil {
 			err = errors.New("sandbox left pending while starting")
 		}
@@ -417,40 +421,6 @@ func (m *Manager) createFromSnapshot(ctx context.Context, sb *store.Sandbox, spe
 		}
 	}
 	return m.rt.Create(ctx, spec)
-}
-
-// sandboxEnv is the environment of every command in the sandbox: the
-// account, a key minted for this sandbox alone (sandbox-scoped, revoked
-// when it ends), and where the model proxy is. No operator credential: the
-// agent CLIs get the sandbox's key as their API key, which the proxy swaps
-// for the real one outside the sandbox.
-func (m *Manager) sandboxEnv(ctx context.Context, sb store.Sandbox) ([]string, error) {
-	plaintext, prefix, hash, err := auth.NewKey()
-	if err != nil {
-		return nil, err
-	}
-	key := store.APIKey{AccountID: sb.AccountID, Name: "sandbox " + sb.ID, Prefix: prefix, Hash: hash, SandboxID: sb.ID}
-	if err := m.st.CreateAPIKey(ctx, &key); err != nil {
-		return nil, fmt.Errorf("mint sandbox key: %w", err)
-	}
-	env := []string{
-		"RECOUP_ACCOUNT_ID=" + sb.AccountID,
-		"RECOUP_API_KEY=" + plaintext,
-		"SANDBOX_ID=" + sb.ID,
-		"SANDBOXD_URL=http://sandboxd.internal",
-	}
-	for k, v := range m.cfg.Settings.Env {
-		if v != "" {
-			env = append(env, k+"="+v)
-		}
-	}
-	if m.cfg.Settings.AnthropicProxy {
-		env = append(env, "ANTHROPIC_BASE_URL="+modelproxy.SandboxURL+"anthropic", "ANTHROPIC_API_KEY="+plaintext)
-	}
-	if m.cfg.Persist != nil {
-		env = append(env, m.cfg.Persist.Env(sb)...)
-	}
-	return env, nil
 }
 
 // Live refreshes rows with the status their hosts report. The database is the source of truth
@@ -545,7 +515,7 @@ func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) err
 	}
 	// The key dies with the decision, not when the node gets round to it:
 	// code inside cannot use it while the stop is on its way.
-	if err := m.revokeKeys(ctx, sb.ID); err != nil {
+	if err := m.keys.Stop(ctx, sb.ID); err != nil {
 		m.log.Error("revoke sandbox keys", "sandbox_id", sb.ID, "err", err)
 	}
 	if sb.NodeID != m.cfg.NodeID {
@@ -588,8 +558,7 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 	}
-	m.teardownNetwork(ctx, id)
-	if err := m.revokeKeys(ctx, id); err != nil {
+	if err := m.ended(ctx, id); err != nil {
 		return err
 	}
 	if _, err := m.st.TransitionSandbox(ctx, id, []string{store.SandboxStopping}, store.SandboxStopped, reason, m.now()); err != nil {
@@ -599,29 +568,19 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// revokeKeys revokes the keys minted for sandbox id. Every path on which a
-// sandbox ends — stop (by request, at its deadline, with its task or its
-// account's environment), a failed start, a sandbox found gone (Live,
-// Reconcile) — goes through here or markFailed, which calls it.
-func (m *Manager) revokeKeys(ctx context.Context, id string) error {
-	if err := m.st.RevokeSandboxKeys(ctx, id, m.now()); err != nil {
-		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
-	}
-	return nil
-}
-
 // markFailed moves sandbox id from one of the statuses from to failed with
-// reason, and revokes its keys whatever the transition did (a key must not
-// outlive a sandbox that is not running). It reports whether this call
-// made the transition.
+// reason, and runs the stop hooks whatever the transition did (its key is
+// revoked, its network removed: nothing outlives a sandbox that is not
+// running). Every path on which a sandbox ends goes through here or
+// finishStop. It reports whether this call made the transition.
 func (m *Manager) markFailed(ctx context.Context, id string, from []string, reason string) bool {
 	ok, err := m.st.TransitionSandbox(ctx, id, from, store.SandboxFailed, reason, m.now())
 	if err != nil {
 		m.log.Error("mark sandbox failed", "sandbox_id", id, "err", err)
 	}
-	if err := m.revokeKeys(ctx, id); err != nil {
-		m.log.Error("revoke sandbox keys", "sandbox_id", id, "err", err)
-	}
+	// Whatever the transition did, what the sandbox held goes: a key must
+	// not outlive a sandbox that is not running (errors are logged).
+	_ = m.ended(ctx, id)
 	return ok
 }
 
@@ -651,16 +610,6 @@ func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
 	}
 	err := json.Unmarshal([]byte(sb.Network), &p)
 	return p, err
-}
-
-// teardownNetwork removes a sandbox's network, if it has one.
-func (m *Manager) teardownNetwork(ctx context.Context, id string) {
-	if m.cfg.Net == nil {
-		return
-	}
-	if err := m.cfg.Net.Teardown(ctx, id); err != nil {
-		m.log.Error("tear down sandbox network", "sandbox_id", id, "err", err)
-	}
 }
 
 // GuestAddr is the address the host reaches sandbox id's network at (for

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -35,7 +36,7 @@ type plane struct {
 	account store.Account
 }
 
-func newPlane(t *testing.T, settings Settings) *plane {
+func newPlane(t *testing.T, settings Settings, hooks ...Hook) *plane {
 	t.Helper()
 	ctx := context.Background()
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
@@ -49,7 +50,7 @@ func newPlane(t *testing.T, settings Settings) *plane {
 		t.Fatal(err)
 	}
 	rt := runtimefake.New()
-	m := NewManager(Config{Store: st, Runtime: rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: settings})
+	m := NewManager(Config{Store: st, Runtime: rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: settings, Hooks: hooks})
 	return &plane{m: m, rt: rt, st: st, auth: auth.NewAuthenticator(st), account: acct}
 }
 
@@ -472,5 +473,79 @@ func TestNetworkNeedsTheCapability(t *testing.T) {
 	// Without a network the same runtime serves the create.
 	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// recordingHook is a concern plugged in through Config.Hooks: it adds a
+// variable, may fail, and records its stop and reconcile calls.
+type recordingHook struct {
+	mu        sync.Mutex
+	fail      bool
+	stopped   []string
+	reconcile []bool // keep(id) of the probed id at each reconcile
+	probe     string
+}
+
+func (*recordingHook) Name() string          { return "recording" }
+func (*recordingHook) FailureReason() string { return "the recording hook refused it" }
+func (h *recordingHook) Prestart(_ context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fail {
+		return errors.New("refused")
+	}
+	spec.Env = append(spec.Env, "HOOKED="+sb.ID)
+	return nil
+}
+func (h *recordingHook) Stop(_ context.Context, id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = append(h.stopped, id)
+	return nil
+}
+func (h *recordingHook) Reconcile(_ context.Context, keep func(string) bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reconcile = append(h.reconcile, keep(h.probe))
+	return nil
+}
+
+func TestHooks(t *testing.T) {
+	h := &recordingHook{}
+	p := newPlane(t, Settings{}, h)
+	ctx := context.Background()
+	sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := p.rt.Spec(sb.ID)
+	if !slices.Contains(spec.Env, "HOOKED="+sb.ID) || p.sandboxKey(t, sb.ID) == "" {
+		t.Fatalf("env %v: want the hook's variable after the key's", spec.Env)
+	}
+	// Reconcile tells the hook which sandboxes live.
+	h.probe = sb.ID
+	if err := p.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.m.Stop(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	// A failing prestart fails the start with the hook's reason, and the
+	// stop hooks undo what was made (the key minted before is revoked).
+	h.fail = true
+	failed, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{})
+	if err == nil {
+		t.Fatal("create with a failing hook succeeded")
+	}
+	if got := p.status(t, failed.ID); got.Status != store.SandboxFailed || got.FailureReason != "the recording hook refused it" {
+		t.Fatalf("row %s %q", got.Status, got.FailureReason)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !slices.Equal(h.stopped, []string{sb.ID, failed.ID}) || !slices.Equal(h.reconcile, []bool{true}) {
+		t.Fatalf("stop hook saw %v, reconcile %v", h.stopped, h.reconcile)
+	}
+	if n := p.rt.Creates(); n != 1 {
+		t.Fatalf("%d creates, want the failed start to create nothing", n)
 	}
 }

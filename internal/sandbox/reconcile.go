@@ -111,16 +111,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.log.Error("destroy orphaned sandbox", "sandbox_id", id, "err", err)
 			continue
 		}
-		m.teardownNetwork(ctx, id)
+		_ = m.ended(ctx, id)
 		m.log.Info("destroyed orphaned sandbox", "sandbox_id", id)
 	}
-	if m.cfg.Net != nil {
-		// Namespaces, links and rules of sandboxes that are gone (a crash
-		// leaves them behind) go too.
-		if err := m.cfg.Net.Reconcile(ctx, func(id string) bool { return keep[id] }); err != nil {
-			m.log.Error("reconcile sandbox networks", "err", err)
-		}
-	}
+	// What the hooks made for sandboxes that are gone (a crash leaves
+	// namespaces, links and rules behind) goes too.
+	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
 	return m.runs.Reconcile(ctx)
 }
 
@@ -128,7 +124,6 @@ func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string)
 	if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
 		_ = rsb.Destroy(ctx)
 	}
-	m.teardownNetwork(ctx, sb.ID)
 	m.markFailed(ctx, sb.ID, activeStatuses, reason)
 	m.log.Warn("sandbox failed during reconcile", "sandbox_id", sb.ID, "reason", reason)
 }
