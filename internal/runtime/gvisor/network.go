@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -19,7 +21,7 @@ const guestResolvConf = "/etc/resolv.conf"
 // own netstack on the namespace's links (runsc takes over eth0's address
 // and routes), "none" leaves only loopback, which is all
 // http://sandboxd.internal needs.
-func withNetwork(spec *ociSpec, n *runtime.Network, resolvPath string) (string, error) {
+func withNetwork(spec *specs.Spec, n *runtime.Network, resolvPath string) (string, error) {
 	if n == nil {
 		return "none", nil
 	}
@@ -30,7 +32,7 @@ func withNetwork(spec *ociSpec, n *runtime.Network, resolvPath string) (string, 
 		return "", fmt.Errorf("network namespace: %w", err)
 	}
 	for i := range spec.Linux.Namespaces {
-		if spec.Linux.Namespaces[i].Type == "network" {
+		if spec.Linux.Namespaces[i].Type == specs.NetworkNamespace {
 			spec.Linux.Namespaces[i].Path = n.Netns
 		}
 	}
@@ -42,7 +44,7 @@ func withNetwork(spec *ociSpec, n *runtime.Network, resolvPath string) (string, 
 	if err := os.WriteFile(resolvPath, []byte(b.String()), 0o644); err != nil {
 		return "", fmt.Errorf("write resolv.conf: %w", err)
 	}
-	spec.Mounts = append(spec.Mounts, ociMount{Destination: guestResolvConf, Type: "bind", Source: resolvPath, Options: []string{"rbind", "ro"}})
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: guestResolvConf, Type: "bind", Source: resolvPath, Options: []string{"rbind", "ro"}})
 	return "sandbox", nil
 }
 

@@ -9,92 +9,14 @@ import (
 	"strconv"
 	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
-// The subset of the OCI runtime spec (1.0) that sandboxd's bundles use. The
-// official Go types are not among the modules this project can fetch, and
-// this small subset is all runsc needs from us.
-type ociSpec struct {
-	Version  string            `json:"ociVersion"`
-	Process  ociProcess        `json:"process"`
-	Root     ociRoot           `json:"root"`
-	Hostname string            `json:"hostname,omitempty"`
-	Mounts   []ociMount        `json:"mounts"`
-	Linux    ociLinux          `json:"linux"`
-	Annots   map[string]string `json:"annotations,omitempty"`
-}
-
-type ociProcess struct {
-	Terminal     bool        `json:"terminal"`
-	User         ociUser     `json:"user"`
-	Args         []string    `json:"args"`
-	Env          []string    `json:"env"`
-	Cwd          string      `json:"cwd"`
-	Capabilities ociCaps     `json:"capabilities"`
-	Rlimits      []ociRlimit `json:"rlimits,omitempty"`
-	NoNewPrivs   bool        `json:"noNewPrivileges"`
-}
-
-type ociUser struct {
-	UID uint32 `json:"uid"`
-	GID uint32 `json:"gid"`
-}
-
-type ociCaps struct {
-	Bounding  []string `json:"bounding"`
-	Effective []string `json:"effective"`
-	Permitted []string `json:"permitted"`
-}
-
-type ociRlimit struct {
-	Type string `json:"type"`
-	Hard uint64 `json:"hard"`
-	Soft uint64 `json:"soft"`
-}
-
-type ociRoot struct {
-	Path     string `json:"path"`
-	Readonly bool   `json:"readonly"`
-}
-
-type ociMount struct {
-	Destination string   `json:"destination"`
-	Type        string   `json:"type"`
-	Source      string   `json:"source"`
-	Options     []string `json:"options,omitempty"`
-}
-
-type ociLinux struct {
-	Namespaces  []ociNamespace `json:"namespaces"`
-	CgroupsPath string         `json:"cgroupsPath,omitempty"`
-	Resources   *ociResources  `json:"resources,omitempty"`
-}
-
-type ociNamespace struct {
-	Type string `json:"type"`
-	Path string `json:"path,omitempty"` // join this namespace instead of making one
-}
-
-type ociResources struct {
-	Memory *ociMemory `json:"memory,omitempty"`
-	CPU    *ociCPU    `json:"cpu,omitempty"`
-	Pids   *ociPids   `json:"pids,omitempty"`
-}
-
-type ociMemory struct {
-	Limit *int64 `json:"limit,omitempty"`
-}
-
-type ociCPU struct {
-	Quota  *int64  `json:"quota,omitempty"`
-	Period *uint64 `json:"period,omitempty"`
-}
-
-type ociPids struct {
-	Limit int64 `json:"limit"`
-}
+// Bundles are written with the OCI runtime spec's own Go types (specs-go),
+// which runsc itself reads.
 
 // capabilities are Docker's default set: enough for package managers,
 // chown and su inside, without CAP_SYS_ADMIN or CAP_SYS_RESOURCE (so nothing
@@ -177,7 +99,7 @@ func hostTaskCeiling(sandboxes int) int64 {
 // preload, when not empty, is the host file mounted as /etc/ld.so.preload
 // (see statxcompat.go).
 // pidsCeiling caps the host pids backstop (see hardLimits; 0: no cap).
-func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pidsCeiling int64) ociSpec {
+func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pidsCeiling int64) *specs.Spec {
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	if s.AgentSecret != "" {
 		// The agent (PID 1) takes it out of its environment and memory at
@@ -185,31 +107,31 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pids
 		// it starts get an environment of their own.
 		env = append(env, guest.SecretEnv+"="+s.AgentSecret)
 	}
-	proc := ociProcess{
+	proc := &specs.Process{
 		Args:         []string{guestAgent, "--socket", guestSocket},
 		Env:          env,
 		Cwd:          "/",
-		Capabilities: ociCaps{Bounding: capabilities, Effective: capabilities, Permitted: capabilities},
-		Rlimits:      []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+		Capabilities: &specs.LinuxCapabilities{Bounding: capabilities, Effective: capabilities, Permitted: capabilities},
+		Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
 	}
 	if s.Limits.Pids > 0 {
 		n := uint64(s.Limits.Pids)
-		proc.Rlimits = append(proc.Rlimits, ociRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
+		proc.Rlimits = append(proc.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
-	res := &ociResources{}
+	res := &specs.LinuxResources{}
 	memHard, pidsHard := hardLimits(s.Limits, pidsCeiling)
 	if memHard > 0 {
-		res.Memory = &ociMemory{Limit: &memHard}
+		res.Memory = &specs.LinuxMemory{Limit: &memHard}
 	}
 	if s.Limits.CPUs > 0 {
 		period := uint64(100000)
 		quota := int64(math.Ceil(s.Limits.CPUs * float64(period)))
-		res.CPU = &ociCPU{Quota: &quota, Period: &period}
+		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
 	if pidsHard > 0 {
-		res.Pids = &ociPids{Limit: pidsHard}
+		res.Pids = &specs.LinuxPids{Limit: &pidsHard}
 	}
-	mounts := []ociMount{
+	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
@@ -221,23 +143,28 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pids
 		{Destination: guestHostsFile, Type: "bind", Source: hostsFile, Options: []string{"rbind", "ro"}},
 	}
 	if preload != "" {
-		mounts = append(mounts, ociMount{Destination: guestPreload, Type: "bind", Source: preload, Options: []string{"rbind", "ro"}})
+		mounts = append(mounts, specs.Mount{Destination: guestPreload, Type: "bind", Source: preload, Options: []string{"rbind", "ro"}})
 	}
-	return ociSpec{
+	return &specs.Spec{
 		Version:  "1.0.2",
 		Process:  proc,
-		Root:     ociRoot{Path: rootfs},
+		Root:     &specs.Root{Path: rootfs},
 		Hostname: s.Hostname,
 		Mounts:   mounts,
-		Linux: ociLinux{
-			Namespaces:  []ociNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
+		Linux: &specs.Linux{
+			Namespaces:  namespaces(),
 			CgroupsPath: s.CgroupPath,
 			Resources:   res,
 		},
 	}
 }
 
-func writeSpec(dir string, spec ociSpec) error {
+// namespaces are the namespaces of a bundle: all of its own.
+func namespaces() []specs.LinuxNamespace {
+	return []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace}}
+}
+
+func writeSpec(dir string, spec *specs.Spec) error {
 	b, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return err

@@ -60,10 +60,10 @@ func TestPidsBackstopWithinHostMeans(t *testing.T) {
 	for _, pids := range []int64{512, 100000} {
 		m := &meta{ID: "sbx-pids", Limits: runtime.Limits{Pids: pids, MemoryBytes: 256 << 20}}
 		spec := buildSpec(m, "/rootfs", "/bin", "/sock", "/hosts", "", ceiling)
-		if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil {
+		if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil || spec.Linux.Resources.Pids.Limit == nil {
 			t.Fatalf("pids %d: no pids limit in the spec", pids)
 		}
-		got := spec.Linux.Resources.Pids.Limit
+		got := *spec.Linux.Resources.Pids.Limit
 		if got > budget/4 || got > pids*64+4096 {
 			t.Fatalf("pids %d: host backstop %d on a host with %d tasks", pids, got, budget)
 		}

@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
@@ -119,12 +121,12 @@ func (r *Runtime) trial(ctx context.Context, p string) error {
 	if err := os.WriteFile(filepath.Join(rootfs, "sandbox-agent"), agent, 0o755); err != nil {
 		return err
 	}
-	spec := ociSpec{
+	spec := &specs.Spec{
 		Version: "1.0.2",
-		Process: ociProcess{Args: []string{"/sandbox-agent", "version"}, Cwd: "/", Env: []string{"PATH=/"}},
-		Root:    ociRoot{Path: rootfs, Readonly: true},
-		Mounts:  []ociMount{{Destination: "/proc", Type: "proc", Source: "proc"}},
-		Linux:   ociLinux{Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}}},
+		Process: &specs.Process{Args: []string{"/sandbox-agent", "version"}, Cwd: "/", Env: []string{"PATH=/"}},
+		Root:    &specs.Root{Path: rootfs, Readonly: true},
+		Mounts:  []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
+		Linux:   &specs.Linux{Namespaces: namespaces()},
 	}
 	if err := writeSpec(dir, spec); err != nil {
 		return err

@@ -126,7 +126,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		return err
 	}
 	spec := buildSpec(&m, s.path("rootfs"), filepath.Join(s.r.opts.StateDir, "bin"), s.path("sock"), s.path("hosts"), s.r.preload, s.r.pidsCeiling)
-	network, err := withNetwork(&spec, m.Network, s.path("resolv.conf"))
+	network, err := withNetwork(spec, m.Network, s.path("resolv.conf"))
 	if err != nil {
 		return err
 	}
