@@ -396,8 +396,17 @@ func (s *suite) testForkBomb(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 	deadline := time.Now().Add(13 * time.Second)
 	var filled time.Time
+	died := false
 	for time.Now().Before(deadline) && (filled.IsZero() || time.Since(filled) < 2*time.Second) {
 		ents, err := sb.ListDir(ctx, "/proc")
+		if errors.Is(err, runtime.ErrNotRunning) {
+			// On a loaded host the bomb has taken its own sandbox down
+			// (its agent with it): contained all the same, as long as the
+			// neighbour keeps working (checked below). Seen under CI's
+			// parallel packages, not alone; see the closing note.
+			died = true
+			break
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,6 +424,16 @@ func (s *suite) testForkBomb(t *testing.T) {
 	}
 	o := <-done
 	t.Logf("fork bomb: peak %d processes inside (limit %d); result %+v", peak, pids, o.res)
+	if died {
+		t.Logf("fork bomb: the bombed sandbox stopped (%v); only its neighbour is checked", o.err)
+		if peak > pids {
+			t.Errorf("%d processes inside, limit %d", peak, pids)
+		}
+		if got := sh(t, bystander, "echo fine"); got != "fine\n" {
+			t.Errorf("bystander: %q", got)
+		}
+		return
+	}
 	if peak > pids {
 		t.Errorf("%d processes inside, limit %d", peak, pids)
 	}
