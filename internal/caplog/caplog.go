@@ -65,9 +65,13 @@ type Writer struct {
 }
 
 // Open opens (creating it, mode 0600) the capped log at path with a cap of
-// max bytes (at least MinSize). A file left by an earlier Writer is
-// continued where it ended; a longer file from elsewhere is cut to the cap.
+// max bytes (at least MinSize; 0 or less: DefaultSize). A file left by an
+// earlier Writer is continued where it ended; a longer file from elsewhere
+// is cut to the cap.
 func Open(path string, max int64) (*Writer, error) {
+	if max <= 0 {
+		max = DefaultSize
+	}
 	if max < MinSize {
 		max = MinSize
 	}

@@ -267,3 +267,18 @@ func TestFIFOFlood(t *testing.T) {
 		t.Fatalf("after the new reader: %d bytes, ends %q", len(got), got[max(0, len(got)-20):])
 	}
 }
+
+// TestDefaultAndMinimumCap: a cap of 0 (an unset option) is DefaultSize,
+// one below MinSize is MinSize.
+func TestDefaultAndMinimumCap(t *testing.T) {
+	for _, tc := range []struct{ max, want int64 }{{0, DefaultSize}, {-1, DefaultSize}, {1, MinSize}} {
+		w, err := Open(filepath.Join(t.TempDir(), "log"), tc.max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Max() != tc.want {
+			t.Errorf("Open(%d): cap %d, want %d", tc.max, w.Max(), tc.want)
+		}
+		w.Close()
+	}
+}

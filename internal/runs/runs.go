@@ -35,9 +35,6 @@ import (
 // to its head and tail (Config.LogMaxBytes).
 const MaxOutput = 256 << 10
 
-// DefaultLogMaxBytes caps a run's log when Config.LogMaxBytes is zero.
-const DefaultLogMaxBytes = caplog.DefaultSize
-
 // runPayload is what a run-sandbox-command run was asked to do.
 type runPayload struct {
 	Command   string   `json:"command"`
@@ -260,15 +257,7 @@ func (r *Runner) openLog(runID string) (*caplog.Writer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	return caplog.Open(path, r.logMaxBytes())
-}
-
-// logMaxBytes is the cap of a run's log.
-func (r *Runner) logMaxBytes() int64 {
-	if r.cfg.LogMaxBytes > 0 {
-		return r.cfg.LogMaxBytes
-	}
-	return DefaultLogMaxBytes
+	return caplog.Open(path, r.cfg.LogMaxBytes)
 }
 
 // prefixWriter writes each chunk to the run log tagged with its stream.
@@ -378,7 +367,7 @@ type Config struct {
 	NodeID  string
 	DataDir string // run logs are under DataDir/runs
 	// LogMaxBytes caps each run's log file (head and tail are kept);
-	// 0: DefaultLogMaxBytes.
+	// 0: caplog.DefaultSize.
 	LogMaxBytes int64
 	// Model is the provider prompts (opencode) are pointed at.
 	Model  ModelProvider

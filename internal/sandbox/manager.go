@@ -115,7 +115,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	// LogMaxBytes caps each run's log file (head and tail are kept);
-	// 0: DefaultLogMaxBytes.
+	// 0: caplog.DefaultSize.
 	LogMaxBytes int64
 }
 

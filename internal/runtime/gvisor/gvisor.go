@@ -63,7 +63,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
@@ -98,7 +97,7 @@ type Options struct {
 	// StartTimeout bounds how long Create waits for the agent (default 20s).
 	StartTimeout time.Duration
 	// LogMaxBytes caps each sandbox's agent.log, which the guest can write
-	// (default DefaultLogMaxBytes).
+	// (0: caplog.DefaultSize).
 	LogMaxBytes int64
 	// Home limits each sandbox's connections and requests to
 	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
@@ -106,16 +105,6 @@ type Options struct {
 	Home        homegate.Limits
 	HomeMetrics *homegate.Metrics
 	Logger      *slog.Logger
-}
-
-// DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
-const DefaultLogMaxBytes = caplog.DefaultSize
-
-func (r *Runtime) logMaxBytes() int64 {
-	if r.opts.LogMaxBytes > 0 {
-		return r.opts.LogMaxBytes
-	}
-	return DefaultLogMaxBytes
 }
 
 // DefaultLimits are used when Options.DefaultLimits is zero.

@@ -224,7 +224,7 @@ func (s *sandbox) drainLog(ctx context.Context) {
 	if _, err := os.Lstat(fifo); err != nil {
 		return // made by an older sandboxd, with a plain agent.log
 	}
-	w, err := caplog.Open(s.path("agent.log"), s.r.logMaxBytes())
+	w, err := caplog.Open(s.path("agent.log"), s.r.opts.LogMaxBytes)
 	if err != nil {
 		s.r.log.Warn("agent log not kept", "cid", s.meta().CID, "err", err)
 		return

@@ -46,7 +46,7 @@ func (s *sandbox) drainConsole(ctx context.Context, exited <-chan struct{}, conn
 	signal := func() { once.Do(func() { close(connected) }) }
 	defer signal()
 	sock := s.jail(strings.TrimPrefix(jailConsole, "/"))
-	w, err := caplog.Open(s.path(consoleLog), s.r.logMaxBytes())
+	w, err := caplog.Open(s.path(consoleLog), s.r.opts.LogMaxBytes)
 	if err != nil {
 		s.r.log.Warn("console log not kept", "cid", s.meta().CID, "err", err)
 		return
@@ -87,7 +87,7 @@ func (s *sandbox) drainQEMU(ctx context.Context) {
 	if _, err := os.Lstat(fifo); err != nil {
 		return // an older sandboxd's plain qemu.log
 	}
-	w, err := caplog.Open(s.path(qemuLog), s.r.logMaxBytes())
+	w, err := caplog.Open(s.path(qemuLog), s.r.opts.LogMaxBytes)
 	if err != nil {
 		s.r.log.Warn("qemu log not kept", "cid", s.meta().CID, "err", err)
 		return

@@ -59,7 +59,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
@@ -100,7 +99,7 @@ type Options struct {
 	// a TCG boot on a loaded host takes seconds).
 	StartTimeout time.Duration
 	// LogMaxBytes caps each sandbox's console log and qemu.log, which the
-	// guest can fill (default DefaultLogMaxBytes).
+	// guest can fill (0: caplog.DefaultSize).
 	LogMaxBytes int64
 	// Home limits each sandbox's connections and requests to
 	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
@@ -108,16 +107,6 @@ type Options struct {
 	Home        homegate.Limits
 	HomeMetrics *homegate.Metrics
 	Logger      *slog.Logger
-}
-
-// DefaultLogMaxBytes is Options.LogMaxBytes when that is zero.
-const DefaultLogMaxBytes = caplog.DefaultSize
-
-func (r *Runtime) logMaxBytes() int64 {
-	if r.opts.LogMaxBytes > 0 {
-		return r.opts.LogMaxBytes
-	}
-	return DefaultLogMaxBytes
 }
 
 // TemplateOptions name the base a memory-snapshot template is made of.
