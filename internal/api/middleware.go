@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/httprec"
 )
 
 type ctxKey int
@@ -58,33 +59,6 @@ func withCORS(next http.Handler) http.Handler {
 	})
 }
 
-// statusRecorder remembers the status code for logs and metrics while
-// letting streaming handlers flush.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-	bytes  int64
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	n, err := s.ResponseWriter.Write(b)
-	s.bytes += int64(n)
-	return n, err
-}
-
-// Unwrap lets http.ResponseController reach Flush on the real writer.
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
 // metrics are the HTTP metrics exported at /metrics.
 type metrics struct {
 	requests *prometheus.CounterVec
@@ -113,14 +87,14 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
-			rec := &statusRecorder{ResponseWriter: w}
+			rec := &httprec.Recorder{ResponseWriter: w}
 			defer func() {
 				if p := recover(); p != nil {
 					if p == http.ErrAbortHandler {
 						panic(p)
 					}
 					log.ErrorContext(r.Context(), "handler panicked", "panic", p, "request_id", requestID(r.Context()), "path", r.URL.Path)
-					if rec.status == 0 {
+					if rec.Status == 0 {
 						writeJSON(rec, http.StatusInternalServerError, ErrorBody{Status: "error", Error: "Internal server error"})
 					}
 				}
@@ -128,7 +102,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 				if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
 					pattern = rc.RoutePattern()
 				}
-				status := rec.status
+				status := rec.Status
 				if status == 0 {
 					status = http.StatusOK
 				}
@@ -140,7 +114,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 					slog.String("method", r.Method),
 					slog.String("route", pattern),
 					slog.Int("status", status),
-					slog.Int64("bytes", rec.bytes),
+					slog.Int64("bytes", rec.Bytes),
 					slog.Duration("elapsed", elapsed),
 				)
 			}()

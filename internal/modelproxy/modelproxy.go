@@ -36,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/httprec"
 )
 
 // PathPrefix is where the proxy is mounted; a provider's API is under
@@ -267,18 +268,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out.Body = body
 	out.URL.Path = "/" + path
 	out.URL.RawPath = ""
-	rec := &countingWriter{ResponseWriter: w}
+	rec := &httprec.Recorder{ResponseWriter: w}
 	start := time.Now()
 	up.rp.ServeHTTP(rec, out)
-	status := rec.status
+	status := rec.Status
 	if status == 0 {
 		status = http.StatusOK
 	}
 	p.m.requests.WithLabelValues(info.account, name, strconv.Itoa(status)).Inc()
 	p.m.bytesIn.WithLabelValues(info.account, name).Add(float64(body.n))
-	p.m.bytesOut.WithLabelValues(info.account, name).Add(float64(rec.n))
+	p.m.bytesOut.WithLabelValues(info.account, name).Add(float64(rec.Bytes))
 	p.log.Info("model request", "account_id", info.account, "sandbox_id", pr.SandboxID, "provider", name,
-		"status", status, "bytes_in", body.n, "bytes_out", rec.n, "elapsed", time.Since(start))
+		"status", status, "bytes_in", body.n, "bytes_out", rec.Bytes, "elapsed", time.Since(start))
 }
 
 // rewrite points the request at the provider and swaps the sandbox's
@@ -417,32 +418,6 @@ func (c *countingReader) Read(b []byte) (int, error) {
 }
 
 func (c *countingReader) Close() error { return c.r.Close() }
-
-// countingWriter counts the bytes and remembers the status of an answer
-// while letting the reverse proxy flush each chunk.
-type countingWriter struct {
-	http.ResponseWriter
-	status int
-	n      int64
-}
-
-func (c *countingWriter) WriteHeader(code int) {
-	if c.status == 0 {
-		c.status = code
-	}
-	c.ResponseWriter.WriteHeader(code)
-}
-
-func (c *countingWriter) Write(b []byte) (int, error) {
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	n, err := c.ResponseWriter.Write(b)
-	c.n += int64(n)
-	return n, err
-}
-
-func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // usageReader keeps the first maxUsageScan bytes of an answer and hands
 // them to done at the end.
