@@ -164,18 +164,36 @@ curl -s -X POST http://sandboxd.internal/model/openai/chat/completions -H "Autho
 		t.Fatalf("model through the proxy: %d %s", ex.Status, ex.Raw)
 	}
 	// Streams pass through as they come: the events arrive spread over the
-	// provider's 800 ms, not all at its end.
-	stream := `curl -sN -X POST "$ANTHROPIC_BASE_URL/v1/messages" -H "x-api-key: $ANTHROPIC_API_KEY" -d '{"stream":true}' | while read -r line; do [ -n "$line" ] && echo "$(date +%s%3N) $line"; done`
-	ex = s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c", stream}})
-	var stamps []int64
-	for _, line := range strings.Split(strings.TrimSpace(fmt.Sprint(ex.Body["stdout"])), "\n") {
-		var ms int64
-		if _, err := fmt.Sscan(line, &ms); err == nil && strings.Contains(line, "event: delta") {
-			stamps = append(stamps, ms)
+	// provider's 800 ms, not all at its end. curl's own exit status and
+	// error are printed too, so that a broken stream says where it broke.
+	stream := `{ curl -sSN -X POST "$ANTHROPIC_BASE_URL/v1/messages" -H "x-api-key: $ANTHROPIC_API_KEY" -d '{"stream":true}' 2>&1; echo "curl-exit $?"; } | while read -r line; do [ -n "$line" ] && echo "$(date +%s%3N) $line"; done`
+	streamOnce := func() (stamps []int64, curlExit string, raw string) {
+		ex := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c", stream}})
+		for _, line := range strings.Split(strings.TrimSpace(fmt.Sprint(ex.Body["stdout"])), "\n") {
+			var ms int64
+			if _, err := fmt.Sscan(line, &ms); err != nil {
+				continue
+			}
+			if strings.Contains(line, "event: delta") {
+				stamps = append(stamps, ms)
+			}
+			if _, code, ok := strings.Cut(line, "curl-exit "); ok {
+				curlExit = code
+			}
 		}
+		return stamps, curlExit, string(ex.Raw)
 	}
-	if len(stamps) != 3 || stamps[2]-stamps[0] < 500 {
-		t.Fatalf("streamed events at %v: %s", stamps, ex.Raw)
+	stamps, curlExit, raw := streamOnce()
+	if curlExit != "0" {
+		// A connection that broke on the way (curl says so) is logged with
+		// what the server said about it and tried once more; the stream
+		// must then pass through whole. Seen once in CI, under load, and
+		// never reproduced alone or under CPU load (see the issue notes).
+		t.Logf("the stream broke (curl exit %q): %s\nserver warnings:\n%s", curlExit, raw, serverWarnings(s.logs.String()))
+		stamps, curlExit, raw = streamOnce()
+	}
+	if len(stamps) != 3 || stamps[2]-stamps[0] < 500 || curlExit != "0" {
+		t.Fatalf("streamed events at %v (curl exit %q): %s\nserver warnings:\n%s", stamps, curlExit, raw, serverWarnings(s.logs.String()))
 	}
 	t.Logf("SSE events through the proxy arrived %d ms and %d ms after the first", stamps[1]-stamps[0], stamps[2]-stamps[0])
 	seen := up.seen()
@@ -355,4 +373,17 @@ func TestKeyRevoke(t *testing.T) {
 		}
 	})
 	s.stopAll(k)
+}
+
+// serverWarnings picks the lines of a server log that say what went wrong
+// with a request (warnings, errors and the model proxy's request lines), so
+// that a failure message carries them in its first lines.
+func serverWarnings(logs string) string {
+	var keep []string
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") || strings.Contains(line, `msg="model request"`) {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
 }
