@@ -107,9 +107,18 @@ func readInt(path string) (int64, error) {
 
 // Stats are a group's current resource use.
 type Stats struct {
+	// MemoryBytes is the memory the group holds that the kernel cannot take
+	// back without killing something: what is charged to it minus the page
+	// cache of files (which is reclaimed at the limit). gVisor's memory
+	// file is shared memory and stays counted. It is what `docker stats`
+	// and the kubelet's working set report, and what the memory guard acts
+	// on: a sandbox that writes or reads files larger than its memory fills
+	// the cache, not its memory.
 	MemoryBytes int64
-	CPU         time.Duration
-	Pids        int64
+	// CacheBytes is the file page cache charged to the group.
+	CacheBytes int64
+	CPU        time.Duration
+	Pids       int64
 }
 
 // Stats reads the group's memory, CPU time and task count.
@@ -120,6 +129,7 @@ func (g Group) Stats() (Stats, error) {
 		if s.MemoryBytes, err = readInt(g.file("", "memory.current")); err != nil {
 			return s, fmt.Errorf("cgroup %s memory: %w", g.Path, err)
 		}
+		s.subtractCache(g.file("", "memory.stat"), "active_file", "inactive_file")
 		if v, err := keyed(g.file("", "cpu.stat"), "usage_usec"); err == nil {
 			s.CPU = time.Duration(v) * time.Microsecond
 		}
@@ -129,6 +139,7 @@ func (g Group) Stats() (Stats, error) {
 	if s.MemoryBytes, err = readInt(g.file("memory", "memory.usage_in_bytes")); err != nil {
 		return s, fmt.Errorf("cgroup %s memory: %w", g.Path, err)
 	}
+	s.subtractCache(g.file("memory", "memory.stat"), "total_active_file", "total_inactive_file")
 	if ns, err := readInt(g.file("cpuacct", "cpuacct.usage")); err == nil {
 		s.CPU = time.Duration(ns)
 	} else if ns, err := readInt(g.file("cpu,cpuacct", "cpuacct.usage")); err == nil {
@@ -136,6 +147,19 @@ func (g Group) Stats() (Stats, error) {
 	}
 	s.Pids, _ = readInt(g.file("pids", "pids.current"))
 	return s, nil
+}
+
+// subtractCache moves the file LRU lists of memory.stat (keys) from
+// MemoryBytes to CacheBytes. A stat file that cannot be read leaves the
+// charged total: the guard then errs towards acting.
+func (s *Stats) subtractCache(stat string, keys ...string) {
+	for _, k := range keys {
+		if v, err := keyed(stat, k); err == nil {
+			s.CacheBytes += v
+		}
+	}
+	s.CacheBytes = min(s.CacheBytes, s.MemoryBytes)
+	s.MemoryBytes -= s.CacheBytes
 }
 
 // keyed reads "key value" lines (cpu.stat, memory.events).
@@ -163,18 +187,29 @@ func (g Group) MemoryLimit() (int64, error) {
 	return readInt(g.file("memory", "memory.limit_in_bytes"))
 }
 
-// WatchMemory calls fn, one call at a time, whenever the group's memory use
-// reaches threshold bytes, until ctx ends or the group disappears. v1 uses
-// the kernel's usage threshold notification (an eventfd registered through
-// cgroup.event_control), so fn runs within microseconds of the crossing; v2
-// sets memory.high to threshold — the kernel throttles the group there
-// instead of killing it — and wakes on changes of memory.events.
+// WatchMemory calls fn, one call at a time, whenever the memory the group
+// holds (Stats.MemoryBytes, page cache not counted) reaches threshold bytes,
+// until ctx ends or the group disappears. v1 uses the kernel's usage
+// threshold notification (an eventfd registered through
+// cgroup.event_control), so the check runs within microseconds of the
+// charged total crossing, and polls while the total stays above it (page
+// cache keeps it there without further crossings); v2 sets memory.high to
+// threshold — the kernel reclaims and throttles the group there instead of
+// killing it — and checks on changes of memory.events.
 func (g Group) WatchMemory(ctx context.Context, threshold int64, fn func()) error {
 	if g.Version == V2 {
 		return g.watchV2(ctx, threshold, fn)
 	}
 	return g.watchV1(ctx, threshold, fn)
 }
+
+// abovePoll is how often a v1 group charged above its threshold is checked.
+// The hard limit sits well above the threshold (see the runtimes), so a
+// fast allocator still meets the guard before the kernel's OOM killer.
+const abovePoll = 25 * time.Millisecond
+
+// afterAct is the pause after fn acted before the group is checked again.
+const afterAct = 250 * time.Millisecond
 
 func (g Group) watchV1(ctx context.Context, threshold int64, fn func()) error {
 	usage, err := os.Open(g.file("memory", "memory.usage_in_bytes"))
@@ -199,15 +234,36 @@ func (g Group) watchV1(ctx context.Context, threshold int64, fn func()) error {
 		if _, err := ev.Read(buf); err != nil {
 			return nil // closed by ctx
 		}
+		// The event fires on crossings in both directions. While the
+		// charged total stays above the threshold no further event comes,
+		// so poll until it is back below.
+		for g.Exists() {
+			s, err := g.Stats()
+			if err != nil || s.MemoryBytes+s.CacheBytes < threshold {
+				break
+			}
+			wait := abovePoll
+			if s.MemoryBytes >= threshold {
+				fn()
+				wait = afterAct // let what fn freed come back first
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
 		if !g.Exists() {
 			return nil // the kernel signals every listener when a group goes
 		}
-		// The event fires on crossings in both directions.
-		if s, err := g.Stats(); err == nil && s.MemoryBytes >= threshold {
-			fn()
-		}
 	}
 }
+
+// v2Slack is how far below memory.high a v2 group's held memory may be
+// when a high event counts: the kernel keeps the group near memory.high by
+// reclaiming and throttling, so what it holds hovers at the line rather
+// than above it.
+func v2Slack(threshold int64) int64 { return threshold / 32 }
 
 func (g Group) watchV2(ctx context.Context, threshold int64, fn func()) error {
 	if err := os.WriteFile(g.file("", "memory.high"), []byte(strconv.FormatInt(threshold, 10)), 0); err != nil {
@@ -234,8 +290,13 @@ func (g Group) watchV2(ctx context.Context, threshold int64, fn func()) error {
 			return nil
 		}
 		n, err := keyed(g.file("", "memory.events"), "high")
-		if err == nil && n != last {
-			last = n
+		if err != nil || n == last {
+			continue
+		}
+		last = n
+		// A high event also comes when the kernel merely reclaimed page
+		// cache at the line.
+		if s, err := g.Stats(); err != nil || s.MemoryBytes >= threshold-v2Slack(threshold) {
 			fn()
 		}
 	}

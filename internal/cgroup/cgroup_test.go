@@ -19,31 +19,8 @@ import (
 // that the watcher fires at the threshold, long before the hard limit, so a
 // guard can act while the group still runs.
 func TestWatchMemoryV1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create cgroups")
-	}
-	if cgroup.Detect() != cgroup.V1 {
-		t.Skip("this host uses the unified hierarchy; the v1 watcher does not apply")
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	g := cgroup.Group{Version: cgroup.V1, Path: "/sandboxd-test-" + hex.EncodeToString(b[:])}
-	dir := filepath.Join(cgroup.Root, "memory", g.Path)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Skipf("cannot create a memory cgroup here: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := g.Remove(); err != nil {
-			t.Error(err)
-		}
-		if g.Exists() {
-			t.Error("cgroup left behind")
-		}
-	})
 	const hard, threshold = 256 << 20, 32 << 20
-	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.Itoa(hard)), 0); err != nil {
-		t.Fatal(err)
-	}
+	g, dir := v1Group(t, hard)
 	if got, err := g.MemoryLimit(); err != nil || got != hard {
 		t.Fatalf("MemoryLimit %d %v", got, err)
 	}
@@ -82,5 +59,92 @@ func TestWatchMemoryV1(t *testing.T) {
 	procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil || len(procs) != 0 {
 		t.Errorf("tasks left in the group: %q %v", procs, err)
+	}
+}
+
+// v1Group makes a fresh v1 memory cgroup with a hard limit, removed at the
+// end of the test.
+func v1Group(t *testing.T, hard int64) (cgroup.Group, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroups")
+	}
+	if cgroup.Detect() != cgroup.V1 {
+		t.Skip("this host uses the unified hierarchy; the v1 watcher does not apply")
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	g := cgroup.Group{Version: cgroup.V1, Path: "/sandboxd-test-" + hex.EncodeToString(b[:])}
+	dir := filepath.Join(cgroup.Root, "memory", g.Path)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot create a memory cgroup here: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := g.Remove(); err != nil {
+			t.Error(err)
+		}
+		if g.Exists() {
+			t.Error("cgroup left behind")
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(hard, 10)), 0); err != nil {
+		t.Fatal(err)
+	}
+	return g, dir
+}
+
+// TestWatchMemoryIgnoresPageCache writes and reads a file three times the
+// threshold from inside the group: the page cache that fills the group's
+// charge is not memory the group holds, and the watcher stays quiet. A
+// memory hog started afterwards, while the cache still fills the charge
+// (so no new threshold crossing happens), is still caught. A guard that
+// counted the cache killed a sandbox's dd of a file larger than its memory.
+func TestWatchMemoryIgnoresPageCache(t *testing.T) {
+	const hard, threshold = 128 << 20, 48 << 20
+	g, dir := v1Group(t, hard)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	fired := make(chan cgroup.Stats, 16)
+	go func() {
+		_ = g.WatchMemory(ctx, threshold, func() {
+			st, _ := g.Stats()
+			select {
+			case fired <- st:
+			default:
+			}
+		})
+	}()
+	join := "echo $$ > " + filepath.Join(dir, "cgroup.procs") + " && "
+	file := filepath.Join(t.TempDir(), "big")
+	if out, err := exec.Command("sh", "-c", join+"dd if=/dev/zero of="+file+" bs=1M count=150 conv=fsync 2>&1 && cat "+file+" "+file+" > /dev/null").CombinedOutput(); err != nil {
+		t.Fatalf("write and read a file in the group: %v %s", err, out)
+	}
+	st, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the file: held %d MiB, page cache %d MiB", st.MemoryBytes>>20, st.CacheBytes>>20)
+	if st.MemoryBytes+st.CacheBytes < threshold {
+		t.Fatalf("the file's cache did not fill the group (%+v): the test proves nothing", st)
+	}
+	select {
+	case st := <-fired:
+		t.Fatalf("the watcher fired on page cache: %+v", st)
+	case <-time.After(500 * time.Millisecond):
+	}
+
+	cmd := exec.Command("sh", "-c", join+"exec tail /dev/zero")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	select {
+	case st := <-fired:
+		if st.MemoryBytes < threshold {
+			t.Errorf("fired holding %d bytes, below the threshold %d", st.MemoryBytes, threshold)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watcher never fired for the hog")
 	}
 }
