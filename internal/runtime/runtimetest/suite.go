@@ -57,6 +57,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Isolation", s.testIsolation)
 	t.Run("Home", s.testHome)
 	t.Run("MemoryBomb", s.testMemoryBomb)
+	t.Run("BigFile", s.testBigFile)
 	t.Run("ForkBomb", s.testForkBomb)
 	t.Run("Snapshot", s.testSnapshot)
 	t.Run("LayerBounds", s.testLayerBounds)
@@ -376,6 +377,19 @@ func (s *suite) testMemoryBomb(t *testing.T) {
 	}
 	if st.MemoryBytes > limit {
 		t.Errorf("memory after the bomb %d > limit %d", st.MemoryBytes, limit)
+	}
+}
+
+// testBigFile writes and reads a file larger than the sandbox's memory: the
+// file's page cache is not the sandbox's memory, and nothing is killed for
+// it (a guard that counted the cache killed dd here).
+func (s *suite) testBigFile(t *testing.T) {
+	sb := s.create(t, runtime.Spec{Limits: runtime.Limits{MemoryBytes: 128 << 20}})
+	o := run(t, sb, runtime.ExecRequest{Cmd: []string{"sh", "-c",
+		"dd if=/dev/zero of=/workspace/big bs=1M count=160 2>/dev/null && sync && cat /workspace/big > /dev/null && wc -c < /workspace/big && rm /workspace/big"},
+		Timeout: 3 * time.Minute})
+	if o.err != nil || o.res.ExitCode != 0 || strings.TrimSpace(o.stdout) != "167772160" {
+		t.Fatalf("a 160 MiB file in a 128 MiB sandbox: %v %+v %q %q", o.err, o.res, o.stdout, o.stderr)
 	}
 }
 
