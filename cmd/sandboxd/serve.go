@@ -365,16 +365,16 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 	srv, err := api.New(api.Options{
-		Store:       st,
-		Auth:        authn,
-		Logger:      log,
-		Registry:    reg,
-		Version:     version,
-		SnapshotTTL: o.snapshotTTL,
-		Sandboxes:   mgr,
-		Agents:      agentSvc,
-		Proxy:       netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
-		Files:       fileSvc,
+		Store:        st,
+		Auth:         authn,
+		Logger:       log,
+		Registry:     reg,
+		Version:      version,
+		Environments: persistence,
+		Sandboxes:    mgr,
+		Agents:       agentSvc,
+		Proxy:        netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
+		Files:        fileSvc,
 		Mount: map[string]http.Handler{
 			repo.GitPathPrefix + "*":    repos.GitHTTPHandler(authn),
 			modelproxy.PathPrefix + "*": models,

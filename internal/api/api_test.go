@@ -13,7 +13,10 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/forge"
+	"github.com/sandboxd/sandboxd/internal/persist"
+	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -48,16 +51,33 @@ func newFixture(t testing.TB) *fixture {
 	return &fixture{st: st, srv: srv, account: a, key: plaintext}
 }
 
-// ownRepos is the sandbox service of these tests: only CheckRepoURL is
-// served (any other method panics: the PATCH handler must not reach
-// further into the sandbox manager), refusing repositories under github.com/forbidden.
-type ownRepos struct{ SandboxService }
-
-func (ownRepos) CheckRepoURL(_, url string) error {
-	if strings.HasPrefix(url, "https://github.com/forbidden/") {
-		return errdefs.New(errdefs.ErrInvalid, "on github.com this account may only name its own mirror")
+// environments is the real owner of the environment rows (internal/persist)
+// on the fixture's store, with a GitHub mirror whose owner is "forbidden":
+// repositories there other than the account's own mirror are refused. No
+// request reaches GitHub (OwnsRepo only reads the URL).
+func environments(t *testing.T, st *store.Store) *persist.Service {
+	t.Helper()
+	gh, err := forge.NewGitHub(forge.Options{Token: "test-token", Owner: "forbidden"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return nil
+	mirror, err := forge.NewMirror(forge.MirrorOptions{Forge: gh, Token: "test-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobs, err := blob.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	repos, err := repo.New(repo.Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := persist.New(persist.Options{Store: st, Blobs: blobs, Repos: repos, BaseDir: t.TempDir(), TempDir: t.TempDir(), Mirror: mirror})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
 }
 
 func (f *fixture) do(method, target, body string) *httptest.ResponseRecorder {
@@ -105,6 +125,7 @@ func TestPatchSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	f.srv.opts.Environments = environments(t, f.st)
 	// Nothing set yet: the answer is null, not a row.
 	rec := f.do("PATCH", "/api/sandboxes", ``)
 	if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != "null" {
@@ -117,12 +138,10 @@ func TestPatchSnapshot(t *testing.T) {
 		t.Fatalf("PATCH github_repo only: %d %s", rec.Code, rec.Body)
 	}
 	// A repository the service refuses is a 400 naming the field.
-	f.srv.opts.Sandboxes = ownRepos{}
 	rec = f.do("PATCH", "/api/sandboxes", `{"github_repo":"https://github.com/forbidden/x"}`)
-	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "github_repo: on github.com this account may only name its own mirror") {
+	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "github_repo: not the account's repository on the forge: on github.com this account may only name its own mirror") {
 		t.Fatalf("PATCH a refused github_repo: %d %s", rec.Code, rec.Body)
 	}
-	f.srv.opts.Sandboxes = nil
 	// Another account's snapshot is as unknown as a missing one.
 	for _, id := range []string{theirs.ID, "snap_missing"} {
 		if rec := f.do("PATCH", "/api/sandboxes", `{"snapshotId":"`+id+`"}`); rec.Code != 404 {

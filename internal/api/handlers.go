@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -233,55 +234,20 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx := r.Context()
-	env, err := s.opts.Store.GetEnvironment(ctx, account)
-	found := err == nil
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("get environment of %s: %w", account, err)
+	if s.opts.Environments == nil {
+		return errNotAvailable
 	}
-	if req.SnapshotID == "" && req.GithubRepo == "" {
-		var row *SnapshotRow
-		if found {
-			row = snapshotRow(env)
-		}
-		writeJSON(w, http.StatusOK, row)
-		return nil
-	}
-	if req.GithubRepo != "" && s.opts.Sandboxes != nil {
-		// sandboxd pushes to github_repo with the operator's forge token:
-		// an account may only name its own mirror there. (Without a
-		// sandbox service nothing is ever pushed.)
-		if err := s.opts.Sandboxes.CheckRepoURL(account, req.GithubRepo); err != nil {
-			return serviceError(fmt.Errorf("github_repo: %w", err), "Not found")
-		}
-	}
-	if req.SnapshotID != "" {
-		snap, err := s.opts.Store.GetSnapshot(ctx, req.SnapshotID)
-		if errors.Is(err, store.ErrNotFound) || (err == nil && snap.AccountID != account) {
-			return errNotFound("Snapshot not found")
-		}
-		if err != nil {
-			return fmt.Errorf("get snapshot %s: %w", req.SnapshotID, err)
-		}
-	}
-	now := s.opts.Now()
-	if !found {
-		env = store.Environment{AccountID: account, CreatedAt: now}
-	}
-	if req.SnapshotID != "" {
-		env.SnapshotID = &req.SnapshotID
-	}
-	if req.GithubRepo != "" {
-		env.GithubRepo = &req.GithubRepo
-	}
-	env.ExpiresAt = now.Add(s.opts.SnapshotTTL)
-	env.UpdatedAt = now
-	if err := s.opts.Store.UpsertEnvironment(ctx, &env); err != nil {
-		return fmt.Errorf("save environment of %s: %w", account, err)
+	env, err := s.opts.Environments.PatchEnvironment(r.Context(), account, persist.EnvironmentPatch{SnapshotID: req.SnapshotID, GithubRepo: req.GithubRepo})
+	if err != nil {
+		return serviceError(err, "Snapshot not found")
 	}
 	// The raw row, never wrapped: the original's handler and its published
-	// UpdateSnapshotResponse both answer it so.
-	writeJSON(w, http.StatusOK, snapshotRow(env))
+	// UpdateSnapshotResponse both answer it so (null while there is none).
+	var row *SnapshotRow
+	if env != nil {
+		row = snapshotRow(*env)
+	}
+	writeJSON(w, http.StatusOK, row)
 	return nil
 }
 

@@ -26,7 +26,6 @@ type Store interface {
 	GetRun(ctx context.Context, id string) (store.Run, error)
 	ListRuns(ctx context.Context, accountID string, limit int) ([]store.Run, error)
 	GetEnvironment(ctx context.Context, accountID string) (store.Environment, error)
-	UpsertEnvironment(ctx context.Context, env *store.Environment) error
 	GetSnapshot(ctx context.Context, id string) (store.Snapshot, error)
 }
 
@@ -45,8 +44,9 @@ type Options struct {
 	Sandboxes SandboxService
 	Files     FileService
 	Agents    AgentService
-	// SnapshotTTL is how long a snapshot row stays valid (default 7 days).
-	SnapshotTTL time.Duration
+	// Environments owns the accounts' environment rows (PATCH
+	// /api/sandboxes).
+	Environments EnvironmentService
 	// Proxy forwards /api/sandboxes/{id}/proxy/{port}/... to the sandbox's
 	// port once the caller's access to the sandbox is checked; nil answers
 	// 501.
@@ -73,9 +73,6 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
-	}
-	if opts.SnapshotTTL == 0 {
-		opts.SnapshotTTL = 7 * 24 * time.Hour
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -34,6 +35,13 @@ type SandboxService interface {
 	// CheckRepoURL refuses (errdefs.ErrInvalid) a repository URL that the account
 	// may not name: one on the configured forge that is not its own mirror.
 	CheckRepoURL(accountID, url string) error
+}
+
+// EnvironmentService owns the account's environment row (internal/persist).
+type EnvironmentService interface {
+	// PatchEnvironment applies p and returns the row afterwards, nil when
+	// there is none; errdefs classes say what was refused.
+	PatchEnvironment(ctx context.Context, accountID string, p persist.EnvironmentPatch) (*store.Environment, error)
 }
 
 // FileService reads and writes the account's repository (internal/repo).

@@ -289,22 +289,6 @@ func (s *Service) MirrorNow(ctx context.Context, accountID string) (forge.Repo, 
 	return r, err
 }
 
-// setRepoURL records url as the account's github_repo.
-func (s *Service) setRepoURL(ctx context.Context, accountID, url string) error {
-	now := s.opts.Now()
-	env, err := s.st.GetEnvironment(ctx, accountID)
-	if errors.Is(err, store.ErrNotFound) {
-		env = store.Environment{AccountID: accountID, CreatedAt: now, ExpiresAt: now.Add(s.opts.TTL)}
-	} else if err != nil {
-		return err
-	}
-	if env.GithubRepo != nil && *env.GithubRepo == url {
-		return nil
-	}
-	env.GithubRepo, env.UpdatedAt = &url, now
-	return s.st.UpsertEnvironment(ctx, &env)
-}
-
 // Snapshot implements sandbox.Persistence.
 func (s *Service) Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (string, error) {
 	snap, err := s.Capture(ctx, sb, rsb)
@@ -588,24 +572,6 @@ func chainKeys(chain []store.Snapshot) []string {
 	return keys
 }
 
-// setEnvironment makes snapshotID the account's snapshot for TTL more.
-func (s *Service) setEnvironment(ctx context.Context, accountID, snapshotID string) error {
-	now := s.opts.Now()
-	env, err := s.st.GetEnvironment(ctx, accountID)
-	if errors.Is(err, store.ErrNotFound) {
-		env = store.Environment{AccountID: accountID, CreatedAt: now}
-	} else if err != nil {
-		return fmt.Errorf("load environment of %s: %w", accountID, err)
-	}
-	env.SnapshotID = &snapshotID
-	env.ExpiresAt = now.Add(s.opts.TTL)
-	env.UpdatedAt = now
-	if err := s.st.UpsertEnvironment(ctx, &env); err != nil {
-		return fmt.Errorf("save environment of %s: %w", accountID, err)
-	}
-	return nil
-}
-
 // Layers implements sandbox.Persistence.
 func (s *Service) Layers(ctx context.Context, accountID string) ([]runtime.Layer, string, func(), error) {
 	noop := func() {}
@@ -637,24 +603,6 @@ func (s *Service) Layers(ctx context.Context, accountID string) ([]runtime.Layer
 		layers = append(layers, runtime.Layer{ID: "sha256:" + sn.BlobKey, R: rc})
 	}
 	return layers, top.ID, release, nil
-}
-
-// DeleteAccount implements sandbox.Persistence: the repository goes, and
-// the snapshot rows and their blobs (unless shared).
-func (s *Service) DeleteAccount(ctx context.Context, accountID string) error {
-	snaps, err := s.st.DeleteSnapshotsOf(ctx, accountID)
-	if err != nil {
-		return fmt.Errorf("delete snapshots of %s: %w", accountID, err)
-	}
-	for _, sn := range snaps {
-		if err := s.deleteBlobIfUnused(ctx, sn.BlobKey); err != nil {
-			return err
-		}
-	}
-	if err := s.opts.Repos.Delete(ctx, accountID); err != nil && !errors.Is(err, repo.ErrNoRepository) {
-		return fmt.Errorf("delete repository of %s: %w", accountID, err)
-	}
-	return nil
 }
 
 func (s *Service) deleteBlobIfUnused(ctx context.Context, key string) error {

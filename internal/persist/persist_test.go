@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -219,5 +220,53 @@ func TestSnapshotQuota(t *testing.T) {
 	}
 	if got := f.storedBlobs(t); !slices.Equal(got, before) {
 		t.Fatalf("blobs %v after the refused capture, want %v: nothing stored", got, before)
+	}
+}
+
+// TestEnvironmentHasOneOwner drives the account's row through its owner
+// only: a capture sets the snapshot, a PATCH can point it at an older one
+// of the account's (never another account's), and deleting the account
+// removes the row with the snapshots.
+func TestEnvironmentHasOneOwner(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 8, TTL: time.Hour})
+	ctx := context.Background()
+	if env, err := f.svc.PatchEnvironment(ctx, f.account.ID, EnvironmentPatch{}); err != nil || env != nil {
+		t.Fatalf("empty patch without a row: %+v %v", env, err)
+	}
+	first, err := f.capture(t, map[string]string{"/f": "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := f.capture(t, map[string]string{"/f": "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := f.st.GetEnvironment(ctx, f.account.ID)
+	if err != nil || env.SnapshotID == nil || *env.SnapshotID != second.ID {
+		t.Fatalf("after two captures: %+v %v", env, err)
+	}
+	other := store.Account{Name: "bob", Kind: store.AccountPersonal}
+	if err := f.st.CreateAccount(ctx, &other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.PatchEnvironment(ctx, other.ID, EnvironmentPatch{SnapshotID: first.ID}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("another account's snapshot: %v", err)
+	}
+	f.advance(30 * time.Minute)
+	got, err := f.svc.PatchEnvironment(ctx, f.account.ID, EnvironmentPatch{SnapshotID: first.ID, GithubRepo: "https://git.example.test/a.git"})
+	if err != nil || got == nil || *got.SnapshotID != first.ID || *got.GithubRepo != "https://git.example.test/a.git" || got.ExpiresAt.Sub(f.clock().Add(time.Hour)).Abs() >= time.Millisecond {
+		t.Fatalf("patch: %+v %v", got, err)
+	}
+	if env, err := f.st.GetEnvironment(ctx, f.account.ID); err != nil || *env.SnapshotID != first.ID {
+		t.Fatalf("stored after the patch: %+v %v", env, err)
+	}
+	if err := f.svc.DeleteAccount(ctx, f.account.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.GetEnvironment(ctx, f.account.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("row after deleting the account: %v", err)
+	}
+	if blobs := f.storedBlobs(t); len(blobs) != 0 {
+		t.Fatalf("blobs after deleting the account: %v", blobs)
 	}
 }

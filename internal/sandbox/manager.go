@@ -12,7 +12,6 @@ package sandbox
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,7 +89,8 @@ type Persistence interface {
 	Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (snapshotID string, err error)
 	// Initialize gives an account's empty repository a first commit.
 	Initialize(ctx context.Context, account store.Account) error
-	// DeleteAccount removes the account's repository and snapshot blobs.
+	// DeleteAccount removes the account's environment row, snapshots (rows
+	// and blobs) and repository.
 	DeleteAccount(ctx context.Context, accountID string) error
 }
 
@@ -661,7 +661,8 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 			}
 		}
 	}
-	// The answer is the row as it was: deleting the snapshots clears it.
+	// The answer is the row as it was; persistence, which owns the row,
+	// deletes it with the snapshots (without persistence there is none).
 	var deleted *store.Environment
 	switch env, err := m.st.GetEnvironment(ctx, accountID); {
 	case err == nil:
@@ -673,18 +674,6 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 		if err := m.cfg.Persist.DeleteAccount(ctx, accountID); err != nil {
 			return nil, fmt.Errorf("delete data of %s: %w", accountID, err)
 		}
-	}
-	err = m.st.InTx(ctx, func(_ *sql.Tx, q *store.Queries) error {
-		if _, err := q.DeleteEnvironment(ctx, accountID); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("delete environment of %s: %w", accountID, err)
-		}
-		if _, err := q.DeleteSnapshotsOf(ctx, accountID); err != nil {
-			return fmt.Errorf("delete snapshots of %s: %w", accountID, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	return deleted, nil
 }
