@@ -41,6 +41,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // serveOptions are the settings of `sandboxd serve`.
@@ -319,16 +320,13 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			DiskReserveBytes: o.diskReserve << 20,
 			WarmSandboxes:    warmSandboxes(o),
 			SetupOnFirstUse:  o.setup,
-			// No operator credential goes into a sandbox: models are
-			// reached through the model proxy, GitHub from the host.
-			AnthropicProxy: o.anthropicKey != "" || o.claudeToken != "",
-			Model:          runs.ModelProvider{BaseURL: o.modelURL, Model: o.modelName},
-			Commands:       agentCommands(baseDir),
-			Image:          imageName(o),
-			Network:        defaultPolicy,
+			Model:            runs.ModelProvider{BaseURL: o.modelURL, Model: o.modelName},
+			Commands:         agentCommands(baseDir),
+			Image:            imageName(o),
+			Network:          defaultPolicy,
 		},
 		Persist: persistence,
-		Net:     netMgr,
+		Hooks:   sandboxHooks(st, o, netMgr, persistence),
 		Logger:  log.With("component", "sandbox"),
 
 		LogMaxBytes: o.logMaxMiB << 20,
@@ -611,4 +609,21 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 		return rt, nil
 	}
 	return nil, fmt.Errorf("unknown runtime %q (available: gvisor, microvm)", o.runtimeName)
+}
+
+// sandboxHooks are the concerns plugged into every sandbox's life, in the
+// order they run: its own key, its network (when the server has
+// networking), and persistence's (git's credentials, the account's
+// snapshot).
+func sandboxHooks(st *store.Store, o *serveOptions, netMgr *netpol.Manager, persistence *persist.Service) []sandbox.Hook {
+	hooks := []sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{
+		Store: st,
+		// No operator credential goes into a sandbox: models are reached
+		// through the model proxy, GitHub from the host.
+		AnthropicProxy: o.anthropicKey != "" || o.claudeToken != "",
+	})}
+	if netMgr != nil {
+		hooks = append(hooks, sandbox.NewNetworkHook(netMgr))
+	}
+	return append(hooks, persistence.Hooks()...)
 }

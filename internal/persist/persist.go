@@ -132,9 +132,6 @@ func GitEnv(sandboxID string) []string {
 	return env
 }
 
-// Env implements sandbox.Persistence.
-func (s *Service) Env(sb store.Sandbox) []string { return GitEnv(sb.ID) }
-
 // RepoURL is the account's repository as sandboxes reach it.
 func RepoURL(accountID string) string {
 	return HomeURL + repo.GitPathPrefix + accountID + ".git"
@@ -572,7 +569,9 @@ func chainKeys(chain []store.Snapshot) []string {
 	return keys
 }
 
-// Layers implements sandbox.Persistence.
+// Layers opens the chain of layers of the account's current snapshot,
+// bottom first, or returns no layers when the account has none (or it
+// expired). release closes what was opened.
 func (s *Service) Layers(ctx context.Context, accountID string) ([]runtime.Layer, string, func(), error) {
 	noop := func() {}
 	env, err := s.st.GetEnvironment(ctx, accountID)

@@ -16,7 +16,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -268,5 +270,54 @@ func TestEnvironmentHasOneOwner(t *testing.T) {
 	}
 	if blobs := f.storedBlobs(t); len(blobs) != 0 {
 		t.Fatalf("blobs after deleting the account: %v", blobs)
+	}
+}
+
+// TestSnapshotHooksStartFromTheAccountsSnapshot creates sandboxes through
+// the manager with persistence's hooks registered: a sandbox of an account
+// with a snapshot gets its chain as layers and the row records the
+// snapshot; a restore the runtime refuses starts fresh, recording none;
+// the layers opened are closed on every path.
+func TestSnapshotHooksStartFromTheAccountsSnapshot(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 8})
+	ctx := context.Background()
+	snap, err := f.capture(t, map[string]string{"/f": "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks := f.svc.Hooks()
+	m := sandbox.NewManager(sandbox.Config{Store: f.st, Runtime: f.rt, NodeID: "here", DataDir: t.TempDir(), Persist: f.svc, Hooks: hooks})
+	sb, _, err := m.Create(ctx, f.account.ID, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := f.rt.Spec(sb.ID)
+	if row, _ := f.st.GetSandbox(ctx, sb.ID); len(spec.Layers) != 1 || sb.SnapshotID != snap.ID || row.SnapshotID != snap.ID {
+		t.Fatalf("layers %v, snapshot %q on the answer and %q on the row; want %s", spec.Layers, sb.SnapshotID, row.SnapshotID, snap.ID)
+	}
+	if !slices.Contains(spec.Env, GitEnv(sb.ID)[0]) {
+		t.Fatalf("env %v lacks git's credentials", spec.Env)
+	}
+
+	// The runtime refuses the restore: the sandbox starts fresh.
+	f.rt.FailCreate(func(spec runtime.Spec) error {
+		if len(spec.Layers) > 0 {
+			return errors.New("corrupt layer")
+		}
+		return nil
+	})
+	fresh, _, err := m.Create(ctx, f.account.ID, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ = f.rt.Spec(fresh.ID)
+	if row, _ := f.st.GetSandbox(ctx, fresh.ID); len(spec.Layers) != 0 || fresh.SnapshotID != "" || row.SnapshotID != "" {
+		t.Fatalf("after a refused restore: layers %v, snapshot %q/%q; want a fresh start", spec.Layers, fresh.SnapshotID, row.SnapshotID)
+	}
+	// Nothing is left holding the layers.
+	for _, h := range hooks {
+		if l, ok := h.(*layersHook); ok && len(l.held) != 0 {
+			t.Fatalf("layers still held for %v", l.held)
+		}
 	}
 }

@@ -13,11 +13,13 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// The concerns around a sandbox's life — its key, its network, what
-// persistence adds to its environment — plug into the lifecycle as hooks,
-// the way Nomad's task runner hooks do (TaskPrestartHook, TaskStopHook,
-// ...): the state machine calls each kind at its moment, and a concern is
-// one type in its own place instead of lines woven into start and stop.
+// The concerns around a sandbox's life — its key, its network, the
+// account's snapshot and what persistence adds to its environment — plug
+// into the lifecycle as hooks, the way Nomad's task runner hooks do
+// (TaskPrestartHook, TaskPoststartHook, TaskPreKillHook, TaskStopHook):
+// the state machine calls each kind at its moment, and a concern is one
+// type in its own place instead of lines woven into start and stop.
+// `sandboxd serve` registers them (Config.Hooks), in order.
 
 // Hook is one concern; it implements any of the hook kinds below.
 type Hook interface {
@@ -33,6 +35,24 @@ type PrestartHook interface {
 	Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error
 	// FailureReason is the sandbox's failure reason when Prestart fails.
 	FailureReason() string
+}
+
+// PoststartHook sees a sandbox the runtime has started, before it is
+// marked running; restored says the runtime took the spec's Layers (a
+// restore that fails starts the sandbox fresh instead). A failure fails the
+// start with the hook's reason.
+type PoststartHook interface {
+	Hook
+	Poststart(ctx context.Context, sb *store.Sandbox, restored bool) error
+	FailureReason() string
+}
+
+// PreKillHook acts at the moment a stop is decided, before the sandbox's
+// node gets round to it (perhaps through a job on another node): what
+// must end at once, like the sandbox's key.
+type PreKillHook interface {
+	Hook
+	PreKill(ctx context.Context, id string) error
 }
 
 // StopHook undoes what its concern made for sandbox id, on every path on
@@ -62,6 +82,30 @@ func (m *Manager) prestart(ctx context.Context, sb store.Sandbox, spec *runtime.
 	return "", nil
 }
 
+// poststart runs the poststart hooks in order; on a failure it returns the
+// failing hook's reason.
+func (m *Manager) poststart(ctx context.Context, sb *store.Sandbox, restored bool) (reason string, err error) {
+	for _, h := range m.hooks {
+		if p, ok := h.(PoststartHook); ok {
+			if err := p.Poststart(ctx, sb, restored); err != nil {
+				return p.FailureReason(), fmt.Errorf("%s: %w", h.Name(), err)
+			}
+		}
+	}
+	return "", nil
+}
+
+// preKill runs every pre-kill hook for sandbox id, logging failures.
+func (m *Manager) preKill(ctx context.Context, id string) {
+	for _, h := range m.hooks {
+		if k, ok := h.(PreKillHook); ok {
+			if err := k.PreKill(ctx, id); err != nil {
+				m.log.Error("pre-kill hook", "hook", h.Name(), "sandbox_id", id, "err", err)
+			}
+		}
+	}
+}
+
 // ended runs every stop hook for sandbox id, logging failures; it reports
 // them joined.
 func (m *Manager) ended(ctx context.Context, id string) error {
@@ -88,15 +132,33 @@ func (m *Manager) reconcileHooks(ctx context.Context, keep func(id string) bool)
 	}
 }
 
-// keyHook mints each sandbox a key of its own (sandbox-scoped, in
-// RECOUP_API_KEY) and revokes it when the sandbox ends. No operator
-// credential enters the environment: the agent CLIs get the sandbox's key
-// as their API key, which the model proxy swaps for the real one outside.
-type keyHook struct {
-	st       *store.Store
-	settings *Settings
-	now      func() time.Time
+// KeyHookConfig configures the key hook.
+type KeyHookConfig struct {
+	Store *store.Store
+	// Env is extra environment for every sandbox. Everything in it is
+	// readable by every tenant: never an operator credential (GitHub
+	// tokens and model keys stay on the host; see AnthropicProxy).
+	Env map[string]string
+	// AnthropicProxy points Claude Code in sandboxes at the Anthropic API
+	// through the model proxy (ANTHROPIC_BASE_URL), with the sandbox's own
+	// key as its ANTHROPIC_API_KEY: the proxy adds the real credential.
+	AnthropicProxy bool
+	Now            func() time.Time // default time.Now
 }
+
+// NewKeyHook returns the hook that mints each sandbox a key of its own
+// (sandbox-scoped, in RECOUP_API_KEY) and revokes it the moment a stop is
+// decided and again on every end. No operator credential enters the
+// environment: the agent CLIs get the sandbox's key as their API key,
+// which the model proxy swaps for the real one outside.
+func NewKeyHook(c KeyHookConfig) Hook {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return keyHook(c)
+}
+
+type keyHook KeyHookConfig
 
 func (keyHook) Name() string          { return "keys" }
 func (keyHook) FailureReason() string { return "could not mint its API key" }
@@ -107,7 +169,7 @@ func (h keyHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.S
 		return err
 	}
 	key := store.APIKey{AccountID: sb.AccountID, Name: "sandbox " + sb.ID, Prefix: prefix, Hash: hash, SandboxID: sb.ID}
-	if err := h.st.CreateAPIKey(ctx, &key); err != nil {
+	if err := h.Store.CreateAPIKey(ctx, &key); err != nil {
 		return fmt.Errorf("mint sandbox key: %w", err)
 	}
 	spec.Env = append(spec.Env,
@@ -116,34 +178,46 @@ func (h keyHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.S
 		"SANDBOX_ID="+sb.ID,
 		"SANDBOXD_URL=http://sandboxd.internal",
 	)
-	for k, v := range h.settings.Env {
+	for k, v := range h.Env {
 		if v != "" {
 			spec.Env = append(spec.Env, k+"="+v)
 		}
 	}
-	if h.settings.AnthropicProxy {
+	if h.AnthropicProxy {
 		spec.Env = append(spec.Env, "ANTHROPIC_BASE_URL="+modelproxy.SandboxURL+"anthropic", "ANTHROPIC_API_KEY="+plaintext)
 	}
 	return nil
 }
 
+// PreKill revokes the key with the stop decision: code inside cannot use
+// it while the stop is on its way.
+func (h keyHook) PreKill(ctx context.Context, id string) error { return h.Stop(ctx, id) }
+
 // Stop revokes the sandbox's keys: every path on which a sandbox ends goes
-// through the stop hooks (and the stop decision revokes at once, too).
+// through the stop hooks.
 func (h keyHook) Stop(ctx context.Context, id string) error {
-	if err := h.st.RevokeSandboxKeys(ctx, id, h.now()); err != nil {
+	if err := h.Store.RevokeSandboxKeys(ctx, id, h.Now()); err != nil {
 		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
 	}
 	return nil
 }
 
-// networkHook gives a sandbox whose policy needs one its network namespace
-// (netpol), and removes it when the sandbox ends or is found gone.
-type networkHook struct{ net *netpol.Manager }
+// NetworkHook gives a sandbox whose policy needs one its network
+// namespace (netpol), and removes it when the sandbox ends or is found
+// gone. Registering it is what enables sandbox networks on a server.
+type NetworkHook struct{ net *netpol.Manager }
 
-func (networkHook) Name() string          { return "network" }
-func (networkHook) FailureReason() string { return "could not set up its network" }
+// NewNetworkHook returns the network hook over net.
+func NewNetworkHook(net *netpol.Manager) *NetworkHook { return &NetworkHook{net: net} }
 
-func (h networkHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+// Name implements Hook.
+func (*NetworkHook) Name() string { return "network" }
+
+// FailureReason implements PrestartHook.
+func (*NetworkHook) FailureReason() string { return "could not set up its network" }
+
+// Prestart implements PrestartHook.
+func (h *NetworkHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
 	policy, err := sandboxPolicy(sb)
 	if err != nil || !hasNetwork(policy) {
 		return err
@@ -156,20 +230,10 @@ func (h networkHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runti
 	return nil
 }
 
-func (h networkHook) Stop(ctx context.Context, id string) error { return h.net.Teardown(ctx, id) }
+// Stop implements StopHook.
+func (h *NetworkHook) Stop(ctx context.Context, id string) error { return h.net.Teardown(ctx, id) }
 
-func (h networkHook) Reconcile(ctx context.Context, keep func(id string) bool) error {
+// Reconcile implements ReconcileHook.
+func (h *NetworkHook) Reconcile(ctx context.Context, keep func(id string) bool) error {
 	return h.net.Reconcile(ctx, keep)
-}
-
-// persistEnvHook adds what persistence needs in the environment (git's
-// credentials for the account's repository).
-type persistEnvHook struct{ p Persistence }
-
-func (persistEnvHook) Name() string          { return "persistence" }
-func (persistEnvHook) FailureReason() string { return "could not prepare its persistence" }
-
-func (h persistEnvHook) Prestart(_ context.Context, sb store.Sandbox, spec *runtime.Spec) error {
-	spec.Env = append(spec.Env, h.p.Env(sb)...)
-	return nil
 }

@@ -48,10 +48,6 @@ type Settings struct {
 	// WarmSandboxes the runtime keeps started ahead, each with a disk of
 	// Limits.DiskBytes that admitDisk counts as promised.
 	WarmSandboxes int
-	// Extra environment for every sandbox. Everything in it is readable by
-	// every tenant: never an operator credential (GitHub tokens and model
-	// keys stay on the host; see AnthropicProxy and Model).
-	Env map[string]string
 	// Model is the provider OpenCode is pointed at for prompts, through
 	// the model proxy on sandboxd.internal.
 	Model runs.ModelProvider
@@ -61,10 +57,6 @@ type Settings struct {
 	Commands map[string]bool
 	// Image names the base image in those refusals ("template base").
 	Image string
-	// AnthropicProxy points Claude Code in sandboxes at the Anthropic API
-	// through the model proxy (ANTHROPIC_BASE_URL), with the sandbox's own
-	// key as its ANTHROPIC_API_KEY: the proxy adds the real credential.
-	AnthropicProxy bool
 	// Network is the policy of sandboxes whose request names none, and of
 	// the sandboxes of the service's own tasks.
 	Network netpol.Policy
@@ -75,14 +67,8 @@ type Settings struct {
 // (commit, push, snapshot). It is optional; without it sandboxes start
 // fresh and keep nothing.
 type Persistence interface {
-	// Env is added to the sandbox's environment (e.g. git's credentials).
-	Env(sb store.Sandbox) []string
 	// Prepare readies /workspace in a started sandbox; idempotent.
 	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error
-	// Layers opens the chain of layers of the account's current snapshot,
-	// bottom first, or returns no layers when the account has none. release
-	// closes what was opened.
-	Layers(ctx context.Context, accountID string) (layers []runtime.Layer, snapshotID string, release func(), err error)
 	// AfterRun persists the work of a run.
 	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (runs.Saved, error)
 	// Snapshot captures the sandbox's filesystem as the account's snapshot.
@@ -106,11 +92,9 @@ type Config struct {
 	Home     string // unix socket of this server, reachable as sandboxd.internal
 	Settings Settings
 	Persist  Persistence
-	// Net gives sandboxes a network namespace under a policy; nil: every
-	// sandbox has loopback only.
-	Net *netpol.Manager
-	// Hooks are concerns of the operator's plugged into every sandbox's
-	// life after the built-in ones (see Hook).
+	// Hooks are the concerns plugged into every sandbox's life, in order
+	// (hooks.go): its key (NewKeyHook), its network (NewNetworkHook;
+	// without it every sandbox has loopback only), persistence's.
 	Hooks  []Hook
 	Logger *slog.Logger
 
@@ -135,10 +119,10 @@ type Manager struct {
 	prepared map[string]*preparation
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
-	// hooks are the concerns plugged into every sandbox's life (hooks.go):
-	// its key, its network, persistence's environment, then Config.Hooks.
+	// hooks are Config.Hooks; net is the network hook's manager among
+	// them (nil: no sandbox networks).
 	hooks []Hook
-	keys  keyHook // also revoked at the stop decision, before the stop hooks
+	net   *netpol.Manager
 	// setups is the account setup task (internal/agents), when served.
 	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
@@ -183,15 +167,12 @@ func NewManager(cfg Config) *Manager {
 	if cfg.Persist != nil {
 		persist = cfg.Persist
 	}
-	m.keys = keyHook{st: cfg.Store, settings: &m.cfg.Settings, now: func() time.Time { return m.now() }}
-	m.hooks = []Hook{m.keys}
-	if cfg.Net != nil {
-		m.hooks = append(m.hooks, networkHook{net: cfg.Net})
+	m.hooks = cfg.Hooks
+	for _, h := range cfg.Hooks {
+		if n, ok := h.(*NetworkHook); ok {
+			m.net = n.net
+		}
 	}
-	if cfg.Persist != nil {
-		m.hooks = append(m.hooks, persistEnvHook{p: cfg.Persist})
-	}
-	m.hooks = append(m.hooks, cfg.Hooks...)
 	m.runs = runs.New(runs.Config{
 		Store: cfg.Store, Jobs: cfg.Jobs, Host: m, Persist: persist, NodeID: cfg.NodeID,
 		DataDir: cfg.DataDir, LogMaxBytes: cfg.LogMaxBytes, Model: cfg.Settings.Model,
@@ -281,7 +262,7 @@ func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Du
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
 	}
-	if hasNetwork(policy) && m.cfg.Net == nil {
+	if hasNetwork(policy) && m.net == nil {
 		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, `networking is not enabled on this server; create the sandbox with network "none"`)
 	}
 	network, err := json.Marshal(policy)
@@ -353,9 +334,13 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
 		return fail(reason, err)
 	}
-	rsb, err := m.createFromSnapshot(ctx, sb, spec)
+	rsb, restored, err := m.create(ctx, sb, spec)
 	if err != nil {
 		return fail("the runtime could not start it", err)
+	}
+	if reason, err := m.poststart(ctx, sb, restored); err != nil {
+		_ = rsb.Destroy(ctx)
+		return fail(reason, err)
 	}
 	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", m.now())
 	if err != nil || !ok {
@@ -396,31 +381,19 @@ func (m *Manager) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.San
 	return p.err
 }
 
-// createFromSnapshot starts the sandbox from the account's snapshot when it
-// has one, falling back to a fresh sandbox when the restore fails.
-func (m *Manager) createFromSnapshot(ctx context.Context, sb *store.Sandbox, spec runtime.Spec) (runtime.Sandbox, error) {
-	if m.cfg.Persist != nil {
-		layers, snapID, release, err := m.cfg.Persist.Layers(ctx, sb.AccountID)
-		if err != nil {
-			m.log.Warn("open account snapshot; starting fresh", "sandbox_id", sb.ID, "account_id", sb.AccountID, "err", err)
-		}
-		if len(layers) > 0 {
-			spec.Layers = layers
-			rsb, err := m.rt.Create(ctx, spec)
-			release()
-			if err == nil {
-				if err := m.st.SetSandboxSnapshot(ctx, sb.ID, snapID); err != nil {
-					_ = rsb.Destroy(ctx)
-					return nil, err
-				}
-				sb.SnapshotID = snapID
-				return rsb, nil
-			}
-			m.log.Warn("restore account snapshot; starting fresh", "sandbox_id", sb.ID, "snapshot_id", snapID, "err", err)
-			spec.Layers = nil
-		}
+// create starts the sandbox on the runtime. A restore of the spec's
+// layers (the account's snapshot, added by a prestart hook) that fails
+// starts the sandbox fresh instead: a broken snapshot must not lock the
+// account out. restored says the layers were taken.
+func (m *Manager) create(ctx context.Context, sb *store.Sandbox, spec runtime.Spec) (rsb runtime.Sandbox, restored bool, err error) {
+	rsb, err = m.rt.Create(ctx, spec)
+	if err == nil || len(spec.Layers) == 0 {
+		return rsb, err == nil && len(spec.Layers) > 0, err
 	}
-	return m.rt.Create(ctx, spec)
+	m.log.Warn("restore account snapshot; starting fresh", "sandbox_id", sb.ID, "account_id", sb.AccountID, "err", err)
+	spec.Layers = nil
+	rsb, err = m.rt.Create(ctx, spec)
+	return rsb, false, err
 }
 
 // Live refreshes rows with the status their hosts report. The database is the source of truth
@@ -513,11 +486,9 @@ func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) err
 	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
 	}
-	// The key dies with the decision, not when the node gets round to it:
-	// code inside cannot use it while the stop is on its way.
-	if err := m.keys.Stop(ctx, sb.ID); err != nil {
-		m.log.Error("revoke sandbox keys", "sandbox_id", sb.ID, "err", err)
-	}
+	// What must end with the decision (the key) ends now, not when the
+	// node gets round to it.
+	m.preKill(ctx, sb.ID)
 	if sb.NodeID != m.cfg.NodeID {
 		return m.cfg.Jobs.Insert(ctx, jobs.StopSandboxArgs{SandboxID: sb.ID, Reason: reason}, sb.NodeID)
 	}
@@ -615,10 +586,10 @@ func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
 // GuestAddr is the address the host reaches sandbox id's network at (for
 // the port proxy); an error when it has none.
 func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) {
-	if m.cfg.Net == nil {
+	if m.net == nil {
 		return netip.Addr{}, errdefs.ErrNotFound
 	}
-	n, err := m.cfg.Net.Get(id)
+	n, err := m.net.Get(id)
 	if err != nil || n == nil {
 		return netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, errdefs.ErrNotFound)
 	}

@@ -50,6 +50,7 @@ func newPlane(t *testing.T, settings Settings, hooks ...Hook) *plane {
 		t.Fatal(err)
 	}
 	rt := runtimefake.New()
+	hooks = append([]Hook{NewKeyHook(KeyHookConfig{Store: st})}, hooks...)
 	m := NewManager(Config{Store: st, Runtime: rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: settings, Hooks: hooks})
 	return &plane{m: m, rt: rt, st: st, auth: auth.NewAuthenticator(st), account: acct}
 }

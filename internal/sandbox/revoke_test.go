@@ -51,7 +51,7 @@ func TestSandboxKeysRevokedOnEveryEnd(t *testing.T) {
 	if err := st.CreateAccount(ctx, &acct); err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(Config{Store: st, Runtime: lostRuntime{}, Jobs: jc, NodeID: "here"})
+	m := NewManager(Config{Store: st, Runtime: lostRuntime{}, Jobs: jc, NodeID: "here", Hooks: []Hook{NewKeyHook(KeyHookConfig{Store: st})}})
 	a := auth.NewAuthenticator(st)
 
 	// sandbox records a sandbox on node in status with a key of its own.

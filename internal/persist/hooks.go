@@ -1,0 +1,97 @@
+package persist
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Hooks are persistence's concerns in a sandbox's life (see sandbox.Hook),
+// for `sandboxd serve` to register: git's credentials in the environment,
+// and the account's snapshot as the layers the sandbox starts from.
+func (s *Service) Hooks() []sandbox.Hook {
+	return []sandbox.Hook{envHook{}, &layersHook{s: s, held: map[string]heldLayers{}}}
+}
+
+// envHook adds git's credential helper for the account's repository.
+type envHook struct{}
+
+func (envHook) Name() string          { return "persistence" }
+func (envHook) FailureReason() string { return "could not prepare its persistence" }
+
+func (envHook) Prestart(_ context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+	spec.Env = append(spec.Env, GitEnv(sb.ID)...)
+	return nil
+}
+
+// layersHook starts a sandbox from its account's snapshot: prestart opens
+// the chain of layers into the spec, poststart closes them and records on
+// the row which snapshot the sandbox started from (when the runtime took
+// them; a failed restore starts fresh), and the stop hook closes what a
+// start that failed in between left open.
+type layersHook struct {
+	s    *Service
+	mu   sync.Mutex
+	held map[string]heldLayers // sandbox id -> the layers opened for it
+}
+
+type heldLayers struct {
+	snapshotID string
+	release    func()
+}
+
+func (*layersHook) Name() string          { return "snapshot" }
+func (*layersHook) FailureReason() string { return "could not record the snapshot it started from" }
+
+func (h *layersHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+	layers, snapID, release, err := h.s.Layers(ctx, sb.AccountID)
+	if err != nil {
+		// A snapshot that cannot be opened must not lock the account out.
+		h.s.log.Warn("open account snapshot; starting fresh", "sandbox_id", sb.ID, "account_id", sb.AccountID, "err", err)
+		return nil
+	}
+	if len(layers) == 0 {
+		release()
+		return nil
+	}
+	h.mu.Lock()
+	h.held[sb.ID] = heldLayers{snapshotID: snapID, release: release}
+	h.mu.Unlock()
+	spec.Layers = layers
+	return nil
+}
+
+func (h *layersHook) Poststart(ctx context.Context, sb *store.Sandbox, restored bool) error {
+	held, ok := h.take(sb.ID)
+	if !ok {
+		return nil
+	}
+	held.release()
+	if !restored {
+		return nil
+	}
+	if err := h.s.st.SetSandboxSnapshot(ctx, sb.ID, held.snapshotID); err != nil {
+		return fmt.Errorf("record snapshot of %s: %w", sb.ID, err)
+	}
+	sb.SnapshotID = held.snapshotID
+	return nil
+}
+
+func (h *layersHook) Stop(_ context.Context, id string) error {
+	if held, ok := h.take(id); ok {
+		held.release()
+	}
+	return nil
+}
+
+func (h *layersHook) take(id string) (heldLayers, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held, ok := h.held[id]
+	delete(h.held, id)
+	return held, ok
+}
