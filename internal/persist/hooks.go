@@ -12,9 +12,30 @@ import (
 
 // Hooks are persistence's concerns in a sandbox's life (see sandbox.Hook),
 // for `sandboxd serve` to register: git's credentials in the environment,
-// and the account's snapshot as the layers the sandbox starts from.
+// the account's snapshot as the layers the sandbox starts from, and its
+// /workspace readied as soon as it runs.
 func (s *Service) Hooks() []sandbox.Hook {
-	return []sandbox.Hook{envHook{}, &layersHook{s: s, held: map[string]heldLayers{}}}
+	return []sandbox.Hook{envHook{}, &layersHook{s: s, held: map[string]heldLayers{}}, workspaceHook{s: s}}
+}
+
+// workspaceHook starts preparing /workspace (Prepare) once the runtime has
+// started the sandbox, in the background: the create answers without
+// waiting for the clone; runs and execs wait for it through Prepare.
+type workspaceHook struct{ s *Service }
+
+func (workspaceHook) Name() string          { return "workspace" }
+func (workspaceHook) FailureReason() string { return "could not prepare its workspace" }
+
+func (h workspaceHook) Poststart(ctx context.Context, sb *store.Sandbox, rsb runtime.Sandbox, _ bool) error {
+	row := *sb
+	ctx = context.WithoutCancel(ctx)
+	go func() { _ = h.s.Prepare(ctx, row, rsb, false) }()
+	return nil
+}
+
+func (h workspaceHook) Stop(_ context.Context, id string) error {
+	h.s.forgetPrepared(id)
+	return nil
 }
 
 // envHook adds git's credential helper for the account's repository.
@@ -65,7 +86,7 @@ func (h *layersHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runti
 	return nil
 }
 
-func (h *layersHook) Poststart(ctx context.Context, sb *store.Sandbox, restored bool) error {
+func (h *layersHook) Poststart(ctx context.Context, sb *store.Sandbox, _ runtime.Sandbox, restored bool) error {
 	held, ok := h.take(sb.ID)
 	if !ok {
 		return nil

@@ -83,6 +83,16 @@ type Service struct {
 	// cannot both pass the snapshot quota check with the same room.
 	mu       sync.Mutex
 	captures map[string]*sync.Mutex
+	// prepared is the workspace preparation of each sandbox (see Prepare).
+	prepared map[string]*preparation
+}
+
+// preparation is the state of a sandbox's workspace; mu serialises the git
+// work in it.
+type preparation struct {
+	mu   sync.Mutex
+	done bool
+	err  error
 }
 
 var (
@@ -110,7 +120,7 @@ func New(opts Options) (*Service, error) {
 	if opts.TempDir == "" {
 		opts.TempDir = os.TempDir()
 	}
-	return &Service{opts: opts, st: opts.Store, log: opts.Logger, captures: map[string]*sync.Mutex{}}, nil
+	return &Service{opts: opts, st: opts.Store, log: opts.Logger, captures: map[string]*sync.Mutex{}, prepared: map[string]*preparation{}}, nil
 }
 
 // GitEnv is the environment that makes git inside a sandbox authenticate to
@@ -164,8 +174,39 @@ if [ -f .gitmodules ]; then
 fi
 `
 
-// Prepare implements sandbox.Persistence.
-func (s *Service) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
+// Prepare implements sandbox.Persistence: it readies the sandbox's
+// /workspace as a clone of the account's repository, once, or again when
+// asked (to pick up what was pushed since). Calls for one sandbox take
+// turns; after a restart it runs again (it is idempotent). The workspace
+// hook starts it as soon as a sandbox runs (see Hooks).
+func (s *Service) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
+	s.mu.Lock()
+	p, ok := s.prepared[sb.ID]
+	if !ok {
+		p = &preparation{}
+		s.prepared[sb.ID] = p
+	}
+	s.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done && !again {
+		return p.err
+	}
+	p.err, p.done = s.prepare(ctx, sb, rsb), true
+	if p.err != nil {
+		s.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", p.err)
+	}
+	return p.err
+}
+
+// forgetPrepared drops what Prepare remembers of sandbox id (it ended).
+func (s *Service) forgetPrepared(id string) {
+	s.mu.Lock()
+	delete(s.prepared, id)
+	s.mu.Unlock()
+}
+
+func (s *Service) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
 	if _, err := s.opts.Repos.Ensure(ctx, sb.AccountID); err != nil {
 		return fmt.Errorf("ensure repository of %s: %w", sb.AccountID, err)
 	}

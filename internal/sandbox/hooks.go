@@ -37,13 +37,14 @@ type PrestartHook interface {
 	FailureReason() string
 }
 
-// PoststartHook sees a sandbox the runtime has started, before it is
+// PoststartHook sees a sandbox the runtime has started (rsb), before it is
 // marked running; restored says the runtime took the spec's Layers (a
 // restore that fails starts the sandbox fresh instead). A failure fails the
-// start with the hook's reason.
+// start with the hook's reason. It must not block on long work: the create
+// waits for it.
 type PoststartHook interface {
 	Hook
-	Poststart(ctx context.Context, sb *store.Sandbox, restored bool) error
+	Poststart(ctx context.Context, sb *store.Sandbox, rsb runtime.Sandbox, restored bool) error
 	FailureReason() string
 }
 
@@ -84,10 +85,10 @@ func (m *Manager) prestart(ctx context.Context, sb store.Sandbox, spec *runtime.
 
 // poststart runs the poststart hooks in order; on a failure it returns the
 // failing hook's reason.
-func (m *Manager) poststart(ctx context.Context, sb *store.Sandbox, restored bool) (reason string, err error) {
+func (m *Manager) poststart(ctx context.Context, sb *store.Sandbox, rsb runtime.Sandbox, restored bool) (reason string, err error) {
 	for _, h := range m.hooks {
 		if p, ok := h.(PoststartHook); ok {
-			if err := p.Poststart(ctx, sb, restored); err != nil {
+			if err := p.Poststart(ctx, sb, rsb, restored); err != nil {
 				return p.FailureReason(), fmt.Errorf("%s: %w", h.Name(), err)
 			}
 		}

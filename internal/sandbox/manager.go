@@ -67,8 +67,9 @@ type Settings struct {
 // (commit, push, snapshot). It is optional; without it sandboxes start
 // fresh and keep nothing.
 type Persistence interface {
-	// Prepare readies /workspace in a started sandbox; idempotent.
-	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error
+	// Prepare readies /workspace in a started sandbox, once or again;
+	// idempotent.
+	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error
 	// AfterRun persists the work of a run.
 	AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (runs.Saved, error)
 	// Snapshot captures the sandbox's filesystem as the account's snapshot.
@@ -112,11 +113,9 @@ type Manager struct {
 	log *slog.Logger
 	now func() time.Time
 
-	// stopping dedups concurrent stops of one sandbox on this node;
-	// prepared remembers the workspace preparation of each sandbox.
+	// stopping dedups concurrent stops of one sandbox on this node.
 	mu       sync.Mutex
 	stopping map[string]chan struct{}
-	prepared map[string]*preparation
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
 	// hooks are Config.Hooks; net is the network hook's manager among
@@ -129,14 +128,6 @@ type Manager struct {
 	// diskFreeFn measures free space (a field so tests can shrink a disk).
 	diskMu     sync.Mutex
 	diskFreeFn func(dir string) (int64, error)
-}
-
-// preparation is the state of a sandbox's workspace; mu serialises the git
-// work in it.
-type preparation struct {
-	mu   sync.Mutex
-	done bool
-	err  error
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.
@@ -160,7 +151,6 @@ func NewManager(cfg Config) *Manager {
 	m := &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
 		stopping:   map[string]chan struct{}{},
-		prepared:   map[string]*preparation{},
 		diskFreeFn: diskFree,
 	}
 	var persist runs.AfterRunner
@@ -227,13 +217,11 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	if req.Network != nil {
 		policy = *req.Network
 	}
-	sb, rsb, err := m.Launch(ctx, accountID, lifetime, 0, policy)
+	sb, _, err := m.Launch(ctx, accountID, lifetime, 0, policy)
 	if err != nil {
 		return sb, "", err
 	}
 	ctx = context.WithoutCancel(ctx)
-	// The workspace is readied after the answer; runs and execs wait for it.
-	go func() { _ = m.Prepare(ctx, sb, rsb, false) }()
 	if m.cfg.Settings.SetupOnFirstUse && m.setups != nil {
 		if err := m.setups.IfNew(ctx, accountID); err != nil {
 			m.log.Error("enqueue account setup", "account_id", accountID, "err", err)
@@ -338,7 +326,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	if err != nil {
 		return fail("the runtime could not start it", err)
 	}
-	if reason, err := m.poststart(ctx, sb, restored); err != nil {
+	if reason, err := m.poststart(ctx, sb, rsb, restored); err != nil {
 		_ = rsb.Destroy(ctx)
 		return fail(reason, err)
 	}
@@ -355,30 +343,14 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	return rsb, nil
 }
 
-// Prepare readies the sandbox's workspace: once, or again when asked (to
-// pick up what was pushed since). Calls for one sandbox take turns; after a
-// restart it runs again (it is idempotent).
+// Prepare readies the sandbox's workspace (persistence's, which remembers
+// it was done): once, or again when asked, to pick up what was pushed
+// since. Without persistence there is nothing to ready.
 func (m *Manager) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
 	if m.cfg.Persist == nil {
 		return nil
 	}
-	m.mu.Lock()
-	p, ok := m.prepared[sb.ID]
-	if !ok {
-		p = &preparation{}
-		m.prepared[sb.ID] = p
-	}
-	m.mu.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done && !again {
-		return p.err
-	}
-	p.err, p.done = m.cfg.Persist.Prepare(ctx, sb, rsb), true
-	if p.err != nil {
-		m.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", p.err)
-	}
-	return p.err
+	return m.cfg.Persist.Prepare(ctx, sb, rsb, again)
 }
 
 // create starts the sandbox on the runtime. A restore of the spec's
@@ -514,7 +486,6 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 	defer func() {
 		m.mu.Lock()
 		delete(m.stopping, id)
-		delete(m.prepared, id)
 		m.mu.Unlock()
 		close(done)
 	}()
