@@ -33,7 +33,7 @@ func (v policyValue) Set(s string) error {
 		*v.p = netpol.Policy{Mode: m}
 		return nil
 	}
-	return fmt.Errorf("unknown network %q: want %q or %q", s, netpol.ModeNone, netpol.ModeEgress)
+	return fmt.Errorf("network %q: want %q or %q (an allow list is given per request)", s, netpol.ModeNone, netpol.ModeEgress)
 }
 
 func (v policyValue) String() string {
