@@ -3,7 +3,8 @@
 // into the sandbox, speaks the guest protocol (internal/guest) on that one
 // connection, reaps orphans, and forwards connections to
 // sandboxd.internal:80 home. When the host goes away (sandboxd restarts) it
-// keeps its processes and dials again until the host is back.
+// keeps its processes and dials again until the host is back. In a microVM
+// it runs as vm-init and vm-agent instead (internal/guest/vminit).
 //
 // It must be a static binary (CGO_ENABLED=0): it runs on whatever root
 // filesystem the sandbox has.
@@ -22,6 +23,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/guest/agent"
+	"github.com/sandboxd/sandboxd/internal/guest/vminit"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -32,8 +34,8 @@ func main() {
 		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
 		return
 	}
-	if len(os.Args) > 1 && (os.Args[1] == "vm-init" || os.Args[1] == "vm-agent") {
-		os.Exit(vmMain(os.Args[1], os.Args[2:])) // microVM modes: vm.go
+	if len(os.Args) > 1 && (os.Args[1] == vminit.ModeInit || os.Args[1] == vminit.ModeAgent) {
+		os.Exit(vminit.Main(os.Args[1], version, os.Args[2:])) // microVM modes
 	}
 	// Before anything else: no other process may ever see the secret.
 	secret := takeSecret()

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sandboxd/sandboxd/internal/api"
 )
 
 // apiClient is the CLI's HTTP client for a running sandboxd.
@@ -25,10 +27,7 @@ type apiClient struct {
 // apiError is an error answer of the API.
 type apiError struct {
 	Status int
-	Body   struct {
-		Error         string `json:"error"`
-		MissingFields []any  `json:"missing_fields"`
-	}
+	Body   api.ErrorBody
 }
 
 func (e *apiError) Error() string {
@@ -109,17 +108,10 @@ func keyStaysWithOrigin(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// sandboxView is the API's Sandbox object as the CLI prints it.
-type sandboxView struct {
-	SandboxID     string `json:"sandboxId"`
-	SandboxStatus string `json:"sandboxStatus"`
-	Timeout       int64  `json:"timeout"`
-	CreatedAt     string `json:"createdAt"`
-	RunID         string `json:"runId,omitempty"`
-	Runtime       string `json:"runtime,omitempty"`
-}
+// The CLI decodes the API's answers into the API's own types, so renaming
+// a field there breaks this build rather than, silently, the CLI.
 
-func printSandboxes(w io.Writer, sbs []sandboxView) error {
+func printSandboxes(w io.Writer, sbs []api.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATUS\tREMAINING\tRUNTIME\tCREATED\tRUN")
 	for _, s := range sbs {
@@ -154,25 +146,15 @@ func newSandboxCmd() *cobra.Command {
 		Use:   "create [-- COMMAND ARGS...]",
 		Short: "Create a sandbox, optionally running a command or a prompt in it",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := map[string]any{}
+			body := createBody{CreateSandboxRequest: api.CreateSandboxRequest{Prompt: prompt, Cwd: cwd, AccountID: account}}
 			if len(args) > 0 {
-				body["command"], body["args"] = args[0], args[1:]
-			}
-			if prompt != "" {
-				body["prompt"] = prompt
-			}
-			if cwd != "" {
-				body["cwd"] = cwd
+				rest := args[1:]
+				body.Command, body.Args = args[0], &rest
 			}
 			if timeout > 0 {
-				body["timeout"] = timeout.Milliseconds()
+				body.Timeout = timeout.Milliseconds()
 			}
-			if account != "" {
-				body["account_id"] = account
-			}
-			var out struct {
-				Sandboxes []sandboxView `json:"sandboxes"`
-			}
+			var out api.SandboxesResponse
 			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes", body, &out); err != nil {
 				return err
 			}
@@ -195,16 +177,19 @@ func newSandboxCmd() *cobra.Command {
 			if account != "" {
 				path += "?account_id=" + account
 			}
-			var out struct {
-				Sandboxes  []sandboxView `json:"sandboxes"`
-				SnapshotID *string       `json:"snapshot_id"`
-				GithubRepo *string       `json:"github_repo"`
-			}
+			var out api.ListSandboxesResponse
 			if err := c.do(cmd.Context(), http.MethodGet, path, nil, &out); err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(cmd.OutOrStdout(), out)
+				// The sandboxes and the environment, without the
+				// file tree (which can be long), as --json has
+				// always printed them.
+				return printJSON(cmd.OutOrStdout(), struct {
+					Sandboxes  []api.Sandbox `json:"sandboxes"`
+					SnapshotID *string       `json:"snapshot_id"`
+					GithubRepo *string       `json:"github_repo"`
+				}{out.Sandboxes, out.SnapshotID, out.GithubRepo})
 			}
 			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
 		},
@@ -215,20 +200,14 @@ func newSandboxCmd() *cobra.Command {
 		Short: "Run a command in a running sandbox, streaming its output",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := map[string]any{"command": args[1], "args": args[2:]}
-			if cwd != "" {
-				body["cwd"] = cwd
-			}
-			if account != "" {
-				body["account_id"] = account
-			}
+			body := api.ExecRequest{Command: args[1], Args: args[2:], Cwd: cwd, AccountID: account}
 			path := "/api/sandboxes/" + args[0] + "/exec"
 			if asJSON {
-				var out map[string]any
+				var out api.ExecResponse
 				if err := c.do(cmd.Context(), http.MethodPost, path, body, &out); err != nil {
 					return err
 				}
-				return printJSON(cmd.OutOrStdout(), out)
+				return printJSONSorted(cmd.OutOrStdout(), out)
 			}
 			code, err := c.execStream(cmd.Context(), path, body, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil {
@@ -247,24 +226,27 @@ func newSandboxCmd() *cobra.Command {
 		Short: "Stop a sandbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := map[string]any{}
-			if account != "" {
-				body["account_id"] = account
-			}
-			var out struct {
-				Sandbox sandboxView `json:"sandbox"`
-			}
+			body := api.AccountRequest{AccountID: account}
+			var out api.SandboxResponse
 			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/stop", body, &out); err != nil {
 				return err
 			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), out.Sandbox)
 			}
-			return printSandboxes(cmd.OutOrStdout(), []sandboxView{out.Sandbox})
+			return printSandboxes(cmd.OutOrStdout(), []api.Sandbox{out.Sandbox})
 		},
 	}
 	cmd.AddCommand(create, ls, exec, stop)
 	return cmd
+}
+
+// createBody is the body of `sandbox create`. A command's args are sent
+// even when there are none: the server keeps them in the run's payload,
+// where [] and null differ, and the API type omits an empty list.
+type createBody struct {
+	api.CreateSandboxRequest
+	Args *[]string `json:"args,omitempty"`
 }
 
 // exitError carries a remote command's exit code to the CLI's exit status.
@@ -293,10 +275,12 @@ func (c *apiClient) execStream(ctx context.Context, path string, body any, stdou
 		case strings.HasPrefix(line, "event: "):
 			event = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
+			// Every event's data decodes into the one value; the
+			// event's name says which part is meant.
 			var d struct {
-				Data     string `json:"data"`
-				ExitCode int    `json:"exitCode"`
-				Error    string `json:"error"`
+				api.ExecOutput
+				api.ExecExit
+				api.ExecFailure
 			}
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &d); err != nil {
 				return 0, fmt.Errorf("decode event: %w", err)
@@ -317,4 +301,19 @@ func (c *apiClient) execStream(ctx context.Context, path string, body any, stdou
 		return 0, fmt.Errorf("read event stream: %w", err)
 	}
 	return 0, fmt.Errorf("event stream ended without an exit event")
+}
+
+// printJSONSorted is printJSON with the object keys in alphabetical order:
+// `exec --json` printed the answer decoded into a map, whose keys
+// encoding/json sorts, and scripts may compare that output byte for byte.
+func printJSONSorted(w io.Writer, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode output: %w", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("encode output: %w", err)
+	}
+	return printJSON(w, m)
 }

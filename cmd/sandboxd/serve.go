@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,10 +72,10 @@ type serveOptions struct {
 	allowPrivate bool
 	blobURL      string
 	setup        bool
-	network      string
-	netPool      string
-	netDNS       []string
-	netPrivate   []string
+	network      netpol.Policy
+	netPool      netip.Prefix
+	netDNS       []netip.Addr
+	netPrivate   []netip.Prefix
 	netRate      uint64
 	netConns     uint32
 	home         homegate.Limits
@@ -151,10 +149,10 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.publicURL, "public-url", "", "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
 	f.StringVar(&o.blobURL, "blob-store", "", "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
-	f.StringVar(&o.network, "network-default", "none", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
-	f.StringVar(&o.netPool, "network-pool", "10.200.0.0/16", "IPv4 range sandbox addresses come from (a /30 each)")
-	f.StringSliceVar(&o.netDNS, "network-dns", nil, "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
-	f.StringSliceVar(&o.netPrivate, "network-allow-private", nil, "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
+	f.Var(newPolicyValue(&o.network, netpol.ModeNone), "network-default", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
+	f.Var(newPrefixValue(&o.netPool, netpol.DefaultPool), "network-pool", "IPv4 range sandbox addresses come from (a /30 each)")
+	f.Var(newAddrListValue(&o.netDNS), "network-dns", "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
+	f.Var(newPrefixListValue(&o.netPrivate), "network-allow-private", "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
 	f.Uint64Var(&o.netRate, "network-rate", 100_000_000/8, "bandwidth per sandbox and direction, bytes/s")
 	f.Uint32Var(&o.netConns, "network-max-conns", 1024, "concurrent connections per sandbox")
 	f.IntVar(&o.home.MaxConns, "internal-max-conns-per-sandbox", 32, "concurrent connections one sandbox may hold to sandboxd.internal (429 beyond); 0 unlimited")
@@ -307,7 +305,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 	if defaultPolicy.Mode != netpol.ModeNone && !rt.Capabilities().Network {
-		return fmt.Errorf("--network-default %s: the %s runtime does not support sandbox networks yet; use --network-default none (or --runtime gvisor)", o.network, rt.Name())
+		return fmt.Errorf("--network-default %s: the %s runtime does not support sandbox networks yet; use --network-default none (or --runtime gvisor)", defaultPolicy.Mode, rt.Name())
 	}
 
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
@@ -517,31 +515,17 @@ func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.L
 // sandboxes run with loopback only, and a request for a network is refused
 // with a clear error.
 func openNetwork(ctx context.Context, o *serveOptions, dataDir string, log *slog.Logger) (*netpol.Manager, netpol.Policy, error) {
-	var def netpol.Policy
-	if err := json.Unmarshal([]byte(strconv.Quote(o.network)), &def); err != nil {
-		return nil, def, fmt.Errorf("--network-default: %w", err)
-	}
-	pool, err := netip.ParsePrefix(o.netPool)
-	if err != nil {
-		return nil, def, fmt.Errorf("--network-pool: %w", err)
-	}
+	def := o.network
 	opts := netpol.Options{
-		StateDir: filepath.Join(dataDir, "net"), Pool: pool,
+		StateDir: filepath.Join(dataDir, "net"), Pool: o.netPool,
 		RateBytes: o.netRate, MaxConns: o.netConns, Logger: log.With("component", "network"),
 	}
-	for _, d := range o.netDNS {
-		a, err := netip.ParseAddr(d)
-		if err != nil {
-			return nil, def, fmt.Errorf("--network-dns: %w", err)
-		}
-		opts.DNS = append(opts.DNS, a)
+	// An empty list is no list: nil DNS means the host's nameservers.
+	if len(o.netDNS) > 0 {
+		opts.DNS = o.netDNS
 	}
-	for _, p := range o.netPrivate {
-		pr, err := netip.ParsePrefix(p)
-		if err != nil {
-			return nil, def, fmt.Errorf("--network-allow-private: %w", err)
-		}
-		opts.AllowPrivate = append(opts.AllowPrivate, pr)
+	if len(o.netPrivate) > 0 {
+		opts.AllowPrivate = o.netPrivate
 	}
 	mgr, err := netpol.New(ctx, opts)
 	if err != nil {

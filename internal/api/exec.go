@@ -66,10 +66,10 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		} else {
 			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(r.Context()))
 		}
-		_ = sse.event("error", map[string]string{"error": msg})
+		_ = sse.event("error", ExecFailure{Error: msg})
 		return
 	}
-	_ = sse.event("exit", map[string]int64{"exitCode": int64(code), "durationMs": time.Since(start).Milliseconds()})
+	_ = sse.event("exit", ExecExit{ExitCode: code, DurationMs: time.Since(start).Milliseconds()})
 }
 
 // sseWriter serialises events from concurrent stdout/stderr writers and
@@ -100,7 +100,7 @@ type streamTo struct {
 }
 
 func (s streamTo) Write(p []byte) (int, error) {
-	if err := s.sse.event(s.name, map[string]string{"data": string(p)}); err != nil {
+	if err := s.sse.event(s.name, ExecOutput{Data: string(p)}); err != nil {
 		return 0, err
 	}
 	return len(p), nil

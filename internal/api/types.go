@@ -165,6 +165,28 @@ type ExecResponse struct {
 	DurationMs int64  `json:"durationMs"`
 }
 
+// The events of a streamed exec (Accept: text/event-stream) carry these as
+// their data.
+
+// ExecOutput is the data of a "stdout" or "stderr" event: a piece of the
+// command's output, as it was written.
+type ExecOutput struct {
+	Data string `json:"data"`
+}
+
+// ExecExit is the data of the "exit" event, the last one of a command that
+// ran. Its fields are in the order the event has always had them.
+type ExecExit struct {
+	DurationMs int64 `json:"durationMs"`
+	ExitCode   int   `json:"exitCode"`
+}
+
+// ExecFailure is the data of the "error" event, which ends a stream whose
+// command could not run (or was cut off).
+type ExecFailure struct {
+	Error string `json:"error"`
+}
+
 // PortsResponse answers GET /api/sandboxes/{id}/ports.
 type PortsResponse struct {
 	Status string `json:"status" jsonschema:"enum=success"`

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/renameio/v2"
+
 	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
@@ -39,8 +41,9 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 	if _, err := os.Stat(final); err == nil {
 		return final, nil
 	}
-	// A crash while the lock was last held may have left a temporary file.
-	if olds, _ := filepath.Glob(filepath.Join(img.dir, "."+ext4Name+"-*")); len(olds) > 0 {
+	// A crash while the lock was last held may have left a temporary file
+	// (renameio's ".rootfs.ext4<digits>", or an older ".rootfs.ext4-*").
+	if olds, _ := filepath.Glob(filepath.Join(img.dir, "."+ext4Name+"*")); len(olds) > 0 {
 		for _, o := range olds {
 			_ = os.Remove(o)
 		}
@@ -57,36 +60,22 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 	size := (used + used/3 + 128*mib + mib - 1) / mib * mib
 	inodes := files*4 + 16384
 
-	f, err := os.CreateTemp(img.dir, "."+ext4Name+"-*")
+	// Built in a pending file beside final and renamed into place once
+	// synced, so final is always a whole file system. 0644: a VMM not
+	// running as root must be able to read it.
+	pf, err := renameio.NewPendingFile(final, renameio.WithTempDir(img.dir), renameio.WithStaticPermissions(0o644))
 	if err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
-	tmp := f.Name()
-	// CreateTemp makes the file private; a VMM not running as root must
-	// be able to read it.
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		_ = os.Remove(tmp)
-		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			_ = os.Remove(tmp)
-		}
-	}()
+	defer func() { _ = pf.Cleanup() }() // a no-op once it replaced final
 	// A sparse file: only the blocks mkfs writes take space.
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
-	}
-	if err := f.Close(); err != nil {
+	if err := pf.Truncate(size); err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4",
 		"-L", "sandboxd-root", "-m", "0", "-N", strconv.FormatInt(inodes, 10),
-		"-E", "root_owner=0:0", "-d", img.Rootfs, tmp)
+		"-E", "root_owner=0:0", "-d", img.Rootfs, pf.Name())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
@@ -96,28 +85,14 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 		}
 		return "", fmt.Errorf("ext4 of image %s: mkfs.ext4: %w: %s", img.ID, err, strings.TrimSpace(string(out)))
 	}
-	if err := syncFile(tmp); err != nil {
+	// Syncing the pending file's descriptor flushes what mkfs wrote: fsync
+	// works on the file, not on the descriptor that wrote it.
+	if err := pf.CloseAtomicallyReplace(); err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
-	}
-	done = true
 	if err := fsyncDir(img.dir); err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	img.store.logger.Info("built ext4 image", "image", img.ID, "size_mib", size/mib, "elapsed", time.Since(start).Round(time.Millisecond))
 	return final, nil
-}
-
-func syncFile(name string) error {
-	f, err := os.OpenFile(name, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	return nil
 }

@@ -510,7 +510,7 @@ func TestExt4(t *testing.T) {
 	if again != p || !st2.ModTime().Equal(st1.ModTime()) {
 		t.Error("second Ext4 rebuilt the file")
 	}
-	leftovers, _ := filepath.Glob(filepath.Join(s.Dir(), img.ID, ".rootfs.ext4-*"))
+	leftovers, _ := filepath.Glob(filepath.Join(s.Dir(), img.ID, ".rootfs.ext4*"))
 	if len(leftovers) > 0 {
 		t.Errorf("temporary files left: %v", leftovers)
 	}

@@ -46,6 +46,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/renameio/v2"
+
 	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
@@ -518,17 +520,7 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	// Synced before the build directory holding it is renamed into place,
+	// so a published kernel never has a torn kernel.json.
+	return renameio.WriteFile(path, b, 0o644, renameio.WithTempDir(filepath.Dir(path)))
 }

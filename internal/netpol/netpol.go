@@ -49,6 +49,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/google/renameio/v2"
 )
 
 // Defaults for Options' zero fields.
@@ -531,11 +533,12 @@ func (m *Manager) writeRecord(r record) error {
 	if _, err := os.Stat(p); err == nil {
 		return fmt.Errorf("network record %s exists", p)
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	// Written aside, synced and renamed: after a crash the record is
+	// whole or absent, never a torn file that Reconcile cannot read.
+	if err := renameio.WriteFile(p, b, 0o600, renameio.WithTempDir(m.opts.StateDir)); err != nil {
 		return fmt.Errorf("write network record: %w", err)
 	}
-	return os.Rename(tmp, p)
+	return nil
 }
 
 func (m *Manager) readRecord(key string) (record, error) {

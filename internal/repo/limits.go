@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+
+	"github.com/google/renameio/v2"
 )
 
 // Defaults of the limits in Options. Everything in a repository comes
@@ -188,23 +190,17 @@ func (m *Manager) installHooks() error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create hooks directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".pre-receive-")
+	// Static 0755, not the umask's: git runs the hook as whoever serves
+	// the push.
+	pf, err := renameio.NewPendingFile(filepath.Join(dir, "pre-receive"), renameio.WithTempDir(dir), renameio.WithStaticPermissions(0o755))
 	if err != nil {
 		return fmt.Errorf("write pre-receive hook: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.WriteString(preReceiveHook); err != nil {
-		tmp.Close()
+	defer func() { _ = pf.Cleanup() }() // a no-op once installed
+	if _, err := pf.WriteString(preReceiveHook); err != nil {
 		return fmt.Errorf("write pre-receive hook: %w", err)
 	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write pre-receive hook: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write pre-receive hook: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, "pre-receive")); err != nil {
+	if err := pf.CloseAtomicallyReplace(); err != nil {
 		return fmt.Errorf("install pre-receive hook: %w", err)
 	}
 	return nil

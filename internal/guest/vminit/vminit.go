@@ -1,8 +1,8 @@
-package main
-
-// The microVM modes. The runtime/microvm backend boots a minimal kernel with
-// this binary as /sandbox-agent in an uncompressed initramfs and runs it as
-// the kernel's init: `rdinit=/sandbox-agent -- vm-init`.
+// Package vminit is the sandbox agent's microVM modes, vm-init and vm-agent:
+// cmd/sandbox-agent dispatches to Main and stays thin. The runtime/microvm
+// backend boots a minimal kernel with that binary as /sandbox-agent in an
+// uncompressed initramfs and runs it as the kernel's init:
+// `rdinit=/sandbox-agent -- vm-init`.
 //
 // vm-init (PID 1 of the VM) builds the sandbox's root file system — the
 // base image disk (read-only ext4, virtio-blk serial "sandboxd-base") and
@@ -19,6 +19,7 @@ package main
 // "sandboxd". A port can be opened only once; when the host side goes away
 // (sandboxd restarts) reads return EOF, the agent closes the port, waits for
 // the host to connect again and speaks a fresh handshake.
+package vminit
 
 import (
 	"context"
@@ -53,15 +54,22 @@ const (
 	upperFD       = 3 // the writable layer's upper dir, passed to vm-agent
 )
 
-// vmMain runs a microVM mode and returns the exit status.
-func vmMain(mode string, args []string) int {
+// Modes are the sandbox-agent subcommands Main runs.
+const (
+	ModeInit  = "vm-init"  // PID 1 of the VM
+	ModeAgent = "vm-agent" // the agent, started by vm-init
+)
+
+// Main runs a microVM mode (ModeInit or ModeAgent) of the agent binary at
+// this version, with the mode's arguments, and returns the exit status.
+func Main(mode, version string, args []string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("agent", version, "mode", mode)
 	var err error
 	switch mode {
-	case "vm-init":
+	case ModeInit:
 		err = vmInit(log)
-	case "vm-agent":
-		err = vmAgent(log, args)
+	case ModeAgent:
+		err = vmAgent(log, version, args)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
@@ -99,8 +107,14 @@ func cmdline() (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseCmdline(string(b)), nil
+}
+
+// parseCmdline returns the sandboxd.* parameters of a kernel command line,
+// up to the "--" that starts init's own arguments.
+func parseCmdline(line string) map[string]string {
 	out := map[string]string{}
-	for _, f := range strings.Fields(string(b)) {
+	for _, f := range strings.Fields(line) {
 		if f == "--" {
 			break
 		}
@@ -108,7 +122,7 @@ func cmdline() (map[string]string, error) {
 			out[k] = v
 		}
 	}
-	return out, nil
+	return out
 }
 
 // findDisk returns the /dev node of the virtio-blk disk with this serial.
@@ -172,10 +186,8 @@ func vmInit(log *slog.Logger) error {
 	if err := mount(layer, "/layer", "ext4", unix.MS_NOATIME, ""); err != nil {
 		return err
 	}
-	// Restored layers are lower-0 (bottom) ... lower-N; overlayfs wants the
-	// top first.
 	lowerDirs, _ := filepath.Glob("/layer/lower-*")
-	sort.Slice(lowerDirs, func(i, j int) bool { return lowerIndex(lowerDirs[i]) > lowerIndex(lowerDirs[j]) })
+	sortLowers(lowerDirs)
 	lowers := append(lowerDirs, "/base")
 	for _, d := range []string{"/layer/upper", "/layer/work"} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -266,6 +278,12 @@ func vmInit(log *slog.Logger) error {
 	return supervise(log, upper, port)
 }
 
+// sortLowers orders the restored layers' directories for overlayfs: they
+// are lower-0 (bottom) ... lower-N, and overlayfs wants the top first.
+func sortLowers(dirs []string) {
+	sort.Slice(dirs, func(i, j int) bool { return lowerIndex(dirs[i]) > lowerIndex(dirs[j]) })
+}
+
 func lowerIndex(p string) int {
 	n, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "lower-"))
 	return n
@@ -333,7 +351,7 @@ func setupCgroup(params map[string]string) error {
 // supervise starts vm-agent in its own PID and mount namespace and reaps
 // everything; when the agent ends, the VM ends.
 func supervise(log *slog.Logger, upper int, port string) error {
-	cmd := exec.Command("/proc/self/exe", "vm-agent", "--port", port)
+	cmd := exec.Command("/proc/self/exe", ModeAgent, "--port", port)
 	cmd.Args[0] = "sandbox-agent"
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(upper), "upper")}
@@ -359,7 +377,7 @@ func supervise(log *slog.Logger, upper int, port string) error {
 }
 
 // vmAgent is the agent proper, PID 1 of the sandbox's PID namespace.
-func vmAgent(log *slog.Logger, args []string) error {
+func vmAgent(log *slog.Logger, version string, args []string) error {
 	port := "sandboxd"
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "--port" {

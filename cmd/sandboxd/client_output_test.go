@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden files of TestClientOutput")
+
+// TestClientOutput runs each `sandboxd sandbox` command against canned API
+// answers and compares what it prints, and the request it sent, with golden
+// files: scripts read the CLI's output, so it must not change by accident.
+func TestClientOutput(t *testing.T) {
+	for _, k := range []string{"SANDBOXD_URL", "SANDBOXD_API_KEY", "SANDBOXD_JSON", "SANDBOXD_ACCOUNT"} {
+		t.Setenv(k, "")
+	}
+	const sb = `{"sandboxId":"sbx_1","sandboxStatus":"running","timeout":599500,"createdAt":"2026-01-02T03:04:05Z","runId":"run_1","runtime":"gvisor"}`
+	const stopped = `{"sandboxId":"sbx_1","sandboxStatus":"stopped","timeout":0,"createdAt":"2026-01-02T03:04:05Z","runtime":"gvisor"}`
+	var (
+		mu   sync.Mutex
+		last string // method, path and body of the last request
+	)
+	mux := http.NewServeMux()
+	answer := func(body string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, body)
+		}
+	}
+	mux.HandleFunc("POST /api/sandboxes", answer(`{"status":"success","sandboxes":[`+sb+`]}`))
+	mux.HandleFunc("GET /api/sandboxes", answer(`{"status":"success","sandboxes":[`+sb+`,`+stopped+`],"snapshot_id":"snap_1","github_repo":null,"filetree":[{"path":"a.txt","type":"blob"}],"filetree_truncated":true}`))
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/stop", answer(`{"status":"success","sandbox":`+stopped+`}`))
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/exec", func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "event: stdout\ndata: {\"data\":\"out\\n\"}\n\n")
+			io.WriteString(w, "event: stderr\ndata: {\"data\":\"err\\n\"}\n\n")
+			io.WriteString(w, "event: exit\ndata: {\"durationMs\":12,\"exitCode\":3}\n\n")
+			return
+		}
+		answer(`{"status":"success","exitCode":3,"stdout":"out\n","stderr":"err\n","durationMs":12}`)(w, r)
+	})
+	mux.HandleFunc("POST /api/sandboxes/sbx_gone/stop", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"status":"error","error":"Sandbox not found"}`)
+	})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		last = r.Method + " " + r.URL.RequestURI() + "\n" + canonicalJSON(t, body)
+		mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		mux.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"create", []string{"create", "--timeout", "90s", "--cwd", "/w", "--", "sh", "-c", "true"}},
+		{"create-json", []string{"create", "--json", "--account", "acct", "--prompt", "hi"}},
+		{"create-noargs", []string{"create", "--", "true"}},
+		{"ls", []string{"ls"}},
+		{"ls-json", []string{"ls", "--json", "--account", "acct"}},
+		{"exec", []string{"exec", "sbx_1", "--cwd", "/w", "--", "sh", "-c", "x"}},
+		{"exec-json", []string{"exec", "--json", "sbx_1", "--", "true"}},
+		{"stop", []string{"stop", "sbx_1"}},
+		{"stop-json", []string{"stop", "--json", "--account", "acct", "sbx_1"}},
+		{"stop-error", []string{"stop", "sbx_gone"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := newSandboxCmd()
+			var stdout, stderr bytes.Buffer
+			cmd.SetOut(&stdout)
+			cmd.SetErr(&stderr)
+			cmd.SetArgs(append([]string{"--url", srv.URL, "--key", "sbx_k"}, tc.args...))
+			cmd.SilenceUsage, cmd.SilenceErrors = true, true
+			err := cmd.ExecuteContext(t.Context())
+			mu.Lock()
+			req := last
+			mu.Unlock()
+			got := fmt.Sprintf("== request\n%s\n== stdout\n%s== stderr\n%s== error\n%v\n", req, stdout.String(), stderr.String(), err)
+			path := filepath.Join("testdata", "client", tc.name+".golden")
+			if *updateGolden {
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to write it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("output changed:\n--- got\n%s--- want\n%s", got, want)
+			}
+		})
+	}
+}
+
+// canonicalJSON rewrites a request body with sorted keys, so the golden
+// files compare what was sent rather than the order it was written in.
+func canonicalJSON(t *testing.T, b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Errorf("request body %q: %v", b, err)
+		return string(b)
+	}
+	out, _ := json.Marshal(v)
+	return string(out)
+}
