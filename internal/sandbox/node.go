@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/renameio/v2"
 	"github.com/google/uuid"
 
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -32,11 +33,7 @@ func NodeID(dataDir string) (string, error) {
 		return "", fmt.Errorf("read node id: %w", err)
 	}
 	id := uuid.NewString()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(id+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("write node id: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := renameio.WriteFile(path, []byte(id+"\n"), 0o600, renameio.WithTempDir(dataDir)); err != nil {
 		return "", fmt.Errorf("write node id: %w", err)
 	}
 	return id, nil
