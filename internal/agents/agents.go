@@ -427,7 +427,8 @@ func (s *Service) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 	}
 	if onForge {
 		if err := s.cfg.Lifecycle.CheckRepoURL(run.AccountID, p.RepoURL); err != nil || !hasMirror {
-			return nil, fmt.Errorf("repository %s is not this account's mirror", p.RepoURL)
+			// The user's to act on: said in the run, not only in the log.
+			return nil, errdefs.Newf(nil, "repository %s is not this account's mirror", p.RepoURL)
 		}
 		url = "http://sandboxd.internal/git/" + run.AccountID + ".git"
 	}
