@@ -204,6 +204,10 @@ func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if err != nil {
 		return fmt.Errorf("load run %s: %w", runID, err)
 	}
+	if run.Status != store.RunQueued {
+		// Delivered again after it started: nothing to wait for.
+		return nil
+	}
 	// The task's sandbox counts against the account's quota; setup may go
 	// one beyond it (the account's sandboxes wait for their setup).
 	extra := 0

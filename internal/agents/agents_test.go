@@ -888,6 +888,27 @@ func TestTasksWaitForAQuotaPlace(t *testing.T) {
 	}
 }
 
+// TestFinishedTaskRedeliveredAtTheQuota: a finished run's job delivered
+// again while the account is at its quota completes at once; it does not
+// wait, snoozed, for a place it will never use.
+func TestFinishedTaskRedeliveredAtTheQuota(t *testing.T) {
+	h := newHarness(t, options{settings: sandbox.Settings{PerAccount: 1}})
+	ctx := context.Background()
+	runID, err := h.svc.CodingAgent(ctx, h.account.ID, sandbox.CodingAgentRequest{RepoURL: h.mirrorURL(), Prompt: "p", BaseBranch: "main"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run, _, msg := h.finished(t, runID); run.Status != store.RunCompleted {
+		t.Fatalf("run %s %q", run.Status, msg)
+	}
+	if _, _, err := h.mgr.Create(ctx, h.account.ID, sandbox.CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.work(t, runID); err != nil {
+		t.Fatalf("a finished run's job at the quota: %v, want done at once", err)
+	}
+}
+
 // TestNoOperatorSecretReachesTheSandbox runs both tasks with an operator's
 // GitHub token configured and model credentials in the server's own
 // environment, then searches everything the sandboxes were given.
