@@ -270,7 +270,11 @@ func sh(ctx context.Context, rsb runtime.Sandbox, cwd, script string, args ...st
 	if res.ExitCode != 0 {
 		// What the script said inside the sandbox is the user's to see.
 		lines := strings.Split(strings.TrimSpace(stderr.String("")), "\n")
-		return stdout.String(""), errdefs.New(nil, fmt.Sprintf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n")))
+		how := fmt.Sprintf("exit status %d", res.ExitCode)
+		if res.TimedOut {
+			how = fmt.Sprintf("did not finish within %s", taskLifetime)
+		}
+		return stdout.String(""), errdefs.New(nil, how+": "+strings.Join(lines[max(0, len(lines)-5):], "\n"))
 	}
 	return stdout.String(""), nil
 }
@@ -376,7 +380,8 @@ exec claude --model opus --permission-mode acceptEdits -p -- "$1"
 `
 
 // RunClaudeCode writes ralph-once.sh into the sandbox and runs it in dir
-// with the prompt as one argument, streaming its output.
+// with the prompt as one argument, streaming its output; running out of
+// time is an error that says so (with the exit code of the kill).
 func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string, stdout, stderr io.Writer) (int, error) {
 	if err := rsb.WriteFile(ctx, "/tmp/ralph-once.sh", strings.NewReader(ralphOnceScript), 0o755); err != nil {
 		return 0, fmt.Errorf("write ralph-once.sh: %w", err)
@@ -387,6 +392,9 @@ func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("run claude: %w", err)
+	}
+	if res.TimedOut {
+		return res.ExitCode, errdefs.Newf(nil, "claude did not finish within %s", taskLifetime)
 	}
 	return res.ExitCode, nil
 }

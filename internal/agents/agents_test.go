@@ -797,6 +797,36 @@ func TestCodingAgentFailures(t *testing.T) {
 		}
 		h.taskSandbox(t, out["sandboxId"].(string), "coding-agent finished")
 	})
+	t.Run("claude runs out of time", func(t *testing.T) {
+		h := newHarness(t, options{})
+		h.script("claude", func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
+			fmt.Fprint(req.Stdout, "still thinking")
+			return runtime.ExecResult{ExitCode: 137, Signal: 9, TimedOut: true}, nil
+		})
+		runID, err := h.svc.CodingAgent(context.Background(), h.account.ID, sandbox.CodingAgentRequest{RepoURL: h.mirrorURL(), Prompt: "p", BaseBranch: "main"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, out, msg := h.finished(t, runID)
+		if run.Status != store.RunFailed || msg != "claude did not finish within 30m0s" || out["exitCode"] != 137.0 || out["stdout"] != "still thinking" || len(h.execsOf("push")) != 0 {
+			t.Fatalf("run %s %q, output %v", run.Status, msg, out)
+		}
+	})
+	t.Run("the setup script runs out of time", func(t *testing.T) {
+		h := newHarness(t, options{})
+		h.script("setup", func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
+			fmt.Fprint(req.Stderr, "Cloning into 'orgs/acme'...\n")
+			return runtime.ExecResult{ExitCode: 137, Signal: 9, TimedOut: true}, nil
+		})
+		runID, err := h.svc.Setup(context.Background(), h.account.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, _, msg := h.finished(t, runID)
+		if run.Status != store.RunFailed || msg != "set up the workspace: did not finish within 30m0s: Cloning into 'orgs/acme'..." {
+			t.Fatalf("run %s %q", run.Status, msg)
+		}
+	})
 	t.Run("the clone fails", func(t *testing.T) {
 		h := newHarness(t, options{})
 		h.script("clone", func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
