@@ -204,6 +204,10 @@ func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if err != nil {
 		return fmt.Errorf("load run %s: %w", runID, err)
 	}
+	if run.Status != store.RunQueued {
+		// Delivered again after it started: nothing to wait for.
+		return nil
+	}
 	// The task's sandbox counts against the account's quota; setup may go
 	// one beyond it (the account's sandboxes wait for their setup).
 	extra := 0
@@ -266,7 +270,11 @@ func sh(ctx context.Context, rsb runtime.Sandbox, cwd, script string, args ...st
 	if res.ExitCode != 0 {
 		// What the script said inside the sandbox is the user's to see.
 		lines := strings.Split(strings.TrimSpace(stderr.String("")), "\n")
-		return stdout.String(""), errdefs.New(nil, fmt.Sprintf("exit status %d: %s", res.ExitCode, strings.Join(lines[max(0, len(lines)-5):], "\n")))
+		how := fmt.Sprintf("exit status %d", res.ExitCode)
+		if res.TimedOut {
+			how = fmt.Sprintf("did not finish within %s", taskLifetime)
+		}
+		return stdout.String(""), errdefs.New(nil, how+": "+strings.Join(lines[max(0, len(lines)-5):], "\n"))
 	}
 	return stdout.String(""), nil
 }
@@ -372,7 +380,8 @@ exec claude --model opus --permission-mode acceptEdits -p -- "$1"
 `
 
 // RunClaudeCode writes ralph-once.sh into the sandbox and runs it in dir
-// with the prompt as one argument, streaming its output.
+// with the prompt as one argument, streaming its output; running out of
+// time is an error that says so (with the exit code of the kill).
 func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string, stdout, stderr io.Writer) (int, error) {
 	if err := rsb.WriteFile(ctx, "/tmp/ralph-once.sh", strings.NewReader(ralphOnceScript), 0o755); err != nil {
 		return 0, fmt.Errorf("write ralph-once.sh: %w", err)
@@ -383,6 +392,9 @@ func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("run claude: %w", err)
+	}
+	if res.TimedOut {
+		return res.ExitCode, errdefs.Newf(nil, "claude did not finish within %s", taskLifetime)
 	}
 	return res.ExitCode, nil
 }
@@ -427,7 +439,8 @@ func (s *Service) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 	}
 	if onForge {
 		if err := s.cfg.Lifecycle.CheckRepoURL(run.AccountID, p.RepoURL); err != nil || !hasMirror {
-			return nil, fmt.Errorf("repository %s is not this account's mirror", p.RepoURL)
+			// The user's to act on: said in the run, not only in the log.
+			return nil, errdefs.Newf(nil, "repository %s is not this account's mirror", p.RepoURL)
 		}
 		url = "http://sandboxd.internal/git/" + run.AccountID + ".git"
 	}

@@ -334,6 +334,18 @@ func (s *Sandbox) File(p string) ([]byte, bool) {
 	return b, ok
 }
 
+// Files returns a copy of every file of the sandbox, by path; it answers
+// after the sandbox stopped or was destroyed too.
+func (s *Sandbox) Files() map[string][]byte {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	out := make(map[string][]byte, len(s.files))
+	for p, b := range s.files {
+		out[p] = bytes.Clone(b)
+	}
+	return out
+}
+
 // ListDir implements runtime.Sandbox: the files directly under p.
 func (s *Sandbox) ListDir(_ context.Context, p string) ([]runtime.DirEntry, error) {
 	if err := s.alive(); err != nil {
