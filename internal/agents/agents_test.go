@@ -67,14 +67,19 @@ var (
 	_ Persistence         = (*fakePersist)(nil)
 )
 
-func (p *fakePersist) Env(sb store.Sandbox) []string { return persist.GitEnv(sb.ID) }
-func (p *fakePersist) Prepare(context.Context, store.Sandbox, runtime.Sandbox) error {
+// gitEnvHook gives sandboxes git's credentials, as persistence's hook does.
+type gitEnvHook struct{}
+
+func (gitEnvHook) Name() string          { return "git" }
+func (gitEnvHook) FailureReason() string { return "git" }
+func (gitEnvHook) Prestart(_ context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+	spec.Env = append(spec.Env, persist.GitEnv(sb.ID)...)
+	return nil
+}
+func (p *fakePersist) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.prepareErr
-}
-func (p *fakePersist) Layers(context.Context, string) ([]runtime.Layer, string, func(), error) {
-	return nil, "", func() {}, nil
 }
 func (p *fakePersist) AfterRun(context.Context, store.Sandbox, runtime.Sandbox, store.Run) (runs.Saved, error) {
 	return runs.Saved{}, nil
@@ -221,8 +226,10 @@ func newHarness(t *testing.T, o options) *harness {
 	}
 	h.fp = &fakePersist{mirror: mirror}
 	// As serve configures it when a model key is set.
-	o.settings.AnthropicProxy = true
-	h.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: h.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: o.settings, Persist: h.fp})
+	// The hooks serve registers: the sandbox's key (with Claude Code pointed
+	// at the model proxy) and git's credentials.
+	hooks := []sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{Store: st, AnthropicProxy: true}), gitEnvHook{}}
+	h.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: h.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: o.settings, Persist: h.fp, Hooks: hooks})
 	cfg := Config{
 		Store: st, Jobs: jc, Lifecycle: h.mgr, Persist: h.fp, Forge: gh,
 		PublicURL: "https://sandboxd.example.test", Network: netpol.Policy{Mode: netpol.ModeNone},

@@ -69,7 +69,8 @@ func newNode(t *testing.T) *node {
 	}
 	n := &node{st: st, jc: jc, rt: runtimefake.New(), execs: map[string]int{}, scripts: map[string]func(context.Context, *runtimefake.Sandbox, runtime.ExecRequest) (runtime.ExecResult, error){}}
 	n.rt.SetExec(n.exec)
-	n.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: n.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Persist: p})
+	n.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: n.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Persist: p,
+		Hooks: append([]sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{Store: st})}, p.Hooks()...)})
 	n.agents = agents.New(agents.Config{Store: st, Jobs: jc, Lifecycle: n.mgr, Persist: p})
 	n.mgr.UseSetups(n.agents)
 	n.mgr.RegisterWorkers(workers)
@@ -497,7 +498,7 @@ func TestStopSandboxJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(other.Close)
-	elsewhere := sandbox.NewManager(sandbox.Config{Store: n.st, Runtime: runtimefake.New(), Jobs: other, NodeID: "other", DataDir: t.TempDir()})
+	elsewhere := sandbox.NewManager(sandbox.Config{Store: n.st, Runtime: runtimefake.New(), Jobs: other, NodeID: "other", DataDir: t.TempDir(), Hooks: []sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{Store: n.st})}})
 
 	sb, _, err := n.mgr.Create(ctx, n.account.ID, sandbox.CreateRequest{})
 	if err != nil {
