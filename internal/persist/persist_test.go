@@ -314,6 +314,15 @@ func TestSnapshotHooksStartFromTheAccountsSnapshot(t *testing.T) {
 	if row, _ := f.st.GetSandbox(ctx, fresh.ID); len(spec.Layers) != 0 || fresh.SnapshotID != "" || row.SnapshotID != "" {
 		t.Fatalf("after a refused restore: layers %v, snapshot %q/%q; want a fresh start", spec.Layers, fresh.SnapshotID, row.SnapshotID)
 	}
+	// The workspace hook clones in the background: wait for both clones
+	// (Prepare takes its turn after them) before the directories go.
+	for _, row := range []store.Sandbox{sb, fresh} {
+		rsb, err := f.rt.Get(ctx, row.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = f.svc.Prepare(ctx, row, rsb, false)
+	}
 	// Nothing is left holding the layers.
 	for _, h := range hooks {
 		if l, ok := h.(*layersHook); ok && len(l.held) != 0 {
