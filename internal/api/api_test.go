@@ -13,10 +13,9 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/persist"
-	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/persist/persisttest"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -65,19 +64,7 @@ func environments(t *testing.T, st *store.Store) *persist.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blobs, err := blob.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	repos, err := repo.New(repo.Options{Root: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := persist.New(persist.Options{Store: st, Blobs: blobs, Repos: repos, BaseDir: t.TempDir(), TempDir: t.TempDir(), Mirror: mirror})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return svc
+	return persisttest.New(t, st, persist.Options{Mirror: mirror})
 }
 
 func (f *fixture) do(method, target, body string) *httptest.ResponseRecorder {

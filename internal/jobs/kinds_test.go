@@ -13,10 +13,9 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/agents"
-	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/persist"
-	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/persist/persisttest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -55,18 +54,7 @@ func newNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blobs, err := blob.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	repos, err := repo.New(repo.Options{Root: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := persist.New(persist.Options{Store: st, Blobs: blobs, Repos: repos, BaseDir: t.TempDir(), TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := persisttest.New(t, st, persist.Options{})
 	n := &node{st: st, jc: jc, rt: runtimefake.New(), execs: map[string]int{}, scripts: map[string]func(context.Context, *runtimefake.Sandbox, runtime.ExecRequest) (runtime.ExecResult, error){}}
 	n.rt.SetExec(n.exec)
 	n.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: n.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Persist: p,
