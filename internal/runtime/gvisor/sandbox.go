@@ -3,7 +3,6 @@ package gvisor
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -111,7 +110,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return err
 		}
-		id, err := applyLayer(ctx, l, dir, budget)
+		id, err := snapshot.ApplyVerified(ctx, l.R, l.ID, dir, budget)
 		if err != nil {
 			return fmt.Errorf("restore layer %d: %w", i, err)
 		}
@@ -166,25 +165,6 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		return fmt.Errorf("wait for agent: %w", err)
 	}
 	return nil
-}
-
-// applyLayer restores one layer into dir and returns its content address,
-// checked against l.ID when that is a content address ("sha256:...").
-func applyLayer(ctx context.Context, l runtime.Layer, dir string, b *snapshot.Budget) (string, error) {
-	h := sha256.New()
-	tee := io.TeeReader(l.R, h)
-	if _, err := snapshot.Apply(ctx, tee, dir, b); err != nil {
-		return "", err
-	}
-	// Hash the whole blob, including what the decoder did not need.
-	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return "", err
-	}
-	id := "sha256:" + hex.EncodeToString(h.Sum(nil))
-	if strings.HasPrefix(l.ID, "sha256:") && l.ID != id {
-		return "", fmt.Errorf("layer is %s, want %s", id, l.ID)
-	}
-	return id, nil
 }
 
 // attach listens for the agent, registers the sandbox with the runtime and

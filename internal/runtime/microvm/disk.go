@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -181,7 +180,7 @@ func layerDisk(ctx context.Context, img, staging string, size int64, layers []ru
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, err
 		}
-		id, err := applyLayer(ctx, l, dir, budget)
+		id, err := snapshot.ApplyVerified(ctx, l.R, l.ID, dir, budget)
 		if err != nil {
 			return nil, fmt.Errorf("restore layer %d: %w", i, err)
 		}
@@ -192,25 +191,6 @@ func layerDisk(ctx context.Context, img, staging string, size int64, layers []ru
 		return nil, err
 	}
 	return ids, nil
-}
-
-// applyLayer restores one layer into dir and returns its content address,
-// checked against l.ID when that is one ("sha256:...").
-func applyLayer(ctx context.Context, l runtime.Layer, dir string, b *snapshot.Budget) (string, error) {
-	h := sha256.New()
-	tee := io.TeeReader(l.R, h)
-	if _, err := snapshot.Apply(ctx, tee, dir, b); err != nil {
-		return "", err
-	}
-	// Hash the whole blob, including what the decoder did not need.
-	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return "", err
-	}
-	id := "sha256:" + hex.EncodeToString(h.Sum(nil))
-	if strings.HasPrefix(l.ID, "sha256:") && l.ID != id {
-		return "", fmt.Errorf("layer is %s, want %s", id, l.ID)
-	}
-	return id, nil
 }
 
 // allocated is the disk space a sparse image really uses.
