@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
@@ -75,26 +72,13 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 			_ = os.Remove(tmp)
 		}
 	}()
-	// A sparse file: only the blocks mkfs writes take space.
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
-	}
 	if err := f.Close(); err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4",
-		"-L", "sandboxd-root", "-m", "0", "-N", strconv.FormatInt(inodes, 10),
-		"-E", "root_owner=0:0", "-d", img.Rootfs, tmp)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		if ctx.Err() != nil {
-			return "", fmt.Errorf("ext4 of image %s: %w", img.ID, ctx.Err())
-		}
-		return "", fmt.Errorf("ext4 of image %s: mkfs.ext4: %w: %s", img.ID, err, strings.TrimSpace(string(out)))
+	o := ext4.Options{Mkfs: mkfs, Label: "sandboxd-root", Inodes: inodes, From: img.Rootfs, RootOwner: true}
+	if err := ext4.Format(ctx, tmp, size, o); err != nil {
+		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	if err := syncFile(tmp); err != nil {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)

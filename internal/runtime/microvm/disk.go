@@ -7,15 +7,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
@@ -55,7 +53,8 @@ func (r *Runtime) baseDisk(ctx context.Context, baseDir string) (string, error) 
 	size := (used + used/4 + 64*mib + mib - 1) / mib * mib
 	tmp := path + ".tmp"
 	_ = os.Remove(tmp)
-	if err := mkfs(ctx, tmp, size, "sandboxd-base", abs, files*2+4096); err != nil {
+	o := ext4.Options{Label: "sandboxd-base", Inodes: files*2 + 4096, From: abs, RootOwner: true, Lazy: true}
+	if err := ext4.Create(ctx, tmp, size, o); err != nil {
 		return "", fmt.Errorf("base image of %s: %w", abs, err)
 	}
 	if err := os.Chmod(tmp, 0o444); err != nil {
@@ -119,38 +118,6 @@ func treeSize(dir string) (bytes, files int64) {
 	return bytes, files
 }
 
-// mkfs creates a sparse ext4 image of size bytes at img, filled from dir
-// when dir is not empty. Lazy inode and journal initialisation keep it at
-// tens of milliseconds whatever the size.
-func mkfs(ctx context.Context, img string, size int64, label, dir string, inodes int64) error {
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("create disk image: %w", err)
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("size disk image: %w", err)
-	}
-	args := []string{"-q", "-F", "-t", "ext4", "-L", label, "-m", "0",
-		"-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard"}
-	if inodes > 0 {
-		args = append(args, "-N", strconv.FormatInt(inodes, 10))
-	}
-	if dir != "" {
-		args = append(args, "-d", dir)
-	}
-	cmd := exec.CommandContext(ctx, "mkfs.ext4", append(args, img)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		_ = os.Remove(img)
-		return fmt.Errorf("mkfs.ext4 (e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
 // layerDisk creates the writable layer disk of Limits.DiskBytes at img:
 // the restored layers as lower-0 (bottom) ... lower-N, an empty upper/ and
 // work/. The layers are unpacked on the host (snapshot.Apply treats them as
@@ -187,7 +154,8 @@ func layerDisk(ctx context.Context, img, staging string, size int64, layers []ru
 		ids = append(ids, id)
 	}
 	// Inodes: one per 16 KiB, as for a general-purpose file system.
-	if err := mkfs(ctx, img, size, "sandboxd-layer", staging, max(size/16384, 4096)); err != nil {
+	o := ext4.Options{Label: "sandboxd-layer", Inodes: max(size/16384, 4096), From: staging, RootOwner: true, Lazy: true}
+	if err := ext4.Create(ctx, img, size, o); err != nil {
 		return nil, err
 	}
 	return ids, nil
