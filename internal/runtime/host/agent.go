@@ -147,3 +147,19 @@ func (o Ops) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, erro
 func (o Ops) Failure(ctx context.Context, op string, err error) error {
 	return o.Conn().Failure(ctx, op, err)
 }
+
+// Call reaches the agent for op and, when f is not nil, runs f on the
+// session: it returns the session, or the error explained (Failure).
+func (o Ops) Call(ctx context.Context, op string, f func(*guest.Client) error) (*guest.Client, error) {
+	c := o.Conn()
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return nil, c.Failure(ctx, op, err)
+	}
+	if f != nil {
+		if err := f(cl); err != nil {
+			return nil, c.Failure(ctx, op, err)
+		}
+	}
+	return cl, nil
+}

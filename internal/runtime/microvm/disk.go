@@ -42,7 +42,7 @@ func (r *Runtime) baseDisk(ctx context.Context, baseDir string) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("base %s: %w", abs, err)
 	}
-	path := filepath.Join(r.opts.StateDir, "bases", fp[:24]+".ext4")
+	path := filepath.Join(r.StateDir(), "bases", fp[:24]+".ext4")
 	if _, err := os.Stat(path); err == nil {
 		r.bases[abs] = path
 		return path, nil
