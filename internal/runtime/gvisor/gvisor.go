@@ -62,6 +62,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/renameio/v2"
+
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
@@ -193,11 +195,10 @@ func installAgent(src, dst string) error {
 	if have, err := os.ReadFile(dst); err == nil && bytes.Equal(have, want) {
 		return nil
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, want, 0o755); err != nil {
+	if err := renameio.WriteFile(dst, want, 0o755); err != nil {
 		return fmt.Errorf("install agent: %w", err)
 	}
-	return os.Rename(tmp, dst)
+	return nil
 }
 
 // Capabilities implements runtime.Runtime: networks through gVisor's

@@ -59,6 +59,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/renameio/v2"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
@@ -229,11 +231,10 @@ func installFile(src, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o444); err != nil {
-		return "", err
+	if err := renameio.WriteFile(dst, b, 0o444); err != nil {
+		return "", fmt.Errorf("install %s: %w", src, err)
 	}
-	return dst, os.Rename(tmp, dst)
+	return dst, nil
 }
 
 // FindAgent looks for the sandbox-agent binary next to the running
