@@ -87,3 +87,12 @@ func Drain(ctx context.Context, path string, w *Writer) error {
 	}
 	return err
 }
+
+// Pipe makes the log pipe at path (MakeFIFO) and opens its write end
+// (WriteEnd), for a writer that starts now.
+func Pipe(path string) (*os.File, error) {
+	if err := MakeFIFO(path); err != nil {
+		return nil, err
+	}
+	return WriteEnd(path)
+}

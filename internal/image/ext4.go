@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/google/renameio/v2"
 
+	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/flock"
 )
 
@@ -68,22 +65,10 @@ func (img *Image) Ext4(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	defer func() { _ = pf.Cleanup() }() // a no-op once it replaced final
-	// A sparse file: only the blocks mkfs writes take space.
-	if err := pf.Truncate(size); err != nil {
-		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
-	}
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4",
-		"-L", "sandboxd-root", "-m", "0", "-N", strconv.FormatInt(inodes, 10),
-		"-E", "root_owner=0:0", "-d", img.Rootfs, pf.Name())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		if ctx.Err() != nil {
-			return "", fmt.Errorf("ext4 of image %s: %w", img.ID, ctx.Err())
-		}
-		return "", fmt.Errorf("ext4 of image %s: mkfs.ext4: %w: %s", img.ID, err, strings.TrimSpace(string(out)))
+	o := ext4.Options{Mkfs: mkfs, Label: "sandboxd-root", Inodes: inodes, From: img.Rootfs, RootOwner: true}
+	if err := ext4.Format(ctx, pf.Name(), size, o); err != nil {
+		return "", fmt.Errorf("ext4 of image %s: %w", img.ID, err)
 	}
 	// Syncing the pending file's descriptor flushes what mkfs wrote: fsync
 	// works on the file, not on the descriptor that wrote it.

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/snapshot"
@@ -186,6 +187,19 @@ type ExecRequest struct {
 	TTY     bool
 	Rows    uint16
 	Cols    uint16
+	// Resize, when not nil, delivers new window sizes of the TTY while
+	// the process runs (a terminal that was resized); without TTY they
+	// are ignored. Closing it stops nothing.
+	Resize <-chan WindowSize
+	// Signal, when not nil, delivers signals for the process's session
+	// (the process and what it started) while it runs; closing it stops
+	// nothing.
+	Signal <-chan syscall.Signal
+}
+
+// WindowSize is a TTY's size in characters.
+type WindowSize struct {
+	Rows, Cols uint16
 }
 
 // ExecResult is how a process ended.

@@ -60,8 +60,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/google/renameio/v2"
 
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -83,8 +84,10 @@ type Options struct {
 	// Platform is gVisor's platform ("ptrace", "kvm", "systrap"); empty:
 	// probe for the fastest that works and cache the answer in StateDir.
 	Platform string
-	// DefaultLimits fill a Spec's zero limits.
+	// DefaultLimits fill a Spec's zero limits (zero: host.DefaultLimits).
 	DefaultLimits runtime.Limits
+	// StartTimeout bounds how long Create waits for the agent (default 20s).
+	StartTimeout time.Duration
 	// WarmPool keeps this many sandboxes of WarmBaseDir started ahead of
 	// time; Create takes one when the spec allows (see Create).
 	WarmPool      int
@@ -94,24 +97,21 @@ type Options struct {
 	// capacity; 0: not known). Each sandbox's host pids backstop is at most
 	// its share of the host's pid_max and threads-max.
 	MaxSandboxes int
-	// StartTimeout bounds how long Create waits for the agent (default 20s).
-	StartTimeout time.Duration
 	// LogMaxBytes caps each sandbox's agent.log, which the guest can write
 	// (0: caplog.DefaultSize).
 	LogMaxBytes int64
-	// Home limits each sandbox's connections and requests to
-	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
-	// was refused (nil: not counted).
+	// Home limits each sandbox's connections to sandboxd.internal, which
+	// its agent forwards from 127.0.0.1:80 (see host.Options).
 	Home        homegate.Limits
 	HomeMetrics *homegate.Metrics
 	Logger      *slog.Logger
 }
 
-// DefaultLimits are used when Options.DefaultLimits is zero.
-var DefaultLimits = runtime.Limits{CPUs: 2, MemoryBytes: 2 << 30, Pids: 1024, DiskBytes: 10 << 30}
-
 // Runtime is the gVisor backend. It implements runtime.Runtime.
 type Runtime struct {
+	// Base holds the state directory and the containers attached, and
+	// serves Get and List.
+	*host.Base[*sandbox]
 	opts     Options
 	log      *slog.Logger
 	runsc    string
@@ -124,14 +124,7 @@ type Runtime struct {
 	// statx shim; "" when the shim could not be built.
 	preload string
 
-	ctx    context.Context // ends at Close
-	cancel context.CancelFunc
-
-	mu sync.Mutex
-	// table is the state directory and the attached sandboxes.
-	table  *host.Table[*sandbox]
-	pool   *pool
-	closed bool
+	pool *pool // set once, by New
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -139,69 +132,47 @@ var _ runtime.Runtime = (*Runtime)(nil)
 // New prepares the state directory, picks the platform and re-attaches the
 // sandboxes an earlier process left running. It needs root.
 func New(ctx context.Context, opts Options) (*Runtime, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("gvisor runtime: needs root (mounts, cgroups, runsc)")
-	}
-	if opts.StateDir == "" {
-		return nil, errors.New("gvisor runtime: StateDir is required")
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.DefaultLimits == (runtime.Limits{}) {
-		opts.DefaultLimits = DefaultLimits
-	}
-	if opts.StartTimeout <= 0 {
-		opts.StartTimeout = 20 * time.Second
-	}
-	state, err := filepath.Abs(opts.StateDir)
+	// The options every backend takes, with this one's defaults.
+	common := host.Options{StateDir: opts.StateDir, DefaultLimits: opts.DefaultLimits, StartTimeout: opts.StartTimeout, LogMaxBytes: opts.LogMaxBytes, Home: opts.Home, HomeMetrics: opts.HomeMetrics, Logger: opts.Logger}
+	b, err := host.NewBase[*sandbox](ctx, Name, "mounts, cgroups, runsc", common, host.Options{StartTimeout: 20 * time.Second}, "runsc", "bin")
 	if err != nil {
 		return nil, err
 	}
-	opts.StateDir = state
+	bin := filepath.Join(b.StateDir(), "bin")
 	runsc := opts.RunscPath
 	if runsc == "" {
 		if runsc, err = exec.LookPath("runsc"); err != nil {
 			return nil, fmt.Errorf("gvisor runtime: runsc not found (apt-get install runsc): %w", err)
 		}
 	}
-	agentPath := opts.AgentPath
-	if agentPath == "" {
-		if agentPath, err = FindAgent(); err != nil {
-			return nil, fmt.Errorf("gvisor runtime: %w", err)
-		}
-	}
-	for _, d := range []string{"runsc", "bin", "sandboxes", "ids"} {
-		if err := os.MkdirAll(filepath.Join(state, d), 0o700); err != nil {
-			return nil, fmt.Errorf("gvisor runtime: create state dir: %w", err)
-		}
-	}
-	if err := installAgent(agentPath, filepath.Join(state, "bin", "sandbox-agent")); err != nil {
+	agentPath, err := host.FindAgent(opts.AgentPath)
+	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
-	preload, err := installStatxShim(ctx, filepath.Join(state, "bin"))
+	if err := installAgent(agentPath, filepath.Join(bin, "sandbox-agent")); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	preload, err := installStatxShim(ctx, bin)
 	if err != nil {
-		opts.Logger.Warn("gvisor runtime: running without the statx shim; coreutils ls and stat fail on runsc before 2023", "err", err)
+		b.Log().Warn("gvisor runtime: running without the statx shim; coreutils ls and stat fail on runsc before 2023", "err", err)
 		preload = ""
 	}
 	out, err := exec.CommandContext(ctx, runsc, "--version").Output()
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: runsc --version: %w", err)
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r := &Runtime{
-		opts: opts, log: opts.Logger.With("runtime", Name), runsc: runsc,
+		Base: b, opts: opts, log: b.Log(), runsc: runsc,
 		version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]),
-		ctx:     rctx, cancel: cancel, table: host.NewTable[*sandbox](opts.StateDir),
 		preload: preload, pidsCeiling: hostTaskCeiling(opts.MaxSandboxes),
 	}
 	if r.platform, r.rejected, err = r.choosePlatform(ctx); err != nil {
-		cancel()
+		b.Abort()
 		return nil, err
 	}
 	r.log.Info("gvisor runtime ready", "runsc", r.version, "platform", r.platform, "rejected", r.rejected, "host_pids_per_sandbox", r.pidsCeiling)
 	if err := r.reattach(ctx); err != nil {
-		cancel()
+		b.Abort()
 		return nil, err
 	}
 	if opts.WarmPool > 0 && opts.WarmBaseDir != "" {
@@ -212,19 +183,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 
 // FindAgent looks for the sandbox-agent binary next to the running
 // executable, then in PATH.
-func FindAgent() (string, error) {
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "sandbox-agent")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			return p, nil
-		}
-	}
-	p, err := exec.LookPath("sandbox-agent")
-	if err != nil {
-		return "", errors.New("sandbox-agent binary not found next to the executable or in PATH (build it with CGO_ENABLED=0 go build ./cmd/sandbox-agent)")
-	}
-	return p, nil
-}
+func FindAgent() (string, error) { return host.FindAgent("") }
 
 // installAgent copies the agent into the state dir (atomically, so running
 // sandboxes never see a partial binary) unless an identical copy is there.
@@ -236,15 +195,11 @@ func installAgent(src, dst string) error {
 	if have, err := os.ReadFile(dst); err == nil && bytes.Equal(have, want) {
 		return nil
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, want, 0o755); err != nil {
+	if err := renameio.WriteFile(dst, want, 0o755); err != nil {
 		return fmt.Errorf("install agent: %w", err)
 	}
-	return os.Rename(tmp, dst)
+	return nil
 }
-
-// Name implements runtime.Runtime.
-func (r *Runtime) Name() string { return Name }
 
 // Capabilities implements runtime.Runtime: networks through gVisor's
 // netstack in the sandbox's namespace; no memory snapshots here.
@@ -260,24 +215,12 @@ func (r *Runtime) Platform() (string, map[string]string) { return r.platform, r.
 // (whose sandboxes are destroyed). Created sandboxes keep running and a new
 // Runtime on the same StateDir finds them.
 func (r *Runtime) Close() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	return r.Shutdown(func() error {
+		if r.pool != nil {
+			return r.pool.close()
+		}
 		return nil
-	}
-	r.closed = true
-	p := r.pool
-	sbs := r.table.All()
-	r.mu.Unlock()
-	var errs []error
-	if p != nil {
-		errs = append(errs, p.close())
-	}
-	r.cancel()
-	for _, s := range sbs {
-		s.detach()
-	}
-	return errors.Join(errs...)
+	})
 }
 
 // Create implements runtime.Runtime. With no layers, the default limits, the
@@ -286,24 +229,11 @@ func (r *Runtime) Close() error {
 // otherwise it creates one cold: restored layers become overlay lowers, and
 // they cannot be added under a running overlay.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
-	if !host.ValidID(spec.ID) {
-		return nil, fmt.Errorf("create sandbox: invalid id %q", spec.ID)
+	if err := r.Check(&spec); err != nil {
+		return nil, err
 	}
-	if spec.BaseDir == "" {
-		return nil, fmt.Errorf("create sandbox %s: BaseDir is required", spec.ID)
-	}
-	spec.Limits = r.limits(spec.Limits)
-	if spec.Hostname == "" {
-		spec.Hostname = "sandbox"
-	}
-	r.mu.Lock()
-	closed, p := r.closed, r.pool
-	r.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
-	}
-	link := host.Dir(r.opts.StateDir).Path(spec.ID)
-	if p != nil && p.fits(spec) {
+	link := r.Table().Dir.Path(spec.ID)
+	if p := r.pool; p != nil && p.fits(spec) {
 		if s := p.take(); s != nil {
 			if err := s.assign(spec, link); err != nil {
 				_ = s.Destroy(context.WithoutCancel(ctx))
@@ -319,56 +249,26 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	return r.createCold(ctx, spec, link)
 }
 
-func (r *Runtime) limits(l runtime.Limits) runtime.Limits {
-	return host.Limits(l, r.opts.DefaultLimits)
-}
-
 // createCold builds and starts a sandbox for spec. link, when not empty, is
 // the ids/ entry to claim for it.
 func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string) (*sandbox, error) {
 	cid := host.NewCID("sbx-")
-	dir := host.Dir(r.opts.StateDir).SandboxDir(cid)
+	dir := r.Table().Dir.SandboxDir(cid)
 	if link != "" {
-		if err := host.Dir(r.opts.StateDir).Claim(spec.ID, cid); err != nil {
+		if err := r.Table().Dir.Claim(spec.ID, cid); err != nil {
 			return nil, err
 		}
 	}
-	m := meta{
-		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
-		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
-		Network:    spec.Network,
-		CgroupPath: "/sandboxd/" + cid, Platform: r.platform, Created: time.Now().UTC(),
-	}
+	m := meta{Record: host.NewRecord(spec, cid), Network: spec.Network, Platform: r.platform}
 	s := newSandbox(r, dir, m)
-	if err := s.create(ctx, spec.Layers); err != nil {
-		_ = s.Destroy(context.WithoutCancel(ctx))
-		if link != "" {
-			_ = os.Remove(link)
-		}
-		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
-	}
-	return s, nil
-}
-
-// Get implements runtime.Runtime.
-func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
-	s, err := r.table.Get(id)
-	if err != nil {
-		return nil, err // not a typed nil in the interface
-	}
-	return s, nil
-}
-
-// List implements runtime.Runtime.
-func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	return r.table.List()
+	return r.Made(ctx, spec.ID, link, s, s.create(ctx, spec.Layers))
 }
 
 // reattach finds the sandboxes of an earlier process: those with an id are
 // served again (their agents dial back in), unclaimed warm ones and
 // half-made ones are destroyed.
 func (r *Runtime) reattach(ctx context.Context) error {
-	return host.Reattach(ctx, r.table.Dir, r.log, host.Backend[meta]{
+	return host.Reattach(ctx, r.Table().Dir, r.log, host.Backend[meta]{
 		Blank:   blankMeta,
 		Destroy: func(ctx context.Context, dir string, m meta) error { return newSandbox(r, dir, m).Destroy(ctx) },
 		Serve: func(_ context.Context, dir string, m meta) {
@@ -392,7 +292,7 @@ func (r *Runtime) runscCmd(ctx context.Context, args ...string) *exec.Cmd {
 // network namespace).
 func (r *Runtime) runscNetCmd(ctx context.Context, network string, args ...string) *exec.Cmd {
 	global := []string{
-		"--root", filepath.Join(r.opts.StateDir, "runsc"),
+		"--root", filepath.Join(r.StateDir(), "runsc"),
 		"--platform", r.platform,
 		"--network", network,
 		"--host-uds", "open",
@@ -418,31 +318,17 @@ func (r *Runtime) runscRun(ctx context.Context, args ...string) ([]byte, error) 
 
 // meta is what the state directory records about a sandbox.
 type meta struct {
-	ID         string           `json:"id"` // "" while in the warm pool
-	CID        string           `json:"cid"`
-	BaseDir    string           `json:"base_dir"`
-	BaseImage  string           `json:"base_image,omitempty"`
-	Layers     []string         `json:"layers,omitempty"` // restored layer ids, bottom first
-	Env        []string         `json:"env,omitempty"`
-	Limits     runtime.Limits   `json:"limits"`
-	HomeSocket string           `json:"home_socket,omitempty"`
-	Network    *runtime.Network `json:"network,omitempty"` // nil: --network=none
-	Hostname   string           `json:"hostname"`
-	CgroupPath string           `json:"cgroup_path"`
-	Platform   string           `json:"platform"`
-	Disk       bool             `json:"disk,omitempty"` // layer/ is a loop-mounted image
-	Created    time.Time        `json:"created"`
-	Stopped    bool             `json:"stopped,omitempty"`
+	host.Record
+	Network  *runtime.Network `json:"network,omitempty"` // nil: --network=none
+	Platform string           `json:"platform"`
+	Disk     bool             `json:"disk,omitempty"` // layer/ is a loop-mounted image
 	// AgentSecret (hex) is the key the sandbox's agent proves it holds in
 	// the handshake; only PID 1 is given it (see buildSpec). Empty for a
 	// sandbox made before sessions were authenticated.
 	AgentSecret string `json:"agent_secret,omitempty"`
 }
 
-// SandboxID implements host.Meta.
-func (m meta) SandboxID() string { return m.ID }
-
 // blankMeta is enough of a meta to destroy the sandbox cid.
-func blankMeta(cid string) meta { return meta{CID: cid, CgroupPath: "/sandboxd/" + cid} }
+func blankMeta(cid string) meta { return meta{Record: host.BlankRecord(cid)} }
 
 func writeMeta(dir string, m meta) error { return host.WriteMeta(dir, m) }

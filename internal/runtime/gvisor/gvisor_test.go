@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
@@ -53,50 +52,28 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// leaks finds the sandbox's container id before it is destroyed and then
-// lists what is left of it on the host: its directory, mounts, runsc
-// container, cgroups and processes.
-func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
-	target, err := os.Readlink(filepath.Join(stateDir, "ids", sb.ID()))
+// leaks lists what is left of a sandbox on the host after Destroy: what
+// every backend leaves (runtimetest.HostLeaks), runsc containers and
+// processes.
+var leaks = runtimetest.HostLeaks(func(t *testing.T, stateDir, cid string) []string {
+	var out []string
+	list, err := exec.Command("runsc", "--root", filepath.Join(stateDir, "runsc"), "list", "-quiet").Output()
 	if err != nil {
-		t.Fatalf("find container of %s: %v", sb.ID(), err)
+		t.Errorf("runsc list: %v", err)
 	}
-	cid := filepath.Base(target)
-	return func() []string {
-		var out []string
-		dir := filepath.Join(stateDir, "sandboxes", cid)
-		if _, err := os.Lstat(filepath.Join(stateDir, "ids", sb.ID())); err == nil {
-			out = append(out, "id link")
+	for _, c := range strings.Fields(string(list)) {
+		if c == cid {
+			out = append(out, "runsc container "+c)
 		}
-		if _, err := os.Stat(dir); err == nil {
-			out = append(out, "directory "+dir)
-		}
-		mounts, _ := mountinfo.Under(dir)
-		for _, m := range mounts {
-			out = append(out, "mount "+m)
-		}
-		cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/" + cid)
-		for _, d := range cg {
-			out = append(out, "cgroup "+d)
-		}
-		list, err := exec.Command("runsc", "--root", filepath.Join(stateDir, "runsc"), "list", "-quiet").Output()
-		if err != nil {
-			t.Errorf("runsc list: %v", err)
-		}
-		for _, c := range strings.Fields(string(list)) {
-			if c == cid {
-				out = append(out, "runsc container "+c)
-			}
-		}
-		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-		for _, p := range procs {
-			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), cid) {
-				out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
-			}
-		}
-		return out
 	}
-}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), cid) {
+			out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+})
 
 func TestWarmPool(t *testing.T) {
 	base := runtimetest.Rootfs(t)

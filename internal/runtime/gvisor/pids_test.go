@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
@@ -58,7 +59,7 @@ func TestPidsBackstopWithinHostMeans(t *testing.T) {
 		t.Fatalf("ceiling %d for a host with %d tasks", ceiling, budget)
 	}
 	for _, pids := range []int64{512, 100000} {
-		m := &meta{ID: "sbx-pids", Limits: runtime.Limits{Pids: pids, MemoryBytes: 256 << 20}}
+		m := &meta{Record: host.Record{ID: "sbx-pids", Limits: runtime.Limits{Pids: pids, MemoryBytes: 256 << 20}}}
 		spec := buildSpec(m, "/rootfs", "/bin", "/sock", "/hosts", "", ceiling)
 		if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil || spec.Linux.Resources.Pids.Limit == nil {
 			t.Fatalf("pids %d: no pids limit in the spec", pids)

@@ -50,7 +50,7 @@ func (r *Runtime) choosePlatform(ctx context.Context) (string, map[string]string
 	if r.opts.Platform != "" {
 		return r.opts.Platform, nil, nil
 	}
-	cachePath := filepath.Join(r.opts.StateDir, "platform.json")
+	cachePath := filepath.Join(r.StateDir(), "platform.json")
 	var c platformCache
 	if b, err := os.ReadFile(cachePath); err == nil && json.Unmarshal(b, &c) == nil &&
 		c.Runsc == r.version && c.Kernel == kernelRelease() && c.Platform != "" {
@@ -102,7 +102,7 @@ func (r *Runtime) runscCommandOutput(ctx context.Context, args ...string) (strin
 
 // trial runs `sandbox-agent version` in a throwaway sandbox on platform p.
 func (r *Runtime) trial(ctx context.Context, p string) error {
-	dir, err := os.MkdirTemp(r.opts.StateDir, "probe-")
+	dir, err := os.MkdirTemp(r.StateDir(), "probe-")
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func (r *Runtime) trial(ctx context.Context, p string) error {
 			return err
 		}
 	}
-	agent, err := os.ReadFile(filepath.Join(r.opts.StateDir, "bin", "sandbox-agent"))
+	agent, err := os.ReadFile(filepath.Join(r.StateDir(), "bin", "sandbox-agent"))
 	if err != nil {
 		return err
 	}

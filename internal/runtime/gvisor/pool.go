@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // pool keeps started sandboxes of the warm base with an empty writable
@@ -27,7 +28,7 @@ type pool struct {
 }
 
 func newPool(r *Runtime, size int) *pool {
-	ctx, cancel := context.WithCancel(r.ctx)
+	ctx, cancel := context.WithCancel(r.Context())
 	p := &pool{r: r, size: size, kick: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel}
 	go p.fill(ctx)
 	return p
@@ -37,7 +38,7 @@ func newPool(r *Runtime, size int) *pool {
 func (p *pool) warmSpec() runtime.Spec {
 	return runtime.Spec{
 		BaseDir: p.r.opts.WarmBaseDir, BaseImage: p.r.opts.WarmBaseImage,
-		Limits: p.r.limits(runtime.Limits{}), Hostname: "sandbox",
+		Limits: p.r.Limits(runtime.Limits{}), Hostname: "sandbox",
 	}
 }
 
@@ -68,9 +69,7 @@ func (p *pool) take() *sandbox {
 
 // WarmReady is how many warm sandboxes wait (for tests and the bench).
 func (r *Runtime) WarmReady() int {
-	r.mu.Lock()
 	p := r.pool
-	r.mu.Unlock()
 	if p == nil {
 		return 0
 	}
@@ -81,7 +80,7 @@ func (r *Runtime) WarmReady() int {
 
 func (p *pool) fill(ctx context.Context) {
 	defer close(p.done)
-	backoff := time.Second
+	backoff := host.Backoff{First: time.Second, Max: time.Minute}
 	for {
 		p.mu.Lock()
 		need := p.size - len(p.ready)
@@ -93,15 +92,12 @@ func (p *pool) fill(ctx context.Context) {
 					return
 				}
 				p.r.log.Warn("warm pool: start sandbox", "err", err)
-				select {
-				case <-ctx.Done():
+				if !backoff.Wait(ctx) {
 					return
-				case <-time.After(backoff):
 				}
-				backoff = min(backoff*2, time.Minute)
 				continue
 			}
-			backoff = time.Second
+			backoff.Reset()
 			p.mu.Lock()
 			if p.closed {
 				p.mu.Unlock()
@@ -140,19 +136,19 @@ func (p *pool) close() error {
 
 // assign turns a warm sandbox into spec's sandbox.
 func (s *sandbox) assign(spec runtime.Spec, link string) error {
-	m := s.meta()
+	m := s.Meta()
 	if err := os.Symlink(filepath.Join("..", "sandboxes", m.CID), link); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("create sandbox %s: %w", spec.ID, runtime.ErrExists)
 		}
 		return err
 	}
-	s.mu.Lock()
-	s.m.ID, s.m.Env, s.m.HomeSocket, s.m.BaseImage = spec.ID, spec.Env, spec.HomeSocket, spec.BaseImage
-	s.m.Created = time.Now().UTC()
-	m = s.m
-	s.mu.Unlock()
-	if err := writeMeta(s.dir, m); err != nil {
+	s.Mu.Lock()
+	s.M.ID, s.M.Env, s.M.HomeSocket, s.M.BaseImage = spec.ID, spec.Env, spec.HomeSocket, spec.BaseImage
+	s.M.Created = time.Now().UTC()
+	m = s.M
+	s.Mu.Unlock()
+	if err := writeMeta(s.Dir, m); err != nil {
 		_ = os.Remove(link)
 		return err
 	}

@@ -61,8 +61,11 @@ func (c Conn) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecRe
 	if req.Timeout > 0 && spec.Timeout == 0 {
 		spec.Timeout = 1 // under a millisecond still means "a timeout"
 	}
+	resize, stop := forwardResize(req.Resize)
+	defer stop()
+	pio := guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Resize: resize, Signal: req.Signal}
 	start := time.Now()
-	e, err := cl.Exec(ctx, spec, guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr})
+	e, err := cl.Exec(ctx, spec, pio)
 	res := runtime.ExecResult{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, OOMKilled: e.OOMKilled, Duration: time.Since(start)}
 	switch {
 	case err != nil:
@@ -73,6 +76,37 @@ func (c Conn) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecRe
 		return res, fmt.Errorf("exec %s in sandbox %s: %s", req.Cmd[0], c.Sandbox.ID(), e.Error)
 	}
 	return res, nil
+}
+
+// forwardResize turns the caller's window sizes into the guest protocol's
+// while an exec runs (runtime does not import guest, so the types differ):
+// nil for none. stop ends the forwarding; a size sent after it is not
+// delivered, and nothing blocks on it.
+func forwardResize(in <-chan runtime.WindowSize) (out <-chan guest.Resize, stop func()) {
+	if in == nil {
+		return nil, func() {}
+	}
+	ch := make(chan guest.Resize)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case ws, ok := <-in:
+				if !ok {
+					close(ch) // the client stops reading sizes
+					return
+				}
+				select {
+				case ch <- guest.Resize{Rows: ws.Rows, Cols: ws.Cols}:
+				case <-done:
+					return
+				}
+			}
+		}
+	}()
+	return ch, func() { close(done) }
 }
 
 // ReadFile implements runtime.Sandbox.ReadFile.
@@ -146,4 +180,20 @@ func (o Ops) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, erro
 // Failure explains an error of op from the agent channel (Conn.Failure).
 func (o Ops) Failure(ctx context.Context, op string, err error) error {
 	return o.Conn().Failure(ctx, op, err)
+}
+
+// Call reaches the agent for op and, when f is not nil, runs f on the
+// session: it returns the session, or the error explained (Failure).
+func (o Ops) Call(ctx context.Context, op string, f func(*guest.Client) error) (*guest.Client, error) {
+	c := o.Conn()
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return nil, c.Failure(ctx, op, err)
+	}
+	if f != nil {
+		if err := f(cl); err != nil {
+			return nil, c.Failure(ctx, op, err)
+		}
+	}
+	return cl, nil
 }

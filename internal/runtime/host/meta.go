@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/google/renameio/v2"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -24,18 +26,27 @@ func ReadMeta[M any](dir string) (M, error) {
 	return m, nil
 }
 
-// WriteMeta replaces a sandbox directory's meta.json atomically; it holds
-// the sandbox's environment, so only root may read it.
+// WriteMeta replaces a sandbox directory's meta.json atomically (a reader,
+// or the next process after a crash, sees the old file or the new one,
+// whole). It holds the sandbox's environment, so only root may read it:
+// the new file is 0600 whatever the old one's mode was.
 func WriteMeta(dir string, m any) error {
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, "meta.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("write meta: %w", err)
 	}
-	return os.Rename(tmp, filepath.Join(dir, "meta.json"))
+	f, err := renameio.NewPendingFile(filepath.Join(dir, "meta.json"), renameio.WithPermissions(0o600))
+	if err != nil {
+		return fmt.Errorf("write meta: %w", err)
+	}
+	defer f.Cleanup()
+	if _, err := f.Write(b); err != nil {
+		return fmt.Errorf("write meta: %w", err)
+	}
+	if err := f.CloseAtomicallyReplace(); err != nil {
+		return fmt.Errorf("write meta: %w", err)
+	}
+	return nil
 }
 
 // Info is runtime.Sandbox.Info from what the agent said of itself: the

@@ -47,7 +47,7 @@ func (r *Runtime) chooseAccel(ctx context.Context) (string, string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", r.qemuVersion, hostKernel(), fileID(r.kernel), fileID(r.initrd))
 	key := hex.EncodeToString(h.Sum(nil))
-	cachePath := filepath.Join(r.opts.StateDir, "accel.json")
+	cachePath := filepath.Join(r.StateDir(), "accel.json")
 	var c accelCache
 	if b, err := os.ReadFile(cachePath); err == nil && json.Unmarshal(b, &c) == nil && c.Key == key && c.Accel != "" {
 		return c.Accel, c.Rejected, nil

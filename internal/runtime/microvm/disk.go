@@ -5,18 +5,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
@@ -45,7 +42,7 @@ func (r *Runtime) baseDisk(ctx context.Context, baseDir string) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("base %s: %w", abs, err)
 	}
-	path := filepath.Join(r.opts.StateDir, "bases", fp[:24]+".ext4")
+	path := filepath.Join(r.StateDir(), "bases", fp[:24]+".ext4")
 	if _, err := os.Stat(path); err == nil {
 		r.bases[abs] = path
 		return path, nil
@@ -56,7 +53,8 @@ func (r *Runtime) baseDisk(ctx context.Context, baseDir string) (string, error) 
 	size := (used + used/4 + 64*mib + mib - 1) / mib * mib
 	tmp := path + ".tmp"
 	_ = os.Remove(tmp)
-	if err := mkfs(ctx, tmp, size, "sandboxd-base", abs, files*2+4096); err != nil {
+	o := ext4.Options{Label: "sandboxd-base", Inodes: files*2 + 4096, From: abs, RootOwner: true, Lazy: true}
+	if err := ext4.Create(ctx, tmp, size, o); err != nil {
 		return "", fmt.Errorf("base image of %s: %w", abs, err)
 	}
 	if err := os.Chmod(tmp, 0o444); err != nil {
@@ -120,38 +118,6 @@ func treeSize(dir string) (bytes, files int64) {
 	return bytes, files
 }
 
-// mkfs creates a sparse ext4 image of size bytes at img, filled from dir
-// when dir is not empty. Lazy inode and journal initialisation keep it at
-// tens of milliseconds whatever the size.
-func mkfs(ctx context.Context, img string, size int64, label, dir string, inodes int64) error {
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("create disk image: %w", err)
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("size disk image: %w", err)
-	}
-	args := []string{"-q", "-F", "-t", "ext4", "-L", label, "-m", "0",
-		"-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard"}
-	if inodes > 0 {
-		args = append(args, "-N", strconv.FormatInt(inodes, 10))
-	}
-	if dir != "" {
-		args = append(args, "-d", dir)
-	}
-	cmd := exec.CommandContext(ctx, "mkfs.ext4", append(args, img)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		_ = os.Remove(img)
-		return fmt.Errorf("mkfs.ext4 (e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
 // layerDisk creates the writable layer disk of Limits.DiskBytes at img:
 // the restored layers as lower-0 (bottom) ... lower-N, an empty upper/ and
 // work/. The layers are unpacked on the host (snapshot.Apply treats them as
@@ -181,36 +147,18 @@ func layerDisk(ctx context.Context, img, staging string, size int64, layers []ru
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, err
 		}
-		id, err := applyLayer(ctx, l, dir, budget)
+		id, err := snapshot.ApplyVerified(ctx, l.R, l.ID, dir, budget)
 		if err != nil {
 			return nil, fmt.Errorf("restore layer %d: %w", i, err)
 		}
 		ids = append(ids, id)
 	}
 	// Inodes: one per 16 KiB, as for a general-purpose file system.
-	if err := mkfs(ctx, img, size, "sandboxd-layer", staging, max(size/16384, 4096)); err != nil {
+	o := ext4.Options{Label: "sandboxd-layer", Inodes: max(size/16384, 4096), From: staging, RootOwner: true, Lazy: true}
+	if err := ext4.Create(ctx, img, size, o); err != nil {
 		return nil, err
 	}
 	return ids, nil
-}
-
-// applyLayer restores one layer into dir and returns its content address,
-// checked against l.ID when that is one ("sha256:...").
-func applyLayer(ctx context.Context, l runtime.Layer, dir string, b *snapshot.Budget) (string, error) {
-	h := sha256.New()
-	tee := io.TeeReader(l.R, h)
-	if _, err := snapshot.Apply(ctx, tee, dir, b); err != nil {
-		return "", err
-	}
-	// Hash the whole blob, including what the decoder did not need.
-	if _, err := io.Copy(io.Discard, tee); err != nil {
-		return "", err
-	}
-	id := "sha256:" + hex.EncodeToString(h.Sum(nil))
-	if strings.HasPrefix(l.ID, "sha256:") && l.ID != id {
-		return "", fmt.Errorf("layer is %s, want %s", id, l.ID)
-	}
-	return id, nil
 }
 
 // allocated is the disk space a sparse image really uses.

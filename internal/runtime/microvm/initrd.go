@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/google/renameio/v2"
 )
 
 // cpioEntry is one file of an initramfs.
@@ -78,11 +80,7 @@ func buildInitrd(agentPath, dir string) (string, error) {
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b.Bytes(), 0o444); err != nil {
-		return "", fmt.Errorf("write initrd: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := renameio.WriteFile(path, b.Bytes(), 0o444); err != nil {
 		return "", fmt.Errorf("write initrd: %w", err)
 	}
 	return path, nil

@@ -28,16 +28,16 @@ const (
 // is closed once the console is connected (or draining ended): output from
 // then on is kept, so boot waits for it before the VM runs.
 func (s *sandbox) startLogs(pid int, start uint64) <-chan struct{} {
-	ctx, cancel := context.WithCancel(s.r.ctx)
-	s.mu.Lock()
+	ctx, cancel := context.WithCancel(s.r.Context())
+	s.Mu.Lock()
 	if s.logCancel != nil {
 		s.logCancel()
 	}
 	s.logCancel = cancel
-	s.mu.Unlock()
+	s.Mu.Unlock()
 	connected := make(chan struct{})
 	go s.drainConsole(ctx, waitExit(ctx, pid, start), connected)
-	go s.drainQEMU(ctx)
+	go s.DrainLog(ctx, qemuFIFO, qemuLog)
 	return connected
 }
 
@@ -46,15 +46,15 @@ func (s *sandbox) drainConsole(ctx context.Context, exited <-chan struct{}, conn
 	signal := func() { once.Do(func() { close(connected) }) }
 	defer signal()
 	sock := s.jail(strings.TrimPrefix(jailConsole, "/"))
-	w, err := caplog.Open(s.path(consoleLog), s.r.opts.LogMaxBytes)
+	w, err := caplog.Open(s.Path(consoleLog), s.r.opts.LogMaxBytes)
 	if err != nil {
-		s.r.log.Warn("console log not kept", "cid", s.meta().CID, "err", err)
+		s.r.log.Warn("console log not kept", "cid", s.Meta().CID, "err", err)
 		return
 	}
 	defer w.Close()
 	defer func() {
 		if d := w.Dropped(); d > 0 {
-			s.r.log.Info("console log capped", "cid", s.meta().CID, "dropped_bytes", d)
+			s.r.log.Info("console log capped", "cid", s.Meta().CID, "dropped_bytes", d)
 		}
 	}()
 	for ctx.Err() == nil {
@@ -79,21 +79,5 @@ func (s *sandbox) drainConsole(ctx context.Context, exited <-chan struct{}, conn
 		_, _ = w.ReadFrom(conn)
 		stop()
 		conn.Close()
-	}
-}
-
-func (s *sandbox) drainQEMU(ctx context.Context) {
-	fifo := s.path(qemuFIFO)
-	if _, err := os.Lstat(fifo); err != nil {
-		return // an older sandboxd's plain qemu.log
-	}
-	w, err := caplog.Open(s.path(qemuLog), s.r.opts.LogMaxBytes)
-	if err != nil {
-		s.r.log.Warn("qemu log not kept", "cid", s.meta().CID, "err", err)
-		return
-	}
-	defer w.Close()
-	if err := caplog.Drain(ctx, fifo, w); err != nil && ctx.Err() == nil {
-		s.r.log.Warn("draining qemu log", "cid", s.meta().CID, "err", err)
 	}
 }

@@ -59,6 +59,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/renameio/v2"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/kernel"
@@ -86,7 +88,7 @@ type Options struct {
 	// Accel is "kvm" or "tcg"; empty: probe (KVM if a probe VM boots on
 	// it) and cache the answer in StateDir.
 	Accel string
-	// DefaultLimits fill a Spec's zero limits.
+	// DefaultLimits fill a Spec's zero limits (zero: host.DefaultLimits).
 	DefaultLimits runtime.Limits
 	// UIDBase is the first of 65536 host uids given to QEMU processes, one
 	// per sandbox (default 1900000000). They need no passwd entries.
@@ -101,9 +103,8 @@ type Options struct {
 	// LogMaxBytes caps each sandbox's console log and qemu.log, which the
 	// guest can fill (0: caplog.DefaultSize).
 	LogMaxBytes int64
-	// Home limits each sandbox's connections and requests to
-	// sandboxd.internal (zero fields: unlimited); HomeMetrics counts what
-	// was refused (nil: not counted).
+	// Home limits each sandbox's connections to sandboxd.internal, which
+	// its agent forwards over the agent port (see host.Options).
 	Home        homegate.Limits
 	HomeMetrics *homegate.Metrics
 	Logger      *slog.Logger
@@ -115,33 +116,25 @@ type TemplateOptions struct {
 	BaseImage string
 }
 
-// DefaultLimits are used when Options.DefaultLimits is zero.
-var DefaultLimits = runtime.Limits{CPUs: 2, MemoryBytes: 2 << 30, Pids: 1024, DiskBytes: 10 << 30}
-
 // Runtime is the microVM backend. It implements runtime.Runtime.
 type Runtime struct {
-	opts        Options
-	log         *slog.Logger
-	qemu        string
-	qemuVersion string
-	kernel      string // in StateDir/boot
-	initrd      string
-	accel       string
-	rejected    string // why KVM is not used
-	tscKHz      uint64
-
-	ctx    context.Context // ends at Close
-	cancel context.CancelFunc
+	*host.Base[*sandbox] // the state directory, the VMs attached; Get and List
+	opts                 Options
+	log                  *slog.Logger
+	qemu                 string
+	qemuVersion          string
+	kernel               string // in StateDir/boot
+	initrd               string
+	accel                string
+	rejected             string // why KVM is not used
+	tscKHz               uint64
 
 	baseMu sync.Mutex
 	bases  map[string]string // base dir -> disk
 
-	mu sync.Mutex
-	// table is the state directory and the attached sandboxes.
-	table  *host.Table[*sandbox]
-	uids   map[int]string // uid -> cid
-	tmpl   *templates
-	closed bool
+	mu   sync.Mutex     // guards uids
+	uids map[int]string // uid -> cid
+	tmpl *templates     // set once, by New
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -149,31 +142,17 @@ var _ runtime.Runtime = (*Runtime)(nil)
 // New prepares the state directory, probes the accelerator and re-attaches
 // the sandboxes an earlier process left running. It needs root.
 func New(ctx context.Context, opts Options) (*Runtime, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("microvm runtime: needs root (jails, cgroups)")
-	}
-	if opts.StateDir == "" {
-		return nil, errors.New("microvm runtime: StateDir is required")
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.DefaultLimits == (runtime.Limits{}) {
-		opts.DefaultLimits = DefaultLimits
-	}
-	if opts.StartTimeout <= 0 {
-		opts.StartTimeout = 90 * time.Second
-	}
 	if opts.UIDBase <= 0 {
 		opts.UIDBase = 1_900_000_000
 	}
-	state, err := filepath.Abs(opts.StateDir)
+	// A TCG boot on a loaded host takes seconds.
+	defaults := host.Options{StartTimeout: 90 * time.Second}
+	b, err := host.NewBase[*sandbox](ctx, Name, "jails, cgroups", host.Options{StateDir: opts.StateDir, DefaultLimits: opts.DefaultLimits, StartTimeout: opts.StartTimeout, LogMaxBytes: opts.LogMaxBytes, Home: opts.Home, HomeMetrics: opts.HomeMetrics, Logger: opts.Logger}, defaults, "boot", "bases", "templates")
 	if err != nil {
 		return nil, err
 	}
-	opts.StateDir = state
-	r := &Runtime{opts: opts, log: opts.Logger.With("runtime", Name), bases: map[string]string{},
-		table: host.NewTable[*sandbox](opts.StateDir), uids: map[int]string{}}
+	state := b.StateDir()
+	r := &Runtime{Base: b, opts: opts, log: b.Log(), bases: map[string]string{}, uids: map[int]string{}}
 	if r.qemu, err = findQEMU(opts.QEMUPath); err != nil {
 		return nil, err
 	}
@@ -182,11 +161,6 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, fmt.Errorf("microvm runtime: %s --version: %w", r.qemu, err)
 	}
 	r.qemuVersion = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	for _, d := range []string{"boot", "bases", "templates", "sandboxes", "ids"} {
-		if err := os.MkdirAll(filepath.Join(state, d), 0o700); err != nil {
-			return nil, fmt.Errorf("microvm runtime: create state dir: %w", err)
-		}
-	}
 	kpath := opts.KernelPath
 	if kpath == "" && opts.CacheDir == "" {
 		// sandboxd's default --cache-dir.
@@ -197,7 +171,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		opts.CacheDir = filepath.Join(d, "sandboxd")
 	}
 	if kpath == "" {
-		k, err := kernel.NewStore(opts.CacheDir, opts.Logger).Lookup("")
+		k, err := kernel.NewStore(opts.CacheDir, b.Log()).Lookup("")
 		if err != nil {
 			return nil, fmt.Errorf("microvm runtime: guest kernel: %w", err)
 		}
@@ -206,20 +180,16 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if r.kernel, err = installFile(kpath, filepath.Join(state, "boot")); err != nil {
 		return nil, fmt.Errorf("microvm runtime: install kernel: %w", err)
 	}
-	agentPath := opts.AgentPath
-	if agentPath == "" {
-		if agentPath, err = FindAgent(); err != nil {
-			return nil, fmt.Errorf("microvm runtime: %w", err)
-		}
+	agentPath, err := host.FindAgent(opts.AgentPath)
+	if err != nil {
+		return nil, fmt.Errorf("microvm runtime: %w", err)
 	}
 	if r.initrd, err = buildInitrd(agentPath, filepath.Join(state, "boot")); err != nil {
 		return nil, fmt.Errorf("microvm runtime: %w", err)
 	}
 	r.tscKHz = tscKHz()
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.ctx, r.cancel = rctx, cancel
 	if r.accel, r.rejected, err = r.chooseAccel(ctx); err != nil {
-		cancel()
+		b.Abort()
 		return nil, fmt.Errorf("microvm runtime: %w", err)
 	}
 	if r.rejected != "" {
@@ -227,7 +197,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	r.log.Info("microvm runtime ready", "qemu", r.qemuVersion, "accel", r.accel, "kernel", r.kernel, "tsc_khz", r.tscKHz)
 	if err := r.reattach(ctx); err != nil {
-		cancel()
+		b.Abort()
 		return nil, err
 	}
 	if opts.Template.BaseDir != "" {
@@ -261,31 +231,15 @@ func installFile(src, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o444); err != nil {
-		return "", err
+	if err := renameio.WriteFile(dst, b, 0o444); err != nil {
+		return "", fmt.Errorf("install %s: %w", src, err)
 	}
-	return dst, os.Rename(tmp, dst)
+	return dst, nil
 }
 
 // FindAgent looks for the sandbox-agent binary next to the running
 // executable, then in PATH.
-func FindAgent() (string, error) {
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "sandbox-agent")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			return p, nil
-		}
-	}
-	p, err := exec.LookPath("sandbox-agent")
-	if err != nil {
-		return "", errors.New("sandbox-agent binary not found next to the executable or in PATH (build it with CGO_ENABLED=0 go build ./cmd/sandbox-agent)")
-	}
-	return p, nil
-}
-
-// Name implements runtime.Runtime.
-func (r *Runtime) Name() string { return Name }
+func FindAgent() (string, error) { return host.FindAgent("") }
 
 // Capabilities implements runtime.Runtime: memory snapshots (templates,
 // pause and resume); no sandbox networks yet.
@@ -300,24 +254,12 @@ func (r *Runtime) Accel() (string, string) { return r.accel, r.rejected }
 // Close releases the Runtime: agent connections and templates. Created
 // sandboxes keep running and a new Runtime on the same StateDir finds them.
 func (r *Runtime) Close() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	return r.Shutdown(func() error {
+		if r.tmpl != nil {
+			return r.tmpl.close()
+		}
 		return nil
-	}
-	r.closed = true
-	sbs := r.table.All()
-	t := r.tmpl
-	r.mu.Unlock()
-	var errs []error
-	if t != nil {
-		errs = append(errs, t.close())
-	}
-	r.cancel()
-	for _, s := range sbs {
-		s.detach()
-	}
-	return errors.Join(errs...)
+	})
 }
 
 var (
@@ -328,11 +270,8 @@ var (
 // layers, default limits and hostname, the template's base) is restored
 // from its memory snapshot when one is ready; anything else boots cold.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
-	if !host.ValidID(spec.ID) {
-		return nil, fmt.Errorf("create sandbox: invalid id %q", spec.ID)
-	}
-	if spec.BaseDir == "" {
-		return nil, fmt.Errorf("create sandbox %s: BaseDir is required", spec.ID)
+	if err := r.Check(&spec); err != nil {
+		return nil, err
 	}
 	if spec.Network != nil {
 		// Refused rather than ignored: a sandbox that asked for a network
@@ -340,21 +279,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 		// virtio-net and TUN; a tap in Network.Netns is the way in.)
 		return nil, fmt.Errorf("create sandbox %s: the microvm runtime does not support sandbox networks yet", spec.ID)
 	}
-	if spec.Hostname == "" {
-		spec.Hostname = "sandbox"
-	}
 	if !hostnamePattern.MatchString(spec.Hostname) {
 		return nil, fmt.Errorf("create sandbox %s: invalid hostname %q", spec.ID, spec.Hostname)
 	}
-	spec.Limits = r.limits(spec.Limits)
-	r.mu.Lock()
-	closed, t := r.closed, r.tmpl
-	r.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("create sandbox %s: runtime closed", spec.ID)
-	}
-	link := host.Dir(r.opts.StateDir).Path(spec.ID)
-	if t != nil && t.fits(spec) {
+	link := r.Table().Dir.Path(spec.ID)
+	if t := r.tmpl; t != nil && t.fits(spec) {
 		if tp := t.ready(); tp != nil {
 			s, err := r.createFromTemplate(ctx, spec, link, tp)
 			if err == nil || errors.Is(err, runtime.ErrExists) {
@@ -366,16 +295,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	return r.createCold(ctx, spec, link)
 }
 
-func (r *Runtime) limits(l runtime.Limits) runtime.Limits {
-	return host.Limits(l, r.opts.DefaultLimits)
-}
-
 func newCID() string { return host.NewCID("vm-") }
 
 // claim reserves the id link and a uid for a new sandbox.
 func (r *Runtime) claim(id, cid, link string) (int, error) {
 	if link != "" {
-		if err := host.Dir(r.opts.StateDir).Claim(id, cid); err != nil {
+		if err := r.Table().Dir.Claim(id, cid); err != nil {
 			return 0, err
 		}
 	}
@@ -403,11 +328,7 @@ func (r *Runtime) releaseUID(uid int, cid string) {
 
 // newMeta is the meta of a new sandbox of spec.
 func (r *Runtime) newMeta(spec runtime.Spec, cid string, uid int) meta {
-	return meta{
-		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
-		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
-		CgroupPath: "/sandboxd/" + cid, UID: uid, Accel: r.accel, Created: time.Now().UTC(),
-	}
+	return meta{Record: host.NewRecord(spec, cid), UID: uid, Accel: r.accel}
 }
 
 // createCold makes the sandbox's disks and boots it. link, when not empty,
@@ -418,39 +339,18 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 	if err != nil {
 		return nil, err
 	}
-	s := newSandbox(r, filepath.Join(r.opts.StateDir, "sandboxes", cid), r.newMeta(spec, cid, uid))
-	if err := s.create(ctx, spec.Layers); err != nil {
-		_ = s.Destroy(context.WithoutCancel(ctx))
-		if link != "" {
-			_ = os.Remove(link)
-		}
-		return nil, fmt.Errorf("create sandbox %s: %w", spec.ID, err)
-	}
-	return s, nil
+	s := newSandbox(r, r.Table().Dir.SandboxDir(cid), r.newMeta(spec, cid, uid))
+	return r.Made(ctx, spec.ID, link, s, s.create(ctx, spec.Layers))
 }
 
-// Get implements runtime.Runtime.
-func (r *Runtime) Get(ctx context.Context, id string) (runtime.Sandbox, error) {
-	s, err := r.get(id)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-func (r *Runtime) get(id string) (*sandbox, error) { return r.table.Get(id) }
-
-// List implements runtime.Runtime.
-func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	return r.table.List()
-}
+func (r *Runtime) get(id string) (*sandbox, error) { return r.Table().Get(id) }
 
 // reattach finds the sandboxes of an earlier process: those with an id are
 // served again (running VMs are reconnected; VMs that died meanwhile are
 // marked stopped, their disks kept), the rest (half-made, template
 // builders) are destroyed.
 func (r *Runtime) reattach(ctx context.Context) error {
-	return host.Reattach(ctx, r.table.Dir, r.log, host.Backend[meta]{
+	return host.Reattach(ctx, r.Table().Dir, r.log, host.Backend[meta]{
 		Blank:   blankMeta,
 		Destroy: func(ctx context.Context, dir string, m meta) error { return newSandbox(r, dir, m).Destroy(ctx) },
 		Serve: func(ctx context.Context, dir string, m meta) {
@@ -465,7 +365,7 @@ func (r *Runtime) reattach(ctx context.Context) error {
 				}
 			}
 			s.attach()
-			if m := s.meta(); !m.Stopped && !m.Paused {
+			if m := s.Meta(); !m.Stopped && !m.Paused {
 				s.startLogs(m.PID, m.PIDStart)
 			}
 		},
@@ -474,33 +374,23 @@ func (r *Runtime) reattach(ctx context.Context) error {
 
 // meta is what the state directory records about a sandbox.
 type meta struct {
-	ID         string         `json:"id"` // "" for a template builder
-	CID        string         `json:"cid"`
-	BaseDir    string         `json:"base_dir"`
-	BaseImage  string         `json:"base_image,omitempty"`
-	Layers     []string       `json:"layers,omitempty"` // restored layer ids, bottom first
-	Env        []string       `json:"env,omitempty"`
-	Limits     runtime.Limits `json:"limits"`
-	HomeSocket string         `json:"home_socket,omitempty"`
-	Hostname   string         `json:"hostname"`
-	CgroupPath string         `json:"cgroup_path"`
-	UID        int            `json:"uid"`
-	Accel      string         `json:"accel"`
-	VM         vmConfig       `json:"vm"`
-	PID        int            `json:"pid,omitempty"`
-	PIDStart   uint64         `json:"pid_start,omitempty"`
-	Template   string         `json:"template,omitempty"` // restored from this template
-	Created    time.Time      `json:"created"`
-	Stopped    bool           `json:"stopped,omitempty"`
-	Paused     bool           `json:"paused,omitempty"` // memory saved in memory.state
-	Hello      guest.Hello    `json:"hello,omitempty"`  // what the paused agent waits to have answered
+	host.Record
+	UID      int         `json:"uid"`
+	Accel    string      `json:"accel"`
+	VM       vmConfig    `json:"vm"`
+	PID      int         `json:"pid,omitempty"`
+	PIDStart uint64      `json:"pid_start,omitempty"`
+	Template string      `json:"template,omitempty"` // restored from this template
+	Paused   bool        `json:"paused,omitempty"`   // memory saved in memory.state
+	Hello    guest.Hello `json:"hello,omitempty"`    // what the paused agent waits to have answered
 }
 
-// SandboxID implements host.Meta.
-func (m meta) SandboxID() string { return m.ID }
+// Halted implements host.Recorded: a paused sandbox has no agent either
+// until it is resumed.
+func (m meta) Halted() bool { return m.Stopped || m.Paused }
 
 // blankMeta is enough of a meta to destroy the sandbox cid.
-func blankMeta(cid string) meta { return meta{CID: cid, CgroupPath: "/sandboxd/" + cid} }
+func blankMeta(cid string) meta { return meta{Record: host.BlankRecord(cid)} }
 
 func writeMeta(dir string, m meta) error { return host.WriteMeta(dir, m) }
 
@@ -511,7 +401,7 @@ func PID(sb runtime.Sandbox) int {
 	if !ok {
 		return 0
 	}
-	m := s.meta()
+	m := s.Meta()
 	if !alive(m.PID, m.PIDStart) {
 		return 0
 	}

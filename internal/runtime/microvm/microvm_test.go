@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/kernel"
-	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
@@ -109,43 +108,20 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// leaks lists what is left of a sandbox on the host after Destroy: its
-// directory, mounts, cgroups and QEMU process.
-func leaks(t *testing.T, stateDir string, sb runtime.Sandbox) func() []string {
-	target, err := os.Readlink(filepath.Join(stateDir, "ids", sb.ID()))
-	if err != nil {
-		t.Fatalf("find VM of %s: %v", sb.ID(), err)
-	}
-	cid := filepath.Base(target)
-	return func() []string {
-		var out []string
-		dir := filepath.Join(stateDir, "sandboxes", cid)
-		if _, err := os.Lstat(filepath.Join(stateDir, "ids", sb.ID())); err == nil {
-			out = append(out, "id link")
-		}
-		if _, err := os.Stat(dir); err == nil {
-			out = append(out, "directory "+dir)
-		}
-		mounts, _ := mountinfo.Under(dir)
-		for _, m := range mounts {
-			out = append(out, "mount "+m)
-		}
-		cg, _ := filepath.Glob("/sys/fs/cgroup/*/sandboxd/" + cid)
-		cg2, _ := filepath.Glob("/sys/fs/cgroup/sandboxd/" + cid)
-		for _, d := range append(cg, cg2...) {
-			out = append(out, "cgroup "+d)
-		}
-		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-		for _, p := range procs {
-			if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte("qemu")) {
-				if root, err := os.Readlink(filepath.Join(filepath.Dir(p), "root")); err == nil && strings.Contains(root, cid) {
-					out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
-				}
+// leaks lists what is left of a sandbox on the host after Destroy: what
+// every backend leaves (runtimetest.HostLeaks) and the QEMU process.
+var leaks = runtimetest.HostLeaks(func(t *testing.T, stateDir, cid string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte("qemu")) {
+			if root, err := os.Readlink(filepath.Join(filepath.Dir(p), "root")); err == nil && strings.Contains(root, cid) {
+				out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " "))
 			}
 		}
-		return out
 	}
-}
+	return out
+})
 
 // TestJail checks the QEMU process's confinement from the host's side.
 func TestJail(t *testing.T) {

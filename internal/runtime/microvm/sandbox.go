@@ -17,10 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/guest"
-	"github.com/sandboxd/sandboxd/internal/homegate"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
@@ -28,76 +26,46 @@ import (
 
 // sandbox is one VM. It implements runtime.Sandbox.
 type sandbox struct {
-	// Ops serves Exec, ReadFile, WriteFile and ListDir through the agent.
-	host.Ops
+	// Attachment is the state directory and meta, and the session of
+	// the agent, which the host dials through QEMU's chardev (connectLoop).
+	host.Attachment[meta]
 
-	r   *Runtime
-	dir string
+	r *Runtime
 
 	// opMu serializes lifecycle changes (boot, stop, pause, destroy).
 	opMu sync.Mutex
 
-	// agentSlot is the session with the guest agent, which reconnects.
-	agentSlot host.Slot
-
-	mu     sync.Mutex
-	m      meta
-	cancel context.CancelFunc
-	gate   *homegate.Gate // serves sandboxd.internal; made on first use
-	gone   bool
-	// logCancel ends the log drains (logs.go).
+	// logCancel (under Mu) ends the log drains (logs.go).
 	logCancel context.CancelFunc
 }
 
-var _ runtime.Sandbox = (*sandbox)(nil)
-
+// newSandbox is the VM whose state directory is dir; nothing runs yet.
 func newSandbox(r *Runtime, dir string, m meta) *sandbox {
-	s := &sandbox{r: r, dir: dir, m: m}
-	s.Ops = host.Ops{Conn: s.ops}
+	s := &sandbox{r: r}
+	s.Init(s, dir, m, s.agent, r.Settings())
 	return s
 }
 
-func (s *sandbox) path(p ...string) string { return filepath.Join(append([]string{s.dir}, p...)...) }
 func (s *sandbox) jail(p ...string) string {
-	return filepath.Join(append([]string{s.dir, "jail"}, p...)...)
+	return filepath.Join(append([]string{s.Dir, "jail"}, p...)...)
 }
-
-func (s *sandbox) meta() meta {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.m
-}
-
-func (s *sandbox) setMeta(f func(*meta)) error {
-	s.mu.Lock()
-	f(&s.m)
-	m, gone := s.m, s.gone
-	s.mu.Unlock()
-	if gone {
-		return nil
-	}
-	return writeMeta(s.dir, m)
-}
-
-// ID implements runtime.Sandbox.
-func (s *sandbox) ID() string { return s.meta().ID }
 
 // Info implements runtime.Sandbox.
 func (s *sandbox) Info() runtime.Info {
-	return host.Info(Name, s.meta().Accel, s.agentSlot.Hello())
+	return host.Info(Name, s.Meta().Accel, s.Agent.Hello())
 }
 
 // create makes the sandbox's disks and boots it; the caller destroys it on
 // error.
 func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
-	m := s.meta()
+	m := s.Meta()
 	if err := os.MkdirAll(s.jail("disk"), 0o711); err != nil {
 		return err
 	}
-	if err := writeMeta(s.dir, m); err != nil {
+	if err := writeMeta(s.Dir, m); err != nil {
 		return err
 	}
-	ids, err := layerDisk(ctx, s.jail("disk", "layer.ext4"), s.path("staging"), m.Limits.DiskBytes, layers)
+	ids, err := layerDisk(ctx, s.jail("disk", "layer.ext4"), s.Path("staging"), m.Limits.DiskBytes, layers)
 	if err != nil {
 		return err
 	}
@@ -110,7 +78,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		// The agent counts as one of the sandbox's processes.
 		Pids: max(m.Limits.Pids-1, 1), Memory: m.Limits.MemoryBytes,
 	}
-	if err := s.setMeta(func(m *meta) { m.Layers, m.VM = ids, cfg }); err != nil {
+	if err := s.SetMeta(func(m *meta) { m.Layers, m.VM = ids, cfg }); err != nil {
 		return err
 	}
 	s.opMu.Lock()
@@ -122,7 +90,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 // incoming, the VM is restored from that memory snapshot instead of booted;
 // the snapshot's agent is waiting for a Welcome to hello. Callers hold opMu.
 func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
-	m := s.meta()
+	m := s.Meta()
 	base, err := s.r.baseDisk(ctx, m.BaseDir)
 	if err != nil {
 		return err
@@ -151,10 +119,7 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	}
 	// QEMU's own messages go through a pipe into qemu.log, capped (see
 	// logs.go); the write end is open before the drain starts.
-	if err := caplog.MakeFIFO(s.path(qemuFIFO)); err != nil {
-		return err
-	}
-	logw, err := caplog.WriteEnd(s.path(qemuFIFO))
+	logw, err := s.LogPipe(qemuFIFO)
 	if err != nil {
 		return err
 	}
@@ -170,14 +135,14 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	if err != nil {
 		_ = proc.Kill()
 		_, _ = proc.Wait()
-		return fmt.Errorf("qemu exited at once (see %s): %w", s.path(qemuLog), err)
+		return fmt.Errorf("qemu exited at once (see %s): %w", s.Path(qemuLog), err)
 	}
 	consoleUp := s.startLogs(proc.Pid, pstart)
 	go func() { _, _ = proc.Wait() }() // reap it; exits are watched with a pidfd
-	if err := s.setMeta(func(m *meta) { m.PID, m.PIDStart, m.Stopped, m.Paused = proc.Pid, pstart, false, false }); err != nil {
+	if err := s.SetMeta(func(m *meta) { m.PID, m.PIDStart, m.Stopped, m.Paused = proc.Pid, pstart, false, false }); err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, s.r.opts.StartTimeout)
+	wctx, cancel := context.WithTimeout(ctx, s.r.StartTimeout())
 	defer cancel()
 	mon, err := dialMonitor(wctx, s.jail(strings.TrimPrefix(jailQMP, "/")))
 	if err != nil {
@@ -209,11 +174,11 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	}
 	if incoming != nil {
 		// The snapshot's agent already said hello and waits for the answer.
-		c, err := guest.Resume(agentConn, incoming.hello, guest.ClientOptions{Home: s.serveHome, Logger: s.r.log})
+		c, err := guest.Resume(agentConn, incoming.hello, guest.ClientOptions{Home: s.ServeHome, Logger: s.r.log})
 		if err != nil {
 			return s.bootErr(err)
 		}
-		s.agentSlot.Set(c)
+		s.Agent.Set(c)
 	}
 	s.attach()
 	c, err := s.agent(wctx)
@@ -233,10 +198,10 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 
 // bootErr adds the console's last lines to a boot failure.
 func (s *sandbox) bootErr(err error) error {
-	if tail := consoleTail(s.path(consoleLog), 15); tail != "" {
+	if tail := consoleTail(s.Path(consoleLog), 15); tail != "" {
 		return fmt.Errorf("%w\nguest console:\n%s", err, tail)
 	}
-	if b, rerr := os.ReadFile(s.path(qemuLog)); rerr == nil && len(b) > 0 {
+	if b, rerr := os.ReadFile(s.Path(qemuLog)); rerr == nil && len(b) > 0 {
 		return fmt.Errorf("%w\nqemu: %s", err, strings.TrimSpace(string(b)))
 	}
 	return err
@@ -245,16 +210,10 @@ func (s *sandbox) bootErr(err error) error {
 // attach registers the sandbox with the runtime and, while its VM runs,
 // keeps a connection to its agent.
 func (s *sandbox) attach() {
-	s.mu.Lock()
-	m := s.m
-	if s.cancel != nil {
-		s.cancel()
-	}
-	ctx, cancel := context.WithCancel(s.r.ctx)
-	s.cancel = cancel
-	s.mu.Unlock()
-	c := s.agentSlot.Client()
-	s.r.table.Put(m.CID, s)
+	ctx := s.Begin(s.r.Context())
+	m := s.Meta()
+	c := s.Agent.Client()
+	s.r.Table().Put(m.CID, s)
 	if !m.Stopped && !m.Paused && c == nil {
 		go s.connectLoop(ctx, m.PID, m.PIDStart)
 	}
@@ -271,7 +230,7 @@ func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
 			return
 		default:
 		}
-		if have := s.agentSlot.Client(); have != nil {
+		if have := s.Agent.Client(); have != nil {
 			select {
 			case <-have.Done():
 			case <-exited:
@@ -300,95 +259,44 @@ func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
 			case <-ctx.Done():
 			}
 		}()
-		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.serveHome, Logger: s.r.log, HandshakeTimeout: s.r.opts.StartTimeout})
+		c, err := guest.Accept(conn, guest.ClientOptions{Home: s.ServeHome, Logger: s.r.log, HandshakeTimeout: s.r.StartTimeout()})
 		stop()
 		if err != nil {
 			if ctx.Err() == nil {
-				s.r.log.Debug("agent handshake failed", "cid", s.meta().CID, "err", err)
+				s.r.log.Debug("agent handshake failed", "cid", s.Meta().CID, "err", err)
 			}
 			continue
 		}
-		s.agentSlot.Set(c)
+		s.Agent.Set(c)
 	}
 }
 
-// detach lets go of the VM without touching it (Runtime.Close, Stop).
-func (s *sandbox) detach() {
-	s.mu.Lock()
-	cancel, logCancel, gate := s.cancel, s.logCancel, s.gate
-	s.cancel, s.logCancel, s.gate = nil, nil, nil
-	s.mu.Unlock()
-	c := s.agentSlot.Client()
-	if cancel != nil {
-		cancel()
-	}
+// Detach lets go of the VM without touching it (Runtime.Close, Stop):
+// the log drains end too.
+func (s *sandbox) Detach() {
+	s.Mu.Lock()
+	logCancel := s.logCancel
+	s.logCancel = nil
+	s.Mu.Unlock()
+	s.Attachment.Detach()
 	if logCancel != nil {
 		logCancel()
 	}
-	if c != nil {
-		c.Close()
-	}
-	if gate != nil {
-		gate.Close()
-	}
-}
-
-// serveHome serves one connection to sandboxd.internal through the
-// sandbox's gate (its limits), made on first use after an attach.
-func (s *sandbox) serveHome(conn net.Conn) {
-	s.mu.Lock()
-	if s.gone || s.m.Stopped {
-		s.mu.Unlock()
-		conn.Close()
-		return
-	}
-	if s.gate == nil {
-		s.gate = homegate.New(homegate.Options{
-			Dial: s.dialHome, Sandbox: func() string { return s.meta().ID }, Limits: s.r.opts.Home, Metrics: s.r.opts.HomeMetrics, Logger: s.r.log,
-		})
-	}
-	gate := s.gate
-	s.mu.Unlock()
-	gate.Serve(conn)
-}
-
-// dialHome connects a sandbox's sandboxd.internal connection to the API.
-func (s *sandbox) dialHome(ctx context.Context) (net.Conn, error) {
-	sock := s.meta().HomeSocket
-	if sock == "" {
-		return nil, errors.New("sandbox has no home socket")
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", sock)
 }
 
 // agent returns the connected agent, waiting for it to (re)connect. It
 // fails with ErrNotRunning once the VM is gone.
 func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
-	return s.agentSlot.Wait(ctx, 200*time.Millisecond, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.m.Stopped || s.m.Paused || s.gone
-	}, func(context.Context) bool {
-		m := s.meta()
+	return s.WaitAgent(ctx, 200*time.Millisecond, func(context.Context) bool {
+		m := s.Meta()
 		return !alive(m.PID, m.PIDStart)
 	})
-}
-
-// ops serves the operations every backend does through the agent.
-func (s *sandbox) ops() host.Conn {
-	return host.Conn{Sandbox: s, Env: s.meta().Env, Agent: s.agent}
-}
-
-// failure explains an error from the agent channel (host.Conn.Failure).
-func (s *sandbox) failure(ctx context.Context, op string, err error) error {
-	return s.ops().Failure(ctx, op, err)
 }
 
 // State implements runtime.Sandbox. A paused sandbox (memory saved, QEMU
 // gone) is not running.
 func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
-	m := s.meta()
+	m := s.Meta()
 	if m.Stopped || m.Paused || !alive(m.PID, m.PIDStart) {
 		return runtime.StateStopped, nil
 	}
@@ -399,30 +307,23 @@ func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 // process of the sandbox (the guest's cgroup freezer); the agent itself
 // keeps answering, so files can be read and Snapshot works meanwhile.
 func (s *sandbox) Quiesce(ctx context.Context) (func(context.Context) error, error) {
-	c, err := s.agent(ctx)
+	c, err := s.Call(ctx, "quiesce", func(c *guest.Client) error { return c.Freeze(ctx) })
 	if err != nil {
-		return nil, s.failure(ctx, "quiesce", err)
+		return nil, err
 	}
-	if err := c.Freeze(ctx); err != nil {
-		return nil, s.failure(ctx, "quiesce", err)
-	}
-	var once sync.Once
-	return func(ctx context.Context) error {
-		var err error
-		once.Do(func() {
-			if terr := c.Thaw(ctx); terr != nil {
-				err = s.failure(ctx, "resume", terr)
-			}
-		})
-		return err
-	}, nil
+	return host.Once(func(ctx context.Context) error {
+		if err := c.Thaw(ctx); err != nil {
+			return s.Failure(ctx, "resume", err)
+		}
+		return nil
+	}), nil
 }
 
 // Snapshot implements runtime.Sandbox. The agent streams the layer (it
 // freezes the sandbox's processes meanwhile); a stopped sandbox is booted
 // for that, with nothing but its agent running, and stopped again.
 func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error) {
-	m := s.meta()
+	m := s.Meta()
 	if _, err := os.Stat(s.jail("disk", "layer.ext4")); err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, runtime.ErrNotFound)
 	}
@@ -440,9 +341,9 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 			}
 		}()
 	}
-	c, err := s.agent(ctx)
+	c, err := s.Call(ctx, "snapshot", nil)
 	if err != nil {
-		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
+		return snapshot.Manifest{}, err
 	}
 	var parent string
 	if n := len(m.Layers); n > 0 {
@@ -450,7 +351,7 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 	}
 	rc, err := c.ExportLayer(ctx, parent, m.BaseImage)
 	if err != nil {
-		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
+		return snapshot.Manifest{}, s.Failure(ctx, "snapshot", err)
 	}
 	defer rc.Close()
 	h := sha256.New()
@@ -464,7 +365,7 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 			fmt.Sprintf("the filesystem snapshot from the sandbox is longer than %d MiB, more than its %d MiB disk can hold", limit>>20, m.Limits.DiskBytes>>20)))
 	}
 	if err != nil {
-		return snapshot.Manifest{}, s.failure(ctx, "snapshot", err)
+		return snapshot.Manifest{}, s.Failure(ctx, "snapshot", err)
 	}
 	// The blob comes from the guest: its manifest must say what the host
 	// asked for, or it could claim another layer as its parent.
@@ -537,7 +438,7 @@ func (s *sandbox) HostDiskBytes() int64 { return allocated(s.jail("disk", "layer
 // to the sandbox's processes (the quantity Limits.MemoryBytes bounds); CPU
 // and Pids are QEMU's on the host.
 func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
-	m := s.meta()
+	m := s.Meta()
 	out := runtime.Stats{DiskBytes: allocated(s.jail("disk", "layer.ext4"))}
 	if st, _ := s.State(ctx); st != runtime.StateRunning {
 		return out, nil
@@ -547,7 +448,7 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 		return out, fmt.Errorf("stats of sandbox %s: %w", m.ID, err)
 	}
 	out.CPU, out.Pids, out.MemoryBytes = cs.CPU, cs.Pids, cs.MemoryBytes
-	c := s.agentSlot.Client()
+	c := s.Agent.Client()
 	if c == nil {
 		return out, nil
 	}
@@ -576,10 +477,10 @@ func (s *sandbox) Stop(ctx context.Context) error {
 }
 
 func (s *sandbox) stopLocked(ctx context.Context) error {
-	m := s.meta()
+	m := s.Meta()
 	var errs []error
 	if alive(m.PID, m.PIDStart) {
-		if c := s.agentSlot.Client(); c != nil {
+		if c := s.Agent.Client(); c != nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_ = c.Sync(sctx)
 			cancel()
@@ -598,7 +499,7 @@ func (s *sandbox) stopLocked(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	s.detach()
+	s.Detach()
 	if err := unmountAll(s.jail()); err != nil {
 		errs = append(errs, err)
 	}
@@ -607,15 +508,12 @@ func (s *sandbox) stopLocked(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if _, err := os.Stat(s.dir); err == nil {
-		if err := s.setMeta(func(m *meta) { m.Stopped = true }); err != nil {
+	if _, err := os.Stat(s.Dir); err == nil {
+		if err := s.SetMeta(func(m *meta) { m.Stopped = true }); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("stop sandbox %s: %w", m.ID, err)
-	}
-	return nil
+	return host.Errors("stop sandbox", m.ID, errs)
 }
 
 // Destroy implements runtime.Sandbox.
@@ -626,22 +524,13 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	if err := s.stopLocked(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	m := s.meta()
-	if err := unmountAll(s.dir); err != nil {
+	m := s.Meta()
+	if err := unmountAll(s.Dir); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.r.table.Dir.Remove(s.dir, m.ID, m.CID); err != nil {
-		errs = append(errs, err)
-	}
-	s.mu.Lock()
-	s.gone = true
-	s.mu.Unlock()
-	s.r.table.Remove(m.CID, s)
+	err := s.r.Destroyed(s, s.Dir, m.ID, m.CID, errs)
 	s.r.releaseUID(m.UID, m.CID)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", m.ID, err)
-	}
-	return nil
+	return err
 }
 
 // restoreFrom is a memory snapshot to start a VM from.

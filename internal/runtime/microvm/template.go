@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // Memory snapshots. A VM is "parked" by closing the host's agent session,
@@ -58,7 +59,7 @@ type templates struct {
 }
 
 func newTemplates(r *Runtime) *templates {
-	ctx, cancel := context.WithCancel(r.ctx)
+	ctx, cancel := context.WithCancel(r.Context())
 	t := &templates{r: r, cancel: cancel, done: make(chan struct{})}
 	go t.build(ctx)
 	return t
@@ -67,7 +68,7 @@ func newTemplates(r *Runtime) *templates {
 // spec is what template VMs are made of.
 func (t *templates) spec() runtime.Spec {
 	o := t.r.opts.Template
-	return runtime.Spec{BaseDir: o.BaseDir, BaseImage: o.BaseImage, Limits: t.r.limits(runtime.Limits{}), Hostname: "sandbox"}
+	return runtime.Spec{BaseDir: o.BaseDir, BaseImage: o.BaseImage, Limits: t.r.Limits(runtime.Limits{}), Hostname: "sandbox"}
 }
 
 // fits says whether a template VM can become spec's sandbox: its disk
@@ -99,7 +100,7 @@ func (t *templates) key() string {
 func (t *templates) build(ctx context.Context) {
 	defer close(t.done)
 	key := t.key()
-	dir := filepath.Join(t.r.opts.StateDir, "templates", key)
+	dir := filepath.Join(t.r.StateDir(), "templates", key)
 	if tp, err := loadTemplate(dir); err == nil {
 		t.mu.Lock()
 		t.cur = tp
@@ -107,12 +108,12 @@ func (t *templates) build(ctx context.Context) {
 		return
 	}
 	// Older templates (another base, kernel or agent) are of no use.
-	if olds, _ := filepath.Glob(filepath.Join(t.r.opts.StateDir, "templates", "*")); len(olds) > 0 {
+	if olds, _ := filepath.Glob(filepath.Join(t.r.StateDir(), "templates", "*")); len(olds) > 0 {
 		for _, o := range olds {
 			_ = os.RemoveAll(o)
 		}
 	}
-	backoff := 5 * time.Second
+	backoff := host.Backoff{First: 5 * time.Second, Max: 5 * time.Minute}
 	for ctx.Err() == nil {
 		start := time.Now()
 		tp, err := t.r.makeTemplate(ctx, t.spec(), dir, key)
@@ -127,12 +128,9 @@ func (t *templates) build(ctx context.Context) {
 			return
 		}
 		t.r.log.Warn("build memory-snapshot template", "err", err)
-		select {
-		case <-ctx.Done():
+		if !backoff.Wait(ctx) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Minute)
 	}
 }
 
@@ -177,7 +175,7 @@ func (r *Runtime) makeTemplate(ctx context.Context, spec runtime.Spec, dir, key 
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	tp := &template{Key: key, BaseDir: spec.BaseDir, Limits: spec.Limits, Hostname: spec.Hostname, VM: s.meta().VM, Created: time.Now().UTC(), dir: tmp}
+	tp := &template{Key: key, BaseDir: spec.BaseDir, Limits: spec.Limits, Hostname: spec.Hostname, VM: s.Meta().VM, Created: time.Now().UTC(), dir: tmp}
 	s.opMu.Lock()
 	tp.Hello, err = s.park(ctx, tp.state())
 	s.opMu.Unlock()
@@ -211,7 +209,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 	}
 	m := r.newMeta(spec, cid, uid)
 	m.VM, m.Template = tp.VM, tp.Key
-	s := newSandbox(r, filepath.Join(r.opts.StateDir, "sandboxes", cid), m)
+	s := newSandbox(r, filepath.Join(r.StateDir(), "sandboxes", cid), m)
 	fail := func(err error) (*sandbox, error) {
 		_ = s.Destroy(context.WithoutCancel(ctx))
 		if link != "" {
@@ -222,7 +220,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 	if err := os.MkdirAll(s.jail("disk"), 0o711); err != nil {
 		return fail(err)
 	}
-	if err := writeMeta(s.dir, m); err != nil {
+	if err := writeMeta(s.Dir, m); err != nil {
 		return fail(err)
 	}
 	layer := s.jail("disk", "layer.ext4")
@@ -250,7 +248,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 // returns the Hello its agent is waiting to have answered. Callers hold
 // opMu.
 func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, error) {
-	m := s.meta()
+	m := s.Meta()
 	if !alive(m.PID, m.PIDStart) {
 		return guest.Hello{}, runtime.ErrNotRunning
 	}
@@ -260,7 +258,7 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 	// all (the port's state is a flag, not a queue of events), leaving the
 	// agent in its old session: then no hello comes, and the next
 	// disconnect is one it cannot miss.
-	s.detach()
+	s.Detach()
 	var (
 		conn net.Conn
 		h    guest.Hello
@@ -319,15 +317,15 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
-	h, err := s.park(ctx, s.path("memory.state"))
+	h, err := s.park(ctx, s.Path("memory.state"))
 	if err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	if err := unmountAll(s.jail()); err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	_ = newHostCgroup(s.meta().CgroupPath).remove()
-	return s.setMeta(func(m *meta) { m.Paused, m.Hello = true, h })
+	_ = newHostCgroup(s.Meta().CgroupPath).remove()
+	return s.SetMeta(func(m *meta) { m.Paused, m.Hello = true, h })
 }
 
 // Resume restores a paused sandbox from its saved memory.
@@ -338,11 +336,11 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
-	m := s.meta()
+	m := s.Meta()
 	if !m.Paused {
 		return fmt.Errorf("resume sandbox %s: not paused", id)
 	}
-	f, err := os.Open(s.path("memory.state"))
+	f, err := os.Open(s.Path("memory.state"))
 	if err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
@@ -351,7 +349,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 		_ = s.stopLocked(context.WithoutCancel(ctx))
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
-	_ = os.Remove(s.path("memory.state"))
+	_ = os.Remove(s.Path("memory.state"))
 	return nil
 }
 
@@ -399,8 +397,6 @@ func copySparse(src, dst string, mode os.FileMode) error {
 // TemplateReady says whether the memory-snapshot template is built (for
 // tests and the bench).
 func (r *Runtime) TemplateReady() bool {
-	r.mu.Lock()
 	t := r.tmpl
-	r.mu.Unlock()
 	return t != nil && t.ready() != nil
 }
