@@ -453,7 +453,7 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 			case guest.FrameResize:
 				var rz guest.Resize
 				if json.Unmarshal(payload, &rz) == nil && ptyFile != nil {
-					setWinsize(ptyFile, rz.Rows, rz.Cols)
+					setWinsize(ptyFile, rz.Rows, rz.Cols, sid)
 				}
 			case guest.FrameSignal:
 				var sg guest.Signal
@@ -554,14 +554,33 @@ func pollable(f *os.File) *os.File {
 }
 
 // setWinsize resizes a terminal without os.File.Fd, which would put the
-// file back into blocking mode.
-func setWinsize(f *os.File, rows, cols uint16) {
+// file back into blocking mode, and tells the terminal's foreground
+// process group with SIGWINCH when the size changed. Linux sends that
+// signal itself; gVisor's pseudo-terminals only store the size, so a
+// full-screen program there would never redraw. A second SIGWINCH on
+// Linux is harmless: it only means "read your size again". The group is
+// the terminal's foreground group where the master tells it (Linux), else
+// the session's own group sid (gVisor's master does not answer TIOCGPGRP).
+func setWinsize(f *os.File, rows, cols uint16, sid int) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return
 	}
 	_ = rc.Control(func(fd uintptr) {
-		_ = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+		old, err := unix.IoctlGetWinsize(int(fd), unix.TIOCGWINSZ)
+		if err == nil && old.Row == rows && old.Col == cols {
+			return
+		}
+		if unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}) != nil {
+			return
+		}
+		pgrp, err := unix.IoctlGetInt(int(fd), unix.TIOCGPGRP)
+		if err != nil || pgrp <= 0 {
+			pgrp = sid
+		}
+		if pgrp > 0 {
+			_ = unix.Kill(-pgrp, unix.SIGWINCH)
+		}
 	})
 }
 

@@ -2,7 +2,6 @@ package gvisor_test
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +21,7 @@ func newRuntime(t *testing.T, stateDir string, mod func(*gvisor.Options)) *gviso
 	opts := gvisor.Options{
 		StateDir:  stateDir,
 		AgentPath: runtimetest.AgentBinary(t),
-		Logger:    slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:    runtimetest.Logger(t),
 		// Small defaults keep 10+ sandboxes cheap on a CI machine.
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 512, DiskBytes: 256 << 20},
 	}
@@ -34,13 +33,6 @@ func newRuntime(t *testing.T, stateDir string, mod func(*gvisor.Options)) *gviso
 		t.Fatal(err)
 	}
 	return r
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 func TestConformance(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,13 +68,6 @@ func kernelPath() (string, error) {
 	return k.Path, nil
 }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 func newRuntime(t *testing.T, stateDir string, mod func(*microvm.Options)) *microvm.Runtime {
 	t.Helper()
 	k := requireVM(t)
@@ -83,7 +75,7 @@ func newRuntime(t *testing.T, stateDir string, mod func(*microvm.Options)) *micr
 		StateDir:   stateDir,
 		KernelPath: k,
 		AgentPath:  runtimetest.AgentBinary(t),
-		Logger:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:     runtimetest.Logger(t),
 		// Small VMs keep a dozen of them cheap on a CI machine.
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 512, DiskBytes: 256 << 20},
 	}

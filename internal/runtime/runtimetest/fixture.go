@@ -8,6 +8,7 @@ package runtimetest
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,4 +75,17 @@ func AgentBinary(t testing.TB) string {
 		t.Fatal(agentOnce.err)
 	}
 	return agentOnce.path
+}
+
+// Logger is a backend's logger for a test: Info and above, each record in
+// the test's log.
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

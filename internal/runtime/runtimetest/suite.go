@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +54,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Kernel", s.testKernel)
 	t.Run("Exec", s.testExec)
 	t.Run("Streaming", s.testStreaming)
+	t.Run("ResizeAndSignal", s.testResizeAndSignal)
 	t.Run("Files", s.testFiles)
 	t.Run("Isolation", s.testIsolation)
 	t.Run("Home", s.testHome)
@@ -251,6 +253,76 @@ func (s *suite) testStreaming(t *testing.T) {
 	if lead := end.Sub(w.at[0]); lead < 500*time.Millisecond {
 		t.Fatalf("first chunk arrived only %v before the end: output is not streamed", lead)
 	}
+}
+
+// testResizeAndSignal checks that a running process sees its terminal
+// resized (SIGWINCH and the new size) and receives a signal sent while it
+// runs: what an interactive shell through the API needs.
+func (s *suite) testResizeAndSignal(t *testing.T) {
+	sb := s.create(t, runtime.Spec{})
+	// Each script says "ready" once its trap is set, then waits for what
+	// the test sends; without it, it exits 3 after 30 seconds.
+	const wait = `echo ready; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; exit 3`
+	t.Run("resize", func(t *testing.T) {
+		resize := make(chan runtime.WindowSize, 1)
+		req := runtime.ExecRequest{Cmd: []string{"sh", "-c", `trap 'stty size; exit 0' WINCH; ` + wait}, TTY: true, Rows: 24, Cols: 80, Resize: resize}
+		code, out := runInterrupted(t, sb, req, func() { resize <- runtime.WindowSize{Rows: 50, Cols: 132} })
+		if code != 0 || !strings.Contains(out, "50 132") {
+			t.Fatalf("exit %d, output %q: want the WINCH trap to print \"50 132\" and exit 0", code, out)
+		}
+	})
+	t.Run("signal", func(t *testing.T) {
+		signal := make(chan syscall.Signal, 1)
+		req := runtime.ExecRequest{Cmd: []string{"sh", "-c", `trap 'echo got-term; exit 7' TERM; ` + wait}, Signal: signal}
+		code, out := runInterrupted(t, sb, req, func() { signal <- syscall.SIGTERM })
+		if code != 7 || !strings.Contains(out, "got-term") {
+			t.Fatalf("exit %d, output %q: want the TERM trap to run and exit 7", code, out)
+		}
+	})
+}
+
+// runInterrupted runs req, calls send once its output says "ready", and
+// returns the exit code and the whole output.
+func runInterrupted(t *testing.T, sb runtime.Sandbox, req runtime.ExecRequest, send func()) (int, string) {
+	t.Helper()
+	out := &syncBuffer{}
+	req.Stdout = out
+	done := make(chan execOut, 1)
+	go func() {
+		res, err := sb.Exec(ctxT(t, time.Minute), req)
+		done <- execOut{res: res, err: err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "ready") {
+		if time.Now().After(deadline) {
+			t.Fatalf("output %q: \"ready\" never came", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	send()
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	return o.res.ExitCode, out.String()
+}
+
+// syncBuffer is a bytes.Buffer safe for the exec's writer and a reader.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func (s *suite) testFiles(t *testing.T) {
