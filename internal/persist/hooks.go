@@ -29,7 +29,11 @@ func (workspaceHook) FailureReason() string { return "could not prepare its work
 func (h workspaceHook) Poststart(ctx context.Context, sb *store.Sandbox, rsb runtime.Sandbox, _ bool) error {
 	row := *sb
 	ctx = context.WithoutCancel(ctx)
-	go func() { _ = h.s.Prepare(ctx, row, rsb, false) }()
+	// The memo entry is made here, not in the goroutine: a start that
+	// fails right after runs the stop hook, which must find it to forget
+	// it (made later, it would stay for good).
+	p := h.s.preparation(row.ID)
+	go func() { _ = h.s.prepareOnce(ctx, p, row, rsb, false) }()
 	return nil
 }
 

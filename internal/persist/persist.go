@@ -180,13 +180,23 @@ fi
 // turns; after a restart it runs again (it is idempotent). The workspace
 // hook starts it as soon as a sandbox runs (see Hooks).
 func (s *Service) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
+	return s.prepareOnce(ctx, s.preparation(sb.ID), sb, rsb, again)
+}
+
+// preparation is the memo of sandbox id's workspace, made on first use.
+func (s *Service) preparation(id string) *preparation {
 	s.mu.Lock()
-	p, ok := s.prepared[sb.ID]
+	defer s.mu.Unlock()
+	p, ok := s.prepared[id]
 	if !ok {
 		p = &preparation{}
-		s.prepared[sb.ID] = p
+		s.prepared[id] = p
 	}
-	s.mu.Unlock()
+	return p
+}
+
+// prepareOnce prepares the workspace under p's lock, once unless again.
+func (s *Service) prepareOnce(ctx context.Context, p *preparation, sb store.Sandbox, rsb runtime.Sandbox, again bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done && !again {

@@ -330,3 +330,42 @@ func TestSnapshotHooksStartFromTheAccountsSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkspaceHookForgetsAFailedStart: a start that fails right after the
+// workspace hook began its background clone runs the stop hook at once;
+// the clone finishing later must not leave its memo entry behind.
+func TestWorkspaceHookForgetsAFailedStart(t *testing.T) {
+	f := newChainFixture(t, Options{})
+	ctx := context.Background()
+	sb := store.Sandbox{ID: "sbx_failed_start", AccountID: f.account.ID, NodeID: "here", Status: store.SandboxPending, Runtime: "fake"}
+	rsb := f.rt.Add(sb.ID)
+	h := workspaceHook{s: f.svc}
+	if err := h.Poststart(ctx, &sb, rsb, false); err != nil {
+		t.Fatal(err)
+	}
+	f.svc.mu.Lock()
+	p := f.svc.prepared[sb.ID]
+	f.svc.mu.Unlock()
+	if p == nil {
+		t.Fatal("poststart returned before the sandbox's workspace memo existed")
+	}
+	if err := h.Stop(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		p.mu.Lock()
+		done := p.done
+		p.mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the background clone never finished")
+		}
+	}
+	f.svc.mu.Lock()
+	defer f.svc.mu.Unlock()
+	if len(f.svc.prepared) != 0 {
+		t.Fatalf("memo entries left after the stop hook: %v", f.svc.prepared)
+	}
+}
