@@ -25,23 +25,11 @@ func newRuntime(t *testing.T, stateDir string, mod func(*gvisor.Options)) *gviso
 		// Small defaults keep 10+ sandboxes cheap on a CI machine.
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 512, DiskBytes: 256 << 20},
 	}
-	if mod != nil {
-		mod(&opts)
-	}
-	r, err := gvisor.New(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return runtimetest.Open(t, gvisor.New, opts, mod)
 }
 
 func TestConformance(t *testing.T) {
-	runtimetest.Run(t, runtimetest.Harness{
-		New: func(t *testing.T, stateDir string) runtime.Runtime {
-			return newRuntime(t, stateDir, nil)
-		},
-		Leaks: leaks,
-	})
+	runtimetest.Run(t, runtimetest.Harness{New: runtimetest.Opener(newRuntime), Leaks: leaks})
 }
 
 // leaks lists what is left of a sandbox on the host after Destroy: what

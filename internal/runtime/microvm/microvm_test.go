@@ -79,25 +79,13 @@ func newRuntime(t *testing.T, stateDir string, mod func(*microvm.Options)) *micr
 		// Small VMs keep a dozen of them cheap on a CI machine.
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 512, DiskBytes: 256 << 20},
 	}
-	if mod != nil {
-		mod(&opts)
-	}
-	r, err := microvm.New(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return runtimetest.Open(t, microvm.New, opts, mod)
 }
 
 // TestConformance runs the runtime conformance suite. Under TCG (no usable
 // KVM) every VM boots in software emulation: the suite takes minutes.
 func TestConformance(t *testing.T) {
-	runtimetest.Run(t, runtimetest.Harness{
-		New: func(t *testing.T, stateDir string) runtime.Runtime {
-			return newRuntime(t, stateDir, nil)
-		},
-		Leaks: leaks,
-	})
+	runtimetest.Run(t, runtimetest.Harness{New: runtimetest.Opener(newRuntime), Leaks: leaks})
 }
 
 // leaks lists what is left of a sandbox on the host after Destroy: what

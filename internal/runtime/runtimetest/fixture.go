@@ -7,6 +7,7 @@
 package runtimetest
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/busybox"
 )
 
@@ -88,4 +90,24 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// Open starts a backend for a test: opts changed by mod (when not nil),
+// then the backend's New; a failure fails the test.
+func Open[O any, R runtime.Runtime](t testing.TB, newRuntime func(context.Context, O) (R, error), opts O, mod func(*O)) R {
+	t.Helper()
+	if mod != nil {
+		mod(&opts)
+	}
+	r, err := newRuntime(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Opener adapts a test's constructor, which takes the backend's option
+// changes, to Harness.New (no changes).
+func Opener[O any, R runtime.Runtime](open func(t *testing.T, stateDir string, mod func(*O)) R) func(t *testing.T, stateDir string) runtime.Runtime {
+	return func(t *testing.T, stateDir string) runtime.Runtime { return open(t, stateDir, nil) }
 }
