@@ -65,6 +65,28 @@ func TestNetwork(t *testing.T) {
 		t.Fatalf("proxy to a sandbox without a network: %d %s", r.Status, r.Raw)
 	}
 
+	// The policy changes at runtime: validated like the create field,
+	// only for the account's own running sandboxes with a network.
+	netPath := "/api/sandboxes/" + id + "/network"
+	if r := s.as(k, "PATCH", netPath, map[string]any{"network": "bogus"}); r.Status != 400 || fmt.Sprint(r.Body["missing_fields"]) != "[network]" {
+		t.Fatalf("PATCH a bad policy: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "PATCH", netPath, map[string]any{}); r.Status != 400 || fmt.Sprint(r.Body["missing_fields"]) != "[network]" {
+		t.Fatalf("PATCH without a policy: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(bk, "PATCH", netPath, map[string]any{"network": "egress"}); r.Status != 404 {
+		t.Fatalf("PATCH another account's sandbox: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "PATCH", "/api/sandboxes/"+closed["sandboxId"].(string)+"/network", map[string]any{"network": "egress"}); r.Status != 400 || !strings.Contains(string(r.Raw), `created with network \"none\"`) {
+		t.Fatalf("PATCH a sandbox without a network: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "PATCH", netPath, map[string]any{"network": "egress"}); r.Status != 200 || fmt.Sprint(r.Body["sandbox"].(map[string]any)["network"]) != "egress" {
+		t.Fatalf("PATCH egress: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "GET", path, nil); r.Status != 200 {
+		t.Fatalf("proxy after the policy change: %d %s", r.Status, r.Raw)
+	}
+
 	// Three more sandboxes with networks, then a crash.
 	ids := []string{id}
 	for range 3 {
@@ -84,7 +106,17 @@ func TestNetwork(t *testing.T) {
 	if r := s2.as(k, "GET", path, nil); r.Status != 200 {
 		t.Fatalf("proxy after restart: %d %s", r.Status, r.Raw)
 	}
+	// The changed policy is the sandbox's after the restart too.
+	if r := s2.as(k, "GET", "/api/sandboxes?sandbox_id="+id, nil); r.Status != 200 || !strings.Contains(string(r.Raw), `"network":"egress"`) {
+		t.Fatalf("policy after restart: %d %s", r.Status, r.Raw)
+	}
+	if r := s2.as(k, "PATCH", netPath, map[string]any{"network": map[string]any{"allow": []string{"198.51.100.8"}}}); r.Status != 200 || !strings.Contains(string(r.Raw), `"network":{"allow":["198.51.100.8"]}`) {
+		t.Fatalf("PATCH an allow list after restart: %d %s", r.Status, r.Raw)
+	}
 	s2.stopAll(k)
+	if r := s2.as(k, "PATCH", netPath, map[string]any{"network": "egress"}); r.Status != 409 {
+		t.Fatalf("PATCH a stopped sandbox: %d %s", r.Status, r.Raw)
+	}
 	for _, id := range ids {
 		if netnsExists(id) {
 			t.Fatalf("network namespace of stopped sandbox %s is left", id)

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 )
 
 // apiClient is the CLI's HTTP client for a running sandboxd.
@@ -141,7 +142,7 @@ func newSandboxCmd() *cobra.Command {
 	cmd.PersistentPreRunE = withEnv(requireKey)
 
 	var timeout time.Duration
-	var cwd, prompt string
+	var cwd, prompt, network string
 	create := &cobra.Command{
 		Use:   "create [-- COMMAND ARGS...]",
 		Short: "Create a sandbox, optionally running a command or a prompt in it",
@@ -153,6 +154,13 @@ func newSandboxCmd() *cobra.Command {
 			}
 			if timeout > 0 {
 				body.Timeout = timeout.Milliseconds()
+			}
+			if network != "" {
+				p, err := parseNetworkFlag(network)
+				if err != nil {
+					return err
+				}
+				body.Network = &p
 			}
 			var out api.SandboxesResponse
 			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes", body, &out); err != nil {
@@ -167,6 +175,7 @@ func newSandboxCmd() *cobra.Command {
 	create.Flags().DurationVar(&timeout, "timeout", 0, "lifetime (default: the server's, 10m)")
 	create.Flags().StringVar(&cwd, "cwd", "", "working directory of the command")
 	create.Flags().StringVar(&prompt, "prompt", "", "run opencode with this prompt instead of a command")
+	create.Flags().StringVar(&network, "network", "", networkFlagUsage)
 
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -237,8 +246,59 @@ func newSandboxCmd() *cobra.Command {
 			return printSandboxes(cmd.OutOrStdout(), []api.Sandbox{out.Sandbox})
 		},
 	}
-	cmd.AddCommand(create, ls, exec, stop)
+	setNetwork := &cobra.Command{
+		Use:   "network SANDBOX_ID POLICY",
+		Short: "Replace a running sandbox's network policy, without restarting it",
+		Long: "Replace a running sandbox's network policy. It takes effect at once for new and open connections.\n" +
+			"POLICY is " + networkFlagUsage + ".",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := parseNetworkFlag(args[1])
+			if err != nil {
+				return err
+			}
+			body := api.NetworkRequest{Network: p, AccountID: account}
+			var out api.SandboxResponse
+			if err := c.do(cmd.Context(), http.MethodPatch, "/api/sandboxes/"+args[0]+"/network", body, &out); err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out.Sandbox)
+			}
+			return printSandboxes(cmd.OutOrStdout(), []api.Sandbox{out.Sandbox})
+		},
+	}
+	cmd.AddCommand(create, ls, exec, stop, setNetwork)
 	return cmd
+}
+
+// networkFlagUsage says what --network and `sandbox network` take.
+const networkFlagUsage = `network policy: none, egress, allow=CIDR|ADDRESS|DOMAIN,... or the API's JSON ({"allow": [...]})`
+
+// parseNetworkFlag reads a policy as the CLI takes it and checks it as
+// the server will.
+func parseNetworkFlag(s string) (netpol.Policy, error) {
+	var p netpol.Policy
+	switch s = strings.TrimSpace(s); {
+	case strings.HasPrefix(s, "{"), strings.HasPrefix(s, `"`):
+		if err := json.Unmarshal([]byte(s), &p); err != nil {
+			return p, fmt.Errorf("--%w", err)
+		}
+		return p, nil
+	case strings.HasPrefix(s, "allow="):
+		p = netpol.Policy{Mode: netpol.ModeAllow}
+		for _, a := range strings.Split(strings.TrimPrefix(s, "allow="), ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				p.Allow = append(p.Allow, a)
+			}
+		}
+	default:
+		p = netpol.Policy{Mode: netpol.Mode(s)}
+	}
+	if err := p.Validate(); err != nil {
+		return p, fmt.Errorf("--%w", err)
+	}
+	return p, nil
 }
 
 // createBody is the body of `sandbox create`. A command's args are sent

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,7 +271,8 @@ func FuzzUploadFilesBody(f *testing.F) {
 		if err == nil {
 			req, err := parseUploadFiles(o)
 			checkDecoded(t, err)
-			if err == nil && (strings.Contains(req.Path, "..") || strings.HasPrefix(req.Path, "/")) {
+			// A component "..", not two dots in a name ("0.." is a file).
+			if err == nil && (slices.Contains(strings.Split(req.Path, "/"), "..") || strings.HasPrefix(req.Path, "/")) {
 				t.Fatalf("path escapes: %q", req.Path)
 			}
 		}

@@ -51,6 +51,9 @@ func (s *Server) routeTable() []route {
 			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
 			body: TimeoutRequest{}, ok: SandboxResponse{}, handler: s.setTimeout},
+		{method: http.MethodPatch, path: "/api/sandboxes/{id}/network", summary: "Replace a running sandbox's network policy (sandboxd)", tag: "sandboxes",
+			description: "Takes effect at once for new and open connections, without restarting the sandbox; stored on the sandbox so a restart rebuilds it. Only a sandbox created with a network has one to change (to \"none\" and back is allowed).",
+			body:        NetworkRequest{}, ok: SandboxResponse{}, handler: s.setNetwork},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/ports", summary: "List the ports listening in a sandbox", tag: "sandboxes",
 			query: AccountRequest{}, ok: PortsResponse{}, handler: s.ports},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/proxy/{port}/*", summary: "Reach a port of a sandbox (any method; websockets pass through)", tag: "sandboxes",
@@ -505,6 +508,12 @@ func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
+	})
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
+	return actOnSandbox(s, w, r, parseNetworkChange, func(ctx context.Context, sb store.Sandbox, req NetworkRequest) (store.Sandbox, error) {
+		return s.opts.Sandboxes.SetNetwork(ctx, sb, req.Network)
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -107,13 +108,20 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 	if sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning {
 		remaining = max(0, sb.Deadline.Sub(now).Milliseconds())
 	}
-	return Sandbox{
+	view := Sandbox{
 		SandboxID:     sb.ID,
 		SandboxStatus: sb.Status,
 		Timeout:       remaining,
 		CreatedAt:     formatTime(sb.CreatedAt),
 		Runtime:       sb.Runtime,
 	}
+	// The row holds what the API accepted; a row that does not parse
+	// (never written so) shows no policy rather than failing the view.
+	var p netpol.Policy
+	if sb.Network != "" && json.Unmarshal([]byte(sb.Network), &p) == nil {
+		view.Network = &p
+	}
+	return view
 }
 
 // ViewRun renders a run as GET /api/tasks/runs does, as of now.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -29,6 +30,8 @@ type SandboxService interface {
 	Ports(ctx context.Context, sb store.Sandbox) ([]int, error)
 	// SetTimeout makes the sandbox stop d from now.
 	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
+	// SetNetwork replaces a running sandbox's network policy.
+	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
 	// DeleteEnvironment stops the account's sandboxes, deletes its
 	// repository and snapshots and clears its row; idempotent.
 	DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error)

@@ -19,6 +19,10 @@ type Sandbox struct {
 	CreatedAt     string `json:"createdAt" jsonschema:"format=date-time"`
 	RunID         string `json:"runId,omitempty" jsonschema:"description=Run started with the sandbox; poll GET /api/tasks/runs?runId="`
 	Runtime       string `json:"runtime,omitempty" jsonschema:"description=Isolation backend of the sandbox (sandboxd)"`
+	// Network is the sandbox's network policy now (sandboxd): "none",
+	// "egress" or {"allow": [...]}; PATCH /api/sandboxes/{id}/network
+	// changes it.
+	Network *netpol.Policy `json:"network,omitempty"`
 }
 
 // FileTreeEntry is one entry of a repository's recursive tree.
@@ -204,6 +208,13 @@ type Port struct {
 type TimeoutRequest struct {
 	Timeout   int64  `json:"timeout" jsonschema:"minimum=1,description=New remaining lifetime in milliseconds from now"`
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// NetworkRequest is the body of PATCH /api/sandboxes/{id}/network
+// (sandboxd): the new policy, in the create request's form.
+type NetworkRequest struct {
+	Network   netpol.Policy `json:"network" jsonschema:"description=The new policy in the form of the create request's network field"`
+	AccountID string        `json:"account_id,omitempty" jsonschema:"format=uuid"`
 }
 
 // CodingAgentRequest is the body of POST /api/tasks/coding-agent.

@@ -46,9 +46,9 @@ func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
 		return req, err
 	}
 	if o.present("network") {
-		var p netpol.Policy
-		if err := json.Unmarshal(o["network"], &p); err != nil {
-			return req, errField(strings.TrimPrefix(err.Error(), "network: "), "network")
+		p, err := o.network()
+		if err != nil {
+			return req, err
 		}
 		req.Network = &p
 	}
@@ -270,6 +270,32 @@ func parseTimeout(o object) (TimeoutRequest, error) {
 	req.Timeout = t
 	req.AccountID, err = o.accountID()
 	return req, err
+}
+
+// parseNetworkChange validates the body of PATCH
+// /api/sandboxes/{id}/network: a policy, validated as the create field.
+func parseNetworkChange(o object) (NetworkRequest, error) {
+	var req NetworkRequest
+	if !o.present("network") {
+		return req, errField("network is required", "network")
+	}
+	p, err := o.network()
+	if err != nil {
+		return req, err
+	}
+	req.Network = p
+	req.AccountID, err = o.accountID()
+	return req, err
+}
+
+// network parses and validates the "network" field, once for every route
+// that takes a policy.
+func (o object) network() (netpol.Policy, error) {
+	var p netpol.Policy
+	if err := json.Unmarshal(o["network"], &p); err != nil {
+		return p, errField(strings.TrimPrefix(err.Error(), "network: "), "network")
+	}
+	return p, nil
 }
 
 // parseCodingAgent validates the body of POST /api/tasks/coding-agent.

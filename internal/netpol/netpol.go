@@ -116,6 +116,10 @@ type Manager struct {
 	mu    sync.Mutex
 	used  map[int]string // slot -> key
 	nftMu sync.Mutex     // one nftables transaction at a time
+	// recMu orders Update and Teardown: an update's record and rules
+	// must neither interleave with another update's nor outlive a
+	// teardown (a record written back after it would name nothing).
+	recMu sync.Mutex
 }
 
 // Network is a sandbox's network as set up on the host.
@@ -363,7 +367,7 @@ func (m *Manager) resolve(ctx context.Context, p Policy) ([]netip.Prefix, error)
 		addrs, err := m.opts.LookupIP(rctx, host)
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("resolve allowed domain %s: %w", host, err)
+			return nil, &ResolveError{Host: host, Err: err}
 		}
 		n := 0
 		for _, ad := range addrs {
@@ -373,10 +377,72 @@ func (m *Manager) resolve(ctx context.Context, p Policy) ([]netip.Prefix, error)
 			}
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("resolve allowed domain %s: no IPv4 address", host)
+			return nil, &ResolveError{Host: host, Err: errors.New("no IPv4 address")}
 		}
 	}
 	return out, nil
+}
+
+// ResolveError is Setup's and Update's error for an allowed domain that
+// does not resolve to an IPv4 address: the caller's to fix.
+type ResolveError struct {
+	Host string
+	Err  error
+}
+
+func (e *ResolveError) Error() string {
+	return fmt.Sprintf("resolve allowed domain %s: %v", e.Host, e.Err)
+}
+
+func (e *ResolveError) Unwrap() error { return e.Err }
+
+// ErrNoNetwork is Update's error for a sandbox that was set up without a
+// network (policy none): it has no namespace to change the rules of.
+var ErrNoNetwork = errors.New("the sandbox has no network of its own")
+
+// Update replaces the policy of sandbox id's network with p, without
+// touching its namespace, links or address: the record first, then the
+// rules of its chains in one nftables transaction (replaceSandboxRules),
+// so open connections the new policy does not allow stop at once and a
+// restart rebuilds the new policy. p may be none (nothing in or out); a
+// sandbox set up with none has no network to update (ErrNoNetwork). On
+// error the old policy stays in force.
+func (m *Manager) Update(ctx context.Context, id string, p Policy) (*Network, error) {
+	if p.Mode == "" {
+		p.Mode = ModeNone
+	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("update network of %s: %w", id, err)
+	}
+	// Names are resolved before the lock: a slow resolver must not hold
+	// up every other sandbox's teardown.
+	allowed, err := m.resolve(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("update network of %s: %w", id, err)
+	}
+	m.recMu.Lock()
+	defer m.recMu.Unlock()
+	old, err := m.readRecord(Key(id))
+	if errors.Is(err, os.ErrNotExist) || (err == nil && old.ID != id) {
+		return nil, fmt.Errorf("update network of %s: %w", id, ErrNoNetwork)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("update network of %s: %w", id, err)
+	}
+	rec := old
+	rec.Policy, rec.Allowed = p, allowed
+	if err := m.replaceRecord(rec); err != nil {
+		return nil, fmt.Errorf("update network of %s: %w", id, err)
+	}
+	n := m.network(rec)
+	if err := m.replaceSandboxRules(n); err != nil {
+		if werr := m.replaceRecord(old); werr != nil {
+			m.log.Error("restore network record after a failed update", "id", id, "err", werr)
+		}
+		return nil, fmt.Errorf("update network of %s: nftables rules: %w", id, err)
+	}
+	m.log.Info("network policy updated", "id", id, "from", old.Policy.Mode, "to", p.Mode, "allowed", len(allowed))
+	return n, nil
 }
 
 // Get returns the network Setup made for sandbox id, also one made by an
@@ -398,6 +464,8 @@ func (m *Manager) Get(id string) (*Network, error) {
 // Teardown removes sandbox id's network: rules, chains, links, namespace,
 // record. It is a no-op for a sandbox without one.
 func (m *Manager) Teardown(ctx context.Context, id string) error {
+	m.recMu.Lock()
+	defer m.recMu.Unlock()
 	key := Key(id)
 	rec, err := m.readRecord(key)
 	if errors.Is(err, os.ErrNotExist) {
@@ -525,14 +593,19 @@ func (m *Manager) recordPath(key string) string {
 }
 
 func (m *Manager) writeRecord(r record) error {
+	if _, err := os.Stat(m.recordPath(r.Key)); err == nil {
+		return fmt.Errorf("network record %s exists", m.recordPath(r.Key))
+	}
+	return m.replaceRecord(r)
+}
+
+// replaceRecord writes r's record, over the one there may be.
+func (m *Manager) replaceRecord(r record) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
 	p := m.recordPath(r.Key)
-	if _, err := os.Stat(p); err == nil {
-		return fmt.Errorf("network record %s exists", p)
-	}
 	// Written aside, synced and renamed: after a crash the record is
 	// whole or absent, never a torn file that Reconcile cannot read.
 	if err := renameio.WriteFile(p, b, 0o600, renameio.WithTempDir(m.opts.StateDir)); err != nil {

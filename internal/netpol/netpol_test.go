@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -582,4 +583,94 @@ func BenchmarkSetupTeardown(b *testing.B) {
 	}
 	b.ReportMetric(float64(setup.Microseconds())/float64(b.N)/1000, "setup-ms/op")
 	b.ReportMetric(float64(teardown.Microseconds())/float64(b.N)/1000, "teardown-ms/op")
+}
+
+// TestUpdate replaces a running sandbox's policy: new and open connections
+// follow the new policy at once, in both directions; none cuts DNS too; a
+// sandbox without a network and a bad policy are refused, the old policy
+// staying in force.
+func TestUpdate(t *testing.T) {
+	requireRoot(t)
+	newInternet(t)
+	m := newManager(t, "tnu", "10.206.0.0/16", nil)
+	ctx := context.Background()
+	n, err := m.Setup(ctx, "sb-update", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reach := func(a netip.Addr) bool {
+		_, err := guestGet(n.Netns, urlOf(a, 80))
+		return err == nil
+	}
+	// A keep-alive connection to B, opened under egress.
+	var open net.Conn
+	must(t, inNetns(n.Netns, func() (err error) {
+		open, err = net.DialTimeout("tcp", netip.AddrPortFrom(inetB, 80).String(), time.Second)
+		return err
+	}))
+	defer open.Close()
+	request := func() error {
+		_ = open.SetDeadline(time.Now().Add(time.Second))
+		if _, err := io.WriteString(open, "GET / HTTP/1.1\r\nHost: b\r\n\r\n"); err != nil {
+			return err
+		}
+		buf := make([]byte, 512)
+		n, err := open.Read(buf)
+		if err == nil && !strings.Contains(string(buf[:n]), "hello from") {
+			err = fmt.Errorf("answer %q", buf[:n])
+		}
+		return err
+	}
+	if err := request(); err != nil {
+		t.Fatalf("open connection under egress: %v", err)
+	}
+
+	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow, Allow: []string{inetA.String()}}); err != nil {
+		t.Fatal(err)
+	}
+	if !reach(inetA) || reach(inetB) {
+		t.Fatalf("after allow [A]: A reachable %v, B reachable %v; want A only", reach(inetA), reach(inetB))
+	}
+	if err := request(); err == nil {
+		t.Fatal("the connection to B opened under egress still works under allow [A]")
+	}
+	if err := udpEcho(n.Netns, netip.AddrPortFrom(inetDNS, 53)); err != nil {
+		t.Errorf("DNS under allow [A]: %v", err)
+	}
+	if rec, err := m.Get("sb-update"); err != nil || rec.Policy.Mode != ModeAllow {
+		t.Fatalf("record after the update: %+v, %v", rec, err)
+	}
+
+	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeNone}); err != nil {
+		t.Fatal(err)
+	}
+	if reach(inetA) {
+		t.Fatal("A reachable under none")
+	}
+	if err := udpEcho(n.Netns, netip.AddrPortFrom(inetDNS, 53)); err == nil {
+		t.Fatal("DNS gets through under none")
+	}
+
+	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow}); err == nil {
+		t.Fatal("an empty allow list was accepted")
+	}
+	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow, Allow: []string{"unknown.test"}}); err == nil {
+		t.Fatal("an allow list whose name does not resolve was accepted")
+	}
+	if reach(inetA) {
+		t.Fatal("a refused update changed the policy in force")
+	}
+	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeEgress}); err != nil {
+		t.Fatal(err)
+	}
+	if !reach(inetA) || !reach(inetB) || reach(inetMetadata) || reach(inetPrivate) {
+		t.Fatalf("back under egress: A %v, B %v, metadata %v, private %v", reach(inetA), reach(inetB), reach(inetMetadata), reach(inetPrivate))
+	}
+	if _, err := m.Update(ctx, "sb-other", Policy{Mode: ModeEgress}); !errors.Is(err, ErrNoNetwork) {
+		t.Fatalf("update of a sandbox without a network: %v, want ErrNoNetwork", err)
+	}
+	must(t, m.Teardown(ctx, "sb-update"))
+	if left := leftovers(t, m); len(left) > 0 {
+		t.Fatalf("left after teardown: %v", left)
+	}
 }

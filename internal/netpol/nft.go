@@ -31,21 +31,22 @@ import (
 //	chain dns      ip daddr RESOLVER udp/tcp dport 53 accept   (rebuilt)
 //	chain deny     ip daddr DENIED drop                         (rebuilt)
 //	chain private  ip daddr ALLOWED-PRIVATE return; ip daddr PRIVATE drop (rebuilt)
-//	chain P-KEY-out
+//	chain P-KEY-out                               (every packet, not only new
+//	                                              ones: see policyRules)
 //	    meta nfproto ipv6 drop
 //	    ip saddr != GUEST drop                    spoofed sources (guest root
 //	                                              can add any address to eth0)
 //	    limit rate over RATE bytes/second burst BURST bytes drop
-//	    ct state established,related accept
-//	    ct count over MAXCONNS drop
+//	    ct state new ct count over MAXCONNS drop
 //	    jump dns; jump deny; jump private
 //	    accept                                    egress
 //	    ip daddr ALLOWED accept ...               allow list
-//	    drop
+//	    drop                                      (only this for none)
 //	chain P-KEY-in
 //	    meta nfproto ipv6 drop
 //	    limit rate over RATE bytes/second burst BURST bytes drop
-//	    ct state established,related accept
+//	    ct state established,related accept       egress
+//	    ip saddr RESOLVER|ALLOWED ct state established,related accept   allow list
 //	    drop                                      nothing dials into a sandbox
 //	                                              through the forward path
 //
@@ -161,6 +162,39 @@ func (m *Manager) addSandboxRules(n *Network) error {
 	t := m.tbl()
 	out := c.AddChain(&nftables.Chain{Name: m.outChain(n.Key), Table: t})
 	in := c.AddChain(&nftables.Chain{Name: m.inChain(n.Key), Table: t})
+	m.policyRules(c, out, in, n)
+	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainEgress, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, out.Name))})
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainIngress, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyOIFNAME, n.HostIf, true), jump(expr.VerdictGoto, in.Name))})
+	return c.Flush()
+}
+
+// replaceSandboxRules swaps the rules of n's chains for those of its
+// (new) policy in one transaction: no packet sees half of either.
+func (m *Manager) replaceSandboxRules(n *Network) error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := m.tbl()
+	out := &nftables.Chain{Name: m.outChain(n.Key), Table: t}
+	in := &nftables.Chain{Name: m.inChain(n.Key), Table: t}
+	c.FlushChain(out)
+	c.FlushChain(in)
+	m.policyRules(c, out, in, n)
+	return c.Flush()
+}
+
+// policyRules adds the rules of n's empty chains out and in. The policy is
+// checked on every packet, not only on a connection's first: a policy
+// replaced at runtime (Update) then also holds for connections it no
+// longer allows, in both directions.
+func (m *Manager) policyRules(c *nftables.Conn, out, in *nftables.Chain, n *Network) {
+	t := m.tbl()
 	add := func(ch *nftables.Chain, exprs ...[]expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: concat(exprs...)})
 	}
@@ -178,28 +212,36 @@ func (m *Manager) addSandboxRules(n *Network) error {
 			}
 		}
 		add(ch, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: m.opts.RateBytes, Unit: expr.LimitTimeSecond, Burst: m.opts.BurstBytes, Over: true}}, verdict(expr.VerdictDrop))
-		add(ch, ctEstablished(), verdict(expr.VerdictAccept))
 	}
-	add(out, []expr.Any{&expr.Connlimit{Count: m.opts.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV}}, verdict(expr.VerdictDrop))
+	if n.Policy.Mode == ModeNone {
+		// A policy changed to none: nothing in or out, DNS included.
+		add(out, verdict(expr.VerdictDrop))
+		add(in, verdict(expr.VerdictDrop))
+		return
+	}
+	add(out, ctStateIs(expr.CtStateBitNEW), []expr.Any{&expr.Connlimit{Count: m.opts.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV}}, verdict(expr.VerdictDrop))
 	add(out, jump(expr.VerdictJump, chainDNS))
 	add(out, jump(expr.VerdictJump, chainDeny))
 	add(out, jump(expr.VerdictJump, chainPrivate))
 	switch n.Policy.Mode {
 	case ModeEgress:
 		add(out, verdict(expr.VerdictAccept))
+		add(in, ctEstablished(), verdict(expr.VerdictAccept))
 	case ModeAllow:
 		for _, pfx := range n.Allowed {
 			add(out, ipAddr(16, pfx), verdict(expr.VerdictAccept))
 		}
+		// Replies only from what the policy lets the sandbox reach now:
+		// its resolvers and its allow list.
+		for _, a := range m.opts.DNS {
+			add(in, ipAddr(12, netip.PrefixFrom(a, 32)), ctEstablished(), verdict(expr.VerdictAccept))
+		}
+		for _, pfx := range n.Allowed {
+			add(in, ipAddr(12, pfx), ctEstablished(), verdict(expr.VerdictAccept))
+		}
 	}
 	add(out, verdict(expr.VerdictDrop))
-	add(in, verdict(expr.VerdictDrop))
-	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
-	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainEgress, Table: t}, UserData: tag,
-		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, out.Name))})
-	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainIngress, Table: t}, UserData: tag,
-		Exprs: concat(ifname(expr.MetaKeyOIFNAME, n.HostIf, true), jump(expr.VerdictGoto, in.Name))})
-	return c.Flush()
+	add(in, verdict(expr.VerdictDrop)) // nothing dials into a sandbox through the forward path
 }
 
 // delSandboxRules removes the chains and jumps of the given keys.
@@ -350,14 +392,19 @@ func l4dport(proto byte, port uint16) []expr.Any {
 	}
 }
 
-func ctEstablished() []expr.Any {
+// ctStateIs matches a packet whose conntrack state has one of bits.
+func ctStateIs(bits uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+			Mask: binary.NativeEndian.AppendUint32(nil, bits),
 			Xor:  []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
 	}
+}
+
+func ctEstablished() []expr.Any {
+	return ctStateIs(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
 }
 
 func (m *Manager) deleteTable() error {

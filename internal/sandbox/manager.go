@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -552,6 +553,83 @@ func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
 	}
 	err := json.Unmarshal([]byte(sb.Network), &p)
 	return p, err
+}
+
+// SetNetwork replaces a running sandbox's network policy without
+// restarting it: the row first (so a restart or another node rebuilds the
+// new policy: see Reconcile), then the host's rules (netpol.Update), the
+// row going back when the host refuses. Only a sandbox created with a
+// network has one to change; to none and back is allowed.
+func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
+	ctx = context.WithoutCancel(ctx) // row and rules must not part ways
+	if _, err := m.Local(ctx, sb); err != nil {
+		return sb, err
+	}
+	if m.net == nil {
+		return sb, errdefs.New(errdefs.ErrInvalid, "networking is not enabled on this server")
+	}
+	if n, err := m.net.Get(sb.ID); err != nil {
+		return sb, fmt.Errorf("network of %s: %w", sb.ID, err)
+	} else if n == nil {
+		return sb, errdefs.New(errdefs.ErrInvalid, `the sandbox was created with network "none" and has no network to change; create a sandbox with a network`)
+	}
+	network, err := json.Marshal(p)
+	if err != nil {
+		return sb, err
+	}
+	ok, err := m.st.SetSandboxNetwork(ctx, sb.ID, string(network))
+	if err != nil {
+		return sb, err
+	}
+	if !ok {
+		return sb, errdefs.ErrNotRunning
+	}
+	if _, err := m.net.Update(ctx, sb.ID, p); err != nil {
+		if _, rerr := m.st.SetSandboxNetwork(ctx, sb.ID, sb.Network); rerr != nil {
+			m.log.Error("restore network policy on the row", "sandbox_id", sb.ID, "err", rerr)
+		}
+		// What the edge's validation cannot know: a name that does not
+		// resolve now.
+		var re *netpol.ResolveError
+		if errors.As(err, &re) {
+			return sb, errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("network: allowed domain %s does not resolve to an IPv4 address", re.Host))
+		}
+		return sb, err
+	}
+	m.log.Info("sandbox network changed", "sandbox_id", sb.ID, "account_id", sb.AccountID, "mode", p.Mode)
+	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// syncNetwork makes a kept sandbox's rules follow the policy on its row,
+// which a crash between SetNetwork's two steps can leave apart.
+func (m *Manager) syncNetwork(ctx context.Context, sb store.Sandbox) {
+	if m.net == nil {
+		return
+	}
+	want, err := sandboxPolicy(sb)
+	if err != nil {
+		m.log.Error("read sandbox network policy", "sandbox_id", sb.ID, "err", err)
+		return
+	}
+	n, err := m.net.Get(sb.ID)
+	if err != nil || n == nil || policyEqual(n.Policy, want) {
+		return
+	}
+	if _, err := m.net.Update(ctx, sb.ID, want); err != nil {
+		m.log.Error("rebuild sandbox network policy", "sandbox_id", sb.ID, "err", err)
+		return
+	}
+	m.log.Info("rebuilt sandbox network policy from its row", "sandbox_id", sb.ID, "mode", want.Mode)
+}
+
+func policyEqual(a, b netpol.Policy) bool {
+	norm := func(m netpol.Mode) netpol.Mode {
+		if m == "" {
+			return netpol.ModeNone
+		}
+		return m
+	}
+	return norm(a.Mode) == norm(b.Mode) && slices.Equal(a.Allow, b.Allow)
 }
 
 // GuestAddr is the address the host reaches sandbox id's network at (for

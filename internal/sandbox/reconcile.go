@@ -81,6 +81,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
 					if st, err := rsb.State(ctx); err == nil && st == runtime.StateRunning {
 						keep[sb.ID] = true
+						m.syncNetwork(ctx, sb)
 						continue
 					}
 					m.markGone(ctx, sb, "the sandbox had stopped when sandboxd restarted")

@@ -137,6 +137,18 @@ func (q *Queries) SetSandboxDeadline(ctx context.Context, id string, deadline ti
 	return nil
 }
 
+// SetSandboxNetwork records a running sandbox's new network policy (the
+// API's JSON form). It reports false, changing nothing, when the sandbox
+// is not running.
+func (q *Queries) SetSandboxNetwork(ctx context.Context, id, network string) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET network = ?, updated_at = ? WHERE id = ? AND status = ?",
+		network, toMillis(nowMS()), id, SandboxRunning)
+	if err != nil {
+		return false, fmt.Errorf("set network of sandbox %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
 // SetSandboxSnapshot records the snapshot a sandbox started from ("" for
 // none). An unknown snapshot is ErrNotFound.
 func (q *Queries) SetSandboxSnapshot(ctx context.Context, id, snapshotID string) error {
