@@ -240,10 +240,7 @@ func newSandboxCmd() *cobra.Command {
 			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/stop", body, &out); err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), out.Sandbox)
-			}
-			return printSandboxes(cmd.OutOrStdout(), []api.Sandbox{out.Sandbox})
+			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 		},
 	}
 	setNetwork := &cobra.Command{
@@ -262,14 +259,19 @@ func newSandboxCmd() *cobra.Command {
 			if err := c.do(cmd.Context(), http.MethodPatch, "/api/sandboxes/"+args[0]+"/network", body, &out); err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), out.Sandbox)
-			}
-			return printSandboxes(cmd.OutOrStdout(), []api.Sandbox{out.Sandbox})
+			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 		},
 	}
 	cmd.AddCommand(create, ls, exec, stop, setNetwork)
 	return cmd
+}
+
+// printSandbox prints one sandbox as JSON or as a one-row table.
+func printSandbox(w io.Writer, sb api.Sandbox, asJSON bool) error {
+	if asJSON {
+		return printJSON(w, sb)
+	}
+	return printSandboxes(w, []api.Sandbox{sb})
 }
 
 // networkFlagUsage says what --network and `sandbox network` take.

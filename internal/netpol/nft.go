@@ -152,28 +152,13 @@ func (m *Manager) installTable() error {
 
 // addSandboxRules adds n's chains and the jumps to them, in one
 // transaction.
-func (m *Manager) addSandboxRules(n *Network) error {
-	m.nftMu.Lock()
-	defer m.nftMu.Unlock()
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	t := m.tbl()
-	out := c.AddChain(&nftables.Chain{Name: m.outChain(n.Key), Table: t})
-	in := c.AddChain(&nftables.Chain{Name: m.inChain(n.Key), Table: t})
-	m.policyRules(c, out, in, n)
-	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
-	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainEgress, Table: t}, UserData: tag,
-		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, out.Name))})
-	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainIngress, Table: t}, UserData: tag,
-		Exprs: concat(ifname(expr.MetaKeyOIFNAME, n.HostIf, true), jump(expr.VerdictGoto, in.Name))})
-	return c.Flush()
-}
+func (m *Manager) addSandboxRules(n *Network) error { return m.sandboxRules(n, false) }
 
 // replaceSandboxRules swaps the rules of n's chains for those of its
 // (new) policy in one transaction: no packet sees half of either.
-func (m *Manager) replaceSandboxRules(n *Network) error {
+func (m *Manager) replaceSandboxRules(n *Network) error { return m.sandboxRules(n, true) }
+
+func (m *Manager) sandboxRules(n *Network, replace bool) error {
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	c, err := nftables.New()
@@ -183,9 +168,19 @@ func (m *Manager) replaceSandboxRules(n *Network) error {
 	t := m.tbl()
 	out := &nftables.Chain{Name: m.outChain(n.Key), Table: t}
 	in := &nftables.Chain{Name: m.inChain(n.Key), Table: t}
-	c.FlushChain(out)
-	c.FlushChain(in)
+	if replace {
+		c.FlushChain(out)
+		c.FlushChain(in)
+		m.policyRules(c, out, in, n)
+		return c.Flush()
+	}
+	out, in = c.AddChain(out), c.AddChain(in)
 	m.policyRules(c, out, in, n)
+	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainEgress, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, out.Name))})
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainIngress, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyOIFNAME, n.HostIf, true), jump(expr.VerdictGoto, in.Name))})
 	return c.Flush()
 }
 
