@@ -65,6 +65,15 @@ func TestNetwork(t *testing.T) {
 		t.Fatalf("proxy to a sandbox without a network: %d %s", r.Status, r.Raw)
 	}
 
+	// Its traffic is counted: a connection attempt to an allowed address
+	// that answers nothing still sends packets.
+	if r := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "wget -q -T 1 -O /dev/null http://198.51.100.7/ || true"}}); r.Status != 200 {
+		t.Fatalf("wget: %d %s", r.Status, r.Raw)
+	}
+	if r := s.as(k, "GET", "/api/sandboxes?sandbox_id="+id, nil); r.Status != 200 || !strings.Contains(string(r.Raw), `"network_bytes":{"sent":`) || strings.Contains(string(r.Raw), `"network_bytes":{"sent":0,`) {
+		t.Fatalf("traffic of the sandbox: %d %s", r.Status, r.Raw)
+	}
+
 	// The policy changes at runtime: validated like the create field,
 	// only for the account's own running sandboxes with a network.
 	netPath := "/api/sandboxes/" + id + "/network"

@@ -118,14 +118,27 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			return errBadRequest("Failed to create sandbox")
 		}
 	}
-	view := s.sandboxView(sb)
+	view := s.sandboxView(r.Context(), sb)
 	view.RunID = runID
 	writeJSON(w, http.StatusOK, SandboxesResponse{Status: "success", Sandboxes: []Sandbox{view}})
 	return nil
 }
 
-// sandboxView renders a row as the contract's Sandbox object.
-func (s *Server) sandboxView(sb store.Sandbox) Sandbox { return ViewSandbox(sb, s.opts.Now()) }
+// sandboxView renders a row as the contract's Sandbox object, with what
+// the network of a running sandbox of this node carried so far.
+func (s *Server) sandboxView(ctx context.Context, sb store.Sandbox) Sandbox {
+	view := ViewSandbox(sb, s.opts.Now())
+	if sb.Status != store.SandboxRunning || sb.Network == "" || s.opts.Sandboxes == nil {
+		return view
+	}
+	tr, err := s.opts.Sandboxes.Traffic(ctx, sb)
+	if err != nil {
+		s.log.WarnContext(ctx, "read sandbox traffic", "sandbox_id", sb.ID, "err", err)
+	} else if tr != nil {
+		view.NetworkBytes = &NetworkBytes{Sent: tr.TxBytes, Received: tr.RxBytes}
+	}
+	return view
+}
 
 func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
@@ -184,7 +197,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("get environment of %s: %w", account, envErr)
 	}
 	for _, sb := range rows {
-		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(sb))
+		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(ctx, sb))
 	}
 	if envErr == nil && s.environmentLive(env) {
 		resp.SnapshotID = env.SnapshotID // a filter matching nothing still answers the account's environment
@@ -535,7 +548,7 @@ func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, 
 	if err != nil {
 		return serviceError(err, "Sandbox not found")
 	}
-	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(sb)})
+	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil
 }
 

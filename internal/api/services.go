@@ -30,6 +30,9 @@ type SandboxService interface {
 	Ports(ctx context.Context, sb store.Sandbox) ([]int, error)
 	// SetTimeout makes the sandbox stop d from now.
 	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
+	// Traffic is what a running sandbox's network carried; nil when it
+	// has none (or is not on this node).
+	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
 	// SetNetwork replaces a running sandbox's network policy.
 	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
 	// DeleteEnvironment stops the account's sandboxes, deletes its

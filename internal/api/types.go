@@ -23,6 +23,16 @@ type Sandbox struct {
 	// "egress" or {"allow": [...]}; PATCH /api/sandboxes/{id}/network
 	// changes it.
 	Network *netpol.Policy `json:"network,omitempty"`
+	// NetworkBytes is what the network of a running sandbox carried so
+	// far (sandboxd), as IP packets with their headers.
+	NetworkBytes *NetworkBytes `json:"network_bytes,omitempty"`
+}
+
+// NetworkBytes counts a sandbox's network traffic (sandboxd): sent by the
+// sandbox and received by it, drops of its policy included.
+type NetworkBytes struct {
+	Sent     uint64 `json:"sent"`
+	Received uint64 `json:"received"`
 }
 
 // FileTreeEntry is one entry of a repository's recursive tree.

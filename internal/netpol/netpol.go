@@ -461,6 +461,23 @@ func (m *Manager) Get(id string) (*Network, error) {
 	return m.network(rec), nil
 }
 
+// Traffic returns what sandbox id's link carried since its network was set
+// up (policy changes do not reset it); nil when it has no network.
+func (m *Manager) Traffic(id string) (*Traffic, error) {
+	rec, err := m.readRecord(Key(id))
+	if errors.Is(err, os.ErrNotExist) || (err == nil && rec.ID != id) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("traffic of %s: %w", id, err)
+	}
+	tr, err := m.counters(rec.Key)
+	if err != nil {
+		return nil, fmt.Errorf("traffic of %s: %w", id, err)
+	}
+	return &tr, nil
+}
+
 // Teardown removes sandbox id's network: rules, chains, links, namespace,
 // record. It is a no-op for a sandbox without one.
 func (m *Manager) Teardown(ctx context.Context, id string) error {

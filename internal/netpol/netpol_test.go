@@ -453,6 +453,13 @@ func leftovers(t *testing.T, m *Manager) []string {
 			out = append(out, "rule in "+name)
 		}
 	}
+	objs, err := c.GetObjects(t2)
+	must(t, err)
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok {
+			out = append(out, "counter "+co.Name)
+		}
+	}
 	recs, err := m.records()
 	must(t, err)
 	for _, r := range recs {
@@ -530,7 +537,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	}
 	want := []string{"netns " + m.netnsName(kept.Key), "link " + kept.HostIf,
 		"chain " + m.outChain(kept.Key), "chain " + m.inChain(kept.Key),
-		"rule in egress", "rule in ingress", "record kept"}
+		"rule in egress", "rule in ingress", "counter " + m.txCounter(kept.Key), "counter " + m.rxCounter(kept.Key), "record kept"}
 	got := leftovers(t, m2)
 	if fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
 		t.Errorf("after reconcile: %v, want %v", got, want)
@@ -591,7 +598,20 @@ func BenchmarkSetupTeardown(b *testing.B) {
 // staying in force.
 func TestUpdate(t *testing.T) {
 	requireRoot(t)
-	newInternet(t)
+	inet := newInternet(t)
+	// A sink on A: reads to EOF, then says how much it got.
+	sink := listenIn(t, filepath.Join(netnsDir, inet.netns), netip.AddrPortFrom(inetA, 9000).String())
+	go func() {
+		for {
+			c, err := sink.Accept()
+			if err != nil {
+				return
+			}
+			n, _ := io.Copy(io.Discard, c)
+			fmt.Fprintf(c, "%d", n)
+			c.Close()
+		}
+	}()
 	m := newManager(t, "tnu", "10.206.0.0/16", nil)
 	ctx := context.Background()
 	n, err := m.Setup(ctx, "sb-update", Policy{Mode: ModeEgress})
@@ -624,6 +644,31 @@ func TestUpdate(t *testing.T) {
 	if err := request(); err != nil {
 		t.Fatalf("open connection under egress: %v", err)
 	}
+	// 1 MiB up to the sink, counted with headers on the sandbox's side.
+	const upload = 1 << 20
+	before := traffic(t, m, "sb-update")
+	var c net.Conn
+	must(t, inNetns(n.Netns, func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(inetA, 9000).String(), time.Second)
+		return err
+	}))
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Write(make([]byte, upload))
+	if err == nil {
+		err = c.(*net.TCPConn).CloseWrite()
+	}
+	got, rerr := io.ReadAll(c)
+	c.Close()
+	if err != nil || rerr != nil || string(got) != fmt.Sprint(upload) {
+		t.Fatalf("upload: %v, %v, sink got %q", err, rerr, got)
+	}
+	after := traffic(t, m, "sb-update")
+	if sent := after.TxBytes - before.TxBytes; sent < upload || sent > upload*11/10 {
+		t.Fatalf("counted %d bytes sent for a %d byte upload", sent, upload)
+	}
+	if after.RxBytes <= before.RxBytes || after.TxPackets <= before.TxPackets {
+		t.Fatalf("traffic %+v -> %+v: nothing received counted", before, after)
+	}
 
 	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow, Allow: []string{inetA.String()}}); err != nil {
 		t.Fatal(err)
@@ -639,6 +684,9 @@ func TestUpdate(t *testing.T) {
 	}
 	if rec, err := m.Get("sb-update"); err != nil || rec.Policy.Mode != ModeAllow {
 		t.Fatalf("record after the update: %+v, %v", rec, err)
+	}
+	if tr := traffic(t, m, "sb-update"); tr.TxBytes < after.TxBytes {
+		t.Fatalf("traffic after the update %+v < before it %+v: the counters were reset", tr, after)
 	}
 
 	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeNone}); err != nil {
@@ -666,6 +714,9 @@ func TestUpdate(t *testing.T) {
 	if !reach(inetA) || !reach(inetB) || reach(inetMetadata) || reach(inetPrivate) {
 		t.Fatalf("back under egress: A %v, B %v, metadata %v, private %v", reach(inetA), reach(inetB), reach(inetMetadata), reach(inetPrivate))
 	}
+	if tr, err := m.Traffic("sb-other"); tr != nil || err != nil {
+		t.Fatalf("traffic of a sandbox without a network: %+v, %v", tr, err)
+	}
 	if _, err := m.Update(ctx, "sb-other", Policy{Mode: ModeEgress}); !errors.Is(err, ErrNoNetwork) {
 		t.Fatalf("update of a sandbox without a network: %v, want ErrNoNetwork", err)
 	}
@@ -673,4 +724,13 @@ func TestUpdate(t *testing.T) {
 	if left := leftovers(t, m); len(left) > 0 {
 		t.Fatalf("left after teardown: %v", left)
 	}
+}
+
+func traffic(t *testing.T, m *Manager, id string) Traffic {
+	t.Helper()
+	tr, err := m.Traffic(id)
+	if err != nil || tr == nil {
+		t.Fatalf("traffic of %s: %+v, %v", id, tr, err)
+	}
+	return *tr
 }

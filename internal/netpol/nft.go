@@ -92,6 +92,11 @@ func (m *Manager) tbl() *nftables.Table {
 func (m *Manager) outChain(key string) string { return m.opts.Prefix + "-" + key + "-out" }
 func (m *Manager) inChain(key string) string  { return m.opts.Prefix + "-" + key + "-in" }
 
+// Counter objects of a sandbox: named, so they keep counting when Update
+// replaces the chains' rules.
+func (m *Manager) txCounter(key string) string { return m.opts.Prefix + "-" + key + "-tx" }
+func (m *Manager) rxCounter(key string) string { return m.opts.Prefix + "-" + key + "-rx" }
+
 // installTable creates the table and its shared chains, and rebuilds the
 // rules that depend on Options; per-sandbox chains and their jumps stay.
 func (m *Manager) installTable() error {
@@ -168,6 +173,10 @@ func (m *Manager) sandboxRules(n *Network, replace bool) error {
 	t := m.tbl()
 	out := &nftables.Chain{Name: m.outChain(n.Key), Table: t}
 	in := &nftables.Chain{Name: m.inChain(n.Key), Table: t}
+	// Adding a counter that exists keeps its count (a network made before
+	// counters existed gets them on its first update).
+	c.AddObj(&nftables.CounterObj{Table: t, Name: m.txCounter(n.Key)})
+	c.AddObj(&nftables.CounterObj{Table: t, Name: m.rxCounter(n.Key)})
 	if replace {
 		c.FlushChain(out)
 		c.FlushChain(in)
@@ -184,6 +193,37 @@ func (m *Manager) sandboxRules(n *Network, replace bool) error {
 	return c.Flush()
 }
 
+// Traffic is what a sandbox's link carried, as IP packets (headers
+// included), counted before any verdict of its policy.
+type Traffic struct {
+	TxBytes, TxPackets uint64 // from the sandbox
+	RxBytes, RxPackets uint64 // to the sandbox
+}
+
+// counters reads the counters of key.
+func (m *Manager) counters(key string) (Traffic, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return Traffic{}, err
+	}
+	var tr Traffic
+	for _, side := range []struct {
+		name           string
+		bytes, packets *uint64
+	}{{m.txCounter(key), &tr.TxBytes, &tr.TxPackets}, {m.rxCounter(key), &tr.RxBytes, &tr.RxPackets}} {
+		o, err := c.GetObject(&nftables.CounterObj{Table: m.tbl(), Name: side.name})
+		if err != nil {
+			return Traffic{}, fmt.Errorf("read counter %s: %w", side.name, err)
+		}
+		co, ok := o.(*nftables.CounterObj)
+		if !ok {
+			return Traffic{}, fmt.Errorf("read counter %s: not a counter", side.name)
+		}
+		*side.bytes, *side.packets = co.Bytes, co.Packets
+	}
+	return tr, nil
+}
+
 // policyRules adds the rules of n's empty chains out and in. The policy is
 // checked on every packet, not only on a connection's first: a policy
 // replaced at runtime (Update) then also holds for connections it no
@@ -194,6 +234,13 @@ func (m *Manager) policyRules(c *nftables.Conn, out, in *nftables.Chain, n *Netw
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: concat(exprs...)})
 	}
 	for _, ch := range []*nftables.Chain{out, in} {
+		// Every byte the sandbox sends or is sent, as IP packets, before
+		// any verdict: what its link carried, the policy's drops included.
+		counter := m.rxCounter(n.Key)
+		if ch == out {
+			counter = m.txCounter(n.Key)
+		}
+		add(ch, []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counter}})
 		add(ch, nfproto(unix.NFPROTO_IPV6), verdict(expr.VerdictDrop))
 		if ch == out {
 			// Before anything can accept: only the sandbox's own address
@@ -289,6 +336,21 @@ func (m *Manager) delRules(del func(key string) bool) error {
 			n++
 		}
 	}
+	// The counters go after the chains whose rules use them.
+	objs, err := c.GetObjects(t)
+	if err != nil {
+		return fmt.Errorf("list counters: %w", err)
+	}
+	for _, o := range objs {
+		co, ok := o.(*nftables.CounterObj)
+		if !ok {
+			continue
+		}
+		if key, ok := m.chainKey(co.Name); ok && del(key) {
+			c.DeleteObject(&nftables.CounterObj{Table: t, Name: co.Name})
+			n++
+		}
+	}
 	if n == 0 {
 		return nil
 	}
@@ -298,13 +360,13 @@ func (m *Manager) delRules(del func(key string) bool) error {
 	return nil
 }
 
-// chainKey is the sandbox key of a per-sandbox chain's name.
+// chainKey is the sandbox key of a per-sandbox chain's or counter's name.
 func (m *Manager) chainKey(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, m.opts.Prefix+"-")
 	if !ok {
 		return "", false
 	}
-	for _, suf := range []string{"-out", "-in"} {
+	for _, suf := range []string{"-out", "-in", "-tx", "-rx"} {
 		if key, ok := strings.CutSuffix(rest, suf); ok && keyPattern.MatchString(key) {
 			return key, true
 		}

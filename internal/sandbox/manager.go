@@ -600,6 +600,15 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 	return m.st.GetSandbox(ctx, sb.ID)
 }
 
+// Traffic is what a running sandbox of this node's network carried so far;
+// nil for one without a network, or hosted elsewhere.
+func (m *Manager) Traffic(_ context.Context, sb store.Sandbox) (*netpol.Traffic, error) {
+	if m.net == nil || sb.NodeID != m.cfg.NodeID {
+		return nil, nil
+	}
+	return m.net.Traffic(sb.ID)
+}
+
 // syncNetwork makes a kept sandbox's rules follow the policy on its row,
 // which a crash between SetNetwork's two steps can leave apart.
 func (m *Manager) syncNetwork(ctx context.Context, sb store.Sandbox) {

@@ -379,6 +379,7 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 		}
 	}
 	a.placeInCgroup(cmd)
+	oomBefore, oomCounted := a.oomKills()
 	wait, err := a.procs.start(cmd, startFn)
 	closeAll(toClose)
 	if err != nil {
@@ -517,6 +518,15 @@ func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
 		stdinW.Close()
 	}
 	_ = cmd.Process.Release()
+	if !oom && oomCounted && killedLike(ws) {
+		// The kernel's OOM killer (a microVM's cgroup at its memory.max)
+		// took this session's leader or one of its children while it ran.
+		// Another session's kill in the same window would be counted
+		// too; a cgroup per session would tell them apart.
+		if after, ok := a.oomKills(); ok && after > oomBefore {
+			oom = true
+		}
+	}
 	exit := guest.Exit{Code: ws.ExitStatus(), TimedOut: timedOut, OOMKilled: oom}
 	if ws.Signaled() {
 		exit.Signal = int(ws.Signal())

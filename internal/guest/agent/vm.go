@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -40,6 +41,36 @@ func (a *Agent) cgroup() (*os.File, error) {
 		a.vm.cgroupDir, a.vm.cgroupErr = os.OpenFile(a.opts.Cgroup, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	})
 	return a.vm.cgroupDir, a.vm.cgroupErr
+}
+
+// oomKills is the sandbox cgroup's count of processes the kernel's OOM
+// killer took (memory.events oom_kill); false without a cgroup v2 one.
+func (a *Agent) oomKills() (uint64, bool) {
+	if a.opts.Cgroup == "" {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(a.opts.Cgroup, "memory.events"))
+	if err != nil {
+		return 0, false
+	}
+	return parseOOMKills(b)
+}
+
+// parseOOMKills reads the oom_kill line of a memory.events file.
+func parseOOMKills(b []byte) (uint64, bool) {
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("oom_kill ")); ok {
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// killedLike says whether a session ended as an OOM kill leaves it: its
+// leader killed by SIGKILL, or exiting 137 (a shell whose child was).
+func killedLike(ws syscall.WaitStatus) bool {
+	return (ws.Signaled() && ws.Signal() == syscall.SIGKILL) || (ws.Exited() && ws.ExitStatus() == 128+int(syscall.SIGKILL))
 }
 
 // placeInCgroup makes cmd start inside Options.Cgroup (clone3 with

@@ -435,6 +435,9 @@ func (s *suite) testMemoryBomb(t *testing.T) {
 	if o.res.ExitCode == 0 || o.res.TimedOut {
 		t.Fatalf("memory bomb was not killed: %+v", o.res)
 	}
+	if !o.res.OOMKilled {
+		t.Errorf("memory bomb ended %+v: not reported as OOMKilled", o.res)
+	}
 	t.Logf("memory bomb ended: %+v", o.res)
 	// The sandbox itself carries on, and so do its neighbour and the host.
 	if got := sh(t, bomb, "cat /workspace/state"); got != "before\n" {
