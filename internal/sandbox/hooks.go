@@ -110,6 +110,7 @@ func (m *Manager) preKill(ctx context.Context, id string) {
 // ended runs every stop hook for sandbox id, logging failures; it reports
 // them joined.
 func (m *Manager) ended(ctx context.Context, id string) error {
+	m.endTraffic(ctx, id)
 	var errs []error
 	for _, h := range m.hooks {
 		if s, ok := h.(StopHook); ok {

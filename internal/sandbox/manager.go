@@ -123,6 +123,8 @@ type Manager struct {
 	// them (nil: no sandbox networks).
 	hooks []Hook
 	net   *netpol.Manager
+	// traffic sums the ended sandboxes' network bytes (NetworkMetrics).
+	traffic trafficMeter
 	// setups is the account setup task (internal/agents), when served.
 	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
