@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -62,6 +63,18 @@ type runOutput struct {
 	LogTruncated    bool   `json:"logTruncated,omitempty"`
 	LogDroppedBytes int64  `json:"logDroppedBytes,omitempty"`
 	LogNote         string `json:"logNote,omitempty"`
+	// OOMKilled: the command (or a process of it) was killed because the
+	// sandbox ran out of memory.
+	OOMKilled bool `json:"oomKilled,omitempty"`
+	// NetworkBytes is what the sandbox's network carried while the command
+	// ran, for a sandbox with a network.
+	NetworkBytes *networkBytes `json:"networkBytes,omitempty"`
+}
+
+// networkBytes counts IP bytes, headers included, as netpol does.
+type networkBytes struct {
+	Sent     uint64 `json:"sent"`
+	Received uint64 `json:"received"`
 }
 
 // runSnapshot is the snapshot a run left, as the task runner reads it.
@@ -162,6 +175,7 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 			fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: writing opencode.json failed: %v\n", err)
 		}
 	}
+	trafficBefore := r.traffic(ctx, sb)
 	// The run lasts as long as the sandbox does: its deadline (which may be
 	// extended meanwhile) is the reaper's to enforce, by stopping it.
 	res, execErr := rsb.Exec(ctx, runtime.ExecRequest{
@@ -174,7 +188,10 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 	if logFile.Dropped() > 0 {
 		where = "not kept (the run log keeps only its head and tail)"
 	}
-	out := runOutput{Stdout: stdout.String(where), Stderr: stderr.String(where), SandboxID: sb.ID, ExitCode: res.ExitCode}
+	out := runOutput{Stdout: stdout.String(where), Stderr: stderr.String(where), SandboxID: sb.ID, ExitCode: res.ExitCode, OOMKilled: res.OOMKilled}
+	if after := r.traffic(ctx, sb); trafficBefore != nil && after != nil {
+		out.NetworkBytes = &networkBytes{Sent: after.TxBytes - trafficBefore.TxBytes, Received: after.RxBytes - trafficBefore.RxBytes}
+	}
 	if d := logFile.Dropped(); d > 0 {
 		out.LogTruncated, out.LogDroppedBytes = true, d
 		out.LogNote = "the output was longer than the run log keeps: " + logFile.Note()
@@ -343,6 +360,20 @@ type Host interface {
 	// SetupPending says the account's setup task is queued or executing:
 	// a run waits for it, to start from the set-up repository.
 	SetupPending(ctx context.Context, accountID string) bool
+	// Traffic is what the sandbox's network carried so far; nil without
+	// a network.
+	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
+}
+
+// traffic reads the sandbox's network counters; nil without a network or
+// when they cannot be read (logged: the run goes on without them).
+func (r *Runner) traffic(ctx context.Context, sb store.Sandbox) *netpol.Traffic {
+	tr, err := r.cfg.Host.Traffic(ctx, sb)
+	if err != nil {
+		r.log.Warn("read sandbox traffic", "sandbox_id", sb.ID, "err", err)
+		return nil
+	}
+	return tr
 }
 
 // AfterRunner persists the work of a run (internal/persist).

@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
@@ -29,6 +30,9 @@ import (
 type host struct {
 	rt           *runtimefake.Runtime
 	setupPending bool
+	// traffic are the network counters Traffic answers, one per call (the
+	// last one again once they run out); none: no network.
+	traffic []netpol.Traffic
 }
 
 func (h *host) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
@@ -39,6 +43,16 @@ func (h *host) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, er
 }
 func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error { return nil }
 func (h *host) SetupPending(context.Context, string) bool                           { return h.setupPending }
+func (h *host) Traffic(context.Context, store.Sandbox) (*netpol.Traffic, error) {
+	if len(h.traffic) == 0 {
+		return nil, nil
+	}
+	tr := h.traffic[0]
+	if len(h.traffic) > 1 {
+		h.traffic = h.traffic[1:]
+	}
+	return &tr, nil
+}
 
 type fixture struct {
 	st      *store.Store
@@ -139,6 +153,34 @@ func TestRunLogIsCappedAndSaysSo(t *testing.T) {
 	fi, err := os.Stat(runs.LogPath(f.dataDir, runID))
 	if err != nil || fi.Size() > 64<<10 {
 		t.Fatalf("run log %v (%v), want at most the cap", fi, err)
+	}
+}
+
+// TestRunOutputHasTrafficAndOOM: a run in a sandbox with a network reports
+// what its network carried while the command ran, and an OOM kill.
+func TestRunOutputHasTrafficAndOOM(t *testing.T) {
+	f := newFixture(t, runs.Config{})
+	f.host.traffic = []netpol.Traffic{{TxBytes: 100, RxBytes: 50}, {TxBytes: 1100, RxBytes: 2050}}
+	f.rt.SetExec(func(context.Context, *runtimefake.Sandbox, runtime.ExecRequest) (runtime.ExecResult, error) {
+		return runtime.ExecResult{ExitCode: 137, Signal: 9, OOMKilled: true}, nil
+	})
+	_, runID := f.enqueue(t, "hog")
+	if err := f.runner.Run(context.Background(), runID); err != nil {
+		t.Fatal(err)
+	}
+	_, out, _ := f.result(t, runID)
+	if fmt.Sprint(out["networkBytes"]) != "map[received:2000 sent:1000]" || out["oomKilled"] != true {
+		t.Fatalf("output %v: want networkBytes {sent 1000, received 2000} and oomKilled", out)
+	}
+
+	// Without a network, neither appears.
+	g := newFixture(t, runs.Config{})
+	_, runID = g.enqueue(t, "true")
+	if err := g.runner.Run(context.Background(), runID); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, _ := g.result(t, runID); out["networkBytes"] != nil || out["oomKilled"] != nil {
+		t.Fatalf("output without a network: %v", out)
 	}
 }
 
