@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"path"
@@ -293,7 +294,12 @@ func parseNetworkChange(o object) (NetworkRequest, error) {
 func (o object) network() (netpol.Policy, error) {
 	var p netpol.Policy
 	if err := json.Unmarshal(o["network"], &p); err != nil {
-		return p, errField(strings.TrimPrefix(err.Error(), "network: "), "network")
+		var pe *netpol.PolicyError
+		if errors.As(err, &pe) {
+			return p, errField(pe.Msg, "network")
+		}
+		// The JSON decoder's own errors (a value of the wrong type).
+		return p, errField("network: "+err.Error(), "network")
 	}
 	return p, nil
 }

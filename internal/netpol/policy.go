@@ -42,22 +42,22 @@ func (p Policy) Validate() error {
 	switch p.Mode {
 	case ModeNone, ModeEgress:
 		if len(p.Allow) > 0 {
-			return fmt.Errorf("network: allow is only valid with an allow list, not %q", p.Mode)
+			return policyErrorf("allow is only valid with an allow list, not %q", p.Mode)
 		}
 		return nil
 	case ModeAllow:
 	default:
-		return fmt.Errorf("network: unknown mode %q (want \"none\", \"egress\" or {\"allow\": [...]})", p.Mode)
+		return policyErrorf("unknown mode %q (want \"none\", \"egress\" or {\"allow\": [...]})", p.Mode)
 	}
 	if len(p.Allow) == 0 {
-		return errors.New("network: allow list is empty (use \"none\" for no network)")
+		return policyErrorf("allow list is empty (use \"none\" for no network)")
 	}
 	if len(p.Allow) > MaxAllow {
-		return fmt.Errorf("network: allow list has %d entries, at most %d", len(p.Allow), MaxAllow)
+		return policyErrorf("allow list has %d entries, at most %d", len(p.Allow), MaxAllow)
 	}
 	for _, a := range p.Allow {
 		if _, _, err := parseAllow(a); err != nil {
-			return fmt.Errorf("network: allow %q: %w", a, err)
+			return policyErrorf("allow %q: %v", a, err)
 		}
 	}
 	return nil
@@ -142,7 +142,7 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 		}
 		np.Mode = Mode(s)
 		if np.Mode == ModeAllow {
-			return errors.New(`network: "allow" needs a list: {"allow": [...]}`)
+			return policyErrorf(`"allow" needs a list: {"allow": [...]}`)
 		}
 	case len(b) > 0 && b[0] == '{':
 		var o struct {
@@ -151,18 +151,28 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&o); err != nil {
-			return fmt.Errorf("network: %w", err)
+			return policyErrorf("%v", err)
 		}
 		if o.Allow == nil {
-			return errors.New(`network: object form needs "allow"`)
+			return policyErrorf(`object form needs "allow"`)
 		}
 		np = Policy{Mode: ModeAllow, Allow: *o.Allow}
 	default:
-		return errors.New(`network: want "none", "egress" or {"allow": [...]}`)
+		return policyErrorf(`want "none", "egress" or {"allow": [...]}`)
 	}
 	if err := np.Validate(); err != nil {
 		return err
 	}
 	*p = np
 	return nil
+}
+
+// PolicyError is what is wrong with a policy, in words fit for an API
+// error about its field (Msg); Error prefixes the field's name.
+type PolicyError struct{ Msg string }
+
+func (e *PolicyError) Error() string { return "network: " + e.Msg }
+
+func policyErrorf(format string, a ...any) error {
+	return &PolicyError{Msg: fmt.Sprintf(format, a...)}
 }
