@@ -353,6 +353,9 @@ func (c *apiClient) execStream(ctx context.Context, path string, body any, stdou
 			case "stderr":
 				io.WriteString(stderr, d.Data)
 			case "exit":
+				if d.OOMKilled {
+					io.WriteString(stderr, "sandboxd: killed: the sandbox ran out of memory\n")
+				}
 				return d.ExitCode, nil
 			case "error":
 				return 0, fmt.Errorf("exec: %s", d.Error)

@@ -35,12 +35,12 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
-	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
+	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
 	if err != nil {
 		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
-		Status: "success", ExitCode: code,
+		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled,
 		Stdout: stdout.String("not shown; stream the exec to see all"), Stderr: stderr.String("not shown; stream the exec to see all"),
 		DurationMs: time.Since(start).Milliseconds(),
 	})
@@ -57,7 +57,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	sse := &sseWriter{w: w, rc: http.NewResponseController(w)}
-	code, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
+	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
 	if err != nil {
 		var e *Error
 		msg := "Internal server error"
@@ -69,7 +69,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		_ = sse.event("error", ExecFailure{Error: msg})
 		return
 	}
-	_ = sse.event("exit", ExecExit{ExitCode: code, DurationMs: time.Since(start).Milliseconds()})
+	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()})
 }
 
 // sseWriter serialises events from concurrent stdout/stderr writers and

@@ -23,7 +23,7 @@ type SandboxService interface {
 	// Live refreshes rows with the status their hosts report.
 	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	// Exec runs a command in a running sandbox, streaming its output.
-	Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (exitCode int, err error)
+	Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error)
 	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
 	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	// Ports lists the TCP ports something listens on in a running sandbox.

@@ -177,6 +177,9 @@ type ExecResponse struct {
 	Stdout     string `json:"stdout"`
 	Stderr     string `json:"stderr"`
 	DurationMs int64  `json:"durationMs"`
+	// OOMKilled: the command or one of its processes was killed for the
+	// sandbox's memory limit (sandboxd).
+	OOMKilled bool `json:"oomKilled,omitempty"`
 }
 
 // The events of a streamed exec (Accept: text/event-stream) carry these as
@@ -193,6 +196,7 @@ type ExecOutput struct {
 type ExecExit struct {
 	DurationMs int64 `json:"durationMs"`
 	ExitCode   int   `json:"exitCode"`
+	OOMKilled  bool  `json:"oomKilled,omitempty"`
 }
 
 // ExecFailure is the data of the "error" event, which ends a stream whose

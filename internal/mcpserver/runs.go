@@ -325,14 +325,14 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	stop := h.tickProgress(ctx, c.req, func(elapsed time.Duration) string {
 		return fmt.Sprintf("%s is running in %s after %s", req.Command, sb.ID, elapsed.Round(time.Second))
 	})
-	code, err := h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+	res, err := h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
 	stop()
 	if err != nil {
 		return nil, api.ServiceError(err, "Sandbox not found")
 	}
 	const cut = "not shown; run it with output to a file and read that"
 	return jsonResult(api.ExecResponse{
-		Status: "success", ExitCode: code,
+		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled,
 		Stdout: stdout.String(cut), Stderr: stderr.String(cut),
 		DurationMs: time.Since(start).Milliseconds(),
 	})

@@ -396,10 +396,10 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 }
 
 // Exec runs a command in a running sandbox, streaming its output.
-func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
-		return 0, err
+		return ExecResult{}, err
 	}
 	_ = m.Prepare(ctx, sb, rsb, false) // a failure is logged; the command may not need the clone
 	env := make([]string, 0, len(req.Env))
@@ -420,11 +420,11 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 	})
 	if err != nil {
 		if errors.Is(err, runtime.ErrCommandNotFound) {
-			return 0, errdefs.Newf(errdefs.ErrInvalid, "command not found: %s", req.Command)
+			return ExecResult{}, errdefs.Newf(errdefs.ErrInvalid, "command not found: %s", req.Command)
 		}
-		return 0, fmt.Errorf("exec in %s: %w", sb.ID, err)
+		return ExecResult{}, fmt.Errorf("exec in %s: %w", sb.ID, err)
 	}
-	return res.ExitCode, nil
+	return ExecResult{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled}, nil
 }
 
 // Local returns the runtime sandbox of a running sandbox of this node.

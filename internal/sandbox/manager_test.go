@@ -550,3 +550,21 @@ func TestHooks(t *testing.T) {
 		t.Fatalf("%d creates, want the failed start to create nothing", n)
 	}
 }
+
+// TestExecReportsOOMKill: an exec whose command the runtime reports killed
+// for memory says so, with its exit code.
+func TestExecReportsOOMKill(t *testing.T) {
+	p := newPlane(t, Settings{})
+	ctx := context.Background()
+	p.rt.SetExec(func(context.Context, *runtimefake.Sandbox, runtime.ExecRequest) (runtime.ExecResult, error) {
+		return runtime.ExecResult{ExitCode: 137, Signal: 9, OOMKilled: true}, nil
+	})
+	sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.m.Exec(ctx, sb, ExecRequest{Command: "hog"}, io.Discard, io.Discard)
+	if err != nil || res != (ExecResult{ExitCode: 137, OOMKilled: true}) {
+		t.Fatalf("exec: %+v, %v; want exit 137, OOMKilled", res, err)
+	}
+}

@@ -41,3 +41,11 @@ type CodingAgentRequest struct {
 	Prompt     string
 	BaseBranch string
 }
+
+// ExecResult is how a command run through Manager.Exec ended.
+type ExecResult struct {
+	ExitCode int
+	// OOMKilled: it (or one of its processes) was killed for the
+	// sandbox's memory limit.
+	OOMKilled bool
+}
