@@ -125,6 +125,9 @@ type Manager struct {
 	net   *netpol.Manager
 	// traffic sums the ended sandboxes' network bytes (NetworkMetrics).
 	traffic trafficMeter
+	// netMu makes policy changes take turns, so that the row and the
+	// host's rules of a sandbox end up with the same (last) policy.
+	netMu sync.Mutex
 	// setups is the account setup task (internal/agents), when served.
 	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
@@ -564,6 +567,14 @@ func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
 // network has one to change; to none and back is allowed.
 func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx) // row and rules must not part ways
+	m.netMu.Lock()
+	defer m.netMu.Unlock()
+	// The row as it is now: another change may have come since the
+	// caller read it, and a failure must restore that one.
+	sb, err := m.st.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		return sb, err
+	}
 	if _, err := m.Local(ctx, sb); err != nil {
 		return sb, err
 	}
@@ -593,8 +604,12 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 		// What the edge's validation cannot know: a name that does not
 		// resolve now.
 		var re *netpol.ResolveError
-		if errors.As(err, &re) {
+		switch {
+		case errors.As(err, &re):
 			return sb, errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("network: allowed domain %s does not resolve to an IPv4 address", re.Host))
+		case errors.Is(err, netpol.ErrNoNetwork):
+			// Torn down meanwhile: the sandbox is ending.
+			return sb, errdefs.ErrNotRunning
 		}
 		return sb, err
 	}
