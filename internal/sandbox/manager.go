@@ -425,6 +425,10 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 		if errors.Is(err, runtime.ErrCommandNotFound) {
 			return ExecResult{}, errdefs.Newf(errdefs.ErrInvalid, "command not found: %s", req.Command)
 		}
+		if errors.Is(err, runtime.ErrNotRunning) {
+			// The sandbox died under the command (409, not a server error).
+			return ExecResult{}, fmt.Errorf("exec in %s: %v: %w", sb.ID, err, errdefs.ErrNotRunning)
+		}
 		return ExecResult{}, fmt.Errorf("exec in %s: %w", sb.ID, err)
 	}
 	return ExecResult{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled}, nil
