@@ -200,6 +200,14 @@ type Traffic struct {
 	RxBytes, RxPackets uint64 // to the sandbox
 }
 
+// Add adds o's counts to t's.
+func (t *Traffic) Add(o Traffic) {
+	t.TxBytes += o.TxBytes
+	t.TxPackets += o.TxPackets
+	t.RxBytes += o.RxBytes
+	t.RxPackets += o.RxPackets
+}
+
 // counters reads the counters of key.
 func (m *Manager) counters(key string) (Traffic, error) {
 	c, err := nftables.New()

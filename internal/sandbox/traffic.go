@@ -40,10 +40,7 @@ func (m *Manager) endTraffic(ctx context.Context, id string) {
 		m.traffic.ended = map[string]netpol.Traffic{}
 	}
 	sum := m.traffic.ended[sb.AccountID]
-	sum.TxBytes += tr.TxBytes
-	sum.RxBytes += tr.RxBytes
-	sum.TxPackets += tr.TxPackets
-	sum.RxPackets += tr.RxPackets
+	sum.Add(*tr)
 	m.traffic.ended[sb.AccountID] = sum
 }
 
@@ -87,8 +84,7 @@ func (c networkCollector) Collect(ch chan<- prometheus.Metric) {
 				continue
 			}
 			sum := sums[sb.AccountID]
-			sum.TxBytes += tr.TxBytes
-			sum.RxBytes += tr.RxBytes
+			sum.Add(*tr)
 			sums[sb.AccountID] = sum
 		}
 	}
