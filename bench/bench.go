@@ -88,6 +88,7 @@ type Report struct {
 	CreateCold Timing `json:"create_cold"` // Create until the agent answers
 	CreateWarm Timing `json:"create_warm"` // Create served by the warm pool
 	ExecTrue   Timing `json:"exec_true"`   // `true` through the agent
+	ListDir    Timing `json:"list_dir"`    // ListDir("/") through the agent: the protocol's round trip, nothing forked
 	RunscExec  Timing `json:"runsc_exec_true"`
 
 	Concurrent struct {
@@ -247,6 +248,18 @@ func (b *bencher) cold(ctx context.Context) error {
 		}
 	}
 	b.rep.ExecTrue = timing(ds)
+
+	ds = ds[:0]
+	for i := range b.o.Iterations * 10 {
+		start := time.Now()
+		if _, err := sb.ListDir(ctx, "/"); err != nil {
+			return fmt.Errorf("list /: %w", err)
+		}
+		if i > 0 {
+			ds = append(ds, time.Since(start))
+		}
+	}
+	b.rep.ListDir = timing(ds)
 
 	// The same through `runsc exec`, the alternative to the agent.
 	cid, err := containerID(filepath.Join(b.o.StateDir, "cold"), sb.ID())

@@ -92,6 +92,7 @@ func printReport(w io.Writer, r bench.Report) {
 	row("create, cold", r.CreateCold)
 	row("create, warm pool", r.CreateWarm)
 	row("exec true (agent)", r.ExecTrue)
+	row("list / (agent round trip)", r.ListDir)
 	row("exec true (runsc exec)", r.RunscExec)
 	row("runsc run /bin/true (baseline)", r.Baseline.RunscRun)
 	row("runsc run --detach (baseline)", r.Baseline.RunscDetachMs)
