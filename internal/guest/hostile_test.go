@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,9 +16,16 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/hashicorp/yamux"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	pbfs "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/filesystem/filesystemconnect"
+	pbproc "github.com/sandboxd/sandboxd/internal/guest/pb/process"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	agentv1 "github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1/agentv1connect"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
@@ -46,80 +55,114 @@ func hostileAgent(mode, sock string) {
 	hello := guest.Hello{Protocol: guest.Protocol, Agent: "hostile", PID: 1, Boot: "b"}
 	switch mode {
 	case "bad-hello":
-		hello.PID = -1
+		hello.PID = guest.MaxPID + 1
 	case "huge-hello":
 		hello.Kernel = strings.Repeat("k", 900<<10)
 	}
-	_ = guest.WriteJSON(conn, guest.FrameHello, hello)
-	var w guest.Welcome
-	if err := guest.ReadJSON(conn, guest.FrameWelcome, &w); err != nil || w.Error != "" {
+	_ = guest.WriteMessage(conn, hello.Message())
+	var w agentv1.Welcome
+	if err := guest.ReadMessage(conn, &w); err != nil || w.GetError() != "" {
 		return
 	}
-	cfg := yamux.DefaultConfig()
-	cfg.LogOutput = io.Discard
-	sess, err := yamux.Server(conn, cfg)
+	sess, err := yamux.Server(conn, guest.YamuxConfig())
 	if err != nil {
 		return
 	}
 	if mode == "flood-streams" {
-		// Open streams home without end and never say what they are.
+		// Open streams home without end and never use them.
 		for {
 			if _, err := sess.OpenStream(); err != nil {
 				return
 			}
 		}
 	}
+	srv := guest.NewStreamServer(hostileHandler(mode), slog.New(slog.DiscardHandler))
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
 			return
 		}
-		go answer(mode, st)
+		go srv.ServeConn(context.Background(), st)
 	}
 }
 
-func answer(mode string, st *yamux.Stream) {
-	var req guest.Request
-	if err := guest.ReadJSON(st, guest.FrameRequest, &req); err != nil {
-		return
+// hostileServices answer the host's calls the way mode says.
+type hostileServices struct {
+	mode string
+	processconnect.UnimplementedProcessHandler
+	filesystemconnect.UnimplementedFilesystemHandler
+	agentv1connect.UnimplementedAgentHandler
+}
+
+func (h hostileServices) ListDir(context.Context, *connect.Request[pbfs.ListDirRequest]) (*connect.Response[pbfs.ListDirResponse], error) {
+	if h.mode == "traversal" {
+		return connect.NewResponse(&pbfs.ListDirResponse{Entries: []*pbfs.EntryInfo{{Name: "../../etc/shadow"}}}), nil
 	}
+	ents := make([]*pbfs.EntryInfo, guest.MaxListEntries+1)
+	for i := range ents {
+		ents[i] = &pbfs.EntryInfo{Name: "f"}
+	}
+	return connect.NewResponse(&pbfs.ListDirResponse{Entries: ents}), nil
+}
+
+func (hostileServices) Health(context.Context, *connect.Request[agentv1.HealthRequest]) (*connect.Response[agentv1.HealthResponse], error) {
+	return connect.NewResponse(&agentv1.HealthResponse{UptimeSeconds: 1, MemTotal: -5}), nil
+}
+
+func (hostileServices) OOMKill(context.Context, *connect.Request[agentv1.OOMKillRequest]) (*connect.Response[agentv1.OOMKillResponse], error) {
+	return connect.NewResponse(&agentv1.OOMKillResponse{Pid: guest.MaxPID + 1, Name: "init"}), nil
+}
+
+func (hostileServices) Sync(context.Context, *connect.Request[agentv1.SyncRequest]) (*connect.Response[agentv1.SyncResponse], error) {
+	return nil, connect.NewError(connect.CodeInternal, errors.New("sync failed\n\x1b[2Jlevel=ERROR msg=forged "+strings.Repeat("x", 100<<10)))
+}
+
+func (hostileServices) Start(_ context.Context, _ *connect.Request[pbproc.StartRequest], st *connect.ServerStream[pbproc.StartResponse]) error {
+	return st.Send(&pbproc.StartResponse{Event: &pbproc.ProcessEvent{Event: &pbproc.ProcessEvent_Start{Start: &pbproc.ProcessEvent_StartEvent{Pid: guest.MaxPID + 7}}}})
+}
+
+func hostileHandler(mode string) http.Handler {
 	switch mode {
 	case "silent":
-		time.Sleep(time.Hour) // never answers, keeps the session alive
-	case "huge-frame":
-		// A frame header that claims 4 GiB, then a slow trickle.
-		var hdr [5]byte
-		hdr[0] = byte(guest.FrameResult)
-		binary.BigEndian.PutUint32(hdr[1:], 0xFFFFFFFF)
-		_, _ = st.Write(hdr[:])
-		time.Sleep(time.Hour)
-	case "invalid":
-		switch req.Op {
-		case guest.OpListDir:
-			ents := make([]guest.FileInfo, guest.MaxListEntries+1)
-			for i := range ents {
-				ents[i].Name = "f"
+		return http.HandlerFunc(func(http.ResponseWriter, *http.Request) { time.Sleep(time.Hour) })
+	case "huge-message":
+		// Every answer claims a message of 4 GiB, then trickles.
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasSuffix(r.URL.Path, "/Start") {
+				w.Header().Set("Content-Type", "application/connect+proto")
+				w.WriteHeader(http.StatusOK)
+				var env [5]byte
+				binary.BigEndian.PutUint32(env[1:], 0xFFFFFFFF)
+				_, _ = w.Write(env[:])
+			} else {
+				w.Header().Set("Content-Type", "application/proto")
+				w.WriteHeader(http.StatusOK)
+				for range 3 {
+					_, _ = w.Write(make([]byte, 1<<20))
+				}
 			}
-			_ = guest.WriteJSON(st, guest.FrameResult, guest.Result{Entries: ents})
-		case guest.OpPing:
-			_ = guest.WriteJSON(st, guest.FrameResult, guest.Result{Health: &guest.Health{Processes: -5, Uptime: 1}})
-		case guest.OpOOMKill:
-			_ = guest.WriteJSON(st, guest.FrameResult, guest.Result{Killed: &guest.Killed{PID: -1, Name: "init"}})
-		case guest.OpSync:
-			_ = guest.WriteJSON(st, guest.FrameResult, guest.Result{Error: "sync failed\n\x1b[2Jlevel=ERROR msg=forged " + strings.Repeat("x", 100<<10)})
-		case guest.OpReadFile:
-			_ = guest.WriteJSON(st, guest.FrameHeader, guest.FileInfo{Name: "f", Size: -1})
-		case guest.OpExec:
-			_ = guest.WriteJSON(st, guest.FrameStarted, guest.Started{PID: -7})
-		}
-	case "traversal":
-		_ = guest.WriteJSON(st, guest.FrameResult, guest.Result{Entries: []guest.FileInfo{{Name: "../../etc/shadow"}}})
+			w.(http.Flusher).Flush()
+			time.Sleep(time.Hour)
+		})
 	case "stalled-read":
-		// A file whose content stops after the first frame.
-		_ = guest.WriteJSON(st, guest.FrameHeader, guest.FileInfo{Name: "f", Size: 1 << 30})
-		_ = guest.WriteFrame(st, guest.FrameData, make([]byte, 1000))
-		time.Sleep(time.Hour)
+		// A file whose content stops after its first thousand bytes.
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(make([]byte, 1000))
+			w.(http.Flusher).Flush()
+			time.Sleep(time.Hour)
+		})
 	}
+	svc := hostileServices{mode: mode}
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(svc))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(svc))
+	mux.Handle(agentv1connect.NewAgentHandler(svc))
+	mux.HandleFunc("GET /files", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"message":"read failed\n\u001b[2Jlevel=ERROR msg=forged `+strings.Repeat("x", 10<<10)+`"}`)
+	})
+	return mux
 }
 
 // hostile starts the hostile agent in mode and returns the host's end of
@@ -186,7 +229,7 @@ func TestHostileAgentSilent(t *testing.T) {
 		"sync":    func() error { return c.Sync(ctx) },
 		"oomkill": func() error { _, err := c.OOMKill(ctx); return err },
 		"list":    func() error { _, err := c.ListDir(ctx, "/"); return err },
-		"read":    func() error { _, _, err := c.ReadFile(ctx, "/etc/passwd"); return err },
+		"read":    func() error { _, err := c.ReadFile(ctx, "/etc/passwd"); return err },
 		"write": func() error {
 			_, err := c.WriteFile(ctx, "/x", 0o644, strings.NewReader(strings.Repeat("x", 4<<20)))
 			return err
@@ -212,24 +255,31 @@ func TestHostileAgentSilent(t *testing.T) {
 }
 
 func TestHostileAgentOversized(t *testing.T) {
-	securitytest.Attack(t, "guest", "a replaced agent answers with a frame that claims 4 GiB",
-		"the host refuses the frame before allocating it (heap growth under 1 MiB)")
-	c, err := hostile(t, "huge-frame", guest.ClientOptions{CallTimeout: 5 * time.Second})
+	securitytest.Attack(t, "guest", "a replaced agent answers a call with 3 MiB for one message, and a process stream with a message that claims 4 GiB",
+		"the host holds at most MaxMessage of it, discards the rest and gives up by the call timeout (ErrProtocol or ErrNoAnswer; heap growth under 8 MiB)")
+	c, err := hostile(t, "huge-message", guest.ClientOptions{CallTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var callErr error
-	grew := heapGrowth(func() { _, callErr = c.Ping(context.Background()) })
-	if !errors.Is(callErr, guest.ErrProtocol) {
-		t.Fatalf("ping: %v, want ErrProtocol", callErr)
+	var pingErr, execErr error
+	grew := heapGrowth(func() {
+		_, pingErr = c.Ping(context.Background())
+		_, execErr = c.Exec(context.Background(), guest.ExecSpec{Cmd: []string{"true"}}, guest.ExecIO{})
+	})
+	// Connect reads on past a message over its limit to find the end of it
+	// (bounded by the call timeout), so the failure is either.
+	for name, err := range map[string]error{"ping": pingErr, "exec": execErr} {
+		if !errors.Is(err, guest.ErrProtocol) && !errors.Is(err, guest.ErrNoAnswer) {
+			t.Errorf("%s: %v, want ErrProtocol or ErrNoAnswer", name, err)
+		}
 	}
-	if grew > 1<<20 {
-		t.Errorf("heap grew %d bytes on a 4 GiB frame claim", grew)
+	if grew > 8<<20 {
+		t.Errorf("heap grew %d bytes on oversized messages", grew)
 	}
 }
 
 func TestHostileAgentInvalidReplies(t *testing.T) {
-	securitytest.Attack(t, "guest", "a replaced agent answers with 8193 entries, negative process counts, pid -1 to kill, negative sizes, a started pid of -7, forged log lines in errors, and ../ entry names",
+	securitytest.Attack(t, "guest", "a replaced agent answers with 8193 entries, negative memory, a pid past pid_max to kill, a started pid past pid_max, forged log lines in errors, and ../ entry names",
 		"each reply is refused as a protocol error (or its text cleaned and cut to 1 KiB); nothing out of range reaches host code")
 	c, err := hostile(t, "invalid", guest.ClientOptions{CallTimeout: 5 * time.Second})
 	if err != nil {
@@ -243,17 +293,15 @@ func TestHostileAgentInvalidReplies(t *testing.T) {
 		t.Errorf("negative health: %v", err)
 	}
 	if k, err := c.OOMKill(ctx); !errors.Is(err, guest.ErrProtocol) {
-		t.Errorf("oom kill of pid -1: %+v %v", k, err)
-	}
-	if _, _, err := c.ReadFile(ctx, "/f"); !errors.Is(err, guest.ErrProtocol) {
-		t.Errorf("negative file size: %v", err)
+		t.Errorf("oom kill of a pid past pid_max: %+v %v", k, err)
 	}
 	if _, err := c.Exec(ctx, guest.ExecSpec{Cmd: []string{"true"}}, guest.ExecIO{}); !errors.Is(err, guest.ErrProtocol) {
-		t.Errorf("started pid -7: %v", err)
+		t.Errorf("started pid past pid_max: %v", err)
 	}
-	err = c.Sync(ctx)
-	if err == nil || len(err.Error()) > guest.MaxErrorLen+100 || strings.ContainsAny(err.Error(), "\n\x1b") {
-		t.Errorf("sync error not cleaned: %d bytes %.200q", len(err.Error()), err)
+	for name, err := range map[string]error{"sync": c.Sync(ctx), "read": func() error { _, err := c.ReadFile(ctx, "/f"); return err }()} {
+		if err == nil || len(err.Error()) > guest.MaxErrorLen+100 || strings.ContainsAny(err.Error(), "\n\x1b") {
+			t.Errorf("%s error not cleaned: %d bytes %.200q", name, len(err.Error()), err)
+		}
 	}
 
 	tc, err := hostile(t, "traversal", guest.ClientOptions{CallTimeout: 5 * time.Second})
@@ -272,7 +320,7 @@ func TestHostileAgentStalledTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, _, err := c.ReadFile(context.Background(), "/f")
+	rc, err := c.ReadFile(context.Background(), "/f")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,8 +332,8 @@ func TestHostileAgentStalledTransfer(t *testing.T) {
 }
 
 func TestHostileAgentStreamFlood(t *testing.T) {
-	securitytest.Attack(t, "guest", "a replaced agent opens streams to the host without end and never sends their request",
-		"the host holds a bounded number of them (goroutines stay bounded) and its own calls still work")
+	securitytest.Attack(t, "guest", "a replaced agent opens streams to the host without end and never uses them",
+		"the host takes them at a bounded rate (goroutines stay bounded) and its own calls still work")
 	base := goruntime.NumGoroutine()
 	peak := base
 	var c *guest.Client
@@ -301,7 +349,7 @@ func TestHostileAgentStreamFlood(t *testing.T) {
 		}
 	})
 	t.Logf("goroutines: %d before the flood, at most %d during it; heap grew %d KiB in 2 s", base, peak, grew>>10)
-	if peak > base+maxPending+50 {
+	if peak > base+100 {
 		t.Errorf("goroutines grew from %d to %d under a stream flood", base, peak)
 	}
 	if grew > 32<<20 {
@@ -313,7 +361,3 @@ func TestHostileAgentStreamFlood(t *testing.T) {
 		t.Errorf("ping during the flood: %v", err)
 	}
 }
-
-// maxPending is the client's bound on streams that have not sent their
-// request (maxPendingAgentStreams).
-const maxPending = 64

@@ -1,14 +1,18 @@
 // Package agent is the guest side of the guest protocol: the services the
 // sandbox agent (cmd/sandbox-agent) offers the host over one connection —
-// processes with streamed output, files, sync, health and an OOM killer — and
-// the forwarding of in-sandbox connections home.
+// envd's process and filesystem services, file bodies over /files, and
+// sandboxd's agent service (health, sync, the memory guard's kill, and a
+// microVM's freeze, thaw, layer export and clock) — and the forwarding of
+// in-sandbox connections home.
 //
 // Invariants: every process the agent starts runs in its own session (its
-// pid is the session id), so a timeout, a cancelled request or an OOM kill
-// can take down the whole tree it started; in PID 1 mode (Options.Reap) the
-// agent reaps every process in the sandbox and is the only caller of wait4.
-// The agent never kills a process outside the sessions it started unless it
-// is PID 1, where every process in the sandbox is its own.
+// pid is the session id), so a timeout, a signal or an OOM kill can take
+// down the whole tree it started; a process outlives the connection that
+// started it (the host comes back and Connects to it); in PID 1 mode
+// (Options.Reap) the agent reaps every process in the sandbox and is the
+// only caller of wait4. The agent never kills a process outside the
+// sessions it started unless it is PID 1, where every process in the
+// sandbox is its own.
 package agent
 
 import (
@@ -17,19 +21,24 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	agentv1 "github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1/agentv1connect"
 )
 
 // Options configure an Agent.
@@ -53,10 +62,13 @@ type Options struct {
 	// Layer is the overlay upper directory OpExportLayer archives; empty
 	// refuses the operation.
 	Layer string
-	// Secret answers the host's handshake challenge (guest.Proof): the
+	// Secret answers the host's handshake challenge (a Proof): the
 	// per-sandbox key the host gave this process alone, so that no other
 	// process in the sandbox can take over the host's session.
 	Secret []byte
+	// TailBytes is how much of each output stream of a process the agent
+	// keeps for a caller that reconnects (default DefaultTailBytes).
+	TailBytes int
 }
 
 // DefaultEnv is the base environment of processes the agent starts.
@@ -70,12 +82,15 @@ var DefaultEnv = []string{
 // Agent serves the guest protocol. One Agent serves one connection at a
 // time; after the host goes away the caller dials again and calls Serve anew.
 type Agent struct {
-	opts  Options
-	log   *slog.Logger
-	boot  string
-	start time.Time
-	procs *procTable
-	vm    vmState
+	opts   Options
+	log    *slog.Logger
+	boot   string
+	start  time.Time
+	procs  *procTable
+	vm     vmState
+	srv    *guest.StreamServer
+	watch  *watchers
+	owners owners
 
 	mu   sync.Mutex
 	sess *yamux.Session
@@ -92,17 +107,35 @@ func New(opts Options) *Agent {
 	if opts.Cwd == "" {
 		opts.Cwd = "/"
 	}
+	if opts.TailBytes <= 0 {
+		opts.TailBytes = DefaultTailBytes
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), procs: newProcTable(opts.Reap), ready: make(chan struct{})}
+	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), procs: newProcTable(opts.Reap), watch: newWatchers(), ready: make(chan struct{})}
+	a.srv = guest.NewStreamServer(a.handler(), log)
 	if opts.Reap {
 		go a.procs.reapLoop()
 	}
 	return a
+}
+
+// handler routes the host's requests: the Connect services and the plain
+// HTTP endpoints.
+func (a *Agent) handler() http.Handler {
+	mux := http.NewServeMux()
+	opts := []connect.HandlerOption{guest.HandlerNoCompression, connect.WithReadMaxBytes(guest.MaxMessage)}
+	mux.Handle(processconnect.NewProcessHandler(processService{a}, opts...))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(filesystemService{a}, opts...))
+	mux.Handle(agentv1connect.NewAgentHandler(agentService{a}, opts...))
+	mux.HandleFunc("GET "+guest.FilesPath, a.getFile)
+	mux.HandleFunc("POST "+guest.FilesPath, a.postFile)
+	mux.HandleFunc("GET "+guest.HealthPath, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	return mux
 }
 
 // Hello is what the agent announces on every connection.
@@ -116,41 +149,37 @@ func (a *Agent) Hello() guest.Hello {
 }
 
 // Serve runs the agent side of the handshake on conn and serves the host's
-// operations until the session ends or ctx is done. Processes whose exec
-// stream dies with the session are killed: nobody could read their output.
+// requests until the session ends or ctx is done. Processes live on when
+// it ends: the host finds them again on its next connection.
 func (a *Agent) Serve(ctx context.Context, conn net.Conn) error {
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.WriteJSON(conn, guest.FrameHello, a.Hello()); err != nil {
+	if err := guest.WriteMessage(conn, a.Hello().Message()); err != nil {
 		conn.Close()
 		return fmt.Errorf("send hello: %w", err)
 	}
-	var w guest.Welcome
-	if err := guest.ReadJSON(conn, guest.FrameWelcome, &w); err != nil {
+	var w agentv1.Welcome
+	if err := guest.ReadMessage(conn, &w); err != nil {
 		conn.Close()
 		return fmt.Errorf("read welcome: %w", err)
 	}
-	if w.Error != "" {
+	if w.GetError() != "" {
 		conn.Close()
-		return fmt.Errorf("host refused agent: %s", w.Error)
+		return fmt.Errorf("host refused agent: %s", w.GetError())
 	}
-	if len(w.Challenge) > 0 {
-		if len(w.Challenge) > 4*guest.ChallengeSize {
+	if len(w.GetChallenge()) > 0 {
+		if len(w.GetChallenge()) > 4*guest.ChallengeSize {
 			conn.Close()
-			return fmt.Errorf("host challenge of %d bytes", len(w.Challenge))
+			return fmt.Errorf("host challenge of %d bytes", len(w.GetChallenge()))
 		}
 		// Without a secret the proof is wrong and the host says so by
 		// closing the connection.
-		if err := guest.WriteJSON(conn, guest.FrameProof, guest.Proof{MAC: guest.ProofMAC(a.opts.Secret, w.Challenge)}); err != nil {
+		if err := guest.WriteMessage(conn, &agentv1.Proof{Mac: guest.ProofMAC(a.opts.Secret, w.GetChallenge())}); err != nil {
 			conn.Close()
 			return fmt.Errorf("send proof: %w", err)
 		}
 	}
 	_ = conn.SetDeadline(time.Time{})
-	cfg := yamux.DefaultConfig()
-	cfg.LogOutput = io.Discard
-	cfg.KeepAliveInterval = 15 * time.Second
-	cfg.MaxStreamWindowSize = 1 << 20
-	sess, err := yamux.Server(conn, cfg)
+	sess, err := yamux.Server(conn, guest.YamuxConfig())
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
@@ -167,6 +196,8 @@ func (a *Agent) Serve(ctx context.Context, conn net.Conn) error {
 		}
 		a.mu.Unlock()
 	}()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
 	for {
@@ -178,7 +209,7 @@ func (a *Agent) Serve(ctx context.Context, conn net.Conn) error {
 			}
 			return nil
 		}
-		go a.serveStream(st)
+		go a.srv.ServeConn(sctx, st)
 	}
 }
 
@@ -209,10 +240,6 @@ func (a *Agent) OpenHome() (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open home stream: %w", err)
 	}
-	if err := guest.WriteJSON(st, guest.FrameRequest, guest.Request{Op: guest.OpHome}); err != nil {
-		st.Close()
-		return nil, fmt.Errorf("open home stream: %w", err)
-	}
 	return st, nil
 }
 
@@ -237,85 +264,6 @@ func (a *Agent) ServeHome(ln net.Listener) error {
 			guest.Splice(c, st)
 		}()
 	}
-}
-
-func (a *Agent) serveStream(st *yamux.Stream) {
-	defer st.Close()
-	var req guest.Request
-	if err := guest.ReadJSON(st, guest.FrameRequest, &req); err != nil {
-		a.log.Debug("bad request", "err", err)
-		return
-	}
-	w := &frameWriter{w: st}
-	switch req.Op {
-	case guest.OpExec:
-		if req.Exec == nil || len(req.Exec.Cmd) == 0 {
-			_ = w.json(guest.FrameExit, guest.Exit{Code: -1, Error: "empty command"})
-			return
-		}
-		a.exec(st, w, *req.Exec)
-	case guest.OpReadFile:
-		a.readFile(w, req.Path)
-	case guest.OpWriteFile:
-		a.writeFile(st, w, req.Path, req.Mode)
-	case guest.OpListDir:
-		_ = w.json(guest.FrameResult, listDir(req.Path))
-	case guest.OpSync:
-		unix.Sync()
-		_ = w.json(guest.FrameResult, guest.Result{})
-	case guest.OpPing:
-		h := a.health()
-		_ = w.json(guest.FrameResult, guest.Result{Health: &h})
-	case guest.OpOOMKill:
-		k := a.procs.oomKill()
-		_ = w.json(guest.FrameResult, guest.Result{Killed: k})
-	case guest.OpFreeze, guest.OpThaw, guest.OpExportLayer, guest.OpSetClock:
-		a.serveVM(w, req)
-	default:
-		_ = w.json(guest.FrameResult, guest.Result{Error: fmt.Sprintf("unknown op %q", req.Op), ErrorKind: guest.KindOther})
-	}
-}
-
-// frameWriter serializes frames from several goroutines onto one stream.
-// Once sealed it drops everything but the final frame.
-type frameWriter struct {
-	mu     sync.Mutex
-	w      io.Writer
-	sealed bool
-}
-
-var errSealed = errors.New("stream sealed")
-
-func (f *frameWriter) frame(t guest.FrameType, b []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.sealed {
-		return errSealed
-	}
-	return guest.WriteFrame(f.w, t, b)
-}
-
-func (f *frameWriter) json(t guest.FrameType, v any) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.sealed {
-		return errSealed
-	}
-	return guest.WriteJSON(f.w, t, v)
-}
-
-func (f *frameWriter) seal() {
-	f.mu.Lock()
-	f.sealed = true
-	f.mu.Unlock()
-}
-
-// final seals the stream and writes its last frame.
-func (f *frameWriter) final(t guest.FrameType, v any) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.sealed = true
-	return guest.WriteJSON(f.w, t, v)
 }
 
 // HandleSignals makes a PID 1 agent exit on SIGTERM/SIGINT (what `runsc

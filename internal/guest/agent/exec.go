@@ -1,23 +1,19 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
-	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
@@ -37,17 +33,16 @@ type procTable struct {
 	startMu sync.RWMutex
 	mu      sync.Mutex
 	waiters map[int]chan syscall.WaitStatus
-	running map[int]*proc // by session id (= pid of the started process)
-}
-
-type proc struct {
-	mu        sync.Mutex
-	oomKilled bool
-	timedOut  bool
+	// byPID and byTag hold the processes the agent started (the leaders of
+	// their sessions): running ones, and ended ones for a while (ended,
+	// oldest first) so a caller that comes back can still collect them.
+	byPID map[int]*process
+	byTag map[string]*process
+	ended []*process
 }
 
 func newProcTable(reap bool) *procTable {
-	return &procTable{reap: reap, waiters: map[int]chan syscall.WaitStatus{}, running: map[int]*proc{}}
+	return &procTable{reap: reap, waiters: map[int]chan syscall.WaitStatus{}, byPID: map[int]*process{}, byTag: map[string]*process{}}
 }
 
 // reapLoop reaps every child of the agent; statuses of processes the agent
@@ -113,18 +108,87 @@ func (t *procTable) start(cmd *exec.Cmd, startFn func() error) (<-chan syscall.W
 	return w, nil
 }
 
-func (t *procTable) add(sid int) *proc {
-	p := &proc{}
+// Ended processes are kept for Connect: at most keepEnded of them, none
+// longer than endedFor.
+const (
+	keepEnded = 64
+	endedFor  = 15 * time.Minute
+)
+
+// claimTag reserves tag for a process about to start; a tag of a running
+// process cannot be taken. An ended process's tag goes to the new one.
+func (t *procTable) claimTag(tag string) bool {
+	if tag == "" {
+		return true
+	}
 	t.mu.Lock()
-	t.running[sid] = p
-	t.mu.Unlock()
-	return p
+	defer t.mu.Unlock()
+	if p := t.byTag[tag]; p != nil && p.running() {
+		return false
+	}
+	t.byTag[tag] = nil // reserved
+	return true
 }
 
-func (t *procTable) remove(sid int) {
+func (t *procTable) releaseTag(tag string) {
+	if tag == "" {
+		return
+	}
 	t.mu.Lock()
-	delete(t.running, sid)
+	if t.byTag[tag] == nil {
+		delete(t.byTag, tag)
+	}
 	t.mu.Unlock()
+}
+
+func (t *procTable) add(p *process) {
+	t.mu.Lock()
+	t.byPID[p.pid] = p
+	if p.tag != "" {
+		t.byTag[p.tag] = p
+	}
+	t.mu.Unlock()
+}
+
+// finished moves p to the ended processes and forgets the oldest ones.
+func (t *procTable) finished(p *process) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ended = append(t.ended, p)
+	for len(t.ended) > 0 && (len(t.ended) > keepEnded || time.Since(t.ended[0].endedAt()) > endedFor) {
+		old := t.ended[0]
+		t.ended = t.ended[1:]
+		if t.byPID[old.pid] == old {
+			delete(t.byPID, old.pid)
+		}
+		if old.tag != "" && t.byTag[old.tag] == old {
+			delete(t.byTag, old.tag)
+		}
+	}
+}
+
+// lookup finds a process by pid or tag.
+func (t *procTable) lookup(pid int, tag string) *process {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tag != "" {
+		return t.byTag[tag]
+	}
+	return t.byPID[pid]
+}
+
+// running lists the processes that still run, oldest first.
+func (t *procTable) running() []*process {
+	t.mu.Lock()
+	out := make([]*process, 0, len(t.byPID))
+	for _, p := range t.byPID {
+		if p.running() {
+			out = append(out, p)
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b *process) int { return a.started.Compare(b.started) })
+	return out
 }
 
 // killSession sends sig to every process of session sid: its process group
@@ -189,14 +253,12 @@ func listProcs() []procInfo {
 // oomKill kills the process with the largest resident set among those the
 // agent may kill: in reap (PID 1) mode every process but itself, otherwise
 // only processes in sessions it started.
-func (t *procTable) oomKill() *guest.Killed {
+func (t *procTable) oomKill() guest.Killed {
 	self := os.Getpid()
-	t.mu.Lock()
-	ours := make(map[int]*proc, len(t.running))
-	for sid, p := range t.running {
-		ours[sid] = p
+	ours := map[int]*process{}
+	for _, p := range t.running() {
+		ours[p.pid] = p
 	}
-	t.mu.Unlock()
 	var victim *procInfo
 	for _, p := range listProcs() {
 		if p.pid == self || p.pid == 1 {
@@ -211,7 +273,7 @@ func (t *procTable) oomKill() *guest.Killed {
 		}
 	}
 	if victim == nil {
-		return nil
+		return guest.Killed{}
 	}
 	if p := ours[victim.sid]; p != nil {
 		p.mu.Lock()
@@ -219,7 +281,7 @@ func (t *procTable) oomKill() *guest.Killed {
 		p.mu.Unlock()
 	}
 	_ = syscall.Kill(victim.pid, syscall.SIGKILL)
-	return &guest.Killed{PID: victim.pid, Name: victim.name, RSS: victim.rss}
+	return guest.Killed{PID: victim.pid, Name: victim.name, RSS: victim.rss}
 }
 
 // mergeEnv appends extra to base; a later NAME=value replaces an earlier one
@@ -296,243 +358,6 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 		}
 	}
 	return "", firstErr
-}
-
-// exec runs one process for an exec stream.
-func (a *Agent) exec(st *yamux.Stream, w *frameWriter, spec guest.ExecSpec) {
-	env := mergeEnv(a.opts.Env, spec.Env)
-	if spec.TTY && envValue(env, "TERM") == "" {
-		env = append(env, "TERM=xterm-256color")
-	}
-	dir := spec.Cwd
-	if dir == "" {
-		dir = a.opts.Cwd
-	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		msg := fmt.Sprintf("working directory %s: not a directory", dir)
-		if err != nil {
-			msg = fmt.Sprintf("working directory %s: %v", dir, errors.Unwrap(err))
-		}
-		_ = w.json(guest.FrameExit, guest.Exit{Code: -1, Error: msg})
-		return
-	}
-	path, err := lookPath(spec.Cmd[0], envValue(env, "PATH"), dir)
-	if err != nil {
-		code := 127
-		if errors.Is(err, errNotExecutable) {
-			code = 126
-		}
-		_ = w.frame(guest.FrameStderr, []byte(fmt.Sprintf("sandbox-agent: %s: %v\n", spec.Cmd[0], err)))
-		_ = w.json(guest.FrameExit, guest.Exit{Code: code, NotFound: code == 127})
-		return
-	}
-	cmd := &exec.Cmd{Path: path, Args: spec.Cmd, Env: env, Dir: dir}
-
-	var (
-		stdinW  io.WriteCloser // where host stdin goes
-		readers []*os.File     // output sources: (stdout, stderr) or the pty
-		toClose []*os.File     // child ends to close after start
-		ptyFile *os.File
-	)
-	closeAll := func(fs []*os.File) {
-		for _, f := range fs {
-			f.Close()
-		}
-	}
-	startFn := cmd.Start
-	if spec.TTY {
-		rows, cols := spec.Rows, spec.Cols
-		if rows == 0 || cols == 0 {
-			rows, cols = 24, 80
-		}
-		startFn = func() error {
-			f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
-			ptyFile = f
-			return err
-		}
-	} else {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		outR, outW, err := os.Pipe()
-		if err != nil {
-			_ = w.json(guest.FrameExit, guest.Exit{Code: -1, Error: err.Error()})
-			return
-		}
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			closeAll([]*os.File{outR, outW})
-			_ = w.json(guest.FrameExit, guest.Exit{Code: -1, Error: err.Error()})
-			return
-		}
-		cmd.Stdout, cmd.Stderr = outW, errW
-		readers = []*os.File{outR, errR}
-		toClose = []*os.File{outW, errW}
-		if spec.Stdin {
-			inR, inW, err := os.Pipe()
-			if err != nil {
-				closeAll(append(readers, toClose...))
-				_ = w.json(guest.FrameExit, guest.Exit{Code: -1, Error: err.Error()})
-				return
-			}
-			cmd.Stdin = inR
-			toClose = append(toClose, inR)
-			stdinW = inW
-		}
-	}
-	a.placeInCgroup(cmd)
-	oomBefore, oomCounted := a.oomKills()
-	wait, err := a.procs.start(cmd, startFn)
-	closeAll(toClose)
-	if err != nil {
-		closeAll(readers)
-		if stdinW != nil {
-			stdinW.Close()
-		}
-		_ = w.json(guest.FrameExit, guest.Exit{Code: 126, Error: fmt.Sprintf("start %s: %v", spec.Cmd[0], err)})
-		return
-	}
-	if spec.TTY {
-		ptyFile = pollable(ptyFile)
-		readers = []*os.File{ptyFile}
-		if spec.Stdin {
-			stdinW = ptyFile
-		}
-	}
-	sid := cmd.Process.Pid
-	p := a.procs.add(sid)
-	defer a.procs.remove(sid)
-	_ = w.json(guest.FrameStarted, guest.Started{PID: sid})
-
-	// Output pumps: each chunk becomes a frame as soon as it is read.
-	var outWG sync.WaitGroup
-	for i, r := range readers {
-		t := guest.FrameStdout
-		if i == 1 {
-			t = guest.FrameStderr
-		}
-		outWG.Add(1)
-		go func(r *os.File, t guest.FrameType) {
-			defer outWG.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := r.Read(buf)
-				if n > 0 {
-					if w.frame(t, buf[:n]) != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}(r, t)
-	}
-
-	// Host frames: stdin, resize, signals. The stream ending before the
-	// process means the host gave up: kill the session.
-	hostGone := make(chan struct{})
-	go func() {
-		defer close(hostGone)
-		for {
-			t, payload, err := guest.ReadFrame(st)
-			if err != nil {
-				if stdinW != nil && stdinW != ptyFile {
-					stdinW.Close()
-				}
-				return
-			}
-			switch t {
-			case guest.FrameStdin:
-				if stdinW != nil {
-					_, _ = stdinW.Write(payload)
-				}
-			case guest.FrameStdinClose:
-				if stdinW == ptyFile && ptyFile != nil {
-					_, _ = ptyFile.Write([]byte{4}) // ^D: EOF for the terminal's reader
-				} else if stdinW != nil {
-					stdinW.Close()
-				}
-			case guest.FrameResize:
-				var rz guest.Resize
-				if json.Unmarshal(payload, &rz) == nil && ptyFile != nil {
-					setWinsize(ptyFile, rz.Rows, rz.Cols, sid)
-				}
-			case guest.FrameSignal:
-				var sg guest.Signal
-				if json.Unmarshal(payload, &sg) == nil && sg.Signal > 0 {
-					killSession(sid, syscall.Signal(sg.Signal))
-				}
-			}
-		}
-	}()
-
-	var timeout <-chan time.Time
-	if spec.Timeout > 0 {
-		t := time.NewTimer(time.Duration(spec.Timeout) * time.Millisecond)
-		defer t.Stop()
-		timeout = t.C
-	}
-	var ws syscall.WaitStatus
-	for done := false; !done; {
-		select {
-		case ws = <-wait:
-			done = true
-		case <-timeout:
-			p.mu.Lock()
-			p.timedOut = true
-			p.mu.Unlock()
-			killSession(sid, syscall.SIGKILL)
-			timeout = nil
-		case <-hostGone:
-			killSession(sid, syscall.SIGKILL)
-			hostGone = nil
-		}
-	}
-	// The leader is gone; a timed out or cancelled session loses the rest of
-	// its processes too, so nothing it started keeps running unobserved.
-	p.mu.Lock()
-	timedOut, oom := p.timedOut, p.oomKilled
-	p.mu.Unlock()
-	if timedOut || hostGone == nil {
-		killSession(sid, syscall.SIGKILL)
-	}
-	outDone := make(chan struct{})
-	go func() { outWG.Wait(); close(outDone) }()
-	select {
-	case <-outDone:
-	case <-time.After(outputGrace):
-		for _, r := range readers {
-			_ = r.SetReadDeadline(time.Now())
-		}
-		select {
-		case <-outDone:
-		case <-time.After(outputGrace):
-			// A reader the poller cannot interrupt (a terminal some
-			// kernels cannot poll) stays blocked; seal the stream so its
-			// late output never follows the exit frame.
-			w.seal()
-			a.log.Warn("output reader still blocked after exit", "pid", sid)
-		}
-	}
-	closeAll(readers)
-	if stdinW != nil && stdinW != ptyFile {
-		stdinW.Close()
-	}
-	_ = cmd.Process.Release()
-	if !oom && oomCounted && killedLike(ws) {
-		// The kernel's OOM killer (a microVM's cgroup at its memory.max)
-		// took this session's leader or one of its children while it ran.
-		// Another session's kill in the same window would be counted
-		// too; a cgroup per session would tell them apart.
-		if after, ok := a.oomKills(); ok && after > oomBefore {
-			oom = true
-		}
-	}
-	exit := guest.Exit{Code: ws.ExitStatus(), TimedOut: timedOut, OOMKilled: oom}
-	if ws.Signaled() {
-		exit.Signal = int(ws.Signal())
-		exit.Code = 128 + exit.Signal
-	}
-	_ = w.final(guest.FrameExit, exit)
 }
 
 // pollable returns f (a pty master) as a non-blocking file registered with

@@ -1,139 +1,366 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
+	pb "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
+	agentv1 "github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1"
 )
 
-func errResult(err error) guest.Result {
-	kind := guest.KindOther
-	switch {
-	case isNotFound(err):
-		kind = guest.KindNotFound
-	case isDirErr(err):
-		kind = guest.KindIsDir
+// maxListDepth bounds ListDir's depth.
+const maxListDepth = 16
+
+// abs resolves a path from the host: absolute as given, relative to HOME
+// (envd's rule) otherwise.
+func (a *Agent) abs(path string) (string, error) {
+	if path == "" {
+		return "", connect.NewError(connect.CodeInvalidArgument, errors.New("empty path"))
 	}
-	return guest.Result{Error: err.Error(), ErrorKind: kind}
+	if strings.ContainsRune(path, 0) {
+		return "", connect.NewError(connect.CodeInvalidArgument, errors.New("path contains NUL"))
+	}
+	if !filepath.IsAbs(path) {
+		home := envValue(a.opts.Env, "HOME")
+		if home == "" {
+			home = "/"
+		}
+		path = filepath.Join(home, path)
+	}
+	return filepath.Clean(path), nil
 }
 
-func fileInfo(name string, fi fs.FileInfo, link string) guest.FileInfo {
-	return guest.FileInfo{Name: name, Size: fi.Size(), Mode: uint32(fi.Mode()), ModTime: fi.ModTime().UTC(), Link: link}
+// fsError is the Connect error for a filesystem error.
+func fsError(err error) error {
+	var ce *connect.Error
+	switch {
+	case errors.As(err, &ce):
+		return err
+	case errors.Is(err, fs.ErrNotExist):
+		return connect.NewError(connect.CodeNotFound, err)
+	case errors.Is(err, fs.ErrExist):
+		return connect.NewError(connect.CodeAlreadyExists, err)
+	case errors.Is(err, fs.ErrPermission):
+		return connect.NewError(connect.CodePermissionDenied, err)
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
 }
 
-// readFile streams path to the host: Header, Data..., End.
-func (a *Agent) readFile(w *frameWriter, path string) {
+// owners names uids and gids, remembering what it looked up.
+type owners struct {
+	mu     sync.Mutex
+	users  map[uint32]string
+	groups map[uint32]string
+}
+
+func (o *owners) names(uid, gid uint32) (string, string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.users == nil {
+		o.users, o.groups = map[uint32]string{}, map[uint32]string{}
+	}
+	u, ok := o.users[uid]
+	if !ok {
+		u = strconv.FormatUint(uint64(uid), 10)
+		if x, err := user.LookupId(u); err == nil {
+			u = x.Username
+		}
+		o.users[uid] = u
+	}
+	g, ok := o.groups[gid]
+	if !ok {
+		g = strconv.FormatUint(uint64(gid), 10)
+		if x, err := user.LookupGroupId(g); err == nil {
+			g = x.Name
+		}
+		o.groups[gid] = g
+	}
+	return u, g
+}
+
+// entry describes path (not following a final symlink).
+func (a *Agent) entry(path string, fi fs.FileInfo) *pb.EntryInfo {
+	e := &pb.EntryInfo{
+		Name: fi.Name(), Path: path, Size: fi.Size(), Mode: uint32(fi.Mode()), Permissions: fi.Mode().String(),
+		ModifiedTime: timestamppb.New(fi.ModTime()),
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		e.Type = pb.FileType_FILE_TYPE_SYMLINK
+		if t, err := os.Readlink(path); err == nil {
+			e.SymlinkTarget = &t
+		}
+	case fi.IsDir():
+		e.Type = pb.FileType_FILE_TYPE_DIRECTORY
+	default:
+		e.Type = pb.FileType_FILE_TYPE_FILE
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.Owner, e.Group = a.owners.names(st.Uid, st.Gid)
+	}
+	return e
+}
+
+// filesystemService is the filesystem API (envd's), served to the host.
+type filesystemService struct{ a *Agent }
+
+func (s filesystemService) Stat(_ context.Context, req *connect.Request[pb.StatRequest]) (*connect.Response[pb.StatResponse], error) {
+	path, err := s.a.abs(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, fsError(err)
+	}
+	return connect.NewResponse(&pb.StatResponse{Entry: s.a.entry(path, fi)}), nil
+}
+
+func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.MakeDirRequest]) (*connect.Response[pb.MakeDirResponse], error) {
+	path, err := s.a.abs(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.IsDir() {
+			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s exists", path))
+		}
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists and is not a directory", path))
+	}
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return nil, fsError(err)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, fsError(err)
+	}
+	return connect.NewResponse(&pb.MakeDirResponse{Entry: s.a.entry(path, fi)}), nil
+}
+
+func (s filesystemService) Move(_ context.Context, req *connect.Request[pb.MoveRequest]) (*connect.Response[pb.MoveResponse], error) {
+	src, err := s.a.abs(req.Msg.GetSource())
+	if err != nil {
+		return nil, err
+	}
+	dst, err := s.a.abs(req.Msg.GetDestination())
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return nil, fsError(err)
+	}
+	if err := os.Rename(src, dst); err != nil {
+		return nil, fsError(err)
+	}
+	fi, err := os.Lstat(dst)
+	if err != nil {
+		return nil, fsError(err)
+	}
+	return connect.NewResponse(&pb.MoveResponse{Entry: s.a.entry(dst, fi)}), nil
+}
+
+func (s filesystemService) Remove(_ context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
+	path, err := s.a.abs(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if path == "/" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("will not remove /"))
+	}
+	if _, err := os.Lstat(path); err != nil {
+		return nil, fsError(err)
+	}
+	if err := os.RemoveAll(path); err != nil {
+		return nil, fsError(err)
+	}
+	return connect.NewResponse(&pb.RemoveResponse{}), nil
+}
+
+// ListDir lists path to the depth asked (1: its entries), without
+// following symlinks, sorted by path: at most guest.MaxListEntries entries
+// and no more than fit in one message (a bigger tree is listed in part).
+func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.ListDirRequest]) (*connect.Response[pb.ListDirResponse], error) {
+	root, err := s.a.abs(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	depth := min(max(int(req.Msg.GetDepth()), 1), maxListDepth)
+	fi, err := os.Stat(root)
+	if err != nil {
+		return nil, fsError(err)
+	}
+	if !fi.IsDir() {
+		return nil, fsError(&fs.PathError{Op: "list", Path: root, Err: syscall.ENOTDIR})
+	}
+	var out []*pb.EntryInfo
+	var walk func(dir string, level int) error
+	walk = func(dir string, level int) error {
+		d, err := os.Open(dir)
+		if err != nil {
+			return err
+		}
+		ents, err := d.ReadDir(guest.MaxListEntries - len(out))
+		d.Close()
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+		for _, e := range ents {
+			if len(out) >= guest.MaxListEntries {
+				return nil
+			}
+			info, err := e.Info()
+			if err != nil {
+				continue // removed while listing
+			}
+			p := filepath.Join(dir, e.Name())
+			out = append(out, s.a.entry(p, info))
+			if info.IsDir() && level < depth {
+				// A subdirectory that cannot be read is listed, not entered.
+				_ = walk(p, level+1)
+			}
+		}
+		return nil
+	}
+	if err := walk(root, 1); err != nil {
+		return nil, fsError(err)
+	}
+	// Long names and links may not fit in one message: cut until they do.
+	resp := &pb.ListDirResponse{Entries: out}
+	for len(resp.Entries) > 0 && proto.Size(resp) > guest.MaxMessage-1024 {
+		resp.Entries = resp.Entries[:len(resp.Entries)*3/4]
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// fileError answers a /files request with envd's error body and the kind
+// the host maps to a typed error.
+func fileError(w http.ResponseWriter, err error) {
+	code, kind := http.StatusInternalServerError, guest.KindOther
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		code, kind = http.StatusNotFound, guest.KindNotFound
+	case errors.Is(err, syscall.EISDIR):
+		code, kind = http.StatusBadRequest, guest.KindIsDir
+	case errors.Is(err, fs.ErrPermission):
+		code = http.StatusForbidden
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		code = http.StatusInsufficientStorage
+	}
+	w.Header().Set(guest.ErrorKindHeader, kind)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "message": err.Error()})
+}
+
+// getFile streams a file's bytes.
+func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
+	path, err := a.abs(r.URL.Query().Get("path"))
+	if err != nil {
+		fileError(w, err)
+		return
+	}
 	f, err := os.Open(path)
 	if err != nil {
-		_ = w.json(guest.FrameResult, errResult(err))
+		fileError(w, err)
 		return
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		_ = w.json(guest.FrameResult, errResult(err))
+		fileError(w, err)
 		return
 	}
 	if fi.IsDir() {
-		_ = w.json(guest.FrameResult, errResult(&fs.PathError{Op: "read", Path: path, Err: errIsDir}))
+		fileError(w, &fs.PathError{Op: "read", Path: path, Err: syscall.EISDIR})
 		return
 	}
-	if err := w.json(guest.FrameHeader, fileInfo(filepath.Base(path), fi, "")); err != nil {
-		return
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Last-Modified", fi.ModTime().UTC().Format(http.TimeFormat))
+	if fi.Mode().IsRegular() {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
 	}
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if w.frame(guest.FrameData, buf[:n]) != nil {
-				return
-			}
-		}
-		if err == io.EOF {
-			_ = w.json(guest.FrameEnd, guest.End{})
-			return
-		}
-		if err != nil {
-			_ = w.json(guest.FrameEnd, guest.End{Error: err.Error()})
-			return
-		}
+	if _, err := io.Copy(w, f); err != nil {
+		// Reset the stream: the host must see a broken transfer, not a
+		// short file.
+		panic(http.ErrAbortHandler)
 	}
 }
 
-// writeFile receives Data... End from the host into a temporary file next
-// to path and renames it into place, so readers never see a partial file.
-func (a *Agent) writeFile(r io.Reader, w *frameWriter, path string, mode uint32) {
-	if !filepath.IsAbs(path) {
-		_ = w.json(guest.FrameResult, guest.Result{Error: "path must be absolute", ErrorKind: guest.KindOther})
+// postFile replaces a file with the request's body (or the first file of a
+// multipart form) through a temporary file next to it, so readers never
+// see a partial file and a broken upload leaves nothing.
+func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
+	path, err := a.abs(r.URL.Query().Get("path"))
+	if err != nil {
+		fileError(w, err)
 		return
 	}
-	perm := fs.FileMode(mode).Perm()
+	var perm fs.FileMode
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil {
+			fileError(w, fmt.Errorf("mode %q: not octal", m))
+			return
+		}
+		perm = fs.FileMode(v).Perm()
+	}
 	if perm == 0 {
 		perm = 0o644
 		if fi, err := os.Stat(path); err == nil {
 			perm = fi.Mode().Perm()
 		}
 	}
+	body := io.Reader(r.Body)
+	if mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt == "multipart/form-data" {
+		part, err := multipart.NewReader(r.Body, params["boundary"]).NextPart()
+		if err != nil {
+			fileError(w, fmt.Errorf("multipart body: %w", err))
+			return
+		}
+		body = part
+	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		_ = w.json(guest.FrameResult, errResult(err))
+		fileError(w, err)
 		return
 	}
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".sandboxd-*")
 	if err != nil {
-		_ = w.json(guest.FrameResult, errResult(err))
+		fileError(w, err)
 		return
 	}
 	fail := func(err error) {
 		tmp.Close()
 		os.Remove(tmp.Name())
-		_ = w.json(guest.FrameResult, errResult(err))
+		fileError(w, err)
 	}
-	var size int64
-	var writeErr error
-	for {
-		t, payload, err := guest.ReadFrame(r)
-		if err != nil {
-			// The host went away mid-upload: nothing to answer.
-			tmp.Close()
-			os.Remove(tmp.Name())
-			return
-		}
-		if t == guest.FrameData {
-			if writeErr == nil {
-				n, err := tmp.Write(payload)
-				size += int64(n)
-				writeErr = err
-			}
-			continue
-		}
-		if t != guest.FrameEnd {
-			fail(fmt.Errorf("%w: frame %d in upload", guest.ErrProtocol, t))
-			return
-		}
-		var e guest.End
-		if err := json.Unmarshal(payload, &e); err != nil {
-			fail(err)
-			return
-		}
-		if e.Error != "" {
-			fail(fmt.Errorf("upload aborted: %s", e.Error))
-			return
-		}
-		break
-	}
-	if writeErr != nil {
-		fail(writeErr)
+	size, err := io.Copy(tmp, body)
+	if err != nil {
+		fail(err)
 		return
 	}
 	if err := tmp.Chmod(perm); err != nil {
@@ -146,52 +373,15 @@ func (a *Agent) writeFile(r io.Reader, w *frameWriter, path string, mode uint32)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
-		_ = w.json(guest.FrameResult, errResult(err))
+		fileError(w, err)
 		return
 	}
-	_ = w.json(guest.FrameResult, guest.Result{Size: size})
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode([]map[string]any{{"name": filepath.Base(path), "type": "file", "path": path, "size": size}})
 }
 
-// listDir lists path's entries without following symlinks.
-// listDir lists path: at most guest.MaxListEntries entries, and no more
-// than fit in one frame, sorted by name. A bigger directory is listed in
-// part (the host refuses more).
-func listDir(path string) guest.Result {
-	d, err := os.Open(path)
-	if err != nil {
-		return errResult(err)
-	}
-	defer d.Close()
-	ents, err := d.ReadDir(guest.MaxListEntries)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return errResult(err)
-	}
-	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-	out := make([]guest.FileInfo, 0, len(ents))
-	for _, e := range ents {
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed while listing
-		}
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			link, _ = os.Readlink(filepath.Join(path, e.Name()))
-		}
-		out = append(out, fileInfo(e.Name(), fi, link))
-	}
-	// Long names and links may not fit in one frame: cut until they do.
-	for len(out) > 0 {
-		b, err := json.Marshal(guest.Result{Entries: out})
-		if err == nil && len(b) <= guest.MaxFrame {
-			break
-		}
-		out = out[:len(out)*3/4]
-	}
-	return guest.Result{Entries: out}
-}
-
-func (a *Agent) health() guest.Health {
-	h := guest.Health{Uptime: time.Since(a.start).Seconds(), Processes: len(listProcs())}
+func (a *Agent) health() *agentv1.HealthResponse {
+	h := &agentv1.HealthResponse{UptimeSeconds: time.Since(a.start).Seconds(), Processes: uint32(len(listProcs()))}
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)

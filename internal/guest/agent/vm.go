@@ -15,9 +15,10 @@ import (
 	"time"
 	"unsafe"
 
+	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/internal/guest"
+	agentv1 "github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
 
@@ -91,44 +92,51 @@ func (a *Agent) placeInCgroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr.CgroupFD = int(dir.Fd())
 }
 
-// serveVM answers the VM operations (see internal/guest/vm.go).
-func (a *Agent) serveVM(w *frameWriter, req guest.Request) {
-	fail := func(err error) {
-		_ = w.json(guest.FrameResult, guest.Result{Error: err.Error(), ErrorKind: guest.KindOther})
+// agentService is sandboxd's own agent API (agent.v1), served to the host.
+type agentService struct{ a *Agent }
+
+func (s agentService) Health(context.Context, *connect.Request[agentv1.HealthRequest]) (*connect.Response[agentv1.HealthResponse], error) {
+	return connect.NewResponse(s.a.health()), nil
+}
+
+func (s agentService) Sync(context.Context, *connect.Request[agentv1.SyncRequest]) (*connect.Response[agentv1.SyncResponse], error) {
+	unix.Sync()
+	return connect.NewResponse(&agentv1.SyncResponse{}), nil
+}
+
+func (s agentService) OOMKill(context.Context, *connect.Request[agentv1.OOMKillRequest]) (*connect.Response[agentv1.OOMKillResponse], error) {
+	k := s.a.procs.oomKill()
+	return connect.NewResponse(&agentv1.OOMKillResponse{Pid: uint32(k.PID), Name: k.Name, Rss: k.RSS}), nil
+}
+
+func (s agentService) Freeze(context.Context, *connect.Request[agentv1.FreezeRequest]) (*connect.Response[agentv1.FreezeResponse], error) {
+	unix.Sync()
+	if err := s.a.setFrozen(true); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
-	switch req.Op {
-	case guest.OpFreeze:
-		unix.Sync()
-		if err := a.setFrozen(true); err != nil {
-			fail(err)
-			return
-		}
-		_ = w.json(guest.FrameResult, guest.Result{})
-	case guest.OpThaw:
-		if err := a.setFrozen(false); err != nil {
-			fail(err)
-			return
-		}
-		_ = w.json(guest.FrameResult, guest.Result{})
-	case guest.OpSetClock:
-		if req.Clock == nil {
-			fail(errors.New("set-clock without a clock"))
-			return
-		}
-		if err := setClock(*req.Clock); err != nil {
-			fail(err)
-			return
-		}
-		_ = w.json(guest.FrameResult, guest.Result{})
-	case guest.OpExportLayer:
-		err := a.exportLayer(w, req.Layer)
-		end := guest.End{}
-		if err != nil {
-			a.log.Warn("export layer", "err", err)
-			end.Error = err.Error()
-		}
-		_ = w.final(guest.FrameEnd, end)
+	return connect.NewResponse(&agentv1.FreezeResponse{}), nil
+}
+
+func (s agentService) Thaw(context.Context, *connect.Request[agentv1.ThawRequest]) (*connect.Response[agentv1.ThawResponse], error) {
+	if err := s.a.setFrozen(false); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
+	return connect.NewResponse(&agentv1.ThawResponse{}), nil
+}
+
+func (s agentService) SetClock(_ context.Context, req *connect.Request[agentv1.SetClockRequest]) (*connect.Response[agentv1.SetClockResponse], error) {
+	if err := setClock(req.Msg.GetUnixNano(), req.Msg.GetEntropy()); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	return connect.NewResponse(&agentv1.SetClockResponse{}), nil
+}
+
+func (s agentService) ExportLayer(ctx context.Context, req *connect.Request[agentv1.ExportLayerRequest], stream *connect.ServerStream[agentv1.ExportLayerResponse]) error {
+	if err := s.a.exportLayer(ctx, stream, req.Msg); err != nil {
+		s.a.log.Warn("export layer", "err", err)
+		return connect.NewError(connect.CodeInternal, err)
+	}
+	return nil
 }
 
 // setFrozen freezes or thaws the sandbox cgroup and waits until the kernel
@@ -163,13 +171,10 @@ func (a *Agent) setFrozen(freeze bool) error {
 	}
 }
 
-// exportLayer writes the writable layer to the stream as Data frames.
-func (a *Agent) exportLayer(w *frameWriter, lr *guest.LayerRequest) error {
+// exportLayer writes the writable layer to the stream in chunks.
+func (a *Agent) exportLayer(ctx context.Context, stream *connect.ServerStream[agentv1.ExportLayerResponse], lr *agentv1.ExportLayerRequest) error {
 	if a.opts.Layer == "" {
 		return errors.New("this agent has no writable layer to export")
-	}
-	if lr == nil {
-		lr = &guest.LayerRequest{}
 	}
 	a.vm.mu.Lock()
 	frozen := a.vm.frozen
@@ -188,18 +193,20 @@ func (a *Agent) exportLayer(w *frameWriter, lr *guest.LayerRequest) error {
 	unix.Sync()
 	// The layer disk bounds what there is to write; the host bounds what it
 	// reads of the stream, since it cannot trust this side.
-	_, err := snapshot.Write(context.Background(), dataFrames{w}, a.opts.Layer, snapshot.Manifest{Parent: lr.Parent, BaseImage: lr.BaseImage}, nil)
+	_, err := snapshot.Write(ctx, layerChunks{stream}, a.opts.Layer, snapshot.Manifest{Parent: lr.GetParent(), BaseImage: lr.GetBaseImage()}, nil)
 	return err
 }
 
-// dataFrames writes its input as FrameData frames of at most 32 KiB.
-type dataFrames struct{ w *frameWriter }
+// layerChunks writes its input as messages of at most chunkSize bytes.
+type layerChunks struct {
+	stream *connect.ServerStream[agentv1.ExportLayerResponse]
+}
 
-func (d dataFrames) Write(p []byte) (int, error) {
+func (l layerChunks) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
-		c := min(len(p), 32<<10)
-		if err := d.w.frame(guest.FrameData, p[:c]); err != nil {
+		c := min(len(p), chunkSize)
+		if err := l.stream.Send(&agentv1.ExportLayerResponse{Data: p[:c]}); err != nil {
 			return n, err
 		}
 		n += c
@@ -210,16 +217,16 @@ func (d dataFrames) Write(p []byte) (int, error) {
 
 // setClock sets the wall clock and feeds the host's entropy to the kernel,
 // crediting it and forcing the CRNG to reseed at once.
-func setClock(c guest.ClockRequest) error {
-	ts := unix.NsecToTimespec(c.UnixNano)
+func setClock(unixNano int64, entropy []byte) error {
+	ts := unix.NsecToTimespec(unixNano)
 	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
 		return fmt.Errorf("set clock: %w", err)
 	}
-	if len(c.Entropy) == 0 {
+	if len(entropy) == 0 {
 		return nil
 	}
-	if len(c.Entropy) > 512 {
-		c.Entropy = c.Entropy[:512]
+	if len(entropy) > 512 {
+		entropy = entropy[:512]
 	}
 	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
 	if err != nil {
@@ -227,10 +234,10 @@ func setClock(c guest.ClockRequest) error {
 	}
 	defer f.Close()
 	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
-	info := make([]byte, 8+len(c.Entropy))
-	binary.NativeEndian.PutUint32(info[0:], uint32(len(c.Entropy)*8))
-	binary.NativeEndian.PutUint32(info[4:], uint32(len(c.Entropy)))
-	copy(info[8:], c.Entropy)
+	info := make([]byte, 8+len(entropy))
+	binary.NativeEndian.PutUint32(info[0:], uint32(len(entropy)*8))
+	binary.NativeEndian.PutUint32(info[4:], uint32(len(entropy)))
+	copy(info[8:], entropy)
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); errno != 0 {
 		return fmt.Errorf("reseed: add entropy: %w", errno)
 	}

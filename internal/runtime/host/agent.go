@@ -56,10 +56,7 @@ func (c Conn) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecRe
 	}
 	spec := guest.ExecSpec{
 		Cmd: req.Cmd, Env: append(append([]string(nil), c.Env...), req.Env...), Cwd: req.Cwd,
-		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout.Milliseconds(),
-	}
-	if req.Timeout > 0 && spec.Timeout == 0 {
-		spec.Timeout = 1 // under a millisecond still means "a timeout"
+		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout,
 	}
 	resize, stop := forwardResize(req.Resize)
 	defer stop()
@@ -115,7 +112,7 @@ func (c Conn) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) 
 	if err != nil {
 		return nil, c.Failure(ctx, "read file", err)
 	}
-	rc, _, err := cl.ReadFile(ctx, path)
+	rc, err := cl.ReadFile(ctx, path)
 	if err != nil {
 		return nil, c.Failure(ctx, "read file", err)
 	}

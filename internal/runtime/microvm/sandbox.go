@@ -457,7 +457,7 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 	if h, err := c.Ping(actx); err == nil {
 		out.Processes = h.Processes
 	}
-	if rc, _, err := c.ReadFile(actx, "/sys/fs/cgroup/sandbox/memory.current"); err == nil {
+	if rc, err := c.ReadFile(actx, "/sys/fs/cgroup/sandbox/memory.current"); err == nil {
 		b, rerr := io.ReadAll(io.LimitReader(rc, 64))
 		rc.Close()
 		if v, perr := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); rerr == nil && perr == nil {
