@@ -76,14 +76,7 @@ func hostileAgent(mode, sock string) {
 			}
 		}
 	}
-	srv := guest.NewStreamServer(hostileHandler(mode), slog.New(slog.DiscardHandler))
-	for {
-		st, err := sess.AcceptStream()
-		if err != nil {
-			return
-		}
-		go srv.ServeConn(context.Background(), st)
-	}
+	_ = guest.ServeSession(sess, hostileHandler(mode), slog.New(slog.DiscardHandler))
 }
 
 // hostileServices answer the host's calls the way mode says.

@@ -11,7 +11,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/yamux"
-	"golang.org/x/net/http2"
 )
 
 // The agent's plain HTTP endpoints, next to its Connect services (the
@@ -52,31 +51,30 @@ var (
 // the session, so a long exec stream never stands in a file transfer's way.
 type streamTransport struct {
 	sess *yamux.Session
-	h2   *http2.Transport
+	h    *http.Transport
 }
 
 func newStreamTransport(sess *yamux.Session) *streamTransport {
-	return &streamTransport{sess: sess, h2: &http2.Transport{
-		AllowHTTP: true,
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &streamTransport{sess: sess, h: &http.Transport{
+		Protocols: &p,
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			st, err := sess.OpenStream()
+			if err != nil && sess.IsClosed() {
+				return nil, ErrClosed
+			}
+			return st, err
+		},
 		// Headers come from the agent: keep them small.
-		MaxHeaderListSize: 64 << 10,
+		MaxResponseHeaderBytes: 64 << 10,
+		DisableCompression:     true,
 	}}
 }
 
 func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	st, err := t.sess.OpenStream()
+	cc, err := t.h.NewClientConn(req.Context(), "http", "agent:80")
 	if err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
-		if t.sess.IsClosed() {
-			return nil, ErrClosed
-		}
-		return nil, err
-	}
-	cc, err := t.h2.NewClientConn(st)
-	if err != nil {
-		st.Close()
 		if req.Body != nil {
 			req.Body.Close()
 		}
@@ -94,7 +92,7 @@ func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // connBody ends the request's connection (and its stream) with its body.
 type connBody struct {
 	io.ReadCloser
-	cc   *http2.ClientConn
+	cc   *http.ClientConn
 	once sync.Once
 }
 
@@ -104,29 +102,27 @@ func (b *connBody) Close() error {
 	return err
 }
 
-// StreamServer is the agent's side of the transport: it serves the one
-// HTTP/2 connection on each stream the host opens.
-type StreamServer struct {
-	h2      *http2.Server
-	handler http.Handler
-	base    *http.Server
-}
-
-// NewStreamServer serves handler on streams.
-func NewStreamServer(handler http.Handler, log *slog.Logger) *StreamServer {
-	return &StreamServer{
-		h2: &http2.Server{
+// ServeSession is the agent's side of the transport: it serves handler on
+// every stream the host opens on sess, each an HTTP/2 cleartext
+// connection, until the session ends.
+func ServeSession(sess *yamux.Session, handler http.Handler, log *slog.Logger) error {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:   handler,
+		Protocols: &p,
+		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: 16,
 			MaxReadFrameSize:     1 << 20,
-			IdleTimeout:          time.Minute,
 		},
-		handler: handler,
-		base:    &http.Server{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)},
+		IdleTimeout: time.Minute,
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
-}
-
-// ServeConn serves conn until the host closes it or ctx ends.
-func (s *StreamServer) ServeConn(ctx context.Context, conn net.Conn) {
-	defer conn.Close()
-	s.h2.ServeConn(conn, &http2.ServeConnOpts{Context: ctx, Handler: s.handler, BaseConfig: s.base})
+	defer srv.Close()
+	// The session is the listener: each accepted stream is a connection.
+	err := srv.Serve(sess)
+	if sess.IsClosed() {
+		return nil
+	}
+	return err
 }

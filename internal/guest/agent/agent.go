@@ -88,7 +88,7 @@ type Agent struct {
 	start  time.Time
 	procs  *procTable
 	vm     vmState
-	srv    *guest.StreamServer
+	mux    http.Handler
 	watch  *watchers
 	owners owners
 
@@ -117,7 +117,7 @@ func New(opts Options) *Agent {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), procs: newProcTable(opts.Reap), watch: newWatchers(), ready: make(chan struct{})}
-	a.srv = guest.NewStreamServer(a.handler(), log)
+	a.mux = a.handler()
 	if opts.Reap {
 		go a.procs.reapLoop()
 	}
@@ -196,21 +196,14 @@ func (a *Agent) Serve(ctx context.Context, conn net.Conn) error {
 		}
 		a.mu.Unlock()
 	}()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
-	for {
-		st, err := sess.AcceptStream()
-		if err != nil {
-			sess.Close()
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return nil
-		}
-		go a.srv.ServeConn(sctx, st)
+	err = guest.ServeSession(sess, a.mux, a.log)
+	sess.Close()
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
+	return err
 }
 
 // homeWait is how long a connection home waits for the host to connect.

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"errors"
-	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -418,12 +417,3 @@ func setWinsize(f *os.File, rows, cols uint16, sid int) {
 		}
 	})
 }
-
-// errIsDir is the error for reading a directory as a file.
-var errIsDir = unix.EISDIR
-
-// isNotFound says whether err means a missing file.
-func isNotFound(err error) bool { return errors.Is(err, fs.ErrNotExist) }
-
-// isDirErr says whether err means the path is a directory.
-func isDirErr(err error) bool { return errors.Is(err, unix.EISDIR) }
