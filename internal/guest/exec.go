@@ -97,7 +97,7 @@ func (c *Client) Exec(ctx context.Context, spec ExecSpec, pio ExecIO) (Exit, err
 	// the agent to kill the process, so it never outlives the request.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	f := c.newFollower(ctx, cancel, "exec", pio, spec.TTY)
+	f := c.newFollower(ctx, cancel, "exec", pio, spec.TTY, spec.Detach)
 	stream, err := c.proc.Start(sctx, connect.NewRequest(req))
 	if err != nil {
 		return Exit{}, f.failure(err)
@@ -116,15 +116,15 @@ func (c *Client) Exec(ctx context.Context, spec ExecSpec, pio ExecIO) (Exit, err
 // output from the offsets in from on, then live output and its end. The
 // replayed output begins where Started's offsets say; output before that
 // no longer fitted the agent's tail. Cancelling ctx kills the process,
-// like Exec.
-func (c *Client) Attach(ctx context.Context, sel Selector, from Offsets, pio ExecIO) (Exit, error) {
+// like Exec, unless detach says to leave it running.
+func (c *Client) Attach(ctx context.Context, sel Selector, from Offsets, detach bool, pio ExecIO) (Exit, error) {
 	if pio.Stdin != nil {
 		return Exit{}, errors.New("attach: input goes through SendInput, not a reader")
 	}
 	req := &process.ConnectRequest{Process: sel.message(), StdoutFrom: from.Stdout, StderrFrom: from.Stderr, PtyFrom: from.Stdout}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	f := c.newFollower(ctx, cancel, "attach to "+sel.String(), pio, false)
+	f := c.newFollower(ctx, cancel, "attach to "+sel.String(), pio, false, detach)
 	stream, err := c.proc.Connect(sctx, connect.NewRequest(req))
 	if err != nil {
 		return Exit{}, f.failure(err)
@@ -156,13 +156,14 @@ type follower struct {
 	op       string
 	pio      ExecIO
 	tty      bool
+	detach   bool
 	noAnswer atomic.Bool
 	first    *time.Timer
 	finished chan struct{}
 }
 
-func (c *Client) newFollower(ctx context.Context, cancel context.CancelFunc, op string, pio ExecIO, tty bool) *follower {
-	f := &follower{c: c, ctx: ctx, cancel: cancel, op: op, pio: pio, tty: tty, finished: make(chan struct{})}
+func (c *Client) newFollower(ctx context.Context, cancel context.CancelFunc, op string, pio ExecIO, tty, detach bool) *follower {
+	f := &follower{c: c, ctx: ctx, cancel: cancel, op: op, pio: pio, tty: tty, detach: detach, finished: make(chan struct{})}
 	// The first event is due within CallTimeout; from then on the stream
 	// lives as long as the process.
 	f.first = time.AfterFunc(c.opts.CallTimeout, func() { f.noAnswer.Store(true); cancel() })
@@ -256,6 +257,10 @@ func (f *follower) control(sel Selector) {
 		case <-f.finished:
 			return
 		case <-f.ctx.Done():
+			if f.detach {
+				f.cancel() // stop following; the process runs on
+				return
+			}
 			_ = f.c.signal(bg, sel, syscall.SIGKILL)
 			// An agent that cannot answer (a frozen sandbox) must not hold
 			// the caller: give up on the stream after a grace.

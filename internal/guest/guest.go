@@ -174,6 +174,8 @@ type ExecSpec struct {
 	// Tag names the process for a later Attach; unique among the agent's
 	// processes (empty: none).
 	Tag string
+	// Detach leaves the process running when Exec's context ends.
+	Detach bool
 }
 
 // Resize changes a TTY's window size.

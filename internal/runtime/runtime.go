@@ -133,7 +133,22 @@ type Sandbox interface {
 	// Exec runs a process and streams its output to the request's writers as
 	// it is produced. The error is for failures to run at all (see
 	// ErrCommandNotFound); a process that ran reports through ExecResult.
+	// The process belongs to the sandbox's agent: when ctx ends it is
+	// killed (unless the request says Detach); when only the host goes
+	// away it runs on, and Attach finds it again.
 	Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
+	// Attach follows a process Exec started earlier, by pid or tag: the
+	// output the agent kept of it from req.From on, then live output and
+	// its end (a process that ended a short while ago is answered from
+	// what the agent kept). Errors wrap fs.ErrNotExist for a process the
+	// agent does not know (it ended long ago, or the agent restarted).
+	Attach(ctx context.Context, req AttachRequest) (ExecResult, error)
+	// Processes lists the processes started by Exec that still run.
+	Processes(ctx context.Context) ([]Process, error)
+	// SignalProcess sends sig to the session of process pid: the process
+	// and everything it started. Errors wrap fs.ErrNotExist for a process
+	// that does not run.
+	SignalProcess(ctx context.Context, pid int, sig syscall.Signal) error
 	// ReadFile streams a file out; errors wrap fs.ErrNotExist when missing.
 	ReadFile(ctx context.Context, path string) (io.ReadCloser, error)
 	// WriteFile atomically replaces path (creating parents) with r's bytes.
@@ -195,6 +210,46 @@ type ExecRequest struct {
 	// (the process and what it started) while it runs; closing it stops
 	// nothing.
 	Signal <-chan syscall.Signal
+	// Tag names the process for Attach; unique among the sandbox's running
+	// processes (empty: none).
+	Tag string
+	// Started, when not nil, is told the process's pid once it runs.
+	Started func(pid int)
+	// Detach leaves the process running when ctx ends (Exec returns the
+	// context's error): for a caller that will Attach to it again, such as
+	// a server that is shutting down.
+	Detach bool
+}
+
+// AttachRequest follows a process started earlier.
+type AttachRequest struct {
+	PID    int
+	Tag    string // used instead of PID when set
+	Stdout io.Writer
+	Stderr io.Writer
+	// From says how much of each output stream the caller has already, so
+	// that only the rest is sent (as much of it as the agent kept).
+	From StreamOffsets
+	// Started, when not nil, is told the pid and the offsets at which the
+	// output sent begins: past From when the agent no longer had it all.
+	Started func(pid int, from StreamOffsets)
+	Detach  bool // as ExecRequest.Detach
+}
+
+// StreamOffsets count the bytes of a process's output streams since it
+// started (a terminal's output counts as Stdout).
+type StreamOffsets struct {
+	Stdout, Stderr uint64
+}
+
+// Process is a process Exec started that still runs.
+type Process struct {
+	PID     int
+	Tag     string
+	Cmd     []string
+	Cwd     string
+	TTY     bool
+	Started time.Time
 }
 
 // WindowSize is a TTY's size in characters.

@@ -300,9 +300,9 @@ func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Last-Modified", fi.ModTime().UTC().Format(http.TimeFormat))
-	if fi.Mode().IsRegular() {
-		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
-	}
+	// No Content-Length: the size stat reports is not what a read returns
+	// for /proc and /sys files (4096 for a few bytes), nor for a file that
+	// changes meanwhile.
 	if _, err := io.Copy(w, f); err != nil {
 		// Reset the stream: the host must see a broken transfer, not a
 		// short file.

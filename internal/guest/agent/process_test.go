@@ -88,7 +88,7 @@ func TestProcessOutlivesConnection(t *testing.T) {
 	}
 	var rest, stderr bytes.Buffer
 	var from guest.Offsets
-	e, err := c2.Attach(context.Background(), guest.Selector{Tag: "run-1"}, guest.Offsets{Stdout: uint64(len(had))}, guest.ExecIO{
+	e, err := c2.Attach(context.Background(), guest.Selector{Tag: "run-1"}, guest.Offsets{Stdout: uint64(len(had))}, false, guest.ExecIO{
 		Stdout: &rest, Stderr: &stderr, Started: func(_ int, f guest.Offsets) { from = f },
 	})
 	if err != nil {
@@ -109,10 +109,10 @@ func TestProcessOutlivesConnection(t *testing.T) {
 	}
 	// An ended process can still be collected, from the start.
 	var again bytes.Buffer
-	if e, err := c2.Attach(context.Background(), guest.Selector{Tag: "run-1"}, guest.Offsets{}, guest.ExecIO{Stdout: &again}); err != nil || e.Code != 3 || again.String() != want.String() {
+	if e, err := c2.Attach(context.Background(), guest.Selector{Tag: "run-1"}, guest.Offsets{}, false, guest.ExecIO{Stdout: &again}); err != nil || e.Code != 3 || again.String() != want.String() {
 		t.Fatalf("attach after the end: %+v %v %q", e, err, again.String())
 	}
-	if _, err := c2.Attach(context.Background(), guest.Selector{Tag: "nope"}, guest.Offsets{}, guest.ExecIO{}); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := c2.Attach(context.Background(), guest.Selector{Tag: "nope"}, guest.Offsets{}, false, guest.ExecIO{}); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("attach to an unknown tag: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
@@ -58,21 +59,77 @@ func (c Conn) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecRe
 		Cmd: req.Cmd, Env: append(append([]string(nil), c.Env...), req.Env...), Cwd: req.Cwd,
 		TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout,
 	}
+	spec.Tag, spec.Detach = req.Tag, req.Detach
 	resize, stop := forwardResize(req.Resize)
 	defer stop()
 	pio := guest.ExecIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Resize: resize, Signal: req.Signal}
+	if req.Started != nil {
+		pio.Started = func(pid int, _ guest.Offsets) { req.Started(pid) }
+	}
 	start := time.Now()
 	e, err := cl.Exec(ctx, spec, pio)
+	return c.result(ctx, req.Cmd[0], e, err, start)
+}
+
+// result explains how a process followed by Exec or Attach ended.
+func (c Conn) result(ctx context.Context, what string, e guest.Exit, err error, start time.Time) (runtime.ExecResult, error) {
 	res := runtime.ExecResult{ExitCode: e.Code, Signal: e.Signal, TimedOut: e.TimedOut, OOMKilled: e.OOMKilled, Duration: time.Since(start)}
 	switch {
 	case err != nil:
 		return res, c.Failure(ctx, "exec", err)
 	case e.NotFound:
-		return res, fmt.Errorf("exec %s in sandbox %s: %w", req.Cmd[0], c.Sandbox.ID(), runtime.ErrCommandNotFound)
+		return res, fmt.Errorf("exec %s in sandbox %s: %w", what, c.Sandbox.ID(), runtime.ErrCommandNotFound)
 	case e.Error != "":
-		return res, fmt.Errorf("exec %s in sandbox %s: %s", req.Cmd[0], c.Sandbox.ID(), e.Error)
+		return res, fmt.Errorf("exec %s in sandbox %s: %s", what, c.Sandbox.ID(), e.Error)
 	}
 	return res, nil
+}
+
+// Attach implements runtime.Sandbox.Attach.
+func (c Conn) Attach(ctx context.Context, req runtime.AttachRequest) (runtime.ExecResult, error) {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return runtime.ExecResult{}, c.Failure(ctx, "attach", err)
+	}
+	sel := guest.Selector{PID: req.PID, Tag: req.Tag}
+	pio := guest.ExecIO{Stdout: req.Stdout, Stderr: req.Stderr}
+	if req.Started != nil {
+		pio.Started = func(pid int, from guest.Offsets) {
+			req.Started(pid, runtime.StreamOffsets{Stdout: from.Stdout, Stderr: from.Stderr})
+		}
+	}
+	start := time.Now()
+	e, err := cl.Attach(ctx, sel, guest.Offsets{Stdout: req.From.Stdout, Stderr: req.From.Stderr}, req.Detach, pio)
+	return c.result(ctx, sel.String(), e, err, start)
+}
+
+// Processes implements runtime.Sandbox.Processes.
+func (c Conn) Processes(ctx context.Context) ([]runtime.Process, error) {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return nil, c.Failure(ctx, "list processes", err)
+	}
+	ps, err := cl.Processes(ctx)
+	if err != nil {
+		return nil, c.Failure(ctx, "list processes", err)
+	}
+	out := make([]runtime.Process, len(ps))
+	for i, p := range ps {
+		out[i] = runtime.Process{PID: p.PID, Tag: p.Tag, Cmd: p.Cmd, Cwd: p.Cwd, TTY: p.TTY, Started: p.Started}
+	}
+	return out, nil
+}
+
+// SignalProcess implements runtime.Sandbox.SignalProcess.
+func (c Conn) SignalProcess(ctx context.Context, pid int, sig syscall.Signal) error {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return c.Failure(ctx, "signal process", err)
+	}
+	if err := cl.Signal(ctx, guest.Selector{PID: pid}, sig); err != nil {
+		return c.Failure(ctx, "signal process", err)
+	}
+	return nil
 }
 
 // forwardResize turns the caller's window sizes into the guest protocol's
@@ -157,6 +214,21 @@ type Ops struct {
 // Exec implements runtime.Sandbox.
 func (o Ops) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
 	return o.Conn().Exec(ctx, req)
+}
+
+// Attach implements runtime.Sandbox.
+func (o Ops) Attach(ctx context.Context, req runtime.AttachRequest) (runtime.ExecResult, error) {
+	return o.Conn().Attach(ctx, req)
+}
+
+// Processes implements runtime.Sandbox.
+func (o Ops) Processes(ctx context.Context) ([]runtime.Process, error) {
+	return o.Conn().Processes(ctx)
+}
+
+// SignalProcess implements runtime.Sandbox.
+func (o Ops) SignalProcess(ctx context.Context, pid int, sig syscall.Signal) error {
+	return o.Conn().SignalProcess(ctx, pid, sig)
 }
 
 // ReadFile implements runtime.Sandbox.

@@ -24,6 +24,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -279,6 +280,28 @@ func (s *Sandbox) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.Ex
 		res.TimedOut, res.ExitCode, res.Signal = true, 137, 9
 	}
 	return res, err
+}
+
+// Attach implements runtime.Sandbox: scripted processes end with their
+// Exec, so there is never one to attach to.
+func (s *Sandbox) Attach(context.Context, runtime.AttachRequest) (runtime.ExecResult, error) {
+	if err := s.alive(); err != nil {
+		return runtime.ExecResult{}, err
+	}
+	return runtime.ExecResult{}, fmt.Errorf("attach in fake sandbox %s: %w", s.id, fs.ErrNotExist)
+}
+
+// Processes implements runtime.Sandbox: none outlive their Exec.
+func (s *Sandbox) Processes(context.Context) ([]runtime.Process, error) {
+	return nil, s.alive()
+}
+
+// SignalProcess implements runtime.Sandbox: there is no process to signal.
+func (s *Sandbox) SignalProcess(_ context.Context, pid int, _ syscall.Signal) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return fmt.Errorf("signal %d in fake sandbox %s: %w", pid, s.id, fs.ErrNotExist)
 }
 
 // Execs are the command lines run so far.

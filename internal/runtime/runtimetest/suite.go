@@ -55,6 +55,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Exec", s.testExec)
 	t.Run("Streaming", s.testStreaming)
 	t.Run("ResizeAndSignal", s.testResizeAndSignal)
+	t.Run("Processes", s.testProcesses)
 	t.Run("Files", s.testFiles)
 	t.Run("Isolation", s.testIsolation)
 	t.Run("Home", s.testHome)
@@ -279,6 +280,79 @@ func (s *suite) testResizeAndSignal(t *testing.T) {
 			t.Fatalf("exit %d, output %q: want the TERM trap to run and exit 7", code, out)
 		}
 	})
+}
+
+// testProcesses checks that a process outlives the request that started
+// it (Detach), is listed, can be followed again from where its caller
+// stopped, and that a kill by pid takes its whole tree.
+func (s *suite) testProcesses(t *testing.T) {
+	sb := s.create(t, runtime.Spec{})
+	first := &syncBuffer{}
+	pids := make(chan int, 1)
+	ctx, cancel := context.WithCancel(ctxT(t, time.Minute))
+	done := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(ctx, runtime.ExecRequest{
+			Cmd:    []string{"sh", "-c", `sleep 1000 & echo $! > /tmp/child; echo one; i=0; while [ ! -e /tmp/go ]; do sleep 0.05; i=$((i+1)); [ $i -lt 600 ] || exit 3; done; echo two; sleep 1000`},
+			Tag:    "conformance-1",
+			Detach: true, Stdout: first, Started: func(pid int) { pids <- pid },
+		})
+		done <- err
+	}()
+	pid := <-pids
+	waitOutput(t, first, "one\n")
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("detached exec ended with %v, want context.Canceled", err)
+	}
+	procs, err := sb.Processes(ctxT(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed *runtime.Process
+	for i := range procs {
+		if procs[i].Tag == "conformance-1" {
+			listed = &procs[i]
+		}
+	}
+	if listed == nil || listed.PID != pid || listed.Cmd[0] != "sh" || listed.Started.IsZero() {
+		t.Fatalf("processes %+v: want pid %d tagged conformance-1 running sh", procs, pid)
+	}
+	rest := &syncBuffer{}
+	attached := make(chan execOut, 1)
+	go func() {
+		res, err := sb.Attach(ctxT(t, time.Minute), runtime.AttachRequest{Tag: "conformance-1", Stdout: rest, From: runtime.StreamOffsets{Stdout: uint64(len("one\n"))}})
+		attached <- execOut{res: res, err: err}
+	}()
+	sh(t, sb, "touch /tmp/go")
+	waitOutput(t, rest, "two\n")
+	if got := rest.String(); got != "two\n" {
+		t.Errorf("attached from after \"one\": %q, want only \"two\"", got)
+	}
+	if err := sb.SignalProcess(ctxT(t, 30*time.Second), pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	o := <-attached
+	if o.err != nil || o.res.ExitCode != 137 {
+		t.Fatalf("attach after the kill: exit %d, %v; want 137", o.res.ExitCode, o.err)
+	}
+	if out := sh(t, sb, `kill -0 $(cat /tmp/child) 2>/dev/null && echo alive || echo gone`); strings.TrimSpace(out) != "gone" {
+		t.Errorf("the killed process's child is %s", out)
+	}
+	if err := sb.SignalProcess(ctxT(t, 30*time.Second), pid, syscall.SIGKILL); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("signal to an ended process: %v, want fs.ErrNotExist", err)
+	}
+}
+
+func waitOutput(t *testing.T, b *syncBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(b.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("output %q: %q never came", b.String(), want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // runInterrupted runs req, calls send once its output says "ready", and
