@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,21 +17,27 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
 
-// TestCrashRecovery kills the server with SIGKILL while a run executes and
-// checks the reconcile rules at the next start: the executing run is
-// CRASHED, live sandboxes with rows are re-attached and usable, a sandbox
-// process whose row is no longer active is destroyed, and a queued run
-// acknowledged before the crash still runs.
+// TestCrashRecovery kills the server with SIGKILL while runs execute and
+// checks the reconcile rules at the next start: a run whose command still
+// runs in its sandbox is followed again and ends COMPLETED with all of its
+// output (the part printed while the server was down too), a run whose
+// sandbox is gone is CRASHED, live sandboxes with rows are re-attached and
+// usable, a sandbox process whose row is no longer active is destroyed,
+// and a queued run acknowledged before the crash still runs.
 func TestCrashRecovery(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, dsn string) {
 		s := startServer(t, dsn, "--keep-sandboxes=true")
 		a := s.createAccount("crash", false)
 		k := s.createKey(a.ID)
 
-		busy := s.createSandbox(k, map[string]any{"command": "sleep", "args": []string{"300"}})
+		// 20 lines, one a second: the server dies after the first few.
+		const lines = `i=1; while [ $i -le 20 ]; do echo line $i; i=$((i+1)); sleep 1; done`
+		busy := s.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", lines}})
 		idle := s.createSandbox(k, map[string]any{})
-		orphan := s.createSandbox(k, map[string]any{})
+		orphan := s.createSandbox(k, map[string]any{"command": "sleep", "args": []string{"300"}})
 		waitStatus(t, s, k, busy["runId"].(string), "EXECUTING")
+		waitStatus(t, s, k, orphan["runId"].(string), "EXECUTING")
+		time.Sleep(3 * time.Second)
 
 		if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -51,10 +58,17 @@ func TestCrashRecovery(t *testing.T) {
 			t.Fatal("orphan sandbox vanished with the server")
 		}
 
+		time.Sleep(2 * time.Second) // lines printed while no server runs
 		s2 := restartServer(t, s)
-		r := s2.waitRun(k, busy["runId"].(string), 30*time.Second)
-		if r.Status != "CRASHED" {
-			t.Fatalf("run executing at the crash is %s", r.Status)
+		var want strings.Builder
+		for i := 1; i <= 20; i++ {
+			fmt.Fprintf(&want, "line %d\n", i)
+		}
+		if r := s2.waitRun(k, busy["runId"].(string), time.Minute); r.Status != "COMPLETED" || r.Output["stdout"] != want.String() || r.Output["exitCode"] != 0.0 {
+			t.Fatalf("run executing at the crash: %s, output %v", r.Status, r.Output)
+		}
+		if r := s2.waitRun(k, orphan["runId"].(string), 30*time.Second); r.Status != "CRASHED" {
+			t.Fatalf("run whose sandbox went away during the outage is %s", r.Status)
 		}
 		for _, sb := range []map[string]any{busy, idle} {
 			id := sb["sandboxId"].(string)

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -164,7 +165,7 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 	// Again, not once: what was pushed since the sandbox started (by the
 	// account's setup, say) is fetched and fast-forwarded.
 	if err := r.cfg.Host.Prepare(ctx, sb, rsb, true); err != nil {
-		fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: preparing /workspace failed: %v\n", err)
+		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %v\n", err)
 	}
 	cwd := p.Cwd
 	if cwd == "" {
@@ -172,18 +173,36 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 	}
 	if p.Command == "opencode" {
 		if err := r.writeOpenCodeConfig(ctx, rsb, cwd); err != nil {
-			fmt.Fprintf(io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}), "sandboxd: writing opencode.json failed: %v\n", err)
+			fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: writing opencode.json failed: %v\n", err)
 		}
 	}
 	trafficBefore := r.traffic(ctx, sb)
 	// The run lasts as long as the sandbox does: its deadline (which may be
-	// extended meanwhile) is the reaper's to enforce, by stopping it.
+	// extended meanwhile) is the reaper's to enforce, by stopping it. The
+	// command is the agent's, tagged with the run: a server that stops
+	// leaves it running (Detach) and follows it again when it starts
+	// (Reconcile, resume).
 	res, execErr := rsb.Exec(ctx, runtime.ExecRequest{
 		Cmd:    append([]string{p.Command}, p.Args...),
 		Cwd:    cwd,
-		Stdout: io.MultiWriter(stdout, prefixWriter{logFile, "stdout"}),
-		Stderr: io.MultiWriter(stderr, prefixWriter{logFile, "stderr"}),
+		Tag:    run.ID,
+		Detach: true,
+		Stdout: io.MultiWriter(stdout, logFile.output(streamStdout)),
+		Stderr: io.MultiWriter(stderr, logFile.output(streamStderr)),
 	})
+	return r.complete(ctx, run, sb, rsb, p, res, execErr, stdout, stderr, logFile, trafficBefore)
+}
+
+// complete records how a run's command ended, once it has: its output,
+// what became of its sandbox, and the work it left.
+func (r *Runner) complete(ctx context.Context, run store.Run, sb store.Sandbox, rsb runtime.Sandbox, p runPayload, res runtime.ExecResult, execErr error,
+	stdout, stderr *capbuf.Buffer, logFile *runLog, trafficBefore *netpol.Traffic) error {
+	if execErr != nil && ctx.Err() != nil {
+		// This server is stopping, not the command: it runs on in its
+		// sandbox, and the next start follows it again (Reconcile).
+		r.log.Info("run left running for the next start", "run_id", run.ID, "sandbox_id", sb.ID)
+		return ctx.Err()
+	}
 	where := "in the run log"
 	if logFile.Dropped() > 0 {
 		where = "not kept (the run log keeps only its head and tail)"
@@ -267,27 +286,21 @@ func Record(ctx context.Context, st *store.Store, runID, status string, out any,
 	return nil
 }
 
-// openRunLog opens a run's log, capped: the command's output comes from
-// the sandbox and may be endless.
-func (r *Runner) openLog(runID string) (*caplog.Writer, error) {
+// openLog opens a run's log, capped: the command's output comes from
+// the sandbox and may be endless. A log that exists already (a run
+// followed again after a restart) is continued.
+func (r *Runner) openLog(runID string) (*runLog, error) {
 	path := LogPath(r.cfg.DataDir, runID)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	return caplog.Open(path, r.cfg.LogMaxBytes)
-}
-
-// prefixWriter writes each chunk to the run log tagged with its stream.
-type prefixWriter struct {
-	w    io.Writer
-	name string
-}
-
-func (p prefixWriter) Write(b []byte) (int, error) {
-	if _, err := fmt.Fprintf(p.w, "[%s] %s", p.name, b); err != nil {
-		return 0, err
+	w, err := caplog.Open(path, r.cfg.LogMaxBytes)
+	if err != nil {
+		return nil, err
 	}
-	return len(b), nil
+	l := &runLog{Writer: w, posPath: path + ".pos"}
+	l.pos = readPos(l.posPath)
+	return l, nil
 }
 
 // writeOpenCodeConfig points OpenCode at the configured model provider
@@ -462,10 +475,13 @@ func Enqueue(ctx context.Context, st *store.Store, jc *jobs.Client, sb store.San
 	return run.ID, nil
 }
 
-// Reconcile marks the runs of this node that were executing when the
-// process died as CRASHED: their output stream is lost. Queued runs are
-// left alone: their jobs are still in the queue and run when the workers
-// start (and fail cleanly if their sandbox is gone).
+// Reconcile takes up the runs of this node that were executing when the
+// server stopped: a run whose sandbox still runs is followed again (its
+// command ran on in the sandbox; resume), one whose sandbox is gone is
+// CRASHED. Queued runs are left alone: their jobs are still in the queue
+// and run when the workers start (and fail cleanly if their sandbox is
+// gone). ctx bounds the resumed runs: when it ends they are left running
+// again for the next start.
 func (r *Runner) Reconcile(ctx context.Context) error {
 	runs, err := r.cfg.Store.ListRunsByStatus(ctx, store.RunExecuting)
 	if err != nil {
@@ -476,9 +492,50 @@ func (r *Runner) Reconcile(ctx context.Context) error {
 		if err != nil || sb.NodeID != r.cfg.NodeID {
 			continue
 		}
-		if err := r.Finish(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing"); err != nil {
+		if sb.Status == store.SandboxRunning && run.Task == jobs.KindRunCommand {
+			go func() {
+				if err := r.resume(ctx, run, sb); err != nil && ctx.Err() == nil {
+					r.log.Error("resume run", "run_id", run.ID, "err", err)
+				}
+			}()
+			continue
+		}
+		if err := r.Finish(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing, and its sandbox is gone"); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// resume follows the command of a run that was executing when the server
+// stopped: the agent kept it running and the tail of its output, so the
+// run gets the output it missed (what the log lacks is appended) and ends
+// as if the server had never gone. CRASHED is for a command that is
+// really gone (its sandbox's agent restarted).
+func (r *Runner) resume(ctx context.Context, run store.Run, sb store.Sandbox) error {
+	var p runPayload
+	if err := json.Unmarshal(run.Payload, &p); err != nil {
+		return r.Finish(ctx, run, store.RunFailed, nil, fmt.Sprintf("invalid run payload: %v", err))
+	}
+	rsb, err := r.cfg.Host.Local(ctx, sb)
+	if err != nil {
+		return r.Finish(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing, and its sandbox could not be reached")
+	}
+	logFile, err := r.openLog(run.ID)
+	if err != nil {
+		return r.Finish(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing, and its run log could not be opened")
+	}
+	defer logFile.Close()
+	r.log.Info("run followed again after a restart", "run_id", run.ID, "sandbox_id", sb.ID)
+	stdout, stderr := capbuf.New(MaxOutput), capbuf.New(MaxOutput)
+	res, execErr := rsb.Attach(ctx, runtime.AttachRequest{
+		Tag: run.ID, Detach: true,
+		Stdout:  io.MultiWriter(stdout, logFile.output(streamStdout)),
+		Stderr:  io.MultiWriter(stderr, logFile.output(streamStderr)),
+		Started: func(_ int, from runtime.StreamOffsets) { logFile.resumeAt(from) },
+	})
+	if errors.Is(execErr, fs.ErrNotExist) {
+		return r.Finish(ctx, run, store.RunCrashed, nil, "sandboxd restarted while the command was executing, and the command is gone (its sandbox's agent restarted)")
+	}
+	return r.complete(ctx, run, sb, rsb, p, res, execErr, stdout, stderr, logFile, nil)
 }
