@@ -4,11 +4,13 @@ import (
 	"context"
 	"io"
 	"mime/multipart"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -28,6 +30,11 @@ type SandboxService interface {
 	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	// Ports lists the TCP ports something listens on in a running sandbox.
 	Ports(ctx context.Context, sb store.Sandbox) ([]int, error)
+	// Processes lists the processes exec and runs started in a running
+	// sandbox that still run.
+	Processes(ctx context.Context, sb store.Sandbox) ([]runtime.Process, error)
+	// SignalProcess signals a process of a running sandbox and its tree.
+	SignalProcess(ctx context.Context, sb store.Sandbox, pid int, sig syscall.Signal) error
 	// SetTimeout makes the sandbox stop d from now.
 	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
 	// Traffic is what a running sandbox's network carried; nil when it

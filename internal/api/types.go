@@ -279,3 +279,32 @@ type RunsQuery struct {
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
 	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=20"`
 }
+
+// ProcessesResponse answers GET /api/sandboxes/{id}/processes.
+type ProcessesResponse struct {
+	Status    string    `json:"status" jsonschema:"enum=success"`
+	Processes []Process `json:"processes"`
+}
+
+// Process is a process exec or a run started in a sandbox that still runs.
+type Process struct {
+	PID int `json:"pid"`
+	// Tag names it: a run's id for the command of a run.
+	Tag       string   `json:"tag,omitempty"`
+	Command   []string `json:"command"`
+	Cwd       string   `json:"cwd,omitempty"`
+	PTY       bool     `json:"pty"`
+	StartedAt string   `json:"startedAt" jsonschema:"format=date-time"`
+}
+
+// KillQuery is the query of DELETE /api/sandboxes/{id}/processes/{pid}.
+type KillQuery struct {
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+	// Signal to send (default SIGKILL).
+	Signal string `json:"signal,omitempty" jsonschema:"enum=SIGKILL,enum=SIGTERM,enum=SIGINT,enum=SIGHUP,enum=SIGQUIT"`
+}
+
+// StatusResponse is a bare success.
+type StatusResponse struct {
+	Status string `json:"status" jsonschema:"enum=success"`
+}
