@@ -43,6 +43,7 @@ func main() {
 	home := flag.String("home", "127.0.0.1:80", "address to forward home (sandboxd.internal); empty disables")
 	cwd := flag.String("cwd", "/workspace", "default working directory, created if missing")
 	debug := flag.Bool("debug", false, "log debug messages")
+	tail := flag.Int("output-tail-bytes", agent.DefaultTailBytes, "bytes of each output stream of a process kept for a caller that reconnects")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -50,13 +51,13 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("agent", version)
-	if err := run(log, *socket, *home, *cwd, secret); err != nil {
+	if err := run(log, *socket, *home, *cwd, *tail, secret); err != nil {
 		log.Error("sandbox-agent failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, socket, home, cwd string, secret []byte) error {
+func run(log *slog.Logger, socket, home, cwd string, tailBytes int, secret []byte) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pid1 := os.Getpid() == 1
@@ -70,7 +71,7 @@ func run(log *slog.Logger, socket, home, cwd string, secret []byte) error {
 	if err := os.MkdirAll(cwd, 0o755); err != nil {
 		log.Warn("create default working directory", "dir", cwd, "err", err)
 	}
-	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log, Secret: secret})
+	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log, Secret: secret, TailBytes: tailBytes})
 	if home != "" {
 		ln, err := net.Listen("tcp", home)
 		if err != nil {

@@ -108,9 +108,10 @@ func (t *procTable) start(cmd *exec.Cmd, startFn func() error) (<-chan syscall.W
 }
 
 // Ended processes are kept for Connect: at most keepEnded of them, none
-// longer than endedFor.
+// longer than endedFor. Their tails live in the sandbox's memory (up to
+// two streams of Options.TailBytes each), so few.
 const (
-	keepEnded = 64
+	keepEnded = 16
 	endedFor  = 15 * time.Minute
 )
 
