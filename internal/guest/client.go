@@ -76,7 +76,7 @@ type ClientOptions struct {
 }
 
 // Client is the host's typed handle on one agent connection. It is safe for
-// concurrent use; every call runs on its own yamux stream.
+// concurrent use; every call is an HTTP/2 request of its own.
 type Client struct {
 	hello Hello
 	sess  *yamux.Session
@@ -94,7 +94,7 @@ func newClient(h Hello, sess *yamux.Session, opts ClientOptions, log *slog.Logge
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = DefaultCallTimeout
 	}
-	hc := &http.Client{Transport: newStreamTransport(sess)}
+	hc := &http.Client{Transport: newTransport(sess)}
 	copts := []connect.ClientOption{clientNoCompression, connect.WithReadMaxBytes(MaxMessage)}
 	c := &Client{
 		hello: h, sess: sess, opts: opts, log: log, http: hc,
@@ -170,10 +170,9 @@ func startSession(conn net.Conn, h Hello, opts ClientOptions) (*Client, error) {
 // Hello returns what the agent said about itself.
 func (c *Client) Hello() Hello { return c.hello }
 
-// Transport carries HTTP requests to the agent, each on a stream of its
-// own: for callers that speak the agent's API themselves (a forwarder of
-// envd-shaped requests). Any host name in a request's URL reaches the
-// agent.
+// Transport carries HTTP requests to the agent: for callers that speak
+// the agent's API themselves (a forwarder of envd-shaped requests). Any
+// host name in a request's URL reaches the agent.
 func (c *Client) Transport() http.RoundTripper { return c.http.Transport }
 
 // Done is closed when the session ends.

@@ -12,13 +12,13 @@
 //     Welcome, Proof): the agent says Hello, the host answers Welcome —
 //     refusing an agent of another Protocol or challenging it to prove it
 //     holds the sandbox's secret — and a challenged agent answers Proof;
-//  2. then yamux, the host as yamux client and the agent as server, so any
-//     number of operations run at once, each with its own flow control;
-//  3. every stream the host opens carries one HTTP/2 cleartext connection
-//     with one request: a Connect RPC or one of the agent's plain HTTP
-//     endpoints (/health, /files). Every stream the agent opens is one
-//     connection a process in the sandbox made to sandboxd.internal:80 (the
-//     way home), spliced as raw bytes to the host's API.
+//  2. then yamux, the host as yamux client and the agent as server;
+//  3. every stream the host opens carries one HTTP/2 cleartext connection,
+//     whose requests — any number at once, each with its own flow control —
+//     are Connect RPCs or the agent's plain HTTP endpoints (/health,
+//     /files). Every stream the agent opens is one connection a process in
+//     the sandbox made to sandboxd.internal:80 (the way home), spliced as
+//     raw bytes to the host's API.
 //
 // Processes belong to the agent, not to the stream that started them: a
 // host that goes away (restarts, loses the session) finds them again by pid

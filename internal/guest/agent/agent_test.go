@@ -25,7 +25,7 @@ import (
 
 // pair connects a host Client to an in-process Agent over a real unix
 // socket, the same transport the gVisor runtime uses.
-func pair(t *testing.T, home func(net.Conn)) (*guest.Client, *agent.Agent) {
+func pair(t testing.TB, home func(net.Conn)) (*guest.Client, *agent.Agent) {
 	t.Helper()
 	secret := []byte("per-sandbox secret")
 	c, a, err := pairWith(t, guest.ClientOptions{Home: home, Secret: secret}, secret)
@@ -37,7 +37,7 @@ func pair(t *testing.T, home func(net.Conn)) (*guest.Client, *agent.Agent) {
 
 // pairWith is pair with the host's options and the agent's secret given;
 // it returns the handshake's error.
-func pairWith(t *testing.T, opts guest.ClientOptions, agentSecret []byte) (*guest.Client, *agent.Agent, error) {
+func pairWith(t testing.TB, opts guest.ClientOptions, agentSecret []byte) (*guest.Client, *agent.Agent, error) {
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
@@ -52,7 +52,7 @@ func pairWith(t *testing.T, opts guest.ClientOptions, agentSecret []byte) (*gues
 }
 
 // connectAgent makes a to dial ln (again) and returns the host's side.
-func connectAgent(t *testing.T, a *agent.Agent, ln net.Listener, opts guest.ClientOptions) (*guest.Client, error) {
+func connectAgent(t testing.TB, a *agent.Agent, ln net.Listener, opts guest.ClientOptions) (*guest.Client, error) {
 	t.Helper()
 	sock := ln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -236,3 +236,24 @@ func TestFilesystemService(t *testing.T) {
 		t.Errorf("stat removed: %v", err)
 	}
 }
+
+// BenchmarkRoundTrip measures the protocol's own cost on the host (a unix
+// socket, no sandbox): a call that forks nothing, and an exec of true.
+func BenchmarkRoundTrip(b *testing.B) {
+	c, _ := pair(b, nil)
+	ctx := context.Background()
+	b.Run("list", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := c.ListDir(ctx, "/"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("exec-true", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := c.Exec(ctx, guest.ExecSpec{Cmd: []string{"true"}}, guest.ExecIO{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

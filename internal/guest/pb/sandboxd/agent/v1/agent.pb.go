@@ -4,9 +4,9 @@
 // Transport (the same on every backend): the agent dials ONE byte stream
 // to the host (a unix socket out of a gVisor sandbox, a virtio-serial port
 // of a microVM) and both sides run yamux on it, the host as yamux client.
-// Every stream the host opens carries one HTTP/2 cleartext connection with
-// one request: a Connect RPC of these services, or the agent's plain HTTP
-// endpoints (GET /health, GET and POST /files). Every stream the agent
+// Every stream the host opens carries one HTTP/2 cleartext connection,
+// whose requests are Connect RPCs of these services or the agent's plain
+// HTTP endpoints (GET /health, GET and POST /files). Every stream the agent
 // opens is one TCP connection a process in the sandbox made to
 // sandboxd.internal:80 (the way home), spliced to the host's API as raw
 // bytes.
