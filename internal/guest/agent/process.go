@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -375,6 +376,7 @@ func (a *Agent) spawn(req *pb.StartRequest) (*process, *startFailure, error) {
 // supervise pumps p's output, enforces its timeout and records its end.
 func (a *Agent) supervise(p *process, cmd *exec.Cmd, readers []*os.File, wait <-chan syscall.WaitStatus, timeout time.Duration, oomBefore uint64, oomCounted bool) {
 	var outWG sync.WaitGroup
+	pumps := make([]*pump, len(readers))
 	for i, r := range readers {
 		stream := streamStdout
 		switch {
@@ -383,12 +385,18 @@ func (a *Agent) supervise(p *process, cmd *exec.Cmd, readers []*os.File, wait <-
 		case i == 1:
 			stream = streamStderr
 		}
+		pm := &pump{r: r}
+		pumps[i] = pm
 		outWG.Add(1)
-		go func(r *os.File, stream int) {
+		go func() {
 			defer outWG.Done()
+			defer pm.done.Store(true)
 			buf := make([]byte, chunkSize)
 			for {
+				pm.since.Store(time.Now().UnixNano())
+				pm.reading.Store(true)
 				n, err := r.Read(buf)
+				pm.reading.Store(false)
 				if n > 0 {
 					p.publish(stream, buf[:n])
 				}
@@ -396,7 +404,7 @@ func (a *Agent) supervise(p *process, cmd *exec.Cmd, readers []*os.File, wait <-
 					return
 				}
 			}
-		}(r, stream)
+		}()
 	}
 	var timer <-chan time.Time
 	if timeout > 0 {
@@ -426,23 +434,7 @@ func (a *Agent) supervise(p *process, cmd *exec.Cmd, readers []*os.File, wait <-
 	}
 	outDone := make(chan struct{})
 	go func() { outWG.Wait(); close(outDone) }()
-	select {
-	case <-outDone:
-	case <-time.After(outputGrace):
-		// A background child that inherited the output must not hold the
-		// process open forever.
-		for _, r := range readers {
-			_ = r.SetReadDeadline(time.Now())
-		}
-		select {
-		case <-outDone:
-		case <-time.After(outputGrace):
-			// A reader the poller cannot interrupt (a terminal some
-			// kernels cannot poll) stays blocked; what it still reads goes
-			// to the tail only.
-			a.log.Warn("output reader still blocked after exit", "pid", p.pid)
-		}
-	}
+	a.drain(p.pid, pumps, outDone)
 	closeAll(readers)
 	p.mu.Lock()
 	if p.stdin != nil && p.stdin != p.pty && !p.stdinShut {
@@ -471,6 +463,60 @@ func (a *Agent) supervise(p *process, cmd *exec.Cmd, readers []*os.File, wait <-
 	p.mu.Unlock()
 	close(p.done)
 	a.procs.finished(p)
+}
+
+// pump reads one output stream of a process.
+type pump struct {
+	r       *os.File
+	reading atomic.Bool  // blocked in Read (not handing output over)
+	since   atomic.Int64 // when the current Read began, unix nanoseconds
+	done    atomic.Bool
+}
+
+// drain waits, after the process exited, for its output to be read to the
+// end and handed over (a slow follower is waited for: it holds the pump,
+// not the output). A pump whose read has waited outputGrace since the
+// exit without data is held by a background child that inherited the
+// stream: its read is interrupted. One whose read cannot be interrupted
+// (a terminal some kernels cannot poll) is left after three graces; what
+// it still reads goes to the tail only.
+func (a *Agent) drain(pid int, pumps []*pump, outDone <-chan struct{}) {
+	exited := time.Now()
+	tick := time.NewTicker(outputGrace / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-outDone:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		stuck, open := 0, 0
+		for _, pm := range pumps {
+			if pm.done.Load() {
+				continue
+			}
+			open++
+			if !pm.reading.Load() {
+				continue
+			}
+			from := time.Unix(0, pm.since.Load())
+			if from.Before(exited) {
+				from = exited
+			}
+			idle := now.Sub(from)
+			if idle > outputGrace {
+				_ = pm.r.SetReadDeadline(now)
+			}
+			if idle > 3*outputGrace {
+				stuck++
+			}
+		}
+		if open > 0 && stuck == open {
+			a.log.Warn("output reader still blocked after exit", "pid", pid)
+			return
+		}
+	}
 }
 
 func closeAll(fs []*os.File) {

@@ -257,3 +257,37 @@ func BenchmarkRoundTrip(b *testing.B) {
 		}
 	})
 }
+
+// slowWriter takes its time with every write and once stalls for a
+// second, as a slow client on a bad network would.
+type slowWriter struct {
+	n       int
+	stalled bool
+}
+
+func (s *slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(time.Millisecond)
+	if s.n > 2<<20 && !s.stalled {
+		s.stalled = true
+		time.Sleep(time.Second)
+	}
+	s.n += len(p)
+	return len(p), nil
+}
+
+// TestSlowConsumerGetsAllOutput: a process that writes more than the
+// connection's window and the agent's buffers hold, to a follower that is
+// slow and stalls once, loses nothing (the grace after an exit is for
+// reads held open by a background child, not for output on its way to a
+// slow reader).
+func TestSlowConsumerGetsAllOutput(t *testing.T) {
+	c, _ := pair(t, nil)
+	var w slowWriter
+	e, err := c.Exec(context.Background(), guest.ExecSpec{Cmd: []string{"head", "-c", "12000000", "/dev/zero"}}, guest.ExecIO{Stdout: &w})
+	if err != nil || e.Code != 0 {
+		t.Fatalf("exec: %+v %v", e, err)
+	}
+	if w.n != 12000000 {
+		t.Fatalf("received %d bytes of 12000000", w.n)
+	}
+}
