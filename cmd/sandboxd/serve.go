@@ -441,8 +441,10 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		log.Info("shutting down; stopping this node's sandboxes")
 		err = errors.Join(err, mgr.StopAll(shutdownCtx, "sandboxd shut down"))
 	}
-	// Running jobs get until the shutdown deadline; a command still running
-	// then is marked CRASHED by the next start's reconcile.
+	// Running jobs get until the shutdown deadline. A run's command still
+	// running then runs on in its kept sandbox (the agent owns it), and the
+	// next start's reconcile follows it again; without --keep-sandboxes
+	// its sandbox was stopped above and the run ended with it.
 	err = errors.Join(err, jc.Stop(shutdownCtx))
 	stopRun()
 	return err
