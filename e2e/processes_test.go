@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -42,8 +44,20 @@ func TestProcesses(t *testing.T) {
 	if r := s.as(k, "DELETE", kill+"?signal=SIGSTOPPED", nil); r.Status != 400 {
 		t.Fatalf("kill with an unknown signal: %d %s", r.Status, r.Raw)
 	}
-	if r := s.as(k, "DELETE", kill, nil); r.Status != 200 {
-		t.Fatalf("kill: %d %s", r.Status, r.Raw)
+	// The CLI lists and kills through the same routes.
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(binary, append([]string{"sandbox", "--url", s.base, "--key", k.Key}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("sandboxd sandbox %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	if out := cli("ps", id); !strings.HasPrefix(out, "PID ") || !strings.Contains(out, fmt.Sprintf("%d  ", int(pid))) || !strings.Contains(out, runID) {
+		t.Fatalf("sandbox ps:\n%s", out)
+	}
+	if out := cli("kill", id, fmt.Sprint(int(pid))); out != fmt.Sprintf("killed process %d\n", int(pid)) {
+		t.Fatalf("sandbox kill: %q", out)
 	}
 	if r := s.waitRun(k, runID, time.Minute); r.Status != "COMPLETED" || r.Output["exitCode"] != 137.0 {
 		t.Fatalf("killed run: %s %v", r.Status, r.Output)

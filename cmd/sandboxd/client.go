@@ -263,6 +263,7 @@ func newSandboxCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(create, ls, exec, stop, setNetwork)
+	cmd.AddCommand(processCommands(c, &account, &asJSON)...)
 	return cmd
 }
 
