@@ -200,7 +200,11 @@ func TestOpenCodeConfigNamesOnlyTheProxy(t *testing.T) {
 	}
 }
 
-func TestReconcileCrashesOnlyThisNodesExecutingRuns(t *testing.T) {
+// TestReconcileTakesUpOnlyThisNodesExecutingRuns: this node's executing run
+// is followed again in the background; the fake runtime keeps no process
+// for it to find, so it ends CRASHED (the command is gone). Another node's
+// run and a queued one are left alone.
+func TestReconcileTakesUpOnlyThisNodesExecutingRuns(t *testing.T) {
 	f := newFixture(t, runs.Config{})
 	ctx := context.Background()
 	_, here := f.enqueue(t, "sleep")
@@ -221,7 +225,21 @@ func TestReconcileCrashesOnlyThisNodesExecutingRuns(t *testing.T) {
 	if err := f.runner.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for id, want := range map[string]string{here: store.RunCrashed, queued: store.RunQueued, there: store.RunExecuting} {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		run, _, msg := f.result(t, here)
+		if run.Status == store.RunCrashed {
+			if !strings.Contains(msg, "the command is gone") {
+				t.Errorf("crashed run's message %q", msg)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %s (%q), want CRASHED", here, run.Status, msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for id, want := range map[string]string{queued: store.RunQueued, there: store.RunExecuting} {
 		if run, _, msg := f.result(t, id); run.Status != want {
 			t.Errorf("run %s is %s (%q), want %s", id, run.Status, msg, want)
 		}
