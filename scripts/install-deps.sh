@@ -27,6 +27,7 @@ need=(
   "/usr/include/openssl/ssl.h:libssl-dev"
   "xz:xz-utils"
   "cpio:cpio"
+  "tmux:tmux"                                      # drives `sandbox connect` on a real terminal in the e2e tests
 )
 
 missing=()

@@ -264,6 +264,7 @@ func newSandboxCmd() *cobra.Command {
 	}
 	cmd.AddCommand(create, ls, exec, stop, setNetwork)
 	cmd.AddCommand(processCommands(c, &account, &asJSON)...)
+	cmd.AddCommand(connectCommand(c, &account))
 	return cmd
 }
 

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 )
 
@@ -20,10 +21,14 @@ func (r CreateSandboxRequest) Domain() sandbox.CreateRequest {
 
 // Domain is the body as the sandbox manager's request.
 func (r ExecRequest) Domain() sandbox.ExecRequest {
-	return sandbox.ExecRequest{
+	req := sandbox.ExecRequest{
 		Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env, Stdin: r.Stdin,
 		Timeout: time.Duration(r.Timeout) * time.Millisecond,
 	}
+	if r.PTY != nil {
+		req.PTY = &runtime.WindowSize{Rows: uint16(r.PTY.Rows), Cols: uint16(r.PTY.Cols)}
+	}
+	return req
 }
 
 // Domain is the body as the agent service's request.

@@ -168,6 +168,15 @@ type ExecRequest struct {
 	Stdin     string            `json:"stdin,omitempty"`
 	Timeout   int64             `json:"timeout,omitempty" jsonschema:"minimum=1,description=Milliseconds before the command is killed"`
 	AccountID string            `json:"account_id,omitempty" jsonschema:"format=uuid"`
+	// PTY runs the command on a terminal of this size (sandboxd); its
+	// output is then one stream, reported as stdout.
+	PTY *PTYSize `json:"pty,omitempty"`
+}
+
+// PTYSize is a terminal's size in characters.
+type PTYSize struct {
+	Rows int `json:"rows" jsonschema:"minimum=1,maximum=1000"`
+	Cols int `json:"cols" jsonschema:"minimum=1,maximum=1000"`
 }
 
 // ExecResponse answers a non-streamed exec.

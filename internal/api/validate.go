@@ -257,8 +257,37 @@ func parseExec(o object) (ExecRequest, error) {
 		return req, err
 	}
 	req.Timeout = t
+	if o.present("pty") {
+		if req.PTY, err = parsePTY(o["pty"]); err != nil {
+			return req, err
+		}
+	}
 	req.AccountID, err = o.accountID()
 	return req, err
+}
+
+// parsePTY validates an exec's terminal size: {"rows": 1..1000, "cols":
+// 1..1000}.
+func parsePTY(raw json.RawMessage) (*PTYSize, error) {
+	p, err := decodeObject(raw)
+	if err != nil || jsonKind(raw) != "object" {
+		return nil, typeError("object", raw, []any{"pty"})
+	}
+	var size PTYSize
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{{"rows", &size.Rows}, {"cols", &size.Cols}} {
+		n, ok, err := p.int(f.name)
+		if err != nil {
+			return nil, errField(fmt.Sprintf("pty.%s must be an integer", f.name), "pty", f.name)
+		}
+		if !ok || n < 1 || n > 1000 {
+			return nil, errField(fmt.Sprintf("pty.%s must be between 1 and 1000", f.name), "pty", f.name)
+		}
+		*f.v = int(n)
+	}
+	return &size, nil
 }
 
 // parseTimeout validates the body of POST /api/sandboxes/{id}/timeout.

@@ -413,14 +413,19 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 	if req.Timeout > 0 {
 		timeout = min(timeout, req.Timeout)
 	}
-	var stdin io.Reader
-	if req.Stdin != "" {
+	stdin := req.Input
+	if stdin == nil && req.Stdin != "" {
 		stdin = strings.NewReader(req.Stdin)
 	}
-	res, err := rsb.Exec(ctx, runtime.ExecRequest{
+	rreq := runtime.ExecRequest{
 		Cmd: append([]string{req.Command}, req.Args...), Env: env, Cwd: req.Cwd,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr, Timeout: timeout,
-	})
+		Resize: req.Resize, Signal: req.Signal,
+	}
+	if req.PTY != nil {
+		rreq.TTY, rreq.Rows, rreq.Cols = true, req.PTY.Rows, req.PTY.Cols
+	}
+	res, err := rsb.Exec(ctx, rreq)
 	if err != nil {
 		if errors.Is(err, runtime.ErrCommandNotFound) {
 			return ExecResult{}, errdefs.Newf(errdefs.ErrInvalid, "command not found: %s", req.Command)

@@ -1,9 +1,12 @@
 package sandbox
 
 import (
+	"io"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // The requests the manager serves, in the domain's terms: parsed and
@@ -31,6 +34,14 @@ type ExecRequest struct {
 	Env     map[string]string // added to the sandbox's environment
 	Stdin   string
 	Timeout time.Duration // 0: until the sandbox's deadline
+	// PTY runs the command on a terminal of this size; its output is one
+	// stream (stdout).
+	PTY *runtime.WindowSize
+	// Input streams the command's input (instead of Stdin); Resize and
+	// Signal reach the running command (an interactive session).
+	Input  io.Reader
+	Resize <-chan runtime.WindowSize
+	Signal <-chan syscall.Signal
 }
 
 // CodingAgentRequest is a coding-agent task: Claude Code on Prompt in a
