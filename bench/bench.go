@@ -507,6 +507,29 @@ func digestTree(ctx context.Context, sb runtime.Sandbox) (string, error) {
 
 func ms(d time.Duration) float64 { return round(float64(d.Microseconds()) / 1000) }
 
+// writeBundle writes an OCI bundle's config.json in dir: rootfs read-only,
+// args as the process, its own namespaces and no network.
+func writeBundle(dir, rootfs string, args []string) error {
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process":    map[string]any{"args": args, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}, "user": map[string]int{"uid": 0, "gid": 0}},
+		"root":       map[string]any{"path": rootfs, "readonly": true},
+		"mounts":     []map[string]string{{"destination": "/proc", "type": "proc", "source": "proc"}},
+		"linux":      map[string]any{"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}},
+	}
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), js, 0o600)
+}
+
+// runscCmd is bare runsc with a state root, a platform and no network.
+func runscCmd(ctx context.Context, runsc, root, platform string, args ...string) *exec.Cmd {
+	g := []string{"--root", root, "--platform", platform, "--network", "none"}
+	return exec.CommandContext(ctx, runscPath(runsc), append(g, args...)...)
+}
+
 // baseline times the bare `runsc run` of the same root filesystem: a bundle
 // with the rootfs read-only and /bin/true, from start to exit, and the
 // detached start of a long-running process.
@@ -516,25 +539,8 @@ func (b *bencher) baseline(ctx context.Context) error {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return err
 	}
-	platform := b.rep.Platform
-	write := func(args []string) error {
-		spec := map[string]any{
-			"ociVersion": "1.0.2",
-			"process":    map[string]any{"args": args, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}, "user": map[string]int{"uid": 0, "gid": 0}},
-			"root":       map[string]any{"path": b.o.Rootfs, "readonly": true},
-			"mounts":     []map[string]string{{"destination": "/proc", "type": "proc", "source": "proc"}},
-			"linux":      map[string]any{"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}},
-		}
-		js, err := json.Marshal(spec)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dir, "config.json"), js, 0o600)
-	}
-	runsc := func(args ...string) *exec.Cmd {
-		g := []string{"--root", root, "--platform", platform, "--network", "none"}
-		return exec.CommandContext(ctx, runscPath(b.o.RunscPath), append(g, args...)...)
-	}
+	write := func(args []string) error { return writeBundle(dir, b.o.Rootfs, args) }
+	runsc := func(args ...string) *exec.Cmd { return runscCmd(ctx, b.o.RunscPath, root, b.rep.Platform, args...) }
 	if err := write([]string{"/bin/true"}); err != nil {
 		return err
 	}

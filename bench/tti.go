@@ -1,0 +1,449 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// TTIOptions configure the time-to-interactive benchmark: create a sandbox
+// through the API, then run its first successful command, the way
+// ComputeSDK's public benchmark measures hosted sandbox products.
+type TTIOptions struct {
+	// Sandboxd is the sandboxd binary: the benchmark starts `serve` on a
+	// scratch data dir and creates its accounts with `admin`.
+	Sandboxd string
+	// ServeArgs are added to `serve` (e.g. --rootfs DIR, --template T).
+	ServeArgs []string
+	// Command is the first command (default `echo ok`).
+	Command []string
+	// N is the samples of the sequential and staggered modes (default
+	// 10); Burst the sandboxes created at once (default 20).
+	N, Burst int
+	// Stagger is the gap between the staggered mode's creates (200 ms).
+	Stagger time.Duration
+	// SnapshotMiB is what the snapshot account's snapshot changed
+	// (default 5 MiB of random bytes).
+	SnapshotMiB int
+	// Baseline: bare `runsc run --detach` + `runsc exec` of Rootfs (a
+	// busybox tree) on Platform; RunscPath empty means PATH.
+	Rootfs, RunscPath, Platform string
+	StateDir                    string // scratch; created and removed
+	Progress                    io.Writer
+}
+
+// Latency is a distribution of successful samples in milliseconds, and
+// how many of the samples succeeded.
+type Latency struct {
+	N           int     `json:"n"`
+	OK          int     `json:"ok"`
+	SuccessRate float64 `json:"success_rate"`
+	P50         float64 `json:"p50_ms"`
+	P95         float64 `json:"p95_ms"`
+	P99         float64 `json:"p99_ms"`
+	Min         float64 `json:"min_ms"`
+	Max         float64 `json:"max_ms"`
+}
+
+func latency(ds []time.Duration, n int) Latency {
+	l := Latency{N: n, OK: len(ds)}
+	if n > 0 {
+		l.SuccessRate = round(float64(len(ds)) / float64(n))
+	}
+	if len(ds) == 0 {
+		return l
+	}
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = float64(d.Microseconds()) / 1000
+	}
+	sort.Float64s(ms)
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(ms)))) - 1
+		return round(ms[max(0, min(i, len(ms)-1))])
+	}
+	l.P50, l.P95, l.P99, l.Min, l.Max = q(0.5), q(0.95), q(0.99), round(ms[0]), round(ms[len(ms)-1])
+	return l
+}
+
+// TTIResult is one mode for one kind of account.
+type TTIResult struct {
+	Account string   `json:"account"` // "fresh" or "snapshot"
+	Mode    string   `json:"mode"`    // "sequential", "staggered" or "burst"
+	Latency Latency  `json:"latency"`
+	Errors  []string `json:"errors,omitempty"` // the first few failures
+}
+
+// TTIReport is what RunTTI measured.
+type TTIReport struct {
+	Command  []string    `json:"command"`
+	Results  []TTIResult `json:"results"`
+	Baseline Latency     `json:"baseline_runsc_run_detach_exec"`
+	Platform string      `json:"platform"`
+}
+
+// RunTTI runs the time-to-interactive benchmark: a server of its own, a
+// fresh account and one with a snapshot, each in the three modes, then the
+// bare runtime's baseline in the same run.
+func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
+	if o.N <= 0 {
+		o.N = 10
+	}
+	if o.Burst <= 0 {
+		o.Burst = 20
+	}
+	if o.Stagger <= 0 {
+		o.Stagger = 200 * time.Millisecond
+	}
+	if o.SnapshotMiB <= 0 {
+		o.SnapshotMiB = 5
+	}
+	if len(o.Command) == 0 {
+		o.Command = []string{"echo", "ok"}
+	}
+	if o.Platform == "" {
+		o.Platform = "ptrace"
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	rep := TTIReport{Command: o.Command, Platform: o.Platform}
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return rep, err
+	}
+	srv, err := startServer(ctx, o)
+	if err != nil {
+		return rep, err
+	}
+	defer srv.stop()
+	accounts := map[string]string{}
+	for _, name := range []string{"fresh", "snapshot"} {
+		key, err := srv.account(ctx, "tti-"+name)
+		if err != nil {
+			return rep, err
+		}
+		accounts[name] = key
+	}
+	fmt.Fprintf(o.Progress, "tti: giving the snapshot account a snapshot (%d MiB changed)...\n", o.SnapshotMiB)
+	if err := srv.snapshot(ctx, accounts["snapshot"], o.SnapshotMiB); err != nil {
+		return rep, err
+	}
+	for _, account := range []string{"fresh", "snapshot"} {
+		for _, mode := range []string{"sequential", "staggered", "burst"} {
+			fmt.Fprintf(o.Progress, "tti: %s account, %s...\n", account, mode)
+			if account == "fresh" {
+				// A fresh account every time: the first sandbox of an
+				// account is what is measured, not its tenth.
+				key, err := srv.account(ctx, "tti-fresh-"+mode)
+				if err != nil {
+					return rep, err
+				}
+				accounts["fresh"] = key
+			}
+			rep.Results = append(rep.Results, srv.mode(ctx, accounts[account], account, mode, o))
+		}
+	}
+	fmt.Fprintln(o.Progress, "tti: bare runsc run --detach + runsc exec...")
+	if rep.Baseline, err = ttiBaseline(ctx, o); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// ttiServer is a `sandboxd serve` the benchmark started.
+type ttiServer struct {
+	o    TTIOptions
+	base string
+	cmd  *exec.Cmd
+	logs *bytes.Buffer
+	http *http.Client
+}
+
+func startServer(ctx context.Context, o TTIOptions) (*ttiServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &ttiServer{o: o, base: "http://" + addr, logs: &bytes.Buffer{}, http: &http.Client{Timeout: 5 * time.Minute}}
+	args := append([]string{"serve", "--data-dir", filepath.Join(o.StateDir, "data"), "--listen", addr, "--metrics-addr", "",
+		"--max-sandboxes-per-account", "0", "--setup-on-first-use=false", "--gvisor-platform", o.Platform}, o.ServeArgs...)
+	s.cmd = exec.Command(o.Sandboxd, args...)
+	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
+	if err := s.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start sandboxd: %w", err)
+	}
+	deadline := time.Now().Add(10 * time.Minute) // a first start may build the image
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if resp, err := http.Get(s.base + "/api/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s, nil
+			}
+		}
+		if s.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.stop()
+	return nil, fmt.Errorf("sandboxd did not become healthy:\n%s", tail(s.logs.String(), 4000))
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (s *ttiServer) stop() {
+	if s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// account creates an account and returns an API key for it.
+func (s *ttiServer) account(ctx context.Context, name string) (string, error) {
+	admin := func(out any, args ...string) error {
+		args = append(args, "--data-dir", filepath.Join(s.o.StateDir, "data"), "--json")
+		b, err := exec.CommandContext(ctx, s.o.Sandboxd, args...).Output()
+		if err != nil {
+			return fmt.Errorf("sandboxd %s: %w", strings.Join(args, " "), err)
+		}
+		return json.Unmarshal(b, out)
+	}
+	var a struct {
+		ID string `json:"id"`
+	}
+	if err := admin(&a, "admin", "account", "create", "--name", name); err != nil {
+		return "", err
+	}
+	var k struct {
+		Key string `json:"key"`
+	}
+	if err := admin(&k, "admin", "key", "create", "--account", a.ID); err != nil {
+		return "", err
+	}
+	return k.Key, nil
+}
+
+// call sends a JSON request with key and decodes the answer.
+func (s *ttiServer) call(ctx context.Context, key, method, path string, body any, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.base+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("x-api-key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, tail(string(b), 300))
+	}
+	if out != nil {
+		return resp.StatusCode, json.Unmarshal(b, out)
+	}
+	return resp.StatusCode, nil
+}
+
+type created struct {
+	Sandboxes []struct {
+		SandboxID string `json:"sandboxId"`
+		RunID     string `json:"runId"`
+	} `json:"sandboxes"`
+}
+
+// snapshot gives the account a snapshot: a run that writes mib MiB of
+// random bytes, whose end records the sandbox's filesystem.
+func (s *ttiServer) snapshot(ctx context.Context, key string, mib int) error {
+	var c created
+	body := map[string]any{"command": "sh", "args": []string{"-c", fmt.Sprintf("head -c %d /dev/urandom > /workspace/tti.bin", mib<<20)}}
+	if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes", body, &c); err != nil {
+		return err
+	}
+	if len(c.Sandboxes) == 0 || c.Sandboxes[0].RunID == "" {
+		return errors.New("create with a command answered no run")
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		var runs struct {
+			Runs []struct {
+				Status string         `json:"status"`
+				Output map[string]any `json:"output"`
+			} `json:"runs"`
+		}
+		if _, err := s.call(ctx, key, http.MethodGet, "/api/tasks/runs?runId="+c.Sandboxes[0].RunID, nil, &runs); err != nil {
+			return err
+		}
+		if len(runs.Runs) == 1 && runs.Runs[0].Status != "QUEUED" && runs.Runs[0].Status != "EXECUTING" {
+			if runs.Runs[0].Status != "COMPLETED" || runs.Runs[0].Output["snapshotId"] == nil {
+				return fmt.Errorf("the snapshot run ended %s without a snapshot: %v", runs.Runs[0].Status, runs.Runs[0].Output)
+			}
+			_, _ = s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+c.Sandboxes[0].SandboxID+"/stop", map[string]any{}, nil)
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return errors.New("the snapshot run did not end in 5 minutes")
+}
+
+// sample creates a sandbox and runs the first command until it succeeds:
+// the time from the create's request to the command's answer, and the
+// sandbox (to stop afterwards).
+func (s *ttiServer) sample(ctx context.Context, key string) (time.Duration, string, error) {
+	start := time.Now()
+	var c created
+	if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes", map[string]any{}, &c); err != nil {
+		return 0, "", err
+	}
+	if len(c.Sandboxes) == 0 {
+		return 0, "", errors.New("create answered no sandbox")
+	}
+	id := c.Sandboxes[0].SandboxID
+	body := map[string]any{"command": s.o.Command[0], "args": s.o.Command[1:]}
+	var lastErr error
+	for time.Since(start) < time.Minute {
+		var out struct {
+			ExitCode int `json:"exitCode"`
+		}
+		_, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+id+"/exec", body, &out)
+		if err == nil && out.ExitCode == 0 {
+			return time.Since(start), id, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("first command exited %d", out.ExitCode)
+		}
+		lastErr = err
+		time.Sleep(20 * time.Millisecond)
+	}
+	return 0, id, fmt.Errorf("no successful command within a minute: %w", lastErr)
+}
+
+// mode runs one mode's samples and stops their sandboxes afterwards.
+func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOptions) TTIResult {
+	n := o.N
+	if mode == "burst" {
+		n = o.Burst
+	}
+	var (
+		mu   sync.Mutex
+		ds   []time.Duration
+		ids  []string
+		errs []string
+		wg   sync.WaitGroup
+	)
+	one := func() {
+		d, id, err := s.sample(ctx, key)
+		mu.Lock()
+		defer mu.Unlock()
+		if id != "" {
+			ids = append(ids, id)
+		}
+		if err != nil {
+			if len(errs) < 5 {
+				errs = append(errs, err.Error())
+			}
+			return
+		}
+		ds = append(ds, d)
+	}
+	for i := range n {
+		switch mode {
+		case "sequential":
+			one()
+		case "staggered":
+			if i > 0 {
+				time.Sleep(o.Stagger)
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); one() }()
+		default:
+			wg.Add(1)
+			go func() { defer wg.Done(); one() }()
+		}
+	}
+	wg.Wait()
+	for _, id := range ids {
+		_, _ = s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+id+"/stop", map[string]any{}, nil)
+	}
+	return TTIResult{Account: account, Mode: mode, Latency: latency(ds, n), Errors: errs}
+}
+
+// ttiBaseline is the bare runtime doing the same: `runsc run --detach`
+// of a sleeping busybox bundle, then `runsc exec` of the first command,
+// sequentially.
+func ttiBaseline(ctx context.Context, o TTIOptions) (Latency, error) {
+	dir := filepath.Join(o.StateDir, "baseline")
+	root := filepath.Join(dir, "runsc")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return Latency{}, err
+	}
+	if err := writeBundle(dir, o.Rootfs, []string{"/bin/sleep", "1000"}); err != nil {
+		return Latency{}, err
+	}
+	cmd := []string{"/bin/echo", "ok"}
+	var ds []time.Duration
+	for i := range o.N {
+		cid := fmt.Sprintf("tti-%d", i)
+		log, err := os.Create(filepath.Join(dir, "detach.log"))
+		if err != nil {
+			return Latency{}, err
+		}
+		start := time.Now()
+		run := runscCmd(ctx, o.RunscPath, root, o.Platform, "run", "--detach", "--bundle", dir, cid)
+		run.Stdout, run.Stderr = log, log
+		err = run.Run()
+		log.Close()
+		if err == nil {
+			var out []byte
+			out, err = runscCmd(ctx, o.RunscPath, root, o.Platform, append([]string{"exec", cid}, cmd...)...).CombinedOutput()
+			if err == nil && strings.TrimSpace(string(out)) != "ok" {
+				err = fmt.Errorf("runsc exec printed %q", out)
+			}
+		}
+		d := time.Since(start)
+		_ = runscCmd(ctx, o.RunscPath, root, o.Platform, "delete", "--force", cid).Run()
+		if err != nil {
+			b, _ := os.ReadFile(filepath.Join(dir, "detach.log"))
+			return Latency{}, fmt.Errorf("runsc baseline: %v: %s", err, b)
+		}
+		ds = append(ds, d)
+	}
+	return latency(ds, o.N), nil
+}
