@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -95,6 +96,8 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 		template, runsc  string
 		platform         string
 		n, burst, snapMB int
+		diskMiB          int
+		useBusybox       bool
 		stagger          time.Duration
 	)
 	cmd := &cobra.Command{
@@ -129,6 +132,9 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 				Rootfs: baseRootfs, RunscPath: runsc, Platform: platform,
 				StateDir: filepath.Join(scratch, "state"), Progress: cmd.ErrOrStderr(),
 			}
+			if useBusybox {
+				rootfs = baseRootfs
+			}
 			switch {
 			case rootfs != "":
 				o.ServeArgs = []string{"--rootfs", rootfs}
@@ -140,6 +146,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			if runsc != "" {
 				o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
 			}
+			o.ServeArgs = append(o.ServeArgs, "--sandbox-disk-mib", strconv.Itoa(diskMiB))
 			rep, err := bench.RunTTI(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -171,6 +178,8 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.StringVar(&chart, "chart", "", "also draw the figures as an SVG chart into this file")
 	f.StringVar(&rootfs, "rootfs", "", "serve this root filesystem (first command: echo ok) instead of a template")
 	f.StringVar(&template, "template", "full", "image template to serve (first command: node -v)")
+	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
+	f.IntVar(&diskMiB, "sandbox-disk-mib", 1024, "the server's --sandbox-disk-mib: its disk admission counts every sandbox at this size (the default 4096 admits about 15 on a 64 GiB disk, fewer than a burst)")
 	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
 	f.StringVar(&platform, "gvisor-platform", "ptrace", "gVisor platform of the server and the baseline")
 	f.IntVar(&n, "n", 10, "samples of the sequential and staggered modes (and of the baseline)")
