@@ -62,16 +62,22 @@ func timing(ds []time.Duration) Timing {
 	if len(ds) == 0 {
 		return Timing{}
 	}
+	q := quantiles(ds)
+	return Timing{N: len(ds), P50: q(0.5), P90: q(0.9), Min: q(0), Max: q(1)}
+}
+
+// quantiles sorts ds (not empty) and returns its quantile function, in
+// milliseconds: q(0) is the least, q(1) the greatest.
+func quantiles(ds []time.Duration) func(p float64) float64 {
 	ms := make([]float64, len(ds))
 	for i, d := range ds {
 		ms[i] = float64(d.Microseconds()) / 1000
 	}
 	sort.Float64s(ms)
-	q := func(p float64) float64 {
+	return func(p float64) float64 {
 		i := int(math.Ceil(p*float64(len(ms)))) - 1
 		return round(ms[max(0, min(i, len(ms)-1))])
 	}
-	return Timing{N: len(ms), P50: q(0.5), P90: q(0.9), Min: round(ms[0]), Max: round(ms[len(ms)-1])}
 }
 
 func round(f float64) float64 { return math.Round(f*100) / 100 }

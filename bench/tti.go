@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -66,16 +64,8 @@ func latency(ds []time.Duration, n int) Latency {
 	if len(ds) == 0 {
 		return l
 	}
-	ms := make([]float64, len(ds))
-	for i, d := range ds {
-		ms[i] = float64(d.Microseconds()) / 1000
-	}
-	sort.Float64s(ms)
-	q := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(ms)))) - 1
-		return round(ms[max(0, min(i, len(ms)-1))])
-	}
-	l.P50, l.P95, l.P99, l.Min, l.Max = q(0.5), q(0.95), q(0.99), round(ms[0]), round(ms[len(ms)-1])
+	q := quantiles(ds)
+	l.P50, l.P95, l.P99, l.Min, l.Max = q(0.5), q(0.95), q(0.99), q(0), q(1)
 	return l
 }
 

@@ -60,16 +60,9 @@ var wsSignals = map[string]syscall.Signal{
 // sandbox is settled before the upgrade, so refusals keep the statuses
 // of POST .../exec.
 func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
-	requested, err := queryAccountID(r.URL.Query())
+	sb, err := s.sandboxOfQuery(r)
 	if err != nil {
 		return err
-	}
-	sb, err := s.sandboxFor(r, requested)
-	if err != nil {
-		return err
-	}
-	if s.opts.Sandboxes == nil {
-		return errNotAvailable
 	}
 	if sb.Status != store.SandboxRunning {
 		return serviceError(errdefs.ErrNotRunning, "Sandbox not found")

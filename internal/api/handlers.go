@@ -561,16 +561,9 @@ func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, 
 }
 
 func (s *Server) ports(w http.ResponseWriter, r *http.Request) error {
-	requested, err := queryAccountID(r.URL.Query())
+	sb, err := s.sandboxOfQuery(r)
 	if err != nil {
 		return err
-	}
-	sb, err := s.sandboxFor(r, requested)
-	if err != nil {
-		return err
-	}
-	if s.opts.Sandboxes == nil {
-		return errNotAvailable
 	}
 	ports, err := s.opts.Sandboxes.Ports(r.Context(), sb)
 	if err != nil {

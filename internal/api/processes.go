@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // killSignals are the signals DELETE .../processes/{pid} sends by name.
@@ -13,17 +15,28 @@ var killSignals = map[string]syscall.Signal{
 	"SIGHUP": syscall.SIGHUP, "SIGQUIT": syscall.SIGQUIT,
 }
 
-func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
+// sandboxOfQuery is the start of the routes on one sandbox whose input
+// is the query: the account_id asked for, the sandbox if the caller may
+// act on it, and a server that runs sandboxes.
+func (s *Server) sandboxOfQuery(r *http.Request) (store.Sandbox, error) {
 	requested, err := queryAccountID(r.URL.Query())
 	if err != nil {
-		return err
+		return store.Sandbox{}, err
 	}
 	sb, err := s.sandboxFor(r, requested)
 	if err != nil {
-		return err
+		return sb, err
 	}
 	if s.opts.Sandboxes == nil {
-		return errNotAvailable
+		return sb, errNotAvailable
+	}
+	return sb, nil
+}
+
+func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxOfQuery(r)
+	if err != nil {
+		return err
 	}
 	ps, err := s.opts.Sandboxes.Processes(r.Context(), sb)
 	if err != nil {
@@ -42,10 +55,6 @@ func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	requested, err := queryAccountID(q)
-	if err != nil {
-		return err
-	}
 	pid, err := strconv.Atoi(r.PathValue("pid"))
 	if err != nil || pid <= 0 {
 		return errBadRequest("pid must be a positive integer")
@@ -57,12 +66,9 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 			return errBadRequest("signal must be one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT")
 		}
 	}
-	sb, err := s.sandboxFor(r, requested)
+	sb, err := s.sandboxOfQuery(r)
 	if err != nil {
 		return err
-	}
-	if s.opts.Sandboxes == nil {
-		return errNotAvailable
 	}
 	if err := s.opts.Sandboxes.SignalProcess(r.Context(), sb, pid, sig); err != nil {
 		return serviceError(err, "Process not found")

@@ -99,16 +99,7 @@ func (c *Client) Exec(ctx context.Context, spec ExecSpec, pio ExecIO) (Exit, err
 	defer cancel()
 	f := c.newFollower(ctx, cancel, "exec", pio, spec.TTY, spec.Detach)
 	stream, err := c.proc.Start(sctx, connect.NewRequest(req))
-	if err != nil {
-		return Exit{}, f.failure(err)
-	}
-	defer stream.Close()
-	return f.run(func() (*process.ProcessEvent, error) {
-		if !stream.Receive() {
-			return nil, streamEnd(stream.Err())
-		}
-		return stream.Msg().GetEvent(), nil
-	})
+	return followStream(f, stream, err, (*process.StartResponse).GetEvent)
 }
 
 // Attach follows a process the agent started earlier (by this host before
@@ -126,6 +117,12 @@ func (c *Client) Attach(ctx context.Context, sel Selector, from Offsets, detach 
 	defer cancel()
 	f := c.newFollower(ctx, cancel, "attach to "+sel.String(), pio, false, detach)
 	stream, err := c.proc.Connect(sctx, connect.NewRequest(req))
+	return followStream(f, stream, err, (*process.ConnectResponse).GetEvent)
+}
+
+// followStream runs f on a stream of process events (Start's or
+// Connect's answer, opened with err).
+func followStream[Res any](f *follower, stream *connect.ServerStreamForClient[Res], err error, event func(*Res) *process.ProcessEvent) (Exit, error) {
 	if err != nil {
 		return Exit{}, f.failure(err)
 	}
@@ -134,7 +131,7 @@ func (c *Client) Attach(ctx context.Context, sel Selector, from Offsets, detach 
 		if !stream.Receive() {
 			return nil, streamEnd(stream.Err())
 		}
-		return stream.Msg().GetEvent(), nil
+		return event(stream.Msg()), nil
 	})
 }
 
