@@ -49,7 +49,7 @@ func (s *Server) routeTable() []route {
 			body:        ExecRequest{}, ok: ExecResponse{}, stream: true, handler: s.execSandbox},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/exec", summary: "Run an interactive command in a live sandbox over a websocket (sandboxd)", tag: "sandboxes",
 			description: "Upgrade: websocket. The first message is the JSON body of POST .../exec (a pty object gives a terminal); then binary messages are input and text messages controls ({\"type\":\"resize\",\"rows\",\"cols\"}, {\"type\":\"signal\",\"signal\":\"SIGINT\"}, {\"type\":\"eof\"}). The server sends binary messages whose first byte is the stream (1 stdout, 2 stderr), then {\"type\":\"exit\",\"exitCode\"} or {\"type\":\"error\",\"error\"}. Closing the socket kills the command.",
-			query:       AccountRequest{}, stream: true, handler: s.execInteractive},
+			query:       AccountRequest{}, stream: true, acts: true, handler: s.execInteractive},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/stop", summary: "Stop a sandbox", tag: "sandboxes",
 			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",

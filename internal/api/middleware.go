@@ -127,10 +127,15 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 // scope does not cover: a sandbox's own key (RECOUP_API_KEY, in the hands
 // of the untrusted code inside) only reads, so that code cannot extend its
 // sandbox, start sandboxes or runs, upload, or change or delete the
-// account's environment.
-func checkScope(r *http.Request, p auth.Principal) error {
-	if err := p.MayCall(r.Method); err != nil {
-		return ScopeError(r.Method + " " + r.URL.Path)
+// account's environment. A route that acts though its method is GET (the
+// exec websocket) counts as a POST.
+func checkScope(r *http.Request, p auth.Principal, acts bool) error {
+	method, what := r.Method, r.Method+" "+r.URL.Path
+	if acts {
+		method, what = http.MethodPost, what+" (it runs a command)"
+	}
+	if err := p.MayCall(method); err != nil {
+		return ScopeError(what)
 	}
 	return nil
 }

@@ -30,7 +30,10 @@ type route struct {
 	okNullable  bool // the 200 body may be JSON null instead
 	stream      bool // may answer text/event-stream
 	anyMethod   bool // served for every method, documented as method
-	handler     handler
+	// acts: the route changes state or starts work although its method is
+	// GET, so a sandbox's key (which only reads) may not call it.
+	acts    bool
+	handler handler
 }
 
 // handler serves a route; the error it returns is written once, by the

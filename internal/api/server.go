@@ -90,7 +90,7 @@ func New(opts Options) (*Server, error) {
 	for _, rt := range s.routes {
 		h := s.serveRoute(rt.handler)
 		if !rt.public {
-			h = s.authenticated(h)
+			h = s.authenticated(h, rt)
 		}
 		if rt.anyMethod {
 			r.Handle(rt.path, h)
@@ -127,14 +127,14 @@ func (s *Server) serveRoute(h handler) http.HandlerFunc {
 func (s *Server) OpenAPI() []byte { return s.openapi }
 
 // authenticated resolves the caller's key before the handler runs.
-func (s *Server) authenticated(next http.HandlerFunc) http.HandlerFunc {
+func (s *Server) authenticated(next http.HandlerFunc, rt route) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, err := auth.KeyFromHeaders(r.Header)
 		if err == nil {
 			var p auth.Principal
 			p, err = s.opts.Auth.Authenticate(r.Context(), key)
 			if err == nil {
-				err = checkScope(r, p)
+				err = checkScope(r, p, rt.acts)
 			}
 			if err == nil {
 				next(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
