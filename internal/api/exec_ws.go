@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,47 +20,75 @@ import (
 // The interactive exec's websocket protocol (GET /api/sandboxes/{id}/exec
 // with Upgrade: websocket): the client's first message is a text message
 // with the body of POST .../exec; then binary messages are input and text
-// messages are controls (wsControl). The server sends binary messages
+// messages are controls (ExecControl). The server sends binary messages
 // whose first byte is the stream (wsStdout, wsStderr) and a last text
-// message, wsEnd, then closes. Closing the socket kills the command.
+// message, ExecEnd, then closes. Closing the socket kills the command;
+// so does a message that breaks the protocol, after an ExecEnd saying
+// what was wrong.
 const (
 	wsStdout = 1
 	wsStderr = 2
-	// wsReadLimit bounds one message from the client.
+	// wsReadLimit bounds one message from the client; a longer one
+	// closes the socket (1009, message too big).
 	wsReadLimit = 64 << 10
+	// wsInputQueue is how many input messages wait for a command that
+	// does not read them (at most 1 MiB); then the client's messages wait.
+	wsInputQueue = 16
 	// wsFirstMessage is how long the server waits for the command.
 	wsFirstMessage = 30 * time.Second
+	// wsLastWrite bounds the sending of the ExecEnd.
+	wsLastWrite = 5 * time.Second
 )
 
-// wsControl is a control message from the client: "resize" (rows, cols),
-// "signal" (signal, one of wsSignals) or "eof" (close the input).
-type wsControl struct {
+// ExecControl is a control message of the client: "resize" (Rows, Cols,
+// 1..1000 each), "signal" (Signal: SIGINT, SIGTERM, SIGKILL, SIGHUP or
+// SIGQUIT, for the command and what it started) or "eof" (closes the
+// command's input).
+type ExecControl struct {
 	Type   string `json:"type"`
 	Rows   int    `json:"rows,omitempty"`
 	Cols   int    `json:"cols,omitempty"`
 	Signal string `json:"signal,omitempty"`
 }
 
-// wsEnd is the server's last message: "exit" with the command's end, or
-// "error" with what went wrong.
-type wsEnd struct {
-	Type       string `json:"type"`
-	ExitCode   int    `json:"exitCode"`
-	OOMKilled  bool   `json:"oomKilled,omitempty"`
-	DurationMs int64  `json:"durationMs,omitempty"`
-	Error      string `json:"error,omitempty"`
+// ExecEnd is the server's last message: Type "exit" with how the command
+// ended, or "error" with what went wrong (and, for a refused command, the
+// field, as missing_fields in the API's error bodies).
+type ExecEnd struct {
+	Type          string `json:"type"`
+	ExitCode      int    `json:"exitCode"`
+	OOMKilled     bool   `json:"oomKilled"`
+	DurationMs    int64  `json:"durationMs"`
+	Error         string `json:"error"`
+	MissingFields []any  `json:"missing_fields,omitempty"`
 }
 
-// wsSignals are the signals a client may send.
-var wsSignals = map[string]syscall.Signal{
-	"SIGINT": syscall.SIGINT, "SIGTERM": syscall.SIGTERM, "SIGKILL": syscall.SIGKILL,
-	"SIGHUP": syscall.SIGHUP, "SIGQUIT": syscall.SIGQUIT,
+// MarshalJSON sends an exit without the error fields and an error with
+// only them.
+func (e ExecEnd) MarshalJSON() ([]byte, error) {
+	if e.Type == "error" {
+		return json.Marshal(struct {
+			Type          string `json:"type"`
+			Error         string `json:"error"`
+			MissingFields []any  `json:"missing_fields,omitempty"`
+		}{e.Type, e.Error, e.MissingFields})
+	}
+	return json.Marshal(struct {
+		Type       string `json:"type"`
+		ExitCode   int    `json:"exitCode"`
+		OOMKilled  bool   `json:"oomKilled"`
+		DurationMs int64  `json:"durationMs"`
+	}{e.Type, e.ExitCode, e.OOMKilled, e.DurationMs})
 }
 
 // execInteractive serves the websocket form of exec. Who may act on the
 // sandbox is settled before the upgrade, so refusals keep the statuses
 // of POST .../exec.
 func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
+	if !isWebsocketUpgrade(r) {
+		w.Header().Set("Upgrade", "websocket")
+		return &Error{Status: http.StatusUpgradeRequired, Msg: "GET /api/sandboxes/{id}/exec is a websocket (Upgrade: websocket); POST /api/sandboxes/{id}/exec runs a command without one"}
+	}
 	sb, err := s.sandboxOfQuery(r)
 	if err != nil {
 		return err
@@ -67,46 +96,58 @@ func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
 	if sb.Status != store.SandboxRunning {
 		return serviceError(errdefs.ErrNotRunning, "Sandbox not found")
 	}
-	conn, err := websocket.Accept(w, r, nil)
+	opts := &websocket.AcceptOptions{
+		// No credential is ambient (the key is a header or a subprotocol,
+		// never a cookie), so a page of another origin can do nothing
+		// here that it could not do without a browser: any origin, as
+		// CORS allows.
+		InsecureSkipVerify: true,
+	}
+	if proto, n := keyProtocol(r); n == 1 {
+		// The key came as the subprotocol (requestKey); a browser fails
+		// a handshake that does not select one of those it offered.
+		opts.Subprotocols = []string{proto}
+	}
+	conn, err := websocket.Accept(w, r, opts)
 	if err != nil {
 		return nil // Accept answered the request
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(wsReadLimit)
-	end := s.runInteractive(r.Context(), conn, sb)
-	b, _ := json.Marshal(end)
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	end := s.interact(r, conn, sb)
+	b, err := json.Marshal(end)
+	if err != nil {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), wsLastWrite)
 	defer cancel()
-	_ = conn.Write(wctx, websocket.MessageText, b)
-	_ = conn.Close(websocket.StatusNormalClosure, "")
+	if conn.Write(wctx, websocket.MessageText, b) == nil {
+		_ = conn.Close(websocket.StatusNormalClosure, "")
+	}
 	return nil
 }
 
-func (s *Server) runInteractive(ctx context.Context, conn *websocket.Conn, sb store.Sandbox) wsEnd {
-	fctx, cancel := context.WithTimeout(ctx, wsFirstMessage)
-	typ, first, err := conn.Read(fctx)
-	cancel()
+// interact runs the command of the client's first message with the
+// client's input and controls, and says how it ended.
+func (s *Server) interact(r *http.Request, conn *websocket.Conn, sb store.Sandbox) ExecEnd {
+	// conn's reads use the connection's context: one cancelled while a
+	// read waits closes the socket, and the ExecEnd must still go out
+	// after the command ends.
+	ctx := r.Context()
+	req, err := s.readCommand(r, conn, sb)
 	if err != nil {
-		return wsEnd{Type: "error", Error: "expected the command as the first message"}
+		return errorEnd(err)
 	}
-	if typ != websocket.MessageText {
-		return wsEnd{Type: "error", Error: "the first message must be the command's JSON, as text"}
-	}
-	o, err := decodeObject(first)
-	var req ExecRequest
-	if err == nil {
-		req, err = parseExec(o)
-	}
-	if err != nil {
-		return wsEnd{Type: "error", Error: errorText(err)}
-	}
-	ectx, stop := context.WithCancel(ctx)
+	ectx, stop := context.WithCancel(ctx) // the command's
 	defer stop()
+	// The output's writes have a context of their own: one cancelled while
+	// a write is under way closes the socket, so it ends only when the
+	// client is gone or does not read.
+	octx, stopOutput := context.WithCancel(ctx)
+	defer stopOutput()
 	inR, inW := io.Pipe()
 	defer inR.Close()
-	resize := make(chan runtime.WindowSize, 8)
-	signals := make(chan syscall.Signal, 8)
-	input := make(chan []byte, 64)
+	input := make(chan []byte, wsInputQueue)
 	go func() { // input in order, apart from the controls
 		defer inW.Close()
 		for b := range input {
@@ -115,84 +156,187 @@ func (s *Server) runInteractive(ctx context.Context, conn *websocket.Conn, sb st
 			}
 		}
 	}()
-	go func() { // the client: input and controls; gone kills the command
-		defer stop()
-		closed := false
-		defer func() {
-			if !closed {
-				close(input)
-			}
-		}()
-		for {
-			typ, b, err := conn.Read(ectx)
-			if err != nil {
-				return
-			}
-			if typ == websocket.MessageBinary {
-				if closed {
-					continue
-				}
-				select {
-				case input <- b:
-				case <-ectx.Done():
-					return
-				}
-				continue
-			}
-			var c wsControl
-			if json.Unmarshal(b, &c) != nil {
-				continue
-			}
-			switch c.Type {
-			case "resize":
-				if c.Rows >= 1 && c.Rows <= 1000 && c.Cols >= 1 && c.Cols <= 1000 {
-					select {
-					case resize <- runtime.WindowSize{Rows: uint16(c.Rows), Cols: uint16(c.Cols)}:
-					default: // a newer size follows
-					}
-				}
-			case "signal":
-				if sig, ok := wsSignals[c.Signal]; ok {
-					select {
-					case signals <- sig:
-					default:
-					}
-				}
-			case "eof":
-				if !closed {
-					closed = true
-					close(input)
-				}
-			}
+	resize := make(chan runtime.WindowSize, 1)
+	signals := make(chan syscall.Signal, 4)
+	broken := make(chan error, 1)
+	go func() { // the client; when it goes or breaks the protocol, the command ends
+		err := readClient(ctx, ectx, conn, input, resize, signals)
+		switch {
+		case errors.Is(err, errCommandEnded):
+		case err != nil:
+			broken <- err
+			stop()
+			// The ExecEnd saying what was wrong follows the command's
+			// last output, unless the client does not read.
+			time.AfterFunc(wsLastWrite, stopOutput)
+		default:
+			stopOutput()
+			stop()
 		}
 	}()
 	dreq := req.Domain()
-	dreq.Stdin, dreq.Input, dreq.Resize, dreq.Signal = "", inR, resize, signals
+	dreq.Input = inR
+	if dreq.Stdin != "" {
+		dreq.Input = io.MultiReader(strings.NewReader(dreq.Stdin), inR)
+	}
+	dreq.Stdin, dreq.Resize, dreq.Signal = "", resize, signals
 	start := time.Now()
-	res, err := s.opts.Sandboxes.Exec(ectx, sb, dreq, wsStream{ctx: ectx, conn: conn, id: wsStdout}, wsStream{ctx: ectx, conn: conn, id: wsStderr})
+	res, err := s.opts.Sandboxes.Exec(ectx, sb, dreq, wsStream{ctx: octx, conn: conn, id: wsStdout}, wsStream{ctx: octx, conn: conn, id: wsStderr})
+	select {
+	case perr := <-broken:
+		return errorEnd(perr)
+	default:
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return wsEnd{Type: "error", Error: "the connection ended"}
+		if ectx.Err() != nil {
+			return ExecEnd{Type: "error", Error: "the connection ended"} // nobody reads it
 		}
 		var e *Error
-		msg := "Internal server error"
 		if errors.As(serviceError(err, "Sandbox not found"), &e) {
-			msg = e.Msg
-		} else {
-			s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(ctx))
+			return errorEnd(e)
 		}
-		return wsEnd{Type: "error", Error: msg}
+		s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(ctx))
+		return ExecEnd{Type: "error", Error: "Internal server error"}
 	}
-	return wsEnd{Type: "exit", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()}
+	return ExecEnd{Type: "exit", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()}
 }
 
-// errorText is the message of a validation error.
-func errorText(err error) string {
+// readCommand reads and validates the first message: the body of POST
+// .../exec, whose account_id, when given, must be the sandbox's as the
+// query's is.
+func (s *Server) readCommand(r *http.Request, conn *websocket.Conn, sb store.Sandbox) (ExecRequest, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), wsFirstMessage)
+	defer cancel()
+	typ, first, err := conn.Read(ctx)
+	if err != nil {
+		return ExecRequest{}, errBadRequest("Expected the command as the first message")
+	}
+	if typ != websocket.MessageText {
+		return ExecRequest{}, errBadRequest("The first message must be text: the JSON body of POST /api/sandboxes/{id}/exec")
+	}
+	o, err := decodeObject(first)
+	if err != nil {
+		return ExecRequest{}, err
+	}
+	req, err := parseExec(o)
+	if err != nil {
+		return req, err
+	}
+	if req.AccountID != "" {
+		account, err := s.actFor(r, req.AccountID)
+		if err != nil {
+			return req, err
+		}
+		if account != sb.AccountID {
+			return req, errNotFound("Sandbox not found")
+		}
+	}
+	return req, nil
+}
+
+// errCommandEnded ends readClient when the command ended first.
+var errCommandEnded = errors.New("the command ended")
+
+// readClient reads the client's messages after the command until the
+// client goes (nil), the command ends while a message waits for it
+// (errCommandEnded) or the client breaks the protocol (the *Error saying
+// how): input
+// goes to input in order (closed at "eof" and at the end), sizes to resize
+// (the latest only), signals to signals. It reads with ctx, the
+// connection's; ectx is the command's.
+func readClient(ctx, ectx context.Context, conn *websocket.Conn, input chan<- []byte, resize chan runtime.WindowSize, signals chan<- syscall.Signal) error {
+	open := true
+	defer func() {
+		if open {
+			close(input)
+		}
+	}()
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			return nil
+		}
+		if typ == websocket.MessageBinary {
+			if !open {
+				return errBadRequest("Input after eof")
+			}
+			select {
+			case input <- b:
+			case <-ectx.Done():
+				return errCommandEnded
+			}
+			continue
+		}
+		c, sig, err := parseControl(b)
+		if err != nil {
+			return err
+		}
+		switch c.Type {
+		case "resize":
+			size := runtime.WindowSize{Rows: uint16(c.Rows), Cols: uint16(c.Cols)}
+			select { // a size not yet taken is stale
+			case <-resize:
+			default:
+			}
+			select {
+			case resize <- size:
+			default:
+			}
+		case "signal":
+			select {
+			case signals <- sig:
+			case <-ectx.Done():
+				return errCommandEnded
+			}
+		case "eof":
+			if open {
+				open = false
+				close(input)
+			}
+		}
+	}
+}
+
+// parseControl validates a control message.
+func parseControl(b []byte) (ExecControl, syscall.Signal, error) {
+	var c ExecControl
+	o, err := decodeObject(b)
+	if err != nil {
+		return c, 0, errBadRequest(`A text message after the command must be a control: a JSON object with "type" resize, signal or eof`)
+	}
+	if c.Type, _, err = o.str("type"); err != nil {
+		return c, 0, err
+	}
+	switch c.Type {
+	case "resize":
+		size, err := termSize(o, "")
+		if err != nil {
+			return c, 0, err
+		}
+		c.Rows, c.Cols = size.Rows, size.Cols
+		return c, 0, nil
+	case "signal":
+		if c.Signal, _, err = o.str("signal"); err != nil {
+			return c, 0, err
+		}
+		sig, ok := killSignals[c.Signal]
+		if !ok {
+			return c, 0, errField("signal must be one of SIGINT, SIGTERM, SIGKILL, SIGHUP, SIGQUIT", "signal")
+		}
+		return c, sig, nil
+	case "eof":
+		return c, 0, nil
+	}
+	return c, 0, errField("type must be one of resize, signal, eof", "type")
+}
+
+// errorEnd is the ExecEnd of a refusal.
+func errorEnd(err error) ExecEnd {
 	var e *Error
 	if errors.As(err, &e) {
-		return e.Msg
+		return ExecEnd{Type: "error", Error: e.Msg, MissingFields: e.Fields}
 	}
-	return "Invalid request"
+	return ExecEnd{Type: "error", Error: "Internal server error"}
 }
 
 // wsStream sends each write as a binary message tagged with its stream.

@@ -30,6 +30,10 @@ type route struct {
 	okNullable  bool // the 200 body may be JSON null instead
 	stream      bool // may answer text/event-stream
 	anyMethod   bool // served for every method, documented as method
+	// websocket: the route upgrades to a websocket of the API's own
+	// (documented with 101 and 426); its key may come as a
+	// sandboxd.key.<KEY> subprotocol (requestKey).
+	websocket bool
 	// acts: the route changes state or starts work although its method is
 	// GET, so a sandbox's key (which only reads) may not call it.
 	acts    bool
@@ -156,6 +160,10 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 				content["text/event-stream"] = map[string]any{"schema": map[string]any{"type": "string", "description": "Server-Sent Events: stdout, stderr, exit"}}
 			}
 			responses["200"] = map[string]any{"description": "Success", "content": content}
+		}
+		if rt.websocket {
+			responses["101"] = map[string]any{"description": "Switching Protocols: the websocket"}
+			responses["426"] = map[string]any{"description": "Not a websocket upgrade", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
 		for code, desc := range errorResponses {
 			if rt.public && code != "500" {

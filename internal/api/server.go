@@ -129,7 +129,7 @@ func (s *Server) OpenAPI() []byte { return s.openapi }
 // authenticated resolves the caller's key before the handler runs.
 func (s *Server) authenticated(next http.HandlerFunc, rt route) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, err := auth.KeyFromHeaders(r.Header)
+		key, err := requestKey(r, rt.websocket)
 		if err == nil {
 			var p auth.Principal
 			p, err = s.opts.Auth.Authenticate(r.Context(), key)

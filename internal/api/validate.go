@@ -266,6 +266,9 @@ func parseExec(o object) (ExecRequest, error) {
 	return req, err
 }
 
+// maxTermSize bounds a terminal's rows and columns.
+const maxTermSize = 1000
+
 // parsePTY validates an exec's terminal size: {"rows": 1..1000, "cols":
 // 1..1000}.
 func parsePTY(raw json.RawMessage) (*PTYSize, error) {
@@ -273,21 +276,35 @@ func parsePTY(raw json.RawMessage) (*PTYSize, error) {
 	if err != nil || jsonKind(raw) != "object" {
 		return nil, typeError("object", raw, []any{"pty"})
 	}
+	size, err := termSize(p, "pty")
+	if err != nil {
+		return nil, err
+	}
+	return &size, nil
+}
+
+// termSize validates the rows and cols of o, a terminal size in the
+// field named in (the exec's "pty"), or at the top ("": a resize).
+func termSize(o object, in string) (PTYSize, error) {
 	var size PTYSize
 	for _, f := range []struct {
 		name string
 		v    *int
 	}{{"rows", &size.Rows}, {"cols", &size.Cols}} {
-		n, ok, err := p.int(f.name)
-		if err != nil {
-			return nil, errField(fmt.Sprintf("pty.%s must be an integer", f.name), "pty", f.name)
+		name, path := f.name, []any{f.name}
+		if in != "" {
+			name, path = in+"."+f.name, []any{in, f.name}
 		}
-		if !ok || n < 1 || n > 1000 {
-			return nil, errField(fmt.Sprintf("pty.%s must be between 1 and 1000", f.name), "pty", f.name)
+		n, ok, err := o.int(f.name)
+		if err != nil {
+			return size, errField(name+" must be an integer", path...)
+		}
+		if !ok || n < 1 || n > maxTermSize {
+			return size, errField(fmt.Sprintf("%s must be between 1 and %d", name, maxTermSize), path...)
 		}
 		*f.v = int(n)
 	}
-	return &size, nil
+	return size, nil
 }
 
 // parseTimeout validates the body of POST /api/sandboxes/{id}/timeout.
