@@ -21,22 +21,38 @@ import (
 )
 
 // defaultShell is what `sandbox connect` runs without a command: a login
-// bash where the image has one, else sh.
-var defaultShell = []string{"sh", "-c", "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi"}
+// bash where the image has one, else a login sh.
+var defaultShell = []string{"sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"}
 
-// connectCommand is `sandboxd sandbox connect ID [-- COMMAND...]`: an
-// interactive shell (or command) in a running sandbox over the exec
-// websocket, on a terminal of the local one's size when stdin is one.
+// connectGiveUp is how many signals `sandbox connect` passes on to the
+// remote command before it gives up and closes the connection, which
+// kills the command.
+const connectGiveUp = 3
+
+// connectCommand is `sandboxd sandbox connect ID [--shell SHELL] [--
+// COMMAND...]`: an interactive shell (or command) in a running sandbox
+// over the exec websocket, on a terminal of the local one's size when
+// stdin is one.
 func connectCommand(c *apiClient, account *string) *cobra.Command {
-	var cwd string
+	var cwd, shell string
 	var tty bool
 	cmd := &cobra.Command{
-		Use:   "connect SANDBOX_ID [-- COMMAND [ARGS...]]",
+		Use:   "connect SANDBOX_ID [--shell SHELL] [-- COMMAND [ARGS...]]",
 		Short: "Open an interactive shell (or run a command interactively) in a running sandbox",
-		Args:  cobra.MinimumNArgs(1),
+		Long: "Open an interactive shell in a running sandbox: a login bash where the sandbox has one, else sh, or --shell,\n" +
+			"or COMMAND. When stdin is a terminal it is put in raw mode and the command runs on a terminal of its size\n" +
+			"that follows its resizes; otherwise (or with --tty) input and output are passed through as they are.\n" +
+			"SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the command; the third one closes the connection,\n" +
+			"which kills it. The exit status is the command's.",
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := args[1:]
-			if len(argv) == 0 {
+			switch {
+			case len(argv) > 0 && shell != "":
+				return errors.New("give --shell or a command, not both")
+			case shell != "":
+				argv = []string{shell, "-l"}
+			case len(argv) == 0:
 				argv = defaultShell
 			}
 			fd := int(os.Stdin.Fd())
@@ -44,10 +60,13 @@ func connectCommand(c *apiClient, account *string) *cobra.Command {
 			body := api.ExecRequest{Command: argv[0], Args: argv[1:], Cwd: cwd}
 			if local || tty {
 				rows, cols := 24, 80
-				if w, h, err := term.GetSize(fd); err == nil {
+				if w, h, err := term.GetSize(fd); err == nil && w > 0 && h > 0 {
 					rows, cols = h, w
 				}
-				body.PTY = &api.PTYSize{Rows: rows, Cols: cols}
+				body.PTY = &api.PTYSize{Rows: min(rows, 1000), Cols: min(cols, 1000)}
+				if t := os.Getenv("TERM"); t != "" {
+					body.Env = map[string]string{"TERM": t}
+				}
 			}
 			code, err := c.connect(cmd.Context(), args[0], *account, body, local)
 			if err != nil {
@@ -60,11 +79,14 @@ func connectCommand(c *apiClient, account *string) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&cwd, "cwd", "", "working directory")
+	cmd.Flags().StringVar(&shell, "shell", "", "the shell to run (as a login shell, SHELL -l) instead of bash or sh")
 	cmd.Flags().BoolVar(&tty, "tty", false, "ask for a terminal even when stdin is not one")
 	return cmd
 }
 
-// connect runs body interactively in sandbox id and returns its exit code.
+// connect runs body interactively in sandbox id and returns its exit
+// code; raw puts the local terminal (stdin) in raw mode meanwhile and
+// follows its size.
 func (c *apiClient) connect(ctx context.Context, id, account string, body api.ExecRequest, raw bool) (int, error) {
 	u, err := url.Parse(strings.TrimRight(c.url, "/") + "/api/sandboxes/" + url.PathEscape(id) + "/exec")
 	if err != nil {
@@ -89,9 +111,19 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(1 << 20)
-	first, _ := json.Marshal(body)
+	first, err := json.Marshal(body)
+	if err != nil {
+		return 0, err
+	}
 	if err := conn.Write(ctx, websocket.MessageText, first); err != nil {
 		return 0, fmt.Errorf("send the command: %w", err)
+	}
+	// From here the signals that end this process (main's context) go to
+	// the remote command instead.
+	ctx = context.WithoutCancel(ctx)
+	control := func(c api.ExecControl) {
+		b, _ := json.Marshal(c)
+		_ = conn.Write(ctx, websocket.MessageText, b)
 	}
 	fd := int(os.Stdin.Fd())
 	if raw {
@@ -99,21 +131,35 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 		if err != nil {
 			return 0, fmt.Errorf("terminal raw mode: %w", err)
 		}
-		defer term.Restore(fd, old)
-		// Window size changes follow the local terminal.
+		defer func() { _ = term.Restore(fd, old) }()
+		// The remote terminal follows the local one's size.
 		winch := make(chan os.Signal, 1)
 		signal.Notify(winch, syscall.SIGWINCH)
 		defer signal.Stop(winch)
 		go func() {
 			for range winch {
-				if w, h, err := term.GetSize(fd); err == nil {
-					b, _ := json.Marshal(map[string]any{"type": "resize", "rows": h, "cols": w})
-					_ = conn.Write(ctx, websocket.MessageText, b)
+				if w, h, err := term.GetSize(fd); err == nil && w > 0 && h > 0 {
+					control(api.ExecControl{Type: "resize", Rows: min(h, 1000), Cols: min(w, 1000)})
 				}
 			}
 		}()
 	}
-	go func() { // input: raw bytes; the end of it closes the command's input
+	sigs := make(chan os.Signal, connectGiveUp)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+	gaveUp := make(chan struct{})
+	go func() {
+		for n := 1; ; n++ {
+			sig := (<-sigs).(syscall.Signal)
+			if n == connectGiveUp {
+				close(gaveUp)
+				conn.CloseNow()
+				return
+			}
+			control(api.ExecControl{Type: "signal", Signal: signalName(sig)})
+		}
+	}()
+	go func() { // input as it comes; its end closes the command's input
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := os.Stdin.Read(buf)
@@ -123,7 +169,7 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 				}
 			}
 			if err != nil {
-				_ = conn.Write(ctx, websocket.MessageText, []byte(`{"type":"eof"}`))
+				control(api.ExecControl{Type: "eof"})
 				return
 			}
 		}
@@ -131,6 +177,11 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 	for {
 		typ, msg, err := conn.Read(ctx)
 		if err != nil {
+			select {
+			case <-gaveUp:
+				return 0, fmt.Errorf("closed the connection after %d signals, which killed the command", connectGiveUp)
+			default:
+			}
 			var ce websocket.CloseError
 			if errors.As(err, &ce) {
 				return 0, fmt.Errorf("connection closed before the command ended (%d %s)", ce.Code, ce.Reason)
@@ -148,19 +199,32 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 			_, _ = w.Write(msg[1:])
 			continue
 		}
-		var end struct {
-			Type     string `json:"type"`
-			ExitCode int    `json:"exitCode"`
-			Error    string `json:"error"`
-		}
+		var end api.ExecEnd
 		if json.Unmarshal(msg, &end) != nil {
 			continue
 		}
 		switch end.Type {
 		case "exit":
+			_ = conn.Close(websocket.StatusNormalClosure, "")
 			return end.ExitCode, nil
 		case "error":
+			_ = conn.Close(websocket.StatusNormalClosure, "")
 			return 0, errors.New(end.Error)
 		}
 	}
+}
+
+// signalName is a signal as the exec websocket names it.
+func signalName(sig syscall.Signal) string {
+	switch sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGQUIT:
+		return "SIGQUIT"
+	}
+	return "SIGKILL"
 }
