@@ -197,16 +197,18 @@ func (t *procTable) running() []*process {
 func killSession(sid int, sig syscall.Signal) {
 	_ = syscall.Kill(-sid, sig)
 	for _, p := range listProcs() {
-		if p.sid == sid {
+		// Those in the group have it already: a second one would run a
+		// trap twice.
+		if p.sid == sid && p.pgrp != sid {
 			_ = syscall.Kill(p.pid, sig)
 		}
 	}
 }
 
 type procInfo struct {
-	pid, sid int
-	name     string
-	rss      int64 // bytes
+	pid, pgrp, sid int
+	name           string
+	rss            int64 // bytes
 }
 
 // listProcs reads /proc: pid, session, name and resident memory.
@@ -237,8 +239,9 @@ func listProcs() []procInfo {
 		if len(f) < 4 {
 			continue
 		}
+		pgrp, _ := strconv.Atoi(f[2])
 		sid, _ := strconv.Atoi(f[3])
-		p := procInfo{pid: pid, sid: sid, name: s[open+1 : end]}
+		p := procInfo{pid: pid, pgrp: pgrp, sid: sid, name: s[open+1 : end]}
 		if statm, err := os.ReadFile("/proc/" + e.Name() + "/statm"); err == nil {
 			if sf := strings.Fields(string(statm)); len(sf) >= 2 {
 				n, _ := strconv.ParseInt(sf[1], 10, 64)
