@@ -52,6 +52,7 @@ type serveOptions struct {
 	platform     string
 	runsc        string
 	warmPool     int
+	prewarm      int
 	timeout      time.Duration
 	maxTimeout   time.Duration
 	perAccount   int
@@ -134,6 +135,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
 	f.StringVar(&o.platform, "gvisor-platform", "", "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
 	f.IntVar(&o.warmPool, "warm-pool", 2, "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
+	f.IntVar(&o.prewarm, "prewarm", 8, "accounts whose next sandbox is kept started from their snapshot, least recently used dropped first (env SANDBOXD_PREWARM)")
 	f.DurationVar(&o.timeout, "sandbox-timeout", 10*time.Minute, "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
 	f.DurationVar(&o.maxTimeout, "sandbox-max-timeout", 24*time.Hour, "longest lifetime a request may ask for (env SANDBOXD_SANDBOX_MAX_TIMEOUT)")
 	f.IntVar(&o.perAccount, "max-sandboxes-per-account", 10, "concurrent sandboxes per account; 0 unlimited")
@@ -337,6 +339,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Logger: log.With("component", "agents"),
 	})
 	mgr.UseSetups(agentSvc)
+	persistence.OnSnapshot(mgr.Prewarm)
 	mgr.RegisterWorkers(workers)
 	agentSvc.Register(workers)
 	if err := mgr.Reconcile(ctx); err != nil {
@@ -540,8 +543,9 @@ func openNetwork(ctx context.Context, o *serveOptions, dataDir string, log *slog
 	return mgr, def, nil
 }
 
-// warmSandboxes is how many sandboxes the runtime keeps started ahead:
-// gVisor's warm pool (microVMs start from a memory snapshot instead).
+// warmSandboxes is how many sandboxes the runtime's warm pool keeps
+// started ahead: gVisor's (microVMs start from a memory snapshot instead).
+// Prewarmed sandboxes are counted as they come (see admitDisk).
 func warmSandboxes(o *serveOptions) int {
 	if o.runtimeName == "gvisor" {
 		return o.warmPool
@@ -559,6 +563,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 			Platform:      o.platform,
 			DefaultLimits: limits,
 			WarmPool:      o.warmPool,
+			Prewarm:       o.prewarm,
 			MaxSandboxes:  o.nodeCapacity,
 			WarmBaseDir:   baseDir,
 			WarmBaseImage: baseID,

@@ -369,3 +369,64 @@ func TestWorkspaceHookForgetsAFailedStart(t *testing.T) {
 		t.Fatalf("memo entries left after the stop hook: %v", f.svc.prepared)
 	}
 }
+
+// TestPrewarmFollowsTheSnapshot: taking an account's snapshot starts its
+// next sandbox ahead (the runtime's Prewarmer, here runtimefake's); the
+// account's create is handed it, with a key and environment of its own,
+// and another is started ahead at once; another account's create is not;
+// deleting the account's environment drops it.
+func TestPrewarmFollowsTheSnapshot(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 8})
+	ctx := context.Background()
+	f.rt.EnablePrewarm()
+	m := sandbox.NewManager(sandbox.Config{Store: f.st, Runtime: f.rt, NodeID: "here", DataDir: t.TempDir(), Persist: f.svc, Hooks: f.svc.Hooks()})
+	f.svc.OnSnapshot(m.Prewarm)
+	waitPrewarmed := func(owner string, want bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for f.rt.PrewarmedFor(owner) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("prewarmed for %s: %v after 10 s, want %v", owner, !want, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	snap, err := f.capture(t, map[string]string{"/workspace/f": "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPrewarmed(f.account.ID, true)
+
+	sb, _, err := m.Create(ctx, f.account.ID, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := f.rt.Spec(sb.ID)
+	if !f.rt.Claimed(sb.ID) || sb.SnapshotID != snap.ID || !slices.Contains(spec.Env, GitEnv(sb.ID)[0]) {
+		t.Fatalf("claimed %v, snapshot %q (want %s), env %v", f.rt.Claimed(sb.ID), sb.SnapshotID, snap.ID, spec.Env)
+	}
+	waitPrewarmed(f.account.ID, true) // the next one, started after the claim
+
+	other := store.Account{Name: "bob", Kind: store.AccountPersonal}
+	if err := f.st.CreateAccount(ctx, &other); err != nil {
+		t.Fatal(err)
+	}
+	osb, _, err := m.Create(ctx, other.ID, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.rt.Claimed(osb.ID) || !f.rt.PrewarmedFor(f.account.ID) {
+		t.Fatal("another account's create was handed the account's prewarmed sandbox")
+	}
+	for _, row := range []store.Sandbox{sb, osb} {
+		if rsb, err := f.rt.Get(ctx, row.ID); err == nil {
+			_ = f.svc.Prepare(ctx, row, rsb, false) // let the background clones end
+		}
+	}
+	if _, err := m.DeleteEnvironment(ctx, f.account.ID); err != nil {
+		t.Fatal(err)
+	}
+	if f.rt.PrewarmedFor(f.account.ID) {
+		t.Fatal("the deleted environment's prewarmed sandbox is kept")
+	}
+}

@@ -19,8 +19,10 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
+	"strings"
 	"syscall"
 	"time"
 
@@ -104,6 +106,51 @@ type Spec struct {
 	// only. http://sandboxd.internal works either way: it goes through the
 	// agent's channel home, not the network.
 	Network *Network
+	// Owner is whom the sandbox is for (the account). A sandbox a
+	// Prewarmer started for one owner is handed only to a Create of the
+	// same owner; "" never gets one.
+	Owner string
+}
+
+// Prewarmer is a Runtime that starts sandboxes ahead of their create, from
+// an owner's layers: an account's next sandbox, started from its snapshot
+// as soon as the snapshot exists, is then handed out as fast as a sandbox
+// from nothing. A Create is handed the owner's prewarmed sandbox only when
+// its spec would have made the same sandbox: see PrewarmKey.
+type Prewarmer interface {
+	// Prewarm starts a sandbox of spec (its ID is ignored) for spec.Owner
+	// and keeps it, in place of what it kept for the owner before; within
+	// the runtime's budget, the least recently prewarmed owner's goes
+	// first. It returns once the sandbox runs (or failed to start); a spec
+	// whose sandbox is already kept or starting is a no-op.
+	Prewarm(ctx context.Context, spec Spec) error
+	// DropPrewarmed destroys what is kept for owner (its snapshot went).
+	DropPrewarmed(ctx context.Context, owner string) error
+	// Prewarmed is how many sandboxes are kept or starting: each holds a
+	// disk like any sandbox's.
+	Prewarmed() int
+}
+
+// PrewarmKey says what a sandbox started from spec is made of (owner, base,
+// limits, hostname, restored layers), so that a prewarmed sandbox serves
+// exactly the specs that would make its twin; ok is false for a spec a
+// prewarmed sandbox can never serve: no owner, a network (its namespace
+// is the new sandbox's own), or a layer whose id is not a verified content
+// address (restoring checks a "sha256:" id against the stream, so equal
+// ids are equal files). Env, HomeSocket and ID are the claim's own.
+func PrewarmKey(spec Spec) (key string, ok bool) {
+	if spec.Owner == "" || spec.Network != nil {
+		return "", false
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%q %q %q %+v", spec.Owner, spec.BaseDir, spec.Hostname, spec.Limits)
+	for _, l := range spec.Layers {
+		if !strings.HasPrefix(l.ID, "sha256:") {
+			return "", false
+		}
+		b.WriteString(" " + l.ID)
+	}
+	return b.String(), true
 }
 
 // Network is where a sandbox's network comes from.

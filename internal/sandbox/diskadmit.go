@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -65,7 +66,11 @@ func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
 		release()
 		return nil, fmt.Errorf("list this node's sandboxes: %w", err)
 	}
-	promised := int64(m.cfg.Settings.WarmSandboxes) * limit
+	warm := m.cfg.Settings.WarmSandboxes
+	if pw, ok := m.rt.(runtime.Prewarmer); ok {
+		warm += pw.Prewarmed()
+	}
+	promised := int64(warm) * limit
 	for _, sb := range active {
 		owed := limit
 		if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
@@ -76,7 +81,7 @@ func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
 	if left := free - reserve - promised; left < limit {
 		release()
 		return nil, errdefs.Newf(errdefs.ErrQuota, "the server's disk cannot hold another sandbox of %d MiB: %d MiB free, %d MiB promised to its %d active and %d warm sandboxes, %d MiB kept for the service; try again later",
-			limit>>20, free>>20, promised>>20, len(active), m.cfg.Settings.WarmSandboxes, reserve>>20)
+			limit>>20, free>>20, promised>>20, len(active), warm, reserve>>20)
 	}
 	return release, nil
 }

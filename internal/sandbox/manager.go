@@ -46,8 +46,9 @@ type Settings struct {
 	// promised to sandboxes: the database, repositories, snapshots and
 	// logs live there too (see admitDisk).
 	DiskReserveBytes int64
-	// WarmSandboxes the runtime keeps started ahead, each with a disk of
-	// Limits.DiskBytes that admitDisk counts as promised.
+	// WarmSandboxes the runtime's warm pool keeps started ahead, each
+	// with a disk of Limits.DiskBytes that admitDisk counts as promised
+	// (prewarmed sandboxes are counted as they exist).
 	WarmSandboxes int
 	// Model is the provider OpenCode is pointed at for prompts, through
 	// the model proxy on sandboxd.internal.
@@ -321,10 +322,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		sb.Status, sb.FailureReason = store.SandboxFailed, reason
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
-	spec := runtime.Spec{
-		ID: sb.ID, BaseDir: m.cfg.BaseDir, BaseImage: m.cfg.BaseID,
-		Limits: m.cfg.Settings.Limits, HomeSocket: m.cfg.Home, Hostname: "sandbox",
-	}
+	spec := m.baseSpec(*sb)
 	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
 		return fail(reason, err)
 	}
@@ -345,6 +343,11 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		return fail("its state changed while starting", err)
 	}
 	sb.Status, sb.UpdatedAt = store.SandboxRunning, m.now()
+	if restored {
+		// The account is active: its next create finds one started ahead
+		// too (a no-op while one for this snapshot is kept or starting).
+		m.Prewarm(sb.AccountID)
+	}
 	m.log.Info("sandbox running", "sandbox_id", sb.ID, "account_id", sb.AccountID, "runtime", rsb.Info().Backend, "snapshot_id", sb.SnapshotID)
 	return rsb, nil
 }
@@ -730,6 +733,8 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 			return nil, fmt.Errorf("delete data of %s: %w", accountID, err)
 		}
 	}
+	// A sandbox started ahead from the snapshot holds its files too.
+	m.dropPrewarmed(ctx, accountID)
 	return deleted, nil
 }
 

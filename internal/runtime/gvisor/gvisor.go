@@ -93,6 +93,9 @@ type Options struct {
 	WarmPool      int
 	WarmBaseDir   string
 	WarmBaseImage string
+	// Prewarm is how many sandboxes started from their owners' layers
+	// (runtime.Prewarmer) are kept at most, one per owner.
+	Prewarm int
 	// MaxSandboxes is how many sandboxes this node runs at most (its
 	// capacity; 0: not known). Each sandbox's host pids backstop is at most
 	// its share of the host's pid_max and threads-max.
@@ -125,9 +128,15 @@ type Runtime struct {
 	preload string
 
 	pool *pool // set once, by New
+	// prewarmed are the sandboxes started from their owners' layers
+	// ahead of their creates (Options.Prewarm).
+	prewarmed *host.Prewarmed[*sandbox]
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime   = (*Runtime)(nil)
+	_ runtime.Prewarmer = (*Runtime)(nil)
+)
 
 // New prepares the state directory, picks the platform and re-attaches the
 // sandboxes an earlier process left running. It needs root.
@@ -175,6 +184,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		b.Abort()
 		return nil, err
 	}
+	r.prewarmed = host.NewPrewarmed(opts.Prewarm, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
+		return r.createCold(ctx, spec, "")
+	})
 	if opts.WarmPool > 0 && opts.WarmBaseDir != "" {
 		r.pool = newPool(r, opts.WarmPool)
 	}
@@ -216,38 +228,82 @@ func (r *Runtime) Platform() (string, map[string]string) { return r.platform, r.
 // Runtime on the same StateDir finds them.
 func (r *Runtime) Close() error {
 	return r.Shutdown(func() error {
+		err := r.prewarmed.Close()
 		if r.pool != nil {
-			return r.pool.close()
+			err = errors.Join(err, r.pool.close())
 		}
-		return nil
+		return err
 	})
 }
 
-// Create implements runtime.Runtime. With no layers, the default limits, the
-// warm pool's base and no custom hostname, it hands out a pre-started
-// sandbox (its writable layer is still empty, so nothing else needs doing);
-// otherwise it creates one cold: restored layers become overlay lowers, and
-// they cannot be added under a running overlay.
+// Create implements runtime.Runtime. It hands out a sandbox started ahead
+// when one fits: the owner's prewarmed sandbox when its spec would have
+// made it (the same layers restored, see runtime.PrewarmKey), or, with no
+// layers, the default limits, the warm pool's base and no custom hostname,
+// a warm one (its writable layer is still empty, so nothing else needs
+// doing). Otherwise it creates one cold: restored layers become overlay
+// lowers, and they cannot be added under a running overlay.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
 	if err := r.Check(&spec); err != nil {
 		return nil, err
 	}
 	link := r.Table().Dir.Path(spec.ID)
+	if s, ok := r.prewarmed.Take(spec); ok {
+		if s, err := r.hand(ctx, s, spec, link); s != nil || err != nil {
+			return s, err
+		}
+	}
 	if p := r.pool; p != nil && p.fits(spec) {
 		if s := p.take(); s != nil {
-			if err := s.assign(spec, link); err != nil {
-				_ = s.Destroy(context.WithoutCancel(ctx))
-				if errors.Is(err, runtime.ErrExists) {
-					return nil, err
-				}
-				r.log.Warn("assign warm sandbox failed; creating cold", "id", spec.ID, "err", err)
-			} else {
-				return s, nil
+			if s, err := r.hand(ctx, s, spec, link); s != nil || err != nil {
+				return s, err
 			}
 		}
 	}
 	return r.createCold(ctx, spec, link)
 }
+
+// hand turns a sandbox started ahead (warm or prewarmed) into spec's. When
+// that fails for any reason but the id being taken, it returns neither a
+// sandbox nor an error: the caller creates one cold.
+func (r *Runtime) hand(ctx context.Context, s *sandbox, spec runtime.Spec, link string) (*sandbox, error) {
+	err := s.assign(spec, link)
+	if err == nil {
+		return s, nil
+	}
+	_ = s.Destroy(context.WithoutCancel(ctx))
+	if errors.Is(err, runtime.ErrExists) {
+		return nil, err
+	}
+	r.log.Warn("assign a sandbox started ahead failed; creating cold", "id", spec.ID, "err", err)
+	return nil, nil
+}
+
+// Prewarm implements runtime.Prewarmer: it starts a sandbox of spec (its
+// layers restored, nothing else in it) for spec.Owner and keeps it, within
+// Options.Prewarm, for that owner's next Create with the same layers.
+func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec) error {
+	if spec.BaseDir == "" {
+		return errors.New("prewarm: BaseDir is required")
+	}
+	spec.Limits = r.Limits(spec.Limits)
+	if spec.Hostname == "" {
+		spec.Hostname = "sandbox"
+	}
+	// It ends with the runtime too: Close waits for the prewarms under way.
+	ctx, cancel := context.WithCancel(ctx)
+	defer context.AfterFunc(r.Context(), cancel)()
+	defer cancel()
+	return r.prewarmed.Prewarm(ctx, spec)
+}
+
+// DropPrewarmed implements runtime.Prewarmer.
+func (r *Runtime) DropPrewarmed(ctx context.Context, owner string) error {
+	return r.prewarmed.Drop(ctx, owner)
+}
+
+// Prewarmed implements runtime.Prewarmer.
+func (r *Runtime) Prewarmed() int { return r.prewarmed.Len() }
 
 // createCold builds and starts a sandbox for spec. link, when not empty, is
 // the ids/ entry to claim for it.

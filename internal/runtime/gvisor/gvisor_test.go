@@ -24,6 +24,8 @@ func newRuntime(t *testing.T, stateDir string, mod func(*gvisor.Options)) *gviso
 		Logger:    runtimetest.Logger(t),
 		// Small defaults keep 10+ sandboxes cheap on a CI machine.
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 512, DiskBytes: 256 << 20},
+		// The conformance suite's Prewarm test counts on a budget of 2.
+		Prewarm: 2,
 	}
 	return runtimetest.Open(t, gvisor.New, opts, mod)
 }

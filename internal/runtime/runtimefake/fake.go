@@ -49,14 +49,82 @@ type Runtime struct {
 	specs      map[string]runtime.Spec
 	creates    int
 	destroys   map[string]int
+	// prewarm enables Prewarm; prewarmed is each owner's kept key
+	// (runtime.PrewarmKey), claimed the sandboxes Create made from one.
+	prewarm   bool
+	prewarmed map[string]string
+	claimed   map[string]bool
 }
 
 // New returns an empty fake runtime.
 func New() *Runtime {
-	return &Runtime{caps: runtime.Capabilities{Network: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}}
+	return &Runtime{caps: runtime.Capabilities{Network: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]string{}, claimed: map[string]bool{}}
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime   = (*Runtime)(nil)
+	_ runtime.Prewarmer = (*Runtime)(nil)
+)
+
+// EnablePrewarm makes Prewarm keep what it is asked for (off, it keeps
+// nothing, like a backend with a budget of 0).
+func (r *Runtime) EnablePrewarm() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.prewarm = true
+}
+
+// Prewarm implements runtime.Prewarmer: it reads the layers and keeps the
+// spec's key for its owner, with no limit; Create hands it out as real
+// backends do (same runtime.PrewarmKey, then it is gone; another key for
+// the owner drops it).
+func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec) error {
+	key, ok := runtime.PrewarmKey(spec)
+	if !ok {
+		return fmt.Errorf("prewarm: spec cannot be prewarmed")
+	}
+	for _, l := range spec.Layers {
+		if _, err := io.Copy(io.Discard, l.R); err != nil {
+			return fmt.Errorf("prewarm: read layer %s: %w", l.ID, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.prewarm {
+		r.prewarmed[spec.Owner] = key
+	}
+	return nil
+}
+
+// DropPrewarmed implements runtime.Prewarmer.
+func (r *Runtime) DropPrewarmed(_ context.Context, owner string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.prewarmed, owner)
+	return nil
+}
+
+// Prewarmed implements runtime.Prewarmer.
+func (r *Runtime) Prewarmed() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.prewarmed)
+}
+
+// PrewarmedFor says whether a sandbox is kept for owner.
+func (r *Runtime) PrewarmedFor(owner string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.prewarmed[owner]
+	return ok
+}
+
+// Claimed says whether sandbox id was made from a prewarmed one.
+func (r *Runtime) Claimed(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.claimed[id]
+}
 
 // SetExec scripts the processes of every sandbox from now on.
 func (r *Runtime) SetExec(fn ExecFunc) {
@@ -108,9 +176,19 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 			return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 		}
 	}
-	for _, l := range spec.Layers {
-		if _, err := io.Copy(io.Discard, l.R); err != nil {
-			return nil, fmt.Errorf("create %s: read layer %s: %w", spec.ID, l.ID, err)
+	r.mu.Lock()
+	key, ok := runtime.PrewarmKey(spec)
+	kept, found := r.prewarmed[spec.Owner]
+	claimed := ok && found && kept == key
+	if ok && found {
+		delete(r.prewarmed, spec.Owner)
+	}
+	r.mu.Unlock()
+	if !claimed {
+		for _, l := range spec.Layers {
+			if _, err := io.Copy(io.Discard, l.R); err != nil {
+				return nil, fmt.Errorf("create %s: read layer %s: %w", spec.ID, l.ID, err)
+			}
 		}
 	}
 	sb := &Sandbox{rt: r, id: spec.ID, files: map[string][]byte{}, created: time.Now()}
@@ -119,6 +197,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if _, ok := r.sandboxes[spec.ID]; ok {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, runtime.ErrExists)
 	}
+	r.claimed[spec.ID] = claimed
 	r.sandboxes[spec.ID] = sb
 	r.specs[spec.ID] = spec
 	r.creates++

@@ -1,0 +1,140 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+)
+
+// fakeServed is a started sandbox for Prewarmed's bookkeeping: only
+// Destroy, Detach and MarkGone are called on it.
+type fakeServed struct {
+	runtime.Sandbox
+	owner     string
+	mu        sync.Mutex
+	destroyed int
+}
+
+func (f *fakeServed) Destroy(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.destroyed++
+	return nil
+}
+func (f *fakeServed) Detach()   {}
+func (f *fakeServed) MarkGone() {}
+
+func prewarmSpec(owner string, layers ...string) runtime.Spec {
+	spec := runtime.Spec{Owner: owner, BaseDir: "/base", Hostname: "sandbox"}
+	for _, id := range layers {
+		spec.Layers = append(spec.Layers, runtime.Layer{ID: id})
+	}
+	return spec
+}
+
+func TestPrewarmed(t *testing.T) {
+	ctx := context.Background()
+	var started []*fakeServed
+	p := NewPrewarmed(2, func(_ context.Context, spec runtime.Spec) (*fakeServed, error) {
+		if spec.ID != "" {
+			t.Errorf("a prewarmed sandbox is started with id %q", spec.ID)
+		}
+		s := &fakeServed{owner: spec.Owner}
+		started = append(started, s)
+		return s, nil
+	})
+	l1, l2 := "sha256:aa", "sha256:bb"
+	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err != nil || len(started) != 1 {
+		t.Fatalf("prewarming the same spec again started %d (%v)", len(started), err)
+	}
+	if _, ok := p.Take(prewarmSpec("b", l1)); ok {
+		t.Fatal("another owner was handed a's sandbox")
+	}
+	if _, ok := p.Take(prewarmSpec("a", l1, l2)); ok {
+		t.Fatal("a create from other layers was handed the sandbox")
+	}
+	if started[0].destroyed != 1 || p.Len() != 0 {
+		t.Fatalf("the stale sandbox: destroyed %d, %d kept", started[0].destroyed, p.Len())
+	}
+	// A newer snapshot replaces the owner's sandbox.
+	_ = p.Prewarm(ctx, prewarmSpec("a", l1))
+	_ = p.Prewarm(ctx, prewarmSpec("a", l1, l2))
+	if started[1].destroyed != 1 || p.Len() != 1 {
+		t.Fatalf("replaced: destroyed %d, %d kept", started[1].destroyed, p.Len())
+	}
+	if s, ok := p.Take(prewarmSpec("a", l1, l2)); !ok || s != started[2] || s.destroyed != 0 {
+		t.Fatalf("take: %v %v", s, ok)
+	}
+	// The budget drops the least recently prewarmed.
+	for _, o := range []string{"x", "y", "x", "z"} {
+		_ = p.Prewarm(ctx, prewarmSpec(o, l1))
+	}
+	if p.Len() != 2 {
+		t.Fatalf("%d kept within a budget of 2", p.Len())
+	}
+	if _, ok := p.Take(prewarmSpec("y", l1)); ok {
+		t.Fatal("the least recently prewarmed owner's sandbox was kept")
+	}
+	// What cannot be prewarmed: no owner, a network, an unverified layer.
+	for _, spec := range []runtime.Spec{prewarmSpec("", l1), prewarmSpec("a", "not-a-digest"), {Owner: "a", Network: &runtime.Network{}}} {
+		if err := p.Prewarm(ctx, spec); !errors.Is(err, ErrNotPrewarmable) {
+			t.Errorf("prewarm %+v: %v", spec, err)
+		}
+	}
+	if err := p.Drop(ctx, "z"); err != nil || p.Len() != 1 {
+		t.Fatalf("drop: %v, %d kept", err, p.Len())
+	}
+	if err := p.Close(); err != nil || p.Len() != 0 {
+		t.Fatalf("close: %v, %d kept", err, p.Len())
+	}
+	for _, s := range started {
+		if s.owner == "x" && s.destroyed != 1 {
+			t.Errorf("close left x's sandbox (destroyed %d)", s.destroyed)
+		}
+	}
+	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err == nil {
+		t.Error("prewarm after close")
+	}
+}
+
+// TestPrewarmedSuperseded: a sandbox whose prewarm was overtaken while it
+// started (the owner's snapshot moved on, or the runtime closed) is
+// destroyed, never kept.
+func TestPrewarmedSuperseded(t *testing.T) {
+	ctx := context.Background()
+	entered, release := make(chan *fakeServed, 1), make(chan struct{})
+	p := NewPrewarmed(4, func(_ context.Context, spec runtime.Spec) (*fakeServed, error) {
+		s := &fakeServed{owner: spec.Owner}
+		if spec.Layers[0].ID == "sha256:aa" {
+			entered <- s
+			<-release
+		}
+		return s, nil
+	})
+	done := make(chan error)
+	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
+	first := <-entered
+	if _, ok := p.Take(prewarmSpec("a", "sha256:aa")); ok {
+		t.Fatal("a sandbox still starting was handed out")
+	}
+	// The owner's snapshot moves on while the first one starts.
+	if err := p.Prewarm(ctx, prewarmSpec("a", "sha256:bb")); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if first.destroyed != 1 || p.Len() != 1 {
+		t.Fatalf("the superseded sandbox: destroyed %d, %d kept", first.destroyed, p.Len())
+	}
+	if _, ok := p.Take(prewarmSpec("a", "sha256:bb")); !ok {
+		t.Fatal("the newer sandbox is not handed out")
+	}
+}

@@ -1,0 +1,98 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Every real account has a snapshot after its first run, and a sandbox
+// restored from one cannot come from the runtime's generic warm pool (the
+// layers are overlay lowers, fixed at start). So the account's next
+// sandbox is started ahead from its snapshot (runtime.Prewarmer): when the
+// snapshot is taken, and again when a create used the one started ahead.
+// The runtime hands it only to a create of the same account whose spec
+// would have made the same sandbox; the key, environment and workspace
+// are the create's own (hooks), as for any sandbox.
+
+// LayerSource is the persistence that knows an account's snapshot chain;
+// package persist's Service is one.
+type LayerSource interface {
+	// Layers opens the chain of the account's current snapshot, bottom
+	// first (none when it has no snapshot); release closes them.
+	Layers(ctx context.Context, accountID string) (layers []runtime.Layer, snapshotID string, release func(), err error)
+}
+
+// baseSpec is what every sandbox of the account starts from, before the
+// hooks add theirs (key, network, layers).
+func (m *Manager) baseSpec(sb store.Sandbox) runtime.Spec {
+	return runtime.Spec{
+		ID: sb.ID, BaseDir: m.cfg.BaseDir, BaseImage: m.cfg.BaseID,
+		Limits: m.cfg.Settings.Limits, HomeSocket: m.cfg.Home, Hostname: "sandbox",
+		Owner: sb.AccountID,
+	}
+}
+
+// prewarmer is the runtime's Prewarmer and persistence's LayerSource, or
+// false when either is missing or sandboxes get a network by default (a
+// prewarmed sandbox has none, so it would serve no create).
+func (m *Manager) prewarmer() (runtime.Prewarmer, LayerSource, bool) {
+	pw, ok := m.rt.(runtime.Prewarmer)
+	if !ok || hasNetwork(m.cfg.Settings.Network) {
+		return nil, nil, false
+	}
+	src, ok := m.cfg.Persist.(LayerSource)
+	return pw, src, ok
+}
+
+// Prewarm starts the account's next sandbox from its current snapshot, in
+// the background (persistence calls it when it takes one). An account
+// without a snapshot has nothing prewarmed.
+func (m *Manager) Prewarm(accountID string) {
+	pw, src, ok := m.prewarmer()
+	if !ok {
+		return
+	}
+	go func() {
+		ctx := context.Background()
+		layers, snapID, release, err := src.Layers(ctx, accountID)
+		if err != nil {
+			m.log.Warn("prewarm: open account snapshot", "account_id", accountID, "err", err)
+			return
+		}
+		defer release()
+		if len(layers) == 0 {
+			m.dropPrewarmed(ctx, accountID)
+			return
+		}
+		// Its disk is promised like a new sandbox's: no room, no prewarm.
+		// (The promise counts from the moment Prewarm records it, just
+		// after the check: the window is a few instructions wide.)
+		admitted, err := m.admitDisk(ctx)
+		if err != nil {
+			m.log.Info("prewarm: no disk to promise; the account's next create starts cold", "account_id", accountID, "err", err)
+			return
+		}
+		admitted()
+		spec := m.baseSpec(store.Sandbox{AccountID: accountID})
+		spec.ID, spec.Layers = "", layers
+		if err := pw.Prewarm(ctx, spec); err != nil {
+			m.log.Warn("prewarm a sandbox", "account_id", accountID, "snapshot_id", snapID, "err", err)
+			return
+		}
+		m.log.Debug("sandbox prewarmed", "account_id", accountID, "snapshot_id", snapID)
+	}()
+}
+
+// dropPrewarmed destroys what the runtime keeps started for the account.
+func (m *Manager) dropPrewarmed(ctx context.Context, accountID string) {
+	pw, ok := m.rt.(runtime.Prewarmer)
+	if !ok {
+		return
+	}
+	if err := pw.DropPrewarmed(ctx, accountID); err != nil && !errors.Is(err, context.Canceled) {
+		m.log.Warn("drop prewarmed sandbox", "account_id", accountID, "err", err)
+	}
+}
