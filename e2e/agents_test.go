@@ -207,16 +207,17 @@ func TestAgents(t *testing.T) {
 	}
 }
 
-// TestFullImageCLIs checks that the agent CLIs of the full image (serve's
-// default) run inside a sandbox, and that a prompt on a server with no model
-// configured reaches `opencode run`. Building the full image takes a few
-// minutes and needs the npm registry, so it runs with
-// SANDBOXD_TEST_IMAGES_FULL=1 (make test builds the image and sets it).
+// TestFullImageCLIs checks that the agent CLIs of the full image run inside
+// a sandbox, and that a prompt on a server with no model configured reaches
+// `opencode run`. The server is started with no image flag at all, as `make
+// run` starts it, so this also checks that full is serve's default. Building
+// the full image takes a few minutes and needs the npm registry, so it runs
+// with SANDBOXD_TEST_IMAGES_FULL=1 (make test builds the image and sets it).
 func TestFullImageCLIs(t *testing.T) {
 	if os.Getenv("SANDBOXD_TEST_IMAGES_FULL") != "1" {
 		t.Skip("set SANDBOXD_TEST_IMAGES_FULL=1 to build the full image and run its CLIs")
 	}
-	s := startServer(t, filepath.Join(t.TempDir(), "full.db"), "--template", "full")
+	s := startServer(t, filepath.Join(t.TempDir(), "full.db"), defaultImage)
 	t.Run("a prompt reaches opencode run out of the box", func(t *testing.T) {
 		a := s.createAccount("prompter", false)
 		k := s.createKey(a.ID)

@@ -60,6 +60,12 @@ func TestMain(m *testing.M) {
 // rootfs is the test root filesystem every test server uses.
 var rootfs string
 
+// defaultImage, among startServer's extra flags, starts the server on the
+// image `sandboxd serve` picks by itself (what `make run` serves) instead of
+// the test rootfs: an empty --rootfs is serve's own default, so the server
+// resolves its default template as a fresh install would.
+const defaultImage = "--rootfs="
+
 // server is one running sandboxd.
 type server struct {
 	t       *testing.T
@@ -87,7 +93,7 @@ func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	metricsAddr := freeAddr(t)
 	s.metrics = "http://" + metricsAddr
 	args := append([]string{"serve", "--listen", addr, "--metrics-addr", metricsAddr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false", "--setup-on-first-use=false"}, s.globalFlags()...)
-	if !slices.Contains(extra, "--template") {
+	if !slices.Contains(extra, "--template") && !slices.Contains(extra, defaultImage) {
 		args = append(args, "--rootfs", rootfs)
 	}
 	args = append(args, extra...)

@@ -129,7 +129,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve the API on (env SANDBOXD_LISTEN)")
 	f.DurationVar(&o.snapshotTTL, "snapshot-ttl", 7*24*time.Hour, "how long an account's snapshot row stays valid (env SANDBOXD_SNAPSHOT_TTL)")
-	f.StringVar(&o.runtimeName, "runtime", "gvisor", "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; needs `sandboxd kernel build`)")
+	f.StringVar(&o.runtimeName, "runtime", "gvisor", "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; its kernel is built on first use, as by 'sandboxd kernel build')")
 	f.StringVar(&o.template, "template", image.DefaultTemplate, "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames()+"; base and minimal suit smaller hosts but have no agent CLIs (prompts need full)")
 	f.StringVar(&o.rootfs, "rootfs", "", "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
 	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")

@@ -472,7 +472,7 @@ func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, er
 // else through a job on its node — destroys it and marks it stopped.
 func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) error {
 	// The reason is recorded now, so that a run cut short by the stop can
-	// tell why (a timeout makes it TIMED_OUT).
+	// tell why (a timeout makes it FAILED with an error that says so).
 	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
 	}
