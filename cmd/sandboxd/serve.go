@@ -347,7 +347,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics, mgr.NetworkMetrics())
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics, mgr.NetworkMetrics(), mgr.PrewarmMetrics())
 	models, err := modelproxy.New(modelproxy.Options{
 		Auth: authn,
 		Upstreams: map[string]modelproxy.Upstream{

@@ -126,9 +126,21 @@ type Prewarmer interface {
 	Prewarm(ctx context.Context, spec Spec) error
 	// DropPrewarmed destroys what is kept for owner (its snapshot went).
 	DropPrewarmed(ctx context.Context, owner string) error
-	// Prewarmed is how many sandboxes are kept or starting: each holds a
-	// disk like any sandbox's.
-	Prewarmed() int
+	// PrewarmStats says how many sandboxes are kept or starting (each
+	// holds a disk like any sandbox's) and what became of the others.
+	PrewarmStats() PrewarmStats
+}
+
+// PrewarmStats are a Prewarmer's counts since it was made.
+type PrewarmStats struct {
+	Kept    int    // kept or starting now
+	Started uint64 // sandboxes started ahead
+	Failed  uint64 // starts that failed
+	Taken   uint64 // handed to a create
+	Waited  uint64 // of those, handed out after the create waited for the start
+	// Discarded were destroyed unused: superseded by a newer snapshot,
+	// stale at a create, evicted by the budget, dropped, or abandoned.
+	Discarded uint64
 }
 
 // PrewarmKey says what a sandbox started from spec is made of (owner, base,

@@ -68,7 +68,7 @@ func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
 	}
 	warm := m.cfg.Settings.WarmSandboxes
 	if pw, ok := m.rt.(runtime.Prewarmer); ok {
-		warm += pw.Prewarmed()
+		warm += pw.PrewarmStats().Kept
 	}
 	promised := int64(warm) * limit
 	for _, sb := range active {

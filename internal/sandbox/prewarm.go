@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -94,5 +96,35 @@ func (m *Manager) dropPrewarmed(ctx context.Context, accountID string) {
 	}
 	if err := pw.DropPrewarmed(ctx, accountID); err != nil && !errors.Is(err, context.Canceled) {
 		m.log.Warn("drop prewarmed sandbox", "account_id", accountID, "err", err)
+	}
+}
+
+var (
+	prewarmKeptDesc = prometheus.NewDesc("sandboxd_prewarm_kept",
+		"Sandboxes started ahead from their accounts' snapshots, kept or starting on this node.", nil, nil)
+	prewarmEventsDesc = prometheus.NewDesc("sandboxd_prewarm_total",
+		"What became of the sandboxes started ahead on this node: started, failed, taken (by a create; waited: after it waited for the start), discarded (unused: superseded, stale, evicted, dropped).", []string{"event"}, nil)
+)
+
+// PrewarmMetrics is a Prometheus collector of the runtime's prewarmed
+// sandboxes (nothing when the runtime does not prewarm).
+func (m *Manager) PrewarmMetrics() prometheus.Collector { return prewarmCollector{m} }
+
+type prewarmCollector struct{ m *Manager }
+
+func (c prewarmCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- prewarmKeptDesc
+	ch <- prewarmEventsDesc
+}
+
+func (c prewarmCollector) Collect(ch chan<- prometheus.Metric) {
+	pw, ok := c.m.rt.(runtime.Prewarmer)
+	if !ok {
+		return
+	}
+	st := pw.PrewarmStats()
+	ch <- prometheus.MustNewConstMetric(prewarmKeptDesc, prometheus.GaugeValue, float64(st.Kept))
+	for event, n := range map[string]uint64{"started": st.Started, "failed": st.Failed, "taken": st.Taken, "waited": st.Waited, "discarded": st.Discarded} {
+		ch <- prometheus.MustNewConstMetric(prewarmEventsDesc, prometheus.CounterValue, float64(n), event)
 	}
 }

@@ -302,8 +302,8 @@ func (r *Runtime) DropPrewarmed(ctx context.Context, owner string) error {
 	return r.prewarmed.Drop(ctx, owner)
 }
 
-// Prewarmed implements runtime.Prewarmer.
-func (r *Runtime) Prewarmed() int { return r.prewarmed.Len() }
+// PrewarmStats implements runtime.Prewarmer.
+func (r *Runtime) PrewarmStats() runtime.PrewarmStats { return r.prewarmed.Stats() }
 
 // createCold builds and starts a sandbox for spec. link, when not empty, is
 // the ids/ entry to claim for it.

@@ -28,6 +28,7 @@ type Prewarmed[S Served] struct {
 	owners  map[string]*prewarmEntry[S]
 	closed  bool
 	pending sync.WaitGroup
+	stats   runtime.PrewarmStats // counts; Kept is len(owners)
 }
 
 // prewarmEntry is an owner's prewarmed sandbox, or the one starting.
@@ -88,6 +89,7 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 	}
 	p.owners[spec.Owner] = mine
 	drop = append(drop, p.evictLocked(spec.Owner)...)
+	p.stats.Discarded += uint64(len(drop))
 	p.pending.Add(1)
 	p.mu.Unlock()
 	defer p.pending.Done()
@@ -99,6 +101,11 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 	mine.s, mine.err = s, err
 	close(mine.done)
 	current := p.owners[spec.Owner] == mine
+	if err != nil {
+		p.stats.Failed++
+	} else {
+		p.stats.Started++
+	}
 	switch {
 	case mine.taken:
 		// The Take waiting for it has it now, or destroys it.
@@ -108,6 +115,7 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 		}
 	case p.closed || !current:
 		// Superseded while it started: nothing will ask for it.
+		p.stats.Discarded++
 		p.mu.Unlock()
 		return destroyAll([]S{s})
 	}
@@ -164,6 +172,7 @@ func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 		// newer one (this create began before that snapshot): keep it.
 		if ready {
 			delete(p.owners, spec.Owner)
+			p.stats.Discarded++
 			p.mu.Unlock()
 			_ = destroyAll([]S{e.s})
 			return zero, false
@@ -173,6 +182,7 @@ func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 	}
 	delete(p.owners, spec.Owner)
 	if ready {
+		p.stats.Taken++
 		p.mu.Unlock()
 		return e.s, true
 	}
@@ -181,19 +191,30 @@ func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 
 	select {
 	case <-e.done:
-		return e.s, e.err == nil
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if e.err != nil {
+			return zero, false
+		}
+		p.stats.Taken++
+		p.stats.Waited++
+		return e.s, true
 	case <-ctx.Done():
 	}
 	p.mu.Lock()
 	select {
 	case <-e.done:
 		// It ended as we gave up: it is ours to destroy.
+		if e.err == nil {
+			p.stats.Discarded++
+		}
 		p.mu.Unlock()
 		if e.err == nil {
 			_ = destroyAll([]S{e.s})
 		}
 	default:
-		// Its Prewarm finds it neither taken nor current: it destroys it.
+		// Its Prewarm finds it neither taken nor current: it destroys it
+		// (and counts it).
 		e.taken = false
 		p.mu.Unlock()
 	}
@@ -205,8 +226,12 @@ func (p *Prewarmed[S]) Drop(ctx context.Context, owner string) error {
 	p.mu.Lock()
 	e, ok := p.owners[owner]
 	delete(p.owners, owner)
+	ready := ok && e.ready()
+	if ready {
+		p.stats.Discarded++
+	}
 	p.mu.Unlock()
-	if ok && e.ready() {
+	if ready {
 		return e.s.Destroy(context.WithoutCancel(ctx))
 	}
 	return nil
@@ -217,6 +242,15 @@ func (p *Prewarmed[S]) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.owners)
+}
+
+// Stats implements runtime.Prewarmer.PrewarmStats.
+func (p *Prewarmed[S]) Stats() runtime.PrewarmStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.stats
+	st.Kept = len(p.owners)
+	return st
 }
 
 // Close destroys every kept sandbox and waits for the Prewarms under way,

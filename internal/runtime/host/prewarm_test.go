@@ -172,6 +172,9 @@ func TestPrewarmedTakeWaits(t *testing.T) {
 	if err := <-done; err != nil || p.Len() != 0 {
 		t.Fatalf("prewarm: %v, %d kept", err, p.Len())
 	}
+	if st := p.Stats(); st != (runtime.PrewarmStats{Started: 1, Taken: 1, Waited: 1}) {
+		t.Fatalf("stats after a create waited: %+v", st)
+	}
 
 	// A create that gives up while it starts.
 	p, entered, release = blockingPrewarmed()
@@ -185,5 +188,8 @@ func TestPrewarmedTakeWaits(t *testing.T) {
 	close(release)
 	if err := <-done; err != nil || second.destroyed != 1 || p.Len() != 0 {
 		t.Fatalf("abandoned: %v, destroyed %d, %d kept", err, second.destroyed, p.Len())
+	}
+	if st := p.Stats(); st != (runtime.PrewarmStats{Started: 1, Discarded: 1}) {
+		t.Fatalf("stats after a create gave up: %+v", st)
 	}
 }

@@ -53,6 +53,7 @@ type Runtime struct {
 	// (runtime.PrewarmKey), claimed the sandboxes Create made from one.
 	prewarm   bool
 	prewarmed map[string]string
+	prewarms  uint64
 	claimed   map[string]bool
 }
 
@@ -92,6 +93,7 @@ func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec) error {
 	defer r.mu.Unlock()
 	if r.prewarm {
 		r.prewarmed[spec.Owner] = key
+		r.prewarms++
 	}
 	return nil
 }
@@ -104,11 +106,18 @@ func (r *Runtime) DropPrewarmed(_ context.Context, owner string) error {
 	return nil
 }
 
-// Prewarmed implements runtime.Prewarmer.
-func (r *Runtime) Prewarmed() int {
+// PrewarmStats implements runtime.Prewarmer: what is kept, and how many
+// were kept and handed out.
+func (r *Runtime) PrewarmStats() runtime.PrewarmStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.prewarmed)
+	var taken uint64
+	for _, c := range r.claimed {
+		if c {
+			taken++
+		}
+	}
+	return runtime.PrewarmStats{Kept: len(r.prewarmed), Started: r.prewarms, Taken: taken}
 }
 
 // PrewarmedFor says whether a sandbox is kept for owner.

@@ -38,7 +38,7 @@ func (s *suite) testPrewarm(t *testing.T) {
 	}
 	kept := func(want int, when string) {
 		t.Helper()
-		if got := pw.Prewarmed(); got != want {
+		if got := pw.PrewarmStats().Kept; got != want {
 			t.Fatalf("%s: %d prewarmed, want %d", when, got, want)
 		}
 	}
