@@ -345,6 +345,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
+	// What was started ahead went with the last process: start it again
+	// for the accounts most likely to come back first.
+	mgr.PrewarmRecent(ctx, o.prewarm)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics, mgr.NetworkMetrics(), mgr.PrewarmMetrics())

@@ -430,3 +430,30 @@ func TestPrewarmFollowsTheSnapshot(t *testing.T) {
 		t.Fatal("the deleted environment's prewarmed sandbox is kept")
 	}
 }
+
+// TestPrewarmRecentAfterRestart: a restarted node (a new manager on a
+// runtime that kept nothing) starts ahead again the sandboxes of the
+// accounts whose snapshots changed last.
+func TestPrewarmRecentAfterRestart(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 8})
+	ctx := context.Background()
+	if _, err := f.capture(t, map[string]string{"/workspace/f": "1"}); err != nil {
+		t.Fatal(err)
+	}
+	rt := runtimefake.New()
+	rt.EnablePrewarm()
+	m := sandbox.NewManager(sandbox.Config{Store: f.st, Runtime: rt, NodeID: "here", DataDir: t.TempDir(), Persist: f.svc, Hooks: f.svc.Hooks()})
+	m.PrewarmRecent(ctx, 0)
+	time.Sleep(50 * time.Millisecond)
+	if rt.PrewarmedFor(f.account.ID) {
+		t.Fatal("a budget of 0 started a sandbox ahead")
+	}
+	m.PrewarmRecent(ctx, 8)
+	deadline := time.Now().Add(10 * time.Second)
+	for !rt.PrewarmedFor(f.account.ID) {
+		if time.Now().After(deadline) {
+			t.Fatal("the account's sandbox was not started ahead again after the restart")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

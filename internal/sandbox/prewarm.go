@@ -53,39 +53,67 @@ func (m *Manager) prewarmer() (runtime.Prewarmer, LayerSource, bool) {
 // the background (persistence calls it when it takes one). An account
 // without a snapshot has nothing prewarmed.
 func (m *Manager) Prewarm(accountID string) {
+	if _, _, ok := m.prewarmer(); !ok {
+		return
+	}
+	go m.prewarm(context.Background(), accountID)
+}
+
+// PrewarmRecent starts sandboxes ahead, one after another in the
+// background, for the limit accounts whose snapshots changed last: after
+// a restart (which destroys what was started ahead) their next creates are
+// served warm too. The most recent is started last, so the budget's least
+// recently used order keeps it longest.
+func (m *Manager) PrewarmRecent(ctx context.Context, limit int) {
+	if _, _, ok := m.prewarmer(); !ok || limit <= 0 {
+		return
+	}
+	envs, err := m.st.RecentEnvironments(ctx, limit, m.now())
+	if err != nil {
+		m.log.Warn("prewarm: list the accounts with recent snapshots", "err", err)
+		return
+	}
+	go func() {
+		ctx := context.WithoutCancel(ctx)
+		for i := len(envs) - 1; i >= 0; i-- {
+			m.prewarm(ctx, envs[i].AccountID)
+		}
+	}()
+}
+
+// prewarm starts the account's next sandbox from its current snapshot and
+// returns once it runs, failed, or was not needed.
+func (m *Manager) prewarm(ctx context.Context, accountID string) {
 	pw, src, ok := m.prewarmer()
 	if !ok {
 		return
 	}
-	go func() {
-		ctx := context.Background()
-		layers, snapID, release, err := src.Layers(ctx, accountID)
-		if err != nil {
-			m.log.Warn("prewarm: open account snapshot", "account_id", accountID, "err", err)
-			return
-		}
-		defer release()
-		if len(layers) == 0 {
-			m.dropPrewarmed(ctx, accountID)
-			return
-		}
-		// Its disk is promised like a new sandbox's: no room, no prewarm.
-		// (The promise counts from the moment Prewarm records it, just
-		// after the check: the window is a few instructions wide.)
-		admitted, err := m.admitDisk(ctx)
-		if err != nil {
-			m.log.Info("prewarm: no disk to promise; the account's next create starts cold", "account_id", accountID, "err", err)
-			return
-		}
-		admitted()
-		spec := m.baseSpec(store.Sandbox{AccountID: accountID})
-		spec.ID, spec.Layers = "", layers
-		if err := pw.Prewarm(ctx, spec); err != nil {
-			m.log.Warn("prewarm a sandbox", "account_id", accountID, "snapshot_id", snapID, "err", err)
-			return
-		}
-		m.log.Debug("sandbox prewarmed", "account_id", accountID, "snapshot_id", snapID)
-	}()
+	layers, snapID, release, err := src.Layers(ctx, accountID)
+	if err != nil {
+		m.log.Warn("prewarm: open account snapshot", "account_id", accountID, "err", err)
+		return
+	}
+	defer release()
+	if len(layers) == 0 {
+		m.dropPrewarmed(ctx, accountID)
+		return
+	}
+	// Its disk is promised like a new sandbox's: no room, no prewarm.
+	// (The promise counts from the moment Prewarm records it, just
+	// after the check: the window is a few instructions wide.)
+	admitted, err := m.admitDisk(ctx)
+	if err != nil {
+		m.log.Info("prewarm: no disk to promise; the account's next create starts cold", "account_id", accountID, "err", err)
+		return
+	}
+	admitted()
+	spec := m.baseSpec(store.Sandbox{AccountID: accountID})
+	spec.ID, spec.Layers = "", layers
+	if err := pw.Prewarm(ctx, spec); err != nil {
+		m.log.Warn("prewarm a sandbox", "account_id", accountID, "snapshot_id", snapID, "err", err)
+		return
+	}
+	m.log.Debug("sandbox prewarmed", "account_id", accountID, "snapshot_id", snapID)
 }
 
 // dropPrewarmed destroys what the runtime keeps started for the account.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 )
 
 const environmentCols = "account_id, snapshot_id, github_repo, expires_at, created_at, updated_at"
@@ -83,4 +84,20 @@ func (q *Queries) DeleteEnvironment(ctx context.Context, accountID string) (Envi
 		return Environment{}, fmt.Errorf("delete environment of %s: %w", accountID, notFound(mapDeleteErr(err)))
 	}
 	return e, nil
+}
+
+// RecentEnvironments returns up to limit environments whose snapshot is
+// still current at now, the most recently changed first: the accounts a
+// node starts sandboxes ahead for after it restarts.
+func (q *Queries) RecentEnvironments(ctx context.Context, limit int, now time.Time) ([]Environment, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	out, err := queryAll(ctx, q, scanEnvironment,
+		"SELECT "+environmentCols+" FROM environments WHERE snapshot_id IS NOT NULL AND expires_at > ? ORDER BY updated_at DESC, account_id LIMIT ?",
+		toMillis(ms(now)), limit)
+	if err != nil {
+		return nil, fmt.Errorf("list recent environments: %w", err)
+	}
+	return out, nil
 }

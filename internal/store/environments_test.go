@@ -68,3 +68,39 @@ func envEqual(a, b store.Environment) bool {
 	return a.AccountID == b.AccountID && sp(a.SnapshotID, b.SnapshotID) && sp(a.GithubRepo, b.GithubRepo) &&
 		a.ExpiresAt == b.ExpiresAt && a.CreatedAt == b.CreatedAt && a.UpdatedAt == b.UpdatedAt
 }
+
+// TestRecentEnvironments: the accounts with a current snapshot, the most
+// recently changed first, at most limit; none without a snapshot or with an
+// expired one.
+func TestRecentEnvironments(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		var ids []string
+		for i, name := range []string{"old", "new", "expired", "bare"} {
+			a := mustAccount(t, s, store.AccountPersonal, name)
+			ids = append(ids, a.ID)
+			env := &store.Environment{AccountID: a.ID, ExpiresAt: t0.Add(time.Hour), CreatedAt: t0, UpdatedAt: t0.Add(time.Duration(i) * time.Minute)}
+			if name != "bare" {
+				snap := mustSnapshot(t, s, a.ID, "", t0)
+				env.SnapshotID = &snap.ID
+			}
+			if name == "expired" {
+				env.ExpiresAt = t0
+			}
+			if err := s.UpsertEnvironment(ctx, env); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.RecentEnvironments(ctx, 10, t0.Add(time.Second))
+		if err != nil || len(got) != 2 || got[0].AccountID != ids[1] || got[1].AccountID != ids[0] {
+			t.Fatalf("RecentEnvironments = %+v, %v; want new then old", got, err)
+		}
+		if got, err := s.RecentEnvironments(ctx, 1, t0.Add(time.Second)); err != nil || len(got) != 1 || got[0].AccountID != ids[1] {
+			t.Fatalf("RecentEnvironments(limit 1) = %+v, %v", got, err)
+		}
+		if got, err := s.RecentEnvironments(ctx, 0, t0); err != nil || len(got) != 0 {
+			t.Fatalf("RecentEnvironments(limit 0) = %+v, %v", got, err)
+		}
+	})
+}
