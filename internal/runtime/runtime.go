@@ -239,7 +239,24 @@ type State string
 const (
 	StateRunning State = "running"
 	StateStopped State = "stopped"
+	// StatePaused: the sandbox's memory, processes and filesystem are
+	// saved on the host (Pauser); nothing of it runs until Resume.
+	StatePaused State = "paused"
 )
+
+// Pauser is a Runtime that pauses sandboxes whole: Pause saves a running
+// sandbox's memory and processes to the host's disk beside its writable
+// layer and ends its host processes, freeing their CPU and memory; Resume
+// brings it back where it was (processes, their memory, open files), with
+// its agent answering again. A paused sandbox stays listed (List, Get), its
+// State is StatePaused, and its calls (Exec, files, ...) fail with
+// ErrNotRunning; it survives a restart of sandboxd (a Runtime made on the
+// same state directory finds it paused), and Destroy removes it. Pause of a
+// sandbox that is not running and Resume of one that is not paused fail.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
 
 // Info says what a sandbox runs on.
 type Info struct {

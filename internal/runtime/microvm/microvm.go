@@ -137,7 +137,10 @@ type Runtime struct {
 	tmpl *templates     // set once, by New
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime = (*Runtime)(nil)
+	_ runtime.Pauser  = (*Runtime)(nil)
+)
 
 // New prepares the state directory, probes the accelerator and re-attaches
 // the sandboxes an earlier process left running. It needs root.

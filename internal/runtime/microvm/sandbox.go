@@ -294,10 +294,13 @@ func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
 }
 
 // State implements runtime.Sandbox. A paused sandbox (memory saved, QEMU
-// gone) is not running.
+// gone) is StatePaused.
 func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 	m := s.Meta()
-	if m.Stopped || m.Paused || !alive(m.PID, m.PIDStart) {
+	switch {
+	case m.Paused && !m.Stopped:
+		return runtime.StatePaused, nil
+	case m.Stopped || !alive(m.PID, m.PIDStart):
 		return runtime.StateStopped, nil
 	}
 	return runtime.StateRunning, nil

@@ -309,7 +309,7 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 
 // Pause saves a running sandbox's memory to disk and ends its VM: it then
 // uses no CPU or memory, and Resume brings it back exactly where it was.
-// A paused sandbox reports StateStopped; Exec fails with ErrNotRunning.
+// A paused sandbox reports StatePaused; Exec fails with ErrNotRunning.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
 	s, err := r.get(id)
 	if err != nil {

@@ -115,7 +115,7 @@ func TestPauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	pause := time.Since(start)
-	if st, _ := sb.State(ctx); st != runtime.StateStopped {
+	if st, _ := sb.State(ctx); st != runtime.StatePaused {
 		t.Errorf("paused sandbox is %s", st)
 	}
 	if microvm.PID(sb) != 0 {

@@ -65,6 +65,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Snapshot", s.testSnapshot)
 	t.Run("LayerBounds", s.testLayerBounds)
 	t.Run("Prewarm", s.testPrewarm)
+	t.Run("PauseResume", s.testPauseResume)
 	t.Run("StopThenSnapshot", s.testStop)
 	t.Run("Destroy", s.testDestroy)
 	t.Run("Reattach", s.testReattach)
