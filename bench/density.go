@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -65,13 +67,17 @@ type DensityReport struct {
 	// The host: its memory, what was available before, and how many idle
 	// sandboxes fit in MemTotal - reserve at the measured MemAvailable
 	// drop (memory) and in the data disk's free space (disk).
-	MemTotalMiB  float64 `json:"mem_total_mib"`
-	MemAvailMiB  float64 `json:"mem_available_before_mib"`
-	ReserveMiB   float64 `json:"reserve_mib"`
-	FitByMemory  int     `json:"fit_by_memory"`
-	FitByDisk    int     `json:"fit_by_disk"`
-	PerGiB       float64 `json:"sandboxes_per_gib"`
-	IdleCPUShare float64 `json:"idle_cpu_percent_of_host"` // all of them idle, over 5 s
+	MemTotalMiB float64 `json:"mem_total_mib"`
+	MemAvailMiB float64 `json:"mem_available_before_mib"`
+	ReserveMiB  float64 `json:"reserve_mib"`
+	FitByMemory int     `json:"fit_by_memory"`
+	FitByDisk   int     `json:"fit_by_disk"`
+	PerGiB      float64 `json:"sandboxes_per_gib"`
+	// IdleCPUShare is the host CPU their sentries and gofers use, all of
+	// them idle (over 5 s); FitByIdleCPU how many idle ones would take the
+	// whole host.
+	IdleCPUShare float64 `json:"idle_cpu_percent_of_host"`
+	FitByIdleCPU int     `json:"fit_by_idle_cpu"`
 }
 
 // RunDensity starts idle sandboxes one after another until Max, the memory
@@ -160,13 +166,17 @@ func RunDensity(ctx context.Context, o DensityOptions) (DensityReport, error) {
 
 	// Idle: let the sentries settle after boot, then read what they hold.
 	time.Sleep(5 * time.Second)
-	cpu0, t0 := hostCPU(), time.Now()
+	runscRoot := filepath.Join(stateDir, "runsc")
+	cpu0, t0 := processCPU(runscRoot), time.Now()
 	time.Sleep(5 * time.Second)
-	if busy := hostCPU() - cpu0; busy > 0 {
+	if busy := processCPU(runscRoot) - cpu0; busy > 0 {
 		rep.IdleCPUShare = round(100 * busy.Seconds() / (time.Since(t0).Seconds() * float64(rep.CPUs)))
 	}
 	n := float64(len(sbs))
-	rss, pss := processMemory(filepath.Join(stateDir, "runsc"))
+	if rep.IdleCPUShare > 0 {
+		rep.FitByIdleCPU = int(n * 100 / rep.IdleCPUShare)
+	}
+	rss, pss := processMemory(runscRoot)
 	rep.RSSMiB, rep.PSSMiB = round(mib(rss)/n), round(mib(pss)/n)
 	var cg int64
 	for _, sb := range sbs {
@@ -241,23 +251,38 @@ func allocated(dir string) int64 {
 	return sum
 }
 
-// hostCPU is the CPU time the whole host spent outside idle and iowait.
-func hostCPU() time.Duration {
-	b, err := os.ReadFile("/proc/stat")
+// processCPU is the CPU time (user and system) of the processes runsc
+// started with root: the sandboxes' sentries and gofers, nothing else of
+// the host.
+func processCPU(root string) time.Duration {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var ticks int64
+	for _, p := range procs {
+		cmd, err := os.ReadFile(filepath.Join(p, "cmdline"))
+		if err != nil || !bytes.Contains(cmd, []byte("--root="+root)) {
+			continue
+		}
+		ticks += statTicks(filepath.Join(p, "stat"))
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
+
+// statTicks is utime + stime of a /proc/PID/stat (fields 14 and 15; the
+// command in parentheses may hold spaces).
+func statTicks(path string) int64 {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	var busy int64
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 {
-			continue
-		}
-		var n int64
-		fmt.Sscan(v, &n)
-		busy += n
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
 	}
-	hz := int64(100) // USER_HZ on Linux
-	return time.Duration(busy) * time.Second / time.Duration(hz)
+	f := strings.Fields(string(b[i+1:])) // state is f[0]: field 3
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
 }

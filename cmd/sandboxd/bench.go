@@ -157,17 +157,6 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 	return cmd
 }
 
-func printDensity(w io.Writer, r bench.DensityReport) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "host	%d CPUs, %.0f MiB memory (%.0f available before), gVisor %s\n", r.CPUs, r.MemTotalMiB, r.MemAvailMiB, r.Platform)
-	fmt.Fprintf(tw, "idle sandboxes started	%d (%d answering), stopped by: %s\n", r.Started, r.Alive, r.Stop)
-	fmt.Fprintf(tw, "time to start them	%.1f s; one start p50 %.0f ms in the first tenth, %.0f ms in the last\n", r.StartAllMs/1000, r.StartFirstTenth.P50, r.StartLastTenth.P50)
-	fmt.Fprintf(tw, "per idle sandbox	MemAvailable drop %.1f MiB, cgroup %.1f MiB, PSS %.1f MiB, RSS %.1f MiB, disk %.1f MiB\n", r.MemAvailDropMiB, r.CgroupMiB, r.PSSMiB, r.RSSMiB, r.DiskMiB)
-	fmt.Fprintf(tw, "idle CPU, all of them	%.1f%% of the host\n", r.IdleCPUShare)
-	fmt.Fprintf(tw, "fit on this host	%d by memory (%.1f per GiB, %.0f MiB kept), %d by free disk\n", r.FitByMemory, r.PerGiB, r.ReserveMiB, r.FitByDisk)
-	tw.Flush()
-}
-
 // newBenchTTICmd is `sandboxd bench tti`: create-to-first-command through
 // the API, ComputeSDK's method, next to the bare runtime.
 func newBenchTTICmd(g *globals) *cobra.Command {
@@ -319,5 +308,16 @@ func printReport(w io.Writer, r bench.Report) {
 	s := r.Snapshot
 	fmt.Fprintf(tw, "snapshot of %d MiB changed\tquiesce %.0f ms, then snapshot %.0f ms\tlayer %.1f MiB\n", s.ChangedMiB, s.QuiesceMs, s.SnapshotMs, s.LayerMiB)
 	fmt.Fprintf(tw, "restore\tcreate %.0f ms\tunpack alone %.0f ms\tidentical %v\n", s.RestoreMs, s.ApplyMs, s.VerifiedSame)
+	tw.Flush()
+}
+
+func printDensity(w io.Writer, r bench.DensityReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "host\t%d CPUs, %.0f MiB memory (%.0f available before), gVisor %s\n", r.CPUs, r.MemTotalMiB, r.MemAvailMiB, r.Platform)
+	fmt.Fprintf(tw, "idle sandboxes started\t%d (%d answering), stopped by: %s\n", r.Started, r.Alive, r.Stop)
+	fmt.Fprintf(tw, "time to start them\t%.1f s; one start p50 %.0f ms in the first tenth, %.0f ms in the last\n", r.StartAllMs/1000, r.StartFirstTenth.P50, r.StartLastTenth.P50)
+	fmt.Fprintf(tw, "per idle sandbox\tMemAvailable drop %.1f MiB, cgroup %.1f MiB, PSS %.1f MiB, RSS %.1f MiB, disk %.1f MiB\n", r.MemAvailDropMiB, r.CgroupMiB, r.PSSMiB, r.RSSMiB, r.DiskMiB)
+	fmt.Fprintf(tw, "idle CPU, all of them\t%.1f%% of the host (their sentries and gofers)\n", r.IdleCPUShare)
+	fmt.Fprintf(tw, "fit on this host\t%d by memory (%.1f per GiB, %.0f MiB kept), %d by idle CPU (the whole host), %d by free disk\n", r.FitByMemory, r.PerGiB, r.ReserveMiB, r.FitByIdleCPU, r.FitByDisk)
 	tw.Flush()
 }
