@@ -165,7 +165,10 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 	// Again, not once: what was pushed since the sandbox started (by the
 	// account's setup, say) is fetched and fast-forwarded.
 	if err := r.cfg.Host.Prepare(ctx, sb, rsb, true); err != nil {
-		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %v\n", err)
+		// The run's stderr says what the sandbox's git said, never the
+		// host's error (its paths stay in the log).
+		r.log.Warn("prepare workspace for run", "run_id", run.ID, "err", err)
+		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %s\n", errdefs.Message(err, "details are in the server log"))
 	}
 	cwd := p.Cwd
 	if cwd == "" {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/riverqueue/river"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runs"
@@ -32,6 +33,7 @@ import (
 type host struct {
 	rt           *runtimefake.Runtime
 	setupPending bool
+	prepareErr   error // what Prepare answers
 	// traffic are the network counters Traffic answers, one per call (the
 	// last one again once they run out); none: no network.
 	traffic []netpol.Traffic
@@ -43,8 +45,10 @@ func (h *host) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, er
 	}
 	return h.rt.Get(ctx, sb.ID)
 }
-func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error { return nil }
-func (h *host) SetupPending(context.Context, string) bool                           { return h.setupPending }
+func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error {
+	return h.prepareErr
+}
+func (h *host) SetupPending(context.Context, string) bool { return h.setupPending }
 func (h *host) Traffic(context.Context, store.Sandbox) (*netpol.Traffic, error) {
 	if len(h.traffic) == 0 {
 		return nil, nil
@@ -247,6 +251,36 @@ func TestRunLogsOfAnAccountAreBounded(t *testing.T) {
 type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// TestPrepareErrorsKeepHostPathsInTheLog: a run whose workspace could not
+// be prepared says so in its stderr, with what the sandbox's git said but
+// never the host's error, which names its paths.
+func TestPrepareErrorsKeepHostPathsInTheLog(t *testing.T) {
+	securitytest.Attack(t, "api",
+		"a run starts while its account's repository cannot be prepared on the host (an error naming DATA_DIR/repos), to read host paths from the run's stderr",
+		"the run's stderr says preparing /workspace failed and that the details are in the server log; the host's error is not in the output; a failure of git inside the sandbox is given as is")
+	for _, c := range []struct {
+		err        error
+		want, deny string
+	}{
+		{errors.New("ensure repository of acc: git init /var/lib/sandboxd/repos/acc.git: no space left on device"),
+			"sandboxd: preparing /workspace failed: details are in the server log\n", "/var/lib"},
+		{fmt.Errorf("prepare /workspace of sbx: %w", errdefs.New(nil, "exit status 128: fatal: repository not found")),
+			"sandboxd: preparing /workspace failed: prepare /workspace of sbx: exit status 128: fatal: repository not found\n", ""},
+	} {
+		f := newFixture(t, runs.Config{})
+		f.host.prepareErr = c.err
+		_, runID := f.enqueue(t, "true")
+		if err := f.runner.Run(context.Background(), runID); err != nil {
+			t.Fatal(err)
+		}
+		run, out, _ := f.result(t, runID)
+		stderr, _ := out["stderr"].(string)
+		if run.Status != store.RunCompleted || stderr != c.want || (c.deny != "" && strings.Contains(string(run.Output), c.deny)) {
+			t.Errorf("run %s, stderr %q, want %q", run.Status, stderr, c.want)
+		}
+	}
+}
 
 // TestRunOutputHasTrafficAndOOM: a run in a sandbox with a network reports
 // what its network carried while the command ran, and an OOM kill.
