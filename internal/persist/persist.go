@@ -258,8 +258,9 @@ func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 	var saved runs.Saved
 	out, err := runScript(ctx, rsb, saveScript, "sandboxd: run "+run.ID, sb.ID)
 	if err != nil {
-		// The snapshot still keeps the work; say what went wrong.
-		saved.GitError = err.Error()
+		// The snapshot still keeps the work; say what went wrong, without
+		// what the host said (its paths stay in the log).
+		saved.GitError = errdefs.Message(err, "the commit and push could not be run (details are in the server log)")
 		s.log.Warn("commit and push of run", "run_id", run.ID, "err", err)
 	}
 	if b, ok := strings.CutPrefix(strings.TrimSpace(out), "pushed "); ok {
@@ -385,7 +386,10 @@ func runScript(ctx context.Context, rsb runtime.Sandbox, script string, args ...
 		return stdout.String(), err
 	}
 	if res.ExitCode != 0 {
-		return stdout.String(), fmt.Errorf("exit status %d: %s", res.ExitCode, strings.TrimSpace(lastLines(stderr.String(), 5)))
+		// The script's own failure, said by git inside the sandbox: the
+		// user's to see. Exec's errors above come from the host (they may
+		// name its paths) and stay in the log.
+		return stdout.String(), errdefs.New(nil, fmt.Sprintf("exit status %d: %s", res.ExitCode, strings.TrimSpace(lastLines(stderr.String(), 5))))
 	}
 	return stdout.String(), nil
 }

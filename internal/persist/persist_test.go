@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -455,5 +457,44 @@ func TestPrewarmRecentAfterRestart(t *testing.T) {
 			t.Fatal("the account's sandbox was not started ahead again after the restart")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunErrorsKeepHostPathsInTheLog: a run's output says why its work was
+// not committed; what the sandbox's git said is the user's, what the host
+// said (an exec that failed on the host, naming its paths) stays in the log.
+func TestRunErrorsKeepHostPathsInTheLog(t *testing.T) {
+	securitytest.Attack(t, "api",
+		"a run's commit and push fail on the host (an error naming the agent socket under the data dir) and in the sandbox (git's own error), to read host paths from the run's output",
+		"the run's gitError says the details are in the server log, without the host's error; git's error from inside the sandbox is given as is")
+	f := newChainFixture(t, Options{})
+	ctx := context.Background()
+	sb := store.Sandbox{ID: "sbx_host_paths", AccountID: f.account.ID, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake"}
+	f.rt.Add(sb.ID)
+	rsb, err := f.rt.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hostErr = "dial unix /var/lib/sandboxd/runtime/gvisor/sandboxes/sbx_host_paths/agent.sock: connection refused"
+	for _, c := range []struct {
+		exec       func(runtime.ExecRequest) (runtime.ExecResult, error)
+		want, deny string
+	}{
+		{func(runtime.ExecRequest) (runtime.ExecResult, error) {
+			return runtime.ExecResult{}, errors.New(hostErr)
+		},
+			"the commit and push could not be run (details are in the server log)", "/var/lib"},
+		{func(req runtime.ExecRequest) (runtime.ExecResult, error) {
+			_, _ = io.WriteString(req.Stderr, "fatal: unable to access 'http://sandboxd.internal/git/x.git/'\n")
+			return runtime.ExecResult{ExitCode: 128}, nil
+		}, "exit status 128: fatal: unable to access 'http://sandboxd.internal/git/x.git/'", ""},
+	} {
+		f.rt.SetExec(func(_ context.Context, _ *runtimefake.Sandbox, req runtime.ExecRequest) (runtime.ExecResult, error) {
+			return c.exec(req)
+		})
+		saved, _ := f.svc.AfterRun(ctx, sb, rsb, store.Run{ID: "run_host_paths", AccountID: f.account.ID})
+		if saved.GitError != c.want || (c.deny != "" && strings.Contains(saved.GitError, c.deny)) {
+			t.Errorf("gitError %q, want %q", saved.GitError, c.want)
+		}
 	}
 }

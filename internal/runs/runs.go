@@ -165,7 +165,10 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 	// Again, not once: what was pushed since the sandbox started (by the
 	// account's setup, say) is fetched and fast-forwarded.
 	if err := r.cfg.Host.Prepare(ctx, sb, rsb, true); err != nil {
-		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %v\n", err)
+		// The run's stderr says what the sandbox's git said, never the
+		// host's error (its paths stay in the log).
+		r.log.Warn("prepare workspace for run", "run_id", run.ID, "err", err)
+		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %s\n", errdefs.Message(err, "details are in the server log"))
 	}
 	cwd := p.Cwd
 	if cwd == "" {
@@ -262,7 +265,38 @@ func (r *Runner) Finish(ctx context.Context, run store.Run, status string, out *
 		return err
 	}
 	r.log.Info("run finished", "run_id", run.ID, "status", status)
+	r.pruneLogs(context.WithoutCancel(ctx), run.AccountID)
 	return nil
+}
+
+// KeptRunLogs is how many of an account's newest runs keep their log in
+// DATA_DIR/runs. Each log is capped (LogMaxBytes), but an account starts
+// runs without end: without a bound on their number, one account's runs
+// would fill the host's data directory one capped log at a time. The logs
+// of its older runs go when one of its runs ends.
+const KeptRunLogs = 8
+
+// pruneWindow is how many runs past the kept ones an end looks at: the logs
+// of those before them went at earlier ends. (A run that ends after more
+// than this many newer ones of its account keeps its log.)
+const pruneWindow = 1024
+
+// pruneLogs deletes the logs of accountID's finished runs past its newest
+// KeptRunLogs runs.
+func (r *Runner) pruneLogs(ctx context.Context, accountID string) {
+	ids, err := r.cfg.Store.FinishedRunsPast(ctx, accountID, KeptRunLogs, pruneWindow)
+	if err != nil {
+		r.log.Warn("prune run logs", "account_id", accountID, "err", err)
+		return
+	}
+	for _, id := range ids {
+		path := LogPath(r.cfg.DataDir, id)
+		for _, p := range []string{path, path + ".pos"} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				r.log.Warn("prune run log", "run_id", id, "err", err)
+			}
+		}
+	}
 }
 
 // Record writes the end of run runID, of any task: its status, its output

@@ -7,17 +7,20 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/riverqueue/river"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -30,6 +33,7 @@ import (
 type host struct {
 	rt           *runtimefake.Runtime
 	setupPending bool
+	prepareErr   error // what Prepare answers
 	// traffic are the network counters Traffic answers, one per call (the
 	// last one again once they run out); none: no network.
 	traffic []netpol.Traffic
@@ -41,8 +45,10 @@ func (h *host) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, er
 	}
 	return h.rt.Get(ctx, sb.ID)
 }
-func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error { return nil }
-func (h *host) SetupPending(context.Context, string) bool                           { return h.setupPending }
+func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) error {
+	return h.prepareErr
+}
+func (h *host) SetupPending(context.Context, string) bool { return h.setupPending }
 func (h *host) Traffic(context.Context, store.Sandbox) (*netpol.Traffic, error) {
 	if len(h.traffic) == 0 {
 		return nil, nil
@@ -153,6 +159,126 @@ func TestRunLogIsCappedAndSaysSo(t *testing.T) {
 	fi, err := os.Stat(runs.LogPath(f.dataDir, runID))
 	if err != nil || fi.Size() > 64<<10 {
 		t.Fatalf("run log %v (%v), want at most the cap", fi, err)
+	}
+}
+
+// TestRunLogsOfAnAccountAreBounded: every run's log is capped, but an
+// account may start runs without end; only the logs of its newest runs are
+// kept, so its runs cannot fill the data dir one capped log at a time. A
+// run still executing and another account's runs keep theirs.
+func TestRunLogsOfAnAccountAreBounded(t *testing.T) {
+	securitytest.Attack(t, "logs",
+		"one account starts 40 runs in a row, each printing 16 times --log-max-mib, to fill DATA_DIR/runs one capped log at a time",
+		"only the logs of the account's newest runs.KeptRunLogs runs are kept: DATA_DIR/runs stays under that many caps; a run still executing and another account's run keep their logs")
+	const capBytes = 64 << 10
+	f := newFixture(t, runs.Config{LogMaxBytes: capBytes})
+	ctx := context.Background()
+	f.rt.SetExec(func(ctx context.Context, _ *runtimefake.Sandbox, req runtime.ExecRequest) (runtime.ExecResult, error) {
+		_, err := io.Copy(req.Stdout, io.LimitReader(zeros{}, 16*capBytes))
+		return runtime.ExecResult{}, err
+	})
+	t0 := time.Now().Add(-time.Hour)
+	enqueue := func(account string, at time.Time) string {
+		t.Helper()
+		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: account, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+		if err := f.st.CreateSandbox(ctx, &sb); err != nil {
+			t.Fatal(err)
+		}
+		f.rt.Add(sb.ID)
+		runID, err := runs.Enqueue(ctx, f.st, f.jc, sb, "yes", nil, "", at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runID
+	}
+	// Another account's run, and one of this account's that is still
+	// executing (its log exists, it has not ended), both older than all.
+	bob := store.Account{Name: "bob", Kind: store.AccountPersonal}
+	if err := f.st.CreateAccount(ctx, &bob); err != nil {
+		t.Fatal(err)
+	}
+	bobs := enqueue(bob.ID, t0)
+	if err := f.runner.Run(ctx, bobs); err != nil {
+		t.Fatal(err)
+	}
+	executing := enqueue(f.account.ID, t0.Add(time.Second))
+	if ok, err := f.st.StartRun(ctx, executing, time.Now()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if err := os.WriteFile(runs.LogPath(f.dataDir, executing), []byte("still running\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	var ids []string
+	for i := range 40 {
+		id := enqueue(f.account.ID, t0.Add(time.Duration(i+2)*time.Second))
+		if err := f.runner.Run(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	entries, err := os.ReadDir(filepath.Dir(runs.LogPath(f.dataDir, "x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	logs := map[string]bool{}
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += fi.Size()
+		if id, ok := strings.CutSuffix(e.Name(), ".log"); ok {
+			logs[id] = true
+		}
+	}
+	// The newest KeptRunLogs of this account, the executing one and bob's.
+	if want := runs.KeptRunLogs + 2; len(logs) != want {
+		t.Errorf("%d run logs kept, want %d", len(logs), want)
+	}
+	for _, id := range append(ids[len(ids)-runs.KeptRunLogs:], executing, bobs) {
+		if !logs[id] {
+			t.Errorf("the log of run %s is gone", id)
+		}
+	}
+	if limit := int64(runs.KeptRunLogs+2) * (capBytes + 4<<10); total > limit {
+		t.Errorf("DATA_DIR/runs holds %d bytes after 40 runs, want at most %d", total, limit)
+	}
+	t.Logf("DATA_DIR/runs holds %d KiB in %d files after 40 runs of 1 MiB each", total>>10, len(entries))
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// TestPrepareErrorsKeepHostPathsInTheLog: a run whose workspace could not
+// be prepared says so in its stderr, with what the sandbox's git said but
+// never the host's error, which names its paths.
+func TestPrepareErrorsKeepHostPathsInTheLog(t *testing.T) {
+	securitytest.Attack(t, "api",
+		"a run starts while its account's repository cannot be prepared on the host (an error naming DATA_DIR/repos), to read host paths from the run's stderr",
+		"the run's stderr says preparing /workspace failed and that the details are in the server log; the host's error is not in the output; a failure of git inside the sandbox is given as is")
+	for _, c := range []struct {
+		err        error
+		want, deny string
+	}{
+		{errors.New("ensure repository of acc: git init /var/lib/sandboxd/repos/acc.git: no space left on device"),
+			"sandboxd: preparing /workspace failed: details are in the server log\n", "/var/lib"},
+		{fmt.Errorf("prepare /workspace of sbx: %w", errdefs.New(nil, "exit status 128: fatal: repository not found")),
+			"sandboxd: preparing /workspace failed: prepare /workspace of sbx: exit status 128: fatal: repository not found\n", ""},
+	} {
+		f := newFixture(t, runs.Config{})
+		f.host.prepareErr = c.err
+		_, runID := f.enqueue(t, "true")
+		if err := f.runner.Run(context.Background(), runID); err != nil {
+			t.Fatal(err)
+		}
+		run, out, _ := f.result(t, runID)
+		stderr, _ := out["stderr"].(string)
+		if run.Status != store.RunCompleted || stderr != c.want || (c.deny != "" && strings.Contains(string(run.Output), c.deny)) {
+			t.Errorf("run %s, stderr %q, want %q", run.Status, stderr, c.want)
+		}
 	}
 }
 

@@ -148,6 +148,28 @@ func (q *Queries) ListRuns(ctx context.Context, accountID string, limit int) ([]
 	return out, nil
 }
 
+// FinishedRunsPast returns the ids of accountID's finished runs that come
+// after its newest skip runs (of any status), newest first, looking at no
+// more than limit runs past them. Package runs deletes the logs of these:
+// it keeps the logs of an account's newest runs only.
+func (q *Queries) FinishedRunsPast(ctx context.Context, accountID string, skip, limit int) ([]string, error) {
+	type ref struct{ id, status string }
+	refs, err := queryAll(ctx, q, func(s scanner) (ref, error) {
+		var r ref
+		return r, s.Scan(&r.id, &r.status)
+	}, "SELECT id, status FROM runs WHERE account_id = ? ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", accountID, limit, skip)
+	if err != nil {
+		return nil, fmt.Errorf("list older runs of %s: %w", accountID, err)
+	}
+	var ids []string
+	for _, r := range refs {
+		if finalRunStatuses[r.status] {
+			ids = append(ids, r.id)
+		}
+	}
+	return ids, nil
+}
+
 // ListRunsByStatus returns the runs whose status is one of statuses (every
 // run when none are given), oldest first.
 func (q *Queries) ListRunsByStatus(ctx context.Context, statuses ...string) ([]Run, error) {

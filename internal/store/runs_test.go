@@ -178,3 +178,45 @@ func TestRunLifecycle(t *testing.T) {
 		}
 	})
 }
+
+// TestFinishedRunsPast: the runs whose logs package runs deletes are the
+// account's finished ones past its newest skip, on both dialects.
+func TestFinishedRunsPast(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		bob := mustAccount(t, s, store.AccountPersonal, "Bob")
+		t0 := time.Now().Add(-time.Hour)
+		var ids []string // oldest first
+		for i := range 6 {
+			r := store.Run{AccountID: alice.ID, Task: "run-sandbox-command", CreatedAt: t0.Add(time.Duration(i) * time.Second)}
+			if err := s.CreateRun(ctx, &r); err != nil {
+				t.Fatal(err)
+			}
+			if i != 1 { // the second oldest is still queued
+				if _, err := s.FinishRun(ctx, r.ID, store.RunCompleted, nil, nil, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ids = append(ids, r.ID)
+		}
+		other := store.Run{AccountID: bob.ID, Task: "run-sandbox-command", CreatedAt: t0}
+		if err := s.CreateRun(ctx, &other); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.FinishRun(ctx, other.ID, store.RunCompleted, nil, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.FinishedRunsPast(ctx, alice.ID, 3, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{ids[2], ids[0]}; !slices.Equal(got, want) {
+			t.Fatalf("finished runs past the newest 3: %v, want %v", got, want)
+		}
+		if got, err := s.FinishedRunsPast(ctx, alice.ID, 3, 1); err != nil || !slices.Equal(got, []string{ids[2]}) {
+			t.Fatalf("within a window of 1: %v %v", got, err)
+		}
+	})
+}
