@@ -73,7 +73,20 @@ type Sandbox struct {
 	UpdatedAt time.Time  `json:"updated_at"`
 	Deadline  time.Time  `json:"deadline"`
 	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	// Pause is where a running sandbox is in a pause: "" (not paused),
+	// PausePausing, PausePaused or PauseResuming; Status stays running.
+	Pause string `json:"pause,omitempty"`
+	// PausedRemaining is the lifetime it had left when its pause began
+	// (its deadline does not run while it is paused).
+	PausedRemaining time.Duration `json:"paused_remaining,omitempty"`
 }
+
+// Pause states of a running sandbox, as the API names them.
+const (
+	PausePausing  = "pausing"
+	PausePaused   = "paused"
+	PauseResuming = "resuming"
+)
 
 // Run statuses, as trigger.dev v3 names them: only values of the published
 // TaskRunResponse enum that the original's web clients know (a run cut by

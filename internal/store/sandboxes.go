@@ -9,17 +9,18 @@ import (
 	"github.com/google/uuid"
 )
 
-const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network"
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms"
 
 func scanSandbox(s scanner) (Sandbox, error) {
 	var sb Sandbox
 	var snapshotID sql.NullString
 	var created, updated, deadline int64
-	var stopped sql.NullInt64
+	var stopped, remaining sql.NullInt64
 	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
-		&created, &updated, &deadline, &stopped, &sb.Network); err != nil {
+		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining); err != nil {
 		return Sandbox{}, err
 	}
+	sb.PausedRemaining = time.Duration(remaining.Int64) * time.Millisecond
 	sb.SnapshotID = snapshotID.String
 	sb.CreatedAt = fromMillis(created)
 	sb.UpdatedAt = fromMillis(updated)
@@ -55,9 +56,10 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	sb.UpdatedAt = ms(sb.UpdatedAt)
 	sb.Deadline = ms(sb.Deadline)
 	sb.StoppedAt = msPtr(sb.StoppedAt)
-	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	sb.Pause, sb.PausedRemaining = "", 0 // a new sandbox is not paused
+	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network)
+		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 	}
@@ -167,7 +169,8 @@ func (q *Queries) SetSandboxSnapshot(ctx context.Context, id, snapshotID string)
 // every node when nodeID is empty) whose deadline is at or before now,
 // earliest deadline first.
 func (q *Queries) ListExpiredSandboxes(ctx context.Context, nodeID string, now time.Time) ([]Sandbox, error) {
-	query := "SELECT " + sandboxCols + " FROM sandboxes WHERE status IN (?, ?) AND deadline <= ?"
+	// A paused sandbox's deadline does not run (see BeginPause).
+	query := "SELECT " + sandboxCols + " FROM sandboxes WHERE status IN (?, ?) AND pause = '' AND deadline <= ?"
 	args := []any{SandboxPending, SandboxRunning, toMillis(ms(now))}
 	if nodeID != "" {
 		query += " AND node_id = ?"
@@ -203,4 +206,54 @@ func (q *Queries) DeleteSandboxesOf(ctx context.Context, accountID string) error
 		return fmt.Errorf("delete sandboxes of %s: %w", accountID, mapDeleteErr(err))
 	}
 	return nil
+}
+
+// BeginPause marks a running, unpaused sandbox pausing and records the
+// lifetime it has left at now (its deadline stops running). It reports
+// false, changing nothing, when the sandbox is not running or is already in
+// a pause.
+func (q *Queries) BeginPause(ctx context.Context, id string, now time.Time) (bool, error) {
+	t := toMillis(ms(now))
+	n, err := q.execCount(ctx, `UPDATE sandboxes SET pause = ?, updated_at = ?,
+		paused_remaining_ms = CASE WHEN deadline > ? THEN deadline - ? ELSE 0 END
+		WHERE id = ? AND status = ? AND pause = ''`,
+		PausePausing, t, t, t, id, SandboxRunning)
+	if err != nil {
+		return false, fmt.Errorf("begin pause of sandbox %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// TransitionPause moves a running sandbox's pause state from one of from to
+// to, and reports whether it did. Back to "" (resumed, or a pause undone),
+// its deadline runs again: at plus the lifetime it had left.
+func (q *Queries) TransitionPause(ctx context.Context, id string, from []string, to string, at time.Time) (bool, error) {
+	if len(from) == 0 {
+		return false, nil
+	}
+	t := toMillis(ms(at))
+	in, inArgs := inList(from)
+	set := "pause = ?, updated_at = ?"
+	args := []any{to, t}
+	if to == "" {
+		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL"
+		args = append(args, t)
+	}
+	args = append(append(args, id, SandboxRunning), inArgs...)
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET "+set+" WHERE id = ? AND status = ? AND pause IN ("+in+")", args...)
+	if err != nil {
+		return false, fmt.Errorf("move pause of sandbox %s to %q: %w", id, to, err)
+	}
+	return n == 1, nil
+}
+
+// SetPausedRemaining sets the lifetime a paused sandbox will have when it
+// resumes. It reports false when the sandbox is not in a pause.
+func (q *Queries) SetPausedRemaining(ctx context.Context, id string, d time.Duration) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET paused_remaining_ms = ?, updated_at = ? WHERE id = ? AND status = ? AND pause <> ''",
+		d.Milliseconds(), toMillis(nowMS()), id, SandboxRunning)
+	if err != nil {
+		return false, fmt.Errorf("set remaining lifetime of paused sandbox %s: %w", id, err)
+	}
+	return n == 1, nil
 }

@@ -253,3 +253,62 @@ func TestTransitionSandbox(t *testing.T) {
 }
 
 func ms(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
+
+// TestPause: a pause stops the deadline clock (the reaper's list skips a
+// paused sandbox) and a resume starts it again from what was left; the
+// pause states change only from the expected ones.
+func TestPause(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		a := mustAccount(t, s, store.AccountPersonal, "pauser")
+		sb := mustSandbox(t, s, a.ID, "n1", store.SandboxRunning, t0)
+		if err := s.SetSandboxDeadline(ctx, sb.ID, t0.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		stopped := mustSandbox(t, s, a.ID, "n1", store.SandboxStopped, t0)
+		if ok, err := s.BeginPause(ctx, stopped.ID, t0); ok || err != nil {
+			t.Fatalf("BeginPause of a stopped sandbox: %v %v", ok, err)
+		}
+		if ok, err := s.BeginPause(ctx, sb.ID, t0.Add(20*time.Second)); !ok || err != nil {
+			t.Fatalf("BeginPause: %v %v", ok, err)
+		}
+		if ok, _ := s.BeginPause(ctx, sb.ID, t0); ok {
+			t.Fatal("BeginPause twice")
+		}
+		if ok, _ := s.TransitionPause(ctx, sb.ID, []string{store.PausePaused}, store.PauseResuming, t0); ok {
+			t.Fatal("resuming a sandbox still pausing")
+		}
+		if ok, err := s.TransitionPause(ctx, sb.ID, []string{store.PausePausing}, store.PausePaused, t0); !ok || err != nil {
+			t.Fatalf("pausing -> paused: %v %v", ok, err)
+		}
+		got, err := s.GetSandbox(ctx, sb.ID)
+		if err != nil || got.Pause != store.PausePaused || got.PausedRemaining != 40*time.Second {
+			t.Fatalf("paused row: %+v %v", got, err)
+		}
+		// Long past the old deadline, it is not expired.
+		if exp, err := s.ListExpiredSandboxes(ctx, "n1", t0.Add(time.Hour)); err != nil || len(exp) != 0 {
+			t.Fatalf("expired while paused: %v %v", exp, err)
+		}
+		if ok, err := s.SetPausedRemaining(ctx, sb.ID, 90*time.Second); !ok || err != nil {
+			t.Fatalf("SetPausedRemaining: %v %v", ok, err)
+		}
+		if ok, _ := s.TransitionPause(ctx, sb.ID, []string{store.PausePaused}, store.PauseResuming, t0.Add(time.Hour)); !ok {
+			t.Fatal("paused -> resuming")
+		}
+		resumed := t0.Add(time.Hour + time.Second)
+		if ok, err := s.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", resumed); !ok || err != nil {
+			t.Fatalf("resuming -> running: %v %v", ok, err)
+		}
+		got, _ = s.GetSandbox(ctx, sb.ID)
+		if got.Pause != "" || got.PausedRemaining != 0 || got.Deadline.UnixMilli() != resumed.Add(90*time.Second).UnixMilli() {
+			t.Fatalf("resumed row: pause %q, remaining %v, deadline %v (want %v)", got.Pause, got.PausedRemaining, got.Deadline, resumed.Add(90*time.Second))
+		}
+		if ok, _ := s.SetPausedRemaining(ctx, sb.ID, time.Second); ok {
+			t.Fatal("SetPausedRemaining of a sandbox not paused")
+		}
+		if exp, err := s.ListExpiredSandboxes(ctx, "n1", resumed.Add(2*time.Minute)); err != nil || len(exp) != 1 {
+			t.Fatalf("expired after resume: %v %v", exp, err)
+		}
+	})
+}
