@@ -442,13 +442,17 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 	return ExecResult{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled}, nil
 }
 
-// Local returns the runtime sandbox of a running sandbox of this node.
+// Local returns the runtime sandbox of a running sandbox of this node,
+// resuming it first when it is paused.
 func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, error) {
 	if sb.Status != store.SandboxRunning {
 		return nil, errdefs.ErrNotRunning
 	}
 	if sb.NodeID != m.cfg.NodeID {
 		return nil, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
+	}
+	if _, err := m.awake(ctx, sb); err != nil {
+		return nil, err
 	}
 	rsb, err := m.rt.Get(ctx, sb.ID)
 	if errors.Is(err, runtime.ErrNotFound) {
@@ -676,6 +680,12 @@ func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) 
 	if m.net == nil {
 		return netip.Addr{}, errdefs.ErrNotFound
 	}
+	// The proxy wakes a paused sandbox like any call.
+	if sb, err := m.st.GetSandbox(ctx, id); err == nil && sb.Pause != "" && sb.NodeID == m.cfg.NodeID {
+		if _, err := m.awake(ctx, sb); err != nil {
+			return netip.Addr{}, err
+		}
+	}
 	n, err := m.net.Get(id)
 	if err != nil || n == nil {
 		return netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, errdefs.ErrNotFound)
@@ -697,6 +707,10 @@ func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Durat
 	}
 	if sb.Status != store.SandboxRunning && sb.Status != store.SandboxPending {
 		return sb, errdefs.ErrNotRunning
+	}
+	if sb.Pause != "" {
+		// Its clock is stopped: d is what it will have when it resumes.
+		return m.setPausedTimeout(ctx, sb, d)
 	}
 	if err := m.st.SetSandboxDeadline(ctx, sb.ID, m.now().Add(d)); err != nil {
 		return sb, fmt.Errorf("set deadline of %s: %w", sb.ID, err)

@@ -73,6 +73,19 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	for _, sb := range rows {
 		switch sb.Status {
 		case store.SandboxRunning:
+			if sb.Pause != "" && alive[sb.ID] {
+				// Kept paused, or caught in the middle of a pause or a
+				// resume: the row follows what the runtime has (paused,
+				// running, or failed when it has nothing usable).
+				m.settleAfterRuntime(ctx, sb.ID, sb.Pause)
+				if cur, err := m.st.GetSandbox(ctx, sb.ID); err == nil && cur.Status == store.SandboxRunning {
+					keep[sb.ID] = true
+					if cur.Pause == "" {
+						m.syncNetwork(ctx, cur)
+					}
+				}
+				continue
+			}
 			if alive[sb.ID] {
 				// Present is not enough: its processes may have died
 				// with the host's (an OOM kill, a reboot that left the

@@ -51,6 +51,7 @@ type Runtime struct {
 	destroys   map[string]int
 	// prewarm enables Prewarm; prewarmed is each owner's kept key
 	// (runtime.PrewarmKey), claimed the sandboxes Create made from one.
+	failPause error
 	prewarm   bool
 	prewarmed map[string]string
 	prewarms  uint64
@@ -65,7 +66,48 @@ func New() *Runtime {
 var (
 	_ runtime.Runtime   = (*Runtime)(nil)
 	_ runtime.Prewarmer = (*Runtime)(nil)
+	_ runtime.Pauser    = (*Runtime)(nil)
 )
+
+// Pause implements runtime.Pauser: the sandbox keeps its files and
+// refuses calls until Resume; failPause, when set, fails it instead.
+func (r *Runtime) Pause(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb, ok := r.sandboxes[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("pause %s: %w", id, runtime.ErrNotFound)
+	case sb.stopped || sb.paused:
+		return fmt.Errorf("pause %s: %w", id, runtime.ErrNotRunning)
+	case r.failPause != nil:
+		return fmt.Errorf("pause %s: %w", id, r.failPause)
+	}
+	sb.paused = true
+	return nil
+}
+
+// Resume implements runtime.Pauser.
+func (r *Runtime) Resume(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb, ok := r.sandboxes[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("resume %s: %w", id, runtime.ErrNotFound)
+	case !sb.paused:
+		return fmt.Errorf("resume %s: not paused", id)
+	}
+	sb.paused = false
+	return nil
+}
+
+// FailPause makes Pause fail with err (nil: succeed again).
+func (r *Runtime) FailPause(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failPause = err
+}
 
 // EnablePrewarm makes Prewarm keep what it is asked for (off, it keeps
 // nothing, like a backend with a budget of 0).
@@ -295,6 +337,7 @@ type Sandbox struct {
 	created time.Time
 	// Guarded by rt.mu.
 	stopped bool
+	paused  bool
 	files   map[string][]byte
 	execs   [][]string
 	stops   int
@@ -317,7 +360,7 @@ func (s *Sandbox) alive() error {
 	if s.rt.sandboxes[s.id] != s {
 		return fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotFound)
 	}
-	if s.stopped {
+	if s.stopped || s.paused {
 		return fmt.Errorf("sandbox %s: %w", s.id, runtime.ErrNotRunning)
 	}
 	return nil
@@ -332,6 +375,9 @@ func (s *Sandbox) State(context.Context) (runtime.State, error) {
 	}
 	if s.stopped {
 		return runtime.StateStopped, nil
+	}
+	if s.paused {
+		return runtime.StatePaused, nil
 	}
 	return runtime.StateRunning, nil
 }

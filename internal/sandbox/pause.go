@@ -1,0 +1,208 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// A pause keeps a running sandbox whole on its node (memory, processes,
+// filesystem; runtime.Pauser) while nothing of it runs. The row stays
+// running (the sandbox keeps its place in the quotas, its key and its
+// disk); its pause column walks "" → pausing → paused → resuming → "",
+// each step a compare-and-set before the runtime acts, and its deadline
+// does not run while it is paused. Exec, files, ports, processes and the
+// port proxy resume a paused sandbox first (Local, GuestAddr); stop
+// destroys it as it is.
+
+// resumeWait bounds how long a call waits for another caller's resume.
+const resumeWait = 2 * time.Minute
+
+// pauser is the runtime's Pauser, or a clear refusal.
+func (m *Manager) pauser() (runtime.Pauser, error) {
+	p, ok := m.rt.(runtime.Pauser)
+	if !ok {
+		return nil, errdefs.Newf(errdefs.ErrInvalid, "the %s runtime of this server cannot pause sandboxes", m.rt.Name())
+	}
+	return p, nil
+}
+
+// Pause saves a running sandbox of this node whole and stops it running;
+// pausing a paused sandbox answers it as it is.
+func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	ctx = context.WithoutCancel(ctx) // half a pause is worse than a late answer
+	p, err := m.pauser()
+	if err != nil {
+		return sb, err
+	}
+	if sb.Status != store.SandboxRunning {
+		return sb, errdefs.ErrNotRunning
+	}
+	switch sb.Pause {
+	case store.PausePaused, store.PausePausing:
+		return sb, nil
+	case store.PauseResuming:
+		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is resuming; pause it once it runs", sb.ID)
+	}
+	if sb.NodeID != m.cfg.NodeID {
+		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
+	}
+	// A run's command would be frozen with it, and its follower cut off.
+	executing, err := m.st.ListRunsByStatus(ctx, store.RunExecuting)
+	if err != nil {
+		return sb, fmt.Errorf("pause sandbox %s: %w", sb.ID, err)
+	}
+	for _, r := range executing {
+		if r.SandboxID == sb.ID {
+			return sb, errdefs.Newf(errdefs.ErrNotRunning, "run %s is executing in sandbox %s; pause it when the run has ended", r.ID, sb.ID)
+		}
+	}
+	ok, err := m.st.BeginPause(ctx, sb.ID, m.now())
+	if err != nil {
+		return sb, err
+	}
+	if !ok {
+		return m.settledPause(ctx, sb.ID)
+	}
+	start := m.now()
+	if err := p.Pause(ctx, sb.ID); err != nil {
+		// Whatever the runtime left, the row follows it.
+		m.settleAfterRuntime(ctx, sb.ID, store.PausePausing)
+		return sb, fmt.Errorf("pause sandbox %s: %w", sb.ID, err)
+	}
+	if _, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PausePausing}, store.PausePaused, m.now()); err != nil {
+		return sb, err
+	}
+	m.log.Info("sandbox paused", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
+	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// settledPause answers a sandbox another caller is pausing or has paused
+// (or stopped) meanwhile.
+func (m *Manager) settledPause(ctx context.Context, id string) (store.Sandbox, error) {
+	cur, err := m.st.GetSandbox(ctx, id)
+	if err != nil {
+		return cur, err
+	}
+	if cur.Status != store.SandboxRunning {
+		return cur, errdefs.ErrNotRunning
+	}
+	return cur, nil
+}
+
+// Resume brings a paused sandbox of this node back; resuming a running
+// sandbox answers it as it is, and one another caller is resuming is
+// waited for.
+func (m *Manager) Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	ctx = context.WithoutCancel(ctx)
+	p, err := m.pauser()
+	if err != nil {
+		return sb, err
+	}
+	if sb.Status != store.SandboxRunning {
+		return sb, errdefs.ErrNotRunning
+	}
+	if sb.NodeID != m.cfg.NodeID {
+		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
+	}
+	deadline := time.Now().Add(resumeWait)
+	for {
+		switch sb.Pause {
+		case "":
+			return sb, nil
+		case store.PausePaused:
+			ok, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PausePaused}, store.PauseResuming, m.now())
+			if err != nil {
+				return sb, err
+			}
+			if ok {
+				return m.resume(ctx, p, sb)
+			}
+		}
+		// Another caller is pausing or resuming it: wait for its end.
+		if time.Now().After(deadline) {
+			return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is still %s", sb.ID, sb.Pause)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if sb, err = m.st.GetSandbox(ctx, sb.ID); err != nil {
+			return sb, err
+		}
+		if sb.Status != store.SandboxRunning {
+			return sb, errdefs.ErrNotRunning
+		}
+	}
+}
+
+// resume does the runtime's part of a resume this caller has claimed.
+func (m *Manager) resume(ctx context.Context, p runtime.Pauser, sb store.Sandbox) (store.Sandbox, error) {
+	start := m.now()
+	if err := p.Resume(ctx, sb.ID); err != nil {
+		m.settleAfterRuntime(ctx, sb.ID, store.PauseResuming)
+		return sb, fmt.Errorf("resume sandbox %s: %w", sb.ID, err)
+	}
+	if _, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", m.now()); err != nil {
+		return sb, err
+	}
+	m.log.Info("sandbox resumed", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
+	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// settleAfterRuntime makes a row caught in a pause state (from: pausing or
+// resuming, after a failed runtime call or a crash) say what the runtime
+// has: running, paused, or — when the sandbox is gone — failed.
+func (m *Manager) settleAfterRuntime(ctx context.Context, id, from string) {
+	st := runtime.StateStopped
+	if rsb, err := m.rt.Get(ctx, id); err == nil {
+		if s, err := rsb.State(ctx); err == nil {
+			st = s
+		}
+	}
+	var err error
+	switch st {
+	case runtime.StateRunning:
+		_, err = m.st.TransitionPause(ctx, id, []string{from}, "", m.now())
+	case runtime.StatePaused:
+		_, err = m.st.TransitionPause(ctx, id, []string{from}, store.PausePaused, m.now())
+	default:
+		reason := "the sandbox was lost while it paused"
+		if from == store.PauseResuming {
+			reason = "the sandbox could not be resumed"
+		}
+		if rsb, gerr := m.rt.Get(ctx, id); gerr == nil {
+			_ = rsb.Destroy(ctx)
+		}
+		m.markFailed(ctx, id, []string{store.SandboxRunning}, reason)
+	}
+	if err != nil {
+		m.log.Error("settle a sandbox's pause", "sandbox_id", id, "err", err)
+	}
+}
+
+// awake resumes sb first when it is in a pause (calls that touch a sandbox
+// wake it) and returns its row as it is then.
+func (m *Manager) awake(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	if sb.Status != store.SandboxRunning || sb.Pause == "" {
+		return sb, nil
+	}
+	if sb.Pause == store.PausePausing {
+		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is pausing; resume it once it is paused", sb.ID)
+	}
+	return m.Resume(ctx, sb)
+}
+
+// setPausedTimeout sets the lifetime a paused sandbox gets at resume.
+func (m *Manager) setPausedTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
+	ok, err := m.st.SetPausedRemaining(ctx, sb.ID, d)
+	if err != nil {
+		return sb, err
+	}
+	if !ok {
+		return sb, errors.Join(errdefs.ErrNotRunning, fmt.Errorf("sandbox %s left its pause meanwhile; try again", sb.ID))
+	}
+	return m.st.GetSandbox(ctx, sb.ID)
+}

@@ -1,0 +1,125 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// TestPauseResume: a pause stops the deadline clock and refuses nothing
+// it should not; exec wakes the sandbox; the timeout of a paused sandbox
+// is what it gets at resume; a failed pause leaves it running; stop
+// destroys a paused sandbox; reconcile keeps a paused sandbox and settles
+// one caught mid-pause.
+func TestPauseResume(t *testing.T) {
+	p := newPlane(t, Settings{MaxTimeout: time.Hour})
+	ctx := context.Background()
+	sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := p.m.Pause(ctx, sb)
+	if err != nil || paused.Pause != store.PausePaused || paused.Status != store.SandboxRunning {
+		t.Fatalf("pause: %+v %v", paused, err)
+	}
+	if rem := paused.PausedRemaining; rem <= 50*time.Second || rem > time.Minute {
+		t.Fatalf("remaining lifetime while paused: %v", rem)
+	}
+	if again, err := p.m.Pause(ctx, paused); err != nil || again.Pause != store.PausePaused {
+		t.Fatalf("pause of a paused sandbox: %+v %v", again, err)
+	}
+	rsb, _ := p.rt.Get(ctx, sb.ID)
+	if st, _ := rsb.State(ctx); st != runtime.StatePaused {
+		t.Fatalf("runtime state %s", st)
+	}
+	// The reaper does not see it, however late.
+	if exp, err := p.st.ListExpiredSandboxes(ctx, "here", time.Now().Add(time.Hour)); err != nil || len(exp) != 0 {
+		t.Fatalf("expired while paused: %v %v", exp, err)
+	}
+	// Its timeout is what it will have when it resumes.
+	if got, err := p.m.SetTimeout(ctx, paused, 30*time.Minute); err != nil || got.PausedRemaining != 30*time.Minute || got.Pause != store.PausePaused {
+		t.Fatalf("timeout while paused: %+v %v", got, err)
+	}
+	// Exec wakes it.
+	paused = p.status(t, sb.ID)
+	if _, err := p.m.Exec(ctx, paused, ExecRequest{Command: "true"}, nil, nil); err != nil {
+		t.Fatalf("exec on a paused sandbox: %v", err)
+	}
+	woke := p.status(t, sb.ID)
+	if woke.Pause != "" || time.Until(woke.Deadline) < 29*time.Minute || time.Until(woke.Deadline) > 30*time.Minute {
+		t.Fatalf("after the exec: pause %q, %v left", woke.Pause, time.Until(woke.Deadline))
+	}
+	if st, _ := rsb.State(ctx); st != runtime.StateRunning {
+		t.Fatalf("runtime state after the exec: %s", st)
+	}
+	if got, err := p.m.Resume(ctx, woke); err != nil || got.Pause != "" {
+		t.Fatalf("resume of a running sandbox: %+v %v", got, err)
+	}
+
+	// A pause the runtime refuses leaves it running, its clock going.
+	p.rt.FailPause(errors.New("disk full"))
+	if _, err := p.m.Pause(ctx, woke); err == nil {
+		t.Fatal("a failed pause succeeded")
+	}
+	p.rt.FailPause(nil)
+	if cur := p.status(t, sb.ID); cur.Pause != "" || cur.Status != store.SandboxRunning {
+		t.Fatalf("after a failed pause: %+v", cur)
+	}
+
+	// Stop destroys a paused sandbox.
+	if _, err := p.m.Pause(ctx, p.status(t, sb.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := p.m.Stop(ctx, p.status(t, sb.ID)); err != nil || got.Status != store.SandboxStopped {
+		t.Fatalf("stop of a paused sandbox: %+v %v", got, err)
+	}
+	if _, err := p.m.Resume(ctx, p.status(t, sb.ID)); !errors.Is(err, errdefs.ErrNotRunning) {
+		t.Fatalf("resume of a stopped sandbox: %v", err)
+	}
+
+	// Reconcile: a paused sandbox stays paused; one caught pausing while
+	// the runtime had paused it becomes paused; one caught resuming whose
+	// runtime runs becomes running.
+	mk := func() store.Sandbox {
+		sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	kept, pausing, resuming := mk(), mk(), mk()
+	if _, err := p.m.Pause(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := p.st.BeginPause(ctx, pausing.ID, time.Now()); !ok {
+		t.Fatal("begin pause")
+	}
+	if err := p.rt.Pause(ctx, pausing.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.m.Pause(ctx, resuming); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := p.st.TransitionPause(ctx, resuming.ID, []string{store.PausePaused}, store.PauseResuming, time.Now()); !ok {
+		t.Fatal("to resuming")
+	}
+	if err := p.rt.Resume(ctx, resuming.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{kept.ID: store.PausePaused, pausing.ID: store.PausePaused, resuming.ID: ""} {
+		if cur := p.status(t, id); cur.Status != store.SandboxRunning || cur.Pause != want {
+			t.Errorf("after reconcile %s: %s/%q, want running/%q", id, cur.Status, cur.Pause, want)
+		}
+		if _, err := p.rt.Get(ctx, id); err != nil {
+			t.Errorf("reconcile destroyed %s: %v", id, err)
+		}
+	}
+}
