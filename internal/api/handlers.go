@@ -54,6 +54,12 @@ func (s *Server) routeTable() []route {
 			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
 			body: TimeoutRequest{}, ok: SandboxResponse{}, handler: s.setTimeout},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/pause", summary: "Pause a running sandbox with its memory (sandboxd)", tag: "sandboxes",
+			description: "Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.",
+			body:        AccountRequest{}, ok: SandboxResponse{}, handler: s.pauseSandbox},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/resume", summary: "Resume a paused sandbox where it was (sandboxd)", tag: "sandboxes",
+			description: "Its processes carry on from where they were; its timeout runs again from what was left. Resuming a running sandbox answers it as it is; 409 once it stopped.",
+			body:        AccountRequest{}, ok: SandboxResponse{}, handler: s.resumeSandbox},
 		{method: http.MethodPatch, path: "/api/sandboxes/{id}/network", summary: "Replace a running sandbox's network policy (sandboxd)", tag: "sandboxes",
 			description: "Takes effect at once for new and open connections, without restarting the sandbox; stored on the sandbox so a restart rebuilds it. Only a sandbox created with a network has one to change (to \"none\" and back is allowed).",
 			body:        NetworkRequest{}, ok: SandboxResponse{}, handler: s.setNetwork},
@@ -529,6 +535,18 @@ func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
+	})
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+		return s.opts.Sandboxes.Pause(ctx, sb)
+	})
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
+	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+		return s.opts.Sandboxes.Resume(ctx, sb)
 	})
 }
 

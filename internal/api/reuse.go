@@ -105,12 +105,17 @@ func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 // now.
 func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 	var remaining int64
-	if sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning {
+	status := sb.Status
+	switch {
+	case sb.Status == store.SandboxRunning && sb.Pause != "":
+		// In a pause its clock is stopped: what it will have at resume.
+		status, remaining = sb.Pause, sb.PausedRemaining.Milliseconds()
+	case sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning:
 		remaining = max(0, sb.Deadline.Sub(now).Milliseconds())
 	}
 	view := Sandbox{
 		SandboxID:     sb.ID,
-		SandboxStatus: sb.Status,
+		SandboxStatus: status,
 		Timeout:       remaining,
 		CreatedAt:     formatTime(sb.CreatedAt),
 		Runtime:       sb.Runtime,

@@ -35,8 +35,16 @@ type SandboxService interface {
 	Processes(ctx context.Context, sb store.Sandbox) ([]runtime.Process, error)
 	// SignalProcess signals a process of a running sandbox and its tree.
 	SignalProcess(ctx context.Context, sb store.Sandbox, pid int, sig syscall.Signal) error
-	// SetTimeout makes the sandbox stop d from now.
+	// SetTimeout makes the sandbox stop d from now (d from its resume,
+	// when it is paused).
 	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
+	// Pause saves a running sandbox whole (memory, processes, files) and
+	// stops it running and its deadline clock; a paused one is answered
+	// as it is.
+	Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	// Resume brings a paused sandbox back where it was; a running one is
+	// answered as it is.
+	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	// Traffic is what a running sandbox's network carried; nil when it
 	// has none (or is not on this node).
 	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)

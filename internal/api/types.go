@@ -14,8 +14,8 @@ import (
 // Sandbox is the contract's Sandbox object.
 type Sandbox struct {
 	SandboxID     string `json:"sandboxId" jsonschema:"description=Unique identifier for the sandbox"`
-	SandboxStatus string `json:"sandboxStatus" jsonschema:"enum=pending,enum=running,enum=stopping,enum=stopped,enum=failed,description=Current lifecycle state of the sandbox"`
-	Timeout       int64  `json:"timeout" jsonschema:"description=Milliseconds remaining before the sandbox stops automatically (0 once stopped)"`
+	SandboxStatus string `json:"sandboxStatus" jsonschema:"enum=pending,enum=running,enum=stopping,enum=stopped,enum=failed,enum=pausing,enum=paused,enum=resuming,description=Current lifecycle state of the sandbox (pausing/paused/resuming: sandboxd's pause of a running sandbox)"`
+	Timeout       int64  `json:"timeout" jsonschema:"description=Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes)"`
 	CreatedAt     string `json:"createdAt" jsonschema:"format=date-time"`
 	RunID         string `json:"runId,omitempty" jsonschema:"description=Run started with the sandbox; poll GET /api/tasks/runs?runId="`
 	Runtime       string `json:"runtime,omitempty" jsonschema:"description=Isolation backend of the sandbox (sandboxd)"`

@@ -3,13 +3,14 @@ package microvm
 import (
 	"context"
 	"io/fs"
-	"net"
+
 	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/caplog"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // The VM's logs, in the sandbox's directory and out of the jail's reach.
@@ -61,8 +62,7 @@ func (s *sandbox) drainConsole(ctx context.Context, exited <-chan struct{}, conn
 		if st, err := os.Lstat(sock); err == nil && st.Mode().Type() != fs.ModeSocket {
 			return // a file chardev of an older sandboxd
 		}
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, "unix", sock)
+		conn, err := host.DialUnix(ctx, sock)
 		if err != nil {
 			select {
 			case <-ctx.Done():

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // monitor is a QMP connection to one QEMU: go-qemu's socket monitor (the
@@ -24,7 +26,12 @@ type monitor struct {
 // dialMonitor connects to QEMU's QMP socket, waiting for QEMU to create it.
 func dialMonitor(ctx context.Context, path string) (*monitor, error) {
 	for {
-		mon, err := qmp.NewSocketMonitor("unix", path, 2*time.Second)
+		name, release, err := host.UnixPath(path)
+		if err != nil {
+			return nil, fmt.Errorf("dial qmp: %w", err)
+		}
+		mon, err := qmp.NewSocketMonitor("unix", name, 2*time.Second)
+		release()
 		if err == nil {
 			m := &monitor{mon: mon}
 			if err := m.do(ctx, mon.Connect); err != nil {

@@ -157,8 +157,7 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	}
 	var agentConn net.Conn
 	if incoming != nil {
-		var d net.Dialer
-		if agentConn, err = d.DialContext(wctx, "unix", s.jail(strings.TrimPrefix(jailAgent, "/"))); err != nil {
+		if agentConn, err = host.DialUnix(wctx, s.jail(strings.TrimPrefix(jailAgent, "/"))); err != nil {
 			return s.bootErr(fmt.Errorf("connect to agent port: %w", err))
 		}
 		if err := mon.migrateFromFile(wctx, incoming.state); err != nil {
@@ -240,8 +239,7 @@ func (s *sandbox) connectLoop(ctx context.Context, pid int, start uint64) {
 			}
 			continue
 		}
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, "unix", sock)
+		conn, err := host.DialUnix(ctx, sock)
 		if err != nil {
 			select {
 			case <-ctx.Done():

@@ -267,8 +267,7 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 	deadline := time.Now().Add(30 * time.Second)
 	for wait := 2 * time.Second; ; wait = min(wait*2, 10*time.Second) {
 		time.Sleep(50 * time.Millisecond)
-		var d net.Dialer
-		conn, err = d.DialContext(ctx, "unix", s.jail(strings.TrimPrefix(jailAgent, "/")))
+		conn, err = host.DialUnix(ctx, s.jail(strings.TrimPrefix(jailAgent, "/")))
 		if err == nil {
 			h, err = guest.ReadHello(conn, wait)
 			if err == nil {
