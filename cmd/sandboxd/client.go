@@ -230,19 +230,26 @@ func newSandboxCmd() *cobra.Command {
 	}
 	exec.Flags().StringVar(&cwd, "cwd", "", "working directory")
 
-	stop := &cobra.Command{
-		Use:   "stop SANDBOX_ID",
-		Short: "Stop a sandbox",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			body := api.AccountRequest{AccountID: account}
-			var out api.SandboxResponse
-			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/stop", body, &out); err != nil {
-				return err
-			}
-			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
-		},
+	// act is a command that POSTs to /api/sandboxes/ID/VERB and prints
+	// the sandbox it answers.
+	act := func(verb, short string) *cobra.Command {
+		return &cobra.Command{
+			Use:   verb + " SANDBOX_ID",
+			Short: short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				body := api.AccountRequest{AccountID: account}
+				var out api.SandboxResponse
+				if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/"+verb, body, &out); err != nil {
+					return err
+				}
+				return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
+			},
+		}
 	}
+	stop := act("stop", "Stop a sandbox")
+	pause := act("pause", "Pause a running sandbox with its memory: it stops running and its timeout stops")
+	resume := act("resume", "Resume a paused sandbox where it was")
 	setNetwork := &cobra.Command{
 		Use:   "network SANDBOX_ID POLICY",
 		Short: "Replace a running sandbox's network policy, without restarting it",
@@ -262,7 +269,7 @@ func newSandboxCmd() *cobra.Command {
 			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 		},
 	}
-	cmd.AddCommand(create, ls, exec, stop, setNetwork)
+	cmd.AddCommand(create, ls, exec, stop, pause, resume, setNetwork)
 	cmd.AddCommand(processCommands(c, &account, &asJSON)...)
 	cmd.AddCommand(connectCommand(c, &account))
 	return cmd
