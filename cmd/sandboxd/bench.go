@@ -48,16 +48,8 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 				return err
 			}
 			defer os.RemoveAll(scratch)
-			if rootfs == "" {
-				rootfs = filepath.Join(scratch, "rootfs")
-				if err := busybox.BuildRootfs(rootfs); err != nil {
-					return fmt.Errorf("build the busybox root filesystem: %w", err)
-				}
-			}
-			if agent == "" {
-				if agent, err = gvisor.FindAgent(); err != nil {
-					return err
-				}
+			if err := benchInputs(scratch, &rootfs, &agent); err != nil {
+				return err
 			}
 			rep, err := bench.Run(ctx, bench.Options{
 				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
@@ -67,13 +59,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
-			}
-			printReport(cmd.OutOrStdout(), rep)
-			return nil
+			return emit(cmd.OutOrStdout(), asJSON, rep, printReport)
 		},
 	}
 	f := cmd.Flags()
@@ -115,16 +101,8 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 				return err
 			}
 			defer os.RemoveAll(scratch)
-			if rootfs == "" {
-				rootfs = filepath.Join(scratch, "rootfs")
-				if err := busybox.BuildRootfs(rootfs); err != nil {
-					return fmt.Errorf("build the busybox root filesystem: %w", err)
-				}
-			}
-			if agent == "" {
-				if agent, err = gvisor.FindAgent(); err != nil {
-					return err
-				}
+			if err := benchInputs(scratch, &rootfs, &agent); err != nil {
+				return err
 			}
 			rep, err := bench.RunDensity(cmd.Context(), bench.DensityOptions{
 				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
@@ -135,13 +113,7 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
-			}
-			printDensity(cmd.OutOrStdout(), rep)
-			return nil
+			return emit(cmd.OutOrStdout(), asJSON, rep, printDensity)
 		},
 	}
 	f := cmd.Flags()
@@ -237,13 +209,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 					return err
 				}
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
-			}
-			printTTI(cmd.OutOrStdout(), rep)
-			return nil
+			return emit(cmd.OutOrStdout(), asJSON, rep, printTTI)
 		},
 	}
 	f := cmd.Flags()
@@ -320,4 +286,34 @@ func printDensity(w io.Writer, r bench.DensityReport) {
 	fmt.Fprintf(tw, "idle CPU, all of them\t%.1f%% of the host (their sentries and gofers)\n", r.IdleCPUShare)
 	fmt.Fprintf(tw, "fit on this host\t%d by memory (%.1f per GiB, %.0f MiB kept), %d by idle CPU (the whole host), %d by free disk\n", r.FitByMemory, r.PerGiB, r.ReserveMiB, r.FitByIdleCPU, r.FitByDisk)
 	tw.Flush()
+}
+
+// benchInputs fills an empty rootfs with a busybox tree built in scratch
+// and an empty agent with the sandbox-agent binary found beside sandboxd.
+func benchInputs(scratch string, rootfs, agent *string) error {
+	if *rootfs == "" {
+		*rootfs = filepath.Join(scratch, "rootfs")
+		if err := busybox.BuildRootfs(*rootfs); err != nil {
+			return fmt.Errorf("build the busybox root filesystem: %w", err)
+		}
+	}
+	if *agent == "" {
+		a, err := gvisor.FindAgent()
+		if err != nil {
+			return err
+		}
+		*agent = a
+	}
+	return nil
+}
+
+// emit writes a benchmark's report as indented JSON, or as print renders it.
+func emit[R any](w io.Writer, asJSON bool, rep R, print func(io.Writer, R)) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	print(w, rep)
+	return nil
 }
