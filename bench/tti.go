@@ -33,6 +33,9 @@ type TTIOptions struct {
 	N, Burst int
 	// Stagger is the gap between the staggered mode's creates (200 ms).
 	Stagger time.Duration
+	// Think is the pause of the after-run mode between a run's end and
+	// the next create (default 1 s).
+	Think time.Duration
 	// SnapshotMiB is what the snapshot account's snapshot changed
 	// (default 5 MiB of random bytes).
 	SnapshotMiB int
@@ -71,10 +74,13 @@ func latency(ds []time.Duration, n int) Latency {
 
 // TTIResult is one mode for one kind of account.
 type TTIResult struct {
-	Account string   `json:"account"` // "fresh" or "snapshot"
-	Mode    string   `json:"mode"`    // "sequential", "staggered" or "burst"
-	Latency Latency  `json:"latency"`
-	Errors  []string `json:"errors,omitempty"` // the first few failures
+	Account string  `json:"account"` // "fresh" or "snapshot"
+	Mode    string  `json:"mode"`    // "sequential", "staggered", "burst" or "after-run"
+	Latency Latency `json:"latency"`
+	// Create is the create's own answer (the sandbox is running then):
+	// create-to-running, next to the bare runtime's run --detach.
+	Create Latency  `json:"create"`
+	Errors []string `json:"errors,omitempty"` // the first few failures
 }
 
 // TTIReport is what RunTTI measured.
@@ -82,7 +88,9 @@ type TTIReport struct {
 	Command  []string    `json:"command"`
 	Results  []TTIResult `json:"results"`
 	Baseline Latency     `json:"baseline_runsc_run_detach_exec"`
-	Platform string      `json:"platform"`
+	// BaselineRun is the baseline's `runsc run --detach` alone.
+	BaselineRun Latency `json:"baseline_runsc_run_detach"`
+	Platform    string  `json:"platform"`
 }
 
 // RunTTI runs the time-to-interactive benchmark: a server of its own, a
@@ -97,6 +105,9 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 	}
 	if o.Stagger <= 0 {
 		o.Stagger = 200 * time.Millisecond
+	}
+	if o.Think <= 0 {
+		o.Think = time.Second
 	}
 	if o.SnapshotMiB <= 0 {
 		o.SnapshotMiB = 5
@@ -132,7 +143,11 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 		return rep, err
 	}
 	for _, account := range []string{"fresh", "snapshot"} {
-		for _, mode := range []string{"sequential", "staggered", "burst"} {
+		modes := []string{"sequential", "staggered", "burst"}
+		if account == "snapshot" {
+			modes = append(modes, "after-run")
+		}
+		for _, mode := range modes {
 			fmt.Fprintf(o.Progress, "tti: %s account, %s...\n", account, mode)
 			if account == "fresh" {
 				// A fresh account every time: the first sandbox of an
@@ -147,7 +162,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 		}
 	}
 	fmt.Fprintln(o.Progress, "tti: bare runsc run --detach + runsc exec...")
-	if rep.Baseline, err = ttiBaseline(ctx, o); err != nil {
+	if rep.Baseline, rep.BaselineRun, err = ttiBaseline(ctx, o); err != nil {
 		return rep, err
 	}
 	return rep, nil
@@ -282,8 +297,15 @@ type created struct {
 // snapshot gives the account a snapshot: a run that writes mib MiB of
 // random bytes, whose end records the sandbox's filesystem.
 func (s *ttiServer) snapshot(ctx context.Context, key string, mib int) error {
+	return s.runToSnapshot(ctx, key, fmt.Sprintf("head -c %d /dev/urandom > /workspace/tti.bin", mib<<20))
+}
+
+// runToSnapshot runs script in a new sandbox of the account and waits for
+// the run's end, which records the sandbox's filesystem as the account's
+// snapshot; then it stops the sandbox.
+func (s *ttiServer) runToSnapshot(ctx context.Context, key, script string) error {
 	var c created
-	body := map[string]any{"command": "sh", "args": []string{"-c", fmt.Sprintf("head -c %d /dev/urandom > /workspace/tti.bin", mib<<20)}}
+	body := map[string]any{"command": "sh", "args": []string{"-c", script}}
 	if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes", body, &c); err != nil {
 		return err
 	}
@@ -314,18 +336,19 @@ func (s *ttiServer) snapshot(ctx context.Context, key string, mib int) error {
 }
 
 // sample creates a sandbox and runs the first command until it succeeds:
-// the time from the create's request to the command's answer, and the
-// sandbox (to stop afterwards).
-func (s *ttiServer) sample(ctx context.Context, key string) (time.Duration, string, error) {
+// the time from the create's request to the command's answer, the time to
+// the create's own answer, and the sandbox (to stop afterwards).
+func (s *ttiServer) sample(ctx context.Context, key string) (tti, create time.Duration, id string, err error) {
 	start := time.Now()
 	var c created
 	if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes", map[string]any{}, &c); err != nil {
-		return 0, "", err
+		return 0, 0, "", err
 	}
+	create = time.Since(start)
 	if len(c.Sandboxes) == 0 {
-		return 0, "", errors.New("create answered no sandbox")
+		return 0, 0, "", errors.New("create answered no sandbox")
 	}
-	id := c.Sandboxes[0].SandboxID
+	id = c.Sandboxes[0].SandboxID
 	body := map[string]any{"command": s.o.Command[0], "args": s.o.Command[1:]}
 	var lastErr error
 	for time.Since(start) < time.Minute {
@@ -334,7 +357,7 @@ func (s *ttiServer) sample(ctx context.Context, key string) (time.Duration, stri
 		}
 		_, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+id+"/exec", body, &out)
 		if err == nil && out.ExitCode == 0 {
-			return time.Since(start), id, nil
+			return time.Since(start), create, id, nil
 		}
 		if err == nil {
 			err = fmt.Errorf("first command exited %d", out.ExitCode)
@@ -342,7 +365,7 @@ func (s *ttiServer) sample(ctx context.Context, key string) (time.Duration, stri
 		lastErr = err
 		time.Sleep(20 * time.Millisecond)
 	}
-	return 0, id, fmt.Errorf("no successful command within a minute: %w", lastErr)
+	return 0, create, id, fmt.Errorf("no successful command within a minute: %w", lastErr)
 }
 
 // mode runs one mode's samples and stops their sandboxes afterwards.
@@ -354,16 +377,18 @@ func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOp
 	var (
 		mu   sync.Mutex
 		ds   []time.Duration
+		cs   []time.Duration
 		ids  []string
 		errs []string
 		wg   sync.WaitGroup
 	)
 	one := func() {
-		d, id, err := s.sample(ctx, key)
+		d, c, id, err := s.sample(ctx, key)
 		mu.Lock()
 		defer mu.Unlock()
 		if id != "" {
 			ids = append(ids, id)
+			cs = append(cs, c)
 		}
 		if err != nil {
 			if len(errs) < 5 {
@@ -376,6 +401,19 @@ func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOp
 	for i := range n {
 		switch mode {
 		case "sequential":
+			one()
+		case "after-run":
+			// The account's main flow: a run ends (its snapshot taken),
+			// the user reads it, then the next sandbox.
+			if err := s.runToSnapshot(ctx, key, fmt.Sprintf("echo %d >> /workspace/tti.log", i)); err != nil {
+				mu.Lock()
+				if len(errs) < 5 {
+					errs = append(errs, err.Error())
+				}
+				mu.Unlock()
+				continue
+			}
+			time.Sleep(o.Think)
 			one()
 		case "staggered":
 			if i > 0 {
@@ -392,34 +430,35 @@ func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOp
 	for _, id := range ids {
 		_, _ = s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+id+"/stop", map[string]any{}, nil)
 	}
-	return TTIResult{Account: account, Mode: mode, Latency: latency(ds, n), Errors: errs}
+	return TTIResult{Account: account, Mode: mode, Latency: latency(ds, n), Create: latency(cs, n), Errors: errs}
 }
 
 // ttiBaseline is the bare runtime doing the same: `runsc run --detach`
 // of a sleeping busybox bundle, then `runsc exec` of the first command,
-// sequentially.
-func ttiBaseline(ctx context.Context, o TTIOptions) (Latency, error) {
+// sequentially; and the run --detach alone.
+func ttiBaseline(ctx context.Context, o TTIOptions) (tti, run Latency, err error) {
 	dir := filepath.Join(o.StateDir, "baseline")
 	root := filepath.Join(dir, "runsc")
 	if err := os.MkdirAll(root, 0o700); err != nil {
-		return Latency{}, err
+		return tti, run, err
 	}
 	if err := writeBundle(dir, o.Rootfs, []string{"/bin/sleep", "1000"}); err != nil {
-		return Latency{}, err
+		return tti, run, err
 	}
 	cmd := []string{"/bin/echo", "ok"}
-	var ds []time.Duration
+	var ds, rs []time.Duration
 	for i := range o.N {
 		cid := fmt.Sprintf("tti-%d", i)
 		log, err := os.Create(filepath.Join(dir, "detach.log"))
 		if err != nil {
-			return Latency{}, err
+			return tti, run, err
 		}
 		start := time.Now()
-		run := runscCmd(ctx, o.RunscPath, root, o.Platform, "run", "--detach", "--bundle", dir, cid)
-		run.Stdout, run.Stderr = log, log
-		err = run.Run()
+		detach := runscCmd(ctx, o.RunscPath, root, o.Platform, "run", "--detach", "--bundle", dir, cid)
+		detach.Stdout, detach.Stderr = log, log
+		err = detach.Run()
 		log.Close()
+		r := time.Since(start)
 		if err == nil {
 			var out []byte
 			out, err = runscCmd(ctx, o.RunscPath, root, o.Platform, append([]string{"exec", cid}, cmd...)...).CombinedOutput()
@@ -431,9 +470,9 @@ func ttiBaseline(ctx context.Context, o TTIOptions) (Latency, error) {
 		_ = runscCmd(ctx, o.RunscPath, root, o.Platform, "delete", "--force", cid).Run()
 		if err != nil {
 			b, _ := os.ReadFile(filepath.Join(dir, "detach.log"))
-			return Latency{}, fmt.Errorf("runsc baseline: %v: %s", err, b)
+			return tti, run, fmt.Errorf("runsc baseline: %v: %s", err, b)
 		}
-		ds = append(ds, d)
+		ds, rs = append(ds, d), append(rs, r)
 	}
-	return latency(ds, o.N), nil
+	return latency(ds, o.N), latency(rs, o.N), nil
 }

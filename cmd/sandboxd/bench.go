@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/bench"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/busybox"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
@@ -83,8 +84,88 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
-	cmd.AddCommand(newBenchTTICmd(g))
+	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g))
 	return cmd
+}
+
+// newBenchDensityCmd is `sandboxd bench density`: how many idle sandboxes
+// this host holds, and what one costs.
+func newBenchDensityCmd(g *globals) *cobra.Command {
+	var (
+		asJSON           bool
+		rootfs, agent    string
+		runsc, platform  string
+		maxN, reserveMiB int
+		memMiB, diskMiB  int
+	)
+	cmd := &cobra.Command{
+		Use:   "density",
+		Short: "Start idle sandboxes until a limit and report what one costs (memory, disk, CPU) and how many fit",
+		Long: `density starts idle gVisor sandboxes one after another, with serve's default limits,
+until --max (serve's default --node-capacity), the host's MemAvailable reaching
+--reserve-mib, or a failed start. Then, idle, it reports per sandbox: RSS and PSS of
+sentry and gofer, the memory cgroup, the drop of the host's MemAvailable and the data
+disk's blocks; the host CPU they use idle; and how many would fit in this host's memory
+(MemTotal - reserve, at the MemAvailable drop) and free disk. It checks they all answer,
+then destroys them. Needs root, runsc and the sandbox-agent binary.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scratch, err := os.MkdirTemp("", "sandboxd-density-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(scratch)
+			if rootfs == "" {
+				rootfs = filepath.Join(scratch, "rootfs")
+				if err := busybox.BuildRootfs(rootfs); err != nil {
+					return fmt.Errorf("build the busybox root filesystem: %w", err)
+				}
+			}
+			if agent == "" {
+				if agent, err = gvisor.FindAgent(); err != nil {
+					return err
+				}
+			}
+			rep, err := bench.RunDensity(cmd.Context(), bench.DensityOptions{
+				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
+				Platform: platform, Max: maxN, ReserveBytes: int64(reserveMiB) << 20,
+				Limits: runtime.Limits{CPUs: 1, MemoryBytes: int64(memMiB) << 20, Pids: 512, DiskBytes: int64(diskMiB) << 20},
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			printDensity(cmd.OutOrStdout(), rep)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
+	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	f.IntVar(&maxN, "max", 200, "most sandboxes started (serve's default --node-capacity)")
+	f.IntVar(&reserveMiB, "reserve-mib", 2048, "stop before the host's MemAvailable falls below this")
+	f.IntVar(&memMiB, "sandbox-memory-mib", 1024, "memory limit of each sandbox (a ceiling, not a reservation)")
+	f.IntVar(&diskMiB, "sandbox-disk-mib", 4096, "disk limit of each sandbox (sparse)")
+	return cmd
+}
+
+func printDensity(w io.Writer, r bench.DensityReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "host	%d CPUs, %.0f MiB memory (%.0f available before), gVisor %s\n", r.CPUs, r.MemTotalMiB, r.MemAvailMiB, r.Platform)
+	fmt.Fprintf(tw, "idle sandboxes started	%d (%d answering), stopped by: %s\n", r.Started, r.Alive, r.Stop)
+	fmt.Fprintf(tw, "time to start them	%.1f s; one start p50 %.0f ms in the first tenth, %.0f ms in the last\n", r.StartAllMs/1000, r.StartFirstTenth.P50, r.StartLastTenth.P50)
+	fmt.Fprintf(tw, "per idle sandbox	MemAvailable drop %.1f MiB, cgroup %.1f MiB, PSS %.1f MiB, RSS %.1f MiB, disk %.1f MiB\n", r.MemAvailDropMiB, r.CgroupMiB, r.PSSMiB, r.RSSMiB, r.DiskMiB)
+	fmt.Fprintf(tw, "idle CPU, all of them	%.1f%% of the host\n", r.IdleCPUShare)
+	fmt.Fprintf(tw, "fit on this host	%d by memory (%.1f per GiB, %.0f MiB kept), %d by free disk\n", r.FitByMemory, r.PerGiB, r.ReserveMiB, r.FitByDisk)
+	tw.Flush()
 }
 
 // newBenchTTICmd is `sandboxd bench tti`: create-to-first-command through
@@ -98,18 +179,21 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 		n, burst, snapMB int
 		diskMiB          int
 		useBusybox       bool
-		stagger          time.Duration
+		stagger, think   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "tti",
-		Short: "Measure create-to-first-command through the API: sequential, staggered and burst, fresh and snapshot accounts",
+		Short: "Measure create-to-first-command through the API: sequential, staggered, burst and after a run, fresh and snapshot accounts",
 		Long: `tti starts a sandboxd server of its own on a scratch data dir (SQLite), creates a fresh
 account and one whose snapshot changed --snapshot-mib MiB, and for each measures the
 time from POST /api/sandboxes to the first successful command through exec ('node -v'
 on a template, 'echo ok' with --rootfs): --n creates one after another (sequential),
---n creates --stagger apart (staggered) and --burst at once (burst). Each mode of the
-fresh account uses an account of its own. The bare runtime's figure ('runsc run
---detach' of a busybox bundle, then 'runsc exec echo ok') is measured in the same run.
+--n creates --stagger apart (staggered) and --burst at once (burst); for the snapshot
+account also its main flow (after-run): --n times a run that changes a file and ends
+with a new snapshot, --think, then the create measured. Each mode of the fresh account
+uses an account of its own. Every mode also reports the create's own answer
+(create-to-running). The bare runtime's figures ('runsc run --detach' of a busybox
+bundle, then 'runsc exec echo ok') are measured in the same run.
 Times are milliseconds: p50, p95, p99 of the successful samples, and the success rate.
 Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 		Args: cobra.NoArgs,
@@ -128,7 +212,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 				return fmt.Errorf("build the busybox root filesystem: %w", err)
 			}
 			o := bench.TTIOptions{
-				Sandboxd: self, N: n, Burst: burst, Stagger: stagger, SnapshotMiB: snapMB,
+				Sandboxd: self, N: n, Burst: burst, Stagger: stagger, Think: think, SnapshotMiB: snapMB,
 				Rootfs: baseRootfs, RunscPath: runsc, Platform: platform,
 				StateDir: filepath.Join(scratch, "state"), Progress: cmd.ErrOrStderr(),
 			}
@@ -186,6 +270,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.IntVar(&burst, "burst", 20, "sandboxes created at once in the burst mode")
 	f.IntVar(&snapMB, "snapshot-mib", 5, "MiB of random data the snapshot account's snapshot changed")
 	f.DurationVar(&stagger, "stagger", 200*time.Millisecond, "gap between the staggered mode's creates")
+	f.DurationVar(&think, "think", time.Second, "pause of the after-run mode between a run's end and the next create")
 	return cmd
 }
 
@@ -198,6 +283,14 @@ func printTTI(w io.Writer, r bench.TTIReport) {
 	}
 	l := r.Baseline
 	fmt.Fprintf(tw, "bare runsc run --detach + runsc exec (%s)\t%.1f\t%.1f\t%.1f\t%d/%d\n", r.Platform, l.P50, l.P95, l.P99, l.OK, l.N)
+	fmt.Fprintf(tw, "\t\t\t\t\n")
+	fmt.Fprintf(tw, "create → running (the create's answer), ms\tp50\tp95\tp99\tok\n")
+	for _, res := range r.Results {
+		l := res.Create
+		fmt.Fprintf(tw, "%s account, %s\t%.1f\t%.1f\t%.1f\t%d/%d\n", res.Account, res.Mode, l.P50, l.P95, l.P99, l.OK, l.N)
+	}
+	l = r.BaselineRun
+	fmt.Fprintf(tw, "bare runsc run --detach (%s)\t%.1f\t%.1f\t%.1f\t%d/%d\n", r.Platform, l.P50, l.P95, l.P99, l.OK, l.N)
 	tw.Flush()
 	for _, res := range r.Results {
 		for _, e := range res.Errors {

@@ -248,7 +248,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 		return nil, err
 	}
 	link := r.Table().Dir.Path(spec.ID)
-	if s, ok := r.prewarmed.Take(spec); ok {
+	if s, ok := r.prewarmed.Take(ctx, spec); ok {
 		if s, err := r.hand(ctx, s, spec, link); s != nil || err != nil {
 			return s, err
 		}

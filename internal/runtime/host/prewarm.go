@@ -15,6 +15,10 @@ import (
 // asked for, and at most budget in all, the least recently prewarmed
 // owner's destroyed first to make room. The backend starts them (start,
 // with no id claimed) and turns a taken one into the new sandbox.
+//
+// A create that finds its owner's sandbox still starting waits for it
+// rather than starting a second one cold beside it: on a busy host the
+// two would share the CPUs, and the one under way is nearer its end.
 type Prewarmed[S Served] struct {
 	budget int
 	start  func(ctx context.Context, spec runtime.Spec) (S, error)
@@ -22,18 +26,30 @@ type Prewarmed[S Served] struct {
 
 	mu      sync.Mutex
 	owners  map[string]*prewarmEntry[S]
-	gen     uint64
 	closed  bool
 	pending sync.WaitGroup
 }
 
 // prewarmEntry is an owner's prewarmed sandbox, or the one starting.
 type prewarmEntry[S Served] struct {
-	key   string
-	gen   uint64 // which Prewarm made it; a later one supersedes it
-	s     S
-	ready bool
-	used  time.Time
+	key  string
+	used time.Time
+	// done is closed when the start ended; s and err are its outcome.
+	done chan struct{}
+	s    S
+	err  error
+	// taken says a Take claimed it while it started: its Prewarm hands
+	// the sandbox over instead of keeping or destroying it.
+	taken bool
+}
+
+func (e *prewarmEntry[S]) ready() bool {
+	select {
+	case <-e.done:
+		return e.err == nil
+	default:
+		return false
+	}
 }
 
 // NewPrewarmed keeps up to budget sandboxes that start makes.
@@ -65,10 +81,9 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 		p.mu.Unlock()
 		return nil
 	}
-	p.gen++
-	mine := &prewarmEntry[S]{key: key, gen: p.gen, used: p.now()}
+	mine := &prewarmEntry[S]{key: key, used: p.now(), done: make(chan struct{})}
 	var drop []S
-	if old, ok := p.owners[spec.Owner]; ok && old.ready {
+	if old, ok := p.owners[spec.Owner]; ok && old.ready() {
 		drop = append(drop, old.s)
 	}
 	p.owners[spec.Owner] = mine
@@ -76,25 +91,30 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 	p.pending.Add(1)
 	p.mu.Unlock()
 	defer p.pending.Done()
-	destroyAll(drop)
+	_ = destroyAll(drop)
 
 	spec.ID = ""
 	s, err := p.start(ctx, spec)
 	p.mu.Lock()
-	superseded := p.closed || p.owners[spec.Owner] != mine
-	if err != nil || superseded {
-		if p.owners[spec.Owner] == mine {
+	mine.s, mine.err = s, err
+	close(mine.done)
+	current := p.owners[spec.Owner] == mine
+	switch {
+	case mine.taken:
+		// The Take waiting for it has it now, or destroys it.
+	case err != nil:
+		if current {
 			delete(p.owners, spec.Owner)
 		}
+	case p.closed || !current:
+		// Superseded while it started: nothing will ask for it.
 		p.mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("prewarm a sandbox for %s: %w", spec.Owner, err)
-		}
-		destroyAll([]S{s})
-		return nil
+		return destroyAll([]S{s})
 	}
-	mine.s, mine.ready = s, true
 	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("prewarm a sandbox for %s: %w", spec.Owner, err)
+	}
 	return nil
 }
 
@@ -114,7 +134,7 @@ func (p *Prewarmed[S]) evictLocked(keep string) []S {
 		if oldest == "" {
 			break
 		}
-		if e := p.owners[oldest]; e.ready {
+		if e := p.owners[oldest]; e.ready() {
 			drop = append(drop, e.s)
 		}
 		delete(p.owners, oldest)
@@ -123,10 +143,10 @@ func (p *Prewarmed[S]) evictLocked(keep string) []S {
 }
 
 // Take hands out the owner's prewarmed sandbox when spec (complete) would
-// have made it, removing it from the set. A ready sandbox that no longer
-// matches (the owner's snapshot moved on) is destroyed: nothing will ask
-// for it again.
-func (p *Prewarmed[S]) Take(spec runtime.Spec) (S, bool) {
+// have made it, removing it from the set; one still starting is waited for
+// (until ctx ends). A ready sandbox that no longer matches (the owner's
+// snapshot moved on) is destroyed: nothing will ask for it again.
+func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 	var zero S
 	key, ok := runtime.PrewarmKey(spec)
 	if !ok {
@@ -134,17 +154,50 @@ func (p *Prewarmed[S]) Take(spec runtime.Spec) (S, bool) {
 	}
 	p.mu.Lock()
 	e, found := p.owners[spec.Owner]
-	if !found || !e.ready {
+	if !found {
+		p.mu.Unlock()
+		return zero, false
+	}
+	ready := e.ready()
+	if e.key != key {
+		// A stale one goes; one starting for another snapshot may be the
+		// newer one (this create began before that snapshot): keep it.
+		if ready {
+			delete(p.owners, spec.Owner)
+			p.mu.Unlock()
+			_ = destroyAll([]S{e.s})
+			return zero, false
+		}
 		p.mu.Unlock()
 		return zero, false
 	}
 	delete(p.owners, spec.Owner)
-	p.mu.Unlock()
-	if e.key != key {
-		destroyAll([]S{e.s})
-		return zero, false
+	if ready {
+		p.mu.Unlock()
+		return e.s, true
 	}
-	return e.s, true
+	e.taken = true
+	p.mu.Unlock()
+
+	select {
+	case <-e.done:
+		return e.s, e.err == nil
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	select {
+	case <-e.done:
+		// It ended as we gave up: it is ours to destroy.
+		p.mu.Unlock()
+		if e.err == nil {
+			_ = destroyAll([]S{e.s})
+		}
+	default:
+		// Its Prewarm finds it neither taken nor current: it destroys it.
+		e.taken = false
+		p.mu.Unlock()
+	}
+	return zero, false
 }
 
 // Drop implements runtime.Prewarmer.DropPrewarmed.
@@ -153,7 +206,7 @@ func (p *Prewarmed[S]) Drop(ctx context.Context, owner string) error {
 	e, ok := p.owners[owner]
 	delete(p.owners, owner)
 	p.mu.Unlock()
-	if ok && e.ready {
+	if ok && e.ready() {
 		return e.s.Destroy(context.WithoutCancel(ctx))
 	}
 	return nil
@@ -167,13 +220,13 @@ func (p *Prewarmed[S]) Len() int {
 }
 
 // Close destroys every kept sandbox and waits for the Prewarms under way,
-// which destroy what they start.
+// which destroy what they start (or hand it to a Take already waiting).
 func (p *Prewarmed[S]) Close() error {
 	p.mu.Lock()
 	p.closed = true
 	var drop []S
 	for owner, e := range p.owners {
-		if e.ready {
+		if e.ready() {
 			drop = append(drop, e.s)
 		}
 		delete(p.owners, owner)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -53,10 +54,10 @@ func TestPrewarmed(t *testing.T) {
 	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err != nil || len(started) != 1 {
 		t.Fatalf("prewarming the same spec again started %d (%v)", len(started), err)
 	}
-	if _, ok := p.Take(prewarmSpec("b", l1)); ok {
+	if _, ok := p.Take(ctx, prewarmSpec("b", l1)); ok {
 		t.Fatal("another owner was handed a's sandbox")
 	}
-	if _, ok := p.Take(prewarmSpec("a", l1, l2)); ok {
+	if _, ok := p.Take(ctx, prewarmSpec("a", l1, l2)); ok {
 		t.Fatal("a create from other layers was handed the sandbox")
 	}
 	if started[0].destroyed != 1 || p.Len() != 0 {
@@ -68,7 +69,7 @@ func TestPrewarmed(t *testing.T) {
 	if started[1].destroyed != 1 || p.Len() != 1 {
 		t.Fatalf("replaced: destroyed %d, %d kept", started[1].destroyed, p.Len())
 	}
-	if s, ok := p.Take(prewarmSpec("a", l1, l2)); !ok || s != started[2] || s.destroyed != 0 {
+	if s, ok := p.Take(ctx, prewarmSpec("a", l1, l2)); !ok || s != started[2] || s.destroyed != 0 {
 		t.Fatalf("take: %v %v", s, ok)
 	}
 	// The budget drops the least recently prewarmed.
@@ -78,7 +79,7 @@ func TestPrewarmed(t *testing.T) {
 	if p.Len() != 2 {
 		t.Fatalf("%d kept within a budget of 2", p.Len())
 	}
-	if _, ok := p.Take(prewarmSpec("y", l1)); ok {
+	if _, ok := p.Take(ctx, prewarmSpec("y", l1)); ok {
 		t.Fatal("the least recently prewarmed owner's sandbox was kept")
 	}
 	// What cannot be prewarmed: no owner, a network, an unverified layer.
@@ -103,13 +104,11 @@ func TestPrewarmed(t *testing.T) {
 	}
 }
 
-// TestPrewarmedSuperseded: a sandbox whose prewarm was overtaken while it
-// started (the owner's snapshot moved on, or the runtime closed) is
-// destroyed, never kept.
-func TestPrewarmedSuperseded(t *testing.T) {
-	ctx := context.Background()
-	entered, release := make(chan *fakeServed, 1), make(chan struct{})
-	p := NewPrewarmed(4, func(_ context.Context, spec runtime.Spec) (*fakeServed, error) {
+// blockingPrewarmed is a Prewarmed whose start of a sandbox from layer
+// "sha256:aa" waits for release; entered says when it began.
+func blockingPrewarmed() (p *Prewarmed[*fakeServed], entered chan *fakeServed, release chan struct{}) {
+	entered, release = make(chan *fakeServed, 1), make(chan struct{})
+	p = NewPrewarmed(4, func(_ context.Context, spec runtime.Spec) (*fakeServed, error) {
 		s := &fakeServed{owner: spec.Owner}
 		if spec.Layers[0].ID == "sha256:aa" {
 			entered <- s
@@ -117,12 +116,18 @@ func TestPrewarmedSuperseded(t *testing.T) {
 		}
 		return s, nil
 	})
+	return p, entered, release
+}
+
+// TestPrewarmedSuperseded: a sandbox whose prewarm was overtaken while it
+// started (the owner's snapshot moved on, or the runtime closed) is
+// destroyed, never kept.
+func TestPrewarmedSuperseded(t *testing.T) {
+	ctx := context.Background()
+	p, entered, release := blockingPrewarmed()
 	done := make(chan error)
 	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
 	first := <-entered
-	if _, ok := p.Take(prewarmSpec("a", "sha256:aa")); ok {
-		t.Fatal("a sandbox still starting was handed out")
-	}
 	// The owner's snapshot moves on while the first one starts.
 	if err := p.Prewarm(ctx, prewarmSpec("a", "sha256:bb")); err != nil {
 		t.Fatal(err)
@@ -134,7 +139,51 @@ func TestPrewarmedSuperseded(t *testing.T) {
 	if first.destroyed != 1 || p.Len() != 1 {
 		t.Fatalf("the superseded sandbox: destroyed %d, %d kept", first.destroyed, p.Len())
 	}
-	if _, ok := p.Take(prewarmSpec("a", "sha256:bb")); !ok {
+	if _, ok := p.Take(ctx, prewarmSpec("a", "sha256:bb")); !ok {
 		t.Fatal("the newer sandbox is not handed out")
+	}
+}
+
+// TestPrewarmedTakeWaits: a create that finds its sandbox still starting
+// is handed it once it runs; one that gives up first leaves it to be
+// destroyed, and a stale spec does not drop a newer sandbox that starts.
+func TestPrewarmedTakeWaits(t *testing.T) {
+	ctx := context.Background()
+	p, entered, release := blockingPrewarmed()
+	done := make(chan error, 1)
+	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
+	first := <-entered
+	if _, ok := p.Take(ctx, prewarmSpec("a", "sha256:old")); ok || p.Len() != 1 {
+		t.Fatalf("a create from an older snapshot: handed %v, %d kept (want the starting one kept)", ok, p.Len())
+	}
+	taken := make(chan *fakeServed)
+	go func() {
+		s, ok := p.Take(ctx, prewarmSpec("a", "sha256:aa"))
+		if !ok {
+			s = nil
+		}
+		taken <- s
+	}()
+	time.Sleep(20 * time.Millisecond) // let the Take wait
+	close(release)
+	if s := <-taken; s != first || s.destroyed != 0 {
+		t.Fatalf("the waiting create got %v (want the started one, intact)", s)
+	}
+	if err := <-done; err != nil || p.Len() != 0 {
+		t.Fatalf("prewarm: %v, %d kept", err, p.Len())
+	}
+
+	// A create that gives up while it starts.
+	p, entered, release = blockingPrewarmed()
+	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
+	second := <-entered
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, ok := p.Take(gone, prewarmSpec("a", "sha256:aa")); ok {
+		t.Fatal("a create that gave up was handed a sandbox")
+	}
+	close(release)
+	if err := <-done; err != nil || second.destroyed != 1 || p.Len() != 0 {
+		t.Fatalf("abandoned: %v, destroyed %d, %d kept", err, second.destroyed, p.Len())
 	}
 }
