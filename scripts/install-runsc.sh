@@ -20,12 +20,15 @@ module=gvisor.dev/gvisor
 version=v0.0.0-20260905035102-160fafc42237
 dest=${1:-/usr/local/lib/sandboxd/runsc}
 
-# up_to_date BIN: BIN was built from the pinned module version without cgo.
+# up_to_date BIN: BIN was built from the pinned module version without cgo,
+# and says so in `runsc --version` (a plain `go install` prints
+# VERSION_MISSING there; sandboxd keys its probe cache on that line).
 up_to_date() {
   local info
   info=$(go version -m "$1" 2>/dev/null) || return 1
   awk -v m="$module" -v v="$version" '$1 == "mod" && $2 == m && $3 == v { ok = 1 } END { exit !ok }' <<<"$info" &&
-    grep -qE '^[[:space:]]+build[[:space:]]+CGO_ENABLED=0$' <<<"$info"
+    grep -qE '^[[:space:]]+build[[:space:]]+CGO_ENABLED=0$' <<<"$info" &&
+    "$1" --version 2>/dev/null | grep -qF "runsc version $version"
 }
 
 if [[ -x $dest ]] && up_to_date "$dest"; then
@@ -35,14 +38,13 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "install-runsc: building runsc $version (a few minutes on 2 cores)" >&2
-CGO_ENABLED=0 GOBIN="$tmp" go install -trimpath -ldflags='-s -w' "$module/runsc@$version"
+CGO_ENABLED=0 GOBIN="$tmp" go install -trimpath -ldflags="-s -w -X $module/runsc/version.version=$version" "$module/runsc@$version"
 
 # Refuse a binary that would fail at sandbox boot.
 if ! up_to_date "$tmp/runsc"; then
   echo "install-runsc: the built runsc is not a static $version build" >&2
   exit 1
 fi
-"$tmp/runsc" --version >/dev/null
 
 mkdir -p "$(dirname "$dest")"
 install -m 0755 "$tmp/runsc" "$dest.new"
