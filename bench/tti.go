@@ -40,7 +40,7 @@ type TTIOptions struct {
 	// (default 5 MiB of random bytes).
 	SnapshotMiB int
 	// Baseline: bare `runsc run --detach` + `runsc exec` of Rootfs (a
-	// busybox tree) on Platform; RunscPath empty means PATH.
+	// busybox tree) on Platform; RunscPath empty means gvisor.DefaultRunsc.
 	Rootfs, RunscPath, Platform string
 	StateDir                    string // scratch; created and removed
 	Progress                    io.Writer

@@ -26,6 +26,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 		rootfs     string
 		agent      string
 		runsc      string
+		platform   string
 		iterations int
 		concurrent int
 		layerMiB   int
@@ -60,7 +61,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 				}
 			}
 			rep, err := bench.Run(ctx, bench.Options{
-				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
+				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc, Platform: platform,
 				Iterations: iterations, Concurrent: concurrent, LayerMiB: layerMiB,
 				Logger: log, Progress: cmd.ErrOrStderr(),
 			})
@@ -80,7 +81,8 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
 	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
+	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
@@ -148,7 +150,7 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
 	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
 	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
 	f.IntVar(&maxN, "max", 200, "most sandboxes started (serve's default --node-capacity)")
 	f.IntVar(&reserveMiB, "reserve-mib", 2048, "stop before the host's MemAvailable falls below this")
@@ -227,9 +229,12 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 				o.ServeArgs = []string{"--template", template}
 				o.Command = []string{"node", "-v"}
 			}
-			if runsc != "" {
-				o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
+			// The server and the bare baseline run the same runsc.
+			if runsc == "" {
+				runsc = gvisor.DefaultRunsc()
 			}
+			o.RunscPath = runsc
+			o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
 			o.ServeArgs = append(o.ServeArgs, "--sandbox-disk-mib", strconv.Itoa(diskMiB))
 			rep, err := bench.RunTTI(cmd.Context(), o)
 			if err != nil {
@@ -264,7 +269,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.StringVar(&template, "template", "full", "image template to serve (first command: node -v)")
 	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
 	f.IntVar(&diskMiB, "sandbox-disk-mib", 1024, "the server's --sandbox-disk-mib: its disk admission counts every sandbox at this size (the default 4096 admits about 15 on a 64 GiB disk, fewer than a burst)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary of the server and the baseline (default: "+gvisor.BundledRunsc+" when installed, else PATH)")
 	f.StringVar(&platform, "gvisor-platform", "ptrace", "gVisor platform of the server and the baseline")
 	f.IntVar(&n, "n", 10, "samples of the sequential and staggered modes (and of the baseline)")
 	f.IntVar(&burst, "burst", 20, "sandboxes created at once in the burst mode")
