@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -86,7 +87,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
-	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g))
+	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g), newBenchWorkloadsCmd(g))
 	return cmd
 }
 
@@ -325,4 +326,73 @@ func printReport(w io.Writer, r bench.Report) {
 	fmt.Fprintf(tw, "snapshot of %d MiB changed\tquiesce %.0f ms, then snapshot %.0f ms\tlayer %.1f MiB\n", s.ChangedMiB, s.QuiesceMs, s.SnapshotMs, s.LayerMiB)
 	fmt.Fprintf(tw, "restore\tcreate %.0f ms\tunpack alone %.0f ms\tidentical %v\n", s.RestoreMs, s.ApplyMs, s.VerifiedSame)
 	tw.Flush()
+}
+
+// newBenchWorkloadsCmd is `sandboxd bench workloads`: syscall-heavy work
+// inside a sandbox, to compare gVisor platforms and runsc versions.
+func newBenchWorkloadsCmd(g *globals) *cobra.Command {
+	var (
+		asJSON          bool
+		rootfs, agent   string
+		runsc, platform string
+		runs, files     int
+	)
+	cmd := &cobra.Command{
+		Use:   "workloads",
+		Short: "Time syscall-heavy work inside one sandbox of the full image: git status, a Python import, node startup, npm ci",
+		Long: `workloads starts one gVisor sandbox of --rootfs (the full image's root filesystem: it needs
+git, python3, node and npm) and, after an untimed setup and an untimed first round, times
+inside the sandbox --runs times each: 'git status' in a repository of --files committed
+files, 'python3 -c "import json, email, http.client"', 'node -e 0', and 'npm ci --offline'
+of a project of up to 60 packages (packed from the image's global node_modules into
+vendor/ and locked offline: no registry is reached). Times are milliseconds.
+Needs root, runsc and the sandbox-agent binary.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scratch, err := os.MkdirTemp("", "sandboxd-workloads-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(scratch)
+			if agent == "" {
+				if agent, err = gvisor.FindAgent(); err != nil {
+					return err
+				}
+			}
+			rep, err := bench.RunWorkloads(cmd.Context(), bench.WorkloadOptions{
+				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
+				Platform: platform, Runs: runs, Files: files,
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "gVisor %s, %s; %d npm packages; setup %.1f s\tp50\tp90\tmin\tmax\n", rep.Platform, rep.Runsc, rep.Packages, rep.SetupMs/1000)
+			names := make([]string, 0, len(rep.Results))
+			for k := range rep.Results {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			for _, k := range names {
+				t := rep.Results[k]
+				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\n", k, t.P50, t.P90, t.Min, t.Max)
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.StringVar(&rootfs, "rootfs", "", "root filesystem of the full image (required), e.g. ~/.cache/sandboxd/images/full-*/rootfs")
+	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
+	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	f.IntVar(&runs, "runs", 5, "timed runs of each workload")
+	f.IntVar(&files, "files", 10000, "files in the git repository")
+	return cmd
 }

@@ -362,6 +362,11 @@ func (r *Runtime) runscWith(ctx context.Context, path, platform, network string,
 		"--root", filepath.Join(r.StateDir(), "runsc"),
 		"--platform", platform,
 		"--network", network,
+		// A current runsc overlays the root filesystem in the sandbox's
+		// own memory by default (root:self): writes would never reach the
+		// host's upper directory, which snapshots, the disk limit and
+		// re-attach rely on. Debian's runsc had it off.
+		"--overlay2", "none",
 		"--host-uds", "open",
 		"--cpu-num-from-quota",
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +31,13 @@ func newRuntime(t *testing.T, stateDir string, mod func(*gvisor.Options)) *gviso
 		// chooses (the current one when it boots, else Debian's).
 		RunscPath: os.Getenv("SANDBOXD_RUNSC"),
 	}
+	// A current runsc pins a network namespace at runsc/null-netns (see
+	// unmountNullNetns); Close unmounts it, but a test that fails first
+	// would leave stateDir unremovable.
+	t.Cleanup(func() {
+		for syscall.Unmount(filepath.Join(stateDir, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
+		}
+	})
 	return runtimetest.Open(t, gvisor.New, opts, mod)
 }
 
