@@ -48,6 +48,31 @@
 // The sandbox runs as root inside (uid 0 of gVisor's user namespace, not the
 // host's root), with Docker's default capabilities; /workspace is the default
 // working directory.
+//
+// Which runsc (runsc.go): Options.RunscPath (serve's --runsc,
+// SANDBOXD_RUNSC) when named; otherwise BundledRunsc, a current gVisor that
+// scripts/install-runsc.sh builds pinned from the Go module proxy, when a
+// trial sandbox boots with it; otherwise runsc in PATH (Debian's, December
+// 2022). The trials (platform.go, cached per binary and kernel) also pick
+// the platform and tell which of the old runsc's workarounds the chosen one
+// needs: the statx shim (statxcompat.go) and hiding /proc/sys/net for
+// --network=sandbox (network.go). Each sandbox records the runsc that made
+// it, and later runsc commands on it use that one.
+//
+// Why a current runsc must be built with CGO_ENABLED=0: `go install` on a
+// host with a C compiler builds a dynamically linked runsc (interpreter
+// /lib64/ld-linux-x86-64.so.2). `runsc boot` and `runsc gofer` pivot_root
+// into an empty tmpfs and then re-exec /proc/self/exe (the /proc umounter);
+// the kernel finds no ELF interpreter in that root, execve fails with
+// ENOENT, and every sandbox dies at boot with "error executing umounter:
+// fork/exec /proc/self/exe: no such file or directory", on every platform
+// and with any flag. Upstream's release binaries are static. A current
+// runsc also differs from Debian's where this backend depends on it: it
+// overlays the root filesystem in sandbox memory unless --overlay2=none
+// (writes would not reach the host's upper directory), pins an empty
+// network namespace for its gofers at <root>/null-netns (a bind mount,
+// unmounted on Close), and refuses a guest's open of /proc/1/fd of the
+// non-dumpable agent.
 package gvisor
 
 import (
