@@ -111,3 +111,71 @@ func TestSymlinkToRoot(t *testing.T) {
 		t.Fatalf("through a symlink to /: %q (exit %d, %v)", out.String(), res.ExitCode, err)
 	}
 }
+
+// TestRunscUpgradeReattach: a sandbox made by Debian's runsc keeps being
+// driven by it after sandboxd restarts on the current runsc (runsc
+// versions need not read each other's state), and new sandboxes get the
+// current one.
+func TestRunscUpgradeReattach(t *testing.T) {
+	debian, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Skip("no runsc in PATH")
+	}
+	if _, err := os.Stat(gvisor.BundledRunsc); err != nil {
+		t.Skipf("%s not installed", gvisor.BundledRunsc)
+	}
+	if os.Getenv("SANDBOXD_RUNSC") != "" {
+		t.Skip("SANDBOXD_RUNSC names the runsc")
+	}
+	ctx := context.Background()
+	state := t.TempDir()
+	rootfs := runtimetest.Rootfs(t)
+	old := newRuntime(t, state, func(o *gvisor.Options) { o.RunscPath = debian })
+	sb, err := old.Create(ctx, runtime.Spec{ID: "made-by-old", BaseDir: rootfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"sh", "-c", "echo kept > /workspace/f"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cur := newRuntime(t, state, nil)
+	defer cur.Close()
+	if cur.Runsc().Path != gvisor.BundledRunsc {
+		t.Fatalf("restarted on %s", cur.Runsc())
+	}
+	again, err := cur.Get(ctx, "made-by-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := again.State(ctx); err != nil || st != runtime.StateRunning {
+		t.Fatalf("state of the old runsc's sandbox: %v %v", st, err)
+	}
+	var out strings.Builder
+	if _, err := again.Exec(ctx, runtime.ExecRequest{Cmd: []string{"cat", "/workspace/f"}, Stdout: &out}); err != nil || out.String() != "kept\n" {
+		t.Fatalf("exec after the restart: %q %v", out.String(), err)
+	}
+	// Snapshots pause it with its own runsc.
+	resume, err := again.Quiesce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := cur.Create(ctx, runtime.Spec{ID: "made-by-new", BaseDir: rootfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := exec.Command(debian, "--root", filepath.Join(state, "runsc"), "list", "-quiet").Output(); strings.TrimSpace(string(list)) != "" {
+		t.Errorf("Debian's runsc still lists %q", list)
+	}
+}
