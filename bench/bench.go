@@ -550,6 +550,7 @@ func (b *bencher) baseline(ctx context.Context) error {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return err
 	}
+	defer gvisor.ReleaseRoot(root)
 	write := func(args []string) error { return writeBundle(dir, b.o.Rootfs, args) }
 	runsc := func(args ...string) *exec.Cmd { return runscCmd(ctx, b.o.RunscPath, root, b.rep.Platform, args...) }
 	if err := write([]string{"/bin/true"}); err != nil {

@@ -226,6 +226,11 @@ func unmountNullNetns(root string) {
 	}
 }
 
+// ReleaseRoot undoes what runsc leaves mounted under a --root it was given
+// (see unmountNullNetns), so that the directory can be removed: for bare
+// runsc runs outside the backend, such as the benchmarks' baselines.
+func ReleaseRoot(root string) { unmountNullNetns(root) }
+
 // lastLine is the last non-empty line of s: runsc's error, when it fails.
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
