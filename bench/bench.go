@@ -39,10 +39,11 @@ type Options struct {
 	Rootfs     string // base root filesystem
 	StateDir   string // scratch; created and removed
 	AgentPath  string
-	RunscPath  string
-	Iterations int // samples per timing (default 20)
-	Concurrent int // sandboxes started at once (default 50)
-	LayerMiB   int // data changed before the snapshot (default 100)
+	RunscPath  string // empty: the one the runtime chooses (gvisor.New)
+	Platform   string // gVisor platform; empty: probed
+	Iterations int    // samples per timing (default 20)
+	Concurrent int    // sandboxes started at once (default 50)
+	LayerMiB   int    // data changed before the snapshot (default 100)
 	Limits     runtime.Limits
 	Logger     *slog.Logger
 	// Progress, when set, gets one line per phase.
@@ -150,6 +151,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	o.defaults()
 	var rep Report
 	rep.Rootfs = o.Rootfs
+	rep.Platform = o.Platform // empty: the first runtime's probe fills it
 	rep.CPUs = goruntime.NumCPU()
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return rep, err
@@ -204,6 +206,11 @@ func (b *bencher) newRuntime(ctx context.Context, name string, warm int) (*gviso
 	if err == nil && b.rep.Platform == "" {
 		b.rep.Platform, _ = rt.Platform()
 	}
+	// The rest of the run, bare runsc included, uses the runsc the first
+	// runtime chose.
+	if err == nil && b.o.RunscPath == "" {
+		b.o.RunscPath = rt.Runsc().Path
+	}
 	return rt, err
 }
 
@@ -219,9 +226,7 @@ func (b *bencher) cold(ctx context.Context) error {
 	}
 	defer rt.Close()
 	b.rep.Backend = rt.Name()
-	if out, err := exec.Command(runscPath(b.o.RunscPath), "--version").Output(); err == nil {
-		b.rep.Runsc = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	}
+	b.rep.Runsc = rt.Runsc().String()
 	var ds []time.Duration
 	for range b.o.Iterations {
 		start := time.Now()
@@ -297,7 +302,7 @@ func runscPath(p string) string {
 	if p != "" {
 		return p
 	}
-	return "runsc"
+	return gvisor.DefaultRunsc()
 }
 
 // warm measures Create served by a pool that had time to refill.
@@ -545,6 +550,7 @@ func (b *bencher) baseline(ctx context.Context) error {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return err
 	}
+	defer gvisor.ReleaseRoot(root)
 	write := func(args []string) error { return writeBundle(dir, b.o.Rootfs, args) }
 	runsc := func(args ...string) *exec.Cmd { return runscCmd(ctx, b.o.RunscPath, root, b.rep.Platform, args...) }
 	if err := write([]string{"/bin/true"}); err != nil {

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
 
 // TTIOptions configure the time-to-interactive benchmark: create a sandbox
@@ -40,7 +42,7 @@ type TTIOptions struct {
 	// (default 5 MiB of random bytes).
 	SnapshotMiB int
 	// Baseline: bare `runsc run --detach` + `runsc exec` of Rootfs (a
-	// busybox tree) on Platform; RunscPath empty means PATH.
+	// busybox tree) on Platform; RunscPath empty means gvisor.DefaultRunsc.
 	Rootfs, RunscPath, Platform string
 	StateDir                    string // scratch; created and removed
 	Progress                    io.Writer
@@ -442,6 +444,7 @@ func ttiBaseline(ctx context.Context, o TTIOptions) (tti, run Latency, err error
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return tti, run, err
 	}
+	defer gvisor.ReleaseRoot(root)
 	if err := writeBundle(dir, o.Rootfs, []string{"/bin/sleep", "1000"}); err != nil {
 		return tti, run, err
 	}

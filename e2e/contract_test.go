@@ -229,6 +229,10 @@ func TestContract(t *testing.T) {
 			if r.Status != 200 || r.Body["status"] != "success" {
 				t.Fatalf("%d %s", r.Status, r.Raw)
 			}
+			// The runtime names its platform and runsc (gVisor, the default).
+			if rt, _ := r.Body["runtime"].(string); !strings.HasPrefix(rt, "gvisor ") || !strings.Contains(rt, "runsc ") {
+				t.Errorf("health's runtime %q", rt)
+			}
 			securitytest.Attack(t, "api", "an unauthenticated client reads /metrics on the API port to learn every route and its counts",
 				"the API port answers 404; the metrics are served only on --metrics-addr (loopback by default)")
 			r = s.call(http.MethodGet, "/metrics", nil, nil)

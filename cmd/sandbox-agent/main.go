@@ -32,6 +32,9 @@ var version = "dev"
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "version" {
 		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
+		if len(os.Args) > 2 && os.Args[2] == "--probe" {
+			probe()
+		}
 		return
 	}
 	if len(os.Args) > 1 && (os.Args[1] == vminit.ModeInit || os.Args[1] == vminit.ModeAgent) {
@@ -105,4 +108,17 @@ func run(log *slog.Logger, socket, home, cwd string, tailBytes int, secret []byt
 		}
 	}
 	return nil
+}
+
+// probe reports what the gVisor backend's trial sandbox asks about the
+// kernel it runs on (see gvisor's platform.go): whether statx accepts
+// AT_NO_AUTOMOUNT, which coreutils 9 passes and runsc before 2023 rejects
+// with EINVAL (the backend then preloads its statx shim).
+func probe() {
+	var st unix.Statx_t
+	res := "ok"
+	if err := unix.Statx(unix.AT_FDCWD, "/", unix.AT_NO_AUTOMOUNT|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &st); err != nil {
+		res = err.Error()
+	}
+	fmt.Printf("statx-no-automount: %s\n", res)
 }

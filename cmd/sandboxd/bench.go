@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -26,6 +28,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 		rootfs     string
 		agent      string
 		runsc      string
+		platform   string
 		iterations int
 		concurrent int
 		layerMiB   int
@@ -52,7 +55,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 				return err
 			}
 			rep, err := bench.Run(ctx, bench.Options{
-				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
+				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc, Platform: platform,
 				Iterations: iterations, Concurrent: concurrent, LayerMiB: layerMiB,
 				Logger: log, Progress: cmd.ErrOrStderr(),
 			})
@@ -66,11 +69,12 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
 	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
+	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
-	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g))
+	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g), newBenchWorkloadsCmd(g))
 	return cmd
 }
 
@@ -120,7 +124,7 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
 	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
 	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
 	f.IntVar(&maxN, "max", 200, "most sandboxes started (serve's default --node-capacity)")
 	f.IntVar(&reserveMiB, "reserve-mib", 2048, "stop before the host's MemAvailable falls below this")
@@ -188,9 +192,12 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 				o.ServeArgs = []string{"--template", template}
 				o.Command = []string{"node", "-v"}
 			}
-			if runsc != "" {
-				o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
+			// The server and the bare baseline run the same runsc.
+			if runsc == "" {
+				runsc = gvisor.DefaultRunsc()
 			}
+			o.RunscPath = runsc
+			o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
 			o.ServeArgs = append(o.ServeArgs, "--sandbox-disk-mib", strconv.Itoa(diskMiB))
 			rep, err := bench.RunTTI(cmd.Context(), o)
 			if err != nil {
@@ -219,7 +226,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.StringVar(&template, "template", "full", "image template to serve (first command: node -v)")
 	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
 	f.IntVar(&diskMiB, "sandbox-disk-mib", 1024, "the server's --sandbox-disk-mib: its disk admission counts every sandbox at this size (the default 4096 admits about 15 on a 64 GiB disk, fewer than a burst)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary of the server and the baseline (default: "+gvisor.BundledRunsc+" when installed, else PATH)")
 	f.StringVar(&platform, "gvisor-platform", "ptrace", "gVisor platform of the server and the baseline")
 	f.IntVar(&n, "n", 10, "samples of the sequential and staggered modes (and of the baseline)")
 	f.IntVar(&burst, "burst", 20, "sandboxes created at once in the burst mode")
@@ -316,4 +323,73 @@ func emit[R any](w io.Writer, asJSON bool, rep R, print func(io.Writer, R)) erro
 	}
 	print(w, rep)
 	return nil
+}
+
+// newBenchWorkloadsCmd is `sandboxd bench workloads`: syscall-heavy work
+// inside a sandbox, to compare gVisor platforms and runsc versions.
+func newBenchWorkloadsCmd(g *globals) *cobra.Command {
+	var (
+		asJSON          bool
+		rootfs, agent   string
+		runsc, platform string
+		runs, files     int
+	)
+	cmd := &cobra.Command{
+		Use:   "workloads",
+		Short: "Time syscall-heavy work inside one sandbox of the full image: git status, a Python import, node startup, npm ci",
+		Long: `workloads starts one gVisor sandbox of --rootfs (the full image's root filesystem: it needs
+git, python3, node and npm) and, after an untimed setup and an untimed first round, times
+inside the sandbox --runs times each: 'git status' in a repository of --files committed
+files, 'python3 -c "import json, email, http.client"', 'node -e 0', and 'npm ci --offline'
+of a project of up to 60 packages (packed from the image's global node_modules into
+vendor/ and locked offline: no registry is reached). Times are milliseconds.
+Needs root, runsc and the sandbox-agent binary.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scratch, err := os.MkdirTemp("", "sandboxd-workloads-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(scratch)
+			if rootfs == "" {
+				return errors.New("--rootfs is required: the full image's root filesystem")
+			}
+			if err := benchInputs(scratch, &rootfs, &agent); err != nil {
+				return err
+			}
+			rep, err := bench.RunWorkloads(cmd.Context(), bench.WorkloadOptions{
+				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
+				Platform: platform, Runs: runs, Files: files,
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			return emit(cmd.OutOrStdout(), asJSON, rep, printWorkloads)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.StringVar(&rootfs, "rootfs", "", "root filesystem of the full image (required), e.g. ~/.cache/sandboxd/images/full-*/rootfs")
+	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
+	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	f.IntVar(&runs, "runs", 5, "timed runs of each workload")
+	f.IntVar(&files, "files", 10000, "files in the git repository")
+	return cmd
+}
+
+func printWorkloads(w io.Writer, rep bench.WorkloadReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "gVisor %s, %s; %d npm packages; setup %.1f s\tp50\tp90\tmin\tmax\n", rep.Platform, rep.Runsc, rep.Packages, rep.SetupMs/1000)
+	names := make([]string, 0, len(rep.Results))
+	for k := range rep.Results {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		t := rep.Results[k]
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\n", k, t.P50, t.P90, t.Min, t.Max)
+	}
+	tw.Flush()
 }

@@ -132,7 +132,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.runtimeName, "runtime", "gvisor", "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; its kernel is built on first use, as by 'sandboxd kernel build')")
 	f.StringVar(&o.template, "template", image.DefaultTemplate, "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames()+"; base and minimal suit smaller hosts but have no agent CLIs (prompts need full)")
 	f.StringVar(&o.rootfs, "rootfs", "", "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
-	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty looks it up in PATH")
+	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty: "+gvisor.BundledRunsc+" (scripts/install-runsc.sh) when a trial sandbox boots with it, else runsc in PATH")
 	f.StringVar(&o.platform, "gvisor-platform", "", "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
 	f.IntVar(&o.warmPool, "warm-pool", 2, "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
 	f.IntVar(&o.prewarm, "prewarm", 8, "accounts whose next sandbox is kept started from their snapshot, least recently used dropped first (env SANDBOXD_PREWARM)")
@@ -372,6 +372,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Logger:       log,
 		Registry:     reg,
 		Version:      version,
+		Runtime:      describeRuntime(rt),
 		Environments: persistence,
 		Sandboxes:    mgr,
 		Agents:       agentSvc,
@@ -554,6 +555,15 @@ func warmSandboxes(o *serveOptions) int {
 		return o.warmPool
 	}
 	return 0
+}
+
+// describeRuntime is the runtime in one line for GET /api/health: a
+// backend that can say more (gVisor: platform and runsc) than its name.
+func describeRuntime(rt runtime.Runtime) string {
+	if d, ok := rt.(interface{ Describe() string }); ok {
+		return d.Describe()
+	}
+	return rt.Name()
 }
 
 // openRuntime starts the chosen sandbox backend.

@@ -39,6 +39,8 @@ type Options struct {
 	// a listener of their own (--metrics-addr, loopback by default).
 	Registry *prometheus.Registry
 	Version  string
+	// Runtime describes the sandbox backend in one line (GET /api/health).
+	Runtime string
 	// Services; a nil service makes its routes answer 501 after validating
 	// and authenticating the request.
 	Sandboxes SandboxService

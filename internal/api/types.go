@@ -265,7 +265,7 @@ type SandboxResponse struct {
 type HealthResponse struct {
 	Status  string `json:"status" jsonschema:"enum=success"`
 	Version string `json:"version"`
-	Runtime string `json:"runtime,omitempty"`
+	Runtime string `json:"runtime,omitempty" jsonschema:"description=Sandbox backend: its platform and, for gVisor, the runsc version (sandboxd)"`
 }
 
 // Query parameter sets, documented in the OpenAPI document.

@@ -40,6 +40,7 @@ func TestGVisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close() })
+	t.Logf("gVisor: %s (the netns workaround: %v)", rt.Describe(), rt.Runsc().NetnsWorkaround)
 	rootfs := runtimetest.Rootfs(t)
 
 	// The home API, reached as http://sandboxd.internal.

@@ -48,6 +48,31 @@
 // The sandbox runs as root inside (uid 0 of gVisor's user namespace, not the
 // host's root), with Docker's default capabilities; /workspace is the default
 // working directory.
+//
+// Which runsc (runsc.go): Options.RunscPath (serve's --runsc,
+// SANDBOXD_RUNSC) when named; otherwise BundledRunsc, a current gVisor that
+// scripts/install-runsc.sh builds pinned from the Go module proxy, when a
+// trial sandbox boots with it; otherwise runsc in PATH (Debian's, December
+// 2022). The trials (platform.go, cached per binary and kernel) also pick
+// the platform and tell which of the old runsc's workarounds the chosen one
+// needs: the statx shim (statxcompat.go) and hiding /proc/sys/net for
+// --network=sandbox (network.go). Each sandbox records the runsc that made
+// it, and later runsc commands on it use that one.
+//
+// Why a current runsc must be built with CGO_ENABLED=0: `go install` on a
+// host with a C compiler builds a dynamically linked runsc (interpreter
+// /lib64/ld-linux-x86-64.so.2). `runsc boot` and `runsc gofer` pivot_root
+// into an empty tmpfs and then re-exec /proc/self/exe (the /proc umounter);
+// the kernel finds no ELF interpreter in that root, execve fails with
+// ENOENT, and every sandbox dies at boot with "error executing umounter:
+// fork/exec /proc/self/exe: no such file or directory", on every platform
+// and with any flag. Upstream's release binaries are static. A current
+// runsc also differs from Debian's where this backend depends on it: it
+// overlays the root filesystem in sandbox memory unless --overlay2=none
+// (writes would not reach the host's upper directory), pins an empty
+// network namespace for its gofers at <root>/null-netns (a bind mount,
+// unmounted on Close), and refuses a guest's open of /proc/1/fd of the
+// non-dumpable agent.
 package gvisor
 
 import (
@@ -77,8 +102,12 @@ type Options struct {
 	// StateDir holds everything the backend keeps on the host (see the
 	// package doc). Sandboxes found there are re-attached by New.
 	StateDir string
-	// RunscPath is the runsc binary; empty: looked up in PATH.
+	// RunscPath is the runsc binary, used whatever a trial says; empty:
+	// BundledRunsc when a trial sandbox boots with it, else runsc in PATH
+	// (see chooseRunsc).
 	RunscPath string
+	// BundledRunsc replaces BundledRunsc as the preferred candidate (tests).
+	BundledRunsc string
 	// AgentPath is the static sandbox-agent binary; empty: FindAgent.
 	AgentPath string
 	// Platform is gVisor's platform ("ptrace", "kvm", "systrap"); empty:
@@ -115,12 +144,14 @@ type Runtime struct {
 	// Base holds the state directory and the containers attached, and
 	// serves Get and List.
 	*host.Base[*sandbox]
-	opts     Options
-	log      *slog.Logger
-	runsc    string
-	platform string
-	rejected map[string]string
-	version  string
+	opts Options
+	log  *slog.Logger
+	// runsc is the binary new sandboxes run on; legacyRunsc the one that
+	// made those whose meta does not say (see legacyRunsc).
+	runsc       RunscInfo
+	legacyRunsc string
+	platform    string
+	rejected    map[string]string
 	// pidsCeiling caps each sandbox's host pids backstop (hostTaskCeiling).
 	pidsCeiling int64
 	// preload is the host file mounted as /etc/ld.so.preload, naming the
@@ -148,12 +179,6 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	bin := filepath.Join(b.StateDir(), "bin")
-	runsc := opts.RunscPath
-	if runsc == "" {
-		if runsc, err = exec.LookPath("runsc"); err != nil {
-			return nil, fmt.Errorf("gvisor runtime: runsc not found (apt-get install runsc): %w", err)
-		}
-	}
 	agentPath, err := host.FindAgent(opts.AgentPath)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
@@ -161,25 +186,23 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if err := installAgent(agentPath, filepath.Join(bin, "sandbox-agent")); err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
-	preload, err := installStatxShim(ctx, bin)
+	r := &Runtime{Base: b, opts: opts, log: b.Log(), pidsCeiling: hostTaskCeiling(opts.MaxSandboxes)}
+	pr, err := r.chooseRunsc(ctx)
 	if err != nil {
-		b.Log().Warn("gvisor runtime: running without the statx shim; coreutils ls and stat fail on runsc before 2023", "err", err)
-		preload = ""
-	}
-	out, err := exec.CommandContext(ctx, runsc, "--version").Output()
-	if err != nil {
-		return nil, fmt.Errorf("gvisor runtime: runsc --version: %w", err)
-	}
-	r := &Runtime{
-		Base: b, opts: opts, log: b.Log(), runsc: runsc,
-		version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]),
-		preload: preload, pidsCeiling: hostTaskCeiling(opts.MaxSandboxes),
-	}
-	if r.platform, r.rejected, err = r.choosePlatform(ctx); err != nil {
 		b.Abort()
-		return nil, err
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
-	r.log.Info("gvisor runtime ready", "runsc", r.version, "platform", r.platform, "rejected", r.rejected, "host_pids_per_sandbox", r.pidsCeiling)
+	r.platform, r.rejected = pr.Platform, pr.Rejected
+	r.legacyRunsc = legacyRunsc(opts, r.runsc.Path)
+	if pr.StatxShim {
+		if r.preload, err = installStatxShim(ctx, bin); err != nil {
+			r.log.Warn("gvisor runtime: running without the statx shim; coreutils ls and stat fail on this runsc", "err", err)
+			r.preload = ""
+		}
+	}
+	r.log.Info("gvisor runtime ready", "runsc", r.runsc.Path, "runsc_version", r.runsc.Version, "why", r.runsc.Reason,
+		"runsc_rejected", r.runsc.Rejected, "platform", r.platform, "platform_rejected", r.rejected,
+		"statx_shim", r.preload != "", "netns_workaround", r.runsc.NetnsWorkaround, "host_pids_per_sandbox", r.pidsCeiling)
 	if err := r.reattach(ctx); err != nil {
 		b.Abort()
 		return nil, err
@@ -223,6 +246,15 @@ func (r *Runtime) Capabilities() runtime.Capabilities {
 // were not chosen.
 func (r *Runtime) Platform() (string, map[string]string) { return r.platform, r.rejected }
 
+// Runsc says which runsc binary new sandboxes run on and why.
+func (r *Runtime) Runsc() RunscInfo { return r.runsc }
+
+// Describe is the runtime in one line, for GET /api/health.
+func (r *Runtime) Describe() string {
+	// Public (GET /api/health answers it): the version, never a host path.
+	return fmt.Sprintf("%s %s, runsc %s", Name, r.platform, r.runsc.Version)
+}
+
 // Close releases the Runtime: agent connections, watchers and the warm pool
 // (whose sandboxes are destroyed). Created sandboxes keep running and a new
 // Runtime on the same StateDir finds them.
@@ -232,6 +264,8 @@ func (r *Runtime) Close() error {
 		if r.pool != nil {
 			err = errors.Join(err, r.pool.close())
 		}
+		// So that the state dir can be removed once its sandboxes are.
+		unmountNullNetns(filepath.Join(r.StateDir(), "runsc"))
 		return err
 	})
 }
@@ -315,7 +349,7 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 			return nil, err
 		}
 	}
-	m := meta{Record: host.NewRecord(spec, cid), Network: spec.Network, Platform: r.platform}
+	m := meta{Record: host.NewRecord(spec, cid), Network: spec.Network, Platform: r.platform, Runsc: r.runsc.Path}
 	s := newSandbox(r, dir, m)
 	return r.Made(ctx, spec.ID, link, s, s.create(ctx, spec.Layers))
 }
@@ -338,31 +372,47 @@ func (r *Runtime) reattach(ctx context.Context) error {
 	})
 }
 
-// runscCmd builds a runsc invocation with our global flags.
-func (r *Runtime) runscCmd(ctx context.Context, args ...string) *exec.Cmd {
-	return r.runscNetCmd(ctx, "none", args...)
+// runscNetCmd builds a runsc invocation of the chosen runsc with our
+// global flags and gVisor's network mode: "none" (loopback only) or
+// "sandbox" (gVisor's netstack on the links of the bundle's network
+// namespace).
+func (r *Runtime) runscNetCmd(ctx context.Context, network string, args ...string) *exec.Cmd {
+	return r.runscWith(ctx, r.runsc.Path, r.platform, network, args...)
 }
 
-// runscNetCmd is runscCmd with gVisor's network mode: "none" (loopback
-// only) or "sandbox" (gVisor's netstack on the links of the bundle's
-// network namespace).
-func (r *Runtime) runscNetCmd(ctx context.Context, network string, args ...string) *exec.Cmd {
+// runscWith builds an invocation of the runsc at path, which must be the
+// one that made the containers it acts on: runsc versions need not read
+// each other's state files.
+func (r *Runtime) runscWith(ctx context.Context, path, platform, network string, args ...string) *exec.Cmd {
 	global := []string{
 		"--root", filepath.Join(r.StateDir(), "runsc"),
-		"--platform", r.platform,
+		"--platform", platform,
 		"--network", network,
+		// A current runsc overlays the root filesystem in the sandbox's
+		// own memory by default (root:self): writes would never reach the
+		// host's upper directory, which snapshots, the disk limit and
+		// re-attach rely on. Debian's runsc had it off.
+		"--overlay2", "none",
 		"--host-uds", "open",
 		"--cpu-num-from-quota",
 	}
-	if network == "sandbox" {
-		return sandboxNetCmd(ctx, r.runsc, append(global, args...))
+	if network == "sandbox" && r.runsc.NetnsWorkaround {
+		return sandboxNetCmd(ctx, path, append(global, args...))
 	}
-	return exec.CommandContext(ctx, r.runsc, append(global, args...)...)
+	return exec.CommandContext(ctx, path, append(global, args...)...)
 }
 
-// runsc runs a runsc subcommand and returns its stdout.
-func (r *Runtime) runscRun(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := r.runscCmd(ctx, args...)
+// runscRun runs a runsc subcommand on the sandbox m describes, with the
+// runsc that made it, and returns its stdout.
+func (r *Runtime) runscRun(ctx context.Context, m meta, args ...string) ([]byte, error) {
+	path, platform := m.Runsc, m.Platform
+	if path == "" {
+		path = r.legacyRunsc
+	}
+	if platform == "" {
+		platform = r.platform
+	}
+	cmd := r.runscWith(ctx, path, platform, "none", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -377,7 +427,10 @@ type meta struct {
 	host.Record
 	Network  *runtime.Network `json:"network,omitempty"` // nil: --network=none
 	Platform string           `json:"platform"`
-	Disk     bool             `json:"disk,omitempty"` // layer/ is a loop-mounted image
+	// Runsc is the runsc binary that made the container (empty: made
+	// before sandboxd chose among several; see legacyRunsc).
+	Runsc string `json:"runsc,omitempty"`
+	Disk  bool   `json:"disk,omitempty"` // layer/ is a loop-mounted image
 	// AgentSecret (hex) is the key the sandbox's agent proves it holds in
 	// the handshake; only PID 1 is given it (see buildSpec). Empty for a
 	// sandbox made before sessions were authenticated.

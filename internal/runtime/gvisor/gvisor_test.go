@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,7 +27,17 @@ func newRuntime(t *testing.T, stateDir string, mod func(*gvisor.Options)) *gviso
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 512, DiskBytes: 256 << 20},
 		// The conformance suite's Prewarm test counts on a budget of 2.
 		Prewarm: 2,
+		// As serve: SANDBOXD_RUNSC names the runsc; empty, the backend
+		// chooses (the current one when it boots, else Debian's).
+		RunscPath: os.Getenv("SANDBOXD_RUNSC"),
 	}
+	// A current runsc pins a network namespace at runsc/null-netns (see
+	// unmountNullNetns); Close unmounts it, but a test that fails first
+	// would leave stateDir unremovable.
+	t.Cleanup(func() {
+		for syscall.Unmount(filepath.Join(stateDir, "runsc", "null-netns"), syscall.MNT_DETACH) == nil {
+		}
+	})
 	return runtimetest.Open(t, gvisor.New, opts, mod)
 }
 
@@ -39,13 +50,21 @@ func TestConformance(t *testing.T) {
 // processes.
 var leaks = runtimetest.HostLeaks(func(t *testing.T, stateDir, cid string) []string {
 	var out []string
-	list, err := exec.Command("runsc", "--root", filepath.Join(stateDir, "runsc"), "list", "-quiet").Output()
-	if err != nil {
-		t.Errorf("runsc list: %v", err)
-	}
-	for _, c := range strings.Fields(string(list)) {
-		if c == cid {
-			out = append(out, "runsc container "+c)
+	// Every runsc the backend may have chosen: each lists its own.
+	seen := map[string]bool{}
+	for _, runsc := range []string{os.Getenv("SANDBOXD_RUNSC"), gvisor.DefaultRunsc(), "runsc"} {
+		if runsc == "" || seen[runsc] {
+			continue
+		}
+		seen[runsc] = true
+		list, err := exec.Command(runsc, "--root", filepath.Join(stateDir, "runsc"), "list", "-quiet").Output()
+		if err != nil {
+			t.Errorf("%s list: %v", runsc, err)
+		}
+		for _, c := range strings.Fields(string(list)) {
+			if c == cid {
+				out = append(out, "runsc container "+c)
+			}
 		}
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")

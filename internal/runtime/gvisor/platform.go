@@ -3,6 +3,8 @@ package gvisor
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +22,12 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
-// platformOrder is gVisor's platforms, fastest first.
+// platformOrder is gVisor's platforms in order of preference. systrap
+// before ptrace by measurement (bench/README.md, "A current gVisor"): with
+// the current runsc, systrap is as fast to start as ptrace and several
+// times faster on syscall-heavy work (git status, Python imports, npm ci).
+// kvm would be faster still where it works; here it hangs (nested PVM), and
+// the trial's timeout rejects it.
 var platformOrder = []string{"systrap", "kvm", "ptrace"}
 
 // probeTimeout bounds one trial run: a working platform starts and exits in
@@ -28,11 +35,23 @@ var platformOrder = []string{"systrap", "kvm", "ptrace"}
 // hangs forever rather than failing.
 const probeTimeout = 4 * time.Second
 
-type platformCache struct {
+// probeResult is what trial sandboxes found out about one runsc binary on
+// this host. It is cached in the state dir per binary (version, size and
+// modification time) and kernel, because a hanging kvm trial costs seconds.
+type probeResult struct {
 	Runsc    string            `json:"runsc"`
 	Kernel   string            `json:"kernel"`
 	Platform string            `json:"platform"`
-	Rejected map[string]string `json:"rejected"`
+	Rejected map[string]string `json:"rejected,omitempty"`
+	// StatxShim: statx with AT_NO_AUTOMOUNT failed inside (runsc before
+	// 2023), so sandboxes preload the shim of statxcompat.go.
+	StatxShim bool `json:"statx_shim"`
+	// NetnsWorkaround: runsc refused --network=sandbox in a fresh network
+	// namespace, taking it for the host's (see sandboxNetCmd), and took it
+	// with /proc/sys/net hidden.
+	NetnsWorkaround bool `json:"netns_workaround"`
+	// NetworkError: neither worked; sandboxes with a network will fail.
+	NetworkError string `json:"network_error,omitempty"`
 }
 
 func kernelRelease() string {
@@ -43,104 +62,137 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// choosePlatform returns Options.Platform, or the fastest platform that runs
-// a trial sandbox here. The answer is cached in the state dir per runsc
-// version and kernel, because a hanging kvm trial costs seconds.
-func (r *Runtime) choosePlatform(ctx context.Context) (string, map[string]string, error) {
-	if r.opts.Platform != "" {
-		return r.opts.Platform, nil, nil
+// probe finds, for the runsc at path (whose version line is version), the
+// platform to use (want, or the first of platformOrder whose trial sandbox
+// boots) and which of the old runsc's workarounds it needs. It decides by
+// trial rather than by runsc's version date because the date tells nothing
+// of a binary built from an unknown commit, or of the kernel: the netns
+// check broke only with newer kernels (see sandboxNetCmd), and a current
+// runsc built with cgo fails at boot (see the package doc).
+func (r *Runtime) probe(ctx context.Context, path, version, want string) (probeResult, error) {
+	key := version + "\x00" + kernelRelease() + "\x00" + want
+	if fi, err := os.Stat(path); err == nil {
+		key += fmt.Sprintf("\x00%d\x00%d", fi.Size(), fi.ModTime().UnixNano())
 	}
-	cachePath := filepath.Join(r.StateDir(), "platform.json")
-	var c platformCache
-	if b, err := os.ReadFile(cachePath); err == nil && json.Unmarshal(b, &c) == nil &&
-		c.Runsc == r.version && c.Kernel == kernelRelease() && c.Platform != "" {
-		return c.Platform, c.Rejected, nil
+	sum := sha256.Sum256([]byte(key))
+	cachePath := filepath.Join(r.StateDir(), "probe-"+hex.EncodeToString(sum[:8])+".json")
+	var c probeResult
+	if b, err := os.ReadFile(cachePath); err == nil && json.Unmarshal(b, &c) == nil && c.Platform != "" {
+		return c, nil
 	}
-	supported, err := r.runscCommandOutput(ctx, "help", "platforms")
-	if err != nil {
-		return "", nil, fmt.Errorf("list gVisor platforms: %w", err)
+	order := []string{want}
+	listed := map[string]bool{want: true}
+	if want == "" {
+		supported, err := runscOutput(ctx, path, "help", "platforms")
+		if err != nil {
+			return c, fmt.Errorf("list gVisor platforms: %w", err)
+		}
+		order, listed = platformOrder, map[string]bool{}
+		for _, f := range strings.Fields(supported) {
+			listed[f] = true
+		}
 	}
-	listed := map[string]bool{}
-	for _, f := range strings.Fields(supported) {
-		listed[f] = true
-	}
-	rejected := map[string]string{}
-	chosen := ""
-	for _, p := range platformOrder {
+	c = probeResult{Runsc: version, Kernel: kernelRelease(), Rejected: map[string]string{}}
+	var out string
+	for _, p := range order {
 		if !listed[p] {
-			rejected[p] = "not supported by this runsc"
+			c.Rejected[p] = "not supported by this runsc"
 			continue
 		}
 		if p == "kvm" {
 			if _, err := os.Stat("/dev/kvm"); err != nil {
-				rejected[p] = "no /dev/kvm"
+				c.Rejected[p] = "no /dev/kvm"
 				continue
 			}
 		}
-		if err := r.trial(ctx, p); err != nil {
-			rejected[p] = err.Error()
-			r.log.Info("gVisor platform rejected", "platform", p, "reason", err)
+		var err error
+		if out, err = r.trial(ctx, path, p, false, false); err != nil {
+			c.Rejected[p] = err.Error()
+			r.log.Info("gVisor platform rejected", "runsc", path, "platform", p, "reason", err)
 			continue
 		}
-		chosen = p
+		c.Platform = p
 		break
 	}
-	if chosen == "" {
-		return "", rejected, fmt.Errorf("no gVisor platform works on this host: %v", rejected)
+	if c.Platform == "" {
+		return c, fmt.Errorf("no gVisor platform works with %s on this host: %v", path, c.Rejected)
 	}
-	c = platformCache{Runsc: r.version, Kernel: kernelRelease(), Platform: chosen, Rejected: rejected}
+	// The agent's `version --probe` says whether statx took the flag; an
+	// agent that does not know --probe says nothing, and the shim is kept.
+	c.StatxShim = !strings.Contains(out, "statx-no-automount: ok")
+	if _, err := r.trial(ctx, path, c.Platform, true, false); err != nil {
+		c.NetnsWorkaround = true
+		if _, err2 := r.trial(ctx, path, c.Platform, true, true); err2 != nil {
+			c.NetworkError = fmt.Sprintf("%v; with /proc/sys/net hidden: %v", err, err2)
+			r.log.Warn("gVisor sandboxes with a network will not start", "runsc", path, "err", c.NetworkError)
+		}
+	}
 	if b, err := json.Marshal(c); err == nil {
 		_ = os.WriteFile(cachePath, b, 0o600)
 	}
-	return chosen, rejected, nil
+	return c, nil
 }
 
-func (r *Runtime) runscCommandOutput(ctx context.Context, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, r.runsc, args...).CombinedOutput()
+func runscOutput(ctx context.Context, runsc string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, runsc, args...).CombinedOutput()
 	return string(out), err
 }
 
-// trial runs `sandbox-agent version` in a throwaway sandbox on platform p.
-func (r *Runtime) trial(ctx context.Context, p string) error {
+// trial runs `sandbox-agent version --probe` in a throwaway sandbox of the
+// runsc at path on platform p and returns what it printed. With network,
+// the sandbox runs gVisor's netstack (--network=sandbox) in a network
+// namespace of its own, which runsc makes (the spec names none), and
+// hidden hides /proc/sys/net from runsc as sandboxNetCmd does.
+func (r *Runtime) trial(ctx context.Context, path, p string, network, hidden bool) (string, error) {
 	dir, err := os.MkdirTemp(r.StateDir(), "probe-")
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer os.RemoveAll(dir)
 	root := filepath.Join(dir, "runsc")
 	rootfs := filepath.Join(dir, "rootfs")
 	for _, d := range []string{root, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
+			return "", err
 		}
 	}
 	agent, err := os.ReadFile(filepath.Join(r.StateDir(), "bin", "sandbox-agent"))
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(rootfs, "sandbox-agent"), agent, 0o755); err != nil {
-		return err
+		return "", err
 	}
 	spec := &specs.Spec{
 		Version: "1.0.2",
-		Process: &specs.Process{Args: []string{"/sandbox-agent", "version"}, Cwd: "/", Env: []string{"PATH=/"}},
+		Process: &specs.Process{Args: []string{"/sandbox-agent", "version", "--probe"}, Cwd: "/", Env: []string{"PATH=/"}},
 		Root:    &specs.Root{Path: rootfs, Readonly: true},
 		Mounts:  []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
 		Linux:   &specs.Linux{Namespaces: namespaces()},
 	}
 	if err := writeSpec(dir, spec); err != nil {
-		return err
+		return "", err
 	}
 	cid := "probe-" + p + "-" + host.NewCID("")
 	tctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	cmd := exec.Command(r.runsc, "--root", root, "--platform", p, "--network", "none", "--ignore-cgroups", "run", "--bundle", dir, cid)
+	mode := "none"
+	if network {
+		mode = "sandbox"
+	}
+	args := []string{"--root", root, "--platform", p, "--network", mode, "--ignore-cgroups", "run", "--bundle", dir, cid}
+	var cmd *exec.Cmd
+	if hidden {
+		cmd = sandboxNetCmd(context.Background(), path, args)
+	} else {
+		cmd = exec.Command(path, args...)
+	}
 	// Its own process group, so a hung trial's sandbox and gofer die with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
-		return err
+		return "", err
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -152,12 +204,35 @@ func (r *Runtime) trial(ctx context.Context, p string) error {
 		<-done
 		runErr = fmt.Errorf("no answer within %v", probeTimeout)
 	}
-	_ = exec.Command(r.runsc, "--root", root, "delete", "--force", cid).Run()
+	_ = exec.Command(path, "--root", root, "delete", "--force", cid).Run()
+	unmountNullNetns(root)
 	if runErr != nil {
-		return runErr
+		return "", fmt.Errorf("%w: %s", runErr, lastLine(out.String()))
 	}
 	if !strings.Contains(out.String(), "sandbox-agent") {
-		return errors.New("trial sandbox printed nothing")
+		return "", errors.New("trial sandbox printed nothing")
 	}
-	return nil
+	return out.String(), nil
+}
+
+// unmountNullNetns undoes what a current runsc leaves mounted in its
+// --root: it pins the empty network namespace its gofers share by
+// bind-mounting it at <root>/null-netns (concurrent starts may stack
+// several), and a directory holding such a mount cannot be removed
+// (EBUSY). Without it the next `runsc run` simply makes a new one.
+func unmountNullNetns(root string) {
+	path := filepath.Join(root, "null-netns")
+	for unix.Unmount(path, unix.MNT_DETACH) == nil {
+	}
+}
+
+// ReleaseRoot undoes what runsc leaves mounted under a --root it was given
+// (see unmountNullNetns), so that the directory can be removed: for bare
+// runsc runs outside the backend, such as the benchmarks' baselines.
+func ReleaseRoot(root string) { unmountNullNetns(root) }
+
+// lastLine is the last non-empty line of s: runsc's error, when it fails.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }

@@ -231,7 +231,7 @@ func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 	if m.Stopped {
 		return runtime.StateStopped, nil
 	}
-	out, err := s.r.runscRun(ctx, "state", m.CID)
+	out, err := s.r.runscRun(ctx, m, "state", m.CID)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", ctx.Err()
@@ -257,12 +257,13 @@ func (s *sandbox) Quiesce(ctx context.Context) (func(context.Context) error, err
 	if _, err := s.Call(ctx, "quiesce", func(c *guest.Client) error { return c.Sync(ctx) }); err != nil {
 		return nil, err
 	}
-	cid := s.Meta().CID
-	if _, err := s.r.runscRun(ctx, "pause", cid); err != nil {
+	m := s.Meta()
+	cid := m.CID
+	if _, err := s.r.runscRun(ctx, m, "pause", cid); err != nil {
 		return nil, fmt.Errorf("quiesce sandbox %s: %w", s.ID(), err)
 	}
 	return host.Once(func(ctx context.Context) error {
-		if _, err := s.r.runscRun(ctx, "resume", cid); err != nil {
+		if _, err := s.r.runscRun(ctx, m, "resume", cid); err != nil {
 			return fmt.Errorf("resume sandbox %s: %w", s.ID(), err)
 		}
 		return nil
@@ -384,7 +385,7 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	s.Detach()
 	m := s.Meta()
 	var errs []error
-	if _, err := s.r.runscRun(ctx, "delete", "--force", m.CID); err != nil && !strings.Contains(err.Error(), "does not exist") &&
+	if _, err := s.r.runscRun(ctx, m, "delete", "--force", m.CID); err != nil && !strings.Contains(err.Error(), "does not exist") &&
 		!strings.Contains(err.Error(), "not found") {
 		errs = append(errs, err)
 	}

@@ -1,0 +1,160 @@
+package gvisor
+
+import (
+	"context"
+	"debug/buildinfo"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// BundledRunsc is where scripts/install-runsc.sh installs a current gVisor,
+// pinned and built with CGO_ENABLED=0. The backend prefers it when no runsc
+// is named and a trial sandbox boots with it; Debian's runsc (2022) in PATH
+// is the fallback.
+const BundledRunsc = "/usr/local/lib/sandboxd/runsc"
+
+// RunscInfo says which runsc the backend runs, and why.
+type RunscInfo struct {
+	Path    string `json:"path"`
+	Version string `json:"version"`
+	// Reason is why this one was chosen.
+	Reason string `json:"reason"`
+	// Rejected are the other candidates (by path) and why each was not.
+	Rejected map[string]string `json:"rejected,omitempty"`
+	// The workarounds for Debian's 2022 runsc that this one needs (see
+	// probeResult).
+	StatxShim       bool `json:"statx_shim"`
+	NetnsWorkaround bool `json:"netns_workaround"`
+}
+
+// String is a one-line summary for logs and reports.
+func (i RunscInfo) String() string {
+	return fmt.Sprintf("runsc %s (%s)", i.Version, i.Path)
+}
+
+// DefaultRunsc is the runsc a bare benchmark runs beside the backend when
+// none is named: BundledRunsc when installed, else runsc in PATH. It does
+// not try either (New does).
+func DefaultRunsc() string {
+	if fi, err := os.Stat(BundledRunsc); err == nil && fi.Mode()&0o111 != 0 {
+		return BundledRunsc
+	}
+	return "runsc"
+}
+
+type runscCandidate struct{ path, reason string }
+
+// runscCandidates lists the runsc binaries to try, best first, and those
+// ruled out before any trial. An explicit one is the only candidate: the
+// operator asked for it, and a silent fallback would hide a mistake.
+func runscCandidates(opts Options) ([]runscCandidate, map[string]string) {
+	rejected := map[string]string{}
+	if opts.RunscPath != "" {
+		return []runscCandidate{{opts.RunscPath, "named explicitly (--runsc, SANDBOXD_RUNSC or Options.RunscPath)"}}, rejected
+	}
+	bundled := opts.BundledRunsc
+	if bundled == "" {
+		bundled = BundledRunsc
+	}
+	var out []runscCandidate
+	if fi, err := os.Stat(bundled); err != nil {
+		rejected[bundled] = "not installed (scripts/install-runsc.sh installs it)"
+	} else if fi.Mode()&0o111 == 0 {
+		rejected[bundled] = "not executable"
+	} else {
+		out = append(out, runscCandidate{bundled, "the current gVisor installed by scripts/install-runsc.sh; a trial sandbox boots with it"})
+	}
+	if p, err := exec.LookPath("runsc"); err == nil && !sameFile(p, bundled) {
+		reason := "runsc in PATH"
+		if len(out) > 0 {
+			reason += ", the fallback"
+		}
+		out = append(out, runscCandidate{p, reason})
+	} else if err != nil {
+		rejected["runsc in PATH"] = "not found (apt-get install runsc)"
+	}
+	return out, rejected
+}
+
+func sameFile(a, b string) bool {
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+}
+
+// runscVersion is what `runsc --version` says on its first line, without
+// "runsc version ". A runsc built by a plain `go install` says
+// VERSION_MISSING; its Go build info names the gVisor module version
+// instead, which tells builds apart as well.
+func runscVersion(ctx context.Context, path string) (string, error) {
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", path, err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	v := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "runsc version"))
+	if v != "" && v != "VERSION_MISSING" {
+		return v, nil
+	}
+	if bi, err := buildinfo.ReadFile(path); err == nil {
+		if bi.Main.Path == "gvisor.dev/gvisor" && bi.Main.Version != "" {
+			return bi.Main.Version, nil
+		}
+		for _, d := range bi.Deps {
+			if d.Path == "gvisor.dev/gvisor" {
+				return d.Version, nil
+			}
+		}
+	}
+	if v == "" {
+		return "", fmt.Errorf("%s --version: no version in %q", path, out)
+	}
+	return v, nil
+}
+
+// chooseRunsc picks the runsc binary and its platform (see
+// runscCandidates), probing each candidate in turn; r.log says which was
+// chosen and why the others were not.
+func (r *Runtime) chooseRunsc(ctx context.Context) (probeResult, error) {
+	cands, rejected := runscCandidates(r.opts)
+	var errs []error
+	for _, c := range cands {
+		version, err := runscVersion(ctx, c.path)
+		if err == nil {
+			var pr probeResult
+			if pr, err = r.probe(ctx, c.path, version, r.opts.Platform); err == nil {
+				r.runsc = RunscInfo{
+					Path: c.path, Version: version, Reason: c.reason, Rejected: rejected,
+					StatxShim: pr.StatxShim, NetnsWorkaround: pr.NetnsWorkaround,
+				}
+				return pr, nil
+			}
+		}
+		rejected[c.path] = err.Error()
+		errs = append(errs, fmt.Errorf("%s: %w", c.path, err))
+		r.log.Warn("gvisor runtime: runsc rejected", "runsc", c.path, "reason", err)
+	}
+	if len(errs) == 0 {
+		return probeResult{}, fmt.Errorf("no runsc: %v", rejected)
+	}
+	return probeResult{}, errors.Join(errs...)
+}
+
+// legacyRunsc is the runsc that made a sandbox whose meta predates
+// meta.Runsc: the one named, else the one in PATH, as sandboxd chose then.
+func legacyRunsc(opts Options, chosen string) string {
+	if opts.RunscPath != "" {
+		return opts.RunscPath
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		if abs, err := filepath.Abs(p); err == nil {
+			return abs
+		}
+		return p
+	}
+	return chosen
+}
