@@ -546,6 +546,11 @@ func (s *suite) testBigFile(t *testing.T) {
 
 func (s *suite) testForkBomb(t *testing.T) {
 	const pids = 64
+	// bombRan processes at once (an idle sandbox has 2 or 3) show the bomb
+	// ran. Not pids/2: a current gVisor refuses forks past the limit so
+	// promptly that the bomb's shells die as fast as they start, and its
+	// population hovers near 26–27 of 64 (seen on systrap, at any load).
+	const bombRan = pids / 4
 	sb := s.create(t, runtime.Spec{Limits: runtime.Limits{Pids: pids}})
 	bystander := s.create(t, runtime.Spec{})
 	done := make(chan execOut, 1)
@@ -582,7 +587,7 @@ func (s *suite) testForkBomb(t *testing.T) {
 			}
 		}
 		peak = max(peak, n)
-		if peak >= pids/2 && filled.IsZero() {
+		if peak >= bombRan && filled.IsZero() {
 			filled = time.Now()
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -606,7 +611,7 @@ func (s *suite) testForkBomb(t *testing.T) {
 	if peak > pids {
 		t.Errorf("%d processes inside, limit %d", peak, pids)
 	}
-	if peak < pids/2 {
+	if peak < bombRan {
 		t.Errorf("peak %d: the bomb did not run", peak)
 	}
 	if !o.res.TimedOut {
