@@ -548,8 +548,9 @@ func (s *suite) testForkBomb(t *testing.T) {
 	const pids = 64
 	// bombRan processes at once (an idle sandbox has 2 or 3) show the bomb
 	// ran. Not pids/2: a current gVisor refuses forks past the limit so
-	// promptly that the bomb's shells die as fast as they start, and its
-	// population hovers near 26–27 of 64 (seen on systrap, at any load).
+	// promptly that the bomb's shells die about as fast as they start, and
+	// the population seen from outside was 11 to 27 of 64 (systrap); its
+	// shells' "can't fork" errors show it too.
 	const bombRan = pids / 4
 	sb := s.create(t, runtime.Spec{Limits: runtime.Limits{Pids: pids}})
 	bystander := s.create(t, runtime.Spec{})
@@ -611,8 +612,10 @@ func (s *suite) testForkBomb(t *testing.T) {
 	if peak > pids {
 		t.Errorf("%d processes inside, limit %d", peak, pids)
 	}
-	if peak < bombRan {
-		t.Errorf("peak %d: the bomb did not run", peak)
+	// The bomb ran into the limit: many processes at once, or its shells
+	// saying that fork failed.
+	if hitLimit := strings.Contains(o.stderr, "fork"); peak < bombRan && !hitLimit {
+		t.Errorf("peak %d and no failed fork in its stderr (%q): the bomb did not run", peak, tail(o.stderr, 300))
 	}
 	if !o.res.TimedOut {
 		t.Errorf("bomb result %+v (%v): want it killed at its timeout", o.res, o.err)
@@ -813,4 +816,12 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
