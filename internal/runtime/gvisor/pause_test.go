@@ -178,3 +178,37 @@ func treeBytes(t *testing.T, dir string) int64 {
 	}
 	return n
 }
+
+// TestPauseRefusesTCP: a sandbox with a TCP socket open inside is not
+// paused (runsc of Debian 12 cannot save one an epoll set watches, and a
+// failed save would end the sandbox); it runs on, and pauses once the
+// socket is closed.
+func TestPauseRefusesTCP(t *testing.T) {
+	r := newRuntime(t, t.TempDir(), nil)
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := r.Create(ctx, runtime.Spec{ID: "tcp", BaseDir: runtimetest.Rootfs(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	if _, err := sb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"sh", "-c", "nc -l -p 8080 >/dev/null 2>&1 & sleep 0.5"}}); err != nil {
+		t.Fatal(err)
+	}
+	err = r.Pause(ctx, "tcp")
+	if err == nil || !strings.Contains(err.Error(), "TCP") {
+		t.Fatalf("pause with a listening socket: %v", err)
+	}
+	t.Log(err)
+	if res, err := sb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"killall", "nc"}}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("the sandbox after a refused pause: %v %+v", err, res)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := r.Pause(ctx, "tcp"); err != nil {
+		t.Fatalf("pause once the socket is closed: %v", err)
+	}
+	if err := r.Resume(ctx, "tcp"); err != nil {
+		t.Fatal(err)
+	}
+}
