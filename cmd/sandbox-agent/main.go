@@ -76,7 +76,7 @@ func run(log *slog.Logger, socket, home, cwd string, tailBytes int, secret []byt
 	}
 	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log, Secret: secret, TailBytes: tailBytes})
 	if home != "" {
-		ln, err := net.Listen("tcp", home)
+		ln, err := agent.ListenHome(home)
 		if err != nil {
 			log.Warn("listen for sandboxd.internal", "addr", home, "err", err)
 		} else {

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -91,6 +92,31 @@ func (g Group) Remove() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Procs lists the processes in the group (in any of its hierarchies, on
+// cgroup v1), each once. A process counts until its last thread has
+// exited: a zombie whose threads are gone is no longer in a group.
+func (g Group) Procs() ([]int, error) {
+	seen := map[int]bool{}
+	var out []int
+	for _, d := range g.Dirs() {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return out, fmt.Errorf("cgroup processes: %w", err)
+		}
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err == nil && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out, nil
 }
 
 func readInt(path string) (int64, error) {

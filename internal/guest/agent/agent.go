@@ -254,6 +254,21 @@ func (a *Agent) ServeHome(ln net.Listener) error {
 				c.Close()
 				return
 			}
+			// The connection ends with its session: the other way it would
+			// wait for the client inside, and an open connection keeps
+			// gVisor from checkpointing the sandbox (see ListenHome),
+			// which the host does right after ending the session.
+			if ys, ok := st.(*yamux.Stream); ok {
+				done := make(chan struct{})
+				defer close(done)
+				go func() {
+					select {
+					case <-ys.Session().CloseChan():
+						c.Close()
+					case <-done:
+					}
+				}()
+			}
 			guest.Splice(c, st)
 		}()
 	}

@@ -16,6 +16,7 @@
 //	    rootfs/             the overlay: base + lowers + upper
 //	    sock/agent.sock     the host end of the agent channel (mounted at /run/sandboxd/sock)
 //	    hosts               /etc/hosts: sandboxd.internal is 127.0.0.1
+//	    checkpoint/         a paused sandbox's saved memory and state (pause.go)
 //	ids/<id> -> ../sandboxes/<cid>   the sandbox id, claimed atomically
 //
 // The container's init is the guest agent (cmd/sandbox-agent). It dials
@@ -167,6 +168,7 @@ type Runtime struct {
 var (
 	_ runtime.Runtime   = (*Runtime)(nil)
 	_ runtime.Prewarmer = (*Runtime)(nil)
+	_ runtime.Pauser    = (*Runtime)(nil)
 )
 
 // New prepares the state directory, picks the platform and re-attaches the
@@ -237,9 +239,10 @@ func installAgent(src, dst string) error {
 }
 
 // Capabilities implements runtime.Runtime: networks through gVisor's
-// netstack in the sandbox's namespace; no memory snapshots here.
+// netstack in the sandbox's namespace; memory snapshots with runsc
+// checkpoint and restore (Pause, Resume).
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Network: true}
+	return runtime.Capabilities{Network: true, MemorySnapshot: true}
 }
 
 // Platform is the gVisor platform in use; Rejected says why the faster ones
@@ -363,6 +366,12 @@ func (r *Runtime) reattach(ctx context.Context) error {
 		Destroy: func(ctx context.Context, dir string, m meta) error { return newSandbox(r, dir, m).Destroy(ctx) },
 		Serve: func(_ context.Context, dir string, m meta) {
 			s := newSandbox(r, dir, m)
+			if m.Paused && !m.Stopped {
+				// Nothing of it runs, no agent will dial: it is only
+				// served (State, Resume, Destroy) until Resume attaches.
+				r.Table().Put(m.CID, s)
+				return
+			}
 			if err := s.attach(); err != nil {
 				r.log.Warn("re-attach sandbox", "id", m.ID, "err", err)
 				return
@@ -435,7 +444,14 @@ type meta struct {
 	// the handshake; only PID 1 is given it (see buildSpec). Empty for a
 	// sandbox made before sessions were authenticated.
 	AgentSecret string `json:"agent_secret,omitempty"`
+	// Paused: the container was checkpointed into checkpoint/ and its
+	// processes ended (Pause); Resume restores it.
+	Paused bool `json:"paused,omitempty"`
 }
+
+// Halted implements host.Recorded: a paused sandbox has no agent either,
+// and none will dial in before Resume.
+func (m meta) Halted() bool { return m.Stopped || m.Paused }
 
 // blankMeta is enough of a meta to destroy the sandbox cid.
 func blankMeta(cid string) meta { return meta{Record: host.BlankRecord(cid)} }

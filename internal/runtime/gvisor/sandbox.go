@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -36,6 +37,13 @@ type sandbox struct {
 
 	// guardCtx (under Mu) is the context the memory guard runs under.
 	guardCtx context.Context
+	// listening (under Mu) is the agent socket of the current attachment
+	// and session the agent's connection on it (see disconnect).
+	listening *listening
+	session   *peerConn
+	// opMu serializes what starts or ends the container (Pause, Resume,
+	// Destroy): a destroy must not race a restore that brings it back.
+	opMu sync.Mutex
 }
 
 func (s *sandbox) upperDir() string { return s.Path("layer", "upper") }
@@ -156,12 +164,18 @@ func (s *sandbox) attach() error {
 	// Detach ends ctx: the accept loop, the log drain and the memory
 	// guard end with it.
 	context.AfterFunc(ctx, func() { ln.Close() })
+	l := &listening{ln: ln}
 	s.Mu.Lock()
 	s.guardCtx = ctx
+	s.listening, s.session = l, nil
 	m := s.M
 	s.Mu.Unlock()
 	s.r.Table().Put(m.CID, s)
-	go s.acceptLoop(ln)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		s.acceptLoop(l)
+	}()
 	go s.DrainLog(ctx, agentFIFO, "agent.log")
 	return nil
 }
@@ -172,7 +186,7 @@ func (s *sandbox) startGuard() {
 	s.Mu.Lock()
 	ctx, m := s.guardCtx, s.M
 	s.Mu.Unlock()
-	if ctx != nil && m.Limits.MemoryBytes > 0 && !m.Stopped {
+	if ctx != nil && m.Limits.MemoryBytes > 0 && !m.Halted() {
 		go s.guardMemory(ctx)
 	}
 }
@@ -183,14 +197,21 @@ func (s *sandbox) startGuard() {
 // host start goroutines without end.
 const maxHandshakes = 4
 
+// listening is an attachment's agent socket: wg counts its accept loop
+// and the handshakes under way.
+type listening struct {
+	ln net.Listener
+	wg sync.WaitGroup
+}
+
 // acceptLoop serves the agent socket. Only a peer that proves it holds the
 // sandbox's secret (the real agent, see meta.AgentSecret) gets a session;
 // it replaces the previous one (the agent reconnected).
-func (s *sandbox) acceptLoop(ln net.Listener) {
+func (s *sandbox) acceptLoop(l *listening) {
 	slots := make(chan struct{}, maxHandshakes)
 	refusals := rate.Sometimes{First: 3, Interval: 10 * time.Second}
 	for {
-		conn, err := ln.Accept()
+		conn, err := l.ln.Accept()
 		if err != nil {
 			return
 		}
@@ -200,11 +221,14 @@ func (s *sandbox) acceptLoop(ln net.Listener) {
 			conn.Close()
 			continue
 		}
+		l.wg.Add(1)
 		go func() {
+			defer l.wg.Done()
 			defer func() { <-slots }()
 			m := s.Meta()
 			secret, _ := hex.DecodeString(m.AgentSecret)
-			c, err := guest.Accept(conn, guest.ClientOptions{Home: s.ServeHome, Secret: secret, Logger: s.r.log})
+			pc := newPeerConn(conn)
+			c, err := guest.Accept(pc, guest.ClientOptions{Home: s.ServeHome, Secret: secret, Logger: s.r.log})
 			if err != nil {
 				refusals.Do(func() {
 					s.r.log.Warn("agent handshake refused", "id", m.ID, "cid", m.CID, "err", err)
@@ -212,6 +236,9 @@ func (s *sandbox) acceptLoop(ln net.Listener) {
 				return
 			}
 			s.Agent.Set(c)
+			s.Mu.Lock()
+			s.session = pc
+			s.Mu.Unlock()
 		}()
 	}
 }
@@ -228,8 +255,12 @@ func (s *sandbox) agent(ctx context.Context) (*guest.Client, error) {
 // State implements runtime.Sandbox.
 func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 	m := s.Meta()
-	if m.Stopped {
+	switch {
+	case m.Stopped:
 		return runtime.StateStopped, nil
+	case m.Paused:
+		// runsc would say stopped: the container ended once saved.
+		return runtime.StatePaused, nil
 	}
 	out, err := s.r.runscRun(ctx, m, "state", m.CID)
 	if err != nil {
@@ -315,8 +346,8 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 	} else {
 		out.DiskBytes = dirSize(s.Path("layer"))
 	}
-	if m.Stopped {
-		return out, nil
+	if m.Halted() {
+		return out, nil // no cgroup, nothing running
 	}
 	cs, err := cgroup.New(m.CgroupPath).Stats()
 	if err != nil {
@@ -392,8 +423,12 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	if err := unmount(s.Path("rootfs")); err != nil {
 		errs = append(errs, err)
 	}
+	// A paused sandbox that stops will not resume: its saved memory goes.
+	if err := s.dropCheckpoint(); err != nil {
+		errs = append(errs, err)
+	}
 	s.Mu.Lock()
-	s.M.Stopped = true
+	s.M.Stopped, s.M.Paused = true, false
 	m = s.M
 	gone := s.Gone
 	s.Mu.Unlock()
@@ -409,6 +444,8 @@ func (s *sandbox) Stop(ctx context.Context) error {
 
 // Destroy implements runtime.Sandbox.
 func (s *sandbox) Destroy(ctx context.Context) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	var errs []error
 	if err := s.Stop(ctx); err != nil {
 		errs = append(errs, err)
