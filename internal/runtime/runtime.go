@@ -42,6 +42,9 @@ var (
 	ErrCommandNotFound = errors.New("command not found")
 	// ErrExists: Create was given an id that is already in use.
 	ErrExists = errors.New("sandbox already exists")
+	// ErrCannotPause means a Pauser refused to pause a sandbox in its
+	// present state (it keeps running); the error says why.
+	ErrCannotPause = errors.New("the sandbox cannot be paused now")
 )
 
 // Runtime creates sandboxes of one backend on this host.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -73,6 +74,11 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	if err := p.Pause(ctx, sb.ID); err != nil {
 		// Whatever the runtime left, the row follows it.
 		m.settleAfterRuntime(ctx, sb.ID, store.PausePausing)
+		if errors.Is(err, runtime.ErrCannotPause) {
+			// The runtime's reason (after the class's words) is the user's.
+			_, why, _ := strings.Cut(err.Error(), runtime.ErrCannotPause.Error()+": ")
+			return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s cannot be paused now: %s", sb.ID, why)
+		}
 		return sb, fmt.Errorf("pause sandbox %s: %w", sb.ID, err)
 	}
 	if _, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PausePausing}, store.PausePaused, m.now()); err != nil {

@@ -411,9 +411,9 @@ func (r *Runtime) runscWith(ctx context.Context, path, platform, network string,
 	return exec.CommandContext(ctx, path, append(global, args...)...)
 }
 
-// runscRun runs a runsc subcommand on the sandbox m describes, with the
-// runsc that made it, and returns its stdout.
-func (r *Runtime) runscRun(ctx context.Context, m meta, args ...string) ([]byte, error) {
+// runscFor builds an invocation of the runsc (and platform) that made the
+// sandbox m describes.
+func (r *Runtime) runscFor(ctx context.Context, m meta, network string, args ...string) *exec.Cmd {
 	path, platform := m.Runsc, m.Platform
 	if path == "" {
 		path = r.legacyRunsc
@@ -421,7 +421,13 @@ func (r *Runtime) runscRun(ctx context.Context, m meta, args ...string) ([]byte,
 	if platform == "" {
 		platform = r.platform
 	}
-	cmd := r.runscWith(ctx, path, platform, "none", args...)
+	return r.runscWith(ctx, path, platform, network, args...)
+}
+
+// runscRun runs a runsc subcommand on the sandbox m describes, with the
+// runsc that made it, and returns its stdout.
+func (r *Runtime) runscRun(ctx context.Context, m meta, args ...string) ([]byte, error) {
+	cmd := r.runscFor(ctx, m, "none", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
