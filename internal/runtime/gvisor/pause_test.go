@@ -53,8 +53,8 @@ func TestPauseHeldMemory(t *testing.T) {
 			}
 			if kind == "zeros" {
 				// tail keeps its input, one line without end, until EOF;
-				// the sleep holds that off.
-				shell(`(dd if=/dev/zero bs=1048576 count=256 2>/dev/null; sleep 1000) | tail | wc -c > /tmp/n 2>&1 &`)
+				// the loop holds that off until /tmp/go exists.
+				shell(`(dd if=/dev/zero bs=1048576 count=256 2>/dev/null; while [ ! -e /tmp/go ]; do sleep 0.1; done) | tail | wc -c > /tmp/n 2>&1 &`)
 			} else {
 				// /run is a tmpfs: its files are the sentry's memory.
 				if err := sb.WriteFile(ctx, "/run/blob", bytes.NewReader(random), 0o644); err != nil {
@@ -112,7 +112,8 @@ func TestPauseHeldMemory(t *testing.T) {
 				}
 				return
 			}
-			shell(`killall sleep`)
+			// End the input: what tail held in memory must come out whole.
+			shell(`touch /tmp/go`)
 			deadline = time.Now().Add(time.Minute)
 			for {
 				got := strings.TrimSpace(shell(`cat /tmp/n 2>/dev/null || true`))
