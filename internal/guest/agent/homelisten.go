@@ -33,11 +33,12 @@ func ListenHome(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen home: %w", err)
 	}
 	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err == nil {
+	err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err == nil {
 		err = unix.Bind(fd, sa)
-		if err == nil {
-			err = unix.Listen(fd, 128)
-		}
+	}
+	if err == nil {
+		err = unix.Listen(fd, 128)
 	}
 	if err != nil {
 		unix.Close(fd)
