@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/kernel"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestPauseResume drives pause and resume through the API on each backend
@@ -86,6 +87,8 @@ echo kept > /tmp/file; sleep 1`)
 	before := count(s)
 
 	// The sandbox's own key may not pause it (a pause stops its clock).
+	securitytest.Attack(t, "api", "code inside a sandbox pauses its own sandbox with its key (RECOUP_API_KEY), to stop its timeout and outlive the lifetime it was given",
+		"403: a sandbox's key may not pause or resume")
 	inside := key{Key: strings.TrimSpace(sh(s, `echo "$RECOUP_API_KEY"`))}
 	act(s, inside, "pause", 403)
 
