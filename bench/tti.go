@@ -42,7 +42,8 @@ type TTIOptions struct {
 	// (default 5 MiB of random bytes).
 	SnapshotMiB int
 	// Baseline: bare `runsc run --detach` + `runsc exec` of Rootfs (a
-	// busybox tree) on Platform; RunscPath empty means gvisor.DefaultRunsc.
+	// busybox tree) on Platform (empty: the platform serve probes, read from
+	// its health answer); RunscPath empty means gvisor.DefaultRunsc.
 	Rootfs, RunscPath, Platform string
 	StateDir                    string // scratch; created and removed
 	Progress                    io.Writer
@@ -117,13 +118,10 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 	if len(o.Command) == 0 {
 		o.Command = []string{"echo", "ok"}
 	}
-	if o.Platform == "" {
-		o.Platform = "ptrace"
-	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
-	rep := TTIReport{Command: o.Command, Platform: o.Platform}
+	rep := TTIReport{Command: o.Command}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return rep, err
 	}
@@ -132,6 +130,13 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 		return rep, err
 	}
 	defer srv.stop()
+	if o.Platform == "" {
+		// The platform serve chose: the baseline runs on the same one.
+		if o.Platform, err = srv.platform(ctx); err != nil {
+			return rep, err
+		}
+	}
+	rep.Platform = o.Platform
 	accounts := map[string]string{}
 	for _, name := range []string{"fresh", "snapshot"} {
 		key, err := srv.account(ctx, "tti-"+name)
@@ -187,8 +192,12 @@ func startServer(ctx context.Context, o TTIOptions) (*ttiServer, error) {
 	addr := ln.Addr().String()
 	ln.Close()
 	s := &ttiServer{o: o, base: "http://" + addr, logs: &bytes.Buffer{}, http: &http.Client{Timeout: 5 * time.Minute}}
-	args := append([]string{"serve", "--data-dir", filepath.Join(o.StateDir, "data"), "--listen", addr, "--metrics-addr", "",
-		"--max-sandboxes-per-account", "0", "--setup-on-first-use=false", "--gvisor-platform", o.Platform}, o.ServeArgs...)
+	args := []string{"serve", "--data-dir", filepath.Join(o.StateDir, "data"), "--listen", addr, "--metrics-addr", "",
+		"--max-sandboxes-per-account", "0", "--setup-on-first-use=false"}
+	if o.Platform != "" {
+		args = append(args, "--gvisor-platform", o.Platform)
+	}
+	args = append(args, o.ServeArgs...)
 	s.cmd = exec.Command(o.Sandboxd, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
 	if err := s.cmd.Start(); err != nil {
@@ -209,6 +218,22 @@ func startServer(ctx context.Context, o TTIOptions) (*ttiServer, error) {
 	}
 	s.stop()
 	return nil, fmt.Errorf("sandboxd did not become healthy:\n%s", tail(s.logs.String(), 4000))
+}
+
+// platform is the gVisor platform the server runs on, from the runtime
+// its health answer names ("gvisor systrap, runsc ...").
+func (s *ttiServer) platform(ctx context.Context) (string, error) {
+	var h struct {
+		Runtime string `json:"runtime"`
+	}
+	if _, err := s.call(ctx, "", http.MethodGet, "/api/health", nil, &h); err != nil {
+		return "", err
+	}
+	f := strings.Fields(strings.ReplaceAll(h.Runtime, ",", " "))
+	if len(f) < 2 || f[0] != "gvisor" {
+		return "", fmt.Errorf("the server's runtime %q names no gVisor platform; pass --gvisor-platform", h.Runtime)
+	}
+	return f[1], nil
 }
 
 func tail(s string, n int) string {

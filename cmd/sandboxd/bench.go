@@ -227,7 +227,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
 	f.IntVar(&diskMiB, "sandbox-disk-mib", 1024, "the server's --sandbox-disk-mib: its disk admission counts every sandbox at this size (the default 4096 admits about 15 on a 64 GiB disk, fewer than a burst)")
 	f.StringVar(&runsc, "runsc", "", "runsc binary of the server and the baseline (default: "+gvisor.BundledRunsc+" when installed, else PATH)")
-	f.StringVar(&platform, "gvisor-platform", "ptrace", "gVisor platform of the server and the baseline")
+	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform of the server and the baseline (default: the one serve probes)")
 	f.IntVar(&n, "n", 10, "samples of the sequential and staggered modes (and of the baseline)")
 	f.IntVar(&burst, "burst", 20, "sandboxes created at once in the burst mode")
 	f.IntVar(&snapMB, "snapshot-mib", 5, "MiB of random data the snapshot account's snapshot changed")
