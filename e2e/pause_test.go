@@ -144,6 +144,13 @@ echo kept > /tmp/file; sleep 1`)
 		t.Fatalf("after the restart the counter is %d (it was %d when paused)", got, mark)
 	}
 
+	// A pause is refused while a run executes, saying so.
+	run := s2.createSandbox(k, map[string]any{"command": "sleep", "args": []string{"30"}})
+	waitStatus(t, s2, k, run["runId"].(string), "EXECUTING")
+	if r := s2.as(k, "POST", "/api/sandboxes/"+run["sandboxId"].(string)+"/pause", map[string]any{}); r.Status != 409 || !strings.Contains(fmt.Sprint(r.Body["error"]), "is executing") {
+		t.Fatalf("pause during a run: %d %s", r.Status, r.Raw)
+	}
+
 	// Stop ends a paused sandbox; resuming it then is 409.
 	act(s2, k, "pause", 200)
 	if st := act(s2, k, "stop", 200); st["sandboxStatus"] != "stopped" {

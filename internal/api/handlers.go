@@ -108,7 +108,9 @@ func serviceError(err error, notFound string) error {
 	case errors.Is(err, errdefs.ErrForbidden):
 		return &Error{Status: http.StatusForbidden, Msg: errdefs.Message(err, "Forbidden")}
 	case errors.Is(err, errdefs.ErrNotRunning):
-		return &Error{Status: http.StatusConflict, Msg: "Sandbox is not running"}
+		// A refusal that says why (a pause refused while a run executes)
+		// keeps its words; a bare not-running is the contract's message.
+		return &Error{Status: http.StatusConflict, Msg: errdefs.Message(err, "Sandbox is not running")}
 	}
 	return err
 }
