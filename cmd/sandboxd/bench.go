@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sandboxd/sandboxd/bench"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -24,11 +25,7 @@ import (
 // newBenchCmd measures the sandbox runtime on this host.
 func newBenchCmd(g *globals) *cobra.Command {
 	var (
-		asJSON     bool
-		rootfs     string
-		agent      string
-		runsc      string
-		platform   string
+		rf         runtimeBenchFlags
 		iterations int
 		concurrent int
 		layerMiB   int
@@ -51,26 +48,22 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 				return err
 			}
 			defer os.RemoveAll(scratch)
-			if err := benchInputs(scratch, &rootfs, &agent); err != nil {
+			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
 			rep, err := bench.Run(ctx, bench.Options{
-				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc, Platform: platform,
+				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc, Platform: rf.platform,
 				Iterations: iterations, Concurrent: concurrent, LayerMiB: layerMiB,
 				Logger: log, Progress: cmd.ErrOrStderr(),
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), asJSON, rep, printReport)
+			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printReport)
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
-	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
-	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	rf.register(f, "root filesystem to run (default: a busybox tree built for the run)")
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
@@ -82,9 +75,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 // this host holds, and what one costs.
 func newBenchDensityCmd(g *globals) *cobra.Command {
 	var (
-		asJSON           bool
-		rootfs, agent    string
-		runsc, platform  string
+		rf               runtimeBenchFlags
 		maxN, reserveMiB int
 		memMiB, diskMiB  int
 	)
@@ -105,27 +96,23 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 				return err
 			}
 			defer os.RemoveAll(scratch)
-			if err := benchInputs(scratch, &rootfs, &agent); err != nil {
+			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
 			rep, err := bench.RunDensity(cmd.Context(), bench.DensityOptions{
-				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
-				Platform: platform, Max: maxN, ReserveBytes: int64(reserveMiB) << 20,
+				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
+				Platform: rf.platform, Max: maxN, ReserveBytes: int64(reserveMiB) << 20,
 				Limits: runtime.Limits{CPUs: 1, MemoryBytes: int64(memMiB) << 20, Pids: 512, DiskBytes: int64(diskMiB) << 20},
 				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), asJSON, rep, printDensity)
+			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printDensity)
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.StringVar(&rootfs, "rootfs", "", "root filesystem to run (default: a busybox tree built for the run)")
-	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
-	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	rf.register(f, "root filesystem to run (default: a busybox tree built for the run)")
 	f.IntVar(&maxN, "max", 200, "most sandboxes started (serve's default --node-capacity)")
 	f.IntVar(&reserveMiB, "reserve-mib", 2048, "stop before the host's MemAvailable falls below this")
 	f.IntVar(&memMiB, "sandbox-memory-mib", 1024, "memory limit of each sandbox (a ceiling, not a reservation)")
@@ -329,10 +316,8 @@ func emit[R any](w io.Writer, asJSON bool, rep R, print func(io.Writer, R)) erro
 // inside a sandbox, to compare gVisor platforms and runsc versions.
 func newBenchWorkloadsCmd(g *globals) *cobra.Command {
 	var (
-		asJSON          bool
-		rootfs, agent   string
-		runsc, platform string
-		runs, files     int
+		rf          runtimeBenchFlags
+		runs, files int
 	)
 	cmd := &cobra.Command{
 		Use:   "workloads",
@@ -351,29 +336,25 @@ Needs root, runsc and the sandbox-agent binary.`,
 				return err
 			}
 			defer os.RemoveAll(scratch)
-			if rootfs == "" {
+			if rf.rootfs == "" {
 				return errors.New("--rootfs is required: the full image's root filesystem")
 			}
-			if err := benchInputs(scratch, &rootfs, &agent); err != nil {
+			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
 			rep, err := bench.RunWorkloads(cmd.Context(), bench.WorkloadOptions{
-				Rootfs: rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: agent, RunscPath: runsc,
-				Platform: platform, Runs: runs, Files: files,
+				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
+				Platform: rf.platform, Runs: runs, Files: files,
 				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), asJSON, rep, printWorkloads)
+			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printWorkloads)
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.StringVar(&rootfs, "rootfs", "", "root filesystem of the full image (required), e.g. ~/.cache/sandboxd/images/full-*/rootfs")
-	f.StringVar(&agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
-	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	rf.register(f, "root filesystem of the full image (required), e.g. ~/.cache/sandboxd/images/full-*/rootfs")
 	f.IntVar(&runs, "runs", 5, "timed runs of each workload")
 	f.IntVar(&files, "files", 10000, "files in the git repository")
 	return cmd
@@ -392,4 +373,20 @@ func printWorkloads(w io.Writer, rep bench.WorkloadReport) {
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.0f\n", k, t.P50, t.P90, t.Min, t.Max)
 	}
 	tw.Flush()
+}
+
+// runtimeBenchFlags are the flags of the benchmarks that drive the gVisor
+// runtime directly (bench, bench density, bench workloads).
+type runtimeBenchFlags struct {
+	asJSON                         bool
+	rootfs, agent, runsc, platform string
+}
+
+// register adds the flags to f; rootfsUsage says what --rootfs is for.
+func (r *runtimeBenchFlags) register(f *pflag.FlagSet, rootfsUsage string) {
+	f.BoolVar(&r.asJSON, "json", false, "print one JSON object")
+	f.StringVar(&r.rootfs, "rootfs", "", rootfsUsage)
+	f.StringVar(&r.agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
+	f.StringVar(&r.runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
+	f.StringVar(&r.platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
 }
