@@ -305,12 +305,21 @@ func TestWriteFileAbortLeavesNothing(t *testing.T) {
 		t.Fatal("upload from a failing reader succeeded")
 	}
 	// The agent hears of the abort as a reset of the upload's stream, a
-	// moment after the host gave up.
+	// moment after the host gave up; it may not even have made its
+	// temporary file yet when WriteFile returns. So the directory must
+	// stay empty for a while, not be empty once (an empty look before the
+	// agent began let the temp dir's cleanup race its file, seen in CI).
 	deadline := time.Now().Add(5 * time.Second)
+	var emptySince time.Time
 	for {
 		ents, _ := os.ReadDir(dir)
-		if len(ents) == 0 {
-			break
+		switch {
+		case len(ents) > 0:
+			emptySince = time.Time{}
+		case emptySince.IsZero():
+			emptySince = time.Now()
+		case time.Since(emptySince) > 500*time.Millisecond:
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("aborted upload left %v", ents)
