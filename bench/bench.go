@@ -393,16 +393,25 @@ func (b *bencher) concurrent(ctx context.Context) error {
 
 // processMemory sums RSS and PSS of the processes runsc started with root.
 func processMemory(root string) (rss, pss int64) {
-	procs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, p := range procs {
-		cmd, err := os.ReadFile(filepath.Join(p, "cmdline"))
-		if err != nil || !bytes.Contains(cmd, []byte("--root="+root)) {
-			continue
-		}
+	for _, p := range runscProcs(root) {
 		rss += statusKB(filepath.Join(p, "status"), "VmRSS:") << 10
 		pss += statusKB(filepath.Join(p, "smaps_rollup"), "Pss:") << 10
 	}
 	return rss, pss
+}
+
+// runscProcs are the /proc directories of the processes runsc started
+// with root (sentries, gofers).
+func runscProcs(root string) []string {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []string
+	for _, p := range procs {
+		cmd, err := os.ReadFile(filepath.Join(p, "cmdline"))
+		if err == nil && bytes.Contains(cmd, []byte("--root="+root)) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func statusKB(path, key string) int64 {

@@ -255,13 +255,8 @@ func allocated(dir string) int64 {
 // started with root: the sandboxes' sentries and gofers, nothing else of
 // the host.
 func processCPU(root string) time.Duration {
-	procs, _ := filepath.Glob("/proc/[0-9]*")
 	var ticks int64
-	for _, p := range procs {
-		cmd, err := os.ReadFile(filepath.Join(p, "cmdline"))
-		if err != nil || !bytes.Contains(cmd, []byte("--root="+root)) {
-			continue
-		}
+	for _, p := range runscProcs(root) {
 		ticks += statTicks(filepath.Join(p, "stat"))
 	}
 	return time.Duration(ticks) * time.Second / 100 // USER_HZ
