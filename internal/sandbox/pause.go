@@ -163,7 +163,8 @@ func (m *Manager) resume(ctx context.Context, p runtime.Pauser, sb store.Sandbox
 // has: running, paused, or — when the sandbox is gone — failed.
 func (m *Manager) settleAfterRuntime(ctx context.Context, id, from string) {
 	st := runtime.StateStopped
-	if rsb, err := m.rt.Get(ctx, id); err == nil {
+	rsb, gerr := m.rt.Get(ctx, id)
+	if gerr == nil {
 		if s, err := rsb.State(ctx); err == nil {
 			st = s
 		}
@@ -179,7 +180,7 @@ func (m *Manager) settleAfterRuntime(ctx context.Context, id, from string) {
 		if from == store.PauseResuming {
 			reason = "the sandbox could not be resumed"
 		}
-		if rsb, gerr := m.rt.Get(ctx, id); gerr == nil {
+		if gerr == nil {
 			_ = rsb.Destroy(ctx)
 		}
 		m.markFailed(ctx, id, []string{store.SandboxRunning}, reason)
