@@ -261,6 +261,36 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// Forker is a Runtime that copies a running sandbox whole: Fork starts one
+// new sandbox per child spec from the parent's memory, processes and
+// filesystem as they were at one moment (a process counting in memory
+// goes on counting in each child from the parent's count), while the
+// parent runs on. A child is a sandbox like any other: its own id, state
+// directory, writable layer (a copy of the parent's), agent session, Env
+// (for the processes it starts from then on; the processes copied from
+// the parent keep the environment they had) and network namespace. Its
+// base, restored layers, limits and hostname are the parent's: the
+// child specs' are ignored. A child spec has a Network exactly when the
+// parent has one (a restored sandbox cannot gain or lose its link). Fork
+// makes all children or none: on error, those it made are destroyed.
+type Forker interface {
+	Fork(ctx context.Context, parentID string, children []Spec) ([]Sandbox, error)
+}
+
+// ForkSpecs checks the child specs of a Fork of a parent with or without
+// a network, the same way for every backend.
+func ForkSpecs(parentNetwork bool, children []Spec) error {
+	if len(children) == 0 {
+		return errors.New("fork: no children")
+	}
+	for _, c := range children {
+		if (c.Network != nil) != parentNetwork {
+			return fmt.Errorf("fork: child %s: a child has a network exactly when its parent has one", c.ID)
+		}
+	}
+	return nil
+}
+
 // Info says what a sandbox runs on.
 type Info struct {
 	Backend  string // "gvisor"

@@ -381,14 +381,6 @@ func (r *Runtime) reattach(ctx context.Context) error {
 	})
 }
 
-// runscNetCmd builds a runsc invocation of the chosen runsc with our
-// global flags and gVisor's network mode: "none" (loopback only) or
-// "sandbox" (gVisor's netstack on the links of the bundle's network
-// namespace).
-func (r *Runtime) runscNetCmd(ctx context.Context, network string, args ...string) *exec.Cmd {
-	return r.runscWith(ctx, r.runsc.Path, r.platform, network, args...)
-}
-
 // runscWith builds an invocation of the runsc at path, which must be the
 // one that made the containers it acts on: runsc versions need not read
 // each other's state files.

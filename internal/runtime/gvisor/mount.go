@@ -23,6 +23,12 @@ func makeDisk(ctx context.Context, img, dir string, size int64) error {
 	if err := ext4.Create(ctx, img, size, ext4.Options{Lazy: true}); err != nil {
 		return err
 	}
+	return mountDisk(ctx, img, dir)
+}
+
+// mountDisk mounts the ext4 image img at dir through an auto-clearing loop
+// device.
+func mountDisk(ctx context.Context, img, dir string) error {
 	mnt := exec.CommandContext(ctx, "mount", "-o", "loop,nosuid,nodev", img, dir)
 	if out, err := mnt.CombinedOutput(); err != nil {
 		return fmt.Errorf("mount disk image: %w: %s", err, strings.TrimSpace(string(out)))

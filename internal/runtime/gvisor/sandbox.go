@@ -65,10 +65,8 @@ func (s *sandbox) Info() runtime.Info {
 // it on error.
 func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	m := s.Meta()
-	for _, d := range []string{s.Dir, s.Path("layer"), s.Path("rootfs"), s.Path("sock"), s.Path("bundle")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return err
-		}
+	if err := s.makeDirs(); err != nil {
+		return err
 	}
 	if m.Limits.DiskBytes > 0 {
 		if err := makeDisk(ctx, s.Path("disk.img"), s.Path("layer"), m.Limits.DiskBytes); err != nil {
@@ -87,13 +85,12 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := os.Mkdir(s.Path("layer", "work"), 0o700); err != nil {
 		return err
 	}
-	var lowers []string
 	// The restored layers share the sandbox's disk: one budget for all,
 	// so a layer that expands past the disk limit is refused with a clear
 	// error before it fills the disk.
 	budget := snapshot.NewBudget(m.Limits.DiskBytes)
 	for i, l := range layers {
-		dir := s.Path("layer", fmt.Sprintf("lower-%d", i))
+		dir := s.lowerDir(i)
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return err
 		}
@@ -102,7 +99,35 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 			return fmt.Errorf("restore layer %d: %w", i, err)
 		}
 		m.Layers = append(m.Layers, id)
-		lowers = append(lowers, dir)
+	}
+	s.Mu.Lock()
+	s.M = m
+	s.Mu.Unlock()
+	return s.start(ctx, "run", "--bundle", s.Path("bundle"), "--detach", m.CID)
+}
+
+// makeDirs makes the sandbox's state directory and those in it.
+func (s *sandbox) makeDirs() error {
+	for _, d := range []string{s.Dir, s.Path("layer"), s.Path("rootfs"), s.Path("sock"), s.Path("bundle")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lowerDir is where restored layer i lives, in the writable layer's disk.
+func (s *sandbox) lowerDir(i int) string { return s.Path("layer", fmt.Sprintf("lower-%d", i)) }
+
+// start mounts the root filesystem over the writable layer made in layer/
+// (its restored lowers, upper and work directories), writes the bundle and
+// the meta, and starts the container with the runsc subcommand args (run,
+// or restore from a saved state), waiting for its agent.
+func (s *sandbox) start(ctx context.Context, args ...string) error {
+	m := s.Meta()
+	lowers := make([]string, len(m.Layers))
+	for i := range lowers {
+		lowers[i] = s.lowerDir(i)
 	}
 	if err := mountOverlay(s.Path("rootfs"), m.BaseDir, lowers, s.upperDir(), s.Path("layer", "work")); err != nil {
 		return err
@@ -119,9 +144,6 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := writeSpec(s.Path("bundle"), spec); err != nil {
 		return err
 	}
-	s.Mu.Lock()
-	s.M = m
-	s.Mu.Unlock()
 	if err := writeMeta(s.Dir, m); err != nil {
 		return err
 	}
@@ -137,10 +159,10 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := s.attach(); err != nil {
 		return err
 	}
-	cmd := s.r.runscNetCmd(ctx, network, "run", "--bundle", s.Path("bundle"), "--detach", m.CID)
+	cmd := s.r.runscFor(ctx, m, network, args...)
 	cmd.Stdout, cmd.Stderr = logw, logw
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc run: %w (see %s)", err, s.Path("agent.log"))
+		return fmt.Errorf("runsc %s: %w (see %s)", args[0], err, s.Path("agent.log"))
 	}
 	s.startGuard()
 	wctx, cancel := context.WithTimeout(ctx, s.r.StartTimeout())

@@ -5,17 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -182,7 +178,7 @@ func (r *Runtime) makeTemplate(ctx context.Context, spec runtime.Spec, dir, key 
 	if err != nil {
 		return nil, err
 	}
-	if err := copySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600); err != nil {
+	if err := host.CopySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600); err != nil {
 		return nil, err
 	}
 	b, err := json.MarshalIndent(tp, "", "  ")
@@ -224,7 +220,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 		return fail(err)
 	}
 	layer := s.jail("disk", "layer.ext4")
-	if err := copySparse(tp.layer(), layer, 0o600); err != nil {
+	if err := host.CopySparse(tp.layer(), layer, 0o600); err != nil {
 		return fail(err)
 	}
 	if err := os.Chown(layer, uid, uid); err != nil {
@@ -350,47 +346,6 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	}
 	_ = os.Remove(s.Path("memory.state"))
 	return nil
-}
-
-// copySparse copies a sparse file, reading only its data extents.
-func copySparse(src, dst string, mode os.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	fi, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	if err := out.Truncate(fi.Size()); err != nil {
-		return err
-	}
-	size := fi.Size()
-	var off int64
-	for off < size {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole remains
-		}
-		if err != nil {
-			return fmt.Errorf("copy %s: %w", src, err)
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("copy %s: %w", src, err)
-		}
-		if _, err := io.Copy(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data)); err != nil {
-			return fmt.Errorf("copy %s: %w", src, err)
-		}
-		off = hole
-	}
-	return out.Close()
 }
 
 // TemplateReady says whether the memory-snapshot template is built (for

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -100,38 +98,6 @@ func TestCpio(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("listing lacks %q:\n%s", want, s)
 		}
-	}
-}
-
-func TestCopySparse(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	f, err := os.Create(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const size = 64 << 20
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	chunks := map[int64]string{0: "head", 10 << 20: "middle", size - 4: "tail"}
-	for off, s := range chunks {
-		if _, err := f.WriteAt([]byte(s), off); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Close()
-	dst := filepath.Join(dir, "dst")
-	if err := copySparse(src, dst, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a, _ := os.ReadFile(src)
-	b, _ := os.ReadFile(dst)
-	if !bytes.Equal(a, b) {
-		t.Fatal("copy differs")
-	}
-	if used := allocated(dst); used > 4<<20 {
-		t.Errorf("copy allocates %d bytes: holes were filled", used)
 	}
 }
 

@@ -66,6 +66,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("LayerBounds", s.testLayerBounds)
 	t.Run("Prewarm", s.testPrewarm)
 	t.Run("PauseResume", s.testPauseResume)
+	t.Run("Fork", s.testFork)
 	t.Run("StopThenSnapshot", s.testStop)
 	t.Run("Destroy", s.testDestroy)
 	t.Run("Reattach", s.testReattach)
