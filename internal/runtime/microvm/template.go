@@ -36,8 +36,11 @@ type template struct {
 	Hostname string         `json:"hostname"`
 	VM       vmConfig       `json:"vm"`
 	Hello    guest.Hello    `json:"hello"`
-	Created  time.Time      `json:"created"`
-	dir      string
+	// Layers are the restored layers the VM's disk holds (a fork's
+	// parent's; none for a template).
+	Layers  []string  `json:"layers,omitempty"`
+	Created time.Time `json:"created"`
+	dir     string
 }
 
 func (t *template) state() string { return filepath.Join(t.dir, "memory.state") }
@@ -196,7 +199,7 @@ func (r *Runtime) makeTemplate(ctx context.Context, spec runtime.Spec, dir, key 
 }
 
 // createFromTemplate makes spec's sandbox from a copy of the template's
-// layer disk and its memory.
+// layer disk and its memory (a template's, or a fork's parent's: Fork).
 func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, link string, tp *template) (*sandbox, error) {
 	cid := newCID()
 	uid, err := r.claim(spec.ID, cid, link)
@@ -204,7 +207,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 		return nil, err
 	}
 	m := r.newMeta(spec, cid, uid)
-	m.VM, m.Template = tp.VM, tp.Key
+	m.VM, m.Template, m.Layers = tp.VM, tp.Key, tp.Layers
 	s := newSandbox(r, filepath.Join(r.StateDir(), "sandboxes", cid), m)
 	fail := func(err error) (*sandbox, error) {
 		_ = s.Destroy(context.WithoutCancel(ctx))
@@ -314,7 +317,8 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	defer s.opMu.Unlock()
 	h, err := s.park(ctx, s.Path("memory.state"))
 	if err != nil {
-		return fmt.Errorf("pause sandbox %s: %w", id, err)
+		// A park that failed with QEMU still there leaves it running.
+		return fmt.Errorf("pause sandbox %s: %w", id, s.unpark(ctx, err))
 	}
 	if err := unmountAll(s.jail()); err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)

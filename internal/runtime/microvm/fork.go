@@ -1,0 +1,130 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
+)
+
+// Fork from a memory snapshot. The parent is parked (its memory saved as
+// for a pause, QEMU ended), its layer disk copied while nothing writes to
+// it, and it is restored from that memory at once; each child is then made
+// the way a sandbox is made from a template: a copy of the disk, QEMU
+// started from the saved memory, the parked agent's hello answered, the
+// clock set and fresh entropy given. The parent is stopped for a park and
+// a restore (QEMU's outgoing migration could also let it run on with
+// `cont`; the park and restore are the paths pause and templates already
+// prove).
+
+var _ runtime.Forker = (*Runtime)(nil)
+
+// Fork implements runtime.Forker.
+func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.Spec) ([]runtime.Sandbox, error) {
+	p, err := r.get(parentID)
+	if err != nil {
+		return nil, err
+	}
+	p.opMu.Lock()
+	defer p.opMu.Unlock()
+	pm := p.Meta()
+	if err := runtime.ForkSpecs(false, children); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers, dir: p.Path("fork")}
+	defer os.RemoveAll(tp.dir)
+	if err := p.saveForFork(ctx, tp); err != nil {
+		return nil, fmt.Errorf("fork sandbox %s: %w", parentID, err)
+	}
+	saved := time.Since(start)
+	kids, err := r.Base.Fork(ctx, pm.Record, children, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
+		return r.createFromTemplate(ctx, spec, r.Table().Dir.Path(spec.ID), tp)
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.log.Info("sandbox forked", "id", parentID, "children", len(kids),
+		"save", saved.Round(time.Millisecond), "elapsed", time.Since(start).Round(time.Millisecond))
+	return kids, nil
+}
+
+// saveForFork parks the running VM into tp's files and restores it; callers
+// hold opMu. When the restore fails the parent stays paused (its memory is
+// kept where Resume looks), so nothing of it is lost.
+func (s *sandbox) saveForFork(ctx context.Context, tp *template) error {
+	if st, err := s.State(ctx); err != nil {
+		return err
+	} else if st != runtime.StateRunning {
+		return fmt.Errorf("%w (%s)", runtime.ErrNotRunning, st)
+	}
+	_ = os.RemoveAll(tp.dir) // an earlier fork's that did not finish
+	if err := os.MkdirAll(tp.dir, 0o700); err != nil {
+		return err
+	}
+	h, err := s.park(ctx, tp.state())
+	if err != nil {
+		return s.unpark(ctx, err)
+	}
+	tp.Hello = h
+	copyErr := host.CopySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600)
+	// The parent runs again whatever the copy did, from its own copy of
+	// the saved memory (a hard link: the children read the same file).
+	mem := s.Path("memory.state")
+	_ = os.Remove(mem)
+	if err := os.Link(tp.state(), mem); err != nil {
+		return errors.Join(copyErr, s.pausedAfterFork(ctx, h, err))
+	}
+	f, err := os.Open(mem)
+	if err != nil {
+		return errors.Join(copyErr, s.pausedAfterFork(ctx, h, err))
+	}
+	defer f.Close()
+	if err := s.boot(ctx, &restoreFrom{state: f, hello: h}); err != nil {
+		return errors.Join(copyErr, s.pausedAfterFork(ctx, h, err))
+	}
+	_ = os.Remove(mem)
+	return copyErr
+}
+
+// pausedAfterFork leaves a parent whose restore failed (err) paused, as
+// Pause would have, and says so.
+func (s *sandbox) pausedAfterFork(ctx context.Context, h guest.Hello, err error) error {
+	m := s.Meta()
+	_ = killWait(m.PID, m.PIDStart, 5*time.Second)
+	s.Detach()
+	_ = unmountAll(s.jail())
+	_ = newHostCgroup(m.CgroupPath).remove()
+	if merr := s.SetMeta(func(m *meta) { m.Paused, m.Hello = true, h }); merr != nil {
+		return errors.Join(err, merr)
+	}
+	return fmt.Errorf("the parent could not run again after its memory was saved, so it is paused with it: %w", err)
+}
+
+// unpark serves a VM again after a park that failed (err) while QEMU still
+// runs: the VM runs on, its logs and agent session are taken up again.
+func (s *sandbox) unpark(ctx context.Context, err error) error {
+	m := s.Meta()
+	if !alive(m.PID, m.PIDStart) {
+		return err
+	}
+	mon, merr := dialMonitor(ctx, s.jail(strings.TrimPrefix(jailQMP, "/")))
+	if merr != nil {
+		return errors.Join(err, merr)
+	}
+	defer mon.close()
+	if st, serr := mon.status(ctx); serr == nil && st != "running" {
+		if cerr := mon.cont(ctx); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+	}
+	s.startLogs(m.PID, m.PIDStart)
+	s.attach()
+	return err
+}
