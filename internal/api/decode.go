@@ -213,6 +213,7 @@ func (r AccountRequest) actingFor() string        { return r.AccountID }
 func (r CodingAgentRequest) actingFor() string    { return r.AccountID }
 func (r TimeoutRequest) actingFor() string        { return r.AccountID }
 func (r NetworkRequest) actingFor() string        { return r.AccountID }
+func (r ForkRequest) actingFor() string           { return r.AccountID }
 func (r ExecRequest) actingFor() string           { return r.AccountID }
 func (q ListSandboxesQuery) actingFor() string    { return q.AccountID }
 func (q FileQuery) actingFor() string             { return q.AccountID }

@@ -60,6 +60,9 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/resume", summary: "Resume a paused sandbox where it was (sandboxd)", tag: "sandboxes",
 			description: "Its processes carry on from where they were; its timeout runs again from what was left. Resuming a running sandbox answers it as it is; 409 once it stopped.",
 			body:        AccountRequest{}, ok: SandboxResponse{}, handler: s.resumeSandbox},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/fork", summary: "Start sandboxes from a running sandbox's memory and filesystem (sandboxd)", tag: "sandboxes",
+			description: "Starts count new sandboxes (1 to 20, default 1) of the same account, each a copy of the sandbox at one moment: its processes with their memory, its files and its network policy; the sandbox itself runs on. Each child has its own id, key, lifetime (timeout, default the server's) and network address; processes copied from the parent keep the parent's environment, and those the child starts get its own. All are started or none: 429 when the account or the server has no room for all, 409 while a run executes in the sandbox, once it stopped, or when the runtime cannot save it now (the reason is given); 400 when the server's runtime cannot fork. A paused sandbox is resumed first.",
+			body:        ForkRequest{}, ok: SandboxesResponse{}, handler: s.forkSandbox},
 		{method: http.MethodPatch, path: "/api/sandboxes/{id}/network", summary: "Replace a running sandbox's network policy (sandboxd)", tag: "sandboxes",
 			description: "Takes effect at once for new and open connections, without restarting the sandbox; stored on the sandbox so a restart rebuilds it. Only a sandbox created with a network has one to change (to \"none\" and back is allowed).",
 			body:        NetworkRequest{}, ok: SandboxResponse{}, handler: s.setNetwork},
@@ -550,6 +553,30 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Resume(ctx, sb)
 	})
+}
+
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
+	req, err := readBody(w, r, parseFork)
+	if err != nil {
+		return err
+	}
+	sb, err := s.sandboxFor(r, req.actingFor())
+	if err != nil {
+		return err
+	}
+	if s.opts.Sandboxes == nil {
+		return errNotAvailable
+	}
+	kids, err := s.opts.Sandboxes.Fork(r.Context(), sb, req.Count, time.Duration(req.Timeout)*time.Millisecond)
+	if err != nil {
+		return serviceError(err, "Sandbox not found")
+	}
+	resp := SandboxesResponse{Status: "success", Sandboxes: make([]Sandbox, len(kids))}
+	for i, k := range kids {
+		resp.Sandboxes[i] = s.sandboxView(r.Context(), k)
+	}
+	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {

@@ -119,6 +119,7 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 		Timeout:       remaining,
 		CreatedAt:     formatTime(sb.CreatedAt),
 		Runtime:       sb.Runtime,
+		ForkedFrom:    sb.ForkedFrom,
 	}
 	// The row holds what the API accepted; a row that does not parse
 	// (never written so) shows no policy rather than failing the view.

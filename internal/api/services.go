@@ -45,6 +45,9 @@ type SandboxService interface {
 	// Resume brings a paused sandbox back where it was; a running one is
 	// answered as it is.
 	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	// Fork starts count sandboxes from a running sandbox's memory and
+	// filesystem, each living lifetime (0: the default).
+	Fork(ctx context.Context, sb store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error)
 	// Traffic is what a running sandbox's network carried; nil when it
 	// has none (or is not on this node).
 	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)

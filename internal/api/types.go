@@ -26,6 +26,8 @@ type Sandbox struct {
 	// NetworkBytes is what the network of a running sandbox carried so
 	// far (sandboxd), as IP packets with their headers.
 	NetworkBytes *NetworkBytes `json:"network_bytes,omitempty"`
+	// ForkedFrom is the sandbox it was forked from (sandboxd).
+	ForkedFrom string `json:"forkedFrom,omitempty" jsonschema:"description=The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)"`
 }
 
 // NetworkBytes counts a sandbox's network traffic (sandboxd): sent by the
@@ -230,6 +232,13 @@ type Port struct {
 // TimeoutRequest is the body of POST /api/sandboxes/{id}/timeout.
 type TimeoutRequest struct {
 	Timeout   int64  `json:"timeout" jsonschema:"minimum=1,description=New remaining lifetime in milliseconds from now"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// ForkRequest is the body of POST /api/sandboxes/{id}/fork (sandboxd).
+type ForkRequest struct {
+	Count     int    `json:"count,omitempty" jsonschema:"minimum=1,maximum=20,default=1,description=How many sandboxes to start from the sandbox's memory and filesystem"`
+	Timeout   int64  `json:"timeout,omitempty" jsonschema:"minimum=1,description=Lifetime of each new sandbox in milliseconds (default: the server's default lifetime)"`
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
 }
 

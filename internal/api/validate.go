@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 )
 
 // maxUploadFiles bounds one upload request.
@@ -315,6 +316,28 @@ func parseTimeout(o object) (TimeoutRequest, error) {
 		return req, err
 	}
 	req.Timeout = t
+	req.AccountID, err = o.accountID()
+	return req, err
+}
+
+// parseFork validates the body of POST /api/sandboxes/{id}/fork: count
+// (default 1) and an optional lifetime for the new sandboxes. The upper
+// bound of count is the manager's.
+func parseFork(o object) (ForkRequest, error) {
+	req := ForkRequest{Count: 1}
+	n, ok, err := o.int("count")
+	if err != nil {
+		return req, err
+	}
+	if ok {
+		if n < 1 || n > sandbox.MaxForkCount {
+			return req, errField(fmt.Sprintf("count must be between 1 and %d", sandbox.MaxForkCount), "count")
+		}
+		req.Count = int(n)
+	}
+	if req.Timeout, _, err = o.millis("timeout", false); err != nil {
+		return req, err
+	}
 	req.AccountID, err = o.accountID()
 	return req, err
 }

@@ -28,6 +28,12 @@ func (workspaceHook) FailureReason() string { return "could not prepare its work
 
 func (h workspaceHook) Poststart(ctx context.Context, sb *store.Sandbox, rsb runtime.Sandbox, _ bool) error {
 	row := *sb
+	if row.ForkedFrom != "" {
+		// A fork's /workspace is its parent's as it was, prepared
+		// before the fork: doing it again would change the copy.
+		h.s.markPrepared(row.ID)
+		return nil
+	}
 	ctx = context.WithoutCancel(ctx)
 	// The memo entry is made here, not in the goroutine: a start that
 	// fails right after runs the stop hook, which must find it to forget
@@ -73,6 +79,9 @@ func (*layersHook) Name() string          { return "snapshot" }
 func (*layersHook) FailureReason() string { return "could not record the snapshot it started from" }
 
 func (h *layersHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+	if sb.ForkedFrom != "" {
+		return nil // its filesystem is its parent's, not the snapshot's
+	}
 	layers, snapID, release, err := h.s.Layers(ctx, sb.AccountID)
 	if err != nil {
 		// A snapshot that cannot be opened must not lock the account out.

@@ -218,6 +218,15 @@ func (s *Service) prepareOnce(ctx context.Context, p *preparation, sb store.Sand
 	return p.err
 }
 
+// markPrepared records that sandbox id's workspace needs no preparing (a
+// fork's, copied from its prepared parent).
+func (s *Service) markPrepared(id string) {
+	p := s.preparation(id)
+	p.mu.Lock()
+	p.done, p.err = true, nil
+	p.mu.Unlock()
+}
+
 // forgetPrepared drops what Prepare remembers of sandbox id (it ended).
 func (s *Service) forgetPrepared(id string) {
 	s.mu.Lock()

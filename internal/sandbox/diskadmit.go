@@ -36,10 +36,10 @@ func diskFree(dir string) (int64, error) {
 	return int64(st.Bavail) * st.Bsize, nil
 }
 
-// admitDisk checks the node's disk for one more sandbox; on success the
-// caller holds m.diskMu until the sandbox's row is recorded, and must call
-// the returned release.
-func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
+// admitDisk checks the node's disk for n more sandboxes; on success the
+// caller holds m.diskMu until their rows are recorded, and must call the
+// returned release.
+func (m *Manager) admitDisk(ctx context.Context, n int) (release func(), err error) {
 	limit := m.cfg.Settings.Limits.DiskBytes
 	m.diskMu.Lock()
 	release = m.diskMu.Unlock
@@ -78,10 +78,14 @@ func (m *Manager) admitDisk(ctx context.Context) (release func(), err error) {
 		}
 		promised += max(0, owed)
 	}
-	if left := free - reserve - promised; left < limit {
+	if left := free - reserve - promised; left < int64(n)*limit {
 		release()
-		return nil, errdefs.Newf(errdefs.ErrQuota, "the server's disk cannot hold another sandbox of %d MiB: %d MiB free, %d MiB promised to its %d active and %d warm sandboxes, %d MiB kept for the service; try again later",
-			limit>>20, free>>20, promised>>20, len(active), warm, reserve>>20)
+		what := "another sandbox"
+		if n > 1 {
+			what = fmt.Sprintf("%d more sandboxes", n)
+		}
+		return nil, errdefs.Newf(errdefs.ErrQuota, "the server's disk cannot hold %s of %d MiB: %d MiB free, %d MiB promised to its %d active and %d warm sandboxes, %d MiB kept for the service; try again later",
+			what, limit>>20, free>>20, promised>>20, len(active), warm, reserve>>20)
 	}
 	return release, nil
 }

@@ -270,7 +270,7 @@ func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Du
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 	}
-	release, err := m.admitDisk(ctx)
+	release, err := m.admitDisk(ctx, 1)
 	if err != nil {
 		return store.Sandbox{}, nil, err
 	}

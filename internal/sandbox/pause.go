@@ -54,14 +54,8 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	}
 	// A run's command would be frozen with it, and its follower cut off.
-	executing, err := m.st.ListRunsByStatus(ctx, store.RunExecuting)
-	if err != nil {
-		return sb, fmt.Errorf("pause sandbox %s: %w", sb.ID, err)
-	}
-	for _, r := range executing {
-		if r.SandboxID == sb.ID {
-			return sb, errdefs.Newf(errdefs.ErrNotRunning, "run %s is executing in sandbox %s; pause it when the run has ended", r.ID, sb.ID)
-		}
+	if err := m.refuseWhileRunExecutes(ctx, sb, "pause"); err != nil {
+		return sb, err
 	}
 	ok, err := m.st.BeginPause(ctx, sb.ID, m.now())
 	if err != nil {
@@ -86,6 +80,22 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	}
 	m.log.Info("sandbox paused", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// refuseWhileRunExecutes refuses (409) to do what to sb while a run
+// executes in it: a pause or a fork ends the host's session with the
+// sandbox's agent, which the run's follower is on.
+func (m *Manager) refuseWhileRunExecutes(ctx context.Context, sb store.Sandbox, what string) error {
+	executing, err := m.st.ListRunsByStatus(ctx, store.RunExecuting)
+	if err != nil {
+		return fmt.Errorf("%s sandbox %s: %w", what, sb.ID, err)
+	}
+	for _, r := range executing {
+		if r.SandboxID == sb.ID {
+			return errdefs.Newf(errdefs.ErrNotRunning, "run %s is executing in sandbox %s; %s it when the run has ended", r.ID, sb.ID, what)
+		}
+	}
+	return nil
 }
 
 // settledPause answers a sandbox another caller is pausing or has paused

@@ -101,7 +101,7 @@ func (m *Manager) prewarm(ctx context.Context, accountID string) {
 	// Its disk is promised like a new sandbox's: no room, no prewarm.
 	// (The promise counts from the moment Prewarm records it, just
 	// after the check: the window is a few instructions wide.)
-	admitted, err := m.admitDisk(ctx)
+	admitted, err := m.admitDisk(ctx, 1)
 	if err != nil {
 		m.log.Info("prewarm: no disk to promise; the account's next create starts cold", "account_id", accountID, "err", err)
 		return

@@ -79,6 +79,10 @@ type Sandbox struct {
 	// PausedRemaining is the lifetime it had left when its pause began
 	// (its deadline does not run while it is paused).
 	PausedRemaining time.Duration `json:"paused_remaining,omitempty"`
+	// ForkedFrom is the sandbox it was forked from, whose memory and
+	// filesystem it started with ("": started from its account's snapshot
+	// or from nothing).
+	ForkedFrom string `json:"forked_from,omitempty"`
 }
 
 // Pause states of a running sandbox, as the API names them.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // ErrQuota is returned when an insert would take an account or a node past
@@ -64,34 +65,55 @@ func (q *Queries) CreateSandboxWithin(ctx context.Context, sb *Sandbox, lim Sand
 	if sb == nil {
 		return fmt.Errorf("create sandbox: %w: nil sandbox", ErrInvalid)
 	}
+	return q.CreateSandboxesWithin(ctx, []*Sandbox{sb}, lim)
+}
+
+// CreateSandboxesWithin inserts sbs, all of one account on one node (a
+// fork's children), as CreateSandboxWithin does one: all of them if they
+// all fit within lim, none otherwise.
+func (q *Queries) CreateSandboxesWithin(ctx context.Context, sbs []*Sandbox, lim SandboxLimits) error {
+	if len(sbs) == 0 || slices.Contains(sbs, nil) {
+		return fmt.Errorf("create sandboxes: %w: none or nil", ErrInvalid)
+	}
+	account, node := sbs[0].AccountID, sbs[0].NodeID
+	for _, sb := range sbs {
+		if sb.AccountID != account || sb.NodeID != node {
+			return fmt.Errorf("create sandboxes: %w: of more than one account or node", ErrInvalid)
+		}
+	}
 	return q.atomically(ctx, func(q *Queries) error {
 		// Always account before node, so two creates never wait on each
 		// other's locks in opposite orders.
 		if lim.PerAccount > 0 {
-			if err := q.lock(ctx, lockAccountQuota, sb.AccountID); err != nil {
+			if err := q.lock(ctx, lockAccountQuota, account); err != nil {
 				return err
 			}
-			n, err := q.CountActiveSandboxes(ctx, sb.AccountID)
+			n, err := q.CountActiveSandboxes(ctx, account)
 			if err != nil {
 				return err
 			}
-			if n >= lim.PerAccount {
+			if n+len(sbs) > lim.PerAccount {
 				return fmt.Errorf("create sandbox: %w", &QuotaError{Scope: "account", Count: n, Limit: lim.PerAccount})
 			}
 		}
 		if lim.PerNode > 0 {
-			if err := q.lock(ctx, lockNodeQuota, sb.NodeID); err != nil {
+			if err := q.lock(ctx, lockNodeQuota, node); err != nil {
 				return err
 			}
-			n, err := q.countActiveOnNode(ctx, sb.NodeID)
+			n, err := q.countActiveOnNode(ctx, node)
 			if err != nil {
 				return err
 			}
-			if n >= lim.PerNode {
+			if n+len(sbs) > lim.PerNode {
 				return fmt.Errorf("create sandbox: %w", &QuotaError{Scope: "node", Count: n, Limit: lim.PerNode})
 			}
 		}
-		return q.CreateSandbox(ctx, sb)
+		for _, sb := range sbs {
+			if err := q.CreateSandbox(ctx, sb); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 

@@ -99,6 +99,47 @@ func TestCreateSandboxWithinIsAtomic(t *testing.T) {
 	})
 }
 
+// TestCreateSandboxesWithinAllOrNone: a fork's children go in together or
+// not at all, counted against the same limits.
+func TestCreateSandboxesWithinAllOrNone(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		children := func(n int) []*store.Sandbox {
+			sbs := make([]*store.Sandbox, n)
+			for i := range sbs {
+				sbs[i] = &store.Sandbox{AccountID: alice.ID, NodeID: "n1", Runtime: "gvisor", Deadline: time.Now().Add(time.Hour), ForkedFrom: "sbx_parent"}
+			}
+			return sbs
+		}
+		lim := store.SandboxLimits{PerAccount: 4}
+		if err := s.CreateSandboxesWithin(ctx, children(3), lim); err != nil {
+			t.Fatalf("3 of 4: %v", err)
+		}
+		if err := s.CreateSandboxesWithin(ctx, children(2), lim); !errors.Is(err, store.ErrQuota) {
+			t.Fatalf("2 more past a limit of 4: %v, want ErrQuota", err)
+		}
+		list, err := s.ListSandboxes(ctx, alice.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 3 {
+			t.Fatalf("%d sandboxes after a refused insert of 2, want 3: part of it went in", len(list))
+		}
+		if list[0].ForkedFrom != "sbx_parent" {
+			t.Errorf("forked_from read back as %q", list[0].ForkedFrom)
+		}
+		if err := s.CreateSandboxesWithin(ctx, children(1), store.SandboxLimits{PerNode: 4}); err != nil {
+			t.Fatalf("the last place on the node: %v", err)
+		}
+		mixed := append(children(1), &store.Sandbox{AccountID: alice.ID, NodeID: "n2", Runtime: "gvisor"})
+		if err := s.CreateSandboxesWithin(ctx, mixed, store.SandboxLimits{}); !errors.Is(err, store.ErrInvalid) {
+			t.Fatalf("children on two nodes: %v, want ErrInvalid", err)
+		}
+	})
+}
+
 func TestCreateRunWithinIsAtomic(t *testing.T) {
 	securitytest.Attack(t, "quotas", "12 simultaneous coding-agent runs of one account race the queued+executing count",
 		"exactly the limit is recorded on SQLite and PostgreSQL; other tasks and finished runs do not count")

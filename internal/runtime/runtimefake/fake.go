@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -67,7 +68,43 @@ var (
 	_ runtime.Runtime   = (*Runtime)(nil)
 	_ runtime.Prewarmer = (*Runtime)(nil)
 	_ runtime.Pauser    = (*Runtime)(nil)
+	_ runtime.Forker    = (*Runtime)(nil)
 )
+
+// Fork implements runtime.Forker: each child gets a copy of the parent's
+// files, all or none (FailCreate fails a child as it fails a Create).
+func (r *Runtime) Fork(_ context.Context, parentID string, children []runtime.Spec) ([]runtime.Sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.sandboxes[parentID]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("fork %s: %w", parentID, runtime.ErrNotFound)
+	case p.stopped || p.paused:
+		return nil, fmt.Errorf("fork %s: %w", parentID, runtime.ErrNotRunning)
+	}
+	if err := runtime.ForkSpecs(r.specs[parentID].Network != nil, children); err != nil {
+		return nil, err
+	}
+	out := make([]runtime.Sandbox, len(children))
+	for i, spec := range children {
+		if _, ok := r.sandboxes[spec.ID]; ok {
+			return nil, fmt.Errorf("fork %s: %w", spec.ID, runtime.ErrExists)
+		}
+		if r.failCreate != nil {
+			if err := r.failCreate(spec); err != nil {
+				return nil, fmt.Errorf("fork %s: %w", spec.ID, err)
+			}
+		}
+		sb := &Sandbox{rt: r, id: spec.ID, files: maps.Clone(p.files), created: time.Now()}
+		out[i] = sb
+	}
+	for i, spec := range children {
+		r.sandboxes[spec.ID] = out[i].(*Sandbox)
+		r.specs[spec.ID] = spec
+	}
+	return out, nil
+}
 
 // Pause implements runtime.Pauser: the sandbox keeps its files and
 // refuses calls until Resume; failPause, when set, fails it instead.
