@@ -250,6 +250,27 @@ func newSandboxCmd() *cobra.Command {
 	stop := act("stop", "Stop a sandbox")
 	pause := act("pause", "Pause a running sandbox with its memory: it stops running and its timeout stops")
 	resume := act("resume", "Resume a paused sandbox where it was")
+	var count int
+	fork := &cobra.Command{
+		Use:   "fork SANDBOX_ID",
+		Short: "Start sandboxes from a running sandbox's memory and filesystem",
+		Long: "Start --count new sandboxes, each a copy of the running sandbox at one moment (its processes with their memory,\n" +
+			"its files, its network policy); the sandbox itself runs on. All are started or none.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := api.ForkRequest{Count: count, Timeout: timeout.Milliseconds(), AccountID: account}
+			var out api.SandboxesResponse
+			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/fork", body, &out); err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), out.Sandboxes)
+			}
+			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
+		},
+	}
+	fork.Flags().IntVar(&count, "count", 1, "how many sandboxes to start")
+	fork.Flags().DurationVar(&timeout, "timeout", 0, "lifetime of each (default: the server's, 10m)")
 	setNetwork := &cobra.Command{
 		Use:   "network SANDBOX_ID POLICY",
 		Short: "Replace a running sandbox's network policy, without restarting it",
@@ -269,7 +290,7 @@ func newSandboxCmd() *cobra.Command {
 			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 		},
 	}
-	cmd.AddCommand(create, ls, exec, stop, pause, resume, setNetwork)
+	cmd.AddCommand(create, ls, exec, stop, pause, resume, fork, setNetwork)
 	cmd.AddCommand(processCommands(c, &account, &asJSON)...)
 	cmd.AddCommand(connectCommand(c, &account))
 	return cmd
