@@ -37,3 +37,30 @@ func TestRunSmall(t *testing.T) {
 		t.Errorf("snapshot %+v concurrent %+v", rep.Snapshot, rep.Concurrent)
 	}
 }
+
+// TestRunPauseSmall runs the pause bench once with little memory touched
+// and a fork of 2: it checks the bench works, not how fast anything is.
+func TestRunPauseSmall(t *testing.T) {
+	runtimetest.Require(t, "runsc", "mkfs.ext4")
+	rep, err := bench.RunPause(context.Background(), bench.PauseOptions{
+		Rootfs:     runtimetest.Rootfs(t),
+		StateDir:   filepath.Join(t.TempDir(), "state"),
+		AgentPath:  runtimetest.AgentBinary(t),
+		Iterations: 1,
+		TouchMiB:   8,
+		ForkCount:  2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	for name, tm := range map[string]bench.Timing{
+		"pause_idle": rep.PauseIdle, "resume_idle": rep.ResumeIdle, "pause_touched": rep.PauseTouched,
+		"resume_touched": rep.ResumeTouched, "fork_idle": rep.ForkIdle, "fork_touched": rep.ForkTouched,
+		"runsc_checkpoint": rep.Baseline.Checkpoint, "runsc_restore": rep.Baseline.Restore,
+	} {
+		if tm.N == 0 || tm.P50 <= 0 {
+			t.Errorf("%s: %+v", name, tm)
+		}
+	}
+}

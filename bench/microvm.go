@@ -46,6 +46,8 @@ type MicroVMReport struct {
 	ExecTrue        Timing  `json:"exec_true"`         // `true` through the agent
 	Pause           Timing  `json:"pause"`             // save memory to disk, QEMU gone
 	Resume          Timing  `json:"resume"`            // restore until the agent answers
+	ForkCount       int     `json:"fork_count"`
+	Fork            Timing  `json:"fork"` // Fork of ForkCount until every child's agent answers (the parent parked, restored)
 	IdleRSSMiB      float64 `json:"idle_qemu_rss_mib"`
 	IdleGuestMiB    float64 `json:"idle_guest_sandbox_mib"` // Stats.MemoryBytes of an idle sandbox
 }
@@ -159,6 +161,27 @@ func RunMicroVM(ctx context.Context, o MicroVMOptions) (MicroVMReport, error) {
 		pause, resume = append(pause, t1.Sub(t0)), append(resume, time.Since(t1))
 	}
 	rep.Pause, rep.Resume = timing(pause), timing(resume)
+	rep.ForkCount = 5
+	var forks []time.Duration
+	for i := range max(1, o.Iterations/2) {
+		specs := make([]runtime.Spec, rep.ForkCount)
+		for j := range specs {
+			specs[j] = runtime.Spec{ID: fmt.Sprintf("bench-fork-%d-%d", i, j)}
+		}
+		t0 := time.Now()
+		kids, err := rt.Fork(ctx, sb.ID(), specs)
+		if err != nil {
+			return rep, err
+		}
+		forks = append(forks, time.Since(t0))
+		for _, k := range kids {
+			if err := shell(ctx, k, "true"); err != nil {
+				return rep, fmt.Errorf("a child does not answer: %w", err)
+			}
+			_ = k.Destroy(ctx)
+		}
+	}
+	rep.Fork = timing(forks)
 	return rep, nil
 }
 

@@ -39,7 +39,7 @@ func TestRunMicroVMSmall(t *testing.T) {
 	t.Logf("%+v", rep)
 	for name, tm := range map[string]bench.Timing{
 		"cold_boot": rep.ColdBoot, "template_restore": rep.TemplateRestore, "exec_true": rep.ExecTrue,
-		"pause": rep.Pause, "resume": rep.Resume,
+		"pause": rep.Pause, "resume": rep.Resume, "fork": rep.Fork,
 	} {
 		if tm.N == 0 || tm.P50 <= 0 {
 			t.Errorf("%s: %+v", name, tm)

@@ -67,7 +67,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
-	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g), newBenchWorkloadsCmd(g))
+	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g), newBenchWorkloadsCmd(g), newBenchPauseCmd(g))
 	return cmd
 }
 
@@ -279,6 +279,66 @@ func printDensity(w io.Writer, r bench.DensityReport) {
 	fmt.Fprintf(tw, "per idle sandbox\tMemAvailable drop %.1f MiB, cgroup %.1f MiB, PSS %.1f MiB, RSS %.1f MiB, disk %.1f MiB\n", r.MemAvailDropMiB, r.CgroupMiB, r.PSSMiB, r.RSSMiB, r.DiskMiB)
 	fmt.Fprintf(tw, "idle CPU, all of them\t%.1f%% of the host (their sentries and gofers)\n", r.IdleCPUShare)
 	fmt.Fprintf(tw, "fit on this host\t%d by memory (%.1f per GiB, %.0f MiB kept), %d by idle CPU (the whole host), %d by free disk\n", r.FitByMemory, r.PerGiB, r.ReserveMiB, r.FitByIdleCPU, r.FitByDisk)
+	tw.Flush()
+}
+
+// newBenchPauseCmd is `sandboxd bench pause`: pause, resume and fork with
+// memory on gVisor, next to bare runsc checkpoint and restore.
+func newBenchPauseCmd(g *globals) *cobra.Command {
+	var (
+		rf                       runtimeBenchFlags
+		iterations, touch, forkN int
+	)
+	cmd := &cobra.Command{
+		Use:   "pause",
+		Short: "Measure pause, resume and fork with memory (gVisor), idle and with memory touched, next to bare runsc checkpoint/restore",
+		Long: `pause starts a gVisor sandbox and times Pause (memory and processes saved, host processes
+ended) and Resume (until its agent answers) --iterations times, then Fork of --fork children
+(until every child's agent answers); first idle, then holding --touch-mib MiB of random
+bytes in its memory (a file in its /run tmpfs). The baseline, in the same run, is the bare
+'runsc checkpoint' and 'runsc restore --detach' of an idle container of the same root
+filesystem. Times are milliseconds (p50/p90). Needs root, runsc and the sandbox-agent binary.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			scratch, err := os.MkdirTemp("", "sandboxd-pause-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(scratch)
+			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
+				return err
+			}
+			rep, err := bench.RunPause(cmd.Context(), bench.PauseOptions{
+				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
+				Platform: rf.platform, Iterations: iterations, TouchMiB: touch, ForkCount: forkN,
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printPause)
+		},
+	}
+	f := cmd.Flags()
+	rf.register(f, "root filesystem to run (default: a busybox tree built for the run)")
+	f.IntVar(&iterations, "iterations", 5, "samples per timing (forks: half as many)")
+	f.IntVar(&touch, "touch-mib", 256, "MiB of random bytes the touched sandbox holds in memory")
+	f.IntVar(&forkN, "fork", 5, "children per fork")
+	return cmd
+}
+
+func printPause(w io.Writer, r bench.PauseReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "host\t%d CPUs, %s %s, runsc %s\n", r.CPUs, r.Backend, r.Platform, r.Runsc)
+	fmt.Fprintln(tw, "ms (p50 / p90)\tidle\t"+fmt.Sprintf("%d MiB touched", r.TouchMiB))
+	row := func(name string, a, b bench.Timing) {
+		fmt.Fprintf(tw, "%s\t%.0f / %.0f\t%.0f / %.0f\n", name, a.P50, a.P90, b.P50, b.P90)
+	}
+	row("pause", r.PauseIdle, r.PauseTouched)
+	row("resume", r.ResumeIdle, r.ResumeTouched)
+	row(fmt.Sprintf("fork of %d", r.ForkCount), r.ForkIdle, r.ForkTouched)
+	fmt.Fprintf(tw, "bare runsc, idle container\tcheckpoint %.0f / %.0f, restore %.0f / %.0f\t\n",
+		r.Baseline.Checkpoint.P50, r.Baseline.Checkpoint.P90, r.Baseline.Restore.P50, r.Baseline.Restore.P90)
 	tw.Flush()
 }
 

@@ -112,8 +112,8 @@ func newKernelBenchCmd(g *globals) *cobra.Command {
 		Short: "Measure microVM sandboxes on this host: cold boot, snapshot restore, exec (needs root and QEMU)",
 		Long: `bench starts real microVM sandboxes with the guest kernel from the cache and reports
 cold boot to agent-ready, restore from a memory-snapshot template to agent-ready,
-exec round trip, pause (memory to disk) and resume, and QEMU's memory per idle VM,
-naming the accelerator (KVM, or TCG and why KVM was rejected). Times are
+exec round trip, pause (memory to disk) and resume, fork of 5 from a running VM,
+and QEMU's memory per idle VM, naming the accelerator (KVM, or TCG and why KVM was rejected). Times are
 milliseconds. It runs on a small busybox root filesystem unless --rootfs is given.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -174,6 +174,7 @@ func printMicroVMReport(w io.Writer, r bench.MicroVMReport) {
 	row("exec true (agent)", r.ExecTrue)
 	row("pause (memory to disk)", r.Pause)
 	row("resume to agent-ready", r.Resume)
+	row(fmt.Sprintf("fork of %d to agents ready", r.ForkCount), r.Fork)
 	fmt.Fprintf(tw, "template build\t%.0f ms\n", r.TemplateBuildMs)
 	fmt.Fprintf(tw, "idle VM memory\tQEMU RSS %.1f MiB\tsandbox processes %.1f MiB\n", r.IdleRSSMiB, r.IdleGuestMiB)
 	tw.Flush()
