@@ -329,7 +329,7 @@ filesystem. Times are milliseconds (p50/p90). Needs root, runsc and the sandbox-
 
 func printPause(w io.Writer, r bench.PauseReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "host\t%d CPUs, %s %s, runsc %s\n", r.CPUs, r.Backend, r.Platform, r.Runsc)
+	fmt.Fprintf(tw, "host\t%d CPUs, %s %s, %s\n", r.CPUs, r.Backend, r.Platform, r.Runsc)
 	fmt.Fprintln(tw, "ms (p50 / p90)\tidle\t"+fmt.Sprintf("%d MiB touched", r.TouchMiB))
 	row := func(name string, a, b bench.Timing) {
 		fmt.Fprintf(tw, "%s\t%.0f / %.0f\t%.0f / %.0f\n", name, a.P50, a.P90, b.P50, b.P90)

@@ -153,7 +153,7 @@ func (m *Manager) settleParent(ctx context.Context, id string) {
 }
 
 // forkError is a failed fork's error: a refusal the runtime explains
-// (ErrCannotPause: TCP sockets in use) keeps its reason for the user, as a
+// (ErrCannotPause: TCP sockets in use on an old gVisor) keeps its reason for the user, as a
 // pause's does.
 func forkError(parentID, reason string, err error) error {
 	if errors.Is(err, runtime.ErrCannotPause) {

@@ -118,16 +118,22 @@ func (s *sandbox) pause(ctx context.Context) error {
 	return nil
 }
 
-// checkSockets refuses to pause a sandbox with TCP sockets open inside
-// (as gVisor's /proc/net/tcp lists them), but for the agent's listener for
+// checkSockets refuses to save a sandbox (pause, fork) whose runsc is as
+// old as Debian 12's while TCP sockets are open inside (as gVisor's
+// /proc/net/tcp lists them), but for the agent's listener for
 // sandboxd.internal. Debian's runsc 20221219 cannot save a TCP endpoint
 // that an epoll set watches ("endpoint still has waiters upon save"), as
 // every socket of a Go, Node or Python asyncio program is, and the sentry
 // ends the sandbox after a failed save: a refusal leaves it running.
 // Whether an epoll set watches a socket cannot be told from outside, so
-// this refuses some sockets that would have saved (one a thread blocks
-// in accept on, like the agent's).
+// this refuses some sockets that would have saved (one a thread blocks in
+// accept on, like the agent's). The current runsc saves them: listeners
+// and connections open inside carry over (a connection to a peer outside
+// the sandbox is restored too, but the peer may have dropped it meanwhile).
 func (s *sandbox) checkSockets(ctx context.Context) error {
+	if !s.oldRunsc() {
+		return nil
+	}
 	var open []string
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		rc, err := s.ReadFile(ctx, f)
@@ -145,13 +151,25 @@ func (s *sandbox) checkSockets(ctx context.Context) error {
 		open = append(open, openTCP(string(b))...)
 	}
 	if len(open) > 0 {
-		// Debian's runsc 20221219 cannot save a TCP socket that epoll
-		// watches, and a checkpoint that fails ends the sandbox; not tried
-		// with a current runsc, so refused with either.
-		return fmt.Errorf("%w: %d TCP sockets are open inside (local address, state: %s); close them and pause again",
+		return fmt.Errorf("%w: %d TCP sockets are open inside (local address, state: %s), which the December 2022 gVisor this sandbox runs on cannot save; close them and try again",
 			runtime.ErrCannotPause, len(open), strings.Join(open, ", "))
 	}
 	return nil
+}
+
+// oldRunsc says the sandbox runs on a runsc as old as Debian 12's
+// (December 2022): the node's chosen runsc when it needs the statx shim
+// (only that one does), or a runsc other than the node's chosen one (a
+// sandbox made before the current gVisor was installed: Debian's).
+func (s *sandbox) oldRunsc() bool {
+	m := s.Meta()
+	if m.Runsc != "" && m.Runsc != s.r.runsc.Path {
+		return true
+	}
+	if m.Runsc == "" && s.r.legacyRunsc != s.r.runsc.Path {
+		return true
+	}
+	return s.r.runsc.StatxShim
 }
 
 // agentHome is the agent's listener for sandboxd.internal (127.0.0.1:80)
