@@ -372,6 +372,7 @@ func (r *Runtime) reattach(ctx context.Context) error {
 				r.Table().Put(m.CID, s)
 				return
 			}
+			s.thaw(ctx)
 			if err := s.attach(); err != nil {
 				r.log.Warn("re-attach sandbox", "id", m.ID, "err", err)
 				return

@@ -273,3 +273,34 @@ func mustSh(ctx context.Context, t *testing.T, sb runtime.Sandbox, script string
 	}
 	return out.String()
 }
+
+// TestReattachThawsFrozen: a container an earlier sandboxd left frozen
+// (it died between the runsc pause and resume of a Quiesce or a fork) runs
+// again once a new runtime re-attaches it.
+func TestReattachThawsFrozen(t *testing.T) {
+	state := t.TempDir()
+	r := newRuntime(t, state, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := r.Create(ctx, runtime.Spec{ID: "frozen", BaseDir: runtimetest.Rootfs(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	runsc := r.Runsc().Path
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(runsc, "--root", filepath.Join(state, "runsc"), "pause", sandboxCID(t, state, "frozen")).CombinedOutput(); err != nil {
+		t.Fatalf("runsc pause: %v: %s", err, out)
+	}
+	again := newRuntime(t, state, nil)
+	defer again.Close()
+	got, err := again.Get(ctx, "frozen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := mustSh(ctx, t, got, "echo thawed"); out != "thawed\n" {
+		t.Fatalf("exec after the re-attach: %q", out)
+	}
+}

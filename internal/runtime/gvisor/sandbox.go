@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -284,20 +285,17 @@ func (s *sandbox) State(ctx context.Context) (runtime.State, error) {
 		// runsc would say stopped: the container ended once saved.
 		return runtime.StatePaused, nil
 	}
-	out, err := s.r.runscRun(ctx, m, "state", m.CID)
+	status, err := s.runscStatus(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
-		return runtime.StateStopped, nil // runsc knows no such container
+		if errors.Is(err, errNoContainer) {
+			return runtime.StateStopped, nil
+		}
+		return "", err
 	}
-	var st struct {
-		Status string `json:"status"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
-		return "", fmt.Errorf("parse runsc state: %w", err)
-	}
-	switch st.Status {
+	switch status {
 	case "running", "paused", "created":
 		return runtime.StateRunning, nil
 	}
@@ -321,6 +319,42 @@ func (s *sandbox) Quiesce(ctx context.Context) (func(context.Context) error, err
 		}
 		return nil
 	}), nil
+}
+
+// errNoContainer: runsc has no record of the container (it ended).
+var errNoContainer = errors.New("runsc knows no such container")
+
+// runscStatus is the container's status as runsc reports it ("running",
+// "paused", "created", "stopped").
+func (s *sandbox) runscStatus(ctx context.Context) (string, error) {
+	m := s.Meta()
+	out, err := s.r.runscRun(ctx, m, "state", m.CID)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", errNoContainer, err)
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("parse runsc state: %w", err)
+	}
+	return st.Status, nil
+}
+
+// thaw resumes a container that an earlier process left paused by runsc
+// (it stopped between the pause and the resume of a Quiesce or a fork):
+// sandboxd keeps a container frozen only while it copies it, so one found
+// frozen would never run again otherwise.
+func (s *sandbox) thaw(ctx context.Context) {
+	if status, err := s.runscStatus(ctx); err != nil || status != "paused" {
+		return
+	}
+	m := s.Meta()
+	if _, err := s.r.runscRun(ctx, m, "resume", m.CID); err != nil {
+		s.r.log.Warn("resume a sandbox left frozen", "id", m.ID, "err", err)
+		return
+	}
+	s.r.log.Info("resumed a sandbox left frozen by an earlier process", "id", m.ID)
 }
 
 // Snapshot implements runtime.Sandbox.
