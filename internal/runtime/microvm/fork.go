@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
@@ -38,8 +37,14 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 		return nil, err
 	}
 	start := time.Now()
-	tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers, dir: p.Path("fork")}
-	defer os.RemoveAll(tp.dir)
+	tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers,
+		dir: p.Path("fork"), mem: p.Path("memory.state")}
+	defer func() {
+		_ = os.RemoveAll(tp.dir)
+		if !p.Meta().Paused {
+			_ = os.Remove(tp.mem) // the children are made: it is of no more use
+		}
+	}()
 	if err := p.saveForFork(ctx, tp); err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: %w", parentID, err)
 	}
@@ -55,9 +60,11 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 	return kids, nil
 }
 
-// saveForFork parks the running VM into tp's files and restores it; callers
-// hold opMu. When the restore fails the parent stays paused (its memory is
-// kept where Resume looks), so nothing of it is lost.
+// saveForFork parks the running VM (its memory where Resume looks for it,
+// tp's memory file) and copies its disk into tp, then restores it; callers
+// hold opMu. From the park until the restore its meta says paused, so a
+// restore that fails, or a crash of sandboxd meanwhile, leaves it paused
+// with its memory: nothing of it is lost.
 func (s *sandbox) saveForFork(ctx context.Context, tp *template) error {
 	if st, err := s.State(ctx); err != nil {
 		return err
@@ -73,35 +80,31 @@ func (s *sandbox) saveForFork(ctx context.Context, tp *template) error {
 		return s.unpark(ctx, err)
 	}
 	tp.Hello = h
-	copyErr := host.CopySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600)
-	// The parent runs again whatever the copy did, from its own copy of
-	// the saved memory (a hard link: the children read the same file).
-	mem := s.Path("memory.state")
-	_ = os.Remove(mem)
-	if err := os.Link(tp.state(), mem); err != nil {
-		return errors.Join(copyErr, s.pausedAfterFork(ctx, h, err))
+	if err := s.SetMeta(func(m *meta) { m.Paused, m.Hello = true, h }); err != nil {
+		return s.pausedAfterFork(err)
 	}
-	f, err := os.Open(mem)
+	copyErr := host.CopySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600)
+	// The parent runs again whatever the copy did.
+	f, err := os.Open(tp.state())
 	if err != nil {
-		return errors.Join(copyErr, s.pausedAfterFork(ctx, h, err))
+		return errors.Join(copyErr, s.pausedAfterFork(err))
 	}
 	defer f.Close()
 	if err := s.boot(ctx, &restoreFrom{state: f, hello: h}); err != nil {
-		return errors.Join(copyErr, s.pausedAfterFork(ctx, h, err))
+		return errors.Join(copyErr, s.pausedAfterFork(err))
 	}
-	_ = os.Remove(mem)
 	return copyErr
 }
 
 // pausedAfterFork leaves a parent whose restore failed (err) paused, as
 // Pause would have, and says so.
-func (s *sandbox) pausedAfterFork(ctx context.Context, h guest.Hello, err error) error {
+func (s *sandbox) pausedAfterFork(err error) error {
 	m := s.Meta()
 	_ = killWait(m.PID, m.PIDStart, 5*time.Second)
 	s.Detach()
 	_ = unmountAll(s.jail())
 	_ = newHostCgroup(m.CgroupPath).remove()
-	if merr := s.SetMeta(func(m *meta) { m.Paused, m.Hello = true, h }); merr != nil {
+	if merr := s.SetMeta(func(m *meta) { m.Paused = true }); merr != nil {
 		return errors.Join(err, merr)
 	}
 	return fmt.Errorf("the parent could not run again after its memory was saved, so it is paused with it: %w", err)

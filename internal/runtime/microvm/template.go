@@ -41,9 +41,17 @@ type template struct {
 	Layers  []string  `json:"layers,omitempty"`
 	Created time.Time `json:"created"`
 	dir     string
+	// mem, when set, is where the memory state is instead of dir (a
+	// fork's: its parent's, where Resume finds it).
+	mem string
 }
 
-func (t *template) state() string { return filepath.Join(t.dir, "memory.state") }
+func (t *template) state() string {
+	if t.mem != "" {
+		return t.mem
+	}
+	return filepath.Join(t.dir, "memory.state")
+}
 func (t *template) layer() string { return filepath.Join(t.dir, "layer.ext4") }
 
 // templates builds the template of Options.Template in the background and
