@@ -151,4 +151,39 @@ type Node struct {
 	Hostname    string    `json:"hostname"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// Address is where other nodes reach its cluster listener ("": a
+	// node that is not in a cluster).
+	Address string `json:"address,omitempty"`
+	// Status is NodeUp while it heartbeats, NodeDown once another node
+	// declared it dead (at DownAt).
+	Status string    `json:"status"`
+	DownAt time.Time `json:"down_at,omitzero"`
+	// Schedule is the operator's: "" (takes new sandboxes), NodeCordoned
+	// or NodeDraining (takes none).
+	Schedule string       `json:"schedule,omitempty"`
+	Capacity NodeCapacity `json:"capacity"`
+	Version  string       `json:"version,omitempty"`
+}
+
+// Node states.
+const (
+	NodeUp   = "up"
+	NodeDown = "down"
+	// NodeCordoned takes no new sandboxes and keeps those it has.
+	NodeCordoned = "cordoned"
+	// NodeDraining takes no new sandboxes and stops those it has.
+	NodeDraining = "draining"
+)
+
+// NodeCapacity is what a node offers new sandboxes.
+type NodeCapacity struct {
+	CPUs         int    `json:"cpus"`
+	MemoryBytes  int64  `json:"memory_bytes"`
+	DiskBytes    int64  `json:"disk_bytes"`    // free on its data dir when it started
+	MaxSandboxes int    `json:"max_sandboxes"` // 0: unlimited
+	Runtime      string `json:"runtime"`       // its backend: "gvisor", "microvm"
+	// What the backend can do.
+	Network        bool `json:"network"`
+	MemorySnapshot bool `json:"memory_snapshot"`
+	Fork           bool `json:"fork"`
 }
