@@ -97,6 +97,8 @@ type Config struct {
 type Client struct {
 	river    *river.Client[*sql.Tx]
 	listener *pgxpool.Pool
+	db       *sql.DB
+	dialect  string
 }
 
 // New migrates River's schema and returns a client. Call Start to work jobs.
@@ -168,7 +170,7 @@ func New(ctx context.Context, st *store.Store, cfg Config) (*Client, error) {
 		closeListener()
 		return nil, fmt.Errorf("create job client: %w", err)
 	}
-	return &Client{river: client, listener: listener}, nil
+	return &Client{river: client, listener: listener, db: st.DB(), dialect: st.Dialect()}, nil
 }
 
 // InsertTx enqueues args inside tx. With a node id the job runs on that
@@ -192,6 +194,21 @@ func (c *Client) Insert(ctx context.Context, args river.JobArgs, nodeID string) 
 	}
 	if _, err := c.river.Insert(ctx, args, opts); err != nil {
 		return fmt.Errorf("enqueue %s job: %w", args.Kind(), err)
+	}
+	return nil
+}
+
+// MoveQueue moves the jobs waiting on queue from (available, scheduled or
+// retryable: none that a worker holds) to queue to, where other nodes'
+// workers take them: the queue of a node declared down. River has no call
+// for it; its job table (river_job: queue, state) is its documented schema.
+func (c *Client) MoveQueue(ctx context.Context, from, to string) error {
+	q := "UPDATE river_job SET queue = ? WHERE queue = ? AND state IN ('available', 'scheduled', 'retryable')"
+	if c.dialect == store.DialectPostgres {
+		q = "UPDATE river_job SET queue = $1 WHERE queue = $2 AND state IN ('available', 'scheduled', 'retryable')"
+	}
+	if _, err := c.db.ExecContext(ctx, q, to, from); err != nil {
+		return fmt.Errorf("move the jobs of queue %s to %s: %w", from, to, err)
 	}
 	return nil
 }

@@ -541,6 +541,27 @@ func (r *Runner) Reconcile(ctx context.Context) error {
 	return nil
 }
 
+// CrashRunsOf finishes the executing runs of the sandboxes named in gone
+// as CRASHED with reason: their sandboxes were lost with their node, and
+// nobody follows their commands any more. Their queued runs are failed
+// by the workers that take their jobs.
+func (r *Runner) CrashRunsOf(ctx context.Context, gone map[string]bool, reason string) error {
+	if len(gone) == 0 {
+		return nil
+	}
+	runs, err := r.cfg.Store.ListRunsByStatus(ctx, store.RunExecuting)
+	if err != nil {
+		return fmt.Errorf("list executing runs: %w", err)
+	}
+	var errs []error
+	for _, run := range runs {
+		if gone[run.SandboxID] {
+			errs = append(errs, r.Finish(ctx, run, store.RunCrashed, nil, reason))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // resume follows the command of a run that was executing when the server
 // stopped: the agent kept it running and the tail of its output, so the
 // run gets the output it missed (what the log lacks is appended) and ends

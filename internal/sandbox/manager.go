@@ -89,6 +89,13 @@ type Config struct {
 	Runtime  runtime.Runtime
 	Jobs     *jobs.Client
 	NodeID   string
+	// Node is what this node registers for the others: where they reach
+	// it and what it offers (cluster.go).
+	Node NodeInfo
+	// DownAfter is how long a node's heartbeat may be silent before this
+	// node declares it down and fails what it hosted (0: never; a single
+	// node has nobody to watch).
+	DownAfter time.Duration
 	DataDir  string
 	BaseDir  string // read-only root filesystem of the base image
 	BaseID   string // its image id

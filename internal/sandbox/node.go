@@ -1,20 +1,15 @@
 package sandbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/google/renameio/v2"
 	"github.com/google/uuid"
-
-	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // NodeID returns this node's id, stable across restarts: it is kept in the
@@ -37,21 +32,4 @@ func NodeID(dataDir string) (string, error) {
 		return "", fmt.Errorf("write node id: %w", err)
 	}
 	return id, nil
-}
-
-// heartbeat records that this node is alive until ctx ends, so that other
-// nodes (and operators) can tell live nodes from dead ones.
-func heartbeat(ctx context.Context, st *store.Store, node store.Node, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			if err := st.HeartbeatNode(ctx, node.ID, now); err != nil && ctx.Err() == nil {
-				log.Warn("node heartbeat", "node_id", node.ID, "err", err)
-			}
-		}
-	}
 }

@@ -4,23 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Run registers the node and keeps the node's sandboxes to their deadlines
+// Run registers the node, keeps it alive for the others (and watches
+// theirs: cluster.go), and keeps the node's sandboxes to their deadlines
 // until ctx ends. Call Reconcile first.
 func (m *Manager) Run(ctx context.Context) error {
-	host, _ := os.Hostname()
-	now := m.now()
-	node := store.Node{ID: m.cfg.NodeID, Hostname: host, StartedAt: now, HeartbeatAt: now}
-	if err := m.st.UpsertNode(ctx, &node); err != nil {
-		return fmt.Errorf("register node: %w", err)
+	if err := m.register(ctx); err != nil {
+		return err
 	}
-	go heartbeat(ctx, m.st, node, 10*time.Second, m.log)
+	go m.heartbeat(ctx)
+	if m.cfg.DownAfter > 0 {
+		go m.watchNodes(ctx)
+	}
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -110,6 +110,16 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	m.destroyOrphans(ctx, live, keep)
+	// What the hooks made for sandboxes that are gone (a crash leaves
+	// namespaces, links and rules behind) goes too.
+	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
+	return m.runs.Reconcile(ctx)
+}
+
+// destroyOrphans destroys the runtime sandboxes of live that keep does not
+// name: no active row of this node stands for them.
+func (m *Manager) destroyOrphans(ctx context.Context, live []string, keep map[string]bool) {
 	for _, id := range live {
 		if keep[id] {
 			continue
@@ -128,10 +138,6 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		_ = m.ended(ctx, id)
 		m.log.Info("destroyed orphaned sandbox", "sandbox_id", id)
 	}
-	// What the hooks made for sandboxes that are gone (a crash leaves
-	// namespaces, links and rules behind) goes too.
-	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
-	return m.runs.Reconcile(ctx)
 }
 
 func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string) {
