@@ -85,10 +85,10 @@ type Persistence interface {
 
 // Config builds a Manager.
 type Config struct {
-	Store    *store.Store
-	Runtime  runtime.Runtime
-	Jobs     *jobs.Client
-	NodeID   string
+	Store   *store.Store
+	Runtime runtime.Runtime
+	Jobs    *jobs.Client
+	NodeID  string
 	// Node is what this node registers for the others: where they reach
 	// it and what it offers (cluster.go).
 	Node NodeInfo
@@ -96,12 +96,12 @@ type Config struct {
 	// node declares it down and fails what it hosted (0: never; a single
 	// node has nobody to watch).
 	DownAfter time.Duration
-	DataDir  string
-	BaseDir  string // read-only root filesystem of the base image
-	BaseID   string // its image id
-	Home     string // unix socket of this server, reachable as sandboxd.internal
-	Settings Settings
-	Persist  Persistence
+	DataDir   string
+	BaseDir   string // read-only root filesystem of the base image
+	BaseID    string // its image id
+	Home      string // unix socket of this server, reachable as sandboxd.internal
+	Settings  Settings
+	Persist   Persistence
 	// Hooks are the concerns plugged into every sandbox's life, in order
 	// (hooks.go): its key (NewKeyHook), its network (NewNetworkHook;
 	// without it every sandbox has loopback only), persistence's.
