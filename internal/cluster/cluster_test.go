@@ -1,0 +1,178 @@
+package cluster
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+var secret = Secret(strings.Repeat("s", 32))
+
+func TestSignVerify(t *testing.T) {
+	securitytest.Attack(t, "cluster", "a request to a node's cluster listener forged, altered, replayed late or signed with another secret",
+		"refused: the HMAC covers the method, URI, node, key id, placement and time; the time must be within 30 s")
+	now := time.Now()
+	signed := func() *http.Request {
+		r := httptest.NewRequest("POST", "/api/sandboxes/sbx_1/exec?x=1", nil)
+		secret.Sign(r, Forward{From: "n1", KeyID: "key_1"}, now)
+		return r
+	}
+	if f, err := secret.Verify(signed(), now.Add(time.Second)); err != nil || f != (Forward{From: "n1", KeyID: "key_1"}) {
+		t.Fatalf("a good signature: %+v %v", f, err)
+	}
+	if _, err := secret.Verify(httptest.NewRequest("GET", "/", nil), now); !errors.Is(err, ErrNotForwarded) {
+		t.Fatalf("no headers: %v", err)
+	}
+	for name, tamper := range map[string]func(r *http.Request){
+		"key id":      func(r *http.Request) { r.Header.Set(HeaderKeyID, "key_2") },
+		"node":        func(r *http.Request) { r.Header.Set(HeaderNode, "n2") },
+		"placed":      func(r *http.Request) { r.Header.Set(HeaderPlaced, "1") },
+		"path":        func(r *http.Request) { r.URL.Path = "/api/sandboxes/sbx_2/exec" },
+		"query":       func(r *http.Request) { r.URL.RawQuery = "x=2" },
+		"method":      func(r *http.Request) { r.Method = "GET" },
+		"time":        func(r *http.Request) { r.Header.Set(HeaderTime, fmt.Sprint(now.UnixMilli()+1)) },
+		"signature":   func(r *http.Request) { r.Header.Set(HeaderSignature, strings.Repeat("0", 64)) },
+		"twice":       func(r *http.Request) { r.Header.Add(HeaderKeyID, "key_1") },
+		"otherSecret": func(r *http.Request) { Secret(strings.Repeat("t", 32)).Sign(r, Forward{From: "n1", KeyID: "key_1"}, now) },
+	} {
+		r := signed()
+		tamper(r)
+		if _, err := secret.Verify(r, now); err == nil {
+			t.Errorf("%s changed: accepted", name)
+		}
+	}
+	if _, err := secret.Verify(signed(), now.Add(MaxSkew+time.Second)); err == nil {
+		t.Error("a replay after the skew was accepted")
+	}
+}
+
+func TestLoadSecret(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	os.WriteFile(short, []byte("too short\n"), 0o600)
+	if _, err := LoadSecret(short); err == nil {
+		t.Error("a short secret was accepted")
+	}
+	good := filepath.Join(dir, "good")
+	os.WriteFile(good, []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
+	if s, err := LoadSecret(good); err != nil || len(s) != 64 {
+		t.Errorf("good secret: %d bytes, %v", len(s), err)
+	}
+}
+
+// TestForward: the request reaches the other node signed, without the
+// caller's key, with its body, and streams back as it is written.
+func TestForward(t *testing.T) {
+	host := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := secret.Verify(r, time.Now())
+		if err != nil {
+			http.Error(w, err.Error(), 401)
+			return
+		}
+		if r.Header.Get("x-api-key") != "" || r.Header.Get("Authorization") != "" || strings.Contains(r.Header.Get("Sec-WebSocket-Protocol"), "sandboxd.key.") {
+			http.Error(w, "a key was forwarded", 400)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: %s %s %v %s\n\n", f.From, f.KeyID, f.Placed, body)
+		w.(http.Flusher).Flush()
+		time.Sleep(200 * time.Millisecond)
+		fmt.Fprint(w, "data: end\n\n")
+	}))
+	defer host.Close()
+	fw := NewForwarder(secret, "n1", slog.New(slog.DiscardHandler))
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fw.Forward(w, r, store.Node{ID: "n2", Address: strings.TrimPrefix(host.URL, "http://")}, "key_1", true)
+	}))
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/api/sandboxes/sbx_1/exec", strings.NewReader("hello"))
+	req.Header.Set("x-api-key", "secret-user-key")
+	req.Header.Set("Sec-WebSocket-Protocol", "sandboxd.key.secret-user-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	br := bufio.NewReader(resp.Body)
+	start := time.Now()
+	line, _ := br.ReadString('\n')
+	if line != "data: n1 key_1 true hello\n" {
+		t.Fatalf("first event %q", line)
+	}
+	if time.Since(start) > 150*time.Millisecond {
+		t.Error("the first event came only with the end of the stream: not flushed")
+	}
+
+	// A node that does not answer: 502 with a JSON error.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	addr := strings.TrimPrefix(dead.URL, "http://")
+	dead.Close()
+	rec := httptest.NewRecorder()
+	fw.Forward(rec, httptest.NewRequest("GET", "/api/sandboxes/sbx_1/ports", nil), store.Node{ID: "n3", Address: addr}, "key_1", false)
+	if rec.Code != 502 || !strings.Contains(rec.Body.String(), `"error"`) {
+		t.Fatalf("unreachable node: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestPlace(t *testing.T) {
+	now := time.Now()
+	node := func(id string, max int, mod func(*store.Node)) store.Node {
+		n := store.Node{ID: id, Address: id + ":7000", Status: store.NodeUp, HeartbeatAt: now,
+			Capacity: store.NodeCapacity{MaxSandboxes: max, Runtime: "gvisor", Network: true}}
+		if mod != nil {
+			mod(&n)
+		}
+		return n
+	}
+	nodes := []store.Node{
+		node("a", 100, nil), node("b", 100, nil), node("c", 100, nil),
+		node("down", 100, func(n *store.Node) { n.Status = store.NodeDown }),
+		node("cordoned", 100, func(n *store.Node) { n.Schedule = store.NodeCordoned }),
+		node("stale", 100, func(n *store.Node) { n.HeartbeatAt = now.Add(-time.Hour) }),
+		node("vm", 100, func(n *store.Node) { n.Capacity.Runtime, n.Capacity.Network = "microvm", false }),
+	}
+	p := Placer{Choices: 2, Stale: time.Minute, Rand: rand.New(rand.NewPCG(1, 2)), Now: func() time.Time { return now }}
+	loads := map[string]int{}
+	for range 300 {
+		n, err := p.Place(nodes, loads, Need{Runtime: "gvisor", Network: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		loads[n.ID]++
+	}
+	if loads["a"]+loads["b"]+loads["c"] != 300 || loads["a"] < 90 || loads["b"] < 90 || loads["c"] < 90 {
+		t.Fatalf("placement %v: not balanced over the healthy nodes, or placed on an unfit one", loads)
+	}
+	_, err := p.Place(nodes, loads, Need{Runtime: "gvisor", Fork: true})
+	var noRoom *NoRoomError
+	if !errors.As(err, &noRoom) {
+		t.Fatalf("no node forks: %v", err)
+	}
+	for _, want := range []string{"7 nodes", "1 down", "1 cordoned", "1 not heartbeating", "1 without the gvisor runtime", "3 unable to fork"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	full := map[string]int{"a": 100, "b": 100, "c": 100}
+	if _, err := p.Place(nodes, full, Need{Runtime: "gvisor"}); err == nil || !strings.Contains(err.Error(), "3 full") {
+		t.Errorf("all full: %v", err)
+	}
+}
