@@ -91,6 +91,7 @@ type serveOptions struct {
 	modelName    string
 	modelMaxBody int64
 	repoLimits   repoFlags
+	cluster      clusterOptions
 }
 
 // repoFlags are the bounds of the repositories (0 in a flag: unlimited).
@@ -179,6 +180,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.repoLimits.accountRepoMiB, "account-repo-mib", repo.DefaultQuotaBytes>>20, "disk space one account's git repository may take, in MiB: pushes past it are refused by a pre-receive hook, uploads with 429; 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushMiB, "max-push-mib", repo.DefaultMaxPushBytes>>20, "largest pack one git push may send, in MiB (receive.maxInputSize; never more than --account-repo-mib); 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushObjects, "max-push-objects", repo.DefaultMaxPushObjects, "most objects one git push may send; 0 unlimited")
+	o.cluster.register(f)
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9090", "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
 	return cmd
 }
@@ -310,9 +312,17 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return fmt.Errorf("--network-default %s: the %s runtime does not support sandbox networks yet; use --network-default none (or --runtime gvisor)", defaultPolicy.Mode, rt.Name())
 	}
 
+	if err := o.cluster.check(ctx, st, o.blobURL, nodeID); err != nil {
+		return err
+	}
+	clu, err := o.cluster.open(st, nodeID, nodeCapacity(rt, dataDir, o.nodeCapacity, netMgr != nil), defaultPolicy.Mode != netpol.ModeNone, log)
+	if err != nil {
+		return err
+	}
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
 		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
+		Node: clu.node, DownAfter: clu.downAfter,
 		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
@@ -378,6 +388,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Agents:       agentSvc,
 		Proxy:        netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
 		Files:        fileSvc,
+		Cluster:      apiCluster(clu),
 		Mount: map[string]http.Handler{
 			repo.GitPathPrefix + "*":    repos.GitHTTPHandler(authn),
 			modelproxy.PathPrefix + "*": models,
@@ -420,7 +431,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 
 	log.Info("sandboxd serving", "addr", ln.Addr().String(), "data_dir", dataDir, "database", st.Dialect(),
 		"runtime", rt.Name(), "image", baseID, "version", version)
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- httpSrv.Serve(ln) }()
 	go func() { errc <- httpSrv.Serve(homeLn) }()
 	metricsSrv, err := serveMetrics(o.metricsAddr, reg, log, errc)
@@ -428,6 +439,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		_ = httpSrv.Close()
 		return err
 	}
+	clusterSrv := clu.serve(srv.ClusterHandler(), log, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -438,6 +450,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	err = httpSrv.Shutdown(shutdownCtx)
 	if metricsSrv != nil {
 		err = errors.Join(err, metricsSrv.Shutdown(shutdownCtx))
+	}
+	if clusterSrv != nil {
+		err = errors.Join(err, clusterSrv.Shutdown(shutdownCtx))
 	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil

@@ -25,6 +25,15 @@ type object map[string]json.RawMessage
 // readObject decodes the request body as a JSON object. An empty body counts
 // as {}.
 func readObject(w http.ResponseWriter, r *http.Request) (object, error) {
+	data, err := readRaw(w, r)
+	if err != nil {
+		return nil, err
+	}
+	return decodeObject(data)
+}
+
+// readRaw reads the request's body, at most maxBodyBytes.
+func readRaw(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -33,7 +42,7 @@ func readObject(w http.ResponseWriter, r *http.Request) (object, error) {
 		}
 		return nil, errMalformed
 	}
-	return decodeObject(data)
+	return data, nil
 }
 
 func decodeObject(data []byte) (object, error) {

@@ -1,11 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"path"
@@ -119,12 +121,34 @@ func serviceError(err error, notFound string) error {
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
+	// In a cluster the body may have to go on to the node placement
+	// chooses: keep it (it is small: maxBodyBytes).
+	place := s.opts.Cluster != nil && !viaCluster(r)
+	var raw []byte
+	if place {
+		var err error
+		if raw, err = readRaw(w, r); err != nil {
+			return err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+	}
 	req, account, err := bindBody(s, w, r, parseCreateSandbox)
 	if err != nil {
 		return err
 	}
 	if s.opts.Sandboxes == nil {
 		return errNotAvailable
+	}
+	if place {
+		node, local, err := s.opts.Cluster.Place(r.Context(), req.Network)
+		if err != nil {
+			return serviceError(err, "")
+		}
+		if !local {
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(raw)), int64(len(raw))
+			s.opts.Cluster.Forward(w, r, node, principal(r).KeyID, true)
+			return nil
+		}
 	}
 	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req.Domain())
 	if err != nil {

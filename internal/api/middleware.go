@@ -21,6 +21,7 @@ type ctxKey int
 const (
 	requestIDKey ctxKey = iota
 	principalKey
+	viaClusterKey
 )
 
 func requestID(ctx context.Context) string {

@@ -10,12 +10,14 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -55,8 +57,32 @@ type Options struct {
 	Proxy http.Handler
 	// Mount adds handlers outside the JSON API (e.g. the git server).
 	Mount map[string]http.Handler
+	// Cluster routes requests between the nodes of a cluster; nil for a
+	// single node.
+	Cluster Cluster
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+}
+
+// Cluster is what the API needs of a cluster (package cluster, wired by
+// serve): requests for a sandbox another node hosts are served there, and
+// creates go where placement puts them.
+type Cluster interface {
+	// Forwarded authenticates a request that came in on the cluster
+	// listener: the id of the caller's key, and whether it is a create
+	// this node was chosen for. An unsigned or badly signed request is an
+	// error.
+	Forwarded(r *http.Request) (keyID string, placed bool, err error)
+	// HostOf returns the node a request for sandbox id is served on when
+	// that is another node that is up; ok is false to serve it here.
+	HostOf(ctx context.Context, sandboxID string) (node string, ok bool)
+	// Place chooses the node for a new sandbox with network (nil: the
+	// server's default); local when it is this one. It fails with
+	// errdefs.ErrQuota, saying why, when no node can take it.
+	Place(ctx context.Context, network *netpol.Policy) (node string, local bool, err error)
+	// Forward serves r on node for the caller whose key is keyID (placed:
+	// a create placed there).
+	Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool)
 }
 
 // Server is the HTTP API.
@@ -128,23 +154,69 @@ func (s *Server) serveRoute(h handler) http.HandlerFunc {
 // OpenAPI returns the generated OpenAPI 3.1 document.
 func (s *Server) OpenAPI() []byte { return s.openapi }
 
-// authenticated resolves the caller's key before the handler runs.
+// authenticated resolves the caller's key before the handler runs. In a
+// cluster, a request for a sandbox another node hosts is then forwarded
+// there; a request that came in on the cluster listener is authenticated
+// by its signature and served here.
 func (s *Server) authenticated(next http.HandlerFunc, rt route) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, err := requestKey(r, rt.websocket)
+		p, forwarded, err := s.caller(r, rt)
 		if err == nil {
-			var p auth.Principal
-			p, err = s.opts.Auth.Authenticate(r.Context(), key)
-			if err == nil {
-				err = checkScope(r, p, rt.acts)
-			}
-			if err == nil {
-				next(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
-				return
+			err = checkScope(r, p, rt.acts)
+		}
+		if err != nil {
+			writeError(w, r, s.log, authError(err))
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), principalKey, p))
+		if c := s.opts.Cluster; c != nil && !forwarded {
+			if id := chi.URLParam(r, "id"); id != "" && strings.HasPrefix(rt.path, "/api/sandboxes/{id}") {
+				if node, ok := c.HostOf(r.Context(), id); ok {
+					c.Forward(w, r, node, p.KeyID, false)
+					return
+				}
 			}
 		}
-		writeError(w, r, s.log, authError(err))
+		next(w, r)
 	}
+}
+
+// caller is the principal of a request: its key's, or, on the cluster
+// listener, the key another node named in a signed forward.
+func (s *Server) caller(r *http.Request, rt route) (p auth.Principal, forwarded bool, err error) {
+	if viaCluster(r) {
+		if s.opts.Cluster == nil {
+			return p, false, auth.ErrUnauthorized
+		}
+		keyID, _, err := s.opts.Cluster.Forwarded(r)
+		if err != nil {
+			s.log.WarnContext(r.Context(), "refused a request on the cluster listener", "err", err, "remote", r.RemoteAddr)
+			return p, false, auth.ErrUnauthorized
+		}
+		p, err = s.opts.Auth.AuthenticateKeyID(r.Context(), keyID)
+		return p, true, err
+	}
+	key, err := requestKey(r, rt.websocket)
+	if err != nil {
+		return p, false, err
+	}
+	p, err = s.opts.Auth.Authenticate(r.Context(), key)
+	return p, false, err
+}
+
+// ClusterHandler is the API as the cluster listener serves it: requests
+// there are forwarded by other nodes and authenticated by their signature
+// (Options.Cluster), never by a key.
+func (s *Server) ClusterHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), viaClusterKey, true)))
+	})
+}
+
+// viaCluster says r came in on the cluster listener.
+func viaCluster(r *http.Request) bool {
+	v, _ := r.Context().Value(viaClusterKey).(bool)
+	return v
 }
 
 // authError maps auth's errors to the contract's bodies.

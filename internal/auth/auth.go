@@ -119,6 +119,7 @@ type Principal struct {
 // Store is what auth needs from the database.
 type Store interface {
 	GetAPIKeyByHash(ctx context.Context, hashHex string) (store.APIKey, error)
+	GetAPIKey(ctx context.Context, id string) (store.APIKey, error)
 	GetAccount(ctx context.Context, id string) (store.Account, error)
 	IsOrgMember(ctx context.Context, orgID, accountID string) (bool, error)
 	SharesOrgWithAccess(ctx context.Context, a, b string) (bool, error)
@@ -161,6 +162,21 @@ func KeyFromHeaders(h http.Header) (string, error) {
 // Authenticate checks a plaintext key and returns its Principal.
 func (a *Authenticator) Authenticate(ctx context.Context, plaintext string) (Principal, error) {
 	key, err := a.store.GetAPIKeyByHash(ctx, HashKey(plaintext))
+	return a.principalOf(ctx, key, err)
+}
+
+// AuthenticateKeyID returns the Principal of the key whose id is keyID,
+// checked as Authenticate checks a key (revoked, expired, its account
+// gone): for a request another node of the cluster authenticated and
+// forwarded, naming the key by its id instead of carrying it.
+func (a *Authenticator) AuthenticateKeyID(ctx context.Context, keyID string) (Principal, error) {
+	key, err := a.store.GetAPIKey(ctx, keyID)
+	return a.principalOf(ctx, key, err)
+}
+
+// principalOf checks a key looked up (err: how the lookup failed) and
+// returns its Principal.
+func (a *Authenticator) principalOf(ctx context.Context, key store.APIKey, err error) (Principal, error) {
 	if errors.Is(err, store.ErrNotFound) {
 		return Principal{}, ErrUnauthorized
 	}

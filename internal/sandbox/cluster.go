@@ -76,10 +76,29 @@ func (m *Manager) heartbeat(ctx context.Context) {
 		if errors.Is(err, store.ErrNodeDown) {
 			err = m.rejoin(ctx)
 		}
+		if err == nil {
+			err = m.drainIfAsked(ctx)
+		}
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn("node heartbeat", "node_id", m.cfg.NodeID, "err", err)
 		}
 	}
+}
+
+// drainIfAsked stops this node's sandboxes when the operator drains it
+// (sandboxd admin node drain): it takes no new ones either (placement
+// skips it), so it empties.
+func (m *Manager) drainIfAsked(ctx context.Context) error {
+	n, err := m.st.GetNode(ctx, m.cfg.NodeID)
+	if err != nil || n.Schedule != store.NodeDraining {
+		return err
+	}
+	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, store.SandboxPending, store.SandboxRunning)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	m.log.Info("draining this node: stopping its sandboxes", "node_id", m.cfg.NodeID, "sandboxes", len(rows))
+	return m.StopAll(ctx, "its node was drained")
 }
 
 // rejoin gives up what this node hosted when it was declared down, and

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	goruntime "runtime"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/cluster"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// clusterOptions are serve's flags for running as one node of several.
+type clusterOptions struct {
+	listen     string // the cluster listener; set: cluster mode
+	address    string // as other nodes reach it (default: listen)
+	secretFile string
+	downAfter  time.Duration
+	choices    int
+}
+
+func (c *clusterOptions) register(f *pflag.FlagSet) {
+	f.StringVar(&c.listen, "cluster-listen", "", "address of this node's cluster listener, where other nodes forward requests for the sandboxes it hosts; setting it runs this node as one of a cluster (needs --database postgres://..., an S3 --blob-store and --cluster-secret-file; see docs/CLUSTER.md)")
+	f.StringVar(&c.address, "node-address", "", "host:port other nodes reach this node's cluster listener at (default: --cluster-listen, which must then name a host)")
+	f.StringVar(&c.secretFile, "cluster-secret-file", "", "file holding the cluster's shared secret (at least 32 bytes, the same on every node): forwarded requests are signed with it")
+	f.DurationVar(&c.downAfter, "node-down-after", 30*time.Second, "a node whose heartbeat is older is declared down: its sandboxes fail, and it destroys them if it comes back")
+	f.IntVar(&c.choices, "placement-choices", 2, "best-of-K placement: a new sandbox goes to the freest of K healthy nodes picked at random")
+}
+
+// enabled says serve runs as a node of a cluster.
+func (c *clusterOptions) enabled() bool { return c.listen != "" }
+
+// check refuses a cluster configuration that cannot work, and a second
+// node on one database without one: a single node's local repositories
+// and blobs cannot be shared.
+func (c *clusterOptions) check(ctx context.Context, st *store.Store, blobURL, nodeID string) error {
+	if !c.enabled() {
+		nodes, err := st.ListNodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.ID != nodeID && n.Status == store.NodeUp && time.Since(n.HeartbeatAt) < 30*time.Second {
+				return fmt.Errorf("node %s (%s) is serving from this database too: several nodes must run as a cluster (--cluster-listen, --cluster-secret-file, PostgreSQL and an S3 --blob-store; see docs/CLUSTER.md)", n.ID, n.Hostname)
+			}
+		}
+		return nil
+	}
+	var missing []string
+	if c.secretFile == "" {
+		missing = append(missing, "--cluster-secret-file")
+	}
+	if st.Dialect() != store.DialectPostgres {
+		missing = append(missing, "--database postgres://... (every node shares one database)")
+	}
+	if !strings.HasPrefix(blobURL, "s3://") {
+		missing = append(missing, "an S3 --blob-store (snapshots must be readable from every node; DATA_DIR/blobs is this node's alone)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("--cluster-listen needs %s", strings.Join(missing, ", "))
+	}
+	if c.address == "" {
+		host, _, err := net.SplitHostPort(c.listen)
+		if err != nil {
+			return fmt.Errorf("--cluster-listen %q: %w", c.listen, err)
+		}
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			return fmt.Errorf("--cluster-listen %s listens on every address: give --node-address, the host:port other nodes reach it at", c.listen)
+		}
+		c.address = c.listen
+	}
+	if c.downAfter < time.Second {
+		return fmt.Errorf("--node-down-after %v: at least 1s", c.downAfter)
+	}
+	return nil
+}
+
+// nodeCapacity is what this node offers new sandboxes.
+func nodeCapacity(rt runtime.Runtime, dataDir string, maxSandboxes int, network bool) store.NodeCapacity {
+	caps := rt.Capabilities()
+	_, forks := rt.(runtime.Forker)
+	c := store.NodeCapacity{
+		CPUs: goruntime.NumCPU(), MaxSandboxes: maxSandboxes, Runtime: rt.Name(),
+		Network: caps.Network && network, MemorySnapshot: caps.MemorySnapshot, Fork: forks,
+	}
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		c.MemoryBytes = int64(si.Totalram) * int64(si.Unit)
+	}
+	var fs unix.Statfs_t
+	if unix.Statfs(dataDir, &fs) == nil {
+		c.DiskBytes = int64(fs.Bavail) * fs.Bsize
+	}
+	return c
+}
+
+// clusterParts are what cluster mode adds to serve: the node's info for
+// the manager, the API's router, and the listener's server.
+type clusterParts struct {
+	node      sandbox.NodeInfo
+	downAfter time.Duration
+	router    *cluster.Router
+	ln        net.Listener
+}
+
+// open loads the secret, builds the router and listens; nothing when not
+// in cluster mode.
+func (c *clusterOptions) open(st *store.Store, nodeID string, capacity store.NodeCapacity, defaultNetwork bool, log *slog.Logger) (*clusterParts, error) {
+	p := &clusterParts{node: sandbox.NodeInfo{Capacity: capacity, Version: version}}
+	if !c.enabled() {
+		return p, nil
+	}
+	secret, err := cluster.LoadSecret(c.secretFile)
+	if err != nil {
+		return nil, err
+	}
+	p.node.Address, p.downAfter = c.address, c.downAfter
+	p.router = cluster.NewRouter(cluster.RouterConfig{
+		Store: st, NodeID: nodeID, Secret: secret, Choices: c.choices, DownAfter: c.downAfter,
+		DefaultNetwork: defaultNetwork, Logger: log.With("component", "cluster"),
+	})
+	if p.ln, err = net.Listen("tcp", c.listen); err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", c.listen, err)
+	}
+	return p, nil
+}
+
+// serve serves the cluster listener with h until shutdown; errors go to
+// errc. It returns the server to shut down (nil when not in cluster mode).
+func (p *clusterParts) serve(h http.Handler, log *slog.Logger, errc chan<- error) *http.Server {
+	if p.ln == nil {
+		return nil
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	go func() {
+		if err := srv.Serve(p.ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("cluster listener: %w", err)
+		}
+	}()
+	log.Info("cluster listener serving", "addr", p.ln.Addr().String(), "node_address", p.node.Address)
+	return srv
+}
+
+
+// apiCluster is the API's view of the cluster: nil (a single node) unless
+// in cluster mode. (A nil *cluster.Router in the interface would not be.)
+func apiCluster(p *clusterParts) api.Cluster {
+	if p.router == nil {
+		return nil
+	}
+	return p.router
+}

@@ -1,0 +1,342 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/blob/blobtest"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+// clusterNode is one node of a test cluster: a server and its flags.
+type clusterNode struct {
+	*server
+	flags []string
+}
+
+// startCluster starts n sandboxd nodes as separate processes on one
+// PostgreSQL database and one S3 store (versitygw), each with its own data
+// dir and cluster listener, sharing a cluster secret.
+func startCluster(t *testing.T, n int, extra ...string) ([]*clusterNode, *store.Store) {
+	t.Helper()
+	dsn := storetest.PostgresDSN(t)
+	s3 := blobtest.StartS3(t)
+	secret := filepath.Join(t.TempDir(), "cluster-secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []*clusterNode
+	for i := range n {
+		flags := append([]string{"--cluster-listen", freeAddr(t), "--cluster-secret-file", secret, "--blob-store", s3,
+			"--node-down-after", "3s", "--network-pool", fmt.Sprintf("10.%d.0.0/16", 200+i)}, extra...)
+		nodes = append(nodes, &clusterNode{server: startServer(t, dsn, flags...), flags: flags})
+	}
+	st, err := store.Open(context.Background(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return nodes, st
+}
+
+// nodeOf is the node id that hosts sandbox id.
+func nodeOf(t *testing.T, st *store.Store, id string) string {
+	t.Helper()
+	sb, err := st.GetSandbox(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb.NodeID
+}
+
+// nodeIDOf is the id of a node's server (its data dir's node-id file).
+func nodeIDOf(t *testing.T, s *server) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "node-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestCluster: three nodes as separate processes on one PostgreSQL and one
+// S3 store. Creates through one node are placed on all three; every call
+// for a sandbox works through a node that does not host it (forwarded,
+// streams included); a cordoned node takes no new sandboxes; a node
+// SIGKILLed in the middle of a run is declared down: its sandbox fails
+// with the reason, its run is CRASHED, its key stops working, the other
+// nodes keep serving, and the account's next sandbox starts on another
+// node from its snapshot; the killed node, restarted, destroys what it
+// hosted and is up again. A second node on the same database without
+// cluster flags is refused.
+func TestCluster(t *testing.T) {
+	nodes, st := startCluster(t, 3)
+	front := nodes[0]
+	ids := map[*server]string{}
+	for _, n := range nodes {
+		ids[n.server] = nodeIDOf(t, n.server)
+	}
+	var listed []struct {
+		ID       string `json:"id"`
+		Status   string `json:"status"`
+		Address  string `json:"address"`
+		Capacity struct {
+			Runtime      string `json:"runtime"`
+			MaxSandboxes int    `json:"max_sandboxes"`
+		} `json:"capacity"`
+	}
+	front.admin(&listed, "admin", "node", "ls", "--json")
+	if len(listed) != 3 {
+		t.Fatalf("admin node ls: %+v", listed)
+	}
+	for _, n := range listed {
+		if n.Status != "up" || n.Address == "" || n.Capacity.Runtime != "gvisor" {
+			t.Fatalf("node %+v", n)
+		}
+	}
+
+	a := front.createAccount("clustered", false)
+	k := front.createKey(a.ID)
+	// Placement spreads creates made through one node.
+	placed := map[string][]string{}
+	var sbs []string
+	for range 6 {
+		id := front.createSandbox(k, map[string]any{"timeout": 300000})["sandboxId"].(string)
+		sbs = append(sbs, id)
+		node := nodeOf(t, st, id)
+		placed[node] = append(placed[node], id)
+	}
+	if len(placed) < 2 {
+		t.Fatalf("6 creates through one node all went to %v", placed)
+	}
+	t.Logf("placement of 6: %d nodes used", len(placed))
+
+	// Every call for a sandbox through a node that does not host it.
+	var remote string
+	var via *clusterNode
+	for _, id := range sbs {
+		for _, n := range nodes {
+			if ids[n.server] != nodeOf(t, st, id) {
+				remote, via = id, n
+				break
+			}
+		}
+		if remote != "" {
+			break
+		}
+	}
+	path := "/api/sandboxes/" + remote
+	if out := shIn(t, via.server, k, remote, "echo hi > /workspace/x; cat /workspace/x"); out != "hi\n" {
+		t.Fatalf("exec through another node: %q", out)
+	}
+	// Server-sent events stream through the forward.
+	req, _ := http.NewRequest("POST", via.base+path+"/exec", strings.NewReader(`{"command":"sh","args":["-c","echo one; sleep 1; echo two"]}`))
+	req.Header.Set("x-api-key", k.Key)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	sc := bufio.NewScanner(resp.Body)
+	var firstAt time.Duration
+	var events []string
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "data:") {
+			if firstAt == 0 {
+				firstAt = time.Since(start)
+			}
+			events = append(events, line)
+		}
+	}
+	resp.Body.Close()
+	if len(events) < 3 || firstAt > 800*time.Millisecond {
+		t.Fatalf("SSE through another node: %v (first after %v)", events, firstAt)
+	}
+	for _, c := range []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"GET", path + "/ports", nil, 200},
+		{"GET", path + "/processes", nil, 200},
+		{"POST", path + "/timeout", map[string]any{"timeout": 600000}, 200},
+		{"POST", path + "/pause", map[string]any{}, 200},
+		{"POST", path + "/resume", map[string]any{}, 200},
+	} {
+		if r := via.as(k, c.method, c.path, c.body); r.Status != c.want {
+			t.Fatalf("%s %s through another node: %d %s", c.method, c.path, r.Status, r.Raw)
+		}
+	}
+	if out := shIn(t, via.server, k, remote, "cat /workspace/x"); out != "hi\n" {
+		t.Fatalf("after pause and resume through another node: %q", out)
+	}
+	// Another account's key through the other node: 404, as on the host.
+	other := front.createKey(front.createAccount("stranger", false).ID)
+	if r := via.as(other, "GET", path+"/ports", nil); r.Status != 404 {
+		t.Fatalf("another account through another node: %d %s", r.Status, r.Raw)
+	}
+	// The cluster listener takes no unsigned request, whatever key it has.
+	clusterAddr := via.flags[slices.Index(via.flags, "--cluster-listen")+1]
+	unsigned, _ := http.NewRequest("GET", "http://"+clusterAddr+path+"/ports", nil)
+	unsigned.Header.Set("x-api-key", k.Key)
+	if resp, err := http.DefaultClient.Do(unsigned); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("an unsigned request on the cluster listener: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	// Routing overhead: exec round trips on the host and through another.
+	host := nodes[slices.IndexFunc(nodes, func(n *clusterNode) bool { return ids[n.server] == nodeOf(t, st, remote) })]
+	direct, forwarded := execTimes(t, host.server, k, remote), execTimes(t, via.server, k, remote)
+	t.Logf("exec round trip p50: %v on the host node, %v through another (+%v)", direct, forwarded, forwarded-direct)
+	if r := via.as(k, "POST", path+"/stop", map[string]any{}); r.Status != 200 || r.Body["sandbox"].(map[string]any)["sandboxStatus"] != "stopped" {
+		t.Fatalf("stop through another node: %d %s", r.Status, r.Raw)
+	}
+
+	// Cordon a node: nothing new lands on it.
+	cordoned := ids[nodes[1].server]
+	front.admin(nil, "admin", "node", "cordon", cordoned)
+	for range 4 {
+		id := front.createSandbox(k, map[string]any{})["sandboxId"].(string)
+		if nodeOf(t, st, id) == cordoned {
+			t.Fatalf("sandbox %s placed on cordoned node %s", id, cordoned)
+		}
+		front.as(k, "POST", "/api/sandboxes/"+id+"/stop", map[string]any{})
+	}
+	front.admin(nil, "admin", "node", "uncordon", cordoned)
+
+	// A node killed in the middle of a run.
+	victim := nodes[2]
+	victimID := ids[victim.server]
+	var doomed string
+	for i := 0; doomed == ""; i++ {
+		if i == 12 {
+			t.Fatal("no sandbox landed on the victim node in 12 creates")
+		}
+		sb := front.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", "sleep 60"}})
+		if nodeOf(t, st, sb["sandboxId"].(string)) == victimID {
+			doomed = sb["sandboxId"].(string)
+			waitStatus(t, front.server, k, sb["runId"].(string), "EXECUTING")
+			defer func(runID string) {
+				r := front.as(k, "GET", "/api/tasks/runs?runId="+runID, nil)
+				if got := r.Body["runs"].([]any)[0].(map[string]any)["status"]; got != "CRASHED" {
+					t.Errorf("the run of the killed node's sandbox is %v, want CRASHED", got)
+				}
+			}(sb["runId"].(string))
+		} else {
+			front.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", map[string]any{})
+		}
+	}
+	doomedKey := key{Key: strings.TrimSpace(shIn(t, front.server, k, doomed, `echo "$RECOUP_API_KEY"`))}
+	killed := time.Now()
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.cmd.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sb, err := st.GetSandbox(context.Background(), doomed)
+		if err == nil && sb.Status == store.SandboxFailed {
+			t.Logf("failure detection: the killed node's sandbox failed %v after the kill (--node-down-after 3s): %s",
+				time.Since(killed).Round(100*time.Millisecond), sb.FailureReason)
+			if !strings.Contains(sb.FailureReason, "stopped answering") {
+				t.Errorf("reason %q", sb.FailureReason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed node's sandbox is still %s", sb.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if r := front.as(doomedKey, "GET", "/api/sandboxes", nil); r.Status != 401 {
+		t.Errorf("the lost sandbox's key: %d, want 401", r.Status)
+	}
+	// The others keep serving, and place nothing on the dead node.
+	for range 3 {
+		id := nodes[1].createSandbox(k, map[string]any{})["sandboxId"].(string)
+		if nodeOf(t, st, id) == victimID {
+			t.Fatalf("sandbox placed on the dead node")
+		}
+		if out := shIn(t, front.server, k, id, "echo alive"); out != "alive\n" {
+			t.Fatalf("exec after the kill: %q", out)
+		}
+		nodes[1].as(k, "POST", "/api/sandboxes/"+id+"/stop", map[string]any{})
+	}
+
+	// The killed node comes back: what it hosted is destroyed, it is up.
+	back := startServerIn(t, victim.dataDir, victim.dsn, victim.flags...)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		n, err := st.GetNode(context.Background(), victimID)
+		if err == nil && n.Status == store.NodeUp {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted node is not up: %+v %v", n, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sb, _ := st.GetSandbox(context.Background(), doomed); sb.Status != store.SandboxFailed {
+		t.Errorf("the lost sandbox was resurrected: %s", sb.Status)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(back.dataDir, "runtime", "gvisor", "ids")); len(entries) != 0 {
+		names := []string{}
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		sort.Strings(names)
+		t.Errorf("the restarted node still has sandboxes %v", names)
+	}
+
+	// A node without cluster flags on the same database is refused.
+	single := refusal(t, "serve", "--listen", freeAddr(t), "--metrics-addr", "", "--data-dir", t.TempDir(), "--database", front.dsn, "--rootfs", rootfs)
+	if !strings.Contains(single, "several nodes must run as a cluster") {
+		t.Errorf("a second node without cluster flags: %s", single)
+	}
+}
+
+// execTimes is the median of 20 exec round trips of `true` through s,
+// after 3 untimed ones (connections made, caches warm).
+func execTimes(t *testing.T, s *server, k key, id string) time.Duration {
+	t.Helper()
+	var ds []time.Duration
+	for i := range 23 {
+		start := time.Now()
+		r := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "true"})
+		if r.Status != 200 {
+			t.Fatalf("exec: %d %s", r.Status, r.Raw)
+		}
+		if i >= 3 {
+			ds = append(ds, time.Since(start))
+		}
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// refusal runs sandboxd with args, which must exit with an error within a
+// minute, and returns what it printed.
+func refusal(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := osexec.CommandContext(ctx, binary, args...).CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("sandboxd %s did not fail: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
