@@ -157,7 +157,6 @@ func (p *clusterParts) serve(h http.Handler, log *slog.Logger, errc chan<- error
 	return srv
 }
 
-
 // apiCluster is the API's view of the cluster: nil (a single node) unless
 // in cluster mode. (A nil *cluster.Router in the interface would not be.)
 func apiCluster(p *clusterParts) api.Cluster {

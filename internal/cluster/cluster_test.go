@@ -37,16 +37,18 @@ func TestSignVerify(t *testing.T) {
 		t.Fatalf("no headers: %v", err)
 	}
 	for name, tamper := range map[string]func(r *http.Request){
-		"key id":      func(r *http.Request) { r.Header.Set(HeaderKeyID, "key_2") },
-		"node":        func(r *http.Request) { r.Header.Set(HeaderNode, "n2") },
-		"placed":      func(r *http.Request) { r.Header.Set(HeaderPlaced, "1") },
-		"path":        func(r *http.Request) { r.URL.Path = "/api/sandboxes/sbx_2/exec" },
-		"query":       func(r *http.Request) { r.URL.RawQuery = "x=2" },
-		"method":      func(r *http.Request) { r.Method = "GET" },
-		"time":        func(r *http.Request) { r.Header.Set(HeaderTime, fmt.Sprint(now.UnixMilli()+1)) },
-		"signature":   func(r *http.Request) { r.Header.Set(HeaderSignature, strings.Repeat("0", 64)) },
-		"twice":       func(r *http.Request) { r.Header.Add(HeaderKeyID, "key_1") },
-		"otherSecret": func(r *http.Request) { Secret(strings.Repeat("t", 32)).Sign(r, Forward{From: "n1", KeyID: "key_1"}, now) },
+		"key id":    func(r *http.Request) { r.Header.Set(HeaderKeyID, "key_2") },
+		"node":      func(r *http.Request) { r.Header.Set(HeaderNode, "n2") },
+		"placed":    func(r *http.Request) { r.Header.Set(HeaderPlaced, "1") },
+		"path":      func(r *http.Request) { r.URL.Path = "/api/sandboxes/sbx_2/exec" },
+		"query":     func(r *http.Request) { r.URL.RawQuery = "x=2" },
+		"method":    func(r *http.Request) { r.Method = "GET" },
+		"time":      func(r *http.Request) { r.Header.Set(HeaderTime, fmt.Sprint(now.UnixMilli()+1)) },
+		"signature": func(r *http.Request) { r.Header.Set(HeaderSignature, strings.Repeat("0", 64)) },
+		"twice":     func(r *http.Request) { r.Header.Add(HeaderKeyID, "key_1") },
+		"otherSecret": func(r *http.Request) {
+			Secret(strings.Repeat("t", 32)).Sign(r, Forward{From: "n1", KeyID: "key_1"}, now)
+		},
 	} {
 		r := signed()
 		tamper(r)
