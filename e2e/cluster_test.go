@@ -340,3 +340,86 @@ func refusal(t *testing.T, args ...string) string {
 	}
 	return string(out)
 }
+
+// TestClusterLoad creates and runs 100 sandboxes through the three nodes of
+// a cluster in turn, 8 at a time, and reports how placement spread them and
+// what routing adds to a call: exec round trips of the same sandboxes on
+// their host node and through another, p50 and p99.
+func TestClusterLoad(t *testing.T) {
+	const total, parallel = 100, 8
+	nodes, st := startCluster(t, 3, "--max-sandboxes-per-account", "0")
+	front := nodes[0]
+	k := front.createKey(front.createAccount("load", false).ID)
+	type made struct{ id, runID string }
+	results := make(chan made, total)
+	errs := make(chan error, total)
+	slots := make(chan struct{}, parallel)
+	start := time.Now()
+	for i := range total {
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			via := nodes[i%len(nodes)]
+			r := via.as(k, "POST", "/api/sandboxes", map[string]any{"command": "true"})
+			if r.Status != 200 {
+				errs <- fmt.Errorf("create %d through node %d: %d %s", i, i%len(nodes), r.Status, r.Raw)
+				return
+			}
+			sb := r.Body["sandboxes"].([]any)[0].(map[string]any)
+			results <- made{sb["sandboxId"].(string), sb["runId"].(string)}
+		}()
+	}
+	var all []made
+	for range total {
+		select {
+		case m := <-results:
+			all = append(all, m)
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	createAll := time.Since(start)
+	byNode := map[string][]string{}
+	for _, m := range all {
+		front.waitRun(k, m.runID, 2*time.Minute)
+		node := nodeOf(t, st, m.id)
+		byNode[node] = append(byNode[node], m.id)
+	}
+	counts := []int{}
+	for _, ids := range byNode {
+		counts = append(counts, len(ids))
+	}
+	sort.Ints(counts)
+	t.Logf("%d sandboxes created through 3 nodes in %v, runs completed in %v; placed %v per node", total, createAll.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), counts)
+	if len(counts) != 3 || counts[0] < total/6 {
+		t.Errorf("placement is unbalanced: %v", counts)
+	}
+
+	// Routing overhead on 30 of them: the same exec on the host and
+	// through another node.
+	ids := map[string]*clusterNode{}
+	for _, n := range nodes {
+		ids[nodeIDOf(t, n.server)] = n
+	}
+	var added []time.Duration
+	for i, m := range all[:30] {
+		host := ids[nodeOf(t, st, m.id)]
+		other := nodes[(slices.Index(nodes, host)+1+i%2)%len(nodes)]
+		for range 3 {
+			t0 := time.Now()
+			host.as(k, "POST", "/api/sandboxes/"+m.id+"/exec", map[string]any{"command": "true"})
+			direct := time.Since(t0)
+			t0 = time.Now()
+			if r := other.as(k, "POST", "/api/sandboxes/"+m.id+"/exec", map[string]any{"command": "true"}); r.Status != 200 {
+				t.Fatalf("exec through another node: %d %s", r.Status, r.Raw)
+			}
+			added = append(added, time.Since(t0)-direct)
+		}
+	}
+	slices.Sort(added)
+	t.Logf("routing adds to an exec round trip: p50 %v, p99 %v (%d pairs)", added[len(added)/2].Round(10*time.Microsecond),
+		added[len(added)*99/100].Round(10*time.Microsecond), len(added))
+	for _, m := range all {
+		front.as(k, "POST", "/api/sandboxes/"+m.id+"/stop", map[string]any{})
+	}
+}
