@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/sandboxd/sandboxd/internal/blob/blobtest"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -166,6 +168,8 @@ func TestCluster(t *testing.T) {
 	if len(events) < 3 || firstAt > 800*time.Millisecond {
 		t.Fatalf("SSE through another node: %v (first after %v)", events, firstAt)
 	}
+	// A websocket exec, its key in a subprotocol as a browser sends it.
+	wsExecThrough(t, via.server, k, remote)
 	for _, c := range []struct {
 		method, path string
 		body         any
@@ -421,5 +425,45 @@ func TestClusterLoad(t *testing.T) {
 		added[len(added)*99/100].Round(10*time.Microsecond), len(added))
 	for _, m := range all {
 		front.as(k, "POST", "/api/sandboxes/"+m.id+"/stop", map[string]any{})
+	}
+}
+
+// wsExecThrough runs `echo ws` over the exec websocket of sandbox id through
+// s, with the key in the sandboxd.key subprotocol (as a browser must send
+// it), and checks that the handshake answers that subprotocol and the
+// command's output and exit come back.
+func wsExecThrough(t *testing.T, s *server, k key, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	proto := "sandboxd.key." + k.Key
+	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(s.base, "http")+"/api/sandboxes/"+id+"/exec",
+		&websocket.DialOptions{Subprotocols: []string{proto}})
+	if err != nil {
+		t.Fatalf("websocket exec through another node: %v (%v)", err, resp)
+	}
+	defer c.CloseNow()
+	if c.Subprotocol() != proto {
+		t.Fatalf("the handshake answered subprotocol %q", c.Subprotocol())
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"command":"sh","args":["-c","echo ws"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	for {
+		typ, msg, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("websocket read: %v (output so far %q)", err, out.String())
+		}
+		if typ == websocket.MessageBinary && len(msg) > 0 {
+			out.Write(msg[1:])
+			continue
+		}
+		if strings.Contains(string(msg), `"exit"`) {
+			break
+		}
+	}
+	if out.String() != "ws\n" {
+		t.Fatalf("websocket exec output %q", out.String())
 	}
 }
