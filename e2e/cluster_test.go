@@ -76,11 +76,12 @@ func nodeIDOf(t *testing.T, s *server) string {
 // TestCluster: three nodes as separate processes on one PostgreSQL and one
 // S3 store. Creates through one node are placed on all three; every call
 // for a sandbox works through a node that does not host it (forwarded,
-// streams included); a cordoned node takes no new sandboxes; a node
-// SIGKILLed in the middle of a run is declared down: its sandbox fails
-// with the reason, its run is CRASHED, its key stops working, the other
-// nodes keep serving, and the account's next sandbox starts on another
-// node from its snapshot; the killed node, restarted, destroys what it
+// streams and websockets included); a cordoned node takes no new
+// sandboxes, a drained one stops those it has; a node SIGKILLed in the
+// middle of a run is declared down: its sandbox fails with the reason, its
+// run is CRASHED, its key stops working, the other nodes keep serving, and
+// the account's next sandbox starts on another node from the snapshot a
+// run on the lost node left; the killed node, restarted, destroys what it
 // hosted and is up again. A second node on the same database without
 // cluster flags is refused.
 func TestCluster(t *testing.T) {
@@ -222,9 +223,42 @@ func TestCluster(t *testing.T) {
 	}
 	front.admin(nil, "admin", "node", "uncordon", cordoned)
 
-	// A node killed in the middle of a run.
+	// Drain a node: its sandboxes stop, nothing new lands on it.
+	drained := ids[nodes[1].server]
+	onDrained := ""
+	for i := 0; onDrained == ""; i++ {
+		if i == 12 {
+			t.Fatal("no sandbox landed on the node to drain in 12 creates")
+		}
+		id := front.createSandbox(k, map[string]any{})["sandboxId"].(string)
+		if nodeOf(t, st, id) == drained {
+			onDrained = id
+		} else {
+			front.as(k, "POST", "/api/sandboxes/"+id+"/stop", map[string]any{})
+		}
+	}
+	front.admin(nil, "admin", "node", "drain", drained)
+	waitSandbox(t, st, onDrained, store.SandboxStopped, 15*time.Second)
+	front.admin(nil, "admin", "node", "uncordon", drained)
+
+	// A node killed in the middle of a run, after a run of the account
+	// there left its snapshot.
 	victim := nodes[2]
 	victimID := ids[victim.server]
+	for i := 0; ; i++ {
+		if i == 12 {
+			t.Fatal("no sandbox landed on the victim node in 12 creates")
+		}
+		sb := front.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", "echo from-the-lost-node > /workspace/kept.txt"}})
+		onVictim := nodeOf(t, st, sb["sandboxId"].(string)) == victimID
+		if r := front.waitRun(k, sb["runId"].(string), time.Minute); r.Status != "COMPLETED" {
+			t.Fatalf("run: %+v", r)
+		}
+		front.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", map[string]any{})
+		if onVictim {
+			break
+		}
+	}
 	var doomed string
 	for i := 0; doomed == ""; i++ {
 		if i == 12 {
@@ -269,13 +303,14 @@ func TestCluster(t *testing.T) {
 	if r := front.as(doomedKey, "GET", "/api/sandboxes", nil); r.Status != 401 {
 		t.Errorf("the lost sandbox's key: %d, want 401", r.Status)
 	}
-	// The others keep serving, and place nothing on the dead node.
+	// The others keep serving, place nothing on the dead node, and the
+	// account's next sandboxes start from the snapshot its run there left.
 	for range 3 {
 		id := nodes[1].createSandbox(k, map[string]any{})["sandboxId"].(string)
 		if nodeOf(t, st, id) == victimID {
 			t.Fatalf("sandbox placed on the dead node")
 		}
-		if out := shIn(t, front.server, k, id, "echo alive"); out != "alive\n" {
+		if out := shIn(t, front.server, k, id, "echo alive; cat /workspace/kept.txt"); out != "alive\nfrom-the-lost-node\n" {
 			t.Fatalf("exec after the kill: %q", out)
 		}
 		nodes[1].as(k, "POST", "/api/sandboxes/"+id+"/stop", map[string]any{})
@@ -330,6 +365,22 @@ func execTimes(t *testing.T, s *server, k key, id string) time.Duration {
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2]
+}
+
+// waitSandbox waits until sandbox id's row has status.
+func waitSandbox(t *testing.T, st *store.Store, id, status string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		sb, err := st.GetSandbox(context.Background(), id)
+		if err == nil && sb.Status == status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s is %s, not %s, after %v (%v)", id, sb.Status, status, within, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // refusal runs sandboxd with args, which must exit with an error within a
