@@ -81,11 +81,11 @@ func TestForward(t *testing.T) {
 	host := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f, err := secret.Verify(r, time.Now())
 		if err != nil {
-			http.Error(w, err.Error(), 401)
+			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}
 		if r.Header.Get("x-api-key") != "" || r.Header.Get("Authorization") != "" || strings.Contains(r.Header.Get("Sec-WebSocket-Protocol"), "sandboxd.key.") {
-			http.Error(w, "a key was forwarded", 400)
+			http.Error(w, "a key was forwarded", http.StatusBadRequest)
 			return
 		}
 		body, _ := io.ReadAll(r.Body)
