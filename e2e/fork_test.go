@@ -20,24 +20,13 @@ import (
 // a stopped parent is 409, and children outlive their parent. On gVisor a
 // child of a sandbox with a network gets an address of its own.
 func TestFork(t *testing.T) {
-	for _, backend := range []struct {
-		name  string
-		flags []string
-	}{
-		{"gvisor", nil},
-		{"microvm", []string{"--runtime", "microvm"}},
-	} {
-		t.Run(backend.name, func(t *testing.T) {
-			if backend.name == "microvm" && !microVMReady(t) {
-				return
-			}
-			s := startServer(t, filepath.Join(t.TempDir(), "fork.db"), backend.flags...)
-			forkFlow(t, s)
-			if backend.name == "gvisor" {
-				forkNetwork(t, s)
-			}
-		})
-	}
+	onBothBackends(t, func(t *testing.T, backend string, flags []string) {
+		s := startServer(t, filepath.Join(t.TempDir(), "fork.db"), flags...)
+		forkFlow(t, s)
+		if backend == "gvisor" {
+			forkNetwork(t, s)
+		}
+	})
 }
 
 // shIn runs a shell script in sandbox id through the API and returns its

@@ -22,6 +22,16 @@ import (
 // SIGKILL and restart of sandboxd, a sandbox's own key may not pause it,
 // and stop ends a paused sandbox.
 func TestPauseResume(t *testing.T) {
+	onBothBackends(t, func(t *testing.T, backend string, flags []string) {
+		s := startServer(t, filepath.Join(t.TempDir(), "pause.db"), flags...)
+		pauseResumeFlow(t, s, flags)
+	})
+}
+
+// onBothBackends runs fn as the subtests "gvisor" and "microvm", with the
+// serve flags of each; the microVM one is skipped where this host cannot
+// run microVMs (see microVMReady).
+func onBothBackends(t *testing.T, fn func(t *testing.T, backend string, flags []string)) {
 	for _, backend := range []struct {
 		name  string
 		flags []string
@@ -33,9 +43,7 @@ func TestPauseResume(t *testing.T) {
 			if backend.name == "microvm" && !microVMReady(t) {
 				return
 			}
-			dsn := filepath.Join(t.TempDir(), "pause.db")
-			s := startServer(t, dsn, backend.flags...)
-			pauseResumeFlow(t, s, backend.flags)
+			fn(t, backend.name, backend.flags)
 		})
 	}
 }

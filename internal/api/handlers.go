@@ -580,16 +580,9 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
-	req, err := readBody(w, r, parseFork)
+	req, sb, err := bindSandbox(s, w, r, parseFork)
 	if err != nil {
 		return err
-	}
-	sb, err := s.sandboxFor(r, req.actingFor())
-	if err != nil {
-		return err
-	}
-	if s.opts.Sandboxes == nil {
-		return errNotAvailable
 	}
 	kids, err := s.opts.Sandboxes.Fork(r.Context(), sb, req.Count, time.Duration(req.Timeout)*time.Millisecond)
 	if err != nil {
@@ -609,19 +602,29 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
-// actOnSandbox is the shared shape of the routes that change one sandbox:
-// decode, validate, authorise, act, answer the sandbox.
-func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) error {
+// bindSandbox is the start of a route on one sandbox with a JSON body:
+// decode, validate, authorise (the sandbox the caller may act on).
+func bindSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (T, store.Sandbox, error) {
 	req, err := readBody(w, r, parse)
 	if err != nil {
-		return err
+		return req, store.Sandbox{}, err
 	}
 	sb, err := s.sandboxFor(r, req.actingFor())
 	if err != nil {
-		return err
+		return req, sb, err
 	}
 	if s.opts.Sandboxes == nil {
-		return errNotAvailable
+		return req, sb, errNotAvailable
+	}
+	return req, sb, nil
+}
+
+// actOnSandbox is the shared shape of the routes that change one sandbox:
+// decode, validate, authorise, act, answer the sandbox.
+func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) error {
+	req, sb, err := bindSandbox(s, w, r, parse)
+	if err != nil {
+		return err
 	}
 	sb, err = act(r.Context(), sb, req)
 	if err != nil {

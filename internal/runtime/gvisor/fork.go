@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
@@ -75,21 +74,10 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 // a copy of its writable layer into dir, and lets it run on; callers hold
 // opMu.
 func (s *sandbox) saveForFork(ctx context.Context, dir string) (err error) {
-	if st, err := s.State(ctx); err != nil {
+	if err := s.readyToSave(ctx); err != nil {
 		return err
-	} else if st != runtime.StateRunning {
-		return fmt.Errorf("%w (%s)", runtime.ErrNotRunning, st)
 	}
 	m := s.Meta()
-	if _, err := s.Call(ctx, "sync", func(c *guest.Client) error { return c.Sync(ctx) }); err != nil {
-		return err
-	}
-	if err := s.checkSockets(ctx); err != nil {
-		return err
-	}
-	if err := s.disconnect(ctx); err != nil {
-		return s.reattachAfter(err)
-	}
 	_ = os.RemoveAll(dir) // an earlier fork's that did not finish
 	if err := os.MkdirAll(filepath.Join(dir, checkpointDir), 0o700); err != nil {
 		return s.reattachAfter(err)

@@ -65,24 +65,10 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 // pause checkpoints the running container; callers hold opMu.
 func (s *sandbox) pause(ctx context.Context) error {
 	start := time.Now()
-	if st, err := s.State(ctx); err != nil {
+	if err := s.readyToSave(ctx); err != nil {
 		return err
-	} else if st != runtime.StateRunning {
-		return fmt.Errorf("%w (%s)", runtime.ErrNotRunning, st)
 	}
 	m := s.Meta()
-	// What the guest wrote is on the host's disk, not only in gVisor's
-	// page cache, which is saved with its memory: the writable layer is
-	// then whole on its own (Snapshot of a paused sandbox reads it).
-	if _, err := s.Call(ctx, "sync", func(c *guest.Client) error { return c.Sync(ctx) }); err != nil {
-		return err
-	}
-	if err := s.checkSockets(ctx); err != nil {
-		return err
-	}
-	if err := s.disconnect(ctx); err != nil {
-		return s.reattachAfter(err)
-	}
 	dir := s.Path(checkpointDir)
 	_ = os.RemoveAll(dir) // a failed earlier attempt's
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -114,6 +100,30 @@ func (s *sandbox) pause(ctx context.Context) error {
 		"image_bytes", dirSize(dir))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("after checkpoint: %w", err)
+	}
+	return nil
+}
+
+// readyToSave readies a running container to have its memory saved
+// (pause, fork): what the guest wrote goes to the host's disk, not only
+// into gVisor's page cache, which is saved with its memory (the writable
+// layer is then whole on its own: Snapshot of a paused sandbox reads it,
+// and a fork copies it); sockets the runsc cannot save are refused; the
+// agent's session ends (disconnect). On failure it is served again.
+func (s *sandbox) readyToSave(ctx context.Context) error {
+	if st, err := s.State(ctx); err != nil {
+		return err
+	} else if st != runtime.StateRunning {
+		return fmt.Errorf("%w (%s)", runtime.ErrNotRunning, st)
+	}
+	if _, err := s.Call(ctx, "sync", func(c *guest.Client) error { return c.Sync(ctx) }); err != nil {
+		return err
+	}
+	if err := s.checkSockets(ctx); err != nil {
+		return err
+	}
+	if err := s.disconnect(ctx); err != nil {
+		return s.reattachAfter(err)
 	}
 	return nil
 }

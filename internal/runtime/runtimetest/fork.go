@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -27,18 +25,8 @@ func (s *suite) testFork(t *testing.T) {
 	}
 	ctx := ctxT(t, 4*time.Minute)
 	parent := s.create(t, runtime.Spec{Env: []string{"WHO=parent"}})
-	sh(t, parent, `echo from-parent > /workspace/f
-(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &
-sleep 1`)
-	count := func(sb runtime.Sandbox) int {
-		t.Helper()
-		n, err := strconv.Atoi(strings.TrimSpace(sh(t, sb, "cat /tmp/count")))
-		if err != nil {
-			t.Fatalf("count in %s: %v", sb.ID(), err)
-		}
-		return n
-	}
-	before := count(parent)
+	sh(t, parent, "echo from-parent > /workspace/f\n"+countInMemory+"\nsleep 1")
+	before := count(t, parent)
 
 	if _, err := f.Fork(ctx, parent.ID(), []runtime.Spec{{ID: s.id(t), Network: &runtime.Network{Netns: "/nonexistent"}}}); err == nil {
 		t.Fatal("a child with a network of a parent without one was made")
@@ -72,12 +60,12 @@ sleep 1`)
 			t.Errorf("child %d: file and env %q", i, got)
 		}
 		// The counter goes on from the parent's, not from zero.
-		c := count(k)
+		c := count(t, k)
 		if c < before {
 			t.Errorf("child %d counts %d, the parent had %d before the fork: it did not start from the parent's memory", i, c, before)
 		}
 		time.Sleep(300 * time.Millisecond)
-		if later := count(k); later <= c {
+		if later := count(t, k); later <= c {
 			t.Errorf("child %d's counter stopped: %d then %d", i, c, later)
 		}
 		sh(t, k, fmt.Sprintf("echo child%d > /workspace/own", i))
@@ -85,7 +73,7 @@ sleep 1`)
 	if got := sh(t, parent, `echo "$WHO"; ls /workspace`); got != "parent\nf\n" {
 		t.Errorf("parent after the fork: %q (a child's file reached it?)", got)
 	}
-	if c := count(parent); c < before {
+	if c := count(t, parent); c < before {
 		t.Errorf("parent's counter went back: %d, had %d", c, before)
 	}
 	if got := sh(t, kids[1], "cat /workspace/own"); got != "child1\n" {

@@ -25,18 +25,8 @@ func (s *suite) testPauseResume(t *testing.T) {
 	sb := s.create(t, runtime.Spec{})
 	id := sb.ID()
 	// The count lives in the shell's memory; the file only shows it.
-	sh(t, sb, `echo kept > /workspace/f
-(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &
-sleep 1`)
-	count := func(sb runtime.Sandbox) int {
-		t.Helper()
-		n, err := strconv.Atoi(strings.TrimSpace(sh(t, sb, "cat /tmp/count")))
-		if err != nil {
-			t.Fatalf("count: %v", err)
-		}
-		return n
-	}
-	before := count(sb)
+	sh(t, sb, "echo kept > /workspace/f\n"+countInMemory+"\nsleep 1")
+	before := count(t, sb)
 	if err := p.Resume(ctx, id); err == nil {
 		t.Error("resume of a running sandbox succeeded")
 	}
@@ -73,12 +63,12 @@ sleep 1`)
 	if st, err := again.State(ctx); err != nil || st != runtime.StateRunning {
 		t.Fatalf("state after resume: %v %v", st, err)
 	}
-	after := count(again)
+	after := count(t, again)
 	if after < before || after > before+5 {
 		t.Fatalf("the counter was %d before the pause and %d after it: it did not continue where it was", before, after)
 	}
 	time.Sleep(time.Second)
-	if later := count(again); later <= after {
+	if later := count(t, again); later <= after {
 		t.Fatalf("the counter stopped after resume: %d then %d", after, later)
 	}
 	if got := sh(t, again, "cat /workspace/f"); got != "kept\n" {
@@ -104,4 +94,19 @@ sleep 1`)
 	if _, err := s.rt.Get(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("get after destroy: %v", err)
 	}
+}
+
+// countInMemory starts a shell that counts in its own memory ten
+// times a second and writes the count to /tmp/count: a process whose
+// state is in memory only, for tests of memory snapshots.
+const countInMemory = `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &`
+
+// count reads the count countInMemory writes in sb.
+func count(t *testing.T, sb runtime.Sandbox) int {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(sh(t, sb, "cat /tmp/count")))
+	if err != nil {
+		t.Fatalf("count in %s: %v", sb.ID(), err)
+	}
+	return n
 }
