@@ -269,28 +269,34 @@ func (c *Cache) get(ctx context.Context, key string, wait bool) (io.ReadCloser, 
 	}
 }
 
-// openLocked opens the cached copy e, or returns nil after removing it
-// when its file is missing or has the wrong size (damage found before any
-// byte is read costs the caller nothing: it is downloaded again).
+// openLocked opens the cached copy e, or returns nil when it cannot, so
+// that the blob is downloaded again. A copy whose file is gone or has the
+// wrong size is removed: damage found before any byte is read costs the
+// caller nothing. One that cannot be opened for another reason (say, out of
+// file descriptors) is left, and replaced if the download is kept.
 func (c *Cache) openLocked(e *cacheEntry) io.ReadCloser {
 	f, err := os.Open(c.path(e.key))
-	var size int64
-	if err == nil {
-		var fi os.FileInfo
-		if fi, err = f.Stat(); err == nil {
-			size = fi.Size()
-		}
-	}
-	if err == nil && size != e.size {
-		err = fmt.Errorf("%w: %s: %d bytes, want %d", ErrCorrupt, e.key, size, e.size)
-	}
 	if err != nil {
-		if f != nil {
-			f.Close()
+		if errors.Is(err, fs.ErrNotExist) {
+			c.log.Warn("blob cache: a cached blob's file is gone", "key", e.key)
+			c.removeLocked(e)
+			c.stats.Damaged++
+		} else {
+			c.log.Warn("blob cache: open cached blob", "key", e.key, "err", err)
 		}
-		c.log.Warn("blob cache: dropping an unreadable cached blob", "key", e.key, "err", err)
+		return nil
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() != e.size {
+		c.log.Warn("blob cache: dropping a damaged cached blob", "key", e.key, "bytes", fi.Size(), "want_bytes", e.size)
 		c.removeLocked(e)
 		c.stats.Damaged++
+		f.Close()
+		return nil
+	}
+	if err != nil {
+		c.log.Warn("blob cache: open cached blob", "key", e.key, "err", err)
+		f.Close()
 		return nil
 	}
 	return &hitReader{c: c, e: e, r: newVerifyingReader(f, e.key, e.size)}

@@ -231,6 +231,26 @@ func TestCacheDamagedCopy(t *testing.T) {
 	}
 }
 
+// A cached copy whose file someone removed is downloaded again.
+func TestCacheFileGone(t *testing.T) {
+	c, backing := newTestCache(t, 1<<20)
+	contents, keys := putBlobs(t, c, 1, 1000)
+	mustGet(t, c, keys[0], contents[0])
+	if err := os.Remove(c.path(keys[0])); err != nil {
+		t.Fatal(err)
+	}
+	mustGet(t, c, keys[0], contents[0])
+	if n := backing.gets.Load(); n != 2 {
+		t.Fatalf("backing store read %d times, want twice", n)
+	}
+	if !isCached(t, c, keys[0]) {
+		t.Fatal("the blob downloaded again was not kept")
+	}
+	if st := c.Stats(); st.Blobs != 1 || st.Bytes != int64(len(contents[0])) {
+		t.Fatalf("Stats = %+v, want the one blob counted once", st)
+	}
+}
+
 // A reader that stops before the end leaves no file behind and no room
 // held.
 func TestCacheAbortedReadLeavesNothing(t *testing.T) {
