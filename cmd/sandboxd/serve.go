@@ -72,6 +72,7 @@ type serveOptions struct {
 	publicURL    string
 	allowPrivate bool
 	blobURL      string
+	blobCacheMiB int64
 	setup        bool
 	network      netpol.Policy
 	netPool      netip.Prefix
@@ -152,6 +153,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.publicURL, "public-url", "", "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
 	f.StringVar(&o.blobURL, "blob-store", "", "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
+	f.Int64Var(&o.blobCacheMiB, "blob-cache-mib", 4096, "MiB of snapshot layers read from an S3 --blob-store that are kept in DATA_DIR/cache/blobs, least recently used evicted first; 0 disables (env SANDBOXD_BLOB_CACHE_MIB)")
 	f.Var(newPolicyValue(&o.network, netpol.ModeNone), "network-default", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
 	f.Var(newPrefixValue(&o.netPool, netpol.DefaultPool), "network-pool", "IPv4 range sandbox addresses come from (a /30 each)")
 	f.Var(newAddrListValue(&o.netDNS), "network-dns", "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
@@ -273,6 +275,12 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	blobs, err := blob.Open(ctx, o.blobURL, dataDir)
 	if err != nil {
 		return fmt.Errorf("open blob store: %w", err)
+	}
+	// A local store is local already: only a shared remote one is cached.
+	if s3, ok := blobs.(*blob.S3); ok && o.blobCacheMiB != 0 {
+		if blobs, err = blob.NewCache(s3, filepath.Join(dataDir, "cache", "blobs"), o.blobCacheMiB<<20, log.With("component", "blobcache")); err != nil {
+			return err // says "open blob cache DIR" already
+		}
 	}
 	// The store's credentials (from its URL or the environment) are held
 	// by blobs now: no child process needs them.

@@ -53,4 +53,10 @@
 // invisible in S3, so a crash leaves no partial object; configure the
 // bucket's lifecycle to abort incomplete uploads after a day to reclaim their
 // space.
+//
+// Cache wraps a store that several nodes share (S3) with a bounded
+// read-through cache in a local directory: a blob read once is read from
+// local disk afterwards, until it is the least recently used when room is
+// needed. Only a blob read to its verified end is kept, and concurrent reads
+// of a blob not yet cached download it once. Writes go to the backing store.
 package blob
