@@ -335,7 +335,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
-			DiskReserveBytes: o.diskReserve << 20,
+			DiskReserveBytes: o.diskReserve<<20 + blobCacheBytes(blobs),
 			WarmSandboxes:    warmSandboxes(o),
 			SetupOnFirstUse:  o.setup,
 			Model:            runs.ModelProvider{BaseURL: o.modelURL, Model: o.modelName},
@@ -478,6 +478,15 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	err = errors.Join(err, jc.Stop(shutdownCtx))
 	stopRun()
 	return err
+}
+
+// blobCacheBytes is what the layer cache may take of the data dir's disk
+// (0 without one): the disk admission must not promise it to sandboxes.
+func blobCacheBytes(b blob.Store) int64 {
+	if c, ok := b.(*blob.Cache); ok {
+		return c.MaxBytes()
+	}
+	return 0
 }
 
 // agentCommands says which agent CLIs the base image has.

@@ -186,6 +186,9 @@ func (c *Cache) load() error {
 // Dir returns the cache directory.
 func (c *Cache) Dir() string { return c.dir }
 
+// MaxBytes is the most the cache directory holds.
+func (c *Cache) MaxBytes() int64 { return c.max }
+
 func (c *Cache) tmpDir() string { return filepath.Join(c.dir, "tmp") }
 
 // path returns the file of a valid key.
