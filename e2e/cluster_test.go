@@ -225,17 +225,11 @@ func TestCluster(t *testing.T) {
 
 	// Drain a node: its sandboxes stop, nothing new lands on it.
 	drained := ids[nodes[1].server]
-	onDrained := ""
-	for i := 0; onDrained == ""; i++ {
-		if i == 12 {
-			t.Fatal("no sandbox landed on the node to drain in 12 creates")
-		}
-		id := front.createSandbox(k, map[string]any{})["sandboxId"].(string)
-		if nodeOf(t, st, id) == drained {
-			onDrained = id
-		} else {
-			front.as(k, "POST", "/api/sandboxes/"+id+"/stop", map[string]any{})
-		}
+	onDrained := onlyOn(t, front, ids, drained, func() string {
+		return front.createSandbox(k, map[string]any{})["sandboxId"].(string)
+	})
+	if nodeOf(t, st, onDrained) != drained {
+		t.Fatalf("sandbox %s is not on the node that was the only one open", onDrained)
 	}
 	front.admin(nil, "admin", "node", "drain", drained)
 	waitSandbox(t, st, onDrained, store.SandboxStopped, 15*time.Second)
@@ -245,39 +239,30 @@ func TestCluster(t *testing.T) {
 	// there left its snapshot.
 	victim := nodes[2]
 	victimID := ids[victim.server]
-	for i := 0; ; i++ {
-		if i == 12 {
-			t.Fatal("no sandbox landed on the victim node in 12 creates")
-		}
+	onlyOn(t, front, ids, victimID, func() string {
 		sb := front.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", "echo from-the-lost-node > /workspace/kept.txt"}})
-		onVictim := nodeOf(t, st, sb["sandboxId"].(string)) == victimID
 		if r := front.waitRun(k, sb["runId"].(string), time.Minute); r.Status != "COMPLETED" {
 			t.Fatalf("run: %+v", r)
 		}
 		front.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", map[string]any{})
-		if onVictim {
-			break
-		}
-	}
-	var doomed string
-	for i := 0; doomed == ""; i++ {
-		if i == 12 {
-			t.Fatal("no sandbox landed on the victim node in 12 creates")
-		}
+		return ""
+	})
+	var doomedRun string
+	doomed := onlyOn(t, front, ids, victimID, func() string {
 		sb := front.createSandbox(k, map[string]any{"command": "sh", "args": []string{"-c", "sleep 60"}})
-		if nodeOf(t, st, sb["sandboxId"].(string)) == victimID {
-			doomed = sb["sandboxId"].(string)
-			waitStatus(t, front.server, k, sb["runId"].(string), "EXECUTING")
-			defer func(runID string) {
-				r := front.as(k, "GET", "/api/tasks/runs?runId="+runID, nil)
-				if got := r.Body["runs"].([]any)[0].(map[string]any)["status"]; got != "CRASHED" {
-					t.Errorf("the run of the killed node's sandbox is %v, want CRASHED", got)
-				}
-			}(sb["runId"].(string))
-		} else {
-			front.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", map[string]any{})
-		}
+		doomedRun = sb["runId"].(string)
+		return sb["sandboxId"].(string)
+	})
+	if nodeOf(t, st, doomed) != victimID {
+		t.Fatalf("sandbox %s is not on the victim node", doomed)
 	}
+	waitStatus(t, front.server, k, doomedRun, "EXECUTING")
+	defer func() {
+		r := front.as(k, "GET", "/api/tasks/runs?runId="+doomedRun, nil)
+		if got := r.Body["runs"].([]any)[0].(map[string]any)["status"]; got != "CRASHED" {
+			t.Errorf("the run of the killed node's sandbox is %v, want CRASHED", got)
+		}
+	}()
 	doomedKey := key{Key: strings.TrimSpace(shIn(t, front.server, k, doomed, `echo "$RECOUP_API_KEY"`))}
 	killed := time.Now()
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -365,6 +350,25 @@ func execTimes(t *testing.T, s *server, k key, id string) time.Duration {
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2]
+}
+
+// onlyOn runs create while node is the only one placement may choose (the
+// others cordoned) and returns what it returns.
+func onlyOn(t *testing.T, admin *clusterNode, ids map[*server]string, node string, create func() string) string {
+	t.Helper()
+	for _, id := range ids {
+		if id != node {
+			admin.admin(nil, "admin", "node", "cordon", id)
+		}
+	}
+	defer func() {
+		for _, id := range ids {
+			if id != node {
+				admin.admin(nil, "admin", "node", "uncordon", id)
+			}
+		}
+	}()
+	return create()
 }
 
 // waitSandbox waits until sandbox id's row has status.
