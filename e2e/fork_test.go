@@ -52,7 +52,7 @@ func forkFlow(t *testing.T, s *server) {
 		}
 		return n
 	}
-	shIn(t, s, k, id, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &
+	shIn(t, s, k, id, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &
 echo from-parent > /workspace/forked.txt; sleep 1`)
 	before := count(id)
 	path := "/api/sandboxes/" + id + "/fork"

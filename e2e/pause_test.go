@@ -90,7 +90,7 @@ func pauseResumeFlow(t *testing.T, s *server, flags []string) {
 		return sbs[0].(map[string]any)
 	}
 
-	sh(s, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &
+	sh(s, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &
 echo kept > /tmp/file; sleep 1`)
 	before := count(s)
 

@@ -98,8 +98,9 @@ func (s *suite) testPauseResume(t *testing.T) {
 
 // countInMemory starts a shell that counts in its own memory ten
 // times a second and writes the count to /tmp/count: a process whose
-// state is in memory only, for tests of memory snapshots.
-const countInMemory = `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &`
+// state is in memory only, for tests of memory snapshots. The file is
+// replaced by a rename, so that a reader never finds it empty.
+const countInMemory = `(i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done) >/dev/null 2>&1 &`
 
 // count reads the count countInMemory writes in sb.
 func count(t *testing.T, sb runtime.Sandbox) int {
