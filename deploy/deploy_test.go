@@ -384,18 +384,6 @@ func serveHelp(t *testing.T, root string) string {
 	return ""
 }
 
-// expectedSoon reports whether flag is one of the cluster flags of issue 17,
-// being added to serve while these files are written. Their absence from
-// serve's help is logged, not failed. Delete this exemption once they
-// have landed.
-func expectedSoon(flag string) bool {
-	switch flag {
-	case "node-address", "cluster-listen", "cluster-secret-file", "node-down-after", "placement-choices":
-		return true
-	}
-	return false
-}
-
 // flagChecker says whether the flags and variables of the deployment files
 // are ones serve has.
 type flagChecker struct {
@@ -431,8 +419,6 @@ func (c *flagChecker) flag(where, arg string) {
 	name, _, _ = strings.Cut(name, "=")
 	switch {
 	case c.flags[name]:
-	case expectedSoon(name):
-		c.t.Logf("%s: --%s is not in serve's help yet (issue 17)", where, name)
 	default:
 		c.t.Errorf("%s: serve has no flag --%s", where, name)
 	}
@@ -456,8 +442,6 @@ func (c *flagChecker) env(where, name string) {
 	switch {
 	case c.flags[flag]:
 	case c.inSource(name):
-	case expectedSoon(flag):
-		c.t.Logf("%s: %s (--%s) is not in serve's help yet (issue 17)", where, name, flag)
 	default:
 		c.t.Errorf("%s: %s is neither a serve flag's variable nor read by sandboxd", where, name)
 	}

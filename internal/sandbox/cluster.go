@@ -58,7 +58,33 @@ func (m *Manager) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("register node: %w", err)
 	}
+	m.heartbeatDone(true)
 	return nil
+}
+
+// heartbeatDone records whether this node's heartbeat reached the
+// database: since when its own heartbeats have gone through without a
+// break.
+func (m *Manager) heartbeatDone(ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case !ok:
+		m.beatingSince = time.Time{}
+	case m.beatingSince.IsZero():
+		m.beatingSince = m.now()
+	}
+}
+
+// mayJudgeNodes says whether this node may declare others down now: only
+// once its own heartbeats have gone through for DownAfter. After an outage
+// of the database (a failover) every node's heartbeat is old; a node that
+// judged the others at once would declare down nodes that had no chance
+// to write theirs since.
+func (m *Manager) mayJudgeNodes() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.beatingSince.IsZero() && m.now().Sub(m.beatingSince) >= m.cfg.DownAfter
 }
 
 // heartbeat records that this node is alive until ctx ends; when another
@@ -76,6 +102,7 @@ func (m *Manager) heartbeat(ctx context.Context) {
 		if errors.Is(err, store.ErrNodeDown) {
 			err = m.rejoin(ctx)
 		}
+		m.heartbeatDone(err == nil)
 		if err == nil {
 			err = m.drainIfAsked(ctx)
 		}
@@ -137,6 +164,9 @@ func (m *Manager) watchNodes(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if !m.mayJudgeNodes() {
+			continue
 		}
 		now := m.now()
 		down, err := m.st.MarkNodesDown(ctx, now.Add(-m.cfg.DownAfter), now)

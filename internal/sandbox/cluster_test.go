@@ -117,3 +117,33 @@ func TestNodeDown(t *testing.T) {
 		t.Errorf("the lost sandbox was resurrected: %s", sb.Status)
 	}
 }
+
+// TestJudgeAfterOutage: a node judges the others only once its own
+// heartbeats have gone through for DownAfter: after the database comes
+// back from an outage, everyone's heartbeat is old, and nobody may be
+// declared down before they could write one.
+func TestJudgeAfterOutage(t *testing.T) {
+	p := newPlane(t, Settings{})
+	now := time.Now()
+	p.m.now = func() time.Time { return now }
+	p.m.cfg.DownAfter = 30 * time.Second
+	if p.m.mayJudgeNodes() {
+		t.Fatal("judges before its first heartbeat")
+	}
+	p.m.heartbeatDone(true)
+	now = now.Add(31 * time.Second)
+	p.m.heartbeatDone(true)
+	if !p.m.mayJudgeNodes() {
+		t.Fatal("does not judge after beating for DownAfter")
+	}
+	p.m.heartbeatDone(false) // the database went away
+	now = now.Add(time.Minute)
+	p.m.heartbeatDone(true) // and came back
+	if p.m.mayJudgeNodes() {
+		t.Fatal("judges the others right after an outage")
+	}
+	now = now.Add(31 * time.Second)
+	if !p.m.mayJudgeNodes() {
+		t.Fatal("does not judge DownAfter after the outage")
+	}
+}

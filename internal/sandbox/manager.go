@@ -122,9 +122,12 @@ type Manager struct {
 	log *slog.Logger
 	now func() time.Time
 
-	// stopping dedups concurrent stops of one sandbox on this node.
-	mu       sync.Mutex
-	stopping map[string]chan struct{}
+	// stopping dedups concurrent stops of one sandbox on this node;
+	// beatingSince is since when this node's heartbeats have gone through
+	// (cluster.go). Both under mu.
+	mu           sync.Mutex
+	stopping     map[string]chan struct{}
+	beatingSince time.Time
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
 	// hooks are Config.Hooks; net is the network hook's manager among
