@@ -15,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/cluster"
+	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -164,4 +166,13 @@ func apiCluster(p *clusterParts) api.Cluster {
 		return nil
 	}
 	return p.router
+}
+
+// sharedRepos is how the repositories are shared with the other nodes:
+// not at all (nil) outside cluster mode.
+func sharedRepos(o *serveOptions, st *store.Store, blobs blob.Store, nodeID string) repo.Shared {
+	if !o.cluster.enabled() {
+		return nil
+	}
+	return cluster.NewRepos(st, blobs, nodeID)
 }

@@ -251,27 +251,6 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if o.publicURL == "" {
 		o.publicURL = "http://" + o.listen
 	}
-	repos, err := repo.New(repo.Options{
-		Root:      filepath.Join(dataDir, "repos"),
-		LocalURLs: []string{o.publicURL, "http://sandboxd.internal"},
-		Access:    files.SubmoduleAccess{Auth: authn, Accounts: st},
-		Limits:    o.repoLimits.limits(),
-		Logger:    log.With("component", "repo"),
-	})
-	if err != nil {
-		return fmt.Errorf("open repositories: %w", err)
-	}
-	fileSvc, err := files.New(files.Options{
-		Repos:     repos,
-		Fetcher:   fetch.New(fetch.Options{AllowPrivate: o.allowPrivate, Logger: log.With("component", "fetch")}),
-		PublicURL: o.publicURL,
-		TempDir:   filepath.Join(dataDir, "tmp"),
-		Logger:    log.With("component", "files"),
-	})
-	if err != nil {
-		return fmt.Errorf("start file service: %w", err)
-	}
-
 	blobs, err := blob.Open(ctx, o.blobURL, dataDir)
 	if err != nil {
 		return fmt.Errorf("open blob store: %w", err)
@@ -287,6 +266,30 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	for _, k := range []string{blob.EnvS3AccessKey, blob.EnvS3SecretKey, "SANDBOXD_BLOB_STORE"} {
 		_ = os.Unsetenv(k)
 	}
+	repos, err := repo.New(repo.Options{
+		Root:      filepath.Join(dataDir, "repos"),
+		LocalURLs: []string{o.publicURL, "http://sandboxd.internal"},
+		Access:    files.SubmoduleAccess{Auth: authn, Accounts: st},
+		Limits:    o.repoLimits.limits(),
+		// In a cluster every node serves every repository from its copy,
+		// published through the database and the blob store.
+		Shared: sharedRepos(o, st, blobs, nodeID),
+		Logger: log.With("component", "repo"),
+	})
+	if err != nil {
+		return fmt.Errorf("open repositories: %w", err)
+	}
+	fileSvc, err := files.New(files.Options{
+		Repos:     repos,
+		Fetcher:   fetch.New(fetch.Options{AllowPrivate: o.allowPrivate, Logger: log.With("component", "fetch")}),
+		PublicURL: o.publicURL,
+		TempDir:   filepath.Join(dataDir, "tmp"),
+		Logger:    log.With("component", "files"),
+	})
+	if err != nil {
+		return fmt.Errorf("start file service: %w", err)
+	}
+
 	var (
 		gh     forge.Forge
 		mirror *forge.Mirror

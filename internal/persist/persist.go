@@ -297,7 +297,7 @@ func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 func (s *Service) mirror(ctx context.Context, accountID string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	bare, err := s.opts.Repos.Path(accountID)
+	bare, err := s.opts.Repos.Synced(ctx, accountID)
 	if err != nil {
 		s.log.Warn("mirror: repository path", "account_id", accountID, "err", err)
 		return
@@ -343,7 +343,7 @@ func (s *Service) MirrorNow(ctx context.Context, accountID string) (forge.Repo, 
 	if s.opts.Mirror == nil {
 		return forge.Repo{}, errors.New("no forge is configured")
 	}
-	bare, err := s.opts.Repos.Path(accountID)
+	bare, err := s.opts.Repos.Synced(ctx, accountID)
 	if err != nil {
 		return forge.Repo{}, fmt.Errorf("repository of %s: %w", accountID, err)
 	}

@@ -99,12 +99,16 @@ func (m *Manager) CommitFiles(ctx context.Context, accountID, branch string, fil
 	if author.Name == "" || author.Email == "" {
 		author = DefaultAuthor
 	}
-	repoPath, err := m.Ensure(ctx, id)
-	if err != nil {
+	if _, err := m.Ensure(ctx, id); err != nil {
 		return "", nil, err
 	}
 	c := &committer{m: m, account: id, message: message, author: author, blobs: map[string]string{}}
-	commit, err := c.commit(ctx, id, repoPath, branch, "", clean, 0)
+	var commit plumbing.Hash
+	err = m.change(ctx, id, func(ctx context.Context, repoPath string) error {
+		var err error
+		commit, err = c.commit(ctx, id, repoPath, branch, "", clean, 0)
+		return err
+	})
 	if err != nil {
 		return "", nil, fmt.Errorf("commit to %s of %s: %w", branch, id, err)
 	}
@@ -210,7 +214,14 @@ func (c *committer) commit(ctx context.Context, owner, repoPath, branch, prefix 
 		} else if subBranch == "." {
 			subBranch = branch
 		}
-		h, err := c.commit(ctx, subOwner, subRepo, subBranch, prefix+sp+"/", groups[sp], depth+1)
+		// The submodule's repository is another account's: its change is
+		// published on its own (in a cluster, under its own lock).
+		var h plumbing.Hash
+		err = c.m.change(ctx, subOwner, func(ctx context.Context, _ string) error {
+			var err error
+			h, err = c.commit(ctx, subOwner, subRepo, subBranch, prefix+sp+"/", groups[sp], depth+1)
+			return err
+		})
 		if err != nil {
 			return plumbing.ZeroHash, fmt.Errorf("in submodule %s%s: %w", prefix, sp, err)
 		}

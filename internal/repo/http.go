@@ -1,6 +1,7 @@
 package repo
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -176,10 +177,68 @@ func (g *gitServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Env:    env,
 		Stderr: &logWriter{log: g.log, ctx: r.Context(), account: id},
 	}
-	h.ServeHTTP(w, r2)
+	if push && g.m.shared != nil {
+		// In a cluster a push is acknowledged only once it is published:
+		// git's answer (its report of the refs updated) waits until then.
+		var answer bufferedResponse
+		err := g.m.change(r.Context(), id, func(ctx context.Context, _ string) error {
+			h.ServeHTTP(&answer, r2.WithContext(ctx))
+			return nil
+		})
+		if err != nil {
+			g.log.ErrorContext(r.Context(), "git push: publish", "account", id, "err", err)
+			http.Error(w, "the push could not be stored for the whole cluster; push again", http.StatusServiceUnavailable)
+			return
+		}
+		answer.writeTo(w)
+	} else {
+		h.ServeHTTP(w, r2)
+	}
 	if push {
 		g.log.InfoContext(r.Context(), "git push", "account", id, "by", p.AccountID, "key", p.KeyID)
 	}
+}
+
+// bufferedResponse holds a response until it may be sent (a push's, until
+// it is published). git's answer to a push is its report of the refs
+// updated, with progress: small.
+type bufferedResponse struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (b *bufferedResponse) Header() http.Header {
+	if b.header == nil {
+		b.header = http.Header{}
+	}
+	return b.header
+}
+
+func (b *bufferedResponse) WriteHeader(code int) {
+	if b.code == 0 {
+		b.code = code
+	}
+}
+
+func (b *bufferedResponse) Write(p []byte) (int, error) {
+	if b.code == 0 {
+		b.code = http.StatusOK
+	}
+	return b.body.Write(p)
+}
+
+// writeTo sends the held response to w.
+func (b *bufferedResponse) writeTo(w http.ResponseWriter) {
+	for k, v := range b.header {
+		w.Header()[k] = v
+	}
+	w.Header().Del("Content-Length")
+	if b.code == 0 {
+		b.code = http.StatusOK
+	}
+	w.WriteHeader(b.code)
+	_, _ = w.Write(b.body.Bytes())
 }
 
 // maxSpooledBody caps a chunked request body (a push) when pushes have

@@ -27,6 +27,7 @@ type gitServerFixture struct {
 	alice, bob, acme          store.Account
 	aliceKey, bobKey, acmeKey string
 	sandboxKey, revokedKey    string
+	authn                     *auth.Authenticator
 }
 
 func newGitServer(t *testing.T) gitServerFixture {
@@ -36,6 +37,12 @@ func newGitServer(t *testing.T) gitServerFixture {
 
 // newGitServerWith is newGitServer with the given limits.
 func newGitServerWith(t *testing.T, limits Limits) gitServerFixture {
+	t.Helper()
+	return newGitServerOpts(t, Options{Limits: limits})
+}
+
+// newGitServerOpts is newGitServer on a Manager with opts.
+func newGitServerOpts(t *testing.T, opts Options) gitServerFixture {
 	t.Helper()
 	ctx := context.Background()
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
@@ -74,12 +81,20 @@ func newGitServerWith(t *testing.T, limits Limits) gitServerFixture {
 	f.aliceKey, f.bobKey, f.acmeKey = key(f.alice, "", false), key(f.bob, "", false), key(f.acme, "", false)
 	f.sandboxKey, f.revokedKey = key(f.alice, sb.ID, false), key(f.alice, "", true)
 
-	f.m = newManager(t, Options{Limits: limits})
-	mux := http.NewServeMux()
-	mux.Handle(GitPathPrefix, f.m.GitHTTPHandler(auth.NewAuthenticator(st)))
-	f.srv = httptest.NewServer(mux)
-	t.Cleanup(f.srv.Close)
+	f.authn = auth.NewAuthenticator(st)
+	f.m = newManager(t, opts)
+	f.srv = serveGit(t, f.m, f.authn)
 	return f
+}
+
+// serveGit serves m's repositories over git smart HTTP on loopback.
+func serveGit(t *testing.T, m *Manager, authn *auth.Authenticator) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(GitPathPrefix, m.GitHTTPHandler(authn))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // url is the clone URL of account's repository with key as the password.

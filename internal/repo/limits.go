@@ -83,8 +83,8 @@ func (m *Manager) Limits() Limits { return m.limits }
 // Usage is the disk space account's repository takes (0 when it has
 // none), counted in allocated blocks like du(1) — the same count the push
 // hook makes, so uploads and pushes agree on what the quota sees.
-func (m *Manager) Usage(_ context.Context, accountID string) (int64, error) {
-	p, err := m.Path(accountID)
+func (m *Manager) Usage(ctx context.Context, accountID string) (int64, error) {
+	p, err := m.Synced(ctx, accountID)
 	if err != nil {
 		return 0, err
 	}

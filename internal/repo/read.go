@@ -48,7 +48,7 @@ func (m *Manager) ReadFile(ctx context.Context, accountID, p string) ([]byte, er
 	if err != nil {
 		return nil, err
 	}
-	repoPath, err := m.existing(id)
+	repoPath, err := m.existing(ctx, id)
 	if err != nil {
 		return nil, err
 	}

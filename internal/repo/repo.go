@@ -120,6 +120,9 @@ type Options struct {
 	// one account's repository may take (commits and pushes that would
 	// pass it are refused), MaxPushBytes and MaxPushObjects bound one push.
 	Limits Limits
+	// Shared, in a cluster, is where the nodes publish the repositories
+	// they all serve (see shared.go); nil: this node's alone.
+	Shared Shared
 	Logger *slog.Logger
 }
 
@@ -134,6 +137,7 @@ type Manager struct {
 	log       *slog.Logger
 	treeCache *lru
 	limits    Limits
+	shared    Shared
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
@@ -176,6 +180,7 @@ func New(opts Options) (*Manager, error) {
 		treeCache: newLRU(opts.TreeCacheEntries),
 		limits:    opts.Limits.withDefaults(),
 		locks:     map[string]*sync.Mutex{},
+		shared:    opts.Shared,
 	}
 	if err := m.installHooks(); err != nil {
 		return nil, fmt.Errorf("repo: %w", err)
@@ -213,12 +218,25 @@ func (m *Manager) Path(accountID string) (string, error) {
 }
 
 // Exists reports whether account has a repository.
-func (m *Manager) Exists(_ context.Context, accountID string) (bool, error) {
+func (m *Manager) Exists(ctx context.Context, accountID string) (bool, error) {
 	p, err := m.Path(accountID)
 	if err != nil {
 		return false, err
 	}
+	if err := m.sync(ctx, filepath.Base(strings.TrimSuffix(p, ".git"))); err != nil {
+		return false, err
+	}
 	return isRepo(p)
+}
+
+// Synced is Path for a caller that reads the repository itself (a mirror
+// push): in a cluster the copy here is brought up to date first.
+func (m *Manager) Synced(ctx context.Context, accountID string) (string, error) {
+	p, err := m.Path(accountID)
+	if err != nil {
+		return "", err
+	}
+	return p, m.sync(ctx, filepath.Base(strings.TrimSuffix(p, ".git")))
 }
 
 func isRepo(p string) (bool, error) {
@@ -232,10 +250,14 @@ func isRepo(p string) (bool, error) {
 	return false, fmt.Errorf("stat repository %s: %w", p, err)
 }
 
-// existing returns the path of account's repository, or ErrNoRepository.
-func (m *Manager) existing(accountID string) (string, error) {
+// existing returns the path of account's repository (brought up to date
+// in a cluster), or ErrNoRepository.
+func (m *Manager) existing(ctx context.Context, accountID string) (string, error) {
 	p, err := m.Path(accountID)
 	if err != nil {
+		return "", err
+	}
+	if err := m.sync(ctx, filepath.Base(strings.TrimSuffix(p, ".git"))); err != nil {
 		return "", err
 	}
 	ok, err := isRepo(p)
@@ -250,21 +272,37 @@ func (m *Manager) existing(accountID string) (string, error) {
 
 // Ensure creates account's repository if it does not exist and returns its
 // path. Creation is atomic: the repository is initialised aside and renamed
-// into place, so nobody sees a half-made one.
+// into place, so nobody sees a half-made one. In a cluster it is created
+// once for all the nodes.
 func (m *Manager) Ensure(ctx context.Context, accountID string) (string, error) {
-	p, err := m.Path(accountID)
-	if err != nil {
-		return "", err
-	}
-	if ok, err := isRepo(p); err != nil || ok {
+	p, err := m.existing(ctx, accountID)
+	if err == nil || !errors.Is(err, ErrNoRepository) {
 		return p, err
 	}
+	if p, err = m.Path(accountID); err != nil {
+		return "", err
+	}
+	id := filepath.Base(strings.TrimSuffix(p, ".git"))
+	err = m.change(ctx, id, func(ctx context.Context, p string) error {
+		if ok, err := isRepo(p); err != nil || ok {
+			if err == nil {
+				err = errUnchanged
+			}
+			return err
+		}
+		return m.initRepo(ctx, id, p)
+	})
+	return p, err
+}
+
+// initRepo creates an empty repository at p.
+func (m *Manager) initRepo(ctx context.Context, accountID, p string) error {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := filepath.Join(m.root, ".init-"+filepath.Base(p)+"-"+hex.EncodeToString(rnd[:]))
 	defer os.RemoveAll(tmp)
 	if _, err := m.run(ctx, "", nil, "init", "--quiet", "--bare", "--initial-branch="+MainBranch, tmp); err != nil {
-		return "", fmt.Errorf("create repository of %s: %w", accountID, err)
+		return fmt.Errorf("create repository of %s: %w", accountID, err)
 	}
 	for _, kv := range [][2]string{
 		// A reflog on a bare repository makes every branch move recoverable.
@@ -277,52 +315,52 @@ func (m *Manager) Ensure(ctx context.Context, accountID string) (string, error) 
 		{"gc.auto", "2000"},
 	} {
 		if _, err := m.run(ctx, tmp, nil, "config", kv[0], kv[1]); err != nil {
-			return "", fmt.Errorf("configure repository of %s: %w", accountID, err)
+			return fmt.Errorf("configure repository of %s: %w", accountID, err)
 		}
 	}
 	if err := os.Rename(tmp, p); err != nil {
 		// Someone else created it meanwhile: theirs is as good as ours.
 		if ok, _ := isRepo(p); ok {
-			return p, nil
+			return nil
 		}
-		return "", fmt.Errorf("create repository of %s: %w", accountID, err)
+		return fmt.Errorf("create repository of %s: %w", accountID, err)
 	}
 	m.log.InfoContext(ctx, "repository created", "account", accountID, "path", p)
-	return p, nil
+	return nil
 }
 
-// Delete removes account's repository from disk; deleting a missing one is
-// not an error.
+// Delete removes account's repository from disk (on every node, in a
+// cluster); deleting a missing one is not an error.
 func (m *Manager) Delete(ctx context.Context, accountID string) error {
 	p, err := m.Path(accountID)
 	if err != nil {
 		return err
 	}
-	l := m.lock(p)
-	l.Lock()
-	defer l.Unlock()
-	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+	id := filepath.Base(strings.TrimSuffix(p, ".git"))
+	return m.change(ctx, id, func(ctx context.Context, p string) error {
+		l := m.lock(p)
+		l.Lock()
+		defer l.Unlock()
+		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+			if m.shared == nil {
+				return errUnchanged
+			}
+			return nil // published as deleted all the same
+		}
+		// Renamed first (removeLocal) so that a concurrent reader sees
+		// either the whole repository or none of it.
+		if err := m.removeLocal(ctx, id, p); err != nil {
+			return err
+		}
+		m.log.InfoContext(ctx, "repository deleted", "account", id)
 		return nil
-	}
-	// Rename first so that a concurrent reader sees either the whole
-	// repository or none of it.
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	trash := filepath.Join(m.root, ".delete-"+filepath.Base(p)+"-"+hex.EncodeToString(rnd[:]))
-	if err := os.Rename(p, trash); err != nil {
-		return fmt.Errorf("delete repository of %s: %w", accountID, err)
-	}
-	if err := os.RemoveAll(trash); err != nil {
-		return fmt.Errorf("delete repository of %s: %w", accountID, err)
-	}
-	m.log.InfoContext(ctx, "repository deleted", "account", accountID)
-	return nil
+	})
 }
 
 // Head returns the commit branch points at in account's repository, or ""
 // when the branch does not exist (a repository without commits).
-func (m *Manager) Head(_ context.Context, accountID, branch string) (string, error) {
-	p, err := m.existing(accountID)
+func (m *Manager) Head(ctx context.Context, accountID, branch string) (string, error) {
+	p, err := m.existing(ctx, accountID)
 	if err != nil {
 		return "", err
 	}

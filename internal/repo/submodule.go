@@ -191,7 +191,7 @@ func (m *Manager) submoduleRepo(ctx context.Context, account, base string, sub s
 			return "", "", fmt.Errorf("submodule %s: repository of %s: %w", sub.Path, owner, ErrNotFound)
 		}
 	}
-	p, err := m.existing(owner)
+	p, err := m.existing(ctx, owner)
 	if errors.Is(err, ErrNoRepository) {
 		return "", "", fmt.Errorf("submodule %s: repository of %s: %w", sub.Path, owner, ErrNotFound)
 	}

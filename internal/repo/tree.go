@@ -44,7 +44,7 @@ type Entry struct {
 // process, object headers read in C) cached per commit, so repeated
 // listings of an unchanged branch cost one reference lookup.
 func (m *Manager) Tree(ctx context.Context, accountID string) (entries []Entry, truncated bool, err error) {
-	p, err := m.existing(accountID)
+	p, err := m.existing(ctx, accountID)
 	if err != nil {
 		return nil, false, err
 	}
