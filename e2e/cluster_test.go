@@ -79,9 +79,10 @@ func nodeIDOf(t *testing.T, s *server) string {
 // streams and websockets included); a cordoned node takes no new
 // sandboxes, a drained one stops those it has; a node SIGKILLed in the
 // middle of a run is declared down: its sandbox fails with the reason, its
-// run is CRASHED, its key stops working, the other nodes keep serving, and
-// the account's next sandbox starts on another node from the snapshot a
-// run on the lost node left; the killed node, restarted, destroys what it
+// run is CRASHED, its key stops working, the other nodes keep serving, a
+// push the lost node acknowledged is served by the others, and the
+// account's next sandbox starts on another node from the snapshot that run
+// left; the killed node, restarted, destroys what it
 // hosted and is up again. A second node on the same database without
 // cluster flags is refused.
 func TestCluster(t *testing.T) {
@@ -264,6 +265,15 @@ func TestCluster(t *testing.T) {
 		}
 	}()
 	doomedKey := key{Key: strings.TrimSpace(shIn(t, front.server, k, doomed, `echo "$RECOUP_API_KEY"`))}
+	// A push to the node about to die, acknowledged by it.
+	wt := filepath.Join(t.TempDir(), "clone")
+	gitIn(t, "", "clone", "-q", gitURL(victim.server, a.ID, k), wt)
+	if err := os.WriteFile(filepath.Join(wt, "pushed.txt"), []byte("acknowledged by the lost node\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gitIn(t, wt, "add", ".")
+	gitIn(t, wt, "commit", "-q", "-m", "pushed to the node that dies")
+	gitIn(t, wt, "push", "-q", "origin", "HEAD:main")
 	killed := time.Now()
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -288,6 +298,15 @@ func TestCluster(t *testing.T) {
 	if r := front.as(doomedKey, "GET", "/api/sandboxes", nil); r.Status != 401 {
 		t.Errorf("the lost sandbox's key: %d, want 401", r.Status)
 	}
+	// The push the lost node acknowledged is not lost with it: the others
+	// serve the account's repository with it, and clone it.
+	for _, n := range nodes[:2] {
+		r := n.as(k, "GET", "/api/sandboxes/file?path=pushed.txt", nil)
+		if r.Status != 200 || r.Body["content"] != "acknowledged by the lost node\n" {
+			t.Fatalf("the lost node's push through another node: %d %s", r.Status, r.Raw)
+		}
+	}
+	gitIn(t, "", "clone", "-q", gitURL(nodes[1].server, a.ID, k), filepath.Join(t.TempDir(), "after"))
 	// The others keep serving, place nothing on the dead node, and the
 	// account's next sandboxes start from the snapshot its run there left.
 	for range 3 {
@@ -298,6 +317,7 @@ func TestCluster(t *testing.T) {
 		if out := shIn(t, front.server, k, id, "echo alive; cat /workspace/kept.txt"); out != "alive\nfrom-the-lost-node\n" {
 			t.Fatalf("exec after the kill: %q", out)
 		}
+
 		nodes[1].as(k, "POST", "/api/sandboxes/"+id+"/stop", map[string]any{})
 	}
 
@@ -369,6 +389,24 @@ func onlyOn(t *testing.T, admin *clusterNode, ids map[*server]string, node strin
 		}
 	}()
 	return create()
+}
+
+// gitURL is the clone URL of account's repository on s, with the key.
+func gitURL(s *server, account string, k key) string {
+	return strings.Replace(s.base, "http://", "http://x:"+k.Key+"@", 1) + "/git/" + account + ".git"
+}
+
+// gitIn runs the host's git in dir, hermetically (no user or system
+// configuration).
+func gitIn(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := osexec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0",
+		"GIT_AUTHOR_NAME=Test", "GIT_AUTHOR_EMAIL=test@example.com", "GIT_COMMITTER_NAME=Test", "GIT_COMMITTER_EMAIL=test@example.com")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
 }
 
 // waitSandbox waits until sandbox id's row has status.
