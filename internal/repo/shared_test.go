@@ -230,3 +230,35 @@ func TestSharedGitPush(t *testing.T) {
 		t.Fatalf("node a after the push through b: %q %v", got, err)
 	}
 }
+
+// BenchmarkCommitShared times a commit of one small file to a repository
+// of 200 files alone (one node) and shared (published as a bundle of the
+// whole repository before it returns, here into memory: a cluster adds the
+// upload to its blob store and a database round trip), next to each other.
+func BenchmarkCommitShared(b *testing.B) {
+	for _, mode := range []string{"alone", "shared"} {
+		b.Run(mode, func(b *testing.B) {
+			ctx := context.Background()
+			opts := Options{}
+			if mode == "shared" {
+				opts.Shared = newMemShared()
+			}
+			m := newManager(b, opts)
+			acct := uuid.NewString()
+			var files []File
+			for i := range 200 {
+				files = append(files, BytesFile(fmt.Sprintf("src/f%03d.go", i), bytes.Repeat([]byte("package src\n"), 100)))
+			}
+			if _, _, err := m.CommitFiles(ctx, acct, MainBranch, files, "seed", DefaultAuthor); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				f := []File{BytesFile("note.txt", []byte(fmt.Sprint(i)))}
+				if _, _, err := m.CommitFiles(ctx, acct, MainBranch, f, "note", DefaultAuthor); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
