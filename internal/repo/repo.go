@@ -223,7 +223,7 @@ func (m *Manager) Exists(ctx context.Context, accountID string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := m.sync(ctx, filepath.Base(strings.TrimSuffix(p, ".git"))); err != nil {
+	if err := m.sync(ctx, accountID); err != nil {
 		return false, err
 	}
 	return isRepo(p)
@@ -236,7 +236,7 @@ func (m *Manager) Synced(ctx context.Context, accountID string) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	return p, m.sync(ctx, filepath.Base(strings.TrimSuffix(p, ".git")))
+	return p, m.sync(ctx, accountID)
 }
 
 func isRepo(p string) (bool, error) {
@@ -257,7 +257,7 @@ func (m *Manager) existing(ctx context.Context, accountID string) (string, error
 	if err != nil {
 		return "", err
 	}
-	if err := m.sync(ctx, filepath.Base(strings.TrimSuffix(p, ".git"))); err != nil {
+	if err := m.sync(ctx, accountID); err != nil {
 		return "", err
 	}
 	ok, err := isRepo(p)
@@ -282,15 +282,14 @@ func (m *Manager) Ensure(ctx context.Context, accountID string) (string, error) 
 	if p, err = m.Path(accountID); err != nil {
 		return "", err
 	}
-	id := filepath.Base(strings.TrimSuffix(p, ".git"))
-	err = m.change(ctx, id, func(ctx context.Context, p string) error {
+	err = m.change(ctx, accountID, func(ctx context.Context, p string) error {
 		if ok, err := isRepo(p); err != nil || ok {
 			if err == nil {
 				err = errUnchanged
 			}
 			return err
 		}
-		return m.initRepo(ctx, id, p)
+		return m.initRepo(ctx, accountID, p)
 	})
 	return p, err
 }
@@ -332,12 +331,7 @@ func (m *Manager) initRepo(ctx context.Context, accountID, p string) error {
 // Delete removes account's repository from disk (on every node, in a
 // cluster); deleting a missing one is not an error.
 func (m *Manager) Delete(ctx context.Context, accountID string) error {
-	p, err := m.Path(accountID)
-	if err != nil {
-		return err
-	}
-	id := filepath.Base(strings.TrimSuffix(p, ".git"))
-	return m.change(ctx, id, func(ctx context.Context, p string) error {
+	return m.change(ctx, accountID, func(ctx context.Context, p string) error {
 		l := m.lock(p)
 		l.Lock()
 		defer l.Unlock()
@@ -349,10 +343,10 @@ func (m *Manager) Delete(ctx context.Context, accountID string) error {
 		}
 		// Renamed first (removeLocal) so that a concurrent reader sees
 		// either the whole repository or none of it.
-		if err := m.removeLocal(ctx, id, p); err != nil {
+		if err := m.removeLocal(ctx, accountID, p); err != nil {
 			return err
 		}
-		m.log.InfoContext(ctx, "repository deleted", "account", id)
+		m.log.InfoContext(ctx, "repository deleted", "account", accountID)
 		return nil
 	})
 }

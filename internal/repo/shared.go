@@ -71,9 +71,13 @@ func setLocalVersion(p string, v int64) error {
 
 // sync brings the copy of account's repository up to its published
 // state; a repository never published stays as this node has it.
-func (m *Manager) sync(ctx context.Context, id string) error {
+func (m *Manager) sync(ctx context.Context, accountID string) error {
 	if m.shared == nil {
 		return nil
+	}
+	id, err := CanonicalID(accountID)
+	if err != nil {
+		return err
 	}
 	p, err := m.Path(id)
 	if err != nil {
@@ -167,7 +171,11 @@ var errUnchanged = errors.New("repository unchanged")
 // change runs fn, which changes account's repository at p, as the one
 // change of it over all the nodes, on a copy brought up to date first, and
 // publishes the result before it returns. Without Shared it runs fn.
-func (m *Manager) change(ctx context.Context, id string, fn func(ctx context.Context, p string) error) error {
+func (m *Manager) change(ctx context.Context, accountID string, fn func(ctx context.Context, p string) error) error {
+	id, err := CanonicalID(accountID)
+	if err != nil {
+		return err
+	}
 	p, err := m.Path(id)
 	if err != nil {
 		return err
