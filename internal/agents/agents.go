@@ -218,6 +218,11 @@ func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error 
 		// Wait queued, without holding a worker, for a place to free up.
 		return river.JobSnooze(5 * time.Second)
 	}
+	if !s.cfg.Lifecycle.TakesSandboxes(ctx) {
+		// This node of a cluster is cordoned or drained: the job goes
+		// back to the shared queue for another node to take.
+		return river.JobSnooze(time.Second)
+	}
 	started, err := s.cfg.Store.StartRun(ctx, run.ID, s.now())
 	if err != nil || !started {
 		return err
@@ -515,6 +520,9 @@ type Lifecycle interface {
 	StopQuietly(ctx context.Context, sb store.Sandbox, reason string)
 	// AtQuota hints that the account has no free sandbox place.
 	AtQuota(ctx context.Context, accountID string, extra int) bool
+	// TakesSandboxes says whether this node starts new sandboxes (a
+	// node of a cluster that is cordoned or drained does not).
+	TakesSandboxes(ctx context.Context) bool
 	// RequireCommand refuses (400) when the image lacks the CLI name.
 	RequireCommand(name, what string) error
 	// CheckRepoURL refuses (400) a repository the account may not name.

@@ -112,6 +112,18 @@ func (m *Manager) heartbeat(ctx context.Context) {
 	}
 }
 
+// TakesSandboxes says whether this node starts new sandboxes for the
+// tasks whose jobs it takes: not while the operator has it cordoned or
+// drained (placement keeps the API's creates off it already). A single
+// node always does.
+func (m *Manager) TakesSandboxes(ctx context.Context) bool {
+	if m.cfg.DownAfter <= 0 {
+		return true
+	}
+	n, err := m.st.GetNode(ctx, m.cfg.NodeID)
+	return err != nil || n.Schedule == ""
+}
+
 // drainIfAsked stops this node's sandboxes when the operator drains it
 // (sandboxd admin node drain): it takes no new ones either (placement
 // skips it), so it empties.

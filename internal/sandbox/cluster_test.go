@@ -87,6 +87,19 @@ func TestNodeDown(t *testing.T) {
 	if n, _ := p.st.GetNode(ctx, "there"); n.Status != store.NodeDown {
 		t.Errorf("node there is %s", n.Status)
 	}
+	// A cordoned node leaves tasks' jobs to the others.
+	if !p.m.TakesSandboxes(ctx) {
+		t.Error("node here takes no sandboxes before it is cordoned")
+	}
+	if err := p.st.SetNodeSchedule(ctx, "here", store.NodeCordoned); err != nil {
+		t.Fatal(err)
+	}
+	if p.m.TakesSandboxes(ctx) {
+		t.Error("a cordoned node takes tasks' sandboxes")
+	}
+	if err := p.st.SetNodeSchedule(ctx, "here", ""); err != nil {
+		t.Fatal(err)
+	}
 	var queue string
 	if err := p.st.DB().QueryRowContext(ctx, "SELECT queue FROM river_job WHERE kind = ?", jobs.KindStopSandbox).Scan(&queue); err != nil || queue != "default" {
 		t.Errorf("the down node's job is on queue %q (%v), want default", queue, err)
