@@ -266,6 +266,7 @@ func (r *Runner) Finish(ctx context.Context, run store.Run, status string, out *
 	}
 	r.log.Info("run finished", "run_id", run.ID, "status", status)
 	r.pruneLogs(context.WithoutCancel(ctx), run.AccountID)
+	r.pruneRecords(context.WithoutCancel(ctx), run.AccountID)
 	return nil
 }
 
@@ -280,6 +281,24 @@ const KeptRunLogs = 8
 // of those before them went at earlier ends. (A run that ends after more
 // than this many newer ones of its account keeps its log.)
 const pruneWindow = 1024
+
+// KeptRunRecords is how many of an account's newest runs keep their record
+// (the row GET /api/tasks/runs answers, its output up to 512 KiB): older
+// finished ones are deleted when one of its runs ends, so one account's
+// runs cannot grow the database without end either.
+const KeptRunRecords = 500
+
+// pruneRecords deletes the records of accountID's finished runs past its
+// newest Config.KeptRecords runs.
+func (r *Runner) pruneRecords(ctx context.Context, accountID string) {
+	ids, err := r.cfg.Store.FinishedRunsPast(ctx, accountID, r.cfg.KeptRecords, pruneWindow)
+	if err == nil {
+		_, err = r.cfg.Store.DeleteFinishedRuns(ctx, ids)
+	}
+	if err != nil {
+		r.log.Warn("prune run records", "account_id", accountID, "err", err)
+	}
+}
 
 // pruneLogs deletes the logs of accountID's finished runs past its newest
 // KeptRunLogs runs.
@@ -444,6 +463,9 @@ type Config struct {
 	Persist AfterRunner // nil: runs keep nothing
 	NodeID  string
 	DataDir string // run logs are under DataDir/runs
+	// KeptRecords is how many of an account's newest runs keep their
+	// record (0: KeptRunRecords).
+	KeptRecords int
 	// LogMaxBytes caps each run's log file (head and tail are kept);
 	// 0: caplog.DefaultSize.
 	LogMaxBytes int64
@@ -467,6 +489,9 @@ func New(cfg Config) *Runner {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.KeptRecords <= 0 {
+		cfg.KeptRecords = KeptRunRecords
 	}
 	return &Runner{cfg: cfg, log: cfg.Logger, now: cfg.Now}
 }

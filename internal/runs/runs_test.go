@@ -386,3 +386,60 @@ func TestRecordWritesTheRunsShape(t *testing.T) {
 		t.Fatalf("run %s, output %v, error %q", run.Status, out, msg)
 	}
 }
+
+// TestRunRecordsOfAnAccountAreBounded: an account may start runs without
+// end, each with up to 512 KiB of output in its record; only the records of
+// its newest runs are kept. A run still executing and another account's
+// runs keep theirs.
+func TestRunRecordsOfAnAccountAreBounded(t *testing.T) {
+	securitytest.Attack(t, "database",
+		"one account starts runs without end, each storing up to 512 KiB of output in the shared database",
+		"only the records of the account's newest runs.KeptRunRecords runs are kept; a run still executing and another account's runs keep theirs")
+	const kept = 5
+	f := newFixture(t, runs.Config{KeptRecords: kept})
+	ctx := context.Background()
+	t0 := time.Now().Add(-time.Hour)
+	enqueue := func(account string, at time.Time) string {
+		t.Helper()
+		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: account, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+		if err := f.st.CreateSandbox(ctx, &sb); err != nil {
+			t.Fatal(err)
+		}
+		f.rt.Add(sb.ID)
+		runID, err := runs.Enqueue(ctx, f.st, f.jc, sb, "true", nil, "", at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runID
+	}
+	bob := store.Account{Name: "bob", Kind: store.AccountPersonal}
+	if err := f.st.CreateAccount(ctx, &bob); err != nil {
+		t.Fatal(err)
+	}
+	bobs := enqueue(bob.ID, t0)
+	if err := f.runner.Run(ctx, bobs); err != nil {
+		t.Fatal(err)
+	}
+	executing := enqueue(f.account.ID, t0.Add(time.Second))
+	if ok, err := f.st.StartRun(ctx, executing, time.Now()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var ids []string
+	for i := range 12 {
+		id := enqueue(f.account.ID, t0.Add(time.Duration(i+2)*time.Second))
+		if err := f.runner.Run(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	for _, id := range append(ids[len(ids)-kept:], executing, bobs) {
+		if _, err := f.st.GetRun(ctx, id); err != nil {
+			t.Errorf("run %s should be kept: %v", id, err)
+		}
+	}
+	for _, id := range ids[:len(ids)-kept] {
+		if _, err := f.st.GetRun(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("run %s should be gone: %v", id, err)
+		}
+	}
+}

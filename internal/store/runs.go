@@ -170,6 +170,25 @@ func (q *Queries) FinishedRunsPast(ctx context.Context, accountID string, skip, 
 	return ids, nil
 }
 
+// DeleteFinishedRuns deletes the runs of ids that are finished (a run
+// still queued or executing is left alone) and says how many went.
+func (q *Queries) DeleteFinishedRuns(ctx context.Context, ids []string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	in, args := inList(ids)
+	final := make([]string, 0, len(finalRunStatuses))
+	for st := range finalRunStatuses {
+		final = append(final, st)
+	}
+	fin, fargs := inList(final)
+	n, err := q.execCount(ctx, "DELETE FROM runs WHERE id IN ("+in+") AND status IN ("+fin+")", append(args, fargs...)...)
+	if err != nil {
+		return 0, fmt.Errorf("delete finished runs: %w", err)
+	}
+	return int(n), nil
+}
+
 // ListRunsByStatus returns the runs whose status is one of statuses (every
 // run when none are given), oldest first.
 func (q *Queries) ListRunsByStatus(ctx context.Context, statuses ...string) ([]Run, error) {
