@@ -342,7 +342,10 @@ func TestHostileAgentStreamFlood(t *testing.T) {
 		}
 	})
 	t.Logf("goroutines: %d before the flood, at most %d during it; heap grew %d KiB in 2 s", base, peak, grew>>10)
-	if peak > base+100 {
+	// The host may hand out its whole accept burst (400 streams) before
+	// a CPU starved by other tests runs their handlers: the bound is that
+	// burst, not the flood (an unpaced host would take thousands).
+	if peak > base+500 {
 		t.Errorf("goroutines grew from %d to %d under a stream flood", base, peak)
 	}
 	if grew > 32<<20 {
