@@ -178,19 +178,7 @@ func TestRunLogsOfAnAccountAreBounded(t *testing.T) {
 		return runtime.ExecResult{}, err
 	})
 	t0 := time.Now().Add(-time.Hour)
-	enqueue := func(account string, at time.Time) string {
-		t.Helper()
-		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: account, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
-		if err := f.st.CreateSandbox(ctx, &sb); err != nil {
-			t.Fatal(err)
-		}
-		f.rt.Add(sb.ID)
-		runID, err := runs.Enqueue(ctx, f.st, f.jc, sb, "yes", nil, "", at)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return runID
-	}
+	enqueue := func(account string, at time.Time) string { t.Helper(); return f.enqueueAt(t, account, "yes", at) }
 	// Another account's run, and one of this account's that is still
 	// executing (its log exists, it has not ended), both older than all.
 	bob := store.Account{Name: "bob", Kind: store.AccountPersonal}
@@ -399,19 +387,7 @@ func TestRunRecordsOfAnAccountAreBounded(t *testing.T) {
 	f := newFixture(t, runs.Config{KeptRecords: kept})
 	ctx := context.Background()
 	t0 := time.Now().Add(-time.Hour)
-	enqueue := func(account string, at time.Time) string {
-		t.Helper()
-		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: account, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
-		if err := f.st.CreateSandbox(ctx, &sb); err != nil {
-			t.Fatal(err)
-		}
-		f.rt.Add(sb.ID)
-		runID, err := runs.Enqueue(ctx, f.st, f.jc, sb, "true", nil, "", at)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return runID
-	}
+	enqueue := func(account string, at time.Time) string { t.Helper(); return f.enqueueAt(t, account, "true", at) }
 	bob := store.Account{Name: "bob", Kind: store.AccountPersonal}
 	if err := f.st.CreateAccount(ctx, &bob); err != nil {
 		t.Fatal(err)
@@ -442,4 +418,21 @@ func TestRunRecordsOfAnAccountAreBounded(t *testing.T) {
 			t.Errorf("run %s should be gone: %v", id, err)
 		}
 	}
+}
+
+// enqueueAt queues a run of command for account, created at, in a running
+// sandbox of its own.
+func (f *fixture) enqueueAt(t *testing.T, account, command string, at time.Time) string {
+	t.Helper()
+	ctx := context.Background()
+	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: account, NodeID: "here", Status: store.SandboxRunning, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
+	if err := f.st.CreateSandbox(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	f.rt.Add(sb.ID)
+	runID, err := runs.Enqueue(ctx, f.st, f.jc, sb, command, nil, "", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runID
 }
