@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -156,8 +155,7 @@ func (m *Manager) settleParent(ctx context.Context, id string) {
 // (ErrCannotPause: TCP sockets in use on an old gVisor) keeps its reason for the user, as a
 // pause's does.
 func forkError(parentID, reason string, err error) error {
-	if errors.Is(err, runtime.ErrCannotPause) {
-		_, why, _ := strings.Cut(err.Error(), runtime.ErrCannotPause.Error()+": ")
+	if why, ok := cannotSaveReason(err); ok {
 		return errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s cannot be forked now: %s", parentID, why)
 	}
 	if errors.Is(err, runtime.ErrNotRunning) {

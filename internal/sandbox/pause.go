@@ -68,9 +68,7 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	if err := p.Pause(ctx, sb.ID); err != nil {
 		// Whatever the runtime left, the row follows it.
 		m.settleAfterRuntime(ctx, sb.ID, store.PausePausing)
-		if errors.Is(err, runtime.ErrCannotPause) {
-			// The runtime's reason (after the class's words) is the user's.
-			_, why, _ := strings.Cut(err.Error(), runtime.ErrCannotPause.Error()+": ")
+		if why, ok := cannotSaveReason(err); ok {
 			return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s cannot be paused now: %s", sb.ID, why)
 		}
 		return sb, fmt.Errorf("pause sandbox %s: %w", sb.ID, err)
@@ -80,6 +78,17 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	}
 	m.log.Info("sandbox paused", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// cannotSaveReason is the runtime's reason, after the class's words, when
+// err is its refusal to save a sandbox now (runtime.ErrCannotPause, for a
+// pause or a fork): the user's to read.
+func cannotSaveReason(err error) (string, bool) {
+	if !errors.Is(err, runtime.ErrCannotPause) {
+		return "", false
+	}
+	_, why, _ := strings.Cut(err.Error(), runtime.ErrCannotPause.Error()+": ")
+	return why, true
 }
 
 // refuseWhileRunExecutes refuses (409) to do what to sb while a run
