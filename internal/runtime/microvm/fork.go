@@ -102,9 +102,7 @@ func (s *sandbox) pausedAfterFork(err error) error {
 	m := s.Meta()
 	_ = killWait(m.PID, m.PIDStart, 5*time.Second)
 	s.Detach()
-	_ = unmountAll(s.jail())
-	_ = newHostCgroup(m.CgroupPath).remove()
-	if merr := s.SetMeta(func(m *meta) { m.Paused = true }); merr != nil {
+	if merr := s.leaveParked(m.Hello); merr != nil {
 		return errors.Join(err, merr)
 	}
 	return fmt.Errorf("the parent could not run again after its memory was saved, so it is paused with it: %w", err)

@@ -328,8 +328,17 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 		// A park that failed with QEMU still there leaves it running.
 		return fmt.Errorf("pause sandbox %s: %w", id, s.unpark(ctx, err))
 	}
-	if err := unmountAll(s.jail()); err != nil {
+	if err := s.leaveParked(h); err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// leaveParked records a parked VM (QEMU ended, its memory saved with the
+// agent's hello h) as paused: its jail's mounts and host cgroup go.
+func (s *sandbox) leaveParked(h guest.Hello) error {
+	if err := unmountAll(s.jail()); err != nil {
+		return err
 	}
 	_ = newHostCgroup(s.Meta().CgroupPath).remove()
 	return s.SetMeta(func(m *meta) { m.Paused, m.Hello = true, h })
