@@ -153,12 +153,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.publicURL, "public-url", "", "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
 	f.StringVar(&o.blobURL, "blob-store", "", "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
-	// Off by default: a second reader of a layer being downloaded waits
-	// for the first reader to read it, and a create that opened its
-	// layers can wait for a sandbox started ahead that reads the same
-	// ones, so the two can wait on each other (seen under load: creates
-	// hung). Until the download runs on its own, the cache is opt-in.
-	f.Int64Var(&o.blobCacheMiB, "blob-cache-mib", 0, "MiB of snapshot layers read from an S3 --blob-store that are kept in DATA_DIR/cache/blobs, least recently used evicted first; 0 disables (the default; env SANDBOXD_BLOB_CACHE_MIB)")
+	f.Int64Var(&o.blobCacheMiB, "blob-cache-mib", 4096, "MiB of snapshot layers read from an S3 --blob-store that are kept in DATA_DIR/cache/blobs, least recently used evicted first; 0 disables (env SANDBOXD_BLOB_CACHE_MIB)")
 	f.Var(newPolicyValue(&o.network, netpol.ModeNone), "network-default", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
 	f.Var(newPrefixValue(&o.netPool, netpol.DefaultPool), "network-pool", "IPv4 range sandbox addresses come from (a /30 each)")
 	f.Var(newAddrListValue(&o.netDNS), "network-dns", "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
@@ -261,10 +256,12 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return fmt.Errorf("open blob store: %w", err)
 	}
 	// A local store is local already: only a shared remote one is cached.
+	var blobCache *blob.Cache
 	if s3, ok := blobs.(*blob.S3); ok && o.blobCacheMiB != 0 {
-		if blobs, err = blob.NewCache(s3, filepath.Join(dataDir, "cache", "blobs"), o.blobCacheMiB<<20, log.With("component", "blobcache")); err != nil {
+		if blobCache, err = blob.NewCache(s3, filepath.Join(dataDir, "cache", "blobs"), o.blobCacheMiB<<20, log.With("component", "blobcache")); err != nil {
 			return err // says "open blob cache DIR" already
 		}
+		blobs = blobCache
 	}
 	// The store's credentials (from its URL or the environment) are held
 	// by blobs now: no child process needs them.
@@ -377,6 +374,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics, mgr.NetworkMetrics(), mgr.PrewarmMetrics())
+	if blobCache != nil {
+		reg.MustRegister(blobCacheCollector{blobCache})
+	}
 	models, err := modelproxy.New(modelproxy.Options{
 		Auth: authn,
 		Upstreams: map[string]modelproxy.Upstream{

@@ -21,12 +21,11 @@ import (
 // local disk instead of the network is both faster and cheaper.
 //
 // Get serves a blob from the directory when it is there, verifying it as it
-// is read like Local does. Otherwise it streams the blob from the backing
-// store to the caller while writing a temporary file, which becomes the
-// cached copy only once the caller has read the whole blob and it hashed to
-// its key: a reader that stops early leaves nothing. Concurrent Gets of a
-// blob being downloaded do not download it again but wait for that download
-// and read the cached copy (see Get).
+// is read like Local does. Otherwise it downloads the whole blob from the
+// backing store into a temporary file, which becomes the cached copy once
+// it hashed to its key, and then gives the caller that file. Concurrent
+// Gets of a blob being downloaded do not download it again but wait for
+// that download and read the cached copy (see Get).
 //
 // Put, PutKnown, Stat and List are the backing store's; Delete deletes from
 // both. Keys are content addresses, so a cached copy never goes stale: the
@@ -76,7 +75,7 @@ type cacheEntry struct {
 
 // download is the one Get of a key that reads it from the backing store
 // while others wait. The fields other than done are guarded by Cache.mu,
-// except f and n, which only the downloading reader uses.
+// except f and n, which only the downloading Get uses.
 type download struct {
 	key  string
 	done chan struct{} // closed when the download ends, kept or not
@@ -206,24 +205,19 @@ func (c *Cache) Stats() CacheStats {
 	return s
 }
 
-// Get implements Store. A blob that another Get is downloading is read
-// once that download has ended, from the cached copy (or, when that
-// download could not cache it, from the backing store). The wait starts at
-// the first Read, not in Get, so that a caller may open several blobs and
-// then read them in turn even when two are the same blob — provided it
-// reads the one opened first first: a reader of a blob being downloaded
-// waits for the download's reader to be read to its end or closed.
+// Get implements Store. A blob that is not cached is downloaded whole
+// before Get returns; a Get of a blob that another Get is downloading waits
+// for that download and reads the cached copy (or, when that download could
+// not cache it, the backing store).
+//
+// Downloading in Get, rather than while the caller reads, means that no
+// reader's pace holds up another: a caller may open the same blob twice
+// before reading either, and two callers that open the same blobs in
+// different orders cannot wait on each other.
 func (c *Cache) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("get blob: %w", err)
 	}
-	return c.get(ctx, key, false)
-}
-
-// get opens key: from the cache directory, or by downloading it. When
-// another Get is downloading it, get waits for that download if wait is
-// set, or else returns a reader that waits at its first Read.
-func (c *Cache) get(ctx context.Context, key string, wait bool) (io.ReadCloser, error) {
 	for {
 		c.mu.Lock()
 		if e := c.entries[key]; e != nil {
@@ -249,9 +243,6 @@ func (c *Cache) get(ctx context.Context, key string, wait bool) (io.ReadCloser, 
 			return c.download(ctx, d)
 		}
 		c.mu.Unlock()
-		if !wait {
-			return &followReader{c: c, ctx: ctx, key: key}, nil
-		}
 		select {
 		case <-d.done:
 		case <-ctx.Done():
@@ -261,15 +252,20 @@ func (c *Cache) get(ctx context.Context, key string, wait bool) (io.ReadCloser, 
 			c.mu.Lock()
 			c.stats.Misses++
 			c.mu.Unlock()
-			rc, err := c.backing.Get(ctx, key)
-			if err != nil {
-				return nil, err
-			}
-			return verified(rc, key), nil
+			return c.getDirect(ctx, key)
 		}
 		// Cached by now, or the download failed and this Get may be the
 		// one to try again.
 	}
+}
+
+// getDirect opens key in the backing store, verified, bypassing the cache.
+func (c *Cache) getDirect(ctx context.Context, key string) (io.ReadCloser, error) {
+	rc, err := c.backing.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return verified(rc, key), nil
 }
 
 // openLocked opens the cached copy e, or returns nil when it cannot, so
@@ -305,9 +301,10 @@ func (c *Cache) openLocked(e *cacheEntry) io.ReadCloser {
 	return &hitReader{c: c, e: e, r: newVerifyingReader(f, e.key, e.size)}
 }
 
-// download opens d's blob in the backing store and returns a reader that
-// caches what it reads, or one that only streams it when it cannot be
-// cached.
+// download reads d's blob from the backing store into its temporary file
+// to the verified end, publishes it and returns it to the caller. A blob
+// that cannot be cached (too large, no room, a disk error) is read from the
+// backing store directly, by this caller and by those waiting.
 func (c *Cache) download(ctx context.Context, d *download) (io.ReadCloser, error) {
 	rc, err := c.backing.Get(ctx, d.key)
 	if err != nil {
@@ -320,7 +317,39 @@ func (c *Cache) download(ctx context.Context, d *download) (io.ReadCloser, error
 		c.end(d, true)
 		return vr, nil
 	}
-	return &fillReader{c: c, d: d, r: vr}, nil
+	w := &downloadWriter{c: c, d: d}
+	_, err = io.Copy(w, vr)
+	vr.Close()
+	switch {
+	case w.err != nil:
+		if errors.Is(w.err, errTooLarge) {
+			c.log.Debug("blob cache: reading a blob without caching it", "key", d.key, "err", w.err)
+		} else {
+			c.log.Warn("blob cache: not keeping a downloaded blob", "key", d.key, "err", w.err)
+		}
+		c.end(d, true)
+		return c.getDirect(ctx, d.key)
+	case err != nil:
+		// A failed read may be the network's: a waiting Get tries again.
+		c.end(d, false)
+		return nil, fmt.Errorf("get blob %s: %w", d.key, err)
+	}
+	return c.commit(d)
+}
+
+// downloadWriter writes a download to its temporary file and keeps the
+// error it met, which tells a full cache or disk from a failed read.
+type downloadWriter struct {
+	c   *Cache
+	d   *download
+	err error
+}
+
+func (w *downloadWriter) Write(p []byte) (int, error) {
+	if w.err = w.c.write(w.d, p); w.err != nil {
+		return 0, w.err
+	}
+	return len(p), nil
 }
 
 // verified returns rc as a reader that verifies key's content. The stores
@@ -407,17 +436,21 @@ func (c *Cache) removeLocked(e *cacheEntry) {
 }
 
 // commit publishes d's temporary file, complete and verified, as the
-// cached copy of its key, and ends d.
-func (c *Cache) commit(d *download) {
-	tmp := d.f.Name()
-	// Read-only marks what must never change. No fsync: a copy damaged by
-	// a crash fails verification and is fetched again, and syncing would
-	// hold up the reader's last Read.
-	err := d.f.Chmod(0o444)
-	if cerr := d.f.Close(); err == nil {
-		err = cerr
+// cached copy of its key, ends d, and returns the file to be read from its
+// start. A copy that cannot be kept (a Delete during the download, a disk
+// error) is still the caller's to read: its Get came first.
+func (c *Cache) commit(d *download) (io.ReadCloser, error) {
+	f := d.f
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		c.end(d, false)
+		return nil, fmt.Errorf("get blob %s: rewind the download: %w", d.key, err)
 	}
 	d.f = nil
+	tmp := f.Name()
+	// Read-only marks what must never change. No fsync: a copy damaged by
+	// a crash fails verification and is fetched again, and syncing would
+	// hold up the caller.
+	err := f.Chmod(0o444)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -441,9 +474,9 @@ func (c *Cache) commit(d *download) {
 		} else {
 			c.log.Warn("blob cache: not keeping a downloaded blob", "key", d.key, "err", err)
 		}
-		os.Remove(tmp)
+		os.Remove(tmp) // the open file reads on
 		c.finishLocked(d, false)
-		return
+		return f, nil
 	}
 	e := &cacheEntry{key: d.key, size: d.n}
 	e.elem = c.lru.PushFront(e)
@@ -452,6 +485,7 @@ func (c *Cache) commit(d *download) {
 	// bounds.
 	c.cached += d.n
 	c.finishLocked(d, false)
+	return f, nil
 }
 
 // end abandons d: its temporary file is deleted and its room given back.
@@ -555,83 +589,4 @@ func (c *Cache) dropDamaged(e *cacheEntry, err error) {
 		c.removeLocked(e)
 		c.stats.Damaged++
 	}
-}
-
-// fillReader streams a download to its caller while writing the cached
-// copy, which it publishes when it reaches the verified end of the blob.
-type fillReader struct {
-	c *Cache
-	d *download // nil once the download has ended
-	r *verifyingReader
-}
-
-func (f *fillReader) Read(p []byte) (int, error) {
-	n, err := f.r.Read(p)
-	if f.d == nil {
-		return n, err
-	}
-	if n > 0 {
-		if werr := f.c.write(f.d, p[:n]); werr != nil {
-			if errors.Is(werr, errTooLarge) {
-				f.c.log.Debug("blob cache: streaming a blob without caching it", "key", f.d.key, "err", werr)
-			} else {
-				f.c.log.Warn("blob cache: not keeping a downloaded blob", "key", f.d.key, "err", werr)
-			}
-			f.c.end(f.d, true)
-			f.d = nil
-			return n, err
-		}
-	}
-	switch {
-	case err == io.EOF: // verified: the content hashes to its key
-		f.c.commit(f.d)
-		f.d = nil
-	case err != nil:
-		// A failed read may be the network's: let a waiting Get try again.
-		f.c.end(f.d, false)
-		f.d = nil
-	}
-	return n, err
-}
-
-// Close ends the download if the blob was not read to its end: nothing of
-// it is kept.
-func (f *fillReader) Close() error {
-	if f.d != nil {
-		f.c.end(f.d, false)
-		f.d = nil
-	}
-	return f.r.Close()
-}
-
-// followReader is what Get returns for a blob that another Get is
-// downloading: it opens the blob at its first Read, after that download.
-type followReader struct {
-	c *Cache
-	// ctx is the Get's: the reader belongs to that call, as a reader from
-	// the backing store would.
-	ctx context.Context
-	key string
-	rc  io.ReadCloser
-	err error
-}
-
-func (f *followReader) Read(p []byte) (int, error) {
-	if f.rc == nil {
-		if f.err == nil {
-			f.rc, f.err = f.c.get(f.ctx, f.key, true)
-		}
-		if f.err != nil {
-			return 0, f.err
-		}
-	}
-	return f.rc.Read(p)
-}
-
-func (f *followReader) Close() error {
-	if f.rc == nil {
-		f.err = fmt.Errorf("get blob %s: %w", f.key, os.ErrClosed)
-		return nil
-	}
-	return f.rc.Close()
 }
