@@ -1,0 +1,104 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// E2BSandbox is what the E2B-compatible API keeps about a sandbox it
+// created (package e2b).
+type E2BSandbox struct {
+	SandboxID   string
+	AccountID   string
+	TemplateID  string
+	Metadata    map[string]string
+	AccessToken string
+	CreatedAt   time.Time
+}
+
+const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, access_token, created_at"
+
+func scanE2BSandbox(s scanner) (E2BSandbox, error) {
+	var (
+		e    E2BSandbox
+		meta string
+		at   int64
+	)
+	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &e.AccessToken, &at); err != nil {
+		return E2BSandbox{}, err
+	}
+	if err := json.Unmarshal([]byte(meta), &e.Metadata); err != nil {
+		return E2BSandbox{}, fmt.Errorf("metadata of sandbox %s: %w", e.SandboxID, err)
+	}
+	e.CreatedAt = fromMillis(at)
+	return e, nil
+}
+
+// CreateE2BSandbox records e for its sandbox, whose row must exist.
+func (q *Queries) CreateE2BSandbox(ctx context.Context, e E2BSandbox) error {
+	meta := e.Metadata
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
+	}
+	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?)",
+		e.SandboxID, e.AccountID, e.TemplateID, string(b), e.AccessToken, toMillis(e.CreatedAt)); err != nil {
+		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
+	}
+	return nil
+}
+
+// GetE2BSandbox returns what the E2B API recorded of sandbox id;
+// ErrNotFound for a sandbox it did not create.
+func (q *Queries) GetE2BSandbox(ctx context.Context, id string) (E2BSandbox, error) {
+	e, err := scanE2BSandbox(q.queryRow(ctx, "SELECT "+e2bSandboxCols+" FROM e2b_sandboxes WHERE sandbox_id = ?", id))
+	if err != nil {
+		return E2BSandbox{}, fmt.Errorf("get e2b sandbox %s: %w", id, notFound(err))
+	}
+	return e, nil
+}
+
+// ListE2BSandboxes returns the E2B records of accountID's sandboxes whose
+// rows are not terminal (pending, running, stopping), newest first, at most
+// limit.
+func (q *Queries) ListE2BSandboxes(ctx context.Context, accountID string, limit int) ([]E2BSandbox, error) {
+	out, err := q.listE2B(ctx, "e.account_id = ? AND s.status IN ('pending', 'running', 'stopping') ORDER BY e.created_at DESC, e.sandbox_id LIMIT ?", accountID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list e2b sandboxes of %s: %w", accountID, err)
+	}
+	return out, nil
+}
+
+// ListLiveE2BSandboxesOn returns the E2B records of the running sandboxes
+// node hosts: the candidates a signed file link may be for.
+func (q *Queries) ListLiveE2BSandboxesOn(ctx context.Context, nodeID string) ([]E2BSandbox, error) {
+	out, err := q.listE2B(ctx, "s.node_id = ? AND s.status = 'running'", nodeID)
+	if err != nil {
+		return nil, fmt.Errorf("list e2b sandboxes on node %s: %w", nodeID, err)
+	}
+	return out, nil
+}
+
+// listE2B returns the E2B records joined with their sandboxes' rows (alias
+// s) that where selects.
+func (q *Queries) listE2B(ctx context.Context, where string, args ...any) ([]E2BSandbox, error) {
+	rows, err := q.query(ctx, "SELECT "+prefixCols("e", e2bSandboxCols)+" FROM e2b_sandboxes e JOIN sandboxes s ON s.id = e.sandbox_id WHERE "+where, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []E2BSandbox
+	for rows.Next() {
+		e, err := scanE2BSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

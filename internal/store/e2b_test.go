@@ -1,0 +1,69 @@
+package store_test
+
+import (
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+func TestE2BSandboxes(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		bob := mustAccount(t, s, store.AccountPersonal, "Bob")
+		running := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		older := mustSandbox(t, s, alice.ID, "n2", store.SandboxRunning, t0)
+		stopped := mustSandbox(t, s, alice.ID, "n1", store.SandboxStopped, t0)
+		bobs := mustSandbox(t, s, bob.ID, "n1", store.SandboxRunning, t0)
+		for i, sb := range []store.Sandbox{running, older, stopped, bobs} {
+			e := store.E2BSandbox{SandboxID: sb.ID, AccountID: sb.AccountID, TemplateID: "base",
+				Metadata: map[string]string{"n": string(rune('a' + i))}, AccessToken: "tok-" + sb.ID,
+				CreatedAt: t0.Add(time.Duration(-i) * time.Second)}
+			if err := s.CreateE2BSandbox(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.GetE2BSandbox(ctx, running.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.AccessToken != "tok-"+running.ID || got.TemplateID != "base" || !maps.Equal(got.Metadata, map[string]string{"n": "a"}) || got.CreatedAt.UnixMilli() != t0.UnixMilli() {
+			t.Fatalf("GetE2BSandbox = %+v", got)
+		}
+		_, err = s.GetE2BSandbox(ctx, "missing")
+		wantErr(t, "GetE2BSandbox", err, store.ErrNotFound)
+		// A record needs its sandbox.
+		err = s.CreateE2BSandbox(ctx, store.E2BSandbox{SandboxID: "missing", AccountID: alice.ID, TemplateID: "base", AccessToken: "x", CreatedAt: t0})
+		if err == nil {
+			t.Fatal("CreateE2BSandbox of a sandbox without a row succeeded")
+		}
+
+		list, err := s.ListE2BSandboxes(ctx, alice.ID, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{running.ID, older.ID}; !slices.Equal(e2bIDs(list), want) {
+			t.Fatalf("ListE2BSandboxes = %v, want the live ones newest first %v", e2bIDs(list), want)
+		}
+		if list, _ := s.ListE2BSandboxes(ctx, alice.ID, 1); len(list) != 1 {
+			t.Fatalf("ListE2BSandboxes with limit 1 = %d rows", len(list))
+		}
+		on, err := s.ListLiveE2BSandboxesOn(ctx, "n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(on, func(a, b store.E2BSandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
+		if want := []string{bobs.ID, running.ID}; !slices.Equal(e2bIDs(on), want) {
+			t.Fatalf("ListLiveE2BSandboxesOn(n1) = %v, want %v", e2bIDs(on), want)
+		}
+	})
+}
+
+func e2bIDs(rows []store.E2BSandbox) []string {
+	return ids(rows, func(e store.E2BSandbox) string { return e.SandboxID })
+}
