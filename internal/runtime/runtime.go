@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"strings"
 	"syscall"
 	"time"
@@ -233,6 +234,17 @@ type Sandbox interface {
 	Stop(ctx context.Context) error
 	// Destroy stops the sandbox and removes everything it had on the host.
 	Destroy(ctx context.Context) error
+}
+
+// AgentHTTP is a Sandbox whose guest agent's HTTP services can be reached
+// as they are: envd's Connect services (process.Process,
+// filesystem.Filesystem), /files and /health, for an API that speaks them
+// to its clients (package e2b).
+type AgentHTTP interface {
+	// AgentTransport carries requests to the agent connected now, waiting
+	// for it to reconnect; they may be addressed to any host. It fails
+	// with ErrNotRunning once the sandbox is gone.
+	AgentTransport(ctx context.Context) (http.RoundTripper, error)
 }
 
 // State of a sandbox.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
@@ -472,6 +473,22 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 		return nil, fmt.Errorf("attach to sandbox %s: %w", sb.ID, err)
 	}
 	return rsb, nil
+}
+
+// AgentTransport carries requests to the guest agent of a running sandbox
+// this node hosts, its workspace readied first as for an exec (see
+// runtime.AgentHTTP): for an API that speaks the agent's own protocol.
+func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
+	rsb, err := m.Local(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	a, ok := rsb.(runtime.AgentHTTP)
+	if !ok {
+		return nil, errdefs.Newf(errdefs.ErrInvalid, "the %s runtime does not expose its sandboxes' agents", m.rt.Name())
+	}
+	_ = m.Prepare(ctx, sb, rsb, false) // a failure is logged; the caller may not need the clone
+	return a.AgentTransport(ctx)
 }
 
 // Stop stops a sandbox; stopping a stopped sandbox is not an error.

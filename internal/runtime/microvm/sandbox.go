@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -538,4 +539,15 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 type restoreFrom struct {
 	state *os.File    // the migration stream, passed to QEMU through QMP
 	hello guest.Hello // what the agent said before it was saved
+}
+
+var _ runtime.AgentHTTP = (*sandbox)(nil)
+
+// AgentTransport implements runtime.AgentHTTP.
+func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error) {
+	c, err := s.agent(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Transport(), nil
 }
