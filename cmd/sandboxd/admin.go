@@ -212,18 +212,18 @@ type createdKey struct {
 }
 
 func newKeyCreateCmd(g *globals) *cobra.Command {
-	var accountID, name string
+	var accountID, name, format string
 	var expires time.Duration
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "create --account ID [--name N]",
+		Use:   "create --account ID [--name N] [--format sandboxd|e2b]",
 		Short: "Create an API key (its plaintext is printed once, here)",
 		Args:  cobra.NoArgs,
 		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			if _, err := st.GetAccount(cmd.Context(), accountID); err != nil {
 				return fmt.Errorf("account %s: %w", accountID, err)
 			}
-			k, plaintext, err := newAPIKey(accountID, name, expires)
+			k, plaintext, err := newAPIKey(accountID, name, format, expires)
 			if err != nil {
 				return err
 			}
@@ -243,14 +243,24 @@ func newKeyCreateCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&accountID, "account", "", "account id the key belongs to")
 	cmd.Flags().StringVar(&name, "name", "", "a label for the key")
 	cmd.Flags().DurationVar(&expires, "expires-in", 0, "expire the key after this long (e.g. 720h); 0 never expires")
+	cmd.Flags().StringVar(&format, "format", "sandboxd", `the key's look: "sandboxd" (sbx_...) or "e2b" (e2b_ and hex, which every E2B SDK accepts); both work everywhere`)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	_ = cmd.MarkFlagRequired("account")
 	return cmd
 }
 
-// newAPIKey mints a key row and its plaintext.
-func newAPIKey(accountID, name string, expires time.Duration) (store.APIKey, string, error) {
-	plaintext, prefix, hash, err := auth.NewKey()
+// newAPIKey mints a key row and its plaintext in format ("sandboxd" or
+// "e2b").
+func newAPIKey(accountID, name, format string, expires time.Duration) (store.APIKey, string, error) {
+	mint := auth.NewKey
+	switch format {
+	case "sandboxd", "":
+	case "e2b":
+		mint = auth.NewE2BKey
+	default:
+		return store.APIKey{}, "", fmt.Errorf(`--format %q: want "sandboxd" or "e2b"`, format)
+	}
+	plaintext, prefix, hash, err := mint()
 	if err != nil {
 		return store.APIKey{}, "", err
 	}

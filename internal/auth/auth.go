@@ -100,6 +100,21 @@ func NewKey() (plaintext, prefix, hash string, err error) {
 	return plaintext, plaintext[:visiblePrefixLen], HashKey(plaintext), nil
 }
 
+// E2BKeyPrefix starts the keys minted in E2B's form: some of E2B's SDKs
+// (JavaScript 2.27 to 2.45) refuse a key that is not "e2b_" and hex.
+const E2BKeyPrefix = "e2b_"
+
+// NewE2BKey is NewKey in E2B's form, "e2b_" and 64 hex digits (32 random
+// bytes, as NewKey). It authenticates like any key: only its look differs.
+func NewE2BKey() (plaintext, prefix, hash string, err error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", "", fmt.Errorf("generate key: %w", err)
+	}
+	plaintext = E2BKeyPrefix + hex.EncodeToString(b[:])
+	return plaintext, plaintext[:len(E2BKeyPrefix)+8], HashKey(plaintext), nil
+}
+
 // HashKey is the stored form of a plaintext key.
 func HashKey(plaintext string) string {
 	sum := sha256.Sum256([]byte(plaintext))
