@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -22,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/e2b"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/forge"
@@ -392,6 +395,23 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
+	e2bAPI, err := e2b.New(e2b.Options{
+		Sandboxes: mgr, Store: st, Auth: authn, NodeID: nodeID,
+		// Every template name starts the server's image: the one it was
+		// built from names it too.
+		Templates: []string{o.template},
+		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB),
+		Logger: log.With("component", "e2b"),
+	})
+	if err != nil {
+		return err
+	}
+	mounts := map[string]http.Handler{
+		repo.GitPathPrefix + "*":    repos.GitHTTPHandler(authn),
+		modelproxy.PathPrefix + "*": models,
+		mcpserver.Path:              mcpSrv,
+	}
+	maps.Copy(mounts, e2bAPI.Routes())
 	srv, err := api.New(api.Options{
 		Store:        st,
 		Auth:         authn,
@@ -405,11 +425,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Proxy:        netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
 		Files:        fileSvc,
 		Cluster:      apiCluster(clu),
-		Mount: map[string]http.Handler{
-			repo.GitPathPrefix + "*":    repos.GitHTTPHandler(authn),
-			modelproxy.PathPrefix + "*": models,
-			mcpserver.Path:              mcpSrv,
-		},
+		Mount:        mounts,
 	})
 	if err != nil {
 		return fmt.Errorf("build API: %w", err)

@@ -1,0 +1,657 @@
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// maxBody bounds a control-plane request body.
+const maxBody = 1 << 20
+
+// listLimit bounds one page of a list.
+const (
+	defaultListLimit = 100
+	maxListLimit     = 1000
+)
+
+// apiError is an answer in E2B's error shape, {"code", "message"}: the SDKs
+// read code (404 makes kill() return false, 409 makes pause() return
+// false).
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func errorf(code int, format string, args ...any) *apiError {
+	return &apiError{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// errorFor maps the manager's and the store's errors to E2B's codes.
+func errorFor(err error) *apiError {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, errdefs.ErrNotFound):
+		return &apiError{Code: http.StatusNotFound, Message: err.Error()}
+	case errors.Is(err, errdefs.ErrInvalid):
+		return &apiError{Code: http.StatusBadRequest, Message: err.Error()}
+	case errors.Is(err, errdefs.ErrQuota):
+		return &apiError{Code: http.StatusTooManyRequests, Message: err.Error()}
+	case errors.Is(err, errdefs.ErrForbidden), errors.Is(err, auth.ErrScope):
+		return &apiError{Code: http.StatusForbidden, Message: err.Error()}
+	case errors.Is(err, errdefs.ErrNotRunning):
+		return &apiError{Code: http.StatusConflict, Message: err.Error()}
+	}
+	return &apiError{Code: http.StatusInternalServerError, Message: "internal error"}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// handler is a control-plane route: it acts for p.
+type handler func(w http.ResponseWriter, r *http.Request, p auth.Principal) error
+
+func (a *API) controlPlane() http.Handler {
+	r := chi.NewRouter()
+	for _, prefix := range []string{"", "/v2"} {
+		r.Post(prefix+"/sandboxes", a.route(a.create, true))
+		r.Get(prefix+"/sandboxes", a.route(a.list, false))
+		r.Post(prefix+"/sandboxes/{id}/connect", a.route(a.connect, true))
+	}
+	r.Get("/sandboxes/{id}", a.route(a.get, false))
+	r.Delete("/sandboxes/{id}", a.route(a.kill, true))
+	r.Post("/sandboxes/{id}/timeout", a.route(a.setTimeout, true))
+	r.Post("/sandboxes/{id}/refreshes", a.route(a.refresh, true))
+	r.Post("/sandboxes/{id}/pause", a.route(a.pause, true))
+	r.Post("/sandboxes/{id}/resume", a.route(a.resume, true))
+	r.Get("/templates", a.route(a.templates, false))
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, errorf(http.StatusNotFound, "%s %s is not part of the E2B API sandboxd serves (see docs/E2B.md)", r.Method, r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusMethodNotAllowed, errorf(http.StatusMethodNotAllowed, "method %s not allowed on %s", r.Method, r.URL.Path))
+	})
+	return r
+}
+
+// route authenticates the caller's key (X-API-Key, or a Bearer token) and
+// runs h; writes is set for routes a sandbox's own key may not use.
+func (a *API) route(h handler, writes bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, err := a.authenticate(r)
+		if err == nil && writes && p.SandboxID != "" {
+			err = errorf(http.StatusForbidden, "a sandbox's own key may only read the API; %s needs an account key", r.Method)
+		}
+		if err == nil {
+			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+			err = h(w, r, p)
+		}
+		if err != nil {
+			ae := errorFor(err)
+			if ae.Code >= 500 {
+				a.log.ErrorContext(r.Context(), "e2b api", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeJSON(w, ae.Code, ae)
+		}
+	}
+}
+
+// authenticate resolves the caller's key. E2B's SDKs send it in
+// X-API-Key; an Authorization header may carry a Bearer key instead, but
+// never beside it (auth.KeyFromHeaders).
+func (a *API) authenticate(r *http.Request) (auth.Principal, error) {
+	key, err := auth.KeyFromHeaders(r.Header)
+	if err != nil {
+		return auth.Principal{}, errorf(http.StatusUnauthorized, "Invalid API key: send a sandboxd API key in X-API-Key")
+	}
+	p, err := a.opts.Auth.Authenticate(r.Context(), key)
+	if err != nil {
+		return auth.Principal{}, errorf(http.StatusUnauthorized, "Invalid API key")
+	}
+	return p, nil
+}
+
+// decode reads a JSON body into v; an empty body leaves v as it is.
+func decode(r *http.Request, v any) error {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errorf(http.StatusRequestEntityTooLarge, "request body over %d bytes", mbe.Limit)
+		}
+		return errorf(http.StatusBadRequest, "read request body: %v", err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return errorf(http.StatusBadRequest, "request body: %v", err)
+	}
+	return nil
+}
+
+// newSandboxRequest is NewSandbox and NewSandboxV2.
+type newSandboxRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"` // seconds
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	Secure              *bool             `json:"secure"`
+	AutoPause           *bool             `json:"autoPause"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkConfig    `json:"network"`
+}
+
+// networkConfig is the part of E2B's SandboxNetworkConfig sandboxd's
+// policy expresses.
+type networkConfig struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+// sandboxResponse is E2B's Sandbox: what create, resume and connect answer.
+type sandboxResponse struct {
+	SandboxID       string  `json:"sandboxID"`
+	TemplateID      string  `json:"templateID"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken"`
+	Domain          *string `json:"domain"`
+	Alias           string  `json:"alias,omitempty"`
+}
+
+// listedSandbox is E2B's ListedSandbox; sandboxDetail adds to it.
+type listedSandbox struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	DiskSizeMB  int               `json:"diskSizeMB"`
+	Metadata    map[string]string `json:"metadata"`
+	State       string            `json:"state"`
+	EnvdVersion string            `json:"envdVersion"`
+}
+
+type sandboxDetail struct {
+	listedSandbox
+	EnvdAccessToken string  `json:"envdAccessToken"`
+	Domain          *string `json:"domain"`
+}
+
+// clientID is a fixed value: E2B's is an internal routing detail that the
+// SDKs carry but do not use.
+const clientID = "sandboxd"
+
+func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req newSandboxRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.TemplateID == "" {
+		req.TemplateID = DefaultTemplate
+	}
+	if req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
+		return errorf(http.StatusNotFound, "template %q not found: this server starts %s", req.TemplateID, strings.Join(append([]string{DefaultTemplate}, a.opts.Templates...), ", "))
+	}
+	if len(req.EnvVars) > 0 {
+		// Refused rather than dropped: a program that relies on them would
+		// run with the wrong environment.
+		return errorf(http.StatusBadRequest, "envVars are not supported by sandboxd's E2B API yet: pass them to each command (envs)")
+	}
+	if req.AutoPause != nil && *req.AutoPause {
+		return errorf(http.StatusBadRequest, "autoPause is not supported by sandboxd's E2B API yet: the sandbox would be killed at its timeout, not paused")
+	}
+	for k, v := range req.Metadata {
+		if len(k) == 0 || len(k) > 256 || len(v) > 4096 {
+			return errorf(http.StatusBadRequest, "metadata: keys of 1 to 256 bytes and values of at most 4096 bytes")
+		}
+	}
+	if len(req.Metadata) > 64 {
+		return errorf(http.StatusBadRequest, "metadata: at most 64 entries")
+	}
+	creq := sandbox.CreateRequest{}
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			return errorf(http.StatusBadRequest, "timeout must be a positive number of seconds")
+		}
+		creq.Lifetime = time.Duration(*req.Timeout) * time.Second
+	}
+	policy, err := req.policy()
+	if err != nil {
+		return err
+	}
+	creq.Network = policy
+	token, err := newAccessToken()
+	if err != nil {
+		return err
+	}
+	sb, _, err := a.opts.Sandboxes.Create(r.Context(), p.AccountID, creq)
+	if err != nil {
+		return err
+	}
+	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: p.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, AccessToken: token, CreatedAt: a.opts.Now()}
+	if err := a.opts.Store.CreateE2BSandbox(context.WithoutCancel(r.Context()), e); err != nil {
+		// Without its record the sandbox cannot be reached through this API.
+		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), sb)
+		return err
+	}
+	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))
+	return nil
+}
+
+// policy maps E2B's network options onto sandboxd's policy: no options is
+// the server's default, allow_internet_access false is no network, and
+// allowOut lists what may be reached. denyOut is refused: sandboxd's deny
+// list is the operator's, always applied, and a policy is an allow list.
+func (req newSandboxRequest) policy() (*netpol.Policy, error) {
+	if req.Network != nil && len(req.Network.DenyOut) > 0 {
+		return nil, errorf(http.StatusBadRequest, "network.denyOut is not supported: sandboxd's policies are allow lists (network.allowOut), and private, host and metadata addresses are always denied")
+	}
+	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+		if req.Network != nil && len(req.Network.AllowOut) > 0 {
+			return nil, errorf(http.StatusBadRequest, "allow_internet_access false with network.allowOut: choose one")
+		}
+		p := netpol.Policy{Mode: netpol.ModeNone}
+		return &p, nil
+	}
+	if req.Network != nil && len(req.Network.AllowOut) > 0 {
+		b, err := json.Marshal(map[string][]string{"allow": req.Network.AllowOut})
+		if err != nil {
+			return nil, err
+		}
+		var p netpol.Policy
+		if err := json.Unmarshal(b, &p); err != nil {
+			return nil, errorf(http.StatusBadRequest, "network.allowOut: %v", err)
+		}
+		return &p, nil
+	}
+	if req.AllowInternetAccess != nil && *req.AllowInternetAccess {
+		p := netpol.Policy{Mode: netpol.ModeEgress}
+		return &p, nil
+	}
+	return nil, nil
+}
+
+// newAccessToken returns a sandbox's envd access token: 32 random bytes.
+func newAccessToken() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate access token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
+	return sandboxResponse{SandboxID: e.SandboxID, TemplateID: e.TemplateID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: e.AccessToken}
+}
+
+// sandboxOf returns the caller's live sandbox id with its E2B record: a
+// sandbox of another account, one this API did not create and one that
+// ended are all not found, as E2B answers for a killed sandbox.
+func (a *API) sandboxOf(ctx context.Context, p auth.Principal, id string) (store.Sandbox, store.E2BSandbox, error) {
+	notFound := errorf(http.StatusNotFound, "sandbox %q not found", id)
+	e, err := a.opts.Store.GetE2BSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && e.AccountID != p.AccountID) {
+		return store.Sandbox{}, store.E2BSandbox{}, notFound
+	}
+	if err != nil {
+		return store.Sandbox{}, store.E2BSandbox{}, err
+	}
+	sb, err := a.opts.Store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Sandbox{}, store.E2BSandbox{}, notFound
+	}
+	if err != nil {
+		return store.Sandbox{}, store.E2BSandbox{}, err
+	}
+	if sb = a.opts.Sandboxes.Live(ctx, []store.Sandbox{sb})[0]; !live(sb) {
+		return store.Sandbox{}, store.E2BSandbox{}, notFound
+	}
+	return sb, e, nil
+}
+
+// live reports whether a sandbox is still E2B's "running" or "paused".
+func live(sb store.Sandbox) bool {
+	return sb.Status == store.SandboxPending || sb.Status == store.SandboxRunning
+}
+
+// state is E2B's name for where a live sandbox is.
+func state(sb store.Sandbox) string {
+	if sb.Pause != "" {
+		return "paused"
+	}
+	return "running"
+}
+
+func (a *API) listed(sb store.Sandbox, e store.E2BSandbox) listedSandbox {
+	meta := e.Metadata
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	end := sb.Deadline
+	if sb.Pause != "" {
+		end = a.opts.Now().Add(sb.PausedRemaining)
+	}
+	return listedSandbox{
+		SandboxID: sb.ID, TemplateID: e.TemplateID, ClientID: clientID,
+		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
+		CPUCount: a.opts.CPUs, MemoryMB: a.opts.MemoryMB, DiskSizeMB: a.opts.DiskMB,
+		Metadata: meta, State: state(sb), EnvdVersion: EnvdVersion,
+	}
+}
+
+func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, e, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sandboxDetail{listedSandbox: a.listed(sb, e), EnvdAccessToken: e.AccessToken})
+	return nil
+}
+
+// list answers both GET /sandboxes (v1: running ones, filtered by
+// metadata) and GET /v2/sandboxes (state, metadata, limit and nextToken,
+// the next page's token in the x-next-token header).
+func (a *API) list(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	q := r.URL.Query()
+	v2 := strings.HasPrefix(r.URL.Path, "/v2/")
+	meta, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		return err
+	}
+	states := map[string]bool{"running": true, "paused": v2}
+	if s := q.Get("state"); s != "" {
+		states = map[string]bool{}
+		for _, st := range strings.Split(s, ",") {
+			if st != "running" && st != "paused" {
+				return errorf(http.StatusBadRequest, "state %q: want running or paused", st)
+			}
+			states[st] = true
+		}
+	}
+	limit, offset := defaultListLimit, 0
+	if s := q.Get("limit"); s != "" {
+		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > maxListLimit {
+			return errorf(http.StatusBadRequest, "limit must be 1 to %d", maxListLimit)
+		}
+	}
+	if s := q.Get("nextToken"); s != "" {
+		if offset, err = decodeToken(s); err != nil {
+			return errorf(http.StatusBadRequest, "nextToken is not one this server gave")
+		}
+	}
+	records, err := a.opts.Store.ListE2BSandboxes(r.Context(), p.AccountID, maxListLimit+1)
+	if err != nil {
+		return err
+	}
+	var matched []listedSandbox
+	for _, e := range records {
+		if !matches(e.Metadata, meta) {
+			continue
+		}
+		sb, err := a.opts.Store.GetSandbox(r.Context(), e.SandboxID)
+		if err != nil {
+			continue // ended and gone meanwhile
+		}
+		if sb = a.opts.Sandboxes.Live(r.Context(), []store.Sandbox{sb})[0]; !live(sb) || !states[state(sb)] {
+			continue
+		}
+		matched = append(matched, a.listed(sb, e))
+	}
+	if !v2 {
+		writeJSON(w, http.StatusOK, matched)
+		return nil
+	}
+	page := []listedSandbox{}
+	if offset < len(matched) {
+		page = matched[offset:min(len(matched), offset+limit)]
+	}
+	if offset+limit < len(matched) {
+		w.Header().Set("X-Next-Token", encodeToken(offset+limit))
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+// metadataFilter parses the SDKs' metadata query: a URL-encoded query
+// string of key=value pairs, each part encoded once more.
+func metadataFilter(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(s)
+	if err != nil {
+		return nil, errorf(http.StatusBadRequest, "metadata filter: %v", err)
+	}
+	out := make(map[string]string, len(vals))
+	for k, vs := range vals {
+		key, err1 := url.QueryUnescape(k)
+		val, err2 := url.QueryUnescape(vs[len(vs)-1])
+		if err1 != nil || err2 != nil {
+			return nil, errorf(http.StatusBadRequest, "metadata filter: bad encoding")
+		}
+		out[key] = val
+	}
+	return out, nil
+}
+
+func matches(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Page tokens are an offset into the newest-first list: opaque to the
+// SDKs, which hand them back as they are.
+func encodeToken(offset int) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("o:" + strconv.Itoa(offset)))
+}
+
+func decodeToken(s string) (int, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || !strings.HasPrefix(string(b), "o:") {
+		return 0, errors.New("bad token")
+	}
+	n, err := strconv.Atoi(string(b[2:]))
+	if err != nil || n < 0 {
+		return 0, errors.New("bad token")
+	}
+	return n, nil
+}
+
+func (a *API) kill(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	if _, err := a.opts.Sandboxes.Stop(r.Context(), sb); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// timeoutRequest is E2B's {"timeout": seconds}.
+type timeoutRequest struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+func (t timeoutRequest) duration() (time.Duration, error) {
+	if t.Timeout == nil || *t.Timeout <= 0 {
+		return 0, errorf(http.StatusBadRequest, "timeout must be a positive number of seconds")
+	}
+	return time.Duration(*t.Timeout) * time.Second, nil
+}
+
+func (a *API) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req timeoutRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	d, err := req.duration()
+	if err != nil {
+		return err
+	}
+	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), sb, d); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// refresh is the older SDKs' keep-alive: {"duration": seconds} more.
+func (a *API) refresh(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	d, err := timeoutRequest{Timeout: req.Duration}.duration()
+	if err != nil {
+		return err
+	}
+	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), sb, d); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	if sb.Pause != "" {
+		return errorf(http.StatusConflict, "sandbox %s is already paused", sb.ID)
+	}
+	if _, err := a.opts.Sandboxes.Pause(r.Context(), sb); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// resume is v1's POST /sandboxes/{id}/resume: a running sandbox is a
+// conflict.
+func (a *API) resume(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req timeoutRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sb, e, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	if sb.Pause == "" {
+		return errorf(http.StatusConflict, "sandbox %s is already running", sb.ID)
+	}
+	if err := a.wake(r.Context(), sb, req); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))
+	return nil
+}
+
+// connect resumes a paused sandbox (201) or answers a running one (200),
+// setting its timeout when the request gives one.
+func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req timeoutRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sb, e, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	code := http.StatusOK
+	if sb.Pause != "" {
+		code = http.StatusCreated
+	}
+	if err := a.wake(r.Context(), sb, req); err != nil {
+		return err
+	}
+	writeJSON(w, code, a.sandboxResponse(e))
+	return nil
+}
+
+// wake resumes sb if it is paused and sets its timeout if req gives one.
+func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) error {
+	if sb.Pause != "" {
+		var err error
+		if sb, err = a.opts.Sandboxes.Resume(ctx, sb); err != nil {
+			return err
+		}
+	}
+	if req.Timeout == nil {
+		return nil
+	}
+	d, err := req.duration()
+	if err != nil {
+		return err
+	}
+	_, err = a.opts.Sandboxes.SetTimeout(ctx, sb, d)
+	return err
+}
+
+// template is the part of E2B's Template the SDKs read when listing.
+type template struct {
+	TemplateID string   `json:"templateID"`
+	Aliases    []string `json:"aliases"`
+	Public     bool     `json:"public"`
+	CPUCount   int      `json:"cpuCount"`
+	MemoryMB   int      `json:"memoryMB"`
+	DiskSizeMB int      `json:"diskSizeMB"`
+	EnvdVer    string   `json:"envdVersion"`
+}
+
+func (a *API) templates(w http.ResponseWriter, _ *http.Request, _ auth.Principal) error {
+	out := []template{}
+	for _, id := range append([]string{DefaultTemplate}, a.opts.Templates...) {
+		out = append(out, template{TemplateID: id, Aliases: []string{id}, Public: true, CPUCount: a.opts.CPUs, MemoryMB: a.opts.MemoryMB, DiskSizeMB: a.opts.DiskMB, EnvdVer: EnvdVersion})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
