@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -84,6 +85,11 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 		agentError(w, http.StatusBadGateway, "sandbox "+e.SandboxID+" is not running")
 		return
 	}
+	user, ok := requestUser(r)
+	if !ok {
+		agentError(w, http.StatusBadRequest, "the user the request names is not a valid user name")
+		return
+	}
 	tr, err := a.opts.Sandboxes.AgentTransport(ctx, sb)
 	if err != nil {
 		code := http.StatusBadGateway
@@ -93,7 +99,11 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 		agentError(w, code, "sandbox "+e.SandboxID+" is not running")
 		return
 	}
-	a.forward(w, r, tr)
+	if r.URL.Path == processconnect.ProcessStartProcedure {
+		a.start.ServeHTTP(w, r.WithContext(context.WithValue(ctx, startTargetKey{}, startTarget{tr: tr, e: e, user: user})))
+		return
+	}
+	a.forward(w, r, tr, user)
 }
 
 // authorized reports whether r carries e's access token, or, for /files,
@@ -166,13 +176,14 @@ func sigEqual(sig, raw string) bool {
 
 // forward sends r to the agent over tr, without the caller's credentials
 // and routing headers, streaming both ways (Connect's server streams).
-func (a *API) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTripper) {
+func (a *API) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTripper, user string) {
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", "agent", "agent"
 			for _, h := range []string{headerAccessToken, headerSandboxID, headerSandboxPort, "Authorization", "X-Api-Key", "Cookie"} {
 				pr.Out.Header.Del(h)
 			}
+			pr.Out.Header.Set(userHeader, user)
 		},
 		Transport:     tr,
 		FlushInterval: -1,

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
+
+// envName is an environment variable's name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // maxBody bounds a control-plane request body.
 const maxBody = 1 << 20
@@ -223,10 +227,13 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	if req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
 		return errorf(http.StatusNotFound, "template %q not found: this server starts %s", req.TemplateID, strings.Join(append([]string{DefaultTemplate}, a.opts.Templates...), ", "))
 	}
-	if len(req.EnvVars) > 0 {
-		// Refused rather than dropped: a program that relies on them would
-		// run with the wrong environment.
-		return errorf(http.StatusBadRequest, "envVars are not supported by sandboxd's E2B API yet: pass them to each command (envs)")
+	if len(req.EnvVars) > 256 {
+		return errorf(http.StatusBadRequest, "envVars: at most 256 variables")
+	}
+	for k, v := range req.EnvVars {
+		if !envName.MatchString(k) || len(v) > 32<<10 {
+			return errorf(http.StatusBadRequest, "envVars: %q: names are letters, digits and _, not starting with a digit; values at most 32 KiB", k)
+		}
 	}
 	if req.AutoPause != nil && *req.AutoPause {
 		return errorf(http.StatusBadRequest, "autoPause is not supported by sandboxd's E2B API yet: the sandbox would be killed at its timeout, not paused")
@@ -259,7 +266,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	if err != nil {
 		return err
 	}
-	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: p.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, AccessToken: token, CreatedAt: a.opts.Now()}
+	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: p.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
 	if err := a.opts.Store.CreateE2BSandbox(context.WithoutCancel(r.Context()), e); err != nil {
 		// Without its record the sandbox cannot be reached through this API.
 		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), sb)

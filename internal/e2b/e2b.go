@@ -81,8 +81,9 @@ type Options struct {
 
 // API is the E2B-compatible API.
 type API struct {
-	opts Options
-	log  *slog.Logger
+	opts  Options
+	log   *slog.Logger
+	start http.Handler // process.Process/Start (see startHandler)
 }
 
 // New builds the API.
@@ -96,7 +97,9 @@ func New(opts Options) (*API, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &API{opts: opts, log: opts.Logger}, nil
+	a := &API{opts: opts, log: opts.Logger}
+	a.start = a.startHandler()
+	return a, nil
 }
 
 // Routes returns the handlers to mount on the server's router, by chi

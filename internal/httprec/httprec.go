@@ -33,3 +33,13 @@ func (r *Recorder) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach Flush on the real writer.
 func (r *Recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// Flush implements http.Flusher for handlers that look for it by type
+// assertion rather than through http.ResponseController (connect-go's
+// streams); a writer that cannot flush makes it a no-op, as it would be.
+func (r *Recorder) Flush() {
+	if r.Status == 0 {
+		r.Status = http.StatusOK
+	}
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}

@@ -10,27 +10,32 @@ import (
 // E2BSandbox is what the E2B-compatible API keeps about a sandbox it
 // created (package e2b).
 type E2BSandbox struct {
-	SandboxID   string
-	AccountID   string
-	TemplateID  string
-	Metadata    map[string]string
+	SandboxID  string
+	AccountID  string
+	TemplateID string
+	Metadata   map[string]string
+	// EnvVars are given to every process the E2B API starts in it.
+	EnvVars     map[string]string
 	AccessToken string
 	CreatedAt   time.Time
 }
 
-const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, access_token, created_at"
+const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, env_vars, access_token, created_at"
 
 func scanE2BSandbox(s scanner) (E2BSandbox, error) {
 	var (
-		e    E2BSandbox
-		meta string
-		at   int64
+		e         E2BSandbox
+		meta, env string
+		at        int64
 	)
-	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &e.AccessToken, &at); err != nil {
+	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &env, &e.AccessToken, &at); err != nil {
 		return E2BSandbox{}, err
 	}
 	if err := json.Unmarshal([]byte(meta), &e.Metadata); err != nil {
 		return E2BSandbox{}, fmt.Errorf("metadata of sandbox %s: %w", e.SandboxID, err)
+	}
+	if err := json.Unmarshal([]byte(env), &e.EnvVars); err != nil {
+		return E2BSandbox{}, fmt.Errorf("environment of sandbox %s: %w", e.SandboxID, err)
 	}
 	e.CreatedAt = fromMillis(at)
 	return e, nil
@@ -38,16 +43,16 @@ func scanE2BSandbox(s scanner) (E2BSandbox, error) {
 
 // CreateE2BSandbox records e for its sandbox, whose row must exist.
 func (q *Queries) CreateE2BSandbox(ctx context.Context, e E2BSandbox) error {
-	meta := e.Metadata
-	if meta == nil {
-		meta = map[string]string{}
-	}
-	b, err := json.Marshal(meta)
+	meta, err := jsonObject(e.Metadata)
 	if err != nil {
 		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
 	}
-	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?)",
-		e.SandboxID, e.AccountID, e.TemplateID, string(b), e.AccessToken, toMillis(e.CreatedAt)); err != nil {
+	env, err := jsonObject(e.EnvVars)
+	if err != nil {
+		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
+	}
+	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?)",
+		e.SandboxID, e.AccountID, e.TemplateID, meta, env, e.AccessToken, toMillis(e.CreatedAt)); err != nil {
 		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
 	}
 	return nil
@@ -101,4 +106,13 @@ func (q *Queries) listE2B(ctx context.Context, where string, args ...any) ([]E2B
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// jsonObject encodes m as a JSON object, {} for nil.
+func jsonObject(m map[string]string) (string, error) {
+	if m == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
 }

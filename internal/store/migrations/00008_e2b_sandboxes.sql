@@ -1,6 +1,7 @@
 -- What the E2B-compatible API (package e2b) keeps about a sandbox it
 -- created, beside the sandbox's own row: the template the caller named, the
--- caller's metadata (a JSON object of strings), and the envd access token
+-- caller's metadata and environment variables (JSON objects of strings),
+-- and the envd access token
 -- the SDK sends to reach the sandbox's agent. The token is kept as it is,
 -- not hashed: E2B's connect answers it again, and it grants nothing but
 -- that one sandbox's agent while the sandbox lives (the row goes with the
@@ -12,6 +13,7 @@ CREATE TABLE e2b_sandboxes (
     account_id   TEXT    NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
     template_id  TEXT    NOT NULL,
     metadata     TEXT    NOT NULL DEFAULT '{}',
+    env_vars     TEXT    NOT NULL DEFAULT '{}',
     access_token TEXT    NOT NULL,
     created_at   BIGINT  NOT NULL
 );

@@ -1,0 +1,88 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"maps"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// userHeader tells the guest agent which user a request acts as (see
+// package guest). The host sets it; a caller's own is removed.
+const userHeader = "Sandboxd-User"
+
+// defaultUser is the user E2B's templates run commands as.
+const defaultUser = "user"
+
+// userName is a user name as the agent accepts it.
+var userName = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// requestUser is the user a request to the agent acts as: E2B's SDKs name
+// it in Basic authentication ("user:"), or in the username parameter of a
+// file link; none is the template's default user.
+func requestUser(r *http.Request) (string, bool) {
+	name := r.URL.Query().Get("username")
+	if authz := r.Header.Get("Authorization"); name == "" && authz != "" {
+		scheme, cred, ok := strings.Cut(authz, " ")
+		if !ok || !strings.EqualFold(scheme, "Basic") {
+			return "", false
+		}
+		b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+		if err != nil {
+			return "", false
+		}
+		name, _, _ = strings.Cut(string(b), ":")
+	}
+	if name == "" {
+		return defaultUser, true
+	}
+	return name, userName.MatchString(name)
+}
+
+// startTarget is what a Start call is forwarded with: the sandbox's agent
+// and record, and the user it acts as.
+type startTarget struct {
+	tr   http.RoundTripper
+	e    store.E2BSandbox
+	user string
+}
+
+type startTargetKey struct{}
+
+// startHandler serves process.Process/Start itself rather than passing
+// the bytes on: the sandbox's environment variables (create's envVars)
+// go under the request's own, which only a decoded message can do.
+func (a *API) startHandler() http.Handler {
+	return connect.NewServerStreamHandler(processconnect.ProcessStartProcedure,
+		func(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
+			t := ctx.Value(startTargetKey{}).(startTarget)
+			msg := req.Msg
+			if cfg := msg.GetProcess(); cfg != nil && len(t.e.EnvVars) > 0 {
+				envs := maps.Clone(t.e.EnvVars)
+				maps.Copy(envs, cfg.GetEnvs())
+				cfg.Envs = envs
+			}
+			client := processconnect.NewProcessClient(&http.Client{Transport: t.tr}, "http://agent")
+			out := connect.NewRequest(msg)
+			out.Header().Set(userHeader, t.user)
+			in, err := client.Start(ctx, out)
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			for in.Receive() {
+				if err := stream.Send(in.Msg()); err != nil {
+					return err
+				}
+			}
+			return in.Err()
+		})
+}
