@@ -1,0 +1,358 @@
+package e2b
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+)
+
+// fakeSandboxes stands in for the sandbox manager: rows in the real
+// store, and every sandbox's agent is one fake agent (agentHandler).
+type fakeSandboxes struct {
+	st    *store.Store
+	node  string
+	agent http.Handler
+	mu    sync.Mutex
+	last  sandbox.CreateRequest
+}
+
+func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (store.Sandbox, string, error) {
+	f.mu.Lock()
+	f.last = req
+	f.mu.Unlock()
+	now := time.Now()
+	sb := store.Sandbox{AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute)}
+	err := f.st.CreateSandbox(ctx, &sb)
+	return sb, "", err
+}
+
+func (f *fakeSandboxes) Live(_ context.Context, sbs []store.Sandbox) []store.Sandbox { return sbs }
+
+func (f *fakeSandboxes) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	_, err := f.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxRunning}, store.SandboxStopped, "", time.Now())
+	sb.Status = store.SandboxStopped
+	return sb, err
+}
+
+func (f *fakeSandboxes) SetTimeout(_ context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
+	sb.Deadline = time.Now().Add(d)
+	return sb, nil
+}
+
+func (f *fakeSandboxes) Pause(context.Context, store.Sandbox) (store.Sandbox, error) {
+	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not pause")
+}
+
+func (f *fakeSandboxes) Resume(context.Context, store.Sandbox) (store.Sandbox, error) {
+	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not resume")
+}
+
+func (f *fakeSandboxes) AgentTransport(context.Context, store.Sandbox) (http.RoundTripper, error) {
+	return handlerTransport{f.agent}, nil
+}
+
+// handlerTransport serves requests with a handler in process.
+type handlerTransport struct{ h http.Handler }
+
+func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	t.h.ServeHTTP(rec, r)
+	return rec.Result(), nil
+}
+
+// fakeAgent records what reached it: /files answers the headers it got,
+// Start echoes the environment and user it was given.
+type fakeAgent struct {
+	processconnect.UnimplementedProcessHandler
+}
+
+func (fakeAgent) Start(_ context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
+	out := fmt.Sprintf("user=%s env=%v", req.Header().Get(userHeader), req.Msg.GetProcess().GetEnvs())
+	return stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: []byte(out)}}}}})
+}
+
+func newFakeAgent() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(fakeAgent{}))
+	mux.HandleFunc("/files", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]string{
+			"path": r.URL.Query().Get("path"), "user": r.Header.Get(userHeader),
+			"token": r.Header.Get(headerAccessToken), "authz": r.Header.Get("Authorization"),
+		})
+	})
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	return mux
+}
+
+type fixture struct {
+	t        *testing.T
+	srv      *httptest.Server
+	st       *store.Store
+	sbs      *fakeSandboxes
+	key      string // alice's
+	otherKey string // bob's
+	now      time.Time
+}
+
+func newFixture(t *testing.T) *fixture {
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	f := &fixture{t: t, st: st, now: time.Now()}
+	f.sbs = &fakeSandboxes{st: st, node: "n1", agent: newFakeAgent()}
+	api, err := New(Options{Sandboxes: f.sbs, Store: st, Auth: auth.NewAuthenticator(st), NodeID: "n1", CPUs: 2, MemoryMB: 512, Now: func() time.Time { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	for pattern, h := range api.Routes() {
+		mux.Handle(strings.TrimSuffix(pattern, "*"), h)
+	}
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	f.key = f.account("alice")
+	f.otherKey = f.account("bob")
+	return f
+}
+
+// account creates an account and returns a key of it in E2B's form.
+func (f *fixture) account(name string) string {
+	a := store.Account{Name: name, Kind: store.AccountPersonal}
+	if err := f.st.CreateAccount(f.t.Context(), &a); err != nil {
+		f.t.Fatal(err)
+	}
+	plaintext, prefix, hash, err := auth.NewE2BKey()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.st.CreateAPIKey(f.t.Context(), &store.APIKey{AccountID: a.ID, Name: "k", Prefix: prefix, Hash: hash}); err != nil {
+		f.t.Fatal(err)
+	}
+	return plaintext
+}
+
+// call sends a request and decodes a JSON answer into out (when not nil).
+func (f *fixture) call(method, path string, headers map[string]string, body any, out any) *http.Response {
+	f.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = strings.NewReader(string(b))
+	}
+	req, _ := http.NewRequest(method, f.srv.URL+path, rd)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			f.t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, b, err)
+		}
+	}
+	return resp
+}
+
+func (f *fixture) create(key string, body map[string]any) sandboxResponse {
+	f.t.Helper()
+	var sb sandboxResponse
+	if resp := f.call("POST", "/v2/sandboxes", map[string]string{"X-API-Key": key}, body, &sb); resp.StatusCode != http.StatusCreated {
+		f.t.Fatalf("create: %d", resp.StatusCode)
+	}
+	return sb
+}
+
+func TestControlPlaneAuthAndErrors(t *testing.T) {
+	f := newFixture(t)
+	var e apiError
+	for _, h := range []map[string]string{nil, {"X-API-Key": "e2b_00"}, {"X-API-Key": f.key, "Authorization": "Bearer " + f.key}} {
+		if resp := f.call("GET", "/v2/sandboxes", h, nil, &e); resp.StatusCode != 401 || e.Code != 401 {
+			t.Fatalf("list with %v: %d %+v, want 401 in E2B's shape", h, resp.StatusCode, e)
+		}
+	}
+	key := map[string]string{"X-API-Key": f.key}
+	cases := []struct {
+		body map[string]any
+		code int
+	}{
+		{map[string]any{"templateID": "nope"}, 404},
+		{map[string]any{"templateID": "base", "envVars": map[string]string{"1BAD": "x"}}, 400},
+		{map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"1.2.3.4"}}}, 400},
+		{map[string]any{"templateID": "base", "timeout": 0}, 400},
+		{map[string]any{"templateID": "base", "autoPause": true}, 400},
+	}
+	for _, c := range cases {
+		if resp := f.call("POST", "/v2/sandboxes", key, c.body, &e); resp.StatusCode != c.code || e.Code != c.code {
+			t.Errorf("create %v: %d %+v, want %d", c.body, resp.StatusCode, e, c.code)
+		}
+	}
+	if resp := f.call("GET", "/sandboxes/sbx_missing", key, nil, &e); resp.StatusCode != 404 {
+		t.Fatalf("get missing: %d", resp.StatusCode)
+	}
+	if resp := f.call("DELETE", "/sandboxes/sbx_missing", key, nil, &e); resp.StatusCode != 404 || e.Code != 404 {
+		t.Fatalf("kill missing: %d %+v (the SDK's kill() reads code 404 as false)", resp.StatusCode, e)
+	}
+}
+
+func TestControlPlaneLifecycle(t *testing.T) {
+	f := newFixture(t)
+	key := map[string]string{"X-API-Key": f.key}
+	sb := f.create(f.key, map[string]any{"templateID": "base", "timeout": 60, "metadata": map[string]string{"team": "a"}, "envVars": map[string]string{"FOO": "bar"}})
+	if sb.SandboxID == "" || sb.TemplateID != "base" || sb.EnvdVersion != EnvdVersion || len(sb.EnvdAccessToken) != 64 || sb.ClientID == "" {
+		t.Fatalf("create answered %+v", sb)
+	}
+	if f.sbs.last.Lifetime != time.Minute {
+		t.Fatalf("create asked the manager for a lifetime of %v, want 1m", f.sbs.last.Lifetime)
+	}
+	f.create(f.key, map[string]any{"templateID": "base", "metadata": map[string]string{"team": "b"}})
+	f.create(f.otherKey, map[string]any{"metadata": map[string]string{"team": "a"}})
+
+	var detail sandboxDetail
+	if resp := f.call("GET", "/sandboxes/"+sb.SandboxID, key, nil, &detail); resp.StatusCode != 200 ||
+		detail.Metadata["team"] != "a" || detail.State != "running" || detail.CPUCount != 2 || detail.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Fatalf("get: %d %+v", resp.StatusCode, detail)
+	}
+	// Another account's key sees nothing of it.
+	other := map[string]string{"X-API-Key": f.otherKey}
+	if resp := f.call("GET", "/sandboxes/"+sb.SandboxID, other, nil, nil); resp.StatusCode != 404 {
+		t.Fatalf("get by another account: %d, want 404", resp.StatusCode)
+	}
+	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, other, nil, nil); resp.StatusCode != 404 {
+		t.Fatalf("kill by another account: %d, want 404", resp.StatusCode)
+	}
+
+	var list []listedSandbox
+	filter := url.QueryEscape(url.Values{"team": {"a"}}.Encode())
+	f.call("GET", "/v2/sandboxes?metadata="+filter, key, nil, &list)
+	if len(list) != 1 || list[0].SandboxID != sb.SandboxID {
+		t.Fatalf("list with metadata team=a: %+v", list)
+	}
+	resp := f.call("GET", "/v2/sandboxes?limit=1", key, nil, &list)
+	next := resp.Header.Get("X-Next-Token")
+	if len(list) != 1 || next == "" {
+		t.Fatalf("first page of 1: %d sandboxes, next token %q", len(list), next)
+	}
+	first := list[0].SandboxID
+	resp = f.call("GET", "/v2/sandboxes?limit=1&nextToken="+next, key, nil, &list)
+	if len(list) != 1 || list[0].SandboxID == first || resp.Header.Get("X-Next-Token") != "" {
+		t.Fatalf("second page: %+v, next %q", list, resp.Header.Get("X-Next-Token"))
+	}
+
+	if resp := f.call("POST", "/sandboxes/"+sb.SandboxID+"/timeout", key, map[string]any{"timeout": 30}, nil); resp.StatusCode != 204 {
+		t.Fatalf("set timeout: %d", resp.StatusCode)
+	}
+	var conn sandboxResponse
+	if resp := f.call("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", key, map[string]any{"timeout": 30}, &conn); resp.StatusCode != 200 || conn.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Fatalf("connect to a running sandbox: %d %+v, want 200 and its token", resp.StatusCode, conn)
+	}
+	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, key, nil, nil); resp.StatusCode != 204 {
+		t.Fatalf("kill: %d", resp.StatusCode)
+	}
+	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, key, nil, nil); resp.StatusCode != 404 {
+		t.Fatalf("kill again: %d, want 404", resp.StatusCode)
+	}
+	if resp := f.call("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", key, nil, nil); resp.StatusCode != 404 {
+		t.Fatalf("connect to a killed sandbox: %d, want 404", resp.StatusCode)
+	}
+}
+
+// sign makes a file link's signature as the SDKs do.
+func sign(path, op, user, token string, exp int64) string {
+	raw := path + ":" + op + ":" + user + ":" + token
+	if exp != 0 {
+		raw += fmt.Sprintf(":%d", exp)
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+}
+
+func TestAgentRoutes(t *testing.T) {
+	f := newFixture(t)
+	sb := f.create(f.key, map[string]any{"envVars": map[string]string{"FOO": "bar", "X": "1"}})
+	to := func(token string) map[string]string {
+		return map[string]string{headerSandboxID: sb.SandboxID, headerAccessToken: token, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("user:"))}
+	}
+	var got map[string]string
+	if resp := f.call("GET", "/files?path=a.txt", to(sb.EnvdAccessToken), nil, &got); resp.StatusCode != 200 {
+		t.Fatalf("files with the token: %d", resp.StatusCode)
+	}
+	if got["user"] != "user" || got["token"] != "" || got["authz"] != "" {
+		t.Fatalf("the agent got %v: want the user named, and no credentials", got)
+	}
+	if resp := f.call("GET", "/files?path=a.txt", to("wrong"), nil, nil); resp.StatusCode != 401 {
+		t.Fatalf("files with a wrong token: %d, want 401", resp.StatusCode)
+	}
+	if resp := f.call("GET", "/files?path=a.txt", map[string]string{headerAccessToken: sb.EnvdAccessToken}, nil, nil); resp.StatusCode != 400 {
+		t.Fatalf("files without a sandbox id: %d, want 400", resp.StatusCode)
+	}
+	if resp := f.call("GET", "/health", map[string]string{headerSandboxID: sb.SandboxID}, nil, nil); resp.StatusCode != 204 {
+		t.Fatalf("health: %d, want 204", resp.StatusCode)
+	}
+	bad := map[string]string{headerSandboxID: sb.SandboxID, headerAccessToken: sb.EnvdAccessToken, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("../root:"))}
+	if resp := f.call("GET", "/files?path=a", bad, nil, nil); resp.StatusCode != 400 {
+		t.Fatalf("a bad user name: %d, want 400", resp.StatusCode)
+	}
+
+	// Signed links name no sandbox and carry no token.
+	exp := f.now.Add(time.Minute).Unix()
+	link := fmt.Sprintf("/files?path=%s&signature=%s&signature_expiration=%d", "%2Ftmp%2Fx", url.QueryEscape(sign("/tmp/x", "read", "", sb.EnvdAccessToken, exp)), exp)
+	if resp := f.call("GET", link, nil, nil, &got); resp.StatusCode != 200 || got["path"] != "/tmp/x" {
+		t.Fatalf("signed read link: %d %v", resp.StatusCode, got)
+	}
+	if resp := f.call("POST", link, nil, nil, nil); resp.StatusCode != 401 {
+		t.Fatalf("a read link used to write: %d, want 401", resp.StatusCode)
+	}
+	f.now = f.now.Add(2 * time.Minute)
+	if resp := f.call("GET", link, nil, nil, nil); resp.StatusCode != 401 {
+		t.Fatalf("an expired link: %d, want 401", resp.StatusCode)
+	}
+
+	// Start gets the sandbox's environment under the request's own.
+	client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL, connect.WithProtoJSON())
+	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}})
+	for k, v := range to(sb.EnvdAccessToken) {
+		req.Header().Set(k, v)
+	}
+	stream, err := client.Start(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for stream.Receive() {
+		out += string(stream.Msg().GetEvent().GetData().GetStdout())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := "user=user env=map[FOO:bar X:2]"; out != want {
+		t.Fatalf("Start reached the agent as %q, want %q", out, want)
+	}
+
+	// A killed sandbox's agent is gone: 502, as E2B's proxy answers.
+	f.call("DELETE", "/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": f.key}, nil, nil)
+	if resp := f.call("GET", "/health", map[string]string{headerSandboxID: sb.SandboxID}, nil, nil); resp.StatusCode != 502 {
+		t.Fatalf("health of a killed sandbox: %d, want 502", resp.StatusCode)
+	}
+}
