@@ -168,6 +168,7 @@ type newSandboxRequest struct {
 	EnvVars             map[string]string `json:"envVars"`
 	Secure              *bool             `json:"secure"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *networkConfig    `json:"network"`
 }
@@ -208,8 +209,22 @@ type listedSandbox struct {
 
 type sandboxDetail struct {
 	listedSandbox
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
+	EnvdAccessToken string    `json:"envdAccessToken"`
+	Domain          *string   `json:"domain"`
+	Lifecycle       lifecycle `json:"lifecycle"`
+}
+
+// lifecycle is E2B's SandboxLifecycle: what the timeout does.
+type lifecycle struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"` // "kill" or "pause"
+}
+
+func lifecycleOf(sb store.Sandbox) lifecycle {
+	if sb.OnTimeout == store.OnTimeoutPause {
+		return lifecycle{OnTimeout: "pause"}
+	}
+	return lifecycle{OnTimeout: "kill"}
 }
 
 // clientID is a fixed value: E2B's is an internal routing detail that the
@@ -235,8 +250,8 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 			return errorf(http.StatusBadRequest, "envVars: %q: names are letters, digits and _, not starting with a digit; values at most 32 KiB", k)
 		}
 	}
-	if req.AutoPause != nil && *req.AutoPause {
-		return errorf(http.StatusBadRequest, "autoPause is not supported by sandboxd's E2B API yet: the sandbox would be killed at its timeout, not paused")
+	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		return errorf(http.StatusBadRequest, "autoPauseMemory false is not supported: sandboxd pauses a sandbox with its memory")
 	}
 	for k, v := range req.Metadata {
 		if len(k) == 0 || len(k) > 256 || len(v) > 4096 {
@@ -247,6 +262,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		return errorf(http.StatusBadRequest, "metadata: at most 64 entries")
 	}
 	creq := sandbox.CreateRequest{}
+	if req.AutoPause != nil && *req.AutoPause {
+		creq.OnTimeout = store.OnTimeoutPause
+	}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
 			return errorf(http.StatusBadRequest, "timeout must be a positive number of seconds")
@@ -382,7 +400,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sandboxDetail{listedSandbox: a.listed(sb, e), EnvdAccessToken: e.AccessToken})
+	writeJSON(w, http.StatusOK, sandboxDetail{listedSandbox: a.listed(sb, e), EnvdAccessToken: e.AccessToken, Lifecycle: lifecycleOf(sb)})
 	return nil
 }
 

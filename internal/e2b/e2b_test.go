@@ -201,7 +201,7 @@ func TestControlPlaneAuthAndErrors(t *testing.T) {
 		{map[string]any{"templateID": "base", "envVars": map[string]string{"1BAD": "x"}}, 400},
 		{map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"1.2.3.4"}}}, 400},
 		{map[string]any{"templateID": "base", "timeout": 0}, 400},
-		{map[string]any{"templateID": "base", "autoPause": true}, 400},
+		{map[string]any{"templateID": "base", "autoPause": true, "autoPauseMemory": false}, 400},
 	}
 	for _, c := range cases {
 		if resp := f.call("POST", "/v2/sandboxes", key, c.body, &e); resp.StatusCode != c.code || e.Code != c.code {
@@ -226,7 +226,10 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	if f.sbs.last.Lifetime != time.Minute {
 		t.Fatalf("create asked the manager for a lifetime of %v, want 1m", f.sbs.last.Lifetime)
 	}
-	f.create(f.key, map[string]any{"templateID": "base", "metadata": map[string]string{"team": "b"}})
+	f.create(f.key, map[string]any{"templateID": "base", "metadata": map[string]string{"team": "b"}, "autoPause": true})
+	if f.sbs.last.OnTimeout != store.OnTimeoutPause {
+		t.Fatalf("autoPause asked the manager for on-timeout %q, want pause", f.sbs.last.OnTimeout)
+	}
 	f.create(f.otherKey, map[string]any{"metadata": map[string]string{"team": "a"}})
 
 	var detail sandboxDetail

@@ -235,7 +235,15 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	if req.Network != nil {
 		policy = *req.Network
 	}
-	sb, _, err := m.Launch(ctx, accountID, lifetime, 0, policy)
+	if req.OnTimeout != "" {
+		if req.OnTimeout != store.OnTimeoutPause {
+			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrInvalid, "on timeout %q: want pause or nothing", req.OnTimeout)
+		}
+		if _, err := m.pauser(); err != nil {
+			return store.Sandbox{}, "", err
+		}
+	}
+	sb, _, err := m.launch(ctx, accountID, lifetime, 0, policy, req.OnTimeout)
 	if err != nil {
 		return sb, "", err
 	}
@@ -265,6 +273,11 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 // tasks too; extra raises the account's limit for this one (setup gets one
 // place beyond it, so that a user who is at the quota still gets set up).
 func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+	return m.launch(ctx, accountID, lifetime, extra, policy, "")
+}
+
+// launch is Launch of a sandbox whose deadline does onTimeout.
+func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (store.Sandbox, runtime.Sandbox, error) {
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
 	}
@@ -279,7 +292,7 @@ func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Du
 	sb := store.Sandbox{
 		ID: store.NewID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
-		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
+		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout,
 	}
 	release, err := m.admitDisk(ctx, 1)
 	if err != nil {

@@ -123,3 +123,54 @@ func TestPauseResume(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseAtDeadline: a sandbox created to pause at its timeout is paused
+// by the reaper, with the server's default lifetime to run once resumed;
+// one that cannot be paused is stopped, as a deadline says.
+func TestPauseAtDeadline(t *testing.T) {
+	p := newPlane(t, Settings{MaxTimeout: time.Hour, DefaultTimeout: 10 * time.Minute})
+	ctx := context.Background()
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{OnTimeout: "hibernate"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("create with an unknown on-timeout: %v, want invalid", err)
+	}
+	sb, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Millisecond, OnTimeout: store.OnTimeoutPause})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	p.m.reap(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, stopped := p.status(t, sb.ID), p.status(t, other.ID)
+		if got.Pause == store.PausePaused && stopped.Status == store.SandboxStopped {
+			if got.Status != store.SandboxRunning || got.PausedRemaining < 9*time.Minute || got.PausedRemaining > 10*time.Minute {
+				t.Fatalf("paused at its deadline: %+v, want running and paused with the default 10m to run", got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the deadline: %+v and %+v, want the first paused and the second stopped", got, stopped)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// A pause the runtime refuses: stopped at its deadline after all.
+	failing, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Millisecond, OnTimeout: store.OnTimeoutPause})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.rt.FailPause(errors.New("disk full"))
+	defer p.rt.FailPause(nil)
+	time.Sleep(5 * time.Millisecond)
+	p.m.reap(ctx)
+	for p.status(t, failing.ID).Status != store.SandboxStopped {
+		if time.Now().After(deadline) {
+			t.Fatalf("a sandbox that could not be paused at its deadline: %+v, want stopped", p.status(t, failing.ID))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

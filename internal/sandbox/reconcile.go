@@ -33,7 +33,8 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 }
 
-// reap stops the sandboxes of this node whose deadline has passed.
+// reap stops the sandboxes of this node whose deadline has passed, or
+// pauses those that asked for it (OnTimeoutPause).
 func (m *Manager) reap(ctx context.Context) {
 	expired, err := m.st.ListExpiredSandboxes(ctx, m.cfg.NodeID, m.now())
 	if err != nil {
@@ -44,7 +45,11 @@ func (m *Manager) reap(ctx context.Context) {
 	}
 	for _, sb := range expired {
 		go func() {
-			if err := m.stop(context.WithoutCancel(ctx), sb, store.ReasonTimeout); err != nil {
+			ctx := context.WithoutCancel(ctx)
+			if sb.OnTimeout == store.OnTimeoutPause && m.pauseAtDeadline(ctx, sb) {
+				return
+			}
+			if err := m.stop(ctx, sb, store.ReasonTimeout); err != nil {
 				m.log.Error("stop expired sandbox", "sandbox_id", sb.ID, "err", err)
 			}
 		}()
@@ -146,4 +151,22 @@ func (m *Manager) markGone(ctx context.Context, sb store.Sandbox, reason string)
 	}
 	m.markFailed(ctx, sb.ID, activeStatuses, reason)
 	m.log.Warn("sandbox failed during reconcile", "sandbox_id", sb.ID, "reason", reason)
+}
+
+// pauseAtDeadline pauses an expired sandbox instead of stopping it, and
+// reports whether it did; one that cannot be paused is stopped, as its
+// deadline says. It gets the server's default lifetime first: that is what
+// it has when resumed (with none left it would be paused again at once).
+func (m *Manager) pauseAtDeadline(ctx context.Context, sb store.Sandbox) bool {
+	if err := m.st.SetSandboxDeadline(ctx, sb.ID, m.now().Add(m.cfg.Settings.DefaultTimeout)); err != nil {
+		m.log.Error("pause expired sandbox: set its lifetime after resume", "sandbox_id", sb.ID, "err", err)
+		return false
+	}
+	sb.Deadline = m.now().Add(m.cfg.Settings.DefaultTimeout)
+	if _, err := m.Pause(ctx, sb); err != nil {
+		m.log.Warn("pause expired sandbox: stopping it instead", "sandbox_id", sb.ID, "err", err)
+		return false
+	}
+	m.log.Info("sandbox paused at its deadline", "sandbox_id", sb.ID, "account_id", sb.AccountID)
+	return true
 }

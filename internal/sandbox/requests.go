@@ -24,6 +24,10 @@ type CreateRequest struct {
 	Cwd     string
 	Prompt  string
 	Network *netpol.Policy // nil: the server's default policy
+	// OnTimeout is what the deadline does: "" stops the sandbox,
+	// store.OnTimeoutPause pauses it with its memory (the runtime must be
+	// able to).
+	OnTimeout string
 }
 
 // ExecRequest is a command to run in a running sandbox.

@@ -83,7 +83,13 @@ type Sandbox struct {
 	// filesystem it started with ("": started from its account's snapshot
 	// or from nothing).
 	ForkedFrom string `json:"forked_from,omitempty"`
+	// OnTimeout is what its deadline does: "" stops it, OnTimeoutPause
+	// pauses it with its memory.
+	OnTimeout string `json:"on_timeout,omitempty"`
 }
+
+// OnTimeoutPause: a sandbox paused at its deadline instead of stopped.
+const OnTimeoutPause = "pause"
 
 // Pause states of a running sandbox, as the API names them.
 const (

@@ -7,7 +7,13 @@
 -- that one sandbox's agent while the sandbox lives (the row goes with the
 -- sandbox's).
 
+-- A sandbox's on_timeout says what its deadline does: '' stops it (as
+-- always), 'pause' pauses it with its memory (E2B's autoPause), to be
+-- resumed later.
+
 -- +goose Up
+ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT '';
+
 CREATE TABLE e2b_sandboxes (
     sandbox_id   TEXT    PRIMARY KEY REFERENCES sandboxes (id) ON DELETE CASCADE,
     account_id   TEXT    NOT NULL REFERENCES accounts (id) ON DELETE CASCADE,
@@ -21,3 +27,4 @@ CREATE INDEX e2b_sandboxes_account_idx ON e2b_sandboxes (account_id, created_at)
 
 -- +goose Down
 DROP TABLE e2b_sandboxes;
+ALTER TABLE sandboxes DROP COLUMN on_timeout;
