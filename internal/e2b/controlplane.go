@@ -94,6 +94,7 @@ func (a *API) controlPlane() http.Handler {
 	r.Post("/sandboxes/{id}/refreshes", a.route(a.refresh, true))
 	r.Post("/sandboxes/{id}/pause", a.route(a.pause, true))
 	r.Post("/sandboxes/{id}/resume", a.route(a.resume, true))
+	r.Get("/sandboxes/{id}/metrics", a.route(a.metrics, false))
 	r.Get("/templates", a.route(a.templates, false))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorf(http.StatusNotFound, "%s %s is not part of the E2B API sandboxd serves (see docs/E2B.md)", r.Method, r.URL.Path))

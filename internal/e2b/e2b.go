@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -49,6 +50,7 @@ type Sandboxes interface {
 	Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error)
+	Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error)
 }
 
 // Store is what the API reads and records.
@@ -84,6 +86,7 @@ type API struct {
 	opts  Options
 	log   *slog.Logger
 	start http.Handler // process.Process/Start (see startHandler)
+	cpu   cpuSamples
 }
 
 // New builds the API.

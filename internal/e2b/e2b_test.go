@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -65,6 +66,10 @@ func (f *fakeSandboxes) Pause(context.Context, store.Sandbox) (store.Sandbox, er
 
 func (f *fakeSandboxes) Resume(context.Context, store.Sandbox) (store.Sandbox, error) {
 	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not resume")
+}
+
+func (f *fakeSandboxes) Stats(context.Context, store.Sandbox) (runtime.Stats, error) {
+	return runtime.Stats{MemoryBytes: 64 << 20, CPU: time.Second, DiskBytes: 1 << 20}, nil
 }
 
 func (f *fakeSandboxes) AgentTransport(context.Context, store.Sandbox) (http.RoundTripper, error) {
@@ -263,6 +268,12 @@ func TestControlPlaneLifecycle(t *testing.T) {
 		t.Fatalf("second page: %+v, next %q", list, resp.Header.Get("X-Next-Token"))
 	}
 
+	var metrics []metric
+	f.now = time.Now().Add(10 * time.Second) // 1s of CPU over 10s on 2 CPUs: 5%
+	if resp := f.call("GET", "/sandboxes/"+sb.SandboxID+"/metrics", key, nil, &metrics); resp.StatusCode != 200 || len(metrics) != 1 ||
+		metrics[0].MemUsed != 64<<20 || metrics[0].MemTotal != 512<<20 || metrics[0].CPUCount != 2 || metrics[0].CPUUsedPct < 4.9 || metrics[0].CPUUsedPct > 5.1 {
+		t.Fatalf("metrics: %d %+v", resp.StatusCode, metrics)
+	}
 	if resp := f.call("POST", "/sandboxes/"+sb.SandboxID+"/timeout", key, map[string]any{"timeout": 30}, nil); resp.StatusCode != 204 {
 		t.Fatalf("set timeout: %d", resp.StatusCode)
 	}

@@ -504,6 +504,20 @@ func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.Ro
 	return a.AgentTransport(ctx)
 }
 
+// Stats measures a running sandbox this node hosts (a paused one is woken:
+// callers that must not wake it check first).
+func (m *Manager) Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error) {
+	rsb, err := m.Local(ctx, sb)
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	st, err := rsb.Stats(ctx)
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("measure sandbox %s: %w", sb.ID, err)
+	}
+	return st, nil
+}
+
 // Stop stops a sandbox; stopping a stopped sandbox is not an error.
 func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	if err := m.stop(context.WithoutCancel(ctx), sb, "stopped by request"); err != nil {
