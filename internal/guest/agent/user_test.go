@@ -2,17 +2,20 @@ package agent_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/guest/agent"
+	pbfs "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/filesystem/filesystemconnect"
 	pbproc "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
@@ -157,5 +160,115 @@ func TestProcessAsUser(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(s.root, "ran")); err == nil {
 		t.Error("a process ran for a user that could not be looked up")
+	}
+}
+
+// owner is the uid and gid of path.
+func owner(t *testing.T, path string) [2]uint32 {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	return [2]uint32{st.Uid, st.Gid}
+}
+
+func (s *userSandbox) files(t *testing.T, method, user, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://agent"+guest.FilesPath+"?path="+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != "" {
+		req.Header.Set(guest.UserHeader, user)
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestFilesAsUser(t *testing.T) {
+	s := newUserSandbox(t)
+	ctx := context.Background()
+	user, root := [2]uint32{1000, 1000}, [2]uint32{0, 0}
+
+	// POST /files: a relative path is the home's; the file and the
+	// parents it needed are the user's.
+	if code, body := s.files(t, "POST", "user", "a/b/f.txt", "hi"); code != http.StatusOK || !strings.Contains(body, s.home+"/a/b/f.txt") {
+		t.Fatalf("post as user: %d %s", code, body)
+	}
+	for _, p := range []string{"a", "a/b", "a/b/f.txt"} {
+		if got := owner(t, filepath.Join(s.home, p)); got != user {
+			t.Errorf("%s owned by %v, want %v", p, got, user)
+		}
+	}
+	if got := owner(t, s.home); got != user {
+		t.Errorf("home owned by %v", got)
+	}
+	if code, body := s.files(t, "GET", "user", "a/b/f.txt", ""); code != http.StatusOK || body != "hi" {
+		t.Errorf("get as user: %d %q", code, body)
+	}
+	// Replacing a root's file as the user gives the user the new one.
+	if err := os.WriteFile(filepath.Join(s.home, "a", "r.txt"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := s.files(t, "POST", "user", s.home+"/a/r.txt", "y"); code != http.StatusOK || owner(t, filepath.Join(s.home, "a", "r.txt")) != user {
+		t.Errorf("replace as user: %d %s", code, body)
+	}
+
+	// Without the header: root's, as before.
+	if code, body := s.files(t, "POST", "", s.root+"/c/d/f.txt", "hi"); code != http.StatusOK {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	for _, p := range []string{"c", "c/d", "c/d/f.txt"} {
+		if got := owner(t, filepath.Join(s.root, p)); got != root {
+			t.Errorf("%s owned by %v without the header", p, got)
+		}
+	}
+
+	// MakeDir and Stat as the user.
+	made, err := s.fs.MakeDir(ctx, as("user", &pbfs.MakeDirRequest{Path: "m/n"}))
+	if err != nil || made.Msg.GetEntry().GetPath() != s.home+"/m/n" {
+		t.Fatalf("make dir as user: %v %v", made, err)
+	}
+	for _, p := range []string{"m", "m/n"} {
+		if got := owner(t, filepath.Join(s.home, p)); got != user {
+			t.Errorf("%s owned by %v, want %v", p, got, user)
+		}
+	}
+	if st, err := s.fs.Stat(ctx, as("user", &pbfs.StatRequest{Path: "m"})); err != nil || st.Msg.GetEntry().GetPath() != s.home+"/m" {
+		t.Errorf("stat as user: %v %v", st, err)
+	}
+	if _, err := s.fs.MakeDir(ctx, as("", &pbfs.MakeDirRequest{Path: s.root + "/o/p"})); err != nil || owner(t, s.root+"/o") != root {
+		t.Errorf("make dir without the header: %v", err)
+	}
+	// Move: relative paths are the home's, parents made for the
+	// destination the user's.
+	if mv, err := s.fs.Move(ctx, as("user", &pbfs.MoveRequest{Source: "a/b/f.txt", Destination: "mv/g.txt"})); err != nil || mv.Msg.GetEntry().GetPath() != s.home+"/mv/g.txt" || owner(t, s.home+"/mv") != user {
+		t.Errorf("move as user: %v %v", mv, err)
+	}
+
+	// A user that cannot be looked up is refused, and nothing is made.
+	if code, body := s.files(t, "POST", "nosuch", "x.txt", "hi"); code != http.StatusBadRequest {
+		t.Errorf("post as an unknown user: %d %s", code, body)
+	}
+	if code, body := s.files(t, "GET", "a:b", s.home+"/a/b/f.txt", ""); code != http.StatusBadRequest {
+		t.Errorf("get as a bad user name: %d %s", code, body)
+	}
+	if _, err := s.fs.MakeDir(ctx, as("nosuch", &pbfs.MakeDirRequest{Path: s.root + "/q"})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("make dir as an unknown user: %v", err)
+	}
+	if _, err := s.fs.ListDir(ctx, as("nosuch", &pbfs.ListDirRequest{Path: s.root})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("list as an unknown user: %v", err)
+	}
+	for _, p := range []string{s.root + "/q", s.root + "/x.txt", s.home + "/x.txt"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s made for an unknown user", p)
+		}
 	}
 }
