@@ -23,6 +23,13 @@ const (
 	// ErrorKindHeader classifies an error answer of /files so the host can
 	// map it to a typed error: one of the Kind constants.
 	ErrorKindHeader = "Sandboxd-Error-Kind"
+	// UserHeader names the sandbox user (in its /etc/passwd) a request of
+	// the process or filesystem service or of /files acts as: a process
+	// runs as that user (its groups, HOME, USER and LOGNAME; in its home
+	// without a cwd), relative paths (a cwd too) resolve against its home,
+	// and what /files, MakeDir and Move create belongs to it. Only the
+	// host sets it; without it the agent acts as itself (root).
+	UserHeader = "Sandboxd-User"
 )
 
 // Error kinds carried in ErrorKindHeader.

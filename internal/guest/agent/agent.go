@@ -53,7 +53,10 @@ type Options struct {
 	// own; nil means DefaultEnv.
 	Env []string
 	// Cwd is the working directory when a request gives none.
-	Cwd    string
+	Cwd string
+	// UserDB is the directory whose passwd and group files hold the users
+	// a request can act as (guest.UserHeader); default /etc.
+	UserDB string
 	Logger *slog.Logger
 	// Cgroup, when set, is a cgroup v2 directory every process the agent
 	// starts is placed in as it is cloned (a microVM's sandbox limits); the
@@ -106,6 +109,9 @@ func New(opts Options) *Agent {
 	}
 	if opts.Cwd == "" {
 		opts.Cwd = "/"
+	}
+	if opts.UserDB == "" {
+		opts.UserDB = "/etc"
 	}
 	if opts.TailBytes <= 0 {
 		opts.TailBytes = DefaultTailBytes

@@ -33,8 +33,8 @@ import (
 const maxListDepth = 16
 
 // abs resolves a path from the host: absolute as given, relative to HOME
-// (envd's rule) otherwise.
-func (a *Agent) abs(path string) (string, error) {
+// (envd's rule) otherwise: u's home when the request acts as u.
+func (a *Agent) abs(path string, u *account) (string, error) {
 	if path == "" {
 		return "", connect.NewError(connect.CodeInvalidArgument, errors.New("empty path"))
 	}
@@ -43,6 +43,9 @@ func (a *Agent) abs(path string) (string, error) {
 	}
 	if !filepath.IsAbs(path) {
 		home := envValue(a.opts.Env, "HOME")
+		if u != nil {
+			home = u.home
+		}
 		if home == "" {
 			home = "/"
 		}
@@ -128,7 +131,11 @@ func (a *Agent) entry(path string, fi fs.FileInfo) *pb.EntryInfo {
 type filesystemService struct{ a *Agent }
 
 func (s filesystemService) Stat(_ context.Context, req *connect.Request[pb.StatRequest]) (*connect.Response[pb.StatResponse], error) {
-	path, err := s.a.abs(req.Msg.GetPath())
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	path, err := s.a.abs(req.Msg.GetPath(), u)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +147,11 @@ func (s filesystemService) Stat(_ context.Context, req *connect.Request[pb.StatR
 }
 
 func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.MakeDirRequest]) (*connect.Response[pb.MakeDirResponse], error) {
-	path, err := s.a.abs(req.Msg.GetPath())
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	path, err := s.a.abs(req.Msg.GetPath(), u)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +161,7 @@ func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.Ma
 		}
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists and is not a directory", path))
 	}
-	if err := os.MkdirAll(path, 0o755); err != nil {
+	if err := mkdirAll(path, u); err != nil {
 		return nil, fsError(err)
 	}
 	fi, err := os.Lstat(path)
@@ -161,15 +172,20 @@ func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.Ma
 }
 
 func (s filesystemService) Move(_ context.Context, req *connect.Request[pb.MoveRequest]) (*connect.Response[pb.MoveResponse], error) {
-	src, err := s.a.abs(req.Msg.GetSource())
+	u, err := s.a.requestUser(req.Header())
 	if err != nil {
 		return nil, err
 	}
-	dst, err := s.a.abs(req.Msg.GetDestination())
+	src, err := s.a.abs(req.Msg.GetSource(), u)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	dst, err := s.a.abs(req.Msg.GetDestination(), u)
+	if err != nil {
+		return nil, err
+	}
+	// The moved entry keeps its owner; parents made for it are u's.
+	if err := mkdirAll(filepath.Dir(dst), u); err != nil {
 		return nil, fsError(err)
 	}
 	if err := os.Rename(src, dst); err != nil {
@@ -183,7 +199,11 @@ func (s filesystemService) Move(_ context.Context, req *connect.Request[pb.MoveR
 }
 
 func (s filesystemService) Remove(_ context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
-	path, err := s.a.abs(req.Msg.GetPath())
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	path, err := s.a.abs(req.Msg.GetPath(), u)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +223,11 @@ func (s filesystemService) Remove(_ context.Context, req *connect.Request[pb.Rem
 // following symlinks, sorted by path: at most guest.MaxListEntries entries
 // and no more than fit in one message (a bigger tree is listed in part).
 func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.ListDirRequest]) (*connect.Response[pb.ListDirResponse], error) {
-	root, err := s.a.abs(req.Msg.GetPath())
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	root, err := s.a.abs(req.Msg.GetPath(), u)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +284,10 @@ func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.Li
 // the host maps to a typed error.
 func fileError(w http.ResponseWriter, err error) {
 	code, kind := http.StatusInternalServerError, guest.KindOther
+	var bad *badUserError
 	switch {
+	case errors.As(err, &bad):
+		code, err = http.StatusBadRequest, bad
 	case errors.Is(err, fs.ErrNotExist):
 		code, kind = http.StatusNotFound, guest.KindNotFound
 	case errors.Is(err, syscall.EISDIR):
@@ -278,7 +305,12 @@ func fileError(w http.ResponseWriter, err error) {
 
 // getFile streams a file's bytes.
 func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
-	path, err := a.abs(r.URL.Query().Get("path"))
+	u, err := a.requestUser(r.Header)
+	if err != nil {
+		fileError(w, err)
+		return
+	}
+	path, err := a.abs(r.URL.Query().Get("path"), u)
 	if err != nil {
 		fileError(w, err)
 		return
@@ -312,9 +344,15 @@ func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
 
 // postFile replaces a file with the request's body (or the first file of a
 // multipart form) through a temporary file next to it, so readers never
-// see a partial file and a broken upload leaves nothing.
+// see a partial file and a broken upload leaves nothing. Acting as a
+// user, the file and the parents it needed are that user's.
 func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
-	path, err := a.abs(r.URL.Query().Get("path"))
+	u, err := a.requestUser(r.Header)
+	if err != nil {
+		fileError(w, err)
+		return
+	}
+	path, err := a.abs(r.URL.Query().Get("path"), u)
 	if err != nil {
 		fileError(w, err)
 		return
@@ -344,7 +382,7 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 		body = part
 	}
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := mkdirAll(dir, u); err != nil {
 		fileError(w, err)
 		return
 	}
@@ -362,6 +400,12 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		fail(err)
 		return
+	}
+	if u != nil {
+		if err := tmp.Chown(int(u.uid), int(u.gid)); err != nil {
+			fail(err)
+			return
+		}
 	}
 	if err := tmp.Chmod(perm); err != nil {
 		fail(err)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -244,10 +245,10 @@ type startFailure struct {
 	end    *pb.ProcessEvent_EndEvent
 }
 
-// spawn starts the process of req. A process that cannot start (a bad
-// working directory, a command that is not found) is a startFailure, not
-// an error: its caller hears it as the process's end.
-func (a *Agent) spawn(req *pb.StartRequest) (*process, *startFailure, error) {
+// spawn starts the process of req, as u when it is not nil. A process that
+// cannot start (a bad working directory, a command that is not found) is a
+// startFailure, not an error: its caller hears it as the process's end.
+func (a *Agent) spawn(req *pb.StartRequest, u *account) (*process, *startFailure, error) {
 	cfg := req.GetProcess()
 	if cfg.GetCmd() == "" {
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New("empty command"))
@@ -257,13 +258,19 @@ func (a *Agent) spawn(req *pb.StartRequest) (*process, *startFailure, error) {
 	for k, v := range cfg.GetEnvs() {
 		extra = append(extra, k+"="+v)
 	}
-	env := mergeEnv(a.opts.Env, extra)
+	// The request's own variables win over the user's, as over the base.
+	env := mergeEnv(a.opts.Env, u.env(), extra)
 	tty := req.GetPty() != nil
 	if tty && envValue(env, "TERM") == "" {
 		env = append(env, "TERM=xterm-256color")
 	}
+	// A user's process starts in, and resolves a relative cwd against,
+	// its home (envd's rule).
 	dir := cfg.GetCwd()
-	if dir == "" {
+	switch {
+	case u != nil && !filepath.IsAbs(dir):
+		dir = filepath.Join(u.home, dir)
+	case dir == "":
 		dir = a.opts.Cwd
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
@@ -342,6 +349,12 @@ func (a *Agent) spawn(req *pb.StartRequest) (*process, *startFailure, error) {
 			toClose = append(toClose, inR)
 			stdinW = inW
 		}
+	}
+	if u != nil {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{} // pty's start keeps it
+		}
+		cmd.SysProcAttr.Credential = u.credential()
 	}
 	a.placeInCgroup(cmd)
 	oomBefore, oomCounted := a.oomKills()
@@ -530,7 +543,11 @@ type processService struct{ a *Agent }
 
 func (s processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
 	send := func(ev *pb.ProcessEvent) error { return stream.Send(&pb.StartResponse{Event: ev}) }
-	p, early, err := s.a.spawn(req.Msg)
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return err
+	}
+	p, early, err := s.a.spawn(req.Msg, u)
 	if err != nil {
 		return err
 	}

@@ -37,8 +37,8 @@ type watch struct {
 	dirs      int
 }
 
-func (a *Agent) newWatch(path string, recursive, entries bool) (*watch, error) {
-	root, err := a.abs(path)
+func (a *Agent) newWatch(path string, u *account, recursive, entries bool) (*watch, error) {
+	root, err := a.abs(path, u)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,11 @@ func (w *watch) event(ev fsnotify.Event) *pb.FilesystemEvent {
 }
 
 func (s filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], stream *connect.ServerStream[pb.WatchDirResponse]) error {
-	w, err := s.a.newWatch(req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return err
+	}
+	w, err := s.a.newWatch(req.Msg.GetPath(), u, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return err
 	}
@@ -208,7 +212,11 @@ func (s filesystemService) CreateWatcher(_ context.Context, req *connect.Request
 	if n >= maxWatchers {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d watchers already; remove one first", n))
 	}
-	w, err := s.a.newWatch(req.Msg.GetPath(), req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	u, err := s.a.requestUser(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	w, err := s.a.newWatch(req.Msg.GetPath(), u, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return nil, err
 	}
