@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -325,7 +326,12 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	stop := h.tickProgress(ctx, c.req, func(elapsed time.Duration) string {
 		return fmt.Sprintf("%s is running in %s after %s", req.Command, sb.ID, elapsed.Round(time.Second))
 	})
-	res, err := h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+	var res sandbox.ExecResult
+	if node, ok := h.hostOf(ctx, sb.ID); ok {
+		res, err = h.execOn(ctx, node, c.p, sb.ID, req, stdout, stderr)
+	} else {
+		res, err = h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+	}
 	stop()
 	if err != nil {
 		return nil, api.ServiceError(err, "Sandbox not found")
@@ -414,6 +420,15 @@ func (h *Handler) stopSandbox(ctx context.Context, c *call) (*mcp.CallToolResult
 	sb, err := h.sandbox(ctx, c.p, requested, id)
 	if err != nil {
 		return nil, err
+	}
+	if node, ok := h.hostOf(ctx, sb.ID); ok {
+		// The host stops it now; here it would only be marked stopping
+		// and left to a job on the host.
+		var resp api.SandboxResponse
+		if err := h.callNode(ctx, node, c.p, false, http.MethodPost, sandboxPath(sb.ID, "stop"), api.AccountRequest{AccountID: requested}, &resp); err != nil {
+			return nil, err
+		}
+		return jsonResult(resp)
 	}
 	sb, err = h.opts.Sandboxes.Stop(ctx, sb)
 	if err != nil {
