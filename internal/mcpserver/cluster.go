@@ -12,22 +12,31 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // Cluster is what the tools need of a cluster (package cluster, wired by
 // serve); nil for a single node.
 //
 // Work that needs the runtime of the node hosting a sandbox (exec, stop)
-// is done there: the tool sends that node the API request it stands for
-// (POST /api/sandboxes/{id}/exec, .../stop), signed as a forward for the
-// caller's key id, and answers what that node's API answered, so the
-// result, the errors and the account rules are the host node's own. Everything else the tools do (runs, the repositories) every
+// and the start of a sandbox placed on another node are done there: the
+// tool sends that node the API request it stands for (POST
+// /api/sandboxes/{id}/exec, .../stop, POST /api/sandboxes), signed as a
+// forward for the caller's key id, and answers what that node's API
+// answered, so the result, the errors and the account rules are the host
+// node's own. Everything else the tools do (runs, the repositories) every
 // node serves from the shared database and store.
 type Cluster interface {
 	// HostOf returns the node that serves sandbox id when that is another
 	// node that is up; ok is false to serve it here (api.Cluster.HostOf).
 	HostOf(ctx context.Context, sandboxID string) (node string, ok bool)
+	// Place chooses the node for a new sandbox with network (nil: the
+	// server's default); local when it is this one. It fails with
+	// errdefs.ErrQuota, saying why, when no node can take it
+	// (api.Cluster.Place).
+	Place(ctx context.Context, network *netpol.Policy) (node string, local bool, err error)
 	// Do sends req, a request to the API (its URL a path), to node's
 	// cluster listener for the caller whose key is keyID (placed: a
 	// create placed there) and returns the node's response, whose body
@@ -169,4 +178,22 @@ func (h *Handler) execOn(ctx context.Context, node string, p auth.Principal, id 
 	// middle of the command.
 	h.log.WarnContext(ctx, "exec stream from node cut short", "node_id", node, "sandbox_id", id, "err", sc.Err())
 	return sandbox.ExecResult{}, unreachable(node)
+}
+
+// createOn starts the sandbox and its run on node, where placement put it,
+// through POST /api/sandboxes there, and returns its row.
+func (h *Handler) createOn(ctx context.Context, node string, p auth.Principal, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
+	var resp api.SandboxesResponse
+	if err := h.callNode(ctx, node, p, true, http.MethodPost, "/api/sandboxes", req, &resp); err != nil {
+		return store.Sandbox{}, "", err
+	}
+	if len(resp.Sandboxes) != 1 {
+		return store.Sandbox{}, "", fmt.Errorf("create on node %s: %d sandboxes in the answer, want 1", node, len(resp.Sandboxes))
+	}
+	view := resp.Sandboxes[0]
+	sb, err := h.opts.Store.GetSandbox(ctx, view.SandboxID)
+	if err != nil {
+		return store.Sandbox{}, "", fmt.Errorf("get sandbox %s created on node %s: %w", view.SandboxID, node, err)
+	}
+	return sb, view.RunID, nil
 }

@@ -154,8 +154,8 @@ func newKey(t *testing.T, st *store.Store, account string) string {
 // tools that need the node hosting a sandbox of node b are served by b —
 // run_command (its output, exit code, errors and progress), stop_sandbox
 // (stopped there at once) — with the answers, errors and account rules
-// that b itself gives; and a host that does not answer is a 502 that
-// says so.
+// that b itself gives; a new sandbox goes where placement puts it; and a
+// host that does not answer is a 502 that says so.
 func TestToolsOnAnotherNode(t *testing.T) {
 	ctx := context.Background()
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
@@ -257,13 +257,23 @@ func TestToolsOnAnotherNode(t *testing.T) {
 		t.Errorf("node b destroyed the sandbox %d times, want 1", b.rt.Destroys(sb.ID))
 	}
 
-	// A host that does not answer: 502, saying which node.
-	sb2, _, err := b.mgr.Create(ctx, alice.ID, sandbox.CreateRequest{})
-	if err != nil {
+	// A new sandbox goes where placement puts it: with a cordoned, on b.
+	if err := st.SetNodeSchedule(ctx, "a", store.NodeCordoned); err != nil {
 		t.Fatal(err)
 	}
+	got = viaA.call(t, "run_command", map[string]any{"command": "true", "wait": false}, "")
+	id, _ := got.Data["sandbox"].(map[string]any)["sandboxId"].(string)
+	runID, _ := got.Data["run"].(map[string]any)["id"].(string)
+	if got.IsError || id == "" || runID == "" {
+		t.Fatalf("run_command in a new sandbox through node a: %+v", got)
+	}
+	if placed, err := st.GetSandbox(ctx, id); err != nil || placed.NodeID != "b" {
+		t.Fatalf("the new sandbox is on node %q (%v), want b", placed.NodeID, err)
+	}
+
+	// A host that does not answer: 502, saying which node.
 	b.listener.Close()
-	got = viaA.call(t, "run_command", map[string]any{"sandbox_id": sb2.ID, "command": "true"}, "")
+	got = viaA.call(t, "run_command", map[string]any{"sandbox_id": id, "command": "true"}, "")
 	if !got.IsError || got.Data["statusCode"] != 502.0 || got.Data["error"] != "the node hosting this (b) did not answer; try again shortly" {
 		t.Fatalf("a host that does not answer: %+v", got)
 	}

@@ -50,8 +50,8 @@ type Options struct {
 	Auth      *auth.Authenticator
 	Sandboxes api.SandboxService
 	Files     api.FileService
-	// Cluster has the work of a sandbox another node hosts done there;
-	// nil for a single node.
+	// Cluster has the work of a sandbox another node hosts done there,
+	// and places new sandboxes as the API does; nil for a single node.
 	Cluster Cluster
 	Logger  *slog.Logger
 	Version string

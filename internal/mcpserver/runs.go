@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -157,13 +158,9 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 	if err != nil {
 		return runResult{}, err
 	}
-	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req.Domain())
+	sb, runID, err := h.create(ctx, c.p, account, req)
 	if err != nil {
-		mapped, shown := api.CreateError(err)
-		if !shown {
-			h.log.ErrorContext(ctx, "mcp: create sandbox", "err", err, "account_id", account)
-		}
-		return runResult{}, mapped
+		return runResult{}, err
 	}
 	run, err := h.opts.Store.GetRun(ctx, runID)
 	if err != nil {
@@ -180,6 +177,31 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 		res.Note = "The run has not finished: follow it with get_run {\"run_id\": \"" + runID + "\"}."
 	}
 	return res, nil
+}
+
+// create starts the sandbox with its run where POST /api/sandboxes would:
+// in a cluster on the node placement chooses (through that node's API
+// when it is another), else here. Errors are answered as that route
+// answers them.
+func (h *Handler) create(ctx context.Context, p auth.Principal, account string, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
+	if h.opts.Cluster != nil {
+		node, local, err := h.opts.Cluster.Place(ctx, req.Network)
+		if err != nil {
+			return store.Sandbox{}, "", api.ServiceError(err, "")
+		}
+		if !local {
+			return h.createOn(ctx, node, p, req)
+		}
+	}
+	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req.Domain())
+	if err != nil {
+		mapped, shown := api.CreateError(err)
+		if !shown {
+			h.log.ErrorContext(ctx, "mcp: create sandbox", "err", err, "account_id", account)
+		}
+		return sb, "", mapped
+	}
+	return sb, runID, nil
 }
 
 // live is the sandbox as its host reports it now.
