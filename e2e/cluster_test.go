@@ -198,6 +198,24 @@ func TestCluster(t *testing.T) {
 	if r := via.as(other, "GET", path+"/ports", nil); r.Status != 404 {
 		t.Fatalf("another account through another node: %d %s", r.Status, r.Raw)
 	}
+	// The MCP tools through a node that does not host the sandbox: its
+	// host runs the command (progress comes meanwhile) and stops a
+	// sandbox at once; another account's key gets the host's 404.
+	mc := via.mcpConnect(k)
+	if a := mc.call(t, "run_command", map[string]any{"sandbox_id": remote, "command": "sh", "args": []string{"-c", "sleep 1.5; cat /workspace/x"}}, "remote"); a.IsError || a.Data["stdout"] != "hi\n" || a.Data["exitCode"] != 0.0 {
+		t.Fatalf("MCP run_command through another node: %+v", a)
+	}
+	if len(mc.progressOf("remote")) == 0 {
+		t.Error("MCP run_command through another node: no progress")
+	}
+	if a := via.mcpConnect(other).call(t, "run_command", map[string]any{"sandbox_id": remote, "command": "true"}, ""); !a.IsError || a.Text != "Sandbox not found" || a.Data["statusCode"] != 404.0 {
+		t.Fatalf("MCP run_command of another account through another node: %+v", a)
+	}
+	if i := slices.IndexFunc(sbs, func(id string) bool { return id != remote && nodeOf(t, st, id) != ids[via.server] }); i >= 0 {
+		if a := mc.call(t, "stop_sandbox", map[string]any{"sandbox_id": sbs[i]}, ""); a.IsError || dig(a.Data, "sandbox", "sandboxStatus") != "stopped" {
+			t.Fatalf("MCP stop_sandbox through another node: %+v", a)
+		}
+	}
 	// The cluster listener takes no unsigned request, whatever key it has.
 	clusterAddr := via.flags[slices.Index(via.flags, "--cluster-listen")+1]
 	unsigned, _ := http.NewRequest("GET", "http://"+clusterAddr+path+"/ports", nil)

@@ -391,7 +391,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Sandboxes: mgr, Files: fileSvc, Version: version, Logger: log.With("component", "mcp")})
+	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Sandboxes: mgr, Files: fileSvc, Cluster: mcpCluster(clu),
+		Version: version, Logger: log.With("component", "mcp")})
 	if err != nil {
 		return err
 	}

@@ -60,13 +60,13 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
 	if err != nil {
 		var e *Error
-		msg := "Internal server error"
+		failure := ExecFailure{Error: "Internal server error", StatusCode: http.StatusInternalServerError}
 		if errors.As(serviceError(err, "Sandbox not found"), &e) {
-			msg = e.Msg
+			failure = ExecFailure{Error: e.Msg, StatusCode: e.Status}
 		} else {
 			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(r.Context()))
 		}
-		_ = sse.event("error", ExecFailure{Error: msg})
+		_ = sse.event("error", failure)
 		return
 	}
 	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()})

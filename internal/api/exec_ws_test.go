@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -57,6 +58,37 @@ func TestParseExecPTY(t *testing.T) {
 		var e *Error
 		if !errors.As(err, &e) || e.Status != 400 || fmt.Sprint(e.Fields) != tc.fields || e.Msg != tc.err {
 			t.Errorf("%s: %+v, want 400 %q on %s", tc.body, err, tc.err, tc.fields)
+		}
+	}
+}
+
+// TestExecStreamError: the error event of a streamed exec carries the
+// status the non-streamed exec answers the same error with.
+func TestExecStreamError(t *testing.T) {
+	f := newWSFixture(t, func(ctx context.Context, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error) {
+		fmt.Fprint(stdout, "partial")
+		if req.Command == "nope" {
+			return sandbox.ExecResult{}, errdefs.New(errdefs.ErrInvalid, "command not found: nope")
+		}
+		return sandbox.ExecResult{}, errors.New("the runtime broke")
+	})
+	for _, tc := range []struct {
+		command, event string
+		status         int
+	}{
+		{"nope", `event: error` + "\n" + `data: {"error":"command not found: nope","statusCode":400}`, 400},
+		{"broken", `event: error` + "\n" + `data: {"error":"Internal server error","statusCode":500}`, 500},
+	} {
+		req := httptest.NewRequest("POST", "/api/sandboxes/"+f.sandbox+"/exec", strings.NewReader(`{"command":"`+tc.command+`"}`))
+		req.Header.Set("x-api-key", f.key)
+		req.Header.Set("Accept", "text/event-stream")
+		rec := httptest.NewRecorder()
+		f.srv.ServeHTTP(rec, req)
+		if rec.Code != 200 || !strings.Contains(rec.Body.String(), tc.event) {
+			t.Errorf("%s streamed: %d %s", tc.command, rec.Code, rec.Body)
+		}
+		if rec := f.do("POST", "/api/sandboxes/"+f.sandbox+"/exec", `{"command":"`+tc.command+`"}`); rec.Code != tc.status {
+			t.Errorf("%s not streamed: %d %s", tc.command, rec.Code, rec.Body)
 		}
 	}
 }

@@ -214,6 +214,11 @@ type ExecExit struct {
 // command could not run (or was cut off).
 type ExecFailure struct {
 	Error string `json:"error"`
+	// StatusCode is the status the non-streamed exec answers this error
+	// with (sandboxd): the 200 of a stream is sent before the command
+	// starts, so a reader that maps errors by status (the MCP tools of
+	// another node) learns it here.
+	StatusCode int `json:"statusCode,omitempty"`
 }
 
 // PortsResponse answers GET /api/sandboxes/{id}/ports.

@@ -134,6 +134,55 @@ func TestForward(t *testing.T) {
 	}
 }
 
+// TestDo: a request this node makes itself (for its MCP tools) reaches
+// the other node signed for the caller's key id, never with a key, and
+// its answer comes back as the other node gave it.
+func TestDo(t *testing.T) {
+	host := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := secret.Verify(r, time.Now())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		if r.Header.Get("x-api-key") != "" || r.Header.Get("Authorization") != "" {
+			http.Error(w, "a key was forwarded", http.StatusBadRequest)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusTeapot)
+		fmt.Fprintf(w, "%s %s %s %s %v %s", r.Method, r.URL.RequestURI(), f.From, f.KeyID, f.Placed, body)
+	}))
+	defer host.Close()
+	fw := NewForwarder(secret, "n1", slog.New(slog.DiscardHandler))
+	node := store.Node{ID: "n2", Address: strings.TrimPrefix(host.URL, "http://")}
+	req, _ := http.NewRequest("POST", "/api/sandboxes/sbx_1/exec", strings.NewReader(`{"command":"true"}`))
+	req.Header.Set("x-api-key", "secret-user-key")
+	req.Header.Set("Authorization", "Bearer secret-user-key")
+	resp, err := fw.Do(req, node, "key_1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTeapot || string(body) != `POST /api/sandboxes/sbx_1/exec n1 key_1 true {"command":"true"}` {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if req.Header.Get(HeaderSignature) != "" || req.URL.Host != "" {
+		t.Error("Do changed the caller's request")
+	}
+
+	dead := httptest.NewServer(http.NotFoundHandler())
+	addr := strings.TrimPrefix(dead.URL, "http://")
+	dead.Close()
+	req, _ = http.NewRequest("GET", "/api/sandboxes/sbx_1/ports", nil)
+	if _, err := fw.Do(req, store.Node{ID: "n3", Address: addr}, "key_1", false); err == nil || !strings.Contains(err.Error(), "n3") {
+		t.Fatalf("a node that does not answer: %v", err)
+	}
+	if _, err := fw.Do(req, store.Node{ID: "n4"}, "key_1", false); err == nil {
+		t.Fatal("a node without an address: no error")
+	}
+}
+
 func TestPlace(t *testing.T) {
 	now := time.Now()
 	node := func(id string, max int, mod func(*store.Node)) store.Node {

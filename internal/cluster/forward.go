@@ -24,24 +24,28 @@ type Forwarder struct {
 	secret Secret
 	self   string
 	proxy  *httputil.ReverseProxy
-	log    *slog.Logger
-	now    func() time.Time
+	// transport carries both Forward's requests and Do's, so that they
+	// share the connections to each node.
+	transport *http.Transport
+	log       *slog.Logger
+	now       func() time.Time
 }
 
 // NewForwarder returns the forwarder of node self.
 func NewForwarder(secret Secret, self string, log *slog.Logger) *Forwarder {
 	f := &Forwarder{secret: secret, self: self, log: log, now: time.Now}
+	f.transport = &http.Transport{
+		Proxy:               nil, // node to node, never through an HTTP proxy
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite:        func(*httputil.ProxyRequest) {}, // each Forward sets its own (see Forward)
 		FlushInterval:  -1,                              // server-sent events and streams as they come
 		ErrorHandler:   f.unreachable,
 		ModifyResponse: restoreKeyProtocol,
-		Transport: &http.Transport{
-			Proxy:               nil, // node to node, never through an HTTP proxy
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     90 * time.Second,
-		},
+		Transport:      f.transport,
 	}
 	return f
 }
@@ -74,13 +78,44 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, node store.N
 	p := *f.proxy
 	p.Rewrite = func(pr *httputil.ProxyRequest) {
 		pr.SetURL(&url.URL{Scheme: "http", Host: node.Address})
-		pr.Out.Host = node.Address
-		pr.Out.Header.Del("x-api-key")
-		pr.Out.Header.Del("Authorization")
-		stripKeyProtocol(pr.Out.Header)
-		f.secret.Sign(pr.Out, t.fw, f.now())
+		f.sign(pr.Out, node, t.fw)
 	}
 	p.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// Do sends req to node as Forward sends a request (signed for the caller's
+// key keyID, without the caller's own credentials; placed: a create this
+// node placed there) and returns the node's response, for this node's
+// own front ends (the MCP tools) that read the answer instead of passing
+// it on. req's URL is a path on the API (its host is ignored); the caller
+// closes the response's body. An error means the node did not answer.
+func (f *Forwarder) Do(req *http.Request, node store.Node, keyID string, placed bool) (*http.Response, error) {
+	if node.Address == "" {
+		return nil, fmt.Errorf("node %s has no cluster address", node.ID)
+	}
+	out := req.Clone(req.Context())
+	out.URL.Scheme, out.URL.Host = "http", node.Address
+	out.RequestURI = ""
+	f.sign(out, node, Forward{From: f.self, KeyID: keyID, Placed: placed})
+	// RoundTrip, not a client: an answer is the node's, never a redirect
+	// to follow with the signature of another request.
+	resp, err := f.transport.RoundTrip(out)
+	if err != nil {
+		f.log.WarnContext(req.Context(), "request to node failed", "node_id", node.ID, "address", node.Address, "err", err)
+		return nil, fmt.Errorf("node %s (%s): %w", node.ID, node.Address, err)
+	}
+	return resp, nil
+}
+
+// sign readies out, a request to node, as a forward: the caller's own
+// credentials removed (the other node authenticates the signature and
+// looks the key up by its id), signed as fw.
+func (f *Forwarder) sign(out *http.Request, node store.Node, fw Forward) {
+	out.Host = node.Address
+	out.Header.Del("x-api-key")
+	out.Header.Del("Authorization")
+	stripKeyProtocol(out.Header)
+	f.secret.Sign(out, fw, f.now())
 }
 
 // stripKeyProtocol removes the key subprotocol from a websocket upgrade's

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -132,6 +133,18 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, nodeID, keyID
 		return
 	}
 	r.fw.Forward(w, req, n, keyID, placed)
+}
+
+// Do sends req to node nodeID for the caller whose key is keyID (placed: a
+// create placed there) and returns its response (Forwarder.Do): the MCP
+// server's way to have a sandbox's work done on the node that hosts it
+// (mcpserver.Cluster).
+func (r *Router) Do(req *http.Request, nodeID, keyID string, placed bool) (*http.Response, error) {
+	n, err := r.node(req.Context(), nodeID)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", nodeID, err)
+	}
+	return r.fw.Do(req, n, keyID, placed)
 }
 
 // node returns node id's row, from the cache while it is fresh.

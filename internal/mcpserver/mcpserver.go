@@ -9,7 +9,9 @@
 // them directly, validates its arguments with the API's own rules and
 // messages (api.Args), and decides access with the one rule of
 // internal/auth (ResolveAccount, MayActFor). A sandbox's own key keeps its
-// scope: it may use the reading tools only.
+// scope: it may use the reading tools only. In a cluster, what needs the
+// node that hosts a sandbox is sent there as the API request it stands
+// for (see Cluster), so every node serves every tool.
 //
 // The transport is stateless: every HTTP request is authenticated on its
 // own and carries its principal in its context, so a session can never be
@@ -48,8 +50,11 @@ type Options struct {
 	Auth      *auth.Authenticator
 	Sandboxes api.SandboxService
 	Files     api.FileService
-	Logger    *slog.Logger
-	Version   string
+	// Cluster has the work of a sandbox another node hosts done there,
+	// and places new sandboxes as the API does; nil for a single node.
+	Cluster Cluster
+	Logger  *slog.Logger
+	Version string
 	// PollInterval is how often a waiting tool looks at its run and sends
 	// a progress notification (default 500ms).
 	PollInterval time.Duration

@@ -13,8 +13,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -156,13 +158,9 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 	if err != nil {
 		return runResult{}, err
 	}
-	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req.Domain())
+	sb, runID, err := h.create(ctx, c.p, account, req)
 	if err != nil {
-		mapped, shown := api.CreateError(err)
-		if !shown {
-			h.log.ErrorContext(ctx, "mcp: create sandbox", "err", err, "account_id", account)
-		}
-		return runResult{}, mapped
+		return runResult{}, err
 	}
 	run, err := h.opts.Store.GetRun(ctx, runID)
 	if err != nil {
@@ -179,6 +177,31 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 		res.Note = "The run has not finished: follow it with get_run {\"run_id\": \"" + runID + "\"}."
 	}
 	return res, nil
+}
+
+// create starts the sandbox with its run where POST /api/sandboxes would:
+// in a cluster on the node placement chooses (through that node's API
+// when it is another), else here. Errors are answered as that route
+// answers them.
+func (h *Handler) create(ctx context.Context, p auth.Principal, account string, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
+	if h.opts.Cluster != nil {
+		node, local, err := h.opts.Cluster.Place(ctx, req.Network)
+		if err != nil {
+			return store.Sandbox{}, "", api.ServiceError(err, "")
+		}
+		if !local {
+			return h.createOn(ctx, node, p, req)
+		}
+	}
+	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req.Domain())
+	if err != nil {
+		mapped, shown := api.CreateError(err)
+		if !shown {
+			h.log.ErrorContext(ctx, "mcp: create sandbox", "err", err, "account_id", account)
+		}
+		return sb, "", mapped
+	}
+	return sb, runID, nil
 }
 
 // live is the sandbox as its host reports it now.
@@ -325,7 +348,12 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	stop := h.tickProgress(ctx, c.req, func(elapsed time.Duration) string {
 		return fmt.Sprintf("%s is running in %s after %s", req.Command, sb.ID, elapsed.Round(time.Second))
 	})
-	res, err := h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+	var res sandbox.ExecResult
+	if node, ok := h.hostOf(ctx, sb.ID); ok {
+		res, err = h.execOn(ctx, node, c.p, sb.ID, req, stdout, stderr)
+	} else {
+		res, err = h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+	}
 	stop()
 	if err != nil {
 		return nil, api.ServiceError(err, "Sandbox not found")
@@ -414,6 +442,15 @@ func (h *Handler) stopSandbox(ctx context.Context, c *call) (*mcp.CallToolResult
 	sb, err := h.sandbox(ctx, c.p, requested, id)
 	if err != nil {
 		return nil, err
+	}
+	if node, ok := h.hostOf(ctx, sb.ID); ok {
+		// The host stops it now; here it would only be marked stopping
+		// and left to a job on the host.
+		var resp api.SandboxResponse
+		if err := h.callNode(ctx, node, c.p, false, http.MethodPost, sandboxPath(sb.ID, "stop"), api.AccountRequest{AccountID: requested}, &resp); err != nil {
+			return nil, err
+		}
+		return jsonResult(resp)
 	}
 	sb, err = h.opts.Sandboxes.Stop(ctx, sb)
 	if err != nil {
