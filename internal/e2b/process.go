@@ -11,13 +11,14 @@ import (
 	"connectrpc.com/connect"
 
 	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
+	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // userHeader tells the guest agent which user a request acts as (see
 // package guest). The host sets it; a caller's own is removed.
-const userHeader = "Sandboxd-User"
+const userHeader = guest.UserHeader
 
 // defaultUser is the user E2B's templates run commands as.
 const defaultUser = "user"
