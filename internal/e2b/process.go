@@ -10,8 +10,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest"
+	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
