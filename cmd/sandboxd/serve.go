@@ -402,7 +402,8 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		// built from names it too.
 		Templates: []string{o.template},
 		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB),
-		Logger: log.With("component", "e2b"),
+		Cluster: apiCluster(clu),
+		Logger:  log.With("component", "e2b"),
 	})
 	if err != nil {
 		return err

@@ -214,7 +214,12 @@ func (s *Server) ClusterHandler() http.Handler {
 }
 
 // viaCluster says r came in on the cluster listener.
-func viaCluster(r *http.Request) bool {
+func viaCluster(r *http.Request) bool { return ViaCluster(r) }
+
+// ViaCluster says r came in on the cluster listener: handlers mounted
+// beside the API (Options.Mount) must then authenticate it by its
+// signature (Cluster.Forwarded), as the API's own routes do.
+func ViaCluster(r *http.Request) bool {
 	v, _ := r.Context().Value(viaClusterKey).(bool)
 	return v
 }

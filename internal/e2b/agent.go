@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -23,6 +24,10 @@ const (
 	headerSandboxPort = "E2b-Sandbox-Port"
 	headerAccessToken = "X-Access-Token"
 )
+
+// agentForwardKey stands for the key of a forwarded agent request, which
+// has none: the sandbox's access token authenticates it, on both nodes.
+const agentForwardKey = "e2b-agent"
 
 // envdPort is the port E2B's SDKs address the agent at; any other port is
 // a service of the sandbox's own, which this route does not reach.
@@ -39,6 +44,20 @@ func agentError(w http.ResponseWriter, code int, msg string) {
 // envd's: it says only whether the sandbox's agent answers.
 func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	via := api.ViaCluster(r)
+	if via {
+		// Forwarded by the node the caller reached: the signature says so;
+		// the sandbox's token is checked here again all the same.
+		if a.opts.Cluster == nil {
+			agentError(w, http.StatusUnauthorized, "not part of a cluster")
+			return
+		}
+		if _, _, err := a.opts.Cluster.Forwarded(r); err != nil {
+			a.log.WarnContext(ctx, "refused a request on the cluster listener", "err", err, "remote", r.RemoteAddr)
+			agentError(w, http.StatusUnauthorized, "bad signature")
+			return
+		}
+	}
 	id := r.Header.Get(headerSandboxID)
 	if port := r.Header.Get(headerSandboxPort); port != "" && port != envdPort {
 		agentError(w, http.StatusBadRequest, "E2b-Sandbox-Port "+port+": only the agent's port "+envdPort+" is served here; reach a sandbox's own ports through its host (getHost) or sandboxd's port proxy")
@@ -75,6 +94,24 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	user, ok := requestUser(r)
+	if via {
+		// The forwarding node resolved it; the caller's Authorization did
+		// not travel.
+		user = r.Header.Get(userHeader)
+		ok = userName.MatchString(user)
+	}
+	if !ok {
+		agentError(w, http.StatusBadRequest, "the user the request names is not a valid user name")
+		return
+	}
+	if c := a.opts.Cluster; c != nil && !via {
+		if node, hosted := c.HostOf(ctx, e.SandboxID); hosted {
+			r.Header.Set(userHeader, user)
+			c.Forward(w, r, node, agentForwardKey, false)
+			return
+		}
+	}
 	sb, err := a.opts.Store.GetSandbox(ctx, e.SandboxID)
 	if err != nil {
 		agentError(w, http.StatusBadGateway, "sandbox "+e.SandboxID+" is not running")
@@ -83,11 +120,6 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	if sb.Status != store.SandboxRunning || sb.Pause != "" {
 		// What envd's proxy answers for a sandbox that is paused or gone.
 		agentError(w, http.StatusBadGateway, "sandbox "+e.SandboxID+" is not running")
-		return
-	}
-	user, ok := requestUser(r)
-	if !ok {
-		agentError(w, http.StatusBadRequest, "the user the request names is not a valid user name")
 		return
 	}
 	tr, err := a.opts.Sandboxes.AgentTransport(ctx, sb)
@@ -120,7 +152,11 @@ func (a *API) authorized(r *http.Request, e store.E2BSandbox) bool {
 
 // signedFor finds the sandbox whose token signed r's file link.
 func (a *API) signedFor(ctx context.Context, r *http.Request) (store.E2BSandbox, error) {
-	cands, err := a.opts.Store.ListLiveE2BSandboxesOn(ctx, a.opts.NodeID)
+	node := a.opts.NodeID
+	if a.opts.Cluster != nil {
+		node = "" // the link may be for a sandbox another node hosts
+	}
+	cands, err := a.opts.Store.ListLiveE2BSandboxesOn(ctx, node)
 	if err != nil {
 		return store.E2BSandbox{}, errors.New("cannot check the link's signature now")
 	}

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -113,6 +115,15 @@ func (a *API) route(h handler, writes bool) http.HandlerFunc {
 		if err == nil && writes && p.SandboxID != "" {
 			err = errorf(http.StatusForbidden, "a sandbox's own key may only read the API; %s needs an account key", r.Method)
 		}
+		// In a cluster, a sandbox another node hosts is acted on there.
+		if c := a.opts.Cluster; err == nil && c != nil && !api.ViaCluster(r) {
+			if id := chi.URLParam(r, "id"); id != "" {
+				if node, ok := c.HostOf(r.Context(), id); ok {
+					c.Forward(w, r, node, p.KeyID, false)
+					return
+				}
+			}
+		}
 		if err == nil {
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 			err = h(w, r, p)
@@ -131,6 +142,23 @@ func (a *API) route(h handler, writes bool) http.HandlerFunc {
 // X-API-Key; an Authorization header may carry a Bearer key instead, but
 // never beside it (auth.KeyFromHeaders).
 func (a *API) authenticate(r *http.Request) (auth.Principal, error) {
+	if api.ViaCluster(r) {
+		// Forwarded by another node, which authenticated the key: the
+		// signature names it by its id.
+		if a.opts.Cluster == nil {
+			return auth.Principal{}, errorf(http.StatusUnauthorized, "not part of a cluster")
+		}
+		keyID, _, err := a.opts.Cluster.Forwarded(r)
+		if err != nil {
+			a.log.WarnContext(r.Context(), "refused a request on the cluster listener", "err", err, "remote", r.RemoteAddr)
+			return auth.Principal{}, errorf(http.StatusUnauthorized, "Invalid API key")
+		}
+		p, err := a.opts.Auth.AuthenticateKeyID(r.Context(), keyID)
+		if err != nil {
+			return auth.Principal{}, errorf(http.StatusUnauthorized, "Invalid API key")
+		}
+		return p, nil
+	}
 	key, err := auth.KeyFromHeaders(r.Header)
 	if err != nil {
 		return auth.Principal{}, errorf(http.StatusUnauthorized, "Invalid API key: send a sandboxd API key in X-API-Key")
@@ -144,21 +172,27 @@ func (a *API) authenticate(r *http.Request) (auth.Principal, error) {
 
 // decode reads a JSON body into v; an empty body leaves v as it is.
 func decode(r *http.Request, v any) error {
+	_, err := decodeRaw(r, v)
+	return err
+}
+
+// decodeRaw is decode that also returns the body read.
+func decodeRaw(r *http.Request, v any) ([]byte, error) {
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errorf(http.StatusRequestEntityTooLarge, "request body over %d bytes", mbe.Limit)
+			return nil, errorf(http.StatusRequestEntityTooLarge, "request body over %d bytes", mbe.Limit)
 		}
-		return errorf(http.StatusBadRequest, "read request body: %v", err)
+		return nil, errorf(http.StatusBadRequest, "read request body: %v", err)
 	}
 	if len(strings.TrimSpace(string(b))) == 0 {
-		return nil
+		return b, nil
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return errorf(http.StatusBadRequest, "request body: %v", err)
+		return nil, errorf(http.StatusBadRequest, "request body: %v", err)
 	}
-	return nil
+	return b, nil
 }
 
 // newSandboxRequest is NewSandbox and NewSandboxV2.
@@ -234,7 +268,8 @@ const clientID = "sandboxd"
 
 func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	var req newSandboxRequest
-	if err := decode(r, &req); err != nil {
+	raw, err := decodeRaw(r, &req)
+	if err != nil {
 		return err
 	}
 	if req.TemplateID == "" {
@@ -277,6 +312,18 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		return err
 	}
 	creq.Network = policy
+	if c := a.opts.Cluster; c != nil && !api.ViaCluster(r) {
+		// Placed like the API's creates: best of K healthy nodes.
+		node, local, err := c.Place(r.Context(), policy)
+		if err != nil {
+			return err
+		}
+		if !local {
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(raw)), int64(len(raw))
+			c.Forward(w, r, node, p.KeyID, true)
+			return nil
+		}
+	}
 	token, err := newAccessToken()
 	if err != nil {
 		return err

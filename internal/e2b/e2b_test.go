@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -111,6 +112,7 @@ func newFakeAgent() http.Handler {
 
 type fixture struct {
 	t        *testing.T
+	api      *API
 	srv      *httptest.Server
 	st       *store.Store
 	sbs      *fakeSandboxes
@@ -127,6 +129,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.api = api
 	mux := http.NewServeMux()
 	for pattern, h := range api.Routes() {
 		mux.Handle(strings.TrimSuffix(pattern, "*"), h)
@@ -368,5 +371,86 @@ func TestAgentRoutes(t *testing.T) {
 	f.call("DELETE", "/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": f.key}, nil, nil)
 	if resp := f.call("GET", "/health", map[string]string{headerSandboxID: sb.SandboxID}, nil, nil); resp.StatusCode != 502 {
 		t.Fatalf("health of a killed sandbox: %d, want 502", resp.StatusCode)
+	}
+}
+
+// fakeCluster hosts the sandboxes named in remote on node "n2" and
+// records what was forwarded there.
+type fakeCluster struct {
+	remote   map[string]bool
+	placeOn  string // "" places here
+	mu       sync.Mutex
+	forwards []forwarded
+}
+
+type forwarded struct {
+	node, keyID, path, user, body string
+	placed                        bool
+}
+
+func (c *fakeCluster) Forwarded(*http.Request) (string, bool, error) { return "", false, nil }
+
+func (c *fakeCluster) HostOf(_ context.Context, id string) (string, bool) {
+	return "n2", c.remote[id]
+}
+
+func (c *fakeCluster) Place(context.Context, *netpol.Policy) (string, bool, error) {
+	return c.placeOn, c.placeOn == "", nil
+}
+
+func (c *fakeCluster) Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool) {
+	b, _ := io.ReadAll(r.Body)
+	c.mu.Lock()
+	c.forwards = append(c.forwards, forwarded{node: node, keyID: keyID, path: r.URL.Path, user: r.Header.Get(userHeader), body: string(b), placed: placed})
+	c.mu.Unlock()
+	w.WriteHeader(http.StatusTeapot)
+}
+
+func (c *fakeCluster) last() forwarded {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.forwards[len(c.forwards)-1]
+}
+
+// In a cluster, requests for a sandbox another node hosts go there, and
+// creates go where placement puts them.
+func TestClusterRouting(t *testing.T) {
+	f := newFixture(t)
+	sb := f.create(f.key, nil)
+	c := &fakeCluster{remote: map[string]bool{sb.SandboxID: true}}
+	f.api.opts.Cluster = c
+	key := map[string]string{"X-API-Key": f.key}
+
+	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, key, nil, nil); resp.StatusCode != http.StatusTeapot {
+		t.Fatalf("kill of a sandbox hosted elsewhere: %d, want it forwarded", resp.StatusCode)
+	}
+	if got := c.last(); got.node != "n2" || got.keyID == "" || got.path != "/sandboxes/"+sb.SandboxID {
+		t.Fatalf("forwarded %+v", got)
+	}
+	// Another account's key is refused before anything is forwarded.
+	n := len(c.forwards)
+	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": "e2b_bad"}, nil, nil); resp.StatusCode != 401 || len(c.forwards) != n {
+		t.Fatalf("a bad key: %d, %d forwards", resp.StatusCode, len(c.forwards)-n)
+	}
+
+	agent := map[string]string{headerSandboxID: sb.SandboxID, headerAccessToken: sb.EnvdAccessToken, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))}
+	if resp := f.call("GET", "/files?path=x", agent, nil, nil); resp.StatusCode != http.StatusTeapot {
+		t.Fatalf("agent request for a sandbox hosted elsewhere: %d, want it forwarded", resp.StatusCode)
+	}
+	if got := c.last(); got.node != "n2" || got.user != "root" || got.path != "/files" {
+		t.Fatalf("forwarded %+v, want the user resolved here", got)
+	}
+	agent[headerAccessToken] = "wrong"
+	if resp := f.call("GET", "/files?path=x", agent, nil, nil); resp.StatusCode != 401 {
+		t.Fatalf("a wrong token for a sandbox hosted elsewhere: %d, want 401 here", resp.StatusCode)
+	}
+
+	c.placeOn = "n3"
+	body := map[string]any{"templateID": "base", "metadata": map[string]string{"k": "v"}}
+	if resp := f.call("POST", "/v2/sandboxes", key, body, nil); resp.StatusCode != http.StatusTeapot {
+		t.Fatalf("create placed elsewhere: %d, want it forwarded", resp.StatusCode)
+	}
+	if got := c.last(); got.node != "n3" || !got.placed || !strings.Contains(got.body, `"k":"v"`) {
+		t.Fatalf("forwarded create %+v, want placed on n3 with its body", got)
 	}
 }

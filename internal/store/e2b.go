@@ -80,9 +80,13 @@ func (q *Queries) ListE2BSandboxes(ctx context.Context, accountID string, limit 
 }
 
 // ListLiveE2BSandboxesOn returns the E2B records of the running sandboxes
-// node hosts: the candidates a signed file link may be for.
+// node hosts ("": any node): the candidates a signed file link may be for.
 func (q *Queries) ListLiveE2BSandboxesOn(ctx context.Context, nodeID string) ([]E2BSandbox, error) {
-	out, err := q.listE2B(ctx, "s.node_id = ? AND s.status = 'running'", nodeID)
+	where, args := "s.status = 'running'", []any{}
+	if nodeID != "" {
+		where, args = where+" AND s.node_id = ?", append(args, nodeID)
+	}
+	out, err := q.listE2B(ctx, where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list e2b sandboxes on node %s: %w", nodeID, err)
 	}

@@ -61,6 +61,9 @@ func TestE2BSandboxes(t *testing.T) {
 		if want := []string{bobs.ID, running.ID}; !slices.Equal(e2bIDs(on), want) {
 			t.Fatalf("ListLiveE2BSandboxesOn(n1) = %v, want %v", e2bIDs(on), want)
 		}
+		if all, err := s.ListLiveE2BSandboxesOn(ctx, ""); err != nil || len(all) != 3 {
+			t.Fatalf("ListLiveE2BSandboxesOn(any node) = %v, %v, want the 3 running", e2bIDs(all), err)
+		}
 	})
 }
 
