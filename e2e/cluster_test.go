@@ -3,7 +3,9 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	osexec "os/exec"
@@ -216,6 +218,8 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("MCP stop_sandbox through another node: %+v", a)
 		}
 	}
+	// The E2B API through nodes that do not host the sandbox.
+	e2bThroughCluster(t, front, nodes, st, ids, a.ID)
 	// The cluster listener takes no unsigned request, whatever key it has.
 	clusterAddr := via.flags[slices.Index(via.flags, "--cluster-listen")+1]
 	unsigned, _ := http.NewRequest("GET", "http://"+clusterAddr+path+"/ports", nil)
@@ -600,5 +604,51 @@ func wsExecThrough(t *testing.T, s *server, k key, id string) {
 	}
 	if out.String() != "ws\n" {
 		t.Fatalf("websocket exec output %q", out.String())
+	}
+}
+
+// e2bThroughCluster creates a sandbox with the E2B API through front and
+// uses its agent routes and kill through a node that does not host it.
+func e2bThroughCluster(t *testing.T, front *clusterNode, nodes []*clusterNode, st *store.Store, ids map[*server]string, accountID string) {
+	t.Helper()
+	var k key
+	front.admin(&k, "admin", "key", "create", "--account", accountID, "--format", "e2b", "--json")
+	do := func(base, method, path string, headers map[string]string, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		for h, v := range headers {
+			req.Header.Set(h, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	apiKey := map[string]string{"X-API-Key": k.Key, "Content-Type": "application/json"}
+	code, body := do(front.base, "POST", "/v2/sandboxes", apiKey, `{"templateID":"base","timeout":300}`)
+	var created struct{ SandboxID, EnvdAccessToken string }
+	if code != 201 || json.Unmarshal([]byte(body), &created) != nil {
+		t.Fatalf("E2B create through the cluster: %d %s", code, body)
+	}
+	via := nodes[slices.IndexFunc(nodes, func(n *clusterNode) bool { return ids[n.server] != nodeOf(t, st, created.SandboxID) })]
+	agent := map[string]string{"E2b-Sandbox-Id": created.SandboxID, "X-Access-Token": created.EnvdAccessToken, "Content-Type": "application/octet-stream"}
+	if code, body := do(via.base, "POST", "/files?path=/tmp/e2b.txt", agent, "through another node"); code != 200 {
+		t.Fatalf("E2B file write through another node: %d %s", code, body)
+	}
+	if code, body := do(via.base, "GET", "/files?path=/tmp/e2b.txt", agent, ""); code != 200 || body != "through another node" {
+		t.Fatalf("E2B file read through another node: %d %q", code, body)
+	}
+	agent["X-Access-Token"] = "wrong"
+	if code, _ := do(via.base, "GET", "/files?path=/tmp/e2b.txt", agent, ""); code != 401 {
+		t.Fatalf("E2B file read with a wrong token through another node: %d, want 401", code)
+	}
+	if code, body := do(via.base, "DELETE", "/sandboxes/"+created.SandboxID, apiKey, ""); code != 204 {
+		t.Fatalf("E2B kill through another node: %d %s", code, body)
+	}
+	if code, _ := do(via.base, "DELETE", "/sandboxes/"+created.SandboxID, apiKey, ""); code != 404 {
+		t.Fatalf("E2B kill of a killed sandbox through another node: %d, want 404", code)
 	}
 }
