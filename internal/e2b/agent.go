@@ -94,7 +94,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	user, ok := requestUser(r)
+	user, ok := requestUser(r, a.opts.DefaultUser)
 	if via {
 		// The forwarding node resolved it; the caller's Authorization did
 		// not travel.

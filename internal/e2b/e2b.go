@@ -94,6 +94,9 @@ type Options struct {
 	CPUs     int
 	MemoryMB int
 	DiskMB   int
+	// DefaultUser is who a request that names no user acts as (default
+	// "user": see DefaultUserOf).
+	DefaultUser string
 	// Cluster is nil on a single node.
 	Cluster Cluster
 	Logger  *slog.Logger
@@ -118,6 +121,9 @@ func New(opts Options) (*API, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.DefaultUser == "" {
+		opts.DefaultUser = defaultUser
 	}
 	a := &API{opts: opts, log: opts.Logger}
 	a.start = a.startHandler()

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -452,5 +454,22 @@ func TestClusterRouting(t *testing.T) {
 	}
 	if got := c.last(); got.node != "n3" || !got.placed || !strings.Contains(got.body, `"k":"v"`) {
 		t.Fatalf("forwarded create %+v, want placed on n3 with its body", got)
+	}
+}
+
+func TestDefaultUserOf(t *testing.T) {
+	with, without := t.TempDir(), t.TempDir()
+	for dir, passwd := range map[string]string{with: "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n", without: "root:x:0:0::/root:/bin/sh\nusers:x:100:100::/:/bin/sh\n"} {
+		if err := os.MkdirAll(filepath.Join(dir, "etc"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte(passwd), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for dir, want := range map[string]string{with: "user", without: "root", t.TempDir(): "root"} {
+		if got := DefaultUserOf(dir); got != want {
+			t.Errorf("DefaultUserOf(%s) = %q, want %q", dir, got, want)
+		}
 	}
 }

@@ -1,10 +1,12 @@
 package e2b
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"maps"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 
@@ -23,13 +25,37 @@ const userHeader = guest.UserHeader
 // defaultUser is the user E2B's templates run commands as.
 const defaultUser = "user"
 
+// DefaultUserOf is the user a request that names none acts as in sandboxes
+// started from the root filesystem rootfs: E2B's "user" when the image has
+// one (sandboxd's images all do), or else root, as an image without it
+// would run anything.
+func DefaultUserOf(rootfs string) string {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return "root"
+	}
+	defer root.Close()
+	f, err := root.Open("etc/passwd")
+	if err != nil {
+		return "root"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), defaultUser+":") {
+			return defaultUser
+		}
+	}
+	return "root"
+}
+
 // userName is a user name as the agent accepts it.
 var userName = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 
 // requestUser is the user a request to the agent acts as: E2B's SDKs name
 // it in Basic authentication ("user:"), or in the username parameter of a
-// file link; none is the template's default user.
-func requestUser(r *http.Request) (string, bool) {
+// file link; none is the template's default user, dflt.
+func requestUser(r *http.Request, dflt string) (string, bool) {
 	name := r.URL.Query().Get("username")
 	if authz := r.Header.Get("Authorization"); name == "" && authz != "" {
 		scheme, cred, ok := strings.Cut(authz, " ")
@@ -43,7 +69,7 @@ func requestUser(r *http.Request) (string, bool) {
 		name, _, _ = strings.Cut(string(b), ":")
 	}
 	if name == "" {
-		return defaultUser, true
+		return dflt, true
 	}
 	return name, userName.MatchString(name)
 }
