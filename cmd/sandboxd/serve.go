@@ -402,8 +402,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		// built from names it too.
 		Templates: []string{o.template},
 		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB),
-		Cluster: apiCluster(clu),
-		Logger:  log.With("component", "e2b"),
+		Cluster:     apiCluster(clu),
+		DefaultUser: e2b.DefaultUserOf(baseDir),
+		Logger:      log.With("component", "e2b"),
 	})
 	if err != nil {
 		return err
