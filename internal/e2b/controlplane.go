@@ -690,22 +690,28 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	return nil
 }
 
-// wake resumes sb if it is paused and sets its timeout if req gives one.
+// wake resumes sb if it is paused and gives it the timeout req asks for:
+// a resumed sandbox gets it whole, a running one only when it extends its
+// life (E2B's connect never shortens a running sandbox's).
 func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) error {
-	if sb.Pause != "" {
+	var d time.Duration
+	if req.Timeout != nil {
+		var err error
+		if d, err = req.duration(); err != nil {
+			return err
+		}
+	}
+	running := sb.Pause == ""
+	if !running {
 		var err error
 		if sb, err = a.opts.Sandboxes.Resume(ctx, sb); err != nil {
 			return err
 		}
 	}
-	if req.Timeout == nil {
+	if d == 0 || (running && sb.Deadline.After(a.opts.Now().Add(d))) {
 		return nil
 	}
-	d, err := req.duration()
-	if err != nil {
-		return err
-	}
-	_, err = a.opts.Sandboxes.SetTimeout(ctx, sb, d)
+	_, err := a.opts.Sandboxes.SetTimeout(ctx, sb, d)
 	return err
 }
 
