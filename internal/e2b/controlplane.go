@@ -96,6 +96,8 @@ func (a *API) controlPlane() http.Handler {
 	r.Post("/sandboxes/{id}/refreshes", a.route(a.refresh, true))
 	r.Post("/sandboxes/{id}/pause", a.route(a.pause, true))
 	r.Post("/sandboxes/{id}/resume", a.route(a.resume, true))
+	r.Post("/sandboxes/{id}/fork", a.route(a.fork, true))
+	r.Put("/sandboxes/{id}/network", a.route(a.setNetwork, true))
 	r.Get("/sandboxes/{id}/metrics", a.route(a.metrics, false))
 	r.Get("/templates", a.route(a.templates, false))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -347,18 +349,24 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 // allowOut lists what may be reached. denyOut is refused: sandboxd's deny
 // list is the operator's, always applied, and a policy is an allow list.
 func (req newSandboxRequest) policy() (*netpol.Policy, error) {
-	if req.Network != nil && len(req.Network.DenyOut) > 0 {
+	return policyOf(req.AllowInternetAccess, req.Network)
+}
+
+// policyOf maps E2B's network options onto a policy; nil when they say
+// nothing.
+func policyOf(allowInternet *bool, n *networkConfig) (*netpol.Policy, error) {
+	if n != nil && len(n.DenyOut) > 0 {
 		return nil, errorf(http.StatusBadRequest, "network.denyOut is not supported: sandboxd's policies are allow lists (network.allowOut), and private, host and metadata addresses are always denied")
 	}
-	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
-		if req.Network != nil && len(req.Network.AllowOut) > 0 {
+	if allowInternet != nil && !*allowInternet {
+		if n != nil && len(n.AllowOut) > 0 {
 			return nil, errorf(http.StatusBadRequest, "allow_internet_access false with network.allowOut: choose one")
 		}
 		p := netpol.Policy{Mode: netpol.ModeNone}
 		return &p, nil
 	}
-	if req.Network != nil && len(req.Network.AllowOut) > 0 {
-		b, err := json.Marshal(map[string][]string{"allow": req.Network.AllowOut})
+	if n != nil && len(n.AllowOut) > 0 {
+		b, err := json.Marshal(map[string][]string{"allow": n.AllowOut})
 		if err != nil {
 			return nil, err
 		}
@@ -368,11 +376,102 @@ func (req newSandboxRequest) policy() (*netpol.Policy, error) {
 		}
 		return &p, nil
 	}
-	if req.AllowInternetAccess != nil && *req.AllowInternetAccess {
+	if allowInternet != nil && *allowInternet {
 		p := netpol.Policy{Mode: netpol.ModeEgress}
 		return &p, nil
 	}
 	return nil, nil
+}
+
+// networkUpdate is E2B's SandboxNetworkUpdateConfig.
+type networkUpdate struct {
+	networkConfig
+	AllowInternetAccess *bool `json:"allow_internet_access"`
+}
+
+// setNetwork replaces a running sandbox's policy (PUT
+// /sandboxes/{id}/network); what the body omits is cleared, so an empty
+// one is E2B's default, the internet.
+func (a *API) setNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req networkUpdate
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	policy, err := policyOf(req.AllowInternetAccess, &req.networkConfig)
+	if err != nil {
+		return err
+	}
+	if policy == nil {
+		policy = &netpol.Policy{Mode: netpol.ModeEgress}
+	}
+	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	if _, err := a.opts.Sandboxes.SetNetwork(r.Context(), sb, *policy); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// forkResult is E2B's SandboxForkResult.
+type forkResult struct {
+	Sandbox *sandboxResponse `json:"sandbox,omitempty"`
+	Error   *apiError        `json:"error,omitempty"`
+}
+
+// fork starts count sandboxes (default 1) from a running sandbox's memory
+// and filesystem, all or none; each child is the parent's template,
+// metadata and environment with its own access token.
+func (a *API) fork(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	var lifetime time.Duration
+	if req.Timeout != nil {
+		d, err := timeoutRequest{Timeout: req.Timeout}.duration()
+		if err != nil {
+			return err
+		}
+		lifetime = d
+	}
+	parent, e, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	children, err := a.opts.Sandboxes.Fork(r.Context(), parent, count, lifetime)
+	if err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(r.Context())
+	out := make([]forkResult, 0, len(children))
+	for _, child := range children {
+		token, err := newAccessToken()
+		if err == nil {
+			ce := store.E2BSandbox{SandboxID: child.ID, AccountID: p.AccountID, TemplateID: e.TemplateID, Metadata: e.Metadata, EnvVars: e.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
+			if err = a.opts.Store.CreateE2BSandbox(ctx, ce); err == nil {
+				resp := a.sandboxResponse(ce)
+				out = append(out, forkResult{Sandbox: &resp})
+				continue
+			}
+		}
+		// A child that cannot be reached through this API is no use: it
+		// is stopped and reported as failed, as E2B reports one fork.
+		a.log.ErrorContext(ctx, "e2b fork: record a child", "sandbox_id", child.ID, "err", err)
+		_, _ = a.opts.Sandboxes.Stop(ctx, child)
+		out = append(out, forkResult{Error: &apiError{Code: http.StatusInternalServerError, Message: "the fork started but could not be recorded"}})
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
 }
 
 // newAccessToken returns a sandbox's envd access token: 32 random bytes.

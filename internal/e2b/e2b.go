@@ -52,6 +52,8 @@ type Sandboxes interface {
 	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
 	AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error)
 	Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error)
+	Fork(ctx context.Context, sb store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error)
+	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
 }
 
 // Store is what the API reads and records.

@@ -33,11 +33,12 @@ import (
 // fakeSandboxes stands in for the sandbox manager: rows in the real
 // store, and every sandbox's agent is one fake agent (agentHandler).
 type fakeSandboxes struct {
-	st    *store.Store
-	node  string
-	agent http.Handler
-	mu    sync.Mutex
-	last  sandbox.CreateRequest
+	st      *store.Store
+	node    string
+	agent   http.Handler
+	mu      sync.Mutex
+	last    sandbox.CreateRequest
+	network *netpol.Policy
 }
 
 func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (store.Sandbox, string, error) {
@@ -73,6 +74,25 @@ func (f *fakeSandboxes) Resume(context.Context, store.Sandbox) (store.Sandbox, e
 
 func (f *fakeSandboxes) Stats(context.Context, store.Sandbox) (runtime.Stats, error) {
 	return runtime.Stats{MemoryBytes: 64 << 20, CPU: time.Second, DiskBytes: 1 << 20}, nil
+}
+
+func (f *fakeSandboxes) Fork(ctx context.Context, parent store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error) {
+	var out []store.Sandbox
+	for range count {
+		sb, _, err := f.Create(ctx, parent.AccountID, sandbox.CreateRequest{Lifetime: lifetime})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
+func (f *fakeSandboxes) SetNetwork(_ context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
+	f.mu.Lock()
+	f.network = &p
+	f.mu.Unlock()
+	return sb, nil
 }
 
 func (f *fakeSandboxes) AgentTransport(context.Context, store.Sandbox) (http.RoundTripper, error) {
@@ -285,6 +305,22 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	var conn sandboxResponse
 	if resp := f.call("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", key, map[string]any{"timeout": 30}, &conn); resp.StatusCode != 200 || conn.EnvdAccessToken != sb.EnvdAccessToken {
 		t.Fatalf("connect to a running sandbox: %d %+v, want 200 and its token", resp.StatusCode, conn)
+	}
+	var forks []forkResult
+	if resp := f.call("POST", "/sandboxes/"+sb.SandboxID+"/fork", key, map[string]any{"count": 2}, &forks); resp.StatusCode != 201 || len(forks) != 2 ||
+		forks[0].Sandbox == nil || forks[0].Sandbox.EnvdAccessToken == sb.EnvdAccessToken || forks[0].Sandbox.EnvdAccessToken == forks[1].Sandbox.EnvdAccessToken {
+		t.Fatalf("fork of 2: %d %+v, want two children with tokens of their own", resp.StatusCode, forks)
+	}
+	var child sandboxDetail
+	f.call("GET", "/sandboxes/"+forks[0].Sandbox.SandboxID, key, nil, &child)
+	if child.Metadata["team"] != "a" {
+		t.Fatalf("a fork's metadata: %+v, want its parent's", child.Metadata)
+	}
+	if resp := f.call("PUT", "/sandboxes/"+sb.SandboxID+"/network", key, map[string]any{"allowOut": []string{"10.1.2.3"}, "denyOut": []string{"1.1.1.1"}}, nil); resp.StatusCode != 400 {
+		t.Fatalf("network update with denyOut: %d, want 400", resp.StatusCode)
+	}
+	if resp := f.call("PUT", "/sandboxes/"+sb.SandboxID+"/network", key, map[string]any{"allow_internet_access": false}, nil); resp.StatusCode != 204 || f.sbs.network == nil || f.sbs.network.Mode != netpol.ModeNone {
+		t.Fatalf("network update to no internet: %d %+v", resp.StatusCode, f.sbs.network)
 	}
 	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, key, nil, nil); resp.StatusCode != 204 {
 		t.Fatalf("kill: %d", resp.StatusCode)
