@@ -153,8 +153,8 @@ func benchDirect(b *testing.B, inflight int, rows *sql.DB) {
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"status":"running"}`)
+		w.WriteHeader(http.StatusOK) // as a create answers
+		_, _ = io.WriteString(w, `{"status":"success","sandboxes":[{"status":"running"}]}`)
 	}))
 	defer listener.Close()
 	fw := NewForwarder(secret, "a", slog.New(slog.DiscardHandler))
@@ -166,7 +166,7 @@ func benchDirect(b *testing.B, inflight int, rows *sql.DB) {
 		req.Header.Set("x-api-key", "sbx_the_callers_key") // Forward removes it, as from any caller
 		rec := httptest.NewRecorder()
 		fw.Forward(rec, req, to, "key_bench", true)
-		if rec.Code != http.StatusCreated {
+		if rec.Code != http.StatusOK {
 			return fmt.Errorf("forwarded create: %d %s", rec.Code, rec.Body)
 		}
 		return nil
