@@ -33,6 +33,8 @@ import (
 //     Forwarder, signed with the cluster secret, to B's listener, which
 //     checks it with Router.Forwarded (the cluster listener's own check),
 //     does the work and answers.
+//   - direct-rows: the same, B also writing the rows the River path
+//     writes (the create's row inserted pending, then marked running).
 //   - river/*: A inserts a job into B's queue (jobs.NodeQueue) with
 //     jobs.Client, set up by jobs.New as serve sets it up, in one
 //     transaction with the pending row a create writes (transactional
@@ -43,12 +45,13 @@ import (
 //     row every dispatchPoll), jobstate (A reads the job's state every
 //     dispatchPoll until River has marked it completed).
 //
-// The work is dispatchWork, a no-op, in both paths: a real create's work
-// (image, runtime, its rows) costs the same however the request arrived,
-// so what differs is the dispatch alone. What a real create adds on B in
-// both paths (the caller's key looked up, the sandbox's rows) is left out
-// of both, except the one UPDATE that marks the row running: the River path
-// needs it to tell A, and it is counted there.
+// The work is dispatchWork, a no-op, in every path: a real create's work
+// (image, runtime) costs the same however the request arrived, so what
+// differs is the dispatch alone. What a real create adds in every path
+// (the caller's key looked up by its id, the sandbox's other rows) is left
+// out of all. The River paths need the create's row to tell A the outcome,
+// so they write it; direct-rows writes the same, for the like-for-like
+// comparison, and direct writes nothing.
 //
 // The River paths need PostgreSQL (storetest: SANDBOXD_TEST_POSTGRES or
 // Debian's postgresql-15; skipped without it unless
