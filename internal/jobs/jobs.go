@@ -11,6 +11,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -90,8 +91,23 @@ type Config struct {
 	// PostgresDSN is the database URL when the store is PostgreSQL; River
 	// listens for new jobs on a pgx pool of its own.
 	PostgresDSN string
-	Logger      *slog.Logger
+	// FetchCooldown and FetchPollInterval, when set, replace how often
+	// River looks for jobs (defaultFetchCooldown, defaultFetchPollInterval).
+	// Serve keeps the defaults; BenchmarkPlacementDispatch (package cluster)
+	// measures a queue tuned with them.
+	FetchCooldown     time.Duration
+	FetchPollInterval time.Duration
+	Logger            *slog.Logger
 }
+
+// How often River looks for jobs by default: at most every
+// defaultFetchCooldown when told of new ones (LISTEN/NOTIFY on PostgreSQL),
+// and every defaultFetchPollInterval regardless. Short polling keeps
+// insert-to-work latency low on SQLite, which has no LISTEN/NOTIFY.
+const (
+	defaultFetchCooldown     = 5 * time.Millisecond
+	defaultFetchPollInterval = 50 * time.Millisecond
+)
 
 // Client inserts and works jobs.
 type Client struct {
@@ -149,11 +165,9 @@ func New(ctx context.Context, st *store.Store, cfg Config) (*Client, error) {
 		// long; workers check their run's state first, so a rescue never
 		// runs a command twice.
 		RescueStuckJobsAfter: 10 * time.Minute,
-		// Short polling keeps insert-to-work latency low on SQLite (no
-		// LISTEN/NOTIFY there).
-		FetchCooldown:     5 * time.Millisecond,
-		FetchPollInterval: 50 * time.Millisecond,
-		JobTimeout:        -1, // runs carry their own deadline: the sandbox's
+		FetchCooldown:        cmp.Or(cfg.FetchCooldown, defaultFetchCooldown),
+		FetchPollInterval:    cmp.Or(cfg.FetchPollInterval, defaultFetchPollInterval),
+		JobTimeout:           -1, // runs carry their own deadline: the sandbox's
 	}
 	if cfg.Workers != nil {
 		rc.Workers = cfg.Workers
