@@ -163,3 +163,29 @@ export function closeTo(got, want, tolerance, what) {
     throw new Error(`${what}: got ${got}, want ${want} ± ${tolerance}`)
   }
 }
+
+// sameText asserts got === want for texts too long to print whole: a
+// failure names what, both lengths and where they first differ.
+export function sameText(got, want, what) {
+  if (got === want) return
+  const s = String(got)
+  let i = 0
+  while (i < s.length && i < want.length && s[i] === want[i]) i++
+  const around = (t) => JSON.stringify(t.slice(Math.max(0, i - 20), i + 40))
+  throw new Error(
+    `${what}: got ${s.length} characters, want ${want.length}; they differ at ${i}: got ${around(s)}, want ${around(want)}`
+  )
+}
+
+// shared is a sandbox for the tests of one file, made when the first test
+// that runs asks for it (so a name filter that skips the file's tests
+// starts none) and killed by done.
+export function shared(opts = { timeoutMs: 300_000 }) {
+  let made
+  return {
+    get: () => (made ??= create(opts)),
+    done: async () => {
+      if (made) await kill(await made.catch(() => undefined))
+    },
+  }
+}

@@ -1,7 +1,7 @@
 // sandbox.commands: run in the foreground and the background, exit codes
 // and CommandExitError, kill, connect to a running command by pid, stdin.
 // One sandbox serves the whole file.
-import { after, before, describe, it } from 'node:test'
+import { after, beforeEach, describe, it } from 'node:test'
 import assert from 'node:assert/strict'
 
 import {
@@ -9,20 +9,20 @@ import {
   NotFoundError,
   SandboxError,
   cleanup,
-  create,
-  kill,
+  shared,
   slow,
   title,
   waitFor,
 } from '../lib/sdk.js'
 
 describe(title('commands'), () => {
+  const box = shared()
   let sbx
-  before(async () => {
-    sbx = await create({ timeoutMs: 300_000 })
+  beforeEach(async () => {
+    sbx = await box.get()
   })
   after(async () => {
-    await kill(sbx)
+    await box.done()
     await cleanup()
   })
 

@@ -1,7 +1,7 @@
 // sandbox.files: write, read (every format), list, exists, getInfo, makeDir,
 // rename, remove, watchDir; and the signed upload and download URLs, used
 // with a plain fetch and no key. One sandbox serves the whole file.
-import { after, before, describe, it } from 'node:test'
+import { after, beforeEach, describe, it } from 'node:test'
 import assert from 'node:assert/strict'
 import { createHash } from 'node:crypto'
 
@@ -10,8 +10,8 @@ import {
   FileType,
   FilesystemEventType,
   cleanup,
-  create,
-  kill,
+  shared,
+  sameText,
   slow,
   title,
   waitFor,
@@ -34,12 +34,13 @@ async function readAll(stream) {
 }
 
 describe(title('files'), () => {
+  const box = shared()
   let sbx
-  before(async () => {
-    sbx = await create({ timeoutMs: 300_000 })
+  beforeEach(async () => {
+    sbx = await box.get()
   })
   after(async () => {
-    await kill(sbx)
+    await box.done()
     await cleanup()
   })
 
@@ -96,16 +97,31 @@ describe(title('files'), () => {
     assert.ok(Buffer.from(got).equals(Buffer.from(want)), 'the 4 MiB file came back different')
   })
 
-  it('octet-stream, gzip and streamed uploads; gzip download', slow, async () => {
-    const text = 'compressible '.repeat(1000)
-    await sbx.files.write(`${home}/octet.txt`, text, { useOctetStream: true })
-    assert.equal(await sbx.files.read(`${home}/octet.txt`), text)
-    await sbx.files.write(`${home}/gzip.txt`, text, { gzip: true })
-    assert.equal(await sbx.files.read(`${home}/gzip.txt`), text)
-    assert.equal(await sbx.files.read(`${home}/gzip.txt`, { gzip: true }), text)
+  const compressible = 'compressible '.repeat(1000)
+
+  it('octet-stream and streamed uploads', slow, async () => {
+    await sbx.files.write(`${home}/octet.txt`, compressible, { useOctetStream: true })
+    sameText(await sbx.files.read(`${home}/octet.txt`), compressible, 'an octet-stream upload read back')
     const stream = new Blob(['streamed ', 'body']).stream()
     await sbx.files.write(`${home}/stream.txt`, stream)
     assert.equal(await sbx.files.read(`${home}/stream.txt`), 'streamed body')
+  })
+
+  it('a gzip upload is stored uncompressed', slow, async () => {
+    // gzip: true sends the body gzipped with Content-Encoding: gzip; the
+    // file holds the text, not the gzip stream.
+    await sbx.files.write(`${home}/gzip.txt`, compressible, { gzip: true })
+    sameText((await sbx.commands.run(`cat ${home}/gzip.txt`)).stdout, compressible, 'a gzip upload as stored in the sandbox')
+    sameText(await sbx.files.read(`${home}/gzip.txt`), compressible, 'a gzip upload read back')
+  })
+
+  it('a read with gzip: true returns the file as it is', slow, async () => {
+    // Asked with Accept-Encoding: gzip, the answer may come compressed; the
+    // SDK's fetch undoes it by Content-Encoding.
+    await sbx.files.write(`${home}/plain.txt`, compressible)
+    sameText(await sbx.files.read(`${home}/plain.txt`, { gzip: true }), compressible, 'a read with gzip: true')
+    const bytes = await sbx.files.read(`${home}/plain.txt`, { gzip: true, format: 'bytes' })
+    assert.equal(bytes.length, compressible.length)
   })
 
   it('write several files in one call', slow, async () => {

@@ -1,9 +1,9 @@
 // sandbox.pty: an interactive bash on a terminal; input, output, resize,
 // reconnect, exit and kill. One sandbox serves the whole file.
-import { after, before, describe, it } from 'node:test'
+import { after, beforeEach, describe, it } from 'node:test'
 import assert from 'node:assert/strict'
 
-import { CommandExitError, cleanup, create, kill, slow, title, waitFor } from '../lib/sdk.js'
+import { CommandExitError, cleanup, shared, slow, title, waitFor } from '../lib/sdk.js'
 
 const encode = (s) => new TextEncoder().encode(s)
 
@@ -23,12 +23,13 @@ function terminal() {
 }
 
 describe(title('pty'), () => {
+  const box = shared()
   let sbx
-  before(async () => {
-    sbx = await create({ timeoutMs: 300_000 })
+  beforeEach(async () => {
+    sbx = await box.get()
   })
   after(async () => {
-    await kill(sbx)
+    await box.done()
     await cleanup()
   })
 
