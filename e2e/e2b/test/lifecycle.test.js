@@ -262,6 +262,22 @@ describe(title('lifecycle'), () => {
     }
   })
 
+  it('connect with timeoutMs extends a running sandbox, never shortens it', { ...slow, skip: lacks.connect }, async () => {
+    const sbx = await create({ timeoutMs: 60_000 })
+    try {
+      await Sandbox.connect(sbx.sandboxId, { timeoutMs: 240_000 })
+      let info = await sbx.getInfo()
+      closeTo(info.endAt.getTime(), Date.now() + 240_000, 15_000, 'endAt after connect with 240 s')
+      // "For running sandboxes, the timeout will update only if the new
+      // timeout is longer than the existing one" (SandboxConnectOpts).
+      await Sandbox.connect(sbx.sandboxId, { timeoutMs: 30_000 })
+      info = await sbx.getInfo()
+      closeTo(info.endAt.getTime(), Date.now() + 240_000, 15_000, 'endAt after connect with a shorter 30 s')
+    } finally {
+      await kill(sbx)
+    }
+  })
+
   it('connect to a running sandbox returns a usable handle', { ...slow, skip: lacks.connect }, async () => {
     const sbx = await create()
     try {
