@@ -107,7 +107,8 @@ describe(title('lifecycle'), () => {
   })
 
   it('a sandbox past its timeout is gone', slow, async () => {
-    const sbx = await create({ timeoutMs: 8_000 })
+    // Long enough that a loaded machine still sees it running first.
+    const sbx = await create({ timeoutMs: 15_000 })
     try {
       assert.equal(await sbx.isRunning(), true)
       await waitFor(
