@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite runs beside sandboxd that Debian does not
 # package: versitygw, the S3-compatible server the blob store's S3 backend is
-# tested against. Idempotent: a tool already present at the pinned version is
-# left alone. Binaries go to $(go env GOPATH)/bin, where the tests look.
+# tested against, and a Node.js recent enough for the e2b SDK tests (e2e/e2b;
+# see install-node.sh). Idempotent: a tool already present at the pinned
+# version is left alone. versitygw goes to $(go env GOPATH)/bin, where the
+# tests look.
 set -euo pipefail
+
+# Node.js first: the versitygw steps below end the script early.
+"$(dirname "$0")/install-node.sh"
 
 export PATH=/usr/local/go/bin:$PATH
 versitygw_module=github.com/versity/versitygw
