@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/cgroup"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
@@ -162,9 +163,10 @@ func (s *sandbox) start(ctx context.Context, args ...string) error {
 		return err
 	}
 	cmd := s.r.runscFor(ctx, m, network, args...)
-	cmd.Stdout, cmd.Stderr = logw, logw
+	out := capbuf.New(runscOutputMax)
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(logw, out), io.MultiWriter(logw, out)
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc %s: %w (see %s)", args[0], err, s.Path("agent.log"))
+		return runscFailed(args[0], err, out, s.Path("agent.log"))
 	}
 	s.startGuard()
 	wctx, cancel := context.WithTimeout(ctx, s.r.StartTimeout())
@@ -528,4 +530,22 @@ func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error)
 		return nil, err
 	}
 	return c.Transport(), nil
+}
+
+// runscOutputMax bounds what of a failed runsc command's output its error
+// carries.
+const runscOutputMax = 4 << 10
+
+// runscFailed is the error of a runsc command that failed, with the last
+// lines it printed: the log it also went to (agent.log) is on this host
+// only, and the error reaches the API's logs and the caller.
+func runscFailed(what string, err error, out *capbuf.Buffer, logPath string) error {
+	lines := strings.Split(strings.TrimSpace(out.String("")), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	if said := strings.TrimSpace(strings.Join(lines, " | ")); said != "" {
+		return fmt.Errorf("runsc %s: %w: %s (more in %s)", what, err, said, logPath)
+	}
+	return fmt.Errorf("runsc %s: %w (see %s)", what, err, logPath)
 }
