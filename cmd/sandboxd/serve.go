@@ -76,6 +76,7 @@ type serveOptions struct {
 	allowPrivate bool
 	blobURL      string
 	blobCacheMiB int64
+	e2bDomain    string
 	setup        bool
 	network      netpol.Policy
 	netPool      netip.Prefix
@@ -156,6 +157,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.publicURL, "public-url", "", "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
 	f.StringVar(&o.blobURL, "blob-store", "", "where snapshots are stored: empty for DATA_DIR/blobs, or s3://ACCESS:SECRET@host:port/bucket/prefix?tls=false (env SANDBOXD_BLOB_STORE)")
+	f.StringVar(&o.e2bDomain, "e2b-domain", "", "wildcard domain the E2B API's sandboxes are reached at: PORT-ID.DOMAIN is that port of that sandbox (the SDKs' getHost); point *.DOMAIN at this server (env SANDBOXD_E2B_DOMAIN)")
 	f.Int64Var(&o.blobCacheMiB, "blob-cache-mib", 4096, "MiB of snapshot layers read from an S3 --blob-store that are kept in DATA_DIR/cache/blobs, least recently used evicted first; 0 disables (env SANDBOXD_BLOB_CACHE_MIB)")
 	f.Var(newPolicyValue(&o.network, netpol.ModeNone), "network-default", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
 	f.Var(newPrefixValue(&o.netPool, netpol.DefaultPool), "network-pool", "IPv4 range sandbox addresses come from (a /30 each)")
@@ -396,7 +398,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
+	portProxy := netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")})
 	e2bAPI, err := e2b.New(e2b.Options{
+		Domain: o.e2bDomain, Ports: portProxy,
 		Sandboxes: mgr, Store: st, Auth: authn, NodeID: nodeID,
 		// Every template name starts the server's image: the one it was
 		// built from names it too.
@@ -425,7 +429,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Environments: persistence,
 		Sandboxes:    mgr,
 		Agents:       agentSvc,
-		Proxy:        netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")}),
+		Proxy:        portProxy,
 		Files:        fileSvc,
 		Cluster:      apiCluster(clu),
 		Mount:        mounts,
@@ -447,7 +451,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return fmt.Errorf("listen on %s: %w", homeSocket, err)
 	}
 	httpSrv := &http.Server{
-		Handler:           srv,
+		Handler:           e2bAPI.HostRouter(srv),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -474,7 +478,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		_ = httpSrv.Close()
 		return err
 	}
-	clusterSrv := clu.serve(srv.ClusterHandler(), log, errc)
+	clusterSrv := clu.serve(api.ClusterHandler(e2bAPI.HostRouter(srv)), log, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

@@ -207,9 +207,14 @@ func (s *Server) caller(r *http.Request, rt route) (p auth.Principal, forwarded 
 // ClusterHandler is the API as the cluster listener serves it: requests
 // there are forwarded by other nodes and authenticated by their signature
 // (Options.Cluster), never by a key.
-func (s *Server) ClusterHandler() http.Handler {
+func (s *Server) ClusterHandler() http.Handler { return ClusterHandler(s.handler) }
+
+// ClusterHandler is h as the cluster listener serves it: every request is
+// marked as having come in there (ViaCluster), for h and the API's routes
+// to authenticate by signature.
+func ClusterHandler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), viaClusterKey, true)))
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), viaClusterKey, true)))
 	})
 }
 

@@ -215,17 +215,21 @@ type newSandboxRequest struct {
 type networkConfig struct {
 	AllowOut []string `json:"allowOut"`
 	DenyOut  []string `json:"denyOut"`
+	// AllowPublicTraffic false puts the sandbox's ports behind a traffic
+	// token (create only).
+	AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 }
 
 // sandboxResponse is E2B's Sandbox: what create, resume and connect answer.
 type sandboxResponse struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
-	Alias           string  `json:"alias,omitempty"`
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
 }
 
 // listedSandbox is E2B's ListedSandbox; sandboxDetail adds to it.
@@ -335,6 +339,11 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		return err
 	}
 	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: p.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
+		if e.TrafficToken, err = newAccessToken(); err != nil {
+			return err
+		}
+	}
 	if err := a.opts.Store.CreateE2BSandbox(context.WithoutCancel(r.Context()), e); err != nil {
 		// Without its record the sandbox cannot be reached through this API.
 		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), sb)
@@ -458,7 +467,13 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 		token, err := newAccessToken()
 		if err == nil {
 			ce := store.E2BSandbox{SandboxID: child.ID, AccountID: p.AccountID, TemplateID: e.TemplateID, Metadata: e.Metadata, EnvVars: e.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
-			if err = a.opts.Store.CreateE2BSandbox(ctx, ce); err == nil {
+			if e.TrafficToken != "" {
+				ce.TrafficToken, err = newAccessToken()
+			}
+			if err == nil {
+				err = a.opts.Store.CreateE2BSandbox(ctx, ce)
+			}
+			if err == nil {
 				resp := a.sandboxResponse(ce)
 				out = append(out, forkResult{Sandbox: &resp})
 				continue
@@ -484,7 +499,14 @@ func newAccessToken() (string, error) {
 }
 
 func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
-	return sandboxResponse{SandboxID: e.SandboxID, TemplateID: e.TemplateID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: e.AccessToken}
+	r := sandboxResponse{SandboxID: e.SandboxID, TemplateID: e.TemplateID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: e.AccessToken}
+	if a.opts.Domain != "" {
+		r.Domain = &a.opts.Domain
+	}
+	if e.TrafficToken != "" {
+		r.TrafficAccessToken = &e.TrafficToken
+	}
+	return r
 }
 
 // sandboxOf returns the caller's live sandbox id with its E2B record: a
@@ -547,7 +569,11 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sandboxDetail{listedSandbox: a.listed(sb, e), EnvdAccessToken: e.AccessToken, Lifecycle: lifecycleOf(sb)})
+	d := sandboxDetail{listedSandbox: a.listed(sb, e), EnvdAccessToken: e.AccessToken, Lifecycle: lifecycleOf(sb)}
+	if a.opts.Domain != "" {
+		d.Domain = &a.opts.Domain
+	}
+	writeJSON(w, http.StatusOK, d)
 	return nil
 }
 

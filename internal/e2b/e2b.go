@@ -23,6 +23,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -81,6 +82,11 @@ type Cluster interface {
 	Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool)
 }
 
+// PortProxy forwards a request to a port of a sandbox (netpol.Proxy).
+type PortProxy interface {
+	ServePort(w http.ResponseWriter, r *http.Request, id string, port int)
+}
+
 // Options configure the API.
 type Options struct {
 	Sandboxes Sandboxes
@@ -99,6 +105,13 @@ type Options struct {
 	// DefaultUser is who a request that names no user acts as (default
 	// "user": see DefaultUserOf).
 	DefaultUser string
+	// Domain, when set, is the wildcard domain sandboxes are reached at
+	// (E2B's domain): PORT-ID.DOMAIN is port PORT of sandbox ID (see
+	// HostRouter), and creates answer it so that the SDKs' getHost(port)
+	// names it. The operator points *.DOMAIN at sandboxd.
+	Domain string
+	// Ports serves a sandbox's ports (the port proxy).
+	Ports PortProxy
 	// Cluster is nil on a single node.
 	Cluster Cluster
 	Logger  *slog.Logger
@@ -124,6 +137,7 @@ func New(opts Options) (*API, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	opts.Domain = strings.ToLower(strings.Trim(opts.Domain, "."))
 	if opts.DefaultUser == "" {
 		opts.DefaultUser = defaultUser
 	}

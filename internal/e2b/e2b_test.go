@@ -509,3 +509,60 @@ func TestDefaultUserOf(t *testing.T) {
 		}
 	}
 }
+
+// fakePorts records the port requests the host router made.
+type fakePorts struct{ got []string }
+
+func (p *fakePorts) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) {
+	p.got = append(p.got, fmt.Sprintf("%s:%d%s host=%s token=%q", id, port, r.URL.Path, r.Host, r.Header.Get(headerTrafficToken)))
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// With a domain, PORT-ID.DOMAIN reaches that port of that sandbox: its
+// agent for envd's port, the port proxy for any other; a sandbox created
+// without public traffic wants its traffic token.
+func TestHostRouter(t *testing.T) {
+	f := newFixture(t)
+	ports := &fakePorts{}
+	f.api.opts.Domain, f.api.opts.Ports = "sbx.test", ports
+	public := f.create(f.key, nil)
+	private := f.create(f.key, map[string]any{"network": map[string]any{"allowPublicTraffic": false}})
+	if public.Domain == nil || *public.Domain != "sbx.test" || public.TrafficAccessToken != nil {
+		t.Fatalf("create with a domain: %+v, want the domain and no traffic token", public)
+	}
+	if private.TrafficAccessToken == nil || *private.TrafficAccessToken == "" {
+		t.Fatalf("create without public traffic: %+v, want a traffic token", private)
+	}
+	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	h := f.api.HostRouter(next)
+	serve := func(host, path string, headers map[string]string) int {
+		r := httptest.NewRequest("GET", "http://"+host+path, nil)
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := serve("3000-"+public.SandboxID+".sbx.test:443", "/app", nil); code != http.StatusAccepted || len(ports.got) != 1 ||
+		ports.got[0] != fmt.Sprintf("%s:3000/app host=3000-%s.sbx.test:443 token=%q", public.SandboxID, public.SandboxID, "") {
+		t.Fatalf("a public port: %d %v", code, ports.got)
+	}
+	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", nil); code != http.StatusForbidden {
+		t.Fatalf("a private port without its token: %d, want 403", code)
+	}
+	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", map[string]string{headerTrafficToken: *private.TrafficAccessToken}); code != http.StatusAccepted || ports.got[1] != fmt.Sprintf("%s:3000/ host=3000-%s.sbx.test token=%q", private.SandboxID, private.SandboxID, "") {
+		t.Fatalf("a private port with its token: %d %v (the token must not reach the sandbox)", code, ports.got)
+	}
+	if code := serve("3000-sbx_nope.sbx.test", "/", nil); code != http.StatusNotFound {
+		t.Fatalf("a sandbox that does not exist: %d, want 404", code)
+	}
+	if code := serve("49983-"+public.SandboxID+".sbx.test", "/health", nil); code != http.StatusNoContent {
+		t.Fatalf("the agent's port: %d, want its /health", code)
+	}
+	for _, host := range []string{"127.0.0.1:8080", "sbx.test", "x.3000-" + public.SandboxID + ".sbx.test", "abc-" + public.SandboxID + ".sbx.test", "3000-" + public.SandboxID + ".other.test"} {
+		if code := serve(host, "/", nil); code != http.StatusTeapot {
+			t.Errorf("host %s: %d, want it passed on", host, code)
+		}
+	}
+}

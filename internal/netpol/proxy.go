@@ -102,21 +102,47 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad path", http.StatusBadRequest)
 		return
 	}
+	p.serve(w, r, id, port, addr, path, rest, p.opts.Prefix+id+"/proxy/"+strconv.Itoa(port))
+}
+
+// ServePort forwards r as it is (path and Host included) to port of
+// sandbox id, for a front end that routes by host name rather than by
+// path (package e2b). Like ServeHTTP it does no authentication.
+func (p *Proxy) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) {
+	if port < 1 || port > 65535 {
+		http.Error(w, fmt.Sprintf("bad port %d", port), http.StatusNotFound)
+		return
+	}
+	addr, err := p.opts.Resolve(r.Context(), id)
+	if err != nil || !addr.IsValid() {
+		http.Error(w, "sandbox not found or has no network", http.StatusNotFound)
+		return
+	}
+	p.serve(w, r, id, port, addr, r.URL.Path, r.URL.EscapedPath(), "")
+}
+
+// serve forwards r to port of the sandbox at addr, at path (rawPath
+// escaped); prefix, when set, is the path it is served under.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, addr netip.Addr, path, rawPath, prefix string) {
 	target := netip.AddrPortFrom(addr, uint16(port)).String()
-	prefix := p.opts.Prefix + id + "/proxy/" + strconv.Itoa(port)
+	keepHost := prefix == ""
 	rp := &httputil.ReverseProxy{
 		Transport: p.transport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = target
 			pr.Out.URL.Path = path
-			pr.Out.URL.RawPath = rest
-			pr.Out.Host = target
+			pr.Out.URL.RawPath = rawPath
+			if !keepHost {
+				pr.Out.Host = target
+			}
 			for _, h := range strippedHeaders {
 				pr.Out.Header.Del(h)
 			}
 			pr.SetXForwarded()
-			pr.Out.Header.Set("X-Forwarded-Prefix", prefix)
+			if prefix != "" {
+				pr.Out.Header.Set("X-Forwarded-Prefix", prefix)
+			}
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			p.opts.Logger.Debug("sandbox port proxy", "sandbox", id, "port", port, "err", err)

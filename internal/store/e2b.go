@@ -17,10 +17,13 @@ type E2BSandbox struct {
 	// EnvVars are given to every process the E2B API starts in it.
 	EnvVars     map[string]string
 	AccessToken string
-	CreatedAt   time.Time
+	// TrafficToken, when set, is what a request to the sandbox's ports
+	// through the E2B domain must carry; "" leaves them public.
+	TrafficToken string
+	CreatedAt    time.Time
 }
 
-const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, env_vars, access_token, created_at"
+const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, env_vars, access_token, traffic_token, created_at"
 
 func scanE2BSandbox(s scanner) (E2BSandbox, error) {
 	var (
@@ -28,7 +31,7 @@ func scanE2BSandbox(s scanner) (E2BSandbox, error) {
 		meta, env string
 		at        int64
 	)
-	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &env, &e.AccessToken, &at); err != nil {
+	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &env, &e.AccessToken, &e.TrafficToken, &at); err != nil {
 		return E2BSandbox{}, err
 	}
 	if err := json.Unmarshal([]byte(meta), &e.Metadata); err != nil {
@@ -51,8 +54,8 @@ func (q *Queries) CreateE2BSandbox(ctx context.Context, e E2BSandbox) error {
 	if err != nil {
 		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
 	}
-	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?)",
-		e.SandboxID, e.AccountID, e.TemplateID, meta, env, e.AccessToken, toMillis(e.CreatedAt)); err != nil {
+	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		e.SandboxID, e.AccountID, e.TemplateID, meta, env, e.AccessToken, e.TrafficToken, toMillis(e.CreatedAt)); err != nil {
 		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
 	}
 	return nil

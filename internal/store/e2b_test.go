@@ -22,7 +22,7 @@ func TestE2BSandboxes(t *testing.T) {
 		bobs := mustSandbox(t, s, bob.ID, "n1", store.SandboxRunning, t0)
 		for i, sb := range []store.Sandbox{running, older, stopped, bobs} {
 			e := store.E2BSandbox{SandboxID: sb.ID, AccountID: sb.AccountID, TemplateID: "base",
-				Metadata: map[string]string{"n": string(rune('a' + i))}, EnvVars: map[string]string{"E": "v"}, AccessToken: "tok-" + sb.ID,
+				Metadata: map[string]string{"n": string(rune('a' + i))}, EnvVars: map[string]string{"E": "v"}, AccessToken: "tok-" + sb.ID, TrafficToken: "traffic",
 				CreatedAt: t0.Add(time.Duration(-i) * time.Second)}
 			if err := s.CreateE2BSandbox(ctx, e); err != nil {
 				t.Fatal(err)
@@ -32,7 +32,7 @@ func TestE2BSandboxes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.AccessToken != "tok-"+running.ID || got.TemplateID != "base" || !maps.Equal(got.Metadata, map[string]string{"n": "a"}) || !maps.Equal(got.EnvVars, map[string]string{"E": "v"}) || got.CreatedAt.UnixMilli() != t0.UnixMilli() {
+		if got.AccessToken != "tok-"+running.ID || got.TrafficToken != "traffic" || got.TemplateID != "base" || !maps.Equal(got.Metadata, map[string]string{"n": "a"}) || !maps.Equal(got.EnvVars, map[string]string{"E": "v"}) || got.CreatedAt.UnixMilli() != t0.UnixMilli() {
 			t.Fatalf("GetE2BSandbox = %+v", got)
 		}
 		_, err = s.GetE2BSandbox(ctx, "missing")

@@ -21,6 +21,9 @@ CREATE TABLE e2b_sandboxes (
     metadata     TEXT    NOT NULL DEFAULT '{}',
     env_vars     TEXT    NOT NULL DEFAULT '{}',
     access_token TEXT    NOT NULL,
+    -- '' when the sandbox's ports are public through the E2B domain, or
+    -- the token a request to them must carry.
+    traffic_token TEXT   NOT NULL DEFAULT '',
     created_at   BIGINT  NOT NULL
 );
 CREATE INDEX e2b_sandboxes_account_idx ON e2b_sandboxes (account_id, created_at);
