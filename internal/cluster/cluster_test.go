@@ -96,7 +96,7 @@ func TestForward(t *testing.T) {
 		fmt.Fprint(w, "data: end\n\n")
 	}))
 	defer host.Close()
-	fw := NewForwarder(secret, "n1", slog.New(slog.DiscardHandler))
+	fw := NewForwarder(secret, "n1", nil, slog.New(slog.DiscardHandler))
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fw.Forward(w, r, store.Node{ID: "n2", Address: strings.TrimPrefix(host.URL, "http://")}, "key_1", true)
 	}))
@@ -153,7 +153,7 @@ func TestDo(t *testing.T) {
 		fmt.Fprintf(w, "%s %s %s %s %v %s", r.Method, r.URL.RequestURI(), f.From, f.KeyID, f.Placed, body)
 	}))
 	defer host.Close()
-	fw := NewForwarder(secret, "n1", slog.New(slog.DiscardHandler))
+	fw := NewForwarder(secret, "n1", nil, slog.New(slog.DiscardHandler))
 	node := store.Node{ID: "n2", Address: strings.TrimPrefix(host.URL, "http://")}
 	req, _ := http.NewRequest("POST", "/api/sandboxes/sbx_1/exec", strings.NewReader(`{"command":"true"}`))
 	req.Header.Set("x-api-key", "secret-user-key")
