@@ -95,6 +95,14 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, node store.N
 	if proto := stripKeyProtocol(r.Header.Clone()); proto != "" {
 		ctx = context.WithValue(ctx, ctxKeyProtocol, proto)
 	}
+	// The answer may start streaming back before the transport has read
+	// the caller's body to its end (it reads once more past the last byte
+	// to see the end). Without full duplex, the server would take the body
+	// over as the answer's headers go out (reading the rest to discard it,
+	// closing it), and that last read would fail and cut the forward's
+	// connection mid-answer. ErrNotSupported (a writer that is not the
+	// server's) leaves it as it was.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	p := *f.proxy
 	p.Rewrite = func(pr *httputil.ProxyRequest) {
 		pr.SetURL(&url.URL{Scheme: f.scheme, Host: node.Address})
