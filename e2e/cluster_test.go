@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -33,8 +36,10 @@ type clusterNode struct {
 // startCluster starts n sandboxd nodes as separate processes on one
 // PostgreSQL database and one S3 store (versitygw), each with its own data
 // dir and cluster listener, sharing a cluster secret; a node is declared
-// down after downAfter without a heartbeat.
-func startCluster(t *testing.T, n int, downAfter string, extra ...string) ([]*clusterNode, *store.Store) {
+// down after downAfter without a heartbeat. With mtls, the nodes also run
+// mutual TLS between them, with certificates made by `sandboxd admin
+// cluster-cert`.
+func startCluster(t *testing.T, n int, downAfter string, mtls bool, extra ...string) ([]*clusterNode, *store.Store) {
 	t.Helper()
 	dsn := storetest.PostgresDSN(t)
 	s3 := blobtest.StartS3(t)
@@ -42,10 +47,20 @@ func startCluster(t *testing.T, n int, downAfter string, extra ...string) ([]*cl
 	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	pki := t.TempDir()
+	if mtls {
+		clusterCert(t, "ca", "--out", filepath.Join(pki, "ca"))
+	}
 	var nodes []*clusterNode
 	for i := range n {
-		flags := append([]string{"--cluster-listen", freeAddr(t), "--cluster-secret-file", secret, "--blob-store", s3,
+		listen := freeAddr(t)
+		flags := append([]string{"--cluster-listen", listen, "--cluster-secret-file", secret, "--blob-store", s3,
 			"--node-down-after", downAfter, "--network-pool", fmt.Sprintf("10.%d.0.0/16", 200+i)}, extra...)
+		if mtls {
+			c := clusterCert(t, "node", "--ca", filepath.Join(pki, "ca"), "--name", fmt.Sprintf("node%d", i),
+				"--address", listen, "--out", filepath.Join(pki, fmt.Sprintf("node%d", i)))
+			flags = append(flags, "--cluster-tls-cert", c.Cert, "--cluster-tls-key", c.Key, "--cluster-tls-ca", c.CA)
+		}
 		nodes = append(nodes, &clusterNode{server: startServer(t, dsn, flags...), flags: flags})
 	}
 	st, err := store.Open(context.Background(), dsn, nil)
@@ -54,6 +69,31 @@ func startCluster(t *testing.T, n int, downAfter string, extra ...string) ([]*cl
 	}
 	t.Cleanup(func() { st.Close() })
 	return nodes, st
+}
+
+// certFiles are the files `sandboxd admin cluster-cert` wrote.
+type certFiles struct{ Cert, Key, CA string }
+
+// clusterCert runs `sandboxd admin cluster-cert args... --json`.
+func clusterCert(t *testing.T, args ...string) certFiles {
+	t.Helper()
+	cmd := osexec.Command(binary, append(append([]string{"admin", "cluster-cert"}, args...), "--json")...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sandboxd admin cluster-cert %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	var c certFiles
+	if err := json.Unmarshal(out, &c); err != nil {
+		t.Fatalf("cluster-cert output %s: %v", out, err)
+	}
+	return c
+}
+
+// flagOf is the value of flag among a node's flags.
+func flagOf(n *clusterNode, flag string) string {
+	return n.flags[slices.Index(n.flags, flag)+1]
 }
 
 // nodeOf is the node id that hosts sandbox id.
@@ -77,7 +117,8 @@ func nodeIDOf(t *testing.T, s *server) string {
 }
 
 // TestCluster: three nodes as separate processes on one PostgreSQL and one
-// S3 store. Creates through one node are placed on all three; every call
+// S3 store, with mutual TLS between them (certificates from `sandboxd
+// admin cluster-cert`). Creates through one node are placed on all three; every call
 // for a sandbox works through a node that does not host it (forwarded,
 // streams and websockets included); a cordoned node takes no new
 // sandboxes, a drained one stops those it has; a node SIGKILLed in the
@@ -91,7 +132,7 @@ func nodeIDOf(t *testing.T, s *server) string {
 func TestCluster(t *testing.T) {
 	// Short enough to see a node declared down quickly, long enough that
 	// a node starved by the other tests of a 2-CPU machine is not.
-	nodes, st := startCluster(t, 3, "5s")
+	nodes, st := startCluster(t, 3, "5s", true)
 	front := nodes[0]
 	ids := map[*server]string{}
 	for _, n := range nodes {
@@ -220,14 +261,38 @@ func TestCluster(t *testing.T) {
 	}
 	// The E2B API through nodes that do not host the sandbox.
 	e2bThroughCluster(t, front, nodes, st, ids, a.ID)
-	// The cluster listener takes no unsigned request, whatever key it has.
-	clusterAddr := via.flags[slices.Index(via.flags, "--cluster-listen")+1]
-	unsigned, _ := http.NewRequest("GET", "http://"+clusterAddr+path+"/ports", nil)
-	unsigned.Header.Set("x-api-key", k.Key)
-	if resp, err := http.DefaultClient.Do(unsigned); err != nil || resp.StatusCode != 401 {
-		t.Fatalf("an unsigned request on the cluster listener: %v %v", resp, err)
-	} else {
-		resp.Body.Close()
+	// The cluster listener (mutual TLS here) takes no client without a
+	// certificate of the cluster's CA, and no unsigned request even from
+	// one with a node's certificate, whatever key it has.
+	clusterAddr := flagOf(via, "--cluster-listen")
+	cert, err := tls.LoadX509KeyPair(flagOf(via, "--cluster-tls-cert"), flagOf(via, "--cluster-tls-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(flagOf(via, "--cluster-tls-ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	for _, c := range []struct {
+		name string
+		conf *tls.Config
+		want int // 0: refused in the handshake
+	}{
+		{"no certificate", &tls.Config{RootCAs: roots}, 0},
+		{"a node's certificate, unsigned", &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}, 401},
+	} {
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: c.conf}, Timeout: 10 * time.Second}
+		unsigned, _ := http.NewRequest("GET", "https://"+clusterAddr+path+"/ports", nil)
+		unsigned.Header.Set("x-api-key", k.Key)
+		resp, err := client.Do(unsigned)
+		if err == nil {
+			resp.Body.Close()
+		}
+		if (c.want == 0 && err == nil) || (c.want != 0 && (err != nil || resp.StatusCode != c.want)) {
+			t.Fatalf("%s on the cluster listener: %v %v, want %d (0: refused)", c.name, resp, err, c.want)
+		}
 	}
 	// Routing overhead: exec round trips on the host and through another.
 	host := nodes[slices.IndexFunc(nodes, func(n *clusterNode) bool { return ids[n.server] == nodeOf(t, st, remote) })]
@@ -473,7 +538,7 @@ func refusal(t *testing.T, args ...string) string {
 func TestClusterLoad(t *testing.T) {
 	const total, parallel, kept = 100, 4, 12
 	// Nobody dies here: a limit no stall of a loaded CI host reaches.
-	nodes, st := startCluster(t, 3, "2m", "--max-sandboxes-per-account", "0")
+	nodes, st := startCluster(t, 3, "2m", false, "--max-sandboxes-per-account", "0")
 	front := nodes[0]
 	k := front.createKey(front.createAccount("load", false).ID)
 	type made struct{ id, node string }

@@ -20,14 +20,14 @@ import (
 // newAdminCmd groups the operator commands. They open the same database as
 // `serve` (safe while it runs) and print tables, or JSON with --json.
 func newAdminCmd(g *globals) *cobra.Command {
-	admin := &cobra.Command{Use: "admin", Short: "Manage accounts, organizations, API keys and the nodes of a cluster"}
+	admin := &cobra.Command{Use: "admin", Short: "Manage accounts, organizations, API keys, the nodes of a cluster and their certificates"}
 	account := &cobra.Command{Use: "account", Short: "Manage accounts"}
 	org := &cobra.Command{Use: "org", Short: "Manage organization membership"}
 	key := &cobra.Command{Use: "key", Short: "Manage API keys"}
 	account.AddCommand(newAccountCreateCmd(g), newAccountListCmd(g), newAccountSetupCmd(g))
 	org.AddCommand(newOrgAddMemberCmd(g), newOrgRemoveMemberCmd(g), newOrgShareCmd(g))
 	key.AddCommand(newKeyCreateCmd(g), newKeyListCmd(g), newKeyRevokeCmd(g))
-	admin.AddCommand(account, org, key, newAdminNodeCmd(g))
+	admin.AddCommand(account, org, key, newAdminNodeCmd(g), newAdminClusterCertCmd())
 	return admin
 }
 

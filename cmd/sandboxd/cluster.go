@@ -31,6 +31,9 @@ type clusterOptions struct {
 	secretFile string
 	downAfter  time.Duration
 	choices    int
+	// Mutual TLS on the cluster listener and the forwards: all three or
+	// none.
+	tlsCert, tlsKey, tlsCA string
 }
 
 func (c *clusterOptions) register(f *pflag.FlagSet) {
@@ -39,6 +42,54 @@ func (c *clusterOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&c.secretFile, "cluster-secret-file", "", "file holding the cluster's shared secret (at least 32 bytes, the same on every node): forwarded requests are signed with it")
 	f.DurationVar(&c.downAfter, "node-down-after", 30*time.Second, "a node whose heartbeat is older is declared down: its sandboxes fail, and it destroys them if it comes back")
 	f.IntVar(&c.choices, "placement-choices", 2, "best-of-K placement: a new sandbox goes to the freest of K healthy nodes picked at random")
+	f.StringVar(&c.tlsCert, "cluster-tls-cert", "", "this node's certificate (PEM) for mutual TLS between nodes, naming the host of --node-address (sandboxd admin cluster-cert node); with --cluster-tls-key and --cluster-tls-ca, the cluster listener serves TLS 1.3 only and requires a client certificate of the CA, and forwards go over TLS")
+	f.StringVar(&c.tlsKey, "cluster-tls-key", "", "the private key (PEM) of --cluster-tls-cert")
+	f.StringVar(&c.tlsCA, "cluster-tls-ca", "", "the cluster's CA certificate (PEM) that every node's certificate must chain to")
+}
+
+// checkTLS refuses a partial mutual TLS setting, naming what is missing,
+// and TLS without a cluster listener to use it: either would otherwise
+// run without the protection the operator asked for.
+func (c *clusterOptions) checkTLS() error {
+	given := map[string]string{"--cluster-tls-cert": c.tlsCert, "--cluster-tls-key": c.tlsKey, "--cluster-tls-ca": c.tlsCA}
+	var set, missing []string
+	for _, name := range []string{"--cluster-tls-cert", "--cluster-tls-key", "--cluster-tls-ca"} {
+		if given[name] != "" {
+			set = append(set, name)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca together: %s given without %s", strings.Join(set, ", "), strings.Join(missing, ", "))
+	}
+	if !c.enabled() {
+		return errors.New("--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca secure the cluster listener: give --cluster-listen too (see docs/CLUSTER.md)")
+	}
+	return nil
+}
+
+// tlsEnabled says the node runs mutual TLS with the other nodes.
+func (c *clusterOptions) tlsEnabled() bool { return c.tlsCert != "" }
+
+// loadTLS reads the node's certificates (nil without TLS) and checks that
+// the others will take them: from the CA, valid now, naming the host of
+// the address they reach this node at.
+func (c *clusterOptions) loadTLS(now time.Time) (*cluster.TLS, error) {
+	if !c.tlsEnabled() {
+		return nil, nil
+	}
+	t, err := cluster.LoadTLS(c.tlsCert, c.tlsKey, c.tlsCA, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.CheckAddress(c.address); err != nil {
+		return nil, fmt.Errorf("--cluster-tls-cert %s: %w", c.tlsCert, err)
+	}
+	return t, nil
 }
 
 // enabled says serve runs as a node of a cluster.
@@ -108,6 +159,10 @@ func nodeCapacity(rt runtime.Runtime, dataDir string, maxSandboxes int, network 
 	return c
 }
 
+// certWarnBefore is how long before its certificate expires a node warns
+// at start.
+const certWarnBefore = 30 * 24 * time.Hour
+
 // clusterParts are what cluster mode adds to serve: the node's info for
 // the manager, the API's router, and the listener's server.
 type clusterParts struct {
@@ -115,6 +170,7 @@ type clusterParts struct {
 	downAfter time.Duration
 	router    *cluster.Router
 	ln        net.Listener
+	tlsUntil  time.Time // when the node's TLS certificate expires (zero: no TLS)
 }
 
 // open loads the secret, builds the router and listens; nothing when not
@@ -128,13 +184,21 @@ func (c *clusterOptions) open(st *store.Store, nodeID string, capacity store.Nod
 	if err != nil {
 		return nil, err
 	}
+	tlsConf, err := c.loadTLS(time.Now())
+	if err != nil {
+		return nil, err
+	}
 	p.node.Address, p.downAfter = c.address, c.downAfter
 	p.router = cluster.NewRouter(cluster.RouterConfig{
-		Store: st, NodeID: nodeID, Secret: secret, Choices: c.choices, DownAfter: c.downAfter,
+		Store: st, NodeID: nodeID, Secret: secret, TLS: tlsConf, Choices: c.choices, DownAfter: c.downAfter,
 		DefaultNetwork: defaultNetwork, Logger: log.With("component", "cluster"),
 	})
 	if p.ln, err = net.Listen("tcp", c.listen); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", c.listen, err)
+	}
+	if tlsConf != nil {
+		p.ln = tlsConf.Listener(p.ln)
+		p.tlsUntil = tlsConf.NotAfter()
 	}
 	return p, nil
 }
@@ -156,7 +220,16 @@ func (p *clusterParts) serve(h http.Handler, log *slog.Logger, errc chan<- error
 			errc <- fmt.Errorf("cluster listener: %w", err)
 		}
 	}()
-	log.Info("cluster listener serving", "addr", p.ln.Addr().String(), "node_address", p.node.Address)
+	if p.tlsUntil.IsZero() {
+		log.Info("cluster listener serving", "addr", p.ln.Addr().String(), "node_address", p.node.Address, "tls", false)
+		return srv
+	}
+	log.Info("cluster listener serving", "addr", p.ln.Addr().String(), "node_address", p.node.Address, "tls", true, "cert_not_after", p.tlsUntil)
+	// An expired certificate stops every forward to and from this node:
+	// say so while there is time to renew it.
+	if left := time.Until(p.tlsUntil); left < certWarnBefore {
+		log.Warn("the cluster TLS certificate expires soon: make a new one (sandboxd admin cluster-cert node) and restart", "cert_not_after", p.tlsUntil, "left", left.Round(time.Hour))
+	}
 	return srv
 }
 

@@ -208,6 +208,10 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if o.logMaxMiB < 1 || o.logMaxMiB > 1<<20 {
 		return fmt.Errorf("--log-max-mib %d: want 1 to %d", o.logMaxMiB, 1<<20)
 	}
+	// Before the image and the runtime, which may take minutes.
+	if err := o.cluster.checkTLS(); err != nil {
+		return err
+	}
 	// The operator's credentials are in o now; take them out of this
 	// process's environment so that no child (runsc, QEMU, git, hooks)
 	// inherits them.

@@ -160,7 +160,7 @@ func benchDirect(b *testing.B, inflight int, rows *sql.DB) {
 		_, _ = io.WriteString(w, `{"status":"success","sandboxes":[{"status":"running"}]}`)
 	}))
 	defer listener.Close()
-	fw := NewForwarder(secret, "a", slog.New(slog.DiscardHandler))
+	fw := NewForwarder(secret, "a", nil, slog.New(slog.DiscardHandler))
 	b.Cleanup(fw.proxy.Transport.(*http.Transport).CloseIdleConnections)
 	to := store.Node{ID: "b", Address: strings.TrimPrefix(listener.URL, "http://")}
 	measure(b, inflight, func(ctx context.Context) error {

@@ -36,6 +36,9 @@ type RouterConfig struct {
 	Store  *store.Store
 	NodeID string
 	Secret Secret
+	// TLS, when set, is mutual TLS for the forwards (nil: plain HTTP on a
+	// private network).
+	TLS *TLS
 	// Choices is K of best-of-K placement (default 2).
 	Choices int
 	// DownAfter is how long a node's heartbeat may be silent before it is
@@ -66,7 +69,7 @@ func NewRouter(cfg RouterConfig) *Router {
 	}
 	return &Router{
 		st: cfg.Store, self: cfg.NodeID, secret: cfg.Secret, log: cfg.Logger,
-		fw:             NewForwarder(cfg.Secret, cfg.NodeID, cfg.Logger),
+		fw:             NewForwarder(cfg.Secret, cfg.NodeID, cfg.TLS, cfg.Logger),
 		placer:         Placer{Choices: cfg.Choices, Stale: cfg.DownAfter},
 		defaultNetwork: cfg.DefaultNetwork,
 		nodes:          map[string]cachedNode{},
