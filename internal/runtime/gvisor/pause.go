@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/cgroup"
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -346,10 +345,10 @@ func (s *sandbox) resume(ctx context.Context) error {
 	}
 	t0 := time.Now()
 	cmd := s.r.runscFor(ctx, m, network, "restore", "--image-path", dir, "--bundle", s.Path("bundle"), "--detach", m.CID)
-	out := capbuf.New(runscOutputMax)
-	cmd.Stdout, cmd.Stderr = io.MultiWriter(logw, out), io.MultiWriter(logw, out)
+	cmd.Stdout, cmd.Stderr = logw, logw // an *os.File: see start
+	before := logSize(s.Path("agent.log"))
 	if err := cmd.Run(); err != nil {
-		return fail(runscFailed("restore", err, out, s.Path("agent.log")))
+		return fail(runscFailed("restore", err, s.Path("agent.log"), before))
 	}
 	restored := time.Since(t0)
 	// Not paused any more: the agent's session is waited for, and the

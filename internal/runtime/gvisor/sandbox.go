@@ -18,7 +18,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/cgroup"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
@@ -163,10 +162,13 @@ func (s *sandbox) start(ctx context.Context, args ...string) error {
 		return err
 	}
 	cmd := s.r.runscFor(ctx, m, network, args...)
-	out := capbuf.New(runscOutputMax)
-	cmd.Stdout, cmd.Stderr = io.MultiWriter(logw, out), io.MultiWriter(logw, out)
+	// The log pipe itself, an *os.File: the detached sandbox process
+	// inherits it and keeps writing, and anything else (a Go writer, so a
+	// pipe Run waits on) would hold Run until the sandbox ends.
+	cmd.Stdout, cmd.Stderr = logw, logw
+	before := logSize(s.Path("agent.log"))
 	if err := cmd.Run(); err != nil {
-		return runscFailed(args[0], err, out, s.Path("agent.log"))
+		return runscFailed(args[0], err, s.Path("agent.log"), before)
 	}
 	s.startGuard()
 	wctx, cancel := context.WithTimeout(ctx, s.r.StartTimeout())
@@ -532,20 +534,56 @@ func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error)
 	return c.Transport(), nil
 }
 
-// runscOutputMax bounds what of a failed runsc command's output its error
-// carries.
-const runscOutputMax = 4 << 10
-
 // runscFailed is the error of a runsc command that failed, with the last
-// lines it printed: the log it also went to (agent.log) is on this host
-// only, and the error reaches the API's logs and the caller.
-func runscFailed(what string, err error, out *capbuf.Buffer, logPath string) error {
-	lines := strings.Split(strings.TrimSpace(out.String("")), "\n")
-	if len(lines) > 3 {
-		lines = lines[len(lines)-3:]
+// lines it wrote to the log at logPath past offset from (its size before
+// the command): that log is on this host only, and the error reaches the
+// API's logs and the caller. The log is filled from a pipe as it drains,
+// so the lines are waited for briefly.
+func runscFailed(what string, err error, logPath string, from int64) error {
+	var said string
+	for range 10 {
+		if said = logTail(logPath, from, 3); said != "" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if said := strings.TrimSpace(strings.Join(lines, " | ")); said != "" {
+	if said != "" {
 		return fmt.Errorf("runsc %s: %w: %s (more in %s)", what, err, said, logPath)
 	}
 	return fmt.Errorf("runsc %s: %w (see %s)", what, err, logPath)
+}
+
+// logSize is the size of the log at path, 0 when it cannot be read.
+func logSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// logTail is the last n lines written to the log at path past offset
+// from, joined with " | "; at most its last 64 KiB are read.
+func logTail(path string, from int64, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const window = 64 << 10
+	if fi, err := f.Stat(); err == nil {
+		from = max(from, fi.Size()-window)
+	}
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return ""
+	}
+	b, err := io.ReadAll(io.LimitReader(f, window))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.TrimSpace(strings.Join(lines, " | "))
 }
