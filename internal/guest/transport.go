@@ -27,8 +27,10 @@ const (
 	// the process or filesystem service or of /files acts as: a process
 	// runs as that user (its groups, HOME, USER and LOGNAME; in its home
 	// without a cwd), relative paths (a cwd too) resolve against its home,
-	// and what /files, MakeDir and Move create belongs to it. Only the
-	// host sets it; without it the agent acts as itself (root).
+	// and file operations are done with its credentials, so the kernel
+	// checks its permissions (403 / PermissionDenied) and what they create
+	// is its own. Only the host sets it; without it the agent acts as
+	// itself (root).
 	UserHeader = "Sandboxd-User"
 )
 

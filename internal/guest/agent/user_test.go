@@ -57,7 +57,9 @@ func newUserSandbox(t *testing.T) *userSandbox {
 	if err := os.Chown(home, 1000, 1000); err != nil {
 		t.Fatal(err)
 	}
-	passwd := "# test database\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::" + home + ":/bin/sh\nbroken:x:1001\n"
+	// ghost's uid is -1 as a uid_t, which setresuid takes as "no change":
+	// acting as it must fail, not go on as root.
+	passwd := "# test database\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::" + home + ":/bin/sh\nbroken:x:1001\nghost:x:4294967295:1000::" + home + ":/bin/sh\n"
 	group := "root:x:0:\nuser:x:1000:\nextra:x:1234:root,user\nother:x:1235:someone\n"
 	if err := os.WriteFile(filepath.Join(etc, "passwd"), []byte(passwd), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,225 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	pbfs "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
+)
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// TestFilesUserPermissions: acting as a user, the kernel checks the
+// user's permissions, for every operation, and resolves symlinks as the
+// user; without the header the agent is root.
+func TestFilesUserPermissions(t *testing.T) {
+	s := newUserSandbox(t)
+	ctx := context.Background()
+	user := [2]uint32{1000, 1000}
+
+	// secret is root's alone (as /root is); shared is root's, writable by
+	// the group extra, which user is in as a supplementary group.
+	secret := filepath.Join(s.root, "secret")
+	shared := filepath.Join(s.root, "shared")
+	for d, mode := range map[string]os.FileMode{secret: 0o700, shared: 0o770} {
+		if err := os.Mkdir(d, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(shared, 0, 1234); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secret, "f.txt"), []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// POST /files: refused in secret (in it and below it), allowed in the
+	// home and in shared; root may write in secret.
+	for _, p := range []string{secret + "/new.txt", secret + "/f.txt", secret + "/sub/new.txt"} {
+		if code, body := s.files(t, "POST", "user", p, "x"); code != http.StatusForbidden || !strings.Contains(body, "permission denied") {
+			t.Errorf("post %s as user: %d %s, want 403", p, code, body)
+		}
+	}
+	if got := readFile(t, secret+"/f.txt"); got != "root's" {
+		t.Errorf("root's file is now %q", got)
+	}
+	for _, p := range []string{secret + "/new.txt", secret + "/sub"} {
+		if exists(p) {
+			t.Errorf("%s made by a refused write", p)
+		}
+	}
+	if code, body := s.files(t, "POST", "user", "mine.txt", "x"); code != http.StatusOK || owner(t, s.home+"/mine.txt") != user {
+		t.Errorf("post in the home as user: %d %s", code, body)
+	}
+	if code, body := s.files(t, "POST", "user", shared+"/g/f.txt", "x"); code != http.StatusOK || owner(t, shared+"/g") != user || owner(t, shared+"/g/f.txt") != user {
+		t.Errorf("post in a directory of a supplementary group: %d %s", code, body)
+	}
+	if code, body := s.files(t, "POST", "", secret+"/sub/root.txt", "x"); code != http.StatusOK || owner(t, secret+"/sub/root.txt") != [2]uint32{0, 0} {
+		t.Errorf("post in secret as root: %d %s", code, body)
+	}
+
+	// GET /files: the user cannot read root's file.
+	if code, body := s.files(t, "GET", "user", secret+"/f.txt", ""); code != http.StatusForbidden {
+		t.Errorf("get root's file as user: %d %q", code, body)
+	}
+	if code, body := s.files(t, "GET", "", secret+"/f.txt", ""); code != http.StatusOK || body != "root's" {
+		t.Errorf("get root's file as root: %d %q", code, body)
+	}
+
+	// Symlinks in the home are followed as the user: one to secret does
+	// not let it write, nor read, there.
+	for link, target := range map[string]string{"to-secret": secret, "to-file": secret + "/f.txt"} {
+		if err := os.Symlink(target, filepath.Join(s.home, link)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(filepath.Join(s.home, link), 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, body := s.files(t, "POST", "user", "to-secret/evil.txt", "x"); code != http.StatusForbidden || exists(secret+"/evil.txt") {
+		t.Errorf("post through a symlink into secret: %d %s", code, body)
+	}
+	if code, body := s.files(t, "GET", "user", "to-file", ""); code != http.StatusForbidden {
+		t.Errorf("get through a symlink to root's file: %d %q", code, body)
+	}
+	if _, err := s.fs.MakeDir(ctx, as("user", &pbfs.MakeDirRequest{Path: "to-secret/d"})); connect.CodeOf(err) != connect.CodePermissionDenied || exists(secret+"/d") {
+		t.Errorf("make dir through a symlink into secret: %v", err)
+	}
+	// Writing over the symlink replaces the link (rename does not follow
+	// it), never root's file.
+	if code, body := s.files(t, "POST", "user", "to-file", "mine"); code != http.StatusOK || readFile(t, secret+"/f.txt") != "root's" || owner(t, s.home+"/to-file") != user {
+		t.Errorf("post over a symlink to root's file: %d %s", code, body)
+	}
+
+	// The filesystem service, likewise.
+	for name, call := range map[string]func() error{
+		"stat": func() error {
+			_, err := s.fs.Stat(ctx, as("user", &pbfs.StatRequest{Path: secret + "/f.txt"}))
+			return err
+		},
+		"list": func() error { _, err := s.fs.ListDir(ctx, as("user", &pbfs.ListDirRequest{Path: secret})); return err },
+		"mkdir": func() error {
+			_, err := s.fs.MakeDir(ctx, as("user", &pbfs.MakeDirRequest{Path: secret + "/d"}))
+			return err
+		},
+		"remove": func() error {
+			_, err := s.fs.Remove(ctx, as("user", &pbfs.RemoveRequest{Path: secret + "/f.txt"}))
+			return err
+		},
+		"move in": func() error {
+			_, err := s.fs.Move(ctx, as("user", &pbfs.MoveRequest{Source: "mine.txt", Destination: secret + "/mine.txt"}))
+			return err
+		},
+		"move out": func() error {
+			_, err := s.fs.Move(ctx, as("user", &pbfs.MoveRequest{Source: secret + "/f.txt", Destination: "stolen.txt"}))
+			return err
+		},
+		"watch": func() error {
+			_, err := s.fs.CreateWatcher(ctx, as("user", &pbfs.CreateWatcherRequest{Path: secret}))
+			return err
+		},
+	} {
+		if err := call(); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Errorf("%s in secret as user: %v, want PermissionDenied", name, err)
+		}
+	}
+	if !exists(secret+"/f.txt") || exists(secret+"/d") || exists(secret+"/mine.txt") || exists(s.home+"/stolen.txt") || !exists(s.home+"/mine.txt") {
+		t.Error("a refused operation changed something")
+	}
+	if _, err := s.fs.Remove(ctx, as("user", &pbfs.RemoveRequest{Path: "mine.txt"})); err != nil || exists(s.home+"/mine.txt") {
+		t.Errorf("remove in the home as user: %v", err)
+	}
+	if w, err := s.fs.CreateWatcher(ctx, as("user", &pbfs.CreateWatcherRequest{Path: ".", Recursive: true})); err != nil {
+		t.Errorf("watch the home as user: %v", err)
+	} else {
+		s.fs.RemoveWatcher(ctx, as("user", &pbfs.RemoveWatcherRequest{WatcherId: w.Msg.GetWatcherId()}))
+	}
+	if _, err := s.fs.ListDir(ctx, as("", &pbfs.ListDirRequest{Path: secret})); err != nil {
+		t.Errorf("list secret as root: %v", err)
+	}
+}
+
+// TestFilesUserFailsClosed: when the thread cannot be given the user's
+// credentials (here setresuid(-1) changes nothing, as a kernel that
+// ignored the call would), the operation fails; it is never done as root.
+func TestFilesUserFailsClosed(t *testing.T) {
+	s := newUserSandbox(t)
+	pub := filepath.Join(s.root, "pub")
+	if err := os.Mkdir(pub, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(pub, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := s.files(t, "POST", "ghost", pub+"/f.txt", "x"); code != http.StatusInternalServerError || !strings.Contains(body, "cannot act as the user") {
+		t.Errorf("post as ghost: %d %s", code, body)
+	}
+	if _, err := s.fs.MakeDir(context.Background(), as("ghost", &pbfs.MakeDirRequest{Path: pub + "/d"})); connect.CodeOf(err) != connect.CodeInternal {
+		t.Errorf("make dir as ghost: %v", err)
+	}
+	if ents, _ := os.ReadDir(pub); len(ents) != 0 {
+		t.Errorf("written as ghost: %v", ents)
+	}
+}
+
+// TestFilesUserThreadsDoNotLeak: user and root requests at once; each
+// file has its requester's owner (a thread with a user's credentials is
+// never reused for root's work).
+func TestFilesUserThreadsDoNotLeak(t *testing.T) {
+	s := newUserSandbox(t)
+	pub := filepath.Join(s.root, "pub")
+	if err := os.Mkdir(pub, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(pub, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			user := ""
+			if i%2 == 0 {
+				user = "user"
+			}
+			p := fmt.Sprintf("%s/%d/f.txt", pub, i)
+			if code, body := s.files(t, "POST", user, p, "x"); code != http.StatusOK {
+				t.Errorf("post %s as %q: %d %s", p, user, code, body)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range 40 {
+		want := [2]uint32{0, 0}
+		if i%2 == 0 {
+			want = [2]uint32{1000, 1000}
+		}
+		for _, p := range []string{fmt.Sprintf("%s/%d", pub, i), fmt.Sprintf("%s/%d/f.txt", pub, i)} {
+			if got := owner(t, p); got != want {
+				t.Errorf("%s owned by %v, want %v", p, got, want)
+			}
+		}
+	}
+}
