@@ -15,8 +15,11 @@ import (
 // shape of envd's: a file's bytes are a request or response body).
 const (
 	// FilesPath: GET ?path=P streams the file; POST ?path=P[&mode=0644]
-	// replaces it atomically with the body (application/octet-stream, or
-	// the first part of a multipart/form-data body), creating parents.
+	// replaces it atomically with the body (application/octet-stream),
+	// creating parents, and answers a JSON list of the files written. As
+	// envd's, a POST may instead carry a multipart/form-data body of
+	// several files (parts named "file", each at P or else at its file
+	// name).
 	FilesPath = "/files"
 	// HealthPath answers 204 while the agent serves.
 	HealthPath = "/health"

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -11,7 +12,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 )
+
+// maxUploadParts bounds the parts of one multipart body (all parts, files
+// or not): Go's own bound on a form's parts (multipart.Reader.ReadForm).
+// Each file is streamed to disk, so the parts cost time and the answer's
+// size, not memory.
+const maxUploadParts = 1000
 
 // requestError is a malformed request: the caller's mistake (400).
 type requestError struct{ msg string }
@@ -31,22 +39,27 @@ type written struct {
 	Size int64  `json:"size"`
 }
 
-// postFile replaces a file with the request's body (or the first file of a
-// multipart form). Acting as a user, the file is written with its
-// credentials (writeFile).
+// postFile writes the files of a request, as envd does:
+//
+//   - a multipart body (what the e2b SDK sends by default) writes one file
+//     per part named "file" (other parts are skipped), to the path query
+//     parameter when there is one and otherwise to the part's file name
+//     (a path, relative ones against the home), each path once;
+//   - any other body is the one file at the path query parameter (which
+//     is then required).
+//
+// The answer lists the files written, in order. A file that fails ends
+// the request with its error; the files before it stay written. Acting as
+// a user, the files are written with its credentials (writeFile).
 func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 	u, err := a.requestUser(r.Header)
 	if err != nil {
 		fileError(w, err)
 		return
 	}
-	path, err := a.abs(r.URL.Query().Get("path"), u)
-	if err != nil {
-		fileError(w, err)
-		return
-	}
+	q := r.URL.Query()
 	var mode fs.FileMode
-	if m := r.URL.Query().Get("mode"); m != "" {
+	if m := q.Get("mode"); m != "" {
 		v, err := strconv.ParseUint(m, 8, 32)
 		if err != nil {
 			fileError(w, badRequest("mode %q: not octal", m))
@@ -54,22 +67,82 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = fs.FileMode(v).Perm()
 	}
-	body := io.Reader(r.Body)
-	if mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt == "multipart/form-data" {
-		part, err := multipart.NewReader(r.Body, params["boundary"]).NextPart()
-		if err != nil {
-			fileError(w, badRequest("multipart body: %v", err))
-			return
+	body := r.Body
+	var out []written
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if strings.HasPrefix(mt, "multipart/") {
+		out, err = a.postParts(u, multipart.NewReader(body, params["boundary"]), q.Get("path"), mode)
+	} else {
+		var path string
+		if q.Get("path") == "" {
+			err = badRequest("the path query parameter is required for a body that is not multipart")
+		} else if path, err = a.abs(q.Get("path"), u); err == nil {
+			var f written
+			f, err = a.writeFile(u, path, mode, body)
+			out = append(out, f)
 		}
-		body = part
 	}
-	f, err := a.writeFile(u, path, mode, body)
 	if err != nil {
 		fileError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode([]written{f})
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// postParts writes the files of a multipart body: see postFile.
+func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs.FileMode) ([]written, error) {
+	var out []written
+	seen := map[string]bool{}
+	for n := 0; ; n++ {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("multipart body: %w", asRequestError(err))
+		}
+		if n == maxUploadParts {
+			return nil, badRequest("more than %d parts in a multipart body", maxUploadParts)
+		}
+		if part.FormName() != "file" {
+			continue // NextPart skips what is left of it
+		}
+		name := path
+		if name == "" {
+			// Not part.FileName(): it keeps only the last element.
+			_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			if name = dp["filename"]; name == "" {
+				return nil, badRequest("part %d has no file name, and there is no path query parameter", n+1)
+			}
+		}
+		p, err := a.abs(name, u)
+		if err != nil {
+			return nil, err
+		}
+		if seen[p] {
+			return nil, badRequest("more than one file for %s in one upload; the files before it were written", p)
+		}
+		seen[p] = true
+		f, err := a.writeFile(u, p, mode, part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	if len(out) == 0 {
+		return nil, badRequest(`no part named "file" in the multipart body`)
+	}
+	return out, nil
+}
+
+// asRequestError makes a failure to parse the body the caller's.
+func asRequestError(err error) error {
+	var re *requestError
+	if errors.As(err, &re) {
+		return err
+	}
+	return &requestError{err.Error()}
 }
 
 // writeFile replaces path with src's bytes through a temporary file next

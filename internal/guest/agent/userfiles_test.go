@@ -1,9 +1,14 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"mime/multipart"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +17,62 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/internal/guest"
 	pbfs "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
 )
+
+// post sends POST /files?query with body and its content type and
+// encoding ("" leaves a header out), as user.
+func (s *userSandbox) post(t *testing.T, user string, query url.Values, ctype, encoding string, body []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest("POST", "http://agent"+guest.FilesPath+"?"+query.Encode(), bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != "" {
+		req.Header.Set(guest.UserHeader, user)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if encoding != "" {
+		req.Header.Set("Content-Encoding", encoding)
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// form is a multipart/form-data body of parts {field name, file name
+// ("" for a plain field), content}, and its content type.
+func form(t *testing.T, parts ...[3]string) (string, []byte) {
+	t.Helper()
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	for _, p := range parts {
+		var w io.Writer
+		var err error
+		if p[1] == "" {
+			w, err = mw.CreateFormField(p[0])
+		} else {
+			// CreateFormFile keeps the name's directories, as the SDK's
+			// FormData does.
+			w, err = mw.CreateFormFile(p[0], p[1])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(w, p[2])
+	}
+	if err := mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return mw.FormDataContentType(), b.Bytes()
+}
 
 func readFile(t *testing.T, path string) string {
 	t.Helper()
@@ -221,5 +280,97 @@ func TestFilesUserThreadsDoNotLeak(t *testing.T) {
 				t.Errorf("%s owned by %v, want %v", p, got, want)
 			}
 		}
+	}
+}
+
+// TestFilesMultipart: several files in one multipart body, as the e2b
+// SDK's write of a list sends them: each part named "file" is written at
+// its file name (relative: in the home), others are skipped, and the
+// answer lists every file written.
+func TestFilesMultipart(t *testing.T) {
+	s := newUserSandbox(t)
+	user := [2]uint32{1000, 1000}
+	type entry struct {
+		Name, Type, Path string
+		Size             int64
+	}
+	decode := func(body string) []entry {
+		var out []entry
+		if err := json.Unmarshal([]byte(body), &out); err != nil {
+			t.Fatalf("answer %q: %v", body, err)
+		}
+		return out
+	}
+
+	ct, body := form(t, [3]string{"file", "dir/a.txt", "A"}, [3]string{"note", "", "skipped"}, [3]string{"file", s.home + "/b.txt", "BB"}, [3]string{"file", "dir/sub/c.txt", "CCC"})
+	code, resp := s.post(t, "user", nil, ct, "", body)
+	if code != http.StatusOK {
+		t.Fatalf("multipart as user: %d %s", code, resp)
+	}
+	want := []entry{
+		{"a.txt", "file", s.home + "/dir/a.txt", 1},
+		{"b.txt", "file", s.home + "/b.txt", 2},
+		{"c.txt", "file", s.home + "/dir/sub/c.txt", 3},
+	}
+	if got := decode(resp); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("answer %+v, want %+v", got, want)
+	}
+	for _, f := range []struct{ path, content string }{{"dir/a.txt", "A"}, {"b.txt", "BB"}, {"dir/sub/c.txt", "CCC"}} {
+		p := filepath.Join(s.home, f.path)
+		if got := readFile(t, p); got != f.content || owner(t, p) != user {
+			t.Errorf("%s: %q owned by %v", p, got, owner(t, p))
+		}
+	}
+	for _, d := range []string{"dir", "dir/sub"} {
+		if got := owner(t, filepath.Join(s.home, d)); got != user {
+			t.Errorf("%s owned by %v", d, got)
+		}
+	}
+
+	// Without the header: root's files, relative to root's home.
+	ct, body = form(t, [3]string{"file", s.root + "/r1.txt", "1"}, [3]string{"file", s.root + "/r/r2.txt", "2"})
+	if code, resp := s.post(t, "", nil, ct, "", body); code != http.StatusOK || len(decode(resp)) != 2 || owner(t, s.root+"/r/r2.txt") != [2]uint32{0, 0} {
+		t.Errorf("multipart as root: %d %s", code, resp)
+	}
+
+	// The path query parameter wins over the file name.
+	ct, body = form(t, [3]string{"file", "ignored.txt", "P"})
+	if code, resp := s.post(t, "user", url.Values{"path": {"chosen.txt"}}, ct, "", body); code != http.StatusOK || readFile(t, s.home+"/chosen.txt") != "P" || exists(s.home+"/ignored.txt") {
+		t.Errorf("multipart with a path: %d %s", code, resp)
+	}
+
+	// Refused: one path twice (the files before it are written), a file
+	// without a name, no file at all, a part the user may not write (the
+	// ones before it stay).
+	ct, body = form(t, [3]string{"file", "dup.txt", "1"}, [3]string{"file", s.home + "/dup.txt", "2"})
+	if code, resp := s.post(t, "user", nil, ct, "", body); code != http.StatusBadRequest || readFile(t, s.home+"/dup.txt") != "1" {
+		t.Errorf("one path twice: %d %s", code, resp)
+	}
+	ct, body = form(t, [3]string{"file", "", "x"})
+	if code, resp := s.post(t, "user", nil, ct, "", body); code != http.StatusBadRequest {
+		t.Errorf("a file without a name: %d %s", code, resp)
+	}
+	ct, body = form(t, [3]string{"note", "", "x"})
+	if code, resp := s.post(t, "user", nil, ct, "", body); code != http.StatusBadRequest {
+		t.Errorf("no file: %d %s", code, resp)
+	}
+	ct, body = form(t, [3]string{"file", "first.txt", "1"}, [3]string{"file", s.root + "/not-yours/x.txt", "2"})
+	if code, resp := s.post(t, "user", nil, ct, "", body); code != http.StatusForbidden || !exists(s.home+"/first.txt") || exists(s.root+"/not-yours") {
+		t.Errorf("a part the user may not write: %d %s", code, resp)
+	}
+
+	// At most 1000 parts.
+	parts := make([][3]string, 1001)
+	for i := range parts {
+		parts[i] = [3]string{"note", "", ""}
+	}
+	ct, body = form(t, parts...)
+	if code, resp := s.post(t, "user", nil, ct, "", body); code != http.StatusBadRequest || !strings.Contains(resp, "1000 parts") {
+		t.Errorf("1001 parts: %d %s", code, resp)
+	}
+
+	// A body that is not multipart needs the path.
+	if code, resp := s.post(t, "user", nil, "application/octet-stream", "", []byte("x")); code != http.StatusBadRequest {
+		t.Errorf("octet-stream without a path: %d %s", code, resp)
 	}
 }
