@@ -19,7 +19,8 @@ const (
 	// creating parents, and answers a JSON list of the files written. As
 	// envd's, a POST may instead carry a multipart/form-data body of
 	// several files (parts named "file", each at P or else at its file
-	// name).
+	// name), and a Content-Encoding: gzip body, bounded in what it
+	// decompresses to (413 past it).
 	FilesPath = "/files"
 	// HealthPath answers 204 while the agent serves.
 	HealthPath = "/health"

@@ -323,6 +323,8 @@ func fileError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &bad):
 		code, err = http.StatusBadRequest, bad
+	case errors.Is(err, errTooLarge):
+		code = http.StatusRequestEntityTooLarge
 	case errors.As(err, &req):
 		code = http.StatusBadRequest
 	case errors.As(err, &ce) && ce.Code() == connect.CodeInvalidArgument:

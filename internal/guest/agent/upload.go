@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,11 +16,25 @@ import (
 	"strings"
 )
 
-// maxUploadParts bounds the parts of one multipart body (all parts, files
-// or not): Go's own bound on a form's parts (multipart.Reader.ReadForm).
-// Each file is streamed to disk, so the parts cost time and the answer's
-// size, not memory.
-const maxUploadParts = 1000
+// Bounds on POST /files. A plain body is bounded by what it costs its
+// sender and by the disk it fills (ENOSPC: 507); a gzip body is not — a
+// few kilobytes can decompress to gigabytes — so what it decompresses to
+// is bounded by Options.MaxGzipBytes.
+const (
+	// maxUploadParts bounds the parts of one multipart body (all parts,
+	// files or not): Go's own bound on a form's parts
+	// (multipart.Reader.ReadForm). Each file is streamed to disk, so the
+	// parts cost time and the answer's size, not memory.
+	maxUploadParts = 1000
+	// DefaultMaxGzipBytes is the default of Options.MaxGzipBytes: 1 GiB,
+	// what sandboxd's own upload route takes in one request
+	// (files.DefaultMaxUploadBytes).
+	DefaultMaxGzipBytes = 1 << 30
+)
+
+// errTooLarge is a gzip body that decompresses to more than
+// Options.MaxGzipBytes (413).
+var errTooLarge = errors.New("request body too large")
 
 // requestError is a malformed request: the caller's mistake (400).
 type requestError struct{ msg string }
@@ -46,7 +61,9 @@ type written struct {
 //     parameter when there is one and otherwise to the part's file name
 //     (a path, relative ones against the home), each path once;
 //   - any other body is the one file at the path query parameter (which
-//     is then required).
+//     is then required);
+//   - Content-Encoding: gzip is decompressed first (the SDK's gzip
+//     writes send octet-stream bodies so).
 //
 // The answer lists the files written, in order. A file that fails ends
 // the request with its error; the files before it stay written. Acting as
@@ -67,7 +84,11 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = fs.FileMode(v).Perm()
 	}
-	body := r.Body
+	body, err := a.uploadBody(r)
+	if err != nil {
+		fileError(w, err)
+		return
+	}
 	var out []written
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if strings.HasPrefix(mt, "multipart/") {
@@ -136,13 +157,60 @@ func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs
 	return out, nil
 }
 
-// asRequestError makes a failure to parse the body the caller's.
+// asRequestError makes a failure to parse the body the caller's, unless
+// it is already classified (a gzip body too large).
 func asRequestError(err error) error {
 	var re *requestError
-	if errors.As(err, &re) {
+	if errors.Is(err, errTooLarge) || errors.As(err, &re) {
 		return err
 	}
 	return &requestError{err.Error()}
+}
+
+// uploadBody is r's body as the files' bytes: decompressed for
+// Content-Encoding gzip, bounded by Options.MaxGzipBytes.
+func (a *Agent) uploadBody(r *http.Request) (io.Reader, error) {
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+		return r.Body, nil
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			return nil, badRequest("gzip body: %v", err)
+		}
+		return &gunzipBody{zr: zr, left: a.opts.MaxGzipBytes, max: a.opts.MaxGzipBytes}, nil
+	default:
+		return nil, badRequest("Content-Encoding %q: only gzip is supported", enc)
+	}
+}
+
+// gunzipBody reads a gzip body, failing with errTooLarge past max bytes
+// of content and with a requestError on a corrupt stream.
+type gunzipBody struct {
+	zr        *gzip.Reader
+	left, max int64
+}
+
+func (g *gunzipBody) Read(p []byte) (int, error) {
+	if g.left == 0 {
+		// Exactly max bytes is allowed: only a further byte is too many.
+		var b [1]byte
+		if n, err := io.ReadFull(g.zr, b[:]); n > 0 {
+			return 0, fmt.Errorf("%w: a gzip body decompresses to more than %d bytes", errTooLarge, g.max)
+		} else if !errors.Is(err, io.EOF) {
+			return 0, badRequest("gzip body: %v", err)
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > g.left {
+		p = p[:g.left]
+	}
+	n, err := g.zr.Read(p)
+	g.left -= int64(n)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = badRequest("gzip body: %v", err)
+	}
+	return n, err
 }
 
 // writeFile replaces path with src's bytes through a temporary file next

@@ -33,7 +33,7 @@ type userSandbox struct {
 	fs         filesystemconnect.FilesystemClient
 }
 
-func newUserSandbox(t *testing.T) *userSandbox {
+func newUserSandbox(t *testing.T, opts ...func(*agent.Options)) *userSandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("acting as a user needs root (setuid, chown): run the tests as root")
@@ -74,7 +74,11 @@ func newUserSandbox(t *testing.T) *userSandbox {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	a := agent.New(agent.Options{Version: "test", Cwd: root, UserDB: etc, Secret: secret})
+	o := agent.Options{Version: "test", Cwd: root, UserDB: etc, Secret: secret}
+	for _, f := range opts {
+		f(&o)
+	}
+	a := agent.New(o)
 	c, err := connectAgent(t, a, ln, guest.ClientOptions{Secret: secret})
 	if err != nil {
 		t.Fatal(err)

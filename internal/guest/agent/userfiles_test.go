@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/guest/agent"
 	pbfs "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
 )
 
@@ -72,6 +74,14 @@ func form(t *testing.T, parts ...[3]string) (string, []byte) {
 		t.Fatal(err)
 	}
 	return mw.FormDataContentType(), b.Bytes()
+}
+
+func gzipped(b []byte) []byte {
+	var out bytes.Buffer
+	zw := gzip.NewWriter(&out)
+	zw.Write(b)
+	zw.Close()
+	return out.Bytes()
 }
 
 func readFile(t *testing.T, path string) string {
@@ -372,5 +382,62 @@ func TestFilesMultipart(t *testing.T) {
 	// A body that is not multipart needs the path.
 	if code, resp := s.post(t, "user", nil, "application/octet-stream", "", []byte("x")); code != http.StatusBadRequest {
 		t.Errorf("octet-stream without a path: %d %s", code, resp)
+	}
+}
+
+// TestFilesGzip: a gzip body is stored decompressed (single file or
+// multipart), bounded by Options.MaxGzipBytes.
+func TestFilesGzip(t *testing.T) {
+	const max = 1 << 20
+	s := newUserSandbox(t, func(o *agent.Options) { o.MaxGzipBytes = max })
+	content := bytes.Repeat([]byte("sandboxd "), 1000)
+
+	code, resp := s.post(t, "user", url.Values{"path": {"z.txt"}}, "application/octet-stream", "gzip", gzipped(content))
+	if code != http.StatusOK || readFile(t, s.home+"/z.txt") != string(content) || !strings.Contains(resp, fmt.Sprintf(`"size":%d`, len(content))) {
+		t.Errorf("gzip upload: %d %s", code, resp)
+	}
+	ct, body := form(t, [3]string{"file", "zm/1.txt", "one"}, [3]string{"file", "zm/2.txt", "two"})
+	if code, resp := s.post(t, "user", nil, ct, "gzip", gzipped(body)); code != http.StatusOK || readFile(t, s.home+"/zm/2.txt") != "two" {
+		t.Errorf("gzip multipart upload: %d %s", code, resp)
+	}
+
+	// Exactly the bound is allowed; one byte more is refused, and nothing
+	// is left behind.
+	exact := make([]byte, max)
+	if code, resp := s.post(t, "user", url.Values{"path": {"exact.bin"}}, "", "gzip", gzipped(exact)); code != http.StatusOK {
+		t.Errorf("gzip of exactly the bound: %d %s", code, resp)
+	}
+	bomb := gzipped(make([]byte, max+1))
+	if code, resp := s.post(t, "user", url.Values{"path": {"bomb.bin"}}, "", "gzip", bomb); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("gzip over the bound: %d %s", code, resp)
+	}
+	if code, resp := s.post(t, "", url.Values{"path": {s.root + "/bomb.bin"}}, "", "gzip", bomb); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("gzip over the bound as root: %d %s", code, resp)
+	}
+	ct, body = form(t, [3]string{"file", "b1.bin", string(make([]byte, max/2))}, [3]string{"file", "b2.bin", string(make([]byte, max/2))})
+	if code, resp := s.post(t, "user", nil, ct, "gzip", gzipped(body)); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("gzip multipart over the bound in all: %d %s", code, resp)
+	}
+	ents, _ := os.ReadDir(s.home)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") || e.Name() == "bomb.bin" || e.Name() == "b2.bin" {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+	if exists(s.root + "/bomb.bin") {
+		t.Error("bomb.bin written as root")
+	}
+
+	// A corrupt stream or another encoding is the caller's mistake.
+	bad := gzipped(content)
+	bad[len(bad)/2] ^= 0xff
+	if code, resp := s.post(t, "user", url.Values{"path": {"bad.txt"}}, "", "gzip", bad); code != http.StatusBadRequest || exists(s.home+"/bad.txt") {
+		t.Errorf("corrupt gzip: %d %s", code, resp)
+	}
+	if code, resp := s.post(t, "user", url.Values{"path": {"notgz.txt"}}, "", "gzip", []byte("plain")); code != http.StatusBadRequest {
+		t.Errorf("not gzip: %d %s", code, resp)
+	}
+	if code, resp := s.post(t, "user", url.Values{"path": {"br.txt"}}, "", "br", []byte("x")); code != http.StatusBadRequest || exists(s.home+"/br.txt") {
+		t.Errorf("brotli: %d %s", code, resp)
 	}
 }
