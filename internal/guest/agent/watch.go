@@ -94,7 +94,8 @@ func (w *watch) add(dir string) error {
 }
 
 // addOne watches dir if it may be read. Linux's inotify_add_watch checks
-// that itself; gVisor's does not, so a user could hear of the entries of a
+// that itself; gVisor's did not (runsc 20221219 watched a 0700 directory
+// of root's for a user), so a user could hear of the entries of a
 // directory it may not list: opening it first checks it on both.
 func (w *watch) addOne(dir string) error {
 	f, err := os.Open(dir)
