@@ -15,8 +15,12 @@ import (
 // shape of envd's: a file's bytes are a request or response body).
 const (
 	// FilesPath: GET ?path=P streams the file; POST ?path=P[&mode=0644]
-	// replaces it atomically with the body (application/octet-stream, or
-	// the first part of a multipart/form-data body), creating parents.
+	// replaces it atomically with the body (application/octet-stream),
+	// creating parents, and answers a JSON list of the files written. As
+	// envd's, a POST may instead carry a multipart/form-data body of
+	// several files (parts named "file", each at P or else at its file
+	// name), and a Content-Encoding: gzip body, bounded in what it
+	// decompresses to (413 past it).
 	FilesPath = "/files"
 	// HealthPath answers 204 while the agent serves.
 	HealthPath = "/health"
@@ -27,8 +31,10 @@ const (
 	// the process or filesystem service or of /files acts as: a process
 	// runs as that user (its groups, HOME, USER and LOGNAME; in its home
 	// without a cwd), relative paths (a cwd too) resolve against its home,
-	// and what /files, MakeDir and Move create belongs to it. Only the
-	// host sets it; without it the agent acts as itself (root).
+	// and file operations are done with its credentials, so the kernel
+	// checks its permissions (403 / PermissionDenied) and what they create
+	// is its own. Only the host sets it; without it the agent acts as
+	// itself (root).
 	UserHeader = "Sandboxd-User"
 )
 

@@ -72,6 +72,10 @@ type Options struct {
 	// TailBytes is how much of each output stream of a process the agent
 	// keeps for a caller that reconnects (default DefaultTailBytes).
 	TailBytes int
+	// MaxGzipBytes bounds what a gzip-encoded POST /files body
+	// decompresses to, all its files together (default
+	// DefaultMaxGzipBytes); past it the upload is refused with 413.
+	MaxGzipBytes int64
 }
 
 // DefaultEnv is the base environment of processes the agent starts.
@@ -115,6 +119,9 @@ func New(opts Options) *Agent {
 	}
 	if opts.TailBytes <= 0 {
 		opts.TailBytes = DefaultTailBytes
+	}
+	if opts.MaxGzipBytes <= 0 {
+		opts.MaxGzipBytes = DefaultMaxGzipBytes
 	}
 	log := opts.Logger
 	if log == nil {

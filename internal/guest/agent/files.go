@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"mime"
-	"mime/multipart"
 	"net/http"
 	"os"
 	"os/user"
@@ -139,13 +137,25 @@ func (s filesystemService) Stat(_ context.Context, req *connect.Request[pb.StatR
 	if err != nil {
 		return nil, err
 	}
-	fi, err := os.Lstat(path)
+	resp := &pb.StatResponse{}
+	err = asUser(u, func() error {
+		fi, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		resp.Entry = s.a.entry(path, fi)
+		return nil
+	})
 	if err != nil {
 		return nil, fsError(err)
 	}
-	return connect.NewResponse(&pb.StatResponse{Entry: s.a.entry(path, fi)}), nil
+	return connect.NewResponse(resp), nil
 }
 
+// MakeDir, Move and Remove run whole as the user (asUser): the parents
+// they make are the user's as the kernel makes them (its gid, or the
+// parent's group in a setgid directory), and a directory the user may not
+// write to, or a symlink into one, stops them with a permission error.
 func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.MakeDirRequest]) (*connect.Response[pb.MakeDirResponse], error) {
 	u, err := s.a.requestUser(req.Header())
 	if err != nil {
@@ -155,20 +165,28 @@ func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.Ma
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.IsDir() {
-			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s exists", path))
+	resp := &pb.MakeDirResponse{}
+	err = asUser(u, func() error {
+		if fi, err := os.Lstat(path); err == nil {
+			if fi.IsDir() {
+				return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s exists", path))
+			}
+			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists and is not a directory", path))
 		}
-		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists and is not a directory", path))
-	}
-	if err := mkdirAll(path, u); err != nil {
-		return nil, fsError(err)
-	}
-	fi, err := os.Lstat(path)
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			return err
+		}
+		fi, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		resp.Entry = s.a.entry(path, fi)
+		return nil
+	})
 	if err != nil {
 		return nil, fsError(err)
 	}
-	return connect.NewResponse(&pb.MakeDirResponse{Entry: s.a.entry(path, fi)}), nil
+	return connect.NewResponse(resp), nil
 }
 
 func (s filesystemService) Move(_ context.Context, req *connect.Request[pb.MoveRequest]) (*connect.Response[pb.MoveResponse], error) {
@@ -184,18 +202,26 @@ func (s filesystemService) Move(_ context.Context, req *connect.Request[pb.MoveR
 	if err != nil {
 		return nil, err
 	}
-	// The moved entry keeps its owner; parents made for it are u's.
-	if err := mkdirAll(filepath.Dir(dst), u); err != nil {
-		return nil, fsError(err)
-	}
-	if err := os.Rename(src, dst); err != nil {
-		return nil, fsError(err)
-	}
-	fi, err := os.Lstat(dst)
+	resp := &pb.MoveResponse{}
+	err = asUser(u, func() error {
+		// The moved entry keeps its owner; parents made for it are u's.
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.Rename(src, dst); err != nil {
+			return err
+		}
+		fi, err := os.Lstat(dst)
+		if err != nil {
+			return err
+		}
+		resp.Entry = s.a.entry(dst, fi)
+		return nil
+	})
 	if err != nil {
 		return nil, fsError(err)
 	}
-	return connect.NewResponse(&pb.MoveResponse{Entry: s.a.entry(dst, fi)}), nil
+	return connect.NewResponse(resp), nil
 }
 
 func (s filesystemService) Remove(_ context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
@@ -210,10 +236,13 @@ func (s filesystemService) Remove(_ context.Context, req *connect.Request[pb.Rem
 	if path == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("will not remove /"))
 	}
-	if _, err := os.Lstat(path); err != nil {
-		return nil, fsError(err)
-	}
-	if err := os.RemoveAll(path); err != nil {
+	err = asUser(u, func() error {
+		if _, err := os.Lstat(path); err != nil {
+			return err
+		}
+		return os.RemoveAll(path)
+	})
+	if err != nil {
 		return nil, fsError(err)
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
@@ -232,13 +261,6 @@ func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.Li
 		return nil, err
 	}
 	depth := min(max(int(req.Msg.GetDepth()), 1), maxListDepth)
-	fi, err := os.Stat(root)
-	if err != nil {
-		return nil, fsError(err)
-	}
-	if !fi.IsDir() {
-		return nil, fsError(&fs.PathError{Op: "list", Path: root, Err: syscall.ENOTDIR})
-	}
 	var out []*pb.EntryInfo
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
@@ -269,7 +291,18 @@ func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.Li
 		}
 		return nil
 	}
-	if err := walk(root, 1); err != nil {
+	// As the user: what it may not read or enter is not listed.
+	err = asUser(u, func() error {
+		fi, err := os.Stat(root)
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return &fs.PathError{Op: "list", Path: root, Err: syscall.ENOTDIR}
+		}
+		return walk(root, 1)
+	})
+	if err != nil {
 		return nil, fsError(err)
 	}
 	// Long names and links may not fit in one message: cut until they do.
@@ -285,14 +318,24 @@ func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.Li
 func fileError(w http.ResponseWriter, err error) {
 	code, kind := http.StatusInternalServerError, guest.KindOther
 	var bad *badUserError
+	var req *requestError
+	var ce *connect.Error
 	switch {
 	case errors.As(err, &bad):
 		code, err = http.StatusBadRequest, bad
+	case errors.Is(err, errTooLarge):
+		code = http.StatusRequestEntityTooLarge
+	case errors.As(err, &req):
+		code = http.StatusBadRequest
+	case errors.As(err, &ce) && ce.Code() == connect.CodeInvalidArgument:
+		code, err = http.StatusBadRequest, errors.New(ce.Message()) // abs's
 	case errors.Is(err, fs.ErrNotExist):
 		code, kind = http.StatusNotFound, guest.KindNotFound
 	case errors.Is(err, syscall.EISDIR):
 		code, kind = http.StatusBadRequest, guest.KindIsDir
 	case errors.Is(err, fs.ErrPermission):
+		// envd, which does the work as root, has no such answer; 403 is
+		// what the user's permissions refused (PermissionDenied in fsError).
 		code = http.StatusForbidden
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		code = http.StatusInsufficientStorage
@@ -303,7 +346,14 @@ func fileError(w http.ResponseWriter, err error) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "message": err.Error()})
 }
 
-// getFile streams a file's bytes.
+// getFile streams a file's bytes. Acting as a user, the file is opened on
+// its thread (asUser), where the kernel checks the user's right to read
+// it and resolves the path as the user; the open file is then streamed
+// from here, as reading an open file checks nothing more.
+//
+// Accept-Encoding is not honoured: the body is always the file as it is
+// (identity, which every client accepts); the e2b SDK's read with gzip
+// gets it so and reads it as it is.
 func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
 	u, err := a.requestUser(r.Header)
 	if err != nil {
@@ -315,17 +365,23 @@ func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
 		fileError(w, err)
 		return
 	}
-	f, err := os.Open(path)
+	var f *os.File
+	var fi fs.FileInfo
+	err = asUser(u, func() error {
+		var err error
+		if f, err = os.Open(path); err != nil {
+			return err
+		}
+		if fi, err = f.Stat(); err != nil {
+			f.Close()
+		}
+		return err
+	})
 	if err != nil {
 		fileError(w, err)
 		return
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		fileError(w, err)
-		return
-	}
 	if fi.IsDir() {
 		fileError(w, &fs.PathError{Op: "read", Path: path, Err: syscall.EISDIR})
 		return
@@ -340,88 +396,6 @@ func (a *Agent) getFile(w http.ResponseWriter, r *http.Request) {
 		// short file.
 		panic(http.ErrAbortHandler)
 	}
-}
-
-// postFile replaces a file with the request's body (or the first file of a
-// multipart form) through a temporary file next to it, so readers never
-// see a partial file and a broken upload leaves nothing. Acting as a
-// user, the file and the parents it needed are that user's.
-func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
-	u, err := a.requestUser(r.Header)
-	if err != nil {
-		fileError(w, err)
-		return
-	}
-	path, err := a.abs(r.URL.Query().Get("path"), u)
-	if err != nil {
-		fileError(w, err)
-		return
-	}
-	var perm fs.FileMode
-	if m := r.URL.Query().Get("mode"); m != "" {
-		v, err := strconv.ParseUint(m, 8, 32)
-		if err != nil {
-			fileError(w, fmt.Errorf("mode %q: not octal", m))
-			return
-		}
-		perm = fs.FileMode(v).Perm()
-	}
-	if perm == 0 {
-		perm = 0o644
-		if fi, err := os.Stat(path); err == nil {
-			perm = fi.Mode().Perm()
-		}
-	}
-	body := io.Reader(r.Body)
-	if mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt == "multipart/form-data" {
-		part, err := multipart.NewReader(r.Body, params["boundary"]).NextPart()
-		if err != nil {
-			fileError(w, fmt.Errorf("multipart body: %w", err))
-			return
-		}
-		body = part
-	}
-	dir := filepath.Dir(path)
-	if err := mkdirAll(dir, u); err != nil {
-		fileError(w, err)
-		return
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".sandboxd-*")
-	if err != nil {
-		fileError(w, err)
-		return
-	}
-	fail := func(err error) {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		fileError(w, err)
-	}
-	size, err := io.Copy(tmp, body)
-	if err != nil {
-		fail(err)
-		return
-	}
-	if u != nil {
-		if err := tmp.Chown(int(u.uid), int(u.gid)); err != nil {
-			fail(err)
-			return
-		}
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		fail(err)
-		return
-	}
-	if err := tmp.Close(); err != nil {
-		fail(err)
-		return
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		fileError(w, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode([]map[string]any{{"name": filepath.Base(path), "type": "file", "path": path, "size": size}})
 }
 
 func (a *Agent) health() *agentv1.HealthResponse {

@@ -168,30 +168,3 @@ func (u *account) env() []string {
 func (u *account) credential() *syscall.Credential {
 	return &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}
 }
-
-// mkdirAll is os.MkdirAll that gives the directories it creates to u (to
-// none with a nil u). It creates them one at a time so that it chowns
-// only what it made, not a directory something else made meanwhile.
-func mkdirAll(dir string, u *account) error {
-	if u == nil {
-		return os.MkdirAll(dir, 0o755)
-	}
-	if fi, err := os.Stat(dir); err == nil {
-		if fi.IsDir() {
-			return nil
-		}
-		return &fs.PathError{Op: "mkdir", Path: dir, Err: syscall.ENOTDIR}
-	}
-	if parent := filepath.Dir(dir); parent != dir {
-		if err := mkdirAll(parent, u); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		if fi, serr := os.Stat(dir); serr == nil && fi.IsDir() {
-			return nil // made by someone else meanwhile: not ours to chown
-		}
-		return err
-	}
-	return os.Lchown(dir, int(u.uid), int(u.gid))
-}

@@ -33,7 +33,7 @@ type userSandbox struct {
 	fs         filesystemconnect.FilesystemClient
 }
 
-func newUserSandbox(t *testing.T) *userSandbox {
+func newUserSandbox(t *testing.T, opts ...func(*agent.Options)) *userSandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("acting as a user needs root (setuid, chown): run the tests as root")
@@ -57,7 +57,9 @@ func newUserSandbox(t *testing.T) *userSandbox {
 	if err := os.Chown(home, 1000, 1000); err != nil {
 		t.Fatal(err)
 	}
-	passwd := "# test database\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::" + home + ":/bin/sh\nbroken:x:1001\n"
+	// ghost's uid is -1 as a uid_t, which setresuid takes as "no change":
+	// acting as it must fail, not go on as root.
+	passwd := "# test database\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::" + home + ":/bin/sh\nbroken:x:1001\nghost:x:4294967295:1000::" + home + ":/bin/sh\n"
 	group := "root:x:0:\nuser:x:1000:\nextra:x:1234:root,user\nother:x:1235:someone\n"
 	if err := os.WriteFile(filepath.Join(etc, "passwd"), []byte(passwd), 0o644); err != nil {
 		t.Fatal(err)
@@ -72,7 +74,11 @@ func newUserSandbox(t *testing.T) *userSandbox {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	a := agent.New(agent.Options{Version: "test", Cwd: root, UserDB: etc, Secret: secret})
+	o := agent.Options{Version: "test", Cwd: root, UserDB: etc, Secret: secret}
+	for _, f := range opts {
+		f(&o)
+	}
+	a := agent.New(o)
 	c, err := connectAgent(t, a, ln, guest.ClientOptions{Secret: secret})
 	if err != nil {
 		t.Fatal(err)

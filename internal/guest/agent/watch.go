@@ -30,6 +30,7 @@ const (
 // watch is one fsnotify watcher over a directory, optionally recursive.
 type watch struct {
 	a         *Agent
+	u         *account // the user it watches as; nil: the agent
 	w         *fsnotify.Watcher
 	root      string
 	recursive bool
@@ -37,35 +38,46 @@ type watch struct {
 	dirs      int
 }
 
+// newWatch watches path. Acting as a user, the directories are added on
+// its thread (asUser): inotify_add_watch needs read permission on each,
+// so the user hears only of directories it may list. (Events are then
+// read, and their entries stat'ed, by the agent.)
 func (a *Agent) newWatch(path string, u *account, recursive, entries bool) (*watch, error) {
 	root, err := a.abs(path, u)
 	if err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(root)
+	var w *watch
+	err = asUser(u, func() error {
+		fi, err := os.Stat(root)
+		if err != nil {
+			return fsError(err)
+		}
+		if !fi.IsDir() {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory", root))
+		}
+		fw, err := fsnotify.NewWatcher()
+		if err != nil {
+			return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("watch %s: %w", root, err))
+		}
+		w = &watch{a: a, u: u, w: fw, root: root, recursive: recursive, entries: entries}
+		if err := w.add(root); err != nil {
+			fw.Close()
+			return fsError(err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fsError(err)
-	}
-	if !fi.IsDir() {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory", root))
-	}
-	fw, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("watch %s: %w", root, err))
-	}
-	w := &watch{a: a, w: fw, root: root, recursive: recursive, entries: entries}
-	if err := w.add(root); err != nil {
-		fw.Close()
 		return nil, fsError(err)
 	}
 	return w, nil
 }
 
-// add watches dir and, when recursive, the directories under it.
+// add watches dir and, when recursive, the directories under it. It runs
+// as w's user (see newWatch).
 func (w *watch) add(dir string) error {
 	if !w.recursive {
-		w.dirs++
-		return w.w.Add(dir)
+		return w.addOne(dir)
 	}
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
@@ -74,12 +86,25 @@ func (w *watch) add(dir string) error {
 		if w.dirs >= maxWatchedDirs {
 			return filepath.SkipAll
 		}
-		w.dirs++
-		if err := w.w.Add(p); err != nil && p == dir {
+		if err := w.addOne(p); err != nil && p == dir {
 			return err
 		}
 		return nil
 	})
+}
+
+// addOne watches dir if it may be read. Linux's inotify_add_watch checks
+// that itself; gVisor's did not (runsc 20221219 watched a 0700 directory
+// of root's for a user), so a user could hear of the entries of a
+// directory it may not list: opening it first checks it on both.
+func (w *watch) addOne(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	w.dirs++
+	return w.w.Add(dir)
 }
 
 // event converts an fsnotify event, following new directories of a
@@ -95,7 +120,7 @@ func (w *watch) event(ev fsnotify.Event) *pb.FilesystemEvent {
 		out.Type = pb.EventType_EVENT_TYPE_CREATE
 		if w.recursive {
 			if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
-				_ = w.add(ev.Name)
+				_ = asUser(w.u, func() error { return w.add(ev.Name) })
 			}
 		}
 	case ev.Has(fsnotify.Write):
