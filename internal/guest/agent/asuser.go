@@ -69,7 +69,10 @@ var errNoUser = errors.New("cannot act as the user")
 // A panic in fn is returned as an error: fn runs on a goroutine of its
 // own, where an unrecovered panic would end the agent (PID 1).
 func asUser(u *account, fn func() error) error {
-	if u == nil {
+	// Root is the agent's own identity: nothing to switch (and switching
+	// the effective uid to 0 would keep every capability, which the
+	// check below rightly refuses).
+	if u == nil || u.uid == 0 {
 		return fn()
 	}
 	done := make(chan error, 1)

@@ -252,6 +252,15 @@ func TestFilesUserFailsClosed(t *testing.T) {
 	if ents, _ := os.ReadDir(pub); len(ents) != 0 {
 		t.Errorf("written as ghost: %v", ents)
 	}
+	// Root by name is the agent's own identity, not a switch that would
+	// fail that check: it writes where only root may.
+	private := filepath.Join(s.root, "private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := s.files(t, "POST", "root", private+"/f.txt", "x"); code != http.StatusOK {
+		t.Errorf("post as root into a root-only directory: %d %s", code, body)
+	}
 }
 
 // TestFilesUserThreadsDoNotLeak: user and root requests at once; each
