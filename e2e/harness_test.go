@@ -6,6 +6,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -68,13 +69,17 @@ const defaultImage = "--rootfs="
 
 // server is one running sandboxd.
 type server struct {
-	t       *testing.T
-	base    string
-	metrics string // base URL of the metrics listener
-	dataDir string
-	dsn     string
-	cmd     *exec.Cmd
-	logs    *bytes.Buffer
+	t *testing.T
+	// netPrefix names the host's network objects this server makes: its
+	// own, so that servers running at once (a cluster, tests of other
+	// packages) never remove each other's as leftovers.
+	netPrefix string
+	base      string
+	metrics   string // base URL of the metrics listener
+	dataDir   string
+	dsn       string
+	cmd       *exec.Cmd
+	logs      *bytes.Buffer
 }
 
 // startServer runs sandboxd serve on dsn with extra flags and waits until it
@@ -87,7 +92,7 @@ func startServer(t *testing.T, dsn string, extra ...string) *server {
 // startServerIn is startServer on a given data dir.
 func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	t.Helper()
-	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}}
+	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}, netPrefix: netPrefixFor(dataDir)}
 	addr := freeAddr(t)
 	s.base = "http://" + addr
 	metricsAddr := freeAddr(t)
@@ -95,6 +100,9 @@ func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	args := append([]string{"serve", "--listen", addr, "--metrics-addr", metricsAddr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false", "--setup-on-first-use=false"}, s.globalFlags()...)
 	if !slices.Contains(extra, "--template") && !slices.Contains(extra, defaultImage) {
 		args = append(args, "--rootfs", rootfs)
+	}
+	if !slices.Contains(extra, "--network-prefix") {
+		args = append(args, "--network-prefix", s.netPrefix)
 	}
 	args = append(args, extra...)
 	s.cmd = exec.Command(binary, args...)
@@ -263,4 +271,16 @@ func (s *server) as(k key, method, path string, body any) response {
 // PostgreSQL database.
 func forEachDatabase(t *testing.T, fn func(t *testing.T, dsn string)) {
 	storetest.Dialects(t, fn)
+}
+
+// netPrefixFor is the network prefix of the server on dataDir: the same
+// after a restart, "t" and three letters from the directory's hash, so no
+// two servers' prefixes (nor sandboxd's default "sbx") start one another.
+func netPrefixFor(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	b := []byte{'t', 0, 0, 0}
+	for i := 1; i < len(b); i++ {
+		b[i] = 'a' + sum[i]%26
+	}
+	return string(b)
 }

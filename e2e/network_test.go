@@ -115,7 +115,7 @@ func TestNetwork(t *testing.T) {
 		ids = append(ids, s.createSandbox(k, map[string]any{"network": "egress"})["sandboxId"].(string))
 	}
 	for _, id := range ids {
-		if !netnsExists(id) {
+		if !s.netnsExists(id) {
 			t.Fatalf("sandbox %s has no network namespace", id)
 		}
 	}
@@ -140,17 +140,17 @@ func TestNetwork(t *testing.T) {
 		t.Fatalf("PATCH a stopped sandbox: %d %s", r.Status, r.Raw)
 	}
 	for _, id := range ids {
-		if netnsExists(id) {
+		if s2.netnsExists(id) {
 			t.Fatalf("network namespace of stopped sandbox %s is left", id)
 		}
-		link := "sbx" + netpol.Key(id)
+		link := s2.netPrefix + netpol.Key(id)
 		if _, err := os.Stat("/sys/class/net/" + link); err == nil {
 			t.Fatalf("link %s of stopped sandbox %s is left", link, id)
 		}
 	}
 }
 
-func netnsExists(id string) bool {
-	_, err := os.Stat("/run/netns/sbx-" + netpol.Key(id))
+func (s *server) netnsExists(id string) bool {
+	_, err := os.Stat("/run/netns/" + s.netPrefix + "-" + netpol.Key(id))
 	return err == nil
 }

@@ -80,6 +80,7 @@ type serveOptions struct {
 	setup        bool
 	network      netpol.Policy
 	netPool      netip.Prefix
+	netPrefix    string
 	netDNS       []netip.Addr
 	netPrivate   []netip.Prefix
 	netRate      uint64
@@ -161,6 +162,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.blobCacheMiB, "blob-cache-mib", 4096, "MiB of snapshot layers read from an S3 --blob-store that are kept in DATA_DIR/cache/blobs, least recently used evicted first; 0 disables (env SANDBOXD_BLOB_CACHE_MIB)")
 	f.Var(newPolicyValue(&o.network, netpol.ModeNone), "network-default", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
 	f.Var(newPrefixValue(&o.netPool, netpol.DefaultPool), "network-pool", "IPv4 range sandbox addresses come from (a /30 each)")
+	f.StringVar(&o.netPrefix, "network-prefix", netpol.DefaultPrefix, "1-4 lowercase letters starting the names of the host's links, namespaces and nftables table this server makes; two servers on one host need prefixes neither of which starts the other (env SANDBOXD_NETWORK_PREFIX)")
 	f.Var(newAddrListValue(&o.netDNS), "network-dns", "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
 	f.Var(newPrefixListValue(&o.netPrivate), "network-allow-private", "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
 	f.Uint64Var(&o.netRate, "network-rate", 100_000_000/8, "bandwidth per sandbox and direction, bytes/s")
@@ -593,7 +595,7 @@ func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.L
 func openNetwork(ctx context.Context, o *serveOptions, dataDir string, log *slog.Logger) (*netpol.Manager, netpol.Policy, error) {
 	def := o.network
 	opts := netpol.Options{
-		StateDir: filepath.Join(dataDir, "net"), Pool: o.netPool,
+		StateDir: filepath.Join(dataDir, "net"), Pool: o.netPool, Prefix: o.netPrefix,
 		RateBytes: o.netRate, MaxConns: o.netConns, Logger: log.With("component", "network"),
 	}
 	// An empty list is no list: nil DNS means the host's nameservers.
