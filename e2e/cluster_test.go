@@ -698,7 +698,9 @@ func e2bThroughCluster(t *testing.T, front *clusterNode, nodes []*clusterNode, s
 	if code != 201 || json.Unmarshal([]byte(body), &created) != nil {
 		t.Fatalf("E2B create through the cluster: %d %s", code, body)
 	}
-	via := nodes[slices.IndexFunc(nodes, func(n *clusterNode) bool { return ids[n.server] != nodeOf(t, st, created.SandboxID) })]
+	// The E2B API names sandbox ids as DNS labels: "sbx-" for sandboxd's "sbx_".
+	id := strings.Replace(created.SandboxID, "sbx-", "sbx_", 1)
+	via := nodes[slices.IndexFunc(nodes, func(n *clusterNode) bool { return ids[n.server] != nodeOf(t, st, id) })]
 	agent := map[string]string{"E2b-Sandbox-Id": created.SandboxID, "X-Access-Token": created.EnvdAccessToken, "Content-Type": "application/octet-stream"}
 	if code, body := do(via.base, "POST", "/files?path=/tmp/e2b.txt", agent, "through another node"); code != 200 {
 		t.Fatalf("E2B file write through another node: %d %s", code, body)

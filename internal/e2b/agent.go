@@ -58,7 +58,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	id := r.Header.Get(headerSandboxID)
+	id := sandboxID(r.Header.Get(headerSandboxID))
 	if port := r.Header.Get(headerSandboxPort); port != "" && port != envdPort {
 		agentError(w, http.StatusBadRequest, "E2b-Sandbox-Port "+port+": only the agent's port "+envdPort+" is served here; reach a sandbox's own ports through its host (getHost) or sandboxd's port proxy")
 		return

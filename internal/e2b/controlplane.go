@@ -120,7 +120,7 @@ func (a *API) route(h handler, writes bool) http.HandlerFunc {
 		// In a cluster, a sandbox another node hosts is acted on there.
 		if c := a.opts.Cluster; err == nil && c != nil && !api.ViaCluster(r) {
 			if id := chi.URLParam(r, "id"); id != "" {
-				if node, ok := c.HostOf(r.Context(), id); ok {
+				if node, ok := c.HostOf(r.Context(), sandboxID(id)); ok {
 					c.Forward(w, r, node, p.KeyID, false)
 					return
 				}
@@ -499,7 +499,7 @@ func newAccessToken() (string, error) {
 }
 
 func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
-	r := sandboxResponse{SandboxID: e.SandboxID, TemplateID: e.TemplateID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: e.AccessToken}
+	r := sandboxResponse{SandboxID: e2bID(e.SandboxID), TemplateID: e.TemplateID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: e.AccessToken}
 	if a.opts.Domain != "" {
 		r.Domain = &a.opts.Domain
 	}
@@ -514,6 +514,7 @@ func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
 // ended are all not found, as E2B answers for a killed sandbox.
 func (a *API) sandboxOf(ctx context.Context, p auth.Principal, id string) (store.Sandbox, store.E2BSandbox, error) {
 	notFound := errorf(http.StatusNotFound, "sandbox %q not found", id)
+	id = sandboxID(id)
 	e, err := a.opts.Store.GetE2BSandbox(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && e.AccountID != p.AccountID) {
 		return store.Sandbox{}, store.E2BSandbox{}, notFound
@@ -557,7 +558,7 @@ func (a *API) listed(sb store.Sandbox, e store.E2BSandbox) listedSandbox {
 		end = a.opts.Now().Add(sb.PausedRemaining)
 	}
 	return listedSandbox{
-		SandboxID: sb.ID, TemplateID: e.TemplateID, ClientID: clientID,
+		SandboxID: e2bID(sb.ID), TemplateID: e.TemplateID, ClientID: clientID,
 		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
 		CPUCount: a.opts.CPUs, MemoryMB: a.opts.MemoryMB, DiskSizeMB: a.opts.DiskMB,
 		Metadata: meta, State: state(sb), EnvdVersion: EnvdVersion,

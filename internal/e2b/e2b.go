@@ -163,3 +163,21 @@ func (a *API) Routes() map[string]http.Handler {
 		"/filesystem.Filesystem/*": agent,
 	}
 }
+
+// e2bID is how the E2B API names sandbox id: its "sbx_" as "sbx-", so that
+// the id is a DNS label (the PORT-ID.DOMAIN hosts) and a host name.
+func e2bID(id string) string {
+	if rest, ok := strings.CutPrefix(id, "sbx_"); ok {
+		return "sbx-" + rest
+	}
+	return id
+}
+
+// sandboxID is the sandbox an id given to the E2B API names: its own form
+// (e2bID) or sandboxd's.
+func sandboxID(id string) string {
+	if rest, ok := strings.CutPrefix(id, "sbx-"); ok {
+		return "sbx_" + rest
+	}
+	return id
+}

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +47,7 @@ func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbo
 	f.last = req
 	f.mu.Unlock()
 	now := time.Now()
-	sb := store.Sandbox{AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute)}
+	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute)}
 	err := f.st.CreateSandbox(ctx, &sb)
 	return sb, "", err
 }
@@ -250,7 +251,7 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	f := newFixture(t)
 	key := map[string]string{"X-API-Key": f.key}
 	sb := f.create(f.key, map[string]any{"templateID": "base", "timeout": 60, "metadata": map[string]string{"team": "a"}, "envVars": map[string]string{"FOO": "bar"}})
-	if sb.SandboxID == "" || sb.TemplateID != "base" || sb.EnvdVersion != EnvdVersion || len(sb.EnvdAccessToken) != 64 || sb.ClientID == "" {
+	if !strings.HasPrefix(sb.SandboxID, "sbx-") || sb.TemplateID != "base" || sb.EnvdVersion != EnvdVersion || len(sb.EnvdAccessToken) != 64 || sb.ClientID == "" {
 		t.Fatalf("create answered %+v", sb)
 	}
 	if f.sbs.last.Lifetime != time.Minute {
@@ -455,7 +456,7 @@ func (c *fakeCluster) last() forwarded {
 func TestClusterRouting(t *testing.T) {
 	f := newFixture(t)
 	sb := f.create(f.key, nil)
-	c := &fakeCluster{remote: map[string]bool{sb.SandboxID: true}}
+	c := &fakeCluster{remote: map[string]bool{sandboxID(sb.SandboxID): true}}
 	f.api.opts.Cluster = c
 	key := map[string]string{"X-API-Key": f.key}
 
@@ -545,13 +546,13 @@ func TestHostRouter(t *testing.T) {
 		return w.Code
 	}
 	if code := serve("3000-"+public.SandboxID+".sbx.test:443", "/app", nil); code != http.StatusAccepted || len(ports.got) != 1 ||
-		ports.got[0] != fmt.Sprintf("%s:3000/app host=3000-%s.sbx.test:443 token=%q", public.SandboxID, public.SandboxID, "") {
+		ports.got[0] != fmt.Sprintf("%s:3000/app host=3000-%s.sbx.test:443 token=%q", sandboxID(public.SandboxID), public.SandboxID, "") {
 		t.Fatalf("a public port: %d %v", code, ports.got)
 	}
 	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", nil); code != http.StatusForbidden {
 		t.Fatalf("a private port without its token: %d, want 403", code)
 	}
-	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", map[string]string{headerTrafficToken: *private.TrafficAccessToken}); code != http.StatusAccepted || ports.got[1] != fmt.Sprintf("%s:3000/ host=3000-%s.sbx.test token=%q", private.SandboxID, private.SandboxID, "") {
+	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", map[string]string{headerTrafficToken: *private.TrafficAccessToken}); code != http.StatusAccepted || ports.got[1] != fmt.Sprintf("%s:3000/ host=3000-%s.sbx.test token=%q", sandboxID(private.SandboxID), private.SandboxID, "") {
 		t.Fatalf("a private port with its token: %d %v (the token must not reach the sandbox)", code, ports.got)
 	}
 	if code := serve("3000-sbx_nope.sbx.test", "/", nil); code != http.StatusNotFound {
@@ -563,6 +564,32 @@ func TestHostRouter(t *testing.T) {
 	for _, host := range []string{"127.0.0.1:8080", "sbx.test", "x.3000-" + public.SandboxID + ".sbx.test", "abc-" + public.SandboxID + ".sbx.test", "3000-" + public.SandboxID + ".other.test"} {
 		if code := serve(host, "/", nil); code != http.StatusTeapot {
 			t.Errorf("host %s: %d, want it passed on", host, code)
+		}
+	}
+}
+
+// Sandbox ids are DNS labels in the E2B API ("sbx-..."), and sandboxd's
+// own form is taken too.
+func TestE2BIDs(t *testing.T) {
+	f := newFixture(t)
+	sb := f.create(f.key, nil)
+	if !regexp.MustCompile(`^[a-z0-9-]{1,63}$`).MatchString(sb.SandboxID) {
+		t.Fatalf("sandbox id %q is not a DNS label", sb.SandboxID)
+	}
+	key := map[string]string{"X-API-Key": f.key}
+	for _, id := range []string{sb.SandboxID, sandboxID(sb.SandboxID)} {
+		var d sandboxDetail
+		if resp := f.call("GET", "/sandboxes/"+id, key, nil, &d); resp.StatusCode != 200 || d.SandboxID != sb.SandboxID {
+			t.Fatalf("get by %s: %d %+v", id, resp.StatusCode, d.listedSandbox)
+		}
+	}
+	var list []listedSandbox
+	if f.call("GET", "/v2/sandboxes", key, nil, &list); len(list) != 1 || list[0].SandboxID != sb.SandboxID {
+		t.Fatalf("list: %+v", list)
+	}
+	for _, id := range []string{"sbx_abc", "sbx-abc", "other"} {
+		if got := e2bID(sandboxID(id)); got != strings.Replace(id, "sbx_", "sbx-", 1) {
+			t.Errorf("e2bID(sandboxID(%q)) = %q", id, got)
 		}
 	}
 }

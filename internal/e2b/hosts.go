@@ -35,7 +35,7 @@ func (a *API) sandboxHost(host string) (id string, port int, ok bool) {
 	if !found || err != nil || port < 1 || port > 65535 || id == "" {
 		return "", 0, false
 	}
-	return id, port, true
+	return sandboxID(id), port, true
 }
 
 // HostRouter serves requests for PORT-ID.DOMAIN hosts (see Options.Domain)
@@ -53,7 +53,7 @@ func (a *API) HostRouter(next http.Handler) http.Handler {
 		if strconv.Itoa(port) == envdPort {
 			// The SDKs reach the agent here when no E2B_SANDBOX_URL is set;
 			// they send E2b-Sandbox-Id as well, which must agree.
-			if h := r.Header.Get(headerSandboxID); h != "" && h != id {
+			if h := r.Header.Get(headerSandboxID); h != "" && sandboxID(h) != id {
 				agentError(w, http.StatusBadRequest, "E2b-Sandbox-Id does not match the host")
 				return
 			}
