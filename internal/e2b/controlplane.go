@@ -720,19 +720,7 @@ func (a *API) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Principa
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	d, err := req.duration()
-	if err != nil {
-		return err
-	}
-	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
-	if err != nil {
-		return err
-	}
-	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), sb, d); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return a.extend(w, r, p, req)
 }
 
 // refresh is the older SDKs' keep-alive: {"duration": seconds} more.
@@ -743,7 +731,13 @@ func (a *API) refresh(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	d, err := timeoutRequest{Timeout: req.Duration}.duration()
+	return a.extend(w, r, p, timeoutRequest{Timeout: req.Duration})
+}
+
+// extend gives the sandbox of the request's path the lifetime req asks
+// for, from now.
+func (a *API) extend(w http.ResponseWriter, r *http.Request, p auth.Principal, req timeoutRequest) error {
+	d, err := req.duration()
 	if err != nil {
 		return err
 	}
