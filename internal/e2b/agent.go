@@ -44,19 +44,9 @@ func agentError(w http.ResponseWriter, code int, msg string) {
 // envd's: it says only whether the sandbox's agent answers.
 func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	via := api.ViaCluster(r)
-	if via {
-		// Forwarded by the node the caller reached: the signature says so;
-		// the sandbox's token is checked here again all the same.
-		if a.opts.Cluster == nil {
-			agentError(w, http.StatusUnauthorized, "not part of a cluster")
-			return
-		}
-		if _, _, err := a.opts.Cluster.Forwarded(r); err != nil {
-			a.log.WarnContext(ctx, "refused a request on the cluster listener", "err", err, "remote", r.RemoteAddr)
-			agentError(w, http.StatusUnauthorized, "bad signature")
-			return
-		}
+	via, ok := a.forwardedHere(w, r)
+	if !ok {
+		return
 	}
 	id := sandboxID(r.Header.Get(headerSandboxID))
 	if port := r.Header.Get(headerSandboxPort); port != "" && port != envdPort {
@@ -231,4 +221,24 @@ func (a *API) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTripp
 		},
 	}
 	p.ServeHTTP(w, r)
+}
+
+// forwardedHere says whether r came in on the cluster listener (via),
+// checking then that another node signed it; when it did not, the
+// refusal is written and ok is false. Such a request's sandbox token (or
+// port rules) are checked here again all the same.
+func (a *API) forwardedHere(w http.ResponseWriter, r *http.Request) (via, ok bool) {
+	if !api.ViaCluster(r) {
+		return false, true
+	}
+	if a.opts.Cluster == nil {
+		agentError(w, http.StatusUnauthorized, "not part of a cluster")
+		return true, false
+	}
+	if _, _, err := a.opts.Cluster.Forwarded(r); err != nil {
+		a.log.WarnContext(r.Context(), "refused a request on the cluster listener", "err", err, "remote", r.RemoteAddr)
+		agentError(w, http.StatusUnauthorized, "bad signature")
+		return true, false
+	}
+	return true, true
 }

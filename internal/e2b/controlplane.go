@@ -758,7 +758,7 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) er
 		return err
 	}
 	if sb.Pause != "" {
-		return errorf(http.StatusConflict, "sandbox %s is already paused", sb.ID)
+		return errorf(http.StatusConflict, "sandbox %s is already paused", e2bID(sb.ID))
 	}
 	if _, err := a.opts.Sandboxes.Pause(r.Context(), sb); err != nil {
 		return err
@@ -770,27 +770,16 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) er
 // resume is v1's POST /sandboxes/{id}/resume: a running sandbox is a
 // conflict.
 func (a *API) resume(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	var req timeoutRequest
-	if err := decode(r, &req); err != nil {
-		return err
-	}
-	sb, e, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
-	if err != nil {
-		return err
-	}
-	if sb.Pause == "" {
-		return errorf(http.StatusConflict, "sandbox %s is already running", sb.ID)
-	}
-	if err := a.wake(r.Context(), sb, req); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))
-	return nil
+	return a.connectOrResume(w, r, p, true)
 }
 
 // connect resumes a paused sandbox (201) or answers a running one (200),
 // setting its timeout when the request gives one.
 func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	return a.connectOrResume(w, r, p, false)
+}
+
+func (a *API) connectOrResume(w http.ResponseWriter, r *http.Request, p auth.Principal, onlyPaused bool) error {
 	var req timeoutRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -800,8 +789,11 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 		return err
 	}
 	code := http.StatusOK
-	if sb.Pause != "" {
+	switch {
+	case sb.Pause != "":
 		code = http.StatusCreated
+	case onlyPaused:
+		return errorf(http.StatusConflict, "sandbox %s is already running", e2bID(sb.ID))
 	}
 	if err := a.wake(r.Context(), sb, req); err != nil {
 		return err

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -68,16 +67,9 @@ func (a *API) HostRouter(next http.Handler) http.Handler {
 // servePort forwards r to port of sandbox id.
 func (a *API) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	ctx := r.Context()
-	via := api.ViaCluster(r)
-	if via {
-		if a.opts.Cluster == nil {
-			agentError(w, http.StatusUnauthorized, "not part of a cluster")
-			return
-		}
-		if _, _, err := a.opts.Cluster.Forwarded(r); err != nil {
-			agentError(w, http.StatusUnauthorized, "bad signature")
-			return
-		}
+	via, ok := a.forwardedHere(w, r)
+	if !ok {
+		return
 	}
 	e, err := a.opts.Store.GetE2BSandbox(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
