@@ -25,6 +25,9 @@ import (
 // last release before it), pointed at the server's one listener with an
 // e2b-format key. The node output streams into the test log.
 //
+// Both SDK versions run on gVisor, the newest on a microVM too (skipped
+// where microVMs cannot run, or failing under SANDBOXD_REQUIRE_MICROVM=1).
+//
 // The server serves the base image: the SDK runs every command as
 // `/bin/bash -l -c` and expects the user "user" with home /home/user, which
 // the busybox test root filesystem does not have. `make test` has it cached
@@ -43,7 +46,25 @@ func TestE2BSDK(t *testing.T) {
 	npmCI(t, node, dir)
 	buildImage(t, "base")
 
-	s := startServer(t, "", "--template", "base")
+	sdks := []string{"new", "old"}
+	if only := os.Getenv("SANDBOXD_E2B_SDK"); only != "" {
+		sdks = []string{only}
+	}
+	// Every version on gVisor; the newest on a microVM too, which runs the
+	// same agent behind another backend (its pause, fork and files).
+	t.Run("gvisor", func(t *testing.T) { runE2BSDK(t, node, dir, nil, sdks) })
+	t.Run("microvm", func(t *testing.T) {
+		if !microVMReady(t) {
+			return
+		}
+		runE2BSDK(t, node, dir, []string{"--runtime", "microvm"}, sdks[:1])
+	})
+}
+
+// runE2BSDK starts a server on the base image with flags and runs the
+// node tests once per SDK version against it.
+func runE2BSDK(t *testing.T, node nodeInstall, dir string, flags, sdks []string) {
+	s := startServer(t, "", append([]string{"--template", "base"}, flags...)...)
 	var k, other key
 	s.admin(&k, "admin", "key", "create", "--account", s.createAccount("e2b", false).ID, "--format", "e2b", "--json")
 	// A second account's key: the SDK tests check that it sees none of the
@@ -51,11 +72,6 @@ func TestE2BSDK(t *testing.T) {
 	s.admin(&other, "admin", "key", "create", "--account", s.createAccount("e2b-other", false).ID, "--format", "e2b", "--json")
 	if !strings.HasPrefix(k.Key, "e2b_") {
 		t.Fatalf("key create --format e2b made %q, want an e2b_ key", k.Key)
-	}
-
-	sdks := []string{"new", "old"}
-	if only := os.Getenv("SANDBOXD_E2B_SDK"); only != "" {
-		sdks = []string{only}
 	}
 	for _, sdk := range sdks {
 		t.Run(sdk, func(t *testing.T) {
