@@ -475,20 +475,35 @@ func (s *Service) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 	out["changed"], out["branch"], out["diffStat"] = true, branch, strings.TrimRight(stat, "\n")
 	if f := s.cfg.Forge; f != nil && onForge {
 		if r, err := fm.MirrorNow(ctx, run.AccountID); err != nil && r.FullName == "" {
-			out["pullRequestError"] = "could not push to the mirror: " + err.Error()
+			out["pullRequestError"] = "could not push to the mirror: " + s.forgeErrorText(ctx, run.ID, err)
 		} else {
 			pr, err := f.OpenPullRequest(ctx, r.FullName, forge.PullRequest{
 				Head: branch, Base: p.BaseBranch, Title: "Agent: " + truncate(title, 72),
 				Body: p.Prompt + "\n\nRun " + run.ID + " by sandboxd.\n\n```\n" + strings.TrimRight(stat, "\n") + "\n```\n",
 			})
 			if err != nil {
-				out["pullRequestError"] = err.Error()
+				out["pullRequestError"] = s.forgeErrorText(ctx, run.ID, err)
 			} else {
 				out["pullRequest"], out["pullRequestNumber"] = pr.HTMLURL, pr.Number
 			}
 		}
 	}
 	return out, nil
+}
+
+// forgeErrorText is what a run's output says of a failure to mirror or
+// open a pull request. The forge's own refusals (its message, token
+// redacted by package forge) are the user's to read; anything else (a host
+// path, a git command's output on the host, a network error naming the
+// operator's endpoints) stays in the server's log, and the run says where.
+func (s *Service) forgeErrorText(ctx context.Context, runID string, err error) string {
+	for _, refusal := range []error{forge.ErrNotFound, forge.ErrUnauthorized, forge.ErrForbidden, forge.ErrInvalid} {
+		if errors.Is(err, refusal) {
+			return err.Error()
+		}
+	}
+	s.log.ErrorContext(ctx, "coding agent: mirror or pull request", "run_id", runID, "err", err)
+	return "the forge could not be updated; the server's log has the details (run " + runID + ")"
 }
 
 // insideURL maps a repository URL of this server to the address sandboxes

@@ -1075,3 +1075,20 @@ func TestClaudeCodeGetsThePromptVerbatim(t *testing.T) {
 		}
 	}
 }
+
+// A failure to mirror or open the pull request is said in the run's
+// output as the forge said it when it is the forge's refusal; anything
+// else from the host (paths, git's output, network errors) stays in the
+// server's log.
+func TestForgeErrorText(t *testing.T) {
+	h := newHarness(t, options{})
+	refused := fmt.Errorf("create pull request: %w: Validation Failed: a pull request already exists", forge.ErrInvalid)
+	if got := h.svc.forgeErrorText(t.Context(), "run_1", refused); got != refused.Error() {
+		t.Errorf("the forge's refusal: %q, want it as it is", got)
+	}
+	hostErr := errors.New("repository of acc: open /var/lib/sandboxd/repos/acc.git/HEAD: permission denied")
+	got := h.svc.forgeErrorText(t.Context(), "run_1", hostErr)
+	if strings.Contains(got, "/var/lib") || !strings.Contains(got, "run_1") {
+		t.Errorf("a host error: %q, want no host path and the run named", got)
+	}
+}
