@@ -20,6 +20,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
@@ -423,8 +424,8 @@ type fakeCluster struct {
 }
 
 type forwarded struct {
-	node, keyID, path, user, body string
-	placed                        bool
+	node, keyID, path, user, body, host string
+	placed                              bool
 }
 
 func (c *fakeCluster) Forwarded(*http.Request) (string, bool, error) { return "", false, nil }
@@ -440,7 +441,7 @@ func (c *fakeCluster) Place(context.Context, *netpol.Policy) (string, bool, erro
 func (c *fakeCluster) Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool) {
 	b, _ := io.ReadAll(r.Body)
 	c.mu.Lock()
-	c.forwards = append(c.forwards, forwarded{node: node, keyID: keyID, path: r.URL.Path, user: r.Header.Get(userHeader), body: string(b), placed: placed})
+	c.forwards = append(c.forwards, forwarded{node: node, keyID: keyID, path: r.URL.Path, user: r.Header.Get(userHeader), body: string(b), host: r.Header.Get(headerForwardedHost), placed: placed})
 	c.mu.Unlock()
 	w.WriteHeader(http.StatusTeapot)
 }
@@ -591,5 +592,41 @@ func TestE2BIDs(t *testing.T) {
 		if got := e2bID(sandboxID(id)); got != strings.Replace(id, "sbx_", "sbx-", 1) {
 			t.Errorf("e2bID(sandboxID(%q)) = %q", id, got)
 		}
+	}
+}
+
+// In a cluster, a port request for a sandbox another node hosts goes there
+// with the host the caller used, which that node routes by.
+func TestHostRouterCluster(t *testing.T) {
+	f := newFixture(t)
+	ports := &fakePorts{}
+	f.api.opts.Domain, f.api.opts.Ports = "sbx.test", ports
+	sb := f.create(f.key, nil)
+	c := &fakeCluster{remote: map[string]bool{sandboxID(sb.SandboxID): true}}
+	f.api.opts.Cluster = c
+	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	host := "3000-" + sb.SandboxID + ".sbx.test"
+	w := httptest.NewRecorder()
+	f.api.HostRouter(next).ServeHTTP(w, httptest.NewRequest("GET", "http://"+host+"/x", nil))
+	if got := c.last(); w.Code != http.StatusTeapot || got.node != "n2" || got.host != host {
+		t.Fatalf("port request for a sandbox elsewhere: %d %+v, want it forwarded with its host", w.Code, got)
+	}
+	// On the host node: the forward arrives at the node's own address with
+	// the caller's host in the header, on the cluster listener.
+	c.remote = nil
+	r := httptest.NewRequest("GET", "http://127.0.0.1:9999/x", nil)
+	r.Header.Set(headerForwardedHost, host)
+	w = httptest.NewRecorder()
+	api.ClusterHandler(f.api.HostRouter(next)).ServeHTTP(w, r)
+	if w.Code != http.StatusAccepted || len(ports.got) != 1 || !strings.Contains(ports.got[0], "host="+host) {
+		t.Fatalf("forwarded port request on the host node: %d %v", w.Code, ports.got)
+	}
+	// The header means nothing on the public listener.
+	r = httptest.NewRequest("GET", "http://127.0.0.1:9999/x", nil)
+	r.Header.Set(headerForwardedHost, host)
+	w = httptest.NewRecorder()
+	f.api.HostRouter(next).ServeHTTP(w, r)
+	if w.Code != http.StatusTeapot {
+		t.Fatalf("a forwarded-host header on the public listener: %d, want it ignored", w.Code)
 	}
 }

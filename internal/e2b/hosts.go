@@ -8,8 +8,15 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
+
+// headerForwardedHost carries a port request's host to the node that
+// hosts the sandbox: a forward is addressed to that node, so its Host is
+// the node's. Trusted only on the cluster listener, whose requests are
+// signed.
+const headerForwardedHost = "Sandboxd-E2b-Host"
 
 // headerTrafficToken carries a sandbox's traffic access token to its
 // ports when they are not public (E2B's allowPublicTraffic false).
@@ -44,7 +51,13 @@ func (a *API) sandboxHost(host string) (id string, port int, ok bool) {
 // allowPublicTraffic false: then a request must carry its traffic token.
 func (a *API) HostRouter(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, port, ok := a.sandboxHost(r.Host)
+		host := r.Host
+		if fh := r.Header.Get(headerForwardedHost); fh != "" && api.ViaCluster(r) {
+			host = fh
+			r.Host = fh // the sandbox's server sees the host the caller used
+		}
+		r.Header.Del(headerForwardedHost)
+		id, port, ok := a.sandboxHost(host)
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
@@ -87,6 +100,7 @@ func (a *API) servePort(w http.ResponseWriter, r *http.Request, id string, port 
 	}
 	if c := a.opts.Cluster; c != nil && !via {
 		if node, hosted := c.HostOf(ctx, id); hosted {
+			r.Header.Set(headerForwardedHost, r.Host)
 			c.Forward(w, r, node, agentForwardKey, false)
 			return
 		}
