@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestE2BHosts: with --e2b-domain, PORT-ID.DOMAIN reaches a server in the
+// sandbox (what the SDKs' getHost names), public unless the sandbox was
+// created with allowPublicTraffic false; the E2B sandbox is an ordinary
+// sandbox, so sandboxd's own API runs the server in it.
+func TestE2BHosts(t *testing.T) {
+	s := startServer(t, filepath.Join(t.TempDir(), "hosts.db"), "--e2b-domain", "sbx.test")
+	a := s.createAccount("hosts", false)
+	k := s.createKey(a.ID)
+	var ek key
+	s.admin(&ek, "admin", "key", "create", "--account", a.ID, "--format", "e2b", "--json")
+
+	type created struct {
+		SandboxID, Domain  string
+		TrafficAccessToken *string
+	}
+	create := func(network map[string]any) created {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"templateID": "base", "timeout": 120, "network": network})
+		req, _ := http.NewRequest("POST", s.base+"/v2/sandboxes", strings.NewReader(string(body)))
+		req.Header.Set("X-API-Key", ek.Key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var c created
+		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != 201 {
+			t.Fatalf("E2B create: %d %v", resp.StatusCode, err)
+		}
+		if c.Domain != "sbx.test" {
+			t.Fatalf("E2B create answered domain %q, want sbx.test", c.Domain)
+		}
+		// sandboxd's own API knows it by its own form of the id.
+		id := strings.Replace(c.SandboxID, "sbx-", "sbx_", 1)
+		start := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c",
+			"mkdir -p /tmp/www && echo hello from " + c.SandboxID + " > /tmp/www/index.html && httpd -p 3000 -h /tmp/www && echo started"}})
+		if start.Status != 200 || start.Body["stdout"] != "started\n" {
+			t.Fatalf("start httpd: %d %s", start.Status, start.Raw)
+		}
+		return c
+	}
+	get := func(c created, headers map[string]string) (int, string) {
+		t.Helper()
+		var code int
+		var body string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			req, _ := http.NewRequest("GET", s.base+"/index.html", nil)
+			req.Host = "3000-" + c.SandboxID + "." + c.Domain
+			for h, v := range headers {
+				req.Header.Set(h, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if code, body = resp.StatusCode, string(b); code != http.StatusBadGateway {
+				break // 502 while httpd starts
+			}
+		}
+		return code, body
+	}
+	allow := []string{"198.51.100.7"}
+	public := create(map[string]any{"allowOut": allow})
+	if code, body := get(public, nil); code != 200 || body != "hello from "+public.SandboxID+"\n" {
+		t.Fatalf("a public port through its host: %d %q", code, body)
+	}
+	private := create(map[string]any{"allowOut": allow, "allowPublicTraffic": false})
+	if private.TrafficAccessToken == nil {
+		t.Fatal("a sandbox without public traffic got no traffic token")
+	}
+	if code, _ := get(private, nil); code != http.StatusForbidden {
+		t.Fatalf("a private port without its token: %d, want 403", code)
+	}
+	if code, body := get(private, map[string]string{"E2b-Traffic-Access-Token": *private.TrafficAccessToken}); code != 200 || body != "hello from "+private.SandboxID+"\n" {
+		t.Fatalf("a private port with its token: %d %q", code, body)
+	}
+}
