@@ -1,0 +1,244 @@
+// Package display decides how a command shows progress: bars redrawn in
+// place when it writes to a terminal, log lines (progress.Lines) anywhere
+// else — pipes, files, CI logs, and whenever the command prints JSON. It is
+// the one place that knows about terminals; the operations that report
+// only know package progress.
+package display
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/sandboxd/sandboxd/internal/progress"
+)
+
+// Options say where progress goes.
+type Options struct {
+	// Plain asks for log lines even on a terminal: set it when the
+	// command's output is for machines (--json, a JSON log format).
+	Plain bool
+	// Logger receives the lines.
+	Logger *slog.Logger
+	// Interval and Quiet are progress.Lines's.
+	Interval, Quiet time.Duration
+}
+
+// New returns the Tracker for a command that writes its progress to w
+// (its stderr): bars drawn on w when w is a terminal and o.Plain is not
+// set, else log lines through o.Logger.
+func New(w io.Writer, o Options) progress.Tracker {
+	if !o.Plain && IsTerminal(w) {
+		return &Bars{W: w, Quiet: o.Quiet}
+	}
+	return &progress.Lines{Logger: o.Logger, Interval: o.Interval, Quiet: o.Quiet}
+}
+
+// Terminal is implemented by writers that know whether they are a
+// terminal better than their file descriptor says (wrappers, tests).
+type Terminal interface {
+	IsTerminal() bool
+}
+
+// IsTerminal reports whether w is a terminal a bar can be redrawn on: a
+// Terminal that says so, or a file whose descriptor is a terminal, unless
+// TERM is "dumb" (an editor's shell buffer, which prints carriage returns).
+func IsTerminal(w io.Writer) bool {
+	if t, ok := w.(Terminal); ok {
+		return t.IsTerminal()
+	}
+	f, ok := w.(interface{ Fd() uintptr })
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return false
+	}
+	return os.Getenv("TERM") != "dumb"
+}
+
+// Bars is the Tracker for a terminal: a bar per task, redrawn in place on W
+// (with its count or bytes, rate and time left when the total is known; a
+// spinner with the step when it is not), left on its own line when the
+// task ends.
+type Bars struct {
+	W io.Writer
+	// Quiet, when set, holds a task's bar back this long, so that a wait
+	// that is usually short draws nothing.
+	Quiet time.Duration
+	// throttle is the shortest time between two draws (default 100 ms).
+	throttle time.Duration
+}
+
+// Start begins a bar.
+func (b *Bars) Start(title string, unit progress.Unit, total int64) progress.Task {
+	throttle := b.throttle
+	if throttle == 0 {
+		throttle = 100 * time.Millisecond
+	}
+	t := &barTask{w: b.w(), title: title, unit: unit, total: total, throttle: throttle,
+		quiet: b.Quiet, start: time.Now(), stop: make(chan struct{}), stopped: make(chan struct{})}
+	if t.quiet <= 0 {
+		t.open()
+	}
+	go t.run()
+	return t
+}
+
+func (b *Bars) w() io.Writer {
+	if b.W == nil {
+		return io.Discard
+	}
+	return b.W
+}
+
+type barTask struct {
+	w        io.Writer
+	title    string
+	unit     progress.Unit
+	total    int64
+	throttle time.Duration
+	quiet    time.Duration
+	start    time.Time
+
+	stop, stopped chan struct{}
+
+	mu    sync.Mutex
+	bar   *progressbar.ProgressBar // nil until drawn
+	state progress.State
+	ended bool
+}
+
+// open creates and draws the bar; t.mu is held (or t is not yet shared).
+func (t *barTask) open() {
+	max := t.total
+	if max <= 0 {
+		max = -1 // a spinner
+	}
+	opts := []progressbar.Option{
+		progressbar.OptionSetWriter(t.w),
+		progressbar.OptionSetDescription(t.describe()),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(t.throttle),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+		progressbar.OptionSetRenderBlankState(true),
+		progressbar.OptionUseIECUnits(true),
+		progressbar.OptionSetElapsedTime(true),
+		// The spinner turns on each draw, which run's ticker makes
+		// regular; the bar's own ticker would outlive a failed task.
+		progressbar.OptionSetSpinnerChangeInterval(0),
+		// Time left only where the count grows with time: bytes and
+		// steps, not an operation's overall percentage.
+		progressbar.OptionSetPredictTime(t.total > 0 && t.unit != progress.Percent),
+	}
+	switch t.unit {
+	case progress.Bytes:
+		opts = append(opts, progressbar.OptionShowBytes(true), progressbar.OptionShowCount())
+	case progress.Steps:
+		if t.total > 0 {
+			opts = append(opts, progressbar.OptionShowCount())
+		}
+	}
+	t.bar = progressbar.NewOptions64(max, opts...)
+	if t.state.Current > 0 {
+		_ = t.bar.Set64(t.clamp(t.state.Current))
+	}
+}
+
+// clamp keeps a count short of the total: an estimated total can be
+// passed, and a full bar finishes, which only Done may do.
+func (t *barTask) clamp(n int64) int64 {
+	if t.total > 0 {
+		return max(0, min(n, t.total-1))
+	}
+	return max(0, n)
+}
+
+// describe is the text after the bar: the title, the step and its detail.
+func (t *barTask) describe() string {
+	parts := []string{t.title}
+	if t.state.Step != "" {
+		parts = append(parts, t.state.Step)
+	}
+	if d := t.state.Detail; d != "" {
+		if r := []rune(d); len(r) > 40 {
+			d = string(r[:39]) + "…"
+		}
+		parts = append(parts, d)
+	}
+	return strings.Join(parts, ": ")
+}
+
+// run redraws every quarter second, so that the elapsed time and the
+// spinner move while a step reports nothing, and opens a held-back bar
+// once its quiet time is over.
+func (t *barTask) run() {
+	defer close(t.stopped)
+	tk := time.NewTicker(250 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tk.C:
+			t.mu.Lock()
+			switch {
+			case t.ended:
+			case t.bar == nil && time.Since(t.start) >= t.quiet:
+				t.open()
+			case t.bar != nil:
+				t.bar.Describe(t.describe())
+			}
+			t.mu.Unlock()
+		}
+	}
+}
+
+func (t *barTask) Update(s progress.State) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended {
+		return
+	}
+	t.state = s
+	if t.bar == nil {
+		return
+	}
+	// Set first: it may skip drawing (throttled), while Describe draws,
+	// and then with the new count.
+	_ = t.bar.Set64(t.clamp(s.Current))
+	t.bar.Describe(t.describe())
+}
+
+func (t *barTask) Done(err error) {
+	t.mu.Lock()
+	if t.ended {
+		t.mu.Unlock()
+		return
+	}
+	t.ended = true
+	t.mu.Unlock()
+	close(t.stop)
+	<-t.stopped
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bar == nil {
+		return // ended within its quiet time: nothing was drawn
+	}
+	elapsed := time.Since(t.start).Round(100 * time.Millisecond)
+	if err == nil {
+		t.state.Step, t.state.Detail = fmt.Sprintf("done in %s", elapsed), ""
+		t.bar.Describe(t.describe())
+		_ = t.bar.Finish()
+	} else {
+		t.state.Step, t.state.Detail = fmt.Sprintf("failed after %s", elapsed), ""
+		t.bar.Describe(t.describe())
+		_ = t.bar.Exit()
+	}
+	// Leave the bar's last state on its own line.
+	fmt.Fprintln(t.w)
+}
