@@ -45,8 +45,9 @@ func newKernelBuildCmd(g *globals) *cobra.Command {
 		Short: "Build the guest kernel unless it is cached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store := kernel.NewStore(g.cacheDir, g.logger(cmd.ErrOrStderr()))
-			k, err := store.Build(cmd.Context(), opts, cmd.ErrOrStderr())
+			log := g.logger(cmd.ErrOrStderr())
+			store := kernel.NewStore(g.cacheDir, log)
+			k, err := store.Build(cmd.Context(), opts, g.tracker(cmd.ErrOrStderr(), log, asJSON))
 			if err != nil {
 				return err
 			}
