@@ -23,7 +23,11 @@ func (g *globals) tracker(w io.Writer, log *slog.Logger, asJSON bool) progress.T
 // script's stderr stays as it was); one that takes longer (a restore of a
 // large snapshot) shows a spinner, or a line, after apiWaitQuiet.
 func (g *globals) waitTracker(w io.Writer, asJSON bool) progress.Tracker {
-	return display.New(w, display.Options{Plain: asJSON || g.jsonLogs(), Logger: g.logger(w), Quiet: apiWaitQuiet})
+	quiet := g.waitQuiet
+	if quiet <= 0 {
+		quiet = apiWaitQuiet
+	}
+	return display.New(w, display.Options{Plain: asJSON || g.jsonLogs(), Logger: g.logger(w), Quiet: quiet})
 }
 
 // apiWaitQuiet is how long an API call runs before its wait is shown.

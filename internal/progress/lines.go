@@ -57,7 +57,11 @@ func (l *Lines) Start(title string, unit Unit, total int64) Task {
 	}
 	period := l.tick
 	if period <= 0 {
+		// A second, or less for a short Quiet, which the ticker ends.
 		period = time.Second
+		if q := l.Quiet / 2; q > 0 && q < period {
+			period = q
+		}
 	}
 	go t.run(period)
 	return t
@@ -176,7 +180,9 @@ func (t *lineTask) write(now time.Time) {
 			attrs = append(attrs, slog.String("rate", humanize.IBytes(uint64(float64(s.Current)/secs))+"/s"))
 		}
 	default:
-		attrs = append(attrs, slog.Int64("done", s.Current))
+		if t.total > 0 || s.Current > 0 {
+			attrs = append(attrs, slog.Int64("done", s.Current))
+		}
 		if t.total > 0 {
 			attrs = append(attrs, slog.Int64("total", t.total))
 		}

@@ -110,6 +110,7 @@ type barTask struct {
 	mu    sync.Mutex
 	bar   *progressbar.ProgressBar // nil until drawn
 	state progress.State
+	drawn time.Time // the last draw
 	ended bool
 }
 
@@ -123,7 +124,9 @@ func (t *barTask) open() {
 		progressbar.OptionSetWriter(t.w),
 		progressbar.OptionSetDescription(t.describe()),
 		progressbar.OptionSetWidth(30),
-		progressbar.OptionThrottle(t.throttle),
+		// Draws are throttled here (draw), not by the bar, which would
+		// also drop the last one, a task's end.
+		progressbar.OptionThrottle(0),
 		progressbar.OptionShowDescriptionAtLineEnd(),
 		progressbar.OptionSetRenderBlankState(true),
 		progressbar.OptionUseIECUnits(true),
@@ -144,9 +147,14 @@ func (t *barTask) open() {
 		}
 	}
 	t.bar = progressbar.NewOptions64(max, opts...)
-	if t.state.Current > 0 {
-		_ = t.bar.Set64(t.clamp(t.state.Current))
-	}
+	t.draw()
+}
+
+// draw shows the current state; t.mu is held and the bar open.
+func (t *barTask) draw() {
+	_ = t.bar.Set64(t.clamp(t.state.Current))
+	t.bar.Describe(t.describe())
+	t.drawn = time.Now()
 }
 
 // clamp keeps a count short of the total: an estimated total can be
@@ -191,7 +199,7 @@ func (t *barTask) run() {
 			case t.bar == nil && time.Since(t.start) >= t.quiet:
 				t.open()
 			case t.bar != nil:
-				t.bar.Describe(t.describe())
+				t.draw()
 			}
 			t.mu.Unlock()
 		}
@@ -205,13 +213,9 @@ func (t *barTask) Update(s progress.State) {
 		return
 	}
 	t.state = s
-	if t.bar == nil {
-		return
+	if t.bar != nil && time.Since(t.drawn) >= t.throttle {
+		t.draw()
 	}
-	// Set first: it may skip drawing (throttled), while Describe draws,
-	// and then with the new count.
-	_ = t.bar.Set64(t.clamp(s.Current))
-	t.bar.Describe(t.describe())
 }
 
 func (t *barTask) Done(err error) {
@@ -236,7 +240,7 @@ func (t *barTask) Done(err error) {
 		_ = t.bar.Finish()
 	} else {
 		t.state.Step, t.state.Detail = fmt.Sprintf("failed after %s", elapsed), ""
-		t.bar.Describe(t.describe())
+		t.draw()
 		_ = t.bar.Exit()
 	}
 	// Leave the bar's last state on its own line.
