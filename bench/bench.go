@@ -50,13 +50,15 @@ type Options struct {
 	Progress io.Writer
 }
 
-// Timing is a distribution in milliseconds.
+// Timing is a distribution in milliseconds. Samples, in the order they
+// were taken, are what the charts draw.
 type Timing struct {
-	N   int     `json:"n"`
-	P50 float64 `json:"p50_ms"`
-	P90 float64 `json:"p90_ms"`
-	Min float64 `json:"min_ms"`
-	Max float64 `json:"max_ms"`
+	N       int       `json:"n"`
+	P50     float64   `json:"p50_ms"`
+	P90     float64   `json:"p90_ms"`
+	Min     float64   `json:"min_ms"`
+	Max     float64   `json:"max_ms"`
+	Samples []float64 `json:"samples_ms,omitempty"`
 }
 
 func timing(ds []time.Duration) Timing {
@@ -64,7 +66,16 @@ func timing(ds []time.Duration) Timing {
 		return Timing{}
 	}
 	q := quantiles(ds)
-	return Timing{N: len(ds), P50: q(0.5), P90: q(0.9), Min: q(0), Max: q(1)}
+	return Timing{N: len(ds), P50: q(0.5), P90: q(0.9), Min: q(0), Max: q(1), Samples: samples(ds)}
+}
+
+// samples are ds in milliseconds, rounded as the quantiles are.
+func samples(ds []time.Duration) []float64 {
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = round(float64(d.Microseconds()) / 1000)
+	}
+	return ms
 }
 
 // quantiles sorts ds (not empty) and returns its quantile function, in

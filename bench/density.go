@@ -57,6 +57,9 @@ type DensityReport struct {
 	StartAllMs      float64 `json:"start_all_ms"`
 	StartFirstTenth Timing  `json:"start_first_tenth"`
 	StartLastTenth  Timing  `json:"start_last_tenth"`
+	// Starts is each start in ms, in order: the n-th started with n-1
+	// sandboxes running.
+	Starts []float64 `json:"starts_ms,omitempty"`
 	// Per idle sandbox: RSS and PSS of sentry and gofer, the memory cgroup,
 	// the host's MemAvailable drop, and the data disk's blocks.
 	RSSMiB          float64 `json:"rss_mib_per_sandbox"`
@@ -163,6 +166,7 @@ func RunDensity(ctx context.Context, o DensityOptions) (DensityReport, error) {
 	}
 	tenth := max(1, len(times)/10)
 	rep.StartFirstTenth, rep.StartLastTenth = timing(times[:tenth]), timing(times[len(times)-tenth:])
+	rep.Starts = samples(times)
 
 	// Idle: let the sentries settle after boot, then read what they hold.
 	time.Sleep(5 * time.Second)

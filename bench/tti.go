@@ -60,6 +60,8 @@ type Latency struct {
 	P99         float64 `json:"p99_ms"`
 	Min         float64 `json:"min_ms"`
 	Max         float64 `json:"max_ms"`
+	// Samples are the successful samples, in the order they were taken.
+	Samples []float64 `json:"samples_ms,omitempty"`
 }
 
 func latency(ds []time.Duration, n int) Latency {
@@ -72,6 +74,7 @@ func latency(ds []time.Duration, n int) Latency {
 	}
 	q := quantiles(ds)
 	l.P50, l.P95, l.P99, l.Min, l.Max = q(0.5), q(0.95), q(0.99), q(0), q(1)
+	l.Samples = samples(ds)
 	return l
 }
 

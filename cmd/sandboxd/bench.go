@@ -59,7 +59,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printReport)
+			return emitCharted(cmd, rf, rep, printReport)
 		},
 	}
 	f := cmd.Flags()
@@ -108,7 +108,7 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printDensity)
+			return emitCharted(cmd, rf, rep, printDensity)
 		},
 	}
 	f := cmd.Flags()
@@ -126,6 +126,7 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 	var (
 		asJSON           bool
 		chart, rootfs    string
+		charts           string
 		template, runsc  string
 		platform         string
 		n, burst, snapMB int
@@ -203,12 +204,16 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 					return err
 				}
 			}
-			return emit(cmd.OutOrStdout(), asJSON, rep, printTTI)
+			if err := emit(cmd.OutOrStdout(), asJSON, rep, printTTI); err != nil {
+				return err
+			}
+			return writeCharts(cmd.ErrOrStderr(), charts, rep)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.StringVar(&chart, "chart", "", "also draw the figures as an SVG chart into this file")
+	f.StringVar(&chart, "chart", "", "also draw p50, p95 and p99 as one SVG bar chart into this file")
+	f.StringVar(&charts, "charts", "", chartsUsage)
 	f.StringVar(&rootfs, "rootfs", "", "serve this root filesystem (first command: echo ok) instead of a template")
 	f.StringVar(&template, "template", "full", "image template to serve (first command: node -v)")
 	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
@@ -316,7 +321,7 @@ filesystem. Times are milliseconds (p50/p90). Needs root, runsc and the sandbox-
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printPause)
+			return emitCharted(cmd, rf, rep, printPause)
 		},
 	}
 	f := cmd.Flags()
@@ -359,6 +364,34 @@ func benchInputs(scratch string, rootfs, agent *string) error {
 		*agent = a
 	}
 	return nil
+}
+
+// chartsUsage says what --charts does.
+const chartsUsage = "also draw the figures as SVG charts into this directory (latency distributions, the bare runtime's beside sandboxd's)"
+
+// charter is a report that has charts.
+type charter interface{ Charts() []bench.Chart }
+
+// writeCharts draws a report's charts into dir, when set, and names the
+// files on w (stderr: stdout has the figures).
+func writeCharts(w io.Writer, dir string, rep charter) error {
+	if dir == "" {
+		return nil
+	}
+	paths, err := bench.WriteCharts(dir, rep.Charts())
+	for _, p := range paths {
+		fmt.Fprintln(w, "chart:", p)
+	}
+	return err
+}
+
+// emitCharted prints a report as --json asks, then draws its --charts:
+// the figures are printed even when a chart cannot be written.
+func emitCharted[R charter](cmd *cobra.Command, rf runtimeBenchFlags, rep R, print func(io.Writer, R)) error {
+	if err := emit(cmd.OutOrStdout(), rf.asJSON, rep, print); err != nil {
+		return err
+	}
+	return writeCharts(cmd.ErrOrStderr(), rf.charts, rep)
 }
 
 // emit writes a benchmark's report as indented JSON, or as print renders it.
@@ -410,7 +443,7 @@ Needs root, runsc and the sandbox-agent binary.`,
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printWorkloads)
+			return emitCharted(cmd, rf, rep, printWorkloads)
 		},
 	}
 	f := cmd.Flags()
@@ -440,6 +473,7 @@ func printWorkloads(w io.Writer, rep bench.WorkloadReport) {
 type runtimeBenchFlags struct {
 	asJSON                         bool
 	rootfs, agent, runsc, platform string
+	charts                         string
 }
 
 // register adds the flags to f; rootfsUsage says what --rootfs is for.
@@ -449,4 +483,5 @@ func (r *runtimeBenchFlags) register(f *pflag.FlagSet, rootfsUsage string) {
 	f.StringVar(&r.agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
 	f.StringVar(&r.runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
 	f.StringVar(&r.platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	f.StringVar(&r.charts, "charts", "", chartsUsage)
 }

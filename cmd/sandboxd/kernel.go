@@ -106,6 +106,7 @@ func newKernelLsCmd(g *globals) *cobra.Command {
 func newKernelBenchCmd(g *globals) *cobra.Command {
 	var (
 		asJSON bool
+		charts string
 		opts   bench.MicroVMOptions
 	)
 	cmd := &cobra.Command{
@@ -142,13 +143,10 @@ milliseconds. It runs on a small busybox root filesystem unless --rootfs is give
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+			if err := emit(cmd.OutOrStdout(), asJSON, rep, printMicroVMReport); err != nil {
+				return err
 			}
-			printMicroVMReport(cmd.OutOrStdout(), rep)
-			return nil
+			return writeCharts(cmd.ErrOrStderr(), charts, rep)
 		},
 	}
 	f := cmd.Flags()
@@ -158,6 +156,7 @@ milliseconds. It runs on a small busybox root filesystem unless --rootfs is give
 	f.StringVar(&opts.KernelPath, "kernel", "", "guest vmlinux (default: the cached kernel)")
 	f.StringVar(&opts.Accel, "accel", "", "kvm or tcg (default: probe)")
 	f.IntVar(&opts.Iterations, "iterations", 5, "samples per timing")
+	f.StringVar(&charts, "charts", "", chartsUsage)
 	return cmd
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/bench"
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/files"
 )
@@ -235,5 +236,31 @@ func TestWaitShownOnlyWhenLong(t *testing.T) {
 	}
 	if e := lines.String(); !strings.Contains(e, `msg="resuming sbx_1"`) || !strings.Contains(e, "step=done") || strings.Contains(e, "\r") {
 		t.Errorf("no line for a long wait:\n%s", e)
+	}
+}
+
+// TestBenchChartsFlag: --charts draws a report's charts into the directory
+// and names them on stderr; without it nothing is written.
+func TestBenchChartsFlag(t *testing.T) {
+	rep := bench.TTIReport{Command: []string{"echo", "ok"}, Platform: "systrap",
+		Results:     []bench.TTIResult{{Account: "fresh", Mode: "sequential", Latency: bench.Latency{N: 2, OK: 2, Samples: []float64{50, 70}}, Create: bench.Latency{N: 2, OK: 2, Samples: []float64{5, 6}}}},
+		Baseline:    bench.Latency{N: 2, OK: 2, Samples: []float64{130, 150}},
+		BaselineRun: bench.Latency{N: 2, OK: 2, Samples: []float64{100, 110}}}
+	dir := filepath.Join(t.TempDir(), "charts")
+	var stderr bytes.Buffer
+	if err := writeCharts(&stderr, dir, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := "chart: " + filepath.Join(dir, "tti.svg") + "\nchart: " + filepath.Join(dir, "tti-create.svg") + "\n"
+	if stderr.String() != want {
+		t.Errorf("stderr %q, want %q", stderr.String(), want)
+	}
+	for _, f := range []string{"tti.svg", "tti-create.svg"} {
+		if b, err := os.ReadFile(filepath.Join(dir, f)); err != nil || !bytes.Contains(b, []byte("<svg")) {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	if err := writeCharts(&stderr, "", rep); err != nil || stderr.String() != want {
+		t.Errorf("no --charts wrote something: %v %q", err, stderr.String())
 	}
 }
