@@ -33,6 +33,11 @@ type Chart struct {
 	// Bars, when set, replaces the distributions: one horizontal bar per
 	// figure, in Unit.
 	Bars []Bar
+	// Trend, when set, replaces the distributions: the values in the
+	// order they were measured, the n-th at x = n, in Unit; XLabel names
+	// what n counts.
+	Trend  []float64
+	XLabel string
 	// Unit labels the values' axis (default "ms").
 	Unit string
 }
@@ -142,6 +147,9 @@ func baseColor(i int) color.Color {
 func (c Chart) plot() (*plot.Plot, error) {
 	if len(c.Bars) > 0 {
 		return c.barPlot()
+	}
+	if len(c.Trend) > 0 {
+		return c.trendPlot()
 	}
 	var series []Series
 	for _, s := range c.Series {
@@ -285,6 +293,8 @@ func (c Chart) barPlot() (*plot.Plot, error) {
 		top = math.Max(top, b.Value)
 	}
 	p.NominalY(names...)
+	// Half a row of room above and below, so that no bar touches an axis.
+	p.Y.Min, p.Y.Max = -0.7, float64(n)-0.3
 	// Room for the value printed after the longest bar.
 	p.X.Max = math.Max(top*1.2, 1)
 	return p, nil
@@ -317,4 +327,27 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ts
+}
+
+// trendPlot draws the values by their order, to show a drift (do starts
+// slow down as a host fills?).
+func (c Chart) trendPlot() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = c.Title
+	p.X.Label.Text = c.XLabel
+	p.Y.Label.Text = c.unit()
+	p.Y.Min = 0
+	p.Add(plotter.NewGrid())
+	pts := make(plotter.XYs, len(c.Trend))
+	for i, v := range c.Trend {
+		pts[i] = plotter.XY{X: float64(i + 1), Y: v}
+	}
+	sc, err := plotter.NewScatter(pts)
+	if err != nil {
+		return nil, err
+	}
+	sc.Color = caseColor(0)
+	sc.Radius = vg.Points(1.5)
+	p.Add(sc)
+	return p, nil
 }

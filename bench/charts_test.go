@@ -125,10 +125,12 @@ func TestOtherReportsCharts(t *testing.T) {
 	})
 
 	density := DensityReport{Started: 200, StartFirstTenth: synthetic(rng, 20, 430), StartLastTenth: synthetic(rng, 20, 743),
+		Starts: synthetic(rng, 200, 600).Samples,
 		MemAvailDropMiB: 15.4, CgroupMiB: 15.2, PSSMiB: 11.3, RSSMiB: 52.9, DiskMiB: 4.4, PerGiB: 66.5,
 		FitByMemory: 1430, FitByIdleCPU: 1350, FitByDisk: 16000}
 	checkCharts(t, density.Charts(), map[string][]string{
 		"density-starts.svg": {"first tenth", "last tenth"},
+		"density-trend.svg":  {"n-th sandbox started", "ms"},
 		"density-memory.svg": {"host MemAvailable drop", "15.4", "disk", "MiB"},
 		"density-fit.svg":    {"66.5 per GiB", "fit by memory", "1430", "fit by free disk"},
 	})

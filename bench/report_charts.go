@@ -94,6 +94,8 @@ func (r DensityReport) Charts() []Chart {
 			r.StartFirstTenth.series("first tenth"),
 			r.StartLastTenth.series("last tenth"),
 		}},
+		{File: "density-trend.svg", Title: "Each start of an idle sandbox, by how many were started", Trend: r.Starts,
+			XLabel: "n-th sandbox started (n-1 running)"},
 		{File: "density-memory.svg", Title: "Per idle sandbox", Unit: "MiB", Bars: []Bar{
 			{Name: "host MemAvailable drop", Value: r.MemAvailDropMiB},
 			{Name: "memory cgroup", Value: r.CgroupMiB},
