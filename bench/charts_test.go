@@ -7,9 +7,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // synthetic is a Timing of n samples around median ms, spread like a
@@ -125,7 +128,7 @@ func TestOtherReportsCharts(t *testing.T) {
 	})
 
 	density := DensityReport{Started: 200, StartFirstTenth: synthetic(rng, 20, 430), StartLastTenth: synthetic(rng, 20, 743),
-		Starts: synthetic(rng, 200, 600).Samples,
+		Starts:          synthetic(rng, 200, 600).Samples,
 		MemAvailDropMiB: 15.4, CgroupMiB: 15.2, PSSMiB: 11.3, RSSMiB: 52.9, DiskMiB: 4.4, PerGiB: 66.5,
 		FitByMemory: 1430, FitByIdleCPU: 1350, FitByDisk: 16000}
 	checkCharts(t, density.Charts(), map[string][]string{
@@ -158,4 +161,18 @@ func TestChartsSkipWhatWasNotMeasured(t *testing.T) {
 	}
 	one := Chart{File: "one.svg", Title: "one", Series: []Series{{Name: "only", Samples: []float64{0}}}}
 	checkCharts(t, []Chart{one}, map[string][]string{"one.svg": {"only (n=1, p50 0.00 ms)"}})
+}
+
+// TestPhases: a benchmark's phases are one task of its tracker, counted.
+func TestPhases(t *testing.T) {
+	var rec progress.Recorder
+	ph := startPhases(&rec, "bench", 2)
+	ph.next("cold")
+	ph.next("warm")
+	ph.done(nil)
+	got := rec.Snapshot()
+	want := []progress.State{{Step: "cold", Current: 0}, {Step: "warm", Current: 1}}
+	if len(got) != 1 || got[0].Title != "bench" || got[0].Total != 2 || !slices.Equal(got[0].States, want) || !got[0].Ended {
+		t.Fatalf("%+v", got)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
 
@@ -46,7 +47,7 @@ type TTIOptions struct {
 	// its health answer); RunscPath empty means gvisor.DefaultRunsc.
 	Rootfs, RunscPath, Platform string
 	StateDir                    string // scratch; created and removed
-	Progress                    io.Writer
+	Progress                    progress.Tracker
 }
 
 // Latency is a distribution of successful samples in milliseconds, and
@@ -102,7 +103,7 @@ type TTIReport struct {
 // RunTTI runs the time-to-interactive benchmark: a server of its own, a
 // fresh account and one with a snapshot, each in the three modes, then the
 // bare runtime's baseline in the same run.
-func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
+func RunTTI(ctx context.Context, o TTIOptions) (_ TTIReport, err error) {
 	if o.N <= 0 {
 		o.N = 10
 	}
@@ -121,9 +122,9 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 	if len(o.Command) == 0 {
 		o.Command = []string{"echo", "ok"}
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	// The snapshot, seven modes and the baseline.
+	ph := startPhases(progress.Or(o.Progress), "bench tti", 9)
+	defer func() { ph.done(err) }()
 	rep := TTIReport{Command: o.Command}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return rep, err
@@ -148,7 +149,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 		}
 		accounts[name] = key
 	}
-	fmt.Fprintf(o.Progress, "tti: giving the snapshot account a snapshot (%d MiB changed)...\n", o.SnapshotMiB)
+	ph.next(fmt.Sprintf("giving the snapshot account a snapshot (%d MiB changed)", o.SnapshotMiB))
 	if err := srv.snapshot(ctx, accounts["snapshot"], o.SnapshotMiB); err != nil {
 		return rep, err
 	}
@@ -158,7 +159,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 			modes = append(modes, "after-run")
 		}
 		for _, mode := range modes {
-			fmt.Fprintf(o.Progress, "tti: %s account, %s...\n", account, mode)
+			ph.next(account + " account, " + mode)
 			if account == "fresh" {
 				// A fresh account every time: the first sandbox of an
 				// account is what is measured, not its tenth.
@@ -171,7 +172,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 			rep.Results = append(rep.Results, srv.mode(ctx, accounts[account], account, mode, o))
 		}
 	}
-	fmt.Fprintln(o.Progress, "tti: bare runsc run --detach + runsc exec...")
+	ph.next("bare runsc run --detach + runsc exec")
 	if rep.Baseline, rep.BaselineRun, err = ttiBaseline(ctx, o); err != nil {
 		return rep, err
 	}

@@ -54,7 +54,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 			rep, err := bench.Run(ctx, bench.Options{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc, Platform: rf.platform,
 				Iterations: iterations, Concurrent: concurrent, LayerMiB: layerMiB,
-				Logger: log, Progress: cmd.ErrOrStderr(),
+				Logger: log, Progress: g.tracker(cmd.ErrOrStderr(), log, rf.asJSON),
 			})
 			if err != nil {
 				return err
@@ -103,7 +103,7 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Max: maxN, ReserveBytes: int64(reserveMiB) << 20,
 				Limits: runtime.Limits{CPUs: 1, MemoryBytes: int64(memMiB) << 20, Pids: 512, DiskBytes: int64(diskMiB) << 20},
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), rf.asJSON),
 			})
 			if err != nil {
 				return err
@@ -167,7 +167,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			o := bench.TTIOptions{
 				Sandboxd: self, N: n, Burst: burst, Stagger: stagger, Think: think, SnapshotMiB: snapMB,
 				Rootfs: baseRootfs, RunscPath: runsc, Platform: platform,
-				StateDir: filepath.Join(scratch, "state"), Progress: cmd.ErrOrStderr(),
+				StateDir: filepath.Join(scratch, "state"), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), asJSON),
 			}
 			if useBusybox {
 				rootfs = baseRootfs
@@ -316,7 +316,7 @@ filesystem. Times are milliseconds (p50/p90). Needs root, runsc and the sandbox-
 			rep, err := bench.RunPause(cmd.Context(), bench.PauseOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Iterations: iterations, TouchMiB: touch, ForkCount: forkN,
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), rf.asJSON),
 			})
 			if err != nil {
 				return err
@@ -438,7 +438,7 @@ Needs root, runsc and the sandbox-agent binary.`,
 			rep, err := bench.RunWorkloads(cmd.Context(), bench.WorkloadOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Runs: runs, Files: files,
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+				Logger: g.logger(cmd.ErrOrStderr()), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), rf.asJSON),
 			})
 			if err != nil {
 				return err

@@ -138,7 +138,7 @@ milliseconds. It runs on a small busybox root filesystem unless --rootfs is give
 			opts.StateDir = filepath.Join(scratch, "state")
 			opts.CacheDir = g.cacheDir
 			opts.Logger = g.logger(cmd.ErrOrStderr())
-			opts.Progress = cmd.ErrOrStderr()
+			opts.Progress = g.tracker(cmd.ErrOrStderr(), opts.Logger, asJSON)
 			rep, err := bench.RunMicroVM(cmd.Context(), opts)
 			if err != nil {
 				return err
