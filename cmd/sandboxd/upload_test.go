@@ -211,7 +211,7 @@ func TestUploadErrors(t *testing.T) {
 // shows nothing (TestClientOutput's golden files hold that).
 func TestWaitShownOnlyWhenLong(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(700 * time.Millisecond)
+		time.Sleep(time.Second)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"success","sandbox":{"sandboxId":"sbx_1","sandboxStatus":"running"}}`)
 	}))

@@ -9,10 +9,7 @@
 // library.
 package progress
 
-import (
-	"sync"
-	"time"
-)
+import "sync"
 
 // Unit is what a task counts.
 type Unit int
@@ -99,8 +96,6 @@ type RecordedTask struct {
 	States []State
 	Ended  bool
 	Err    error
-	// Start is when the task started.
-	Start time.Time
 
 	mu *sync.Mutex
 }
@@ -109,7 +104,7 @@ type RecordedTask struct {
 func (r *Recorder) Start(title string, unit Unit, total int64) Task {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := &RecordedTask{Title: title, Unit: unit, Total: total, Start: time.Now(), mu: &r.mu}
+	t := &RecordedTask{Title: title, Unit: unit, Total: total, mu: &r.mu}
 	r.Tasks = append(r.Tasks, t)
 	return t
 }
