@@ -42,7 +42,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			log := g.logger(cmd.ErrOrStderr())
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			scratch, err := os.MkdirTemp("", "sandboxd-bench-")
 			if err != nil {
 				return err
@@ -54,7 +54,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 			rep, err := bench.Run(ctx, bench.Options{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc, Platform: rf.platform,
 				Iterations: iterations, Concurrent: concurrent, LayerMiB: layerMiB,
-				Logger: log, Progress: g.tracker(cmd.ErrOrStderr(), log, rf.asJSON),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
@@ -99,11 +99,12 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			rep, err := bench.RunDensity(cmd.Context(), bench.DensityOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Max: maxN, ReserveBytes: int64(reserveMiB) << 20,
 				Limits: runtime.Limits{CPUs: 1, MemoryBytes: int64(memMiB) << 20, Pids: 512, DiskBytes: int64(diskMiB) << 20},
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), rf.asJSON),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
@@ -164,10 +165,11 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			if err := busybox.BuildRootfs(baseRootfs); err != nil {
 				return fmt.Errorf("build the busybox root filesystem: %w", err)
 			}
+			tracker, _ := g.progress(cmd.ErrOrStderr(), asJSON)
 			o := bench.TTIOptions{
 				Sandboxd: self, N: n, Burst: burst, Stagger: stagger, Think: think, SnapshotMiB: snapMB,
 				Rootfs: baseRootfs, RunscPath: runsc, Platform: platform,
-				StateDir: filepath.Join(scratch, "state"), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), asJSON),
+				StateDir: filepath.Join(scratch, "state"), Progress: tracker,
 			}
 			if useBusybox {
 				rootfs = baseRootfs
@@ -313,10 +315,11 @@ filesystem. Times are milliseconds (p50/p90). Needs root, runsc and the sandbox-
 			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			rep, err := bench.RunPause(cmd.Context(), bench.PauseOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Iterations: iterations, TouchMiB: touch, ForkCount: forkN,
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), rf.asJSON),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
@@ -435,10 +438,11 @@ Needs root, runsc and the sandbox-agent binary.`,
 			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			rep, err := bench.RunWorkloads(cmd.Context(), bench.WorkloadOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Runs: runs, Files: files,
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), rf.asJSON),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err

@@ -45,9 +45,9 @@ func newKernelBuildCmd(g *globals) *cobra.Command {
 		Short: "Build the guest kernel unless it is cached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := g.logger(cmd.ErrOrStderr())
+			tracker, log := g.progress(cmd.ErrOrStderr(), asJSON)
 			store := kernel.NewStore(g.cacheDir, log)
-			k, err := store.Build(cmd.Context(), opts, g.tracker(cmd.ErrOrStderr(), log, asJSON))
+			k, err := store.Build(cmd.Context(), opts, tracker)
 			if err != nil {
 				return err
 			}
@@ -137,8 +137,7 @@ milliseconds. It runs on a small busybox root filesystem unless --rootfs is give
 			}
 			opts.StateDir = filepath.Join(scratch, "state")
 			opts.CacheDir = g.cacheDir
-			opts.Logger = g.logger(cmd.ErrOrStderr())
-			opts.Progress = g.tracker(cmd.ErrOrStderr(), opts.Logger, asJSON)
+			opts.Progress, opts.Logger = g.progress(cmd.ErrOrStderr(), asJSON)
 			rep, err := bench.RunMicroVM(cmd.Context(), opts)
 			if err != nil {
 				return err

@@ -581,7 +581,7 @@ func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.L
 		return dir, "rootfs:" + dir, nil
 	}
 	log = log.With("component", "image")
-	img, err := image.NewStore(g.cacheDir, log).Ensure(ctx, o.template, g.tracker(os.Stderr, log, false))
+	img, err := image.NewStore(g.cacheDir, log).Ensure(ctx, o.template, g.tracker(os.Stderr, log))
 	if err != nil {
 		return "", "", fmt.Errorf("prepare image %s: %w", o.template, err)
 	}
@@ -665,7 +665,7 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir string, g *global
 		// probe VM boots on it, TCG (slow) otherwise. New sandboxes start
 		// from a memory snapshot of a booted template.
 		klog := log.With("component", "kernel")
-		if _, err := kernel.NewStore(cacheDir, klog).Ensure(ctx, g.tracker(os.Stderr, klog, false)); err != nil {
+		if _, err := kernel.NewStore(cacheDir, klog).Ensure(ctx, g.tracker(os.Stderr, klog)); err != nil {
 			return nil, fmt.Errorf("prepare the microVM guest kernel: %w", err)
 		}
 		rt, err := microvm.New(ctx, microvm.Options{

@@ -36,7 +36,7 @@ func uploadCommand(g *globals, c *apiClient, asJSON *bool) *cobra.Command {
 			if f := cmd.Flag("account"); f != nil && f.Changed {
 				return errors.New("upload acts for the key's own account: --account is not accepted")
 			}
-			tracker := g.tracker(cmd.ErrOrStderr(), g.logger(cmd.ErrOrStderr()), *asJSON)
+			tracker, _ := g.progress(cmd.ErrOrStderr(), *asJSON)
 			out, err := c.upload(cmd.Context(), args, dir, message, tracker)
 			if err != nil {
 				return err

@@ -25,20 +25,29 @@ type Options struct {
 	// Plain asks for log lines even on a terminal: set it when the
 	// command's output is for machines (--json, a JSON log format).
 	Plain bool
-	// Logger receives the lines.
-	Logger *slog.Logger
+	// NewLogger makes the command's logger, writing to the writer it is
+	// given; the lines go through it (nil: no lines).
+	NewLogger func(io.Writer) *slog.Logger
 	// Interval and Quiet are progress.Lines's.
 	Interval, Quiet time.Duration
 }
 
 // New returns the Tracker for a command that writes its progress to w
-// (its stderr): bars drawn on w when w is a terminal and o.Plain is not
-// set, else log lines through o.Logger.
-func New(w io.Writer, o Options) progress.Tracker {
-	if !o.Plain && IsTerminal(w) {
-		return &Bars{W: w, Quiet: o.Quiet}
+// (its stderr), and the logger for the rest of what it writes there: bars
+// drawn on w when w is a terminal and o.Plain is not set, with a logger
+// whose lines move the bar out of their way (Bars.Log); else log lines
+// through the logger, which writes to w.
+func New(w io.Writer, o Options) (progress.Tracker, *slog.Logger) {
+	newLogger := o.NewLogger
+	if newLogger == nil {
+		newLogger = func(io.Writer) *slog.Logger { return slog.New(slog.DiscardHandler) }
 	}
-	return &progress.Lines{Logger: o.Logger, Interval: o.Interval, Quiet: o.Quiet}
+	if !o.Plain && IsTerminal(w) {
+		b := &Bars{W: w, Quiet: o.Quiet}
+		return b, newLogger(b.Log())
+	}
+	log := newLogger(w)
+	return &progress.Lines{Logger: log, Interval: o.Interval, Quiet: o.Quiet}, log
 }
 
 // Terminal is implemented by writers that know whether they are a
@@ -72,6 +81,56 @@ type Bars struct {
 	Quiet time.Duration
 	// throttle is the shortest time between two draws (default 100 ms).
 	throttle time.Duration
+
+	mu     sync.Mutex
+	active []*barTask // the tasks not done, whose bars Log moves
+}
+
+// Log returns a writer for what else the command writes to W (its log):
+// each write clears the bars' line first and draws them again after, so
+// that a line never lands in the middle of a bar and the bar stays below
+// the last line.
+func (b *Bars) Log() io.Writer { return barLog{b} }
+
+type barLog struct{ b *Bars }
+
+func (l barLog) Write(p []byte) (int, error) {
+	b := l.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// The tasks stay locked from the clearing to the drawing, so that no
+	// draw of theirs comes between.
+	for _, t := range b.active {
+		t.mu.Lock()
+		if t.bar != nil && !t.ended {
+			_ = t.bar.Clear()
+		}
+	}
+	n, err := b.w().Write(p)
+	for _, t := range b.active {
+		if t.bar != nil && !t.ended {
+			t.draw()
+		}
+		t.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *Bars) add(t *barTask) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.active = append(b.active, t)
+}
+
+func (b *Bars) remove(t *barTask) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, a := range b.active {
+		if a == t {
+			b.active = append(b.active[:i], b.active[i+1:]...)
+			return
+		}
+	}
 }
 
 // Start begins a bar.
@@ -80,11 +139,12 @@ func (b *Bars) Start(title string, unit progress.Unit, total int64) progress.Tas
 	if throttle == 0 {
 		throttle = 100 * time.Millisecond
 	}
-	t := &barTask{w: b.w(), title: title, unit: unit, total: total, throttle: throttle,
+	t := &barTask{bars: b, w: b.w(), title: title, unit: unit, total: total, throttle: throttle,
 		quiet: b.Quiet, start: time.Now(), stop: make(chan struct{}), stopped: make(chan struct{})}
 	if t.quiet <= 0 {
 		t.open()
 	}
+	b.add(t)
 	go t.run()
 	return t
 }
@@ -97,6 +157,7 @@ func (b *Bars) w() io.Writer {
 }
 
 type barTask struct {
+	bars     *Bars
 	w        io.Writer
 	title    string
 	unit     progress.Unit
@@ -228,6 +289,7 @@ func (t *barTask) Done(err error) {
 	t.mu.Unlock()
 	close(t.stop)
 	<-t.stopped
+	t.bars.remove(t)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.bar == nil {

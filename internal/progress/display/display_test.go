@@ -3,6 +3,7 @@ package display
 import (
 	"bytes"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,16 +52,66 @@ func TestIsTerminal(t *testing.T) {
 	}
 }
 
+func textLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
 func TestNewChooses(t *testing.T) {
-	logger := slog.New(slog.DiscardHandler)
-	if _, ok := New(&fakeTTY{}, Options{Logger: logger}).(*Bars); !ok {
-		t.Error("a terminal gets no bars")
+	tty := &fakeTTY{}
+	tr, log := New(tty, Options{NewLogger: textLogger})
+	if _, ok := tr.(*Bars); !ok {
+		t.Errorf("a terminal gets %T, not bars", tr)
 	}
-	if _, ok := New(&fakeTTY{}, Options{Logger: logger, Plain: true}).(*progress.Lines); !ok {
-		t.Error("Plain (--json) on a terminal gets no lines")
+	log.Info("hello")
+	if !strings.Contains(tty.String(), "msg=hello") {
+		t.Errorf("the logger does not write to the terminal: %q", tty.String())
 	}
-	if _, ok := New(&bytes.Buffer{}, Options{Logger: logger}).(*progress.Lines); !ok {
-		t.Error("a pipe gets no lines")
+	tty = &fakeTTY{}
+	tr, log = New(tty, Options{NewLogger: textLogger, Plain: true})
+	if _, ok := tr.(*progress.Lines); !ok {
+		t.Errorf("Plain (--json) on a terminal gets %T, not lines", tr)
+	}
+	tr.Start("building", progress.Steps, 2).Done(nil)
+	log.Info("bye")
+	if out := tty.String(); !strings.Contains(out, `msg=building`) || !strings.Contains(out, "msg=bye") || strings.Contains(out, "\r") {
+		t.Errorf("lines: %q", out)
+	}
+	var buf bytes.Buffer
+	if tr, _ := New(&buf, Options{}); tr == nil {
+		t.Error("no tracker without a logger")
+	} else if _, ok := tr.(*progress.Lines); !ok {
+		t.Errorf("a pipe gets %T, not lines", tr)
+	}
+}
+
+// TestBarsLogKeepsLinesOffTheBar: a log line written while a bar shows
+// clears the bar's line first and the bar is drawn again after it.
+func TestBarsLogKeepsLinesOffTheBar(t *testing.T) {
+	tty := &fakeTTY{}
+	b := &Bars{W: tty, throttle: time.Nanosecond}
+	log := textLogger(b.Log())
+	task := b.Start("building image", progress.Percent, 100)
+	task.Update(progress.State{Step: "retrieve", Current: 20})
+	before := len(tty.String())
+	log.Info("a warning")
+	task.Done(nil)
+	out := tty.String()
+	i := strings.Index(out, "time=")
+	if i < before {
+		t.Fatalf("log line at %d, before the bar (%d bytes):\n%q", i, before, out)
+	}
+	// Just before the line: the bar's line cleared ("\r", spaces, "\r").
+	if cleared := strings.TrimSuffix(out[:i], "\r"); cleared == out[:i] || !strings.HasSuffix(strings.TrimRight(cleared, " "), "\r") {
+		t.Errorf("the bar was not cleared before the log line:\n%q", out[:i])
+	}
+	// After it: the bar again, then its end.
+	rest := out[i:]
+	nl := strings.Index(rest, "\n")
+	if after := rest[nl+1:]; !strings.Contains(after, "20%") || !strings.Contains(after, "building image: retrieve") || !strings.Contains(after, "done in") {
+		t.Errorf("the bar was not drawn again after the log line:\n%q", after)
+	}
+	// Once done, lines are written as they come.
+	log.Info("after")
+	if !strings.HasSuffix(tty.String(), "msg=after\n") {
+		t.Errorf("a line after the end: %q", tty.String())
 	}
 }
 
