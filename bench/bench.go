@@ -29,10 +29,30 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
+
+// phases shows a benchmark's phases as one task: the n-th of a known
+// number, by name.
+type phases struct {
+	task progress.Task
+	n    int64
+}
+
+func startPhases(t progress.Tracker, title string, total int) *phases {
+	return &phases{task: t.Start(title, progress.Steps, int64(total))}
+}
+
+// next starts the next phase.
+func (p *phases) next(name string) {
+	p.task.Update(progress.State{Step: name, Current: p.n})
+	p.n++
+}
+
+func (p *phases) done(err error) { p.task.Done(err) }
 
 // Options say what to measure and where.
 type Options struct {
@@ -46,17 +66,19 @@ type Options struct {
 	LayerMiB   int    // data changed before the snapshot (default 100)
 	Limits     runtime.Limits
 	Logger     *slog.Logger
-	// Progress, when set, gets one line per phase.
-	Progress io.Writer
+	// Progress, when set, is shown the phases.
+	Progress progress.Tracker
 }
 
-// Timing is a distribution in milliseconds.
+// Timing is a distribution in milliseconds. Samples, in the order they
+// were taken, are what the charts draw.
 type Timing struct {
-	N   int     `json:"n"`
-	P50 float64 `json:"p50_ms"`
-	P90 float64 `json:"p90_ms"`
-	Min float64 `json:"min_ms"`
-	Max float64 `json:"max_ms"`
+	N       int       `json:"n"`
+	P50     float64   `json:"p50_ms"`
+	P90     float64   `json:"p90_ms"`
+	Min     float64   `json:"min_ms"`
+	Max     float64   `json:"max_ms"`
+	Samples []float64 `json:"samples_ms,omitempty"`
 }
 
 func timing(ds []time.Duration) Timing {
@@ -64,7 +86,16 @@ func timing(ds []time.Duration) Timing {
 		return Timing{}
 	}
 	q := quantiles(ds)
-	return Timing{N: len(ds), P50: q(0.5), P90: q(0.9), Min: q(0), Max: q(1)}
+	return Timing{N: len(ds), P50: q(0.5), P90: q(0.9), Min: q(0), Max: q(1), Samples: samples(ds)}
+}
+
+// samples are ds in milliseconds, rounded as the quantiles are.
+func samples(ds []time.Duration) []float64 {
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = round(float64(d.Microseconds()) / 1000)
+	}
+	return ms
 }
 
 // quantiles sorts ds (not empty) and returns its quantile function, in
@@ -138,16 +169,14 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	o.Progress = progress.Or(o.Progress)
 	if o.Limits == (runtime.Limits{}) {
 		o.Limits = runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1 << 30}
 	}
 }
 
 // Run measures and cleans up after itself.
-func Run(ctx context.Context, o Options) (Report, error) {
+func Run(ctx context.Context, o Options) (_ Report, err error) {
 	o.defaults()
 	var rep Report
 	rep.Rootfs = o.Rootfs
@@ -168,8 +197,10 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		{"snapshot and restore", b.snapshot},
 		{"runsc run baseline", b.baseline},
 	}
+	ph := startPhases(o.Progress, "bench", len(steps))
+	defer func() { ph.done(err) }()
 	for _, s := range steps {
-		fmt.Fprintf(o.Progress, "bench: %s...\n", s.name)
+		ph.next(s.name)
 		if err := s.fn(ctx); err != nil {
 			return rep, fmt.Errorf("bench %s: %w", s.name, err)
 		}

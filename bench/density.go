@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -18,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
@@ -38,7 +38,7 @@ type DensityOptions struct {
 	ReserveBytes int64
 	Limits       runtime.Limits
 	Logger       *slog.Logger
-	Progress     io.Writer
+	Progress     progress.Tracker
 }
 
 // DensityReport is what RunDensity measured. Sizes are MiB.
@@ -57,6 +57,9 @@ type DensityReport struct {
 	StartAllMs      float64 `json:"start_all_ms"`
 	StartFirstTenth Timing  `json:"start_first_tenth"`
 	StartLastTenth  Timing  `json:"start_last_tenth"`
+	// Starts is each start in ms, in order: the n-th started with n-1
+	// sandboxes running.
+	Starts []float64 `json:"starts_ms,omitempty"`
 	// Per idle sandbox: RSS and PSS of sentry and gofer, the memory cgroup,
 	// the host's MemAvailable drop, and the data disk's blocks.
 	RSSMiB          float64 `json:"rss_mib_per_sandbox"`
@@ -83,7 +86,7 @@ type DensityReport struct {
 // RunDensity starts idle sandboxes one after another until Max, the memory
 // reserve, or a failed start, then measures what they hold, and destroys
 // them.
-func RunDensity(ctx context.Context, o DensityOptions) (DensityReport, error) {
+func RunDensity(ctx context.Context, o DensityOptions) (_ DensityReport, err error) {
 	if o.Max <= 0 {
 		o.Max = 200
 	}
@@ -93,9 +96,8 @@ func RunDensity(ctx context.Context, o DensityOptions) (DensityReport, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	task := progress.Or(o.Progress).Start("bench density", progress.Steps, int64(o.Max))
+	defer func() { task.Done(err) }()
 	if o.Limits == (runtime.Limits{}) {
 		// serve's defaults: memory is a ceiling, not a reservation.
 		o.Limits = runtime.Limits{CPUs: 1, MemoryBytes: 1 << 30, Pids: 512, DiskBytes: 4 << 30}
@@ -152,9 +154,7 @@ func RunDensity(ctx context.Context, o DensityOptions) (DensityReport, error) {
 		}
 		times = append(times, time.Since(t0))
 		sbs = append(sbs, sb)
-		if (i+1)%25 == 0 {
-			fmt.Fprintf(o.Progress, "density: %d sandboxes running (%.1f s)\n", i+1, time.Since(start).Seconds())
-		}
+		task.Update(progress.State{Step: "starting idle sandboxes", Current: int64(i + 1)})
 	}
 	rep.StartAllMs = ms(time.Since(start))
 	rep.Started = len(sbs)
@@ -163,8 +163,10 @@ func RunDensity(ctx context.Context, o DensityOptions) (DensityReport, error) {
 	}
 	tenth := max(1, len(times)/10)
 	rep.StartFirstTenth, rep.StartLastTenth = timing(times[:tenth]), timing(times[len(times)-tenth:])
+	rep.Starts = samples(times)
 
 	// Idle: let the sentries settle after boot, then read what they hold.
+	task.Update(progress.State{Step: "measuring them idle", Current: int64(len(sbs))})
 	time.Sleep(5 * time.Second)
 	runscRoot := filepath.Join(stateDir, "runsc")
 	cpu0, t0 := processCPU(runscRoot), time.Now()

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/microvm"
 )
@@ -27,7 +27,7 @@ type MicroVMOptions struct {
 	Iterations int    // samples per timing (default 5: TCG boots take seconds)
 	Limits     runtime.Limits
 	Logger     *slog.Logger
-	Progress   io.Writer
+	Progress   progress.Tracker
 }
 
 // MicroVMReport is what RunMicroVM measured: the microVM backend's start
@@ -53,16 +53,15 @@ type MicroVMReport struct {
 }
 
 // RunMicroVM measures the microVM backend and cleans up after itself.
-func RunMicroVM(ctx context.Context, o MicroVMOptions) (MicroVMReport, error) {
+func RunMicroVM(ctx context.Context, o MicroVMOptions) (_ MicroVMReport, err error) {
 	if o.Iterations <= 0 {
 		o.Iterations = 5
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	ph := startPhases(progress.Or(o.Progress), "kernel bench", 3)
+	defer func() { ph.done(err) }()
 	if o.Limits == (runtime.Limits{}) {
 		o.Limits = runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 1024, DiskBytes: 1 << 30}
 	}
@@ -71,7 +70,7 @@ func RunMicroVM(ctx context.Context, o MicroVMOptions) (MicroVMReport, error) {
 		return rep, err
 	}
 	defer os.RemoveAll(o.StateDir)
-	fmt.Fprintln(o.Progress, "bench microvm: probing the accelerator and building the template...")
+	ph.next("probing the accelerator and building the template")
 	rt, err := microvm.New(ctx, microvm.Options{
 		StateDir: filepath.Join(o.StateDir, "state"), AgentPath: o.AgentPath, KernelPath: o.KernelPath,
 		CacheDir: o.CacheDir, Accel: o.Accel, DefaultLimits: o.Limits, Logger: o.Logger,
@@ -105,7 +104,7 @@ func RunMicroVM(ctx context.Context, o MicroVMOptions) (MicroVMReport, error) {
 		return sb, time.Since(t0), err
 	}
 	var cold, restore, execs, pause, resume []time.Duration
-	fmt.Fprintln(o.Progress, "bench microvm: cold boots and template restores...")
+	ph.next("cold boots and template restores")
 	for range o.Iterations {
 		for _, hostname := range []string{"cold", ""} {
 			sb, d, err := create(hostname)
@@ -127,7 +126,7 @@ func RunMicroVM(ctx context.Context, o MicroVMOptions) (MicroVMReport, error) {
 	}
 	rep.ColdBoot, rep.TemplateRestore = timing(cold), timing(restore)
 
-	fmt.Fprintln(o.Progress, "bench microvm: exec, memory, pause and resume...")
+	ph.next("exec, memory, pause, resume and fork")
 	sb, _, err := create("")
 	if err != nil {
 		return rep, err

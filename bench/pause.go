@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
@@ -22,7 +22,7 @@ type PauseOptions struct {
 	TouchMiB                                         int // random bytes a "touched" sandbox holds in memory (default 256)
 	ForkCount                                        int // children per fork (default 5)
 	Logger                                           *slog.Logger
-	Progress                                         io.Writer
+	Progress                                         progress.Tracker
 }
 
 // PauseReport is what RunPause measured on the gVisor backend: pause and
@@ -52,7 +52,7 @@ type PauseReport struct {
 }
 
 // RunPause measures and cleans up after itself.
-func RunPause(ctx context.Context, o PauseOptions) (PauseReport, error) {
+func RunPause(ctx context.Context, o PauseOptions) (_ PauseReport, err error) {
 	if o.Iterations <= 0 {
 		o.Iterations = 5
 	}
@@ -62,9 +62,8 @@ func RunPause(ctx context.Context, o PauseOptions) (PauseReport, error) {
 	if o.ForkCount <= 0 {
 		o.ForkCount = 5
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	ph := startPhases(progress.Or(o.Progress), "bench pause", 3)
+	defer func() { ph.done(err) }()
 	rep := PauseReport{CPUs: goruntime.NumCPU(), TouchMiB: o.TouchMiB, ForkCount: o.ForkCount}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return rep, err
@@ -91,12 +90,12 @@ func RunPause(ctx context.Context, o PauseOptions) (PauseReport, error) {
 		{"idle", "true", &rep.PauseIdle, &rep.ResumeIdle, &rep.ForkIdle},
 		{fmt.Sprintf("%d MiB touched", o.TouchMiB), touch, &rep.PauseTouched, &rep.ResumeTouched, &rep.ForkTouched},
 	} {
-		fmt.Fprintf(o.Progress, "bench: pause, resume and fork of %d, %s...\n", o.ForkCount, c.name)
+		ph.next(fmt.Sprintf("pause, resume and fork of %d, %s", o.ForkCount, c.name))
 		if err := b.pauseAndFork(ctx, rt, c.setup, o.ForkCount, c.pause, c.resume, c.fork); err != nil {
 			return rep, fmt.Errorf("bench pause (%s): %w", c.name, err)
 		}
 	}
-	fmt.Fprintln(o.Progress, "bench: runsc checkpoint and restore baseline...")
+	ph.next("runsc checkpoint and restore baseline")
 	if err := b.checkpointBaseline(ctx, &rep); err != nil {
 		return rep, fmt.Errorf("bench runsc checkpoint baseline: %w", err)
 	}

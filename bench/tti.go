@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
 
@@ -46,7 +47,7 @@ type TTIOptions struct {
 	// its health answer); RunscPath empty means gvisor.DefaultRunsc.
 	Rootfs, RunscPath, Platform string
 	StateDir                    string // scratch; created and removed
-	Progress                    io.Writer
+	Progress                    progress.Tracker
 }
 
 // Latency is a distribution of successful samples in milliseconds, and
@@ -60,6 +61,8 @@ type Latency struct {
 	P99         float64 `json:"p99_ms"`
 	Min         float64 `json:"min_ms"`
 	Max         float64 `json:"max_ms"`
+	// Samples are the successful samples, in the order they were taken.
+	Samples []float64 `json:"samples_ms,omitempty"`
 }
 
 func latency(ds []time.Duration, n int) Latency {
@@ -72,6 +75,7 @@ func latency(ds []time.Duration, n int) Latency {
 	}
 	q := quantiles(ds)
 	l.P50, l.P95, l.P99, l.Min, l.Max = q(0.5), q(0.95), q(0.99), q(0), q(1)
+	l.Samples = samples(ds)
 	return l
 }
 
@@ -99,7 +103,7 @@ type TTIReport struct {
 // RunTTI runs the time-to-interactive benchmark: a server of its own, a
 // fresh account and one with a snapshot, each in the three modes, then the
 // bare runtime's baseline in the same run.
-func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
+func RunTTI(ctx context.Context, o TTIOptions) (_ TTIReport, err error) {
 	if o.N <= 0 {
 		o.N = 10
 	}
@@ -118,9 +122,9 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 	if len(o.Command) == 0 {
 		o.Command = []string{"echo", "ok"}
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	// The snapshot, seven modes and the baseline.
+	ph := startPhases(progress.Or(o.Progress), "bench tti", 9)
+	defer func() { ph.done(err) }()
 	rep := TTIReport{Command: o.Command}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return rep, err
@@ -145,7 +149,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 		}
 		accounts[name] = key
 	}
-	fmt.Fprintf(o.Progress, "tti: giving the snapshot account a snapshot (%d MiB changed)...\n", o.SnapshotMiB)
+	ph.next(fmt.Sprintf("giving the snapshot account a snapshot (%d MiB changed)", o.SnapshotMiB))
 	if err := srv.snapshot(ctx, accounts["snapshot"], o.SnapshotMiB); err != nil {
 		return rep, err
 	}
@@ -155,7 +159,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 			modes = append(modes, "after-run")
 		}
 		for _, mode := range modes {
-			fmt.Fprintf(o.Progress, "tti: %s account, %s...\n", account, mode)
+			ph.next(account + " account, " + mode)
 			if account == "fresh" {
 				// A fresh account every time: the first sandbox of an
 				// account is what is measured, not its tenth.
@@ -168,7 +172,7 @@ func RunTTI(ctx context.Context, o TTIOptions) (TTIReport, error) {
 			rep.Results = append(rep.Results, srv.mode(ctx, accounts[account], account, mode, o))
 		}
 	}
-	fmt.Fprintln(o.Progress, "tti: bare runsc run --detach + runsc exec...")
+	ph.next("bare runsc run --detach + runsc exec")
 	if rep.Baseline, rep.BaselineRun, err = ttiBaseline(ctx, o); err != nil {
 		return rep, err
 	}

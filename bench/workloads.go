@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
@@ -29,7 +30,7 @@ type WorkloadOptions struct {
 	Runs      int    // timed runs of each workload (default 5), after one untimed
 	Files     int    // files in the git repository (default 10,000)
 	Logger    *slog.Logger
-	Progress  io.Writer
+	Progress  progress.Tracker
 }
 
 // WorkloadReport is what RunWorkloads measured, in milliseconds timed
@@ -129,7 +130,7 @@ done
 `
 
 // RunWorkloads starts one sandbox of o.Rootfs and runs the workloads in it.
-func RunWorkloads(ctx context.Context, o WorkloadOptions) (WorkloadReport, error) {
+func RunWorkloads(ctx context.Context, o WorkloadOptions) (_ WorkloadReport, err error) {
 	if o.Runs <= 0 {
 		o.Runs = 5
 	}
@@ -139,9 +140,8 @@ func RunWorkloads(ctx context.Context, o WorkloadOptions) (WorkloadReport, error
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
+	ph := startPhases(progress.Or(o.Progress), "bench workloads", 2)
+	defer func() { ph.done(err) }()
 	rep := WorkloadReport{Rootfs: o.Rootfs, Files: o.Files, Results: map[string]Timing{}}
 	if o.Rootfs == "" {
 		return rep, fmt.Errorf("workloads need the full image's root filesystem (--rootfs)")
@@ -165,7 +165,7 @@ func RunWorkloads(ctx context.Context, o WorkloadOptions) (WorkloadReport, error
 		return rep, err
 	}
 	defer sb.Destroy(context.WithoutCancel(ctx))
-	fmt.Fprintf(o.Progress, "workloads: setup and %d runs on %s, %s...\n", o.Runs, rep.Platform, rep.Runsc)
+	ph.next(fmt.Sprintf("setup (%d files, npm packages) on %s", o.Files, rep.Platform))
 	pr, pw := io.Pipe()
 	var stderr strings.Builder
 	start := time.Now()
@@ -189,7 +189,7 @@ func RunWorkloads(ctx context.Context, o WorkloadOptions) (WorkloadReport, error
 		switch {
 		case len(f) == 1 && f[0] == "setup-done":
 			rep.SetupMs = ms(time.Since(start))
-			fmt.Fprintf(o.Progress, "workloads: setup took %.1f s\n", rep.SetupMs/1000)
+			ph.next(fmt.Sprintf("%d runs of each workload (setup took %.1f s)", o.Runs, rep.SetupMs/1000))
 		case len(f) == 2 && f[0] == "packages":
 			rep.Packages, _ = strconv.Atoi(f[1])
 		case len(f) == 3 && f[0] == "time":

@@ -42,7 +42,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			log := g.logger(cmd.ErrOrStderr())
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			scratch, err := os.MkdirTemp("", "sandboxd-bench-")
 			if err != nil {
 				return err
@@ -54,12 +54,12 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 			rep, err := bench.Run(ctx, bench.Options{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc, Platform: rf.platform,
 				Iterations: iterations, Concurrent: concurrent, LayerMiB: layerMiB,
-				Logger: log, Progress: cmd.ErrOrStderr(),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printReport)
+			return emitCharted(cmd, rf, rep, printReport)
 		},
 	}
 	f := cmd.Flags()
@@ -99,16 +99,17 @@ then destroys them. Needs root, runsc and the sandbox-agent binary.`,
 			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			rep, err := bench.RunDensity(cmd.Context(), bench.DensityOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Max: maxN, ReserveBytes: int64(reserveMiB) << 20,
 				Limits: runtime.Limits{CPUs: 1, MemoryBytes: int64(memMiB) << 20, Pids: 512, DiskBytes: int64(diskMiB) << 20},
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printDensity)
+			return emitCharted(cmd, rf, rep, printDensity)
 		},
 	}
 	f := cmd.Flags()
@@ -126,6 +127,7 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 	var (
 		asJSON           bool
 		chart, rootfs    string
+		charts           string
 		template, runsc  string
 		platform         string
 		n, burst, snapMB int
@@ -163,10 +165,11 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			if err := busybox.BuildRootfs(baseRootfs); err != nil {
 				return fmt.Errorf("build the busybox root filesystem: %w", err)
 			}
+			tracker, _ := g.progress(cmd.ErrOrStderr(), asJSON)
 			o := bench.TTIOptions{
 				Sandboxd: self, N: n, Burst: burst, Stagger: stagger, Think: think, SnapshotMiB: snapMB,
 				Rootfs: baseRootfs, RunscPath: runsc, Platform: platform,
-				StateDir: filepath.Join(scratch, "state"), Progress: cmd.ErrOrStderr(),
+				StateDir: filepath.Join(scratch, "state"), Progress: tracker,
 			}
 			if useBusybox {
 				rootfs = baseRootfs
@@ -203,12 +206,16 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 					return err
 				}
 			}
-			return emit(cmd.OutOrStdout(), asJSON, rep, printTTI)
+			if err := emit(cmd.OutOrStdout(), asJSON, rep, printTTI); err != nil {
+				return err
+			}
+			return writeCharts(cmd.ErrOrStderr(), charts, rep)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.StringVar(&chart, "chart", "", "also draw the figures as an SVG chart into this file")
+	f.StringVar(&chart, "chart", "", "also draw p50, p95 and p99 as one SVG bar chart into this file")
+	f.StringVar(&charts, "charts", "", chartsUsage)
 	f.StringVar(&rootfs, "rootfs", "", "serve this root filesystem (first command: echo ok) instead of a template")
 	f.StringVar(&template, "template", "full", "image template to serve (first command: node -v)")
 	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
@@ -308,15 +315,16 @@ filesystem. Times are milliseconds (p50/p90). Needs root, runsc and the sandbox-
 			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			rep, err := bench.RunPause(cmd.Context(), bench.PauseOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Iterations: iterations, TouchMiB: touch, ForkCount: forkN,
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printPause)
+			return emitCharted(cmd, rf, rep, printPause)
 		},
 	}
 	f := cmd.Flags()
@@ -361,6 +369,34 @@ func benchInputs(scratch string, rootfs, agent *string) error {
 	return nil
 }
 
+// chartsUsage says what --charts does.
+const chartsUsage = "also draw the figures as SVG charts into this directory (latency distributions, the bare runtime's beside sandboxd's)"
+
+// charter is a report that has charts.
+type charter interface{ Charts() []bench.Chart }
+
+// writeCharts draws a report's charts into dir, when set, and names the
+// files on w (stderr: stdout has the figures).
+func writeCharts(w io.Writer, dir string, rep charter) error {
+	if dir == "" {
+		return nil
+	}
+	paths, err := bench.WriteCharts(dir, rep.Charts())
+	for _, p := range paths {
+		fmt.Fprintln(w, "chart:", p)
+	}
+	return err
+}
+
+// emitCharted prints a report as --json asks, then draws its --charts:
+// the figures are printed even when a chart cannot be written.
+func emitCharted[R charter](cmd *cobra.Command, rf runtimeBenchFlags, rep R, print func(io.Writer, R)) error {
+	if err := emit(cmd.OutOrStdout(), rf.asJSON, rep, print); err != nil {
+		return err
+	}
+	return writeCharts(cmd.ErrOrStderr(), rf.charts, rep)
+}
+
 // emit writes a benchmark's report as indented JSON, or as print renders it.
 func emit[R any](w io.Writer, asJSON bool, rep R, print func(io.Writer, R)) error {
 	if asJSON {
@@ -402,15 +438,16 @@ Needs root, runsc and the sandbox-agent binary.`,
 			if err := benchInputs(scratch, &rf.rootfs, &rf.agent); err != nil {
 				return err
 			}
+			tracker, log := g.progress(cmd.ErrOrStderr(), rf.asJSON)
 			rep, err := bench.RunWorkloads(cmd.Context(), bench.WorkloadOptions{
 				Rootfs: rf.rootfs, StateDir: filepath.Join(scratch, "state"), AgentPath: rf.agent, RunscPath: rf.runsc,
 				Platform: rf.platform, Runs: runs, Files: files,
-				Logger: g.logger(cmd.ErrOrStderr()), Progress: cmd.ErrOrStderr(),
+				Logger: log, Progress: tracker,
 			})
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), rf.asJSON, rep, printWorkloads)
+			return emitCharted(cmd, rf, rep, printWorkloads)
 		},
 	}
 	f := cmd.Flags()
@@ -440,6 +477,7 @@ func printWorkloads(w io.Writer, rep bench.WorkloadReport) {
 type runtimeBenchFlags struct {
 	asJSON                         bool
 	rootfs, agent, runsc, platform string
+	charts                         string
 }
 
 // register adds the flags to f; rootfsUsage says what --rootfs is for.
@@ -449,4 +487,5 @@ func (r *runtimeBenchFlags) register(f *pflag.FlagSet, rootfsUsage string) {
 	f.StringVar(&r.agent, "agent", "", "sandbox-agent binary (default: next to sandboxd, then PATH)")
 	f.StringVar(&r.runsc, "runsc", "", "runsc binary (default: the one serve chooses)")
 	f.StringVar(&r.platform, "gvisor-platform", "", "gVisor platform (default: probed, as serve)")
+	f.StringVar(&r.charts, "charts", "", chartsUsage)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // apiClient is the CLI's HTTP client for a running sandboxd.
@@ -63,20 +64,24 @@ func (c *apiClient) do(ctx context.Context, method, path string, body, out any) 
 }
 
 func (c *apiClient) send(ctx context.Context, method, path string, body any, accept string) (*http.Response, error) {
-	var rd io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		rd = bytes.NewReader(data)
+	if body == nil {
+		return c.sendBody(ctx, method, path, "", nil, accept)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.url, "/")+path, rd)
+	data, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	return c.sendBody(ctx, method, path, "application/json", bytes.NewReader(data), accept)
+}
+
+// sendBody sends a request whose body (nil: none) is of contentType.
+func (c *apiClient) sendBody(ctx context.Context, method, path, contentType string, body io.Reader, accept string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.url, "/")+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", accept)
 	req.Header.Set("x-api-key", c.key)
@@ -85,6 +90,15 @@ func (c *apiClient) send(ctx context.Context, method, path string, body any, acc
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	return resp, nil
+}
+
+// doWait is do for a call that may take a while (a create from a large
+// snapshot, a fork, a resume): tracker shows the wait when it is long.
+func (c *apiClient) doWait(ctx context.Context, tracker progress.Tracker, title, method, path string, body, out any) error {
+	task := tracker.Start(title, progress.Steps, 0)
+	err := c.do(ctx, method, path, body, out)
+	task.Done(err)
+	return err
 }
 
 // newAPIHTTPClient returns the client the CLI talks to the API with. Go's
@@ -123,7 +137,8 @@ func printSandboxes(w io.Writer, sbs []api.Sandbox) error {
 }
 
 // newSandboxCmd is the API client: `sandboxd sandbox create|ls|exec|stop`.
-func newSandboxCmd() *cobra.Command {
+// g gives the log format its progress lines follow.
+func newSandboxCmd(g *globals) *cobra.Command {
 	c := &apiClient{http: newAPIHTTPClient()}
 	var asJSON bool
 	var account string
@@ -163,7 +178,8 @@ func newSandboxCmd() *cobra.Command {
 				body.Network = &p
 			}
 			var out api.SandboxesResponse
-			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes", body, &out); err != nil {
+			waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
+			if err := c.doWait(cmd.Context(), waits, "creating a sandbox", http.MethodPost, "/api/sandboxes", body, &out); err != nil {
 				return err
 			}
 			if asJSON {
@@ -231,8 +247,8 @@ func newSandboxCmd() *cobra.Command {
 	exec.Flags().StringVar(&cwd, "cwd", "", "working directory")
 
 	// act is a command that POSTs to /api/sandboxes/ID/VERB and prints
-	// the sandbox it answers.
-	act := func(verb, short string) *cobra.Command {
+	// the sandbox it answers; doing names the wait ("pausing").
+	act := func(verb, doing, short string) *cobra.Command {
 		return &cobra.Command{
 			Use:   verb + " SANDBOX_ID",
 			Short: short,
@@ -240,16 +256,17 @@ func newSandboxCmd() *cobra.Command {
 			RunE: func(cmd *cobra.Command, args []string) error {
 				body := api.AccountRequest{AccountID: account}
 				var out api.SandboxResponse
-				if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/"+verb, body, &out); err != nil {
+				waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
+				if err := c.doWait(cmd.Context(), waits, doing+" "+args[0], http.MethodPost, "/api/sandboxes/"+args[0]+"/"+verb, body, &out); err != nil {
 					return err
 				}
 				return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 			},
 		}
 	}
-	stop := act("stop", "Stop a sandbox")
-	pause := act("pause", "Pause a running sandbox with its memory: it stops running and its timeout stops")
-	resume := act("resume", "Resume a paused sandbox where it was")
+	stop := act("stop", "stopping", "Stop a sandbox")
+	pause := act("pause", "pausing", "Pause a running sandbox with its memory: it stops running and its timeout stops")
+	resume := act("resume", "resuming", "Resume a paused sandbox where it was")
 	var count int
 	fork := &cobra.Command{
 		Use:   "fork SANDBOX_ID",
@@ -260,7 +277,8 @@ func newSandboxCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := api.ForkRequest{Count: count, Timeout: timeout.Milliseconds(), AccountID: account}
 			var out api.SandboxesResponse
-			if err := c.do(cmd.Context(), http.MethodPost, "/api/sandboxes/"+args[0]+"/fork", body, &out); err != nil {
+			waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
+			if err := c.doWait(cmd.Context(), waits, fmt.Sprintf("forking %s (%d)", args[0], count), http.MethodPost, "/api/sandboxes/"+args[0]+"/fork", body, &out); err != nil {
 				return err
 			}
 			if asJSON {
@@ -290,7 +308,7 @@ func newSandboxCmd() *cobra.Command {
 			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 		},
 	}
-	cmd.AddCommand(create, ls, exec, stop, pause, resume, fork, setNetwork)
+	cmd.AddCommand(create, ls, exec, stop, pause, resume, fork, setNetwork, uploadCommand(g, c, &asJSON))
 	cmd.AddCommand(processCommands(c, &account, &asJSON)...)
 	cmd.AddCommand(connectCommand(c, &account))
 	return cmd

@@ -81,7 +81,7 @@ func TestClientOutput(t *testing.T) {
 		{"stop-error", []string{"stop", "sbx_gone"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := newSandboxCmd()
+			cmd := newSandboxCmd(&globals{})
 			var stdout, stderr bytes.Buffer
 			cmd.SetOut(&stdout)
 			cmd.SetErr(&stderr)

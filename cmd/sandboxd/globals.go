@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -23,6 +24,9 @@ type globals struct {
 	cacheDir  string
 	logFormat string
 	logLevel  string
+
+	// waitQuiet replaces apiWaitQuiet in tests.
+	waitQuiet time.Duration
 }
 
 func (g *globals) register(root *cobra.Command) {

@@ -43,8 +43,9 @@ func newImageBuildCmd(g *globals) *cobra.Command {
 			"and network access to a Debian mirror (by default the host's APT mirror).\n\nTemplates:\n" + imageTemplateHelp(),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store := image.NewStore(g.cacheDir, g.logger(cmd.ErrOrStderr()))
-			img, err := store.Build(cmd.Context(), template, opts, cmd.ErrOrStderr())
+			tracker, log := g.progress(cmd.ErrOrStderr(), asJSON)
+			store := image.NewStore(g.cacheDir, log)
+			img, err := store.Build(cmd.Context(), template, opts, tracker)
 			if err != nil {
 				return err
 			}

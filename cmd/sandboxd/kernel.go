@@ -45,8 +45,9 @@ func newKernelBuildCmd(g *globals) *cobra.Command {
 		Short: "Build the guest kernel unless it is cached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store := kernel.NewStore(g.cacheDir, g.logger(cmd.ErrOrStderr()))
-			k, err := store.Build(cmd.Context(), opts, cmd.ErrOrStderr())
+			tracker, log := g.progress(cmd.ErrOrStderr(), asJSON)
+			store := kernel.NewStore(g.cacheDir, log)
+			k, err := store.Build(cmd.Context(), opts, tracker)
 			if err != nil {
 				return err
 			}
@@ -105,6 +106,7 @@ func newKernelLsCmd(g *globals) *cobra.Command {
 func newKernelBenchCmd(g *globals) *cobra.Command {
 	var (
 		asJSON bool
+		charts string
 		opts   bench.MicroVMOptions
 	)
 	cmd := &cobra.Command{
@@ -135,19 +137,15 @@ milliseconds. It runs on a small busybox root filesystem unless --rootfs is give
 			}
 			opts.StateDir = filepath.Join(scratch, "state")
 			opts.CacheDir = g.cacheDir
-			opts.Logger = g.logger(cmd.ErrOrStderr())
-			opts.Progress = cmd.ErrOrStderr()
+			opts.Progress, opts.Logger = g.progress(cmd.ErrOrStderr(), asJSON)
 			rep, err := bench.RunMicroVM(cmd.Context(), opts)
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+			if err := emit(cmd.OutOrStdout(), asJSON, rep, printMicroVMReport); err != nil {
+				return err
 			}
-			printMicroVMReport(cmd.OutOrStdout(), rep)
-			return nil
+			return writeCharts(cmd.ErrOrStderr(), charts, rep)
 		},
 	}
 	f := cmd.Flags()
@@ -157,6 +155,7 @@ milliseconds. It runs on a small busybox root filesystem unless --rootfs is give
 	f.StringVar(&opts.KernelPath, "kernel", "", "guest vmlinux (default: the cached kernel)")
 	f.StringVar(&opts.Accel, "accel", "", "kvm or tcg (default: probe)")
 	f.IntVar(&opts.Iterations, "iterations", 5, "samples per timing")
+	f.StringVar(&charts, "charts", "", chartsUsage)
 	return cmd
 }
 

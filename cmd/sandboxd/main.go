@@ -43,7 +43,7 @@ func newRootCmd() *cobra.Command {
 		newAdminCmd(g),
 		newImageCmd(g),
 		newVersionCmd(),
-		newSandboxCmd(),
+		newSandboxCmd(g),
 		newBenchCmd(g),
 		newKernelCmd(g),
 		newMCPCmd(),

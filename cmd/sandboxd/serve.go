@@ -244,7 +244,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 	limits := runtime.Limits{CPUs: o.cpus, MemoryBytes: o.memoryMiB << 20, Pids: o.pids, DiskBytes: o.diskMiB << 20}
 	homeMetrics := homegate.NewMetrics()
-	rt, err := openRuntime(ctx, o, dataDir, g.cacheDir, baseDir, baseID, limits, homeMetrics, log)
+	rt, err := openRuntime(ctx, o, dataDir, g, baseDir, baseID, limits, homeMetrics, log)
 	if err != nil {
 		return err
 	}
@@ -580,8 +580,8 @@ func resolveRootfs(ctx context.Context, g *globals, o *serveOptions, log *slog.L
 		}
 		return dir, "rootfs:" + dir, nil
 	}
-	images := image.NewStore(g.cacheDir, log.With("component", "image"))
-	img, err := images.Ensure(ctx, o.template, os.Stderr)
+	log = log.With("component", "image")
+	img, err := image.NewStore(g.cacheDir, log).Ensure(ctx, o.template, g.tracker(os.Stderr, log))
 	if err != nil {
 		return "", "", fmt.Errorf("prepare image %s: %w", o.template, err)
 	}
@@ -636,7 +636,8 @@ func describeRuntime(rt runtime.Runtime) string {
 }
 
 // openRuntime starts the chosen sandbox backend.
-func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDir, baseID string, limits runtime.Limits, homeMetrics *homegate.Metrics, log *slog.Logger) (runtime.Runtime, error) {
+func openRuntime(ctx context.Context, o *serveOptions, dataDir string, g *globals, baseDir, baseID string, limits runtime.Limits, homeMetrics *homegate.Metrics, log *slog.Logger) (runtime.Runtime, error) {
+	cacheDir := g.cacheDir
 	switch o.runtimeName {
 	case "gvisor":
 		rt, err := gvisor.New(ctx, gvisor.Options{
@@ -663,7 +664,8 @@ func openRuntime(ctx context.Context, o *serveOptions, dataDir, cacheDir, baseDi
 		// now (with the same progress) when the cache lacks it; KVM when a
 		// probe VM boots on it, TCG (slow) otherwise. New sandboxes start
 		// from a memory snapshot of a booted template.
-		if _, err := kernel.NewStore(cacheDir, log.With("component", "kernel")).Ensure(ctx, os.Stderr); err != nil {
+		klog := log.With("component", "kernel")
+		if _, err := kernel.NewStore(cacheDir, klog).Ensure(ctx, g.tracker(os.Stderr, klog)); err != nil {
 			return nil, fmt.Errorf("prepare the microVM guest kernel: %w", err)
 		}
 		rt, err := microvm.New(ctx, microvm.Options{

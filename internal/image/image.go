@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"math"
@@ -36,6 +35,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/flock"
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // Image is a finished root filesystem in the cache.
@@ -118,16 +118,16 @@ func newStore(cacheDir string, logger *slog.Logger, b builder, templates []Templ
 func (s *Store) Dir() string { return s.dir }
 
 // Ensure returns the image of template, building it (and its parents) if
-// the cache does not have it. progress is where a progress bar is drawn if it
-// is a terminal; otherwise progress goes to the store's logger.
-func (s *Store) Ensure(ctx context.Context, template string, progress io.Writer) (*Image, error) {
-	return s.Build(ctx, template, BuildOptions{}, progress)
+// the cache does not have it. A build reports its progress to tracker (nil:
+// nowhere).
+func (s *Store) Ensure(ctx context.Context, template string, tracker progress.Tracker) (*Image, error) {
+	return s.Build(ctx, template, BuildOptions{}, tracker)
 }
 
 // Build builds the image of template unless the cache already has it (or
 // opts.Force is set) and returns it. Concurrent builds of the same image, in
 // this process or another, wait for the first one and then reuse its result.
-func (s *Store) Build(ctx context.Context, template string, opts BuildOptions, progress io.Writer) (*Image, error) {
+func (s *Store) Build(ctx context.Context, template string, opts BuildOptions, tracker progress.Tracker) (*Image, error) {
 	t, key, err := s.resolve(template)
 	if err != nil {
 		return nil, err
@@ -144,7 +144,7 @@ func (s *Store) Build(ctx context.Context, template string, opts BuildOptions, p
 	if t.Parent != "" {
 		// The parent is built under its own lock, before this one is
 		// taken, so locks are never held while waiting on another.
-		parent, err = s.Build(ctx, t.Parent, BuildOptions{Mirror: opts.Mirror}, progress)
+		parent, err = s.Build(ctx, t.Parent, BuildOptions{Mirror: opts.Mirror}, tracker)
 		if err != nil {
 			return nil, fmt.Errorf("build parent of %s: %w", id, err)
 		}
@@ -166,12 +166,12 @@ func (s *Store) Build(ctx context.Context, template string, opts BuildOptions, p
 	if err := s.removeLeftovers(id); err != nil {
 		return nil, err
 	}
-	return s.buildLocked(ctx, t, key, id, parent, opts, progress)
+	return s.buildLocked(ctx, t, key, id, parent, opts, tracker)
 }
 
 // buildLocked builds the image into a temporary directory and publishes it.
 // The caller holds the image's lock.
-func (s *Store) buildLocked(ctx context.Context, t Template, key, id string, parent *Image, opts BuildOptions, progress io.Writer) (*Image, error) {
+func (s *Store) buildLocked(ctx context.Context, t Template, key, id string, parent *Image, opts BuildOptions, tracker progress.Tracker) (*Image, error) {
 	var mirrors Mirrors
 	switch {
 	case parent != nil:
@@ -213,17 +213,17 @@ func (s *Store) buildLocked(ctx context.Context, t Template, key, id string, par
 
 	start := time.Now()
 	s.logger.Info("building image", "image", id, "template", t.Name, "mirror", mirrors.Main, "security_mirror", mirrors.Security)
-	rep := newReporter(progress, s.logger, id)
+	task := progress.Or(tracker).Start("building image "+id, progress.Percent, 100)
 	req := buildRequest{
 		Template:         t,
 		Rootfs:           rootfs,
 		Parent:           parent,
 		Mirrors:          mirrors,
 		ExpectedPackages: s.expectedPackages(t.Name),
-		Report:           rep.report,
+		Report:           func(ev Event) { task.Update(ev.state()) },
 	}
 	err = s.builder.build(ctx, req)
-	rep.close(err)
+	task.Done(err)
 	if err != nil {
 		return nil, fmt.Errorf("build image %s: %w", id, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // These tests build real images with debootstrap: they need root and network
@@ -74,7 +75,7 @@ func TestIntegrationMinimal(t *testing.T) {
 	s, logs := integrationStore(t, "SANDBOXD_TEST_IMAGES")
 	ctx := context.Background()
 	start := time.Now()
-	img, err := s.Ensure(ctx, "minimal", &bytes.Buffer{})
+	img, err := s.Ensure(ctx, "minimal", &progress.Lines{Logger: s.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestIntegrationMinimal(t *testing.T) {
 	// Progress went to the log as structured lines with the stages of
 	// debootstrap and apt (when this call built it, not a kept cache).
 	if !img.CreatedAt.Before(start.Truncate(time.Second)) {
-		for _, want := range []string{"stage=retrieve", "stage=unpack", "stage=configure", "stage=download", "stage=finalize", "percent=", "elapsed="} {
+		for _, want := range []string{"step=retrieve", "step=unpack", "step=configure", "step=download", "step=finalize", "percent=", "elapsed="} {
 			if !strings.Contains(logs.String(), want) {
 				t.Errorf("build log lacks %s", want)
 			}

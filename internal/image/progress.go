@@ -2,15 +2,10 @@ package image
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"strings"
-	"sync"
-	"time"
 
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // Event is one progress report of an image build.
@@ -100,153 +95,25 @@ func (t *debootstrapTracker) event(stage, detail string, done, total int, lo, hi
 	return Event{Stage: stage, Detail: detail, Done: done, Total: total, Percent: t.percent}
 }
 
-// reporter shows a build's progress to a person or a log.
-type reporter interface {
-	report(Event)
-	// close ends the display; err is the build's outcome.
-	close(err error)
-}
-
-// newReporter returns a progress bar drawn on w when w is a terminal, and
-// structured log lines through logger otherwise.
-func newReporter(w io.Writer, logger *slog.Logger, id string) reporter {
-	if f, ok := w.(interface{ Fd() uintptr }); ok && term.IsTerminal(int(f.Fd())) {
-		return newBarReporter(w, id, 100*time.Millisecond)
-	}
-	return &logReporter{logger: logger, id: id, start: time.Now(), lastStage: "-"}
-}
-
-// logReporter writes a log line when the stage changes, when the build has
-// advanced five percent, or every fifteen seconds, so a log shows progress
-// without a line per package.
-type logReporter struct {
-	logger *slog.Logger
-	id     string
-	start  time.Time
-
-	mu          sync.Mutex
-	lastStage   string
-	lastDetail  string
-	lastPercent float64
-	lastAt      time.Time
-}
-
-func (r *logReporter) report(ev Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	stageChanged := ev.Stage != r.lastStage || (ev.Stage == "step" && ev.Detail != r.lastDetail)
-	if !stageChanged && ev.Percent-r.lastPercent < 5 && now.Sub(r.lastAt) < 15*time.Second {
-		return
-	}
-	r.lastStage, r.lastDetail, r.lastPercent, r.lastAt = ev.Stage, ev.Detail, ev.Percent, now
-	attrs := []any{"image", r.id, "stage", ev.Stage, "percent", int(ev.Percent), "elapsed", now.Sub(r.start).Round(100 * time.Millisecond)}
-	if ev.Detail != "" {
-		attrs = append(attrs, "detail", ev.Detail)
-	}
-	if ev.Done > 0 || ev.Total > 0 {
-		attrs = append(attrs, "done", ev.Done)
-	}
-	if ev.Total > 0 {
-		attrs = append(attrs, "total", ev.Total)
-	}
-	r.logger.Info("building image", attrs...)
-}
-
-func (r *logReporter) close(error) {}
-
-// barReporter draws a progress bar. A ticker refreshes it every second so
-// the elapsed time moves during long steps that report nothing.
-type barReporter struct {
-	w     io.Writer
-	bar   *progressbar.ProgressBar
-	start time.Time
-	stop  chan struct{}
-	done  chan struct{}
-
-	mu   sync.Mutex
-	last Event
-}
-
-// newBarReporter draws at most once per throttle.
-func newBarReporter(w io.Writer, id string, throttle time.Duration) *barReporter {
-	r := &barReporter{
-		w:     w,
-		start: time.Now(),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
-		bar: progressbar.NewOptions(100,
-			progressbar.OptionSetWriter(w),
-			progressbar.OptionSetDescription("building "+id),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionSetRenderBlankState(true),
-			progressbar.OptionThrottle(throttle),
-			progressbar.OptionSetElapsedTime(false),
-			progressbar.OptionSetPredictTime(false),
-			progressbar.OptionShowDescriptionAtLineEnd(),
-		),
-	}
-	go r.tick()
-	return r
-}
-
-func (r *barReporter) tick() {
-	defer close(r.done)
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-t.C:
-			r.mu.Lock()
-			r.bar.Describe(r.describe(r.last))
-			r.mu.Unlock()
-		}
-	}
-}
-
-func (r *barReporter) describe(ev Event) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s", time.Since(r.start).Round(time.Second), ev.Stage)
+// state turns a build's event into the progress it reports: its overall
+// percentage, its stage (a template's step by name, so that each step is a
+// step of the display) and what the stage works on, counted when it counts.
+func (ev Event) state() progress.State {
+	st := progress.State{Step: ev.Stage, Current: int64(ev.Percent)}
+	var count string
 	switch {
 	case ev.Total > 0:
-		fmt.Fprintf(&b, " %d/%d", ev.Done, ev.Total)
+		count = fmt.Sprintf("%d/%d", ev.Done, ev.Total)
 	case ev.Done > 0:
-		fmt.Fprintf(&b, " %d", ev.Done)
+		count = fmt.Sprint(ev.Done)
 	}
-	if ev.Detail != "" {
-		d := ev.Detail
-		if len(d) > 40 {
-			d = d[:39] + "…"
+	if ev.Stage == "step" && ev.Detail != "" {
+		st.Step = ev.Detail
+		if count != "" {
+			st.Detail = "step " + count
 		}
-		b.WriteString(" " + d)
+		return st
 	}
-	return b.String()
-}
-
-func (r *barReporter) report(ev Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.last = ev
-	// Set first: it may skip drawing (throttled), while Describe always
-	// draws, and then with the new value. The bar refuses to move past
-	// its maximum; Finish fills it on success.
-	_ = r.bar.Set(int(math.Min(ev.Percent, 99)))
-	r.bar.Describe(r.describe(ev))
-}
-
-func (r *barReporter) close(err error) {
-	close(r.stop)
-	<-r.done
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err == nil {
-		r.bar.Describe(fmt.Sprintf("%s done", time.Since(r.start).Round(time.Second)))
-		_ = r.bar.Finish()
-	} else {
-		_ = r.bar.Exit()
-	}
-	// Leave the bar's last state on its own line.
-	fmt.Fprintln(r.w)
+	st.Detail = strings.TrimSpace(count + " " + ev.Detail)
+	return st
 }

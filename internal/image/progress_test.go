@@ -2,13 +2,12 @@ package image
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"log/slog"
+	"errors"
 	"os"
-	"strings"
-	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 func readLines(t *testing.T, name string) []string {
@@ -177,70 +176,63 @@ func TestAptTrackerLines(t *testing.T) {
 	}
 }
 
-// recordHandler keeps the records logged through it.
-type recordHandler struct {
-	mu      sync.Mutex
-	records []slog.Record
-}
-
-func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.records = append(h.records, r.Clone())
-	return nil
-}
-func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *recordHandler) WithGroup(string) slog.Handler      { return h }
-
-func TestLogReporter(t *testing.T) {
-	h := &recordHandler{}
-	// A bytes.Buffer is not a terminal, so the reporter logs.
-	r := newReporter(&bytes.Buffer{}, slog.New(h), "minimal-0123456789ab")
-	if _, ok := r.(*logReporter); !ok {
-		t.Fatalf("reporter for a buffer is %T, want *logReporter", r)
+func TestEventState(t *testing.T) {
+	tests := []struct {
+		ev   Event
+		want progress.State
+	}{
+		{Event{Stage: "retrieve", Detail: "libc6", Done: 50, Total: 116, Percent: 25.7},
+			progress.State{Step: "retrieve", Detail: "50/116 libc6", Current: 25}},
+		{Event{Stage: "retrieve", Detail: "adduser", Done: 1, Percent: 5},
+			progress.State{Step: "retrieve", Detail: "1 adduser", Current: 5}},
+		{Event{Stage: "resolve", Percent: 3},
+			progress.State{Step: "resolve", Current: 3}},
+		// A template's step is a step of its own, by name.
+		{Event{Stage: "step", Detail: "install agent CLIs", Done: 2, Total: 3, Percent: 61},
+			progress.State{Step: "install agent CLIs", Detail: "step 2/3", Current: 61}},
+		{Event{Stage: "finalize", Percent: 95},
+			progress.State{Step: "finalize", Current: 95}},
 	}
-	events := []Event{
-		{Stage: "retrieve", Detail: "a", Done: 1, Percent: 5},
-		{Stage: "retrieve", Detail: "b", Done: 2, Percent: 6},  // same stage, +1%: dropped
-		{Stage: "retrieve", Detail: "c", Done: 3, Percent: 11}, // +6%: logged
-		{Stage: "unpack", Detail: "d", Done: 1, Total: 9, Percent: 11.5},
-		{Stage: "step", Detail: "install npm", Percent: 60},
-		{Stage: "step", Detail: "install agent CLIs", Percent: 61}, // new step: logged
-	}
-	for _, ev := range events {
-		r.report(ev)
-	}
-	r.close(nil)
-	var got []string
-	for _, rec := range h.records {
-		attrs := map[string]string{}
-		rec.Attrs(func(a slog.Attr) bool {
-			attrs[a.Key] = a.Value.String()
-			return true
-		})
-		for _, k := range []string{"image", "stage", "percent", "elapsed"} {
-			if _, ok := attrs[k]; !ok {
-				t.Errorf("record %q lacks %s: %v", rec.Message, k, attrs)
-			}
+	for _, tt := range tests {
+		if got := tt.ev.state(); got != tt.want {
+			t.Errorf("%+v: state %+v, want %+v", tt.ev, got, tt.want)
 		}
-		got = append(got, attrs["stage"]+":"+attrs["detail"]+":"+attrs["percent"])
-	}
-	want := "retrieve:a:5 retrieve:c:11 unpack:d:11 step:install npm:60 step:install agent CLIs:61"
-	if strings.Join(got, " ") != want {
-		t.Errorf("logged %q, want %q", strings.Join(got, " "), want)
 	}
 }
 
-func TestBarReporterDraws(t *testing.T) {
-	var buf bytes.Buffer
-	r := newBarReporter(&buf, "minimal-0123456789ab", 0)
-	r.report(Event{Stage: "unpack", Detail: "libc6", Done: 10, Total: 90, Percent: 42})
-	r.close(nil)
-	out := buf.String()
-	for _, want := range []string{"unpack 10/90 libc6", "100%", "done"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("bar output lacks %q:\n%q", want, out)
-		}
+// TestBuildReportsProgress: a build is one task of the tracker, in
+// percent, fed the builder's events and ended with the build's outcome.
+func TestBuildReportsProgress(t *testing.T) {
+	ctx := context.Background()
+	var rec progress.Recorder
+	s := newTestStore(t, &fakeBuilder{}, nil)
+	img, err := s.Build(ctx, "small", BuildOptions{}, &rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks := rec.Snapshot()
+	if len(tasks) != 1 {
+		t.Fatalf("%d tasks, want 1: %+v", len(tasks), tasks)
+	}
+	task := tasks[0]
+	if task.Title != "building image "+img.ID || task.Unit != progress.Percent || task.Total != 100 || !task.Ended || task.Err != nil {
+		t.Errorf("task %+v", task)
+	}
+	if len(task.States) != 1 || task.States[0] != (progress.State{Step: "fake", Current: 50}) {
+		t.Errorf("states %+v", task.States)
+	}
+	// Cached: no task at all.
+	if _, err := s.Build(ctx, "small", BuildOptions{}, &rec); err != nil || len(rec.Snapshot()) != 1 {
+		t.Errorf("a cached image started a task (%v)", err)
+	}
+
+	boom := errors.New("boom")
+	var failed progress.Recorder
+	s = newTestStore(t, &fakeBuilder{hook: func(context.Context, buildRequest) error { return boom }}, nil)
+	if _, err := s.Build(ctx, "small", BuildOptions{}, &failed); !errors.Is(err, boom) {
+		t.Fatalf("err %v", err)
+	}
+	if got := failed.Snapshot(); len(got) != 1 || !errors.Is(got[0].Err, boom) {
+		t.Errorf("failed build's task %+v", got)
 	}
 }

@@ -532,3 +532,19 @@ func TestBuildWithoutHostMirrors(t *testing.T) {
 		t.Errorf("builder got mirrors %+v, image %q", got, img.Mirror)
 	}
 }
+
+// recordHandler keeps the records logged through it.
+type recordHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Clone())
+	return nil
+}
+func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordHandler) WithGroup(string) slog.Handler      { return h }

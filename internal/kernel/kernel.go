@@ -49,6 +49,7 @@ import (
 	"github.com/google/renameio/v2"
 
 	"github.com/sandboxd/sandboxd/internal/flock"
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 // Fragment is the kernel configuration fragment applied over allnoconfig.
@@ -257,13 +258,14 @@ func (s *Store) load(id string) (*Kernel, error) {
 }
 
 // Ensure returns the cached kernel, building it when missing.
-func (s *Store) Ensure(ctx context.Context, progress io.Writer) (*Kernel, error) {
-	return s.Build(ctx, BuildOptions{}, progress)
+func (s *Store) Ensure(ctx context.Context, tracker progress.Tracker) (*Kernel, error) {
+	return s.Build(ctx, BuildOptions{}, tracker)
 }
 
 // Build builds the kernel unless it is cached (or opts.Force). Progress goes
-// to progress as a bar when it is not nil, else to the logger.
-func (s *Store) Build(ctx context.Context, opts BuildOptions, progress io.Writer) (*Kernel, error) {
+// to tracker (nil: nowhere), counted in kbuild's steps (CC, LD, AR, ...
+// lines, as compilation dominates) against the last build's count.
+func (s *Store) Build(ctx context.Context, opts BuildOptions, tracker progress.Tracker) (*Kernel, error) {
 	src, err := findSource(opts.Source)
 	if err != nil {
 		return nil, err
@@ -310,10 +312,10 @@ func (s *Store) Build(ctx context.Context, opts BuildOptions, progress io.Writer
 		return nil, fmt.Errorf("build kernel %s: %w", kid, err)
 	}
 	defer os.RemoveAll(tmp)
-	rep := newReporter(progress, s.log, kid, s.expectedSteps())
+	task := progress.Or(tracker).Start("building guest kernel "+kid, progress.Steps, int64(s.expectedSteps()))
 	start := time.Now()
-	got, steps, err := s.build(ctx, src, k, kid, tmp, jobs, rep)
-	rep.close(err)
+	got, steps, err := s.build(ctx, src, k, kid, tmp, jobs, task)
+	task.Done(err)
 	if err != nil {
 		return nil, fmt.Errorf("build kernel %s: %w", kid, err)
 	}
@@ -348,7 +350,7 @@ func (s *Store) expectedSteps() int {
 }
 
 // build extracts, configures and compiles in tmp; the result is in tmp/out.
-func (s *Store) build(ctx context.Context, src source, key, kid, tmp string, jobs int, rep *reporter) (*Kernel, int, error) {
+func (s *Store) build(ctx context.Context, src source, key, kid, tmp string, jobs int, task progress.Task) (*Kernel, int, error) {
 	tree := filepath.Join(tmp, "src")
 	out := filepath.Join(tmp, "out")
 	for _, d := range []string{tree, out} {
@@ -356,7 +358,7 @@ func (s *Store) build(ctx context.Context, src source, key, kid, tmp string, job
 			return nil, 0, err
 		}
 	}
-	rep.stage("extracting " + filepath.Base(src.path))
+	task.Update(progress.State{Step: "extracting", Detail: filepath.Base(src.path)})
 	if err := run(ctx, tmp, nil, "tar", "-xf", src.path, "-C", tree, "--strip-components=1"); err != nil {
 		return nil, 0, fmt.Errorf("extract source: %w", err)
 	}
@@ -364,7 +366,7 @@ func (s *Store) build(ctx context.Context, src source, key, kid, tmp string, job
 	if err := os.WriteFile(frag, Fragment, 0o644); err != nil {
 		return nil, 0, err
 	}
-	rep.stage("configuring")
+	task.Update(progress.State{Step: "configuring"})
 	if err := run(ctx, tree, nil, "make", "allnoconfig", "KCONFIG_ALLCONFIG="+frag); err != nil {
 		return nil, 0, fmt.Errorf("make allnoconfig: %w", err)
 	}
@@ -378,13 +380,13 @@ func (s *Store) build(ctx context.Context, src source, key, kid, tmp string, job
 	if missing := CheckConfig(Fragment, cfg); len(missing) > 0 {
 		return nil, 0, fmt.Errorf("the fragment's options did not survive configuration (missing dependencies?): %s", strings.Join(missing, ", "))
 	}
-	rep.stage("compiling")
+	task.Update(progress.State{Step: "compiling"})
 	steps := 0
 	err = run(ctx, tree, func(line string) {
 		// Kbuild's quiet output: "  CC      kernel/fork.o".
 		if f := strings.Fields(line); len(f) == 2 && f[0] == strings.ToUpper(f[0]) && len(f[0]) <= 9 {
 			steps++
-			rep.step(steps, f[1])
+			task.Update(progress.State{Step: "compiling", Detail: f[1], Current: int64(steps)})
 		}
 	}, "make", "-j", strconv.Itoa(jobs), "vmlinux", "LOCALVERSION="+LocalVersion, "KBUILD_BUILD_USER=sandboxd", "KBUILD_BUILD_HOST=sandboxd")
 	if err != nil {

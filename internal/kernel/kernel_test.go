@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
 func TestCheckConfig(t *testing.T) {
@@ -101,7 +103,7 @@ func TestBuild(t *testing.T) {
 	if err != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 		defer cancel()
-		if k, err = s.Build(ctx, BuildOptions{}, os.Stderr); err != nil {
+		if k, err = s.Build(ctx, BuildOptions{}, &progress.Lines{Logger: slog.Default()}); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("built %s in %v: %d bytes", k.ID, k.BuildDuration.Round(time.Second), k.Size)
