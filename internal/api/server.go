@@ -29,6 +29,7 @@ type Store interface {
 	ListRuns(ctx context.Context, accountID string, limit int) ([]store.Run, error)
 	GetEnvironment(ctx context.Context, accountID string) (store.Environment, error)
 	GetSnapshot(ctx context.Context, id string) (store.Snapshot, error)
+	ListSnapshots(ctx context.Context, accountID string) ([]store.Snapshot, error)
 }
 
 // Options configure the API server.
