@@ -435,6 +435,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Environments: persistence,
 		Sandboxes:    mgr,
 		Agents:       agentSvc,
+		RunLogs:      runs.Logs{DataDir: dataDir},
 		Proxy:        portProxy,
 		Files:        fileSvc,
 		Cluster:      apiCluster(clu),

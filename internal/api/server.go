@@ -49,6 +49,9 @@ type Options struct {
 	Sandboxes SandboxService
 	Files     FileService
 	Agents    AgentService
+	// RunLogs opens the logs of the runs this node worked, for GET
+	// /api/tasks/runs/{id}/log; nil answers 501.
+	RunLogs RunLogService
 	// Environments owns the accounts' environment rows (PATCH
 	// /api/sandboxes).
 	Environments EnvironmentService
