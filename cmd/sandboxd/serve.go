@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/console"
 	"github.com/sandboxd/sandboxd/internal/e2b"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
@@ -427,6 +428,11 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		mcpserver.Path:              mcpSrv,
 	}
 	maps.Copy(mounts, e2bAPI.Routes())
+	consoleMounts, err := console.Mounts()
+	if err != nil {
+		return err
+	}
+	maps.Copy(mounts, consoleMounts)
 	// Before any work starts: a bad key file stops serve at once.
 	uiCtx, stopUI := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopUI()
