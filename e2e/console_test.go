@@ -1,0 +1,301 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image/png"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// chromium finds Debian's chromium (scripts/install-deps.sh installs it);
+// without it the console test skips, or fails under
+// SANDBOXD_REQUIRE_RUNTIME=1.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("SANDBOXD_REQUIRE_RUNTIME") == "1" {
+		t.Fatal("chromium is not installed (scripts/install-deps.sh installs it; SANDBOXD_REQUIRE_RUNTIME=1)")
+	}
+	t.Skip("chromium is not installed (scripts/install-deps.sh installs it)")
+	return ""
+}
+
+// artifactsDir is where a test's screenshots go: $SANDBOXD_ARTIFACTS/NAME
+// (make test sets bin/artifacts), else e2e/.artifacts/NAME beside the
+// tests; both outlive the test, unlike its temp dir.
+func artifactsDir(t *testing.T, name string) string {
+	t.Helper()
+	root := os.Getenv("SANDBOXD_ARTIFACTS")
+	if root == "" {
+		root = ".artifacts"
+	}
+	dir, err := filepath.Abs(filepath.Join(root, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshots go to %s", dir)
+	return dir
+}
+
+// uploadFile commits one file to the account's repository through the
+// API's multipart upload.
+func (s *server) uploadFile(k key, dir, name string, content []byte) {
+	s.t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	if dir != "" {
+		_ = mw.WriteField("path", dir)
+	}
+	fw, _ := mw.CreateFormFile("file", name)
+	_, _ = fw.Write(content)
+	mw.Close()
+	req, _ := http.NewRequest("POST", s.base+"/api/sandboxes/files", &body)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("x-api-key", k.Key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		s.t.Fatalf("upload %s: %d %s", name, resp.StatusCode, raw)
+	}
+}
+
+// TestConsole drives the web console (/console/) in headless Chromium
+// against a real server: sign in with a key (a wrong one is refused),
+// create a sandbox whose command prints for a few seconds and watch its
+// run's log arrive live until the run completes, see the sandbox with its
+// remaining time, open files of the repository (Python highlighted, a PNG
+// shown), the snapshot history, a shell in the sandbox through the
+// terminal, stop the sandbox, sign out. The page must never hit its
+// Content-Security-Policy nor throw, and the key must never reach a URL,
+// localStorage or a cookie. Screenshots of each view are saved.
+func TestConsole(t *testing.T) {
+	chrome := chromium(t)
+	shots := artifactsDir(t, "console")
+	s := startServer(t, "")
+	a := s.createAccount("console", false)
+	k := s.createKey(a.ID)
+	// The repository's files, through the API: the test image has no git.
+	s.uploadFile(k, "", "hello.py", []byte("# a greeting\ndef greet(name):\n    return \"hello, \" + name  # <b>not markup</b>\n\nprint(greet(\"console\"), 42)\n"))
+	s.uploadFile(k, "img", "dot.png", pngBytes)
+
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		append(chromedp.DefaultExecAllocatorOptions[:],
+			chromedp.ExecPath(chrome),
+			chromedp.NoSandbox, // root in CI; the browser only visits this test's loopback server
+			chromedp.WindowSize(1280, 800),
+			chromedp.UserDataDir(t.TempDir()),
+			chromedp.Flag("disable-sync", true),
+			chromedp.Flag("disable-component-update", true),
+		)...)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(alloc, chromedp.WithLogf(t.Logf))
+	defer cancel()
+	if err := chromedp.Do(ctx); err != nil { // starts the browser
+		t.Fatalf("start chromium: %v", err)
+	}
+	var (
+		mu       sync.Mutex
+		messages []chromedp.ConsoleMessage
+	)
+	msgs := chromedp.Console(ctx)
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			messages = append(messages, m)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range messages {
+			t.Logf("browser console: %s", m)
+			if m.IsException() || strings.Contains(m.Text, "Content Security Policy") || strings.Contains(m.Text, "Refused to") {
+				t.Errorf("the page broke a rule or threw: %s", m)
+			}
+		}
+	}()
+
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		stepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := chromedp.Do(stepCtx, steps...); err != nil {
+			shot(t, ctx, shots, "failed")
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	eval := func(expr string) any {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[any](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	waitFor := func(what, expr string, timeout time.Duration) {
+		t.Helper()
+		do(what, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond)))
+	}
+	keyNowhere := func(where string) {
+		t.Helper()
+		leak := eval(fmt.Sprintf(`(() => { const k = %q;
+			return [location.href, document.cookie, JSON.stringify(Object.assign({}, localStorage)), document.title].some((v) => v.includes(k)); })()`, k.Key))
+		if leak != false {
+			t.Fatalf("%s: the key is in the URL, a cookie or localStorage", where)
+		}
+	}
+
+	// Sign in: a wrong key is refused; the right one shows the sandboxes.
+	do("open the console", chromedp.Navigate(s.base+"/console"), chromedp.WaitVisible(chromedp.ID("key")))
+	shot(t, ctx, shots, "signin")
+	do("try a wrong key", chromedp.SendKeys(chromedp.ID("key"), "sbx_wrong"), chromedp.Click(chromedp.ID("signin")))
+	waitFor("the refusal", `document.getElementById('signin-error').textContent.includes('refused')`, 30*time.Second)
+	do("sign in", chromedp.SetValue(chromedp.ID("key"), ""), chromedp.SendKeys(chromedp.ID("key"), k.Key), chromedp.Click(chromedp.ID("signin")),
+		chromedp.WaitVisible(chromedp.ID("view-sandboxes")))
+	if got := eval(`sessionStorage.getItem('sandboxd.key')`); got != k.Key {
+		t.Fatalf("sessionStorage holds %v", got)
+	}
+	keyNowhere("after sign-in")
+
+	// Create a sandbox with a command: the console follows its run's log,
+	// which shows output while the run still executes, then its end.
+	script := `echo console-start; i=0; while [ $i -lt 5 ]; do echo tick-$i; i=$((i+1)); sleep 1; done; echo console-done >&2`
+	do("create a sandbox", chromedp.SendKeys(chromedp.ID("new-command"), script), chromedp.Click(chromedp.ID("create")))
+	waitFor("the run view", `location.hash.startsWith('#runs/run_')`, 3*time.Minute)
+	runID := strings.TrimPrefix(eval(`location.hash`).(string), "#runs/")
+	waitFor("live output while the run executes",
+		`document.getElementById('run-log').textContent.includes('tick-0') && document.getElementById('run-status').dataset.status === 'EXECUTING'`, 2*time.Minute)
+	shot(t, ctx, shots, "run-live")
+	waitFor("the run's end", `document.getElementById('run-status').dataset.status === 'COMPLETED'`, 2*time.Minute)
+	log := eval(`document.getElementById('run-log').textContent`).(string)
+	for _, want := range []string{"[stdout] console-start", "tick-4", "[stderr] console-done"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the run's log lacks %q:\n%s", want, log)
+		}
+	}
+	if st := eval(`document.getElementById('run-status').textContent`).(string); !strings.Contains(st, "exit 0") {
+		t.Errorf("run status %q", st)
+	}
+	waitFor("the run in the list", fmt.Sprintf(`!!document.querySelector('#runs-body tr[data-run=%q][data-status="COMPLETED"]')`, runID), 30*time.Second)
+	shot(t, ctx, shots, "run")
+
+	// The sandbox, running, with its time counting down.
+	do("the sandboxes", chromedp.Navigate(s.base+"/console/#sandboxes"))
+	waitFor("a running sandbox", `!!document.querySelector('#sandboxes-body tr[data-status="running"] [data-deadline]')`, time.Minute)
+	sandboxID := eval(`document.querySelector('#sandboxes-body tr[data-status="running"]').dataset.sandbox`).(string)
+	first := eval(`document.querySelector('#sandboxes-body [data-deadline]').textContent`).(string)
+	time.Sleep(2100 * time.Millisecond)
+	if later := eval(`document.querySelector('#sandboxes-body [data-deadline]').textContent`).(string); later == first || !strings.HasPrefix(later, "9m") {
+		t.Errorf("remaining time %q then %q: not counting down from 10 minutes", first, later)
+	}
+	// Extend: 10 minutes more.
+	do("extend", chromedp.Click(chromedp.CSS(`#sandboxes-body tr[data-status="running"] td.actions button`)))
+	waitFor("the extension", `document.querySelector('#sandboxes-body [data-deadline]').textContent.startsWith('19m')`, 30*time.Second)
+	shot(t, ctx, shots, "sandboxes")
+
+	// Files: Python highlighted (markup in it stays text), an image shown.
+	do("the files", chromedp.Navigate(s.base+"/console/#files"))
+	waitFor("the tree", `!!document.querySelector('#tree button.file[data-path="hello.py"]')`, 30*time.Second)
+	do("open hello.py", chromedp.Click(chromedp.CSS(`#tree button.file[data-path="hello.py"]`)))
+	waitFor("the highlighted file", `!!document.querySelector('#preview-text .tok-kw')`, 30*time.Second)
+	if got := eval(`[...document.querySelectorAll('#preview-text .tok-kw')].map((e) => e.textContent).join(' ')`).(string); !strings.Contains(got, "def") || !strings.Contains(got, "return") {
+		t.Errorf("keywords highlighted: %q", got)
+	}
+	if got := eval(`document.querySelector('#preview-text .tok-com').textContent`).(string); got != "# a greeting" {
+		t.Errorf("comment: %q", got)
+	}
+	if eval(`document.querySelector('#preview-text b') === null && document.getElementById('preview-text').textContent.includes('<b>not markup</b>')`) != true {
+		t.Error("markup in a file was parsed as HTML")
+	}
+	shot(t, ctx, shots, "file")
+	do("open the image", chromedp.Navigate(s.base+"/console/#files/img%2Fdot.png"))
+	waitFor("the image", `(() => { const i = document.getElementById('preview-image'); return i && i.complete && i.naturalWidth === 1 && i.src.startsWith('blob:'); })()`, 30*time.Second)
+	if eval(`document.querySelector('#tree button.file[data-path="img/dot.png"]').closest('details').open`) != true {
+		t.Error("the image's folder did not open in the tree")
+	}
+	shot(t, ctx, shots, "image")
+
+	// Snapshots: the history the API lists, the current one marked.
+	do("the snapshots", chromedp.Navigate(s.base+"/console/#snapshots"))
+	waitFor("the snapshot list", `document.getElementById('snapshots-current').textContent !== ''`, 30*time.Second)
+	if snap, _ := s.as(k, "GET", "/api/snapshots", nil).Body["snapshot_id"].(string); snap != "" {
+		waitFor("the current snapshot", fmt.Sprintf(`!!document.querySelector('#snapshots-body tr[data-snapshot=%q] .badge')`, snap), 30*time.Second)
+	}
+	shot(t, ctx, shots, "snapshots")
+
+	// A terminal into the running sandbox: what is typed runs in its shell.
+	do("the terminal", chromedp.Navigate(s.base+"/console/#terminal/"+sandboxID))
+	waitFor("the sandbox to connect to", fmt.Sprintf(`document.getElementById('term-sandbox').value === %q && !document.getElementById('term-connect').disabled`, sandboxID), 30*time.Second)
+	do("connect", chromedp.Click(chromedp.ID("term-connect")))
+	waitFor("the connection", `document.getElementById('term-state').textContent.startsWith('connected')`, time.Minute)
+	do("type", chromedp.SendKeys(chromedp.ID("term"), "echo term-$((6*7)) $TERM\r"))
+	waitFor("the command's output", `/term-42 dumb/.test(document.getElementById('term').textContent)`, time.Minute)
+	if txt := eval(`document.getElementById('term').textContent`).(string); strings.Contains(txt, "\x1b") {
+		t.Errorf("escape sequences in the terminal: %q", txt)
+	}
+	shot(t, ctx, shots, "terminal")
+	do("exit the shell", chromedp.SendKeys(chromedp.ID("term"), "exit 3\r"))
+	waitFor("the shell's exit", `document.getElementById('term').textContent.includes('[exited with status 3]')`, time.Minute)
+
+	// Stop the sandbox from the list.
+	do("the sandboxes again", chromedp.Navigate(s.base+"/console/#sandboxes"))
+	waitFor("its row", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q] button.danger')`, sandboxID), 30*time.Second)
+	do("stop", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#sandboxes-body tr[data-sandbox=%q] button.danger`, sandboxID))))
+	waitFor("the stop", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q][data-status="stopped"]')`, sandboxID), time.Minute)
+	if st, _ := s.sandboxStatus(k, sandboxID); st != "stopped" {
+		t.Errorf("the API says %s after the console stopped it", st)
+	}
+	keyNowhere("before sign-out")
+
+	// Sign out: the key is gone and the data with it.
+	do("sign out", chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("key")))
+	if eval(`sessionStorage.getItem('sandboxd.key') === null && document.getElementById('sandboxes-body').children.length === 0`) != true {
+		t.Error("sign-out left the key or the data")
+	}
+}
+
+// shot saves a screenshot of the page as dir/name.png.
+func shot(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	shotCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	buf, err := chromedp.Run(shotCtx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Errorf("screenshot %s: %v", name, err)
+		return
+	}
+	if _, err := png.DecodeConfig(bytes.NewReader(buf)); err != nil {
+		t.Errorf("screenshot %s is not a PNG: %v", name, err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), buf, 0o644); err != nil {
+		t.Errorf("save screenshot %s: %v", name, err)
+	}
+}
