@@ -82,6 +82,32 @@ func (s *server) uploadFile(k key, dir, name string, content []byte) {
 	}
 }
 
+// minimalPDF is a one-page PDF that shows text, with a correct xref table.
+func minimalPDF(text string) []byte {
+	content := fmt.Sprintf("BT /F1 24 Tf 72 720 Td (%s) Tj ET", text)
+	objects := []string{
+		"<< /Type /Catalog /Pages 2 0 R >>",
+		"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+		"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+		fmt.Sprintf("<< /Length %d >>\nstream\n%s\nendstream", len(content), content),
+		"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+	}
+	var b bytes.Buffer
+	b.WriteString("%PDF-1.4\n")
+	offsets := make([]int, len(objects))
+	for i, o := range objects {
+		offsets[i] = b.Len()
+		fmt.Fprintf(&b, "%d 0 obj\n%s\nendobj\n", i+1, o)
+	}
+	xref := b.Len()
+	fmt.Fprintf(&b, "xref\n0 %d\n0000000000 65535 f \n", len(objects)+1)
+	for _, off := range offsets {
+		fmt.Fprintf(&b, "%010d 00000 n \n", off)
+	}
+	fmt.Fprintf(&b, "trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n", len(objects)+1, xref)
+	return b.Bytes()
+}
+
 // TestConsole drives the web console (/console/) in headless Chromium
 // against a real server: sign in with a key (a wrong one is refused),
 // create a sandbox whose command prints for a few seconds and watch its
@@ -100,6 +126,7 @@ func TestConsole(t *testing.T) {
 	// The repository's files, through the API: the test image has no git.
 	s.uploadFile(k, "", "hello.py", []byte("# a greeting\ndef greet(name):\n    return \"hello, \" + name  # <b>not markup</b>\n\nprint(greet(\"console\"), 42)\n"))
 	s.uploadFile(k, "img", "dot.png", pngBytes)
+	s.uploadFile(k, "", "report.pdf", minimalPDF("Hello from sandboxd"))
 
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		append(chromedp.DefaultExecAllocatorOptions[:],
@@ -163,6 +190,12 @@ func TestConsole(t *testing.T) {
 		t.Helper()
 		do(what, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond)))
 	}
+	// goTo changes the view as the console's links do (a new hash, no
+	// page load).
+	goTo := func(hash string) {
+		t.Helper()
+		eval(fmt.Sprintf(`location.hash = %q`, hash))
+	}
 	keyNowhere := func(where string) {
 		t.Helper()
 		leak := eval(fmt.Sprintf(`(() => { const k = %q;
@@ -207,7 +240,7 @@ func TestConsole(t *testing.T) {
 	shot(t, ctx, shots, "run")
 
 	// The sandbox, running, with its time counting down.
-	do("the sandboxes", chromedp.Navigate(s.base+"/console/#sandboxes"))
+	goTo("#sandboxes") // the sandboxes
 	waitFor("a running sandbox", `!!document.querySelector('#sandboxes-body tr[data-status="running"] [data-deadline]')`, time.Minute)
 	sandboxID := eval(`document.querySelector('#sandboxes-body tr[data-status="running"]').dataset.sandbox`).(string)
 	first := eval(`document.querySelector('#sandboxes-body [data-deadline]').textContent`).(string)
@@ -221,7 +254,7 @@ func TestConsole(t *testing.T) {
 	shot(t, ctx, shots, "sandboxes")
 
 	// Files: Python highlighted (markup in it stays text), an image shown.
-	do("the files", chromedp.Navigate(s.base+"/console/#files"))
+	goTo("#files") // the files
 	waitFor("the tree", `!!document.querySelector('#tree button.file[data-path="hello.py"]')`, 30*time.Second)
 	do("open hello.py", chromedp.Click(chromedp.CSS(`#tree button.file[data-path="hello.py"]`)))
 	waitFor("the highlighted file", `!!document.querySelector('#preview-text .tok-kw')`, 30*time.Second)
@@ -235,15 +268,19 @@ func TestConsole(t *testing.T) {
 		t.Error("markup in a file was parsed as HTML")
 	}
 	shot(t, ctx, shots, "file")
-	do("open the image", chromedp.Navigate(s.base+"/console/#files/img%2Fdot.png"))
+	goTo("#files/img%2Fdot.png") // open the image
 	waitFor("the image", `(() => { const i = document.getElementById('preview-image'); return i && i.complete && i.naturalWidth === 1 && i.src.startsWith('blob:'); })()`, 30*time.Second)
 	if eval(`document.querySelector('#tree button.file[data-path="img/dot.png"]').closest('details').open`) != true {
 		t.Error("the image's folder did not open in the tree")
 	}
 	shot(t, ctx, shots, "image")
+	goTo("#files/report.pdf") // open the PDF
+	waitFor("the PDF", `(() => { const f = document.getElementById('preview-pdf'); return f && f.src.startsWith('blob:'); })()`, 30*time.Second)
+	time.Sleep(time.Second) // the viewer draws the page
+	shot(t, ctx, shots, "pdf")
 
 	// Snapshots: the history the API lists, the current one marked.
-	do("the snapshots", chromedp.Navigate(s.base+"/console/#snapshots"))
+	goTo("#snapshots") // the snapshots
 	waitFor("the snapshot list", `document.getElementById('snapshots-current').textContent !== ''`, 30*time.Second)
 	if snap, _ := s.as(k, "GET", "/api/snapshots", nil).Body["snapshot_id"].(string); snap != "" {
 		waitFor("the current snapshot", fmt.Sprintf(`!!document.querySelector('#snapshots-body tr[data-snapshot=%q] .badge')`, snap), 30*time.Second)
@@ -251,7 +288,7 @@ func TestConsole(t *testing.T) {
 	shot(t, ctx, shots, "snapshots")
 
 	// A terminal into the running sandbox: what is typed runs in its shell.
-	do("the terminal", chromedp.Navigate(s.base+"/console/#terminal/"+sandboxID))
+	goTo("#terminal/" + sandboxID)
 	waitFor("the sandbox to connect to", fmt.Sprintf(`document.getElementById('term-sandbox').value === %q && !document.getElementById('term-connect').disabled`, sandboxID), 30*time.Second)
 	do("connect", chromedp.Click(chromedp.ID("term-connect")))
 	waitFor("the connection", `document.getElementById('term-state').textContent.startsWith('connected')`, time.Minute)
@@ -265,7 +302,7 @@ func TestConsole(t *testing.T) {
 	waitFor("the shell's exit", `document.getElementById('term').textContent.includes('[exited with status 3]')`, time.Minute)
 
 	// Stop the sandbox from the list.
-	do("the sandboxes again", chromedp.Navigate(s.base+"/console/#sandboxes"))
+	goTo("#sandboxes") // the sandboxes again
 	waitFor("its row", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q] button.danger')`, sandboxID), 30*time.Second)
 	do("stop", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#sandboxes-body tr[data-sandbox=%q] button.danger`, sandboxID))))
 	waitFor("the stop", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q][data-status="stopped"]')`, sandboxID), time.Minute)

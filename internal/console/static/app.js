@@ -331,6 +331,10 @@
     el('td', { text: fmtDuration(r.durationMs) })));
     $('runs-body').replaceChildren(...rows);
     $('runs-empty').hidden = rows.length > 0;
+    // While its log is followed, the open run's status comes from the
+    // list; its end comes from the stream, once the whole log is shown.
+    const open = (data.runs || []).find((r) => r.id === state.openRun);
+    if (open && !open.isCompleted && state.runStream) showRunStatus(open);
     if (selected && !refreshing && selected !== state.openRun) openRun(selected);
     if (!selected) { stopRunStream(); $('run-detail').hidden = true; }
   }
@@ -397,7 +401,16 @@
       if (!resp.ok) throw new APIError(resp.status, `the log: HTTP ${resp.status}`);
       await readEvents(resp.body, (name, data) => {
         const msg = JSON.parse(data);
-        if (name === 'log') { got = true; appendLog(pre, msg.data); }
+        if (name === 'log') {
+          got = true;
+          appendLog(pre, msg.data);
+          // A run that logs has started (the list's refresh says more).
+          if ($('run-status').dataset.status === 'QUEUED') {
+            $('run-status').textContent = 'EXECUTING';
+            $('run-status').dataset.status = 'EXECUTING';
+            $('run-status').className = 'status st-executing';
+          }
+        }
         else if (name === 'error') appendLog(pre, `\n[${msg.error}]\n`);
       });
     } catch (e) {
