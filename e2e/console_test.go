@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"image"
+	"image/color"
 	"image/png"
 	"io"
 	"mime/multipart"
@@ -49,6 +51,10 @@ func artifactsDir(t *testing.T, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Only this run's screenshots: none left from an earlier one.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +86,22 @@ func (s *server) uploadFile(k key, dir, name string, content []byte) {
 	if resp.StatusCode != 200 {
 		s.t.Fatalf("upload %s: %d %s", name, resp.StatusCode, raw)
 	}
+}
+
+// gradientPNG is a size×size PNG of colours.
+func gradientPNG(t *testing.T, size int) []byte {
+	t.Helper()
+	img := image.NewRGBA(image.Rect(0, 0, size, size))
+	for y := range size {
+		for x := range size {
+			img.Set(x, y, color.RGBA{R: uint8(255 * x / size), G: uint8(255 * y / size), B: 200, A: 255})
+		}
+	}
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
 }
 
 // minimalPDF is a one-page PDF that shows text, with a correct xref table.
@@ -120,12 +142,17 @@ func minimalPDF(text string) []byte {
 func TestConsole(t *testing.T) {
 	chrome := chromium(t)
 	shots := artifactsDir(t, "console")
-	s := startServer(t, "")
+	adminKey := strings.Repeat("0123456789abcdef", 4)
+	adminKeyFile := filepath.Join(t.TempDir(), "admin.key")
+	if err := os.WriteFile(adminKeyFile, []byte(adminKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, "", "--admin-key-file", adminKeyFile)
 	a := s.createAccount("console", false)
 	k := s.createKey(a.ID)
 	// The repository's files, through the API: the test image has no git.
 	s.uploadFile(k, "", "hello.py", []byte("# a greeting\ndef greet(name):\n    return \"hello, \" + name  # <b>not markup</b>\n\nprint(greet(\"console\"), 42)\n"))
-	s.uploadFile(k, "img", "dot.png", pngBytes)
+	s.uploadFile(k, "img", "logo.png", gradientPNG(t, 96))
 	s.uploadFile(k, "", "report.pdf", minimalPDF("Hello from sandboxd"))
 
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
@@ -196,6 +223,16 @@ func TestConsole(t *testing.T) {
 		t.Helper()
 		eval(fmt.Sprintf(`location.hash = %q`, hash))
 	}
+	// click clicks the element a selector finds now, in one step in the
+	// page: the console re-renders its lists as they refresh, which can
+	// replace a node between a query and a click.
+	click := func(what, sel string) {
+		t.Helper()
+		if eval(fmt.Sprintf(`(() => { const e = document.querySelector(%q); if (e) e.click(); return !!e; })()`, sel)) != true {
+			shot(t, ctx, shots, "failed")
+			t.Fatalf("%s: nothing matches %s", what, sel)
+		}
+	}
 	keyNowhere := func(where string) {
 		t.Helper()
 		leak := eval(fmt.Sprintf(`(() => { const k = %q;
@@ -210,7 +247,8 @@ func TestConsole(t *testing.T) {
 	shot(t, ctx, shots, "signin")
 	do("try a wrong key", chromedp.SendKeys(chromedp.ID("key"), "sbx_wrong"), chromedp.Click(chromedp.ID("signin")))
 	waitFor("the refusal", `document.getElementById('signin-error').textContent.includes('refused')`, 30*time.Second)
-	do("sign in", chromedp.SetValue(chromedp.ID("key"), ""), chromedp.SendKeys(chromedp.ID("key"), k.Key), chromedp.Click(chromedp.ID("signin")),
+	eval(`document.getElementById('key').value = ''`)
+	do("sign in", chromedp.SendKeys(chromedp.ID("key"), k.Key), chromedp.Click(chromedp.ID("signin")),
 		chromedp.WaitVisible(chromedp.ID("view-sandboxes")))
 	if got := eval(`sessionStorage.getItem('sandboxd.key')`); got != k.Key {
 		t.Fatalf("sessionStorage holds %v", got)
@@ -249,14 +287,14 @@ func TestConsole(t *testing.T) {
 		t.Errorf("remaining time %q then %q: not counting down from 10 minutes", first, later)
 	}
 	// Extend: 10 minutes more.
-	do("extend", chromedp.Click(chromedp.CSS(`#sandboxes-body tr[data-status="running"] td.actions button`)))
+	click("extend", `#sandboxes-body tr[data-status="running"] td.actions button`)
 	waitFor("the extension", `document.querySelector('#sandboxes-body [data-deadline]').textContent.startsWith('19m')`, 30*time.Second)
 	shot(t, ctx, shots, "sandboxes")
 
 	// Files: Python highlighted (markup in it stays text), an image shown.
 	goTo("#files") // the files
 	waitFor("the tree", `!!document.querySelector('#tree button.file[data-path="hello.py"]')`, 30*time.Second)
-	do("open hello.py", chromedp.Click(chromedp.CSS(`#tree button.file[data-path="hello.py"]`)))
+	click("open hello.py", `#tree button.file[data-path="hello.py"]`)
 	waitFor("the highlighted file", `!!document.querySelector('#preview-text .tok-kw')`, 30*time.Second)
 	if got := eval(`[...document.querySelectorAll('#preview-text .tok-kw')].map((e) => e.textContent).join(' ')`).(string); !strings.Contains(got, "def") || !strings.Contains(got, "return") {
 		t.Errorf("keywords highlighted: %q", got)
@@ -268,9 +306,9 @@ func TestConsole(t *testing.T) {
 		t.Error("markup in a file was parsed as HTML")
 	}
 	shot(t, ctx, shots, "file")
-	goTo("#files/img%2Fdot.png") // open the image
-	waitFor("the image", `(() => { const i = document.getElementById('preview-image'); return i && i.complete && i.naturalWidth === 1 && i.src.startsWith('blob:'); })()`, 30*time.Second)
-	if eval(`document.querySelector('#tree button.file[data-path="img/dot.png"]').closest('details').open`) != true {
+	goTo("#files/img%2Flogo.png") // open the image
+	waitFor("the image", `(() => { const i = document.getElementById('preview-image'); return i && i.complete && i.naturalWidth === 96 && i.src.startsWith('blob:'); })()`, 30*time.Second)
+	if eval(`document.querySelector('#tree button.file[data-path="img/logo.png"]').closest('details').open`) != true {
 		t.Error("the image's folder did not open in the tree")
 	}
 	shot(t, ctx, shots, "image")
@@ -304,12 +342,36 @@ func TestConsole(t *testing.T) {
 	// Stop the sandbox from the list.
 	goTo("#sandboxes") // the sandboxes again
 	waitFor("its row", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q] button.danger')`, sandboxID), 30*time.Second)
-	do("stop", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#sandboxes-body tr[data-sandbox=%q] button.danger`, sandboxID))))
+	click("stop", fmt.Sprintf(`#sandboxes-body tr[data-sandbox=%q] button.danger`, sandboxID))
 	waitFor("the stop", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q][data-status="stopped"]')`, sandboxID), time.Minute)
 	if st, _ := s.sandboxStatus(k, sandboxID); st != "stopped" {
 		t.Errorf("the API says %s after the console stopped it", st)
 	}
 	keyNowhere("before sign-out")
+
+	// River's UI, for operators: the run's job is there behind the
+	// operators' key, which an account key is not.
+	riverUI := func(pass string) (int, string) {
+		req, _ := http.NewRequest("GET", s.base+"/riverui/api/jobs?state=completed&limit=20", nil)
+		if pass != "" {
+			req.SetBasicAuth("operator", pass)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, pass := range []string{"", k.Key} {
+		if code, _ := riverUI(pass); code != http.StatusUnauthorized {
+			t.Errorf("River's UI with %q: %d, want 401", pass, code)
+		}
+	}
+	if code, body := riverUI(adminKey); code != 200 || !strings.Contains(body, "run-sandbox-command") || !strings.Contains(body, runID) {
+		t.Errorf("River's UI with the operators' key: %d %.300s", code, body)
+	}
 
 	// Sign out: the key is gone and the data with it.
 	do("sign out", chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("key")))

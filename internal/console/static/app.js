@@ -74,6 +74,13 @@
     return isNaN(d) ? String(iso) : d.toLocaleString();
   }
 
+  // fmtShort is a time of today as a time of day, another as a date.
+  function fmtShort(iso) {
+    const d = new Date(iso);
+    if (!iso || isNaN(d)) return '—';
+    return d.toDateString() === new Date().toDateString() ? d.toLocaleTimeString() : d.toLocaleDateString();
+  }
+
   function fmtBytes(n) {
     if (typeof n !== 'number') return '—';
     const units = ['B', 'KiB', 'MiB', 'GiB'];
@@ -317,6 +324,8 @@
     return r.output && typeof r.output === 'object' && typeof r.output.exitCode === 'number' ? r.output.exitCode : null;
   }
 
+  const TASKS = { 'run-sandbox-command': 'command', 'setup-sandbox': 'setup', 'coding-agent': 'agent' };
+
   async function loadRuns(selected, refreshing) {
     const data = await api('GET', '/api/tasks/runs?limit=50');
     const rows = (data.runs || []).map((r) => el('tr', {
@@ -325,10 +334,10 @@
       onclick: () => { location.hash = '#runs/' + encodeURIComponent(r.id); },
     },
     el('td', { class: 'mono', text: r.id }),
-    el('td', { text: r.taskIdentifier }),
+    el('td', { class: 'nowrap', text: TASKS[r.taskIdentifier] || r.taskIdentifier, title: r.taskIdentifier }),
     el('td', null, statusBadge(r.status)),
-    el('td', { text: fmtTime(r.createdAt) }),
-    el('td', { text: fmtDuration(r.durationMs) })));
+    el('td', { class: 'nowrap', text: fmtShort(r.createdAt), title: fmtTime(r.createdAt) }),
+    el('td', { class: 'nowrap', text: fmtDuration(r.durationMs) })));
     $('runs-body').replaceChildren(...rows);
     $('runs-empty').hidden = rows.length > 0;
     // While its log is followed, the open run's status comes from the
@@ -409,6 +418,7 @@
             $('run-status').textContent = 'EXECUTING';
             $('run-status').dataset.status = 'EXECUTING';
             $('run-status').className = 'status st-executing';
+            run(loadRuns(id, true));
           }
         }
         else if (name === 'error') appendLog(pre, `\n[${msg.error}]\n`);
