@@ -21,7 +21,7 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
-// chromium finds Debian's chromium (scripts/install-deps.sh installs it);
+// chromium finds Debian's chromium (scripts/install-test-tools.sh installs it);
 // without it the console test skips, or fails under
 // SANDBOXD_REQUIRE_RUNTIME=1.
 func chromium(t *testing.T) string {
@@ -32,9 +32,9 @@ func chromium(t *testing.T) string {
 		}
 	}
 	if os.Getenv("SANDBOXD_REQUIRE_RUNTIME") == "1" {
-		t.Fatal("chromium is not installed (scripts/install-deps.sh installs it; SANDBOXD_REQUIRE_RUNTIME=1)")
+		t.Fatal("chromium is not installed (scripts/install-test-tools.sh installs it; SANDBOXD_REQUIRE_RUNTIME=1)")
 	}
-	t.Skip("chromium is not installed (scripts/install-deps.sh installs it)")
+	t.Skip("chromium is not installed (scripts/install-test-tools.sh installs it)")
 	return ""
 }
 

@@ -28,7 +28,6 @@ need=(
   "xz:xz-utils"
   "cpio:cpio"
   "tmux:tmux"                                      # drives `sandbox connect` on a real terminal in the e2e tests
-  "chromium:chromium"                              # headless browser of the web console's test (e2e/console_test.go)
 )
 
 missing=()
