@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -38,8 +39,17 @@ func TestUI(t *testing.T) {
 			body, _ := io.ReadAll(rec.Result().Body)
 			return rec.Code, string(body)
 		}
-		if code, body := get("/riverui/"); code != 200 || !strings.Contains(body, "<title>River</title>") {
-			t.Fatalf("page: %d %.300s", code, body)
+		code, page := get("/riverui/")
+		if code != 200 || !strings.Contains(page, "<title>River</title>") {
+			t.Fatalf("page: %d %.300s", code, page)
+		}
+		// Its script comes from under the prefix too.
+		script := regexp.MustCompile(`src="(/riverui/assets/[^"]+\.js)"`).FindStringSubmatch(page)
+		if script == nil {
+			t.Fatalf("no script under /riverui/assets in %.500s", page)
+		}
+		if code, body := get(script[1]); code != 200 || len(body) < 1000 {
+			t.Fatalf("%s: %d, %d bytes", script[1], code, len(body))
 		}
 		code, body := get("/riverui/api/jobs?state=available&limit=10")
 		if code != 200 || !strings.Contains(body, jobs.KindStopSandbox) || !strings.Contains(body, "node-n1") {
