@@ -38,12 +38,14 @@ run: deps build
 # Every test that attacks a boundary records itself (internal/securitytest)
 # in $(SECURITY_RECORDS); `make security` renders them into SECURITY.md.
 SECURITY_RECORDS := $(CURDIR)/$(BIN)/security-attacks.jsonl
+# Tests that make artifacts (the console test's screenshots) put them here.
+ARTIFACTS := $(CURDIR)/$(BIN)/artifacts
 test: deps build
 	@scripts/install-test-tools.sh
 	$(BIN)/sandboxd kernel build
 	$(BIN)/sandboxd image build --template full
 	rm -f $(SECURITY_RECORDS)
-	SANDBOXD_SECURITY_REPORT=$(SECURITY_RECORDS) SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 SANDBOXD_REQUIRE_S3=1 SANDBOXD_REQUIRE_MICROVM=1 SANDBOXD_TEST_IMAGES_FULL=1 $(GO) test -count=1 -timeout 60m ./...
+	SANDBOXD_SECURITY_REPORT=$(SECURITY_RECORDS) SANDBOXD_ARTIFACTS=$(ARTIFACTS) SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 SANDBOXD_REQUIRE_S3=1 SANDBOXD_REQUIRE_MICROVM=1 SANDBOXD_TEST_IMAGES_FULL=1 $(GO) test -count=1 -timeout 60m ./...
 	$(MAKE) fuzz
 
 # SECURITY.md's table of attacks, from what the suite really performed: the

@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
-# Installs the tools the test suite runs beside sandboxd that Debian does not
-# package: versitygw, the S3-compatible server the blob store's S3 backend is
-# tested against, and a Node.js recent enough for the e2b SDK tests (e2e/e2b;
-# see install-node.sh). Idempotent: a tool already present at the pinned
+# Installs the tools the test suite runs beside sandboxd: Debian's chromium
+# (the console's browser test), and what Debian does not package:
+# versitygw, the S3-compatible server the blob store's S3 backend is tested
+# against, and a Node.js recent enough for the e2b SDK tests (e2e/e2b; see
+# install-node.sh). Idempotent: a tool already present at the pinned
 # version is left alone. versitygw goes to $(go env GOPATH)/bin, where the
 # tests look.
 set -euo pipefail
 
 # Node.js first: the versitygw steps below end the script early.
 "$(dirname "$0")/install-node.sh"
+
+# Debian's chromium, the headless browser the web console's test drives
+# (e2e/console_test.go). Here rather than in install-deps.sh: only the
+# tests need it, and it is large for `make run`.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-test-tools: chromium is missing (run as root, or: sudo apt-get install chromium)" >&2
+  else
+    echo "install-test-tools: installing chromium" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  fi
+fi
 
 export PATH=/usr/local/go/bin:$PATH
 versitygw_module=github.com/versity/versitygw

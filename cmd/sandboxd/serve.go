@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/console"
 	"github.com/sandboxd/sandboxd/internal/e2b"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
@@ -71,6 +72,7 @@ type serveOptions struct {
 	jobsPerAcct  int
 	agentRuns    int
 	metricsAddr  string
+	adminKeyFile string
 	keep         bool
 	publicURL    string
 	allowPrivate bool
@@ -190,6 +192,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.repoLimits.pushMiB, "max-push-mib", repo.DefaultMaxPushBytes>>20, "largest pack one git push may send, in MiB (receive.maxInputSize; never more than --account-repo-mib); 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushObjects, "max-push-objects", repo.DefaultMaxPushObjects, "most objects one git push may send; 0 unlimited")
 	o.cluster.register(f)
+	f.StringVar(&o.adminKeyFile, "admin-key-file", "", "file holding the operators' key (at least 32 bytes): with it, River's job UI is served at /riverui/ to whoever gives that key as the password of HTTP Basic authentication; without it, not at all (env SANDBOXD_ADMIN_KEY_FILE)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9090", "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
 	return cmd
 }
@@ -425,6 +428,19 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		mcpserver.Path:              mcpSrv,
 	}
 	maps.Copy(mounts, e2bAPI.Routes())
+	consoleMounts, err := console.Mounts()
+	if err != nil {
+		return err
+	}
+	maps.Copy(mounts, consoleMounts)
+	// Before any work starts: a bad key file stops serve at once.
+	uiCtx, stopUI := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopUI()
+	riverUI, err := riverUIMounts(uiCtx, jc, o.adminKeyFile, log.With("component", "riverui"))
+	if err != nil {
+		return err
+	}
+	maps.Copy(mounts, riverUI)
 	srv, err := api.New(api.Options{
 		Store:        st,
 		Auth:         authn,
@@ -435,6 +451,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Environments: persistence,
 		Sandboxes:    mgr,
 		Agents:       agentSvc,
+		RunLogs:      runs.Logs{DataDir: dataDir},
 		Proxy:        portProxy,
 		Files:        fileSvc,
 		Cluster:      apiCluster(clu),

@@ -93,6 +93,16 @@ func (e *sseWriter) event(name string, v any) error {
 	return e.rc.Flush()
 }
 
+// comment sends an SSE comment (a keepalive that clients ignore).
+func (e *sseWriter) comment(text string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := fmt.Fprintf(e.w, ": %s\n\n", text); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
 // streamTo is an io.Writer that turns each write into an event.
 type streamTo struct {
 	sse  *sseWriter

@@ -46,6 +46,12 @@ func (s *Server) routeTable() []route {
 			query: FileQuery{}, ok: FileResponse{}, handler: s.readFile},
 		{method: http.MethodGet, path: "/api/tasks/runs", summary: "Get a run, or list the account's runs", tag: "runs",
 			query: RunsQuery{}, ok: RunsResponse{}, handler: s.listRuns},
+		{method: http.MethodGet, path: "/api/tasks/runs/{id}/log", summary: "Follow a run's log as Server-Sent Events (sandboxd)", tag: "runs",
+			description: "text/event-stream: \"log\" events {\"data\"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one \"end\" event {\"status\"} once the run finished (at once for a finished run); \"error\" {\"error\",\"statusCode\"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.",
+			query:       AccountRequest{}, ok: RunLogEnd{}, eventsOnly: true, handler: s.runLog},
+		{method: http.MethodGet, path: "/api/snapshots", summary: "List the account's snapshots, newest first (sandboxd)", tag: "snapshots",
+			description: "The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.",
+			query:       SnapshotsQuery{}, ok: SnapshotsResponse{}, handler: s.listSnapshots},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/exec", summary: "Run a command in a live sandbox", tag: "sandboxes",
 			description: "Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.",
 			body:        ExecRequest{}, ok: ExecResponse{}, stream: true, handler: s.execSandbox},
@@ -443,22 +449,9 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	if q.RunID != "" {
-		run, err := s.opts.Store.GetRun(ctx, q.RunID)
-		if err == nil && run.AccountID != account {
-			// With no account_id, any account the key may act for will do.
-			ok, aerr := s.mayAccess(r, run.AccountID)
-			if aerr != nil {
-				return aerr
-			}
-			if q.AccountID != "" || !ok {
-				err = store.ErrNotFound
-			}
-		}
-		if errors.Is(err, store.ErrNotFound) {
-			return errNotFound("Task run not found")
-		}
+		run, err := s.runFor(r, q.RunID, q.AccountID, account)
 		if err != nil {
-			return fmt.Errorf("get run %s: %w", q.RunID, err)
+			return err
 		}
 		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run, s.opts.Now())}})
 		return nil
@@ -473,6 +466,30 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, resp)
 	return nil
+}
+
+// runFor loads run id if the caller may see it: a run of account (the one
+// the request acts for), or, when no account_id was requested, of any
+// account the key may act for. Anything else is 404, so that run ids
+// cannot be probed.
+func (s *Server) runFor(r *http.Request, id, requested, account string) (store.Run, error) {
+	run, err := s.opts.Store.GetRun(r.Context(), id)
+	if err == nil && run.AccountID != account {
+		ok, aerr := s.mayAccess(r, run.AccountID)
+		if aerr != nil {
+			return run, aerr
+		}
+		if requested != "" || !ok {
+			err = store.ErrNotFound
+		}
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return run, errNotFound("Task run not found")
+	}
+	if err != nil {
+		return run, fmt.Errorf("get run %s: %w", id, err)
+	}
+	return run, nil
 }
 
 // runView renders a run in trigger.dev's v3 shape, as of now.

@@ -29,7 +29,10 @@ type route struct {
 	ok          any  // 200 body type
 	okNullable  bool // the 200 body may be JSON null instead
 	stream      bool // may answer text/event-stream
-	anyMethod   bool // served for every method, documented as method
+	// eventsOnly: the route answers only text/event-stream; ok is the
+	// data of its last event.
+	eventsOnly bool
+	anyMethod  bool // served for every method, documented as method
 	// websocket: the route upgrades to a websocket of the API's own
 	// (documented with 101 and 426); its key may come as a
 	// sandboxd.key.<KEY> subprotocol (requestKey).
@@ -156,7 +159,10 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 				okSchema = map[string]any{"anyOf": []any{okSchema, map[string]any{"type": "null"}}}
 			}
 			content := map[string]any{"application/json": map[string]any{"schema": okSchema}}
-			if rt.stream {
+			switch {
+			case rt.eventsOnly:
+				content = map[string]any{"text/event-stream": map[string]any{"schema": map[string]any{"type": "string", "description": "Server-Sent Events (see the description); the last event's data is this", "contentSchema": okSchema}}}
+			case rt.stream:
 				content["text/event-stream"] = map[string]any{"schema": map[string]any{"type": "string", "description": "Server-Sent Events: stdout, stderr, exit"}}
 			}
 			responses["200"] = map[string]any{"description": "Success", "content": content}

@@ -29,6 +29,7 @@ type Store interface {
 	ListRuns(ctx context.Context, accountID string, limit int) ([]store.Run, error)
 	GetEnvironment(ctx context.Context, accountID string) (store.Environment, error)
 	GetSnapshot(ctx context.Context, id string) (store.Snapshot, error)
+	ListSnapshots(ctx context.Context, accountID string) ([]store.Snapshot, error)
 }
 
 // Options configure the API server.
@@ -48,6 +49,9 @@ type Options struct {
 	Sandboxes SandboxService
 	Files     FileService
 	Agents    AgentService
+	// RunLogs opens the logs of the runs this node worked, for GET
+	// /api/tasks/runs/{id}/log; nil answers 501.
+	RunLogs RunLogService
 	// Environments owns the accounts' environment rows (PATCH
 	// /api/sandboxes).
 	Environments EnvironmentService

@@ -506,6 +506,25 @@ func LogPath(dataDir, runID string) string {
 	return filepath.Join(dataDir, "runs", runID+".log")
 }
 
+// Logs opens the run logs this node keeps (DATA_DIR/runs) for the API's
+// log stream (GET /api/tasks/runs/{id}/log).
+type Logs struct{ DataDir string }
+
+// OpenRunLog opens run id's log to read; an error wrapping fs.ErrNotExist
+// when there is none.
+func (l Logs) OpenRunLog(id string) (*os.File, error) {
+	// Ids come from the database; a path in one must still not leave the
+	// directory.
+	if !strings.HasPrefix(id, "run_") || strings.ContainsAny(id, "/\\") {
+		return nil, fmt.Errorf("open log of run %q: %w", id, fs.ErrNotExist)
+	}
+	f, err := os.Open(LogPath(l.DataDir, id))
+	if err != nil {
+		return nil, fmt.Errorf("open log of run %s: %w", id, err)
+	}
+	return f, nil
+}
+
 // Enqueue records a run of command in sandbox sb and its job in one
 // transaction: an acknowledged run always has its job.
 func Enqueue(ctx context.Context, st *store.Store, jc *jobs.Client, sb store.Sandbox, command string, args []string, cwd string, now time.Time) (string, error) {

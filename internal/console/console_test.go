@@ -1,0 +1,107 @@
+package console
+
+import (
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func serve(t *testing.T, method, target string) *http.Response {
+	t.Helper()
+	h, err := Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	return rec.Result()
+}
+
+// TestServes: the page and its files come with their types and the
+// security headers; /console redirects to /console/.
+func TestServes(t *testing.T) {
+	for path, typ := range map[string]string{
+		"/console/":            "text/html",
+		"/console/app.js":      "text/javascript",
+		"/console/style.css":   "text/css",
+		"/console/favicon.svg": "image/svg+xml",
+	} {
+		resp := serve(t, "GET", path)
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), typ) || len(body) == 0 {
+			t.Errorf("%s: %d %q", path, resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		if got := resp.Header.Get("Content-Security-Policy"); got != CSP {
+			t.Errorf("%s: CSP %q", path, got)
+		}
+		for k, v := range map[string]string{"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"} {
+			if resp.Header.Get(k) != v {
+				t.Errorf("%s: %s %q", path, k, resp.Header.Get(k))
+			}
+		}
+	}
+	resp := serve(t, "GET", "/console")
+	if resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != "/console/" {
+		t.Errorf("/console: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if resp := serve(t, "GET", "/console/nope.js"); resp.StatusCode != 404 {
+		t.Errorf("missing file: %d", resp.StatusCode)
+	}
+	if resp := serve(t, "POST", "/console/"); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %d", resp.StatusCode)
+	}
+}
+
+// TestCSPIsStrict: no inline code is allowed, and nothing may frame the
+// console.
+func TestCSPIsStrict(t *testing.T) {
+	for _, bad := range []string{"unsafe-inline", "unsafe-eval", "*", "data:", "http:", "https:"} {
+		if strings.Contains(CSP, bad) {
+			t.Errorf("CSP allows %q: %s", bad, CSP)
+		}
+	}
+	for _, want := range []string{"default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'", "object-src 'none'", "base-uri 'none'"} {
+		if !strings.Contains(CSP, want) {
+			t.Errorf("CSP lacks %q", want)
+		}
+	}
+}
+
+// TestFilesKeepTheRules reads the shipped files for what the CSP would
+// refuse at run time (inline scripts, handlers and styles) and for what
+// the app must never do: parse data as HTML, evaluate strings, or keep the
+// key beyond the tab's session.
+func TestFilesKeepTheRules(t *testing.T) {
+	read := func(name string) string {
+		b, err := fs.ReadFile(static, "static/"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	html := read("index.html")
+	for _, m := range regexp.MustCompile(`<script[^>]*>`).FindAllString(html, -1) {
+		if !strings.Contains(m, `src="`) {
+			t.Errorf("inline script: %s", m)
+		}
+	}
+	if regexp.MustCompile(`<script[^>]*src="[^"]*"[^>]*>[^<]+</script>`).MatchString(html) {
+		t.Error("a script element with both src and content")
+	}
+	if m := regexp.MustCompile(`\son[a-z]+=|\sstyle=|javascript:`).FindString(html); m != "" {
+		t.Errorf("index.html has %q (inline handler or style)", m)
+	}
+	js := read("app.js")
+	for _, bad := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function", "localStorage.", "localStorage[", "document.cookie", "setTimeout('", `setTimeout("`} {
+		if strings.Contains(js, bad) {
+			t.Errorf("app.js uses %s", bad)
+		}
+	}
+	if !strings.Contains(js, "sessionStorage") || !strings.Contains(js, "'sandboxd.key.' + state.key") {
+		t.Error("app.js no longer keeps the key in sessionStorage, or no longer sends it as the websocket subprotocol")
+	}
+}
