@@ -18,7 +18,10 @@ func newOpenAPICmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "openapi",
 		Short: "Print the OpenAPI document of the API (what GET /api/openapi.json serves)",
-		Args:  cobra.NoArgs,
+		Long: "Print the OpenAPI document of the API: what GET /api/openapi.json of a server of this binary serves.\n" +
+			"Its info.version is the binary's; the committed api/openapi.json is written by `go generate ./client`\n" +
+			"(a binary without a version, \"dev\"), which then generates the Go client from it.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			doc, err := api.OpenAPIDocument(version)
 			if err != nil {

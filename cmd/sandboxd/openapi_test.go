@@ -25,6 +25,7 @@ func TestCommittedOpenAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(out.Bytes(), committed) {
-		t.Fatalf("api/openapi.json differs from what `sandboxd openapi` prints (%d and %d bytes): run `go generate ./client` and commit the result", len(committed), out.Len())
+		t.Fatalf("api/openapi.json differs from what `sandboxd openapi` prints (%d and %d bytes): run `go generate ./client` "+
+			"(not a built bin/sandboxd, whose version differs) and commit the result", len(committed), out.Len())
 	}
 }
