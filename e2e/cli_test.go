@@ -15,8 +15,8 @@ import (
 
 // TestCLISandbox drives `sandboxd sandbox` (the API client) against a real
 // server: create, ls, exec (streamed and --json), stop, and an error answer.
-// The CLI decodes the API's own types, so this checks that the two agree on
-// the wire.
+// The CLI talks through the Go client generated from the served OpenAPI
+// document (package client), so this checks that the two agree on the wire.
 func TestCLISandbox(t *testing.T) {
 	s := startServer(t, storetest.SQLiteDSN(t))
 	k := s.createKey(s.createAccount("cli", false).ID)
