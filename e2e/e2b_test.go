@@ -95,7 +95,8 @@ func runE2BSDK(t *testing.T, node nodeInstall, dir string, flags, sdks []string)
 	}
 }
 
-// nodeInstall is a Node.js found for the SDK tests.
+// nodeInstall is a Node.js found for the node tests (the e2b SDK's, the
+// TypeScript client's).
 type nodeInstall struct {
 	bin     string // the node binary
 	version string
@@ -147,7 +148,7 @@ func findNode(t *testing.T) nodeInstall {
 		t.Logf("node %s at %s", v, bin)
 		return n
 	}
-	why := "no Node.js >= 20.18.1 with npm for the e2b SDK tests (scripts/install-node.sh installs one)"
+	why := "no Node.js >= 20.18.1 with npm for the node tests (scripts/install-node.sh installs one)"
 	if len(seen) > 0 {
 		why += "; found: " + strings.Join(seen, ", ")
 	}
@@ -229,10 +230,10 @@ func (n nodeInstall) run(ctx context.Context, t *testing.T, dir string, env map[
 	return err
 }
 
-// npmCI installs e2e/e2b's dependencies from its lockfile with `npm ci`,
-// unless node_modules was installed from this very lockfile by this node
-// version already (a stamp file records both): npm ci removes and refetches
-// node_modules each time.
+// npmCI installs dir's dependencies (e2e/e2b, clients/typescript) from its
+// lockfile with `npm ci`, unless node_modules was installed from this very
+// lockfile by this node version already (a stamp file records both): npm
+// ci removes and refetches node_modules each time.
 func npmCI(t *testing.T, n nodeInstall, dir string) {
 	t.Helper()
 	lock, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,90 +14,75 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
-// apiClient is the CLI's HTTP client for a running sandboxd.
+// apiClient is the CLI's client for a running sandboxd: the generated Go
+// client (package client) for the JSON routes and the upload's multipart
+// form (upload.go), and its URL, key and HTTP client for the two streams
+// the generated code does not express (exec's Server-Sent Events are read
+// here, the exec websocket in connect.go).
 type apiClient struct {
 	url, key string
 	http     *http.Client
 }
 
-// apiError is an error answer of the API.
-type apiError struct {
-	Status int
-	Body   api.ErrorBody
+// api returns the generated client for the flags' URL and key.
+func (c *apiClient) api() (*client.ClientWithResponses, error) {
+	return client.New(c.url, c.key, client.WithHTTPClient(namedErrors{c.http}))
 }
 
-func (e *apiError) Error() string {
-	if e.Body.Error == "" {
-		return fmt.Sprintf("HTTP %d", e.Status)
-	}
-	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body.Error)
-}
+// namedErrors is the CLI's HTTP client: a request that gets no answer
+// fails with its method and path first ("POST /api/sandboxes: ..."), as
+// the CLI's errors always began.
+type namedErrors struct{ http *http.Client }
 
-// do sends a JSON request and decodes a JSON answer into out.
-func (c *apiClient) do(ctx context.Context, method, path string, body, out any) error {
-	resp, err := c.send(ctx, method, path, body, "application/json")
+func (d namedErrors) Do(req *http.Request) (*http.Response, error) {
+	resp, err := d.http.Do(req)
 	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return fmt.Errorf("read answer: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		e := &apiError{Status: resp.StatusCode}
-		_ = json.Unmarshal(data, &e.Body)
-		return e
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("decode answer: %w", err)
-		}
-	}
-	return nil
-}
-
-func (c *apiClient) send(ctx context.Context, method, path string, body any, accept string) (*http.Response, error) {
-	if body == nil {
-		return c.sendBody(ctx, method, path, "", nil, accept)
-	}
-	data, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
-	return c.sendBody(ctx, method, path, "application/json", bytes.NewReader(data), accept)
-}
-
-// sendBody sends a request whose body (nil: none) is of contentType.
-func (c *apiClient) sendBody(ctx context.Context, method, path, contentType string, body io.Reader, accept string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.url, "/")+path, body)
-	if err != nil {
-		return nil, err
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	req.Header.Set("Accept", accept)
-	req.Header.Set("x-api-key", c.key)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.RequestURI(), err)
 	}
 	return resp, nil
 }
 
-// doWait is do for a call that may take a while (a create from a large
-// snapshot, a fork, a resume): tracker shows the wait when it is long.
-func (c *apiClient) doWait(ctx context.Context, tracker progress.Tracker, title, method, path string, body, out any) error {
+// waitFor runs call, an API call that may take a while (a create from a
+// large snapshot, a fork, a resume), as a task of tracker, which shows the
+// wait when it is long.
+func waitFor[T any](tracker progress.Tracker, title string, call func() (T, error)) (T, error) {
 	task := tracker.Start(title, progress.Steps, 0)
-	err := c.do(ctx, method, path, body, out)
+	v, err := call()
 	task.Done(err)
-	return err
+	return v, err
+}
+
+// decoded is the body of a successful answer, which the generated client
+// leaves nil when the server answered something other than JSON.
+func decoded[T any](v *T) (*T, error) {
+	if v == nil {
+		return nil, errors.New("decode answer: the answer is not JSON")
+	}
+	return v, nil
+}
+
+// optional is nil for an unset flag, which the request then omits.
+func optional[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// deref is what the CLI prints for an optional field: "" when absent.
+func deref[T any](v *T) T {
+	if v == nil {
+		var zero T
+		return zero
+	}
+	return *v
 }
 
 // newAPIHTTPClient returns the client the CLI talks to the API with. Go's
@@ -123,15 +107,18 @@ func keyStaysWithOrigin(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// The CLI decodes the API's answers into the API's own types, so renaming
-// a field there breaks this build rather than, silently, the CLI.
+// The CLI decodes the API's answers into the generated client's types,
+// which come from the document the server serves: a field renamed there
+// breaks this build (after go generate) rather than, silently, the CLI.
+// Their fields are in the server's order (the document's x-order), so
+// --json prints what it always printed.
 
-func printSandboxes(w io.Writer, sbs []api.Sandbox) error {
+func printSandboxes(w io.Writer, sbs []client.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATUS\tREMAINING\tRUNTIME\tCREATED\tRUN")
 	for _, s := range sbs {
 		remaining := (time.Duration(s.Timeout) * time.Millisecond).Round(time.Second)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SandboxID, s.SandboxStatus, remaining, s.Runtime, s.CreatedAt, s.RunID)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SandboxID, s.SandboxStatus, remaining, deref(s.Runtime), s.CreatedAt, deref(s.RunID))
 	}
 	return tw.Flush()
 }
@@ -162,24 +149,37 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Use:   "create [-- COMMAND ARGS...]",
 		Short: "Create a sandbox, optionally running a command or a prompt in it",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := createBody{CreateSandboxRequest: api.CreateSandboxRequest{Prompt: prompt, Cwd: cwd, AccountID: account}}
+			body := client.CreateSandboxRequest{Prompt: optional(prompt), Cwd: optional(cwd), AccountID: optional(account)}
 			if len(args) > 0 {
+				// A command's args are sent even when there are
+				// none: the server keeps them in the run's payload,
+				// where [] and null differ.
 				rest := args[1:]
-				body.Command, body.Args = args[0], &rest
+				body.Command, body.Args = &args[0], &rest
 			}
 			if timeout > 0 {
-				body.Timeout = timeout.Milliseconds()
+				body.Timeout = optional(int(timeout.Milliseconds()))
 			}
 			if network != "" {
-				p, err := parseNetworkFlag(network)
+				p, err := networkFlag(network)
 				if err != nil {
 					return err
 				}
 				body.Network = &p
 			}
-			var out api.SandboxesResponse
+			cl, err := c.api()
+			if err != nil {
+				return err
+			}
 			waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
-			if err := c.doWait(cmd.Context(), waits, "creating a sandbox", http.MethodPost, "/api/sandboxes", body, &out); err != nil {
+			out, err := waitFor(waits, "creating a sandbox", func() (*client.SandboxesResponse, error) {
+				res, err := client.Check(cl.PostSandboxesWithResponse(cmd.Context(), body))
+				if err != nil {
+					return nil, err
+				}
+				return decoded(res.JSON200)
+			})
+			if err != nil {
 				return err
 			}
 			if asJSON {
@@ -198,12 +198,16 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Short: "List sandboxes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path := "/api/sandboxes"
-			if account != "" {
-				path += "?account_id=" + account
+			cl, err := c.api()
+			if err != nil {
+				return err
 			}
-			var out api.ListSandboxesResponse
-			if err := c.do(cmd.Context(), http.MethodGet, path, nil, &out); err != nil {
+			res, err := client.Check(cl.GetSandboxesWithResponse(cmd.Context(), &client.GetSandboxesParams{AccountID: optional(account)}))
+			if err != nil {
+				return err
+			}
+			out, err := decoded(res.JSON200)
+			if err != nil {
 				return err
 			}
 			if asJSON {
@@ -211,9 +215,9 @@ func newSandboxCmd(g *globals) *cobra.Command {
 				// file tree (which can be long), as --json has
 				// always printed them.
 				return printJSON(cmd.OutOrStdout(), struct {
-					Sandboxes  []api.Sandbox `json:"sandboxes"`
-					SnapshotID *string       `json:"snapshot_id"`
-					GithubRepo *string       `json:"github_repo"`
+					Sandboxes  []client.Sandbox `json:"sandboxes"`
+					SnapshotID *string          `json:"snapshot_id"`
+					GithubRepo *string          `json:"github_repo"`
 				}{out.Sandboxes, out.SnapshotID, out.GithubRepo})
 			}
 			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
@@ -225,16 +229,26 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Short: "Run a command in a running sandbox, streaming its output",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := api.ExecRequest{Command: args[1], Args: args[2:], Cwd: cwd, AccountID: account}
-			path := "/api/sandboxes/" + args[0] + "/exec"
+			body := client.ExecRequest{Command: args[1], Cwd: optional(cwd), AccountID: optional(account)}
+			if rest := args[2:]; len(rest) > 0 {
+				body.Args = &rest
+			}
+			cl, err := c.api()
+			if err != nil {
+				return err
+			}
 			if asJSON {
-				var out api.ExecResponse
-				if err := c.do(cmd.Context(), http.MethodPost, path, body, &out); err != nil {
+				res, err := client.Check(cl.PostSandboxesIDExecWithResponse(cmd.Context(), args[0], body))
+				if err != nil {
+					return err
+				}
+				out, err := decoded(res.JSON200)
+				if err != nil {
 					return err
 				}
 				return printJSONSorted(cmd.OutOrStdout(), out)
 			}
-			code, err := c.execStream(cmd.Context(), path, body, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			code, err := execStream(cmd.Context(), cl, args[0], body, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -246,27 +260,53 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	}
 	exec.Flags().StringVar(&cwd, "cwd", "", "working directory")
 
-	// act is a command that POSTs to /api/sandboxes/ID/VERB and prints
-	// the sandbox it answers; doing names the wait ("pausing").
-	act := func(verb, doing, short string) *cobra.Command {
+	// act is a command that acts on one sandbox (POST
+	// /api/sandboxes/ID/VERB) and prints the sandbox it answers; doing
+	// names the wait ("pausing").
+	type actCall func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error)
+	act := func(verb, doing, short string, call actCall) *cobra.Command {
 		return &cobra.Command{
 			Use:   verb + " SANDBOX_ID",
 			Short: short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				body := api.AccountRequest{AccountID: account}
-				var out api.SandboxResponse
+				cl, err := c.api()
+				if err != nil {
+					return err
+				}
+				body := client.AccountRequest{AccountID: optional(account)}
 				waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
-				if err := c.doWait(cmd.Context(), waits, doing+" "+args[0], http.MethodPost, "/api/sandboxes/"+args[0]+"/"+verb, body, &out); err != nil {
+				out, err := waitFor(waits, doing+" "+args[0], func() (*client.SandboxResponse, error) {
+					return call(cmd.Context(), cl, args[0], body)
+				})
+				if err != nil {
 					return err
 				}
 				return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
 			},
 		}
 	}
-	stop := act("stop", "stopping", "Stop a sandbox")
-	pause := act("pause", "pausing", "Pause a running sandbox with its memory: it stops running and its timeout stops")
-	resume := act("resume", "resuming", "Resume a paused sandbox where it was")
+	stop := act("stop", "stopping", "Stop a sandbox", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
+		res, err := client.Check(cl.PostSandboxesIDStopWithResponse(ctx, id, body))
+		if err != nil {
+			return nil, err
+		}
+		return decoded(res.JSON200)
+	})
+	pause := act("pause", "pausing", "Pause a running sandbox with its memory: it stops running and its timeout stops", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
+		res, err := client.Check(cl.PostSandboxesIDPauseWithResponse(ctx, id, body))
+		if err != nil {
+			return nil, err
+		}
+		return decoded(res.JSON200)
+	})
+	resume := act("resume", "resuming", "Resume a paused sandbox where it was", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
+		res, err := client.Check(cl.PostSandboxesIDResumeWithResponse(ctx, id, body))
+		if err != nil {
+			return nil, err
+		}
+		return decoded(res.JSON200)
+	})
 	var count int
 	fork := &cobra.Command{
 		Use:   "fork SANDBOX_ID",
@@ -275,10 +315,20 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			"its files, its network policy); the sandbox itself runs on. All are started or none.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := api.ForkRequest{Count: count, Timeout: timeout.Milliseconds(), AccountID: account}
-			var out api.SandboxesResponse
+			body := client.ForkRequest{Count: optional(count), Timeout: optional(int(timeout.Milliseconds())), AccountID: optional(account)}
+			cl, err := c.api()
+			if err != nil {
+				return err
+			}
 			waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
-			if err := c.doWait(cmd.Context(), waits, fmt.Sprintf("forking %s (%d)", args[0], count), http.MethodPost, "/api/sandboxes/"+args[0]+"/fork", body, &out); err != nil {
+			out, err := waitFor(waits, fmt.Sprintf("forking %s (%d)", args[0], count), func() (*client.SandboxesResponse, error) {
+				res, err := client.Check(cl.PostSandboxesIDForkWithResponse(cmd.Context(), args[0], body))
+				if err != nil {
+					return nil, err
+				}
+				return decoded(res.JSON200)
+			})
+			if err != nil {
 				return err
 			}
 			if asJSON {
@@ -296,13 +346,20 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			"POLICY is " + networkFlagUsage + ".",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := parseNetworkFlag(args[1])
+			p, err := networkFlag(args[1])
 			if err != nil {
 				return err
 			}
-			body := api.NetworkRequest{Network: p, AccountID: account}
-			var out api.SandboxResponse
-			if err := c.do(cmd.Context(), http.MethodPatch, "/api/sandboxes/"+args[0]+"/network", body, &out); err != nil {
+			cl, err := c.api()
+			if err != nil {
+				return err
+			}
+			res, err := client.Check(cl.PatchSandboxesIDNetworkWithResponse(cmd.Context(), args[0], client.NetworkRequest{Network: p, AccountID: optional(account)}))
+			if err != nil {
+				return err
+			}
+			out, err := decoded(res.JSON200)
+			if err != nil {
 				return err
 			}
 			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
@@ -315,15 +372,31 @@ func newSandboxCmd(g *globals) *cobra.Command {
 }
 
 // printSandbox prints one sandbox as JSON or as a one-row table.
-func printSandbox(w io.Writer, sb api.Sandbox, asJSON bool) error {
+func printSandbox(w io.Writer, sb client.Sandbox, asJSON bool) error {
 	if asJSON {
 		return printJSON(w, sb)
 	}
-	return printSandboxes(w, []api.Sandbox{sb})
+	return printSandboxes(w, []client.Sandbox{sb})
 }
 
 // networkFlagUsage says what --network and `sandbox network` take.
 const networkFlagUsage = `network policy: none, egress, allow=CIDR|ADDRESS|DOMAIN,... or the API's JSON ({"allow": [...]})`
+
+// networkFlag is parseNetworkFlag's policy as the client sends it.
+func networkFlag(s string) (client.NetworkPolicy, error) {
+	var out client.NetworkPolicy
+	p, err := parseNetworkFlag(s)
+	if err != nil {
+		return out, err
+	}
+	// The client's policy is a union of the document's two forms (a
+	// string, an object); netpol writes the right one.
+	data, err := json.Marshal(p)
+	if err != nil {
+		return out, err
+	}
+	return out, out.UnmarshalJSON(data)
+}
 
 // parseNetworkFlag reads a policy as the CLI takes it and checks it as
 // the server will.
@@ -351,28 +424,26 @@ func parseNetworkFlag(s string) (netpol.Policy, error) {
 	return p, nil
 }
 
-// createBody is the body of `sandbox create`. A command's args are sent
-// even when there are none: the server keeps them in the run's payload,
-// where [] and null differ, and the API type omits an empty list.
-type createBody struct {
-	api.CreateSandboxRequest
-	Args *[]string `json:"args,omitempty"`
-}
-
 // exitError carries a remote command's exit code to the CLI's exit status.
 type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
 
-// execStream runs an exec as Server-Sent Events, copying output as it comes.
-func (c *apiClient) execStream(ctx context.Context, path string, body any, stdout, stderr io.Writer) (int, error) {
-	resp, err := c.send(ctx, http.MethodPost, path, body, "text/event-stream")
+// execStream runs an exec as Server-Sent Events, copying output as it
+// comes. The generated client sends the request (its plain variant
+// leaves the answer unread); the events are read here, since the document
+// gives the stream as text only.
+func execStream(ctx context.Context, cl *client.ClientWithResponses, id string, body client.ExecRequest, stdout, stderr io.Writer) (int, error) {
+	resp, err := cl.PostSandboxesIDExec(ctx, id, body, func(_ context.Context, req *http.Request) error {
+		req.Header.Set("Accept", "text/event-stream")
+		return nil
+	})
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		e := &apiError{Status: resp.StatusCode}
+		e := &client.Error{StatusCode: resp.StatusCode}
 		_ = json.NewDecoder(resp.Body).Decode(&e.Body)
 		return 0, e
 	}

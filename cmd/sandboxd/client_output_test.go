@@ -55,6 +55,38 @@ func TestClientOutput(t *testing.T) {
 		w.WriteHeader(http.StatusNotFound)
 		io.WriteString(w, `{"status":"error","error":"Sandbox not found"}`)
 	})
+	// A sandbox with every field: a network policy, its traffic, a parent.
+	const full = `{"sandboxId":"sbx_2","sandboxStatus":"running","timeout":60000,"createdAt":"2026-01-02T03:04:05.000Z","runtime":"gvisor","network":{"allow":["192.0.2.1","example.com"]},"network_bytes":{"sent":10,"received":20},"forkedFrom":"sbx_1"}`
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/fork", answer(`{"status":"success","sandboxes":[`+full+`,`+full+`]}`))
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/pause", answer(`{"status":"success","sandbox":`+strings.Replace(sb, `"running"`, `"paused"`, 1)+`}`))
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/resume", answer(`{"status":"success","sandbox":`+sb+`}`))
+	mux.HandleFunc("PATCH /api/sandboxes/sbx_2/network", answer(`{"status":"success","sandbox":`+full+`}`))
+	mux.HandleFunc("GET /api/sandboxes/sbx_1/processes", answer(`{"status":"success","processes":[{"pid":7,"tag":"run_1","command":["sh","-c","sleep 9"],"cwd":"/workspace","pty":false,"startedAt":"2026-01-02T03:04:06.000Z"},{"pid":12,"command":["bash","-l"],"pty":true,"startedAt":"2026-01-02T03:04:07.000Z"}]}`))
+	mux.HandleFunc("DELETE /api/sandboxes/sbx_1/processes/7", answer(`{"status":"success"}`))
+	mux.HandleFunc("DELETE /api/sandboxes/sbx_1/processes/8", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"status":"error","error":"signal must be one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT","missing_fields":["signal"]}`)
+	})
+	mux.HandleFunc("POST /api/sandboxes/sbx_busy/exec", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"status":"error","error":"Sandbox is not running"}`)
+	})
+	mux.HandleFunc("POST /api/sandboxes/sbx_oom/exec", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: stdout\ndata: {\"data\":\"partial\"}\n\n")
+		io.WriteString(w, "event: exit\ndata: {\"durationMs\":5,\"exitCode\":137,\"oomKilled\":true}\n\n")
+	})
+	mux.HandleFunc("POST /api/sandboxes/sbx_fail/exec", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: error\ndata: {\"error\":\"command not found\",\"statusCode\":400}\n\n")
+	})
+	mux.HandleFunc("GET /api/sandboxes/sbx_html/processes", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusBadGateway)
+		io.WriteString(w, "<html>bad gateway</html>")
+	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
@@ -79,6 +111,25 @@ func TestClientOutput(t *testing.T) {
 		{"stop", []string{"stop", "sbx_1"}},
 		{"stop-json", []string{"stop", "--json", "--account", "acct", "sbx_1"}},
 		{"stop-error", []string{"stop", "sbx_gone"}},
+		{"create-network", []string{"create", "--network", "allow=192.0.2.1, example.com", "--account", "acct"}},
+		{"create-egress", []string{"create", "--network", "egress", "--", "sh"}},
+		{"exec-args-json", []string{"exec", "--json", "--account", "acct", "sbx_1", "--", "ls", "-l", "/"}},
+		{"exec-conflict", []string{"exec", "sbx_busy", "--", "true"}},
+		{"exec-oom", []string{"exec", "sbx_oom", "--", "big"}},
+		{"exec-error", []string{"exec", "sbx_fail", "--", "nothere"}},
+		{"fork", []string{"fork", "sbx_1", "--count", "2", "--timeout", "1m"}},
+		{"fork-json", []string{"fork", "--json", "sbx_1"}},
+		{"pause", []string{"pause", "sbx_1"}},
+		{"resume-json", []string{"resume", "--json", "--account", "acct", "sbx_1"}},
+		{"network", []string{"network", "sbx_2", "allow=192.0.2.1,example.com"}},
+		{"network-json", []string{"network", "--json", "sbx_2", `{"allow":["192.0.2.1","example.com"]}`}},
+		{"network-none", []string{"network", "--account", "acct", "sbx_2", "none"}},
+		{"ps", []string{"ps", "sbx_1"}},
+		{"ps-json", []string{"ps", "--json", "--account", "acct", "sbx_1"}},
+		{"ps-html", []string{"ps", "sbx_html"}},
+		{"kill", []string{"kill", "sbx_1", "7"}},
+		{"kill-json", []string{"kill", "--json", "--signal", "term", "--account", "acct", "sbx_1", "7"}},
+		{"kill-error", []string{"kill", "--signal", "SIGFOO", "sbx_1", "8"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := newSandboxCmd(&globals{})

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
@@ -27,27 +28,34 @@ func TestClientKeyDoesNotFollowRedirectsToOtherHosts(t *testing.T) {
 	}
 	evil := httptest.NewServer(record("evil"))
 	defer evil.Close()
+	// The client calls GET /api/sandboxes under a base path of the
+	// server's: /away answers with a redirect to another host, /here
+	// with one to a path of its own.
 	mux := http.NewServeMux()
-	mux.HandleFunc("/away", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/away/", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, evil.URL+"/steal", http.StatusTemporaryRedirect)
 	})
-	mux.HandleFunc("/here", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/here/", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/same", http.StatusFound)
 	})
 	mux.HandleFunc("/same", record("api"))
 	api := httptest.NewServer(mux)
 	defer api.Close()
 
-	c := &apiClient{url: api.URL, key: "sbx_secret", http: newAPIHTTPClient()}
 	cases := []struct {
-		path, server, wantKey string
+		base, server, wantKey string
 	}{
 		{"/away", "evil", ""},
 		{"/here", "api", "sbx_secret"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.path, func(t *testing.T) {
-			if err := c.do(t.Context(), http.MethodGet, tc.path, nil, nil); err != nil {
+		t.Run(tc.base, func(t *testing.T) {
+			c := &apiClient{url: api.URL + tc.base, key: "sbx_secret", http: newAPIHTTPClient()}
+			cl, err := c.api()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Check(cl.GetSandboxesWithResponse(t.Context(), nil)); err != nil {
 				t.Fatal(err)
 			}
 			mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/internal/api"
 )
 
@@ -101,7 +102,7 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 	})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			e := &apiError{Status: resp.StatusCode}
+			e := &client.Error{StatusCode: resp.StatusCode}
 			if resp.Body != nil {
 				_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e.Body)
 			}

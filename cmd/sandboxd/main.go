@@ -47,6 +47,7 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(g),
 		newKernelCmd(g),
 		newMCPCmd(),
+		newOpenAPICmd(),
 	)
 	return root
 }

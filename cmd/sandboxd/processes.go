@@ -3,40 +3,34 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/client"
 )
 
 // processCommands are `sandboxd sandbox ps` and `sandboxd sandbox kill`:
 // the processes of a running sandbox (those exec and runs started, which
 // outlive their caller), and a kill of one with everything it started.
 func processCommands(c *apiClient, account *string, asJSON *bool) []*cobra.Command {
-	query := func(extra url.Values) string {
-		q := url.Values{}
-		if *account != "" {
-			q.Set("account_id", *account)
-		}
-		for k, v := range extra {
-			q[k] = v
-		}
-		if len(q) == 0 {
-			return ""
-		}
-		return "?" + q.Encode()
-	}
 	ps := &cobra.Command{
 		Use:   "ps SANDBOX_ID",
 		Short: "List the processes running in a sandbox (exec and runs started them)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var out api.ProcessesResponse
-			if err := c.do(cmd.Context(), http.MethodGet, "/api/sandboxes/"+url.PathEscape(args[0])+"/processes"+query(nil), nil, &out); err != nil {
+			cl, err := c.api()
+			if err != nil {
+				return err
+			}
+			params := &client.GetSandboxesIDProcessesParams{AccountID: optional(*account)}
+			res, err := client.Check(cl.GetSandboxesIDProcessesWithResponse(cmd.Context(), args[0], params))
+			if err != nil {
+				return err
+			}
+			out, err := decoded(res.JSON200)
+			if err != nil {
 				return err
 			}
 			if *asJSON {
@@ -51,19 +45,28 @@ func processCommands(c *apiClient, account *string, asJSON *bool) []*cobra.Comma
 		Short: "Kill a process of a sandbox and everything it started",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var extra url.Values
-			if signal != "" {
-				extra = url.Values{"signal": {strings.ToUpper(signal)}}
+			cl, err := c.api()
+			if err != nil {
+				return err
 			}
-			var out api.StatusResponse
-			path := "/api/sandboxes/" + url.PathEscape(args[0]) + "/processes/" + url.PathEscape(args[1]) + query(extra)
-			if err := c.do(cmd.Context(), http.MethodDelete, path, nil, &out); err != nil {
+			params := &client.DeleteSandboxesIDProcessesPidParams{AccountID: optional(*account)}
+			if signal != "" {
+				// The server names the signals it takes; an unknown
+				// one is its 400 to report.
+				params.Signal = optional(client.DeleteSandboxesIDProcessesPidParamsSignal(strings.ToUpper(signal)))
+			}
+			res, err := client.Check(cl.DeleteSandboxesIDProcessesPidWithResponse(cmd.Context(), args[0], args[1], params))
+			if err != nil {
+				return err
+			}
+			out, err := decoded(res.JSON200)
+			if err != nil {
 				return err
 			}
 			if *asJSON {
 				return printJSON(cmd.OutOrStdout(), out)
 			}
-			_, err := fmt.Fprintf(cmd.OutOrStdout(), "killed process %s\n", args[1])
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "killed process %s\n", args[1])
 			return err
 		},
 	}
@@ -71,11 +74,11 @@ func processCommands(c *apiClient, account *string, asJSON *bool) []*cobra.Comma
 	return []*cobra.Command{ps, kill}
 }
 
-func printProcesses(w io.Writer, ps []api.Process) error {
+func printProcesses(w io.Writer, ps []client.Process) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PID\tTAG\tSTARTED\tPTY\tCOMMAND")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%s\n", p.PID, p.Tag, p.StartedAt, p.PTY, strings.Join(p.Command, " "))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%s\n", p.Pid, deref(p.Tag), p.StartedAt, p.Pty, strings.Join(p.Command, " "))
 	}
 	return tw.Flush()
 }

@@ -2,19 +2,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
-	"net/http"
 	"os"
 	"path/filepath"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/internal/progress"
 )
 
@@ -49,14 +47,14 @@ func uploadCommand(g *globals, c *apiClient, asJSON *bool) *cobra.Command {
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "PATH\tSHA")
 				for _, f := range out.Uploaded {
-					fmt.Fprintf(tw, "%s\t%s\n", f.Path, f.SHA)
+					fmt.Fprintf(tw, "%s\t%s\n", f.Path, f.Sha)
 				}
 				if err := tw.Flush(); err != nil {
 					return err
 				}
 			}
-			if len(out.Errors) > 0 {
-				for _, e := range out.Errors {
+			if errs := deref(out.Errors); len(errs) > 0 {
+				for _, e := range errs {
 					fmt.Fprintln(cmd.ErrOrStderr(), "sandboxd: not uploaded:", e)
 				}
 				return &exitError{code: 1}
@@ -72,16 +70,19 @@ func uploadCommand(g *globals, c *apiClient, asJSON *bool) *cobra.Command {
 // upload streams files as one multipart/form-data request (never whole in
 // memory), reporting the bytes sent to tracker; once all are sent, the
 // server stores and commits them, which the task shows as its last step.
-func (c *apiClient) upload(ctx context.Context, paths []string, dir, message string, tracker progress.Tracker) (api.UploadFilesResponse, error) {
-	var out api.UploadFilesResponse
+// The generated client sends it: its WithBody variant takes any body of
+// any content type, here the reading end of a pipe the form is written
+// into as the request goes (the document gives the route's JSON body
+// only, and a JSON body would be whole in memory).
+func (c *apiClient) upload(ctx context.Context, paths []string, dir, message string, tracker progress.Tracker) (*client.UploadFilesResponse, error) {
 	var total int64
 	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {
-			return out, fmt.Errorf("upload: %w", err)
+			return nil, fmt.Errorf("upload: %w", err)
 		}
 		if !fi.Mode().IsRegular() {
-			return out, fmt.Errorf("upload: %s is not a regular file (name a directory's files, e.g. DIR/*)", p)
+			return nil, fmt.Errorf("upload: %s is not a regular file (name a directory's files, e.g. DIR/*)", p)
 		}
 		total += fi.Size()
 	}
@@ -89,33 +90,40 @@ func (c *apiClient) upload(ctx context.Context, paths []string, dir, message str
 	if len(paths) > 1 {
 		title = fmt.Sprintf("uploading %d files", len(paths))
 	}
+	cl, err := c.api()
+	if err != nil {
+		return nil, err
+	}
 	task := tracker.Start(title, progress.Bytes, total)
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
 	go func() {
 		pw.CloseWithError(writeUploadForm(mw, paths, dir, message, total, task))
 	}()
-	resp, err := c.sendBody(ctx, http.MethodPost, "/api/sandboxes/files", mw.FormDataContentType(), pr, "application/json")
 	// The writer stops at its next write once the reader is closed,
 	// whether the server answered early (an error) or the request failed.
 	defer pr.Close()
-	if err != nil {
-		task.Done(err)
-		return out, fmt.Errorf("upload: %w", err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		err = fmt.Errorf("upload: read answer: %w", err)
-	} else if resp.StatusCode != http.StatusOK {
-		e := &apiError{Status: resp.StatusCode}
-		_ = json.Unmarshal(data, &e.Body)
-		err = e
-	} else if err = json.Unmarshal(data, &out); err != nil {
-		err = fmt.Errorf("upload: decode answer: %w", err)
-	}
+	out, err := uploadAnswer(cl.PostSandboxesFilesWithBodyWithResponse(ctx, mw.FormDataContentType(), pr))
 	task.Done(err)
 	return out, err
+}
+
+// uploadAnswer is the answer of an upload: an error answer as the API's
+// *client.Error, any other failure (no answer, not JSON) prefixed with
+// "upload: ".
+func uploadAnswer(res *client.PostSandboxesFilesResult, err error) (*client.UploadFilesResponse, error) {
+	res, err = client.Check(res, err)
+	var apiErr *client.Error
+	if errors.As(err, &apiErr) {
+		return nil, err
+	}
+	if err == nil {
+		var out *client.UploadFilesResponse
+		if out, err = decoded(res.JSON200); err == nil {
+			return out, nil
+		}
+	}
+	return nil, fmt.Errorf("upload: %w", err)
 }
 
 // writeUploadForm writes the form: path and message when given, then each

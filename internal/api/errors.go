@@ -37,7 +37,7 @@ var (
 
 // ErrorBody is the JSON body of every error response.
 type ErrorBody struct {
-	Status        string `json:"status" enum:"error"`
+	Status        string `json:"status" jsonschema:"enum=error"`
 	Error         string `json:"error"`
 	Message       string `json:"message,omitempty"`
 	MissingFields []any  `json:"missing_fields,omitempty"`

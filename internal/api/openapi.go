@@ -68,28 +68,19 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			case reflect.TypeFor[json.RawMessage]():
 				return &jsonschema.Schema{Type: "object"}
 			case reflect.TypeFor[netpol.Policy]():
-				return &jsonschema.Schema{
-					Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
-					OneOf: []*jsonschema.Schema{
-						{Type: "string", Enum: []any{"none", "egress"}},
-						{Type: "object", Required: []string{"allow"}, Properties: allowProps()},
-					},
-				}
+				// One component for the three places a policy
+				// appears, so that generated clients have one type
+				// for it.
+				return &jsonschema.Schema{Ref: "#/$defs/" + networkPolicySchema}
 			}
 			return nil
 		},
 	}
 	// ref reflects v into components and returns a $ref to it.
 	ref := func(v any) (map[string]any, error) {
-		s := reflector.Reflect(v)
-		raw, err := json.Marshal(s)
+		m, err := schemaMap(reflector.Reflect(v))
 		if err != nil {
-			return nil, fmt.Errorf("marshal schema of %T: %w", v, err)
-		}
-		raw = []byte(strings.ReplaceAll(string(raw), "#/$defs/", "#/components/schemas/"))
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			return nil, fmt.Errorf("decode schema of %T: %w", v, err)
+			return nil, fmt.Errorf("schema of %T: %w", v, err)
 		}
 		if defs, ok := m["$defs"].(map[string]any); ok {
 			for name, d := range defs {
@@ -104,6 +95,11 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	policy, err := schemaMap(networkPolicy())
+	if err != nil {
+		return nil, fmt.Errorf("schema of the network policy: %w", err)
+	}
+	schemas[networkPolicySchema] = policy
 
 	paths := map[string]map[string]any{}
 	for _, rt := range routes {
@@ -133,7 +129,12 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			}
 			props, _ := qs["properties"].(map[string]any)
 			for _, name := range sortedKeys(props) {
-				params = append(params, map[string]any{"name": name, "in": "query", "required": required[name], "schema": props[name]})
+				schema := props[name]
+				if m, ok := schema.(map[string]any); ok {
+					// A parameter is not a field: its order means nothing.
+					delete(m, xOrder)
+				}
+				params = append(params, map[string]any{"name": name, "in": "query", "required": required[name], "schema": schema})
 			}
 		}
 		if len(params) > 0 {
@@ -205,6 +206,104 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 		"security": []any{map[string]any{"apiKey": []any{}}, map[string]any{"bearer": []any{}}},
 	}
 	return json.MarshalIndent(doc, "", "  ")
+}
+
+// schemaMap renders s as the document holds it: with x-order, its
+// references into the document's components and no boolean schemas.
+func schemaMap(s *jsonschema.Schema) (map[string]any, error) {
+	orderProperties(s)
+	raw, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	raw = []byte(strings.ReplaceAll(string(raw), "#/$defs/", "#/components/schemas/"))
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	trueToEmpty(m)
+	return m, nil
+}
+
+// networkPolicySchema names the component of netpol.Policy.
+const networkPolicySchema = "NetworkPolicy"
+
+// networkPolicy is the schema of netpol.Policy, which is JSON of its own
+// (a string or an object) rather than a struct to reflect.
+func networkPolicy() *jsonschema.Schema {
+	return &jsonschema.Schema{
+		Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
+		OneOf: []*jsonschema.Schema{
+			{Type: "string", Enum: []any{"none", "egress"}},
+			{Type: "object", Required: []string{"allow"}, Properties: allowProps()},
+		},
+	}
+}
+
+// xOrder is the extension that carries a property's place among its
+// object's fields: the document's objects are JSON maps (keys sorted),
+// and generators that honour it (oapi-codegen) then declare the fields in
+// the order of the Go types, which is the order the server writes them in.
+const xOrder = "x-order"
+
+// orderProperties sets x-order on the properties of every object schema
+// in s, in their declared order.
+func orderProperties(s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	if s.Properties != nil {
+		i := 0
+		for pair := s.Properties.Oldest(); pair != nil; pair = pair.Next() {
+			if pair.Value.Extras == nil {
+				pair.Value.Extras = map[string]any{}
+			}
+			pair.Value.Extras[xOrder] = i
+			i++
+			hoistNullableDescription(pair.Value)
+			orderProperties(pair.Value)
+		}
+	}
+	for _, d := range s.Definitions {
+		orderProperties(d)
+	}
+	orderProperties(s.Items)
+	orderProperties(s.AdditionalProperties)
+	for _, list := range [][]*jsonschema.Schema{s.OneOf, s.AnyOf, s.AllOf} {
+		for _, sub := range list {
+			orderProperties(sub)
+		}
+	}
+}
+
+// hoistNullableDescription moves the description of a nullable field
+// (the reflector's oneOf [schema, null]) from its schema to the field,
+// where readers and generators look for it.
+func hoistNullableDescription(s *jsonschema.Schema) {
+	if len(s.OneOf) != 2 || s.OneOf[1].Type != "null" || s.Description != "" {
+		return
+	}
+	s.Description, s.OneOf[0].Description = s.OneOf[0].Description, ""
+}
+
+// trueToEmpty replaces the boolean schema true (anything, e.g. the items
+// of a []any) by its equivalent {}: OpenAPI 3.0 tools, whose parsers many
+// generators still use, accept only objects as schemas.
+func trueToEmpty(v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, sub := range v {
+			if b, ok := sub.(bool); ok && b && (k == "items" || k == "additionalProperties") {
+				v[k] = map[string]any{}
+				continue
+			}
+			trueToEmpty(sub)
+		}
+	case []any:
+		for _, sub := range v {
+			trueToEmpty(sub)
+		}
+	}
 }
 
 func allowProps() *orderedmap.OrderedMap[string, *jsonschema.Schema] {

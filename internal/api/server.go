@@ -158,6 +158,15 @@ func (s *Server) serveRoute(h handler) http.HandlerFunc {
 // OpenAPI returns the generated OpenAPI 3.1 document.
 func (s *Server) OpenAPI() []byte { return s.openapi }
 
+// OpenAPIDocument is the document a server of this version serves at GET
+// /api/openapi.json, built without one (no services, no store): the route
+// table it comes from is the same, so `sandboxd openapi` and the committed
+// copy the typed clients are generated from cannot differ from what a
+// server answers.
+func OpenAPIDocument(version string) ([]byte, error) {
+	return openAPIDocument((&Server{}).routeTable(), version)
+}
+
 // authenticated resolves the caller's key before the handler runs. In a
 // cluster, a request for a sandbox another node hosts is then forwarded
 // there; a request that came in on the cluster listener is authenticated

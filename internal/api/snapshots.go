@@ -24,8 +24,8 @@ type SnapshotsResponse struct {
 	Status string `json:"status" jsonschema:"enum=success"`
 	// SnapshotID is the account's snapshot (GET /api/sandboxes'
 	// snapshot_id): null when it has none or its row expired.
-	SnapshotID *string        `json:"snapshot_id"`
-	ExpiresAt  *string        `json:"expires_at"`
+	SnapshotID *string        `json:"snapshot_id" jsonschema:"nullable"`
+	ExpiresAt  *string        `json:"expires_at" jsonschema:"nullable"`
 	Snapshots  []SnapshotInfo `json:"snapshots"`
 }
 
@@ -36,9 +36,9 @@ type SnapshotInfo struct {
 	ID string `json:"id"`
 	// ParentID is the snapshot this one was taken on top of; null for a
 	// layer over the base image alone.
-	ParentID *string `json:"parent_id"`
+	ParentID *string `json:"parent_id" jsonschema:"nullable"`
 	// SandboxID is the sandbox it was taken of, when known.
-	SandboxID *string `json:"sandbox_id"`
+	SandboxID *string `json:"sandbox_id" jsonschema:"nullable"`
 	Size      int64   `json:"size" jsonschema:"description=Bytes of the stored (compressed) layer"`
 	Depth     int     `json:"depth" jsonschema:"description=Layers from the base image to this one"`
 	CreatedAt string  `json:"created_at"`

@@ -47,7 +47,7 @@ type SnapshotRow struct {
 	AccountID  string  `json:"account_id" jsonschema:"format=uuid"`
 	SnapshotID string  `json:"snapshot_id"`
 	ExpiresAt  string  `json:"expires_at" jsonschema:"format=date-time"`
-	GithubRepo *string `json:"github_repo"`
+	GithubRepo *string `json:"github_repo" jsonschema:"nullable"`
 	CreatedAt  string  `json:"created_at" jsonschema:"format=date-time"`
 }
 
@@ -74,9 +74,9 @@ type SandboxesResponse struct {
 type ListSandboxesResponse struct {
 	Status     string          `json:"status" jsonschema:"enum=success"`
 	Sandboxes  []Sandbox       `json:"sandboxes"`
-	SnapshotID *string         `json:"snapshot_id"`
-	GithubRepo *string         `json:"github_repo"`
-	Filetree   []FileTreeEntry `json:"filetree"`
+	SnapshotID *string         `json:"snapshot_id" jsonschema:"nullable"`
+	GithubRepo *string         `json:"github_repo" jsonschema:"nullable"`
+	Filetree   []FileTreeEntry `json:"filetree" jsonschema:"nullable,description=null when the repository could not be listed"`
 	// FiletreeTruncated is set when the tree was cut at the server's
 	// limits (entries or path bytes) and filetree holds its beginning
 	// only (sandboxd).
@@ -98,7 +98,7 @@ type AccountRequest struct {
 // DeleteSandboxesResponse answers DELETE /api/sandboxes.
 type DeleteSandboxesResponse struct {
 	Status          string       `json:"status" jsonschema:"enum=success"`
-	DeletedSnapshot *SnapshotRow `json:"deleted_snapshot"`
+	DeletedSnapshot *SnapshotRow `json:"deleted_snapshot" jsonschema:"nullable"`
 }
 
 // UploadFile names one file to download into the repository.
@@ -146,13 +146,13 @@ type Run struct {
 	IsFailed       bool            `json:"isFailed"`
 	CreatedAt      string          `json:"createdAt" jsonschema:"format=date-time"`
 	UpdatedAt      string          `json:"updatedAt" jsonschema:"format=date-time"`
-	StartedAt      *string         `json:"startedAt" jsonschema:"format=date-time"`
-	FinishedAt     *string         `json:"finishedAt" jsonschema:"format=date-time"`
+	StartedAt      *string         `json:"startedAt" jsonschema:"nullable,format=date-time"`
+	FinishedAt     *string         `json:"finishedAt" jsonschema:"nullable,format=date-time"`
 	DurationMs     int64           `json:"durationMs" jsonschema:"description=0 before the run starts; elapsed time while it runs"`
 	Tags           []string        `json:"tags"`
 	Payload        json.RawMessage `json:"payload" jsonschema:"type=object"`
-	Output         json.RawMessage `json:"output" jsonschema:"type=object"`
-	Error          *RunError       `json:"error"`
+	Output         json.RawMessage `json:"output" jsonschema:"nullable,type=object,description=null until the run has an output"`
+	Error          *RunError       `json:"error" jsonschema:"nullable"`
 }
 
 // RunsResponse answers GET /api/tasks/runs.
