@@ -189,8 +189,24 @@ func Start(opts Options, rules Rules) (*Server, error) {
 		IdleTimeout:   func() time.Duration { return 10 * time.Second },
 		MaxTCPQueries: 64,
 	}
+	// Start returns once both serve: a Close before that would find a
+	// server not started, and leave it serving for ever.
+	started := make(chan struct{}, 2)
 	for _, srv := range []*dns.Server{s.udp, s.tcpSrv} {
+		srv.NotifyStartedFunc = func() { started <- struct{}{} }
 		go func() { s.done <- srv.ActivateAndServe() }()
+	}
+	for range 2 {
+		select {
+		case <-started:
+		case err := <-s.done:
+			// One failed to start: stop the other, and say why.
+			_ = s.udp.Shutdown()
+			_ = s.tcpSrv.Shutdown()
+			pc.Close()
+			l.Close()
+			return nil, fmt.Errorf("dnsguard: serve %s: %w", addr, err)
+		}
 	}
 	return s, nil
 }
