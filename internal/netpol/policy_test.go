@@ -64,11 +64,20 @@ func TestParseAllow(t *testing.T) {
 		{"10.1.2.3/16", "10.1.0.0/16", ""},
 		{"8.8.8.8", "8.8.8.8/32", ""},
 		{"API.Example.com.", "invalid Prefix", "api.example.com"},
+		{"*.CDN.example.com", "invalid Prefix", "*.cdn.example.com"},
 	}
 	for _, tt := range tests {
 		p, h, err := parseAllow(tt.in)
 		if err != nil || p.String() != tt.pfx || h != tt.host {
 			t.Errorf("parseAllow(%q) = %v, %q, %v; want %s, %q", tt.in, p, h, err, tt.pfx, tt.host)
+		}
+	}
+}
+
+func TestParseAllowRejects(t *testing.T) {
+	for _, in := range []string{"*", "*.", "*.com", "**.example.com", "a.*.example.com", "*example.com", "10.0.0"} {
+		if _, h, err := parseAllow(in); err == nil {
+			t.Errorf("parseAllow(%q) = %q, want an error", in, h)
 		}
 	}
 }
