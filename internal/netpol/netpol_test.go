@@ -22,6 +22,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
+	"github.com/sandboxd/sandboxd/internal/dnsguard"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -868,6 +869,15 @@ func TestDomainRules(t *testing.T) {
 		inSet = append(inSet, a.String())
 		if e.Timeout == 0 {
 			t.Errorf("set element %s has no timeout", a)
+		}
+		// Traffic to an address renews it for MaxTTL; the metadata
+		// address, denied before the set is looked at, keeps the
+		// answer's (the floor: the fake's TTL is 30s).
+		switch renewed := e.Expires > dnsguard.MinTTL; {
+		case a == inetMetadata && renewed:
+			t.Errorf("set element %s renewed (expires in %s) by traffic the deny list dropped", a, e.Expires)
+		case a != inetMetadata && !renewed:
+			t.Errorf("set element %s expires in %s: traffic did not renew it", a, e.Expires)
 		}
 	}
 	if want := []string{inetA.String(), inetB.String(), inetMetadata.String()}; !slices.Equal(sorted(inSet), sorted(want)) {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/sandboxd/sandboxd/internal/dnsguard"
 	"golang.org/x/sys/unix"
 )
 
@@ -103,7 +104,9 @@ func (m *Manager) hostChain(key string) string { return m.opts.Prefix + "-" + ke
 func (m *Manager) addrSet(key string) string { return m.opts.Prefix + "-" + key + "-dns" }
 
 func (m *Manager) addrSetOf(key string) *nftables.Set {
-	return &nftables.Set{Table: m.tbl(), Name: m.addrSet(key), KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	// Dynamic: the egress rule renews an element's timeout (dynset
+	// update) from the packet path.
+	return &nftables.Set{Table: m.tbl(), Name: m.addrSet(key), KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true}
 }
 
 // Counter objects of a sandbox: named, so they keep counting when Update
@@ -342,7 +345,13 @@ func (m *Manager) policyRules(c *nftables.Conn, out, in, host *nftables.Chain, s
 		for _, pfx := range n.Allowed {
 			add(out, ipAddr(16, pfx), verdict(expr.VerdictAccept))
 		}
-		add(out, inSet(16, set), verdict(expr.VerdictAccept))
+		// An answered address stays allowed for the answer's TTL
+		// (dnsguard.MinTTL to MaxTTL), and while the sandbox uses it:
+		// every packet to it renews it for MaxTTL, so a connection
+		// outliving the answer is not cut. Only addresses in the set are
+		// renewed (the lookup comes first): the packet path never adds.
+		add(out, inSet(16, set), []expr.Any{&expr.Dynset{SrcRegKey: 1, SetName: set.Name, SetID: set.ID,
+			Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: dnsguard.MaxTTL}}, verdict(expr.VerdictAccept))
 		// Replies only from what the policy lets the sandbox reach now:
 		// its resolvers and its allow list.
 		if !n.Resolver {
