@@ -66,7 +66,7 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 				return &jsonschema.Schema{Type: "object"}
 			case reflect.TypeFor[netpol.Policy]():
 				return &jsonschema.Schema{
-					Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
+					Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
 					OneOf: []*jsonschema.Schema{
 						{Type: "string", Enum: []any{"none", "egress"}},
 						{Type: "object", Required: []string{"allow"}, Properties: allowProps()},

@@ -11,7 +11,11 @@
 //	                           guest end in the namespace, a /30 of the pool
 //	table inet sandboxd_P      one table for all sandboxes (see nft.go):
 //	    chains P-KEY-out/-in   the sandbox's policy and limits
-//	    rules in egress/ingress jumping to them, tagged with KEY
+//	    chain P-KEY-host       DNS to its resolver, the one way to the host
+//	    set P-KEY-dns          addresses its resolver answered, with timeouts
+//	    rules in egress/ingress/hostdns jumping to them, tagged with KEY
+//	a DNS resolver             on HOSTADDR:53, UDP and TCP, in this process
+//	                           (resolver.go, internal/dnsguard)
 //	StateDir/KEY.json          the record (id, slot, policy), written first
 //
 // Invariants:
@@ -20,8 +24,14 @@
 //     host, which the input hook enforces), the pool (other sandboxes),
 //     0.0.0.0/8, loopback, link-local (cloud metadata), multicast and
 //     reserved ranges, Options.Deny; and the private ranges (RFC 1918,
-//     CGNAT) unless Options.AllowPrivate lets some of them through. Only DNS
-//     to the configured resolvers, port 53, is let through before it.
+//     CGNAT) unless Options.AllowPrivate lets some of them through. The
+//     only way through to the host is DNS to the sandbox's own resolver on
+//     its gateway address; port 53 anywhere else is dropped. (Networks an
+//     older sandboxd made let DNS to the configured resolvers through
+//     before the deny list, and keep doing so.)
+//   - An allow list's domains hold by DNS: the sandbox's resolver answers
+//     only them and puts each answer's addresses in the sandbox's set,
+//     which its egress rule accepts after the deny list.
 //   - Only IPv4 is routed; IPv6 from a sandbox is dropped.
 //   - A record exists before anything it names, and goes last, so
 //     Reconcile after a crash finds every leftover: by record, and by name

@@ -24,7 +24,15 @@ import (
 //	    oifname "P*" drop
 //	chain input    hook input, policy accept     (rebuilt by New)
 //	    iifname "P*" ct state established,related accept
+//	    iifname "P*" jump hostdns
 //	    iifname "P*" drop                         sandboxes never reach the host
+//	chain hostdns                                (kept across restarts)
+//	    iifname "PKEY" goto P-KEY-host           one per sandbox, comment KEY
+//	chain P-KEY-host                             (rebuilt with the policy)
+//	    ip saddr GUEST ip daddr GATEWAY udp/tcp dport 53 accept   its resolver
+//	    drop                                     (only this for none)
+//	set P-KEY-dns  ipv4_addr, flags timeout,dynamic: what the resolver
+//	                                             answered for allowed names
 //	chain postrouting  nat hook                  (rebuilt by New)
 //	    meta nfproto ipv4 ip saddr POOL oifname != "P*" masquerade
 //	chain egress / ingress                       (kept across restarts)
@@ -40,15 +48,19 @@ import (
 //	                                              can add any address to eth0)
 //	    limit rate over RATE bytes/second burst BURST bytes drop
 //	    ct state new ct count over MAXCONNS drop
-//	    jump dns; jump deny; jump private
+//	    udp/tcp dport 53 drop                     DNS only to its resolver
+//	                                              (older networks: jump dns)
+//	    jump deny; jump private
 //	    accept                                    egress
-//	    ip daddr ALLOWED accept ...               allow list
+//	    ip daddr ALLOWED accept ...               allow list's CIDRs
+//	    ip daddr @P-KEY-dns update @P-KEY-dns { ip daddr timeout 1h } accept
+//	                                              its answered domains
 //	    drop                                      (only this for none)
 //	chain P-KEY-in
 //	    meta nfproto ipv6 drop
 //	    limit rate over RATE bytes/second burst BURST bytes drop
 //	    ct state established,related accept       egress
-//	    ip saddr RESOLVER|ALLOWED ct state established,related accept   allow list
+//	    ip saddr ALLOWED|@P-KEY-dns ct state established,related accept   allow list
 //	    drop                                      nothing dials into a sandbox
 //	                                              through the forward path
 //

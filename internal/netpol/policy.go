@@ -18,8 +18,9 @@ const (
 	ModeNone Mode = "none"
 	// ModeEgress: the internet, minus the server-wide deny list.
 	ModeEgress Mode = "egress"
-	// ModeAllow: only the addresses in Policy.Allow (and DNS), minus the
-	// deny list.
+	// ModeAllow: only the addresses and domains in Policy.Allow (and DNS
+	// to the sandbox's resolver, which answers only those domains), minus
+	// the deny list.
 	ModeAllow Mode = "allow"
 )
 
@@ -28,7 +29,7 @@ const (
 const MaxAllow = 64
 
 // Policy is what a sandbox may reach. Its JSON form is the API's `network`
-// field: "none", "egress", or {"allow": ["cidr, address or domain", ...]}.
+// field: "none", "egress", or {"allow": ["cidr, address, domain or *.domain", ...]}.
 type Policy struct {
 	Mode Mode
 	// Allow lists IPv4 CIDRs, IPv4 addresses, domain names and wildcards
