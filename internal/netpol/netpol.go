@@ -394,6 +394,12 @@ func splitAllow(p Policy) ([]netip.Prefix, []string) {
 	return pfxs, names
 }
 
+// ErrNoResolver is Update's error for domains in a new policy of a
+// network an older sandboxd set up: its guest asks the configured
+// resolvers, not a resolver of its own, so nothing could enforce them.
+// Addresses and CIDRs can still be set; a new sandbox gets a resolver.
+var ErrNoResolver = errors.New("the sandbox's network predates per-sandbox DNS: domain rules need a new sandbox (addresses and CIDRs work)")
+
 // ErrNoNetwork is Update's error for a sandbox that was set up without a
 // network (policy none): it has no namespace to change the rules of.
 var ErrNoNetwork = errors.New("the sandbox has no network of its own")
@@ -421,6 +427,9 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (*Network, er
 	}
 	if err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", id, err)
+	}
+	if !old.Resolver && len(names) > 0 {
+		return nil, fmt.Errorf("update network of %s: %w", id, ErrNoResolver)
 	}
 	rec := old
 	rec.Policy, rec.Allowed = p, allowed

@@ -902,3 +902,33 @@ func TestDomainRules(t *testing.T) {
 		t.Fatalf("left after teardown: %v", left)
 	}
 }
+
+// TestUpdateLegacy: a network an older sandboxd set up (no resolver of
+// its own) takes new addresses, and refuses domains it could not enforce.
+func TestUpdateLegacy(t *testing.T) {
+	requireRoot(t)
+	m := newManager(t, "tnl", "10.208.0.0/16", nil)
+	ctx := context.Background()
+	n, err := m.Setup(ctx, "sb-legacy", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What an older sandboxd left: a record without a resolver.
+	rec, err := m.readRecord(n.Key)
+	must(t, err)
+	rec.Resolver = false
+	must(t, m.replaceRecord(rec))
+	m.recMu.Lock()
+	must(t, m.stopGuard(n.Key))
+	m.recMu.Unlock()
+	if got, _ := m.Get("sb-legacy"); !slices.Equal(got.Nameservers(), []string{inetDNS.String()}) {
+		t.Fatalf("legacy nameservers = %v, want the configured %s", got.Nameservers(), inetDNS)
+	}
+	if _, err := m.Update(ctx, "sb-legacy", Policy{Mode: ModeAllow, Allow: []string{"example.test"}}); !errors.Is(err, ErrNoResolver) {
+		t.Fatalf("domains for a legacy network: %v, want ErrNoResolver", err)
+	}
+	if _, err := m.Update(ctx, "sb-legacy", Policy{Mode: ModeAllow, Allow: []string{inetA.String()}}); err != nil {
+		t.Fatalf("an address for a legacy network: %v", err)
+	}
+	must(t, m.Teardown(ctx, "sb-legacy"))
+}

@@ -671,9 +671,12 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 		if _, rerr := m.st.SetSandboxNetwork(ctx, sb.ID, sb.Network); rerr != nil {
 			m.log.Error("restore network policy on the row", "sandbox_id", sb.ID, "err", rerr)
 		}
-		if errors.Is(err, netpol.ErrNoNetwork) {
+		switch {
+		case errors.Is(err, netpol.ErrNoNetwork):
 			// Torn down meanwhile: the sandbox is ending.
 			return sb, errdefs.ErrNotRunning
+		case errors.Is(err, netpol.ErrNoResolver):
+			return sb, errdefs.Wrap(errdefs.ErrInvalid, err, "network: "+netpol.ErrNoResolver.Error())
 		}
 		return sb, err
 	}
