@@ -96,8 +96,9 @@ type Options struct {
 	Pool netip.Prefix
 	// DNS are the resolvers each sandbox's resolver (internal/dnsguard,
 	// on the sandbox's gateway address) asks; the guest's resolv.conf
-	// names its gateway. Default: the host's non-loopback IPv4
-	// nameservers from /etc/resolv.conf.
+	// names its gateway. Default: the host's IPv4 nameservers from
+	// /etc/resolv.conf, a local one (127.0.0.53) included: the resolvers
+	// ask from the host, not from a sandbox.
 	DNS []netip.Addr
 	// Deny adds prefixes to the deny list.
 	Deny []netip.Prefix
@@ -237,7 +238,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		used:  map[int]string{}, guards: map[string]*dnsguard.Server{},
 	}
 	if len(opts.DNS) == 0 {
-		m.log.Warn("no DNS servers for sandboxes: the host has only local resolvers; set the DNS option")
+		m.log.Warn("no DNS servers for sandboxes' resolvers: the host has no IPv4 nameserver; set the DNS option")
 	}
 	recs, err := m.records()
 	if err != nil {
@@ -255,7 +256,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	return m, nil
 }
 
-// hostNameservers reads the IPv4, non-loopback nameservers of a resolv.conf.
+// hostNameservers reads the IPv4 nameservers of a resolv.conf.
 func hostNameservers(path string) ([]netip.Addr, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -273,7 +274,7 @@ func hostNameservers(path string) ([]netip.Addr, error) {
 			continue
 		}
 		a, err := netip.ParseAddr(f[1])
-		if err != nil || !a.Is4() || a.IsLoopback() {
+		if err != nil || !a.Is4() {
 			continue
 		}
 		dns = append(dns, a)
@@ -308,7 +309,12 @@ func (m *Manager) addrs(slot int) (host, guest netip.Addr) {
 
 func (m *Manager) network(r record) *Network {
 	host, guest := m.addrs(r.Slot)
-	dns := m.opts.DNS
+	var dns []netip.Addr
+	for _, a := range m.opts.DNS {
+		if !a.IsLoopback() { // the host's, out of a guest's reach
+			dns = append(dns, a)
+		}
+	}
 	if r.Resolver {
 		dns = []netip.Addr{host}
 	}

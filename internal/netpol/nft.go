@@ -169,7 +169,12 @@ func (m *Manager) installTable() error {
 	add(in, ifname(expr.MetaKeyIIFNAME, p, false), jump(expr.VerdictJump, hostDNS.Name))
 	add(in, ifname(expr.MetaKeyIIFNAME, p, false), verdict(expr.VerdictDrop))
 	add(post, nfproto(unix.NFPROTO_IPV4), ipAddr(12, m.opts.Pool), ifnameNeq(expr.MetaKeyOIFNAME, p), []expr.Any{&expr.Masq{}})
+	// For networks an older sandboxd made, whose guests ask the resolvers
+	// themselves: never a loopback one, which is the host's.
 	for _, a := range m.opts.DNS {
+		if a.IsLoopback() {
+			continue
+		}
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			add(dns, ipAddr(16, netip.PrefixFrom(a, 32)), l4dport(proto, 53), verdict(expr.VerdictAccept))
 		}

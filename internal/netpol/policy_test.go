@@ -2,7 +2,11 @@ package netpol
 
 import (
 	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -79,5 +83,20 @@ func TestParseAllowRejects(t *testing.T) {
 		if _, h, err := parseAllow(in); err == nil {
 			t.Errorf("parseAllow(%q) = %q, want an error", in, h)
 		}
+	}
+}
+
+func TestHostNameservers(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(p, []byte("# local\nnameserver 127.0.0.53\nnameserver 10.0.0.2\nnameserver ::1\nsearch example.test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hostNameservers(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The local one too: sandboxes' resolvers ask from the host.
+	if want := []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("10.0.0.2")}; !slices.Equal(got, want) {
+		t.Errorf("hostNameservers = %v, want %v", got, want)
 	}
 }
