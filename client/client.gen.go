@@ -449,7 +449,7 @@ type CreateSandboxRequest struct {
 	// Timeout Lifetime in milliseconds (sandboxd; default 10 minutes)
 	Timeout *int `json:"timeout,omitempty"`
 
-	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
+	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
 	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
@@ -558,7 +558,7 @@ type NetworkBytes struct {
 	Received int `json:"received"`
 }
 
-// NetworkPolicy Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
+// NetworkPolicy Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
 type NetworkPolicy struct {
 	union json.RawMessage
 }
@@ -697,7 +697,7 @@ type Sandbox struct {
 	// Runtime Isolation backend of the sandbox (sandboxd)
 	Runtime *string `json:"runtime,omitempty"`
 
-	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
+	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
 	Network      *NetworkPolicy `json:"network,omitempty"`
 	NetworkBytes *NetworkBytes  `json:"network_bytes,omitempty"`
 

@@ -165,7 +165,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Var(newPolicyValue(&o.network, netpol.ModeNone), "network-default", `network of sandboxes whose request names none: "none" (loopback only) or "egress" (env SANDBOXD_NETWORK_DEFAULT)`)
 	f.Var(newPrefixValue(&o.netPool, netpol.DefaultPool), "network-pool", "IPv4 range sandbox addresses come from (a /30 each)")
 	f.StringVar(&o.netPrefix, "network-prefix", netpol.DefaultPrefix, "1-4 lowercase letters starting the names of the host's links, namespaces and nftables table this server makes; two servers on one host need prefixes neither of which starts the other (env SANDBOXD_NETWORK_PREFIX)")
-	f.Var(newAddrListValue(&o.netDNS), "network-dns", "resolvers sandboxes use, reached through NAT (default: the host's non-loopback nameservers)")
+	f.Var(newAddrListValue(&o.netDNS), "network-dns", "resolvers each sandbox's own resolver asks (default: the host's IPv4 nameservers)")
 	f.Var(newPrefixListValue(&o.netPrivate), "network-allow-private", "private ranges (CIDRs) sandboxes may reach; the host, other sandboxes and metadata stay denied")
 	f.Uint64Var(&o.netRate, "network-rate", 100_000_000/8, "bandwidth per sandbox and direction, bytes/s")
 	f.Uint32Var(&o.netConns, "network-max-conns", 1024, "concurrent connections per sandbox")

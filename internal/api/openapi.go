@@ -232,7 +232,7 @@ const networkPolicySchema = "NetworkPolicy"
 // (a string or an object) rather than a struct to reflect.
 func networkPolicy() *jsonschema.Schema {
 	return &jsonschema.Schema{
-		Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
+		Description: `Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.`,
 		OneOf: []*jsonschema.Schema{
 			{Type: "string", Enum: []any{"none", "egress"}},
 			{Type: "object", Required: []string{"allow"}, Properties: allowProps()},

@@ -60,7 +60,7 @@ type CreateSandboxRequest struct {
 	AccountID string   `json:"account_id,omitempty" jsonschema:"format=uuid"`
 	Timeout   int64    `json:"timeout,omitempty" jsonschema:"minimum=1,description=Lifetime in milliseconds (sandboxd; default 10 minutes)"`
 	// Network is the sandbox's network policy (sandboxd): "none", "egress",
-	// or {"allow": ["cidr, address or domain", ...]}.
+	// or {"allow": ["cidr, address, domain or *.domain", ...]}.
 	Network *netpol.Policy `json:"network,omitempty"`
 }
 

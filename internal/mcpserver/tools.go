@@ -61,7 +61,7 @@ func (h *Handler) addTools(srv *mcp.Server) {
 // networkSchema documents the network policy of a new sandbox as the API
 // takes it.
 var networkSchema = &jsonschema.Schema{
-	Description: `Network of the new sandbox: "none" (loopback only), "egress" (the internet, never the host or private ranges), or {"allow": ["CIDR, address or domain", ...]}. Default: the server's.`,
+	Description: `Network of the new sandbox: "none" (loopback only), "egress" (the internet, never the host or private ranges), or {"allow": ["CIDR, address, domain or *.domain", ...]}. Default: the server's.`,
 	OneOf: []*jsonschema.Schema{
 		{Type: "string", Enum: []any{"none", "egress"}},
 		{Type: "object", Properties: map[string]*jsonschema.Schema{"allow": {Type: "array", Items: &jsonschema.Schema{Type: "string"}}}, Required: []string{"allow"}},

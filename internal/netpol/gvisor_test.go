@@ -174,7 +174,7 @@ func TestGVisor(t *testing.T) {
 	wg.Wait()
 	// DNS: the namespace's resolvers are the guest's.
 	out, _ := wget(t, eg.sb, "", []string{"cat", "/etc/resolv.conf"})
-	if !strings.Contains(out, "nameserver "+inetDNS.String()) {
+	if !strings.Contains(out, "nameserver "+eg.net.HostAddr.String()) {
 		t.Errorf("guest resolv.conf: %q", out)
 	}
 }

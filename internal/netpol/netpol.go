@@ -11,7 +11,11 @@
 //	                           guest end in the namespace, a /30 of the pool
 //	table inet sandboxd_P      one table for all sandboxes (see nft.go):
 //	    chains P-KEY-out/-in   the sandbox's policy and limits
-//	    rules in egress/ingress jumping to them, tagged with KEY
+//	    chain P-KEY-host       DNS to its resolver, the one way to the host
+//	    set P-KEY-dns          addresses its resolver answered, with timeouts
+//	    rules in egress/ingress/hostdns jumping to them, tagged with KEY
+//	a DNS resolver             on HOSTADDR:53, UDP and TCP, in this process
+//	                           (resolver.go, internal/dnsguard)
 //	StateDir/KEY.json          the record (id, slot, policy), written first
 //
 // Invariants:
@@ -20,8 +24,14 @@
 //     host, which the input hook enforces), the pool (other sandboxes),
 //     0.0.0.0/8, loopback, link-local (cloud metadata), multicast and
 //     reserved ranges, Options.Deny; and the private ranges (RFC 1918,
-//     CGNAT) unless Options.AllowPrivate lets some of them through. Only DNS
-//     to the configured resolvers, port 53, is let through before it.
+//     CGNAT) unless Options.AllowPrivate lets some of them through. The
+//     only way through to the host is DNS to the sandbox's own resolver on
+//     its gateway address; port 53 anywhere else is dropped. (Networks an
+//     older sandboxd made let DNS to the configured resolvers through
+//     before the deny list, and keep doing so.)
+//   - An allow list's domains hold by DNS: the sandbox's resolver answers
+//     only them and puts each answer's addresses in the sandbox's set,
+//     which its egress rule accepts after the deny list.
 //   - Only IPv4 is routed; IPv6 from a sandbox is dropped.
 //   - A record exists before anything it names, and goes last, so
 //     Reconcile after a crash finds every leftover: by record, and by name
@@ -41,16 +51,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/renameio/v2"
+	"github.com/sandboxd/sandboxd/internal/dnsguard"
 )
 
 // Defaults for Options' zero fields.
@@ -83,10 +94,11 @@ type Options struct {
 	// Default 10.200.0.0/16. It is denied to sandboxes: one never reaches
 	// another.
 	Pool netip.Prefix
-	// DNS are the resolvers the guest uses (its resolv.conf), reached
-	// through NAT. Default: the host's non-loopback IPv4 nameservers from
-	// /etc/resolv.conf. If the host only has a local resolver (127.0.0.53),
-	// set this: sandboxes may not reach the host.
+	// DNS are the resolvers each sandbox's resolver (internal/dnsguard,
+	// on the sandbox's gateway address) asks; the guest's resolv.conf
+	// names its gateway. Default: the host's IPv4 nameservers from
+	// /etc/resolv.conf, a local one (127.0.0.53) included: the resolvers
+	// ask from the host, not from a sandbox.
 	DNS []netip.Addr
 	// Deny adds prefixes to the deny list.
 	Deny []netip.Prefix
@@ -99,10 +111,9 @@ type Options struct {
 	RateBytes  uint64
 	BurstBytes uint32
 	MaxConns   uint32
-	// LookupIP resolves the domains of allow lists. Default: the host's
-	// resolver (net.DefaultResolver), IPv4 answers only.
-	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)
-	Logger   *slog.Logger
+	// DNSPort is the port of the DNS servers (default 53): for tests.
+	DNSPort uint16
+	Logger  *slog.Logger
 }
 
 // Manager sets up and tears down sandbox networks on this host. Its methods
@@ -120,6 +131,8 @@ type Manager struct {
 	// must neither interleave with another update's nor outlive a
 	// teardown (a record written back after it would name nothing).
 	recMu sync.Mutex
+	// guards are the running resolvers, by key; under recMu.
+	guards map[string]*dnsguard.Server
 }
 
 // Network is a sandbox's network as set up on the host.
@@ -135,8 +148,13 @@ type Network struct {
 	HostAddr  netip.Addr   // the guest's gateway
 	GuestAddr netip.Addr   // the guest's address, in a /30 with HostAddr
 	DNS       []netip.Addr // nameservers for the guest's resolv.conf
-	// Allowed is what an allow list resolved to.
+	// Allowed are an allow list's CIDRs and addresses; its domains are
+	// enforced by the sandbox's resolver.
 	Allowed []netip.Prefix
+	// Resolver: the guest's DNS is its resolver on HostAddr, the only
+	// DNS it may reach. False only for networks an older sandboxd set
+	// up, whose guests use the configured resolvers directly.
+	Resolver bool
 }
 
 // Nameservers are n.DNS as strings.
@@ -155,7 +173,9 @@ type record struct {
 	Slot    int            `json:"slot"`
 	Policy  Policy         `json:"policy"`
 	Allowed []netip.Prefix `json:"allowed,omitempty"`
-	Created time.Time      `json:"created"`
+	// Resolver: see Network.Resolver.
+	Resolver bool      `json:"resolver,omitempty"`
+	Created  time.Time `json:"created"`
 }
 
 var prefixPattern = regexp.MustCompile(`^[a-z]{1,4}$`)
@@ -193,10 +213,8 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.LookupIP == nil {
-		opts.LookupIP = func(ctx context.Context, host string) ([]netip.Addr, error) {
-			return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
-		}
+	if opts.DNSPort == 0 {
+		opts.DNSPort = 53
 	}
 	if opts.DNS == nil {
 		dns, err := hostNameservers("/etc/resolv.conf")
@@ -217,10 +235,10 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		opts: opts, log: opts.Logger.With("component", "netpol"),
 		table: "sandboxd_" + opts.Prefix,
 		slots: 1 << (30 - opts.Pool.Bits()),
-		used:  map[int]string{},
+		used:  map[int]string{}, guards: map[string]*dnsguard.Server{},
 	}
 	if len(opts.DNS) == 0 {
-		m.log.Warn("no DNS servers for sandboxes: the host has only local resolvers; set the DNS option")
+		m.log.Warn("no DNS servers for sandboxes' resolvers: the host has no IPv4 nameserver; set the DNS option")
 	}
 	recs, err := m.records()
 	if err != nil {
@@ -238,7 +256,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	return m, nil
 }
 
-// hostNameservers reads the IPv4, non-loopback nameservers of a resolv.conf.
+// hostNameservers reads the IPv4 nameservers of a resolv.conf.
 func hostNameservers(path string) ([]netip.Addr, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -256,7 +274,7 @@ func hostNameservers(path string) ([]netip.Addr, error) {
 			continue
 		}
 		a, err := netip.ParseAddr(f[1])
-		if err != nil || !a.Is4() || a.IsLoopback() {
+		if err != nil || !a.Is4() {
 			continue
 		}
 		dns = append(dns, a)
@@ -291,23 +309,30 @@ func (m *Manager) addrs(slot int) (host, guest netip.Addr) {
 
 func (m *Manager) network(r record) *Network {
 	host, guest := m.addrs(r.Slot)
+	var dns []netip.Addr
+	for _, a := range m.opts.DNS {
+		if !a.IsLoopback() { // the host's, out of a guest's reach
+			dns = append(dns, a)
+		}
+	}
+	if r.Resolver {
+		dns = []netip.Addr{host}
+	}
 	return &Network{
 		ID: r.ID, Key: r.Key, Policy: r.Policy,
 		Netns:  filepath.Join(netnsDir, m.netnsName(r.Key)),
 		HostIf: m.linkName(r.Key), HostAddr: host, GuestAddr: guest,
-		DNS: m.opts.DNS, Allowed: r.Allowed,
+		DNS: dns, Allowed: r.Allowed, Resolver: r.Resolver,
 	}
 }
 
 // Setup makes sandbox id's network for policy p and returns it; with
 // ModeNone it makes nothing and returns nil. On error nothing is left.
 //
-// An allow list's domains are resolved here, once, to their IPv4
-// addresses: a name whose addresses change later (CDNs, round robin) is
-// reachable only at the addresses it had at setup, and every name served
-// from one of those addresses is reachable too. DNS itself (to the
-// configured resolvers) is allowed in every mode but none, so a guest can
-// still look names up.
+// The guest's DNS is a resolver of its own on its gateway address
+// (resolver.go), the only DNS it may reach: for an allow list it answers
+// only the list's domains and lets the sandbox reach each answer's
+// addresses for the answer's TTL; for egress it answers every name.
 func (m *Manager) Setup(ctx context.Context, id string, p Policy) (*Network, error) {
 	if p.Mode == "" {
 		p.Mode = ModeNone
@@ -318,12 +343,10 @@ func (m *Manager) Setup(ctx context.Context, id string, p Policy) (*Network, err
 	if p.Mode == ModeNone {
 		return nil, nil
 	}
-	allowed, err := m.resolve(ctx, p)
-	if err != nil {
-		return nil, fmt.Errorf("set up network of %s: %w", id, err)
-	}
+	allowed, _ := splitAllow(p)
 	key := Key(id)
-	rec := record{ID: id, Key: key, Policy: p, Allowed: allowed, Created: time.Now().UTC()}
+	rec := record{ID: id, Key: key, Policy: p, Allowed: allowed, Resolver: true, Created: time.Now().UTC()}
+	var err error
 	if rec.Slot, err = m.claim(key); err != nil {
 		return nil, fmt.Errorf("set up network of %s: %w", id, err)
 	}
@@ -332,7 +355,15 @@ func (m *Manager) Setup(ctx context.Context, id string, p Policy) (*Network, err
 		return nil, fmt.Errorf("set up network of %s: %w", id, err)
 	}
 	n := m.network(rec)
-	if err := m.build(ctx, n); err != nil {
+	err = m.build(ctx, n)
+	if err == nil {
+		m.recMu.Lock()
+		err = m.startGuard(n)
+		m.recMu.Unlock()
+	}
+	if err != nil {
+		m.recMu.Lock()
+		defer m.recMu.Unlock()
 		if terr := m.teardown(rec); terr != nil {
 			m.log.Warn("clean up failed network", "id", id, "err", terr)
 		}
@@ -351,50 +382,29 @@ func (m *Manager) build(ctx context.Context, n *Network) error {
 	return ctx.Err()
 }
 
-// resolve turns an allow list into prefixes.
-func (m *Manager) resolve(ctx context.Context, p Policy) ([]netip.Prefix, error) {
-	var out []netip.Prefix
+// splitAllow splits a validated policy's allow list into prefixes (for
+// the firewall) and domain patterns (for the resolver).
+func splitAllow(p Policy) ([]netip.Prefix, []string) {
+	var pfxs []netip.Prefix
+	var names []string
 	for _, a := range p.Allow {
 		pfx, host, err := parseAllow(a)
-		if err != nil {
-			return nil, fmt.Errorf("allow %q: %w", a, err)
-		}
-		if host == "" {
-			out = append(out, pfx)
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		addrs, err := m.opts.LookupIP(rctx, host)
-		cancel()
-		if err != nil {
-			return nil, &ResolveError{Host: host, Err: err}
-		}
-		n := 0
-		for _, ad := range addrs {
-			if ad = ad.Unmap(); ad.Is4() {
-				out = append(out, netip.PrefixFrom(ad, 32))
-				n++
-			}
-		}
-		if n == 0 {
-			return nil, &ResolveError{Host: host, Err: errors.New("no IPv4 address")}
+		switch {
+		case err != nil: // Validate passed: cannot happen
+		case host != "":
+			names = append(names, host)
+		default:
+			pfxs = append(pfxs, pfx)
 		}
 	}
-	return out, nil
+	return pfxs, names
 }
 
-// ResolveError is Setup's and Update's error for an allowed domain that
-// does not resolve to an IPv4 address: the caller's to fix.
-type ResolveError struct {
-	Host string
-	Err  error
-}
-
-func (e *ResolveError) Error() string {
-	return fmt.Sprintf("resolve allowed domain %s: %v", e.Host, e.Err)
-}
-
-func (e *ResolveError) Unwrap() error { return e.Err }
+// ErrNoResolver is Update's error for domains in a new policy of a
+// network an older sandboxd set up: its guest asks the configured
+// resolvers, not a resolver of its own, so nothing could enforce them.
+// Addresses and CIDRs can still be set; a new sandbox gets a resolver.
+var ErrNoResolver = errors.New("the sandbox's network predates per-sandbox DNS: domain rules need a new sandbox (addresses and CIDRs work)")
 
 // ErrNoNetwork is Update's error for a sandbox that was set up without a
 // network (policy none): it has no namespace to change the rules of.
@@ -414,12 +424,7 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (*Network, er
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", id, err)
 	}
-	// Names are resolved before the lock: a slow resolver must not hold
-	// up every other sandbox's teardown.
-	allowed, err := m.resolve(ctx, p)
-	if err != nil {
-		return nil, fmt.Errorf("update network of %s: %w", id, err)
-	}
+	allowed, names := splitAllow(p)
 	m.recMu.Lock()
 	defer m.recMu.Unlock()
 	old, err := m.readRecord(Key(id))
@@ -429,18 +434,26 @@ func (m *Manager) Update(ctx context.Context, id string, p Policy) (*Network, er
 	if err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", id, err)
 	}
+	if !old.Resolver && len(names) > 0 {
+		return nil, fmt.Errorf("update network of %s: %w", id, ErrNoResolver)
+	}
 	rec := old
 	rec.Policy, rec.Allowed = p, allowed
 	if err := m.replaceRecord(rec); err != nil {
 		return nil, fmt.Errorf("update network of %s: %w", id, err)
 	}
 	n := m.network(rec)
-	if err := m.replaceSandboxRules(n); err != nil {
+	_, oldNames := splitAllow(old.Policy)
+	// The addresses answered so far go unless the names and mode stay:
+	// they were answers for names the new policy may not allow.
+	flush := !slices.Equal(names, oldNames) || old.Policy.Mode != p.Mode
+	if err := m.replaceSandboxRules(n, flush); err != nil {
 		if werr := m.replaceRecord(old); werr != nil {
 			m.log.Error("restore network record after a failed update", "id", id, "err", werr)
 		}
 		return nil, fmt.Errorf("update network of %s: nftables rules: %w", id, err)
 	}
+	m.updateGuard(n)
 	m.log.Info("network policy updated", "id", id, "from", old.Policy.Mode, "to", p.Mode, "allowed", len(allowed))
 	return n, nil
 }
@@ -504,6 +517,7 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 // leaves it for Reconcile.
 func (m *Manager) teardown(rec record) error {
 	errs := []error{
+		m.stopGuard(rec.Key),
 		m.delSandboxRules(map[string]bool{rec.Key: true}),
 		delLink(m.linkName(rec.Key)),
 		delNetns(m.netnsName(rec.Key)),
@@ -528,9 +542,16 @@ func (m *Manager) Reconcile(ctx context.Context, keep func(id string) bool) erro
 	}
 	kept := map[string]bool{}
 	var errs []error
+	m.recMu.Lock()
+	defer m.recMu.Unlock()
 	for _, r := range recs {
 		if keep(r.ID) {
 			kept[r.Key] = true
+			// A surviving sandbox of an earlier process gets its
+			// resolver back.
+			if err := m.startGuard(m.network(r)); err != nil {
+				errs = append(errs, fmt.Errorf("restart resolver of %s: %w", r.ID, err))
+			}
 			continue
 		}
 		m.log.Info("removing network of a gone sandbox", "id", r.ID, "key", r.Key)

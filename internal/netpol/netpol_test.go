@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/miekg/dns"
+	"github.com/sandboxd/sandboxd/internal/dnsguard"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -117,6 +119,38 @@ func guestGet(path, url string) (string, error) {
 type internet struct {
 	netns string
 	link  string
+	dns   *fakeDNS
+}
+
+// fakeDNS is the test internet's resolver, on inetDNS port 53: A records
+// from a table the test may change, NXDOMAIN for other names.
+type fakeDNS struct {
+	mu      sync.Mutex
+	answers map[string][]netip.Addr // FQDN -> addresses
+}
+
+func (f *fakeDNS) set(name string, addrs ...netip.Addr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answers[dns.Fqdn(name)] = addrs
+}
+
+func (f *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := new(dns.Msg)
+	m.SetReply(r)
+	q := r.Question[0]
+	as, ok := f.answers[strings.ToLower(q.Name)]
+	if !ok {
+		m.Rcode = dns.RcodeNameError
+	}
+	for _, a := range as {
+		if q.Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: a.AsSlice()})
+		}
+	}
+	_ = w.WriteMsg(m)
 }
 
 // newInternet builds the test internet and its servers.
@@ -125,7 +159,8 @@ func newInternet(t *testing.T) *internet {
 	var rb [3]byte
 	_, _ = rand.Read(rb[:])
 	suffix := hex.EncodeToString(rb[:])
-	in := &internet{netns: "tin-" + suffix, link: "tin" + suffix}
+	in := &internet{netns: "tin-" + suffix, link: "tin" + suffix,
+		dns: &fakeDNS{answers: map[string][]netip.Addr{testDomain + ".": {inetDomain}}}}
 	ns, err := newNamedNetns(in.netns)
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +205,8 @@ func newInternet(t *testing.T) *internet {
 	for _, a := range []netip.Addr{inetA, inetB, inetDomain, inetMetadata, inetPrivate} {
 		serveHTTP(listenIn(t, path, netip.AddrPortFrom(a, 80).String()))
 	}
-	// A UDP echo on the DNS address: enough to show port 53 gets through.
+	// The internet's resolver, which sandboxes' resolvers ask and
+	// sandboxes themselves may not.
 	var pc net.PacketConn
 	if err := inNetns(path, func() (err error) {
 		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(inetDNS, 53).String())
@@ -178,17 +214,9 @@ func newInternet(t *testing.T) *internet {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(buf[:n], from)
-		}
-	}()
+	srv := &dns.Server{PacketConn: pc, Handler: in.dns}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
 	return in
 }
 
@@ -209,13 +237,7 @@ func newManager(t testing.TB, prefix string, pool string, mod func(*Options)) *M
 		Prefix:   prefix,
 		Pool:     netip.MustParsePrefix(pool),
 		DNS:      []netip.Addr{inetDNS},
-		LookupIP: func(ctx context.Context, host string) ([]netip.Addr, error) {
-			if host == testDomain {
-				return []netip.Addr{inetDomain}, nil
-			}
-			return nil, fmt.Errorf("no such host %s", host)
-		},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if mod != nil {
 		mod(&opts)
@@ -276,6 +298,10 @@ func TestPolicy(t *testing.T) {
 			hostAddrs = append(hostAddrs, ip.Unmap())
 		}
 	}
+	// The allow list's domain is reachable once the guest looks it up.
+	if got, err := guestLookup(allow.Netns, allow.HostAddr, testDomain); err != nil || !slices.Equal(got, []netip.Addr{inetDomain}) {
+		t.Fatalf("look up %s: %v, %v", testDomain, got, err)
+	}
 	// Listeners inside each sandbox, for sandbox-to-sandbox checks.
 	for _, n := range []*Network{egress, allow} {
 		serveHTTP(listenIn(t, n.Netns, netip.AddrPortFrom(n.GuestAddr, 8080).String()))
@@ -323,46 +349,68 @@ func TestPolicy(t *testing.T) {
 			}
 		}()
 	}
-	// DNS to the configured resolver gets through in both modes.
+	// DNS goes to the sandbox's own resolver only, in both modes; not to
+	// the configured resolver, nor to another sandbox's.
 	for _, n := range []*Network{egress, allow} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := udpEcho(n.Netns, netip.AddrPortFrom(inetDNS, 53)); err != nil {
-				t.Errorf("%s (%s): DNS to %s: %v", n.ID, n.Policy.Mode, inetDNS, err)
+			if _, err := guestLookup(n.Netns, n.HostAddr, testDomain); err != nil {
+				t.Errorf("%s (%s): DNS to its gateway: %v", n.ID, n.Policy.Mode, err)
+			}
+			if _, err := guestLookup(n.Netns, inetDNS, testDomain); err == nil {
+				t.Errorf("%s (%s): DNS to %s gets through", n.ID, n.Policy.Mode, inetDNS)
 			}
 		}()
 	}
+	if _, err := guestLookup(egress.Netns, allow.HostAddr, testDomain); err == nil {
+		t.Errorf("DNS to another sandbox's resolver gets through")
+	}
 	wg.Wait()
-	if got := egress.Nameservers(); !slices.Contains(got, inetDNS.String()) {
-		t.Errorf("nameservers = %q, want %s among them", got, inetDNS)
+	if got := egress.Nameservers(); !slices.Equal(got, []string{egress.HostAddr.String()}) {
+		t.Errorf("nameservers = %q, want the gateway %s", got, egress.HostAddr)
 	}
 }
 
-// udpEcho sends a datagram from the namespace at path and waits for it
-// to come back.
-func udpEcho(path string, to netip.AddrPort) error {
+// errNoSuchName is guestLookup's error for NXDOMAIN.
+var errNoSuchName = errors.New("no such name")
+
+// guestLookup asks server (port 53) for name's A records from inside the
+// namespace at path, as a sandbox would.
+func guestLookup(path string, server netip.Addr, name string) ([]netip.Addr, error) {
 	var c net.Conn
 	if err := inNetns(path, func() (err error) {
-		c, err = net.Dial("udp", to.String())
+		c, err = net.Dial("udp", netip.AddrPortFrom(server, 53).String())
 		return err
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("ping")); err != nil {
-		return err
+	co := &dns.Conn{Conn: c}
+	defer co.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	if err := co.WriteMsg(q); err != nil {
+		return nil, err
 	}
-	buf := make([]byte, 16)
-	n, err := c.Read(buf)
+	r, err := co.ReadMsg()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if string(buf[:n]) != "ping" {
-		return fmt.Errorf("echo = %q", buf[:n])
+	if r.Rcode == dns.RcodeNameError {
+		return nil, errNoSuchName
 	}
-	return nil
+	if r.Rcode != dns.RcodeSuccess {
+		return nil, fmt.Errorf("rcode %s", dns.RcodeToString[r.Rcode])
+	}
+	var out []netip.Addr
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			ad, _ := netip.AddrFromSlice(a.A.To4())
+			out = append(out, ad)
+		}
+	}
+	return out, nil
 }
 
 // TestAllowPrivate: an operator's private exception opens that range and
@@ -446,12 +494,17 @@ func leftovers(t *testing.T, m *Manager) []string {
 		}
 	}
 	t2 := m.tbl()
-	for _, name := range []string{chainEgress, chainIngress} {
+	for _, name := range []string{chainEgress, chainIngress, chainHostDNS} {
 		rules, err := c.GetRules(t2, &nftables.Chain{Name: name, Table: t2})
 		must(t, err)
 		for range rules {
 			out = append(out, "rule in "+name)
 		}
+	}
+	sets, err := c.GetSets(t2)
+	must(t, err)
+	for _, s := range sets {
+		out = append(out, "set "+s.Name)
 	}
 	objs, err := c.GetObjects(t2)
 	must(t, err)
@@ -521,6 +574,13 @@ func TestReconcileAfterCrash(t *testing.T) {
 	must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: m.linkName(orphan)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}))
 	must(t, m.addSandboxRules(&Network{Key: orphan, HostIf: m.linkName(orphan), Policy: Policy{Mode: ModeEgress}}))
 
+	// The crash: the dead process's resolvers die with it.
+	m.recMu.Lock()
+	for key := range m.guards {
+		must(t, m.stopGuard(key))
+	}
+	m.recMu.Unlock()
+
 	m2, err := New(ctx, m.opts)
 	if err != nil {
 		t.Fatal(err)
@@ -537,6 +597,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	}
 	want := []string{"netns " + m.netnsName(kept.Key), "link " + kept.HostIf,
 		"chain " + m.outChain(kept.Key), "chain " + m.inChain(kept.Key),
+		"chain " + m.hostChain(kept.Key), "set " + m.addrSet(kept.Key), "rule in " + chainHostDNS,
 		"rule in egress", "rule in ingress", "counter " + m.txCounter(kept.Key), "counter " + m.rxCounter(kept.Key), "record kept"}
 	got := leftovers(t, m2)
 	if fmt.Sprint(sorted(got)) != fmt.Sprint(sorted(want)) {
@@ -544,6 +605,9 @@ func TestReconcileAfterCrash(t *testing.T) {
 	}
 	if _, err := guestGet(kept.Netns, urlOf(inetA, 80)); err != nil {
 		t.Errorf("kept sandbox lost egress: %v", err)
+	}
+	if _, err := guestLookup(kept.Netns, kept.HostAddr, testDomain); err != nil {
+		t.Errorf("kept sandbox's resolver is not back: %v", err)
 	}
 	// The freed slots are handed out again; the kept one is not.
 	n, err := m2.Setup(ctx, "new", Policy{Mode: ModeEgress})
@@ -679,8 +743,8 @@ func TestUpdate(t *testing.T) {
 	if err := request(); err == nil {
 		t.Fatal("the connection to B opened under egress still works under allow [A]")
 	}
-	if err := udpEcho(n.Netns, netip.AddrPortFrom(inetDNS, 53)); err != nil {
-		t.Errorf("DNS under allow [A]: %v", err)
+	if _, err := guestLookup(n.Netns, n.HostAddr, testDomain); !errors.Is(err, errNoSuchName) {
+		t.Errorf("DNS under allow [A] for a name not on it: %v, want no such name", err)
 	}
 	if rec, err := m.Get("sb-update"); err != nil || rec.Policy.Mode != ModeAllow {
 		t.Fatalf("record after the update: %+v, %v", rec, err)
@@ -695,15 +759,15 @@ func TestUpdate(t *testing.T) {
 	if reach(inetA) {
 		t.Fatal("A reachable under none")
 	}
-	if err := udpEcho(n.Netns, netip.AddrPortFrom(inetDNS, 53)); err == nil {
+	if _, err := guestLookup(n.Netns, n.HostAddr, testDomain); err == nil {
 		t.Fatal("DNS gets through under none")
 	}
 
 	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow}); err == nil {
 		t.Fatal("an empty allow list was accepted")
 	}
-	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow, Allow: []string{"unknown.test"}}); err == nil {
-		t.Fatal("an allow list whose name does not resolve was accepted")
+	if _, err := m.Update(ctx, "sb-update", Policy{Mode: ModeAllow, Allow: []string{"*"}}); err == nil {
+		t.Fatal("an allow list with a bare wildcard was accepted")
 	}
 	if reach(inetA) {
 		t.Fatal("a refused update changed the policy in force")
@@ -733,4 +797,138 @@ func traffic(t *testing.T, m *Manager, id string) Traffic {
 		t.Fatalf("traffic of %s: %+v, %v", id, tr, err)
 	}
 	return *tr
+}
+
+// TestDomainRules: an allow list's domains are enforced by the sandbox's
+// resolver. An address is reachable once an allowed name resolved to it; a
+// name whose answer changes mid-run keeps working; a denied name sharing an
+// allowed one's address does not resolve; wildcards match below their
+// domain; an allowed name resolving into the deny list stays unreachable.
+func TestDomainRules(t *testing.T) {
+	requireRoot(t)
+	inet := newInternet(t)
+	inet.dns.set("moving.test", inetA)
+	inet.dns.set("denied.test", inetA)
+	inet.dns.set("a.b.wild.test", inetB)
+	inet.dns.set("wild.test", inetB)
+	inet.dns.set("meta.test", inetMetadata)
+	m := newManager(t, "tnd", "10.207.0.0/16", nil)
+	ctx := context.Background()
+	n, err := m.Setup(ctx, "sb-domains", Policy{Mode: ModeAllow, Allow: []string{"moving.test", "*.wild.test", "meta.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(name string) error {
+		addrs, err := guestLookup(n.Netns, n.HostAddr, name)
+		if err != nil {
+			return fmt.Errorf("look up %s: %w", name, err)
+		}
+		if len(addrs) == 0 {
+			return fmt.Errorf("look up %s: no address", name)
+		}
+		body, err := guestGet(n.Netns, urlOf(addrs[0], 80))
+		if err == nil && body != fmt.Sprintf("hello from %s", netip.AddrPortFrom(addrs[0], 80)) {
+			err = fmt.Errorf("answer %q", body)
+		}
+		return err
+	}
+	if _, err := guestGet(n.Netns, urlOf(inetA, 80)); err == nil {
+		t.Fatal("A reachable before any name resolved to it")
+	}
+	if err := get("moving.test"); err != nil {
+		t.Fatal(err)
+	}
+	// The name moves to B mid-run: the next lookup gets, and opens, B.
+	inet.dns.set("moving.test", inetB)
+	if err := get("moving.test"); err != nil {
+		t.Fatalf("after the answer changed: %v", err)
+	}
+	if got, err := guestLookup(n.Netns, n.HostAddr, "moving.test"); err != nil || !slices.Equal(got, []netip.Addr{inetB}) {
+		t.Fatalf("moving.test after the change = %v, %v; want %s", got, err, inetB)
+	}
+	if _, err := guestLookup(n.Netns, n.HostAddr, "denied.test"); !errors.Is(err, errNoSuchName) {
+		t.Errorf("denied.test, sharing moving.test's address: %v, want no such name", err)
+	}
+	if err := get("a.b.wild.test"); err != nil {
+		t.Errorf("wildcard: %v", err)
+	}
+	if _, err := guestLookup(n.Netns, n.HostAddr, "wild.test"); !errors.Is(err, errNoSuchName) {
+		t.Errorf("a wildcard's apex: %v, want no such name", err)
+	}
+	if err := get("meta.test"); err == nil {
+		t.Error("an allowed name resolving to the metadata address reached it")
+	}
+	// The resolver's answers are in the sandbox's set, with timeouts.
+	c, err := nftables.New()
+	must(t, err)
+	els, err := c.GetSetElements(m.addrSetOf(n.Key))
+	must(t, err)
+	var inSet []string
+	for _, e := range els {
+		a, _ := netip.AddrFromSlice(e.Key)
+		inSet = append(inSet, a.String())
+		if e.Timeout == 0 {
+			t.Errorf("set element %s has no timeout", a)
+		}
+		// Traffic to an address renews it for MaxTTL; the metadata
+		// address, denied before the set is looked at, keeps the
+		// answer's (the floor: the fake's TTL is 30s).
+		switch renewed := e.Expires > dnsguard.MinTTL; {
+		case a == inetMetadata && renewed:
+			t.Errorf("set element %s renewed (expires in %s) by traffic the deny list dropped", a, e.Expires)
+		case a != inetMetadata && !renewed:
+			t.Errorf("set element %s expires in %s: traffic did not renew it", a, e.Expires)
+		}
+	}
+	if want := []string{inetA.String(), inetB.String(), inetMetadata.String()}; !slices.Equal(sorted(inSet), sorted(want)) {
+		t.Errorf("set = %v, want %v", inSet, want)
+	}
+	// A new policy replaces the names the resolver answers, and what it
+	// answered before.
+	if _, err := m.Update(ctx, "sb-domains", Policy{Mode: ModeAllow, Allow: []string{"denied.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guestGet(n.Netns, urlOf(inetB, 80)); err == nil {
+		t.Error("B reachable after an update dropped the names that resolved to it")
+	}
+	if _, err := guestLookup(n.Netns, n.HostAddr, "moving.test"); !errors.Is(err, errNoSuchName) {
+		t.Errorf("moving.test after the update: %v, want no such name", err)
+	}
+	if err := get("denied.test"); err != nil {
+		t.Errorf("denied.test after the update allowed it: %v", err)
+	}
+	must(t, m.Teardown(ctx, "sb-domains"))
+	if left := leftovers(t, m); len(left) > 0 {
+		t.Fatalf("left after teardown: %v", left)
+	}
+}
+
+// TestUpdateLegacy: a network an older sandboxd set up (no resolver of
+// its own) takes new addresses, and refuses domains it could not enforce.
+func TestUpdateLegacy(t *testing.T) {
+	requireRoot(t)
+	m := newManager(t, "tnl", "10.208.0.0/16", nil)
+	ctx := context.Background()
+	n, err := m.Setup(ctx, "sb-legacy", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What an older sandboxd left: a record without a resolver.
+	rec, err := m.readRecord(n.Key)
+	must(t, err)
+	rec.Resolver = false
+	must(t, m.replaceRecord(rec))
+	m.recMu.Lock()
+	must(t, m.stopGuard(n.Key))
+	m.recMu.Unlock()
+	if got, _ := m.Get("sb-legacy"); !slices.Equal(got.Nameservers(), []string{inetDNS.String()}) {
+		t.Fatalf("legacy nameservers = %v, want the configured %s", got.Nameservers(), inetDNS)
+	}
+	if _, err := m.Update(ctx, "sb-legacy", Policy{Mode: ModeAllow, Allow: []string{"example.test"}}); !errors.Is(err, ErrNoResolver) {
+		t.Fatalf("domains for a legacy network: %v, want ErrNoResolver", err)
+	}
+	if _, err := m.Update(ctx, "sb-legacy", Policy{Mode: ModeAllow, Allow: []string{inetA.String()}}); err != nil {
+		t.Fatalf("an address for a legacy network: %v", err)
+	}
+	must(t, m.Teardown(ctx, "sb-legacy"))
 }

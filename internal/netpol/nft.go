@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/sandboxd/sandboxd/internal/dnsguard"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,7 +24,15 @@ import (
 //	    oifname "P*" drop
 //	chain input    hook input, policy accept     (rebuilt by New)
 //	    iifname "P*" ct state established,related accept
+//	    iifname "P*" jump hostdns
 //	    iifname "P*" drop                         sandboxes never reach the host
+//	chain hostdns                                (kept across restarts)
+//	    iifname "PKEY" goto P-KEY-host           one per sandbox, comment KEY
+//	chain P-KEY-host                             (rebuilt with the policy)
+//	    ip saddr GUEST ip daddr GATEWAY udp/tcp dport 53 accept   its resolver
+//	    drop                                     (only this for none)
+//	set P-KEY-dns  ipv4_addr, flags timeout,dynamic: what the resolver
+//	                                             answered for allowed names
 //	chain postrouting  nat hook                  (rebuilt by New)
 //	    meta nfproto ipv4 ip saddr POOL oifname != "P*" masquerade
 //	chain egress / ingress                       (kept across restarts)
@@ -38,15 +48,19 @@ import (
 //	                                              can add any address to eth0)
 //	    limit rate over RATE bytes/second burst BURST bytes drop
 //	    ct state new ct count over MAXCONNS drop
-//	    jump dns; jump deny; jump private
+//	    udp/tcp dport 53 drop                     DNS only to its resolver
+//	                                              (older networks: jump dns)
+//	    jump deny; jump private
 //	    accept                                    egress
-//	    ip daddr ALLOWED accept ...               allow list
+//	    ip daddr ALLOWED accept ...               allow list's CIDRs
+//	    ip daddr @P-KEY-dns update @P-KEY-dns { ip daddr timeout 1h } accept
+//	                                              its answered domains
 //	    drop                                      (only this for none)
 //	chain P-KEY-in
 //	    meta nfproto ipv6 drop
 //	    limit rate over RATE bytes/second burst BURST bytes drop
 //	    ct state established,related accept       egress
-//	    ip saddr RESOLVER|ALLOWED ct state established,related accept   allow list
+//	    ip saddr ALLOWED|@P-KEY-dns ct state established,related accept   allow list
 //	    drop                                      nothing dials into a sandbox
 //	                                              through the forward path
 //
@@ -83,6 +97,7 @@ const (
 	chainDNS         = "dns"
 	chainDeny        = "deny"
 	chainPrivate     = "private"
+	chainHostDNS     = "hostdns"
 )
 
 func (m *Manager) tbl() *nftables.Table {
@@ -91,6 +106,20 @@ func (m *Manager) tbl() *nftables.Table {
 
 func (m *Manager) outChain(key string) string { return m.opts.Prefix + "-" + key + "-out" }
 func (m *Manager) inChain(key string) string  { return m.opts.Prefix + "-" + key + "-in" }
+
+// hostChain is the input-hook chain of a sandbox's packets to the host:
+// only DNS to its resolver on its gateway address (resolver.go).
+func (m *Manager) hostChain(key string) string { return m.opts.Prefix + "-" + key + "-host" }
+
+// addrSet names the set of addresses the sandbox's resolver answered for
+// allowed names, each with its timeout.
+func (m *Manager) addrSet(key string) string { return m.opts.Prefix + "-" + key + "-dns" }
+
+func (m *Manager) addrSetOf(key string) *nftables.Set {
+	// Dynamic: the egress rule renews an element's timeout (dynset
+	// update) from the packet path.
+	return &nftables.Set{Table: m.tbl(), Name: m.addrSet(key), KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true}
+}
 
 // Counter objects of a sandbox: named, so they keep counting when Update
 // replaces the chains' rules.
@@ -122,6 +151,7 @@ func (m *Manager) installTable() error {
 	}
 	// Regular chains first: base chains jump to them.
 	egress, ingress := regular(chainEgress, false), regular(chainIngress, false)
+	hostDNS := regular(chainHostDNS, false)
 	dns, deny, private := regular(chainDNS, true), regular(chainDeny, true), regular(chainPrivate, true)
 	fwd := base(chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
 	in := base(chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
@@ -136,9 +166,15 @@ func (m *Manager) installTable() error {
 	add(fwd, ifname(expr.MetaKeyIIFNAME, p, false), verdict(expr.VerdictDrop))
 	add(fwd, ifname(expr.MetaKeyOIFNAME, p, false), verdict(expr.VerdictDrop))
 	add(in, ifname(expr.MetaKeyIIFNAME, p, false), ctEstablished(), verdict(expr.VerdictAccept))
+	add(in, ifname(expr.MetaKeyIIFNAME, p, false), jump(expr.VerdictJump, hostDNS.Name))
 	add(in, ifname(expr.MetaKeyIIFNAME, p, false), verdict(expr.VerdictDrop))
 	add(post, nfproto(unix.NFPROTO_IPV4), ipAddr(12, m.opts.Pool), ifnameNeq(expr.MetaKeyOIFNAME, p), []expr.Any{&expr.Masq{}})
+	// For networks an older sandboxd made, whose guests ask the resolvers
+	// themselves: never a loopback one, which is the host's.
 	for _, a := range m.opts.DNS {
+		if a.IsLoopback() {
+			continue
+		}
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			add(dns, ipAddr(16, netip.PrefixFrom(a, 32)), l4dport(proto, 53), verdict(expr.VerdictAccept))
 		}
@@ -157,13 +193,17 @@ func (m *Manager) installTable() error {
 
 // addSandboxRules adds n's chains and the jumps to them, in one
 // transaction.
-func (m *Manager) addSandboxRules(n *Network) error { return m.sandboxRules(n, false) }
+func (m *Manager) addSandboxRules(n *Network) error { return m.sandboxRules(n, false, false) }
 
 // replaceSandboxRules swaps the rules of n's chains for those of its
-// (new) policy in one transaction: no packet sees half of either.
-func (m *Manager) replaceSandboxRules(n *Network) error { return m.sandboxRules(n, true) }
+// (new) policy in one transaction: no packet sees half of either. With
+// flushAddrs the addresses its resolver answered go too: they were
+// answers for names the new policy may not allow.
+func (m *Manager) replaceSandboxRules(n *Network, flushAddrs bool) error {
+	return m.sandboxRules(n, true, flushAddrs)
+}
 
-func (m *Manager) sandboxRules(n *Network, replace bool) error {
+func (m *Manager) sandboxRules(n *Network, replace, flushAddrs bool) error {
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	c, err := nftables.New()
@@ -173,24 +213,45 @@ func (m *Manager) sandboxRules(n *Network, replace bool) error {
 	t := m.tbl()
 	out := &nftables.Chain{Name: m.outChain(n.Key), Table: t}
 	in := &nftables.Chain{Name: m.inChain(n.Key), Table: t}
+	host := &nftables.Chain{Name: m.hostChain(n.Key), Table: t}
+	// Adding a set or chain that exists keeps it (and the set's
+	// elements): a network made before them gets them on its first
+	// update.
+	set := m.addrSetOf(n.Key)
+	if err := c.AddSet(set, nil); err != nil {
+		return fmt.Errorf("add set %s: %w", set.Name, err)
+	}
+	host = c.AddChain(host)
 	// Adding a counter that exists keeps its count (a network made before
 	// counters existed gets them on its first update).
 	c.AddObj(&nftables.CounterObj{Table: t, Name: m.txCounter(n.Key)})
 	c.AddObj(&nftables.CounterObj{Table: t, Name: m.rxCounter(n.Key)})
+	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
 	if replace {
 		c.FlushChain(out)
 		c.FlushChain(in)
-		m.policyRules(c, out, in, n)
+		c.FlushChain(host)
+		if flushAddrs {
+			c.FlushSet(set)
+		}
+		m.policyRules(c, out, in, host, set, n)
 		return c.Flush()
 	}
 	out, in = c.AddChain(out), c.AddChain(in)
-	m.policyRules(c, out, in, n)
-	tag := userdata.AppendString(nil, userdata.TypeComment, n.Key)
+	m.policyRules(c, out, in, host, set, n)
+	m.hostJump(c, n, tag)
 	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainEgress, Table: t}, UserData: tag,
 		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, out.Name))})
 	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainIngress, Table: t}, UserData: tag,
 		Exprs: concat(ifname(expr.MetaKeyOIFNAME, n.HostIf, true), jump(expr.VerdictGoto, in.Name))})
 	return c.Flush()
+}
+
+// hostJump sends n's packets to the host through its host chain.
+func (m *Manager) hostJump(c *nftables.Conn, n *Network, tag []byte) {
+	t := m.tbl()
+	c.InsertRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chainHostDNS, Table: t}, UserData: tag,
+		Exprs: concat(ifname(expr.MetaKeyIIFNAME, n.HostIf, true), jump(expr.VerdictGoto, m.hostChain(n.Key)))})
 }
 
 // Traffic is what a sandbox's link carried, as IP packets (headers
@@ -236,7 +297,7 @@ func (m *Manager) counters(key string) (Traffic, error) {
 // checked on every packet, not only on a connection's first: a policy
 // replaced at runtime (Update) then also holds for connections it no
 // longer allows, in both directions.
-func (m *Manager) policyRules(c *nftables.Conn, out, in *nftables.Chain, n *Network) {
+func (m *Manager) policyRules(c *nftables.Conn, out, in, host *nftables.Chain, set *nftables.Set, n *Network) {
 	t := m.tbl()
 	add := func(ch *nftables.Chain, exprs ...[]expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: concat(exprs...)})
@@ -263,6 +324,16 @@ func (m *Manager) policyRules(c *nftables.Conn, out, in *nftables.Chain, n *Netw
 		}
 		add(ch, []expr.Any{&expr.Limit{Type: expr.LimitTypePktBytes, Rate: m.opts.RateBytes, Unit: expr.LimitTimeSecond, Burst: m.opts.BurstBytes, Over: true}}, verdict(expr.VerdictDrop))
 	}
+	// Packets to the host: DNS to the sandbox's resolver on its gateway
+	// address, from its own address, and nothing else (the input chain
+	// drops what this chain returns).
+	if n.Resolver && n.Policy.Mode != ModeNone && n.GuestAddr.Is4() {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			add(host, ipAddr(12, netip.PrefixFrom(n.GuestAddr, 32)), ipAddr(16, netip.PrefixFrom(n.HostAddr, 32)),
+				l4dport(proto, 53), verdict(expr.VerdictAccept))
+		}
+	}
+	add(host, verdict(expr.VerdictDrop))
 	if n.Policy.Mode == ModeNone {
 		// A policy changed to none: nothing in or out, DNS included.
 		add(out, verdict(expr.VerdictDrop))
@@ -270,7 +341,17 @@ func (m *Manager) policyRules(c *nftables.Conn, out, in *nftables.Chain, n *Netw
 		return
 	}
 	add(out, ctStateIs(expr.CtStateBitNEW), []expr.Any{&expr.Connlimit{Count: m.opts.MaxConns, Flags: expr.NFT_CONNLIMIT_F_INV}}, verdict(expr.VerdictDrop))
-	add(out, jump(expr.VerdictJump, chainDNS))
+	if n.Resolver {
+		// Its resolver is the only DNS a sandbox gets: a name the policy
+		// does not allow must not resolve through another one.
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			add(out, l4dport(proto, 53), verdict(expr.VerdictDrop))
+		}
+	} else {
+		// A network made before resolvers: its guest was given the
+		// configured resolvers.
+		add(out, jump(expr.VerdictJump, chainDNS))
+	}
 	add(out, jump(expr.VerdictJump, chainDeny))
 	add(out, jump(expr.VerdictJump, chainPrivate))
 	switch n.Policy.Mode {
@@ -281,14 +362,24 @@ func (m *Manager) policyRules(c *nftables.Conn, out, in *nftables.Chain, n *Netw
 		for _, pfx := range n.Allowed {
 			add(out, ipAddr(16, pfx), verdict(expr.VerdictAccept))
 		}
+		// An answered address stays allowed for the answer's TTL
+		// (dnsguard.MinTTL to MaxTTL), and while the sandbox uses it:
+		// every packet to it renews it for MaxTTL, so a connection
+		// outliving the answer is not cut. Only addresses in the set are
+		// renewed (the lookup comes first): the packet path never adds.
+		add(out, inSet(16, set), []expr.Any{&expr.Dynset{SrcRegKey: 1, SetName: set.Name, SetID: set.ID,
+			Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: dnsguard.MaxTTL}}, verdict(expr.VerdictAccept))
 		// Replies only from what the policy lets the sandbox reach now:
 		// its resolvers and its allow list.
-		for _, a := range m.opts.DNS {
-			add(in, ipAddr(12, netip.PrefixFrom(a, 32)), ctEstablished(), verdict(expr.VerdictAccept))
+		if !n.Resolver {
+			for _, a := range m.opts.DNS {
+				add(in, ipAddr(12, netip.PrefixFrom(a, 32)), ctEstablished(), verdict(expr.VerdictAccept))
+			}
 		}
 		for _, pfx := range n.Allowed {
 			add(in, ipAddr(12, pfx), ctEstablished(), verdict(expr.VerdictAccept))
 		}
+		add(in, inSet(12, set), ctEstablished(), verdict(expr.VerdictAccept))
 	}
 	add(out, verdict(expr.VerdictDrop))
 	add(in, verdict(expr.VerdictDrop)) // nothing dials into a sandbox through the forward path
@@ -314,7 +405,7 @@ func (m *Manager) delRules(del func(key string) bool) error {
 	}
 	t := m.tbl()
 	n := 0
-	for _, name := range []string{chainEgress, chainIngress} {
+	for _, name := range []string{chainEgress, chainIngress, chainHostDNS} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: name, Table: t})
 		if err != nil {
 			return fmt.Errorf("list rules of %s: %w", name, err)
@@ -344,7 +435,17 @@ func (m *Manager) delRules(del func(key string) bool) error {
 			n++
 		}
 	}
-	// The counters go after the chains whose rules use them.
+	// The sets and counters go after the chains whose rules use them.
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return fmt.Errorf("list sets: %w", err)
+	}
+	for _, s := range sets {
+		if key, ok := m.chainKey(s.Name); ok && del(key) {
+			c.DelSet(&nftables.Set{Table: t, Name: s.Name})
+			n++
+		}
+	}
 	objs, err := c.GetObjects(t)
 	if err != nil {
 		return fmt.Errorf("list counters: %w", err)
@@ -374,7 +475,7 @@ func (m *Manager) chainKey(name string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	for _, suf := range []string{"-out", "-in", "-tx", "-rx"} {
+	for _, suf := range []string{"-out", "-in", "-tx", "-rx", "-host", "-dns"} {
 		if key, ok := strings.CutSuffix(rest, suf); ok && keyPattern.MatchString(key) {
 			return key, true
 		}
@@ -439,6 +540,45 @@ func ipAddr(offset uint32, p netip.Prefix) []expr.Any {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a[:]},
 	}
+}
+
+// inSet matches an IPv4 address at offset that is in set.
+func inSet(offset uint32, set *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+	}
+}
+
+// allowAddrs adds addrs to key's set for timeout, or renews their
+// timeout: each is added (a no-op when there), deleted and added again,
+// in one transaction.
+func (m *Manager) allowAddrs(key string, addrs []netip.Addr, timeout time.Duration) error {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	set := m.addrSetOf(key)
+	var els []nftables.SetElement
+	for _, a := range addrs {
+		if a = a.Unmap(); a.Is4() {
+			els = append(els, nftables.SetElement{Key: a.AsSlice(), Timeout: timeout})
+		}
+	}
+	if len(els) == 0 {
+		return nil
+	}
+	for _, step := range []func(*nftables.Set, []nftables.SetElement) error{c.SetAddElements, c.SetDeleteElements, c.SetAddElements} {
+		if err := step(set, els); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("add to set %s: %w", set.Name, err)
+	}
+	return nil
 }
 
 // ipAddrNeq matches an IPv4 address at offset that is not in the prefix.

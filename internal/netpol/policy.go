@@ -18,8 +18,9 @@ const (
 	ModeNone Mode = "none"
 	// ModeEgress: the internet, minus the server-wide deny list.
 	ModeEgress Mode = "egress"
-	// ModeAllow: only the addresses in Policy.Allow (and DNS), minus the
-	// deny list.
+	// ModeAllow: only the addresses and domains in Policy.Allow (and DNS
+	// to the sandbox's resolver, which answers only those domains), minus
+	// the deny list.
 	ModeAllow Mode = "allow"
 )
 
@@ -28,12 +29,13 @@ const (
 const MaxAllow = 64
 
 // Policy is what a sandbox may reach. Its JSON form is the API's `network`
-// field: "none", "egress", or {"allow": ["cidr, address or domain", ...]}.
+// field: "none", "egress", or {"allow": ["cidr, address, domain or *.domain", ...]}.
 type Policy struct {
 	Mode Mode
-	// Allow lists IPv4 CIDRs, IPv4 addresses and domain names (ModeAllow
-	// only). Domains are resolved once, when the sandbox's network is set
-	// up: see Manager.Setup for what that means.
+	// Allow lists IPv4 CIDRs, IPv4 addresses, domain names and wildcards
+	// ("*.example.com": every name below example.com, at any depth, not
+	// example.com itself; see dnsguard.Match) (ModeAllow only). Domains
+	// are enforced by the sandbox's resolver: see Manager.Setup.
 	Allow []string
 }
 
@@ -64,7 +66,8 @@ func (p Policy) Validate() error {
 }
 
 // parseAllow reads one allow entry: a prefix (an address is its /32) or,
-// when it is neither, a domain name.
+// when it is neither, a domain name or wildcard, lower case, without a
+// trailing dot: the form dnsguard.Match takes.
 func parseAllow(s string) (netip.Prefix, string, error) {
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
@@ -82,8 +85,14 @@ func parseAllow(s string) (netip.Prefix, string, error) {
 		}
 		return netip.PrefixFrom(a, 32), "", nil
 	}
+	if rest, ok := strings.CutPrefix(s, "*."); ok {
+		if !isDomain(rest) {
+			return netip.Prefix{}, "", errors.New("a wildcard is \"*.\" and a domain name, like *.example.com")
+		}
+		return netip.Prefix{}, "*." + strings.ToLower(strings.TrimSuffix(rest, ".")), nil
+	}
 	if !isDomain(s) {
-		return netip.Prefix{}, "", errors.New("not a CIDR, an IPv4 address or a domain name")
+		return netip.Prefix{}, "", errors.New("not a CIDR, an IPv4 address, a domain name or a wildcard (*.example.com)")
 	}
 	return netip.Prefix{}, strings.ToLower(strings.TrimSuffix(s, ".")), nil
 }

@@ -2,7 +2,11 @@ package netpol
 
 import (
 	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -64,11 +68,35 @@ func TestParseAllow(t *testing.T) {
 		{"10.1.2.3/16", "10.1.0.0/16", ""},
 		{"8.8.8.8", "8.8.8.8/32", ""},
 		{"API.Example.com.", "invalid Prefix", "api.example.com"},
+		{"*.CDN.example.com", "invalid Prefix", "*.cdn.example.com"},
 	}
 	for _, tt := range tests {
 		p, h, err := parseAllow(tt.in)
 		if err != nil || p.String() != tt.pfx || h != tt.host {
 			t.Errorf("parseAllow(%q) = %v, %q, %v; want %s, %q", tt.in, p, h, err, tt.pfx, tt.host)
 		}
+	}
+}
+
+func TestParseAllowRejects(t *testing.T) {
+	for _, in := range []string{"*", "*.", "*.com", "**.example.com", "a.*.example.com", "*example.com", "10.0.0"} {
+		if _, h, err := parseAllow(in); err == nil {
+			t.Errorf("parseAllow(%q) = %q, want an error", in, h)
+		}
+	}
+}
+
+func TestHostNameservers(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(p, []byte("# local\nnameserver 127.0.0.53\nnameserver 10.0.0.2\nnameserver ::1\nsearch example.test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hostNameservers(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The local one too: sandboxes' resolvers ask from the host.
+	if want := []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("10.0.0.2")}; !slices.Equal(got, want) {
+		t.Errorf("hostNameservers = %v, want %v", got, want)
 	}
 }

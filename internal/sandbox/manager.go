@@ -671,15 +671,12 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 		if _, rerr := m.st.SetSandboxNetwork(ctx, sb.ID, sb.Network); rerr != nil {
 			m.log.Error("restore network policy on the row", "sandbox_id", sb.ID, "err", rerr)
 		}
-		// What the edge's validation cannot know: a name that does not
-		// resolve now.
-		var re *netpol.ResolveError
 		switch {
-		case errors.As(err, &re):
-			return sb, errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("network: allowed domain %s does not resolve to an IPv4 address", re.Host))
 		case errors.Is(err, netpol.ErrNoNetwork):
 			// Torn down meanwhile: the sandbox is ending.
 			return sb, errdefs.ErrNotRunning
+		case errors.Is(err, netpol.ErrNoResolver):
+			return sb, errdefs.Wrap(errdefs.ErrInvalid, err, "network: "+netpol.ErrNoResolver.Error())
 		}
 		return sb, err
 	}

@@ -530,7 +530,7 @@ export interface components {
             received: number;
             sent: number;
         };
-        /** @description Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address or domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins. */
+        /** @description Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins. */
         NetworkPolicy: ("none" | "egress") | {
             allow: string[];
         };
