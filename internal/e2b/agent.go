@@ -60,7 +60,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case id == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
 		// A signed link names no sandbox: it is the sandbox whose token
-		// signed it, among those this node hosts.
+		// signed it, among the running ones (of the whole cluster, in one).
 		e, err = a.signedFor(ctx, r)
 		if err != nil {
 			agentError(w, http.StatusUnauthorized, err.Error())
@@ -72,7 +72,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	default:
 		if e, err = a.opts.Store.GetE2BSandbox(ctx, id); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
-				agentError(w, http.StatusNotFound, "sandbox "+id+" not found")
+				agentError(w, http.StatusNotFound, "sandbox "+e2bID(id)+" not found")
 			} else {
 				a.log.ErrorContext(ctx, "e2b agent route", "sandbox_id", id, "err", err)
 				agentError(w, http.StatusInternalServerError, "internal error")
@@ -80,7 +80,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if r.URL.Path != "/health" && !a.authorized(r, e) {
-			agentError(w, http.StatusUnauthorized, "invalid access token for sandbox "+id)
+			agentError(w, http.StatusUnauthorized, "invalid access token for sandbox "+e2bID(id))
 			return
 		}
 	}
@@ -104,12 +104,12 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := a.opts.Store.GetSandbox(ctx, e.SandboxID)
 	if err != nil {
-		agentError(w, http.StatusBadGateway, "sandbox "+e.SandboxID+" is not running")
+		agentError(w, http.StatusBadGateway, "sandbox "+e2bID(e.SandboxID)+" is not running")
 		return
 	}
 	if sb.Status != store.SandboxRunning || sb.Pause != "" {
 		// What envd's proxy answers for a sandbox that is paused or gone.
-		agentError(w, http.StatusBadGateway, "sandbox "+e.SandboxID+" is not running")
+		agentError(w, http.StatusBadGateway, "sandbox "+e2bID(e.SandboxID)+" is not running")
 		return
 	}
 	tr, err := a.opts.Sandboxes.AgentTransport(ctx, sb)
@@ -118,7 +118,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 		if !errors.Is(err, errdefs.ErrNotRunning) {
 			a.log.WarnContext(ctx, "e2b agent route: reach the agent", "sandbox_id", sb.ID, "err", err)
 		}
-		agentError(w, code, "sandbox "+e.SandboxID+" is not running")
+		agentError(w, code, "sandbox "+e2bID(e.SandboxID)+" is not running")
 		return
 	}
 	if r.URL.Path == processconnect.ProcessStartProcedure {

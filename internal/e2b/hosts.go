@@ -86,7 +86,7 @@ func (a *API) servePort(w http.ResponseWriter, r *http.Request, id string, port 
 	}
 	e, err := a.opts.Store.GetE2BSandbox(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		agentError(w, http.StatusNotFound, "sandbox "+id+" not found")
+		agentError(w, http.StatusNotFound, "sandbox "+e2bID(id)+" not found")
 		return
 	}
 	if err != nil {
@@ -95,7 +95,7 @@ func (a *API) servePort(w http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	if e.TrafficToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(e.TrafficToken)) != 1 {
-		agentError(w, http.StatusForbidden, "sandbox "+id+" takes traffic only with its traffic access token")
+		agentError(w, http.StatusForbidden, "sandbox "+e2bID(id)+" takes traffic only with its traffic access token")
 		return
 	}
 	if c := a.opts.Cluster; c != nil && !via {
@@ -107,7 +107,7 @@ func (a *API) servePort(w http.ResponseWriter, r *http.Request, id string, port 
 	}
 	sb, err := a.opts.Store.GetSandbox(ctx, id)
 	if err != nil || sb.Status != store.SandboxRunning || sb.Pause != "" {
-		agentError(w, http.StatusBadGateway, "sandbox "+id+" is not running")
+		agentError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
 	if a.opts.Ports == nil {
