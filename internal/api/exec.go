@@ -51,12 +51,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 // "stderr" events carry {"data": "..."}, a final "exit" event carries
 // {"exitCode": N, "durationMs": N}, or "error" carries {"error": "..."}.
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req ExecRequest, start time.Time) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	sse := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	sse := startSSE(w)
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
 	if err != nil {
 		var e *Error
@@ -70,6 +65,17 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		return
 	}
 	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()})
+}
+
+// startSSE answers 200 as a stream of Server-Sent Events, unbuffered by
+// proxies on the way, and returns its writer.
+func startSSE(w http.ResponseWriter) *sseWriter {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	return &sseWriter{w: w, rc: http.NewResponseController(w)}
 }
 
 // sseWriter serialises events from concurrent stdout/stderr writers and

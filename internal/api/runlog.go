@@ -70,12 +70,7 @@ func (s *Server) runLog(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.RunLogs == nil {
 		return errNotAvailable
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	sse := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	sse := startSSE(w)
 	if err := s.followRunLog(r, sse, run); err != nil {
 		s.log.WarnContext(r.Context(), "follow run log", "run_id", run.ID, "err", err, "request_id", requestID(r.Context()))
 		_ = sse.event("error", ExecFailure{Error: "The run's log could not be read", StatusCode: http.StatusInternalServerError})

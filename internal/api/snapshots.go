@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -49,14 +48,10 @@ type SnapshotInfo struct {
 // parseSnapshotsQuery validates the query of GET /api/snapshots.
 func parseSnapshotsQuery(q url.Values) (SnapshotsQuery, error) {
 	out := SnapshotsQuery{Limit: 50}
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			return out, errBadRequest("limit must be an integer between 1 and 100")
-		}
-		out.Limit = n
-	}
 	var err error
+	if out.Limit, err = queryLimit(q, out.Limit); err != nil {
+		return out, err
+	}
 	out.AccountID, err = queryAccountID(q)
 	return out, err
 }

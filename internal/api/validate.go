@@ -184,14 +184,10 @@ func parseRunsQuery(q url.Values) (RunsQuery, error) {
 			return out, errBadRequest("runId is required")
 		}
 	}
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			return out, errBadRequest("limit must be an integer between 1 and 100")
-		}
-		out.Limit = n
-	}
 	var err error
+	if out.Limit, err = queryLimit(q, out.Limit); err != nil {
+		return out, err
+	}
 	out.AccountID, err = queryAccountID(q)
 	return out, err
 }
@@ -403,4 +399,16 @@ func parseCodingAgent(o object) (CodingAgentRequest, error) {
 	req.RepoURL, req.Prompt, req.BaseBranch = u, p, b
 	req.AccountID, err = o.accountID()
 	return req, err
+}
+
+// queryLimit is a list's limit parameter: 1 to 100, dflt when absent.
+func queryLimit(q url.Values, dflt int) (int, error) {
+	if !q.Has("limit") {
+		return dflt, nil
+	}
+	n, err := strconv.Atoi(q.Get("limit"))
+	if err != nil || n < 1 || n > 100 {
+		return dflt, errBadRequest("limit must be an integer between 1 and 100")
+	}
+	return n, nil
 }
