@@ -613,17 +613,24 @@ func (a *API) list(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 	if err != nil {
 		return err
 	}
+	records = slices.DeleteFunc(records, func(e store.E2BSandbox) bool { return !matches(e.Metadata, meta) })
+	ids := make([]string, len(records))
+	for i, e := range records {
+		ids[i] = e.SandboxID
+	}
+	rows, err := a.opts.Store.ListSandboxesByID(r.Context(), ids)
+	if err != nil {
+		return err
+	}
+	byID := make(map[string]store.Sandbox, len(rows))
+	for _, sb := range a.opts.Sandboxes.Live(r.Context(), rows) {
+		byID[sb.ID] = sb
+	}
 	var matched []listedSandbox
-	for _, e := range records {
-		if !matches(e.Metadata, meta) {
-			continue
-		}
-		sb, err := a.opts.Store.GetSandbox(r.Context(), e.SandboxID)
-		if err != nil {
-			continue // ended and gone meanwhile
-		}
-		if sb = a.opts.Sandboxes.Live(r.Context(), []store.Sandbox{sb})[0]; !live(sb) || !states[state(sb)] {
-			continue
+	for _, e := range records { // newest first
+		sb, ok := byID[e.SandboxID]
+		if !ok || !live(sb) || !states[state(sb)] {
+			continue // ended (or gone) meanwhile, or another state
 		}
 		matched = append(matched, a.listed(sb, e))
 	}

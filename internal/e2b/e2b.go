@@ -60,6 +60,7 @@ type Sandboxes interface {
 // Store is what the API reads and records.
 type Store interface {
 	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
+	ListSandboxesByID(ctx context.Context, ids []string) ([]store.Sandbox, error)
 	CreateE2BSandbox(ctx context.Context, e store.E2BSandbox) error
 	GetE2BSandbox(ctx context.Context, id string) (store.E2BSandbox, error)
 	ListE2BSandboxes(ctx context.Context, accountID string, limit int) ([]store.E2BSandbox, error)

@@ -99,20 +99,7 @@ func (q *Queries) ListLiveE2BSandboxesOn(ctx context.Context, nodeID string) ([]
 // listE2B returns the E2B records joined with their sandboxes' rows (alias
 // s) that where selects.
 func (q *Queries) listE2B(ctx context.Context, where string, args ...any) ([]E2BSandbox, error) {
-	rows, err := q.query(ctx, "SELECT "+prefixCols("e", e2bSandboxCols)+" FROM e2b_sandboxes e JOIN sandboxes s ON s.id = e.sandbox_id WHERE "+where, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []E2BSandbox
-	for rows.Next() {
-		e, err := scanE2BSandbox(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, q, scanE2BSandbox, "SELECT "+prefixCols("e", e2bSandboxCols)+" FROM e2b_sandboxes e JOIN sandboxes s ON s.id = e.sandbox_id WHERE "+where, args...)
 }
 
 // jsonObject encodes m as a JSON object, {} for nil.

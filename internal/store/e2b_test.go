@@ -61,6 +61,13 @@ func TestE2BSandboxes(t *testing.T) {
 		if want := []string{bobs.ID, running.ID}; !slices.Equal(e2bIDs(on), want) {
 			t.Fatalf("ListLiveE2BSandboxesOn(n1) = %v, want %v", e2bIDs(on), want)
 		}
+		byID, err := s.ListSandboxesByID(ctx, []string{running.ID, stopped.ID, "missing"})
+		if err != nil || len(byID) != 2 {
+			t.Fatalf("ListSandboxesByID = %v, %v, want the 2 that exist", ids(byID, func(sb store.Sandbox) string { return sb.ID }), err)
+		}
+		if none, err := s.ListSandboxesByID(ctx, nil); err != nil || len(none) != 0 {
+			t.Fatalf("ListSandboxesByID(none) = %v, %v", none, err)
+		}
 		if all, err := s.ListLiveE2BSandboxesOn(ctx, ""); err != nil || len(all) != 3 {
 			t.Fatalf("ListLiveE2BSandboxesOn(any node) = %v, %v, want the 3 running", e2bIDs(all), err)
 		}

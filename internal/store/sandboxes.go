@@ -87,6 +87,21 @@ func (q *Queries) ListSandboxes(ctx context.Context, accountID string) ([]Sandbo
 	return out, nil
 }
 
+// ListSandboxesByID returns the sandboxes of ids that exist, in no
+// particular order: one query for the rows of a list of records that name
+// them (package e2b's list).
+func (q *Queries) ListSandboxesByID(ctx context.Context, ids []string) ([]Sandbox, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	in, args := inList(ids)
+	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE id IN ("+in+")", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list %d sandboxes by id: %w", len(ids), err)
+	}
+	return out, nil
+}
+
 // ListSandboxesByNode returns the sandboxes placed on nodeID whose status is
 // one of statuses (any status when none are given), oldest first.
 func (q *Queries) ListSandboxesByNode(ctx context.Context, nodeID string, statuses ...string) ([]Sandbox, error) {
