@@ -26,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -67,21 +68,10 @@ type Store interface {
 	ListLiveE2BSandboxesOn(ctx context.Context, nodeID string) ([]store.E2BSandbox, error)
 }
 
-// Cluster routes requests between the nodes of a cluster (package
-// cluster's Router; the API's api.Cluster).
-type Cluster interface {
-	// Forwarded authenticates a request that came in on the cluster
-	// listener: the caller's key id, and whether it is a create placed
-	// here.
-	Forwarded(r *http.Request) (keyID string, placed bool, err error)
-	// HostOf names the node that serves sandbox id when it is another
-	// node that is up.
-	HostOf(ctx context.Context, sandboxID string) (node string, ok bool)
-	// Place chooses the node of a new sandbox; local when it is this one.
-	Place(ctx context.Context, network *netpol.Policy) (node string, local bool, err error)
-	// Forward serves r on node for the caller whose key is keyID.
-	Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool)
-}
+// Cluster routes requests between the nodes of a cluster: the API's own
+// view of it (package cluster's Router), so that E2B's routes are placed
+// and forwarded exactly as the API's are.
+type Cluster = api.Cluster
 
 // PortProxy forwards a request to a port of a sandbox (netpol.Proxy).
 type PortProxy interface {
