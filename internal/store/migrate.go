@@ -16,11 +16,11 @@ import (
 // database at once (nodes sharing PostgreSQL; the admin CLI next to the
 // server on SQLite), so the whole of it runs under a lock each of them
 // honours: a PostgreSQL advisory lock, or for SQLite an flock on a file
-// beside the database. goose's own session locker would not do: it covers
+// beside the database (which openSQLite takes before its first connection). goose's own session locker would not do: it covers
 // applying migrations but not goose's first look at its version table, so
 // processes racing on a new database retry for a second or more, and it
 // polls for the lock every five seconds.
-func (s *Store) migrate(ctx context.Context, sqlitePath string) error {
+func (s *Store) migrate(ctx context.Context) error {
 	var dialect goose.Dialect
 	switch s.dialect {
 	case DialectPostgres:
@@ -31,12 +31,8 @@ func (s *Store) migrate(ctx context.Context, sqlitePath string) error {
 		}
 		defer unlock()
 	case DialectSQLite:
+		// openSQLite holds the file lock that serializes migrations.
 		dialect = goose.DialectSQLite3
-		unlock, err := flockFile(ctx, sqlitePath+"-migrate.lock")
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
-		defer unlock()
 	}
 	p, err := goose.NewProvider(dialect, s.db, migrations.FS, goose.WithDisableGlobalRegistry(true))
 	if err != nil {

@@ -81,7 +81,7 @@ func openPostgres(ctx context.Context, dsn string, logger *slog.Logger) (*Store,
 		return nil, fmt.Errorf("connect to postgres %s: %w", redactURL(dsn), err)
 	}
 	s := newStore(DialectPostgres, db, db, logger)
-	if err := s.migrate(ctx, ""); err != nil {
+	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -124,6 +124,16 @@ func openSQLite(ctx context.Context, path string, logger *slog.Logger) (*Store, 
 	// readers run during a write; synchronous=NORMAL is durable against
 	// process crashes and loses at most the last transactions on power loss,
 	// which WAL keeps consistent.
+	//
+	// Processes opening the same file take turns until its migrations are
+	// done: switching a new database to WAL needs an exclusive lock that
+	// SQLite reports as SQLITE_BUSY without waiting (busy_timeout does not
+	// apply), and migrations must not run twice.
+	unlock, err := flockFile(ctx, path+"-migrate.lock")
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	defer unlock()
 	wparams := url.Values{}
 	wparams.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMS))
 	wparams.Add("_pragma", "journal_mode(WAL)")
@@ -144,7 +154,7 @@ func openSQLite(ctx context.Context, path string, logger *slog.Logger) (*Store, 
 	}
 
 	s := newStore(DialectSQLite, db, nil, logger)
-	if err := s.migrate(ctx, path); err != nil {
+	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
