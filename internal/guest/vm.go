@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,6 +33,28 @@ func (c *Client) Thaw(ctx context.Context) error {
 // SetClock sets the guest's clock to t and reseeds its RNG with entropy.
 func (c *Client) SetClock(ctx context.Context, t time.Time, entropy []byte) error {
 	_, err := unary(ctx, c, "set clock", c.agent.SetClock, &agentv1.SetClockRequest{UnixNano: t.UnixNano(), Entropy: entropy})
+	return err
+}
+
+// NetConfig is a guest's link to the sandbox network (agent.v1
+// ConfigureNetwork). The zero NetConfig takes the link down.
+type NetConfig struct {
+	MAC         string       // hardware address; empty keeps the link's
+	Address     netip.Prefix // the guest's address and prefix length
+	Gateway     netip.Addr
+	Nameservers []string
+	MTU         int // 0 keeps the link's
+}
+
+// ConfigureNetwork sets up the guest's link: at boot, and after every
+// restore from a memory snapshot, which brings back another sandbox's
+// address and hardware address (or none).
+func (c *Client) ConfigureNetwork(ctx context.Context, n NetConfig) error {
+	req := &agentv1.ConfigureNetworkRequest{Mac: n.MAC, Nameservers: n.Nameservers, Mtu: uint32(n.MTU)}
+	if n.Address.IsValid() {
+		req.Address, req.Gateway = n.Address.String(), n.Gateway.String()
+	}
+	_, err := unary(ctx, c, "configure network", c.agent.ConfigureNetwork, req)
 	return err
 }
 

@@ -157,6 +157,10 @@ type Network struct {
 	Resolver bool
 }
 
+// GuestPrefix is the guest's address with its prefix length (eth0's in
+// the namespace): the /30 it shares with HostAddr.
+func (n *Network) GuestPrefix() netip.Prefix { return netip.PrefixFrom(n.GuestAddr, 30) }
+
 // Nameservers are n.DNS as strings.
 func (n *Network) Nameservers() []string {
 	s := make([]string, len(n.DNS))

@@ -23,6 +23,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/netip"
 	"strings"
 	"syscall"
 	"time"
@@ -176,6 +177,12 @@ type Network struct {
 	Netns string `json:"netns"`
 	// Nameservers go into the guest's /etc/resolv.conf.
 	Nameservers []string `json:"nameservers,omitempty"`
+	// Address is eth0's address in Netns (with its prefix length) and
+	// Gateway its default route's: a backend whose guest has a kernel of
+	// its own (a microVM) gives them to the guest, whose link takes
+	// eth0's place.
+	Address netip.Prefix `json:"address,omitzero"`
+	Gateway netip.Addr   `json:"gateway,omitzero"`
 }
 
 // Limits bound a sandbox's resources.

@@ -228,7 +228,7 @@ func (h *NetworkHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runt
 	if err != nil {
 		return err
 	}
-	spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers()}
+	spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}
 	return nil
 }
 

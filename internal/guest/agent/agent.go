@@ -65,6 +65,11 @@ type Options struct {
 	// Layer is the overlay upper directory OpExportLayer archives; empty
 	// refuses the operation.
 	Layer string
+	// NetLink is the link ConfigureNetwork sets up (a microVM's eth0) and
+	// ResolvConf the file it writes the nameservers to; without NetLink
+	// the call is refused (the sandbox's network is the host's business).
+	NetLink    string
+	ResolvConf string
 	// Secret answers the host's handshake challenge (a Proof): the
 	// per-sandbox key the host gave this process alone, so that no other
 	// process in the sandbox can take over the host's session.
@@ -98,6 +103,7 @@ type Agent struct {
 	mux    http.Handler
 	watch  *watchers
 	owners owners
+	netMu  sync.Mutex // one ConfigureNetwork at a time
 
 	mu   sync.Mutex
 	sess *yamux.Session

@@ -205,28 +205,20 @@ func vmInit(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("open upper dir: %w", err)
 	}
-	// sandboxd.internal resolves to the agent's forwarder on loopback. The
-	// file lives in the initramfs and is bind-mounted over the sandbox's
-	// /etc/hosts, so it never lands in the writable layer.
+	// sandboxd.internal resolves to the agent's forwarder on loopback.
 	hostname := params[paramHostname]
 	if hostname == "" {
 		hostname = "sandbox"
 	}
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost sandboxd.internal\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname)
-	if err := os.WriteFile("/hosts", []byte(hosts), 0o644); err != nil {
+	if err := bindOverRoot(log, "/etc/hosts", []byte(hosts)); err != nil {
 		return err
 	}
-	target := newRoot + "/etc/hosts"
-	if _, err := os.Stat(target); err != nil {
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(target, nil, 0o644); err != nil {
-			return err
-		}
-	}
-	if err := unix.Mount("/hosts", target, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind /etc/hosts: %w", err)
+	// The agent writes the sandbox network's nameservers here
+	// (ConfigureNetwork); until then it is the image's own.
+	resolv, _ := os.ReadFile(newRoot + "/etc/resolv.conf")
+	if err := bindOverRoot(log, "/etc/resolv.conf", resolv); err != nil {
+		return err
 	}
 	if err := unix.Mount("/dev", newRoot+"/dev", "", unix.MS_MOVE, ""); err != nil {
 		return fmt.Errorf("move /dev: %w", err)
@@ -276,6 +268,37 @@ func vmInit(log *slog.Logger) error {
 	}
 	log.Info("root file system ready", "lowers", len(lowerDirs), "uptime", uptime())
 	return supervise(log, upper, port)
+}
+
+// bindOverRoot puts a file of the initramfs holding content over path in
+// the new root, so that what the host writes there (hosts, resolv.conf)
+// never lands in the writable layer, and changes to it are in place. A
+// path the image has as a symlink or a directory is left alone (logged).
+func bindOverRoot(log *slog.Logger, path string, content []byte) error {
+	own := "/" + filepath.Base(path)
+	if err := os.WriteFile(own, content, 0o644); err != nil {
+		return err
+	}
+	target := newRoot + path
+	fi, err := os.Lstat(target)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(target, nil, 0o644); err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	case !fi.Mode().IsRegular():
+		log.Warn("not a regular file in the image; left as it is", "path", path, "mode", fi.Mode().String())
+		return nil
+	}
+	if err := unix.Mount(own, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", path, err)
+	}
+	return nil
 }
 
 // sortLowers orders the restored layers' directories for overlayfs: they
@@ -402,6 +425,8 @@ func vmAgent(log *slog.Logger, version string, args []string) error {
 	a := agent.New(agent.Options{
 		Version: version, Reap: true, Cwd: cwd, Logger: log,
 		Cgroup: sandboxCgroup,
+		// resolv.conf is vm-init's bind mount (see bindOverRoot).
+		NetLink: "eth0", ResolvConf: "/etc/resolv.conf",
 		// The upper dir is reached through the fd vm-init passed: it is
 		// not visible in the sandbox's file tree.
 		Layer: fmt.Sprintf("/proc/self/fd/%d/", upperFD),

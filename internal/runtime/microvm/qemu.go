@@ -41,7 +41,12 @@ type vmConfig struct {
 	Hostname string `json:"hostname"`
 	Pids     int64  `json:"pids"`   // pids.max of the sandbox cgroup in the guest
 	Memory   int64  `json:"memory"` // memory.max of the sandbox cgroup in the guest
-	incoming bool   // restore from a memory snapshot (migrate-incoming)
+	// NIC: the VM has a virtio-net device (network.go); false only for
+	// VMs an older sandboxd made, whose saved memory has none.
+	NIC      bool `json:"nic,omitempty"`
+	incoming bool // restore from a memory snapshot (migrate-incoming)
+	tapFD    int  // the NIC's tap queue as QEMU's fd; 0: not wired
+	mac      string
 }
 
 // kernelCmdline is the guest kernel's command line. The sandboxd.*
@@ -95,15 +100,24 @@ func (c vmConfig) qemuArgs() []string {
 		"-device", "virtserialport,chardev=agent,name=" + agentPort,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng",
+	}
+	if c.NIC {
+		netdev, mac := "hubport,id=net0,hubid=0", unwiredMAC
+		if c.tapFD > 0 {
+			netdev, mac = "tap,id=net0,fd="+strconv.Itoa(c.tapFD), c.mac
+		}
+		args = append(args, "-netdev", netdev, "-device", "virtio-net-device,netdev=net0,mac="+mac)
+	}
+	args = append(args,
 		// Read by sandboxd into a capped log (logs.go); not a file the
 		// guest could grow without bound.
-		"-chardev", "socket,id=console,path=" + jailConsole + ",server=on,wait=off",
+		"-chardev", "socket,id=console,path="+jailConsole+",server=on,wait=off",
 		"-serial", "chardev:console",
-		"-qmp", "unix:" + jailQMP + ",server=on,wait=off",
+		"-qmp", "unix:"+jailQMP+",server=on,wait=off",
 		"-no-reboot",
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-msg", "timestamp=on",
-	}
+	)
 	if c.incoming {
 		// The state comes later through QMP (migrate-incoming), once the
 		// host is connected to the agent's port: loading it then leaves

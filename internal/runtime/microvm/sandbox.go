@@ -78,6 +78,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		Accel: s.r.accel, MemMiB: guestMiB, VCPUs: vcpus, TSCKHz: s.r.tscKHz, Hostname: m.Hostname,
 		// The agent counts as one of the sandbox's processes.
 		Pids: max(m.Limits.Pids-1, 1), Memory: m.Limits.MemoryBytes,
+		NIC: true,
 	}
 	if err := s.SetMeta(func(m *meta) { m.Layers, m.VM = ids, cfg }); err != nil {
 		return err
@@ -128,7 +129,19 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	cfg := m.VM
 	cfg.incoming = incoming != nil
 	start := time.Now()
-	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logw)
+	var (
+		nic   *tap
+		extra []*os.File
+	)
+	if cfg.NIC && m.Network != nil {
+		if nic, err = plugTap(m.Network); err != nil {
+			return fmt.Errorf("plug the VM into its network: %w", err)
+		}
+		defer nic.file.Close() // QEMU has its own copy
+		cfg.tapFD, cfg.mac = 3, nic.mac
+		extra = append(extra, nic.file)
+	}
+	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logw, extra...)
 	if err != nil {
 		return err
 	}
@@ -190,6 +203,18 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 		_, _ = rand.Read(entropy)
 		if err := c.SetClock(wctx, time.Now(), entropy); err != nil {
 			return s.bootErr(fmt.Errorf("set clock after restore: %w", err))
+		}
+	}
+	// A restored VM's link is what its template's (down) or fork parent's
+	// (another sandbox's address and MAC) was: it is configured every time.
+	if cfg.NIC && (nic != nil || incoming != nil) {
+		if nic != nil {
+			if err := waitTapUp(m.Network, 3*time.Second); err != nil {
+				return s.bootErr(err)
+			}
+		}
+		if err := c.ConfigureNetwork(wctx, netConfig(m.Network, nic)); err != nil {
+			return s.bootErr(fmt.Errorf("configure the guest's network: %w", err))
 		}
 	}
 	s.r.log.Debug("sandbox VM up", "id", m.ID, "cid", m.CID, "accel", m.VM.Accel, "restored", incoming != nil, "elapsed", time.Since(start).Round(time.Millisecond))

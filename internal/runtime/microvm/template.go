@@ -97,7 +97,8 @@ func (t *templates) ready() *template {
 func (t *templates) key() string {
 	w := t.spec()
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%+v\n%s\n%s\n%s\n%s\n%s\n%d\n", w.BaseDir, w.Limits, w.Hostname, t.r.qemuVersion, t.r.kernel, t.r.initrd, t.r.accel, t.r.tscKHz)
+	// "nic": templates made before VMs had a NIC do not fit the restores.
+	fmt.Fprintf(h, "nic\n%s\n%+v\n%s\n%s\n%s\n%s\n%s\n%d\n", w.BaseDir, w.Limits, w.Hostname, t.r.qemuVersion, t.r.kernel, t.r.initrd, t.r.accel, t.r.tscKHz)
 	if fp, err := fingerprint(w.BaseDir); err == nil {
 		h.Write([]byte(fp))
 	}

@@ -837,6 +837,124 @@ func (*SetClockResponse) Descriptor() ([]byte, []int) {
 	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
+type ConfigureNetworkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The link's hardware address ("02:00:0a:c8:00:02"); empty keeps it.
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// The guest's address and prefix length ("10.200.0.2/30"); empty: no
+	// network, the link goes down.
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// The default route's gateway, in the address's prefix.
+	Gateway string `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// Nameservers for /etc/resolv.conf; at most 3.
+	Nameservers []string `protobuf:"bytes,4,rep,name=nameservers,proto3" json:"nameservers,omitempty"`
+	// The link's MTU; 0 keeps it.
+	Mtu           uint32 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkRequest) Reset() {
+	*x = ConfigureNetworkRequest{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkRequest) ProtoMessage() {}
+
+func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ConfigureNetworkRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *ConfigureNetworkRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ConfigureNetworkRequest) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *ConfigureNetworkRequest) GetNameservers() []string {
+	if x != nil {
+		return x.Nameservers
+	}
+	return nil
+}
+
+func (x *ConfigureNetworkRequest) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+type ConfigureNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkResponse) Reset() {
+	*x = ConfigureNetworkResponse{}
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkResponse) ProtoMessage() {}
+
+func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxd_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxd_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
 var File_sandboxd_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
@@ -880,7 +998,14 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fSetClockRequest\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\"\x12\n" +
-	"\x10SetClockResponse2\xbe\x04\n" +
+	"\x10SetClockResponse\"\x93\x01\n" +
+	"\x17ConfigureNetworkRequest\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x03 \x01(\tR\agateway\x12 \n" +
+	"\vnameservers\x18\x04 \x03(\tR\vnameservers\x12\x10\n" +
+	"\x03mtu\x18\x05 \x01(\rR\x03mtu\"\x1a\n" +
+	"\x18ConfigureNetworkResponse2\xab\x05\n" +
 	"\x05Agent\x12M\n" +
 	"\x06Health\x12 .sandboxd.agent.v1.HealthRequest\x1a!.sandboxd.agent.v1.HealthResponse\x12G\n" +
 	"\x04Sync\x12\x1e.sandboxd.agent.v1.SyncRequest\x1a\x1f.sandboxd.agent.v1.SyncResponse\x12P\n" +
@@ -888,7 +1013,8 @@ const file_sandboxd_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Freeze\x12 .sandboxd.agent.v1.FreezeRequest\x1a!.sandboxd.agent.v1.FreezeResponse\x12G\n" +
 	"\x04Thaw\x12\x1e.sandboxd.agent.v1.ThawRequest\x1a\x1f.sandboxd.agent.v1.ThawResponse\x12^\n" +
 	"\vExportLayer\x12%.sandboxd.agent.v1.ExportLayerRequest\x1a&.sandboxd.agent.v1.ExportLayerResponse0\x01\x12S\n" +
-	"\bSetClock\x12\".sandboxd.agent.v1.SetClockRequest\x1a#.sandboxd.agent.v1.SetClockResponseBJZHgithub.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1;agentv1b\x06proto3"
+	"\bSetClock\x12\".sandboxd.agent.v1.SetClockRequest\x1a#.sandboxd.agent.v1.SetClockResponse\x12k\n" +
+	"\x10ConfigureNetwork\x12*.sandboxd.agent.v1.ConfigureNetworkRequest\x1a+.sandboxd.agent.v1.ConfigureNetworkResponseBJZHgithub.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_sandboxd_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -902,25 +1028,27 @@ func file_sandboxd_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_sandboxd_agent_v1_agent_proto_rawDescData
 }
 
-var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_sandboxd_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_sandboxd_agent_v1_agent_proto_goTypes = []any{
-	(*Hello)(nil),               // 0: sandboxd.agent.v1.Hello
-	(*Welcome)(nil),             // 1: sandboxd.agent.v1.Welcome
-	(*Proof)(nil),               // 2: sandboxd.agent.v1.Proof
-	(*HealthRequest)(nil),       // 3: sandboxd.agent.v1.HealthRequest
-	(*HealthResponse)(nil),      // 4: sandboxd.agent.v1.HealthResponse
-	(*SyncRequest)(nil),         // 5: sandboxd.agent.v1.SyncRequest
-	(*SyncResponse)(nil),        // 6: sandboxd.agent.v1.SyncResponse
-	(*OOMKillRequest)(nil),      // 7: sandboxd.agent.v1.OOMKillRequest
-	(*OOMKillResponse)(nil),     // 8: sandboxd.agent.v1.OOMKillResponse
-	(*FreezeRequest)(nil),       // 9: sandboxd.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),      // 10: sandboxd.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),         // 11: sandboxd.agent.v1.ThawRequest
-	(*ThawResponse)(nil),        // 12: sandboxd.agent.v1.ThawResponse
-	(*ExportLayerRequest)(nil),  // 13: sandboxd.agent.v1.ExportLayerRequest
-	(*ExportLayerResponse)(nil), // 14: sandboxd.agent.v1.ExportLayerResponse
-	(*SetClockRequest)(nil),     // 15: sandboxd.agent.v1.SetClockRequest
-	(*SetClockResponse)(nil),    // 16: sandboxd.agent.v1.SetClockResponse
+	(*Hello)(nil),                    // 0: sandboxd.agent.v1.Hello
+	(*Welcome)(nil),                  // 1: sandboxd.agent.v1.Welcome
+	(*Proof)(nil),                    // 2: sandboxd.agent.v1.Proof
+	(*HealthRequest)(nil),            // 3: sandboxd.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 4: sandboxd.agent.v1.HealthResponse
+	(*SyncRequest)(nil),              // 5: sandboxd.agent.v1.SyncRequest
+	(*SyncResponse)(nil),             // 6: sandboxd.agent.v1.SyncResponse
+	(*OOMKillRequest)(nil),           // 7: sandboxd.agent.v1.OOMKillRequest
+	(*OOMKillResponse)(nil),          // 8: sandboxd.agent.v1.OOMKillResponse
+	(*FreezeRequest)(nil),            // 9: sandboxd.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 10: sandboxd.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 11: sandboxd.agent.v1.ThawRequest
+	(*ThawResponse)(nil),             // 12: sandboxd.agent.v1.ThawResponse
+	(*ExportLayerRequest)(nil),       // 13: sandboxd.agent.v1.ExportLayerRequest
+	(*ExportLayerResponse)(nil),      // 14: sandboxd.agent.v1.ExportLayerResponse
+	(*SetClockRequest)(nil),          // 15: sandboxd.agent.v1.SetClockRequest
+	(*SetClockResponse)(nil),         // 16: sandboxd.agent.v1.SetClockResponse
+	(*ConfigureNetworkRequest)(nil),  // 17: sandboxd.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 18: sandboxd.agent.v1.ConfigureNetworkResponse
 }
 var file_sandboxd_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: sandboxd.agent.v1.Agent.Health:input_type -> sandboxd.agent.v1.HealthRequest
@@ -930,15 +1058,17 @@ var file_sandboxd_agent_v1_agent_proto_depIdxs = []int32{
 	11, // 4: sandboxd.agent.v1.Agent.Thaw:input_type -> sandboxd.agent.v1.ThawRequest
 	13, // 5: sandboxd.agent.v1.Agent.ExportLayer:input_type -> sandboxd.agent.v1.ExportLayerRequest
 	15, // 6: sandboxd.agent.v1.Agent.SetClock:input_type -> sandboxd.agent.v1.SetClockRequest
-	4,  // 7: sandboxd.agent.v1.Agent.Health:output_type -> sandboxd.agent.v1.HealthResponse
-	6,  // 8: sandboxd.agent.v1.Agent.Sync:output_type -> sandboxd.agent.v1.SyncResponse
-	8,  // 9: sandboxd.agent.v1.Agent.OOMKill:output_type -> sandboxd.agent.v1.OOMKillResponse
-	10, // 10: sandboxd.agent.v1.Agent.Freeze:output_type -> sandboxd.agent.v1.FreezeResponse
-	12, // 11: sandboxd.agent.v1.Agent.Thaw:output_type -> sandboxd.agent.v1.ThawResponse
-	14, // 12: sandboxd.agent.v1.Agent.ExportLayer:output_type -> sandboxd.agent.v1.ExportLayerResponse
-	16, // 13: sandboxd.agent.v1.Agent.SetClock:output_type -> sandboxd.agent.v1.SetClockResponse
-	7,  // [7:14] is the sub-list for method output_type
-	0,  // [0:7] is the sub-list for method input_type
+	17, // 7: sandboxd.agent.v1.Agent.ConfigureNetwork:input_type -> sandboxd.agent.v1.ConfigureNetworkRequest
+	4,  // 8: sandboxd.agent.v1.Agent.Health:output_type -> sandboxd.agent.v1.HealthResponse
+	6,  // 9: sandboxd.agent.v1.Agent.Sync:output_type -> sandboxd.agent.v1.SyncResponse
+	8,  // 10: sandboxd.agent.v1.Agent.OOMKill:output_type -> sandboxd.agent.v1.OOMKillResponse
+	10, // 11: sandboxd.agent.v1.Agent.Freeze:output_type -> sandboxd.agent.v1.FreezeResponse
+	12, // 12: sandboxd.agent.v1.Agent.Thaw:output_type -> sandboxd.agent.v1.ThawResponse
+	14, // 13: sandboxd.agent.v1.Agent.ExportLayer:output_type -> sandboxd.agent.v1.ExportLayerResponse
+	16, // 14: sandboxd.agent.v1.Agent.SetClock:output_type -> sandboxd.agent.v1.SetClockResponse
+	18, // 15: sandboxd.agent.v1.Agent.ConfigureNetwork:output_type -> sandboxd.agent.v1.ConfigureNetworkResponse
+	8,  // [8:16] is the sub-list for method output_type
+	0,  // [0:8] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name
@@ -955,7 +1085,7 @@ func file_sandboxd_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxd_agent_v1_agent_proto_rawDesc), len(file_sandboxd_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -68,6 +68,8 @@ const (
 	AgentExportLayerProcedure = "/sandboxd.agent.v1.Agent/ExportLayer"
 	// AgentSetClockProcedure is the fully-qualified name of the Agent's SetClock RPC.
 	AgentSetClockProcedure = "/sandboxd.agent.v1.Agent/SetClock"
+	// AgentConfigureNetworkProcedure is the fully-qualified name of the Agent's ConfigureNetwork RPC.
+	AgentConfigureNetworkProcedure = "/sandboxd.agent.v1.Agent/ConfigureNetwork"
 )
 
 // AgentClient is a client for the sandboxd.agent.v1.Agent service.
@@ -96,6 +98,13 @@ type AgentClient interface {
 	// clock stood still and every clone of a template would share one RNG
 	// state) and after a pause.
 	SetClock(context.Context, *connect.Request[v1.SetClockRequest]) (*connect.Response[v1.SetClockResponse], error)
+	// ConfigureNetwork sets up the guest's link to the sandbox network
+	// (eth0): its hardware address, its one address, the default route and
+	// /etc/resolv.conf; without an address it takes the link down. The host
+	// sends it at boot and after every restore from a memory snapshot (a
+	// template, or a fork's parent, had another sandbox's address and MAC).
+	// Doing it twice with the same values changes nothing.
+	ConfigureNetwork(context.Context, *connect.Request[v1.ConfigureNetworkRequest]) (*connect.Response[v1.ConfigureNetworkResponse], error)
 }
 
 // NewAgentClient constructs a client for the sandboxd.agent.v1.Agent service. By default, it uses
@@ -151,18 +160,25 @@ func NewAgentClient(httpClient connect.HTTPClient, baseURL string, opts ...conne
 			connect.WithSchema(agentMethods.ByName("SetClock")),
 			connect.WithClientOptions(opts...),
 		),
+		configureNetwork: connect.NewClient[v1.ConfigureNetworkRequest, v1.ConfigureNetworkResponse](
+			httpClient,
+			baseURL+AgentConfigureNetworkProcedure,
+			connect.WithSchema(agentMethods.ByName("ConfigureNetwork")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // agentClient implements AgentClient.
 type agentClient struct {
-	health      *connect.Client[v1.HealthRequest, v1.HealthResponse]
-	sync        *connect.Client[v1.SyncRequest, v1.SyncResponse]
-	oOMKill     *connect.Client[v1.OOMKillRequest, v1.OOMKillResponse]
-	freeze      *connect.Client[v1.FreezeRequest, v1.FreezeResponse]
-	thaw        *connect.Client[v1.ThawRequest, v1.ThawResponse]
-	exportLayer *connect.Client[v1.ExportLayerRequest, v1.ExportLayerResponse]
-	setClock    *connect.Client[v1.SetClockRequest, v1.SetClockResponse]
+	health           *connect.Client[v1.HealthRequest, v1.HealthResponse]
+	sync             *connect.Client[v1.SyncRequest, v1.SyncResponse]
+	oOMKill          *connect.Client[v1.OOMKillRequest, v1.OOMKillResponse]
+	freeze           *connect.Client[v1.FreezeRequest, v1.FreezeResponse]
+	thaw             *connect.Client[v1.ThawRequest, v1.ThawResponse]
+	exportLayer      *connect.Client[v1.ExportLayerRequest, v1.ExportLayerResponse]
+	setClock         *connect.Client[v1.SetClockRequest, v1.SetClockResponse]
+	configureNetwork *connect.Client[v1.ConfigureNetworkRequest, v1.ConfigureNetworkResponse]
 }
 
 // Health calls sandboxd.agent.v1.Agent.Health.
@@ -200,6 +216,11 @@ func (c *agentClient) SetClock(ctx context.Context, req *connect.Request[v1.SetC
 	return c.setClock.CallUnary(ctx, req)
 }
 
+// ConfigureNetwork calls sandboxd.agent.v1.Agent.ConfigureNetwork.
+func (c *agentClient) ConfigureNetwork(ctx context.Context, req *connect.Request[v1.ConfigureNetworkRequest]) (*connect.Response[v1.ConfigureNetworkResponse], error) {
+	return c.configureNetwork.CallUnary(ctx, req)
+}
+
 // AgentHandler is an implementation of the sandboxd.agent.v1.Agent service.
 type AgentHandler interface {
 	// Health reports the agent's view of the sandbox.
@@ -226,6 +247,13 @@ type AgentHandler interface {
 	// clock stood still and every clone of a template would share one RNG
 	// state) and after a pause.
 	SetClock(context.Context, *connect.Request[v1.SetClockRequest]) (*connect.Response[v1.SetClockResponse], error)
+	// ConfigureNetwork sets up the guest's link to the sandbox network
+	// (eth0): its hardware address, its one address, the default route and
+	// /etc/resolv.conf; without an address it takes the link down. The host
+	// sends it at boot and after every restore from a memory snapshot (a
+	// template, or a fork's parent, had another sandbox's address and MAC).
+	// Doing it twice with the same values changes nothing.
+	ConfigureNetwork(context.Context, *connect.Request[v1.ConfigureNetworkRequest]) (*connect.Response[v1.ConfigureNetworkResponse], error)
 }
 
 // NewAgentHandler builds an HTTP handler from the service implementation. It returns the path on
@@ -277,6 +305,12 @@ func NewAgentHandler(svc AgentHandler, opts ...connect.HandlerOption) (string, h
 		connect.WithSchema(agentMethods.ByName("SetClock")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentConfigureNetworkHandler := connect.NewUnaryHandler(
+		AgentConfigureNetworkProcedure,
+		svc.ConfigureNetwork,
+		connect.WithSchema(agentMethods.ByName("ConfigureNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sandboxd.agent.v1.Agent/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentHealthProcedure:
@@ -293,6 +327,8 @@ func NewAgentHandler(svc AgentHandler, opts ...connect.HandlerOption) (string, h
 			agentExportLayerHandler.ServeHTTP(w, r)
 		case AgentSetClockProcedure:
 			agentSetClockHandler.ServeHTTP(w, r)
+		case AgentConfigureNetworkProcedure:
+			agentConfigureNetworkHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -328,4 +364,8 @@ func (UnimplementedAgentHandler) ExportLayer(context.Context, *connect.Request[v
 
 func (UnimplementedAgentHandler) SetClock(context.Context, *connect.Request[v1.SetClockRequest]) (*connect.Response[v1.SetClockResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.Agent.SetClock is not implemented"))
+}
+
+func (UnimplementedAgentHandler) ConfigureNetwork(context.Context, *connect.Request[v1.ConfigureNetworkRequest]) (*connect.Response[v1.ConfigureNetworkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sandboxd.agent.v1.Agent.ConfigureNetwork is not implemented"))
 }
