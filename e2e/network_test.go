@@ -18,10 +18,15 @@ import (
 // policies are refused; after a SIGKILL, a restart and stops, nothing of the
 // sandboxes' networks stays on the host. (Egress and the deny list are
 // tested in internal/netpol against a fake internet in namespaces of the
-// test's own.)
+// test's own.) On both backends: a microVM's guest takes its namespace's
+// place on the network.
 func TestNetwork(t *testing.T) {
+	onBothBackends(t, networkFlow)
+}
+
+func networkFlow(t *testing.T, _ string, flags []string) {
 	dsn := filepath.Join(t.TempDir(), "net.db")
-	s := startServer(t, dsn, "--keep-sandboxes=true")
+	s := startServer(t, dsn, append([]string{"--keep-sandboxes=true"}, flags...)...)
 	a, b := s.createAccount("web", false), s.createAccount("other", false)
 	k, bk := s.createKey(a.ID), s.createKey(b.ID)
 
@@ -123,7 +128,7 @@ func TestNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = s.cmd.Wait()
-	s2 := restartServer(t, s)
+	s2 := startServerIn(t, s.dataDir, s.dsn, flags...)
 	// Re-attached sandboxes keep their network: the port still answers.
 	if r := s2.as(k, "GET", path, nil); r.Status != 200 {
 		t.Fatalf("proxy after restart: %d %s", r.Status, r.Raw)

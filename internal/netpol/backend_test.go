@@ -171,7 +171,7 @@ func testBackend(t *testing.T, m *Manager, rt runtime.Runtime, rootfs string) ma
 	}
 
 	boxes := map[Mode]box{}
-	for _, p := range []Policy{{Mode: ModeNone}, {Mode: ModeEgress}, {Mode: ModeAllow, Allow: []string{inetA.String()}}} {
+	for _, p := range []Policy{{Mode: ModeNone}, {Mode: ModeEgress}, {Mode: ModeAllow, Allow: []string{inetA.String(), testDomain}}} {
 		id := rt.Name() + "-" + string(p.Mode)
 		t0 := time.Now()
 		n, err := m.Setup(ctx, id, p)
@@ -235,6 +235,8 @@ func testBackend(t *testing.T, m *Manager, rt runtime.Runtime, rootfs string) ma
 			check{mode, "http://sandboxd.internal/api/health", true},
 			check{mode, urlOf(inetA, 80), mode != ModeNone},
 			check{mode, urlOf(inetB, 80), mode == ModeEgress},
+			// By name, through the sandbox's resolver on its gateway.
+			check{mode, "http://" + testDomain + "/", mode != ModeNone},
 			check{mode, urlOf(inetMetadata, 80), false},
 			check{mode, urlOf(inetPrivate, 80), false},
 		)
