@@ -33,7 +33,7 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
 	pm := p.Meta()
-	if err := runtime.ForkSpecs(false, children); err != nil {
+	if err := runtime.ForkSpecs(pm.Network != nil, children); err != nil {
 		return nil, err
 	}
 	start := time.Now()
