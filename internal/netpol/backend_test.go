@@ -28,21 +28,54 @@ import (
 // the namespace Setup made) in each mode and checks, with busybox wget
 // inside, what they reach.
 func TestGVisor(t *testing.T) {
-	runtimetest.Require(t, "runsc", "mkfs.ext4")
+	rt := openGVisor(t)
 	newInternet(t)
 	m := newManager(t, "tng", "10.208.0.0/16", nil)
-	rt, err := gvisor.New(context.Background(), gvisor.Options{
-		StateDir:      t.TempDir(),
-		AgentPath:     runtimetest.AgentBinary(t),
-		Logger:        slog.New(slog.DiscardHandler),
-		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 256, DiskBytes: 64 << 20},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
 	t.Logf("gVisor: %s (the netns workaround: %v)", rt.Describe(), rt.Runsc().NetnsWorkaround)
 	testBackend(t, m, rt, runtimetest.Rootfs(t))
+}
+
+// testLimits keep the tests' sandboxes small.
+var testLimits = runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 256, DiskBytes: 64 << 20}
+
+// openGVisor is a gVisor runtime for the test, closed at its end.
+func openGVisor(tb testing.TB) *gvisor.Runtime {
+	runtimetest.Require(tb, "runsc", "mkfs.ext4")
+	rt, err := gvisor.New(context.Background(), gvisor.Options{
+		StateDir:      tb.TempDir(),
+		AgentPath:     runtimetest.AgentBinary(tb),
+		Logger:        slog.New(slog.DiscardHandler),
+		DefaultLimits: testLimits,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { rt.Close() })
+	return rt
+}
+
+// openMicroVM is a microVM runtime for the test whose memory-snapshot
+// template (of rootfs) is ready; it is closed at the test's end.
+func openMicroVM(tb testing.TB, rootfs string) *microvm.Runtime {
+	k := runtimetest.MicroVMKernel(tb)
+	rt, err := microvm.New(context.Background(), microvm.Options{
+		StateDir:      tb.TempDir(),
+		KernelPath:    k,
+		AgentPath:     runtimetest.AgentBinary(tb),
+		Logger:        runtimetest.Logger(tb),
+		DefaultLimits: testLimits,
+		Template:      microvm.TemplateOptions{BaseDir: rootfs, BaseImage: "busybox-fixture"},
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { rt.Close() })
+	for deadline := time.Now().Add(5 * time.Minute); !rt.TemplateReady(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatal("the memory-snapshot template was not ready in 5 minutes")
+		}
+	}
+	return rt
 }
 
 // TestMicroVM runs the same checks on microVMs (a tap in the namespace
@@ -51,27 +84,10 @@ func TestGVisor(t *testing.T) {
 // address and hardware address after the restore. A pause and resume
 // keeps the network.
 func TestMicroVM(t *testing.T) {
-	k := runtimetest.MicroVMKernel(t)
+	rootfs := runtimetest.Rootfs(t)
+	rt := openMicroVM(t, rootfs)
 	newInternet(t)
 	m := newManager(t, "tnv", "10.209.0.0/16", nil)
-	rootfs := runtimetest.Rootfs(t)
-	rt, err := microvm.New(context.Background(), microvm.Options{
-		StateDir:      t.TempDir(),
-		KernelPath:    k,
-		AgentPath:     runtimetest.AgentBinary(t),
-		Logger:        runtimetest.Logger(t),
-		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 256, DiskBytes: 64 << 20},
-		Template:      microvm.TemplateOptions{BaseDir: rootfs, BaseImage: "busybox-fixture"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
-	for deadline := time.Now().Add(5 * time.Minute); !rt.TemplateReady(); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the memory-snapshot template was not ready in 5 minutes")
-		}
-	}
 	accel, _ := rt.Accel()
 	t.Logf("microVM: %s", accel)
 	boxes := testBackend(t, m, rt, rootfs)

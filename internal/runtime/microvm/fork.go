@@ -37,7 +37,7 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 		return nil, err
 	}
 	start := time.Now()
-	tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers,
+	tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers, Linked: pm.Network != nil,
 		dir: p.Path("fork"), mem: p.Path("memory.state")}
 	defer func() {
 		_ = os.RemoveAll(tp.dir)
@@ -90,7 +90,7 @@ func (s *sandbox) saveForFork(ctx context.Context, tp *template) error {
 		return errors.Join(copyErr, s.pausedAfterFork(err))
 	}
 	defer f.Close()
-	if err := s.boot(ctx, &restoreFrom{state: f, hello: h}); err != nil {
+	if err := s.boot(ctx, &restoreFrom{state: f, hello: h, linked: s.Meta().Network != nil}); err != nil {
 		return errors.Join(copyErr, s.pausedAfterFork(err))
 	}
 	return copyErr

@@ -198,26 +198,38 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	if err != nil {
 		return s.bootErr(fmt.Errorf("wait for agent: %w", err))
 	}
-	if incoming != nil {
-		entropy := make([]byte, 64)
-		_, _ = rand.Read(entropy)
-		if err := c.SetClock(wctx, time.Now(), entropy); err != nil {
-			return s.bootErr(fmt.Errorf("set clock after restore: %w", err))
-		}
-	}
-	// A restored VM's link is what its template's (down) or fork parent's
-	// (another sandbox's address and MAC) was: it is configured every time.
-	if cfg.NIC && (nic != nil || incoming != nil) {
-		if nic != nil {
-			if err := waitTapUp(m.Network, 3*time.Second); err != nil {
-				return s.bootErr(err)
-			}
-		}
-		if err := c.ConfigureNetwork(wctx, netConfig(m.Network, nic)); err != nil {
-			return s.bootErr(fmt.Errorf("configure the guest's network: %w", err))
-		}
+	if err := s.settle(wctx, c, m.Network, nic, incoming); err != nil {
+		return s.bootErr(err)
 	}
 	s.r.log.Debug("sandbox VM up", "id", m.ID, "cid", m.CID, "accel", m.VM.Accel, "restored", incoming != nil, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// settle makes a booted VM's guest this sandbox's. After a restore from a
+// memory snapshot its clock is set and its RNG reseeded: the clock stood
+// still, and every clone of a template would share one RNG state. The link
+// of a VM with a network is configured at every boot, and a restored
+// guest's link is taken down when it had one (a fork parent's, with another
+// sandbox's address and MAC); a template's never had one.
+func (s *sandbox) settle(ctx context.Context, c *guest.Client, n *runtime.Network, nic *tap, from *restoreFrom) error {
+	if from != nil {
+		entropy := make([]byte, 64)
+		_, _ = rand.Read(entropy)
+		if err := c.SetClock(ctx, time.Now(), entropy); err != nil {
+			return fmt.Errorf("set clock after restore: %w", err)
+		}
+	}
+	if !s.Meta().VM.NIC || (nic == nil && (from == nil || !from.linked)) {
+		return nil
+	}
+	if nic != nil {
+		if err := waitTapUp(n, 3*time.Second); err != nil {
+			return err
+		}
+	}
+	if err := c.ConfigureNetwork(ctx, netConfig(n, nic)); err != nil {
+		return fmt.Errorf("configure the guest's network: %w", err)
+	}
 	return nil
 }
 
@@ -564,6 +576,8 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 type restoreFrom struct {
 	state *os.File    // the migration stream, passed to QEMU through QMP
 	hello guest.Hello // what the agent said before it was saved
+	// linked: the saved guest's link was configured (it had a network).
+	linked bool
 }
 
 var _ runtime.AgentHTTP = (*sandbox)(nil)

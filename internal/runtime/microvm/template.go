@@ -38,7 +38,10 @@ type template struct {
 	Hello    guest.Hello    `json:"hello"`
 	// Layers are the restored layers the VM's disk holds (a fork's
 	// parent's; none for a template).
-	Layers  []string  `json:"layers,omitempty"`
+	Layers []string `json:"layers,omitempty"`
+	// Linked: the saved guest's link is configured (a fork's parent with
+	// a network); a template's is down.
+	Linked  bool      `json:"linked,omitempty"`
 	Created time.Time `json:"created"`
 	dir     string
 	// mem, when set, is where the memory state is instead of dir (a
@@ -244,7 +247,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 	}
 	defer f.Close()
 	s.opMu.Lock()
-	err = s.boot(ctx, &restoreFrom{state: f, hello: tp.Hello})
+	err = s.boot(ctx, &restoreFrom{state: f, hello: tp.Hello, linked: tp.Linked})
 	s.opMu.Unlock()
 	if err != nil {
 		return fail(err)
@@ -362,7 +365,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	defer f.Close()
-	if err := s.boot(ctx, &restoreFrom{state: f, hello: m.Hello}); err != nil {
+	if err := s.boot(ctx, &restoreFrom{state: f, hello: m.Hello, linked: m.Network != nil}); err != nil {
 		_ = s.stopLocked(context.WithoutCancel(ctx))
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
