@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,16 +174,7 @@ func testBackend(t *testing.T, m *Manager, rt runtime.Runtime, rootfs string) ma
 	t.Cleanup(func() { hostL.Close() })
 	serveHTTP(hostL)
 	hostPort := hostL.Addr().(*net.TCPAddr).Port
-	hostAddrs := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLoopback() {
-			hostAddrs = append(hostAddrs, ip.Unmap())
-		}
-	}
+	hostAddrs := hostIPv4s(t)
 
 	boxes := map[Mode]box{}
 	for _, p := range []Policy{{Mode: ModeNone}, {Mode: ModeEgress}, {Mode: ModeAllow, Allow: []string{inetA.String(), testDomain}}} {

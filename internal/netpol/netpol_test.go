@@ -220,6 +220,23 @@ func newInternet(t *testing.T) *internet {
 	return in
 }
 
+// hostIPv4s are the host's IPv4 addresses: 127.0.0.1 and every one of its
+// links'.
+func hostIPv4s(t *testing.T) []netip.Addr {
+	t.Helper()
+	out := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLoopback() {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
 func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
@@ -288,16 +305,7 @@ func TestPolicy(t *testing.T) {
 	if _, err := http.Get(urlOf(egress.HostAddr, hostPort)); err != nil {
 		t.Fatalf("the host listener does not answer on the veth address from the host: %v", err)
 	}
-	hostAddrs := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLoopback() {
-			hostAddrs = append(hostAddrs, ip.Unmap())
-		}
-	}
+	hostAddrs := hostIPv4s(t)
 	// The allow list's domain is reachable once the guest looks it up.
 	if got, err := guestLookup(allow.Netns, allow.HostAddr, testDomain); err != nil || !slices.Equal(got, []netip.Addr{inetDomain}) {
 		t.Fatalf("look up %s: %v, %v", testDomain, got, err)

@@ -39,8 +39,6 @@ const (
 	tapName = "tap0"
 	// nsLink is netpol's end of the veth pair in the namespace.
 	nsLink = "eth0"
-	// guestLink is the VM's NIC as its kernel names it.
-	guestLink = "eth0"
 	// unwiredMAC is the NIC's hardware address in a VM without a network
 	// (and in templates, until a restore configures the link).
 	unwiredMAC = "02:00:00:00:00:01"
