@@ -26,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -140,7 +142,7 @@ func New(opts Options) (*API, error) {
 // Routes returns the handlers to mount on the server's router, by chi
 // pattern.
 func (a *API) Routes() map[string]http.Handler {
-	cp := a.controlPlane()
+	cp := ownPattern(a.controlPlane())
 	agent := http.HandlerFunc(a.serveAgent)
 	return map[string]http.Handler{
 		"/sandboxes":               cp,
@@ -153,6 +155,20 @@ func (a *API) Routes() map[string]http.Handler {
 		"/process.Process/*":       agent,
 		"/filesystem.Filesystem/*": agent,
 	}
+}
+
+// ownPattern has the control plane's router name a request by its own
+// route pattern alone. It routes on the whole path, so the pattern of the
+// mount point it is reached through (such as "/v2/sandboxes/*") would
+// otherwise be joined to its own in the server's metrics and logs
+// ("/v2/sandboxes/v2/sandboxes").
+func ownPattern(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rc := chi.RouteContext(r.Context()); rc != nil {
+			rc.RoutePatterns = rc.RoutePatterns[:0]
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // e2bID is how the E2B API names sandbox id: its "sbx_" as "sbx-", so that

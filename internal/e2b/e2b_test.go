@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/go-chi/chi/v5"
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -628,5 +629,39 @@ func TestHostRouterCluster(t *testing.T) {
 	f.api.HostRouter(next).ServeHTTP(w, r)
 	if w.Code != http.StatusTeapot {
 		t.Fatalf("a forwarded-host header on the public listener: %d, want it ignored", w.Code)
+	}
+}
+
+// TestRoutePatterns: mounted on a chi router as the API server mounts
+// them, the control plane's requests are named by their own route pattern
+// in metrics and logs, not by the mount point's joined to it.
+func TestRoutePatterns(t *testing.T) {
+	f := newFixture(t)
+	var got string
+	r := chi.NewRouter()
+	r.Use(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			next.ServeHTTP(w, req)
+			got = chi.RouteContext(req.Context()).RoutePattern()
+		})
+	})
+	for pattern, h := range f.api.Routes() {
+		r.Handle(pattern, h)
+	}
+	for path, want := range map[string]string{
+		"/v2/sandboxes":               "/v2/sandboxes",
+		"/sandboxes":                  "/sandboxes",
+		"/sandboxes/sbx-x":            "/sandboxes/{id}",
+		"/sandboxes/sbx-x/metrics":    "/sandboxes/{id}/metrics",
+		"/templates":                  "/templates",
+		"/health":                     "/health",
+		"/filesystem.Filesystem/Stat": "/filesystem.Filesystem/*",
+	} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.Header.Set("X-API-Key", f.key)
+		r.ServeHTTP(httptest.NewRecorder(), req)
+		if got != want {
+			t.Errorf("GET %s is named %q, want %q", path, got, want)
+		}
 	}
 }
