@@ -1308,7 +1308,7 @@ type ClientInterface interface {
 
 	// GetTasksRunsIDLog Follow a run's log as Server-Sent Events (sandboxd)
 	//
-	// text/event-stream: "log" events {"data"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
+	// text/event-stream: "log" events {"data"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
 	//
 	// Corresponds with GET /api/tasks/runs/{id}/log (the `GetTasksRunsIDLog` operationId).
 	GetTasksRunsIDLog(ctx context.Context, id string, params *GetTasksRunsIDLogParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1946,7 +1946,7 @@ func (c *Client) GetTasksRuns(ctx context.Context, params *GetTasksRunsParams, r
 
 // GetTasksRunsIDLog Follow a run's log as Server-Sent Events (sandboxd)
 //
-// text/event-stream: "log" events {"data"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
+// text/event-stream: "log" events {"data"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
 //
 // Corresponds with GET /api/tasks/runs/{id}/log (the `GetTasksRunsIDLog` operationId).
 func (c *Client) GetTasksRunsIDLog(ctx context.Context, id string, params *GetTasksRunsIDLogParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3496,7 +3496,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetTasksRunsIDLogWithResponse Follow a run's log as Server-Sent Events (sandboxd)
 	//
-	// text/event-stream: "log" events {"data"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
+	// text/event-stream: "log" events {"data"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5913,7 +5913,7 @@ func (c *ClientWithResponses) GetTasksRunsWithResponse(ctx context.Context, para
 
 // GetTasksRunsIDLogWithResponse Follow a run's log as Server-Sent Events (sandboxd)
 //
-// text/event-stream: "log" events {"data"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
+// text/event-stream: "log" events {"data"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
 //
 // Returns a wrapper object for the known response body format(s).
 //

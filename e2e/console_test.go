@@ -266,7 +266,7 @@ func TestConsole(t *testing.T) {
 	shot(t, ctx, shots, "run-live")
 	waitFor("the run's end", `document.getElementById('run-status').dataset.status === 'COMPLETED'`, 2*time.Minute)
 	log := eval(`document.getElementById('run-log').textContent`).(string)
-	for _, want := range []string{"[stdout] console-start", "tick-4", "[stderr] console-done"} {
+	for _, want := range []string{"[stdout] console-start", "[stdout] tick-4\n", "[stderr] console-done"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the run's log lacks %q:\n%s", want, log)
 		}

@@ -47,7 +47,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodGet, path: "/api/tasks/runs", summary: "Get a run, or list the account's runs", tag: "runs",
 			query: RunsQuery{}, ok: RunsResponse{}, handler: s.listRuns},
 		{method: http.MethodGet, path: "/api/tasks/runs/{id}/log", summary: "Follow a run's log as Server-Sent Events (sandboxd)", tag: "runs",
-			description: "text/event-stream: \"log\" events {\"data\"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one \"end\" event {\"status\"} once the run finished (at once for a finished run); \"error\" {\"error\",\"statusCode\"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.",
+			description: "text/event-stream: \"log\" events {\"data\"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one \"end\" event {\"status\"} once the run finished (at once for a finished run); \"error\" {\"error\",\"statusCode\"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.",
 			query:       AccountRequest{}, ok: RunLogEnd{}, eventsOnly: true, handler: s.runLog},
 		{method: http.MethodGet, path: "/api/snapshots", summary: "List the account's snapshots, newest first (sandboxd)", tag: "snapshots",
 			description: "The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.",

@@ -41,8 +41,8 @@ const (
 )
 
 // runLog streams a run's log as Server-Sent Events: "log" events carry
-// {"data"} (the log's text as it grows: each chunk of the command's output
-// tagged "[stdout] " or "[stderr] ", as the file holds it), then one "end"
+// {"data"} (the log's text as it grows: each line tagged "[stdout] " or
+// "[stderr] ", as the file holds it), then one "end"
 // event {"status"} once the run finished; "error" {"error","statusCode"}
 // when the log cannot be read. A run that finished answers its log at once
 // and ends.

@@ -38,3 +38,45 @@ func TestLogsOpen(t *testing.T) {
 		}
 	}
 }
+
+// TestRunLogTagsLines: every line of a run's log is one stream's and
+// starts with its tag, however the output is chunked and interleaved; a
+// log continued after a restart that ended mid-line starts a new one.
+func TestRunLogTagsLines(t *testing.T) {
+	dir := t.TempDir()
+	r := &Runner{cfg: Config{DataDir: dir}}
+	l, err := r.openLog("run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errw := l.output(streamStdout), l.output(streamStderr)
+	for _, w := range []struct {
+		w io.Writer
+		s string
+	}{
+		{out, "one\ntw"}, {out, "o\nthree"}, {errw, "oops\n"}, {out, " and more\n"},
+		{l.stream("sandboxd"), "note\n"}, {out, "a\n\nb\n"}, {errw, "partial"},
+	} {
+		if _, err := w.w.Write([]byte(w.s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const want = "[stdout] one\n[stdout] two\n[stdout] three\n[stderr] oops\n[stdout]  and more\n" +
+		"[sandboxd] note\n[stdout] a\n[stdout] \n[stdout] b\n[stderr] partial"
+	if b, _ := os.ReadFile(LogPath(dir, "run_1")); string(b) != want {
+		t.Fatalf("log:\n%q\nwant\n%q", b, want)
+	}
+	l.Close()
+
+	l, err = r.openLog("run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.stream("stderr").Write([]byte(" and the rest\n")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(LogPath(dir, "run_1")); string(b) != want+"\n[stderr]  and the rest\n" {
+		t.Fatalf("continued log:\n%q", b)
+	}
+}

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -18,7 +19,7 @@ const (
 
 var streamNames = [2]string{"stdout", "stderr"}
 
-// runLog is a run's log file: each chunk tagged with its stream, capped
+// runLog is a run's log file: each line tagged with its stream, capped
 // to its head and tail. Next to it (.pos) it keeps how many bytes of each
 // of the command's streams it has, so that a server that restarted and
 // follows the command again (Reconcile) logs only what it did not have,
@@ -30,6 +31,54 @@ type runLog struct {
 	mu  sync.Mutex
 	pos [2]uint64 // bytes of each stream in the log
 	cur [2]uint64 // offset of the next byte the command's stream delivers
+	// open is the tag of the line the log ends in the middle of; "" when
+	// it ends a line.
+	open string
+}
+
+// writeTagged writes b to the log with each line that starts in it tagged
+// "[name] ". A line another stream left open is ended first, so that every
+// line of the file is one stream's: output arrives in chunks that need not
+// end lines, and stdout and stderr interleave. Callers hold mu.
+func (l *runLog) writeTagged(name string, b []byte) error {
+	var buf bytes.Buffer
+	if l.open != "" && l.open != name {
+		buf.WriteByte('\n')
+		l.open = ""
+	}
+	for len(b) > 0 {
+		if l.open == "" {
+			buf.WriteString("[" + name + "] ")
+			l.open = name
+		}
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			buf.Write(b)
+			break
+		}
+		buf.Write(b[:i+1])
+		b = b[i+1:]
+		l.open = ""
+	}
+	_, err := l.Writer.Write(buf.Bytes())
+	return err
+}
+
+// endsOpen says whether the file at path ends in the middle of a line (a
+// log continued after a restart).
+func endsOpen(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return false
+	}
+	last := make([]byte, 1)
+	_, err = f.ReadAt(last, fi.Size()-1)
+	return err == nil && last[0] != '\n'
 }
 
 // readPos reads a .pos file; a missing or damaged one counts nothing.
@@ -56,7 +105,7 @@ func (l *runLog) resumeAt(from runtime.StreamOffsets) {
 	for i, off := range [2]uint64{from.Stdout, from.Stderr} {
 		l.cur[i] = off
 		if off > l.pos[i] {
-			fmt.Fprintf(l.Writer, "[sandboxd] %d bytes of %s were produced while sandboxd was down and are lost\n", off-l.pos[i], streamNames[i])
+			_ = l.writeTagged("sandboxd", fmt.Appendf(nil, "%d bytes of %s were produced while sandboxd was down and are lost\n", off-l.pos[i], streamNames[i]))
 			l.pos[i] = off
 		}
 	}
@@ -84,7 +133,7 @@ func (w streamWriter) Write(b []byte) (int, error) {
 		}
 		b = b[skip:]
 	}
-	if _, err := fmt.Fprintf(l.Writer, "[%s] %s", streamNames[w.stream], b); err != nil {
+	if err := l.writeTagged(streamNames[w.stream], b); err != nil {
 		return 0, err
 	}
 	l.pos[w.stream] += uint64(len(b))
@@ -96,7 +145,7 @@ func (w streamWriter) Write(b []byte) (int, error) {
 // the command's output).
 func (l *runLog) stream(name string) io.Writer { return prefixWriter{l, name} }
 
-// prefixWriter writes each chunk to the run log tagged with its stream.
+// prefixWriter writes to the run log, each line tagged with its stream.
 type prefixWriter struct {
 	l    *runLog
 	name string
@@ -105,7 +154,7 @@ type prefixWriter struct {
 func (p prefixWriter) Write(b []byte) (int, error) {
 	p.l.mu.Lock()
 	defer p.l.mu.Unlock()
-	if _, err := fmt.Fprintf(p.l.Writer, "[%s] %s", p.name, b); err != nil {
+	if err := p.l.writeTagged(p.name, b); err != nil {
 		return 0, err
 	}
 	return len(b), nil

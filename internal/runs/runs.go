@@ -347,12 +347,16 @@ func (r *Runner) openLog(runID string) (*runLog, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
+	open := endsOpen(path)
 	w, err := caplog.Open(path, r.cfg.LogMaxBytes)
 	if err != nil {
 		return nil, err
 	}
 	l := &runLog{Writer: w, posPath: path + ".pos"}
 	l.pos = readPos(l.posPath)
+	if open {
+		l.open = "?" // whose line it is is not known: the next one starts anew
+	}
 	return l, nil
 }
 

@@ -393,7 +393,7 @@ export interface paths {
         };
         /**
          * Follow a run's log as Server-Sent Events (sandboxd)
-         * @description text/event-stream: "log" events {"data"} carry the run's log as it grows (each chunk of the command's output tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
+         * @description text/event-stream: "log" events {"data"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one "end" event {"status"} once the run finished (at once for a finished run); "error" {"error","statusCode"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.
          */
         get: operations["getTasksRunsIdLog"];
         put?: never;
