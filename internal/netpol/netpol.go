@@ -107,7 +107,9 @@ type Options struct {
 	// wins: pool, loopback, link-local, the host.
 	AllowPrivate []netip.Prefix
 	// RateBytes and BurstBytes bound each direction's bandwidth per
-	// sandbox (bytes/s, bytes); MaxConns bounds its concurrent connections.
+	// sandbox (bytes/s, bytes; nftables' byte limit lets a full bucket
+	// hold a second of the rate on top of the burst); MaxConns bounds its
+	// concurrent connections.
 	RateBytes  uint64
 	BurstBytes uint32
 	MaxConns   uint32

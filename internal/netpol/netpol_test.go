@@ -475,6 +475,87 @@ func TestConnLimit(t *testing.T) {
 	}
 }
 
+// TestRateLimit: a sandbox's traffic is held to RateBytes each way (after
+// a burst of BurstBytes). Only a lower bound on the transfer's time is
+// checked: a slow machine can only make it slower.
+func TestRateLimit(t *testing.T) {
+	requireRoot(t)
+	inet := newInternet(t)
+	const (
+		rate  = 256 << 10
+		burst = 32 << 10
+		size  = 1 << 20
+	)
+	m := newManager(t, "tnb", "10.213.0.0/16", func(o *Options) { o.RateBytes, o.BurstBytes = rate, burst })
+	n, err := m.Setup(context.Background(), "sb-rate", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A server on A that sends size bytes, or reads to EOF and says how
+	// much it got.
+	l := listenIn(t, filepath.Join(netnsDir, inet.netns), netip.AddrPortFrom(inetA, 9100).String())
+	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			got, _ := io.Copy(io.Discard, r.Body)
+			fmt.Fprintf(w, "%d", got)
+			return
+		}
+		_, _ = io.CopyN(w, zeros{}, size)
+	}))
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := inNetns(n.Netns, func() (err error) {
+				c, err = (&net.Dialer{Timeout: time.Second}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		},
+	}}
+	url := "http://" + netip.AddrPortFrom(inetA, 9100).String() + "/"
+	// The least time size bytes can take: what is above a full bucket, at
+	// the rate, less a tenth for the clock's grain. nftables' byte limit
+	// holds a second of the rate on top of the burst.
+	least := time.Duration(int64(size-rate-burst) * 9 * int64(time.Second) / (10 * rate))
+
+	start := time.Now()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	down := time.Since(start)
+	if err != nil || got != size {
+		t.Fatalf("download: %d bytes, %v", got, err)
+	}
+	start = time.Now()
+	resp, err = client.Post(url, "application/octet-stream", io.LimitReader(zeros{}, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	up := time.Since(start)
+	if string(body) != fmt.Sprint(size) {
+		t.Fatalf("upload: the server got %q bytes of %d", body, size)
+	}
+	t.Logf("%d KiB at a limit of %d KiB/s: down in %v (%.0f KiB/s), up in %v (%.0f KiB/s)",
+		size>>10, rate>>10, down.Round(time.Millisecond), float64(size>>10)/down.Seconds(), up.Round(time.Millisecond), float64(size>>10)/up.Seconds())
+	if down < least || up < least {
+		t.Errorf("faster than the limit allows: down %v, up %v, at least %v each", down, up, least)
+	}
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
 // leftovers lists what m has on the host: namespaces, links, per-sandbox
 // chains and jump rules, records.
 func leftovers(t *testing.T, m *Manager) []string {
