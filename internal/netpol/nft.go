@@ -396,9 +396,26 @@ func (m *Manager) delSandboxRulesExcept(keep map[string]bool) error {
 	return m.delRules(func(key string) bool { return !keep[key] })
 }
 
+// delRules deletes what del selects in one batch. A batch that names an
+// object gone since it was listed fails whole with ENOENT (seen once in CI,
+// tearing down a sandbox, with other servers' tables changing on the
+// host); listing again converges on nothing of the keys left, which is all
+// a teardown wants.
 func (m *Manager) delRules(del func(key string) bool) error {
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
+	var err error
+	for range 3 {
+		if err = m.delRulesOnce(del); !errors.Is(err, unix.ENOENT) {
+			return err
+		}
+		m.log.Warn("an nftables object went while its sandbox's rules were deleted; listing them again", "err", err)
+	}
+	return err
+}
+
+// delRulesOnce is one listing and batch of delRules; callers hold nftMu.
+func (m *Manager) delRulesOnce(del func(key string) bool) error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
