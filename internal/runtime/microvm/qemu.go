@@ -45,8 +45,8 @@ type vmConfig struct {
 	// VMs an older sandboxd made, whose saved memory has none.
 	NIC      bool `json:"nic,omitempty"`
 	incoming bool // restore from a memory snapshot (migrate-incoming)
-	tapFD    int  // the NIC's tap queue as QEMU's fd; 0: not wired
-	mac      string
+	tapFD    int    // the NIC's tap queue as QEMU's fd; 0: not wired
+	mac      string // the NIC's hardware address, with a tap
 }
 
 // kernelCmdline is the guest kernel's command line. The sandboxd.*

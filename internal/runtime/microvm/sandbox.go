@@ -208,9 +208,10 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 // settle makes a booted VM's guest this sandbox's. After a restore from a
 // memory snapshot its clock is set and its RNG reseeded: the clock stood
 // still, and every clone of a template would share one RNG state. The link
-// of a VM with a network is configured at every boot, and a restored
-// guest's link is taken down when it had one (a fork parent's, with another
-// sandbox's address and MAC); a template's never had one.
+// of a VM with a network is configured at every boot (a restored one had
+// the template's link, down, or a fork parent's, with another sandbox's
+// address and MAC); a restored guest without a network whose saved link
+// was configured has it taken down.
 func (s *sandbox) settle(ctx context.Context, c *guest.Client, n *runtime.Network, nic *tap, from *restoreFrom) error {
 	if from != nil {
 		entropy := make([]byte, 64)
