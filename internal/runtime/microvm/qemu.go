@@ -43,8 +43,8 @@ type vmConfig struct {
 	Memory   int64  `json:"memory"` // memory.max of the sandbox cgroup in the guest
 	// NIC: the VM has a virtio-net device (network.go); false only for
 	// VMs an older sandboxd made, whose saved memory has none.
-	NIC      bool `json:"nic,omitempty"`
-	incoming bool // restore from a memory snapshot (migrate-incoming)
+	NIC      bool   `json:"nic,omitempty"`
+	incoming bool   // restore from a memory snapshot (migrate-incoming)
 	tapFD    int    // the NIC's tap queue as QEMU's fd; 0: not wired
 	mac      string // the NIC's hardware address, with a tap
 }
