@@ -80,8 +80,8 @@ func openMicroVM(tb testing.TB, rootfs string) *microvm.Runtime {
 // TestMicroVM runs the same checks on microVMs (a tap in the namespace
 // Setup made, wired to its eth0). The sandboxes are restored from the
 // memory-snapshot template, which has no network: each gets its own
-// address and hardware address after the restore. A pause and resume
-// keeps the network.
+// address and hardware address after the restore. A VM booted cold gets
+// its network too, and a pause and resume keeps it.
 func TestMicroVM(t *testing.T) {
 	rootfs := runtimetest.Rootfs(t)
 	rt := openMicroVM(t, rootfs)
@@ -107,9 +107,26 @@ func TestMicroVM(t *testing.T) {
 		}
 	}
 
+	// A VM the template does not fit (another hostname; in production, an
+	// account's snapshot to restore) boots cold with its network.
+	ctx := context.Background()
+	n, err := m.Setup(ctx, "microvm-cold", Policy{Mode: ModeEgress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Teardown(context.Background(), "microvm-cold") })
+	cold, err := rt.Create(ctx, runtime.Spec{ID: "microvm-cold", BaseDir: rootfs, Hostname: "cold",
+		Network: &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cold.Destroy(context.Background()) })
+	if out, code := wget(t, cold, urlOf(inetB, 80), nil); code != 0 || !strings.HasPrefix(out, "hello from") {
+		t.Errorf("egress from a cold-booted VM: exit %d %q", code, out)
+	}
+
 	// Pause and resume: the network comes back with the VM.
 	eg := boxes[ModeEgress]
-	ctx := context.Background()
 	if err := rt.Pause(ctx, eg.sb.ID()); err != nil {
 		t.Fatal(err)
 	}
