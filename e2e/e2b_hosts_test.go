@@ -13,9 +13,15 @@ import (
 // TestE2BHosts: with --e2b-domain, PORT-ID.DOMAIN reaches a server in the
 // sandbox (what the SDKs' getHost names), public unless the sandbox was
 // created with allowPublicTraffic false; the E2B sandbox is an ordinary
-// sandbox, so sandboxd's own API runs the server in it.
+// sandbox, so sandboxd's own API runs the server in it. On both backends:
+// E2B's network options give a microVM its network as they do a gVisor
+// sandbox.
 func TestE2BHosts(t *testing.T) {
-	s := startServer(t, filepath.Join(t.TempDir(), "hosts.db"), "--e2b-domain", "sbx.test")
+	onBothBackends(t, e2bHostsFlow)
+}
+
+func e2bHostsFlow(t *testing.T, _ string, flags []string) {
+	s := startServer(t, filepath.Join(t.TempDir(), "hosts.db"), append([]string{"--e2b-domain", "sbx.test"}, flags...)...)
 	a := s.createAccount("hosts", false)
 	k := s.createKey(a.ID)
 	var ek key
