@@ -154,7 +154,7 @@ func (f *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 }
 
 // newInternet builds the test internet and its servers.
-func newInternet(t *testing.T) *internet {
+func newInternet(t testing.TB) *internet {
 	t.Helper()
 	var rb [3]byte
 	_, _ = rand.Read(rb[:])
