@@ -94,6 +94,29 @@ func (g Group) Remove() error {
 	return errors.Join(errs...)
 }
 
+// Kill sends SIGKILL to every process in the group until none is left, or
+// fails after timeout. Processes a sandbox's runtime lost track of (a
+// start cut short before it recorded them) end here with their group.
+func (g Group) Kill(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		procs, err := g.Procs()
+		if err != nil {
+			return err
+		}
+		if len(procs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v of cgroup %s still run after %v", procs, g.Path, timeout)
+		}
+		for _, pid := range procs {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // Procs lists the processes in the group (in any of its hierarchies, on
 // cgroup v1), each once. A process counts until its last thread has
 // exited: a zombie whose threads are gone is no longer in a group.

@@ -148,3 +148,32 @@ func TestWatchMemoryIgnoresPageCache(t *testing.T) {
 		t.Fatal("the watcher never fired for the hog")
 	}
 }
+
+// TestKill: Kill ends every process in the group, one that forks included,
+// and the group can then go.
+func TestKill(t *testing.T) {
+	g, dir := v1Group(t, 256<<20)
+	// A shell in the group that starts children of its own (in the group
+	// too), and ignores the signals it can.
+	cmd := exec.Command("sh", "-c", "echo $$ > "+filepath.Join(dir, "cgroup.procs")+"; trap '' TERM INT; sleep 600 & sleep 600 & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	t.Cleanup(func() { _ = g.Kill(5 * time.Second) }) // also when the test fails early
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if procs, _ := g.Procs(); len(procs) >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			procs, _ := g.Procs()
+			t.Fatalf("the group has processes %v, want the shell and its two children", procs)
+		}
+	}
+	if err := g.Kill(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if procs, err := g.Procs(); err != nil || len(procs) != 0 {
+		t.Fatalf("after Kill: %v %v", procs, err)
+	}
+}

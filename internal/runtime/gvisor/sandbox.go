@@ -516,6 +516,13 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if g := cgroup.New(m.CgroupPath); g.Exists() {
+		// runsc delete ends what runsc knows of; a create cut short before
+		// runsc recorded its container leaves its sandbox and gofer
+		// processes running, in this group. Nothing of a destroyed
+		// sandbox runs on.
+		if err := g.Kill(5 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 		if err := g.Remove(); err != nil {
 			errs = append(errs, err)
 		}
