@@ -544,6 +544,12 @@ func (s *sandbox) stopLocked(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if g := newHostCgroup(m.CgroupPath); g.Exists() {
+		// A QEMU whose pid never reached the meta (sandboxd ended right
+		// after launching it) is still in the group: nothing of a stopped
+		// sandbox runs on.
+		if err := g.Kill(5 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 		if err := g.remove(); err != nil {
 			errs = append(errs, err)
 		}
