@@ -94,10 +94,20 @@ func (g Group) Remove() error {
 	return errors.Join(errs...)
 }
 
+// Wait waits until no process is left in the group, or fails after
+// timeout.
+func (g Group) Wait(timeout time.Duration) error { return g.untilEmpty(timeout, nil) }
+
 // Kill sends SIGKILL to every process in the group until none is left, or
 // fails after timeout. Processes a sandbox's runtime lost track of (a
 // start cut short before it recorded them) end here with their group.
 func (g Group) Kill(timeout time.Duration) error {
+	return g.untilEmpty(timeout, func(pid int) { _ = unix.Kill(pid, unix.SIGKILL) })
+}
+
+// untilEmpty polls the group's processes until there are none, calling
+// each (when set) on every one it finds, or fails after timeout.
+func (g Group) untilEmpty(timeout time.Duration, each func(pid int)) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		procs, err := g.Procs()
@@ -110,8 +120,10 @@ func (g Group) Kill(timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("processes %v of cgroup %s still run after %v", procs, g.Path, timeout)
 		}
-		for _, pid := range procs {
-			_ = unix.Kill(pid, unix.SIGKILL)
+		if each != nil {
+			for _, pid := range procs {
+				each(pid)
+			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

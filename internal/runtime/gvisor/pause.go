@@ -382,20 +382,10 @@ func (s *sandbox) resume(ctx context.Context) error {
 // removes it.
 func endCgroup(path string, timeout time.Duration) error {
 	g := cgroup.New(path)
-	deadline := time.Now().Add(timeout)
-	for {
-		procs, err := g.Procs()
-		if err != nil {
-			return err
-		}
-		if len(procs) == 0 {
-			return g.Remove()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes %v of the sandbox still run after %v", procs, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := g.Wait(timeout); err != nil {
+		return fmt.Errorf("the sandbox's processes: %w", err)
 	}
+	return g.Remove()
 }
 
 // notFound says runsc failed because it knows no such container.
