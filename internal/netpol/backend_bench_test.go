@@ -16,6 +16,21 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
+// benchBackend is a backend the benchmarks run on, with the prefix and
+// pool of the network manager each makes for it (one at a time: each goes
+// at the end of its sub-benchmark).
+type benchBackend struct {
+	name, prefix, pool string
+	open               func(testing.TB) runtime.Runtime
+}
+
+func benchBackends(rootfs string) []benchBackend {
+	return []benchBackend{
+		{"gvisor", "tbg", "10.210.0.0/16", func(tb testing.TB) runtime.Runtime { return openGVisor(tb) }},
+		{"microvm", "tbv", "10.211.0.0/16", func(tb testing.TB) runtime.Runtime { return openMicroVM(tb, rootfs) }},
+	}
+}
+
 // BenchmarkStart measures what a network adds to a sandbox's start on each
 // backend: from nothing to a first command's answer inside, without a
 // network and with an egress one (netpol's Setup, then gVisor's netstack
@@ -26,16 +41,7 @@ import (
 //	go test -run '^$' -bench Start -benchtime 20x ./internal/netpol/
 func BenchmarkStart(b *testing.B) {
 	rootfs := runtimetest.Rootfs(b)
-	backends := []struct {
-		name   string
-		prefix string
-		pool   string
-		open   func(testing.TB) runtime.Runtime
-	}{
-		{"gvisor", "tbg", "10.210.0.0/16", func(tb testing.TB) runtime.Runtime { return openGVisor(tb) }},
-		{"microvm", "tbv", "10.211.0.0/16", func(tb testing.TB) runtime.Runtime { return openMicroVM(tb, rootfs) }},
-	}
-	for _, be := range backends {
+	for _, be := range benchBackends(rootfs) {
 		b.Run(be.name, func(b *testing.B) {
 			rt := be.open(b)
 			m := newManager(b, be.prefix, be.pool, nil)
@@ -60,7 +66,7 @@ func benchStart(b *testing.B, m *Manager, rt runtime.Runtime, rootfs string, p P
 		}
 		spec := runtime.Spec{ID: id, BaseDir: rootfs}
 		if n != nil {
-			spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}
+			spec.Network = guestNetwork(n)
 		}
 		sb, err := rt.Create(ctx, spec)
 		if err != nil {
@@ -93,14 +99,7 @@ func benchStart(b *testing.B, m *Manager, rt runtime.Runtime, rootfs string, p P
 func BenchmarkThroughput(b *testing.B) {
 	const size = 64 << 20
 	rootfs := runtimetest.Rootfs(b)
-	backends := []struct {
-		name, prefix, pool string
-		open               func(testing.TB) runtime.Runtime
-	}{
-		{"gvisor", "tbh", "10.214.0.0/16", func(tb testing.TB) runtime.Runtime { return openGVisor(tb) }},
-		{"microvm", "tbw", "10.215.0.0/16", func(tb testing.TB) runtime.Runtime { return openMicroVM(tb, rootfs) }},
-	}
-	for _, be := range backends {
+	for _, be := range benchBackends(rootfs) {
 		b.Run(be.name, func(b *testing.B) {
 			rt := be.open(b)
 			inet := newInternet(b)
@@ -117,7 +116,7 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			b.Cleanup(func() { _ = m.Teardown(context.Background(), "bench-tput") })
 			sb, err := rt.Create(ctx, runtime.Spec{ID: "bench-tput", BaseDir: rootfs,
-				Network: &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}})
+				Network: guestNetwork(n)})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -116,7 +116,7 @@ func TestMicroVM(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = m.Teardown(context.Background(), "microvm-cold") })
 	cold, err := rt.Create(ctx, runtime.Spec{ID: "microvm-cold", BaseDir: rootfs, Hostname: "cold",
-		Network: &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}})
+		Network: guestNetwork(n)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +136,12 @@ func TestMicroVM(t *testing.T) {
 	if out, code := wget(t, eg.sb, urlOf(inetB, 80), nil); code != 0 || !strings.HasPrefix(out, "hello from") {
 		t.Errorf("egress after pause and resume: exit %d %q", code, out)
 	}
+}
+
+// guestNetwork is n as a runtime spec names it (what the sandbox
+// manager's network hook gives the runtime).
+func guestNetwork(n *Network) *runtime.Network {
+	return &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}
 }
 
 // nsLinkAttrs are the attributes of the link name in the namespace at path.
@@ -203,7 +209,7 @@ func testBackend(t *testing.T, m *Manager, rt runtime.Runtime, rootfs string) ma
 		}
 		spec := runtime.Spec{ID: id, BaseDir: rootfs, HomeSocket: sock}
 		if n != nil {
-			spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}
+			spec.Network = guestNetwork(n)
 		}
 		sb, err := rt.Create(ctx, spec)
 		if err != nil {
