@@ -82,6 +82,10 @@ func plugTap(n *runtime.Network) (*tap, error) {
 		f.Close()
 		return nil, err
 	}
+	if err := waitTapUp(h, 3*time.Second); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -165,20 +169,11 @@ func openTap(ns netns.NsHandle, name string) (*os.File, error) {
 	return r.f, r.err
 }
 
-// waitTapUp waits until the tap is operationally up, which it is once
-// QEMU has attached its queue: until then the kernel drops what is sent
-// to it, the guest's first packets with it.
-func waitTapUp(n *runtime.Network, d time.Duration) error {
-	ns, err := netns.GetFromPath(n.Netns)
-	if err != nil {
-		return fmt.Errorf("open network namespace: %w", err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("open network namespace: %w", err)
-	}
-	defer h.Close()
+// waitTapUp waits until the tap is operationally up. Its queue (the
+// descriptor QEMU gets) is attached from the start, but the kernel marks
+// a link up asynchronously after it is set up, and drops what is sent to
+// it until then: the guest's first packets with it.
+func waitTapUp(h *netlink.Handle, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		l, err := h.LinkByName(tapName)

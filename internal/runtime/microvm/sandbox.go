@@ -223,11 +223,6 @@ func (s *sandbox) settle(ctx context.Context, c *guest.Client, n *runtime.Networ
 	if !s.Meta().VM.NIC || (nic == nil && (from == nil || !from.linked)) {
 		return nil
 	}
-	if nic != nil {
-		if err := waitTapUp(n, 3*time.Second); err != nil {
-			return err
-		}
-	}
 	if err := c.ConfigureNetwork(ctx, netConfig(n, nic)); err != nil {
 		return fmt.Errorf("configure the guest's network: %w", err)
 	}
