@@ -125,7 +125,7 @@ func (r *Runtime) forkChild(ctx context.Context, parent meta, spec runtime.Spec,
 	if err := r.Table().Dir.Claim(spec.ID, cid); err != nil {
 		return nil, err
 	}
-	m := meta{Record: host.NewRecord(spec, cid), Network: spec.Network, Platform: parent.Platform, Runsc: parent.Runsc,
+	m := meta{Record: host.NewRecord(spec, cid), Platform: parent.Platform, Runsc: parent.Runsc,
 		Disk: parent.Disk, AgentSecret: parent.AgentSecret}
 	m.Layers = parent.Layers
 	s := newSandbox(r, r.Table().Dir.SandboxDir(cid), m)

@@ -352,7 +352,7 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 			return nil, err
 		}
 	}
-	m := meta{Record: host.NewRecord(spec, cid), Network: spec.Network, Platform: r.platform, Runsc: r.runsc.Path}
+	m := meta{Record: host.NewRecord(spec, cid), Platform: r.platform, Runsc: r.runsc.Path}
 	s := newSandbox(r, dir, m)
 	return r.Made(ctx, spec.ID, link, s, s.create(ctx, spec.Layers))
 }
@@ -433,8 +433,7 @@ func (r *Runtime) runscRun(ctx context.Context, m meta, args ...string) ([]byte,
 // meta is what the state directory records about a sandbox.
 type meta struct {
 	host.Record
-	Network  *runtime.Network `json:"network,omitempty"` // nil: --network=none
-	Platform string           `json:"platform"`
+	Platform string `json:"platform"`
 	// Runsc is the runsc binary that made the container (empty: made
 	// before sandboxd chose among several; see legacyRunsc).
 	Runsc string `json:"runsc,omitempty"`

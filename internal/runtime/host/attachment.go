@@ -31,9 +31,12 @@ type Record struct {
 	Limits     runtime.Limits `json:"limits"`
 	HomeSocket string         `json:"home_socket,omitempty"`
 	Hostname   string         `json:"hostname"`
-	CgroupPath string         `json:"cgroup_path"`
-	Created    time.Time      `json:"created"`
-	Stopped    bool           `json:"stopped,omitempty"`
+	// Network is the sandbox's network namespace and addressing; nil:
+	// none.
+	Network    *runtime.Network `json:"network,omitempty"`
+	CgroupPath string           `json:"cgroup_path"`
+	Created    time.Time        `json:"created"`
+	Stopped    bool             `json:"stopped,omitempty"`
 }
 
 // NewRecord is the record of a new sandbox cid of spec; its host cgroup is
@@ -42,7 +45,7 @@ func NewRecord(spec runtime.Spec, cid string) Record {
 	return Record{
 		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
 		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
-		CgroupPath: "/sandboxd/" + cid, Created: time.Now().UTC(),
+		Network: spec.Network, CgroupPath: "/sandboxd/" + cid, Created: time.Now().UTC(),
 	}
 }
 

@@ -329,7 +329,7 @@ func (r *Runtime) releaseUID(uid int, cid string) {
 
 // newMeta is the meta of a new sandbox of spec.
 func (r *Runtime) newMeta(spec runtime.Spec, cid string, uid int) meta {
-	return meta{Record: host.NewRecord(spec, cid), Network: spec.Network, UID: uid, Accel: r.accel}
+	return meta{Record: host.NewRecord(spec, cid), UID: uid, Accel: r.accel}
 }
 
 // createCold makes the sandbox's disks and boots it. link, when not empty,
@@ -376,15 +376,14 @@ func (r *Runtime) reattach(ctx context.Context) error {
 // meta is what the state directory records about a sandbox.
 type meta struct {
 	host.Record
-	Network  *runtime.Network `json:"network,omitempty"`
-	UID      int              `json:"uid"`
-	Accel    string           `json:"accel"`
-	VM       vmConfig         `json:"vm"`
-	PID      int              `json:"pid,omitempty"`
-	PIDStart uint64           `json:"pid_start,omitempty"`
-	Template string           `json:"template,omitempty"` // restored from this template
-	Paused   bool             `json:"paused,omitempty"`   // memory saved in memory.state
-	Hello    guest.Hello      `json:"hello,omitempty"`    // what the paused agent waits to have answered
+	UID      int         `json:"uid"`
+	Accel    string      `json:"accel"`
+	VM       vmConfig    `json:"vm"`
+	PID      int         `json:"pid,omitempty"`
+	PIDStart uint64      `json:"pid_start,omitempty"`
+	Template string      `json:"template,omitempty"` // restored from this template
+	Paused   bool        `json:"paused,omitempty"`   // memory saved in memory.state
+	Hello    guest.Hello `json:"hello,omitempty"`    // what the paused agent waits to have answered
 }
 
 // Halted implements host.Recorded: a paused sandbox has no agent either
