@@ -284,14 +284,18 @@ func TestCluster(t *testing.T) {
 		{"a node's certificate, unsigned", &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}, 401},
 	} {
 		client := &http.Client{Transport: &http.Transport{TLSClientConfig: c.conf}, Timeout: 10 * time.Second}
-		unsigned, _ := http.NewRequest("GET", "https://"+clusterAddr+path+"/ports", nil)
-		unsigned.Header.Set("x-api-key", k.Key)
-		resp, err := client.Do(unsigned)
-		if err == nil {
-			resp.Body.Close()
-		}
-		if (c.want == 0 && err == nil) || (c.want != 0 && (err != nil || resp.StatusCode != c.want)) {
-			t.Fatalf("%s on the cluster listener: %v %v, want %d (0: refused)", c.name, resp, err, c.want)
+		// The API's routes, and what is mounted beside them that takes
+		// plain keys on the public listener (git, MCP, console, models).
+		for _, target := range []string{path + "/ports", "/git/" + a.ID + ".git/info/refs?service=git-upload-pack", "/mcp", "/console/", "/model/openai/models"} {
+			unsigned, _ := http.NewRequest("GET", "https://"+clusterAddr+target, nil)
+			unsigned.Header.Set("x-api-key", k.Key)
+			resp, err := client.Do(unsigned)
+			if err == nil {
+				resp.Body.Close()
+			}
+			if (c.want == 0 && err == nil) || (c.want != 0 && (err != nil || resp.StatusCode != c.want)) {
+				t.Fatalf("%s, %s on the cluster listener: %v %v, want %d (0: refused)", c.name, target, resp, err, c.want)
+			}
 		}
 	}
 	// Routing overhead: exec round trips on the host and through another.

@@ -70,7 +70,7 @@ func TestAdminOnly(t *testing.T) {
 		}
 		var handler http.Handler = h
 		if tc.cluster {
-			handler = api.ClusterHandler(h)
+			handler = api.ClusterHandler(acceptAll{}, h, nil)
 		}
 		before := reached
 		rec := httptest.NewRecorder()
@@ -94,3 +94,9 @@ func TestRiverUIOff(t *testing.T) {
 		t.Fatalf("%v %v", m, err)
 	}
 }
+
+// acceptAll is a cluster whose every request is signed (another node's
+// forward), for what the handlers behind the listener do with one.
+type acceptAll struct{ api.Cluster }
+
+func (acceptAll) Forwarded(*http.Request) (string, bool, error) { return "k", false, nil }

@@ -501,7 +501,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		_ = httpSrv.Close()
 		return err
 	}
-	clusterSrv := clu.serve(api.ClusterHandler(e2bAPI.HostRouter(srv)), log, errc)
+	clusterSrv := clu.serve(api.ClusterHandler(apiCluster(clu), e2bAPI.HostRouter(srv), log), log, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

@@ -220,13 +220,29 @@ func (s *Server) caller(r *http.Request, rt route) (p auth.Principal, forwarded 
 // ClusterHandler is the API as the cluster listener serves it: requests
 // there are forwarded by other nodes and authenticated by their signature
 // (Options.Cluster), never by a key.
-func (s *Server) ClusterHandler() http.Handler { return ClusterHandler(s.handler) }
+func (s *Server) ClusterHandler() http.Handler { return ClusterHandler(s.opts.Cluster, s.handler, s.log) }
 
-// ClusterHandler is h as the cluster listener serves it: every request is
-// marked as having come in there (ViaCluster), for h and the API's routes
-// to authenticate by signature.
-func ClusterHandler(h http.Handler) http.Handler {
+// ClusterHandler is h as the cluster listener serves it. Every request must
+// carry another node's valid signature (c.Forwarded), whatever its path:
+// the listener is the nodes' channel, and the handlers mounted beside the
+// API (the git server, MCP, the console, the model proxy) authenticate plain
+// keys, which must not reach them there. A signed request is marked as
+// having come in there (ViaCluster), for h and the API's routes to act for
+// the key it names. Without a cluster (c nil) every request is refused.
+func ClusterHandler(c Cluster, h http.Handler, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := errors.New("not part of a cluster")
+		if c != nil {
+			_, _, err = c.Forwarded(r)
+		}
+		if err != nil {
+			log.WarnContext(r.Context(), "refused an unsigned request on the cluster listener", "err", err, "remote", r.RemoteAddr, "path", r.URL.Path)
+			writeError(w, r, log, &Error{Status: http.StatusUnauthorized, Msg: "The cluster listener serves only requests forwarded by another node of the cluster (signed); call the node's API address instead", Message: true})
+			return
+		}
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), viaClusterKey, true)))
 	})
 }

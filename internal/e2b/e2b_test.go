@@ -618,7 +618,7 @@ func TestHostRouterCluster(t *testing.T) {
 	r := httptest.NewRequest("GET", "http://127.0.0.1:9999/x", nil)
 	r.Header.Set(headerForwardedHost, host)
 	w = httptest.NewRecorder()
-	api.ClusterHandler(f.api.HostRouter(next)).ServeHTTP(w, r)
+	api.ClusterHandler(c, f.api.HostRouter(next), nil).ServeHTTP(w, r)
 	if w.Code != http.StatusAccepted || len(ports.got) != 1 || !strings.Contains(ports.got[0], "host="+host) {
 		t.Fatalf("forwarded port request on the host node: %d %v", w.Code, ports.got)
 	}
