@@ -220,7 +220,9 @@ func (s *Server) caller(r *http.Request, rt route) (p auth.Principal, forwarded 
 // ClusterHandler is the API as the cluster listener serves it: requests
 // there are forwarded by other nodes and authenticated by their signature
 // (Options.Cluster), never by a key.
-func (s *Server) ClusterHandler() http.Handler { return ClusterHandler(s.opts.Cluster, s.handler, s.log) }
+func (s *Server) ClusterHandler() http.Handler {
+	return ClusterHandler(s.opts.Cluster, s.handler, s.log)
+}
 
 // ClusterHandler is h as the cluster listener serves it. Every request must
 // carry another node's valid signature (c.Forwarded), whatever its path:
