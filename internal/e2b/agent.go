@@ -56,6 +56,8 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 	var (
 		e   store.E2BSandbox
 		err error
+		// signed: a file link's signature, not the token, let r in.
+		signed bool
 	)
 	switch {
 	case id == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
@@ -66,6 +68,7 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 			agentError(w, http.StatusUnauthorized, err.Error())
 			return
 		}
+		signed = true
 	case id == "":
 		agentError(w, http.StatusBadRequest, "no E2b-Sandbox-Id header: say which sandbox the request is for")
 		return
@@ -79,12 +82,19 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		if r.URL.Path != "/health" && !a.authorized(r, e) {
-			agentError(w, http.StatusUnauthorized, "invalid access token for sandbox "+e2bID(id))
-			return
+		if r.URL.Path != "/health" {
+			var ok bool
+			if ok, signed = a.authorized(r, e); !ok {
+				agentError(w, http.StatusUnauthorized, "invalid access token for sandbox "+e2bID(id))
+				return
+			}
 		}
 	}
 	user, ok := requestUser(r, a.opts.DefaultUser)
+	if signed {
+		// The link acts as exactly the user it was signed for.
+		user, ok = signedUser(r, a.opts.DefaultUser)
+	}
 	if via {
 		// The forwarding node resolved it; the caller's Authorization did
 		// not travel.
@@ -129,15 +139,15 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 }
 
 // authorized reports whether r carries e's access token, or, for /files,
-// a valid signature made with it.
-func (a *API) authorized(r *http.Request, e store.E2BSandbox) bool {
+// a valid signature made with it (signed).
+func (a *API) authorized(r *http.Request, e store.E2BSandbox) (ok, signed bool) {
 	if tok := r.Header.Get(headerAccessToken); tok != "" {
-		return subtle.ConstantTimeCompare([]byte(tok), []byte(e.AccessToken)) == 1
+		return subtle.ConstantTimeCompare([]byte(tok), []byte(e.AccessToken)) == 1, false
 	}
 	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-		return a.signatureValid(r, e.AccessToken) == nil
+		return a.signatureValid(r, e.AccessToken) == nil, true
 	}
-	return false
+	return false, false
 }
 
 // signedFor finds the sandbox whose token signed r's file link.

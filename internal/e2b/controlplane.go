@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -110,12 +111,14 @@ func (a *API) controlPlane() http.Handler {
 }
 
 // route authenticates the caller's key (X-API-Key, or a Bearer token) and
-// runs h; writes is set for routes a sandbox's own key may not use.
+// runs h; writes is set for routes that change something or start work,
+// which a sandbox's own key may not use (auth's scope rule, as the REST
+// API applies it).
 func (a *API) route(h handler, writes bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, err := a.authenticate(r)
-		if err == nil && writes && p.SandboxID != "" {
-			err = errorf(http.StatusForbidden, "a sandbox's own key may only read the API; %s needs an account key", r.Method)
+		if err == nil && writes && p.MayCall(http.MethodPost) != nil {
+			err = errorf(http.StatusForbidden, "a sandbox's own key (RECOUP_API_KEY) may only read the API; %s %s needs an account key", r.Method, r.URL.Path)
 		}
 		// In a cluster, a sandbox another node hosts is acted on there.
 		if c := a.opts.Cluster; err == nil && c != nil && !api.ViaCluster(r) {
@@ -250,7 +253,9 @@ type listedSandbox struct {
 
 type sandboxDetail struct {
 	listedSandbox
-	EnvdAccessToken string    `json:"envdAccessToken"`
+	// EnvdAccessToken is given to account keys only: with it, anyone runs
+	// commands in the sandbox as root.
+	EnvdAccessToken string    `json:"envdAccessToken,omitempty"`
 	Domain          *string   `json:"domain"`
 	Lifecycle       lifecycle `json:"lifecycle"`
 }
@@ -308,10 +313,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		creq.OnTimeout = store.OnTimeoutPause
 	}
 	if req.Timeout != nil {
-		if *req.Timeout <= 0 {
-			return errorf(http.StatusBadRequest, "timeout must be a positive number of seconds")
+		if creq.Lifetime, err = a.seconds("timeout", *req.Timeout); err != nil {
+			return err
 		}
-		creq.Lifetime = time.Duration(*req.Timeout) * time.Second
 	}
 	policy, err := req.policy()
 	if err != nil {
@@ -447,7 +451,7 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 	}
 	var lifetime time.Duration
 	if req.Timeout != nil {
-		d, err := timeoutRequest{Timeout: req.Timeout}.duration()
+		d, err := a.duration(timeoutRequest{Timeout: req.Timeout})
 		if err != nil {
 			return err
 		}
@@ -466,7 +470,7 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 	for _, child := range children {
 		token, err := newAccessToken()
 		if err == nil {
-			ce := store.E2BSandbox{SandboxID: child.ID, AccountID: p.AccountID, TemplateID: e.TemplateID, Metadata: e.Metadata, EnvVars: e.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
+			ce := store.E2BSandbox{SandboxID: child.ID, AccountID: child.AccountID, TemplateID: e.TemplateID, Metadata: e.Metadata, EnvVars: e.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
 			if e.TrafficToken != "" {
 				ce.TrafficToken, err = newAccessToken()
 			}
@@ -509,17 +513,25 @@ func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
 	return r
 }
 
-// sandboxOf returns the caller's live sandbox id with its E2B record: a
-// sandbox of another account, one this API did not create and one that
-// ended are all not found, as E2B answers for a killed sandbox.
+// sandboxOf returns live sandbox id with its E2B record when the caller may
+// act for its account (auth.MayActFor, the one access rule of every front
+// end): a sandbox of an account it may not act for, one this API did not
+// create and one that ended are all not found, as E2B answers for a killed
+// sandbox.
 func (a *API) sandboxOf(ctx context.Context, p auth.Principal, id string) (store.Sandbox, store.E2BSandbox, error) {
 	notFound := errorf(http.StatusNotFound, "sandbox %q not found", id)
 	id = sandboxID(id)
 	e, err := a.opts.Store.GetE2BSandbox(ctx, id)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && e.AccountID != p.AccountID) {
+	if errors.Is(err, store.ErrNotFound) {
 		return store.Sandbox{}, store.E2BSandbox{}, notFound
 	}
 	if err != nil {
+		return store.Sandbox{}, store.E2BSandbox{}, err
+	}
+	if ok, err := a.opts.Auth.MayActFor(ctx, p, e.AccountID); err != nil || !ok {
+		if err == nil {
+			err = notFound
+		}
 		return store.Sandbox{}, store.E2BSandbox{}, err
 	}
 	sb, err := a.opts.Store.GetSandbox(ctx, id)
@@ -570,7 +582,12 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 	if err != nil {
 		return err
 	}
-	d := sandboxDetail{listedSandbox: a.listed(sb, e), EnvdAccessToken: e.AccessToken, Lifecycle: lifecycleOf(sb)}
+	d := sandboxDetail{listedSandbox: a.listed(sb, e), Lifecycle: lifecycleOf(sb)}
+	if p.Scope() == auth.ScopeFull {
+		// A sandbox's key reads, never acts: the token would let it run
+		// commands as root in this sandbox, whatever its own scope says.
+		d.EnvdAccessToken = e.AccessToken
+	}
 	if a.opts.Domain != "" {
 		d.Domain = &a.opts.Domain
 	}
@@ -715,11 +732,32 @@ type timeoutRequest struct {
 	Timeout *int64 `json:"timeout"`
 }
 
-func (t timeoutRequest) duration() (time.Duration, error) {
-	if t.Timeout == nil || *t.Timeout <= 0 {
+// duration is the request's timeout; a will bound it.
+func (a *API) duration(t timeoutRequest) (time.Duration, error) {
+	if t.Timeout == nil {
 		return 0, errorf(http.StatusBadRequest, "timeout must be a positive number of seconds")
 	}
-	return time.Duration(*t.Timeout) * time.Second, nil
+	return a.seconds("timeout", *t.Timeout)
+}
+
+// maxSeconds is the most seconds a time.Duration holds: beyond it, n *
+// time.Second wraps around (18446744074 s became 0.29 s, 9223372037 s a
+// negative lifetime that meant the default).
+const maxSeconds = math.MaxInt64 / int64(time.Second)
+
+// seconds is field's value n, a number of seconds, as a duration: 400 when
+// it is not positive or no duration can hold it. The manager bounds a
+// lifetime by the server's maximum again (Options.MaxTimeout says it in
+// seconds first).
+func (a *API) seconds(field string, n int64) (time.Duration, error) {
+	most := maxSeconds
+	if a.opts.MaxTimeout > 0 {
+		most = int64(a.opts.MaxTimeout / time.Second)
+	}
+	if n <= 0 || n > most {
+		return 0, errorf(http.StatusBadRequest, "%s must be a positive number of seconds, at most %d", field, most)
+	}
+	return time.Duration(n) * time.Second, nil
 }
 
 func (a *API) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
@@ -744,7 +782,7 @@ func (a *API) refresh(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 // extend gives the sandbox of the request's path the lifetime req asks
 // for, from now.
 func (a *API) extend(w http.ResponseWriter, r *http.Request, p auth.Principal, req timeoutRequest) error {
-	d, err := req.duration()
+	d, err := a.duration(req)
 	if err != nil {
 		return err
 	}
@@ -816,7 +854,7 @@ func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) er
 	var d time.Duration
 	if req.Timeout != nil {
 		var err error
-		if d, err = req.duration(); err != nil {
+		if d, err = a.duration(req); err != nil {
 			return err
 		}
 	}

@@ -95,6 +95,9 @@ type Options struct {
 	CPUs     int
 	MemoryMB int
 	DiskMB   int
+	// MaxTimeout is the longest lifetime a request may ask for (the
+	// manager's), so that a longer one is refused in seconds, E2B's unit.
+	MaxTimeout time.Duration
 	// DefaultUser is who a request that names no user acts as (default
 	// "user": see DefaultUserOf).
 	DefaultUser string

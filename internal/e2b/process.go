@@ -74,6 +74,19 @@ func requestUser(r *http.Request, dflt string) (string, bool) {
 	return name, userName.MatchString(name)
 }
 
+// signedUser is the user a signed file link acts as: the username it was
+// signed with, or the template's default user, dflt, when that was none.
+// Nothing else of the request (its Authorization above all) may change
+// it: the signature covers the username, so a link made for "user" must
+// not read /etc/shadow as root.
+func signedUser(r *http.Request, dflt string) (string, bool) {
+	name := r.URL.Query().Get("username")
+	if name == "" {
+		return dflt, true
+	}
+	return name, userName.MatchString(name)
+}
+
 // startTarget is what a Start call is forwarded with: the sandbox's agent
 // and record, and the user it acts as.
 type startTarget struct {
