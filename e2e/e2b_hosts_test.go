@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestE2BHosts: with --e2b-domain, PORT-ID.DOMAIN reaches a server in the
@@ -93,5 +95,27 @@ func e2bHostsFlow(t *testing.T, _ string, flags []string) {
 	}
 	if code, body := get(private, map[string]string{"E2b-Traffic-Access-Token": *private.TrafficAccessToken}); code != 200 || body != "hello from "+private.SandboxID+"\n" {
 		t.Fatalf("a private port with its token: %d %q", code, body)
+	}
+	homeRoutesNoPorts(t, s, k, "3000-"+public.SandboxID+"."+public.Domain)
+}
+
+// homeRoutesNoPorts: from inside a sandbox with no network,
+// sandboxd.internal leads to this server's API and nothing else: a request
+// there naming another sandbox's port host (PORT-ID.DOMAIN) is not routed
+// to that port, which would give a sandbox without a network another
+// account's servers and, through a sandbox with one, the internet.
+func homeRoutesNoPorts(t *testing.T, s *server, k key, portHost string) {
+	securitytest.Attack(t, "network", "code in a sandbox with network none sends Host: 3000-<another sandbox>.<E2B domain> to http://sandboxd.internal, hoping to reach that sandbox's public port (and through it, the internet)",
+		"sandboxd.internal serves only the API, git, MCP and the model proxy: 404, and the other sandbox's server is never reached")
+	id := s.createSandbox(k, map[string]any{"network": "none"})["sandboxId"].(string)
+	script := `import http.client as h
+c = h.HTTPConnection("sandboxd.internal", 80, timeout=20)
+c.request("GET", "/index.html", headers={"Host": "` + portHost + `"})
+r = c.getresponse()
+print(r.status, r.read().decode(errors="replace"))`
+	out := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "python3", "args": []string{"-c", script}})
+	stdout, _ := out.Body["stdout"].(string)
+	if out.Status != 200 || !strings.HasPrefix(stdout, "404 ") || strings.Contains(stdout, "hello from") {
+		t.Fatalf("a port host through sandboxd.internal: %d %s, want 404 and not the other sandbox's page", out.Status, out.Raw)
 	}
 }

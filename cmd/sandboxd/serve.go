@@ -414,7 +414,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		// Every template name starts the server's image: the one it was
 		// built from names it too.
 		Templates: []string{o.template},
-		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB),
+		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB), MaxTimeout: o.maxTimeout,
 		Cluster:     apiCluster(clu),
 		DefaultUser: e2b.DefaultUserOf(baseDir),
 		Logger:      log.With("component", "e2b"),
@@ -480,6 +480,15 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 
+	// The way home serves the API, git, MCP and the model proxy only: no
+	// E2B routes and no routing by Host (the E2B domain's port hosts).
+	homeSrv := &http.Server{
+		Handler:           homegate.Only(srv, "/api/", repo.GitPathPrefix, mcpserver.Path, modelproxy.PathPrefix),
+		ReadHeaderTimeout: httpSrv.ReadHeaderTimeout,
+		IdleTimeout:       httpSrv.IdleTimeout,
+		ErrorLog:          httpSrv.ErrorLog,
+	}
+
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
 	if err := jc.Start(runCtx); err != nil {
@@ -495,7 +504,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		"runtime", rt.Name(), "image", baseID, "version", version)
 	errc := make(chan error, 4)
 	go func() { errc <- httpSrv.Serve(ln) }()
-	go func() { errc <- httpSrv.Serve(homeLn) }()
+	go func() { errc <- homeSrv.Serve(homeLn) }()
 	metricsSrv, err := serveMetrics(o.metricsAddr, reg, log, errc)
 	if err != nil {
 		_ = httpSrv.Close()
@@ -509,7 +518,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = httpSrv.Shutdown(shutdownCtx)
+	err = errors.Join(httpSrv.Shutdown(shutdownCtx), homeSrv.Shutdown(shutdownCtx))
 	if metricsSrv != nil {
 		err = errors.Join(err, metricsSrv.Shutdown(shutdownCtx))
 	}

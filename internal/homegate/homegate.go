@@ -18,6 +18,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,3 +288,34 @@ type addr struct{}
 
 func (addr) Network() string { return "sandboxd.internal" }
 func (addr) String() string  { return "sandboxd.internal:80" }
+
+// Only is h as the home socket serves it: the requests whose path is one
+// of paths (a path ending in "/" is a prefix of the paths under it) reach
+// h; any other is 404. sandboxd.internal leads to this server's API, git
+// server, MCP and model proxy and nowhere else: in particular nothing
+// there routes by Host (the E2B domain's PORT-ID hosts), which would give
+// a sandbox without a network other sandboxes' ports and, through one
+// with a network, the internet.
+func Only(h http.Handler, paths ...string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, p := range paths {
+			if !isClean(r.URL.Path) {
+				break // "/api/../sandboxes" names what it is not under
+			}
+			if r.URL.Path == p || (strings.HasSuffix(p, "/") && strings.HasPrefix(r.URL.Path, p)) {
+				h.ServeHTTP(w, r)
+				return
+			}
+		}
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s is not served at sandboxd.internal: it serves %s", r.URL.Path, strings.Join(paths, ", ")))
+	})
+}
+
+// isClean reports whether p has no empty, "." or ".." elements.
+func isClean(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
+}
