@@ -23,12 +23,17 @@ dest=${1:-/usr/local/lib/sandboxd/runsc}
 # up_to_date BIN: BIN was built from the pinned module version without cgo,
 # and says so in `runsc --version` (a plain `go install` prints
 # VERSION_MISSING there; sandboxd keys its probe cache on that line).
+# Each command's output is read whole before it is searched: piped into
+# `grep -q`, which exits at its first match, the writer could die of
+# SIGPIPE and fail the pipeline under pipefail, rejecting a good binary
+# (3 checks in 20 did).
 up_to_date() {
-  local info
+  local info said
   info=$(go version -m "$1" 2>/dev/null) || return 1
+  said=$("$1" --version 2>/dev/null) || return 1
   awk -v m="$module" -v v="$version" '$1 == "mod" && $2 == m && $3 == v { ok = 1 } END { exit !ok }' <<<"$info" &&
     grep -qE '^[[:space:]]+build[[:space:]]+CGO_ENABLED=0$' <<<"$info" &&
-    "$1" --version 2>/dev/null | grep -qF "runsc version $version"
+    grep -qF "runsc version $version" <<<"$said"
 }
 
 if [[ -x $dest ]] && up_to_date "$dest"; then
