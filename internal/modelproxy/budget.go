@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -99,7 +100,7 @@ func (p *Proxy) checkBudgets(ctx context.Context, account string, now time.Time)
 		return &refusal{
 			status: http.StatusTooManyRequests, reason: reason, retryAfter: resets.Sub(now),
 			msg: fmt.Sprintf("the account's daily model %s budget is spent: %d of %d %s used today (UTC); it resets at %s (in %s). GET /api/model/usage shows the account's usage",
-				what, used, budget, what+"s", resets.Format(time.RFC3339), resets.Sub(now).Round(time.Minute)),
+				what, used, budget, what+"s", resets.Format(time.RFC3339), inMinutes(resets.Sub(now))),
 		}
 	}
 	switch {
@@ -109,6 +110,14 @@ func (p *Proxy) checkBudgets(ctx context.Context, account string, now time.Time)
 		return spent("token_budget", "token", u.Tokens(), b.TokensPerDay), nil
 	}
 	return nil, nil
+}
+
+// inMinutes says how long d is to the minute ("5h0m", "12m"), for people.
+func inMinutes(d time.Duration) string {
+	if d < time.Minute {
+		return "less than a minute"
+	}
+	return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 }
 
 // record counts a forwarded request and the tokens its answer reported

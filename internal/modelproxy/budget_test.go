@@ -106,7 +106,7 @@ func TestProxyTokenBudget(t *testing.T) {
 	if forwarded != 3 || refused != 117 {
 		t.Fatalf("forwarded %d, refused %d; want 3 and 117", forwarded, refused)
 	}
-	for _, want := range []string{"daily model token budget", "6000000 of 5000000 tokens used today (UTC)", "resets at 2025-03-15T00:00:00Z", "in 1h30m", "GET /api/model/usage"} {
+	for _, want := range []string{"daily model token budget", "6000000 of 5000000 tokens used today (UTC)", "resets at 2025-03-15T00:00:00Z", "(in 1h30m).", "GET /api/model/usage"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the refusal %q does not say %q", msg, want)
 		}
