@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/oapi-codegen/runtime"
+	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
 // Defines values for DeleteSandboxesResponseStatus.
@@ -115,6 +116,21 @@ const (
 func (e ListSandboxesResponseStatus) Valid() bool {
 	switch e {
 	case ListSandboxesResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ModelUsageResponseStatus.
+const (
+	ModelUsageResponseStatusSuccess ModelUsageResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the ModelUsageResponseStatus enum.
+func (e ModelUsageResponseStatus) Valid() bool {
+	switch e {
+	case ModelUsageResponseStatusSuccess:
 		return true
 	default:
 		return false
@@ -552,6 +568,36 @@ type ListSandboxesResponse struct {
 // ListSandboxesResponseStatus defines model for ListSandboxesResponse.Status.
 type ListSandboxesResponseStatus string
 
+// ModelUsageResponse defines model for ModelUsageResponse.
+type ModelUsageResponse struct {
+	Status ModelUsageResponseStatus `json:"status"`
+	Day    openapi_types.Date       `json:"day"`
+
+	// Requests Requests forwarded to a model provider today
+	Requests int `json:"requests"`
+
+	// Tokens input_tokens plus output_tokens: what the token budget counts
+	Tokens int `json:"tokens"`
+
+	// InputTokens Prompt tokens the providers reported (cache writes and reads included)
+	InputTokens int `json:"input_tokens"`
+
+	// OutputTokens Generated tokens the providers reported
+	OutputTokens int `json:"output_tokens"`
+
+	// RequestsBudget Requests per account and UTC day; null: unlimited
+	RequestsBudget *int `json:"requests_budget"`
+
+	// TokensBudget Tokens per account and UTC day; null: unlimited
+	TokensBudget *int `json:"tokens_budget"`
+
+	// ResetsAt When the counts start again from zero (the next UTC midnight)
+	ResetsAt string `json:"resets_at"`
+}
+
+// ModelUsageResponseStatus defines model for ModelUsageResponse.Status.
+type ModelUsageResponseStatus string
+
 // NetworkBytes defines model for NetworkBytes.
 type NetworkBytes struct {
 	Sent     int `json:"sent"`
@@ -812,6 +858,11 @@ type UploadFilesResponse struct {
 // UploadFilesResponseStatus defines model for UploadFilesResponse.Status.
 type UploadFilesResponseStatus string
 
+// GetModelUsageParams defines parameters for GetModelUsage.
+type GetModelUsageParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
 // GetSandboxesParams defines parameters for GetSandboxes.
 type GetSandboxesParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
@@ -1040,6 +1091,13 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /api/health (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetModelUsage The account's model proxy usage today and its daily budgets (sandboxd)
+	//
+	// What the account's sandboxes used today (UTC, on every node) of the operator's model providers through the model proxy (http://sandboxd.internal/model/...): requests forwarded and the tokens the providers reported, against the daily budgets the server holds each account to (null: unlimited). Past a budget the proxy answers 429 until resets_at. A sandbox's own key may read it.
+	//
+	// Corresponds with GET /api/model/usage (the `GetModelUsage` operationId).
+	GetModelUsage(ctx context.Context, params *GetModelUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOpenapiJSON This document
 	//
@@ -1319,6 +1377,23 @@ type ClientInterface interface {
 // Corresponds with GET /api/health (the `GetHealth` operationId).
 func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetHealthRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetModelUsage The account's model proxy usage today and its daily budgets (sandboxd)
+//
+// What the account's sandboxes used today (UTC, on every node) of the operator's model providers through the model proxy (http://sandboxd.internal/model/...): requests forwarded and the tokens the providers reported, against the daily budgets the server holds each account to (null: unlimited). Past a budget the proxy answers 429 until resets_at. A sandbox's own key may read it.
+//
+// Corresponds with GET /api/model/usage (the `GetModelUsage` operationId).
+func (c *Client) GetModelUsage(ctx context.Context, params *GetModelUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetModelUsageRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1978,6 +2053,60 @@ func NewGetHealthRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetModelUsageRequest constructs an http.Request for the GetModelUsage method
+func NewGetModelUsageRequest(server string, params *GetModelUsageParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/model/usage")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -3211,6 +3340,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/health (the `GetHealth` operationId).
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResult, error)
 
+	// GetModelUsageWithResponse The account's model proxy usage today and its daily budgets (sandboxd)
+	//
+	// What the account's sandboxes used today (UTC, on every node) of the operator's model providers through the model proxy (http://sandboxd.internal/model/...): requests forwarded and the tokens the providers reported, against the daily budgets the server holds each account to (null: unlimited). Past a budget the proxy answers 429 until resets_at. A sandbox's own key may read it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/model/usage (the `GetModelUsage` operationId).
+	GetModelUsageWithResponse(ctx context.Context, params *GetModelUsageParams, reqEditors ...RequestEditorFn) (*GetModelUsageResult, error)
+
 	// GetOpenapiJSONWithResponse This document
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -3546,6 +3684,89 @@ func (r GetHealthResult) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetHealthResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetModelUsageResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ModelUsageResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetModelUsageResult) GetJSON200() *ModelUsageResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetModelUsageResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetModelUsageResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetModelUsageResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetModelUsageResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetModelUsageResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetModelUsageResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetModelUsageResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetModelUsageResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetModelUsageResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetModelUsageResult) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5418,6 +5639,21 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 	return ParseGetHealthResult(rsp)
 }
 
+// GetModelUsageWithResponse The account's model proxy usage today and its daily budgets (sandboxd)
+//
+// What the account's sandboxes used today (UTC, on every node) of the operator's model providers through the model proxy (http://sandboxd.internal/model/...): requests forwarded and the tokens the providers reported, against the daily budgets the server holds each account to (null: unlimited). Past a budget the proxy answers 429 until resets_at. A sandbox's own key may read it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/model/usage (the `GetModelUsage` operationId).
+func (c *ClientWithResponses) GetModelUsageWithResponse(ctx context.Context, params *GetModelUsageParams, reqEditors ...RequestEditorFn) (*GetModelUsageResult, error) {
+	rsp, err := c.GetModelUsage(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetModelUsageResult(rsp)
+}
+
 // GetOpenapiJSONWithResponse This document
 //
 // Returns a wrapper object for the known response body format(s).
@@ -5946,6 +6182,74 @@ func ParseGetHealthResult(rsp *http.Response) (*GetHealthResult, error) {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetModelUsageResult parses an HTTP response from a GetModelUsageWithResponse call
+func ParseGetModelUsageResult(rsp *http.Response) (*GetModelUsageResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetModelUsageResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ModelUsageResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest ErrorBody

@@ -98,6 +98,7 @@ type serveOptions struct {
 	modelKey     string
 	modelName    string
 	modelMaxBody int64
+	modelBudgets modelproxy.Budgets
 	repoLimits   repoFlags
 	cluster      clusterOptions
 }
@@ -182,6 +183,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.modelURL, "model-base-url", "", "OpenAI-compatible model API that prompts (opencode) use through the model proxy (env SANDBOXD_MODEL_BASE_URL)")
 	f.StringVar(&o.modelKey, "model-api-key", "", "its API key, added by the model proxy; never given to sandboxes (env SANDBOXD_MODEL_API_KEY)")
 	f.Int64Var(&o.modelMaxBody, "model-proxy-max-body", modelproxy.DefaultMaxBody, "largest request body, in bytes, a sandbox may send to a model API through the proxy (413 beyond)")
+	f.Int64Var(&o.modelBudgets.TokensPerDay, "model-daily-tokens-per-account", modelproxy.DefaultTokensPerDay, "tokens (input with cache writes and reads, plus output, as the providers report them) one account's sandboxes may use through the model proxy per UTC day, over all nodes; past it the proxy answers 429 until midnight UTC; 0 unlimited")
+	f.Int64Var(&o.modelBudgets.RequestsPerDay, "model-daily-requests-per-account", modelproxy.DefaultRequestsPerDay, "requests one account's sandboxes may send through the model proxy per UTC day, over all nodes (429 beyond, until midnight UTC); 0 unlimited")
 	f.StringVar(&o.modelName, "model", "", "the model prompts use (env SANDBOXD_MODEL)")
 	f.IntVar(&o.concurrency, "job-concurrency", 32, "jobs run at once per queue on this node")
 	f.IntVar(&o.jobsPerAcct, "job-concurrency-per-account", 8, "jobs of one account run at once on this node, over all queues (the rest wait while other accounts' jobs run); 0 unlimited")
@@ -212,6 +215,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	log := g.logger(os.Stderr)
 	if o.logMaxMiB < 1 || o.logMaxMiB > 1<<20 {
 		return fmt.Errorf("--log-max-mib %d: want 1 to %d", o.logMaxMiB, 1<<20)
+	}
+	if o.modelBudgets.TokensPerDay < 0 || o.modelBudgets.RequestsPerDay < 0 {
+		return errors.New("--model-daily-tokens-per-account and --model-daily-requests-per-account: want 0 (unlimited) or more")
 	}
 	// Before the image and the runtime, which may take minutes.
 	if err := o.cluster.checkTLS(); err != nil {
@@ -398,6 +404,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			modelproxy.OpenAI:    {BaseURL: o.modelURL, APIKey: o.modelKey},
 		},
 		MaxBody: o.modelMaxBody, Registry: reg, Logger: log.With("component", "modelproxy"),
+		// Counted in the database, so every node of a cluster holds an
+		// account to one budget.
+		Usage: st, Budgets: o.modelBudgets,
 	})
 	if err != nil {
 		return err
@@ -455,6 +464,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Proxy:        portProxy,
 		Files:        fileSvc,
 		Cluster:      apiCluster(clu),
+		ModelUsage:   models,
 		Mount:        mounts,
 	})
 	if err != nil {

@@ -59,6 +59,9 @@ type Options struct {
 	// port once the caller's access to the sandbox is checked; nil answers
 	// 501.
 	Proxy http.Handler
+	// ModelUsage reports the accounts' model proxy usage and budgets (GET
+	// /api/model/usage); nil answers 501.
+	ModelUsage ModelUsageService
 	// Mount adds handlers outside the JSON API (e.g. the git server).
 	Mount map[string]http.Handler
 	// Cluster routes requests between the nodes of a cluster; nil for a

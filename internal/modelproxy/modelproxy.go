@@ -12,10 +12,20 @@
 //   - Only live sandbox keys are accepted (a revoked key — its sandbox
 //     ended — is 401; an account key is 403): the proxy is the sandboxes'
 //     way to the model, not a public relay of the operator's key.
-//   - Request bodies are bounded; the caller's credential headers, cookies
-//     and hop-by-hop headers never reach the provider.
+//   - Only inference endpoints are forwarded (endpointsOf): a provider's
+//     files, batches, stored completions, organization and the like are
+//     shared by every tenant holding the operator's key, so a sandbox
+//     reaches none of them (403). A path is matched as sent, never
+//     cleaned: any other spelling is refused. A chat completion is never
+//     stored by the provider (store: false is forced).
+//   - Request bodies are bounded; the caller's credential headers, cookies,
+//     encodings and hop-by-hop headers never reach the provider.
 //   - Every request is metered per account: requests, bytes in and out, and
-//     tokens when the provider reports usage in a JSON answer.
+//     the tokens the provider reports, in a JSON answer or a stream. With
+//     a usage store, each account's requests and tokens are counted per
+//     UTC day in the database (shared by a cluster's nodes) and held to
+//     daily budgets: a request of an account at a budget is refused with
+//     429 before it is forwarded.
 package modelproxy
 
 import (
@@ -95,6 +105,13 @@ type Options struct {
 	// Transport reaches the providers (default http.DefaultTransport).
 	Transport http.RoundTripper
 	Logger    *slog.Logger
+	// Usage counts each account's requests and tokens per UTC day; nil:
+	// no count is kept and no budget holds.
+	Usage UsageStore
+	// Budgets bound each account's day (they need Usage).
+	Budgets Budgets
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
 }
 
 // Proxy is the http.Handler mounted at PathPrefix.
@@ -107,9 +124,10 @@ type Proxy struct {
 
 type upstream struct {
 	Upstream
-	name string
-	base *url.URL
-	rp   *httputil.ReverseProxy
+	name      string
+	base      *url.URL
+	endpoints []endpoint
+	rp        *httputil.ReverseProxy
 }
 
 type meters struct {
@@ -118,6 +136,8 @@ type meters struct {
 	bytesOut  *prometheus.CounterVec
 	tokens    *prometheus.CounterVec
 	forbidden *prometheus.CounterVec
+	usage     *prometheus.GaugeVec
+	budgets   *prometheus.GaugeVec
 }
 
 // New returns a Proxy.
@@ -133,6 +153,12 @@ func New(opts Options) (*Proxy, error) {
 	}
 	if opts.Transport == nil {
 		opts.Transport = http.DefaultTransport
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Usage == nil && (opts.Budgets.RequestsPerDay > 0 || opts.Budgets.TokensPerDay > 0) {
+		return nil, errors.New("modelproxy: daily budgets need a usage store")
 	}
 	p := &Proxy{opts: opts, log: opts.Logger, upstreams: map[string]*upstream{}}
 	p.m = meters{
@@ -150,15 +176,25 @@ func New(opts Options) (*Proxy, error) {
 		}, []string{"account", "provider"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandboxd_model_tokens_total",
-			Help: "Tokens the model providers reported using (JSON answers), by account, provider and kind (input, output).",
+			Help: "Tokens the model providers reported using (JSON answers and streams), by account, provider and kind (input, with cache writes and reads; output).",
 		}, []string{"account", "provider", "kind"}),
 		forbidden: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandboxd_model_refused_total",
-			Help: "Model proxy requests refused before reaching a provider, by reason.",
+			Help: "Model proxy requests refused before reaching a provider, by reason (endpoint: not an inference endpoint; request_budget, token_budget: the account's daily budget is spent; ...).",
 		}, []string{"reason"}),
+		usage: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sandboxd_model_daily_usage",
+			Help: "An account's model requests and tokens today (UTC, every node's), as this node last saw them, by account and kind (requests, tokens); compare with sandboxd_model_daily_budget.",
+		}, []string{"account", "kind"}),
+		budgets: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sandboxd_model_daily_budget",
+			Help: "Each account's daily model budget, by kind (requests, tokens); 0 is unlimited.",
+		}, []string{"kind"}),
 	}
+	p.m.budgets.WithLabelValues("requests").Set(float64(opts.Budgets.RequestsPerDay))
+	p.m.budgets.WithLabelValues("tokens").Set(float64(opts.Budgets.TokensPerDay))
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{p.m.requests, p.m.bytesIn, p.m.bytesOut, p.m.tokens, p.m.forbidden} {
+		for _, c := range []prometheus.Collector{p.m.requests, p.m.bytesIn, p.m.bytesOut, p.m.tokens, p.m.forbidden, p.m.usage, p.m.budgets} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("modelproxy: register metrics: %w", err)
 			}
@@ -175,7 +211,7 @@ func New(opts Options) (*Proxy, error) {
 		if err != nil || (base.Scheme != "https" && base.Scheme != "http") || base.Host == "" || base.User != nil {
 			return nil, fmt.Errorf("modelproxy: %s base URL must be an http(s) URL without credentials", name)
 		}
-		up := &upstream{Upstream: u, name: name, base: base}
+		up := &upstream{Upstream: u, name: name, base: base, endpoints: endpointsOf(name)}
 		up.rp = &httputil.ReverseProxy{
 			Rewrite:   func(pr *httputil.ProxyRequest) { up.rewrite(pr) },
 			Transport: opts.Transport,
@@ -185,7 +221,7 @@ func New(opts Options) (*Proxy, error) {
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 				var tooBig *http.MaxBytesError
 				if errors.As(err, &tooBig) {
-					writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than the model proxy's limit of %d bytes", opts.MaxBody))
+					writeError(w, http.StatusRequestEntityTooLarge, p.tooLarge())
 					return
 				}
 				p.log.Warn("model provider unreachable", "provider", name, "err", err)
@@ -209,16 +245,27 @@ func (p *Proxy) Providers() []string {
 	return names
 }
 
-// ctxKey carries the metering labels from ServeHTTP to modifyResponse.
+// ctxKey carries a request's metering from ServeHTTP to modifyResponse.
 type ctxKey struct{}
 
-type reqInfo struct {
+// exchange is one request's metering: who it is for, and the scanner that
+// reads its answer's usage (set once the answer's type is known).
+type exchange struct {
 	account, provider string
+	scan              usageScanner
+}
+
+func (x *exchange) usage() usage {
+	if x.scan == nil {
+		return usage{}
+	}
+	return x.scan.usage()
 }
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rest, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
+	// The path as sent: an escaped slash or dot must not turn into one.
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), PathPrefix)
 	if !ok {
 		writeError(w, http.StatusNotFound, "not found")
 		return
@@ -230,16 +277,84 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("model provider %q is not configured on this server (configured: %s)", name, strings.Join(p.Providers(), ", ")))
 		return
 	}
-	if !cleanPath(path) {
-		p.m.forbidden.WithLabelValues("bad_path").Inc()
-		writeError(w, http.StatusBadRequest, "invalid path")
+	pr, ok := p.authenticate(w, r)
+	if !ok {
 		return
 	}
+	ep, path, ok := up.resolve(r.Method, path)
+	if !ok {
+		p.refuse(w, &refusal{status: http.StatusForbidden, reason: "endpoint",
+			msg: fmt.Sprintf("the model proxy forwards only inference endpoints, and %s %s is not one of them; %s: %s",
+				r.Method, r.URL.EscapedPath(), name, describe(up.endpoints))})
+		return
+	}
+	if r.ContentLength > p.opts.MaxBody {
+		p.refuse(w, &refusal{status: http.StatusRequestEntityTooLarge, reason: "too_large", msg: p.tooLarge()})
+		return
+	}
+	start := p.opts.Now()
+	f, err := p.checkBudgets(r.Context(), pr.AccountID, start)
+	if err != nil {
+		// Unchecked is unbounded: refuse rather than forward.
+		p.log.Error("model proxy: check budgets", "err", err)
+		writeError(w, http.StatusInternalServerError, "Internal server error")
+		return
+	}
+	if f != nil {
+		p.refuse(w, f)
+		return
+	}
+	body, f := p.requestBody(w, r, ep)
+	if f != nil {
+		p.refuse(w, f)
+		return
+	}
+	p.forward(w, r, forwarding{up: up, ep: ep, path: path, caller: pr, body: body, start: start})
+}
+
+// forwarding is a request the proxy forwards.
+type forwarding struct {
+	up     *upstream
+	ep     endpoint
+	path   string // relative to the provider's base URL
+	caller auth.Principal
+	body   *countingReader
+	start  time.Time
+}
+
+// forward sends the request on, streams the answer back, and counts
+// what it used.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, f forwarding) {
+	x := &exchange{account: f.caller.AccountID, provider: f.up.name}
+	out := r.Clone(context.WithValue(r.Context(), ctxKey{}, x))
+	out.Body, out.ContentLength = f.body, f.body.size
+	out.URL.Path, out.URL.RawPath = "/"+f.path, ""
+	rec := &httprec.Recorder{ResponseWriter: w}
+	// Deferred: the reverse proxy ends the handler with a panic
+	// (http.ErrAbortHandler) when the caller goes away mid-answer, and
+	// what the answer used until then counts all the same.
+	defer func() {
+		used := x.usage()
+		p.record(r.Context(), x.account, f.start, used)
+		status := rec.Status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		p.meter(x, used, strconv.Itoa(status), f.body.n, rec.Bytes)
+		p.log.Info("model request", "account_id", x.account, "sandbox_id", f.caller.SandboxID, "provider", x.provider,
+			"endpoint", f.ep.method+" "+f.ep.path, "status", status, "bytes_in", f.body.n, "bytes_out", rec.Bytes,
+			"input_tokens", used.input(), "output_tokens", used.output(), "elapsed", p.opts.Now().Sub(f.start))
+	}()
+	f.up.rp.ServeHTTP(rec, out)
+}
+
+// authenticate accepts a live sandbox key only; otherwise it has answered.
+func (p *Proxy) authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
 	key, err := sandboxKey(r.Header)
 	if err != nil {
 		p.m.forbidden.WithLabelValues("credentials").Inc()
 		writeError(w, http.StatusUnauthorized, err.Error())
-		return
+		return auth.Principal{}, false
 	}
 	pr, err := p.opts.Auth.Authenticate(r.Context(), key)
 	if err != nil {
@@ -247,39 +362,62 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !errors.Is(err, auth.ErrUnauthorized) {
 			p.log.Error("model proxy: authenticate", "err", err)
 			writeError(w, http.StatusInternalServerError, "Internal server error")
-			return
+			return auth.Principal{}, false
 		}
 		writeError(w, http.StatusUnauthorized, "Unauthorized")
-		return
+		return auth.Principal{}, false
 	}
 	if pr.Scope() != auth.ScopeSandbox {
 		p.m.forbidden.WithLabelValues("not_sandbox_key").Inc()
 		writeError(w, http.StatusForbidden, "the model proxy serves sandboxes: authenticate with the sandbox's key (RECOUP_API_KEY)")
-		return
+		return auth.Principal{}, false
 	}
-	if r.ContentLength > p.opts.MaxBody {
-		p.m.forbidden.WithLabelValues("too_large").Inc()
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than the model proxy's limit of %d bytes", p.opts.MaxBody))
-		return
+	return pr, true
+}
+
+// refuse answers a request the proxy does not forward, and counts it.
+func (p *Proxy) refuse(w http.ResponseWriter, f *refusal) {
+	p.m.forbidden.WithLabelValues(f.reason).Inc()
+	f.write(w)
+}
+
+func (p *Proxy) tooLarge() string {
+	return fmt.Sprintf("request body is larger than the model proxy's limit of %d bytes", p.opts.MaxBody)
+}
+
+// requestBody is the body to forward, bounded. An endpoint that rewrites
+// its body gets it read whole first; any other body streams through.
+func (p *Proxy) requestBody(w http.ResponseWriter, r *http.Request, ep endpoint) (*countingReader, *refusal) {
+	limited := http.MaxBytesReader(w, r.Body, p.opts.MaxBody)
+	if ep.rewrite == nil {
+		return &countingReader{r: limited, size: r.ContentLength}, nil
 	}
-	info := reqInfo{account: pr.AccountID, provider: name}
-	body := &countingReader{r: http.MaxBytesReader(w, r.Body, p.opts.MaxBody)}
-	out := r.Clone(context.WithValue(r.Context(), ctxKey{}, info))
-	out.Body = body
-	out.URL.Path = "/" + path
-	out.URL.RawPath = ""
-	rec := &httprec.Recorder{ResponseWriter: w}
-	start := time.Now()
-	up.rp.ServeHTTP(rec, out)
-	status := rec.Status
-	if status == 0 {
-		status = http.StatusOK
+	raw, err := io.ReadAll(limited)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &refusal{status: http.StatusRequestEntityTooLarge, reason: "too_large", msg: p.tooLarge()}
+		}
+		return nil, &refusal{status: http.StatusBadRequest, reason: "bad_body", msg: "the request body could not be read"}
 	}
-	p.m.requests.WithLabelValues(info.account, name, strconv.Itoa(status)).Inc()
-	p.m.bytesIn.WithLabelValues(info.account, name).Add(float64(body.n))
-	p.m.bytesOut.WithLabelValues(info.account, name).Add(float64(rec.Bytes))
-	p.log.Info("model request", "account_id", info.account, "sandbox_id", pr.SandboxID, "provider", name,
-		"status", status, "bytes_in", body.n, "bytes_out", rec.Bytes, "elapsed", time.Since(start))
+	body, err := ep.rewrite(raw)
+	if err != nil {
+		return nil, &refusal{status: http.StatusBadRequest, reason: "bad_body", msg: fmt.Sprintf("%s %s: %v", ep.method, ep.path, err)}
+	}
+	return &countingReader{r: io.NopCloser(bytes.NewReader(body)), size: int64(len(body))}, nil
+}
+
+// meter counts a forwarded request in the metrics.
+func (p *Proxy) meter(x *exchange, used usage, status string, in, out int64) {
+	p.m.requests.WithLabelValues(x.account, x.provider, status).Inc()
+	p.m.bytesIn.WithLabelValues(x.account, x.provider).Add(float64(in))
+	p.m.bytesOut.WithLabelValues(x.account, x.provider).Add(float64(out))
+	if n := used.input(); n > 0 {
+		p.m.tokens.WithLabelValues(x.account, x.provider, "input").Add(float64(n))
+	}
+	if n := used.output(); n > 0 {
+		p.m.tokens.WithLabelValues(x.account, x.provider, "output").Add(float64(n))
+	}
 }
 
 // rewrite points the request at the provider and swaps the sandbox's
@@ -294,7 +432,10 @@ func (u *upstream) rewrite(pr *httputil.ProxyRequest) {
 	out.URL = &target
 	out.Host = target.Host
 	h := out.Header
-	for _, k := range []string{"X-Api-Key", "Authorization", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "X-Request-Id"} {
+	// Accept-Encoding too: an answer compressed at the caller's request
+	// would pass the usage scanners unread; without it the transport asks
+	// for gzip itself and decompresses.
+	for _, k := range []string{"X-Api-Key", "Authorization", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "X-Request-Id", "Accept-Encoding"} {
 		h.Del(k)
 	}
 	switch {
@@ -321,42 +462,18 @@ func (u *upstream) rewrite(pr *httputil.ProxyRequest) {
 // oauthBeta is the flag the Anthropic API needs with OAuth tokens.
 const oauthBeta = "oauth-2025-04-20"
 
-// maxUsageScan bounds how much of a JSON answer is kept to read its usage.
-const maxUsageScan = 1 << 20
-
-// modifyResponse drops credentials the provider might set and meters the
-// tokens of JSON answers. Streams are passed on untouched.
+// modifyResponse drops credentials the provider might set and reads the
+// usage of JSON and streamed answers as they pass on.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	resp.Header.Del("Set-Cookie")
-	info, _ := resp.Request.Context().Value(ctxKey{}).(reqInfo)
-	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") || resp.Body == nil {
+	x, _ := resp.Request.Context().Value(ctxKey{}).(*exchange)
+	if x == nil || resp.Body == nil {
 		return nil
 	}
-	resp.Body = &usageReader{rc: resp.Body, done: func(b []byte) { p.meterUsage(info, b) }}
+	if x.scan = scannerFor(resp.Header.Get("Content-Type")); x.scan != nil {
+		resp.Body = &tap{rc: resp.Body, scan: x.scan}
+	}
 	return nil
-}
-
-// meterUsage reads the usage a provider reported: Anthropic's
-// input_tokens/output_tokens or OpenAI's prompt_tokens/completion_tokens.
-func (p *Proxy) meterUsage(info reqInfo, body []byte) {
-	var v struct {
-		Usage struct {
-			InputTokens      int64 `json:"input_tokens"`
-			OutputTokens     int64 `json:"output_tokens"`
-			PromptTokens     int64 `json:"prompt_tokens"`
-			CompletionTokens int64 `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(body, &v) != nil {
-		return
-	}
-	in, out := v.Usage.InputTokens+v.Usage.PromptTokens, v.Usage.OutputTokens+v.Usage.CompletionTokens
-	if in > 0 {
-		p.m.tokens.WithLabelValues(info.account, info.provider, "input").Add(float64(in))
-	}
-	if out > 0 {
-		p.m.tokens.WithLabelValues(info.account, info.provider, "output").Add(float64(out))
-	}
 }
 
 // sandboxKey takes the caller's key from x-api-key or Authorization:
@@ -386,29 +503,18 @@ func sandboxKey(h http.Header) (string, error) {
 	return bearer, nil
 }
 
-// cleanPath refuses paths that could climb out of the provider's base
-// path once joined to it.
-func cleanPath(p string) bool {
-	if strings.Contains(p, "\\") || strings.Contains(p, "%") {
-		return false
-	}
-	for _, seg := range strings.Split(p, "/") {
-		if seg == ".." || seg == "." {
-			return false
-		}
-	}
-	return true
-}
-
 func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]string{"status": "error", "error": msg})
 }
 
+// countingReader counts the bytes of a body; size is its length, -1 when
+// unknown.
 type countingReader struct {
-	r io.ReadCloser
-	n int64
+	r    io.ReadCloser
+	n    int64
+	size int64
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
@@ -418,26 +524,3 @@ func (c *countingReader) Read(b []byte) (int, error) {
 }
 
 func (c *countingReader) Close() error { return c.r.Close() }
-
-// usageReader keeps the first maxUsageScan bytes of an answer and hands
-// them to done at the end.
-type usageReader struct {
-	rc   io.ReadCloser
-	buf  bytes.Buffer
-	done func([]byte)
-	ran  bool
-}
-
-func (u *usageReader) Read(b []byte) (int, error) {
-	n, err := u.rc.Read(b)
-	if room := maxUsageScan - u.buf.Len(); room > 0 {
-		u.buf.Write(b[:min(n, room)])
-	}
-	if err == io.EOF && !u.ran {
-		u.ran = true
-		u.done(u.buf.Bytes())
-	}
-	return n, err
-}
-
-func (u *usageReader) Close() error { return u.rc.Close() }

@@ -21,6 +21,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/model/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The account's model proxy usage today and its daily budgets (sandboxd)
+         * @description What the account's sandboxes used today (UTC, on every node) of the operator's model providers through the model proxy (http://sandboxd.internal/model/...): requests forwarded and the tokens the providers reported, against the daily budgets the server holds each account to (null: unlimited). Past a budget the proxy answers 429 until resets_at. A sandbox's own key may read it.
+         */
+        get: operations["getModelUsage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/openapi.json": {
         parameters: {
             query?: never;
@@ -526,6 +546,29 @@ export interface components {
             /** @enum {string} */
             status: "success";
         };
+        ModelUsageResponse: {
+            /** Format: date */
+            day: string;
+            /** @description Prompt tokens the providers reported (cache writes and reads included) */
+            input_tokens: number;
+            /** @description Generated tokens the providers reported */
+            output_tokens: number;
+            /** @description Requests forwarded to a model provider today */
+            requests: number;
+            /** @description Requests per account and UTC day; null: unlimited */
+            requests_budget: number | null;
+            /**
+             * Format: date-time
+             * @description When the counts start again from zero (the next UTC midnight)
+             */
+            resets_at: string;
+            /** @enum {string} */
+            status: "success";
+            /** @description input_tokens plus output_tokens: what the token budget counts */
+            tokens: number;
+            /** @description Tokens per account and UTC day; null: unlimited */
+            tokens_budget: number | null;
+        };
         NetworkBytes: {
             received: number;
             sent: number;
@@ -747,6 +790,82 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["HealthResponse"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getModelUsage: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ModelUsageResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description Internal error (no details) */
