@@ -108,14 +108,13 @@ func homeRoutesNoPorts(t *testing.T, s *server, k key, portHost string) {
 	securitytest.Attack(t, "network", "code in a sandbox with network none sends Host: 3000-<another sandbox>.<E2B domain> to http://sandboxd.internal, hoping to reach that sandbox's public port (and through it, the internet)",
 		"sandboxd.internal serves only the API, git, MCP and the model proxy: 404, and the other sandbox's server is never reached")
 	id := s.createSandbox(k, map[string]any{"network": "none"})["sandboxId"].(string)
-	script := `import http.client as h
-c = h.HTTPConnection("sandboxd.internal", 80, timeout=20)
-c.request("GET", "/index.html", headers={"Host": "` + portHost + `"})
-r = c.getresponse()
-print(r.status, r.read().decode(errors="replace"))`
-	out := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "python3", "args": []string{"-c", script}})
+	// A request written by hand (busybox nc) to sandboxd.internal, which
+	// is 127.0.0.1 (/etc/hosts), where the agent takes the connection home.
+	out := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c",
+		"grep -q '^127.0.0.1.*sandboxd.internal' /etc/hosts || echo 'sandboxd.internal is not 127.0.0.1'; " +
+			"printf 'GET /index.html HTTP/1.1\\r\\nHost: " + portHost + "\\r\\nConnection: close\\r\\n\\r\\n' | nc -w 20 127.0.0.1 80 2>&1; true"}})
 	stdout, _ := out.Body["stdout"].(string)
-	if out.Status != 200 || !strings.HasPrefix(stdout, "404 ") || strings.Contains(stdout, "hello from") {
+	if out.Status != 200 || !strings.Contains(stdout, "404 Not Found") || strings.Contains(stdout, "hello from") {
 		t.Fatalf("a port host through sandboxd.internal: %d %s, want 404 and not the other sandbox's page", out.Status, out.Raw)
 	}
 }
