@@ -130,10 +130,16 @@ func (q *Queries) GetRun(ctx context.Context, id string) (Run, error) {
 // ListRuns returns the runs of accountID (of every account when accountID is
 // empty), newest first, at most limit of them (all when limit <= 0).
 func (q *Queries) ListRuns(ctx context.Context, accountID string, limit int) ([]Run, error) {
-	query := "SELECT " + runCols + " FROM runs"
-	var args []any
+	return q.ListRunsPage(ctx, accountID, Cursor{}, limit)
+}
+
+// ListRunsPage is ListRuns from the run after after (the zero Cursor: from
+// the newest).
+func (q *Queries) ListRunsPage(ctx context.Context, accountID string, after Cursor, limit int) ([]Run, error) {
+	past, args := after.older("created_at", "id")
+	query := "SELECT " + runCols + " FROM runs WHERE " + past
 	if accountID != "" {
-		query += " WHERE account_id = ?"
+		query += " AND account_id = ?"
 		args = append(args, accountID)
 	}
 	query += " ORDER BY created_at DESC, id DESC"
