@@ -866,6 +866,8 @@ type GetModelUsageParams struct {
 // GetSandboxesParams defines parameters for GetSandboxes.
 type GetSandboxesParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Cursor    *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
 	SandboxID *string `form:"sandbox_id,omitempty" json:"sandbox_id,omitempty"`
 }
 
@@ -903,6 +905,7 @@ type GetSnapshotsParams struct {
 // GetTasksRunsParams defines parameters for GetTasksRuns.
 type GetTasksRunsParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Cursor    *string `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
 	RunID     *string `form:"runId,omitempty" json:"runId,omitempty"`
 }
@@ -2224,6 +2227,30 @@ func NewGetSandboxesRequest(server string, params *GetSandboxesParams) (*http.Re
 
 		}
 
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.SandboxID != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "sandbox_id", *params.SandboxID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -3190,6 +3217,18 @@ func NewGetTasksRunsRequest(server string, params *GetTasksRunsParams) (*http.Re
 
 		}
 
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.Limit != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
@@ -3897,6 +3936,11 @@ func (r DeleteSandboxesResult) ContentType() string {
 	return ""
 }
 
+// GetSandboxesResult200Headers the declared response headers of an HTTP 200 response for GetSandboxes
+type GetSandboxesResult200Headers struct {
+	XNextCursor *string
+}
+
 type GetSandboxesResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3914,6 +3958,8 @@ type GetSandboxesResult struct {
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *ErrorBody
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetSandboxesResult200Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5467,6 +5513,11 @@ func (r PostTasksCodingagentResult) ContentType() string {
 	return ""
 }
 
+// GetTasksRunsResult200Headers the declared response headers of an HTTP 200 response for GetTasksRuns
+type GetTasksRunsResult200Headers struct {
+	XNextCursor *string
+}
+
 type GetTasksRunsResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5484,6 +5535,8 @@ type GetTasksRunsResult struct {
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *ErrorBody
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetTasksRunsResult200Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -6420,6 +6473,19 @@ func ParseGetSandboxesResult(rsp *http.Response) (*GetSandboxesResult, error) {
 		}
 		response.JSON500 = &dest
 
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetSandboxesResult200Headers
+		if values := rsp.Header.Values("X-Next-Cursor"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Next-Cursor", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XNextCursor = &value
+		}
+		response.Headers200 = &headers
 	}
 
 	return response, nil
@@ -7708,6 +7774,19 @@ func ParseGetTasksRunsResult(rsp *http.Response) (*GetTasksRunsResult, error) {
 		}
 		response.JSON500 = &dest
 
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetTasksRunsResult200Headers
+		if values := rsp.Header.Values("X-Next-Cursor"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Next-Cursor", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XNextCursor = &value
+		}
+		response.Headers200 = &headers
 	}
 
 	return response, nil

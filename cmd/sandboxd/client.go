@@ -123,6 +123,43 @@ func printSandboxes(w io.Writer, sbs []client.Sandbox) error {
 	return tw.Flush()
 }
 
+// listPage is how many sandboxes `sandbox ls --all` asks for at a time.
+const listPage = 100
+
+// listSandboxes is GET /api/sandboxes: its one answer, or with all the
+// whole list, page after page (the account's environment as the first
+// page gives it).
+func listSandboxes(ctx context.Context, cl *client.ClientWithResponses, account string, all bool) (*client.ListSandboxesResponse, error) {
+	params := &client.GetSandboxesParams{AccountID: optional(account)}
+	if all {
+		params.Limit = optional(listPage)
+	}
+	var out *client.ListSandboxesResponse
+	for {
+		res, err := client.Check(cl.GetSandboxesWithResponse(ctx, params))
+		if err != nil {
+			return nil, err
+		}
+		page, err := decoded(res.JSON200)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = page
+		} else {
+			out.Sandboxes = append(out.Sandboxes, page.Sandboxes...)
+		}
+		var next string
+		if res.Headers200 != nil {
+			next = deref(res.Headers200.XNextCursor)
+		}
+		if !all || next == "" {
+			return out, nil
+		}
+		params.Cursor = &next
+	}
+}
+
 // newSandboxCmd is the API client: `sandboxd sandbox create|ls|exec|stop`.
 // g gives the log format its progress lines follow.
 func newSandboxCmd(g *globals) *cobra.Command {
@@ -193,20 +230,17 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	create.Flags().StringVar(&prompt, "prompt", "", "run opencode with this prompt instead of a command")
 	create.Flags().StringVar(&network, "network", "", networkFlagUsage)
 
+	var all bool
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List sandboxes",
+		Short: "List sandboxes: the newest 100 and every active one (--all: every one the server keeps)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cl, err := c.api()
 			if err != nil {
 				return err
 			}
-			res, err := client.Check(cl.GetSandboxesWithResponse(cmd.Context(), &client.GetSandboxesParams{AccountID: optional(account)}))
-			if err != nil {
-				return err
-			}
-			out, err := decoded(res.JSON200)
+			out, err := listSandboxes(cmd.Context(), cl, account, all)
 			if err != nil {
 				return err
 			}
@@ -223,6 +257,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
 		},
 	}
+	ls.Flags().BoolVar(&all, "all", false, "list every sandbox the server keeps (it deletes stopped ones after --keep-stopped-sandboxes), page by page")
 
 	exec := &cobra.Command{
 		Use:   "exec SANDBOX_ID -- COMMAND [ARGS...]",

@@ -38,7 +38,19 @@ func TestClientOutput(t *testing.T) {
 		}
 	}
 	mux.HandleFunc("POST /api/sandboxes", answer(`{"status":"success","sandboxes":[`+sb+`]}`))
-	mux.HandleFunc("GET /api/sandboxes", answer(`{"status":"success","sandboxes":[`+sb+`,`+stopped+`],"snapshot_id":"snap_1","github_repo":null,"filetree":[{"path":"a.txt","type":"blob"}],"filetree_truncated":true}`))
+	listed := answer(`{"status":"success","sandboxes":[` + sb + `,` + stopped + `],"snapshot_id":"snap_1","github_repo":null,"filetree":[{"path":"a.txt","type":"blob"}],"filetree_truncated":true}`)
+	mux.HandleFunc("GET /api/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+		// Paged (ls --all): two pages, the first naming the second.
+		switch q := r.URL.Query(); {
+		case !q.Has("limit"):
+			listed(w, r)
+		case q.Get("cursor") == "":
+			w.Header().Set("X-Next-Cursor", "page2")
+			answer(`{"status":"success","sandboxes":[`+sb+`],"snapshot_id":"snap_1","github_repo":null,"filetree":null}`)(w, r)
+		default:
+			answer(`{"status":"success","sandboxes":[`+stopped+`],"snapshot_id":"snap_1","github_repo":null,"filetree":null}`)(w, r)
+		}
+	})
 	mux.HandleFunc("POST /api/sandboxes/sbx_1/stop", answer(`{"status":"success","sandbox":`+stopped+`}`))
 	mux.HandleFunc("POST /api/sandboxes/sbx_1/exec", func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
@@ -106,6 +118,8 @@ func TestClientOutput(t *testing.T) {
 		{"create-noargs", []string{"create", "--", "true"}},
 		{"ls", []string{"ls"}},
 		{"ls-json", []string{"ls", "--json", "--account", "acct"}},
+		{"ls-all", []string{"ls", "--all"}},
+		{"ls-all-json", []string{"ls", "--all", "--json", "--account", "acct"}},
 		{"exec", []string{"exec", "sbx_1", "--cwd", "/w", "--", "sh", "-c", "x"}},
 		{"exec-json", []string{"exec", "--json", "sbx_1", "--", "true"}},
 		{"stop", []string{"stop", "sbx_1"}},

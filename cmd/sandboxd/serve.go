@@ -38,6 +38,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/retention"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
@@ -101,6 +102,8 @@ type serveOptions struct {
 	modelBudgets modelproxy.Budgets
 	repoLimits   repoFlags
 	cluster      clusterOptions
+	keepStopped  time.Duration
+	keepRuns     time.Duration
 }
 
 // repoFlags are the bounds of the repositories (0 in a flag: unlimited).
@@ -157,6 +160,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
 	f.Int64Var(&o.logMaxMiB, "log-max-mib", 16, "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
 	f.Int64Var(&o.snapshotMiB, "account-snapshot-mib", 2048, "snapshot blobs one account may store, in MiB; 0 unlimited")
+	f.DurationVar(&o.keepStopped, "keep-stopped-sandboxes", retention.DefaultKeepSandboxes, "how long a stopped or failed sandbox is kept (listed, with its E2B record) before it is deleted; 0 keeps them forever (env SANDBOXD_KEEP_STOPPED_SANDBOXES)")
+	f.DurationVar(&o.keepRuns, "keep-finished-runs", retention.DefaultKeepRuns, "how long a finished run's record and log are kept before they are deleted; 0 keeps them forever (env SANDBOXD_KEEP_FINISHED_RUNS)")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
 	f.StringVar(&o.publicURL, "public-url", "", "base URL clients reach this server at, used in repository URLs (default http://LISTEN)")
 	f.BoolVar(&o.allowPrivate, "allow-private-downloads", false, "let file uploads download from private, loopback and link-local addresses (never metadata addresses)")
@@ -246,6 +251,15 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 	defer st.Close()
+	// Before the image and the runtime: a bad keep stops serve at once.
+	sweeper, err := retention.New(retention.Config{
+		Store: st, Logs: runs.Logs{DataDir: dataDir},
+		KeepSandboxes: o.keepStopped, KeepRuns: o.keepRuns,
+		Logger: log.With("component", "retention"),
+	})
+	if err != nil {
+		return fmt.Errorf("--keep-stopped-sandboxes, --keep-finished-runs: %w", err)
+	}
 
 	baseDir, baseID, err := resolveRootfs(ctx, g, o, log)
 	if err != nil {
@@ -509,6 +523,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 			log.Error("sandbox manager stopped", "err", err)
 		}
 	}()
+	// Every node sweeps: the deletes are idempotent batches, and each
+	// node keeps the logs of the runs it worked.
+	go sweeper.Run(runCtx)
 
 	log.Info("sandboxd serving", "addr", ln.Addr().String(), "data_dir", dataDir, "database", st.Dialect(),
 		"runtime", rt.Name(), "image", baseID, "version", version)

@@ -31,7 +31,7 @@ func (s *Server) routeTable() []route {
 			description: "Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId.",
 			body:        CreateSandboxRequest{}, ok: SandboxesResponse{}, handler: s.createSandbox},
 		{method: http.MethodGet, path: "/api/sandboxes", summary: "List the account's sandboxes, snapshot, repository and file tree", tag: "sandboxes",
-			query: ListSandboxesQuery{}, ok: ListSandboxesResponse{}, handler: s.listSandboxes},
+			query: ListSandboxesQuery{}, ok: ListSandboxesResponse{}, paged: true, handler: s.listSandboxes},
 		{method: http.MethodPatch, path: "/api/sandboxes", summary: "Set the account's snapshot or repository", tag: "sandboxes",
 			description: "Answers the account's snapshot row itself (the published UpdateSnapshotResponse), or null while the account has no snapshot.",
 			body:        PatchSandboxesRequest{}, ok: SnapshotRow{}, okNullable: true, handler: s.patchSandboxes},
@@ -45,7 +45,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodGet, path: "/api/sandboxes/file", summary: "Read one file of the account's repository", tag: "files",
 			query: FileQuery{}, ok: FileResponse{}, handler: s.readFile},
 		{method: http.MethodGet, path: "/api/tasks/runs", summary: "Get a run, or list the account's runs", tag: "runs",
-			query: RunsQuery{}, ok: RunsResponse{}, handler: s.listRuns},
+			query: RunsQuery{}, ok: RunsResponse{}, paged: true, handler: s.listRuns},
 		{method: http.MethodGet, path: "/api/tasks/runs/{id}/log", summary: "Follow a run's log as Server-Sent Events (sandboxd)", tag: "runs",
 			description: "text/event-stream: \"log\" events {\"data\"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one \"end\" event {\"status\"} once the run finished (at once for a finished run); \"error\" {\"error\",\"statusCode\"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.",
 			query:       AccountRequest{}, ok: RunLogEnd{}, eventsOnly: true, handler: s.runLog},
@@ -215,6 +215,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	var (
 		wg       sync.WaitGroup
 		rows     []store.Sandbox
+		next     store.Cursor
 		rowsErr  error
 		env      store.Environment
 		envErr   error
@@ -224,10 +225,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		filesErr error
 	)
 	wg.Go(func() {
-		rows, rowsErr = s.opts.Store.ListSandboxes(ctx, account)
-		if rowsErr == nil && q.SandboxID != "" {
-			rows = filterSandbox(rows, q.SandboxID)
-		}
+		rows, next, rowsErr = s.sandboxRows(ctx, account, q)
 		if rowsErr == nil && s.opts.Sandboxes != nil {
 			rows = s.opts.Sandboxes.Live(ctx, rows)
 		}
@@ -264,16 +262,8 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	} else if tree != nil {
 		resp.Filetree, resp.FiletreeTruncated = tree, treeCut
 	}
+	setNextCursor(w, next)
 	writeJSON(w, http.StatusOK, resp)
-	return nil
-}
-
-func filterSandbox(rows []store.Sandbox, id string) []store.Sandbox {
-	for _, sb := range rows {
-		if sb.ID == id {
-			return []store.Sandbox{sb}
-		}
-	}
 	return nil
 }
 
@@ -459,7 +449,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run, s.opts.Now())}})
 		return nil
 	}
-	runs, err := s.opts.Store.ListRuns(ctx, account, q.Limit)
+	runs, next, err := s.runRows(ctx, account, q)
 	if err != nil {
 		return fmt.Errorf("list runs of %s: %w", account, err)
 	}
@@ -467,6 +457,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 	for _, run := range runs {
 		resp.Runs = append(resp.Runs, runView(run, s.opts.Now()))
 	}
+	setNextCursor(w, next)
 	writeJSON(w, http.StatusOK, resp)
 	return nil
 }

@@ -52,6 +52,8 @@ func withCORS(next http.Handler) http.Handler {
 		h.Set("Access-Control-Allow-Origin", "*")
 		h.Set("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS, PATCH")
 		h.Set("Access-Control-Allow-Headers", "Content-Type, Authorization, X-Requested-With, x-api-key")
+		// A browser's script reads a list's next page only if it may.
+		h.Set("Access-Control-Expose-Headers", NextCursorHeader)
 		if r.Method == http.MethodOptions {
 			w.WriteHeader(http.StatusOK)
 			return

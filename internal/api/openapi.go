@@ -39,7 +39,10 @@ type route struct {
 	websocket bool
 	// acts: the route changes state or starts work although its method is
 	// GET, so a sandbox's key (which only reads) may not call it.
-	acts    bool
+	acts bool
+	// paged: the route's 200 may carry the next page's cursor
+	// (NextCursorHeader).
+	paged   bool
 	handler handler
 }
 
@@ -166,7 +169,14 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			case rt.stream:
 				content["text/event-stream"] = map[string]any{"schema": map[string]any{"type": "string", "description": "Server-Sent Events: stdout, stderr, exit"}}
 			}
-			responses["200"] = map[string]any{"description": "Success", "content": content}
+			ok := map[string]any{"description": "Success", "content": content}
+			if rt.paged {
+				ok["headers"] = map[string]any{NextCursorHeader: map[string]any{
+					"description": "The cursor of the next page; absent on the last page",
+					"schema":      map[string]any{"type": "string"},
+				}}
+			}
+			responses["200"] = ok
 		}
 		if rt.websocket {
 			responses["101"] = map[string]any{"description": "Switching Protocols: the websocket"}

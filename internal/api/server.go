@@ -24,9 +24,10 @@ import (
 // Store is what the API reads directly from the database.
 type Store interface {
 	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
-	ListSandboxes(ctx context.Context, accountID string) ([]store.Sandbox, error)
+	ListSandboxesPage(ctx context.Context, accountID string, after store.Cursor, limit int) ([]store.Sandbox, error)
+	ListActiveSandboxes(ctx context.Context, accountID string) ([]store.Sandbox, error)
 	GetRun(ctx context.Context, id string) (store.Run, error)
-	ListRuns(ctx context.Context, accountID string, limit int) ([]store.Run, error)
+	ListRunsPage(ctx context.Context, accountID string, after store.Cursor, limit int) ([]store.Run, error)
 	GetEnvironment(ctx context.Context, accountID string) (store.Environment, error)
 	GetSnapshot(ctx context.Context, id string) (store.Snapshot, error)
 	ListSnapshots(ctx context.Context, accountID string) ([]store.Snapshot, error)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // The request and response types of the contract. They are the single
@@ -288,6 +289,13 @@ type HealthResponse struct {
 type ListSandboxesQuery struct {
 	SandboxID string `json:"sandbox_id,omitempty"`
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+	// Limit and Cursor page the list (sandboxd); without either it is the
+	// newest UnpagedSandboxes and every active sandbox.
+	Limit  int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,description=Pages the list (sandboxd): at most this many sandboxes newest first; the next page's cursor is in the X-Next-Cursor header. Without limit and cursor the list is the newest 100 sandboxes and every active one (pending or running or stopping) older than those"`
+	Cursor string `json:"cursor,omitempty" jsonschema:"description=Where the page begins (sandboxd): the X-Next-Cursor header of the page before"`
+
+	paged bool         // limit or cursor was given
+	after store.Cursor // the cursor, decoded
 }
 
 // FileQuery is the query of GET /api/sandboxes/file.
@@ -301,6 +309,9 @@ type RunsQuery struct {
 	RunID     string `json:"runId,omitempty"`
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
 	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=20"`
+	Cursor    string `json:"cursor,omitempty" jsonschema:"description=Where the page begins (sandboxd): the X-Next-Cursor header of the page before; each page of runs sends one while older runs follow"`
+
+	after store.Cursor // the cursor, decoded
 }
 
 // ProcessesResponse answers GET /api/sandboxes/{id}/processes.

@@ -188,7 +188,11 @@ func parseRunsQuery(q url.Values) (RunsQuery, error) {
 	if out.Limit, err = queryLimit(q, out.Limit); err != nil {
 		return out, err
 	}
-	out.AccountID, err = queryAccountID(q)
+	if out.AccountID, err = queryAccountID(q); err != nil {
+		return out, err
+	}
+	out.Cursor = q.Get("cursor")
+	out.after, err = queryCursor(out.Cursor)
 	return out, err
 }
 
@@ -197,7 +201,15 @@ func parseListQuery(q url.Values) (ListSandboxesQuery, error) {
 	var out ListSandboxesQuery
 	out.SandboxID = strings.TrimSpace(q.Get("sandbox_id"))
 	var err error
-	out.AccountID, err = queryAccountID(q)
+	if out.AccountID, err = queryAccountID(q); err != nil {
+		return out, err
+	}
+	out.paged = q.Has("limit") || q.Has("cursor")
+	if out.Limit, err = queryLimit(q, maxSandboxPage); err != nil {
+		return out, err
+	}
+	out.Cursor = q.Get("cursor")
+	out.after, err = queryCursor(out.Cursor)
 	return out, err
 }
 

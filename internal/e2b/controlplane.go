@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -597,7 +596,12 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 
 // list answers both GET /sandboxes (v1: running ones, filtered by
 // metadata) and GET /v2/sandboxes (state, metadata, limit and nextToken,
-// the next page's token in the x-next-token header).
+// the next page's token in the x-next-token header). It reads the
+// account's live sandboxes from the store, which selects them by their
+// status: an account's ended sandboxes, however many, never push a live
+// one out of the list. A token is the place of the last sandbox of a page
+// (store.Cursor): pages neither repeat nor skip a sandbox when others
+// start or end between two requests.
 func (a *API) list(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	q := r.URL.Query()
 	v2 := strings.HasPrefix(r.URL.Path, "/v2/")
@@ -615,55 +619,89 @@ func (a *API) list(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 			states[st] = true
 		}
 	}
-	limit, offset := defaultListLimit, 0
+	limit := defaultListLimit
 	if s := q.Get("limit"); s != "" {
 		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > maxListLimit {
 			return errorf(http.StatusBadRequest, "limit must be 1 to %d", maxListLimit)
 		}
 	}
+	var after store.Cursor
 	if s := q.Get("nextToken"); s != "" {
-		if offset, err = decodeToken(s); err != nil {
+		if after, err = store.ParseCursor(s); err != nil {
 			return errorf(http.StatusBadRequest, "nextToken is not one this server gave")
 		}
 	}
-	records, err := a.opts.Store.ListE2BSandboxes(r.Context(), p.AccountID, maxListLimit+1)
+	most := 0 // v1 lists them all
+	if v2 {
+		most = limit + 1 // one more than a page says whether another follows
+	}
+	found, err := a.liveSandboxes(r.Context(), p.AccountID, after, most, meta, states)
 	if err != nil {
 		return err
 	}
-	records = slices.DeleteFunc(records, func(e store.E2BSandbox) bool { return !matches(e.Metadata, meta) })
-	ids := make([]string, len(records))
-	for i, e := range records {
-		ids[i] = e.SandboxID
+	if v2 && len(found) > limit {
+		found = found[:limit]
+		w.Header().Set("X-Next-Token", found[limit-1].e.Cursor().String())
 	}
-	rows, err := a.opts.Store.ListSandboxesByID(r.Context(), ids)
-	if err != nil {
-		return err
-	}
-	byID := make(map[string]store.Sandbox, len(rows))
-	for _, sb := range a.opts.Sandboxes.Live(r.Context(), rows) {
-		byID[sb.ID] = sb
-	}
-	var matched []listedSandbox
-	for _, e := range records { // newest first
-		sb, ok := byID[e.SandboxID]
-		if !ok || !live(sb) || !states[state(sb)] {
-			continue // ended (or gone) meanwhile, or another state
-		}
-		matched = append(matched, a.listed(sb, e))
-	}
-	if !v2 {
-		writeJSON(w, http.StatusOK, matched)
-		return nil
-	}
-	page := []listedSandbox{}
-	if offset < len(matched) {
-		page = matched[offset:min(len(matched), offset+limit)]
-	}
-	if offset+limit < len(matched) {
-		w.Header().Set("X-Next-Token", encodeToken(offset+limit))
+	page := make([]listedSandbox, len(found))
+	for i, f := range found {
+		page[i] = a.listed(f.sb, f.e)
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil
+}
+
+// listBatch is how many live sandboxes list reads from the store at once.
+const listBatch = 200
+
+// liveSandbox is a sandbox list shows, with its E2B record.
+type liveSandbox struct {
+	sb store.Sandbox
+	e  store.E2BSandbox
+}
+
+// liveSandboxes returns the live sandboxes of accountID past after, newest
+// first, whose metadata has meta and whose state is one of states: at
+// most most of them (0: all).
+func (a *API) liveSandboxes(ctx context.Context, accountID string, after store.Cursor, most int, meta map[string]string, states map[string]bool) ([]liveSandbox, error) {
+	var out []liveSandbox
+	for {
+		records, err := a.opts.Store.ListLiveE2BSandboxes(ctx, accountID, after, listBatch)
+		if err != nil {
+			return nil, err
+		}
+		if len(records) == 0 {
+			return out, nil
+		}
+		last := len(records) < listBatch
+		after = records[len(records)-1].Cursor()
+		records = slices.DeleteFunc(records, func(e store.E2BSandbox) bool { return !matches(e.Metadata, meta) })
+		ids := make([]string, len(records))
+		for i, e := range records {
+			ids[i] = e.SandboxID
+		}
+		rows, err := a.opts.Store.ListSandboxesByID(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		byID := make(map[string]store.Sandbox, len(rows))
+		for _, sb := range a.opts.Sandboxes.Live(ctx, rows) {
+			byID[sb.ID] = sb
+		}
+		for _, e := range records { // newest first
+			sb, ok := byID[e.SandboxID]
+			if !ok || !live(sb) || !states[state(sb)] {
+				continue // ended (or gone) meanwhile, or another state
+			}
+			out = append(out, liveSandbox{sb: sb, e: e})
+			if most > 0 && len(out) == most {
+				return out, nil
+			}
+		}
+		if last {
+			return out, nil
+		}
+	}
 }
 
 // metadataFilter parses the SDKs' metadata query: a URL-encoded query
@@ -695,24 +733,6 @@ func matches(have, want map[string]string) bool {
 		}
 	}
 	return true
-}
-
-// Page tokens are an offset into the newest-first list: opaque to the
-// SDKs, which hand them back as they are.
-func encodeToken(offset int) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("o:" + strconv.Itoa(offset)))
-}
-
-func decodeToken(s string) (int, error) {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil || !strings.HasPrefix(string(b), "o:") {
-		return 0, errors.New("bad token")
-	}
-	n, err := strconv.Atoi(string(b[2:]))
-	if err != nil || n < 0 {
-		return 0, errors.New("bad token")
-	}
-	return n, nil
 }
 
 func (a *API) kill(w http.ResponseWriter, r *http.Request, p auth.Principal) error {

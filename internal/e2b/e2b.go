@@ -66,7 +66,7 @@ type Store interface {
 	ListSandboxesByID(ctx context.Context, ids []string) ([]store.Sandbox, error)
 	CreateE2BSandbox(ctx context.Context, e store.E2BSandbox) error
 	GetE2BSandbox(ctx context.Context, id string) (store.E2BSandbox, error)
-	ListE2BSandboxes(ctx context.Context, accountID string, limit int) ([]store.E2BSandbox, error)
+	ListLiveE2BSandboxes(ctx context.Context, accountID string, after store.Cursor, limit int) ([]store.E2BSandbox, error)
 	ListLiveE2BSandboxesOn(ctx context.Context, nodeID string) ([]store.E2BSandbox, error)
 }
 

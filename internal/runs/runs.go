@@ -308,12 +308,10 @@ func (r *Runner) pruneLogs(ctx context.Context, accountID string) {
 		r.log.Warn("prune run logs", "account_id", accountID, "err", err)
 		return
 	}
+	logs := Logs{DataDir: r.cfg.DataDir}
 	for _, id := range ids {
-		path := LogPath(r.cfg.DataDir, id)
-		for _, p := range []string{path, path + ".pos"} {
-			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				r.log.Warn("prune run log", "run_id", id, "err", err)
-			}
+		if err := logs.Remove(id); err != nil {
+			r.log.Warn("prune run log", "run_id", id, "err", err)
 		}
 	}
 }
@@ -510,16 +508,15 @@ func LogPath(dataDir, runID string) string {
 	return filepath.Join(dataDir, "runs", runID+".log")
 }
 
-// Logs opens the run logs this node keeps (DATA_DIR/runs) for the API's
-// log stream (GET /api/tasks/runs/{id}/log).
+// Logs are the run logs this node keeps (DATA_DIR/runs): opened for the
+// API's log stream (GET /api/tasks/runs/{id}/log), listed and removed by
+// the retention sweep.
 type Logs struct{ DataDir string }
 
 // OpenRunLog opens run id's log to read; an error wrapping fs.ErrNotExist
 // when there is none.
 func (l Logs) OpenRunLog(id string) (*os.File, error) {
-	// Ids come from the database; a path in one must still not leave the
-	// directory.
-	if !strings.HasPrefix(id, "run_") || strings.ContainsAny(id, "/\\") {
+	if !validRunID(id) {
 		return nil, fmt.Errorf("open log of run %q: %w", id, fs.ErrNotExist)
 	}
 	f, err := os.Open(LogPath(l.DataDir, id))

@@ -71,16 +71,23 @@ func (q *Queries) GetE2BSandbox(ctx context.Context, id string) (E2BSandbox, err
 	return e, nil
 }
 
-// ListE2BSandboxes returns the E2B records of accountID's sandboxes whose
-// rows are not terminal (pending, running, stopping), newest first, at most
-// limit.
-func (q *Queries) ListE2BSandboxes(ctx context.Context, accountID string, limit int) ([]E2BSandbox, error) {
-	out, err := q.listE2B(ctx, "e.account_id = ? AND s.status IN ('pending', 'running', 'stopping') ORDER BY e.created_at DESC, e.sandbox_id LIMIT ?", accountID, limit)
+// ListLiveE2BSandboxes returns at most limit E2B records of accountID's
+// live sandboxes (pending or running, paused ones included), newest first,
+// from the one after after (the zero Cursor: from the newest). The
+// sandboxes' status is read in the same query, so the account's ended
+// sandboxes, however many, never push a live one off a page.
+func (q *Queries) ListLiveE2BSandboxes(ctx context.Context, accountID string, after Cursor, limit int) ([]E2BSandbox, error) {
+	past, args := after.older("e.created_at", "e.sandbox_id")
+	args = append([]any{accountID, SandboxPending, SandboxRunning}, args...)
+	out, err := q.listE2B(ctx, "e.account_id = ? AND s.status IN (?, ?) AND "+past+" ORDER BY e.created_at DESC, e.sandbox_id DESC LIMIT ?", append(args, limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("list e2b sandboxes of %s: %w", accountID, err)
+		return nil, fmt.Errorf("list live e2b sandboxes of %s: %w", accountID, err)
 	}
 	return out, nil
 }
+
+// Cursor is where a list that ended with e goes on (ListLiveE2BSandboxes).
+func (e E2BSandbox) Cursor() Cursor { return Cursor{CreatedAt: e.CreatedAt, ID: e.SandboxID} }
 
 // ListLiveE2BSandboxesOn returns the E2B records of the running sandboxes
 // node hosts ("": any node): the candidates a signed file link may be for.

@@ -43,15 +43,15 @@ func TestE2BSandboxes(t *testing.T) {
 			t.Fatal("CreateE2BSandbox of a sandbox without a row succeeded")
 		}
 
-		list, err := s.ListE2BSandboxes(ctx, alice.ID, 10)
+		list, err := s.ListLiveE2BSandboxes(ctx, alice.ID, store.Cursor{}, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := []string{running.ID, older.ID}; !slices.Equal(e2bIDs(list), want) {
-			t.Fatalf("ListE2BSandboxes = %v, want the live ones newest first %v", e2bIDs(list), want)
+			t.Fatalf("ListLiveE2BSandboxes = %v, want the live ones newest first %v", e2bIDs(list), want)
 		}
-		if list, _ := s.ListE2BSandboxes(ctx, alice.ID, 1); len(list) != 1 {
-			t.Fatalf("ListE2BSandboxes with limit 1 = %d rows", len(list))
+		if list, _ := s.ListLiveE2BSandboxes(ctx, alice.ID, store.Cursor{}, 1); len(list) != 1 {
+			t.Fatalf("ListLiveE2BSandboxes with limit 1 = %d rows", len(list))
 		}
 		on, err := s.ListLiveE2BSandboxesOn(ctx, "n1")
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -130,10 +132,16 @@ func (q *Queries) GetRun(ctx context.Context, id string) (Run, error) {
 // ListRuns returns the runs of accountID (of every account when accountID is
 // empty), newest first, at most limit of them (all when limit <= 0).
 func (q *Queries) ListRuns(ctx context.Context, accountID string, limit int) ([]Run, error) {
-	query := "SELECT " + runCols + " FROM runs"
-	var args []any
+	return q.ListRunsPage(ctx, accountID, Cursor{}, limit)
+}
+
+// ListRunsPage is ListRuns from the run after after (the zero Cursor: from
+// the newest).
+func (q *Queries) ListRunsPage(ctx context.Context, accountID string, after Cursor, limit int) ([]Run, error) {
+	past, args := after.older("created_at", "id")
+	query := "SELECT " + runCols + " FROM runs WHERE " + past
 	if accountID != "" {
-		query += " WHERE account_id = ?"
+		query += " AND account_id = ?"
 		args = append(args, accountID)
 	}
 	query += " ORDER BY created_at DESC, id DESC"
@@ -173,20 +181,18 @@ func (q *Queries) FinishedRunsPast(ctx context.Context, accountID string, skip, 
 // DeleteFinishedRuns deletes the runs of ids that are finished (a run
 // still queued or executing is left alone) and says how many went.
 func (q *Queries) DeleteFinishedRuns(ctx context.Context, ids []string) (int, error) {
-	if len(ids) == 0 {
-		return 0, nil
-	}
-	in, args := inList(ids)
-	final := make([]string, 0, len(finalRunStatuses))
-	for st := range finalRunStatuses {
-		final = append(final, st)
-	}
-	fin, fargs := inList(final)
-	n, err := q.execCount(ctx, "DELETE FROM runs WHERE id IN ("+in+") AND status IN ("+fin+")", append(args, fargs...)...)
+	fin, args := inList(finalRunStatusList())
+	n, err := q.deleteBatch(ctx, "runs", ids, "status IN ("+fin+")", args...)
 	if err != nil {
-		return 0, fmt.Errorf("delete finished runs: %w", err)
+		return n, fmt.Errorf("delete finished runs: %w", err)
 	}
-	return int(n), nil
+	return n, nil
+}
+
+// finalRunStatusList is finalRunStatuses as a list, sorted so that the
+// queries made of it read the same every time.
+func finalRunStatusList() []string {
+	return slices.Sorted(maps.Keys(finalRunStatuses))
 }
 
 // ListRunsByStatus returns the runs whose status is one of statuses (every

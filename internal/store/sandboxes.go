@@ -87,6 +87,32 @@ func (q *Queries) ListSandboxes(ctx context.Context, accountID string) ([]Sandbo
 	return out, nil
 }
 
+// ListSandboxesPage returns at most limit sandboxes of accountID, newest
+// first, from the one after after (the zero Cursor: from the newest).
+func (q *Queries) ListSandboxesPage(ctx context.Context, accountID string, after Cursor, limit int) ([]Sandbox, error) {
+	past, args := after.older("created_at", "id")
+	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? AND "+past+
+		" ORDER BY created_at DESC, id DESC LIMIT ?", append(append([]any{accountID}, args...), limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("list a page of sandboxes of %s: %w", accountID, err)
+	}
+	return out, nil
+}
+
+// ListActiveSandboxes returns the pending, running (paused ones included)
+// and stopping sandboxes of accountID, newest first: those a list must
+// show however many ended ones are newer. There are as many as the
+// account runs at once, which its quota bounds.
+func (q *Queries) ListActiveSandboxes(ctx context.Context, accountID string) ([]Sandbox, error) {
+	in, args := inList(activeSandboxStatuses)
+	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? AND status IN ("+in+
+		") ORDER BY created_at DESC, id DESC", append([]any{accountID}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("list active sandboxes of %s: %w", accountID, err)
+	}
+	return out, nil
+}
+
 // ListSandboxesByID returns the sandboxes of ids that exist, in no
 // particular order: one query for the rows of a list of records that name
 // them (package e2b's list).

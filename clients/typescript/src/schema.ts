@@ -533,6 +533,10 @@ export interface components {
         ListSandboxesQuery: {
             /** Format: uuid */
             account_id?: string;
+            /** @description Where the page begins (sandboxd): the X-Next-Cursor header of the page before */
+            cursor?: string;
+            /** @description Pages the list (sandboxd): at most this many sandboxes newest first; the next page's cursor is in the X-Next-Cursor header. Without limit and cursor the list is the newest 100 sandboxes and every active one (pending or running or stopping) older than those */
+            limit?: number;
             sandbox_id?: string;
         };
         ListSandboxesResponse: {
@@ -657,6 +661,8 @@ export interface components {
         RunsQuery: {
             /** Format: uuid */
             account_id?: string;
+            /** @description Where the page begins (sandboxd): the X-Next-Cursor header of the page before; each page of runs sends one while older runs follow */
+            cursor?: string;
             /** @default 20 */
             limit: number;
             runId?: string;
@@ -903,6 +909,8 @@ export interface operations {
         parameters: {
             query?: {
                 account_id?: string;
+                cursor?: string;
+                limit?: number;
                 sandbox_id?: string;
             };
             header?: never;
@@ -914,6 +922,8 @@ export interface operations {
             /** @description Success */
             200: {
                 headers: {
+                    /** @description The cursor of the next page; absent on the last page */
+                    "X-Next-Cursor"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2552,6 +2562,7 @@ export interface operations {
         parameters: {
             query?: {
                 account_id?: string;
+                cursor?: string;
                 limit?: number;
                 runId?: string;
             };
@@ -2564,6 +2575,8 @@ export interface operations {
             /** @description Success */
             200: {
                 headers: {
+                    /** @description The cursor of the next page; absent on the last page */
+                    "X-Next-Cursor"?: string;
                     [name: string]: unknown;
                 };
                 content: {
