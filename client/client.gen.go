@@ -1108,12 +1108,16 @@ type ClientInterface interface {
 
 	// PostSandboxesFilesWithBody Add files from URLs to the account's repository
 	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
 	PostSandboxesFilesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostSandboxesFiles Add files from URLs to the account's repository
+	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1486,6 +1490,8 @@ func (c *Client) GetSandboxesFile(ctx context.Context, params *GetSandboxesFileP
 
 // PostSandboxesFilesWithBody Add files from URLs to the account's repository
 //
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
@@ -1502,6 +1508,8 @@ func (c *Client) PostSandboxesFilesWithBody(ctx context.Context, contentType str
 }
 
 // PostSandboxesFiles Add files from URLs to the account's repository
+//
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3284,12 +3292,16 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesFilesWithBodyWithResponse Add files from URLs to the account's repository
 	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
 	PostSandboxesFilesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesFilesResult, error)
 
 	// PostSandboxesFilesWithResponse Add files from URLs to the account's repository
+	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3606,6 +3618,8 @@ type DeleteSandboxesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3635,6 +3649,11 @@ func (r DeleteSandboxesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r DeleteSandboxesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r DeleteSandboxesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3772,6 +3791,8 @@ type PatchSandboxesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3801,6 +3822,11 @@ func (r PatchSandboxesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PatchSandboxesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PatchSandboxesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3855,6 +3881,8 @@ type PostSandboxesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3884,6 +3912,11 @@ func (r PostSandboxesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4021,6 +4054,8 @@ type PostSandboxesFilesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4050,6 +4085,11 @@ func (r PostSandboxesFilesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesFilesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesFilesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4104,6 +4144,8 @@ type PostSandboxesSetupResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4133,6 +4175,11 @@ func (r PostSandboxesSetupResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesSetupResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesSetupResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4187,6 +4234,8 @@ type PostSandboxesIDExecResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4216,6 +4265,11 @@ func (r PostSandboxesIDExecResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDExecResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDExecResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4270,6 +4324,8 @@ type PostSandboxesIDForkResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4299,6 +4355,11 @@ func (r PostSandboxesIDForkResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDForkResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDForkResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4353,6 +4414,8 @@ type PatchSandboxesIDNetworkResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4382,6 +4445,11 @@ func (r PatchSandboxesIDNetworkResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PatchSandboxesIDNetworkResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PatchSandboxesIDNetworkResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4436,6 +4504,8 @@ type PostSandboxesIDPauseResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4465,6 +4535,11 @@ func (r PostSandboxesIDPauseResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDPauseResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDPauseResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4844,6 +4919,8 @@ type PostSandboxesIDResumeResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4873,6 +4950,11 @@ func (r PostSandboxesIDResumeResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDResumeResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDResumeResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4927,6 +5009,8 @@ type PostSandboxesIDStopResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4956,6 +5040,11 @@ func (r PostSandboxesIDStopResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDStopResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDStopResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5010,6 +5099,8 @@ type PostSandboxesIDTimeoutResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5039,6 +5130,11 @@ func (r PostSandboxesIDTimeoutResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDTimeoutResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDTimeoutResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5176,6 +5272,8 @@ type PostTasksCodingagentResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5205,6 +5303,11 @@ func (r PostTasksCodingagentResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostTasksCodingagentResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostTasksCodingagentResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5545,6 +5648,8 @@ func (c *ClientWithResponses) GetSandboxesFileWithResponse(ctx context.Context, 
 
 // PostSandboxesFilesWithBodyWithResponse Add files from URLs to the account's repository
 //
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
@@ -5557,6 +5662,8 @@ func (c *ClientWithResponses) PostSandboxesFilesWithBodyWithResponse(ctx context
 }
 
 // PostSandboxesFilesWithResponse Add files from URLs to the account's repository
+//
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6034,6 +6141,13 @@ func ParseDeleteSandboxesResult(rsp *http.Response) (*DeleteSandboxesResult, err
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6170,6 +6284,13 @@ func ParsePatchSandboxesResult(rsp *http.Response) (*PatchSandboxesResult, error
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6237,6 +6358,13 @@ func ParsePostSandboxesResult(rsp *http.Response) (*PostSandboxesResult, error) 
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -6374,6 +6502,13 @@ func ParsePostSandboxesFilesResult(rsp *http.Response) (*PostSandboxesFilesResul
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6442,6 +6577,13 @@ func ParsePostSandboxesSetupResult(rsp *http.Response) (*PostSandboxesSetupResul
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6509,6 +6651,13 @@ func ParsePostSandboxesIDExecResult(rsp *http.Response) (*PostSandboxesIDExecRes
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -6581,6 +6730,13 @@ func ParsePostSandboxesIDForkResult(rsp *http.Response) (*PostSandboxesIDForkRes
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6649,6 +6805,13 @@ func ParsePatchSandboxesIDNetworkResult(rsp *http.Response) (*PatchSandboxesIDNe
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6716,6 +6879,13 @@ func ParsePostSandboxesIDPauseResult(rsp *http.Response) (*PostSandboxesIDPauseR
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -7050,6 +7220,13 @@ func ParsePostSandboxesIDResumeResult(rsp *http.Response) (*PostSandboxesIDResum
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7118,6 +7295,13 @@ func ParsePostSandboxesIDStopResult(rsp *http.Response) (*PostSandboxesIDStopRes
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7185,6 +7369,13 @@ func ParsePostSandboxesIDTimeoutResult(rsp *http.Response) (*PostSandboxesIDTime
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -7321,6 +7512,13 @@ func ParsePostTasksCodingagentResult(rsp *http.Response) (*PostTasksCodingagentR
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

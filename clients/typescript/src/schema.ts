@@ -90,7 +90,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Add files from URLs to the account's repository */
+        /**
+         * Add files from URLs to the account's repository
+         * @description Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+         */
         post: operations["postSandboxesFiles"];
         delete?: never;
         options?: never;
@@ -915,6 +918,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -993,6 +1005,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1064,6 +1085,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1226,6 +1256,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1297,6 +1336,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1470,6 +1518,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1543,6 +1600,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1630,6 +1696,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1703,6 +1778,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2094,6 +2178,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -2174,6 +2267,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -2247,6 +2349,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2402,6 +2513,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
