@@ -485,6 +485,9 @@ type ExecRequest struct {
 	Timeout   *int     `json:"timeout,omitempty"`
 	AccountID *string  `json:"account_id,omitempty"`
 	Pty       *PTYSize `json:"pty,omitempty"`
+
+	// KillOnDisconnect Kill the command when the client disconnects before it ends (sandboxd). Without it the command runs on in the sandbox until it ends or reaches its timeout or the sandbox's: GET .../processes lists it and DELETE .../processes/{pid} kills it; its output from then on is dropped. The websocket exec always kills its command when the socket closes.
+	KillOnDisconnect *bool `json:"killOnDisconnect,omitempty"`
 }
 
 // ExecResponse defines model for ExecResponse.
@@ -1144,7 +1147,7 @@ type ClientInterface interface {
 
 	// PostSandboxesIDExecWithBody Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1153,7 +1156,7 @@ type ClientInterface interface {
 
 	// PostSandboxesIDExec Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1566,7 +1569,7 @@ func (c *Client) PostSandboxesSetup(ctx context.Context, body PostSandboxesSetup
 
 // PostSandboxesIDExecWithBody Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1585,7 +1588,7 @@ func (c *Client) PostSandboxesIDExecWithBody(ctx context.Context, id string, con
 
 // PostSandboxesIDExec Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3328,7 +3331,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3337,7 +3340,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesIDExecWithResponse Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5708,7 +5711,7 @@ func (c *ClientWithResponses) PostSandboxesSetupWithResponse(ctx context.Context
 
 // PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5723,7 +5726,7 @@ func (c *ClientWithResponses) PostSandboxesIDExecWithBodyWithResponse(ctx contex
 
 // PostSandboxesIDExecWithResponse Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

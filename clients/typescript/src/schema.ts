@@ -130,13 +130,13 @@ export interface paths {
         };
         /**
          * Run an interactive command in a live sandbox over a websocket (sandboxd)
-         * @description Upgrade: websocket; the key in x-api-key, Authorization: Bearer, or (browsers) as the subprotocol sandboxd.key.<KEY>. The first message is text, the JSON body of POST .../exec (a pty object gives a terminal); then binary messages are input and text messages controls: {"type":"resize","rows","cols"}, {"type":"signal","signal":"SIGINT"|"SIGTERM"|"SIGKILL"|"SIGHUP"|"SIGQUIT"}, {"type":"eof"}; messages are at most 64 KiB. The server sends binary messages whose first byte is the stream (1 stdout, 2 stderr), then {"type":"exit","exitCode","oomKilled","durationMs"} or {"type":"error","error"}, and closes. Closing the socket kills the command. Refusals before the upgrade are those of POST .../exec (404, 409).
+         * @description Upgrade: websocket; the key in x-api-key, Authorization: Bearer, or (browsers) as the subprotocol sandboxd.key.<KEY>. The first message is text, the JSON body of POST .../exec (a pty object gives a terminal); then binary messages are input and text messages controls: {"type":"resize","rows","cols"}, {"type":"signal","signal":"SIGINT"|"SIGTERM"|"SIGKILL"|"SIGHUP"|"SIGQUIT"}, {"type":"eof"}; messages are at most 64 KiB. The server sends binary messages whose first byte is the stream (1 stdout, 2 stderr), then {"type":"exit","exitCode","oomKilled","durationMs"} or {"type":"error","error"}, and closes. Closing the socket kills the command: an interactive session ends with its socket (killOnDisconnect: false is refused). Refusals before the upgrade are those of POST .../exec (404, 409).
          */
         get: operations["getSandboxesIdExec"];
         put?: never;
         /**
          * Run a command in a live sandbox
-         * @description Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+         * @description Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
          */
         post: operations["postSandboxesIdExec"];
         delete?: never;
@@ -463,6 +463,8 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
+            /** @description Kill the command when the client disconnects before it ends (sandboxd). Without it the command runs on in the sandbox until it ends or reaches its timeout or the sandbox's: GET .../processes lists it and DELETE .../processes/{pid} kills it; its output from then on is dropped. The websocket exec always kills its command when the socket closes. */
+            killOnDisconnect?: boolean;
             pty?: components["schemas"]["PTYSize"];
             stdin?: string;
             /** @description Milliseconds before the command is killed */
