@@ -36,10 +36,10 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
-	if err != nil && s.callerGone(r, sb, req) {
-		return nil
-	}
 	if err != nil {
+		if s.callerGone(r, sb, req) {
+			return nil
+		}
 		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
@@ -57,10 +57,10 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 	sse := startSSE(w)
 	drop := !req.KillOnDisconnect
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout", drop}, streamTo{sse, "stderr", drop})
-	if err != nil && s.callerGone(r, sb, req) {
-		return
-	}
 	if err != nil {
+		if s.callerGone(r, sb, req) {
+			return
+		}
 		var e *Error
 		failure := ExecFailure{Error: "Internal server error", StatusCode: http.StatusInternalServerError}
 		if errors.As(serviceError(err, "Sandbox not found"), &e) {
