@@ -75,9 +75,7 @@ func newHold(ctx context.Context, res Reservations, log *slog.Logger, account st
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	if err := h.cover(ctx, min(1, most)); err != nil {
-		h.releaseRow(ctx)
-		close(h.done)
-		return nil, err
+		return nil, err // refused or failed: nothing was reserved
 	}
 	go h.renew(ctx)
 	return h, nil
@@ -95,7 +93,7 @@ func (h *hold) cover(ctx context.Context, total int64) error {
 		return h.err
 	}
 	g, err := h.res.ReserveUpload(ctx, store.UploadReservation{
-		ID: h.id, AccountID: h.account, Need: total, Want: min(total+reserveStep, h.max),
+		ID: h.id, AccountID: h.account, Need: total, Want: max(total, min(total+reserveStep, h.max)),
 		Limit: h.limit, TTL: reservationTTL,
 	})
 	if err != nil {
@@ -129,10 +127,6 @@ func (h *hold) renew(ctx context.Context) {
 func (h *hold) release(ctx context.Context) {
 	close(h.stop)
 	<-h.done
-	h.releaseRow(ctx)
-}
-
-func (h *hold) releaseRow(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	if err := h.res.ReleaseUpload(ctx, h.id); err != nil {
@@ -146,7 +140,6 @@ func (h *hold) releaseRow(ctx context.Context) {
 type localReservations struct {
 	mu   sync.Mutex
 	held map[string]localReservation
-	now  func() time.Time
 }
 
 type localReservation struct {
@@ -156,7 +149,7 @@ type localReservation struct {
 }
 
 func newLocalReservations() *localReservations {
-	return &localReservations{held: map[string]localReservation{}, now: time.Now}
+	return &localReservations{held: map[string]localReservation{}}
 }
 
 // ReserveUpload implements Reservations as store.ReserveUpload does.
@@ -166,7 +159,7 @@ func (l *localReservations) ReserveUpload(_ context.Context, r store.UploadReser
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
+	now := time.Now()
 	var g store.UploadGrant
 	for id, h := range l.held {
 		switch {
@@ -190,11 +183,12 @@ func (l *localReservations) ReserveUpload(_ context.Context, r store.UploadReser
 func (l *localReservations) RenewUpload(_ context.Context, id string, ttl time.Duration) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := time.Now()
 	h, ok := l.held[id]
-	if !ok || !h.expires.After(l.now()) {
+	if !ok || !h.expires.After(now) {
 		return fmt.Errorf("renew upload reservation %s: %w", id, store.ErrNotFound)
 	}
-	h.expires = l.now().Add(ttl)
+	h.expires = now.Add(ttl)
 	l.held[id] = h
 	return nil
 }
