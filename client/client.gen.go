@@ -501,6 +501,9 @@ type ExecRequest struct {
 	Timeout   *int     `json:"timeout,omitempty"`
 	AccountID *string  `json:"account_id,omitempty"`
 	Pty       *PTYSize `json:"pty,omitempty"`
+
+	// KillOnDisconnect Kill the command when the client disconnects before it ends (sandboxd). Without it the command runs on in the sandbox until it ends or reaches its timeout or the sandbox's: GET .../processes lists it and DELETE .../processes/{pid} kills it; its output from then on is dropped. The websocket exec always kills its command when the socket closes.
+	KillOnDisconnect *bool `json:"killOnDisconnect,omitempty"`
 }
 
 // ExecResponse defines model for ExecResponse.
@@ -1169,12 +1172,16 @@ type ClientInterface interface {
 
 	// PostSandboxesFilesWithBody Add files from URLs to the account's repository
 	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
 	PostSandboxesFilesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostSandboxesFiles Add files from URLs to the account's repository
+	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1201,7 +1208,7 @@ type ClientInterface interface {
 
 	// PostSandboxesIDExecWithBody Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1210,7 +1217,7 @@ type ClientInterface interface {
 
 	// PostSandboxesIDExec Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1564,6 +1571,8 @@ func (c *Client) GetSandboxesFile(ctx context.Context, params *GetSandboxesFileP
 
 // PostSandboxesFilesWithBody Add files from URLs to the account's repository
 //
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
@@ -1580,6 +1589,8 @@ func (c *Client) PostSandboxesFilesWithBody(ctx context.Context, contentType str
 }
 
 // PostSandboxesFiles Add files from URLs to the account's repository
+//
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1636,7 +1647,7 @@ func (c *Client) PostSandboxesSetup(ctx context.Context, body PostSandboxesSetup
 
 // PostSandboxesIDExecWithBody Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1655,7 +1666,7 @@ func (c *Client) PostSandboxesIDExecWithBody(ctx context.Context, id string, con
 
 // PostSandboxesIDExec Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3461,12 +3472,16 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesFilesWithBodyWithResponse Add files from URLs to the account's repository
 	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
 	PostSandboxesFilesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesFilesResult, error)
 
 	// PostSandboxesFilesWithResponse Add files from URLs to the account's repository
+	//
+	// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3493,7 +3508,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3502,7 +3517,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesIDExecWithResponse Run a command in a live sandbox
 	//
-	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3866,6 +3881,8 @@ type DeleteSandboxesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3895,6 +3912,11 @@ func (r DeleteSandboxesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r DeleteSandboxesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r DeleteSandboxesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4039,6 +4061,8 @@ type PatchSandboxesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4068,6 +4092,11 @@ func (r PatchSandboxesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PatchSandboxesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PatchSandboxesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4122,6 +4151,8 @@ type PostSandboxesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4151,6 +4182,11 @@ func (r PostSandboxesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4288,6 +4324,8 @@ type PostSandboxesFilesResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4317,6 +4355,11 @@ func (r PostSandboxesFilesResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesFilesResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesFilesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4371,6 +4414,8 @@ type PostSandboxesSetupResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4400,6 +4445,11 @@ func (r PostSandboxesSetupResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesSetupResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesSetupResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4454,6 +4504,8 @@ type PostSandboxesIDExecResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4483,6 +4535,11 @@ func (r PostSandboxesIDExecResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDExecResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDExecResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4537,6 +4594,8 @@ type PostSandboxesIDForkResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4566,6 +4625,11 @@ func (r PostSandboxesIDForkResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDForkResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDForkResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4620,6 +4684,8 @@ type PatchSandboxesIDNetworkResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4649,6 +4715,11 @@ func (r PatchSandboxesIDNetworkResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PatchSandboxesIDNetworkResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PatchSandboxesIDNetworkResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4703,6 +4774,8 @@ type PostSandboxesIDPauseResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4732,6 +4805,11 @@ func (r PostSandboxesIDPauseResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDPauseResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDPauseResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5111,6 +5189,8 @@ type PostSandboxesIDResumeResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5140,6 +5220,11 @@ func (r PostSandboxesIDResumeResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDResumeResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDResumeResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5194,6 +5279,8 @@ type PostSandboxesIDStopResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5223,6 +5310,11 @@ func (r PostSandboxesIDStopResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDStopResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDStopResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5277,6 +5369,8 @@ type PostSandboxesIDTimeoutResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5306,6 +5400,11 @@ func (r PostSandboxesIDTimeoutResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostSandboxesIDTimeoutResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDTimeoutResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5443,6 +5542,8 @@ type PostTasksCodingagentResult struct {
 	JSON403 *ErrorBody
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *ErrorBody
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5472,6 +5573,11 @@ func (r PostTasksCodingagentResult) GetJSON403() *ErrorBody {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostTasksCodingagentResult) GetJSON404() *ErrorBody {
 	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostTasksCodingagentResult) GetJSON408() *ErrorBody {
+	return r.JSON408
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5834,6 +5940,8 @@ func (c *ClientWithResponses) GetSandboxesFileWithResponse(ctx context.Context, 
 
 // PostSandboxesFilesWithBodyWithResponse Add files from URLs to the account's repository
 //
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/sandboxes/files (the `PostSandboxesFiles` operationId).
@@ -5846,6 +5954,8 @@ func (c *ClientWithResponses) PostSandboxesFilesWithBodyWithResponse(ctx context
 }
 
 // PostSandboxesFilesWithResponse Add files from URLs to the account's repository
+//
+// Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5890,7 +6000,7 @@ func (c *ClientWithResponses) PostSandboxesSetupWithResponse(ctx context.Context
 
 // PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5905,7 +6015,7 @@ func (c *ClientWithResponses) PostSandboxesIDExecWithBodyWithResponse(ctx contex
 
 // PostSandboxesIDExecWithResponse Run a command in a live sandbox
 //
-// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6391,6 +6501,13 @@ func ParseDeleteSandboxesResult(rsp *http.Response) (*DeleteSandboxesResult, err
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6540,6 +6657,13 @@ func ParsePatchSandboxesResult(rsp *http.Response) (*PatchSandboxesResult, error
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6607,6 +6731,13 @@ func ParsePostSandboxesResult(rsp *http.Response) (*PostSandboxesResult, error) 
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -6744,6 +6875,13 @@ func ParsePostSandboxesFilesResult(rsp *http.Response) (*PostSandboxesFilesResul
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6812,6 +6950,13 @@ func ParsePostSandboxesSetupResult(rsp *http.Response) (*PostSandboxesSetupResul
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6879,6 +7024,13 @@ func ParsePostSandboxesIDExecResult(rsp *http.Response) (*PostSandboxesIDExecRes
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -6951,6 +7103,13 @@ func ParsePostSandboxesIDForkResult(rsp *http.Response) (*PostSandboxesIDForkRes
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7019,6 +7178,13 @@ func ParsePatchSandboxesIDNetworkResult(rsp *http.Response) (*PatchSandboxesIDNe
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7086,6 +7252,13 @@ func ParsePostSandboxesIDPauseResult(rsp *http.Response) (*PostSandboxesIDPauseR
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -7420,6 +7593,13 @@ func ParsePostSandboxesIDResumeResult(rsp *http.Response) (*PostSandboxesIDResum
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7488,6 +7668,13 @@ func ParsePostSandboxesIDStopResult(rsp *http.Response) (*PostSandboxesIDStopRes
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7555,6 +7742,13 @@ func ParsePostSandboxesIDTimeoutResult(rsp *http.Response) (*PostSandboxesIDTime
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody
@@ -7691,6 +7885,13 @@ func ParsePostTasksCodingagentResult(rsp *http.Response) (*PostTasksCodingagentR
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

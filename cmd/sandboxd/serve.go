@@ -104,6 +104,10 @@ type serveOptions struct {
 	cluster      clusterOptions
 	keepStopped  time.Duration
 	keepRuns     time.Duration
+
+	// bodyIdle and bodyTotal are the API's request body deadlines (0:
+	// none).
+	bodyIdle, bodyTotal time.Duration
 }
 
 // repoFlags are the bounds of the repositories (0 in a flag: unlimited).
@@ -199,10 +203,21 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.repoLimits.accountRepoMiB, "account-repo-mib", repo.DefaultQuotaBytes>>20, "disk space one account's git repository may take, in MiB: pushes past it are refused by a pre-receive hook, uploads with 429; 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushMiB, "max-push-mib", repo.DefaultMaxPushBytes>>20, "largest pack one git push may send, in MiB (receive.maxInputSize; never more than --account-repo-mib); 0 unlimited")
 	f.Int64Var(&o.repoLimits.pushObjects, "max-push-objects", repo.DefaultMaxPushObjects, "most objects one git push may send; 0 unlimited")
+	f.DurationVar(&o.bodyIdle, "request-body-idle-timeout", api.DefaultBodyIdleTimeout, "how long an API request's body (an upload, a JSON body) may send nothing before it is cut off with 408; 0 never")
+	f.DurationVar(&o.bodyTotal, "request-body-timeout", api.DefaultBodyTimeout, "how long an API request's body may take to arrive whole before it is cut off with 408; 0 never")
 	o.cluster.register(f)
 	f.StringVar(&o.adminKeyFile, "admin-key-file", "", "file holding the operators' key (at least 32 bytes): with it, River's job UI is served at /riverui/ to whoever gives that key as the password of HTTP Basic authentication; without it, not at all (env SANDBOXD_ADMIN_KEY_FILE)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:9090", "address to serve Prometheus /metrics on, apart from the API (env SANDBOXD_METRICS_ADDR); empty disables")
 	return cmd
+}
+
+// orNone maps a duration flag whose 0 means none onto an option whose 0
+// means the default and a negative value none.
+func orNone(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func templateNames() string {
@@ -320,7 +335,10 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Fetcher:   fetch.New(fetch.Options{AllowPrivate: o.allowPrivate, Logger: log.With("component", "fetch")}),
 		PublicURL: o.publicURL,
 		TempDir:   filepath.Join(dataDir, "tmp"),
-		Logger:    log.With("component", "files"),
+		// Uploads reserve their room in the database, which every node of
+		// a cluster shares.
+		Reservations: st,
+		Logger:       log.With("component", "files"),
 	})
 	if err != nil {
 		return fmt.Errorf("start file service: %w", err)
@@ -480,6 +498,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Cluster:      apiCluster(clu),
 		ModelUsage:   models,
 		Mount:        mounts,
+		// 0 in a flag is none; in Options, the default.
+		BodyIdleTimeout: orNone(o.bodyIdle),
+		BodyTimeout:     orNone(o.bodyTotal),
 	})
 	if err != nil {
 		return fmt.Errorf("build API: %w", err)

@@ -129,6 +129,17 @@ func (o object) strings(name string) ([]string, bool, error) {
 	return out, true, nil
 }
 
+// bool returns a boolean field.
+func (o object) bool(name string) (b, ok bool, err error) {
+	if !o.present(name) {
+		return false, false, nil
+	}
+	if err := json.Unmarshal(o[name], &b); err != nil {
+		return false, false, typeError("boolean", o[name], []any{name})
+	}
+	return b, true, nil
+}
+
 // int returns an integer field.
 func (o object) int(name string) (int64, bool, error) {
 	if !o.present(name) {

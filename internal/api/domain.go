@@ -24,6 +24,9 @@ func (r ExecRequest) Domain() sandbox.ExecRequest {
 	req := sandbox.ExecRequest{
 		Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env, Stdin: r.Stdin,
 		Timeout: time.Duration(r.Timeout) * time.Millisecond,
+		// A process survives its caller unless it was started to die
+		// with it (E2B's semantics).
+		Detach: !r.KillOnDisconnect,
 	}
 	if r.PTY != nil {
 		req.PTY = &runtime.WindowSize{Rows: uint16(r.PTY.Rows), Cols: uint16(r.PTY.Cols)}

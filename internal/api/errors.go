@@ -52,9 +52,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // writeError answers with err's contract body, or a bare 500 for errors the
-// API does not know, which are logged with the request id instead.
+// API does not know, which are logged with the request id instead. A
+// request whose body a deadline cut off is answered 408.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	var e *Error
+	if cut := bodyTimeout(r); cut != nil {
+		// Whatever the handler made of the body it did not get whole.
+		err = cut
+	}
 	if !errors.As(err, &e) {
 		log.ErrorContext(r.Context(), "request failed", "err", err, "request_id", requestID(r.Context()), "path", r.URL.Path)
 		e = &Error{Status: http.StatusInternalServerError, Msg: "Internal server error"}

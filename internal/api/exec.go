@@ -37,6 +37,9 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
 	if err != nil {
+		if s.callerGone(r, sb, req) {
+			return nil
+		}
 		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
@@ -52,8 +55,12 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 // {"exitCode": N, "durationMs": N}, or "error" carries {"error": "..."}.
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req ExecRequest, start time.Time) {
 	sse := startSSE(w)
-	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout"}, streamTo{sse, "stderr"})
+	drop := !req.KillOnDisconnect
+	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout", drop}, streamTo{sse, "stderr", drop})
 	if err != nil {
+		if s.callerGone(r, sb, req) {
+			return
+		}
 		var e *Error
 		failure := ExecFailure{Error: "Internal server error", StatusCode: http.StatusInternalServerError}
 		if errors.As(serviceError(err, "Sandbox not found"), &e) {
@@ -65,6 +72,23 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		return
 	}
 	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()})
+}
+
+// callerGone reports, for an exec that failed, whether its client went
+// away before the command ended, and logs what became of the command:
+// there is nobody to answer.
+func (s *Server) callerGone(r *http.Request, sb store.Sandbox, req ExecRequest) bool {
+	ctx := r.Context()
+	if ctx.Err() == nil {
+		return false
+	}
+	fate := "runs on"
+	if req.KillOnDisconnect {
+		fate = "was killed (killOnDisconnect)"
+	}
+	s.log.InfoContext(ctx, "exec: the client went away; the command "+fate,
+		"sandbox_id", sb.ID, "command", req.Command, "request_id", requestID(ctx))
+	return true
 }
 
 // startSSE answers 200 as a stream of Server-Sent Events, unbuffered by
@@ -109,14 +133,18 @@ func (e *sseWriter) comment(text string) error {
 	return e.rc.Flush()
 }
 
-// streamTo is an io.Writer that turns each write into an event.
+// streamTo is an io.Writer that turns each write into an event. A write
+// that fails (the client is gone) fails the command's output, which kills
+// the command, unless drop says to drop what the client can no longer
+// receive: a command that survives its caller.
 type streamTo struct {
 	sse  *sseWriter
 	name string
+	drop bool
 }
 
 func (s streamTo) Write(p []byte) (int, error) {
-	if err := s.sse.event(s.name, ExecOutput{Data: string(p)}); err != nil {
+	if err := s.sse.event(s.name, ExecOutput{Data: string(p)}); err != nil && !s.drop {
 		return 0, err
 	}
 	return len(p), nil

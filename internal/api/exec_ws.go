@@ -222,6 +222,12 @@ func (s *Server) readCommand(r *http.Request, conn *websocket.Conn, sb store.San
 	if err != nil {
 		return req, err
 	}
+	// An interactive session ends with its websocket, its command too:
+	// nobody could type into one left running.
+	if o.present("killOnDisconnect") && !req.KillOnDisconnect {
+		return req, errField("killOnDisconnect cannot be false on the websocket: an interactive command ends when its socket closes", "killOnDisconnect")
+	}
+	req.KillOnDisconnect = true
 	if req.AccountID != "" {
 		account, err := s.actFor(r, req.AccountID)
 		if err != nil {

@@ -22,6 +22,7 @@ const (
 	requestIDKey ctxKey = iota
 	principalKey
 	viaClusterKey
+	bodyKey
 )
 
 func requestID(ctx context.Context) string {

@@ -182,6 +182,9 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			responses["101"] = map[string]any{"description": "Switching Protocols: the websocket"}
 			responses["426"] = map[string]any{"description": "Not a websocket upgrade", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
+		if rt.body != nil {
+			responses["408"] = map[string]any{"description": "The request body stalled or trickled past its deadline", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
+		}
 		for code, desc := range errorResponses {
 			if rt.public && code != "500" {
 				continue

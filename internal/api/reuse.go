@@ -31,8 +31,15 @@ func DecodeArgs(data []byte) (Args, error) {
 // CreateSandbox checks the arguments as POST /api/sandboxes checks its body.
 func (a Args) CreateSandbox() (CreateSandboxRequest, error) { return parseCreateSandbox(a.o) }
 
-// Exec checks the arguments as POST /api/sandboxes/{id}/exec checks its body.
-func (a Args) Exec() (ExecRequest, error) { return parseExec(a.o) }
+// Exec checks the arguments as POST /api/sandboxes/{id}/exec checks its
+// body. The command dies with the call: a tool call lasts as long as the
+// HTTP request that carries it, so a client that hangs up leaves nothing
+// running for nobody.
+func (a Args) Exec() (ExecRequest, error) {
+	req, err := parseExec(a.o)
+	req.KillOnDisconnect = true
+	return req, err
+}
 
 // UploadFiles checks the arguments as POST /api/sandboxes/files checks its
 // JSON body.
@@ -51,15 +58,7 @@ func (a Args) String(name string) (s string, ok bool, err error) { return a.o.st
 func (a Args) Int(name string) (n int64, ok bool, err error) { return a.o.int(name) }
 
 // Bool is an optional boolean field.
-func (a Args) Bool(name string) (b, ok bool, err error) {
-	if !a.o.present(name) {
-		return false, false, nil
-	}
-	if err := json.Unmarshal(a.o[name], &b); err != nil {
-		return false, false, typeError("boolean", a.o[name], []any{name})
-	}
-	return b, true, nil
-}
+func (a Args) Bool(name string) (b, ok bool, err error) { return a.o.bool(name) }
 
 // RepoPath is a required path inside the repository, cleaned as
 // GET /api/sandboxes/file cleans its path.

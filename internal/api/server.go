@@ -68,6 +68,12 @@ type Options struct {
 	// Cluster routes requests between the nodes of a cluster; nil for a
 	// single node.
 	Cluster Cluster
+	// BodyIdleTimeout is how long a request body may send nothing, and
+	// BodyTimeout how long it may take in all, before it is cut off (408);
+	// 0 is the default (DefaultBodyIdleTimeout, DefaultBodyTimeout), a
+	// negative value none. The port proxy's bodies are the sandbox's
+	// application's and have neither.
+	BodyIdleTimeout, BodyTimeout time.Duration
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -97,6 +103,7 @@ type Cluster interface {
 type Server struct {
 	opts    Options
 	log     *slog.Logger
+	body    bodyLimits
 	handler http.Handler
 	openapi []byte
 	routes  []route
@@ -113,7 +120,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Server{opts: opts, log: opts.Logger}
+	s := &Server{opts: opts, log: opts.Logger, body: bodyLimits{
+		idle:  orDefault(opts.BodyIdleTimeout, DefaultBodyIdleTimeout),
+		total: orDefault(opts.BodyTimeout, DefaultBodyTimeout),
+	}}
 	s.routes = s.routeTable()
 	doc, err := openAPIDocument(s.routes, opts.Version)
 	if err != nil {
@@ -129,10 +139,14 @@ func New(opts Options) (*Server, error) {
 			h = s.authenticated(h, rt)
 		}
 		if rt.anyMethod {
+			// The port proxy: its bodies are the sandbox application's
+			// business, deadlines included.
 			r.Handle(rt.path, h)
 			continue
 		}
-		r.Method(rt.method, rt.path, h)
+		// Outside authenticated, so that a body forwarded to another
+		// node has its deadlines here, where its client is.
+		r.Method(rt.method, rt.path, s.withBodyDeadline(h))
 	}
 	for pattern, h := range opts.Mount {
 		r.Handle(pattern, h)

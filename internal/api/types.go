@@ -174,6 +174,9 @@ type ExecRequest struct {
 	// PTY runs the command on a terminal of this size (sandboxd); its
 	// output is then one stream, reported as stdout.
 	PTY *PTYSize `json:"pty,omitempty"`
+	// KillOnDisconnect makes the command die with its caller (sandboxd):
+	// without it, a command whose client goes away runs on in the sandbox.
+	KillOnDisconnect bool `json:"killOnDisconnect,omitempty" jsonschema:"description=Kill the command when the client disconnects before it ends (sandboxd). Without it the command runs on in the sandbox until it ends or reaches its timeout or the sandbox's: GET .../processes lists it and DELETE .../processes/{pid} kills it; its output from then on is dropped. The websocket exec always kills its command when the socket closes."`
 }
 
 // PTYSize is a terminal's size in characters.

@@ -271,6 +271,9 @@ func parseExec(o object) (ExecRequest, error) {
 			return req, err
 		}
 	}
+	if req.KillOnDisconnect, _, err = o.bool("killOnDisconnect"); err != nil {
+		return req, err
+	}
 	req.AccountID, err = o.accountID()
 	return req, err
 }

@@ -8,10 +8,14 @@
 //     every file that arrived; files that did not are reported one by one as
 //     "name: reason" and never abort the others. Nothing arrived, nothing is
 //     committed.
-//   - Downloads are spooled to temporary files, bounded per file (the
-//     fetcher's cap), per upload (Options.MaxUploadBytes) and in
-//     parallelism (Options.Concurrency); the temporary files are removed
-//     before Upload returns.
+//   - Downloads and parts are spooled to temporary files, bounded per file
+//     (the fetcher's cap), per upload (Options.MaxUploadBytes), in
+//     parallelism (Options.Concurrency), and by the repository's quota:
+//     the uploads of one account in flight at once, on every node sharing
+//     Options.Reservations, spool together at most the room its quota has
+//     left (each reserves room as its files arrive, and is refused, 429,
+//     past it). The temporary files are removed and the reservation is
+//     released before Upload returns, whichever way it ends.
 //   - Errors are mapped onto the api package's sentinels, so the API answers
 //     with the contract's statuses; no message leaks a server path.
 package files
@@ -30,6 +34,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // Defaults of Options.
@@ -57,7 +62,10 @@ type Options struct {
 	TempDir string
 	// Author signs upload commits (default repo.DefaultAuthor).
 	Author repo.Signature
-	Logger *slog.Logger
+	// Reservations hold the room of the accounts' uploads in flight
+	// (default: in this Service's memory, which other nodes do not see).
+	Reservations Reservations
+	Logger       *slog.Logger
 }
 
 // Service serves the account's files.
@@ -92,6 +100,9 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Reservations == nil {
+		opts.Reservations = newLocalReservations()
 	}
 	return &Service{opts: opts, log: opts.Logger}, nil
 }
@@ -168,6 +179,17 @@ func quotaError(q *repo.QuotaError) error {
 		fetch.FormatSize(q.Quota), formatMiB(q.Used))
 }
 
+// inFlightError says that an upload was refused because the account's
+// other uploads in flight hold the room its quota has left (429).
+func inFlightError(q *repo.QuotaError, e *store.UploadQuotaError) error {
+	uploads := "uploads"
+	if e.OtherCount == 1 {
+		uploads = "upload"
+	}
+	return userError(errdefs.ErrQuota, "Upload refused: the repository would pass its storage quota of %s (%s used, %s held by %d other %s in flight); nothing was written",
+		fetch.FormatSize(q.Quota), formatMiB(q.Used), formatMiB(e.Others), e.OtherCount, uploads)
+}
+
 // userError is an error of kind sentinel whose message, format and args,
 // the API shows the caller.
 func userError(sentinel error, format string, args ...any) error {
@@ -215,17 +237,17 @@ func (s *Service) Upload(ctx context.Context, accountID string, req Upload) ([]C
 	if err != nil {
 		return nil, nil, err
 	}
+	budget, err := s.newBudget(ctx, accountID)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer budget.release(ctx) // after the files are gone
 	items := make([]*item, len(req.Files))
 	for i, f := range req.Files {
 		items[i] = &item{name: f.Name}
 	}
 	defer removeAll(items)
 	planTargets(items, dir)
-
-	budget, err := s.newBudget(ctx, accountID)
-	if err != nil {
-		return nil, nil, err
-	}
 	sem := make(chan struct{}, s.opts.Concurrency)
 	var wg sync.WaitGroup
 	for i, it := range items {
@@ -244,17 +266,19 @@ func (s *Service) Upload(ctx context.Context, accountID string, req Upload) ([]C
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	if err := budget.overQuota(); err != nil {
+	if err := budget.refusal(); err != nil {
 		return nil, nil, err
 	}
 	return s.commit(ctx, accountID, dir, req.Message, items)
 }
 
 // newBudget is the budget of one upload to account's repository: the
-// upload limit, and no more than the room left in the repository's quota,
-// so that the temporary files stop growing once the upload could not be
-// committed anyway. A repository already at its quota refuses the upload
-// before anything is downloaded.
+// upload limit, and no more than the room left in the repository's quota
+// that the account's other uploads in flight have not reserved, so that
+// the temporary files stop growing once the upload could not be committed
+// anyway. A repository already at its quota, or whose room other uploads
+// hold, refuses the upload before anything is downloaded. The budget's
+// reservation must be released (release).
 func (s *Service) newBudget(ctx context.Context, accountID string) (*budget, error) {
 	b := &budget{max: s.opts.MaxUploadBytes}
 	quota := s.opts.Repos.Limits().QuotaBytes
@@ -269,8 +293,15 @@ func (s *Service) newBudget(ctx context.Context, accountID string) (*budget, err
 	if used >= quota {
 		return nil, quotaError(b.quota)
 	}
-	if room := quota - used; room < b.max {
+	room := quota - used
+	if room < b.max {
 		b.max, b.byQuota = room, true
+	}
+	// The room is the account's, shared by its uploads: each reserves
+	// what it spools (the usage read here may be a little behind one that
+	// commits meanwhile; the commit checks the quota again).
+	if b.hold, err = newHold(ctx, s.opts.Reservations, s.log, accountID, room, b.max); err != nil {
+		return nil, b.explain(err)
 	}
 	return b, nil
 }
@@ -284,12 +315,13 @@ func (s *Service) download(ctx context.Context, it *item, url string, b *budget)
 		return
 	}
 	it.file = f
-	bw := &budgetWriter{w: f, b: b}
+	bw := &budgetWriter{ctx: ctx, w: f, b: b}
 	res, err := s.opts.Fetcher.Fetch(ctx, url, bw)
 	if err != nil {
 		bw.refund()
-		if errors.Is(err, errBudget) {
-			it.failure = b.failure()
+		it.discard()
+		if errors.Is(err, errBudget) || errors.Is(err, errRefused) {
+			it.failure = b.failure(err)
 		} else {
 			it.failure = fetch.Reason(err)
 		}
@@ -297,6 +329,14 @@ func (s *Service) download(ctx context.Context, it *item, url string, b *budget)
 		return
 	}
 	it.size = res.Size
+}
+
+// discard frees the disk a file that failed took: its bytes no longer
+// count against the upload's budget.
+func (it *item) discard() {
+	if it.file != nil {
+		_ = it.file.Truncate(0)
+	}
 }
 
 // commit commits the items that arrived and reports the others.
@@ -425,32 +465,78 @@ type budget struct {
 	// quota describes it), not the upload limit.
 	byQuota bool
 	quota   *repo.QuotaError
-	// hitQuota is set once a file was refused for the quota.
-	hitQuota atomic.Bool
+	// hold reserves, as files arrive, the room they take of what the
+	// account's uploads share; nil without a quota.
+	hold *hold
+
+	mu sync.Mutex
+	// refused is why the whole upload is refused, once it is: a file
+	// past the quota, room that other uploads hold, or a reservation that
+	// failed.
+	refused error
 }
 
-// failure is the reason given for a file that did not fit, and notes a
-// refusal by the quota.
-func (b *budget) failure() string {
-	if b.byQuota {
-		b.hitQuota.Store(true)
+// reserve makes the upload's reservation cover total bytes; a refusal
+// refuses the whole upload (errRefused).
+func (b *budget) reserve(ctx context.Context, total int64) error {
+	if b.hold == nil {
+		return nil
+	}
+	if err := b.hold.cover(ctx, total); err != nil {
+		b.refuse(b.explain(err))
+		return errRefused
+	}
+	return nil
+}
+
+// explain turns a reservation's error into the caller's words when the
+// quota refused it.
+func (b *budget) explain(err error) error {
+	var e *store.UploadQuotaError
+	if errors.As(err, &e) {
+		return inFlightError(b.quota, e)
+	}
+	return fmt.Errorf("reserve room for an upload: %w", err)
+}
+
+// refuse records the first reason the whole upload is refused.
+func (b *budget) refuse(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.refused == nil {
+		b.refused = err
+	}
+}
+
+// refusal is why the whole upload is refused, or nil: what did arrive is
+// not committed either, so the caller learns about the quota once, not
+// file by file.
+func (b *budget) refusal() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.refused
+}
+
+// failure is the reason given for a file that did not fit (err is
+// errBudget or errRefused); past the quota, it refuses the whole upload.
+func (b *budget) failure(err error) string {
+	if errors.Is(err, errRefused) || b.byQuota {
+		b.refuse(quotaError(b.quota))
 		return "it would pass the repository's storage quota"
 	}
 	return "upload larger than " + fetch.FormatSize(b.max) + " in total"
 }
 
-// overQuota refuses the whole upload (429) when a file did not fit in the
-// quota: what did arrive is not committed either, so the caller learns
-// about the quota once, not file by file.
-func (b *budget) overQuota() error {
-	if !b.hitQuota.Load() {
-		return nil
+// release gives back the room the upload reserved.
+func (b *budget) release(ctx context.Context) {
+	if b.hold != nil {
+		b.hold.release(ctx)
 	}
-	return quotaError(b.quota)
 }
 
 // budgetWriter charges what it writes to a budget.
 type budgetWriter struct {
+	ctx     context.Context
 	w       io.Writer
 	b       *budget
 	charged int64
@@ -458,8 +544,12 @@ type budgetWriter struct {
 
 func (bw *budgetWriter) Write(p []byte) (int, error) {
 	bw.charged += int64(len(p))
-	if bw.b.used.Add(int64(len(p))) > bw.b.max {
+	used := bw.b.used.Add(int64(len(p)))
+	if used > bw.b.max {
 		return 0, errBudget
+	}
+	if err := bw.b.reserve(bw.ctx, used); err != nil {
+		return 0, err
 	}
 	return bw.w.Write(p)
 }

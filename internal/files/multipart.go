@@ -19,7 +19,9 @@ const maxFieldBytes = 64 << 10
 // filename), the fields "path" and "message" are as in the JSON body. Parts
 // are streamed to temporary files, each capped like a download and all
 // together by MaxUploadBytes; a file over its cap is reported as a failure
-// and the others are still committed.
+// and the others are still committed. A file past the repository's quota,
+// or past the room the account's other uploads in flight left, refuses
+// the whole upload at once (429), without reading the rest of the body.
 func (s *Service) UploadMultipart(ctx context.Context, accountID string, mr *multipart.Reader) ([]Committed, []string, error) {
 	var (
 		items        []*item
@@ -31,6 +33,7 @@ func (s *Service) UploadMultipart(ctx context.Context, accountID string, mr *mul
 	if err != nil {
 		return nil, nil, err
 	}
+	defer budget.release(ctx)
 	defer func() { removeAll(items) }()
 	for {
 		part, err := mr.NextPart()
@@ -82,27 +85,24 @@ func (s *Service) UploadMultipart(ctx context.Context, accountID string, mr *mul
 		return nil, nil, err
 	}
 	planTargets(items, d)
-	if err := budget.overQuota(); err != nil {
-		return nil, nil, err
-	}
 	return s.commit(ctx, accountID, d, message, items)
 }
 
 // spoolPart copies a file part to a temporary file, within the per-file
 // cap and the upload's budget; a part over either is recorded as the
-// item's failure and the rest of it is skipped. Only a broken request body
-// is an error.
+// item's failure and the rest of it is skipped. A broken request body is
+// an error, and so is a part that refuses the whole upload (the quota).
 func (s *Service) spoolPart(ctx context.Context, it *item, part io.Reader, perFile int64, b *budget) error {
 	f, err := os.CreateTemp(s.opts.TempDir, "sandboxd-upload-")
 	if err != nil {
 		return fmt.Errorf("create temporary file for %s: %w", it.name, err)
 	}
 	it.file = f
-	bw := &budgetWriter{w: f, b: b}
+	bw := &budgetWriter{ctx: ctx, w: f, b: b}
 	n, err := io.Copy(bw, io.LimitReader(part, perFile+1))
 	switch {
-	case errors.Is(err, errBudget):
-		it.failure = b.failure()
+	case errors.Is(err, errBudget), errors.Is(err, errRefused):
+		it.failure = b.failure(err)
 	case err != nil:
 		return invalid("Request body ended before file " + it.name + " did")
 	case n > perFile:
@@ -110,7 +110,11 @@ func (s *Service) spoolPart(ctx context.Context, it *item, part io.Reader, perFi
 	}
 	if it.failure != "" {
 		bw.refund()
+		it.discard()
 		s.log.InfoContext(ctx, "upload: part refused", "name", it.name, "reason", it.failure)
+		if err := b.refusal(); err != nil {
+			return err
+		}
 		if _, err := io.Copy(io.Discard, part); err != nil {
 			return invalid("Request body ended before file " + it.name + " did")
 		}

@@ -447,7 +447,7 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 	rreq := runtime.ExecRequest{
 		Cmd: append([]string{req.Command}, req.Args...), Env: env, Cwd: req.Cwd,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr, Timeout: timeout,
-		Resize: req.Resize, Signal: req.Signal,
+		Resize: req.Resize, Signal: req.Signal, Detach: req.Detach,
 	}
 	if req.PTY != nil {
 		rreq.TTY, rreq.Rows, rreq.Cols = true, req.PTY.Rows, req.PTY.Cols

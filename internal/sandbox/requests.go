@@ -46,6 +46,11 @@ type ExecRequest struct {
 	Input  io.Reader
 	Resize <-chan runtime.WindowSize
 	Signal <-chan syscall.Signal
+	// Detach leaves the command running when the caller's context ends
+	// (Exec then returns the context's error): it belongs to the sandbox,
+	// is listed with its processes, and still ends at Timeout or the
+	// sandbox's deadline. Without it the command dies with its caller.
+	Detach bool
 }
 
 // CodingAgentRequest is a coding-agent task: Claude Code on Prompt in a

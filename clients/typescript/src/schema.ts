@@ -110,7 +110,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Add files from URLs to the account's repository */
+        /**
+         * Add files from URLs to the account's repository
+         * @description Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).
+         */
         post: operations["postSandboxesFiles"];
         delete?: never;
         options?: never;
@@ -147,13 +150,13 @@ export interface paths {
         };
         /**
          * Run an interactive command in a live sandbox over a websocket (sandboxd)
-         * @description Upgrade: websocket; the key in x-api-key, Authorization: Bearer, or (browsers) as the subprotocol sandboxd.key.<KEY>. The first message is text, the JSON body of POST .../exec (a pty object gives a terminal); then binary messages are input and text messages controls: {"type":"resize","rows","cols"}, {"type":"signal","signal":"SIGINT"|"SIGTERM"|"SIGKILL"|"SIGHUP"|"SIGQUIT"}, {"type":"eof"}; messages are at most 64 KiB. The server sends binary messages whose first byte is the stream (1 stdout, 2 stderr), then {"type":"exit","exitCode","oomKilled","durationMs"} or {"type":"error","error"}, and closes. Closing the socket kills the command. Refusals before the upgrade are those of POST .../exec (404, 409).
+         * @description Upgrade: websocket; the key in x-api-key, Authorization: Bearer, or (browsers) as the subprotocol sandboxd.key.<KEY>. The first message is text, the JSON body of POST .../exec (a pty object gives a terminal); then binary messages are input and text messages controls: {"type":"resize","rows","cols"}, {"type":"signal","signal":"SIGINT"|"SIGTERM"|"SIGKILL"|"SIGHUP"|"SIGQUIT"}, {"type":"eof"}; messages are at most 64 KiB. The server sends binary messages whose first byte is the stream (1 stdout, 2 stderr), then {"type":"exit","exitCode","oomKilled","durationMs"} or {"type":"error","error"}, and closes. Closing the socket kills the command: an interactive session ends with its socket (killOnDisconnect: false is refused). Refusals before the upgrade are those of POST .../exec (404, 409).
          */
         get: operations["getSandboxesIdExec"];
         put?: never;
         /**
          * Run a command in a live sandbox
-         * @description Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream.
+         * @description Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
          */
         post: operations["postSandboxesIdExec"];
         delete?: never;
@@ -480,6 +483,8 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
+            /** @description Kill the command when the client disconnects before it ends (sandboxd). Without it the command runs on in the sandbox until it ends or reaches its timeout or the sandbox's: GET .../processes lists it and DELETE .../processes/{pid} kills it; its output from then on is dropped. The websocket exec always kills its command when the socket closes. */
+            killOnDisconnect?: boolean;
             pty?: components["schemas"]["PTYSize"];
             stdin?: string;
             /** @description Milliseconds before the command is killed */
@@ -1044,6 +1049,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1122,6 +1136,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1193,6 +1216,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1355,6 +1387,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1426,6 +1467,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1599,6 +1649,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1672,6 +1731,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1759,6 +1827,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -1832,6 +1909,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2223,6 +2309,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -2303,6 +2398,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Over a quota */
             429: {
                 headers: {
@@ -2376,6 +2480,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2531,6 +2644,15 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
