@@ -259,12 +259,16 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	}
 	ls.Flags().BoolVar(&all, "all", false, "list every sandbox the server keeps (it deletes stopped ones after --keep-stopped-sandboxes), page by page")
 
+	var keepRunning bool
 	exec := &cobra.Command{
 		Use:   "exec SANDBOX_ID -- COMMAND [ARGS...]",
 		Short: "Run a command in a running sandbox, streaming its output",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := client.ExecRequest{Command: args[1], Cwd: optional(cwd), AccountID: optional(account)}
+			// A terminal's Ctrl-C ends the remote command too, as with
+			// ssh, unless --keep-running leaves it to the sandbox.
+			kill := !keepRunning
+			body := client.ExecRequest{Command: args[1], Cwd: optional(cwd), AccountID: optional(account), KillOnDisconnect: &kill}
 			if rest := args[2:]; len(rest) > 0 {
 				body.Args = &rest
 			}
@@ -294,6 +298,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		},
 	}
 	exec.Flags().StringVar(&cwd, "cwd", "", "working directory")
+	exec.Flags().BoolVar(&keepRunning, "keep-running", false, "leave the command running in the sandbox when this client stops (Ctrl-C); by default it is killed with it")
 
 	// act is a command that acts on one sandbox (POST
 	// /api/sandboxes/ID/VERB) and prints the sandbox it answers; doing
