@@ -3,6 +3,8 @@ package microvm_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,11 +97,12 @@ func TestTemplate(t *testing.T) {
 	}
 }
 
-// TestPauseResume saves a running sandbox's memory and brings it back with
-// its processes.
+// TestPauseResume saves a running sandbox's memory, within what
+// MaxSaveBytes bounds it by, and brings it back with its processes.
 func TestPauseResume(t *testing.T) {
 	base := runtimetest.Rootfs(t)
-	r := newRuntime(t, t.TempDir(), nil)
+	state := t.TempDir()
+	r := newRuntime(t, state, nil) // sandboxes of 256 MiB
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -120,6 +123,16 @@ func TestPauseResume(t *testing.T) {
 	}
 	if microvm.PID(sb) != 0 {
 		t.Error("QEMU still runs while paused")
+	}
+	// The node reserves MaxSaveBytes of its disk before a pause.
+	saved, err := filepath.Glob(filepath.Join(state, "sandboxes", "*", "memory.state"))
+	if err != nil || len(saved) != 1 {
+		t.Fatalf("saved memory: %v %v", saved, err)
+	}
+	if fi, err := os.Stat(saved[0]); err != nil {
+		t.Fatal(err)
+	} else if bound := r.MaxSaveBytes(runtime.Limits{MemoryBytes: 256 << 20}); fi.Size() > bound {
+		t.Errorf("saved memory of %d bytes, over the %d bytes MaxSaveBytes reserves for it", fi.Size(), bound)
 	}
 	start = time.Now()
 	if err := r.Resume(ctx, "sleeper"); err != nil {
