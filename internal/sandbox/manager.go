@@ -143,9 +143,12 @@ type Manager struct {
 	// setups is the account setup task (internal/agents), when served.
 	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
-	// diskFreeFn measures free space (a field so tests can shrink a disk).
+	// diskFreeFn measures free space (a field so tests can shrink a disk);
+	// saving is what the saves of memory under way on this node have
+	// reserved of its disk (admitSave), under diskMu.
 	diskMu     sync.Mutex
 	diskFreeFn func(dir string) (int64, error)
+	saving     int64
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.

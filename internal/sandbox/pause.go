@@ -57,6 +57,13 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	if err := m.refuseWhileRunExecutes(ctx, sb, "pause"); err != nil {
 		return sb, err
 	}
+	// Its checkpoint needs room on this node's disk, reserved before the
+	// row or the runtime change: a refusal leaves it running as it was.
+	done, err := m.admitSave(ctx, sb.ID, "pause", m.saveBytes(ctx, sb.ID))
+	if err != nil {
+		return sb, err
+	}
+	defer done()
 	ok, err := m.st.BeginPause(ctx, sb.ID, m.now())
 	if err != nil {
 		return sb, err
