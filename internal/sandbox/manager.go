@@ -47,6 +47,11 @@ type Settings struct {
 	// promised to sandboxes: the database, repositories, snapshots and
 	// logs live there too (see admitDisk).
 	DiskReserveBytes int64
+	// MaxPaused bounds how long a sandbox may stay paused (0: no bound):
+	// its deadline does not run meanwhile and its saved memory holds the
+	// node's disk, so past it the sandbox is stopped and what it saved
+	// deleted (reapPaused).
+	MaxPaused time.Duration
 	// WarmSandboxes the runtime's warm pool keeps started ahead, each
 	// with a disk of Limits.DiskBytes that admitDisk counts as promised
 	// (prewarmed sandboxes are counted as they exist).
