@@ -59,6 +59,7 @@ type serveOptions struct {
 	prewarm      int
 	timeout      time.Duration
 	maxTimeout   time.Duration
+	maxPaused    time.Duration
 	perAccount   int
 	nodeCapacity int
 	cpus         float64
@@ -147,13 +148,14 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.prewarm, "prewarm", 8, "accounts whose next sandbox is kept started from their snapshot, least recently used dropped first (env SANDBOXD_PREWARM)")
 	f.DurationVar(&o.timeout, "sandbox-timeout", 10*time.Minute, "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
 	f.DurationVar(&o.maxTimeout, "sandbox-max-timeout", 24*time.Hour, "longest lifetime a request may ask for (env SANDBOXD_SANDBOX_MAX_TIMEOUT)")
+	f.DurationVar(&o.maxPaused, "max-paused", 7*24*time.Hour, "longest a sandbox may stay paused (its timeout does not run meanwhile): past it the sandbox is stopped and its saved memory deleted; 0 unlimited (env SANDBOXD_MAX_PAUSED)")
 	f.IntVar(&o.perAccount, "max-sandboxes-per-account", 10, "concurrent sandboxes per account; 0 unlimited")
 	f.IntVar(&o.nodeCapacity, "node-capacity", 200, "concurrent sandboxes on this node; 0 unlimited")
 	f.Float64Var(&o.cpus, "sandbox-cpus", 1, "CPU cores per sandbox; 0 unlimited")
 	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
-	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
+	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429), and so is a pause or fork whose saved memory it could not hold besides")
 	f.Int64Var(&o.logMaxMiB, "log-max-mib", 16, "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
 	f.Int64Var(&o.snapshotMiB, "account-snapshot-mib", 2048, "snapshot blobs one account may store, in MiB; 0 unlimited")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
@@ -212,6 +214,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	log := g.logger(os.Stderr)
 	if o.logMaxMiB < 1 || o.logMaxMiB > 1<<20 {
 		return fmt.Errorf("--log-max-mib %d: want 1 to %d", o.logMaxMiB, 1<<20)
+	}
+	if o.maxPaused < 0 {
+		return fmt.Errorf("--max-paused %v: want 0 (unlimited) or more", o.maxPaused)
 	}
 	// Before the image and the runtime, which may take minutes.
 	if err := o.cluster.checkTLS(); err != nil {
@@ -352,7 +357,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Node: clu.node, DownAfter: clu.downAfter,
 		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
 		Settings: sandbox.Settings{
-			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
+			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout, MaxPaused: o.maxPaused,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
 			DiskReserveBytes: o.diskReserve<<20 + blobCacheBytes(blobs),
 			WarmSandboxes:    warmSandboxes(o),
