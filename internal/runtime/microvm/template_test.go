@@ -129,16 +129,18 @@ func TestPauseResume(t *testing.T) {
 	if err != nil || len(saved) != 1 {
 		t.Fatalf("saved memory: %v %v", saved, err)
 	}
-	if fi, err := os.Stat(saved[0]); err != nil {
+	fi, err := os.Stat(saved[0])
+	if err != nil {
 		t.Fatal(err)
-	} else if bound := r.MaxSaveBytes(runtime.Limits{MemoryBytes: 256 << 20}); fi.Size() > bound {
+	}
+	if bound := r.MaxSaveBytes(runtime.Limits{MemoryBytes: 256 << 20}); fi.Size() > bound {
 		t.Errorf("saved memory of %d bytes, over the %d bytes MaxSaveBytes reserves for it", fi.Size(), bound)
 	}
 	start = time.Now()
 	if err := r.Resume(ctx, "sleeper"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("pause %v, resume to agent-ready %v", pause.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("pause %v, resume to agent-ready %v, saved memory %.1f MiB", pause.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), float64(fi.Size())/(1<<20))
 	if got := sh(t, sb, "cat /workspace/f; test -d /proc/"+pid+" && echo alive"); got != "kept\nalive\n" {
 		t.Errorf("after resume: %q", got)
 	}
