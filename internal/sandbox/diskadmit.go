@@ -35,7 +35,8 @@ import (
 // save the disk cannot hold beside what it promised, with the sandbox left
 // running as it was. Once the save ends the reservation goes: what it
 // wrote is out of free from then on, like a sandbox's own writes, and what
-// it removed is back.
+// it removed is back. (While it writes, both count: the node refuses a
+// little early for the seconds a save takes, never late.)
 
 // diskFree is the space available to unprivileged writers on dir's
 // filesystem (statfs f_bavail): what is left before root's reserve.

@@ -17,7 +17,8 @@ import (
 // running (the sandbox keeps its place in the quotas, its key and its
 // disk); its pause column walks "" → pausing → paused → resuming → "",
 // each step a compare-and-set before the runtime acts, and its deadline
-// does not run while it is paused. Exec, files, ports, processes and the
+// does not run while it is paused (for at most Settings.MaxPaused:
+// reapPaused). Its checkpoint is admitted on the node's disk (admitSave). Exec, files, ports, processes and the
 // port proxy resume a paused sandbox first (Local, GuestAddr); stop
 // destroys it as it is.
 

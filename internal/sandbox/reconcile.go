@@ -180,7 +180,7 @@ const pausedCheckEvery = time.Minute
 
 // boundPauses stops this node's sandboxes paused longer than
 // Settings.MaxPaused until ctx ends: at once (a node back after a restart
-// or a long stop catches up before anything else waits on it), then every
+// or a long stop catches up without waiting a period), then every
 // pausedCheckEvery. The bound lives in the database (when each pause
 // began), so nothing of it is lost with the process.
 func (m *Manager) boundPauses(ctx context.Context) {
