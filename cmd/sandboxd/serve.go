@@ -60,6 +60,7 @@ type serveOptions struct {
 	prewarm      int
 	timeout      time.Duration
 	maxTimeout   time.Duration
+	maxPaused    time.Duration
 	perAccount   int
 	nodeCapacity int
 	cpus         float64
@@ -155,13 +156,14 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.prewarm, "prewarm", 8, "accounts whose next sandbox is kept started from their snapshot, least recently used dropped first (env SANDBOXD_PREWARM)")
 	f.DurationVar(&o.timeout, "sandbox-timeout", 10*time.Minute, "default sandbox lifetime (env SANDBOXD_SANDBOX_TIMEOUT)")
 	f.DurationVar(&o.maxTimeout, "sandbox-max-timeout", 24*time.Hour, "longest lifetime a request may ask for (env SANDBOXD_SANDBOX_MAX_TIMEOUT)")
+	f.DurationVar(&o.maxPaused, "max-paused", 7*24*time.Hour, "longest a sandbox may stay paused (its timeout does not run meanwhile): past it the sandbox is stopped and its saved memory deleted; 0 unlimited (env SANDBOXD_MAX_PAUSED)")
 	f.IntVar(&o.perAccount, "max-sandboxes-per-account", 10, "concurrent sandboxes per account; 0 unlimited")
 	f.IntVar(&o.nodeCapacity, "node-capacity", 200, "concurrent sandboxes on this node; 0 unlimited")
 	f.Float64Var(&o.cpus, "sandbox-cpus", 1, "CPU cores per sandbox; 0 unlimited")
 	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
 	f.Int64Var(&o.pids, "sandbox-pids", 512, "processes and threads per sandbox")
 	f.Int64Var(&o.diskMiB, "sandbox-disk-mib", 4096, "size of a sandbox's writable layer in MiB; 0 unlimited")
-	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429)")
+	f.Int64Var(&o.diskReserve, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429), and so is a pause or fork whose saved memory it could not hold besides")
 	f.Int64Var(&o.logMaxMiB, "log-max-mib", 16, "cap in MiB of each log a sandbox fills (a run's log, gVisor's agent.log, a microVM's console and qemu.log): the head and the tail are kept, with a line saying how much was dropped (env SANDBOXD_LOG_MAX_MIB)")
 	f.Int64Var(&o.snapshotMiB, "account-snapshot-mib", 2048, "snapshot blobs one account may store, in MiB; 0 unlimited")
 	f.DurationVar(&o.keepStopped, "keep-stopped-sandboxes", retention.DefaultKeepSandboxes, "how long a stopped or failed sandbox is kept (listed, with its E2B record) before it is deleted; 0 keeps them forever (env SANDBOXD_KEEP_STOPPED_SANDBOXES)")
@@ -238,6 +240,9 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 	if o.modelBudgets.TokensPerDay < 0 || o.modelBudgets.RequestsPerDay < 0 {
 		return errors.New("--model-daily-tokens-per-account and --model-daily-requests-per-account: want 0 (unlimited) or more")
+	}
+	if o.maxPaused < 0 {
+		return fmt.Errorf("--max-paused %v: want 0 (unlimited) or more", o.maxPaused)
 	}
 	// Before the image and the runtime, which may take minutes.
 	if err := o.cluster.checkTLS(); err != nil {
@@ -390,7 +395,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Node: clu.node, DownAfter: clu.downAfter,
 		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
 		Settings: sandbox.Settings{
-			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout,
+			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout, MaxPaused: o.maxPaused,
 			PerAccount: o.perAccount, NodeCapacity: o.nodeCapacity, Limits: limits,
 			DiskReserveBytes: o.diskReserve<<20 + blobCacheBytes(blobs),
 			WarmSandboxes:    warmSandboxes(o),

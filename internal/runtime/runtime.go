@@ -296,6 +296,16 @@ type Forker interface {
 	Fork(ctx context.Context, parentID string, children []Spec) ([]Sandbox, error)
 }
 
+// SaveSizer is a Pauser or Forker that bounds what saving the memory of a
+// sandbox of limits l writes to the host's disk (a pause's checkpoint, the
+// state a fork restores its children from), or says 0 when it knows no
+// bound (no memory limit). A save is bounded by what the sandbox may hold,
+// not by what it holds now, so that the control plane can reserve that
+// much of the node's disk before the save begins.
+type SaveSizer interface {
+	MaxSaveBytes(l Limits) int64
+}
+
 // ForkSpecs checks the child specs of a Fork of a parent with or without
 // a network, the same way for every backend.
 func ForkSpecs(parentNetwork bool, children []Spec) error {

@@ -64,6 +64,15 @@ func (m *Manager) Fork(ctx context.Context, parent store.Sandbox, count int, lif
 			CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 		}
 	}
+	// The parent's saved state needs room on this node's disk until the
+	// children are made from it, and each child its disk: the one
+	// reserved first, the others admitted beside it. A refusal leaves the
+	// parent running as it was.
+	done, err := m.admitSave(ctx, parent.ID, "fork", m.forkSaveBytes(ctx, parent.ID))
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	release, err := m.admitDisk(ctx, count)
 	if err != nil {
 		return nil, err

@@ -47,6 +47,11 @@ type Settings struct {
 	// promised to sandboxes: the database, repositories, snapshots and
 	// logs live there too (see admitDisk).
 	DiskReserveBytes int64
+	// MaxPaused bounds how long a sandbox may stay paused (0: no bound):
+	// its deadline does not run meanwhile and its saved memory holds the
+	// node's disk, so past it the sandbox is stopped and what it saved
+	// deleted (reapPaused).
+	MaxPaused time.Duration
 	// WarmSandboxes the runtime's warm pool keeps started ahead, each
 	// with a disk of Limits.DiskBytes that admitDisk counts as promised
 	// (prewarmed sandboxes are counted as they exist).
@@ -143,9 +148,12 @@ type Manager struct {
 	// setups is the account setup task (internal/agents), when served.
 	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
-	// diskFreeFn measures free space (a field so tests can shrink a disk).
+	// diskFreeFn measures free space (a field so tests can shrink a disk);
+	// saving is what the saves of memory under way on this node have
+	// reserved of its disk (admitSave), under diskMu.
 	diskMu     sync.Mutex
 	diskFreeFn func(dir string) (int64, error)
+	saving     int64
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.

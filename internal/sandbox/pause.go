@@ -17,7 +17,8 @@ import (
 // running (the sandbox keeps its place in the quotas, its key and its
 // disk); its pause column walks "" → pausing → paused → resuming → "",
 // each step a compare-and-set before the runtime acts, and its deadline
-// does not run while it is paused. Exec, files, ports, processes and the
+// does not run while it is paused (for at most Settings.MaxPaused:
+// reapPaused). Its checkpoint is admitted on the node's disk (admitSave). Exec, files, ports, processes and the
 // port proxy resume a paused sandbox first (Local, GuestAddr); stop
 // destroys it as it is.
 
@@ -57,6 +58,13 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	if err := m.refuseWhileRunExecutes(ctx, sb, "pause"); err != nil {
 		return sb, err
 	}
+	// Its checkpoint needs room on this node's disk, reserved before the
+	// row or the runtime change: a refusal leaves it running as it was.
+	done, err := m.admitSave(ctx, sb.ID, "pause", m.saveBytes(ctx, sb.ID))
+	if err != nil {
+		return sb, err
+	}
+	defer done()
 	ok, err := m.st.BeginPause(ctx, sb.ID, m.now())
 	if err != nil {
 		return sb, err

@@ -12,7 +12,8 @@ import (
 
 // Run registers the node, keeps it alive for the others (and watches
 // theirs: cluster.go), and keeps the node's sandboxes to their deadlines
-// until ctx ends. Call Reconcile first.
+// and its paused sandboxes to Settings.MaxPaused until ctx ends. Call
+// Reconcile first.
 func (m *Manager) Run(ctx context.Context) error {
 	if err := m.register(ctx); err != nil {
 		return err
@@ -21,6 +22,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	if m.cfg.DownAfter > 0 {
 		go m.watchNodes(ctx)
 	}
+	go m.boundPauses(ctx)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -169,4 +171,73 @@ func (m *Manager) pauseAtDeadline(ctx context.Context, sb store.Sandbox) bool {
 	}
 	m.log.Info("sandbox paused at its deadline", "sandbox_id", sb.ID, "account_id", sb.AccountID)
 	return true
+}
+
+// pausedCheckEvery is how often a node looks for sandboxes paused past
+// Settings.MaxPaused: the bound is days long, so a minute late is nothing,
+// and the query need not run with every deadline tick.
+const pausedCheckEvery = time.Minute
+
+// boundPauses stops this node's sandboxes paused longer than
+// Settings.MaxPaused until ctx ends: at once (a node back after a restart
+// or a long stop catches up without waiting a period), then every
+// pausedCheckEvery. The bound lives in the database (when each pause
+// began), so nothing of it is lost with the process.
+func (m *Manager) boundPauses(ctx context.Context) {
+	if m.cfg.Settings.MaxPaused <= 0 {
+		return
+	}
+	t := time.NewTicker(pausedCheckEvery)
+	defer t.Stop()
+	for {
+		m.reapPaused(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reapPaused stops the sandboxes of this node that have been paused for
+// longer than Settings.MaxPaused, their saved memory deleted with them:
+// a paused sandbox's deadline does not run, and without a bound an
+// account could keep its quota's worth of checkpoints on the node's disk
+// for ever. Only the node hosting a sandbox touches it (its runtime holds
+// what it saved); a node that is down has its sandboxes failed by the
+// others (watchNodes).
+func (m *Manager) reapPaused(ctx context.Context) {
+	bound := m.cfg.Settings.MaxPaused
+	if bound <= 0 {
+		return
+	}
+	cutoff := m.now().Add(-bound)
+	stale, err := m.st.ListPausedBefore(ctx, m.cfg.NodeID, cutoff)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("list sandboxes paused too long", "err", err)
+		}
+		return
+	}
+	for _, sb := range stale {
+		if err := m.stopPaused(context.WithoutCancel(ctx), sb, cutoff); err != nil {
+			m.log.Error("stop sandbox paused too long", "sandbox_id", sb.ID, "err", err)
+		}
+	}
+}
+
+// stopPaused stops sandbox sb of this node if it is still paused since
+// cutoff or before: one resumed meanwhile (or being resumed) is left alone.
+func (m *Manager) stopPaused(ctx context.Context, sb store.Sandbox, cutoff time.Time) error {
+	reason := fmt.Sprintf("paused for longer than the server allows (%v)", m.cfg.Settings.MaxPaused)
+	ok, err := m.st.BeginStopPaused(ctx, sb.ID, cutoff, reason, m.now())
+	if err != nil || !ok {
+		return err
+	}
+	m.preKill(ctx, sb.ID)
+	if err := m.finishStop(ctx, sb.ID, reason); err != nil {
+		return err
+	}
+	m.log.Info("stopped a sandbox paused too long", "sandbox_id", sb.ID, "account_id", sb.AccountID, "max_paused", m.cfg.Settings.MaxPaused)
+	return nil
 }

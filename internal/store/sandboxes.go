@@ -253,15 +253,15 @@ func (q *Queries) DeleteSandboxesOf(ctx context.Context, accountID string) error
 }
 
 // BeginPause marks a running, unpaused sandbox pausing and records the
-// lifetime it has left at now (its deadline stops running). It reports
-// false, changing nothing, when the sandbox is not running or is already in
-// a pause.
+// lifetime it has left at now (its deadline stops running) and now as when
+// its pause began (ListPausedBefore). It reports false, changing nothing,
+// when the sandbox is not running or is already in a pause.
 func (q *Queries) BeginPause(ctx context.Context, id string, now time.Time) (bool, error) {
 	t := toMillis(ms(now))
-	n, err := q.execCount(ctx, `UPDATE sandboxes SET pause = ?, updated_at = ?,
+	n, err := q.execCount(ctx, `UPDATE sandboxes SET pause = ?, updated_at = ?, paused_at = ?,
 		paused_remaining_ms = CASE WHEN deadline > ? THEN deadline - ? ELSE 0 END
 		WHERE id = ? AND status = ? AND pause = ''`,
-		PausePausing, t, t, t, id, SandboxRunning)
+		PausePausing, t, t, t, t, id, SandboxRunning)
 	if err != nil {
 		return false, fmt.Errorf("begin pause of sandbox %s: %w", id, err)
 	}
@@ -280,7 +280,7 @@ func (q *Queries) TransitionPause(ctx context.Context, id string, from []string,
 	set := "pause = ?, updated_at = ?"
 	args := []any{to, t}
 	if to == "" {
-		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL"
+		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL, paused_at = NULL"
 		args = append(args, t)
 	}
 	args = append(append(args, id, SandboxRunning), inArgs...)
@@ -298,6 +298,40 @@ func (q *Queries) SetPausedRemaining(ctx context.Context, id string, d time.Dura
 		d.Milliseconds(), toMillis(nowMS()), id, SandboxRunning)
 	if err != nil {
 		return false, fmt.Errorf("set remaining lifetime of paused sandbox %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// ListPausedBefore returns the paused sandboxes on nodeID (on every node
+// when nodeID is empty) whose pause began at or before before, longest
+// paused first. A sandbox pausing or resuming is not listed: its pause
+// changes under way.
+func (q *Queries) ListPausedBefore(ctx context.Context, nodeID string, before time.Time) ([]Sandbox, error) {
+	query := "SELECT " + sandboxCols + " FROM sandboxes WHERE status = ? AND pause = ? AND paused_at <= ?"
+	args := []any{SandboxRunning, PausePaused, toMillis(ms(before))}
+	if nodeID != "" {
+		query += " AND node_id = ?"
+		args = append(args, nodeID)
+	}
+	out, err := queryAll(ctx, q, scanSandbox, query+" ORDER BY paused_at, id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes of node %q paused before %v: %w", nodeID, before, err)
+	}
+	return out, nil
+}
+
+// BeginStopPaused moves a sandbox that is paused, and has been since at or
+// before before, to stopping with reason, and reports whether it did: false,
+// changing nothing, when it was resumed (or paused again since), is being
+// resumed, or is no longer running. The checks and the move are one
+// statement, so a resume that claimed the sandbox first (TransitionPause)
+// is never stopped under it, and one that comes after finds it stopping.
+func (q *Queries) BeginStopPaused(ctx context.Context, id string, before time.Time, reason string, at time.Time) (bool, error) {
+	n, err := q.execCount(ctx, `UPDATE sandboxes SET status = ?, updated_at = ?, failure_reason = ?
+		WHERE id = ? AND status = ? AND pause = ? AND paused_at <= ?`,
+		SandboxStopping, toMillis(ms(at)), reason, id, SandboxRunning, PausePaused, toMillis(ms(before)))
+	if err != nil {
+		return false, fmt.Errorf("stop paused sandbox %s: %w", id, mapErr(err))
 	}
 	return n == 1, nil
 }

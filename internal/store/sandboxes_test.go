@@ -312,3 +312,78 @@ func TestPause(t *testing.T) {
 		}
 	})
 }
+
+// TestPausedBefore: a sandbox counts as paused from its BeginPause until a
+// resume ends the pause; the list names this node's paused sandboxes whose
+// pause began by the cutoff, and BeginStopPaused stops one only while that
+// is still so (not once a resume claimed it, nor after it paused again).
+func TestPausedBefore(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		a := mustAccount(t, s, store.AccountPersonal, "sleeper")
+		pause := func(id string, at time.Time) {
+			t.Helper()
+			if ok, err := s.BeginPause(ctx, id, at); !ok || err != nil {
+				t.Fatalf("BeginPause %s: %v %v", id, ok, err)
+			}
+			if ok, err := s.TransitionPause(ctx, id, []string{store.PausePausing}, store.PausePaused, at); !ok || err != nil {
+				t.Fatalf("pausing -> paused %s: %v %v", id, ok, err)
+			}
+		}
+		ids := func(sbs []store.Sandbox) []string {
+			var out []string
+			for _, sb := range sbs {
+				out = append(out, sb.ID)
+			}
+			return out
+		}
+		old := mustSandbox(t, s, a.ID, "n1", store.SandboxRunning, t0)
+		recent := mustSandbox(t, s, a.ID, "n1", store.SandboxRunning, t0)
+		elsewhere := mustSandbox(t, s, a.ID, "n2", store.SandboxRunning, t0)
+		pausing := mustSandbox(t, s, a.ID, "n1", store.SandboxRunning, t0)
+		running := mustSandbox(t, s, a.ID, "n1", store.SandboxRunning, t0)
+		pause(old.ID, t0)
+		pause(recent.ID, t0.Add(time.Hour))
+		pause(elsewhere.ID, t0)
+		if ok, _ := s.BeginPause(ctx, pausing.ID, t0); !ok {
+			t.Fatal("BeginPause")
+		}
+		cutoff := t0.Add(time.Minute)
+		got, err := s.ListPausedBefore(ctx, "n1", cutoff)
+		if err != nil || !slices.Equal(ids(got), []string{old.ID}) {
+			t.Fatalf("paused before the cutoff on n1: %v %v, want [%s] (not %s, %s, %s, %s)", ids(got), err, old.ID, recent.ID, elsewhere.ID, pausing.ID, running.ID)
+		}
+		if got, _ := s.ListPausedBefore(ctx, "", cutoff); len(got) != 2 {
+			t.Fatalf("paused before the cutoff anywhere: %v", ids(got))
+		}
+
+		// A resume that claimed it first wins; so does a new pause.
+		if ok, _ := s.TransitionPause(ctx, old.ID, []string{store.PausePaused}, store.PauseResuming, t0.Add(2*time.Hour)); !ok {
+			t.Fatal("paused -> resuming")
+		}
+		if ok, err := s.BeginStopPaused(ctx, old.ID, cutoff, "too long", t0.Add(2*time.Hour)); ok || err != nil {
+			t.Fatalf("stop of a sandbox being resumed: %v %v", ok, err)
+		}
+		if ok, _ := s.TransitionPause(ctx, old.ID, []string{store.PauseResuming}, "", t0.Add(2*time.Hour)); !ok {
+			t.Fatal("resuming -> running")
+		}
+		if got, _ := s.ListPausedBefore(ctx, "n1", t0.Add(3*time.Hour)); !slices.Equal(ids(got), []string{recent.ID}) {
+			t.Fatalf("after the resume: %v, want only %s", ids(got), recent.ID)
+		}
+		pause(old.ID, t0.Add(3*time.Hour))
+		if ok, err := s.BeginStopPaused(ctx, old.ID, cutoff, "too long", t0.Add(3*time.Hour)); ok || err != nil {
+			t.Fatalf("stop of a sandbox paused again since: %v %v", ok, err)
+		}
+
+		if ok, err := s.BeginStopPaused(ctx, recent.ID, t0.Add(2*time.Hour), "too long", t0.Add(3*time.Hour)); !ok || err != nil {
+			t.Fatalf("stop of a sandbox paused too long: %v %v", ok, err)
+		}
+		if got, _ := s.GetSandbox(ctx, recent.ID); got.Status != store.SandboxStopping || got.FailureReason != "too long" {
+			t.Fatalf("stopped paused sandbox: %s %q", got.Status, got.FailureReason)
+		}
+		if ok, _ := s.BeginStopPaused(ctx, recent.ID, t0.Add(2*time.Hour), "too long", t0.Add(3*time.Hour)); ok {
+			t.Fatal("stopped twice")
+		}
+	})
+}

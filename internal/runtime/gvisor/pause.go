@@ -34,6 +34,26 @@ import (
 // state directory.
 const checkpointDir = "checkpoint"
 
+var _ runtime.SaveSizer = (*Runtime)(nil)
+
+// checkpointSlack is what an image may add to the memory it saves: its
+// own framing and the kernel's objects as encoded.
+const checkpointSlack = 32 << 20
+
+// MaxSaveBytes implements runtime.SaveSizer. A checkpoint (a pause's, or
+// the one a fork restores from) holds the sentry's memory file and its
+// kernel's state, all memory of the sandbox's host cgroup, which
+// hardLimits caps: the memory guard acts at Limits.MemoryBytes, but a
+// runaway may reach the hard cap first. (A sandbox holding 256 MiB wrote a
+// 262 MiB image.)
+func (r *Runtime) MaxSaveBytes(l runtime.Limits) int64 {
+	memHard, _ := hardLimits(l, 0)
+	if memHard == 0 {
+		return 0
+	}
+	return memHard + checkpointSlack
+}
+
 // Pause implements runtime.Pauser.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
 	s, err := r.Table().Get(id)

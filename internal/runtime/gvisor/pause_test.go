@@ -23,7 +23,8 @@ import (
 // TestPauseHeldMemory pauses a sandbox that holds 256 MiB of memory:
 // while paused nothing of it runs on the host (no sentry, gofer or stub
 // process, no cgroup), the memory is in the checkpoint image, and after
-// resume it is all there. It logs the pause and resume times and the
+// resume it is all there; the image is within what MaxSaveBytes bounds it
+// by. It logs the pause and resume times and the
 // image's size for zeros a process keeps (which the image compresses) and
 // for random bytes in a tmpfs file (which it cannot).
 func TestPauseHeldMemory(t *testing.T) {
@@ -32,6 +33,7 @@ func TestPauseHeldMemory(t *testing.T) {
 	defer r.Close()
 	base := runtimetest.Rootfs(t)
 	const size = 256 << 20
+	limits := runtime.Limits{MemoryBytes: 1 << 30}
 	random := make([]byte, size)
 	_, _ = mrand.NewChaCha8([32]byte{1}).Read(random)
 	for _, kind := range []string{"zeros", "random"} {
@@ -39,7 +41,7 @@ func TestPauseHeldMemory(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			id := "held-" + kind
-			sb, err := r.Create(ctx, runtime.Spec{ID: id, BaseDir: base, Limits: runtime.Limits{MemoryBytes: 1 << 30}})
+			sb, err := r.Create(ctx, runtime.Spec{ID: id, BaseDir: base, Limits: limits})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -91,6 +93,10 @@ func TestPauseHeldMemory(t *testing.T) {
 			image := treeBytes(t, filepath.Join(state, "sandboxes", cid, "checkpoint"))
 			if kind == "random" && image < size {
 				t.Errorf("checkpoint image of %d bytes for %d bytes of random memory", image, size)
+			}
+			// The node reserves this much of its disk before a pause.
+			if bound := r.MaxSaveBytes(limits); image > bound {
+				t.Errorf("checkpoint image of %d bytes, over the %d bytes MaxSaveBytes reserves for it", image, bound)
 			}
 
 			start = time.Now()

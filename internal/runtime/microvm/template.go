@@ -317,6 +317,22 @@ func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, erro
 	return h, nil
 }
 
+var _ runtime.SaveSizer = (*Runtime)(nil)
+
+// migrationSlack is what a saved VM adds to its RAM: the devices' state and
+// the firmware's memory.
+const migrationSlack = 16 << 20
+
+// MaxSaveBytes implements runtime.SaveSizer. A VM's memory is saved with
+// QMP migrate (a pause, a fork's park): every page of its RAM (vmLimits'
+// guest size, the sandbox's memory and room for its kernel and agent)
+// with a header of 8 bytes each, and the devices' state.
+func (r *Runtime) MaxSaveBytes(l runtime.Limits) int64 {
+	guestMiB, _, _ := vmLimits(l, false)
+	ram := guestMiB << 20
+	return ram + ram/512 + migrationSlack
+}
+
 // Pause saves a running sandbox's memory to disk and ends its VM: it then
 // uses no CPU or memory, and Resume brings it back exactly where it was.
 // A paused sandbox reports StatePaused; Exec fails with ErrNotRunning.

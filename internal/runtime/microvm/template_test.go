@@ -3,6 +3,8 @@ package microvm_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,11 +97,12 @@ func TestTemplate(t *testing.T) {
 	}
 }
 
-// TestPauseResume saves a running sandbox's memory and brings it back with
-// its processes.
+// TestPauseResume saves a running sandbox's memory, within what
+// MaxSaveBytes bounds it by, and brings it back with its processes.
 func TestPauseResume(t *testing.T) {
 	base := runtimetest.Rootfs(t)
-	r := newRuntime(t, t.TempDir(), nil)
+	state := t.TempDir()
+	r := newRuntime(t, state, nil) // sandboxes of 256 MiB
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -121,11 +124,23 @@ func TestPauseResume(t *testing.T) {
 	if microvm.PID(sb) != 0 {
 		t.Error("QEMU still runs while paused")
 	}
+	// The node reserves MaxSaveBytes of its disk before a pause.
+	saved, err := filepath.Glob(filepath.Join(state, "sandboxes", "*", "memory.state"))
+	if err != nil || len(saved) != 1 {
+		t.Fatalf("saved memory: %v %v", saved, err)
+	}
+	fi, err := os.Stat(saved[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bound := r.MaxSaveBytes(runtime.Limits{MemoryBytes: 256 << 20}); fi.Size() > bound {
+		t.Errorf("saved memory of %d bytes, over the %d bytes MaxSaveBytes reserves for it", fi.Size(), bound)
+	}
 	start = time.Now()
 	if err := r.Resume(ctx, "sleeper"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("pause %v, resume to agent-ready %v", pause.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("pause %v, resume to agent-ready %v, saved memory %.1f MiB", pause.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), float64(fi.Size())/(1<<20))
 	if got := sh(t, sb, "cat /workspace/f; test -d /proc/"+pid+" && echo alive"); got != "kept\nalive\n" {
 		t.Errorf("after resume: %q", got)
 	}
