@@ -63,10 +63,21 @@ func TestConnectInTmux(t *testing.T) {
 	waitScreen("hello-42")
 	waitScreen("40 120")
 	tmux("resize-window", "-t", "t", "-x", "100", "-y", "30")
-	tmux("send-keys", "-t", "t", "clear; stty size", "Enter")
-	waitScreen("30 100")
-	tmux("send-keys", "-t", "t", "exit 3", "Enter")
+	// The new size travels on its own (SIGWINCH to the CLI, a message on
+	// the websocket, the agent's ioctl) and may arrive after a command
+	// typed at once, on a loaded machine: ask again until it has.
 	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tmux("send-keys", "-t", "t", "clear; stty size", "Enter")
+		if waitFor(2*time.Second, func() bool { return strings.Contains(screen(), "30 100") }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q never appeared on the terminal:\n%s", "30 100", screen())
+		}
+	}
+	tmux("send-keys", "-t", "t", "exit 3", "Enter")
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		b, err := os.ReadFile(rc)
 		if err == nil && strings.TrimSpace(string(b)) != "" {
@@ -165,4 +176,16 @@ func TestConnectInTmux(t *testing.T) {
 		}
 	})
 	s.stopAll(k)
+}
+
+// waitFor reports whether cond held within d, checking every 100 ms.
+func waitFor(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); ; time.Sleep(100 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
 }
