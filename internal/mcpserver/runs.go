@@ -22,14 +22,16 @@ import (
 
 // The arguments of each tool, as their schemas document them. The
 // handlers read the raw arguments with api.Args, so that a bad value is
-// refused with the API's own message, not a schema validator's.
+// refused with the API's own message, not a schema validator's. Network is
+// not a pointer although it is optional: the schema library would make a
+// pointer's schema "null" only (see networkSchema).
 
 type promptArgs struct {
-	Prompt    string         `json:"prompt" jsonschema:"The task for OpenCode, as one would type it; it runs in /workspace, a checkout of the account's repository"`
-	Timeout   int64          `json:"timeout,omitempty" jsonschema:"Lifetime of the sandbox in milliseconds (default: the server's, 10 minutes)"`
-	Network   *netpol.Policy `json:"network,omitempty"`
-	Wait      *bool          `json:"wait,omitempty" jsonschema:"Wait for the run to finish, with progress notifications (default true); false answers at once with the run's id for get_run"`
-	AccountID string         `json:"account_id,omitempty" jsonschema:"Act for this account (an organization key for a member, say); default: the key's own"`
+	Prompt    string        `json:"prompt" jsonschema:"The task for OpenCode, as one would type it; it runs in /workspace, a checkout of the account's repository"`
+	Timeout   int64         `json:"timeout,omitempty" jsonschema:"Lifetime of the sandbox in milliseconds (default: the server's, 10 minutes)"`
+	Network   netpol.Policy `json:"network,omitempty"`
+	Wait      *bool         `json:"wait,omitempty" jsonschema:"Wait for the run to finish, with progress notifications (default true); false answers at once with the run's id for get_run"`
+	AccountID string        `json:"account_id,omitempty" jsonschema:"Act for this account (an organization key for a member, say); default: the key's own"`
 }
 
 type commandArgs struct {
@@ -40,7 +42,7 @@ type commandArgs struct {
 	Env       map[string]string `json:"env,omitempty" jsonschema:"Environment variables (with sandbox_id only)"`
 	Stdin     string            `json:"stdin,omitempty" jsonschema:"Standard input (with sandbox_id only)"`
 	Timeout   int64             `json:"timeout,omitempty" jsonschema:"Milliseconds: the new sandbox's lifetime or, with sandbox_id, before the command is killed"`
-	Network   *netpol.Policy    `json:"network,omitempty"`
+	Network   netpol.Policy     `json:"network,omitempty"`
 	Wait      *bool             `json:"wait,omitempty" jsonschema:"For a new sandbox: wait for the run to finish (default true)"`
 	AccountID string            `json:"account_id,omitempty" jsonschema:"Act for this account; default: the key's own"`
 }
@@ -50,6 +52,9 @@ type getRunArgs struct {
 	Limit     int    `json:"limit,omitempty" jsonschema:"How many runs to list without run_id (1 to 100, default 20)"`
 	AccountID string `json:"account_id,omitempty" jsonschema:"Act for this account; default: the key's own"`
 }
+
+// maxRunsListed bounds get_run's limit.
+const maxRunsListed = 100
 
 type stopArgs struct {
 	SandboxID string `json:"sandbox_id" jsonschema:"The sandbox to stop"`
@@ -410,8 +415,8 @@ func (h *Handler) getRun(ctx context.Context, c *call) (*mcp.CallToolResult, err
 		return jsonResult(api.RunsResponse{Status: "success", Runs: []api.Run{api.ViewRun(run, h.opts.Now())}})
 	}
 	limit := int64(20)
-	if n, ok, err := c.args.Int("limit"); err != nil || (ok && (n < 1 || n > 100)) {
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: "limit must be an integer between 1 and 100", Fields: []any{"limit"}}
+	if n, ok, err := c.args.Int("limit"); err != nil || (ok && (n < 1 || n > maxRunsListed)) {
+		return nil, &api.Error{Status: http.StatusBadRequest, Msg: fmt.Sprintf("limit must be an integer between 1 and %d", maxRunsListed), Fields: []any{"limit"}}
 	} else if ok {
 		limit = n
 	}

@@ -8,12 +8,10 @@ import (
 	"net/http"
 	"reflect"
 
-	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -42,30 +40,12 @@ type tool struct {
 
 func (h *Handler) addTools(srv *mcp.Server) {
 	for _, t := range h.tools() {
-		schema, err := jsonschema.ForType(t.in, &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
-			reflect.TypeFor[netpol.Policy](): networkSchema,
-		}})
-		if err != nil {
-			// The argument types are this package's own: a failure is a
-			// programming error caught by every test.
-			panic(fmt.Sprintf("mcpserver: schema of %s: %v", t.name, err))
-		}
 		destructive := t.changes
 		srv.AddTool(&mcp.Tool{
-			Name: t.name, Title: t.title, Description: t.description, InputSchema: schema,
+			Name: t.name, Title: t.title, Description: t.description, InputSchema: mustInputSchema(t.name, t.in),
 			Annotations: &mcp.ToolAnnotations{Title: t.title, ReadOnlyHint: !t.changes, DestructiveHint: &destructive},
 		}, h.handle(t))
 	}
-}
-
-// networkSchema documents the network policy of a new sandbox as the API
-// takes it.
-var networkSchema = &jsonschema.Schema{
-	Description: `Network of the new sandbox: "none" (loopback only), "egress" (the internet, never the host or private ranges), or {"allow": ["CIDR, address, domain or *.domain", ...]}. Default: the server's.`,
-	OneOf: []*jsonschema.Schema{
-		{Type: "string", Enum: []any{"none", "egress"}},
-		{Type: "object", Properties: map[string]*jsonschema.Schema{"allow": {Type: "array", Items: &jsonschema.Schema{Type: "string"}}}, Required: []string{"allow"}},
-	},
 }
 
 func (h *Handler) handle(t tool) mcp.ToolHandler {
