@@ -59,7 +59,8 @@ type Options struct {
 	// a progress notification (default 500ms).
 	PollInterval time.Duration
 	// MaxRequestBytes bounds one request's body, write_file's content
-	// included (default 4 MiB, the SDK's).
+	// included (default 4 MiB, the SDK's). A larger one is answered 413
+	// with a JSON-RPC error (see bufferBody).
 	MaxRequestBytes int64
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
@@ -90,6 +91,9 @@ func New(opts Options) (*Handler, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = mcp.DefaultMaxRequestBodyBytes
 	}
 	h := &Handler{opts: opts, log: opts.Logger}
 	// The SDK logs every request's session at Info; the API's access log
@@ -130,6 +134,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		var p auth.Principal
 		if p, err = h.opts.Auth.Authenticate(r.Context(), key); err == nil {
+			if r.Method == http.MethodPost && !h.bufferBody(w, r) {
+				return
+			}
 			ctx := context.WithValue(r.Context(), principalKey{}, p)
 			ctx = context.WithValue(ctx, requestCtxKey{}, r.Context())
 			h.transport.ServeHTTP(w, r.WithContext(ctx))
