@@ -23,7 +23,9 @@ import (
 // fakePromptOpenCode stands in for opencode (whose model API is a process
 // boundary we do not own): it prints its arguments, takes a moment as an
 // agent would, and changes the repository.
-const fakePromptOpenCode = "#!/bin/sh\n# Test stand-in for opencode: prints its arguments, edits the repository.\nfor a; do printf '[%s]\\n' \"$a\"; done\nsleep 2\necho 'Written by the prompt.' > PROMPTED.md\n"
+// The prompt "fail" makes it fail at once, as opencode does without a
+// model.
+const fakePromptOpenCode = "#!/bin/sh\n# Test stand-in for opencode: prints its arguments, edits the repository.\nfor a; do printf '[%s]\\n' \"$a\"; done\n[ \"$2\" = fail ] && { echo 'no provider' >&2; exit 5; }\nsleep 2\necho 'Written by the prompt.' > PROMPTED.md\n"
 
 // mcpRootfs is agentRootfs with an opencode that edits the repository.
 func mcpRootfs(t *testing.T) string {
@@ -178,6 +180,19 @@ func TestMCP(t *testing.T) {
 		commandRun = fmt.Sprint(dig(r.Data, "run", "id"))
 	})
 
+	t.Run("a command that exits non-zero is a tool error; its run is COMPLETED", func(t *testing.T) {
+		r := a.call(t, "run_command", map[string]any{"command": "sh", "args": []string{"-c", "echo out; exit 3"}}, "")
+		if !r.IsError || !strings.HasPrefix(r.Text, "The run's command exited with code 3") || dig(r.Data, "run", "status") != "COMPLETED" ||
+			dig(r.Data, "run", "output", "exitCode") != 3.0 || dig(r.Data, "run", "output", "stdout") != "out\n" {
+			t.Fatalf("run_command exiting 3: %+v", r)
+		}
+		id := fmt.Sprint(dig(r.Data, "run", "id"))
+		runs, _ := s.as(ak, "GET", "/api/tasks/runs?runId="+id, nil).Body["runs"].([]any)
+		if len(runs) != 1 || dig(runs[0], "status") != "COMPLETED" || dig(runs[0], "output", "exitCode") != 3.0 {
+			t.Fatalf("the API shows %v", runs)
+		}
+	})
+
 	t.Run("prompt_sandbox runs OpenCode and lists the files it changed", func(t *testing.T) {
 		r := a.call(t, "prompt_sandbox", map[string]any{"prompt": "write PROMPTED.md"}, "prompt")
 		if r.IsError || dig(r.Data, "run", "status") != "COMPLETED" {
@@ -198,6 +213,11 @@ func TestMCP(t *testing.T) {
 			t.Fatalf("progress %q", msgs)
 		}
 		t.Logf("%d progress notifications, the last %q", len(msgs), msgs[len(msgs)-1])
+
+		r = a.call(t, "prompt_sandbox", map[string]any{"prompt": "fail"}, "")
+		if !r.IsError || !strings.HasPrefix(r.Text, "The run's command exited with code 5") || dig(r.Data, "run", "status") != "COMPLETED" || dig(r.Data, "run", "output", "stderr") != "no provider\n" {
+			t.Fatalf("prompt_sandbox whose opencode fails: %+v", r)
+		}
 	})
 
 	t.Run("files: write, read, list, resources", func(t *testing.T) {
@@ -243,6 +263,10 @@ func TestMCP(t *testing.T) {
 		r := a.call(t, "run_command", map[string]any{"sandbox_id": sandboxID, "command": "sh", "args": []string{"-c", "cat; pwd; echo $X"}, "stdin": "in\n", "env": map[string]string{"X": "y"}}, "exec")
 		if r.IsError || dig(r.Data, "stdout") != "in\n/workspace\ny\n" || dig(r.Data, "exitCode") != 0.0 {
 			t.Fatalf("exec: %s", r.Text)
+		}
+		r = a.call(t, "run_command", map[string]any{"sandbox_id": sandboxID, "command": "sh", "args": []string{"-c", "echo oops >&2; exit 4"}}, "")
+		if !r.IsError || !strings.HasPrefix(r.Text, "The command exited with code 4.") || dig(r.Data, "exitCode") != 4.0 || dig(r.Data, "stderr") != "oops\n" {
+			t.Fatalf("exec exiting 4: %+v", r)
 		}
 		r = a.call(t, "get_run", map[string]any{"run_id": commandRun}, "")
 		if r.IsError || !strings.Contains(r.Text, commandRun) || !strings.Contains(r.Text, `"status": "COMPLETED"`) {

@@ -199,11 +199,12 @@ func TestToolsOnAnotherNode(t *testing.T) {
 	viaA, onB := a.connect(t, aliceKey), b.connect(t, aliceKey)
 	bobViaA, bobOnB := a.connect(t, bobKey), b.connect(t, bobKey)
 
-	// A command: b runs it, and a answers what b answers itself.
+	// A command: b runs it, and a answers what b answers itself (its
+	// exit code 3 makes it a tool error, with its output).
 	args := map[string]any{"sandbox_id": sb.ID, "command": "cat", "args": []string{"-"}, "stdin": "in", "env": map[string]string{"X": "1"}}
 	got := viaA.call(t, "run_command", args, "")
 	want := fmt.Sprintf("%s ran [\"cat\" \"-\"] with \"in\"\n", sb.ID)
-	if got.IsError || got.Data["stdout"] != want || got.Data["stderr"] != "on b\n" || got.Data["exitCode"] != 3.0 {
+	if !got.IsError || got.Data["stdout"] != want || got.Data["stderr"] != "on b\n" || got.Data["exitCode"] != 3.0 {
 		t.Fatalf("run_command through node a: %+v", got)
 	}
 	if onHost := onB.call(t, "run_command", args, ""); !reflect.DeepEqual(got.without("durationMs"), onHost.without("durationMs")) {
@@ -237,7 +238,7 @@ func TestToolsOnAnotherNode(t *testing.T) {
 	}
 
 	// A long command reports progress while b runs it.
-	if got := viaA.call(t, "run_command", map[string]any{"sandbox_id": sb.ID, "command": "sleep"}, "tok"); got.IsError || got.Data["exitCode"] != 3.0 {
+	if got := viaA.call(t, "run_command", map[string]any{"sandbox_id": sb.ID, "command": "sleep"}, "tok"); !got.IsError || got.Data["exitCode"] != 3.0 {
 		t.Fatalf("a long command through node a: %+v", got)
 	}
 	viaA.mu.Lock()

@@ -126,7 +126,7 @@ func (h *Handler) promptSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 			return nil, err
 		}
 	}
-	return jsonResult(res)
+	return runAnswer(res)
 }
 
 func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult, error) {
@@ -153,7 +153,7 @@ func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult,
 	if err != nil {
 		return nil, err
 	}
-	return jsonResult(res)
+	return runAnswer(res)
 }
 
 // startAndWait creates the sandbox with its run and, unless told not to,
@@ -364,7 +364,7 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 		return nil, api.ServiceError(err, "Sandbox not found")
 	}
 	const cut = "not shown; run it with output to a file and read that"
-	return jsonResult(api.ExecResponse{
+	return execAnswer(api.ExecResponse{
 		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled,
 		Stdout: stdout.String(cut), Stderr: stderr.String(cut),
 		DurationMs: time.Since(start).Milliseconds(),
