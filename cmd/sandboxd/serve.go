@@ -430,7 +430,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	mgr.PrewarmRecent(ctx, o.prewarm)
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics, mgr.NetworkMetrics(), mgr.PrewarmMetrics())
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), homeMetrics, mgr.NetworkMetrics(), mgr.PrewarmMetrics(), mgr.Metrics())
 	if blobCache != nil {
 		reg.MustRegister(blobCacheCollector{blobCache})
 	}

@@ -102,6 +102,7 @@ func (m *Manager) balance(ctx context.Context) (diskBalance, error) {
 // caller holds m.diskMu until their rows are recorded, and must call the
 // returned release.
 func (m *Manager) admitDisk(ctx context.Context, n int) (release func(), err error) {
+	defer func() { m.ops.diskRefused("sandbox", err) }()
 	limit := m.cfg.Settings.Limits.DiskBytes
 	m.diskMu.Lock()
 	release = m.diskMu.Unlock
@@ -137,6 +138,7 @@ func (m *Manager) admitDisk(ctx context.Context, n int) (release func(), err err
 // once the save has ended, whichever way; the reservation counts against
 // every admission until then.
 func (m *Manager) admitSave(ctx context.Context, id, what string, bytes int64) (done func(), err error) {
+	defer func() { m.ops.diskRefused(what, err) }()
 	m.diskMu.Lock()
 	defer m.diskMu.Unlock()
 	if m.cfg.DataDir != "" {

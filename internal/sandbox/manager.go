@@ -154,6 +154,8 @@ type Manager struct {
 	diskMu     sync.Mutex
 	diskFreeFn func(dir string) (int64, error)
 	saving     int64
+	// ops counts the creates, pauses and forks (Metrics).
+	ops *opMetrics
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.
@@ -178,6 +180,7 @@ func NewManager(cfg Config) *Manager {
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
 		stopping:   map[string]chan struct{}{},
 		diskFreeFn: diskFree,
+		ops:        newOpMetrics(),
 	}
 	var persist runs.AfterRunner
 	if cfg.Persist != nil {
@@ -285,7 +288,8 @@ func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Du
 }
 
 // launch is Launch of a sandbox whose deadline does onTimeout.
-func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (store.Sandbox, runtime.Sandbox, error) {
+func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (_ store.Sandbox, _ runtime.Sandbox, err error) {
+	defer func(start time.Time) { m.ops.observe(opCreate, start, err) }(time.Now())
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
 	}

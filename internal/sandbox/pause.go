@@ -36,7 +36,8 @@ func (m *Manager) pauser() (runtime.Pauser, error) {
 
 // Pause saves a running sandbox of this node whole and stops it running;
 // pausing a paused sandbox answers it as it is.
-func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox, err error) {
+	defer func(start time.Time) { m.ops.observe(opPause, start, err) }(time.Now())
 	ctx = context.WithoutCancel(ctx) // half a pause is worse than a late answer
 	p, err := m.pauser()
 	if err != nil {
