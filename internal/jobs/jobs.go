@@ -147,7 +147,8 @@ func New(ctx context.Context, st *store.Store, cfg Config) (*Client, error) {
 			listener.Close()
 		}
 	}
-	migrator, err := rivermigrate.New(driver, &rivermigrate.Config{Logger: cfg.Logger})
+	log := riverLogger(cfg.Logger)
+	migrator, err := rivermigrate.New(driver, &rivermigrate.Config{Logger: log})
 	if err != nil {
 		closeListener()
 		return nil, fmt.Errorf("prepare job queue migrations: %w", err)
@@ -157,7 +158,8 @@ func New(ctx context.Context, st *store.Store, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("migrate job queue schema: %w", err)
 	}
 	rc := &river.Config{
-		Logger: cfg.Logger,
+		Logger:       log,
+		ErrorHandler: panicLogger{cfg.Logger},
 		// Commands have side effects: a job is retried only when its worker
 		// says so by returning an error before the command started.
 		MaxAttempts: 3,
