@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -85,6 +87,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// SlowRequest is how long an answer may take to start (its header sent)
+// before its request is logged at info; see requestLevel.
+const SlowRequest = time.Second
+
+// requestLevel is the level of a request's log line. Every request is
+// counted on /metrics by route and status; the log keeps what an operator
+// should read: an answer 5xx at warn (the error behind an internal error
+// has its own error line), a success or a client's mistake (4xx) at info
+// when it took more than SlowRequest to start answering, else at debug.
+// A streamed answer (exec output, a run's log, a websocket) counts from
+// when it starts, not for how long it streams.
+func requestLevel(status int, wait time.Duration) slog.Level {
+	switch {
+	case status >= 500:
+		return slog.LevelWarn
+	case wait > SlowRequest:
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
 // withObservability logs each request, records metrics, and turns a panic
 // into a 500 that leaks nothing.
 func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Handler {
@@ -97,7 +120,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 					if p == http.ErrAbortHandler {
 						panic(p)
 					}
-					log.ErrorContext(r.Context(), "handler panicked", "panic", p, "request_id", requestID(r.Context()), "path", r.URL.Path)
+					logPanic(r, log, p)
 					if rec.Status == 0 {
 						writeJSON(rec, http.StatusInternalServerError, ErrorBody{Status: "error", Error: "Internal server error"})
 					}
@@ -113,18 +136,32 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 				elapsed := time.Since(start)
 				m.requests.WithLabelValues(pattern, r.Method, strconv.Itoa(status)).Inc()
 				m.duration.WithLabelValues(pattern, r.Method).Observe(elapsed.Seconds())
-				log.LogAttrs(r.Context(), slog.LevelInfo, "http request",
+				wait := elapsed
+				if !rec.HeaderAt.IsZero() {
+					wait = rec.HeaderAt.Sub(start)
+				}
+				log.LogAttrs(r.Context(), requestLevel(status, wait), "http request",
 					slog.String("request_id", requestID(r.Context())),
 					slog.String("method", r.Method),
 					slog.String("route", pattern),
 					slog.Int("status", status),
 					slog.Int64("bytes", rec.Bytes),
 					slog.Duration("elapsed", elapsed),
+					slog.Duration("first_byte", wait),
 				)
 			}()
 			next.ServeHTTP(rec, r)
 		})
 	}
+}
+
+// logPanic logs a handler's panic as one error line with its value, and
+// its stack at debug as one attribute: a multi-line stack in an error line
+// breaks every line-based log reader.
+func logPanic(r *http.Request, log *slog.Logger, p any) {
+	id := requestID(r.Context())
+	log.ErrorContext(r.Context(), "handler panicked", "panic", fmt.Sprint(p), "request_id", id, "path", r.URL.Path)
+	log.DebugContext(r.Context(), "handler panic stack", "request_id", id, "stack", string(debug.Stack()))
 }
 
 // checkScope refuses, with 403 and the reason, a request that the key's
