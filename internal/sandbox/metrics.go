@@ -45,7 +45,7 @@ type opMetrics struct {
 }
 
 func newOpMetrics() *opMetrics {
-	return &opMetrics{
+	o := &opMetrics{
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandboxd_sandbox_operations_total",
 			Help: "Sandbox creates (the service's own included), pauses and forks on this node by outcome: ok, refused (quota, capacity or disk), rejected (invalid, or the sandbox's state) or failed.",
@@ -60,6 +60,17 @@ func newOpMetrics() *opMetrics {
 			Help: "Requests this node's disk admission refused, by what needed the room: sandbox (a new sandbox's disk: create, fork, prewarm), pause or fork (the memory saved).",
 		}, []string{"for"}),
 	}
+	// Every series from the start, at 0: a rate needs the zero before the
+	// first event.
+	for _, op := range []string{opCreate, opPause, opFork} {
+		for _, outcome := range []string{"ok", "refused", "rejected", "failed"} {
+			o.ops.WithLabelValues(op, outcome)
+		}
+	}
+	for _, need := range []string{"sandbox", opPause, opFork} {
+		o.diskRefusal.WithLabelValues(need)
+	}
+	return o
 }
 
 // observe counts operation op, begun at start, that ended with err.
