@@ -985,6 +985,8 @@
             $('run-status').textContent = 'EXECUTING';
             $('run-status').dataset.status = 'EXECUTING';
             $('run-status').className = 'status st-executing';
+            const listed = state.runs.find((x) => x.id === id);
+            if (listed && listed.status === 'QUEUED') { listed.status = 'EXECUTING'; renderRuns(); }
             run(loadRuns(id, true));
           }
         }
