@@ -447,6 +447,20 @@ func consoleOperations(t *testing.T, s *server, k key, p *consoleProxy, b *conso
 	b.waitFor("the filtered list", fmt.Sprintf(`(() => { const rows = document.querySelectorAll('#sandboxes-body tr');
 		return rows.length >= 1 && [...rows].every((r) => r.dataset.sandbox.startsWith(%q)) && [...rows].some((r) => r.dataset.sandbox === %q); })()`, id[:12], id), 30*time.Second)
 	b.fill("no filter", "#sb-filter-text", "")
+	// Every page: as many as the API's pages hold.
+	var all []string
+	for cursor := ""; ; {
+		r := s.as(k, "GET", "/api/sandboxes?limit=100&cursor="+url.QueryEscape(cursor), nil)
+		for _, v := range r.Body["sandboxes"].([]any) {
+			all = append(all, v.(map[string]any)["sandboxId"].(string))
+		}
+		if cursor = r.Header.Get("X-Next-Cursor"); cursor == "" {
+			break
+		}
+	}
+	b.press("every page", "#sb-all")
+	b.waitFor("every sandbox", fmt.Sprintf(`document.querySelectorAll('#sandboxes-body tr').length === %d && document.getElementById('sb-count').textContent === '%d'`, len(all), len(all)), 30*time.Second)
+	b.press("the first page again", "#sb-all")
 
 	// Runs: the failing command red with its exit code, the prompt's run
 	// labelled a prompt, each with its sandbox, which opens.
