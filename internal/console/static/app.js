@@ -870,6 +870,11 @@
     const older = refreshing ? state.runs.filter((r) => !seen.has(r.id)) : [];
     state.runs = fresh.concat(older);
     if (!refreshing || !older.length) state.runsCursor = resp.headers.get('X-Next-Cursor');
+    // A run whose log is arriving has started, whatever an answer the
+    // server gave a moment before says.
+    if (state.runStream && $('run-status').dataset.status === 'EXECUTING') {
+      for (const r of state.runs) if (r.id === state.openRun && r.status === 'QUEUED') r.status = 'EXECUTING';
+    }
     renderRuns();
     // While its log is followed, the open run's status comes from the
     // list; its end comes from the stream, once the whole log is shown.
