@@ -130,31 +130,21 @@ func minimalPDF(text string) []byte {
 	return b.Bytes()
 }
 
-// TestConsole drives the web console (/console/) in headless Chromium
-// against a real server: sign in with a key (a wrong one is refused),
-// create a sandbox whose command prints for a few seconds and watch its
-// run's log arrive live until the run completes, see the sandbox with its
-// remaining time, open files of the repository (Python highlighted, a PNG
-// shown), the snapshot history, a shell in the sandbox through the
-// terminal, stop the sandbox, sign out. The page must never hit its
-// Content-Security-Policy nor throw, and the key must never reach a URL,
-// localStorage or a cookie. Screenshots of each view are saved.
-func TestConsole(t *testing.T) {
-	chrome := chromium(t)
-	shots := artifactsDir(t, "console")
-	adminKey := strings.Repeat("0123456789abcdef", 4)
-	adminKeyFile := filepath.Join(t.TempDir(), "admin.key")
-	if err := os.WriteFile(adminKeyFile, []byte(adminKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := startServer(t, "", "--admin-key-file", adminKeyFile)
-	a := s.createAccount("console", false)
-	k := s.createKey(a.ID)
-	// The repository's files, through the API: the test image has no git.
-	s.uploadFile(k, "", "hello.py", []byte("# a greeting\ndef greet(name):\n    return \"hello, \" + name  # <b>not markup</b>\n\nprint(greet(\"console\"), 42)\n"))
-	s.uploadFile(k, "img", "logo.png", gradientPNG(t, 96))
-	s.uploadFile(k, "", "report.pdf", minimalPDF("Hello from sandboxd"))
+// consoleBrowser is a headless Chromium on the console, and the steps the
+// console's tests take in it. Every step fails the test with a screenshot
+// (failed.png) when it does not happen; the page must never hit its
+// Content-Security-Policy nor throw, which is checked when the test ends.
+type consoleBrowser struct {
+	t     *testing.T
+	ctx   context.Context
+	shots string
+}
 
+// newConsoleBrowser starts Chromium with a desktop window (1280×800);
+// screenshots go to the artifacts' dir shots.
+func newConsoleBrowser(t *testing.T, shots string) *consoleBrowser {
+	t.Helper()
+	chrome := chromium(t)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		append(chromedp.DefaultExecAllocatorOptions[:],
 			chromedp.ExecPath(chrome),
@@ -164,9 +154,9 @@ func TestConsole(t *testing.T) {
 			chromedp.Flag("disable-sync", true),
 			chromedp.Flag("disable-component-update", true),
 		)...)
-	defer cancelAlloc()
 	ctx, cancel := chromedp.NewContext(alloc, chromedp.WithLogf(t.Logf))
-	defer cancel()
+	t.Cleanup(cancelAlloc)
+	t.Cleanup(cancel)
 	if err := chromedp.Do(ctx); err != nil { // starts the browser
 		t.Fatalf("start chromium: %v", err)
 	}
@@ -185,7 +175,7 @@ func TestConsole(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range messages {
@@ -194,57 +184,182 @@ func TestConsole(t *testing.T) {
 				t.Errorf("the page broke a rule or threw: %s", m)
 			}
 		}
-	}()
+	})
+	return &consoleBrowser{t: t, ctx: ctx, shots: shots}
+}
 
-	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		stepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		if err := chromedp.Do(stepCtx, steps...); err != nil {
-			shot(t, ctx, shots, "failed")
-			t.Fatalf("%s: %v", what, err)
-		}
+func (b *consoleBrowser) shot(name string) { shot(b.t, b.ctx, b.shots, name) }
+
+func (b *consoleBrowser) do(what string, steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	stepCtx, cancel := context.WithTimeout(b.ctx, 2*time.Minute)
+	defer cancel()
+	if err := chromedp.Do(stepCtx, steps...); err != nil {
+		b.shot("failed")
+		b.t.Fatalf("%s: %v", what, err)
 	}
-	eval := func(expr string) any {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Evaluate[any](expr))
-		if err != nil {
-			t.Fatalf("evaluate %s: %v", expr, err)
-		}
-		return v
+}
+
+func (b *consoleBrowser) eval(expr string) any {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[any](expr))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", expr, err)
 	}
-	waitFor := func(what, expr string, timeout time.Duration) {
-		t.Helper()
-		do(what, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond)))
+	return v
+}
+
+// text is the textContent of the element a selector finds ("" for none).
+func (b *consoleBrowser) text(sel string) string {
+	b.t.Helper()
+	s, _ := b.eval(fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e ? e.textContent : ''; })()`, sel)).(string)
+	return s
+}
+
+// waitFor waits until a JavaScript condition holds in the page.
+func (b *consoleBrowser) waitFor(what, expr string, timeout time.Duration) {
+	b.t.Helper()
+	b.do(what, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond)))
+}
+
+// goTo changes the view as the console's links do (a new hash, no page
+// load).
+func (b *consoleBrowser) goTo(hash string) {
+	b.t.Helper()
+	b.eval(fmt.Sprintf(`location.hash = %q`, hash))
+}
+
+// click clicks the element a selector finds now, in one step in the
+// page: the console re-renders its lists as they refresh, which can
+// replace a node between a query and a click.
+func (b *consoleBrowser) click(what, sel string) {
+	b.t.Helper()
+	if b.eval(fmt.Sprintf(`(() => { const e = document.querySelector(%q); if (e) e.click(); return !!e; })()`, sel)) != true {
+		b.shot("failed")
+		b.t.Fatalf("%s: nothing matches %s", what, sel)
 	}
-	// goTo changes the view as the console's links do (a new hash, no
-	// page load).
-	goTo := func(hash string) {
-		t.Helper()
-		eval(fmt.Sprintf(`location.hash = %q`, hash))
+}
+
+// reachable is a JavaScript function of an element that says why a user
+// could not use it ("" when they can): scrolled to, it must be visible,
+// inside the window's width, enabled and not covered by another element.
+const reachable = `(e) => {
+	if (!e) return 'nothing matches';
+	e.scrollIntoView({ block: 'center', inline: 'nearest' });
+	const r = e.getBoundingClientRect();
+	const width = document.documentElement.clientWidth;
+	if (r.width === 0 || r.height === 0) return 'not shown';
+	if (r.left < 0 || r.right > width + 0.5) return 'outside the window (' + Math.round(r.left) + '..' + Math.round(r.right) + ' of ' + width + ')';
+	if (e.disabled) return 'disabled';
+	// A link that wraps is several boxes: aim at its first.
+	const box = e.getClientRects()[0] || r;
+	const hit = document.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2);
+	if (!hit || !(hit === e || e.contains(hit) || (e.labels && [...e.labels].some((l) => l.contains(hit))))) return 'covered by ' + (hit ? hit.tagName + '#' + hit.id + '.' + hit.className : 'nothing');
+	return '';
+}`
+
+// press clicks what a selector finds once a user could (see reachable),
+// waiting for it to be there and enabled.
+func (b *consoleBrowser) press(what, sel string) {
+	b.t.Helper()
+	b.use(what, sel, "e.click()")
+}
+
+// fill sets a field (an input or a select) as typing or choosing would,
+// once a user could reach it.
+func (b *consoleBrowser) fill(what, sel, value string) {
+	b.t.Helper()
+	b.use(what, sel, fmt.Sprintf(`e.value = %q; e.dispatchEvent(new Event('input', { bubbles: true })); e.dispatchEvent(new Event('change', { bubbles: true }))`, value))
+}
+
+// use runs action (JavaScript on e, the element) once e is reachable.
+func (b *consoleBrowser) use(what, sel, action string) {
+	b.t.Helper()
+	expr := fmt.Sprintf(`(() => { const e = document.querySelector(%q); if ((%s)(e) !== '') return false; %s; return true; })()`, sel, reachable, action)
+	stepCtx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	if err := chromedp.Do(stepCtx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		why, _ := b.eval(fmt.Sprintf(`(%s)(document.querySelector(%q))`, reachable, sel)).(string)
+		b.shot("failed")
+		b.t.Fatalf("%s: %s cannot be used: %s (%v)", what, sel, why, err)
 	}
-	// click clicks the element a selector finds now, in one step in the
-	// page: the console re-renders its lists as they refresh, which can
-	// replace a node between a query and a click.
-	click := func(what, sel string) {
-		t.Helper()
-		if eval(fmt.Sprintf(`(() => { const e = document.querySelector(%q); if (e) e.click(); return !!e; })()`, sel)) != true {
-			shot(t, ctx, shots, "failed")
-			t.Fatalf("%s: nothing matches %s", what, sel)
-		}
+}
+
+// viewport sets the window's size: the desktop's 1280×800 or a phone's
+// 390×844 (not emulating a mobile browser, which would zoom a page out to
+// fit what overflows instead of showing that it does).
+func (b *consoleBrowser) viewport(width, height int64) {
+	b.t.Helper()
+	b.do(fmt.Sprintf("a %d×%d window", width, height), chromedp.EmulateViewport(width, height))
+	b.waitFor("the new width", fmt.Sprintf(`window.innerWidth === %d`, width), 10*time.Second)
+}
+
+// noOverflow fails when the page is wider than the window.
+func (b *consoleBrowser) noOverflow(where string) {
+	b.t.Helper()
+	got := b.eval(`(() => { const d = document.documentElement;
+		if (d.scrollWidth <= d.clientWidth && d.clientWidth <= innerWidth) return '';
+		const wide = [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > d.clientWidth + 0.5)
+			.slice(0, 5).map((e) => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right));
+		return 'scrollWidth ' + d.scrollWidth + ' > ' + d.clientWidth + ' (innerWidth ' + innerWidth + '): ' + wide.join(', '); })()`)
+	if got != "" {
+		b.shot("overflow-" + strings.ReplaceAll(where, " ", "-"))
+		b.t.Errorf("%s: the page overflows the window: %v", where, got)
 	}
-	keyNowhere := func(where string) {
-		t.Helper()
-		leak := eval(fmt.Sprintf(`(() => { const k = %q;
-			return [location.href, document.cookie, JSON.stringify(Object.assign({}, localStorage)), document.title].some((v) => v.includes(k)); })()`, k.Key))
-		if leak != false {
-			t.Fatalf("%s: the key is in the URL, a cookie or localStorage", where)
-		}
+}
+
+// signIn opens the console at base and signs in with key.
+func (b *consoleBrowser) signIn(base, key string) {
+	b.t.Helper()
+	b.do("open the console", chromedp.Navigate(base+"/console"), chromedp.WaitVisible(chromedp.ID("key")))
+	b.do("sign in", chromedp.SendKeys(chromedp.ID("key"), key), chromedp.Click(chromedp.ID("signin")),
+		chromedp.WaitVisible(chromedp.ID("view-sandboxes")))
+}
+
+// keyNowhere fails when the key is in the URL, a cookie, localStorage or
+// the title.
+func (b *consoleBrowser) keyNowhere(where, key string) {
+	b.t.Helper()
+	leak := b.eval(fmt.Sprintf(`(() => { const k = %q;
+		return [location.href, document.cookie, JSON.stringify(Object.assign({}, localStorage)), document.title].some((v) => v.includes(k)); })()`, key))
+	if leak != false {
+		b.t.Fatalf("%s: the key is in the URL, a cookie or localStorage", where)
 	}
+}
+
+// TestConsole drives the web console (/console/) in headless Chromium
+// against a real server: sign in with a key (a wrong one is refused),
+// create a sandbox whose command prints for a few seconds and watch its
+// run's log arrive live until the run completes, see the sandbox with its
+// remaining time and extend it, open files of the repository (Python
+// highlighted, a PNG shown), the snapshot history, a shell in the sandbox
+// through the terminal, stop the sandbox, sign out. The page must never
+// hit its Content-Security-Policy nor throw, and the key must never reach
+// a URL, localStorage or a cookie. Screenshots of each view are saved.
+// TestConsoleOperations does the rest of what the console does, at a
+// desktop's and a phone's width.
+func TestConsole(t *testing.T) {
+	chromium(t)
+	shots := artifactsDir(t, "console")
+	adminKey := strings.Repeat("0123456789abcdef", 4)
+	adminKeyFile := filepath.Join(t.TempDir(), "admin.key")
+	if err := os.WriteFile(adminKeyFile, []byte(adminKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, "", "--admin-key-file", adminKeyFile)
+	a := s.createAccount("console", false)
+	k := s.createKey(a.ID)
+	// The repository's files, through the API: the test image has no git.
+	s.uploadFile(k, "", "hello.py", []byte("# a greeting\ndef greet(name):\n    return \"hello, \" + name  # <b>not markup</b>\n\nprint(greet(\"console\"), 42)\n"))
+	s.uploadFile(k, "img", "logo.png", gradientPNG(t, 96))
+	s.uploadFile(k, "", "report.pdf", minimalPDF("Hello from sandboxd"))
+
+	b := newConsoleBrowser(t, shots)
+	eval, waitFor, goTo, click, do := b.eval, b.waitFor, b.goTo, b.click, b.do
 
 	// Sign in: a wrong key is refused; the right one shows the sandboxes.
 	do("open the console", chromedp.Navigate(s.base+"/console"), chromedp.WaitVisible(chromedp.ID("key")))
-	shot(t, ctx, shots, "signin")
+	b.shot("signin")
 	do("try a wrong key", chromedp.SendKeys(chromedp.ID("key"), "sbx_wrong"), chromedp.Click(chromedp.ID("signin")))
 	waitFor("the refusal", `document.getElementById('signin-error').textContent.includes('refused')`, 30*time.Second)
 	eval(`document.getElementById('key').value = ''`)
@@ -253,7 +368,7 @@ func TestConsole(t *testing.T) {
 	if got := eval(`sessionStorage.getItem('sandboxd.key')`); got != k.Key {
 		t.Fatalf("sessionStorage holds %v", got)
 	}
-	keyNowhere("after sign-in")
+	b.keyNowhere("after sign-in", k.Key)
 
 	// Create a sandbox with a command: the console follows its run's log,
 	// which shows output while the run still executes, then its end.
@@ -263,7 +378,7 @@ func TestConsole(t *testing.T) {
 	runID := strings.TrimPrefix(eval(`location.hash`).(string), "#runs/")
 	waitFor("live output while the run executes",
 		`document.getElementById('run-log').textContent.includes('tick-0') && document.getElementById('run-status').dataset.status === 'EXECUTING'`, 2*time.Minute)
-	shot(t, ctx, shots, "run-live")
+	b.shot("run-live")
 	waitFor("the run's end", `document.getElementById('run-status').dataset.status === 'COMPLETED'`, 2*time.Minute)
 	log := eval(`document.getElementById('run-log').textContent`).(string)
 	for _, want := range []string{"[stdout] console-start", "[stdout] tick-4\n", "[stderr] console-done"} {
@@ -275,21 +390,24 @@ func TestConsole(t *testing.T) {
 		t.Errorf("run status %q", st)
 	}
 	waitFor("the run in the list", fmt.Sprintf(`!!document.querySelector('#runs-body tr[data-run=%q][data-status="COMPLETED"]')`, runID), 30*time.Second)
-	shot(t, ctx, shots, "run")
+	b.shot("run")
 
 	// The sandbox, running, with its time counting down.
 	goTo("#sandboxes") // the sandboxes
 	waitFor("a running sandbox", `!!document.querySelector('#sandboxes-body tr[data-status="running"] [data-deadline]')`, time.Minute)
 	sandboxID := eval(`document.querySelector('#sandboxes-body tr[data-status="running"]').dataset.sandbox`).(string)
 	first := eval(`document.querySelector('#sandboxes-body [data-deadline]').textContent`).(string)
-	time.Sleep(2100 * time.Millisecond)
-	if later := eval(`document.querySelector('#sandboxes-body [data-deadline]').textContent`).(string); later == first || !strings.HasPrefix(later, "9m") {
-		t.Errorf("remaining time %q then %q: not counting down from 10 minutes", first, later)
+	waitFor("the time counting down", fmt.Sprintf(`(() => { const t = document.querySelector('#sandboxes-body [data-deadline]').textContent; return t !== %q && t.startsWith('9m'); })()`, first), 30*time.Second)
+	b.shot("sandboxes")
+	// Its page: extend it by 10 minutes.
+	b.press("open the sandbox", fmt.Sprintf(`#sandboxes-body tr[data-sandbox=%q] a`, sandboxID))
+	waitFor("the sandbox's page", fmt.Sprintf(`location.hash === '#sandbox/%s' && document.getElementById('view-sandbox').dataset.status === 'running'`, sandboxID), 30*time.Second)
+	b.press("extend", "#sb-extend")
+	waitFor("the extension", `document.querySelector('#sb-fields [data-deadline]').textContent.startsWith('19m')`, 30*time.Second)
+	if _, left := s.sandboxStatus(k, sandboxID); left < 18*60000 {
+		t.Errorf("the API says %v ms left after the console extended it by 10 minutes", left)
 	}
-	// Extend: 10 minutes more.
-	click("extend", `#sandboxes-body tr[data-status="running"] td.actions button`)
-	waitFor("the extension", `document.querySelector('#sandboxes-body [data-deadline]').textContent.startsWith('19m')`, 30*time.Second)
-	shot(t, ctx, shots, "sandboxes")
+	b.shot("sandbox")
 
 	// Files: Python highlighted (markup in it stays text), an image shown.
 	goTo("#files") // the files
@@ -305,17 +423,17 @@ func TestConsole(t *testing.T) {
 	if eval(`document.querySelector('#preview-text b') === null && document.getElementById('preview-text').textContent.includes('<b>not markup</b>')`) != true {
 		t.Error("markup in a file was parsed as HTML")
 	}
-	shot(t, ctx, shots, "file")
+	b.shot("file")
 	goTo("#files/img%2Flogo.png") // open the image
 	waitFor("the image", `(() => { const i = document.getElementById('preview-image'); return i && i.complete && i.naturalWidth === 96 && i.src.startsWith('blob:'); })()`, 30*time.Second)
 	if eval(`document.querySelector('#tree button.file[data-path="img/logo.png"]').closest('details').open`) != true {
 		t.Error("the image's folder did not open in the tree")
 	}
-	shot(t, ctx, shots, "image")
+	b.shot("image")
 	goTo("#files/report.pdf") // open the PDF
 	waitFor("the PDF", `(() => { const f = document.getElementById('preview-pdf'); return f && f.src.startsWith('blob:'); })()`, 30*time.Second)
 	time.Sleep(time.Second) // the viewer draws the page
-	shot(t, ctx, shots, "pdf")
+	b.shot("pdf")
 
 	// Snapshots: the history the API lists, the current one marked.
 	goTo("#snapshots") // the snapshots
@@ -323,7 +441,7 @@ func TestConsole(t *testing.T) {
 	if snap, _ := s.as(k, "GET", "/api/snapshots", nil).Body["snapshot_id"].(string); snap != "" {
 		waitFor("the current snapshot", fmt.Sprintf(`!!document.querySelector('#snapshots-body tr[data-snapshot=%q] .badge')`, snap), 30*time.Second)
 	}
-	shot(t, ctx, shots, "snapshots")
+	b.shot("snapshots")
 
 	// A terminal into the running sandbox: what is typed runs in its shell.
 	goTo("#terminal/" + sandboxID)
@@ -335,19 +453,20 @@ func TestConsole(t *testing.T) {
 	if txt := eval(`document.getElementById('term').textContent`).(string); strings.Contains(txt, "\x1b") {
 		t.Errorf("escape sequences in the terminal: %q", txt)
 	}
-	shot(t, ctx, shots, "terminal")
+	b.shot("terminal")
 	do("exit the shell", chromedp.SendKeys(chromedp.ID("term"), "exit 3\r"))
 	waitFor("the shell's exit", `document.getElementById('term').textContent.includes('[exited with status 3]')`, time.Minute)
 
-	// Stop the sandbox from the list.
-	goTo("#sandboxes") // the sandboxes again
-	waitFor("its row", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q] button.danger')`, sandboxID), 30*time.Second)
-	click("stop", fmt.Sprintf(`#sandboxes-body tr[data-sandbox=%q] button.danger`, sandboxID))
-	waitFor("the stop", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q][data-status="stopped"]')`, sandboxID), time.Minute)
+	// Stop the sandbox from its page.
+	goTo("#sandbox/" + sandboxID)
+	b.press("stop", "#sb-stop")
+	waitFor("the stop", `document.getElementById('view-sandbox').dataset.status === 'stopped'`, time.Minute)
 	if st, _ := s.sandboxStatus(k, sandboxID); st != "stopped" {
 		t.Errorf("the API says %s after the console stopped it", st)
 	}
-	keyNowhere("before sign-out")
+	goTo("#sandboxes")
+	waitFor("the stopped row", fmt.Sprintf(`!!document.querySelector('#sandboxes-body tr[data-sandbox=%q][data-status="stopped"]')`, sandboxID), 30*time.Second)
+	b.keyNowhere("before sign-out", k.Key)
 
 	// River's UI, for operators: the run's job is there behind the
 	// operators' key, which an account key is not.
@@ -361,8 +480,8 @@ func TestConsole(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
 	}
 	for _, pass := range []string{"", k.Key} {
 		if code, _ := riverUI(pass); code != http.StatusUnauthorized {

@@ -105,3 +105,30 @@ func TestFilesKeepTheRules(t *testing.T) {
 		t.Error("app.js no longer keeps the key in sessionStorage, or no longer sends it as the websocket subprotocol")
 	}
 }
+
+// TestPageHasWhatTheAppUses: every element the app looks up by id is in
+// the page, once.
+func TestPageHasWhatTheAppUses(t *testing.T) {
+	html, err := fs.ReadFile(static, "static/index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := fs.ReadFile(static, "static/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]int{}
+	for _, m := range regexp.MustCompile(`\sid="([^"]+)"`).FindAllStringSubmatch(string(html), -1) {
+		ids[m[1]]++
+	}
+	// $(id), and the helpers that take an element's id first.
+	used := regexp.MustCompile(`(?:\$|say|busy|act|minutesField|policyOf)\('([a-z0-9-]+)'[,)]`).FindAllStringSubmatch(string(js), -1)
+	if len(used) < 50 {
+		t.Fatalf("found %d lookups in app.js: is $(id) still how it finds elements?", len(used))
+	}
+	for _, m := range used {
+		if n := ids[m[1]]; n != 1 {
+			t.Errorf("app.js uses #%s, which index.html has %d times", m[1], n)
+		}
+	}
+}

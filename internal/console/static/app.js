@@ -9,27 +9,40 @@
 // - Everything from the API or a repository is rendered with textContent
 //   or as text nodes, never parsed as HTML; previews of binary files are
 //   blob URLs with the type their extension names.
+// - Fields a newer server adds (a sandbox's failureReason, a run's
+//   sandboxId, the health's degraded) are read when present and their
+//   absence is an older server, not an error.
 'use strict';
 
 (() => {
   const KEY_STORAGE = 'sandboxd.key';
   const REFRESH_MS = 5000;
+  const HEALTH_MS = 15000;
   const LOG_KEEP_CHARS = 2 << 20; // a run's log in the page: its last 2 MiB of text
   const TERM_KEEP_CHARS = 512 << 10;
   const HIGHLIGHT_MAX_CHARS = 512 << 10; // larger files are shown plain
+  const MAX_PAGES = 100; // "every page" of the sandboxes: at most this many requests
 
   const $ = (id) => document.getElementById(id);
 
   const state = {
     key: sessionStorage.getItem(KEY_STORAGE),
     view: null,
+    arg: '',
     refreshTimer: null,
+    sandboxes: [], // the last list, filtered in the page
+    sandbox: null, // the sandbox the detail view shows
+    exec: null, // AbortController of the detail view's command
+    runs: [], // the runs listed, newest first
+    runsCursor: null, // X-Next-Cursor of the last page of runs listed
     runStream: null, // AbortController of the followed run log
     openRun: null,
     openFile: null,
     previewURL: null, // blob URL of the file preview, revoked on change
     ws: null,
     termText: '',
+    termNode: document.createTextNode(''),
+    termCursor: null,
   };
 
   // ---- small DOM helpers -------------------------------------------------
@@ -52,10 +65,22 @@
     return e;
   }
 
+  // link is an in-page link to a hash route, which does not also click the
+  // row it sits in.
+  function link(hash, text, cls) {
+    return el('a', { href: hash, text, class: cls || '', onclick: (e) => e.stopPropagation() });
+  }
+
   function flash(msg) {
     const f = $('flash');
     f.textContent = msg || '';
     f.hidden = !msg;
+  }
+
+  // say shows a message in a form's own error line (none: hides it).
+  function say(id, msg) {
+    $(id).textContent = msg || '';
+    $(id).hidden = !msg;
   }
 
   function fmtDuration(ms) {
@@ -66,6 +91,32 @@
     if (m < 60) return `${m}m ${String(s % 60).padStart(2, '0')}s`;
     const h = Math.floor(m / 60);
     return `${h}h ${String(m % 60).padStart(2, '0')}m`;
+  }
+
+  // fmtMinutes says a number of milliseconds in minutes: "1440 minutes".
+  function fmtMinutes(ms) {
+    const m = ms / 60000;
+    const s = Number.isInteger(m) ? String(m) : m.toFixed(2).replace(/\.?0+$/, '');
+    return `${s} minute${s === '1' ? '' : 's'}`;
+  }
+
+  // inMinutes rewrites the API's timeouts in milliseconds ("timeout must be
+  // at most 86400000 ms") in the minutes the console asks for.
+  function inMinutes(msg) {
+    return String(msg)
+      .replace(/(\d+)\s*(?:ms|milliseconds)\b/g, (_, n) => fmtMinutes(Number(n)))
+      .replace(/\bmilliseconds\b/g, 'minutes');
+  }
+
+  // minutesField reads a field of minutes as milliseconds: undefined when
+  // it is empty (the server's default), an error when it is not a positive
+  // number.
+  function minutesField(id, what) {
+    const raw = $(id).value.trim();
+    if (raw === '') return undefined;
+    const m = Number(raw);
+    if (!Number.isFinite(m) || m <= 0) throw new Error(`${what} must be a positive number of minutes`);
+    return Math.max(1, Math.round(m * 60000));
   }
 
   function fmtTime(iso) {
@@ -89,8 +140,32 @@
     return `${i ? n.toFixed(1) : n} ${units[i]}`;
   }
 
+  // shellJoin shows a command line with its arguments quoted where a shell
+  // would need it.
+  function shellJoin(words) {
+    return words.map((w) => {
+      w = String(w);
+      return w !== '' && /^[A-Za-z0-9_@%+=:,./-]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`;
+    }).join(' ');
+  }
+
   function statusBadge(status) {
     return el('span', { class: 'badge st-' + String(status).toLowerCase(), text: status });
+  }
+
+  // policyText says a network policy: none, egress, or its allow list.
+  function policyText(p) {
+    if (p === undefined || p === null) return 'none';
+    if (typeof p === 'string') return p;
+    if (p && Array.isArray(p.allow)) return p.allow.length ? 'allow: ' + p.allow.join(', ') : 'allow: (nothing)';
+    return JSON.stringify(p);
+  }
+
+  // policyOf builds a policy from a kind select and an allow list input.
+  function policyOf(kindId, allowId) {
+    const kind = $(kindId).value;
+    if (kind !== 'allow') return kind;
+    return { allow: $(allowId).value.split(/[\s,]+/).filter(Boolean) };
   }
 
   // ---- the API -------------------------------------------------------------
@@ -99,10 +174,15 @@
     constructor(status, message) { super(message); this.status = status; }
   }
 
-  async function api(method, path, body) {
+  // request calls the API with the key; it answers the decoded body and the
+  // response (for its headers), or throws an APIError with the API's
+  // message. body is JSON, or a FormData sent as multipart.
+  async function request(method, path, body) {
     const headers = { 'x-api-key': state.key };
     const init = { method, headers, cache: 'no-store', credentials: 'omit' };
-    if (body !== undefined) {
+    if (body instanceof FormData) {
+      init.body = body;
+    } else if (body !== undefined) {
       headers['Content-Type'] = 'application/json';
       init.body = JSON.stringify(body);
     }
@@ -117,8 +197,14 @@
       if (resp.status === 401 && sessionStorage.getItem(KEY_STORAGE)) signOut('The server refused the key: sign in again.');
       throw new APIError(resp.status, msg);
     }
-    return data;
+    return { data, resp };
   }
+
+  async function api(method, path, body) {
+    return (await request(method, path, body)).data;
+  }
+
+  const sbPath = (id, rest) => `/api/sandboxes/${encodeURIComponent(id)}${rest || ''}`;
 
   // readEvents reads a text/event-stream body, calling onEvent(name, data)
   // for each event (fetch, not EventSource: EventSource cannot send the key).
@@ -158,6 +244,37 @@
       .replace(/\x1b[@-Z\\-_=>]/g, '');
   }
 
+  // appendOut adds text to a <pre> (a span of class cls when given),
+  // keeping its last LOG_KEEP_CHARS, and follows its end.
+  function appendOut(pre, text, cls) {
+    const t = stripEscapes(text);
+    pre.append(cls ? el('span', { class: cls, text: t }) : document.createTextNode(t));
+    let total = pre.textContent.length;
+    while (total > LOG_KEEP_CHARS && pre.firstChild) {
+      total -= pre.firstChild.textContent.length;
+      pre.firstChild.remove();
+    }
+    pre.scrollTop = pre.scrollHeight;
+  }
+
+  // ---- the server's health: a banner while it says it is degraded --------
+
+  async function checkHealth() {
+    let data = null;
+    try {
+      // No key: the health is public.
+      const resp = await fetch('/api/health', { cache: 'no-store', credentials: 'omit' });
+      data = await resp.json();
+    } catch (e) {
+      return; // unreachable: the calls the view makes say so
+    }
+    // An older server sends no degraded field: healthy as far as it says.
+    const reasons = data && Array.isArray(data.degraded) ? data.degraded : [];
+    const items = reasons.map((r) => el('li', { text: typeof r === 'string' ? r : JSON.stringify(r) }));
+    $('health-reasons').replaceChildren(...items);
+    $('health').hidden = items.length === 0;
+  }
+
   // ---- signing in and out ----------------------------------------------------
 
   async function signIn(ev) {
@@ -183,13 +300,19 @@
     sessionStorage.removeItem(KEY_STORAGE);
     state.key = null;
     stopRunStream();
+    stopExec();
     disconnectTerminal();
     clearPreview();
-    for (const id of ['sandboxes-body', 'runs-body', 'tree', 'preview-body', 'snapshots-body', 'run-log']) $(id).replaceChildren();
+    for (const id of ['sandboxes-body', 'runs-body', 'tree', 'preview-body', 'snapshots-body', 'run-log',
+      'sb-fields', 'exec-output', 'procs-body', 'fork-result']) $(id).replaceChildren();
+    state.sandboxes = [];
+    state.sandbox = null;
+    state.runs = [];
+    state.runsCursor = null;
     $('run-detail').hidden = true;
     $('preview').hidden = true;
     state.termText = '';
-    $('term').textContent = '';
+    state.termNode.data = '';
     flash('');
     history.replaceState(null, '', location.pathname);
     route();
@@ -200,6 +323,7 @@
 
   const views = {
     sandboxes: { load: loadSandboxes, refresh: true },
+    sandbox: { load: (arg, refreshing) => loadSandbox(arg, refreshing), refresh: true, nav: 'sandboxes' },
     runs: { load: (arg, refreshing) => loadRuns(arg, refreshing), refresh: true },
     files: { load: (arg) => loadFiles(arg) },
     snapshots: { load: loadSnapshots, refresh: true },
@@ -208,6 +332,7 @@
 
   function route() {
     clearInterval(state.refreshTimer);
+    run(checkHealth());
     const signedIn = !!state.key;
     $('nav').hidden = !signedIn;
     $('signout').hidden = !signedIn;
@@ -218,9 +343,12 @@
     if (!signedIn) name = 'signin';
     else if (!views[name]) name = 'sandboxes';
     if (name !== 'runs') stopRunStream();
+    if (name !== 'sandbox' || arg !== state.arg) leaveSandbox();
     for (const s of document.querySelectorAll('main > .view')) s.hidden = s.id !== 'view-' + name;
-    for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === name);
+    const nav = (views[name] && views[name].nav) || name;
+    for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === nav);
     state.view = name;
+    state.arg = arg;
     flash('');
     if (name === 'signin') { $('key').focus(); return; }
     const v = views[name];
@@ -235,38 +363,82 @@
     Promise.resolve(p).catch((e) => { if (state.key) flash(e.message || String(e)); });
   }
 
+  // busy disables a button while the action it started is under way.
+  async function busy(id, fn) {
+    const b = $(id);
+    b.disabled = true;
+    try {
+      return await fn();
+    } finally {
+      b.disabled = false;
+    }
+  }
+
   // ---- sandboxes -------------------------------------------------------------
 
-  async function loadSandboxes() {
-    const data = await api('GET', '/api/sandboxes');
+  const ACTIVE = new Set(['pending', 'running', 'stopping', 'pausing', 'paused', 'resuming']);
+
+  // remainingOf is a span with the time a sandbox has left: counted down
+  // while it runs (tickDeadlines), kept while it is paused.
+  function remainingOf(sb, now) {
+    const span = el('span', { class: 'remaining' });
+    if (sb.sandboxStatus === 'running' && typeof sb.timeout === 'number') span.dataset.deadline = String(now + sb.timeout);
+    else span.textContent = sb.sandboxStatus === 'paused' ? `${fmtDuration(sb.timeout)} (paused)` : '—';
+    return span;
+  }
+
+  // failureOf is the reason a failed sandbox gives (failureReason; an older
+  // server gives none).
+  function failureOf(sb) {
+    return typeof sb.failureReason === 'string' ? sb.failureReason : '';
+  }
+
+  async function loadSandboxes(arg, refreshing) {
+    let list;
+    if ($('sb-all').checked) {
+      // Every page is many requests: refreshed every 30 s, not 5.
+      if (refreshing && Date.now() - (state.allAt || 0) < 30000) return;
+      state.allAt = Date.now();
+      // Every page, as `sandbox ls --all` reads them.
+      list = [];
+      let cursor = '';
+      for (let i = 0; i < MAX_PAGES; i++) {
+        const { data, resp } = await request('GET', '/api/sandboxes?limit=100' + (cursor ? '&cursor=' + encodeURIComponent(cursor) : ''));
+        list.push(...(data.sandboxes || []));
+        cursor = resp.headers.get('X-Next-Cursor');
+        if (!cursor) break;
+      }
+    } else {
+      list = (await api('GET', '/api/sandboxes')).sandboxes || [];
+    }
+    state.sandboxes = list;
+    renderSandboxes();
+  }
+
+  function renderSandboxes() {
+    const status = $('sb-filter-status').value;
+    const text = $('sb-filter-text').value.trim().toLowerCase();
     const now = Date.now();
-    const rows = (data.sandboxes || []).map((sb) => {
-      const live = sb.sandboxStatus === 'running';
-      const remaining = el('span', { class: 'remaining' });
-      if (live) remaining.dataset.deadline = String(now + sb.timeout);
-      else remaining.textContent = sb.sandboxStatus === 'paused' ? `${fmtDuration(sb.timeout)} (paused)` : '—';
-      const actions = el('td', { class: 'actions' });
-      if (live || sb.sandboxStatus === 'paused') {
-        actions.append(
-          el('button', { type: 'button', text: '+10 min', title: 'Extend its lifetime by 10 minutes', onclick: () => run(extend(sb)) }),
-          el('button', { type: 'button', text: 'Stop', class: 'danger', onclick: () => run(stop(sb)) }));
-      }
-      if (live) {
-        actions.append(el('button', { type: 'button', text: 'Terminal', onclick: () => { location.hash = '#terminal/' + encodeURIComponent(sb.sandboxId); } }));
-      }
-      if (sb.runId) {
-        actions.append(el('button', { type: 'button', text: 'Run', title: 'The run it was created with', onclick: () => { location.hash = '#runs/' + encodeURIComponent(sb.runId); } }));
-      }
-      return el('tr', { dataset: { sandbox: sb.sandboxId, status: sb.sandboxStatus } },
-        el('td', { class: 'mono', text: sb.sandboxId }),
-        el('td', null, statusBadge(sb.sandboxStatus)),
-        el('td', null, remaining),
-        el('td', { text: fmtTime(sb.createdAt) }),
-        el('td', { text: sb.runtime || '' }),
-        actions);
+    const shown = state.sandboxes.filter((sb) =>
+      (!status || (status === 'active' ? ACTIVE.has(sb.sandboxStatus) : sb.sandboxStatus === status)) &&
+      (!text || String(sb.sandboxId).toLowerCase().includes(text)));
+    const rows = shown.map((sb) => {
+      const open = () => { location.hash = '#sandbox/' + encodeURIComponent(sb.sandboxId); };
+      const statusCell = el('td', null, statusBadge(sb.sandboxStatus));
+      const reason = failureOf(sb);
+      if (reason) statusCell.append(el('span', { class: 'reason', text: reason }));
+      return el('tr', { class: 'clickable', dataset: { sandbox: sb.sandboxId, status: sb.sandboxStatus }, onclick: open },
+        el('td', { class: 'mono' }, link('#sandbox/' + encodeURIComponent(sb.sandboxId), sb.sandboxId, 'sandbox-link')),
+        statusCell,
+        el('td', null, remainingOf(sb, now)),
+        el('td', { class: 'opt', text: fmtTime(sb.createdAt) }),
+        el('td', { class: 'opt', text: sb.runtime || '' }),
+        el('td', { class: 'opt mono' }, sb.runId ? link('#runs/' + encodeURIComponent(sb.runId), sb.runId) : null));
     });
     $('sandboxes-body').replaceChildren(...rows);
     $('sandboxes-empty').hidden = rows.length > 0;
+    $('sandboxes-empty').textContent = state.sandboxes.length ? 'No sandbox matches the filter.' : 'No sandboxes yet.';
+    $('sb-count').textContent = shown.length === state.sandboxes.length ? `${shown.length}` : `${shown.length} of ${state.sandboxes.length}`;
     tickDeadlines();
   }
 
@@ -280,42 +452,342 @@
       span.classList.toggle('soon', left < 60000);
       if (left <= 0) expired = true;
     }
-    if (expired && state.view === 'sandboxes' && !state.reloadPending) {
+    if (expired && (state.view === 'sandboxes' || state.view === 'sandbox') && !state.reloadPending) {
       state.reloadPending = true;
-      setTimeout(() => { state.reloadPending = false; run(loadSandboxes()); }, 1500);
+      setTimeout(() => {
+        state.reloadPending = false;
+        if (state.view === 'sandboxes') run(loadSandboxes());
+        else if (state.view === 'sandbox') run(loadSandbox(state.arg, true));
+      }, 1500);
     }
   }
 
   async function createSandbox(ev) {
     ev.preventDefault();
+    say('create-error', '');
     const kind = $('new-kind').value;
     const text = $('new-command').value.trim();
-    const minutes = Number($('new-timeout').value) || 10;
-    const body = { timeout: Math.round(minutes * 60000) };
-    if (kind === 'command' && text) { body.command = 'sh'; body.args = ['-c', text]; }
-    if (kind === 'prompt' && text) body.prompt = text;
-    $('create').disabled = true;
+    const body = {};
     try {
-      const data = await api('POST', '/api/sandboxes', body);
+      const timeout = minutesField('new-timeout', 'The timeout');
+      if (timeout !== undefined) body.timeout = timeout;
+    } catch (e) {
+      say('create-error', e.message);
+      return;
+    }
+    if (kind === 'command' && text) {
+      body.command = 'sh';
+      body.args = ['-c', text];
+      const cwd = $('new-cwd').value.trim();
+      if (cwd) body.cwd = cwd;
+    }
+    if (kind === 'prompt' && text) body.prompt = text;
+    if ($('new-network').value !== 'none') body.network = policyOf('new-network', 'new-allow');
+    await busy('create', async () => {
+      let data;
+      try {
+        data = await api('POST', '/api/sandboxes', body);
+      } catch (e) {
+        say('create-error', inMinutes(e.message));
+        return;
+      }
       const sb = (data.sandboxes || [])[0];
       $('new-command').value = '';
       if (sb && sb.runId) location.hash = '#runs/' + encodeURIComponent(sb.runId);
+      else if (sb) location.hash = '#sandbox/' + encodeURIComponent(sb.sandboxId);
       else await loadSandboxes();
-    } finally {
-      $('create').disabled = false;
+    });
+  }
+
+  function createKindChanged() {
+    const kind = $('new-kind').value;
+    $('new-command').disabled = kind === 'none';
+    $('new-command').placeholder = kind === 'prompt' ? 'create a hello world index.html' : 'echo hello > hello.txt';
+    $('new-cwd').hidden = kind !== 'command';
+  }
+
+  // ---- one sandbox: every field, and everything that can be done to it -----
+
+  const FIELD_LABELS = {
+    sandboxId: 'Id', sandboxStatus: 'Status', failureReason: 'Failure reason', timeout: 'Time left',
+    createdAt: 'Created', runId: 'Run', runtime: 'Runtime', network: 'Network',
+    network_bytes: 'Network traffic', forkedFrom: 'Forked from',
+  };
+
+  // fieldValue renders one field of a sandbox as text (or links).
+  function fieldValue(sb, k, now) {
+    const v = sb[k];
+    switch (k) {
+      case 'timeout': {
+        if (sb.sandboxStatus === 'running') return el('span', null, remainingOf(sb, now), ' of its timeout');
+        if (sb.sandboxStatus === 'paused') return `${fmtDuration(v)}, kept while paused`;
+        return typeof v === 'number' && v > 0 ? fmtDuration(v) : '—';
+      }
+      case 'createdAt': return fmtTime(v);
+      case 'runId': return v ? link('#runs/' + encodeURIComponent(v), v, 'mono') : '—';
+      case 'forkedFrom': return v ? link('#sandbox/' + encodeURIComponent(v), v, 'mono') : '—';
+      case 'network': return policyText(v);
+      case 'network_bytes': return v && typeof v === 'object' ? `sent ${fmtBytes(v.sent)}, received ${fmtBytes(v.received)}` : JSON.stringify(v);
+      case 'sandboxStatus': return statusBadge(v);
+    }
+    if (v === null || v === undefined) return '—';
+    return typeof v === 'string' ? v : JSON.stringify(v);
+  }
+
+  async function loadSandbox(id, refreshing) {
+    if (!refreshing) {
+      state.sandbox = null;
+      $('sb-title').textContent = id;
+      $('sb-badge').replaceChildren();
+      $('sb-fields').replaceChildren();
+      $('sb-failure').hidden = true;
+      $('sb-live').hidden = true;
+      for (const b of $('sb-buttons').querySelectorAll('button')) b.disabled = true;
+      say('sb-error', '');
+    }
+    const data = await api('GET', '/api/sandboxes?sandbox_id=' + encodeURIComponent(id));
+    if (state.view !== 'sandbox' || state.arg !== id) return;
+    const sb = (data.sandboxes || []).find((s) => s.sandboxId === id);
+    if (!sb) {
+      state.sandbox = null;
+      $('sb-fields').replaceChildren();
+      say('sb-error', 'No such sandbox: it is not this account\'s, or it ended long enough ago to be deleted.');
+      return;
+    }
+    const first = !state.sandbox;
+    renderSandbox(sb);
+    if (first) {
+      // The network form starts from the policy it has.
+      const p = sb.network;
+      $('sb-network-kind').value = p && typeof p === 'object' ? 'allow' : (p || 'none');
+      $('sb-network-allow').value = p && Array.isArray(p.allow) ? p.allow.join(', ') : '';
+      networkKindChanged();
+      if (sb.sandboxStatus === 'running') run(loadProcesses());
     }
   }
 
-  async function extend(sb) {
-    const row = document.querySelector(`tr[data-sandbox="${CSS.escape(sb.sandboxId)}"] [data-deadline]`);
-    const left = row ? Math.max(0, Number(row.dataset.deadline) - Date.now()) : sb.timeout;
-    await api('POST', `/api/sandboxes/${encodeURIComponent(sb.sandboxId)}/timeout`, { timeout: Math.round(left + 10 * 60000) });
-    await loadSandboxes();
+  function renderSandbox(sb) {
+    state.sandbox = sb;
+    const now = Date.now();
+    $('sb-title').textContent = sb.sandboxId;
+    $('sb-badge').replaceChildren(statusBadge(sb.sandboxStatus));
+    $('view-sandbox').dataset.status = sb.sandboxStatus;
+    const failed = sb.sandboxStatus === 'failed';
+    $('sb-failure').hidden = !failed;
+    $('sb-failure').textContent = failed
+      ? (failureOf(sb) ? 'It failed: ' + failureOf(sb) : 'It failed; the server gives no reason.')
+      : '';
+    const keys = Object.keys(FIELD_LABELS).filter((k) => k in sb);
+    for (const k of Object.keys(sb)) if (!keys.includes(k)) keys.push(k);
+    $('sb-fields').replaceChildren(...keys.map((k) =>
+      el('div', { dataset: { field: k } }, el('dt', { text: FIELD_LABELS[k] || k }), el('dd', null, fieldValue(sb, k, now)))));
+    $('sb-run').hidden = !sb.runId;
+    $('sb-live').hidden = !ACTIVE.has(sb.sandboxStatus);
+    updateActions(sb);
+    tickDeadlines();
   }
 
-  async function stop(sb) {
-    await api('POST', `/api/sandboxes/${encodeURIComponent(sb.sandboxId)}/stop`, {});
-    await loadSandboxes();
+  // updateActions enables what can be done to the sandbox as it is now.
+  function updateActions(sb) {
+    const st = sb.sandboxStatus;
+    const live = st === 'running' || st === 'paused';
+    const on = {
+      'sb-stop': live || st === 'pending',
+      'sb-pause': st === 'running',
+      'sb-resume': st === 'paused',
+      'sb-terminal': st === 'running',
+      'sb-run': !!sb.runId,
+      'sb-extend': live,
+      'sb-fork': live,
+      'sb-network-apply': st === 'running' && 'network' in sb,
+      'exec-run': live && !state.exec,
+      'procs-refresh': live,
+    };
+    for (const [id, enabled] of Object.entries(on)) if (!$(id).dataset.busy) $(id).disabled = !enabled;
+    $('sb-network-note').textContent = 'network' in sb
+      ? 'Replaces its policy at once, without a restart.'
+      : 'It was created without a network, so it cannot be given one.';
+  }
+
+  // act runs an action on the open sandbox from button id: its button is
+  // busy meanwhile, its error shown (timeouts in minutes), the sandbox
+  // shown again after.
+  async function act(id, fn) {
+    const sb = state.sandbox;
+    if (!sb) return;
+    say('sb-error', '');
+    const b = $(id);
+    b.dataset.busy = '1';
+    b.disabled = true;
+    try {
+      await fn(sb);
+    } catch (e) {
+      say('sb-error', inMinutes(e.message || String(e)));
+    } finally {
+      delete b.dataset.busy;
+      if (state.view === 'sandbox' && state.arg === sb.sandboxId) {
+        await loadSandbox(sb.sandboxId, true).catch((e) => say('sb-error', e.message));
+      }
+    }
+  }
+
+  // leftNow is the open sandbox's remaining time now, in milliseconds.
+  function leftNow(sb) {
+    const span = document.querySelector('#sb-fields [data-deadline]');
+    if (sb.sandboxStatus === 'running' && span) return Math.max(0, Number(span.dataset.deadline) - Date.now());
+    return typeof sb.timeout === 'number' ? sb.timeout : 0;
+  }
+
+  function sandboxAction(verb) {
+    return () => act('sb-' + verb, (sb) => api('POST', sbPath(sb.sandboxId, '/' + verb), {}));
+  }
+
+  function extendSandbox(ev) {
+    ev.preventDefault();
+    run(act('sb-extend', async (sb) => {
+      const add = minutesField('sb-extend-minutes', 'The extension');
+      if (add === undefined) throw new Error('Say how many minutes to add.');
+      await api('POST', sbPath(sb.sandboxId, '/timeout'), { timeout: Math.round(leftNow(sb) + add) });
+    }));
+  }
+
+  function forkSandbox(ev) {
+    ev.preventDefault();
+    run(act('sb-fork', async (sb) => {
+      const count = Number($('sb-fork-count').value || '1');
+      if (!Number.isInteger(count) || count < 1) throw new Error('The count must be a whole number, 1 or more.');
+      const body = { count };
+      const timeout = minutesField('sb-fork-timeout', 'The timeout');
+      if (timeout !== undefined) body.timeout = timeout;
+      const data = await api('POST', sbPath(sb.sandboxId, '/fork'), body);
+      $('fork-result').replaceChildren(el('li', { text: 'Started:' }),
+        ...(data.sandboxes || []).map((c) => el('li', { dataset: { forked: c.sandboxId } }, link('#sandbox/' + encodeURIComponent(c.sandboxId), c.sandboxId, 'mono'))));
+    }));
+  }
+
+  function setNetwork(ev) {
+    ev.preventDefault();
+    run(act('sb-network-apply', (sb) => api('PATCH', sbPath(sb.sandboxId, '/network'), { network: policyOf('sb-network-kind', 'sb-network-allow') })));
+  }
+
+  function networkKindChanged() {
+    $('sb-network-allow').hidden = $('sb-network-kind').value !== 'allow';
+  }
+
+  // leaveSandbox forgets the open sandbox: its command is stopped (it was
+  // started to be watched here), its forms emptied.
+  function leaveSandbox() {
+    stopExec();
+    state.sandbox = null;
+    $('exec-output').replaceChildren();
+    $('exec-output').hidden = true;
+    $('exec-status').textContent = '';
+    $('fork-result').replaceChildren();
+    $('procs-body').replaceChildren();
+    $('procs-table').hidden = true;
+  }
+
+  // ---- exec: a command in the open sandbox, its output streamed ------------
+
+  function stopExec() {
+    if (state.exec) state.exec.abort();
+    state.exec = null;
+    $('exec-stop').disabled = true;
+  }
+
+  async function execCommand(ev) {
+    ev.preventDefault();
+    const sb = state.sandbox;
+    const command = $('exec-command').value;
+    if (!sb || !command.trim() || state.exec) return;
+    const ctrl = new AbortController();
+    state.exec = ctrl;
+    const out = $('exec-output');
+    const status = $('exec-status');
+    out.replaceChildren();
+    out.hidden = false;
+    status.textContent = 'running…';
+    status.className = 'note';
+    delete status.dataset.exit;
+    $('exec-run').disabled = true;
+    $('exec-stop').disabled = false;
+    const done = (text, cls, code) => {
+      status.textContent = text;
+      status.className = cls;
+      if (code !== undefined) status.dataset.exit = String(code);
+    };
+    try {
+      // killOnDisconnect: Stop (or leaving the page) ends the command, as
+      // Ctrl-C does in `sandboxd sandbox exec`.
+      const resp = await fetch(sbPath(sb.sandboxId, '/exec'), {
+        method: 'POST',
+        headers: { 'x-api-key': state.key, 'Content-Type': 'application/json', Accept: 'text/event-stream' },
+        body: JSON.stringify({ command: 'sh', args: ['-c', command], killOnDisconnect: true }),
+        cache: 'no-store', credentials: 'omit', signal: ctrl.signal,
+      });
+      if (!resp.ok) {
+        let msg = `HTTP ${resp.status}`;
+        try { const d = await resp.json(); msg = d.error || d.message || msg; } catch (e) { /* not JSON */ }
+        done(msg, 'error');
+        return;
+      }
+      let ended = false;
+      await readEvents(resp.body, (name, raw) => {
+        let msg = {};
+        try { msg = JSON.parse(raw); } catch (e) { return; }
+        if (name === 'stdout') appendOut(out, msg.data || '');
+        else if (name === 'stderr') appendOut(out, msg.data || '', 'stderr');
+        else if (name === 'exit') {
+          ended = true;
+          const ms = Number(msg.durationMs);
+          const parts = [`exit ${msg.exitCode}`, ms < 1000 ? `${ms} ms` : fmtDuration(ms)];
+          if (msg.oomKilled) parts.push('killed for the memory limit');
+          done(parts.join(' · '), msg.exitCode === 0 ? 'status st-completed' : 'status st-failed', msg.exitCode);
+        } else if (name === 'error') {
+          ended = true;
+          done(msg.error || 'the command failed', 'error');
+        }
+      });
+      if (!ended) done('the stream ended before the command did', 'error');
+    } catch (e) {
+      if (ctrl.signal.aborted) done('stopped', 'note');
+      else done(`the stream broke: ${e.message}`, 'error');
+    } finally {
+      if (state.exec === ctrl) state.exec = null;
+      $('exec-stop').disabled = true;
+      if (state.sandbox) updateActions(state.sandbox);
+    }
+  }
+
+  // ---- processes of the open sandbox -----------------------------------------
+
+  async function loadProcesses() {
+    const sb = state.sandbox;
+    if (!sb) return;
+    const data = await api('GET', sbPath(sb.sandboxId, '/processes'));
+    if (!state.sandbox || state.sandbox.sandboxId !== sb.sandboxId) return;
+    const rows = (data.processes || []).map((p) => el('tr', { dataset: { pid: String(p.pid) } },
+      el('td', { text: String(p.pid) }),
+      el('td', { class: 'mono', text: shellJoin(Array.isArray(p.command) ? p.command : [String(p.command)]) + (p.pty ? ' (terminal)' : ''), title: p.cwd ? 'in ' + p.cwd : '' }),
+      el('td', { class: 'opt mono', text: p.tag || '' }),
+      el('td', { class: 'opt', text: fmtShort(p.startedAt), title: fmtTime(p.startedAt) }),
+      el('td', { class: 'actions' }, el('button', { type: 'button', class: 'danger kill', text: 'Kill', onclick: (e) => run(killProcess(e.currentTarget, p.pid)) }))));
+    $('procs-body').replaceChildren(...rows);
+    $('procs-table').hidden = rows.length === 0;
+    $('procs-note').textContent = rows.length ? `${rows.length} running, as of ${new Date().toLocaleTimeString()}.` : 'No process runs in it.';
+  }
+
+  async function killProcess(button, pid) {
+    const sb = state.sandbox;
+    if (!sb) return;
+    button.disabled = true;
+    const signal = $('procs-signal').value;
+    try {
+      await api('DELETE', sbPath(sb.sandboxId, `/processes/${encodeURIComponent(pid)}?signal=${encodeURIComponent(signal)}`));
+    } catch (e) {
+      say('sb-error', e.message);
+    }
+    await loadProcesses();
   }
 
   // ---- runs --------------------------------------------------------------------
@@ -324,45 +796,133 @@
     return r.output && typeof r.output === 'object' && typeof r.output.exitCode === 'number' ? r.output.exitCode : null;
   }
 
+  function payloadOf(r) {
+    return r.payload && typeof r.payload === 'object' ? r.payload : {};
+  }
+
+  // promptOf is the prompt of a prompt's run, or null: a prompt runs as
+  // opencode run PROMPT (run -- PROMPT when it starts with a dash), unless
+  // the payload names it itself.
+  function promptOf(r) {
+    const p = payloadOf(r);
+    if (typeof p.prompt === 'string') return p.prompt;
+    const a = Array.isArray(p.args) ? p.args : [];
+    if (p.command !== 'opencode' || a[0] !== 'run') return null;
+    if (a.length === 2 && typeof a[1] === 'string') return a[1];
+    if (a.length === 3 && a[1] === '--' && typeof a[2] === 'string') return a[2];
+    return null;
+  }
+
   const TASKS = { 'run-sandbox-command': 'command', 'setup-sandbox': 'setup', 'coding-agent': 'agent' };
 
+  function runKind(r) {
+    if (/prompt/i.test(r.taskIdentifier || '') || (r.taskIdentifier === 'run-sandbox-command' && promptOf(r) !== null)) return 'prompt';
+    return TASKS[r.taskIdentifier] || r.taskIdentifier || 'run';
+  }
+
+  // sandboxOf is the sandbox a run ran in: its sandboxId, or (older
+  // servers) its payload's, its output's or its sandbox: tag.
+  function sandboxOf(r) {
+    const o = r.output && typeof r.output === 'object' ? r.output : {};
+    for (const v of [r.sandboxId, payloadOf(r).sandboxId, o.sandboxId]) if (typeof v === 'string' && v) return v;
+    for (const t of r.tags || []) if (typeof t === 'string' && t.startsWith('sandbox:')) return t.slice(8);
+    return '';
+  }
+
+  const ENDED = new Set(['COMPLETED', 'FAILED', 'CRASHED', 'CANCELED', 'SYSTEM_FAILURE', 'INTERRUPTED', 'TIMED_OUT', 'EXPIRED']);
+
+  // outcomeOf: active, success or failure. A command that exited non-zero
+  // failed, though its run is COMPLETED (it ran to its end).
+  function outcomeOf(r) {
+    if (!r.isCompleted && !ENDED.has(r.status)) return 'active';
+    if (r.isFailed || r.status !== 'COMPLETED') return 'failure';
+    const code = exitOf(r);
+    return code !== null && code !== 0 ? 'failure' : 'success';
+  }
+
+  // runStatusText is the status with the exit code of a command that
+  // failed: "COMPLETED · exit 3".
+  function runStatusText(r) {
+    const code = exitOf(r);
+    return code !== null && code !== 0 ? `${r.status} · exit ${code}` : r.status;
+  }
+
+  function runBadge(r) {
+    const outcome = outcomeOf(r);
+    const b = el('span', { class: 'badge ' + (outcome === 'failure' ? 'st-failed' : 'st-' + String(r.status).toLowerCase()), text: runStatusText(r) });
+    b.dataset.outcome = outcome;
+    if (outcome === 'failure' && r.status === 'COMPLETED') b.title = `The command ran to its end and exited with status ${exitOf(r)}`;
+    return b;
+  }
+
+  function runCommandText(r) {
+    const prompt = promptOf(r);
+    if (prompt !== null) return prompt;
+    const p = payloadOf(r);
+    return p.command ? shellJoin([p.command, ...(Array.isArray(p.args) ? p.args : [])]) : '';
+  }
+
   async function loadRuns(selected, refreshing) {
-    const data = await api('GET', '/api/tasks/runs?limit=50');
-    const rows = (data.runs || []).map((r) => el('tr', {
-      class: 'clickable' + (r.id === state.openRun ? ' selected' : ''),
-      dataset: { run: r.id, status: r.status },
-      onclick: () => { location.hash = '#runs/' + encodeURIComponent(r.id); },
-    },
-    el('td', { class: 'mono', text: r.id }),
-    el('td', { class: 'nowrap', text: TASKS[r.taskIdentifier] || r.taskIdentifier, title: r.taskIdentifier }),
-    el('td', null, statusBadge(r.status)),
-    el('td', { class: 'nowrap', text: fmtShort(r.createdAt), title: fmtTime(r.createdAt) }),
-    el('td', { class: 'nowrap', text: fmtDuration(r.durationMs) })));
-    $('runs-body').replaceChildren(...rows);
-    $('runs-empty').hidden = rows.length > 0;
+    const { data, resp } = await request('GET', '/api/tasks/runs?limit=50');
+    const fresh = data.runs || [];
+    // The newest page again; older pages loaded before are kept.
+    const seen = new Set(fresh.map((r) => r.id));
+    const older = refreshing ? state.runs.filter((r) => !seen.has(r.id)) : [];
+    state.runs = fresh.concat(older);
+    if (!refreshing || !older.length) state.runsCursor = resp.headers.get('X-Next-Cursor');
+    // A run whose log is arriving has started, whatever an answer the
+    // server gave a moment before says.
+    if (state.runStream && $('run-status').dataset.status === 'EXECUTING') {
+      for (const r of state.runs) if (r.id === state.openRun && r.status === 'QUEUED') r.status = 'EXECUTING';
+    }
+    renderRuns();
     // While its log is followed, the open run's status comes from the
     // list; its end comes from the stream, once the whole log is shown.
-    const open = (data.runs || []).find((r) => r.id === state.openRun);
+    const open = state.runs.find((r) => r.id === state.openRun);
     if (open && !open.isCompleted && state.runStream) showRunStatus(open);
     if (selected && !refreshing && selected !== state.openRun) openRun(selected);
     if (!selected) { stopRunStream(); $('run-detail').hidden = true; }
+  }
+
+  async function loadOlderRuns() {
+    if (!state.runsCursor) return;
+    const { data, resp } = await request('GET', '/api/tasks/runs?limit=50&cursor=' + encodeURIComponent(state.runsCursor));
+    const seen = new Set(state.runs.map((r) => r.id));
+    state.runs = state.runs.concat((data.runs || []).filter((r) => !seen.has(r.id)));
+    state.runsCursor = resp.headers.get('X-Next-Cursor');
+    renderRuns();
+  }
+
+  function renderRuns() {
+    const status = $('runs-filter-status').value;
+    const text = $('runs-filter-text').value.trim().toLowerCase();
+    const shown = state.runs.filter((r) => (!status || outcomeOf(r) === status) &&
+      (!text || [r.id, sandboxOf(r), runCommandText(r)].some((v) => String(v).toLowerCase().includes(text))));
+    const rows = shown.map((r) => {
+      const sandbox = sandboxOf(r);
+      const kind = runKind(r);
+      return el('tr', {
+        class: 'clickable' + (r.id === state.openRun ? ' selected' : ''),
+        dataset: { run: r.id, status: r.status, outcome: outcomeOf(r), kind },
+        onclick: () => { location.hash = '#runs/' + encodeURIComponent(r.id); },
+      },
+      el('td', { class: 'mono' }, link('#runs/' + encodeURIComponent(r.id), r.id)),
+      el('td', { class: 'kind', text: kind, title: r.taskIdentifier || '' }),
+      el('td', { class: 'mono sandbox' }, sandbox ? link('#sandbox/' + encodeURIComponent(sandbox), sandbox) : '—'),
+      el('td', null, runBadge(r)),
+      el('td', { class: 'opt nowrap', text: fmtShort(r.createdAt), title: fmtTime(r.createdAt) }),
+      el('td', { class: 'opt nowrap', text: fmtDuration(r.durationMs) }));
+    });
+    $('runs-body').replaceChildren(...rows);
+    $('runs-empty').hidden = rows.length > 0;
+    $('runs-empty').textContent = state.runs.length ? 'No run matches the filter.' : 'No runs yet.';
+    $('runs-more').hidden = !state.runsCursor;
   }
 
   function stopRunStream() {
     if (state.runStream) state.runStream.abort();
     state.runStream = null;
     state.openRun = null;
-  }
-
-  // appendLog adds text to the run's log, keeping its last LOG_KEEP_CHARS.
-  function appendLog(pre, text) {
-    pre.append(document.createTextNode(stripEscapes(text)));
-    let total = pre.textContent.length;
-    while (total > LOG_KEEP_CHARS && pre.firstChild) {
-      total -= pre.firstChild.textContent.length;
-      pre.firstChild.remove();
-    }
-    pre.scrollTop = pre.scrollHeight;
   }
 
   function showRunStatus(r) {
@@ -374,7 +934,17 @@
     if (r.error && r.error.message) parts.push(r.error.message);
     p.textContent = parts.join(' · ');
     p.dataset.status = r.status;
-    p.className = 'status st-' + String(r.status).toLowerCase();
+    p.dataset.outcome = outcomeOf(r);
+    p.className = 'status ' + (outcomeOf(r) === 'failure' ? 'st-failed' : 'st-' + String(r.status).toLowerCase());
+  }
+
+  function showRunHeader(r) {
+    const kind = runKind(r);
+    $('run-kind').textContent = kind;
+    const sandbox = sandboxOf(r);
+    $('run-sandbox').replaceChildren(sandbox ? link('#sandbox/' + encodeURIComponent(sandbox), sandbox, 'mono') : '—');
+    $('run-command-label').textContent = kind === 'prompt' ? 'Prompt' : 'Command';
+    $('run-command').textContent = runCommandText(r) || '—';
   }
 
   async function openRun(id) {
@@ -387,9 +957,11 @@
     pre.replaceChildren();
     $('run-detail').hidden = false;
     $('run-title').textContent = id;
-    $('run-command').textContent = '';
+    for (const f of ['run-kind', 'run-sandbox', 'run-command']) $(f).replaceChildren();
     $('run-status').textContent = 'following the log…';
     $('run-status').dataset.status = '';
+    $('run-status').dataset.outcome = '';
+    $('run-status').className = 'status';
     let first;
     try {
       first = (await api('GET', '/api/tasks/runs?runId=' + encodeURIComponent(id))).runs[0];
@@ -397,8 +969,8 @@
       $('run-status').textContent = e.message;
       return;
     }
-    const p = first.payload || {};
-    if (p.command) $('run-command').textContent = [p.command, ...(p.args || [])].join(' ');
+    if (state.runStream !== ctrl) return;
+    showRunHeader(first);
     showRunStatus(first);
     $('run-status').dataset.status = first.isCompleted ? '' : first.status;
     let got = false;
@@ -412,20 +984,22 @@
         const msg = JSON.parse(data);
         if (name === 'log') {
           got = true;
-          appendLog(pre, msg.data);
+          appendOut(pre, msg.data);
           // A run that logs has started (the list's refresh says more).
           if ($('run-status').dataset.status === 'QUEUED') {
             $('run-status').textContent = 'EXECUTING';
             $('run-status').dataset.status = 'EXECUTING';
             $('run-status').className = 'status st-executing';
+            const listed = state.runs.find((x) => x.id === id);
+            if (listed && listed.status === 'QUEUED') { listed.status = 'EXECUTING'; renderRuns(); }
             run(loadRuns(id, true));
           }
         }
-        else if (name === 'error') appendLog(pre, `\n[${msg.error}]\n`);
+        else if (name === 'error') appendOut(pre, `\n[${msg.error}]\n`);
       });
     } catch (e) {
       if (ctrl.signal.aborted) return;
-      appendLog(pre, `\n[the log stream broke: ${e.message}]\n`);
+      appendOut(pre, `\n[the log stream broke: ${e.message}]\n`);
     }
     if (state.runStream !== ctrl) return;
     // The stream ended with the run: show how it ended, and its output
@@ -433,14 +1007,14 @@
     const r = (await api('GET', '/api/tasks/runs?runId=' + encodeURIComponent(id))).runs[0];
     if (state.runStream !== ctrl) return;
     if (!got && r.output && typeof r.output === 'object') {
-      if (r.output.stdout) appendLog(pre, r.output.stdout);
-      if (r.output.stderr) appendLog(pre, r.output.stderr);
-      if (!r.output.stdout && !r.output.stderr) appendLog(pre, JSON.stringify(r.output, null, 2));
+      if (r.output.stdout) appendOut(pre, r.output.stdout);
+      if (r.output.stderr) appendOut(pre, r.output.stderr, 'stderr');
+      if (!r.output.stdout && !r.output.stderr) appendOut(pre, JSON.stringify(r.output, null, 2));
     }
+    showRunHeader(r);
     showRunStatus(r);
     run(loadRuns(id, true));
   }
-
   // ---- files -------------------------------------------------------------------
 
   async function loadFiles(path) {
@@ -553,6 +1127,39 @@
     body.append(renderCode(text, text.length <= HIGHLIGHT_MAX_CHARS ? lang : null));
   }
 
+
+  // uploadFiles commits the chosen files to the account's repository
+  // (POST /api/sandboxes/files, multipart), as `sandboxd sandbox upload`.
+  async function uploadFiles(ev) {
+    ev.preventDefault();
+    const files = [...$('upload-files').files];
+    const result = $('upload-result');
+    result.className = 'note';
+    if (!files.length) { result.textContent = 'Choose files first.'; return; }
+    const form = new FormData();
+    const dir = $('upload-path').value.trim();
+    const message = $('upload-message').value.trim();
+    if (dir) form.append('path', dir);
+    if (message) form.append('message', message);
+    for (const f of files) form.append('file', f, f.name);
+    result.textContent = `uploading ${files.length} file${files.length === 1 ? '' : 's'}…`;
+    await busy('upload', async () => {
+      let data;
+      try {
+        data = await api('POST', '/api/sandboxes/files', form);
+      } catch (e) {
+        result.className = 'error';
+        result.textContent = e.message;
+        return;
+      }
+      const done = (data.uploaded || []).map((u) => u.path);
+      const failed = data.errors || [];
+      result.className = failed.length ? 'error' : 'note';
+      result.textContent = (done.length ? 'Uploaded ' + done.join(', ') + '.' : '') + (failed.length ? ' Not uploaded: ' + failed.join('; ') : '');
+      $('upload-files').value = '';
+      if (state.view === 'files') await loadFiles(state.arg);
+    });
+  }
   // ---- syntax highlighting: a tiny tokenizer whose tokens become text
   // nodes in spans, so no file content is ever parsed as markup. ----------
 
@@ -663,14 +1270,15 @@
     const rows = (data.snapshots || []).map((s) => el('tr', { dataset: { snapshot: s.id } },
       el('td', { class: 'mono', text: s.id, title: s.id }),
       el('td', { text: fmtTime(s.created_at) }),
-      el('td', { class: 'mono', text: s.sandbox_id || '—' }),
-      el('td', { class: 'mono', text: short(s.parent_id), title: s.parent_id || 'the base image' }),
-      el('td', { text: String(s.depth) }),
+      el('td', { class: 'opt mono', text: s.sandbox_id || '—' }),
+      el('td', { class: 'opt mono', text: short(s.parent_id), title: s.parent_id || 'the base image' }),
+      el('td', { class: 'opt', text: String(s.depth) }),
       el('td', { text: fmtBytes(s.size) }),
       el('td', null, s.current ? el('span', { class: 'badge st-running', text: 'current' }) : null)));
     $('snapshots-body').replaceChildren(...rows);
     if (!rows.length) $('snapshots-body').append(el('tr', null, el('td', { colSpan: 7, class: 'note', text: 'No snapshots yet: one is taken after each run.' })));
   }
+
 
   // ---- terminal ------------------------------------------------------------------
 
@@ -696,6 +1304,19 @@
     return { rows: clamp((pre.clientHeight - 8) / lh), cols: clamp((pre.clientWidth - 8) / cw) };
   }
 
+  // termShow draws the terminal: its text, then the cursor where the next
+  // character goes (while connected).
+  function termShow() {
+    const pre = $('term');
+    state.termNode.data = state.termText;
+    if (!state.termCursor) state.termCursor = el('span', { class: 'cursor', ariaHidden: 'true' });
+    if (pre.firstChild !== state.termNode || pre.lastChild !== state.termCursor || pre.childNodes.length !== 2) {
+      pre.replaceChildren(state.termNode, state.termCursor);
+    }
+    state.termCursor.hidden = !state.ws;
+    pre.scrollTop = pre.scrollHeight;
+  }
+
   // termWrite adds output: escape sequences dropped, a carriage return
   // starts its line again, a backspace takes back a character.
   function termWrite(s) {
@@ -708,9 +1329,7 @@
     }
     if (t.length > TERM_KEEP_CHARS) t = t.slice(t.length - TERM_KEEP_CHARS);
     state.termText = t;
-    const pre = $('term');
-    pre.textContent = t;
-    pre.scrollTop = pre.scrollHeight;
+    termShow();
   }
 
   function connectTerminal(ev) {
@@ -725,7 +1344,7 @@
     state.ws = ws;
     const decoder = new TextDecoder();
     state.termText = '';
-    $('term').textContent = '';
+    termShow();
     $('term-state').textContent = 'connecting…';
     $('term-connect').disabled = true;
     $('term-disconnect').disabled = false;
@@ -747,6 +1366,7 @@
     ws.onclose = (e) => {
       if (state.ws !== ws) return;
       state.ws = null;
+      termShow();
       $('term-state').textContent = e.code === 1000 ? 'disconnected' : `disconnected (${e.code}${e.reason ? ': ' + e.reason : ''})`;
       $('term-disconnect').disabled = true;
       if (state.key) run(loadTerminal());
@@ -757,6 +1377,7 @@
     const ws = state.ws;
     state.ws = null;
     if (ws) ws.close(1000);
+    termShow();
     $('term-disconnect').disabled = true;
     $('term-state').textContent = '';
     if (state.view === 'terminal' && state.key) run(loadTerminal());
@@ -792,11 +1413,28 @@
     $('signin-form').addEventListener('submit', signIn);
     $('signout').addEventListener('click', () => signOut());
     $('create-form').addEventListener('submit', (e) => run(createSandbox(e)));
-    $('new-kind').addEventListener('change', () => {
-      const kind = $('new-kind').value;
-      $('new-command').disabled = kind === 'none';
-      $('new-command').placeholder = kind === 'prompt' ? 'create a hello world index.html' : 'echo hello > hello.txt';
-    });
+    $('new-kind').addEventListener('change', createKindChanged);
+    $('new-network').addEventListener('change', () => { $('new-allow').hidden = $('new-network').value !== 'allow'; });
+    createKindChanged();
+    $('sb-filter-status').addEventListener('change', renderSandboxes);
+    $('sb-filter-text').addEventListener('input', renderSandboxes);
+    $('sb-all').addEventListener('change', () => run(loadSandboxes()));
+    $('sb-stop').addEventListener('click', sandboxAction('stop'));
+    $('sb-pause').addEventListener('click', sandboxAction('pause'));
+    $('sb-resume').addEventListener('click', sandboxAction('resume'));
+    $('sb-terminal').addEventListener('click', () => { if (state.sandbox) location.hash = '#terminal/' + encodeURIComponent(state.sandbox.sandboxId); });
+    $('sb-run').addEventListener('click', () => { if (state.sandbox && state.sandbox.runId) location.hash = '#runs/' + encodeURIComponent(state.sandbox.runId); });
+    $('extend-form').addEventListener('submit', extendSandbox);
+    $('fork-form').addEventListener('submit', forkSandbox);
+    $('network-form').addEventListener('submit', setNetwork);
+    $('sb-network-kind').addEventListener('change', networkKindChanged);
+    $('exec-form').addEventListener('submit', (e) => run(execCommand(e)));
+    $('exec-stop').addEventListener('click', stopExec);
+    $('procs-refresh').addEventListener('click', () => run(loadProcesses().catch((e) => say('sb-error', e.message))));
+    $('runs-filter-status').addEventListener('change', renderRuns);
+    $('runs-filter-text').addEventListener('input', renderRuns);
+    $('runs-more').addEventListener('click', () => run(loadOlderRuns()));
+    $('upload-form').addEventListener('submit', (e) => run(uploadFiles(e)));
     $('term-form').addEventListener('submit', connectTerminal);
     $('term-disconnect').addEventListener('click', disconnectTerminal);
     $('term').addEventListener('keydown', termKey);
@@ -810,6 +1448,8 @@
     });
     window.addEventListener('hashchange', route);
     setInterval(tickDeadlines, 1000);
+    setInterval(() => { if (!document.hidden) run(checkHealth()); }, HEALTH_MS);
+    termShow();
     route();
   });
 })();
