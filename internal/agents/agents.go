@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/escstrip"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -385,14 +386,15 @@ exec claude --model opus --permission-mode acceptEdits -p -- "$1"
 `
 
 // RunClaudeCode writes ralph-once.sh into the sandbox and runs it in dir
-// with the prompt as one argument, streaming its output; running out of
-// time is an error that says so (with the exit code of the kill).
+// with the prompt as one argument, without a terminal (runs.NoTerminalEnv),
+// streaming its output; running out of time is an error that says so
+// (with the exit code of the kill).
 func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string, stdout, stderr io.Writer) (int, error) {
 	if err := rsb.WriteFile(ctx, "/tmp/ralph-once.sh", strings.NewReader(ralphOnceScript), 0o755); err != nil {
 		return 0, fmt.Errorf("write ralph-once.sh: %w", err)
 	}
 	res, err := rsb.Exec(ctx, runtime.ExecRequest{
-		Cmd: []string{"/bin/sh", "/tmp/ralph-once.sh", prompt}, Cwd: dir,
+		Cmd: []string{"/bin/sh", "/tmp/ralph-once.sh", prompt}, Cwd: dir, Env: runs.NoTerminalEnv,
 		Stdout: stdout, Stderr: stderr, Timeout: taskLifetime,
 	})
 	if err != nil {
@@ -453,8 +455,9 @@ func (s *Service) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 	if _, err := sh(ctx, rsb, "/", cloneScript, url, dir, p.BaseBranch); err != nil {
 		return nil, fmt.Errorf("clone %s at %s: %w", p.RepoURL, p.BaseBranch, err)
 	}
+	// The output is stored in the run: as text, as a command run's is.
 	stdout, stderr := capbuf.New(runs.MaxOutput), capbuf.New(runs.MaxOutput)
-	code, err := RunClaudeCode(ctx, rsb, dir, p.Prompt, stdout, stderr)
+	code, err := RunClaudeCode(ctx, rsb, dir, p.Prompt, escstrip.NewWriter(stdout), escstrip.NewWriter(stderr))
 	out := map[string]any{"exitCode": code, "stdout": stdout.String("not kept"), "stderr": stderr.String("not kept")}
 	if err != nil {
 		return out, err

@@ -204,8 +204,9 @@ func newHarness(t *testing.T, o options) *harness {
 		},
 		"clone": func([]string, runtime.ExecRequest) (runtime.ExecResult, error) { return runtime.ExecResult{}, nil },
 		"claude": func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
-			fmt.Fprint(req.Stdout, "I changed f.txt")
-			fmt.Fprint(req.Stderr, "thinking")
+			// Colours, as a CLI that ignores NO_COLOR prints them.
+			fmt.Fprint(req.Stdout, "\x1b[1mI changed\x1b[0m f.txt")
+			fmt.Fprint(req.Stderr, "\x1b]0;claude\x07thinking")
 			return runtime.ExecResult{}, nil
 		},
 		"push": func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
@@ -688,6 +689,10 @@ func TestCodingAgentOnTheAccountsMirror(t *testing.T) {
 	claude := h.execsOf("claude")
 	if len(claude) != 1 || !slices.Equal(claude[0].args, []string{prompt}) || claude[0].req.Cwd != "/workspace/agent-repo" {
 		t.Fatalf("claude runs %+v, want one with the prompt as its only argument", claude)
+	}
+	// Without a terminal: its output is stored as text (below, stripped).
+	if env := claude[0].req.Env; !slices.Contains(env, "NO_COLOR=1") || !slices.Contains(env, "TERM=dumb") {
+		t.Fatalf("claude's environment %q: want colours off", env)
 	}
 	sbID := clones[0].sandbox
 	if script, _ := h.sandboxes[sbID].File("/tmp/ralph-once.sh"); string(script) != ralphOnceScript {
