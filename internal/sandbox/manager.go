@@ -203,6 +203,26 @@ func (m *Manager) RequireCommand(name, what string) error {
 	return errdefs.New(errdefs.ErrInvalid, msg)
 }
 
+// requireModel refuses (400) a prompt on a server with no model for
+// OpenCode: without one, opencode starts, looks for a provider it cannot
+// reach and gives up a minute and a half later, with a run that tells
+// nothing useful. The refusal names the flags that configure one.
+func (m *Manager) requireModel() error {
+	mp := m.cfg.Settings.Model
+	var missing []string
+	if mp.BaseURL == "" {
+		missing = append(missing, "--model-base-url URL")
+	}
+	if mp.Model == "" {
+		missing = append(missing, "--model NAME")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return errdefs.Newf(errdefs.ErrInvalid, "a prompt needs a model, and this server has none configured: start sandboxd serve with %s (any OpenAI-compatible API; add --model-api-key KEY when it needs one)",
+		strings.Join(missing, " and "))
+}
+
 // promptArgs are opencode's arguments for a prompt: one argument, never
 // through a shell, so the prompt arrives as typed. A prompt that starts
 // with "-" follows "--", so that it is not read as an option.
@@ -221,6 +241,9 @@ var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.
 func (m *Manager) Create(ctx context.Context, accountID string, req CreateRequest) (store.Sandbox, string, error) {
 	if req.Prompt != "" {
 		if err := m.RequireCommand("opencode", "a prompt"); err != nil {
+			return store.Sandbox{}, "", err
+		}
+		if err := m.requireModel(); err != nil {
 			return store.Sandbox{}, "", err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -105,6 +106,34 @@ func TestCreateRecordsAndStarts(t *testing.T) {
 	_, _, err = p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: 25 * time.Hour})
 	if !errors.Is(err, errdefs.ErrInvalid) || p.rt.Creates() != 1 {
 		t.Fatalf("create past the max timeout: %v, %d creates", err, p.rt.Creates())
+	}
+}
+
+// TestPromptNeedsAModel: a prompt on a server with no model is refused at
+// once, naming the flags that configure one, and starts nothing; with a
+// model (a provider that is never called: the fake runtime runs nothing)
+// it starts its run.
+func TestPromptNeedsAModel(t *testing.T) {
+	ctx := context.Background()
+	p := newPlane(t, Settings{})
+	_, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Prompt: "say hi"})
+	if !errors.Is(err, errdefs.ErrInvalid) || runID != "" || p.rt.Creates() != 0 {
+		t.Fatalf("prompt without a model: %v (run %q, %d creates), want a refusal before anything starts", err, runID, p.rt.Creates())
+	}
+	for _, flag := range []string{"--model-base-url", "--model NAME"} {
+		if msg := errdefs.Message(err, ""); !strings.Contains(msg, flag) {
+			t.Errorf("refusal %q does not name %s", msg, flag)
+		}
+	}
+	// Half a model is none: the message names what is missing.
+	p = newPlane(t, Settings{Model: runs.ModelProvider{BaseURL: "http://models.invalid/v1"}})
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Prompt: "say hi"}); !errors.Is(err, errdefs.ErrInvalid) ||
+		strings.Contains(err.Error(), "--model-base-url") || !strings.Contains(err.Error(), "--model NAME") {
+		t.Fatalf("prompt with a base URL and no model name: %v", err)
+	}
+	p = newPlane(t, Settings{Model: runs.ModelProvider{BaseURL: "http://models.invalid/v1", Model: "m"}})
+	if _, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Prompt: "say hi"}); err != nil || runID == "" {
+		t.Fatalf("prompt with a model: %v (run %q)", err, runID)
 	}
 }
 
