@@ -18,7 +18,10 @@ type Sandbox struct {
 	SandboxStatus string `json:"sandboxStatus" jsonschema:"enum=pending,enum=running,enum=stopping,enum=stopped,enum=failed,enum=pausing,enum=paused,enum=resuming,description=Current lifecycle state of the sandbox (pausing/paused/resuming: sandboxd's pause of a running sandbox)"`
 	Timeout       int64  `json:"timeout" jsonschema:"description=Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes)"`
 	CreatedAt     string `json:"createdAt" jsonschema:"format=date-time"`
-	RunID         string `json:"runId,omitempty" jsonschema:"description=Run started with the sandbox; poll GET /api/tasks/runs?runId="`
+	RunID         string `json:"runId,omitempty" jsonschema:"description=The sandbox's latest run (the one started with it, in the create's answer); poll GET /api/tasks/runs?runId="`
+	// FailureReason says why a failed sandbox failed (sandboxd): a phrase
+	// for its user, never a host path or an internal error.
+	FailureReason string `json:"failureReason,omitempty" jsonschema:"description=Why the sandbox failed, in words for its user; only when sandboxStatus is failed (sandboxd)"`
 	Runtime       string `json:"runtime,omitempty" jsonschema:"description=Isolation backend of the sandbox (sandboxd)"`
 	// Network is the sandbox's network policy now (sandboxd): "none",
 	// "egress" or {"allow": [...]}; PATCH /api/sandboxes/{id}/network

@@ -362,7 +362,8 @@ func quotaError(err error) error {
 }
 
 // start places a pending sandbox on the runtime and marks it running, or
-// failed with the reason.
+// failed with a reason for its user (reasons.go); the error, for the log,
+// says more.
 func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox, error) {
 	fail := func(reason string, err error) (runtime.Sandbox, error) {
 		m.markFailed(ctx, sb.ID, []string{store.SandboxPending}, reason)
@@ -375,7 +376,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	}
 	rsb, restored, err := m.create(ctx, sb, spec)
 	if err != nil {
-		return fail("the runtime could not start it", err)
+		return fail(startFailure(err, reasonStartGeneric), err)
 	}
 	if reason, err := m.poststart(ctx, sb, rsb, restored); err != nil {
 		_ = rsb.Destroy(ctx)
@@ -387,7 +388,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		if err == nil {
 			err = errors.New("sandbox left pending while starting")
 		}
-		return fail("its state changed while starting", err)
+		return fail(reasonStateChanged, err)
 	}
 	sb.Status, sb.UpdatedAt = store.SandboxRunning, m.now()
 	if restored {
@@ -437,7 +438,7 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 		}
 		wg.Go(func() {
 			if _, err := m.rt.Get(ctx, sb.ID); errors.Is(err, runtime.ErrNotFound) {
-				reason := "the sandbox process exited unexpectedly"
+				reason := reasonExited
 				if m.markFailed(context.WithoutCancel(ctx), sb.ID, []string{store.SandboxRunning}, reason) {
 					out[i].Status, out[i].FailureReason = store.SandboxFailed, reason
 				}

@@ -154,7 +154,7 @@ func TestCreateFailureLeavesAFailedRowAndNoKey(t *testing.T) {
 		t.Fatalf("create: %v, want the runtime's error", err)
 	}
 	got := p.status(t, sb.ID)
-	if got.Status != store.SandboxFailed || got.FailureReason != "the runtime could not start it" {
+	if got.Status != store.SandboxFailed || got.FailureReason != reasonStartGeneric {
 		t.Fatalf("row %s %q, want failed with the reason", got.Status, got.FailureReason)
 	}
 	if key == "" || p.keyWorks(sb.ID, key) {
