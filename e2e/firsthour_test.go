@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"encoding/json"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
 )
 
 // The first hour of a new user (issue 31): what a server says when it
@@ -56,5 +61,128 @@ func TestRunOutputIsText(t *testing.T) {
 	log := s.as(k, "GET", "/api/tasks/runs/"+r.ID+"/log", nil)
 	if log.Status != 200 || strings.Contains(string(log.Raw), `\u001b`) || strings.Contains(string(log.Raw), "\x1b") || !strings.Contains(string(log.Raw), "done link") {
 		t.Fatalf("run log: %d %s", log.Status, log.Raw)
+	}
+}
+
+// TestFailedSandboxesSayWhy: sandboxes that failed (here: their processes
+// died while sandboxd was down, found by the reconcile at its next start)
+// say why in failureReason, in words and without host paths, on the REST
+// API and in E2B's 404; runs name their sandbox and sandboxes their latest
+// run; the account's setup, which its first create started, runs in a
+// sandbox its list does not show.
+func TestFailedSandboxesSayWhy(t *testing.T) {
+	s := startServer(t, filepath.Join(t.TempDir(), "why.db"), "--rootfs", agentRootfs(t), "--keep-sandboxes=true", "--setup-on-first-use=true")
+	a := s.createAccount("unlucky", false)
+	k := s.createKey(a.ID)
+	var ek key
+	s.admin(&ek, "admin", "key", "create", "--account", a.ID, "--format", "e2b", "--json")
+
+	cmd := s.createSandbox(k, map[string]any{"command": "echo", "args": []string{"hi"}})
+	if r := s.waitRun(k, cmd["runId"].(string), 2*time.Minute); r.Status != "COMPLETED" {
+		t.Fatalf("run %+v", r)
+	}
+	idle := s.createSandbox(k, map[string]any{})
+	e2 := s.call("POST", "/sandboxes", map[string]string{"X-API-Key": ek.Key}, map[string]any{"templateID": "base"})
+	if e2.Status != 201 {
+		t.Fatalf("E2B create: %d %s", e2.Status, e2.Raw)
+	}
+	e2bID := e2.Body["sandboxID"].(string)
+
+	// Every run names its sandbox, the setup's too, once it finished.
+	var setupSandbox string
+	deadline := time.Now().Add(2 * time.Minute)
+	for setupSandbox == "" && time.Now().Before(deadline) {
+		for _, v := range s.as(k, "GET", "/api/tasks/runs", nil).Body["runs"].([]any) {
+			r := v.(map[string]any)
+			if r["taskIdentifier"] == "setup-sandbox" && r["isCompleted"] == true {
+				if r["status"] != "COMPLETED" {
+					t.Fatalf("setup run %v", r)
+				}
+				setupSandbox, _ = r["sandboxId"].(string)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if setupSandbox == "" {
+		t.Fatal("no finished setup run naming its sandbox")
+	}
+	for _, v := range s.as(k, "GET", "/api/tasks/runs", nil).Body["runs"].([]any) {
+		if r := v.(map[string]any); r["sandboxId"] == nil || r["sandboxId"] == "" {
+			t.Errorf("run %v names no sandbox", r["id"])
+		}
+	}
+	// The list shows the account's own sandboxes, each with its latest run,
+	// and not its setup's (which is found by id).
+	list := s.as(k, "GET", "/api/sandboxes", nil).Body["sandboxes"].([]any)
+	listed := map[string]map[string]any{}
+	for _, v := range list {
+		sb := v.(map[string]any)
+		listed[sb["sandboxId"].(string)] = sb
+	}
+	if len(listed) != 3 || listed[setupSandbox] != nil || listed[cmd["sandboxId"].(string)]["runId"] != cmd["runId"] {
+		t.Fatalf("list %v: want the command's (with its run), the idle one and the E2B one, not the setup's %s", list, setupSandbox)
+	}
+	if r := s.as(k, "GET", "/api/sandboxes?sandbox_id="+setupSandbox, nil).Body["sandboxes"].([]any); len(r) != 1 {
+		t.Fatalf("the setup's sandbox by id: %v", r)
+	}
+
+	// sandboxd dies, and the sandboxes' processes with it.
+	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.cmd.Wait()
+	killSandboxProcesses(t, filepath.Join(s.dataDir, "runtime", "gvisor", "runsc"))
+	s = restartServer(t, s)
+
+	for _, id := range []string{cmd["sandboxId"].(string), idle["sandboxId"].(string)} {
+		sb := s.as(k, "GET", "/api/sandboxes?sandbox_id="+id, nil).Body["sandboxes"].([]any)[0].(map[string]any)
+		reason, _ := sb["failureReason"].(string)
+		if sb["sandboxStatus"] != "failed" || !strings.Contains(reason, "sandboxd restarted") || strings.Contains(reason, "/") {
+			t.Fatalf("sandbox whose processes died: %v, want failed with a reason in words", sb)
+		}
+	}
+	// A stopped sandbox has no failure to tell.
+	if sb := s.as(k, "GET", "/api/sandboxes?sandbox_id="+setupSandbox, nil).Body["sandboxes"].([]any)[0].(map[string]any); sb["sandboxStatus"] != "stopped" || sb["failureReason"] != nil {
+		t.Fatalf("the setup's stopped sandbox: %v", sb)
+	}
+	r := s.call("GET", "/sandboxes/"+e2bID, map[string]string{"X-API-Key": ek.Key}, nil)
+	reason, _ := r.Body["failureReason"].(string)
+	if r.Status != 404 || !strings.Contains(reason, "sandboxd restarted") || !strings.Contains(r.Body["message"].(string), reason) {
+		t.Fatalf("E2B detail of a failed sandbox: %d %s, want 404 saying why", r.Status, r.Raw)
+	}
+}
+
+// runscState is what runsc says of container cid under root.
+type runscState struct {
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+func stateOf(root, cid string) runscState {
+	var st runscState
+	if b, err := exec.Command(gvisor.DefaultRunsc(), "--root", root, "state", cid).Output(); err == nil {
+		_ = json.Unmarshal(b, &st)
+	}
+	return st
+}
+
+// killSandboxProcesses kills the host process (gVisor's sentry) of every
+// container under the runsc root, as the host's OOM killer would, and
+// waits until each is gone (its new parent reaps it).
+func killSandboxProcesses(t *testing.T, root string) {
+	t.Helper()
+	out, err := exec.Command(gvisor.DefaultRunsc(), "--root", root, "list", "-quiet").Output()
+	if err != nil {
+		t.Fatalf("runsc list: %v", err)
+	}
+	for _, cid := range strings.Fields(string(out)) {
+		if pid := stateOf(root, cid).Pid; pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for deadline := time.Now().Add(time.Minute); stateOf(root, cid).Status == "running"; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox %s still runs after SIGKILL", cid)
+			}
+		}
 	}
 }

@@ -228,7 +228,14 @@ func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if err != nil || !started {
 		return err
 	}
-	sb, rsb, err := s.cfg.Lifecycle.Launch(ctx, run.AccountID, taskLifetime, extra, s.cfg.Network)
+	sb, rsb, err := s.cfg.Lifecycle.Launch(ctx, run.AccountID, run.Task, taskLifetime, extra, s.cfg.Network)
+	if sb.ID != "" {
+		// The run names its sandbox, as a command's run does: one that
+		// failed to start says why there (failureReason).
+		if _, lerr := s.cfg.Store.SetRunSandbox(ctx, run.ID, sb.ID); lerr != nil {
+			s.log.Warn("record a task's sandbox", "run_id", run.ID, "sandbox_id", sb.ID, "err", lerr)
+		}
+	}
 	if err != nil {
 		return s.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
 	}
@@ -529,9 +536,9 @@ func truncate(s string, n int) string {
 
 // Lifecycle is what the tasks need of the sandbox manager.
 type Lifecycle interface {
-	// Launch records and starts a sandbox for the account's task; extra
-	// raises the account's quota for it.
-	Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error)
+	// Launch records and starts a sandbox for the account's task (named
+	// as its runs name it); extra raises the account's quota for it.
+	Launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error)
 	// Prepare readies the sandbox's /workspace.
 	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error
 	// StopQuietly stops a sandbox, logging a failure.

@@ -479,6 +479,11 @@ func TestSetupRecordsItsRun(t *testing.T) {
 		t.Fatalf("initialised %v, snapshotted %v; want both organizations and the task's sandbox", inits, snaps)
 	}
 	h.taskSandbox(t, sbID, "setup-sandbox finished")
+	// The run names its sandbox, which says whose task it is (the
+	// account's lists leave the setup's out).
+	if sb, _ := h.st.GetSandbox(ctx, sbID); run.SandboxID != sbID || sb.Task != store.SandboxTaskSetup {
+		t.Fatalf("run names sandbox %q, want %s; its task is %q", run.SandboxID, sbID, sb.Task)
+	}
 
 	// The job delivered again (River may) starts nothing: only a QUEUED
 	// run starts.
@@ -720,6 +725,9 @@ func TestCodingAgentOnTheAccountsMirror(t *testing.T) {
 		t.Fatalf("output\n%v\nwant\n%v", out, want)
 	}
 	h.taskSandbox(t, sbID, "coding-agent finished")
+	if sb, _ := h.st.GetSandbox(ctx, sbID); run.SandboxID != sbID || sb.Task != jobs.KindCodingAgent {
+		t.Fatalf("run names sandbox %q, want %s; its task is %q", run.SandboxID, sbID, sb.Task)
+	}
 }
 
 func TestCodingAgentRefusesAnotherRepository(t *testing.T) {

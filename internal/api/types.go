@@ -18,10 +18,7 @@ type Sandbox struct {
 	SandboxStatus string `json:"sandboxStatus" jsonschema:"enum=pending,enum=running,enum=stopping,enum=stopped,enum=failed,enum=pausing,enum=paused,enum=resuming,description=Current lifecycle state of the sandbox (pausing/paused/resuming: sandboxd's pause of a running sandbox)"`
 	Timeout       int64  `json:"timeout" jsonschema:"description=Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes)"`
 	CreatedAt     string `json:"createdAt" jsonschema:"format=date-time"`
-	RunID         string `json:"runId,omitempty" jsonschema:"description=The sandbox's latest run (the one started with it, in the create's answer); poll GET /api/tasks/runs?runId="`
-	// FailureReason says why a failed sandbox failed (sandboxd): a phrase
-	// for its user, never a host path or an internal error.
-	FailureReason string `json:"failureReason,omitempty" jsonschema:"description=Why the sandbox failed, in words for its user; only when sandboxStatus is failed (sandboxd)"`
+	RunID         string `json:"runId,omitempty" jsonschema:"description=The sandbox's latest run (in the create's answer the one started with it); poll GET /api/tasks/runs?runId="`
 	Runtime       string `json:"runtime,omitempty" jsonschema:"description=Isolation backend of the sandbox (sandboxd)"`
 	// Network is the sandbox's network policy now (sandboxd): "none",
 	// "egress" or {"allow": [...]}; PATCH /api/sandboxes/{id}/network
@@ -32,6 +29,9 @@ type Sandbox struct {
 	NetworkBytes *NetworkBytes `json:"network_bytes,omitempty"`
 	// ForkedFrom is the sandbox it was forked from (sandboxd).
 	ForkedFrom string `json:"forkedFrom,omitempty" jsonschema:"description=The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)"`
+	// FailureReason says why a failed sandbox failed (sandboxd): a phrase
+	// for its user, never a host path or an internal error.
+	FailureReason string `json:"failureReason,omitempty" jsonschema:"description=Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)"`
 }
 
 // NetworkBytes counts a sandbox's network traffic (sandboxd): sent by the
@@ -157,6 +157,9 @@ type Run struct {
 	Payload        json.RawMessage `json:"payload" jsonschema:"type=object"`
 	Output         json.RawMessage `json:"output" jsonschema:"nullable,type=object,description=null until the run has an output"`
 	Error          *RunError       `json:"error" jsonschema:"nullable"`
+	// SandboxID is the sandbox the run runs in (sandboxd): a command's
+	// from the start, a task's once it started one.
+	SandboxID string `json:"sandboxId,omitempty" jsonschema:"description=The sandbox the run runs in: a command's from the start and a task's (setup or coding agent) once it started its own (sandboxd)"`
 }
 
 // RunsResponse answers GET /api/tasks/runs.

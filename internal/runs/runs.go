@@ -578,11 +578,16 @@ func (r *Runner) Reconcile(ctx context.Context) error {
 		return fmt.Errorf("list executing runs: %w", err)
 	}
 	for _, run := range runs {
+		if run.Task != jobs.KindRunCommand {
+			// A task's run names its sandbox too, but the task is not
+			// this runner's to follow.
+			continue
+		}
 		sb, err := r.cfg.Store.GetSandbox(ctx, run.SandboxID)
 		if err != nil || sb.NodeID != r.cfg.NodeID {
 			continue
 		}
-		if sb.Status == store.SandboxRunning && run.Task == jobs.KindRunCommand {
+		if sb.Status == store.SandboxRunning {
 			go func() {
 				if err := r.resume(ctx, run, sb); err != nil && ctx.Err() == nil {
 					r.log.Error("resume run", "run_id", run.ID, "err", err)

@@ -266,7 +266,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 			return store.Sandbox{}, "", err
 		}
 	}
-	sb, _, err := m.launch(ctx, accountID, lifetime, 0, policy, req.OnTimeout)
+	sb, _, err := m.launch(ctx, accountID, "", lifetime, 0, policy, req.OnTimeout)
 	if err != nil {
 		return sb, "", err
 	}
@@ -291,16 +291,18 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	return sb, runID, nil
 }
 
-// Launch records and starts a sandbox for account. Every sandbox counts
-// against the account's quota, those the service starts for the account's
-// tasks too; extra raises the account's limit for this one (setup gets one
-// place beyond it, so that a user who is at the quota still gets set up).
-func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
-	return m.launch(ctx, accountID, lifetime, extra, policy, "")
+// Launch records and starts a sandbox for account's task (the row names
+// it: store.Sandbox.Task). Every sandbox counts against the account's
+// quota, those the service starts for the account's tasks too; extra
+// raises the account's limit for this one (setup gets one place beyond it,
+// so that a user who is at the quota still gets set up).
+func (m *Manager) Launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+	return m.launch(ctx, accountID, task, lifetime, extra, policy, "")
 }
 
-// launch is Launch of a sandbox whose deadline does onTimeout.
-func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (store.Sandbox, runtime.Sandbox, error) {
+// launch is Launch of a sandbox whose deadline does onTimeout; task is ""
+// for a sandbox the account asked for.
+func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (store.Sandbox, runtime.Sandbox, error) {
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
 	}
@@ -315,7 +317,7 @@ func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Du
 	sb := store.Sandbox{
 		ID: store.NewID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
-		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout,
+		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout, Task: task,
 	}
 	release, err := m.admitDisk(ctx, 1)
 	if err != nil {
