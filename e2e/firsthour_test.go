@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -184,5 +186,39 @@ func killSandboxProcesses(t *testing.T, root string) {
 				t.Fatalf("sandbox %s still runs after SIGKILL", cid)
 			}
 		}
+	}
+}
+
+// TestDegradedRuntimeIsSaid: a server on Debian's 2022 runsc says what it
+// lacks, at WARN in its log and in GET /api/health's degraded (status
+// still success, no host path); one on the current gVisor says nothing.
+// (The fallback itself, from a current runsc that does not boot, is
+// TestRunscChoice/fallback of package gvisor: serve cannot be made to
+// prefer another binary than the installed one.)
+func TestDegradedRuntimeIsSaid(t *testing.T) {
+	debian, err := exec.LookPath("runsc")
+	if err != nil || debian == gvisor.BundledRunsc {
+		t.Skip("Debian's runsc is not installed")
+	}
+	old := startServer(t, filepath.Join(t.TempDir(), "old.db"), "--runsc", debian)
+	h := old.call("GET", "/api/health", nil, nil)
+	degraded, _ := h.Body["degraded"].([]any)
+	if h.Status != 200 || h.Body["status"] != "success" || len(degraded) == 0 ||
+		!strings.Contains(h.Body["runtime"].(string), "20221219") {
+		t.Fatalf("health on Debian's runsc: %d %s, want success with degraded", h.Status, h.Raw)
+	}
+	said := fmt.Sprint(degraded...)
+	if !strings.Contains(said, "as old as Debian 12's") || !strings.Contains(said, "pause and fork refuse") || strings.Contains(said, debian) {
+		t.Fatalf("degraded %q: want what the 2022 runsc lacks, without its path", said)
+	}
+	if !strings.Contains(old.logs.String(), `level=WARN msg="gvisor runtime degraded"`) {
+		t.Fatal("no WARN line in the log of a degraded server")
+	}
+	if _, err := os.Stat(gvisor.BundledRunsc); err != nil {
+		return // without the current gVisor, every server is degraded
+	}
+	current := startServer(t, filepath.Join(t.TempDir(), "current.db"))
+	if h := current.call("GET", "/api/health", nil, nil); h.Status != 200 || h.Body["degraded"] != nil {
+		t.Fatalf("health on the current gVisor: %d %s, want no degraded", h.Status, h.Raw)
 	}
 }

@@ -94,7 +94,7 @@ func (s *Server) routeTable() []route {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version, Runtime: s.opts.Runtime})
+	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version, Runtime: s.opts.Runtime, Degraded: s.opts.Degraded})
 	return nil
 }
 

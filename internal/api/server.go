@@ -46,6 +46,9 @@ type Options struct {
 	Version  string
 	// Runtime describes the sandbox backend in one line (GET /api/health).
 	Runtime string
+	// Degraded says what the server's setup lacks, one line each, public
+	// (GET /api/health); nil when nothing.
+	Degraded []string
 	// Services; a nil service makes its routes answer 501 after validating
 	// and authenticating the request.
 	Sandboxes SandboxService

@@ -290,6 +290,10 @@ type HealthResponse struct {
 	Status  string `json:"status" jsonschema:"enum=success"`
 	Version string `json:"version"`
 	Runtime string `json:"runtime,omitempty" jsonschema:"description=Sandbox backend: its platform and, for gVisor, the runsc version (sandboxd)"`
+	// Degraded says what the server lacks and what that costs (sandboxd),
+	// one line each; absent when nothing is. The server still serves:
+	// status stays success.
+	Degraded []string `json:"degraded,omitempty" jsonschema:"description=What is wrong with this server's setup and what is lost; one line each and absent when nothing is: e.g. a fallback to Debian's 2022 gVisor (sandboxd)"`
 }
 
 // Query parameter sets, documented in the OpenAPI document.
