@@ -289,7 +289,7 @@ type SandboxResponse struct {
 type HealthResponse struct {
 	Status  string `json:"status" jsonschema:"enum=success"`
 	Version string `json:"version"`
-	Runtime string `json:"runtime,omitempty" jsonschema:"description=Sandbox backend: its platform and, for gVisor, the runsc version (sandboxd)"`
+	Runtime string `json:"runtime,omitempty" jsonschema:"description=Sandbox backend: its platform and (for gVisor) the runsc version (sandboxd)"`
 	// Degraded says what the server lacks and what that costs (sandboxd),
 	// one line each; absent when nothing is. The server still serves:
 	// status stays success.
