@@ -66,6 +66,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCreateSandboxBody$$' -fuzztime $(FUZZTIME) ./internal/api
 	$(GO) test -run '^$$' -fuzz '^FuzzUploadFilesBody$$' -fuzztime $(FUZZTIME) ./internal/api
 	$(GO) test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) ./internal/api
+	$(GO) test -run '^$$' -fuzz '^FuzzStripper$$' -fuzztime $(FUZZTIME) ./internal/escstrip
 
 lint:
 	gofmt -l . | (! grep .)

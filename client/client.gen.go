@@ -547,8 +547,11 @@ type HealthResponse struct {
 	Status  HealthResponseStatus `json:"status"`
 	Version string               `json:"version"`
 
-	// Runtime Sandbox backend: its platform and
+	// Runtime Sandbox backend: its platform and (for gVisor) the runsc version (sandboxd)
 	Runtime *string `json:"runtime,omitempty"`
+
+	// Degraded What is wrong with this server's setup and what is lost; one line each and absent when nothing is: e.g. a fallback to Debian's 2022 gVisor (sandboxd)
+	Degraded *[]string `json:"degraded,omitempty"`
 }
 
 // HealthResponseStatus defines model for HealthResponse.Status.
@@ -697,6 +700,9 @@ type Run struct {
 	// Output null until the run has an output
 	Output *map[string]interface{} `json:"output"`
 	Error  *RunError               `json:"error"`
+
+	// SandboxID The sandbox the run runs in: a command's from the start and a task's (setup or coding agent) once it started its own (sandboxd)
+	SandboxID *string `json:"sandboxId,omitempty"`
 }
 
 // RunTaskIdentifier defines model for Run.TaskIdentifier.
@@ -740,7 +746,7 @@ type Sandbox struct {
 	Timeout   int    `json:"timeout"`
 	CreatedAt string `json:"createdAt"`
 
-	// RunID Run started with the sandbox; poll GET /api/tasks/runs?runId=
+	// RunID The sandbox's latest run (in the create's answer the one started with it); poll GET /api/tasks/runs?runId=
 	RunID *string `json:"runId,omitempty"`
 
 	// Runtime Isolation backend of the sandbox (sandboxd)
@@ -752,6 +758,9 @@ type Sandbox struct {
 
 	// ForkedFrom The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)
 	ForkedFrom *string `json:"forkedFrom,omitempty"`
+
+	// FailureReason Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)
+	FailureReason *string `json:"failureReason,omitempty"`
 }
 
 // SandboxSandboxStatus Current lifecycle state of the sandbox (pausing/paused/resuming: sandboxd's pause of a running sandbox)

@@ -3,6 +3,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -23,6 +26,11 @@ const (
 	fakeClaude   = "#!/bin/sh\n# Test stand-in for Claude Code: prints its arguments, edits the repository.\nfor a; do printf '[%s]\\n' \"$a\"; done\necho \"key ${ANTHROPIC_API_KEY:+set}\"\necho 'Changed by the agent.' >> AGENT.md\n"
 	anthropicKey = "test-anthropic-key-do-not-log"
 )
+
+// fakeModelFlags configure a model, as a prompt needs: a fake provider
+// at an address nothing listens on, which the stand-in opencode never
+// calls (it only prints its arguments).
+var fakeModelFlags = []string{"--model-base-url", "http://127.0.0.1:9/v1", "--model", "fake-model"}
 
 // agentRootfs is the minimal image plus the stand-ins, hard-linked so the
 // copy costs nothing and the cached image is not touched.
@@ -59,8 +67,8 @@ func agentRootfs(t *testing.T) string {
 }
 
 func TestAgents(t *testing.T) {
-	s := startServer(t, filepath.Join(t.TempDir(), "agents.db"),
-		"--rootfs", agentRootfs(t), "--setup-on-first-use=true", "--anthropic-api-key", anthropicKey)
+	s := startServer(t, filepath.Join(t.TempDir(), "agents.db"), append(fakeModelFlags,
+		"--rootfs", agentRootfs(t), "--setup-on-first-use=true", "--anthropic-api-key", anthropicKey)...)
 	org := s.createAccount("Acme Records", true)
 	alice := s.createAccount("alice", false)
 	bob := s.createAccount("bob", false)
@@ -208,31 +216,33 @@ func TestAgents(t *testing.T) {
 }
 
 // TestFullImageCLIs checks that the agent CLIs of the full image run inside
-// a sandbox, and that a prompt on a server with no model configured reaches
-// `opencode run`. The server is started with no image flag at all, as `make
-// run` starts it, so this also checks that full is serve's default. Building
-// the full image takes a few minutes and needs the npm registry, so it runs
-// with SANDBOXD_TEST_IMAGES_FULL=1 (make test builds the image and sets it).
+// a sandbox, and that a prompt runs the real `opencode run` to its end
+// against a model: a fake OpenAI-compatible provider (fakeChatProvider),
+// reached through the model proxy. The server is started with no image
+// flag at all, as `make run` starts it, so this also checks that full is
+// serve's default. Building the full image takes a few minutes and needs
+// the npm registry, so it runs with SANDBOXD_TEST_IMAGES_FULL=1 (make test
+// builds the image and sets it).
 func TestFullImageCLIs(t *testing.T) {
 	if os.Getenv("SANDBOXD_TEST_IMAGES_FULL") != "1" {
 		t.Skip("set SANDBOXD_TEST_IMAGES_FULL=1 to build the full image and run its CLIs")
 	}
-	s := startServer(t, filepath.Join(t.TempDir(), "full.db"), defaultImage)
-	t.Run("a prompt reaches opencode run out of the box", func(t *testing.T) {
+	provider := fakeChatProvider(t)
+	s := startServer(t, filepath.Join(t.TempDir(), "full.db"), defaultImage,
+		"--model-base-url", provider.URL+"/v1", "--model-api-key", "fake-key", "--model", "fake-model")
+	t.Run("a prompt runs opencode to its end, its output plain text", func(t *testing.T) {
 		a := s.createAccount("prompter", false)
 		k := s.createKey(a.ID)
-		// No model is configured and sandboxes have no network: opencode
-		// starts, fails to reach its provider and says so itself.
 		sb := s.createSandbox(k, map[string]any{"prompt": "say hi", "timeout": 240000})
 		r := s.waitRun(k, sb["runId"].(string), 5*time.Minute)
-		all := fmt.Sprint(r.Output["stdout"], r.Output["stderr"], r.Error["message"])
-		if strings.Contains(all, "not found") || r.Output["exitCode"] == 127.0 {
-			t.Fatalf("opencode did not run: %+v", r)
+		all := fmt.Sprint(r.Output["stdout"], r.Output["stderr"])
+		t.Logf("opencode's output: %q", all)
+		if r.Status != "COMPLETED" || r.Output["exitCode"] != 0.0 || !strings.Contains(all, fakeChatAnswer) {
+			t.Fatalf("prompt run %+v, want COMPLETED with the fake model's answer", r)
 		}
-		if r.Status != "COMPLETED" && r.Status != "FAILED" {
-			t.Fatalf("prompt run %+v", r)
+		if strings.Contains(all, "\x1b") {
+			t.Fatalf("terminal escapes in the stored output: %q", all)
 		}
-		t.Logf("opencode's own answer without a model: %q", strings.TrimSpace(fmt.Sprint(r.Output["stderr"])))
 	})
 	a := s.createAccount("full", false)
 	k := s.createKey(a.ID)
@@ -244,4 +254,39 @@ func TestFullImageCLIs(t *testing.T) {
 		}
 		t.Logf("%s --version: %s", cli, strings.TrimSpace(fmt.Sprint(r.Body["stdout"])))
 	}
+}
+
+// fakeChatAnswer is what fakeChatProvider's model says.
+const fakeChatAnswer = "Hi from the fake model."
+
+// fakeChatProvider is a fake OpenAI-compatible model provider: every chat
+// completion, streamed or not, answers fakeChatAnswer; a model list names
+// fake-model; anything else is 404. It stands in for the model API that
+// real agent CLIs call, a process boundary we do not own.
+func fakeChatProvider(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/models"):
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"object":"list","data":[{"id":"fake-model","object":"model"}]}`)
+		case strings.HasSuffix(r.URL.Path, "/chat/completions") && strings.Contains(string(body), `"stream":true`):
+			w.Header().Set("Content-Type", "text/event-stream")
+			chunk := func(delta, finish string) {
+				fmt.Fprintf(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"fake-model\",\"choices\":[{\"index\":0,\"delta\":%s,\"finish_reason\":%s}]}\n\n", delta, finish)
+			}
+			chunk(`{"role":"assistant","content":"`+fakeChatAnswer+`"}`, "null")
+			chunk(`{}`, `"stop"`)
+			fmt.Fprint(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"fake-model\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5,\"total_tokens\":8}}\n\n")
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		case strings.HasSuffix(r.URL.Path, "/chat/completions"):
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","created":1,"model":"fake-model","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`, fakeChatAnswer)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

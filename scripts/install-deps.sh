@@ -55,13 +55,41 @@ if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
   echo "install-deps: Go is at /usr/local/go/bin; add it to PATH" >&2
 fi
 
+# fallback_banner says loudly, on stderr, that sandboxes will run on
+# Debian's 2022 runsc, why ($1), and what that costs: a line in the middle
+# of a `make run` scrolls away unseen.
+fallback_banner() {
+  local rule='!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'
+  cat >&2 <<EOF
+
+$rule
+  install-deps: the current gVisor is NOT installed: $1
+  Sandboxes will run on Debian's runsc (December 2022) instead, which costs:
+    - pause and fork refuse a sandbox while TCP sockets are open in it;
+    - the ptrace platform only: git, Python, npm run 2-3 times slower;
+    - workarounds for statx (ls, stat) and for sandbox networks;
+    - a path through a symlink to / resolves to / itself.
+  Fix: run scripts/install-runsc.sh as root (it needs Go and the Go module
+  proxy). sandboxd serve says the same at start, and GET /api/health lists
+  it under "degraded".
+$rule
+
+EOF
+}
+
 # A current gVisor, pinned and built statically from the Go module proxy
 # (see install-runsc.sh), which the gVisor backend prefers when a trial
 # sandbox boots with it. Debian's runsc above stays as the fallback, so a
-# failed build (no Go, no module proxy) is a warning, not the end of `make run`.
+# failed build (no Go, no module proxy) does not end `make run`; it is
+# said loudly.
 if [[ $(id -u) -eq 0 ]]; then
-  "$(dirname "$0")/install-runsc.sh" ||
-    echo "install-deps: could not install the current runsc; sandboxes will run on Debian's runsc" >&2
+  if ! "$(dirname "$0")/install-runsc.sh"; then
+    if [[ -x /usr/local/lib/sandboxd/runsc ]]; then
+      echo "install-deps: scripts/install-runsc.sh failed; the runsc installed before stays" >&2
+    else
+      fallback_banner "scripts/install-runsc.sh failed (its error is above)"
+    fi
+  fi
 elif [[ ! -x /usr/local/lib/sandboxd/runsc ]]; then
-  echo "install-deps: the current runsc is not installed (run as root: scripts/install-runsc.sh); Debian's runsc will be used" >&2
+  fallback_banner "not running as root, so scripts/install-runsc.sh was not run"
 fi

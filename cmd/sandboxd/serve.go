@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,6 +39,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
+	"github.com/sandboxd/sandboxd/internal/progress/display"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/retention"
 	"github.com/sandboxd/sandboxd/internal/runs"
@@ -292,6 +295,12 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return err
 	}
 	defer rt.Close()
+	degraded := runtimeDegraded(rt)
+	if len(degraded) > 0 && display.IsTerminal(os.Stderr) && !g.jsonLogs() {
+		// The runtime logged each at WARN; a person at the terminal of
+		// `make run` must not miss them among the info lines.
+		writeDegradedBanner(os.Stderr, degraded)
+	}
 
 	workers := river.NewWorkers()
 	jc, err := jobs.New(ctx, st, jobs.Config{
@@ -494,6 +503,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Registry:     reg,
 		Version:      version,
 		Runtime:      describeRuntime(rt),
+		Degraded:     degradedSummaries(degraded),
 		Environments: persistence,
 		Sandboxes:    mgr,
 		Agents:       agentSvc,
@@ -712,6 +722,71 @@ func describeRuntime(rt runtime.Runtime) string {
 		return d.Describe()
 	}
 	return rt.Name()
+}
+
+// runtimeDegraded is what the runtime lacks that a better setup would give
+// it (gVisor: see gvisor.Runtime.Degraded); nil when nothing is.
+func runtimeDegraded(rt runtime.Runtime) []gvisor.Degradation {
+	if d, ok := rt.(interface{ Degraded() []gvisor.Degradation }); ok {
+		return d.Degraded()
+	}
+	return nil
+}
+
+// degradedSummaries are the degradations as GET /api/health's degraded
+// says them: public, no host paths.
+func degradedSummaries(ds []gvisor.Degradation) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, d.Summary)
+	}
+	return out
+}
+
+// writeDegradedBanner writes the degradations to a terminal as a box of
+// wrapped lines: what is lost, then why, in full.
+func writeDegradedBanner(w io.Writer, ds []gvisor.Degradation) {
+	const width = 78
+	rule := strings.Repeat("!", width)
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%s\n  sandboxd runs DEGRADED:\n", rule)
+	for _, d := range ds {
+		b.WriteString("\n")
+		for i, line := range wrapWords(d.Summary, width-6) {
+			lead := "    "
+			if i == 0 {
+				lead = "  * "
+			}
+			b.WriteString(lead + line + "\n")
+		}
+		for _, line := range wrapWords("why: "+d.Detail, width-6) {
+			b.WriteString("      " + line + "\n")
+		}
+	}
+	fmt.Fprintf(&b, "\n  GET /api/health lists these under \"degraded\".\n%s\n\n", rule)
+	_, _ = io.WriteString(w, b.String())
+}
+
+// wrapWords breaks s into lines of at most width characters at spaces (a
+// longer word has a line of its own).
+func wrapWords(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // openRuntime starts the chosen sandbox backend.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/escstrip"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -227,7 +228,14 @@ func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error 
 	if err != nil || !started {
 		return err
 	}
-	sb, rsb, err := s.cfg.Lifecycle.Launch(ctx, run.AccountID, taskLifetime, extra, s.cfg.Network)
+	sb, rsb, err := s.cfg.Lifecycle.Launch(ctx, run.AccountID, run.Task, taskLifetime, extra, s.cfg.Network)
+	if sb.ID != "" {
+		// The run names its sandbox, as a command's run does: one that
+		// failed to start says why there (failureReason).
+		if _, lerr := s.cfg.Store.SetRunSandbox(ctx, run.ID, sb.ID); lerr != nil {
+			s.log.Warn("record a task's sandbox", "run_id", run.ID, "sandbox_id", sb.ID, "err", lerr)
+		}
+	}
 	if err != nil {
 		return s.finishTask(ctx, run, nil, fmt.Errorf("start a sandbox: %w", err))
 	}
@@ -385,14 +393,15 @@ exec claude --model opus --permission-mode acceptEdits -p -- "$1"
 `
 
 // RunClaudeCode writes ralph-once.sh into the sandbox and runs it in dir
-// with the prompt as one argument, streaming its output; running out of
-// time is an error that says so (with the exit code of the kill).
+// with the prompt as one argument, without a terminal (runs.NoTerminalEnv),
+// streaming its output; running out of time is an error that says so
+// (with the exit code of the kill).
 func RunClaudeCode(ctx context.Context, rsb runtime.Sandbox, dir, prompt string, stdout, stderr io.Writer) (int, error) {
 	if err := rsb.WriteFile(ctx, "/tmp/ralph-once.sh", strings.NewReader(ralphOnceScript), 0o755); err != nil {
 		return 0, fmt.Errorf("write ralph-once.sh: %w", err)
 	}
 	res, err := rsb.Exec(ctx, runtime.ExecRequest{
-		Cmd: []string{"/bin/sh", "/tmp/ralph-once.sh", prompt}, Cwd: dir,
+		Cmd: []string{"/bin/sh", "/tmp/ralph-once.sh", prompt}, Cwd: dir, Env: runs.NoTerminalEnv,
 		Stdout: stdout, Stderr: stderr, Timeout: taskLifetime,
 	})
 	if err != nil {
@@ -453,8 +462,9 @@ func (s *Service) codingAgent(ctx context.Context, run store.Run, sb store.Sandb
 	if _, err := sh(ctx, rsb, "/", cloneScript, url, dir, p.BaseBranch); err != nil {
 		return nil, fmt.Errorf("clone %s at %s: %w", p.RepoURL, p.BaseBranch, err)
 	}
+	// The output is stored in the run: as text, as a command run's is.
 	stdout, stderr := capbuf.New(runs.MaxOutput), capbuf.New(runs.MaxOutput)
-	code, err := RunClaudeCode(ctx, rsb, dir, p.Prompt, stdout, stderr)
+	code, err := RunClaudeCode(ctx, rsb, dir, p.Prompt, escstrip.NewWriter(stdout), escstrip.NewWriter(stderr))
 	out := map[string]any{"exitCode": code, "stdout": stdout.String("not kept"), "stderr": stderr.String("not kept")}
 	if err != nil {
 		return out, err
@@ -526,9 +536,9 @@ func truncate(s string, n int) string {
 
 // Lifecycle is what the tasks need of the sandbox manager.
 type Lifecycle interface {
-	// Launch records and starts a sandbox for the account's task; extra
-	// raises the account's quota for it.
-	Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error)
+	// Launch records and starts a sandbox for the account's task (named
+	// as its runs name it); extra raises the account's quota for it.
+	Launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error)
 	// Prepare readies the sandbox's /workspace.
 	Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, again bool) error
 	// StopQuietly stops a sandbox, logging a failure.

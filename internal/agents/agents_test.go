@@ -204,8 +204,9 @@ func newHarness(t *testing.T, o options) *harness {
 		},
 		"clone": func([]string, runtime.ExecRequest) (runtime.ExecResult, error) { return runtime.ExecResult{}, nil },
 		"claude": func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
-			fmt.Fprint(req.Stdout, "I changed f.txt")
-			fmt.Fprint(req.Stderr, "thinking")
+			// Colours, as a CLI that ignores NO_COLOR prints them.
+			fmt.Fprint(req.Stdout, "\x1b[1mI changed\x1b[0m f.txt")
+			fmt.Fprint(req.Stderr, "\x1b]0;claude\x07thinking")
 			return runtime.ExecResult{}, nil
 		},
 		"push": func(_ []string, req runtime.ExecRequest) (runtime.ExecResult, error) {
@@ -478,6 +479,11 @@ func TestSetupRecordsItsRun(t *testing.T) {
 		t.Fatalf("initialised %v, snapshotted %v; want both organizations and the task's sandbox", inits, snaps)
 	}
 	h.taskSandbox(t, sbID, "setup-sandbox finished")
+	// The run names its sandbox, which says whose task it is (the
+	// account's lists leave the setup's out).
+	if sb, _ := h.st.GetSandbox(ctx, sbID); run.SandboxID != sbID || sb.Task != store.SandboxTaskSetup {
+		t.Fatalf("run names sandbox %q, want %s; its task is %q", run.SandboxID, sbID, sb.Task)
+	}
 
 	// The job delivered again (River may) starts nothing: only a QUEUED
 	// run starts.
@@ -689,6 +695,10 @@ func TestCodingAgentOnTheAccountsMirror(t *testing.T) {
 	if len(claude) != 1 || !slices.Equal(claude[0].args, []string{prompt}) || claude[0].req.Cwd != "/workspace/agent-repo" {
 		t.Fatalf("claude runs %+v, want one with the prompt as its only argument", claude)
 	}
+	// Without a terminal: its output is stored as text (below, stripped).
+	if env := claude[0].req.Env; !slices.Contains(env, "NO_COLOR=1") || !slices.Contains(env, "TERM=dumb") {
+		t.Fatalf("claude's environment %q: want colours off", env)
+	}
 	sbID := clones[0].sandbox
 	if script, _ := h.sandboxes[sbID].File("/tmp/ralph-once.sh"); string(script) != ralphOnceScript {
 		t.Fatalf("ralph-once.sh is %q", script)
@@ -715,6 +725,9 @@ func TestCodingAgentOnTheAccountsMirror(t *testing.T) {
 		t.Fatalf("output\n%v\nwant\n%v", out, want)
 	}
 	h.taskSandbox(t, sbID, "coding-agent finished")
+	if sb, _ := h.st.GetSandbox(ctx, sbID); run.SandboxID != sbID || sb.Task != jobs.KindCodingAgent {
+		t.Fatalf("run names sandbox %q, want %s; its task is %q", run.SandboxID, sbID, sb.Task)
+	}
 }
 
 func TestCodingAgentRefusesAnotherRepository(t *testing.T) {

@@ -94,7 +94,7 @@ func (s *Server) routeTable() []route {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version, Runtime: s.opts.Runtime})
+	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version, Runtime: s.opts.Runtime, Degraded: s.opts.Degraded})
 	return nil
 }
 
@@ -216,6 +216,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	var (
 		wg       sync.WaitGroup
 		rows     []store.Sandbox
+		lastRuns map[string]string
 		next     store.Cursor
 		rowsErr  error
 		env      store.Environment
@@ -229,6 +230,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		rows, next, rowsErr = s.sandboxRows(ctx, account, q)
 		if rowsErr == nil && s.opts.Sandboxes != nil {
 			rows = s.opts.Sandboxes.Live(ctx, rows)
+		}
+		if rowsErr == nil {
+			lastRuns = s.latestRuns(ctx, rows)
 		}
 	})
 	wg.Go(func() { env, envErr = s.opts.Store.GetEnvironment(ctx, account) })
@@ -248,7 +252,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("get environment of %s: %w", account, envErr)
 	}
 	for _, sb := range rows {
-		resp.Sandboxes = append(resp.Sandboxes, s.sandboxView(ctx, sb))
+		view := s.sandboxView(ctx, sb)
+		view.RunID = lastRuns[sb.ID]
+		resp.Sandboxes = append(resp.Sandboxes, view)
 	}
 	if envErr == nil && s.environmentLive(env) {
 		resp.SnapshotID = env.SnapshotID // a filter matching nothing still answers the account's environment
@@ -266,6 +272,21 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	setNextCursor(w, next)
 	writeJSON(w, http.StatusOK, resp)
 	return nil
+}
+
+// latestRuns maps each of rows to the id of its newest run, for the list's
+// runId. Without them the list is still right, so a failure is logged and
+// the list goes without.
+func (s *Server) latestRuns(ctx context.Context, rows []store.Sandbox) map[string]string {
+	ids := make([]string, len(rows))
+	for i, sb := range rows {
+		ids[i] = sb.ID
+	}
+	runs, err := s.opts.Store.LatestRunIDs(ctx, ids)
+	if err != nil {
+		s.log.WarnContext(ctx, "list the sandboxes' runs", "err", err)
+	}
+	return runs
 }
 
 // environmentLive reports whether the account's snapshot row has not expired.
@@ -497,6 +518,7 @@ func runView(run store.Run, now time.Time) Run {
 		UpdatedAt:      formatTime(run.UpdatedAt),
 		StartedAt:      formatTimePtr(run.StartedAt),
 		FinishedAt:     formatTimePtr(run.FinishedAt),
+		SandboxID:      run.SandboxID,
 		Tags:           run.Tags,
 		Payload:        run.Payload,
 		Output:         run.Output,

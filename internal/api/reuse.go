@@ -120,6 +120,11 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 		Runtime:       sb.Runtime,
 		ForkedFrom:    sb.ForkedFrom,
 	}
+	if sb.Status == store.SandboxFailed {
+		// The column also says why a stopped sandbox stopped, which is
+		// no failure.
+		view.FailureReason = sb.FailureReason
+	}
 	// The row holds what the API accepted; a row that does not parse
 	// (never written so) shows no policy rather than failing the view.
 	var p netpol.Policy

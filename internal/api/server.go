@@ -26,6 +26,7 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
 	ListSandboxesPage(ctx context.Context, accountID string, after store.Cursor, limit int) ([]store.Sandbox, error)
 	ListActiveSandboxes(ctx context.Context, accountID string) ([]store.Sandbox, error)
+	LatestRunIDs(ctx context.Context, sandboxIDs []string) (map[string]string, error)
 	GetRun(ctx context.Context, id string) (store.Run, error)
 	ListRunsPage(ctx context.Context, accountID string, after store.Cursor, limit int) ([]store.Run, error)
 	GetEnvironment(ctx context.Context, accountID string) (store.Environment, error)
@@ -45,6 +46,9 @@ type Options struct {
 	Version  string
 	// Runtime describes the sandbox backend in one line (GET /api/health).
 	Runtime string
+	// Degraded says what the server's setup lacks, one line each, public
+	// (GET /api/health); nil when nothing.
+	Degraded []string
 	// Services; a nil service makes its routes answer 501 after validating
 	// and authenticating the request.
 	Sandboxes SandboxService

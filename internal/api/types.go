@@ -18,7 +18,7 @@ type Sandbox struct {
 	SandboxStatus string `json:"sandboxStatus" jsonschema:"enum=pending,enum=running,enum=stopping,enum=stopped,enum=failed,enum=pausing,enum=paused,enum=resuming,description=Current lifecycle state of the sandbox (pausing/paused/resuming: sandboxd's pause of a running sandbox)"`
 	Timeout       int64  `json:"timeout" jsonschema:"description=Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes)"`
 	CreatedAt     string `json:"createdAt" jsonschema:"format=date-time"`
-	RunID         string `json:"runId,omitempty" jsonschema:"description=Run started with the sandbox; poll GET /api/tasks/runs?runId="`
+	RunID         string `json:"runId,omitempty" jsonschema:"description=The sandbox's latest run (in the create's answer the one started with it); poll GET /api/tasks/runs?runId="`
 	Runtime       string `json:"runtime,omitempty" jsonschema:"description=Isolation backend of the sandbox (sandboxd)"`
 	// Network is the sandbox's network policy now (sandboxd): "none",
 	// "egress" or {"allow": [...]}; PATCH /api/sandboxes/{id}/network
@@ -29,6 +29,9 @@ type Sandbox struct {
 	NetworkBytes *NetworkBytes `json:"network_bytes,omitempty"`
 	// ForkedFrom is the sandbox it was forked from (sandboxd).
 	ForkedFrom string `json:"forkedFrom,omitempty" jsonschema:"description=The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)"`
+	// FailureReason says why a failed sandbox failed (sandboxd): a phrase
+	// for its user, never a host path or an internal error.
+	FailureReason string `json:"failureReason,omitempty" jsonschema:"description=Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)"`
 }
 
 // NetworkBytes counts a sandbox's network traffic (sandboxd): sent by the
@@ -154,6 +157,9 @@ type Run struct {
 	Payload        json.RawMessage `json:"payload" jsonschema:"type=object"`
 	Output         json.RawMessage `json:"output" jsonschema:"nullable,type=object,description=null until the run has an output"`
 	Error          *RunError       `json:"error" jsonschema:"nullable"`
+	// SandboxID is the sandbox the run runs in (sandboxd): a command's
+	// from the start, a task's once it started one.
+	SandboxID string `json:"sandboxId,omitempty" jsonschema:"description=The sandbox the run runs in: a command's from the start and a task's (setup or coding agent) once it started its own (sandboxd)"`
 }
 
 // RunsResponse answers GET /api/tasks/runs.
@@ -283,7 +289,11 @@ type SandboxResponse struct {
 type HealthResponse struct {
 	Status  string `json:"status" jsonschema:"enum=success"`
 	Version string `json:"version"`
-	Runtime string `json:"runtime,omitempty" jsonschema:"description=Sandbox backend: its platform and, for gVisor, the runsc version (sandboxd)"`
+	Runtime string `json:"runtime,omitempty" jsonschema:"description=Sandbox backend: its platform and (for gVisor) the runsc version (sandboxd)"`
+	// Degraded says what the server lacks and what that costs (sandboxd),
+	// one line each; absent when nothing is. The server still serves:
+	// status stays success.
+	Degraded []string `json:"degraded,omitempty" jsonschema:"description=What is wrong with this server's setup and what is lost; one line each and absent when nothing is: e.g. a fallback to Debian's 2022 gVisor (sandboxd)"`
 }
 
 // Query parameter sets, documented in the OpenAPI document.

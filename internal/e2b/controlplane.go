@@ -46,6 +46,10 @@ const (
 type apiError struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
+	// FailureReason says why a sandbox that failed did (sandboxd): its
+	// routes answer 404, as E2B does for a sandbox that ended, with the
+	// reason the REST API's failureReason gives.
+	FailureReason string `json:"failureReason,omitempty"`
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -516,7 +520,9 @@ func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
 // act for its account (auth.MayActFor, the one access rule of every front
 // end): a sandbox of an account it may not act for, one this API did not
 // create and one that ended are all not found, as E2B answers for a killed
-// sandbox.
+// sandbox. Not found, never a state of its own: the SDKs know only running
+// and paused (a "failed" state fails their parsing), and read 404 as
+// ended. One that failed says why in the 404 (failedError).
 func (a *API) sandboxOf(ctx context.Context, p auth.Principal, id string) (store.Sandbox, store.E2BSandbox, error) {
 	notFound := errorf(http.StatusNotFound, "sandbox %q not found", id)
 	id = sandboxID(id)
@@ -541,9 +547,22 @@ func (a *API) sandboxOf(ctx context.Context, p auth.Principal, id string) (store
 		return store.Sandbox{}, store.E2BSandbox{}, err
 	}
 	if sb = a.opts.Sandboxes.Live(ctx, []store.Sandbox{sb})[0]; !live(sb) {
+		if sb.Status == store.SandboxFailed {
+			return store.Sandbox{}, store.E2BSandbox{}, failedError(sb)
+		}
 		return store.Sandbox{}, store.E2BSandbox{}, notFound
 	}
 	return sb, e, nil
+}
+
+// failedError is the 404 of a sandbox that failed: the SDKs raise their
+// not-found error with its message, which says why, as failureReason does.
+func failedError(sb store.Sandbox) *apiError {
+	reason := sb.FailureReason
+	if reason == "" {
+		reason = "no reason was recorded"
+	}
+	return &apiError{Code: http.StatusNotFound, Message: fmt.Sprintf("sandbox %q failed: %s", e2bID(sb.ID), reason), FailureReason: sb.FailureReason}
 }
 
 // live reports whether a sandbox is still E2B's "running" or "paused".

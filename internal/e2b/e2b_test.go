@@ -336,6 +336,39 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	}
 }
 
+// TestFailedSandboxSaysWhy: a sandbox that failed is not found, as any
+// that ended is (the SDKs know no other state, and read 404 as ended), but
+// its 404 says why, in its message and as failureReason; one that stopped
+// has no reason to give.
+func TestFailedSandboxSaysWhy(t *testing.T) {
+	f := newFixture(t)
+	key := map[string]string{"X-API-Key": f.key}
+	failed, stopped := f.create(f.key, nil), f.create(f.key, nil)
+	const reason = "its node stopped answering (no heartbeat for 30s); its processes and unsaved work are lost"
+	if _, err := f.st.TransitionSandbox(t.Context(), sandboxID(failed.SandboxID), []string{store.SandboxRunning}, store.SandboxFailed, reason, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var e apiError
+	if resp := f.call("GET", "/sandboxes/"+failed.SandboxID, key, nil, &e); resp.StatusCode != 404 || e.Code != 404 ||
+		e.FailureReason != reason || e.Message != fmt.Sprintf("sandbox %q failed: %s", failed.SandboxID, reason) {
+		t.Fatalf("get a failed sandbox: %d %+v", resp.StatusCode, e)
+	}
+	// Its other routes too: kill() of it returns false with the reason.
+	if resp := f.call("DELETE", "/sandboxes/"+failed.SandboxID, key, nil, &e); resp.StatusCode != 404 || e.FailureReason != reason {
+		t.Fatalf("kill a failed sandbox: %d %+v", resp.StatusCode, e)
+	}
+	// Another account learns nothing of it.
+	e = apiError{}
+	if resp := f.call("GET", "/sandboxes/"+failed.SandboxID, map[string]string{"X-API-Key": f.otherKey}, nil, &e); resp.StatusCode != 404 || e.FailureReason != "" || strings.Contains(e.Message, "failed") {
+		t.Fatalf("get another account's failed sandbox: %d %+v", resp.StatusCode, e)
+	}
+	f.call("DELETE", "/sandboxes/"+stopped.SandboxID, key, nil, nil)
+	e = apiError{}
+	if resp := f.call("GET", "/sandboxes/"+stopped.SandboxID, key, nil, &e); resp.StatusCode != 404 || e.FailureReason != "" {
+		t.Fatalf("get a stopped sandbox: %d %+v", resp.StatusCode, e)
+	}
+}
+
 // sign makes a file link's signature as the SDKs do.
 func sign(path, op, user, token string, exp int64) string {
 	raw := path + ":" + op + ":" + user + ":" + token

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // TestLogsOpen: a run's log is opened from DATA_DIR/runs; a missing one,
@@ -78,5 +80,38 @@ func TestRunLogTagsLines(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(LogPath(dir, "run_1")); string(b) != want+"\n[stderr]  and the rest\n" {
 		t.Fatalf("continued log:\n%q", b)
+	}
+}
+
+// TestRunLogCountsWhatTheCommandWrote: the log strips escape sequences,
+// but counts every byte of the command's streams, as the agent does when
+// it replays them after a restart, so nothing is logged twice or lost.
+func TestRunLogCountsWhatTheCommandWrote(t *testing.T) {
+	dir := t.TempDir()
+	r := &Runner{cfg: Config{DataDir: dir}}
+	l, err := r.openLog("run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const first = "\x1b[32mok\x1b[0m\n" // "ok\n" is kept
+	if _, err := l.output(streamStdout).Write([]byte(first)); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if p := readPos(l.posPath); p[0] != uint64(len(first)) {
+		t.Fatalf("pos %v, want %d bytes of stdout", p, len(first))
+	}
+	// Followed again: the agent replays from the start of the stream.
+	l, err = r.openLog("run_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.resumeAt(runtime.StreamOffsets{})
+	if _, err := l.output(streamStdout).Write([]byte(first + "\x1b[1mmore\x1b[0m\n")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(LogPath(dir, "run_1")); string(b) != "[stdout] ok\n[stdout] more\n" {
+		t.Fatalf("log %q", b)
 	}
 }

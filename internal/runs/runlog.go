@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/sandboxd/sandboxd/internal/caplog"
+	"github.com/sandboxd/sandboxd/internal/escstrip"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -20,7 +21,7 @@ const (
 var streamNames = [2]string{"stdout", "stderr"}
 
 // runLog is a run's log file: each line tagged with its stream, capped
-// to its head and tail. Next to it (.pos) it keeps how many bytes of each
+// to its head and tail, terminal escape sequences stripped. Next to it (.pos) it keeps how many bytes of each
 // of the command's streams it has, so that a server that restarted and
 // follows the command again (Reconcile) logs only what it did not have,
 // and says so when the agent no longer had some of it.
@@ -34,6 +35,11 @@ type runLog struct {
 	// open is the tag of the line the log ends in the middle of; "" when
 	// it ends a line.
 	open string
+	// strip removes terminal escape sequences from each of the command's
+	// streams (their offsets above count what the command wrote); buf is
+	// the stripped text of the current write.
+	strip [2]escstrip.Stripper
+	buf   []byte
 }
 
 // writeTagged writes b to the log with each line that starts in it tagged
@@ -133,8 +139,10 @@ func (w streamWriter) Write(b []byte) (int, error) {
 		}
 		b = b[skip:]
 	}
-	if err := l.writeTagged(streamNames[w.stream], b); err != nil {
-		return 0, err
+	if l.buf = l.strip[w.stream].Append(l.buf[:0], b); len(l.buf) > 0 {
+		if err := l.writeTagged(streamNames[w.stream], l.buf); err != nil {
+			return 0, err
+		}
 	}
 	l.pos[w.stream] += uint64(len(b))
 	l.writePos()

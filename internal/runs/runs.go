@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/caplog"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/escstrip"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -34,8 +35,17 @@ import (
 
 // MaxOutput bounds the stdout and stderr kept in a run's output; the
 // whole stream goes to the run's log file in the data dir, itself capped
-// to its head and tail (Config.LogMaxBytes).
+// to its head and tail (Config.LogMaxBytes). Both keep the output as
+// text: terminal escape sequences are stripped (package escstrip).
 const MaxOutput = 256 << 10
+
+// NoTerminalEnv is added to the environment of every command a run or
+// task starts: its output is kept as text, never shown on a terminal, so
+// colours and cursor movement are asked off (NO_COLOR for most CLIs,
+// FORCE_COLOR=0 for Node's chalk and supports-color, which the agent
+// CLIs use; TERM=dumb for the rest). What a command prints regardless is
+// stripped when stored.
+var NoTerminalEnv = []string{"NO_COLOR=1", "FORCE_COLOR=0", "TERM=dumb"}
 
 // runPayload is what a run-sandbox-command run was asked to do.
 type runPayload struct {
@@ -187,11 +197,12 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 	// (Reconcile, resume).
 	res, execErr := rsb.Exec(ctx, runtime.ExecRequest{
 		Cmd:    append([]string{p.Command}, p.Args...),
+		Env:    NoTerminalEnv,
 		Cwd:    cwd,
 		Tag:    run.ID,
 		Detach: true,
-		Stdout: io.MultiWriter(stdout, logFile.output(streamStdout)),
-		Stderr: io.MultiWriter(stderr, logFile.output(streamStderr)),
+		Stdout: io.MultiWriter(escstrip.NewWriter(stdout), logFile.output(streamStdout)),
+		Stderr: io.MultiWriter(escstrip.NewWriter(stderr), logFile.output(streamStderr)),
 	})
 	return r.complete(ctx, run, sb, rsb, p, res, execErr, stdout, stderr, logFile, trafficBefore)
 }
@@ -567,11 +578,16 @@ func (r *Runner) Reconcile(ctx context.Context) error {
 		return fmt.Errorf("list executing runs: %w", err)
 	}
 	for _, run := range runs {
+		if run.Task != jobs.KindRunCommand {
+			// A task's run names its sandbox too, but the task is not
+			// this runner's to follow.
+			continue
+		}
 		sb, err := r.cfg.Store.GetSandbox(ctx, run.SandboxID)
 		if err != nil || sb.NodeID != r.cfg.NodeID {
 			continue
 		}
-		if sb.Status == store.SandboxRunning && run.Task == jobs.KindRunCommand {
+		if sb.Status == store.SandboxRunning {
 			go func() {
 				if err := r.resume(ctx, run, sb); err != nil && ctx.Err() == nil {
 					r.log.Error("resume run", "run_id", run.ID, "err", err)
@@ -630,8 +646,8 @@ func (r *Runner) resume(ctx context.Context, run store.Run, sb store.Sandbox) er
 	stdout, stderr := capbuf.New(MaxOutput), capbuf.New(MaxOutput)
 	res, execErr := rsb.Attach(ctx, runtime.AttachRequest{
 		Tag: run.ID, Detach: true,
-		Stdout:  io.MultiWriter(stdout, logFile.output(streamStdout)),
-		Stderr:  io.MultiWriter(stderr, logFile.output(streamStderr)),
+		Stdout:  io.MultiWriter(escstrip.NewWriter(stdout), logFile.output(streamStdout)),
+		Stderr:  io.MultiWriter(escstrip.NewWriter(stderr), logFile.output(streamStderr)),
 		Started: func(_ int, from runtime.StreamOffsets) { logFile.resumeAt(from) },
 	})
 	if errors.Is(execErr, fs.ErrNotExist) {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -295,6 +296,47 @@ func TestRunOutputHasTrafficAndOOM(t *testing.T) {
 	}
 	if _, out, _ := g.result(t, runID); out["networkBytes"] != nil || out["oomKilled"] != nil {
 		t.Fatalf("output without a network: %v", out)
+	}
+}
+
+// TestRunOutputIsText: a run's command is told it has no terminal
+// (NO_COLOR, FORCE_COLOR=0, TERM=dumb), and what it prints for one anyway
+// (colours, a title, a spinner's erase, cut across writes) is stored as
+// plain text, in the run's output and in its log.
+func TestRunOutputIsText(t *testing.T) {
+	f := newFixture(t, runs.Config{})
+	var env []string
+	f.rt.SetExec(func(_ context.Context, _ *runtimefake.Sandbox, req runtime.ExecRequest) (runtime.ExecResult, error) {
+		env = req.Env
+		for _, w := range []struct {
+			w io.Writer
+			s string
+		}{
+			{req.Stdout, "\x1b]0;opencode\x07\x1b[1;3"}, {req.Stdout, "2mdone\x1b[0m\n"},
+			{req.Stderr, "\x1b[31mError:\x1b[39m no provider\r\x1b[2K\n"},
+		} {
+			if _, err := io.WriteString(w.w, w.s); err != nil {
+				return runtime.ExecResult{}, err
+			}
+		}
+		return runtime.ExecResult{ExitCode: 1}, nil
+	})
+	_, runID := f.enqueue(t, "opencode", "run", "hi")
+	if err := f.runner.Run(context.Background(), runID); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"NO_COLOR=1", "FORCE_COLOR=0", "TERM=dumb"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("the command's environment %q lacks %s", env, want)
+		}
+	}
+	run, out, _ := f.result(t, runID)
+	if run.Status != store.RunCompleted || out["stdout"] != "done\n" || out["stderr"] != "Error: no provider\r\n" || out["exitCode"] != 1.0 {
+		t.Fatalf("run %s, output %q", run.Status, out)
+	}
+	log, err := os.ReadFile(runs.LogPath(f.dataDir, runID))
+	if err != nil || string(log) != "[stdout] done\n[stderr] Error: no provider\r\n" {
+		t.Fatalf("run log %q (%v)", log, err)
 	}
 }
 

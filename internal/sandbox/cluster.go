@@ -204,7 +204,7 @@ func (m *Manager) failNode(ctx context.Context, n store.Node) error {
 	if err != nil {
 		return err
 	}
-	reason := fmt.Sprintf("its node %s stopped answering (no heartbeat for %v)", n.ID, silent)
+	reason := nodeDownReason(silent)
 	gone := map[string]bool{}
 	for _, sb := range rows {
 		m.markFailed(ctx, sb.ID, activeStatuses, reason)

@@ -75,7 +75,8 @@ func TestNodeDown(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	cancel()
-	if sb := p.status(t, lost.ID); !strings.Contains(sb.FailureReason, "its node there stopped answering") {
+	// The user is told what happened, not the node's id.
+	if sb := p.status(t, lost.ID); !strings.HasPrefix(sb.FailureReason, "its node stopped answering") || strings.Contains(sb.FailureReason, "there") {
 		t.Errorf("reason %q", sb.FailureReason)
 	}
 	if r, _ := p.st.GetRun(ctx, run.ID); r.Status != store.RunCrashed {

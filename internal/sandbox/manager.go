@@ -214,6 +214,26 @@ func (m *Manager) RequireCommand(name, what string) error {
 	return errdefs.New(errdefs.ErrInvalid, msg)
 }
 
+// requireModel refuses (400) a prompt on a server with no model for
+// OpenCode: without one, opencode starts, looks for a provider it cannot
+// reach and gives up a minute and a half later, with a run that tells
+// nothing useful. The refusal names the flags that configure one.
+func (m *Manager) requireModel() error {
+	mp := m.cfg.Settings.Model
+	var missing []string
+	if mp.BaseURL == "" {
+		missing = append(missing, "--model-base-url URL")
+	}
+	if mp.Model == "" {
+		missing = append(missing, "--model NAME")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return errdefs.Newf(errdefs.ErrInvalid, "a prompt needs a model, and this server has none configured: start sandboxd serve with %s (any OpenAI-compatible API; add --model-api-key KEY when it needs one)",
+		strings.Join(missing, " and "))
+}
+
 // promptArgs are opencode's arguments for a prompt: one argument, never
 // through a shell, so the prompt arrives as typed. A prompt that starts
 // with "-" follows "--", so that it is not read as an option.
@@ -232,6 +252,9 @@ var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.
 func (m *Manager) Create(ctx context.Context, accountID string, req CreateRequest) (store.Sandbox, string, error) {
 	if req.Prompt != "" {
 		if err := m.RequireCommand("opencode", "a prompt"); err != nil {
+			return store.Sandbox{}, "", err
+		}
+		if err := m.requireModel(); err != nil {
 			return store.Sandbox{}, "", err
 		}
 	}
@@ -254,7 +277,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 			return store.Sandbox{}, "", err
 		}
 	}
-	sb, _, err := m.launch(ctx, accountID, lifetime, 0, policy, req.OnTimeout)
+	sb, _, err := m.launch(ctx, accountID, "", lifetime, 0, policy, req.OnTimeout)
 	if err != nil {
 		return sb, "", err
 	}
@@ -279,16 +302,18 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	return sb, runID, nil
 }
 
-// Launch records and starts a sandbox for account. Every sandbox counts
-// against the account's quota, those the service starts for the account's
-// tasks too; extra raises the account's limit for this one (setup gets one
-// place beyond it, so that a user who is at the quota still gets set up).
-func (m *Manager) Launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
-	return m.launch(ctx, accountID, lifetime, extra, policy, "")
+// Launch records and starts a sandbox for account's task (the row names
+// it: store.Sandbox.Task). Every sandbox counts against the account's
+// quota, those the service starts for the account's tasks too; extra
+// raises the account's limit for this one (setup gets one place beyond it,
+// so that a user who is at the quota still gets set up).
+func (m *Manager) Launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
+	return m.launch(ctx, accountID, task, lifetime, extra, policy, "")
 }
 
-// launch is Launch of a sandbox whose deadline does onTimeout.
-func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (_ store.Sandbox, _ runtime.Sandbox, err error) {
+// launch is Launch of a sandbox whose deadline does onTimeout; task is ""
+// for a sandbox the account asked for.
+func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (_ store.Sandbox, _ runtime.Sandbox, err error) {
 	defer func(start time.Time) { m.ops.observe(opCreate, start, err) }(time.Now())
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
@@ -304,7 +329,7 @@ func (m *Manager) launch(ctx context.Context, accountID string, lifetime time.Du
 	sb := store.Sandbox{
 		ID: store.NewID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
-		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout,
+		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout, Task: task,
 	}
 	release, err := m.admitDisk(ctx, 1)
 	if err != nil {
@@ -351,7 +376,8 @@ func quotaError(err error) error {
 }
 
 // start places a pending sandbox on the runtime and marks it running, or
-// failed with the reason.
+// failed with a reason for its user (reasons.go); the error, for the log,
+// says more.
 func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox, error) {
 	fail := func(reason string, err error) (runtime.Sandbox, error) {
 		m.markFailed(ctx, sb.ID, []string{store.SandboxPending}, reason)
@@ -364,7 +390,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	}
 	rsb, restored, err := m.create(ctx, sb, spec)
 	if err != nil {
-		return fail("the runtime could not start it", err)
+		return fail(startFailure(err, reasonStartGeneric), err)
 	}
 	if reason, err := m.poststart(ctx, sb, rsb, restored); err != nil {
 		_ = rsb.Destroy(ctx)
@@ -376,7 +402,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		if err == nil {
 			err = errors.New("sandbox left pending while starting")
 		}
-		return fail("its state changed while starting", err)
+		return fail(reasonStateChanged, err)
 	}
 	sb.Status, sb.UpdatedAt = store.SandboxRunning, m.now()
 	if restored {
@@ -426,7 +452,7 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 		}
 		wg.Go(func() {
 			if _, err := m.rt.Get(ctx, sb.ID); errors.Is(err, runtime.ErrNotFound) {
-				reason := "the sandbox process exited unexpectedly"
+				reason := reasonExited
 				if m.markFailed(context.WithoutCancel(ctx), sb.ID, []string{store.SandboxRunning}, reason) {
 					out[i].Status, out[i].FailureReason = store.SandboxFailed, reason
 				}

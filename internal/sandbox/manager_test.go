@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -108,6 +109,34 @@ func TestCreateRecordsAndStarts(t *testing.T) {
 	}
 }
 
+// TestPromptNeedsAModel: a prompt on a server with no model is refused at
+// once, naming the flags that configure one, and starts nothing; with a
+// model (a provider that is never called: the fake runtime runs nothing)
+// it starts its run.
+func TestPromptNeedsAModel(t *testing.T) {
+	ctx := context.Background()
+	p := newPlane(t, Settings{})
+	_, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Prompt: "say hi"})
+	if !errors.Is(err, errdefs.ErrInvalid) || runID != "" || p.rt.Creates() != 0 {
+		t.Fatalf("prompt without a model: %v (run %q, %d creates), want a refusal before anything starts", err, runID, p.rt.Creates())
+	}
+	for _, flag := range []string{"--model-base-url", "--model NAME"} {
+		if msg := errdefs.Message(err, ""); !strings.Contains(msg, flag) {
+			t.Errorf("refusal %q does not name %s", msg, flag)
+		}
+	}
+	// Half a model is none: the message names what is missing.
+	p = newPlane(t, Settings{Model: runs.ModelProvider{BaseURL: "http://models.invalid/v1"}})
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Prompt: "say hi"}); !errors.Is(err, errdefs.ErrInvalid) ||
+		strings.Contains(err.Error(), "--model-base-url") || !strings.Contains(err.Error(), "--model NAME") {
+		t.Fatalf("prompt with a base URL and no model name: %v", err)
+	}
+	p = newPlane(t, Settings{Model: runs.ModelProvider{BaseURL: "http://models.invalid/v1", Model: "m"}})
+	if _, runID, err := p.m.Create(ctx, p.account.ID, CreateRequest{Prompt: "say hi"}); err != nil || runID == "" {
+		t.Fatalf("prompt with a model: %v (run %q)", err, runID)
+	}
+}
+
 func TestCreateFailureLeavesAFailedRowAndNoKey(t *testing.T) {
 	p := newPlane(t, Settings{})
 	boom := errors.New("no space for the image")
@@ -125,7 +154,7 @@ func TestCreateFailureLeavesAFailedRowAndNoKey(t *testing.T) {
 		t.Fatalf("create: %v, want the runtime's error", err)
 	}
 	got := p.status(t, sb.ID)
-	if got.Status != store.SandboxFailed || got.FailureReason != "the runtime could not start it" {
+	if got.Status != store.SandboxFailed || got.FailureReason != reasonStartGeneric {
 		t.Fatalf("row %s %q, want failed with the reason", got.Status, got.FailureReason)
 	}
 	if key == "" || p.keyWorks(sb.ID, key) {

@@ -86,7 +86,15 @@ type Sandbox struct {
 	// OnTimeout is what its deadline does: "" stops it, OnTimeoutPause
 	// pauses it with its memory.
 	OnTimeout string `json:"on_timeout,omitempty"`
+	// Task is the service's task that started it for its account, as
+	// runs name tasks (SandboxTaskSetup, "coding-agent"); "" for one the
+	// account asked for.
+	Task string `json:"task,omitempty"`
 }
+
+// SandboxTaskSetup is the Task of the sandbox an account's setup runs in
+// (the setup-sandbox task): the account's lists leave it out.
+const SandboxTaskSetup = "setup-sandbox"
 
 // OnTimeoutPause: a sandbox paused at its deadline instead of stopped.
 const OnTimeoutPause = "pause"

@@ -200,3 +200,34 @@ func mustE2B(t *testing.T, s *store.Store, accountID, status string, at time.Tim
 	}
 	return sb
 }
+
+// TestSetupSandboxesAreNotListed: the sandbox of an account's setup is
+// left out of its lists (paged and active alike), and found by id; a
+// coding agent's is listed.
+func TestSetupSandboxesAreNotListed(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		own := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		setup := store.Sandbox{AccountID: alice.ID, NodeID: "n1", Status: store.SandboxRunning, Runtime: "gvisor", Task: store.SandboxTaskSetup, CreatedAt: t0.Add(time.Second), Deadline: t0.Add(time.Hour)}
+		agent := store.Sandbox{AccountID: alice.ID, NodeID: "n1", Status: store.SandboxRunning, Runtime: "gvisor", Task: "coding-agent", CreatedAt: t0.Add(2 * time.Second), Deadline: t0.Add(time.Hour)}
+		for _, sb := range []*store.Sandbox{&setup, &agent} {
+			if err := s.CreateSandbox(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := []string{agent.ID, own.ID}
+		page, err := s.ListSandboxesPage(ctx, alice.ID, store.Cursor{}, 10)
+		if g := ids(page, func(sb store.Sandbox) string { return sb.ID }); err != nil || !slices.Equal(g, want) {
+			t.Fatalf("ListSandboxesPage = %v (%v), want %v", g, err, want)
+		}
+		active, err := s.ListActiveSandboxes(ctx, alice.ID)
+		if g := ids(active, func(sb store.Sandbox) string { return sb.ID }); err != nil || !slices.Equal(g, want) {
+			t.Fatalf("ListActiveSandboxes = %v (%v), want %v", g, err, want)
+		}
+		if got, err := s.GetSandbox(ctx, setup.ID); err != nil || got.Task != store.SandboxTaskSetup {
+			t.Fatalf("GetSandbox of the setup's: %+v, %v", got, err)
+		}
+	})
+}

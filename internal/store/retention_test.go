@@ -241,3 +241,45 @@ func TestRetentionMigrationBackfills(t *testing.T) {
 		}
 	})
 }
+
+// TestFailureReasonMigration: a sandbox failed with its node before 00013
+// named the node's id in its reason; the migration words it for the user.
+// Other reasons stay as they are.
+func TestFailureReasonMigration(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		lost := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		crashed := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		for id, reason := range map[string]string{
+			lost.ID:    "its node 3ae6588d-60be-4191-be04-e569261c934d stopped answering (no heartbeat for 31s)",
+			crashed.ID: "the sandbox was gone after sandboxd restarted",
+		} {
+			if _, err := s.TransitionSandbox(ctx, id, []string{store.SandboxRunning}, store.SandboxFailed, reason, t0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dialect := goose.DialectSQLite3
+		if s.Dialect() == store.DialectPostgres {
+			dialect = goose.DialectPostgres
+		}
+		p, err := goose.NewProvider(dialect, s.DB(), migrations.FS, goose.WithDisableGlobalRegistry(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.DownTo(ctx, 12); err != nil {
+			t.Fatalf("undo 00013: %v", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s = storetest.Open(t, dsn) // applies 00013 again
+		if got, _ := s.GetSandbox(ctx, lost.ID); got.FailureReason != "its node stopped answering; its processes and unsaved work are lost" {
+			t.Errorf("reason of a sandbox lost with its node: %q", got.FailureReason)
+		}
+		if got, _ := s.GetSandbox(ctx, crashed.ID); got.FailureReason != "the sandbox was gone after sandboxd restarted" {
+			t.Errorf("another reason changed: %q", got.FailureReason)
+		}
+	})
+}

@@ -251,6 +251,44 @@ func (q *Queries) FinishRun(ctx context.Context, id string, status string, outpu
 	return q.changed(ctx, n, "runs", id, "finish run")
 }
 
+// SetRunSandbox records the sandbox a task's run started for itself (a
+// command's run names its sandbox from the start), once: it reports
+// whether it did (false when the run names one already; ErrNotFound when
+// there is no such run).
+func (q *Queries) SetRunSandbox(ctx context.Context, runID, sandboxID string) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE runs SET sandbox_id = ? WHERE id = ? AND sandbox_id IS NULL", sandboxID, runID)
+	if err != nil {
+		return false, fmt.Errorf("set sandbox of run %s: %w", runID, mapErr(err))
+	}
+	return q.changed(ctx, n, "runs", runID, "set sandbox of run")
+}
+
+// LatestRunIDs returns, for each of sandboxIDs that a run names, the id of
+// the newest such run: one query for a list of sandboxes.
+func (q *Queries) LatestRunIDs(ctx context.Context, sandboxIDs []string) (map[string]string, error) {
+	out := map[string]string{}
+	if len(sandboxIDs) == 0 {
+		return out, nil
+	}
+	in, args := inList(sandboxIDs)
+	rows, err := q.query(ctx, "SELECT sandbox_id, id FROM runs WHERE sandbox_id IN ("+in+") ORDER BY created_at, id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("latest runs of %d sandboxes: %w", len(sandboxIDs), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var sandboxID, runID string
+		if err := rows.Scan(&sandboxID, &runID); err != nil {
+			return nil, fmt.Errorf("latest runs of %d sandboxes: %w", len(sandboxIDs), err)
+		}
+		out[sandboxID] = runID // in order: the newest is written last
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("latest runs of %d sandboxes: %w", len(sandboxIDs), err)
+	}
+	return out, nil
+}
+
 // changed turns the row count of a compare-and-set update into its result:
 // true when a row changed, false when the row exists in another state,
 // ErrNotFound when it does not exist.

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -217,6 +218,43 @@ func TestFinishedRunsPast(t *testing.T) {
 		}
 		if got, err := s.FinishedRunsPast(ctx, alice.ID, 3, 1); err != nil || !slices.Equal(got, []string{ids[2]}) {
 			t.Fatalf("within a window of 1: %v %v", got, err)
+		}
+	})
+}
+
+// TestRunSandboxLinks: a task's run is given its sandbox once; a list of
+// sandboxes learns each one's newest run in one query.
+func TestRunSandboxLinks(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+		a := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		b := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		idle := mustSandbox(t, s, alice.ID, "n1", store.SandboxRunning, t0)
+		run := func(sandboxID string, at time.Time) store.Run {
+			r := store.Run{AccountID: alice.ID, SandboxID: sandboxID, Task: "run-sandbox-command", CreatedAt: at}
+			if err := s.CreateRun(ctx, &r); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		run(a.ID, t0)
+		newest := run(a.ID, t0.Add(time.Minute))
+		run(a.ID, t0.Add(time.Second))
+		task := run("", t0)
+		if ok, err := s.SetRunSandbox(ctx, task.ID, b.ID); !ok || err != nil {
+			t.Fatalf("SetRunSandbox: %v, %v", ok, err)
+		}
+		if ok, err := s.SetRunSandbox(ctx, task.ID, a.ID); ok || err != nil {
+			t.Fatalf("SetRunSandbox again: %v, %v; want false, the first one kept", ok, err)
+		}
+		if _, err := s.SetRunSandbox(ctx, "run_none", a.ID); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("SetRunSandbox of no run: %v", err)
+		}
+		got, err := s.LatestRunIDs(ctx, []string{a.ID, b.ID, idle.ID})
+		if err != nil || len(got) != 2 || got[a.ID] != newest.ID || got[b.ID] != task.ID {
+			t.Fatalf("LatestRunIDs = %v (%v), want %s for a, %s for b, none for idle", got, err, newest.ID, task.ID)
 		}
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout"
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task"
 
 func scanSandbox(s scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -17,7 +17,7 @@ func scanSandbox(s scanner) (Sandbox, error) {
 	var created, updated, deadline int64
 	var stopped, remaining sql.NullInt64
 	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
-		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout); err != nil {
+		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task); err != nil {
 		return Sandbox{}, err
 	}
 	sb.PausedRemaining = time.Duration(remaining.Int64) * time.Millisecond
@@ -60,9 +60,9 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.OnTimeout != "" && sb.OnTimeout != OnTimeoutPause {
 		return fmt.Errorf("create sandbox: %w: on_timeout %q", ErrInvalid, sb.OnTimeout)
 	}
-	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout)
+		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 	}
@@ -87,11 +87,16 @@ func (q *Queries) ListSandboxes(ctx context.Context, accountID string) ([]Sandbo
 	return out, nil
 }
 
+// listed leaves out of the account's lists the sandboxes of its setup,
+// which the service started for it unasked (they are still found by id).
+const listed = "task <> '" + SandboxTaskSetup + "'"
+
 // ListSandboxesPage returns at most limit sandboxes of accountID, newest
-// first, from the one after after (the zero Cursor: from the newest).
+// first, from the one after after (the zero Cursor: from the newest); not
+// those of its setup (SandboxTaskSetup).
 func (q *Queries) ListSandboxesPage(ctx context.Context, accountID string, after Cursor, limit int) ([]Sandbox, error) {
 	past, args := after.older("created_at", "id")
-	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? AND "+past+
+	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? AND "+listed+" AND "+past+
 		" ORDER BY created_at DESC, id DESC LIMIT ?", append(append([]any{accountID}, args...), limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list a page of sandboxes of %s: %w", accountID, err)
@@ -101,11 +106,12 @@ func (q *Queries) ListSandboxesPage(ctx context.Context, accountID string, after
 
 // ListActiveSandboxes returns the pending, running (paused ones included)
 // and stopping sandboxes of accountID, newest first: those a list must
-// show however many ended ones are newer. There are as many as the
-// account runs at once, which its quota bounds.
+// show however many ended ones are newer (not those of its setup, which
+// no list shows). There are as many as the account runs at once, which
+// its quota bounds.
 func (q *Queries) ListActiveSandboxes(ctx context.Context, accountID string) ([]Sandbox, error) {
 	in, args := inList(activeSandboxStatuses)
-	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? AND status IN ("+in+
+	out, err := queryAll(ctx, q, scanSandbox, "SELECT "+sandboxCols+" FROM sandboxes WHERE account_id = ? AND "+listed+" AND status IN ("+in+
 		") ORDER BY created_at DESC, id DESC", append([]any{accountID}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("list active sandboxes of %s: %w", accountID, err)

@@ -523,7 +523,9 @@ export interface components {
             timeout?: number;
         };
         HealthResponse: {
-            /** @description Sandbox backend: its platform and */
+            /** @description What is wrong with this server's setup and what is lost; one line each and absent when nothing is: e.g. a fallback to Debian's 2022 gVisor (sandboxd) */
+            degraded?: string[];
+            /** @description Sandbox backend: its platform and (for gVisor) the runsc version (sandboxd) */
             runtime?: string;
             /** @enum {string} */
             status: "success";
@@ -640,6 +642,8 @@ export interface components {
             /** @description null until the run has an output */
             output: Record<string, never> | null;
             payload: Record<string, never>;
+            /** @description The sandbox the run runs in: a command's from the start and a task's (setup or coding agent) once it started its own (sandboxd) */
+            sandboxId?: string;
             startedAt: string | null;
             /**
              * @description A run cut by its sandbox's deadline is FAILED; its error says so
@@ -680,11 +684,13 @@ export interface components {
         Sandbox: {
             /** Format: date-time */
             createdAt: string;
+            /** @description Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd) */
+            failureReason?: string;
             /** @description The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd) */
             forkedFrom?: string;
             network?: components["schemas"]["NetworkPolicy"];
             network_bytes?: components["schemas"]["NetworkBytes"];
-            /** @description Run started with the sandbox; poll GET /api/tasks/runs?runId= */
+            /** @description The sandbox's latest run (in the create's answer the one started with it); poll GET /api/tasks/runs?runId= */
             runId?: string;
             /** @description Isolation backend of the sandbox (sandboxd) */
             runtime?: string;

@@ -229,6 +229,9 @@ func vmInit(log *slog.Logger) error {
 	if err := mount("tmpfs", newRoot+"/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 		return err
 	}
+	if err := mountTmp(params[paramMemory]); err != nil {
+		return err
+	}
 	// vm-init keeps the whole VM's /proc; vm-agent mounts its own PID
 	// namespace's over it.
 	if err := unix.Mount("/proc", newRoot+"/proc", "", unix.MS_MOVE, ""); err != nil {
@@ -268,6 +271,26 @@ func vmInit(log *slog.Logger) error {
 	}
 	log.Info("root file system ready", "lowers", len(lowerDirs), "uptime", uptime())
 	return supervise(log, upper, port)
+}
+
+// mountTmp makes the new root's /tmp a tmpfs as gVisor sandboxes have it,
+// so that /tmp is the same on both backends: memory, never in snapshots,
+// half of the sandbox's memory limit (memory, in bytes, as the kernel's
+// command line gives it) in size, or half of the VM's memory without one.
+func mountTmp(memory string) error {
+	if err := os.MkdirAll(newRoot+"/tmp", 0o1777); err != nil {
+		return err
+	}
+	return mount("tmpfs", newRoot+"/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,"+tmpSize(memory))
+}
+
+// tmpSize is the size option of /tmp's tmpfs for a sandbox memory limit
+// of memory bytes ("" or 0: none).
+func tmpSize(memory string) string {
+	if n, err := strconv.ParseInt(memory, 10, 64); err == nil && n > 0 {
+		return fmt.Sprintf("size=%dk", max(1, n/2>>10))
+	}
+	return "size=50%"
 }
 
 // bindOverRoot puts a file of the initramfs holding content over path in

@@ -23,3 +23,11 @@ func TestLowerOrder(t *testing.T) {
 		t.Errorf("order %v, want %v", dirs, want)
 	}
 }
+
+func TestTmpSize(t *testing.T) {
+	for memory, want := range map[string]string{"1342177280": "size=655360k", "": "size=50%", "0": "size=50%", "x": "size=50%"} {
+		if got := tmpSize(memory); got != want {
+			t.Errorf("tmpSize(%q) = %q, want %q", memory, got, want)
+		}
+	}
+}

@@ -153,6 +153,9 @@ type Runtime struct {
 	legacyRunsc string
 	platform    string
 	rejected    map[string]string
+	// networkError says why sandboxes with a network cannot start on
+	// this runsc ("" when they can: see probeResult).
+	networkError string
 	// pidsCeiling caps each sandbox's host pids backstop (hostTaskCeiling).
 	pidsCeiling int64
 	// preload is the host file mounted as /etc/ld.so.preload, naming the
@@ -194,7 +197,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		b.Abort()
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
-	r.platform, r.rejected = pr.Platform, pr.Rejected
+	r.platform, r.rejected, r.networkError = pr.Platform, pr.Rejected, pr.NetworkError
 	r.legacyRunsc = legacyRunsc(opts, r.runsc.Path)
 	if pr.StatxShim {
 		if r.preload, err = installStatxShim(ctx, bin); err != nil {
@@ -205,6 +208,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	r.log.Info("gvisor runtime ready", "runsc", r.runsc.Path, "runsc_version", r.runsc.Version, "why", r.runsc.Reason,
 		"runsc_rejected", r.runsc.Rejected, "platform", r.platform, "platform_rejected", r.rejected,
 		"statx_shim", r.preload != "", "netns_workaround", r.runsc.NetnsWorkaround, "host_pids_per_sandbox", r.pidsCeiling)
+	for _, d := range r.Degraded() {
+		r.log.Warn("gvisor runtime degraded", "what", d.Summary, "why", d.Detail)
+	}
 	if err := r.reattach(ctx); err != nil {
 		b.Abort()
 		return nil, err

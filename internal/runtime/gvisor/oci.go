@@ -138,6 +138,7 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pids
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=755"}},
+		tmpMount(s.Limits.MemoryBytes),
 		{Destination: guestBinDir, Type: "bind", Source: binDir, Options: []string{"rbind", "ro"}},
 		{Destination: guestSockDir, Type: "bind", Source: sockDir, Options: []string{"rbind", "ro"}},
 		{Destination: guestHostsFile, Type: "bind", Source: hostsFile, Options: []string{"rbind", "ro"}},
@@ -157,6 +158,21 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pids
 			Resources:   res,
 		},
 	}
+}
+
+// tmpMount is /tmp: memory, a tmpfs, as runsc mounts it anyway when the
+// bundle names none, but sized. runsc's own has no size: df showed
+// exabytes free while its pages count against the sandbox's memory limit,
+// so a large write was killed for memory instead of failing with ENOSPC.
+// It gets half of the memory limit, as Linux sizes a tmpfs by default, so
+// that df tells the truth and a full /tmp leaves the processes memory to
+// report it. Without a memory limit it is runsc's unsized one.
+func tmpMount(memoryBytes int64) specs.Mount {
+	opts := []string{"nosuid", "nodev", "mode=1777"}
+	if memoryBytes > 0 {
+		opts = append(opts, fmt.Sprintf("size=%dk", max(1, memoryBytes/2>>10)))
+	}
+	return specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: opts}
 }
 
 // namespaces are the namespaces of a bundle: all of its own.

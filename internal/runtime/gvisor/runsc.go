@@ -158,3 +158,109 @@ func legacyRunsc(opts Options, chosen string) string {
 	}
 	return chosen
 }
+
+// Degradation is one way this backend does less than it would with the
+// current gVisor on a platform that suits it.
+type Degradation struct {
+	// Summary says what is wrong and what is lost, for anyone (GET
+	// /api/health answers it): versions and remedies, never a host path.
+	Summary string
+	// Detail is why, for the operator's log: the rejected candidates'
+	// errors as they were, host paths included.
+	Detail string
+}
+
+// Degraded lists what this runtime lacks: a fallback from the current
+// gVisor (scripts/install-runsc.sh) to another runsc, the old runsc's
+// faults and workarounds, sandbox networks that cannot start, and a slow
+// platform chosen because a faster one failed its trial. Empty when
+// nothing is lost. A choice the operator made (--runsc, --gvisor-platform)
+// is no fallback, but what the runsc it names lacks is still said.
+func (r *Runtime) Degraded() []Degradation {
+	var out []Degradation
+	if d, ok := r.fallback(); ok {
+		out = append(out, d)
+	}
+	if r.runsc.StatxShim || r.runsc.NetnsWorkaround {
+		out = append(out, r.oldRunsc())
+	}
+	if r.networkError != "" {
+		out = append(out, Degradation{
+			Summary: fmt.Sprintf("gVisor: sandboxes with a network cannot start on runsc %s (sandboxes without one work)", r.runsc.Version),
+			Detail:  r.networkError,
+		})
+	}
+	if p := r.slowPlatform(); p != nil {
+		out = append(out, *p)
+	}
+	return out
+}
+
+// fallback is the degradation of running another runsc than the current
+// gVisor because that one was not installed or did not boot.
+func (r *Runtime) fallback() (Degradation, bool) {
+	bundled := r.opts.BundledRunsc
+	if bundled == "" {
+		bundled = BundledRunsc
+	}
+	why, rejected := r.runsc.Rejected[bundled]
+	if r.opts.RunscPath != "" || !rejected || r.runsc.Path == bundled {
+		return Degradation{}, false
+	}
+	var public string
+	switch {
+	case strings.HasPrefix(why, "not installed"):
+		public = "is not installed (scripts/install-runsc.sh installs it; make run and make deps run it)"
+	case strings.HasPrefix(why, "not executable"):
+		public = "is not executable (scripts/install-runsc.sh installs it again)"
+	default:
+		public = "did not boot its trial sandbox (serve's log says why; scripts/install-runsc.sh builds it again)"
+	}
+	return Degradation{
+		Summary: fmt.Sprintf("gVisor fell back to runsc %s: the current gVisor %s", r.runsc.Version, public),
+		Detail:  fmt.Sprintf("%s rejected: %s; running %s", bundled, why, r.runsc.Path),
+	}, true
+}
+
+// oldRunsc is the degradation of a runsc as old as Debian 12's (December
+// 2022), which the probe tells by the workarounds it needs.
+func (r *Runtime) oldRunsc() Degradation {
+	lost := []string{"pause and fork refuse a sandbox while TCP sockets are open in it",
+		"a path through a symlink to / resolves to / itself"}
+	if r.runsc.StatxShim {
+		if r.preload == "" {
+			lost = append(lost, "ls and stat fail inside (statx with AT_NO_AUTOMOUNT; the shim that works around it could not be built)")
+		} else {
+			lost = append(lost, "statx needs a shim preloaded in every sandbox (ls and stat)")
+		}
+	}
+	if r.runsc.NetnsWorkaround {
+		lost = append(lost, "sandbox networks start only with /proc/sys/net hidden from runsc")
+	}
+	return Degradation{
+		Summary: fmt.Sprintf("gVisor: runsc %s is as old as Debian 12's (December 2022): %s; the current gVisor has none of these (scripts/install-runsc.sh)",
+			r.runsc.Version, strings.Join(lost, "; ")),
+		Detail: fmt.Sprintf("%s needs the statx shim: %v, the network-namespace workaround: %v", r.runsc.Path, r.runsc.StatxShim, r.runsc.NetnsWorkaround),
+	}
+}
+
+// slowPlatform is the degradation of running on ptrace because systrap
+// failed its trial or this runsc lacks it; nil when the platform is the
+// operator's choice or a fast one.
+func (r *Runtime) slowPlatform() *Degradation {
+	if r.opts.Platform != "" || r.platform != "ptrace" {
+		return nil
+	}
+	why, ok := r.rejected["systrap"]
+	if !ok {
+		return nil
+	}
+	public := "failed its trial sandbox (serve's log says why)"
+	if why == "not supported by this runsc" {
+		public = "is not supported by this runsc"
+	}
+	return &Degradation{
+		Summary: fmt.Sprintf("gVisor runs on the ptrace platform: systrap %s; syscall-heavy work (git, Python imports, npm) is about 2-3 times slower", public),
+		Detail:  fmt.Sprintf("systrap rejected: %s", why),
+	}
+}

@@ -55,6 +55,10 @@ func TestRunscChoice(t *testing.T) {
 		if d := r.Describe(); !strings.Contains(d, info.Version) || strings.Contains(d, info.Path) {
 			t.Errorf("Describe() = %q", d)
 		}
+		// The current gVisor on systrap lacks nothing.
+		if d := r.Degraded(); len(d) != 0 {
+			t.Errorf("Degraded() = %+v, want nothing", d)
+		}
 	})
 	t.Run("fallback", func(t *testing.T) {
 		debian, err := exec.LookPath("runsc")
@@ -71,6 +75,25 @@ func TestRunscChoice(t *testing.T) {
 		}
 		if !strings.Contains(info.Rejected[fake], "umounter") {
 			t.Errorf("rejected %v: want the fake's boot error", info.Rejected)
+		}
+		// The fallback is said loudly: what is wrong and what is lost in
+		// public words (health), why in full (the log).
+		var summaries []string
+		for _, d := range r.Degraded() {
+			summaries = append(summaries, d.Summary)
+			if strings.Contains(d.Summary, "/") && !strings.Contains(d.Summary, "scripts/install-runsc.sh") || strings.Contains(d.Summary, fake) {
+				t.Errorf("a public summary names a host path: %q", d.Summary)
+			}
+		}
+		all := strings.Join(summaries, "\n")
+		if !strings.Contains(all, "fell back to runsc "+info.Version) || !strings.Contains(all, "did not boot its trial sandbox") {
+			t.Errorf("Degraded() = %q, want the fallback and why", all)
+		}
+		if d := r.Degraded(); !strings.Contains(d[0].Detail, "umounter") || !strings.Contains(d[0].Detail, fake) {
+			t.Errorf("the fallback's detail %q: want the rejected runsc and its error", d[0].Detail)
+		}
+		if info.StatxShim && !strings.Contains(all, "pause and fork refuse") {
+			t.Errorf("Degraded() = %q, want what Debian's 2022 runsc lacks", all)
 		}
 		// The sandbox runs on the fallback.
 		sb, err := r.Create(ctx, runtime.Spec{ID: "fallback", BaseDir: runtimetest.Rootfs(t)})

@@ -61,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Home", s.testHome)
 	t.Run("MemoryBomb", s.testMemoryBomb)
 	t.Run("BigFile", s.testBigFile)
+	t.Run("Tmp", s.testTmp)
 	t.Run("ForkBomb", s.testForkBomb)
 	t.Run("Snapshot", s.testSnapshot)
 	t.Run("LayerBounds", s.testLayerBounds)
