@@ -491,6 +491,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Runtime:      describeRuntime(rt),
 		Environments: persistence,
 		Sandboxes:    mgr,
+		SandboxFiles: mgr,
 		Agents:       agentSvc,
 		RunLogs:      runs.Logs{DataDir: dataDir},
 		Proxy:        portProxy,

@@ -42,8 +42,11 @@ type route struct {
 	acts bool
 	// paged: the route's 200 may carry the next page's cursor
 	// (NextCursorHeader).
-	paged   bool
-	handler handler
+	paged bool
+	// rawBody and rawOK are the media types of a request body and a 200
+	// that are bytes of their own (an archive) rather than JSON.
+	rawBody, rawOK string
+	handler        handler
 }
 
 // handler serves a route; the error it returns is written once, by the
@@ -143,6 +146,12 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 		if len(params) > 0 {
 			op["parameters"] = params
 		}
+		if rt.rawBody != "" {
+			op["requestBody"] = map[string]any{
+				"required": true,
+				"content":  map[string]any{rt.rawBody: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}},
+			}
+		}
 		if rt.body != nil {
 			bs, err := ref(rt.body)
 			if err != nil {
@@ -178,11 +187,14 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			}
 			responses["200"] = ok
 		}
+		if rt.rawOK != "" {
+			responses["200"] = map[string]any{"description": "Success", "content": map[string]any{rt.rawOK: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}}
+		}
 		if rt.websocket {
 			responses["101"] = map[string]any{"description": "Switching Protocols: the websocket"}
 			responses["426"] = map[string]any{"description": "Not a websocket upgrade", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
-		if rt.body != nil {
+		if rt.body != nil || rt.rawBody != "" {
 			responses["408"] = map[string]any{"description": "The request body stalled or trickled past its deadline", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
 		for code, desc := range errorResponses {
