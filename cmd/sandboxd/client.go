@@ -172,8 +172,9 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	pf.StringVar(&c.key, "key", "", "API key (env SANDBOXD_API_KEY)")
 	pf.BoolVar(&asJSON, "json", false, "print JSON")
 	pf.StringVar(&account, "account", "", "act for this account id (organization keys)")
-	requireKey := func(*cobra.Command, []string) error {
-		if c.key == "" {
+	requireKey := func(cmd *cobra.Command, _ []string) error {
+		// A group of commands only prints its help.
+		if c.key == "" && !cmd.HasSubCommands() {
 			return fmt.Errorf("no API key: pass --key or set SANDBOXD_API_KEY")
 		}
 		return nil
