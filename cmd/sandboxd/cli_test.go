@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -35,7 +38,9 @@ func TestUnknownSubcommands(t *testing.T) {
 	}{
 		{[]string{"sandbox", "lsit"}, "unknown command \"lsit\" for \"sandboxd sandbox\"\n\nDid you mean this?\n\tls\n"},
 		{[]string{"admin", "account", "ls"}, "Did you mean this?\n\tlist\n"},
+		{[]string{"sandbox", "logz", "run_1"}, "Did you mean this?\n\tlogs\n"},
 		{[]string{"frobnicate"}, "unknown command \"frobnicate\" for \"sandboxd\""},
+		{[]string{"sandbox", "logs"}, "accepts 1 arg(s), received 0"},
 	} {
 		_, _, _, err := runRoot(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -49,13 +54,13 @@ func TestUnknownSubcommands(t *testing.T) {
 }
 
 // TestHelpShowsItsOwnFlags: the client's commands list their flags and
-// the client's, not the server's data and log flags.
+// the client's, not the server's data and log flags; each has examples.
 func TestHelpShowsItsOwnFlags(t *testing.T) {
 	out, _, _, err := runRoot(t, "sandbox", "exec", "--help")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--keep-running", "--url", "--key", "--json"} {
+	for _, want := range []string{"--timeout", "--stdin", "--keep-running", "--url", "--key", "--json", "Examples:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("exec --help lacks %s:\n%s", want, out)
 		}
@@ -71,6 +76,11 @@ func TestHelpShowsItsOwnFlags(t *testing.T) {
 	if out, _, _, _ := runRoot(t, "version", "--help"); strings.Contains(out, "--data-dir") {
 		t.Errorf("version --help shows --data-dir:\n%s", out)
 	}
+	walk(newRootCmd(), func(c *cobra.Command) {
+		if c.Parent() != nil && c.Parent().Name() == "sandbox" && c.Example == "" {
+			t.Errorf("sandbox %s has no example", c.Name())
+		}
+	})
 }
 
 // TestErrorsAsJSON: a command asked for JSON (by --json or SANDBOXD_JSON)
@@ -113,5 +123,40 @@ func TestVersionJSON(t *testing.T) {
 	var v struct{ Version, Go string }
 	if err != nil || json.Unmarshal([]byte(out), &v) != nil || v.Version != "dev" || !strings.HasPrefix(v.Go, "go") {
 		t.Fatalf("version --json: %v %q", err, out)
+	}
+}
+
+// TestCompleteSandboxIDs: the shell completes a sandbox id from the API
+// (live ones where only those make sense, each with its status), and
+// completes nothing, quietly, when the API cannot be reached.
+func TestCompleteSandboxIDs(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("x-api-key") != "sbx_k" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"success","sandboxes":[`+
+			`{"sandboxId":"sbx_live","sandboxStatus":"running","timeout":1,"createdAt":"2026-01-02T03:04:05Z"},`+
+			`{"sandboxId":"sbx_gone","sandboxStatus":"stopped","timeout":0,"createdAt":"2026-01-02T03:04:05Z"},`+
+			`{"sandboxId":"other","sandboxStatus":"running","timeout":1,"createdAt":"2026-01-02T03:04:05Z"}],`+
+			`"snapshot_id":null,"github_repo":null,"filetree":null}`)
+	}))
+	defer srv.Close()
+	t.Setenv("SANDBOXD_URL", srv.URL)
+	t.Setenv("SANDBOXD_API_KEY", "sbx_k")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sandbox", "exec", "sbx"}, "sbx_live\trunning\n:4\n"},
+		{[]string{"sandbox", "rm", "sbx"}, "sbx_live\trunning\nsbx_gone\tstopped\n:4\n"},
+		{[]string{"sandbox", "cp", "./x", "sbx_l"}, "sbx_live:\trunning\n:2\n"},
+		{[]string{"sandbox", "--key", "wrong", "stop", ""}, ":4\n"},
+	} {
+		out, _, _, err := runRoot(t, append([]string{cobra.ShellCompRequestCmd}, c.args...)...)
+		if got, _, _ := strings.Cut(out, "Completion ended"); err != nil || got != c.want {
+			t.Errorf("complete %q: %v %q, want %q", c.args, err, out, c.want)
+		}
 	}
 }
