@@ -35,6 +35,7 @@ func finishTree(root *cobra.Command) {
 	// A group of commands runs (to refuse unknown ones) but has no usage
 	// line of its own: it is used through its commands.
 	root.SetUsageTemplate(strings.Replace(root.UsageTemplate(), "Usage:{{if .Runnable}}", "Usage:{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
+	addExamples(root)
 	walk(root, func(c *cobra.Command) {
 		if c.HasSubCommands() && !c.Runnable() {
 			// cobra's own default, which it applies only at the root.

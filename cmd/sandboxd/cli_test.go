@@ -76,11 +76,23 @@ func TestHelpShowsItsOwnFlags(t *testing.T) {
 	if out, _, _, _ := runRoot(t, "version", "--help"); strings.Contains(out, "--data-dir") {
 		t.Errorf("version --help shows --data-dir:\n%s", out)
 	}
+}
+
+// TestEveryCommandHasAnExample: every command a user runs shows an
+// example in its help, and no example is kept for a command that went.
+func TestEveryCommandHasAnExample(t *testing.T) {
+	seen := map[string]bool{}
 	walk(newRootCmd(), func(c *cobra.Command) {
-		if c.Parent() != nil && c.Parent().Name() == "sandbox" && c.Example == "" {
-			t.Errorf("sandbox %s has no example", c.Name())
+		seen[c.CommandPath()] = true
+		if c.Runnable() && !c.HasSubCommands() && !c.Hidden && c.Name() != "help" && c.Example == "" {
+			t.Errorf("%s has no example", c.CommandPath())
 		}
 	})
+	for path := range examples {
+		if !seen[path] {
+			t.Errorf("an example is kept for %s, which is not a command", path)
+		}
+	}
 }
 
 // TestErrorsAsJSON: a command asked for JSON (by --json or SANDBOXD_JSON)
