@@ -118,14 +118,17 @@ func (c *apiClient) create(cmd *cobra.Command, g *globals, f *clientFlags, body 
 	return &out.Sandboxes[0], nil
 }
 
-// waitRunning waits until sb runs. A sandbox that failed or stopped
-// meanwhile is an error with the reason the server gives (failureReason).
+// waitRunning waits until sb has started (runs, or was paused since). A
+// sandbox that failed or stopped meanwhile is an error with the reason the
+// server gives (failureReason).
 func (c *apiClient) waitRunning(ctx context.Context, sb client.Sandbox, account string) (*client.Sandbox, error) {
 	tick := time.NewTicker(createWaitPoll)
 	defer tick.Stop()
 	for {
 		switch sb.SandboxStatus {
-		case "running":
+		case "running", "pausing", "paused":
+			// Someone paused it meanwhile: it started, and a
+			// resume (or an exec) brings it back.
 			return &sb, nil
 		case "stopped", "failed", "stopping":
 			return nil, c.notRunning(ctx, sb, account)

@@ -37,9 +37,10 @@ type route struct {
 	// (documented with 101 and 426); its key may come as a
 	// sandboxd.key.<KEY> subprotocol (requestKey).
 	websocket bool
-	// acts: the route changes state or starts work although its method is
-	// GET, so a sandbox's key (which only reads) may not call it.
-	acts bool
+	// acts, when set, says why a sandbox's key (which only reads) may not
+	// call the route although its method is GET: it changes state, starts
+	// work, or reaches into a running sandbox.
+	acts string
 	// paged: the route's 200 may carry the next page's cursor
 	// (NextCursorHeader).
 	paged bool

@@ -37,6 +37,10 @@ type SandboxFileService interface {
 // tarType is the media type of the archives.
 const tarType = "application/x-tar"
 
+// readsSandbox is why a sandbox's key may not read another sandbox's files
+// (route.acts): they are as much of it as an exec would reach.
+const readsSandbox = "it reads a running sandbox's files, as an exec would"
+
 // maxArchiveBody bounds a PUT's body: the content filecopy takes, and the
 // tar headers and padding of its entries.
 var maxArchiveBody = filecopy.DefaultLimits.Bytes + int64(filecopy.DefaultLimits.Entries)*1024

@@ -231,6 +231,10 @@ func TestSandboxFilesRefusals(t *testing.T) {
 			t.Errorf("%s %s%s: %d %s, want %d", c.method, c.id, c.query, rec.Code, rec.Body, c.want)
 		}
 	}
+	rec := doWith(w.srv, w.sandboxKey, "GET", "/api/sandboxes/"+w.sandbox+"/files?path=x", nil)
+	if !strings.Contains(rec.Body.String(), "GET /api/sandboxes/"+w.sandbox+"/files (it reads a running sandbox's files, as an exec would) needs an account key") {
+		t.Errorf("a sandbox key's refusal: %s", rec.Body)
+	}
 	if _, ok := mem.files["/workspace/x/a"]; ok {
 		t.Error("a refused caller's archive was written")
 	}
