@@ -17,6 +17,21 @@ import (
 	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
+// Defines values for CopyInResponseStatus.
+const (
+	CopyInResponseStatusSuccess CopyInResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the CopyInResponseStatus enum.
+func (e CopyInResponseStatus) Valid() bool {
+	switch e {
+	case CopyInResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DeleteSandboxesResponseStatus.
 const (
 	DeleteSandboxesResponseStatusSuccess DeleteSandboxesResponseStatus = "success"
@@ -149,6 +164,45 @@ func (e NetworkPolicy0) Valid() bool {
 	case NetworkPolicy0Egress:
 		return true
 	case NetworkPolicy0None:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PathStatResponseStatus.
+const (
+	PathStatResponseStatusSuccess PathStatResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the PathStatResponseStatus enum.
+func (e PathStatResponseStatus) Valid() bool {
+	switch e {
+	case PathStatResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PathStatResponseType.
+const (
+	PathStatResponseTypeDirectory PathStatResponseType = "directory"
+	PathStatResponseTypeFile      PathStatResponseType = "file"
+	PathStatResponseTypeOther     PathStatResponseType = "other"
+	PathStatResponseTypeSymlink   PathStatResponseType = "symlink"
+)
+
+// Valid indicates whether the value is a known member of the PathStatResponseType enum.
+func (e PathStatResponseType) Valid() bool {
+	switch e {
+	case PathStatResponseTypeDirectory:
+		return true
+	case PathStatResponseTypeFile:
+		return true
+	case PathStatResponseTypeOther:
+		return true
+	case PathStatResponseTypeSymlink:
 		return true
 	default:
 		return false
@@ -449,6 +503,24 @@ type Committed struct {
 	Sha  string `json:"sha"`
 }
 
+// CopyInResponse defines model for CopyInResponse.
+type CopyInResponse struct {
+	Status CopyInResponseStatus `json:"status"`
+
+	// Files Regular files written
+	Files int `json:"files"`
+
+	// Directories Directories of the archive made (or found)
+	Directories int `json:"directories"`
+
+	// Bytes Content written
+	Bytes   int       `json:"bytes"`
+	Skipped *[]string `json:"skipped,omitempty"`
+}
+
+// CopyInResponseStatus defines model for CopyInResponse.Status.
+type CopyInResponseStatus string
+
 // CreateSandboxRequest defines model for CreateSandboxRequest.
 type CreateSandboxRequest struct {
 	// Command Command to run in the sandbox (not with prompt)
@@ -514,6 +586,9 @@ type ExecResponse struct {
 	Stderr     string             `json:"stderr"`
 	DurationMs int                `json:"durationMs"`
 	OomKilled  *bool              `json:"oomKilled,omitempty"`
+
+	// TimedOut Present (true) when the command was killed because its timeout (or the sandbox's deadline) passed; exitCode is then the kill's
+	TimedOut *bool `json:"timedOut,omitempty"`
 }
 
 // ExecResponseStatus defines model for ExecResponse.Status.
@@ -642,6 +717,25 @@ type PatchSandboxesRequest struct {
 	GithubRepo *string `json:"github_repo,omitempty"`
 	AccountID  *string `json:"account_id,omitempty"`
 }
+
+// PathStatResponse defines model for PathStatResponse.
+type PathStatResponse struct {
+	Status PathStatResponseStatus `json:"status"`
+	Path   string                 `json:"path"`
+	Type   PathStatResponseType   `json:"type"`
+	Size   int                    `json:"size"`
+
+	// Mode Permission bits in octal
+	Mode          string  `json:"mode"`
+	ModifiedAt    string  `json:"modifiedAt"`
+	SymlinkTarget *string `json:"symlinkTarget,omitempty"`
+}
+
+// PathStatResponseStatus defines model for PathStatResponse.Status.
+type PathStatResponseStatus string
+
+// PathStatResponseType defines model for PathStatResponse.Type.
+type PathStatResponseType string
 
 // Port defines model for Port.
 type Port struct {
@@ -889,6 +983,24 @@ type GetSandboxesFileParams struct {
 	Path      string  `form:"path" json:"path"`
 }
 
+// GetSandboxesIDFilesParams defines parameters for GetSandboxesIDFiles.
+type GetSandboxesIDFilesParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Path      string  `form:"path" json:"path"`
+}
+
+// PutSandboxesIDFilesParams defines parameters for PutSandboxesIDFiles.
+type PutSandboxesIDFilesParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Path      string  `form:"path" json:"path"`
+}
+
+// GetSandboxesIDFilesStatParams defines parameters for GetSandboxesIDFilesStat.
+type GetSandboxesIDFilesStatParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Path      string  `form:"path" json:"path"`
+}
+
 // GetSandboxesIDPortsParams defines parameters for GetSandboxesIDPorts.
 type GetSandboxesIDPortsParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
@@ -941,6 +1053,9 @@ type PostSandboxesFilesJSONRequestBody = UploadFilesRequest
 
 // PostSandboxesSetupJSONRequestBody defines body for PostSandboxesSetup for application/json ContentType.
 type PostSandboxesSetupJSONRequestBody = AccountRequest
+
+// DeleteSandboxesIDJSONRequestBody defines body for DeleteSandboxesID for application/json ContentType.
+type DeleteSandboxesIDJSONRequestBody = AccountRequest
 
 // PostSandboxesIDExecJSONRequestBody defines body for PostSandboxesIDExec for application/json ContentType.
 type PostSandboxesIDExecJSONRequestBody = ExecRequest
@@ -1215,6 +1330,24 @@ type ClientInterface interface {
 	// Corresponds with POST /api/sandboxes/setup (the `PostSandboxesSetup` operationId).
 	PostSandboxesSetup(ctx context.Context, body PostSandboxesSetupJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// DeleteSandboxesIDWithBody Delete a stopped or failed sandbox now (sandboxd)
+	//
+	// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+	DeleteSandboxesIDWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSandboxesID Delete a stopped or failed sandbox now (sandboxd)
+	//
+	// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+	DeleteSandboxesID(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostSandboxesIDExecWithBody Run a command in a live sandbox
 	//
 	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
@@ -1232,6 +1365,29 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/sandboxes/{id}/exec (the `PostSandboxesIDExec` operationId).
 	PostSandboxesIDExec(ctx context.Context, id string, body PostSandboxesIDExecJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxesIDFiles Copy a file or directory out of a running sandbox as a tar archive (sandboxd)
+	//
+	// application/x-tar: path (absolute, or relative to /workspace) under its base name and, for a directory, everything below it; links are kept as links, never followed. At most 1 GiB of content in 100,000 entries, measured before the answer starts (413 beyond). A sandbox's own key may not call it (it reads the sandbox as exec would).
+	//
+	// Corresponds with GET /api/sandboxes/{id}/files (the `GetSandboxesIDFiles` operationId).
+	GetSandboxesIDFiles(ctx context.Context, id string, params *GetSandboxesIDFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutSandboxesIDFilesWithBody Copy a tar archive into a directory of a running sandbox (sandboxd)
+	//
+	// Writes the application/x-tar body's files (with their permission bits) and directories into the directory path (absolute, or relative to /workspace; made when missing), as the sandbox's root user; links and special files are skipped and named in skipped. Entries are written as they arrive: a refused or broken archive leaves those before it. An entry whose name leaves path is refused (400). At most 1 GiB of content in 100,000 entries (413).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/sandboxes/{id}/files (the `PutSandboxesIDFiles` operationId).
+	PutSandboxesIDFilesWithBody(ctx context.Context, id string, params *PutSandboxesIDFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxesIDFilesStat Describe a path in a running sandbox (sandboxd)
+	//
+	// What path (absolute, or relative to /workspace) is, without following a final link; 404 when it does not exist. A sandbox's own key may not call it.
+	//
+	// Corresponds with GET /api/sandboxes/{id}/files/stat (the `GetSandboxesIDFilesStat` operationId).
+	GetSandboxesIDFilesStat(ctx context.Context, id string, params *GetSandboxesIDFilesStatParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostSandboxesIDForkWithBody Start sandboxes from a running sandbox's memory and filesystem (sandboxd)
 	//
@@ -1654,6 +1810,44 @@ func (c *Client) PostSandboxesSetup(ctx context.Context, body PostSandboxesSetup
 	return c.Client.Do(req)
 }
 
+// DeleteSandboxesIDWithBody Delete a stopped or failed sandbox now (sandboxd)
+//
+// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+func (c *Client) DeleteSandboxesIDWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSandboxesIDRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteSandboxesID Delete a stopped or failed sandbox now (sandboxd)
+//
+// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+func (c *Client) DeleteSandboxesID(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSandboxesIDRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostSandboxesIDExecWithBody Run a command in a live sandbox
 //
 // Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
@@ -1682,6 +1876,59 @@ func (c *Client) PostSandboxesIDExecWithBody(ctx context.Context, id string, con
 // Corresponds with POST /api/sandboxes/{id}/exec (the `PostSandboxesIDExec` operationId).
 func (c *Client) PostSandboxesIDExec(ctx context.Context, id string, body PostSandboxesIDExecJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPostSandboxesIDExecRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSandboxesIDFiles Copy a file or directory out of a running sandbox as a tar archive (sandboxd)
+//
+// application/x-tar: path (absolute, or relative to /workspace) under its base name and, for a directory, everything below it; links are kept as links, never followed. At most 1 GiB of content in 100,000 entries, measured before the answer starts (413 beyond). A sandbox's own key may not call it (it reads the sandbox as exec would).
+//
+// Corresponds with GET /api/sandboxes/{id}/files (the `GetSandboxesIDFiles` operationId).
+func (c *Client) GetSandboxesIDFiles(ctx context.Context, id string, params *GetSandboxesIDFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxesIDFilesRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutSandboxesIDFilesWithBody Copy a tar archive into a directory of a running sandbox (sandboxd)
+//
+// Writes the application/x-tar body's files (with their permission bits) and directories into the directory path (absolute, or relative to /workspace; made when missing), as the sandbox's root user; links and special files are skipped and named in skipped. Entries are written as they arrive: a refused or broken archive leaves those before it. An entry whose name leaves path is refused (400). At most 1 GiB of content in 100,000 entries (413).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/sandboxes/{id}/files (the `PutSandboxesIDFiles` operationId).
+func (c *Client) PutSandboxesIDFilesWithBody(ctx context.Context, id string, params *PutSandboxesIDFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutSandboxesIDFilesRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSandboxesIDFilesStat Describe a path in a running sandbox (sandboxd)
+//
+// What path (absolute, or relative to /workspace) is, without following a final link; 404 when it does not exist. A sandbox's own key may not call it.
+//
+// Corresponds with GET /api/sandboxes/{id}/files/stat (the `GetSandboxesIDFilesStat` operationId).
+func (c *Client) GetSandboxesIDFilesStat(ctx context.Context, id string, params *GetSandboxesIDFilesStatParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxesIDFilesStatRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2519,6 +2766,53 @@ func NewPostSandboxesSetupRequestWithBody(server string, contentType string, bod
 	return req, nil
 }
 
+// NewDeleteSandboxesIDRequest calls the generic DeleteSandboxesID builder with application/json body
+func NewDeleteSandboxesIDRequest(server string, id string, body DeleteSandboxesIDJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewDeleteSandboxesIDRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewDeleteSandboxesIDRequestWithBody constructs an http.Request for the DeleteSandboxesID method, with any body, and a specified content type
+func NewDeleteSandboxesIDRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPostSandboxesIDExecRequest calls the generic PostSandboxesIDExec builder with application/json body
 func NewPostSandboxesIDExecRequest(server string, id string, body PostSandboxesIDExecJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2562,6 +2856,215 @@ func NewPostSandboxesIDExecRequestWithBody(server string, id string, contentType
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetSandboxesIDFilesRequest constructs an http.Request for the GetSandboxesIDFiles method
+func NewGetSandboxesIDFilesRequest(server string, id string, params *GetSandboxesIDFilesParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/files", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutSandboxesIDFilesRequestWithBody constructs an http.Request for the PutSandboxesIDFiles method, with any body, and a specified content type
+func NewPutSandboxesIDFilesRequestWithBody(server string, id string, params *PutSandboxesIDFilesParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/files", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetSandboxesIDFilesStatRequest constructs an http.Request for the GetSandboxesIDFilesStat method
+func NewGetSandboxesIDFilesStatRequest(server string, id string, params *GetSandboxesIDFilesStatParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/files/stat", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -3515,6 +4018,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/sandboxes/setup (the `PostSandboxesSetup` operationId).
 	PostSandboxesSetupWithResponse(ctx context.Context, body PostSandboxesSetupJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesSetupResult, error)
 
+	// DeleteSandboxesIDWithBodyWithResponse Delete a stopped or failed sandbox now (sandboxd)
+	//
+	// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+	DeleteSandboxesIDWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDResult, error)
+
+	// DeleteSandboxesIDWithResponse Delete a stopped or failed sandbox now (sandboxd)
+	//
+	// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+	DeleteSandboxesIDWithResponse(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDResult, error)
+
 	// PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 	//
 	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
@@ -3532,6 +4053,33 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/sandboxes/{id}/exec (the `PostSandboxesIDExec` operationId).
 	PostSandboxesIDExecWithResponse(ctx context.Context, id string, body PostSandboxesIDExecJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDExecResult, error)
+
+	// GetSandboxesIDFilesWithResponse Copy a file or directory out of a running sandbox as a tar archive (sandboxd)
+	//
+	// application/x-tar: path (absolute, or relative to /workspace) under its base name and, for a directory, everything below it; links are kept as links, never followed. At most 1 GiB of content in 100,000 entries, measured before the answer starts (413 beyond). A sandbox's own key may not call it (it reads the sandbox as exec would).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/sandboxes/{id}/files (the `GetSandboxesIDFiles` operationId).
+	GetSandboxesIDFilesWithResponse(ctx context.Context, id string, params *GetSandboxesIDFilesParams, reqEditors ...RequestEditorFn) (*GetSandboxesIDFilesResult, error)
+
+	// PutSandboxesIDFilesWithBodyWithResponse Copy a tar archive into a directory of a running sandbox (sandboxd)
+	//
+	// Writes the application/x-tar body's files (with their permission bits) and directories into the directory path (absolute, or relative to /workspace; made when missing), as the sandbox's root user; links and special files are skipped and named in skipped. Entries are written as they arrive: a refused or broken archive leaves those before it. An entry whose name leaves path is refused (400). At most 1 GiB of content in 100,000 entries (413).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/sandboxes/{id}/files (the `PutSandboxesIDFiles` operationId).
+	PutSandboxesIDFilesWithBodyWithResponse(ctx context.Context, id string, params *PutSandboxesIDFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutSandboxesIDFilesResult, error)
+
+	// GetSandboxesIDFilesStatWithResponse Describe a path in a running sandbox (sandboxd)
+	//
+	// What path (absolute, or relative to /workspace) is, without following a final link; 404 when it does not exist. A sandbox's own key may not call it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/sandboxes/{id}/files/stat (the `GetSandboxesIDFilesStat` operationId).
+	GetSandboxesIDFilesStatWithResponse(ctx context.Context, id string, params *GetSandboxesIDFilesStatParams, reqEditors ...RequestEditorFn) (*GetSandboxesIDFilesStatResult, error)
 
 	// PostSandboxesIDForkWithBodyWithResponse Start sandboxes from a running sandbox's memory and filesystem (sandboxd)
 	//
@@ -4500,6 +5048,96 @@ func (r PostSandboxesSetupResult) ContentType() string {
 	return ""
 }
 
+type DeleteSandboxesIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON200() *SandboxResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteSandboxesIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteSandboxesIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSandboxesIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSandboxesIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteSandboxesIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PostSandboxesIDExecResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4584,6 +5222,255 @@ func (r PostSandboxesIDExecResult) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PostSandboxesIDExecResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetSandboxesIDFilesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetSandboxesIDFilesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetSandboxesIDFilesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetSandboxesIDFilesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetSandboxesIDFilesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetSandboxesIDFilesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetSandboxesIDFilesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSandboxesIDFilesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxesIDFilesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxesIDFilesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSandboxesIDFilesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PutSandboxesIDFilesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CopyInResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON200() *CopyInResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PutSandboxesIDFilesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PutSandboxesIDFilesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutSandboxesIDFilesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutSandboxesIDFilesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutSandboxesIDFilesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetSandboxesIDFilesStatResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PathStatResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON200() *PathStatResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetSandboxesIDFilesStatResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSandboxesIDFilesStatResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxesIDFilesStatResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxesIDFilesStatResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSandboxesIDFilesStatResult) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -6007,6 +6894,36 @@ func (c *ClientWithResponses) PostSandboxesSetupWithResponse(ctx context.Context
 	return ParsePostSandboxesSetupResult(rsp)
 }
 
+// DeleteSandboxesIDWithBodyWithResponse Delete a stopped or failed sandbox now (sandboxd)
+//
+// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+func (c *ClientWithResponses) DeleteSandboxesIDWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDResult, error) {
+	rsp, err := c.DeleteSandboxesIDWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSandboxesIDResult(rsp)
+}
+
+// DeleteSandboxesIDWithResponse Delete a stopped or failed sandbox now (sandboxd)
+//
+// Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
+func (c *ClientWithResponses) DeleteSandboxesIDWithResponse(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDResult, error) {
+	rsp, err := c.DeleteSandboxesID(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSandboxesIDResult(rsp)
+}
+
 // PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 //
 // Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
@@ -6035,6 +6952,51 @@ func (c *ClientWithResponses) PostSandboxesIDExecWithResponse(ctx context.Contex
 		return nil, err
 	}
 	return ParsePostSandboxesIDExecResult(rsp)
+}
+
+// GetSandboxesIDFilesWithResponse Copy a file or directory out of a running sandbox as a tar archive (sandboxd)
+//
+// application/x-tar: path (absolute, or relative to /workspace) under its base name and, for a directory, everything below it; links are kept as links, never followed. At most 1 GiB of content in 100,000 entries, measured before the answer starts (413 beyond). A sandbox's own key may not call it (it reads the sandbox as exec would).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/sandboxes/{id}/files (the `GetSandboxesIDFiles` operationId).
+func (c *ClientWithResponses) GetSandboxesIDFilesWithResponse(ctx context.Context, id string, params *GetSandboxesIDFilesParams, reqEditors ...RequestEditorFn) (*GetSandboxesIDFilesResult, error) {
+	rsp, err := c.GetSandboxesIDFiles(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxesIDFilesResult(rsp)
+}
+
+// PutSandboxesIDFilesWithBodyWithResponse Copy a tar archive into a directory of a running sandbox (sandboxd)
+//
+// Writes the application/x-tar body's files (with their permission bits) and directories into the directory path (absolute, or relative to /workspace; made when missing), as the sandbox's root user; links and special files are skipped and named in skipped. Entries are written as they arrive: a refused or broken archive leaves those before it. An entry whose name leaves path is refused (400). At most 1 GiB of content in 100,000 entries (413).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/sandboxes/{id}/files (the `PutSandboxesIDFiles` operationId).
+func (c *ClientWithResponses) PutSandboxesIDFilesWithBodyWithResponse(ctx context.Context, id string, params *PutSandboxesIDFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutSandboxesIDFilesResult, error) {
+	rsp, err := c.PutSandboxesIDFilesWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutSandboxesIDFilesResult(rsp)
+}
+
+// GetSandboxesIDFilesStatWithResponse Describe a path in a running sandbox (sandboxd)
+//
+// What path (absolute, or relative to /workspace) is, without following a final link; 404 when it does not exist. A sandbox's own key may not call it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/sandboxes/{id}/files/stat (the `GetSandboxesIDFilesStat` operationId).
+func (c *ClientWithResponses) GetSandboxesIDFilesStatWithResponse(ctx context.Context, id string, params *GetSandboxesIDFilesStatParams, reqEditors ...RequestEditorFn) (*GetSandboxesIDFilesStatResult, error) {
+	rsp, err := c.GetSandboxesIDFilesStat(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxesIDFilesStatResult(rsp)
 }
 
 // PostSandboxesIDForkWithBodyWithResponse Start sandboxes from a running sandbox's memory and filesystem (sandboxd)
@@ -6985,6 +7947,81 @@ func ParsePostSandboxesSetupResult(rsp *http.Response) (*PostSandboxesSetupResul
 	return response, nil
 }
 
+// ParseDeleteSandboxesIDResult parses an HTTP response from a DeleteSandboxesIDWithResponse call
+func ParseDeleteSandboxesIDResult(rsp *http.Response) (*DeleteSandboxesIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSandboxesIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParsePostSandboxesIDExecResult parses an HTTP response from a PostSandboxesIDExecWithResponse call
 func ParsePostSandboxesIDExecResult(rsp *http.Response) (*PostSandboxesIDExecResult, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7057,6 +8094,210 @@ func ParsePostSandboxesIDExecResult(rsp *http.Response) (*PostSandboxesIDExecRes
 
 	case rsp.StatusCode == 200:
 		// Content-type (text/event-stream) unsupported
+
+	}
+
+	return response, nil
+}
+
+// ParseGetSandboxesIDFilesResult parses an HTTP response from a GetSandboxesIDFilesWithResponse call
+func ParseGetSandboxesIDFilesResult(rsp *http.Response) (*GetSandboxesIDFilesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxesIDFilesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePutSandboxesIDFilesResult parses an HTTP response from a PutSandboxesIDFilesWithResponse call
+func ParsePutSandboxesIDFilesResult(rsp *http.Response) (*PutSandboxesIDFilesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutSandboxesIDFilesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CopyInResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetSandboxesIDFilesStatResult parses an HTTP response from a GetSandboxesIDFilesStatWithResponse call
+func ParseGetSandboxesIDFilesStatResult(rsp *http.Response) (*GetSandboxesIDFilesStatResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxesIDFilesStatResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PathStatResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
 
 	}
 

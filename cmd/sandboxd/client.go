@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/client"
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/progress"
 )
@@ -160,145 +158,31 @@ func listSandboxes(ctx context.Context, cl *client.ClientWithResponses, account 
 	}
 }
 
+// clientFlags are the flags every `sandboxd sandbox` command shares.
+type clientFlags struct {
+	account string // act for this account (organization keys)
+	asJSON  bool   // print JSON, errors included
+}
+
 // newSandboxCmd is the API client: `sandboxd sandbox create|ls|exec|stop`.
 // g gives the log format its progress lines follow.
 func newSandboxCmd(g *globals) *cobra.Command {
 	c := &apiClient{http: newAPIHTTPClient()}
-	var asJSON bool
-	var account string
+	f := &clientFlags{}
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, use and stop sandboxes through a running server's API"}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&c.url, "url", "http://127.0.0.1:8080", "server URL (env SANDBOXD_URL)")
 	pf.StringVar(&c.key, "key", "", "API key (env SANDBOXD_API_KEY)")
-	pf.BoolVar(&asJSON, "json", false, "print JSON")
-	pf.StringVar(&account, "account", "", "act for this account id (organization keys)")
-	requireKey := func(*cobra.Command, []string) error {
-		if c.key == "" {
+	pf.BoolVar(&f.asJSON, "json", false, "print JSON (errors too: {\"error\", \"status\"} on stderr)")
+	pf.StringVar(&f.account, "account", "", "act for this account id (organization keys)")
+	requireKey := func(cmd *cobra.Command, _ []string) error {
+		// A group of commands only prints its help.
+		if c.key == "" && !cmd.HasSubCommands() {
 			return fmt.Errorf("no API key: pass --key or set SANDBOXD_API_KEY")
 		}
 		return nil
 	}
 	cmd.PersistentPreRunE = withEnv(requireKey)
-
-	var timeout time.Duration
-	var cwd, prompt, network string
-	create := &cobra.Command{
-		Use:   "create [-- COMMAND ARGS...]",
-		Short: "Create a sandbox, optionally running a command or a prompt in it",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			body := client.CreateSandboxRequest{Prompt: optional(prompt), Cwd: optional(cwd), AccountID: optional(account)}
-			if len(args) > 0 {
-				// A command's args are sent even when there are
-				// none: the server keeps them in the run's payload,
-				// where [] and null differ.
-				rest := args[1:]
-				body.Command, body.Args = &args[0], &rest
-			}
-			if timeout > 0 {
-				body.Timeout = optional(int(timeout.Milliseconds()))
-			}
-			if network != "" {
-				p, err := networkFlag(network)
-				if err != nil {
-					return err
-				}
-				body.Network = &p
-			}
-			cl, err := c.api()
-			if err != nil {
-				return err
-			}
-			waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
-			out, err := waitFor(waits, "creating a sandbox", func() (*client.SandboxesResponse, error) {
-				res, err := client.Check(cl.PostSandboxesWithResponse(cmd.Context(), body))
-				if err != nil {
-					return nil, err
-				}
-				return decoded(res.JSON200)
-			})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), out.Sandboxes[0])
-			}
-			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
-		},
-	}
-	create.Flags().DurationVar(&timeout, "timeout", 0, "lifetime (default: the server's, 10m)")
-	create.Flags().StringVar(&cwd, "cwd", "", "working directory of the command")
-	create.Flags().StringVar(&prompt, "prompt", "", "run opencode with this prompt instead of a command")
-	create.Flags().StringVar(&network, "network", "", networkFlagUsage)
-
-	var all bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List sandboxes: the newest 100 and every active one (--all: every one the server keeps)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := c.api()
-			if err != nil {
-				return err
-			}
-			out, err := listSandboxes(cmd.Context(), cl, account, all)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				// The sandboxes and the environment, without the
-				// file tree (which can be long), as --json has
-				// always printed them.
-				return printJSON(cmd.OutOrStdout(), struct {
-					Sandboxes  []client.Sandbox `json:"sandboxes"`
-					SnapshotID *string          `json:"snapshot_id"`
-					GithubRepo *string          `json:"github_repo"`
-				}{out.Sandboxes, out.SnapshotID, out.GithubRepo})
-			}
-			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
-		},
-	}
-	ls.Flags().BoolVar(&all, "all", false, "list every sandbox the server keeps (it deletes stopped ones after --keep-stopped-sandboxes), page by page")
-
-	var keepRunning bool
-	exec := &cobra.Command{
-		Use:   "exec SANDBOX_ID -- COMMAND [ARGS...]",
-		Short: "Run a command in a running sandbox, streaming its output",
-		Args:  cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			// A terminal's Ctrl-C ends the remote command too, as with
-			// ssh, unless --keep-running leaves it to the sandbox.
-			kill := !keepRunning
-			body := client.ExecRequest{Command: args[1], Cwd: optional(cwd), AccountID: optional(account), KillOnDisconnect: &kill}
-			if rest := args[2:]; len(rest) > 0 {
-				body.Args = &rest
-			}
-			cl, err := c.api()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				res, err := client.Check(cl.PostSandboxesIDExecWithResponse(cmd.Context(), args[0], body))
-				if err != nil {
-					return err
-				}
-				out, err := decoded(res.JSON200)
-				if err != nil {
-					return err
-				}
-				return printJSONSorted(cmd.OutOrStdout(), out)
-			}
-			code, err := execStream(cmd.Context(), cl, args[0], body, cmd.OutOrStdout(), cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &exitError{code: code}
-			}
-			return nil
-		},
-	}
-	exec.Flags().StringVar(&cwd, "cwd", "", "working directory")
-	exec.Flags().BoolVar(&keepRunning, "keep-running", false, "leave the command running in the sandbox when this client stops (Ctrl-C); by default it is killed with it")
 
 	// act is a command that acts on one sandbox (POST
 	// /api/sandboxes/ID/VERB) and prints the sandbox it answers; doing
@@ -306,23 +190,25 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	type actCall func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error)
 	act := func(verb, doing, short string, call actCall) *cobra.Command {
 		return &cobra.Command{
-			Use:   verb + " SANDBOX_ID",
-			Short: short,
-			Args:  cobra.ExactArgs(1),
+			Use:               verb + " SANDBOX_ID",
+			Short:             short,
+			Example:           fmt.Sprintf("  sandboxd sandbox %s sbx_123\n  sandboxd sandbox %s --json sbx_123", verb, verb),
+			Args:              cobra.ExactArgs(1),
+			ValidArgsFunction: c.sandboxIDs(f, true),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				cl, err := c.api()
 				if err != nil {
 					return err
 				}
-				body := client.AccountRequest{AccountID: optional(account)}
-				waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
+				body := client.AccountRequest{AccountID: optional(f.account)}
+				waits := g.waitTracker(cmd.ErrOrStderr(), f.asJSON)
 				out, err := waitFor(waits, doing+" "+args[0], func() (*client.SandboxResponse, error) {
 					return call(cmd.Context(), cl, args[0], body)
 				})
 				if err != nil {
 					return err
 				}
-				return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
+				return printSandbox(cmd.OutOrStdout(), out.Sandbox, f.asJSON)
 			},
 		}
 	}
@@ -348,19 +234,23 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		return decoded(res.JSON200)
 	})
 	var count int
+	var timeout time.Duration
 	fork := &cobra.Command{
 		Use:   "fork SANDBOX_ID",
 		Short: "Start sandboxes from a running sandbox's memory and filesystem",
 		Long: "Start --count new sandboxes, each a copy of the running sandbox at one moment (its processes with their memory,\n" +
 			"its files, its network policy); the sandbox itself runs on. All are started or none.",
-		Args: cobra.ExactArgs(1),
+		Example: "  sandboxd sandbox fork sbx_123\n" +
+			"  sandboxd sandbox fork sbx_123 --count 3 --timeout 1h --json",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: c.sandboxIDs(f, true),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := client.ForkRequest{Count: optional(count), Timeout: optional(int(timeout.Milliseconds())), AccountID: optional(account)}
+			body := client.ForkRequest{Count: optional(count), Timeout: optional(int(timeout.Milliseconds())), AccountID: optional(f.account)}
 			cl, err := c.api()
 			if err != nil {
 				return err
 			}
-			waits := g.waitTracker(cmd.ErrOrStderr(), asJSON)
+			waits := g.waitTracker(cmd.ErrOrStderr(), f.asJSON)
 			out, err := waitFor(waits, fmt.Sprintf("forking %s (%d)", args[0], count), func() (*client.SandboxesResponse, error) {
 				res, err := client.Check(cl.PostSandboxesIDForkWithResponse(cmd.Context(), args[0], body))
 				if err != nil {
@@ -371,7 +261,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
+			if f.asJSON {
 				return printJSON(cmd.OutOrStdout(), out.Sandboxes)
 			}
 			return printSandboxes(cmd.OutOrStdout(), out.Sandboxes)
@@ -384,7 +274,11 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Short: "Replace a running sandbox's network policy, without restarting it",
 		Long: "Replace a running sandbox's network policy. It takes effect at once for new and open connections.\n" +
 			"POLICY is " + networkFlagUsage + ".",
-		Args: cobra.ExactArgs(2),
+		Example: "  sandboxd sandbox network sbx_123 egress\n" +
+			"  sandboxd sandbox network sbx_123 allow=192.0.2.0/24,example.com,*.pypi.org\n" +
+			"  sandboxd sandbox network sbx_123 none",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.sandboxIDs(f, true),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := networkFlag(args[1])
 			if err != nil {
@@ -394,7 +288,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := client.Check(cl.PatchSandboxesIDNetworkWithResponse(cmd.Context(), args[0], client.NetworkRequest{Network: p, AccountID: optional(account)}))
+			res, err := client.Check(cl.PatchSandboxesIDNetworkWithResponse(cmd.Context(), args[0], client.NetworkRequest{Network: p, AccountID: optional(f.account)}))
 			if err != nil {
 				return err
 			}
@@ -402,12 +296,14 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printSandbox(cmd.OutOrStdout(), out.Sandbox, asJSON)
+			return printSandbox(cmd.OutOrStdout(), out.Sandbox, f.asJSON)
 		},
 	}
-	cmd.AddCommand(create, ls, exec, stop, pause, resume, fork, setNetwork, uploadCommand(g, c, &asJSON))
-	cmd.AddCommand(processCommands(c, &account, &asJSON)...)
-	cmd.AddCommand(connectCommand(c, &account))
+	cmd.AddCommand(createCommand(g, c, f), lsCommand(c, f), execCommand(c, f), stop, pause, resume, fork, setNetwork, uploadCommand(g, c, &f.asJSON))
+	cmd.AddCommand(processCommands(c, f)...)
+	cmd.AddCommand(timeoutCommands(c, f)...)
+	cmd.AddCommand(logsCommand(c, f), inspectCommand(c, f), rmCommand(c, f), cpCommand(c, f))
+	cmd.AddCommand(connectCommand(c, f))
 	return cmd
 }
 
@@ -462,69 +358,6 @@ func parseNetworkFlag(s string) (netpol.Policy, error) {
 		return p, fmt.Errorf("--%w", err)
 	}
 	return p, nil
-}
-
-// exitError carries a remote command's exit code to the CLI's exit status.
-type exitError struct{ code int }
-
-func (e *exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
-
-// execStream runs an exec as Server-Sent Events, copying output as it
-// comes. The generated client sends the request (its plain variant
-// leaves the answer unread); the events are read here, since the document
-// gives the stream as text only.
-func execStream(ctx context.Context, cl *client.ClientWithResponses, id string, body client.ExecRequest, stdout, stderr io.Writer) (int, error) {
-	resp, err := cl.PostSandboxesIDExec(ctx, id, body, func(_ context.Context, req *http.Request) error {
-		req.Header.Set("Accept", "text/event-stream")
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		e := &client.Error{StatusCode: resp.StatusCode}
-		_ = json.NewDecoder(resp.Body).Decode(&e.Body)
-		return 0, e
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	var event string
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event: "):
-			event = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: "):
-			// Every event's data decodes into the one value; the
-			// event's name says which part is meant.
-			var d struct {
-				api.ExecOutput
-				api.ExecExit
-				api.ExecFailure
-			}
-			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &d); err != nil {
-				return 0, fmt.Errorf("decode event: %w", err)
-			}
-			switch event {
-			case "stdout":
-				io.WriteString(stdout, d.Data)
-			case "stderr":
-				io.WriteString(stderr, d.Data)
-			case "exit":
-				if d.OOMKilled {
-					io.WriteString(stderr, "sandboxd: killed: the sandbox ran out of memory\n")
-				}
-				return d.ExitCode, nil
-			case "error":
-				return 0, fmt.Errorf("exec: %s", d.Error)
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("read event stream: %w", err)
-	}
-	return 0, fmt.Errorf("event stream ended without an exit event")
 }
 
 // printJSONSorted is printJSON with the object keys in alphabetical order:

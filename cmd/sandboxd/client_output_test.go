@@ -39,9 +39,15 @@ func TestClientOutput(t *testing.T) {
 	}
 	mux.HandleFunc("POST /api/sandboxes", answer(`{"status":"success","sandboxes":[`+sb+`]}`))
 	listed := answer(`{"status":"success","sandboxes":[` + sb + `,` + stopped + `],"snapshot_id":"snap_1","github_repo":null,"filetree":[{"path":"a.txt","type":"blob"}],"filetree_truncated":true}`)
+	// A failed sandbox with a field this CLI's client does not know.
+	const failed = `{"sandboxId":"sbx_9","sandboxStatus":"failed","timeout":0,"createdAt":"2026-01-02T03:04:05Z","runtime":"gvisor","failureReason":"the runtime could not start it","network":"none"}`
 	mux.HandleFunc("GET /api/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		// Paged (ls --all): two pages, the first naming the second.
 		switch q := r.URL.Query(); {
+		case q.Get("sandbox_id") == "sbx_9":
+			answer(`{"status":"success","sandboxes":[`+failed+`],"snapshot_id":null,"github_repo":null,"filetree":null}`)(w, r)
+		case q.Get("sandbox_id") == "sbx_none":
+			answer(`{"status":"success","sandboxes":[],"snapshot_id":null,"github_repo":null,"filetree":null}`)(w, r)
 		case !q.Has("limit"):
 			listed(w, r)
 		case q.Get("cursor") == "":
@@ -99,6 +105,25 @@ func TestClientOutput(t *testing.T) {
 		w.WriteHeader(http.StatusBadGateway)
 		io.WriteString(w, "<html>bad gateway</html>")
 	})
+	mux.HandleFunc("POST /api/sandboxes/sbx_slow/exec", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: exit\ndata: {\"durationMs\":2000,\"exitCode\":137,\"timedOut\":true}\n\n")
+	})
+	// A run's log in events that cut a line in two, then its end.
+	mux.HandleFunc("GET /api/tasks/runs/run_1/log", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: log\ndata: {\"data\":\"[stdout] hel\"}\n\n")
+		io.WriteString(w, "event: log\ndata: {\"data\":\"lo\\n[stderr] warning\\n[sandboxd] committed\\n\"}\n\n")
+		io.WriteString(w, "event: end\ndata: {\"status\":\"COMPLETED\"}\n\n")
+	})
+	mux.HandleFunc("GET /api/tasks/runs", answer(`{"status":"success","runs":[{"id":"run_1","taskIdentifier":"run-sandbox-command","status":"COMPLETED","isCompleted":true,"isSuccess":true,"isFailed":false,"createdAt":"2026-01-02T03:04:05.000Z","updatedAt":"2026-01-02T03:04:06.000Z","startedAt":null,"finishedAt":null,"durationMs":1000,"tags":[],"payload":{},"output":{"stdout":"hello\n","stderr":"warning\n","exitCode":3},"error":null,"sandboxId":"sbx_1"}]}`))
+	mux.HandleFunc("DELETE /api/sandboxes/sbx_1", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"status":"error","error":"Sandbox is running: stop it before deleting it"}`)
+	})
+	mux.HandleFunc("DELETE /api/sandboxes/sbx_3", answer(`{"status":"success","sandbox":`+strings.Replace(stopped, "sbx_1", "sbx_3", 1)+`}`))
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/timeout", answer(`{"status":"success","sandbox":`+strings.Replace(sb, "599500", "3600000", 1)+`}`))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
@@ -109,6 +134,9 @@ func TestClientOutput(t *testing.T) {
 	}))
 	defer srv.Close()
 
+	// The input of the cases that have one (the others' is the test's,
+	// /dev/null, which exec does not send).
+	stdins := map[string]string{"exec-stdin-keep-running": "kept\n", "exec-keep-running-pipe": "not sent\n"}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -144,12 +172,35 @@ func TestClientOutput(t *testing.T) {
 		{"kill", []string{"kill", "sbx_1", "7"}},
 		{"kill-json", []string{"kill", "--json", "--signal", "term", "--account", "acct", "sbx_1", "7"}},
 		{"kill-error", []string{"kill", "--signal", "SIGFOO", "sbx_1", "8"}},
+		{"ls-status", []string{"ls", "--status", "stopped"}},
+		{"exec-timeout", []string{"exec", "--timeout", "2s", "sbx_slow", "--", "sleep", "9"}},
+		{"exec-stdin-keep-running", []string{"exec", "--keep-running", "-i", "sbx_1", "--", "cat"}},
+		{"exec-keep-running-pipe", []string{"exec", "--keep-running", "sbx_1", "--", "cat"}},
+		{"logs", []string{"logs", "run_1"}},
+		{"logs-json", []string{"logs", "--json", "run_1"}},
+		{"create-follow", []string{"create", "--follow", "--", "sh", "-c", "echo hello; exit 3"}},
+		{"create-follow-json", []string{"create", "--follow", "--json", "--", "true"}},
+		{"create-follow-nothing", []string{"create", "--follow"}},
+		{"inspect", []string{"inspect", "sbx_9"}},
+		{"inspect-json", []string{"get", "--json", "sbx_9"}},
+		{"inspect-unknown", []string{"inspect", "sbx_none"}},
+		{"rm", []string{"rm", "sbx_3"}},
+		{"rm-running", []string{"rm", "sbx_1"}},
+		{"rm-json", []string{"rm", "--json", "sbx_3"}},
+		{"timeout", []string{"timeout", "sbx_1", "1h"}},
+		{"extend", []string{"extend", "sbx_1", "50m0.5s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			last = "" // a command that sends nothing shows none
+			mu.Unlock()
 			cmd := newSandboxCmd(&globals{})
 			var stdout, stderr bytes.Buffer
 			cmd.SetOut(&stdout)
 			cmd.SetErr(&stderr)
+			if in, ok := stdins[tc.name]; ok {
+				cmd.SetIn(strings.NewReader(in))
+			}
 			cmd.SetArgs(append([]string{"--url", srv.URL, "--key", "sbx_k"}, tc.args...))
 			cmd.SilenceUsage, cmd.SilenceErrors = true, true
 			err := cmd.ExecuteContext(t.Context())

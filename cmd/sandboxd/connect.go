@@ -34,7 +34,8 @@ const connectGiveUp = 3
 // COMMAND...]`: an interactive shell (or command) in a running sandbox
 // over the exec websocket, on a terminal of the local one's size when
 // stdin is one.
-func connectCommand(c *apiClient, account *string) *cobra.Command {
+func connectCommand(c *apiClient, f *clientFlags) *cobra.Command {
+	account := &f.account
 	var cwd, shell string
 	var tty bool
 	cmd := &cobra.Command{
@@ -45,7 +46,11 @@ func connectCommand(c *apiClient, account *string) *cobra.Command {
 			"that follows its resizes; otherwise (or with --tty) input and output are passed through as they are.\n" +
 			"SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the command; the third one closes the connection,\n" +
 			"which kills it. The exit status is the command's.",
-		Args: cobra.MinimumNArgs(1),
+		Example: "  sandboxd sandbox connect sbx_123\n" +
+			"  sandboxd sandbox connect sbx_123 --shell zsh\n" +
+			"  sandboxd sandbox connect sbx_123 -- python3",
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: c.sandboxIDs(f, true),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := args[1:]
 			switch {
@@ -69,12 +74,12 @@ func connectCommand(c *apiClient, account *string) *cobra.Command {
 					body.Env = map[string]string{"TERM": t}
 				}
 			}
-			code, err := c.connect(cmd.Context(), args[0], *account, body, local)
+			end, err := c.connect(cmd.Context(), args[0], *account, body, local, stdio{os.Stdin, os.Stdout, os.Stderr})
 			if err != nil {
 				return err
 			}
-			if code != 0 {
-				return &exitError{code: code}
+			if end.ExitCode != 0 {
+				return &exitError{code: end.ExitCode}
 			}
 			return nil
 		},
@@ -85,13 +90,19 @@ func connectCommand(c *apiClient, account *string) *cobra.Command {
 	return cmd
 }
 
-// connect runs body interactively in sandbox id and returns its exit
-// code; raw puts the local terminal (stdin) in raw mode meanwhile and
-// follows its size.
-func (c *apiClient) connect(ctx context.Context, id, account string, body api.ExecRequest, raw bool) (int, error) {
+// stdio are the streams of a command run over the exec websocket.
+type stdio struct {
+	in       io.Reader
+	out, err io.Writer
+}
+
+// connect runs body interactively in sandbox id with the streams std
+// and returns how it ended (an "exit" ExecEnd); raw puts the local
+// terminal (os.Stdin) in raw mode meanwhile and follows its size.
+func (c *apiClient) connect(ctx context.Context, id, account string, body api.ExecRequest, raw bool, std stdio) (api.ExecEnd, error) {
 	u, err := url.Parse(strings.TrimRight(c.url, "/") + "/api/sandboxes/" + url.PathEscape(id) + "/exec")
 	if err != nil {
-		return 0, err
+		return api.ExecEnd{}, err
 	}
 	if account != "" {
 		u.RawQuery = url.Values{"account_id": {account}}.Encode()
@@ -106,18 +117,18 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 			if resp.Body != nil {
 				_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e.Body)
 			}
-			return 0, e
+			return api.ExecEnd{}, e
 		}
-		return 0, fmt.Errorf("connect to %s: %w", id, err)
+		return api.ExecEnd{}, fmt.Errorf("connect to %s: %w", id, err)
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(1 << 20)
 	first, err := json.Marshal(body)
 	if err != nil {
-		return 0, err
+		return api.ExecEnd{}, err
 	}
 	if err := conn.Write(ctx, websocket.MessageText, first); err != nil {
-		return 0, fmt.Errorf("send the command: %w", err)
+		return api.ExecEnd{}, fmt.Errorf("send the command: %w", err)
 	}
 	// From here the signals that end this process (main's context) go to
 	// the remote command instead.
@@ -130,7 +141,7 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 	if raw {
 		old, err := term.MakeRaw(fd)
 		if err != nil {
-			return 0, fmt.Errorf("terminal raw mode: %w", err)
+			return api.ExecEnd{}, fmt.Errorf("terminal raw mode: %w", err)
 		}
 		defer func() { _ = term.Restore(fd, old) }()
 		// The remote terminal follows the local one's size.
@@ -163,7 +174,7 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 	go func() { // input as it comes; its end closes the command's input
 		buf := make([]byte, 32<<10)
 		for {
-			n, err := os.Stdin.Read(buf)
+			n, err := std.in.Read(buf)
 			if n > 0 {
 				if conn.Write(ctx, websocket.MessageBinary, buf[:n]) != nil {
 					return
@@ -180,22 +191,22 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 		if err != nil {
 			select {
 			case <-gaveUp:
-				return 0, fmt.Errorf("closed the connection after %d signals, which killed the command", connectGiveUp)
+				return api.ExecEnd{}, fmt.Errorf("closed the connection after %d signals, which killed the command", connectGiveUp)
 			default:
 			}
 			var ce websocket.CloseError
 			if errors.As(err, &ce) {
-				return 0, fmt.Errorf("connection closed before the command ended (%d %s)", ce.Code, ce.Reason)
+				return api.ExecEnd{}, fmt.Errorf("connection closed before the command ended (%d %s)", ce.Code, ce.Reason)
 			}
-			return 0, fmt.Errorf("connection: %w", err)
+			return api.ExecEnd{}, fmt.Errorf("connection: %w", err)
 		}
 		if typ == websocket.MessageBinary {
 			if len(msg) == 0 {
 				continue
 			}
-			w := io.Writer(os.Stdout)
+			w := std.out
 			if msg[0] == 2 {
-				w = os.Stderr
+				w = std.err
 			}
 			_, _ = w.Write(msg[1:])
 			continue
@@ -207,10 +218,10 @@ func (c *apiClient) connect(ctx context.Context, id, account string, body api.Ex
 		switch end.Type {
 		case "exit":
 			_ = conn.Close(websocket.StatusNormalClosure, "")
-			return end.ExitCode, nil
+			return end, nil
 		case "error":
 			_ = conn.Close(websocket.StatusNormalClosure, "")
-			return 0, errors.New(end.Error)
+			return api.ExecEnd{}, errors.New(end.Error)
 		}
 	}
 }

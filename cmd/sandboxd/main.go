@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -17,12 +16,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+	cmd, err := newRootCmd().ExecuteContextC(ctx)
+	if err != nil {
 		var exit *exitError
 		if errors.As(err, &exit) {
 			os.Exit(exit.code)
 		}
-		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		reportError(os.Stderr, err, wantsJSON(cmd))
 		os.Exit(1)
 	}
 }
@@ -42,12 +42,19 @@ func newRootCmd() *cobra.Command {
 		newServeCmd(g),
 		newAdminCmd(g),
 		newImageCmd(g),
-		newVersionCmd(),
-		newSandboxCmd(g),
+		annotate(newVersionCmd()),
+		// The API client logs nothing of its own: only its progress
+		// lines follow --log-format.
+		annotate(newSandboxCmd(g), "log-format"),
 		newBenchCmd(g),
 		newKernelCmd(g),
-		newMCPCmd(),
-		newOpenAPICmd(),
+		annotate(newMCPCmd()),
+		annotate(newOpenAPICmd()),
 	)
+	root.InitDefaultCompletionCmd()
+	if c, _, err := root.Find([]string{"completion"}); err == nil && c != root {
+		annotate(c)
+	}
+	finishTree(root)
 	return root
 }

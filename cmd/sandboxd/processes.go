@@ -14,11 +14,14 @@ import (
 // processCommands are `sandboxd sandbox ps` and `sandboxd sandbox kill`:
 // the processes of a running sandbox (those exec and runs started, which
 // outlive their caller), and a kill of one with everything it started.
-func processCommands(c *apiClient, account *string, asJSON *bool) []*cobra.Command {
+func processCommands(c *apiClient, f *clientFlags) []*cobra.Command {
+	account, asJSON := &f.account, &f.asJSON
 	ps := &cobra.Command{
-		Use:   "ps SANDBOX_ID",
-		Short: "List the processes running in a sandbox (exec and runs started them)",
-		Args:  cobra.ExactArgs(1),
+		Use:               "ps SANDBOX_ID",
+		Short:             "List the processes running in a sandbox (exec and runs started them)",
+		Example:           "  sandboxd sandbox ps sbx_123\n  sandboxd sandbox ps --json sbx_123",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: c.sandboxIDs(f, true),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.api()
 			if err != nil {
@@ -41,9 +44,11 @@ func processCommands(c *apiClient, account *string, asJSON *bool) []*cobra.Comma
 	}
 	var signal string
 	kill := &cobra.Command{
-		Use:   "kill SANDBOX_ID PID",
-		Short: "Kill a process of a sandbox and everything it started",
-		Args:  cobra.ExactArgs(2),
+		Use:               "kill SANDBOX_ID PID",
+		Short:             "Kill a process of a sandbox and everything it started",
+		Example:           "  sandboxd sandbox kill sbx_123 42\n  sandboxd sandbox kill --signal SIGTERM sbx_123 42",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: c.sandboxIDs(f, true),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := c.api()
 			if err != nil {

@@ -506,6 +506,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Degraded:     degradedSummaries(degraded),
 		Environments: persistence,
 		Sandboxes:    mgr,
+		SandboxFiles: mgr,
 		Agents:       agentSvc,
 		RunLogs:      runs.Logs{DataDir: dataDir},
 		Proxy:        portProxy,

@@ -29,6 +29,8 @@ func uploadCommand(g *globals, c *apiClient, asJSON *bool) *cobra.Command {
 			"base name in --path (default the repository's root). The key's own account only; up to 100\n" +
 			"files and 1 GiB at once, each within the server's per-file limit. On a terminal a bar shows\n" +
 			"the bytes sent, the rate and the time left; elsewhere (and with --json) log lines do.",
+		Example: "  sandboxd sandbox upload data.csv notes.md --path inputs\n" +
+			"  sandboxd sandbox upload report.pdf --message 'Add the report' --json",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f := cmd.Flag("account"); f != nil && f.Changed {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime"
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
@@ -11,16 +12,32 @@ import (
 var version = "dev"
 
 func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the version",
-		Args:  cobra.NoArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
-			v := version
-			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-				v = bi.Main.Version
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "version",
+		Short:   "Print the version",
+		Example: "  sandboxd version\n  sandboxd version --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), struct {
+					Version string `json:"version"`
+					Go      string `json:"go"`
+				}{binaryVersion(), runtime.Version()})
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "sandboxd", v)
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), "sandboxd", binaryVersion())
+			return err
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"version", "go"}`)
+	return cmd
+}
+
+// binaryVersion is the version the build gave, or the module's when the
+// binary was installed with go install.
+func binaryVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return version
 }

@@ -43,7 +43,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
-		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled,
+		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut,
 		Stdout: stdout.String("not shown; stream the exec to see all"), Stderr: stderr.String("not shown; stream the exec to see all"),
 		DurationMs: time.Since(start).Milliseconds(),
 	})
@@ -71,7 +71,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		_ = sse.event("error", failure)
 		return
 	}
-	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()})
+	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut, DurationMs: time.Since(start).Milliseconds()})
 }
 
 // callerGone reports, for an exec that failed, whether its client went

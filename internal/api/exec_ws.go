@@ -58,6 +58,7 @@ type ExecEnd struct {
 	Type          string `json:"type"`
 	ExitCode      int    `json:"exitCode"`
 	OOMKilled     bool   `json:"oomKilled"`
+	TimedOut      bool   `json:"timedOut,omitempty"`
 	DurationMs    int64  `json:"durationMs"`
 	Error         string `json:"error"`
 	MissingFields []any  `json:"missing_fields,omitempty"`
@@ -77,8 +78,9 @@ func (e ExecEnd) MarshalJSON() ([]byte, error) {
 		Type       string `json:"type"`
 		ExitCode   int    `json:"exitCode"`
 		OOMKilled  bool   `json:"oomKilled"`
+		TimedOut   bool   `json:"timedOut,omitempty"`
 		DurationMs int64  `json:"durationMs"`
-	}{e.Type, e.ExitCode, e.OOMKilled, e.DurationMs})
+	}{e.Type, e.ExitCode, e.OOMKilled, e.TimedOut, e.DurationMs})
 }
 
 // execInteractive serves the websocket form of exec. Who may act on the
@@ -198,7 +200,7 @@ func (s *Server) interact(r *http.Request, conn *websocket.Conn, sb store.Sandbo
 		s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(ctx))
 		return ExecEnd{Type: "error", Error: "Internal server error"}
 	}
-	return ExecEnd{Type: "exit", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, DurationMs: time.Since(start).Milliseconds()}
+	return ExecEnd{Type: "exit", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut, DurationMs: time.Since(start).Milliseconds()}
 }
 
 // readCommand reads and validates the first message: the body of POST

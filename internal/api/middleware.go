@@ -169,11 +169,12 @@ func logPanic(r *http.Request, log *slog.Logger, p any) {
 // of the untrusted code inside) only reads, so that code cannot extend its
 // sandbox, start sandboxes or runs, upload, or change or delete the
 // account's environment. A route that acts though its method is GET (the
-// exec websocket) counts as a POST.
-func checkScope(r *http.Request, p auth.Principal, acts bool) error {
+// exec websocket, a sandbox's files) counts as a POST, for the reason it
+// gives.
+func checkScope(r *http.Request, p auth.Principal, acts string) error {
 	method, what := r.Method, r.Method+" "+r.URL.Path
-	if acts {
-		method, what = http.MethodPost, what+" (it runs a command)"
+	if acts != "" {
+		method, what = http.MethodPost, what+" ("+acts+")"
 	}
 	if err := p.MayCall(method); err != nil {
 		return ScopeError(what)

@@ -37,13 +37,17 @@ type route struct {
 	// (documented with 101 and 426); its key may come as a
 	// sandboxd.key.<KEY> subprotocol (requestKey).
 	websocket bool
-	// acts: the route changes state or starts work although its method is
-	// GET, so a sandbox's key (which only reads) may not call it.
-	acts bool
+	// acts, when set, says why a sandbox's key (which only reads) may not
+	// call the route although its method is GET: it changes state, starts
+	// work, or reaches into a running sandbox.
+	acts string
 	// paged: the route's 200 may carry the next page's cursor
 	// (NextCursorHeader).
-	paged   bool
-	handler handler
+	paged bool
+	// rawBody and rawOK are the media types of a request body and a 200
+	// that are bytes of their own (an archive) rather than JSON.
+	rawBody, rawOK string
+	handler        handler
 }
 
 // handler serves a route; the error it returns is written once, by the
@@ -143,6 +147,12 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 		if len(params) > 0 {
 			op["parameters"] = params
 		}
+		if rt.rawBody != "" {
+			op["requestBody"] = map[string]any{
+				"required": true,
+				"content":  map[string]any{rt.rawBody: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}},
+			}
+		}
 		if rt.body != nil {
 			bs, err := ref(rt.body)
 			if err != nil {
@@ -178,11 +188,14 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			}
 			responses["200"] = ok
 		}
+		if rt.rawOK != "" {
+			responses["200"] = map[string]any{"description": "Success", "content": map[string]any{rt.rawOK: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}}
+		}
 		if rt.websocket {
 			responses["101"] = map[string]any{"description": "Switching Protocols: the websocket"}
 			responses["426"] = map[string]any{"description": "Not a websocket upgrade", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
-		if rt.body != nil {
+		if rt.body != nil || rt.rawBody != "" {
 			responses["408"] = map[string]any{"description": "The request body stalled or trickled past its deadline", "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
 		for code, desc := range errorResponses {

@@ -54,6 +54,9 @@ type Options struct {
 	Sandboxes SandboxService
 	Files     FileService
 	Agents    AgentService
+	// SandboxFiles moves files into and out of running sandboxes (GET and
+	// PUT /api/sandboxes/{id}/files); nil answers 501.
+	SandboxFiles SandboxFileService
 	// RunLogs opens the logs of the runs this node worked, for GET
 	// /api/tasks/runs/{id}/log; nil answers 501.
 	RunLogs RunLogService

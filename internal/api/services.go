@@ -53,6 +53,9 @@ type SandboxService interface {
 	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
 	// SetNetwork replaces a running sandbox's network policy.
 	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
+	// Delete removes an ended sandbox's row now, as retention would
+	// later; a live one, or one an unfinished run names, is refused.
+	Delete(ctx context.Context, sb store.Sandbox) error
 	// DeleteEnvironment stops the account's sandboxes, deletes its
 	// repository and snapshots and clears its row; idempotent.
 	DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error)

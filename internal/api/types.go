@@ -201,6 +201,9 @@ type ExecResponse struct {
 	// OOMKilled: the command or one of its processes was killed for the
 	// sandbox's memory limit (sandboxd).
 	OOMKilled bool `json:"oomKilled,omitempty"`
+	// TimedOut: the command was killed because its timeout passed
+	// (sandboxd); its exit code is then that of the kill (137).
+	TimedOut bool `json:"timedOut,omitempty" jsonschema:"description=Present (true) when the command was killed because its timeout (or the sandbox's deadline) passed; exitCode is then the kill's, 137 (sandboxd)"`
 }
 
 // The events of a streamed exec (Accept: text/event-stream) carry these as
@@ -218,6 +221,7 @@ type ExecExit struct {
 	DurationMs int64 `json:"durationMs"`
 	ExitCode   int   `json:"exitCode"`
 	OOMKilled  bool  `json:"oomKilled,omitempty"`
+	TimedOut   bool  `json:"timedOut,omitempty"`
 }
 
 // ExecFailure is the data of the "error" event, which ends a stream whose

@@ -501,7 +501,7 @@ func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 		}
 		return ExecResult{}, fmt.Errorf("exec in %s: %w", sb.ID, err)
 	}
-	return ExecResult{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled}, nil
+	return ExecResult{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut}, nil
 }
 
 // Local returns the runtime sandbox of a running sandbox of this node,

@@ -68,4 +68,7 @@ type ExecResult struct {
 	// OOMKilled: it (or one of its processes) was killed for the
 	// sandbox's memory limit.
 	OOMKilled bool
+	// TimedOut: it was killed because its timeout (or the sandbox's
+	// deadline, when that came first) passed.
+	TimedOut bool
 }

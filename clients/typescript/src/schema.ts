@@ -141,6 +141,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/sandboxes/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Delete a stopped or failed sandbox now (sandboxd)
+         * @description Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.
+         */
+        delete: operations["deleteSandboxesId"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -159,6 +179,50 @@ export interface paths {
          * @description Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
          */
         post: operations["postSandboxesIdExec"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/sandboxes/{id}/files": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Copy a file or directory out of a running sandbox as a tar archive (sandboxd)
+         * @description application/x-tar: path (absolute, or relative to /workspace) under its base name and, for a directory, everything below it; links are kept as links, never followed. At most 1 GiB of content in 100,000 entries, measured before the answer starts (413 beyond). A sandbox's own key may not call it (it reads the sandbox as exec would).
+         */
+        get: operations["getSandboxesIdFiles"];
+        /**
+         * Copy a tar archive into a directory of a running sandbox (sandboxd)
+         * @description Writes the application/x-tar body's files (with their permission bits) and directories into the directory path (absolute, or relative to /workspace; made when missing), as the sandbox's root user; links and special files are skipped and named in skipped. Entries are written as they arrive: a refused or broken archive leaves those before it. An entry whose name leaves path is refused (400). At most 1 GiB of content in 100,000 entries (413).
+         */
+        put: operations["putSandboxesIdFiles"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/sandboxes/{id}/files/stat": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Describe a path in a running sandbox (sandboxd)
+         * @description What path (absolute, or relative to /workspace) is, without following a final link; 404 when it does not exist. A sandbox's own key may not call it.
+         */
+        get: operations["getSandboxesIdFilesStat"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -448,6 +512,17 @@ export interface components {
             path: string;
             sha: string;
         };
+        CopyInResponse: {
+            /** @description Content written */
+            bytes: number;
+            /** @description Directories of the archive made (or found) */
+            directories: number;
+            /** @description Regular files written */
+            files: number;
+            skipped?: string[];
+            /** @enum {string} */
+            status: "success";
+        };
         CreateSandboxRequest: {
             /** Format: uuid */
             account_id?: string;
@@ -498,6 +573,8 @@ export interface components {
             status: "success";
             stderr: string;
             stdout: string;
+            /** @description Present (true) when the command was killed because its timeout (or the sandbox's deadline) passed; exitCode is then the kill's */
+            timedOut?: boolean;
         };
         FileQuery: {
             /** Format: uuid */
@@ -605,6 +682,19 @@ export interface components {
             github_repo?: string;
             snapshotId?: string;
         };
+        PathStatResponse: {
+            /** @description Permission bits in octal */
+            mode: string;
+            /** Format: date-time */
+            modifiedAt: string;
+            path: string;
+            size: number;
+            /** @enum {string} */
+            status: "success";
+            symlinkTarget?: string;
+            /** @enum {string} */
+            type: "file" | "directory" | "symlink" | "other";
+        };
         Port: {
             port: number;
             url: string;
@@ -703,6 +793,12 @@ export interface components {
             sandboxStatus: "pending" | "running" | "stopping" | "stopped" | "failed" | "pausing" | "paused" | "resuming";
             /** @description Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes) */
             timeout: number;
+        };
+        SandboxPathQuery: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description A path in the sandbox: absolute */
+            path: string;
         };
         SandboxResponse: {
             sandbox: components["schemas"]["Sandbox"];
@@ -1509,6 +1605,95 @@ export interface operations {
             };
         };
     };
+    deleteSandboxesId: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["AccountRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     getSandboxesIdExec: {
         parameters: {
             query?: {
@@ -1657,6 +1842,256 @@ export interface operations {
             };
             /** @description The request body stalled or trickled past its deadline */
             408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getSandboxesIdFiles: {
+        parameters: {
+            query: {
+                account_id?: string;
+                path: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-tar": string;
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    putSandboxesIdFiles: {
+        parameters: {
+            query: {
+                account_id?: string;
+                path: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CopyInResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getSandboxesIdFilesStat: {
+        parameters: {
+            query: {
+                account_id?: string;
+                path: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PathStatResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
