@@ -110,9 +110,13 @@ func homeRoutesNoPorts(t *testing.T, s *server, k key, portHost string) {
 	id := s.createSandbox(k, map[string]any{"network": "none"})["sandboxId"].(string)
 	// A request written by hand (busybox nc) to sandboxd.internal, which
 	// is 127.0.0.1 (/etc/hosts), where the agent takes the connection home.
+	// nc's input stays open until the answer has come: a client that
+	// shuts its side at once has its request cancelled by the server
+	// before an answer that takes a moment (Go's HTTP server reads the
+	// half-close as the client going away).
 	out := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c",
 		"grep -q '^127.0.0.1.*sandboxd.internal' /etc/hosts || echo 'sandboxd.internal is not 127.0.0.1'; " +
-			"printf 'GET /index.html HTTP/1.1\\r\\nHost: " + portHost + "\\r\\nConnection: close\\r\\n\\r\\n' | nc -w 20 127.0.0.1 80 2>&1; true"}})
+			"(printf 'GET /index.html HTTP/1.1\\r\\nHost: " + portHost + "\\r\\nConnection: close\\r\\n\\r\\n'; sleep 5) | nc -w 20 127.0.0.1 80 2>&1; true"}})
 	stdout, _ := out.Body["stdout"].(string)
 	if out.Status != 200 || !strings.Contains(stdout, "404 Not Found") || strings.Contains(stdout, "hello from") {
 		t.Fatalf("a port host through sandboxd.internal: %d %s, want 404 and not the other sandbox's page", out.Status, out.Raw)
