@@ -274,11 +274,14 @@ func forEachDatabase(t *testing.T, fn func(t *testing.T, dsn string)) {
 }
 
 // netPrefixFor is the network prefix of the server on dataDir: the same
-// after a restart, "t" and three letters from the directory's hash, so no
-// two servers' prefixes (nor sandboxd's default "sbx") start one another.
+// after a restart, "e" and three letters from the directory's hash, so no
+// two servers' prefixes (nor sandboxd's default "sbx", nor the netpol
+// tests' "tn…") start one another. A server a test stopped with its
+// sandboxes kept leaves its rules, which match interfaces by prefix: a
+// netpol test's "tnb…" interfaces were dropped by a server's "tnbq".
 func netPrefixFor(dataDir string) string {
 	sum := sha256.Sum256([]byte(dataDir))
-	b := []byte{'t', 0, 0, 0}
+	b := []byte{'e', 0, 0, 0}
 	for i := 1; i < len(b); i++ {
 		b[i] = 'a' + sum[i]%26
 	}
