@@ -32,8 +32,15 @@ var version = "dev"
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "version" {
 		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
-		if len(os.Args) > 2 && os.Args[2] == "--probe" {
+		switch {
+		case len(os.Args) > 2 && os.Args[2] == "--probe":
 			probe()
+		case len(os.Args) > 2 && os.Args[2] == "--wait":
+			// A process to save and restore: the gVisor backend's
+			// trial of a runsc's checkpoint (see gvisor's saveprobe.go).
+			for {
+				time.Sleep(time.Hour)
+			}
 		}
 		return
 	}

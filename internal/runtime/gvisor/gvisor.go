@@ -159,6 +159,9 @@ type Runtime struct {
 	// statx shim; "" when the shim could not be built.
 	preload string
 
+	// saves are the save trials' answers, by runsc binary (saveprobe.go).
+	saves saveProbes
+
 	pool *pool // set once, by New
 	// prewarmed are the sandboxes started from their owners' layers
 	// ahead of their creates (Options.Prewarm).
@@ -209,6 +212,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		b.Abort()
 		return nil, err
 	}
+	r.trySavesAhead()
 	r.prewarmed = host.NewPrewarmed(opts.Prewarm, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
 		return r.createCold(ctx, spec, "")
 	})
@@ -263,6 +267,7 @@ func (r *Runtime) Describe() string {
 // Runtime on the same StateDir finds them.
 func (r *Runtime) Close() error {
 	return r.Shutdown(func() error {
+		r.saves.stopAhead()
 		err := r.prewarmed.Close()
 		if r.pool != nil {
 			err = errors.Join(err, r.pool.close())

@@ -82,13 +82,22 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	return nil
 }
 
-// pause checkpoints the running container; callers hold opMu.
+// pause checkpoints the running container; callers hold opMu. A runsc
+// that failed the save trial (saveprobe.go) is refused before anything
+// is touched.
 func (s *sandbox) pause(ctx context.Context) error {
 	start := time.Now()
+	m := s.Meta()
+	sup, err := s.r.saveSupportOf(ctx, m)
+	if err != nil {
+		return err
+	}
+	if sup.Unsupported != "" {
+		return s.r.cannotSave(ctx, m, sup)
+	}
 	if err := s.readyToSave(ctx); err != nil {
 		return err
 	}
-	m := s.Meta()
 	dir := s.Path(checkpointDir)
 	_ = os.RemoveAll(dir) // a failed earlier attempt's
 	if err := os.Mkdir(dir, 0o700); err != nil {

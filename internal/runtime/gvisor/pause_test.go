@@ -310,3 +310,54 @@ func TestReattachThawsFrozen(t *testing.T) {
 		t.Fatalf("exec after the re-attach: %q", out)
 	}
 }
+
+// TestSaveUnsupported: on a runsc whose checkpoint fails (a wrapper that
+// refuses it, around a real runsc), the save trial finds it out and a
+// pause or fork is refused before anything is touched, with
+// ErrCannotPause naming the runsc's version and what to install; the
+// sandbox runs on as it was and no child is left.
+func TestSaveUnsupported(t *testing.T) {
+	real := gvisor.DefaultRunsc()
+	if p, err := exec.LookPath(real); err == nil {
+		real = p
+	} else {
+		t.Skip("no runsc")
+	}
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a; do [ \"$a\" = checkpoint ] && { echo 'checkpoint: not in this build' >&2; exit 1; }; done\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := newRuntime(t, t.TempDir(), func(o *gvisor.Options) { o.RunscPath = wrapper })
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := r.Create(ctx, runtime.Spec{ID: "unsaved", BaseDir: runtimetest.Rootfs(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	mustSh(ctx, t, sb, "echo kept > /tmp/f")
+	for what, try := range map[string]func() error{
+		"pause": func() error { return r.Pause(ctx, "unsaved") },
+		"fork": func() error {
+			_, err := r.Fork(ctx, "unsaved", []runtime.Spec{{ID: "unsaved-child"}})
+			return err
+		},
+	} {
+		err := try()
+		if !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "runsc "+r.Runsc().Version) ||
+			!strings.Contains(err.Error(), "install-runsc.sh") || strings.Contains(err.Error(), wrapper) {
+			t.Fatalf("%s on a runsc that cannot save: %v", what, err)
+		}
+		if st, err := sb.State(ctx); err != nil || st != runtime.StateRunning {
+			t.Fatalf("after the refused %s: %v %v", what, st, err)
+		}
+		if got := mustSh(ctx, t, sb, "cat /tmp/f"); got != "kept\n" {
+			t.Fatalf("after the refused %s: %q", what, got)
+		}
+	}
+	if _, err := r.Get(ctx, "unsaved-child"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("the child of the refused fork: %v", err)
+	}
+}
