@@ -194,8 +194,8 @@ func treeBytes(t *testing.T, dir string) int64 {
 // and forks with its sockets: the server answers after resume and in the
 // child. With Debian's runsc 20221219, which cannot save a TCP endpoint an
 // epoll set watches (and a failed save would end the sandbox), the pause
-// and the fork are refused while a socket is open, the sandbox runs on,
-// and it pauses once the socket is closed.
+// and the fork are refused while a socket is open, naming it, the sandbox
+// runs on, and it pauses once the socket is closed.
 func TestPauseTCP(t *testing.T) {
 	serve := `mkdir -p /tmp/www && echo served > /tmp/www/index.html && httpd -p 8080 -h /tmp/www &&
 (while :; do wget -q -O /tmp/got http://127.0.0.1:8080/index.html; sleep 0.1; done) >/dev/null 2>&1 & sleep 0.5`
@@ -254,11 +254,22 @@ func TestPauseTCP(t *testing.T) {
 				return err
 			},
 		} {
-			if err := try(); !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "TCP") {
+			if err := try(); !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "a TCP socket is open inside ([::]:8080 LISTEN)") {
 				t.Fatalf("%s with a listening socket: %v", what, err)
+			}
+			if err := r.CheckSave(ctx, "tcp"); !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "[::]:8080 LISTEN") {
+				t.Fatalf("CheckSave with a listening socket: %v", err)
+			}
+			if got := mustSh(ctx, t, sb, "echo running"); got != "running\n" {
+				t.Fatalf("after the refused %s: %q", what, got)
 			}
 		}
 		mustSh(ctx, t, sb, "killall nc; sleep 0.2")
+		// The agent's own sockets (its listener for sandboxd.internal,
+		// a connection it accepted there) do not count.
+		if err := r.CheckSave(ctx, "tcp"); err != nil {
+			t.Fatalf("CheckSave once the socket is closed: %v", err)
+		}
 		if err := r.Pause(ctx, "tcp"); err != nil {
 			t.Fatalf("pause once the socket is closed: %v", err)
 		}
