@@ -240,7 +240,7 @@ func (r *Runtime) forkChild(ctx context.Context, parent meta, spec runtime.Spec,
 		return nil, err
 	}
 	m := meta{Record: host.NewRecord(spec, cid), Platform: parent.Platform, Runsc: parent.Runsc,
-		Disk: parent.Disk, AgentSecret: parent.AgentSecret}
+		Disk: parent.Disk, AgentSecret: parent.AgentSecret, AgentTTYSignals: parent.AgentTTYSignals}
 	m.Layers = parent.Layers
 	s := newSandbox(r, r.Table().Dir.SandboxDir(cid), m)
 	return r.Made(ctx, spec.ID, link, s, s.restoreFork(ctx, dir))

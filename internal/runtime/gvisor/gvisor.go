@@ -56,9 +56,13 @@
 // trial sandbox boots with it; otherwise runsc in PATH (Debian's, December
 // 2022). The trials (platform.go, cached per binary and kernel) also pick
 // the platform and tell which of the old runsc's workarounds the chosen one
-// needs: the statx shim (statxcompat.go) and hiding /proc/sys/net for
-// --network=sandbox (network.go). Each sandbox records the runsc that made
-// it, and later runsc commands on it use that one.
+// needs: the statx shim (statxcompat.go), hiding /proc/sys/net for
+// --network=sandbox (network.go), and the agent's sending of terminal
+// signals (--tty-signals: its terminals turn no ^C into SIGINT; see the
+// agent's ttysignals.go). A save trial (saveprobe.go) tells how its
+// checkpoint and restore can save a sandbox (pause, fork). Each sandbox
+// records the runsc that made it, and later runsc commands on it use that
+// one.
 //
 // Why a current runsc must be built with CGO_ENABLED=0: `go install` on a
 // host with a C compiler builds a dynamically linked runsc (interpreter
@@ -207,7 +211,8 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	r.log.Info("gvisor runtime ready", "runsc", r.runsc.Path, "runsc_version", r.runsc.Version, "why", r.runsc.Reason,
 		"runsc_rejected", r.runsc.Rejected, "platform", r.platform, "platform_rejected", r.rejected,
-		"statx_shim", r.preload != "", "netns_workaround", r.runsc.NetnsWorkaround, "host_pids_per_sandbox", r.pidsCeiling)
+		"statx_shim", r.preload != "", "netns_workaround", r.runsc.NetnsWorkaround, "agent_tty_signals", r.runsc.NoTTYSignals,
+		"host_pids_per_sandbox", r.pidsCeiling)
 	if err := r.reattach(ctx); err != nil {
 		b.Abort()
 		return nil, err
@@ -357,7 +362,7 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 			return nil, err
 		}
 	}
-	m := meta{Record: host.NewRecord(spec, cid), Platform: r.platform, Runsc: r.runsc.Path}
+	m := meta{Record: host.NewRecord(spec, cid), Platform: r.platform, Runsc: r.runsc.Path, AgentTTYSignals: r.runsc.NoTTYSignals}
 	s := newSandbox(r, dir, m)
 	return r.Made(ctx, spec.ID, link, s, s.create(ctx, spec.Layers))
 }
@@ -450,6 +455,10 @@ type meta struct {
 	// Paused: the container was checkpointed into checkpoint/ and its
 	// processes ended (Pause); Resume restores it.
 	Paused bool `json:"paused,omitempty"`
+	// AgentTTYSignals: its agent runs with --tty-signals (its runsc's
+	// terminals send no signals). Kept with the sandbox, as its agent's
+	// arguments are: a restore checks the bundle against the saved one.
+	AgentTTYSignals bool `json:"agent_tty_signals,omitempty"`
 }
 
 // Halted implements host.Recorded: a paused sandbox has no agent either,
