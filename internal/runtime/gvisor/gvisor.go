@@ -188,6 +188,14 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	bin := filepath.Join(b.StateDir(), "bin")
+	// Every user inside reaches it (/run/sandboxd/bin, read-only): the
+	// statx shim each process preloads and the agent binary the
+	// tty-session helper of a user's terminal runs from. Nothing in it
+	// is secret.
+	if err := os.Chmod(bin, 0o755); err != nil {
+		b.Abort()
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
 	agentPath, err := host.FindAgent(opts.AgentPath)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +49,9 @@ func TestTerminalSignals(t *testing.T) {
 		}
 		defer sb.Destroy(context.Background())
 		runtimetest.TerminalSignals(t, sb)
+		// The helper runs as whoever the command runs as.
+		if got := mustSh(ctx, t, sb, "su -s /bin/sh nobody -c '/run/sandboxd/bin/sandbox-agent version' 2>&1"); !strings.HasPrefix(got, "sandbox-agent ") {
+			t.Fatalf("the agent binary run by another user: %q", got)
+		}
 	})
 }
