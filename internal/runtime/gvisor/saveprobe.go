@@ -227,8 +227,9 @@ func (t *trialContainer) prepare(agentPath string, args []string) error {
 	})
 }
 
-// cmd is a runsc command on the trial's root. Its output goes to a file:
-// a detached container inherits it and would hold a pipe open.
+// run runs a runsc command on the trial's root and returns what it
+// printed. Its output goes to a file: a detached container inherits it
+// and would hold a pipe open.
 func (t *trialContainer) run(ctx context.Context, args ...string) (string, error) {
 	global := []string{"--root", filepath.Join(t.dir, "runsc"), "--platform", t.platform, "--network", "none", "--overlay2", "none", "--ignore-cgroups"}
 	out, err := os.OpenFile(filepath.Join(t.dir, "out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -246,9 +247,20 @@ func (t *trialContainer) run(ctx context.Context, args ...string) (string, error
 		text = string(b[from:])
 	}
 	if err != nil {
-		return text, fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLine(text))
+		return text, fmt.Errorf("runsc %s: %w: %s", args[0], err, runscMessage(text))
 	}
 	return text, nil
+}
+
+// runscMessage is what a failed runsc said: its panic's line when it
+// panicked (the last line is then a stack frame), else its last line.
+func runscMessage(out string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "panic: ") {
+			return line
+		}
+	}
+	return lastLine(out)
 }
 
 // start runs the container and waits until its process printed.
