@@ -39,10 +39,10 @@ func main() {
 			os.Exit(agent.TTYProbeChild())
 		case len(os.Args) > 2 && os.Args[2] == "--wait":
 			// A process to save and restore: the gVisor backend's
-			// trial of a runsc's checkpoint (see gvisor's saveprobe.go).
-			for {
-				time.Sleep(time.Hour)
-			}
+			// trial of a runsc's checkpoint (see gvisor's saveprobe.go),
+			// which takes seconds. Bounded, so that a trial whose
+			// sandboxd died leaves no container running for long.
+			time.Sleep(5 * time.Minute)
 		}
 		return
 	}

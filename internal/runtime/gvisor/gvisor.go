@@ -196,6 +196,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		b.Abort()
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
+	removeTrialDirs(b.StateDir())
 	agentPath, err := host.FindAgent(opts.AgentPath)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)

@@ -33,7 +33,7 @@ import (
 // saving its parent as a pause does and restoring it. The answer is kept
 // per binary (version, size, modification time), platform and kernel, in
 // the state dir as the platform trials are, so it costs about a second
-// once.
+// once (a runsc that could not save at all is tried again at each start).
 
 // saveSupport is what checkpoint and restore of one runsc binary do here.
 type saveSupport struct {
@@ -78,8 +78,9 @@ func (p *saveProbes) stopAhead() {
 	p.ahead.Wait()
 }
 
-// saveTrialTimeout bounds one save trial: a container holding one idle
-// process saves and restores in well under a second.
+// saveTrialTimeout bounds each runsc command of a save trial, and the
+// wait for its container to start: a container holding one idle process
+// starts, saves and restores in well under a second.
 const saveTrialTimeout = 30 * time.Second
 
 // saveSupportOf says what the runsc that made the sandbox m describes can
@@ -109,7 +110,10 @@ func (r *Runtime) saveSupportOf(ctx context.Context, m meta) (saveSupport, error
 	}
 	r.log.Info("gVisor save trial", "runsc", path, "platform", platform, "unsupported", s.Unsupported,
 		"leave_running", s.LeaveRunning, "leave_running_err", s.LeaveRunningErr, "elapsed", time.Since(start).Round(time.Millisecond))
-	if b, err := json.Marshal(s); err == nil {
+	// A runsc that could not save is tried again at the next start: the
+	// failure may have been the host's (its disk, its memory) rather than
+	// the binary's.
+	if b, err := json.Marshal(s); err == nil && s.Unsupported == "" {
 		_ = os.WriteFile(cachePath, b, 0o600)
 	}
 	r.rememberSave(key, s)
@@ -160,9 +164,11 @@ func (r *Runtime) runscOf(m meta) (path, platform string) {
 // saveTrial starts a throwaway container of the runsc at path that holds
 // one idle process, saves and restores it as a pause and a resume do, then
 // saves it as a fork does (paused, with --leave-running) and resumes it.
+//
+// ctx ends the trial between its steps, never in the middle of a runsc
+// command: a runsc killed while it starts or restores a container leaves
+// processes and mounts that nothing would clean up.
 func (r *Runtime) saveTrial(ctx context.Context, path, platform string) (saveSupport, error) {
-	ctx, cancel := context.WithTimeout(ctx, saveTrialTimeout)
-	defer cancel()
 	t, err := r.newTrialContainer(path, platform, []string{"/sandbox-agent", "version", "--wait"})
 	if err != nil {
 		return saveSupport{}, err
@@ -172,11 +178,17 @@ func (r *Runtime) saveTrial(ctx context.Context, path, platform string) (saveSup
 		return saveSupport{}, err
 	}
 	var s saveSupport
-	if err := t.saveAndRestore(ctx); err != nil {
+	if err := ctx.Err(); err != nil {
+		return s, err
+	}
+	if err := t.saveAndRestore(); err != nil {
 		s.Unsupported = err.Error()
 		return s, nil
 	}
-	if err := t.saveLeavingRunning(ctx); err != nil {
+	if err := ctx.Err(); err != nil {
+		return s, err
+	}
+	if err := t.saveLeavingRunning(); err != nil {
 		s.LeaveRunningErr = err.Error()
 		return s, nil
 	}
@@ -230,7 +242,9 @@ func (t *trialContainer) prepare(agentPath string, args []string) error {
 // run runs a runsc command on the trial's root and returns what it
 // printed. Its output goes to a file: a detached container inherits it
 // and would hold a pipe open.
-func (t *trialContainer) run(ctx context.Context, args ...string) (string, error) {
+func (t *trialContainer) run(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), saveTrialTimeout)
+	defer cancel()
 	global := []string{"--root", filepath.Join(t.dir, "runsc"), "--platform", t.platform, "--network", "none", "--overlay2", "none", "--ignore-cgroups"}
 	out, err := os.OpenFile(filepath.Join(t.dir, "out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -263,11 +277,13 @@ func runscMessage(out string) string {
 	return lastLine(out)
 }
 
-// start runs the container and waits until its process printed.
+// start runs the container and waits until its process printed (or ctx
+// ends).
 func (t *trialContainer) start(ctx context.Context) error {
-	if _, err := t.run(ctx, "run", "--bundle", t.dir, "--detach", t.cid); err != nil {
+	if _, err := t.run("run", "--bundle", t.dir, "--detach", t.cid); err != nil {
 		return err
 	}
+	deadline := time.After(saveTrialTimeout)
 	for {
 		b, _ := os.ReadFile(filepath.Join(t.dir, "out"))
 		if strings.Contains(string(b), "sandbox-agent") {
@@ -275,7 +291,9 @@ func (t *trialContainer) start(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the trial container printed nothing: %w", ctx.Err())
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("the trial container printed nothing within %v", saveTrialTimeout)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -283,8 +301,8 @@ func (t *trialContainer) start(ctx context.Context) error {
 
 // status is what runsc says of the container ("running", "paused",
 // "stopped"; "" once it knows none).
-func (t *trialContainer) status(ctx context.Context) string {
-	out, err := t.run(ctx, "state", t.cid)
+func (t *trialContainer) status() string {
+	out, err := t.run("state", t.cid)
 	if err != nil {
 		return ""
 	}
@@ -299,21 +317,21 @@ func (t *trialContainer) status(ctx context.Context) string {
 
 // saveAndRestore does what a pause and a resume do (pause.go): checkpoint,
 // which ends the container, then delete and restore under the same id.
-func (t *trialContainer) saveAndRestore(ctx context.Context) error {
+func (t *trialContainer) saveAndRestore() error {
 	img := filepath.Join(t.dir, "pause-image")
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := t.run(ctx, "checkpoint", "--image-path", img, t.cid); err != nil {
+	if _, err := t.run("checkpoint", "--image-path", img, t.cid); err != nil {
 		return err
 	}
-	if _, err := t.run(ctx, "delete", "--force", t.cid); err != nil && !notFound(err) {
+	if _, err := t.run("delete", "--force", t.cid); err != nil && !notFound(err) {
 		return err
 	}
-	if _, err := t.run(ctx, "restore", "--image-path", img, "--bundle", t.dir, "--detach", t.cid); err != nil {
+	if _, err := t.run("restore", "--image-path", img, "--bundle", t.dir, "--detach", t.cid); err != nil {
 		return err
 	}
-	if st := t.status(ctx); st != "running" {
+	if st := t.status(); st != "running" {
 		return fmt.Errorf("restored container is %q, not running", st)
 	}
 	return nil
@@ -321,22 +339,22 @@ func (t *trialContainer) saveAndRestore(ctx context.Context) error {
 
 // saveLeavingRunning does what a fork does to its parent (fork.go): pause,
 // checkpoint --leave-running, resume; the container must run on.
-func (t *trialContainer) saveLeavingRunning(ctx context.Context) error {
+func (t *trialContainer) saveLeavingRunning() error {
 	img := filepath.Join(t.dir, "fork-image")
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := t.run(ctx, "pause", t.cid); err != nil {
+	if _, err := t.run("pause", t.cid); err != nil {
 		return err
 	}
-	_, err := t.run(ctx, "checkpoint", "--leave-running", "--image-path", img, t.cid)
-	if _, rerr := t.run(ctx, "resume", t.cid); rerr != nil {
+	_, err := t.run("checkpoint", "--leave-running", "--image-path", img, t.cid)
+	if _, rerr := t.run("resume", t.cid); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	if err != nil {
 		return err
 	}
-	if st := t.status(ctx); st != "running" {
+	if st := t.status(); st != "running" {
 		return fmt.Errorf("after checkpoint --leave-running the container is %q, not running", st)
 	}
 	return nil
@@ -344,11 +362,25 @@ func (t *trialContainer) saveLeavingRunning(ctx context.Context) error {
 
 // remove deletes the container and its directory.
 func (t *trialContainer) remove() {
-	ctx, cancel := context.WithTimeout(context.Background(), saveTrialTimeout)
-	defer cancel()
-	_, _ = t.run(ctx, "delete", "--force", t.cid)
+	_, _ = t.run("delete", "--force", t.cid)
 	unmountNullNetns(filepath.Join(t.dir, "runsc"))
 	os.RemoveAll(t.dir)
+}
+
+// removeTrialDirs removes what trials (platform.go, saveprobe.go) of a
+// process that died during them left in the state dir: their directories,
+// with the null-netns mount a current runsc puts in its root. Their
+// containers end by themselves (the save trial's process waits a minute
+// at most; the platform trial's exits at once).
+func removeTrialDirs(stateDir string) {
+	dirs, _ := filepath.Glob(filepath.Join(stateDir, "probe-*"))
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			continue
+		}
+		unmountNullNetns(filepath.Join(d, "runsc"))
+		_ = os.RemoveAll(d)
+	}
 }
 
 // cannotSave is the refusal of a save (pause, fork) on a runsc whose
