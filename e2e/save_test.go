@@ -138,6 +138,47 @@ sleep 0.5`)
 			}
 			waitCountPast(t, count, id, count(id))
 		}
+
+	})
+}
+
+// TestSaveNetwork: a sandbox with a network keeps its address and
+// default route across a pause and a fork on every runtime (gVisor's
+// netstack takes them from the namespace it is restored in), and a fork's
+// child has an address of its own.
+func TestSaveNetwork(t *testing.T) {
+	onEveryRuntime(t, func(t *testing.T, _ string, flags []string) {
+		s := startServer(t, "", flags...)
+		k := s.createKey(s.createAccount("netsaver", false).ID)
+		act := func(id, what string) response {
+			t.Helper()
+			r := s.as(k, "POST", "/api/sandboxes/"+id+"/"+what, map[string]any{})
+			if r.Status != 200 {
+				t.Fatalf("%s with a network: %d %s", what, r.Status, r.Raw)
+			}
+			return r
+		}
+		netID := s.createSandbox(k, map[string]any{"timeout": 300000, "network": "egress"})["sandboxId"].(string)
+		addr := func(id string) string {
+			t.Helper()
+			return strings.TrimSpace(shIn(t, s, k, id, `ip -4 -o addr show eth0 | awk '{print $4}'; ip -4 route show default | awk '{print $3}'`))
+		}
+		was := addr(netID)
+		if len(strings.Fields(was)) != 2 {
+			t.Fatalf("address and gateway of a sandbox with a network: %q", was)
+		}
+		act(netID, "pause")
+		act(netID, "resume")
+		if got := addr(netID); got != was {
+			t.Fatalf("address and gateway after a pause: %q, were %q", got, was)
+		}
+		kid := act(netID, "fork").Body["sandboxes"].([]any)[0].(map[string]any)["sandboxId"].(string)
+		if got := addr(netID); got != was {
+			t.Fatalf("the parent's address and gateway after a fork: %q, were %q", got, was)
+		}
+		if got := addr(kid); len(strings.Fields(got)) != 2 || strings.Fields(got)[0] == strings.Fields(was)[0] {
+			t.Fatalf("the child's address and gateway %q, the parent's %q: the child has its own", got, was)
+		}
 	})
 }
 

@@ -379,6 +379,9 @@ func (s *sandbox) resume(ctx context.Context) error {
 	if _, err := s.r.runscRun(ctx, m, "delete", "--force", m.CID); err != nil && !notFound(err) {
 		return fail(err)
 	}
+	if err := readdress(m.Network); err != nil {
+		return fail(err)
+	}
 	t0 := time.Now()
 	cmd := s.r.runscFor(ctx, m, network, "restore", "--image-path", dir, "--bundle", s.Path("bundle"), "--detach", m.CID)
 	cmd.Stdout, cmd.Stderr = logw, logw // an *os.File: see start
