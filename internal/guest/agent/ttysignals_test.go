@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,31 +49,38 @@ func TestProbeTTYSignals(t *testing.T) {
 // What the command exits with reaches the host as it was.
 func TestTTYSignals(t *testing.T) {
 	c := ttyAgent(t)
-	run := func(t *testing.T, cmd string, send func(write func(string), out *syncBuffer)) (guest.Exit, string) {
+	// run runs cmd on a terminal and calls send with a way to type and
+	// the output; sid is the process's session, killed whole when the
+	// test ends.
+	run := func(t *testing.T, cmd string, send func(write func(string), out *syncBuffer, sid int)) (guest.Exit, string) {
 		t.Helper()
 		in, input := io.Pipe()
 		defer input.Close()
 		out := &syncBuffer{}
 		done := make(chan guest.Exit, 1)
+		started := make(chan int, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			e, err := c.Exec(ctx, guest.ExecSpec{Cmd: []string{"sh", "-c", cmd}, TTY: true, Stdin: true}, guest.ExecIO{Stdin: in, Stdout: out})
+			e, err := c.Exec(ctx, guest.ExecSpec{Cmd: []string{"sh", "-c", cmd}, TTY: true, Stdin: true},
+				guest.ExecIO{Stdin: in, Stdout: out, Started: func(pid int, _ guest.Offsets) { started <- pid }})
 			if err != nil {
 				t.Error(err)
 			}
 			done <- e
 		}()
+		sid := <-started
+		t.Cleanup(func() { _ = syscall.Kill(-sid, syscall.SIGKILL) })
 		send(func(s string) {
 			if _, err := io.WriteString(input, s); err != nil {
 				t.Error(err)
 			}
-		}, out)
+		}, out, sid)
 		e := <-done
 		return e, out.String()
 	}
 	t.Run("interrupt", func(t *testing.T) {
-		e, out := run(t, "echo ready; sleep 600; echo not-interrupted", func(write func(string), out *syncBuffer) {
+		e, out := run(t, "echo ready; sleep 600; echo not-interrupted", func(write func(string), out *syncBuffer, _ int) {
 			waitFor(t, func() bool { return strings.Contains(out.String(), "ready") })
 			write("\x03")
 		})
@@ -81,7 +89,7 @@ func TestTTYSignals(t *testing.T) {
 		}
 	})
 	t.Run("isig off", func(t *testing.T) {
-		e, out := run(t, "stty -isig -icanon; echo ready; head -c1 | od -An -tx1", func(write func(string), out *syncBuffer) {
+		e, out := run(t, "stty -isig -icanon; echo ready; head -c1 | od -An -tx1", func(write func(string), out *syncBuffer, _ int) {
 			waitFor(t, func() bool { return strings.Contains(out.String(), "ready") })
 			write("\x03")
 		})
@@ -90,11 +98,10 @@ func TestTTYSignals(t *testing.T) {
 		}
 	})
 	t.Run("job", func(t *testing.T) {
-		// A number no other sleep on this host has.
-		const sleep = "sleep 6017"
-		e, out := run(t, "exec sh -i", func(write func(string), out *syncBuffer) {
+		const sleep = "sleep 600"
+		e, out := run(t, "exec sh -i", func(write func(string), out *syncBuffer, sid int) {
 			write(sleep + "\n")
-			waitFor(t, func() bool { return running(sleep) })
+			waitFor(t, func() bool { return running(sleep, sid) })
 			write("\x03")
 			write("echo after-$((6*7))\n")
 			waitFor(t, func() bool { return strings.Contains(out.String(), "after-42") })
@@ -105,7 +112,7 @@ func TestTTYSignals(t *testing.T) {
 		}
 	})
 	t.Run("exit", func(t *testing.T) {
-		e, out := run(t, "kill -TERM $$", func(func(string), *syncBuffer) {})
+		e, out := run(t, "kill -TERM $$", func(func(string), *syncBuffer, int) {})
 		if e.Code != 128+int(syscall.SIGTERM) || e.Signal != int(syscall.SIGTERM) {
 			t.Fatalf("a command killed by SIGTERM: %+v, output %q", e, out)
 		}
@@ -131,12 +138,20 @@ func ttyAgent(t *testing.T) *guest.Client {
 	return c
 }
 
-// running says a process with command line cmd runs on this host.
-func running(cmd string) bool {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+// running says a process with command line cmd runs in session sid.
+func running(cmd string, sid int) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
-		if b, err := os.ReadFile(p); err == nil && strings.TrimRight(strings.ReplaceAll(string(b), "\x00", " "), " ") == cmd {
-			return true
+		b, err := os.ReadFile(filepath.Join(p, "cmdline"))
+		if err != nil || strings.TrimRight(strings.ReplaceAll(string(b), "\x00", " "), " ") != cmd {
+			continue
+		}
+		// stat: pid (comm) state ppid pgrp session ...
+		st, err := os.ReadFile(filepath.Join(p, "stat"))
+		if i := strings.LastIndexByte(string(st), ')'); err == nil && i > 0 {
+			if f := strings.Fields(string(st)[i+1:]); len(f) > 3 && f[3] == strconv.Itoa(sid) {
+				return true
+			}
 		}
 	}
 	return false
