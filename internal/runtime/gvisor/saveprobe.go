@@ -393,6 +393,6 @@ func (r *Runtime) cannotSave(ctx context.Context, m meta, s saveSupport) error {
 		version, _ = runscVersion(ctx, path)
 	}
 	r.log.Warn("save refused: the runsc cannot save sandboxes", "id", m.ID, "runsc", path, "why", s.Unsupported)
-	return fmt.Errorf("%w: the gVisor this sandbox runs on (runsc %s) failed to save and restore a trial sandbox on this host; a current gVisor (scripts/install-runsc.sh, then a restart of sandboxd) saves sandboxes",
+	return fmt.Errorf("%w: the gVisor this sandbox runs on (runsc %s) failed to save and restore a trial sandbox on this host; sandboxes started on a current gVisor can be saved (scripts/install-runsc.sh installs it, sandboxd uses it once restarted)",
 		runtime.ErrCannotPause, version)
 }
