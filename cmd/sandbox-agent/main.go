@@ -32,10 +32,22 @@ var version = "dev"
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "version" {
 		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
-		if len(os.Args) > 2 && os.Args[2] == "--probe" {
+		switch {
+		case len(os.Args) > 2 && os.Args[2] == "--probe":
 			probe()
+		case len(os.Args) > 2 && os.Args[2] == agent.TTYProbeChildArg:
+			os.Exit(agent.TTYProbeChild())
+		case len(os.Args) > 2 && os.Args[2] == "--wait":
+			// A process to save and restore: the gVisor backend's
+			// trial of a runsc's checkpoint (see gvisor's saveprobe.go),
+			// which takes seconds. Bounded, so that a trial whose
+			// sandboxd died leaves no container running for long.
+			time.Sleep(5 * time.Minute)
 		}
 		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == agent.TTYSessionMode {
+		os.Exit(agent.TTYSession(os.Args[2:])) // the session leader of a terminal (see --tty-signals)
 	}
 	if len(os.Args) > 1 && (os.Args[1] == vminit.ModeInit || os.Args[1] == vminit.ModeAgent) {
 		os.Exit(vminit.Main(os.Args[1], version, os.Args[2:])) // microVM modes
@@ -47,6 +59,7 @@ func main() {
 	cwd := flag.String("cwd", "/workspace", "default working directory, created if missing")
 	debug := flag.Bool("debug", false, "log debug messages")
 	tail := flag.Int("output-tail-bytes", agent.DefaultTailBytes, "bytes of each output stream of a process kept for a caller that reconnects")
+	ttySignals := flag.Bool("tty-signals", false, "send the signals of ^C, ^\\ and ^Z on terminals: the kernel's terminals do not (gVisor before 2023)")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -54,13 +67,15 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("agent", version)
-	if err := run(log, *socket, *home, *cwd, *tail, secret); err != nil {
+	if err := run(log, *socket, *home, *cwd, agent.Options{TailBytes: *tail, Secret: secret, TTYSignals: *ttySignals}); err != nil {
 		log.Error("sandbox-agent failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, socket, home, cwd string, tailBytes int, secret []byte) error {
+// run serves the host on socket until the agent is told to stop; opts
+// are the flags' (its Version, Reap, Cwd and Logger are run's).
+func run(log *slog.Logger, socket, home, cwd string, opts agent.Options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pid1 := os.Getpid() == 1
@@ -74,7 +89,8 @@ func run(log *slog.Logger, socket, home, cwd string, tailBytes int, secret []byt
 	if err := os.MkdirAll(cwd, 0o755); err != nil {
 		log.Warn("create default working directory", "dir", cwd, "err", err)
 	}
-	a := agent.New(agent.Options{Version: version, Reap: true, Cwd: cwd, Logger: log, Secret: secret, TailBytes: tailBytes})
+	opts.Version, opts.Reap, opts.Cwd, opts.Logger = version, true, cwd, log
+	a := agent.New(opts)
 	if home != "" {
 		ln, err := agent.ListenHome(home)
 		if err != nil {
@@ -113,7 +129,9 @@ func run(log *slog.Logger, socket, home, cwd string, tailBytes int, secret []byt
 // probe reports what the gVisor backend's trial sandbox asks about the
 // kernel it runs on (see gvisor's platform.go): whether statx accepts
 // AT_NO_AUTOMOUNT, which coreutils 9 passes and runsc before 2023 rejects
-// with EINVAL (the backend then preloads its statx shim).
+// with EINVAL (the backend then preloads its statx shim); and whether its
+// terminals send SIGINT for ^C, which runsc before 2023's do not (the
+// backend then starts the agent with --tty-signals).
 func probe() {
 	var st unix.Statx_t
 	res := "ok"
@@ -121,4 +139,10 @@ func probe() {
 		res = err.Error()
 	}
 	fmt.Printf("statx-no-automount: %s\n", res)
+	self, err := os.Executable()
+	tty := "unknown (" + fmt.Sprint(err) + ")"
+	if err == nil {
+		tty = agent.ProbeTTYSignals(self)
+	}
+	fmt.Printf("tty-signals: %s\n", tty)
 }

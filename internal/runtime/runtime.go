@@ -44,8 +44,9 @@ var (
 	ErrCommandNotFound = errors.New("command not found")
 	// ErrExists: Create was given an id that is already in use.
 	ErrExists = errors.New("sandbox already exists")
-	// ErrCannotPause means a Pauser refused to pause a sandbox in its
-	// present state (it keeps running); the error says why.
+	// ErrCannotPause means a Pauser or Forker refused to save a sandbox
+	// (a pause, a fork) in its present state, or on a runtime that
+	// cannot save it; it keeps running as it was, and the error says why.
 	ErrCannotPause = errors.New("the sandbox cannot be paused now")
 )
 
@@ -294,6 +295,16 @@ type Pauser interface {
 // makes all children or none: on error, those it made are destroyed.
 type Forker interface {
 	Fork(ctx context.Context, parentID string, children []Spec) ([]Sandbox, error)
+}
+
+// SaveChecker is a Pauser or Forker that can tell, before anything is
+// reserved or made for a pause or a fork, whether it could save sandbox
+// id now: an error wrapping ErrCannotPause says why not (a runtime that
+// cannot save it at all, or something in it that cannot be saved), the
+// sandbox running on as it is. Pause and Fork check again: the sandbox
+// may change in between.
+type SaveChecker interface {
+	CheckSave(ctx context.Context, id string) error
 }
 
 // SaveSizer is a Pauser or Forker that bounds what saving the memory of a

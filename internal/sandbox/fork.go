@@ -49,11 +49,12 @@ func (m *Manager) Fork(ctx context.Context, parent store.Sandbox, count int, lif
 	if err := m.refuseWhileRunExecutes(ctx, parent, "fork"); err != nil {
 		return nil, err
 	}
-	// The children copy /workspace as it is: ready it first, so that
-	// none starts half cloned (a failed preparation is the parent's,
-	// copied as it is).
-	if rsb, err := m.rt.Get(ctx, parent.ID); err == nil {
-		_ = m.Prepare(ctx, parent, rsb, false)
+	// The children copy /workspace as it is: it is readied first, so
+	// that none starts half cloned (a failed preparation is the
+	// parent's, copied as it is). A fork the runtime cannot do now is
+	// refused here, before any child's row exists.
+	if err := m.readyForSave(ctx, parent, "forked"); err != nil {
+		return nil, err
 	}
 	now := m.now()
 	kids := make([]*store.Sandbox, count)

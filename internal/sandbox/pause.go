@@ -20,7 +20,9 @@ import (
 // does not run while it is paused (for at most Settings.MaxPaused:
 // reapPaused). Its checkpoint is admitted on the node's disk (admitSave). Exec, files, ports, processes and the
 // port proxy resume a paused sandbox first (Local, GuestAddr); stop
-// destroys it as it is.
+// destroys it as it is. A pause the runtime cannot do now is refused
+// before anything changes (readyForSave), and one that fails leaves the
+// row as the runtime left the sandbox (settleAfterRuntime).
 
 // resumeWait bounds how long a call waits for another caller's resume.
 const resumeWait = 2 * time.Minute
@@ -59,6 +61,10 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox,
 	if err := m.refuseWhileRunExecutes(ctx, sb, "pause"); err != nil {
 		return sb, err
 	}
+	// sandboxd's own work in it first (see readyForSave).
+	if err := m.readyForSave(ctx, sb, "paused"); err != nil {
+		return sb, err
+	}
 	// Its checkpoint needs room on this node's disk, reserved before the
 	// row or the runtime change: a refusal leaves it running as it was.
 	done, err := m.admitSave(ctx, sb.ID, "pause", m.saveBytes(ctx, sb.ID))
@@ -87,6 +93,42 @@ func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox,
 	}
 	m.log.Info("sandbox paused", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// readyForSave readies a running sandbox of this node to be saved (what:
+// "paused", "forked"), before anything is reserved or changed for it.
+// sandboxd's own work in it ends first: the preparation of its
+// /workspace, which a create starts in the background (a clone over a
+// connection to sandboxd.internal), so that a save never cuts it off nor
+// is refused over its socket. Then the runtime says whether it could save
+// the sandbox now (runtime.SaveChecker): its refusal is a 409 with its
+// reason, the sandbox running on as it was.
+func (m *Manager) readyForSave(ctx context.Context, sb store.Sandbox, what string) error {
+	rsb, err := m.rt.Get(ctx, sb.ID)
+	if err != nil {
+		if errors.Is(err, runtime.ErrNotFound) {
+			return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrNotRunning)
+		}
+		return err
+	}
+	// Its failure is the preparation's to report (the sandbox is saved
+	// with /workspace as it is, as a fork copies it).
+	_ = m.Prepare(ctx, sb, rsb, false)
+	c, ok := m.rt.(runtime.SaveChecker)
+	if !ok {
+		return nil
+	}
+	err = c.CheckSave(ctx, sb.ID)
+	if why, refused := cannotSaveReason(err); refused {
+		return errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s cannot be %s now: %s", sb.ID, what, why)
+	}
+	if errors.Is(err, runtime.ErrNotRunning) || errors.Is(err, runtime.ErrNotFound) {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, errors.Join(errdefs.ErrNotRunning, err))
+	}
+	if err != nil {
+		return fmt.Errorf("check that sandbox %s can be %s: %w", sb.ID, what, err)
+	}
+	return nil
 }
 
 // cannotSaveReason is the runtime's reason, after the class's words, when

@@ -77,6 +77,10 @@ type Options struct {
 	// TailBytes is how much of each output stream of a process the agent
 	// keeps for a caller that reconnects (default DefaultTailBytes).
 	TailBytes int
+	// TTYSignals: this kernel's terminals send no signals for ^C, ^\ and
+	// ^Z (gVisor before 2023), so processes on a terminal run under a
+	// tty-session helper that sends them (see ttysignals.go).
+	TTYSignals bool
 	// MaxGzipBytes bounds what a gzip-encoded POST /files body
 	// decompresses to, all its files together (default
 	// DefaultMaxGzipBytes); past it the upload is refused with 413.
@@ -94,16 +98,19 @@ var DefaultEnv = []string{
 // Agent serves the guest protocol. One Agent serves one connection at a
 // time; after the host goes away the caller dials again and calls Serve anew.
 type Agent struct {
-	opts   Options
-	log    *slog.Logger
-	boot   string
-	start  time.Time
-	procs  *procTable
-	vm     vmState
-	mux    http.Handler
-	watch  *watchers
-	owners owners
-	netMu  sync.Mutex // one ConfigureNetwork at a time
+	opts  Options
+	log   *slog.Logger
+	boot  string
+	start time.Time
+	procs *procTable
+	// ttySelf is the agent binary a process on a terminal starts under
+	// as its tty-session helper (Options.TTYSignals); "": none.
+	ttySelf string
+	vm      vmState
+	mux     http.Handler
+	watch   *watchers
+	owners  owners
+	netMu   sync.Mutex // one ConfigureNetwork at a time
 
 	mu   sync.Mutex
 	sess *yamux.Session
@@ -137,6 +144,13 @@ func New(opts Options) *Agent {
 	_, _ = rand.Read(b[:])
 	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), procs: newProcTable(opts.Reap), watch: newWatchers(), ready: make(chan struct{})}
 	a.mux = a.handler()
+	if opts.TTYSignals {
+		if self, err := os.Executable(); err != nil {
+			log.Warn("terminal signals: the agent binary is not known; ^C stays input", "err", err)
+		} else {
+			a.ttySelf = self
+		}
+	}
 	if opts.Reap {
 		go a.procs.reapLoop()
 	}

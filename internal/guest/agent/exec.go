@@ -398,8 +398,10 @@ func pollable(f *os.File) *os.File {
 // full-screen program there would never redraw. A second SIGWINCH on
 // Linux is harmless: it only means "read your size again". The group is
 // the terminal's foreground group where the master tells it (Linux), else
-// the session's own group sid (gVisor's master does not answer TIOCGPGRP).
-func setWinsize(f *os.File, rows, cols uint16, sid int) {
+// the session's own group sid (gVisor's master does not answer TIOCGPGRP),
+// or, for a process under a tty-session helper, the group the helper
+// finds (see ttysignals.go).
+func setWinsize(f *os.File, rows, cols uint16, sid int, helper *ttySignaller) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return
@@ -410,6 +412,10 @@ func setWinsize(f *os.File, rows, cols uint16, sid int) {
 			return
 		}
 		if unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}) != nil {
+			return
+		}
+		if helper != nil {
+			helper.send(unix.SIGWINCH)
 			return
 		}
 		pgrp, err := unix.IoctlGetInt(int(fd), unix.TIOCGPGRP)

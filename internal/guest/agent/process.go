@@ -44,6 +44,9 @@ type process struct {
 	started time.Time
 	pty     *os.File       // the terminal's master; nil without one
 	stdin   io.WriteCloser // nil: input is /dev/null
+	// ttySig is the way to the process's tty-session helper, which sends
+	// its terminal's signals (Options.TTYSignals); nil without one.
+	ttySig *ttySignaller
 
 	done chan struct{} // closed once end is set and the output collected
 
@@ -315,10 +318,18 @@ func (a *Agent) spawn(req *pb.StartRequest, u *account) (*process, *startFailure
 		return nil, &startFailure{end: &pb.ProcessEvent_EndEvent{ExitCode: 126, Status: "not started", Error: &msg}}, nil
 	}
 	startFn := cmd.Start
+	var ttySig *ttySignaller
 	if tty {
 		rows, cols := uint16(req.GetPty().GetSize().GetRows()), uint16(req.GetPty().GetSize().GetCols())
 		if rows == 0 || cols == 0 {
 			rows, cols = 24, 80
+		}
+		if a.ttySelf != "" {
+			helperEnd, s, err := underTTYSession(cmd, a.ttySelf, argv)
+			if err != nil {
+				return failed(err)
+			}
+			toClose, ttySig = append(toClose, helperEnd), s
 		}
 		startFn = func() error {
 			f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
@@ -365,6 +376,9 @@ func (a *Agent) spawn(req *pb.StartRequest, u *account) (*process, *startFailure
 		if stdinW != nil {
 			stdinW.Close()
 		}
+		if ttySig != nil {
+			ttySig.close()
+		}
 		return failed(err)
 	}
 	if tty {
@@ -375,7 +389,7 @@ func (a *Agent) spawn(req *pb.StartRequest, u *account) (*process, *startFailure
 		}
 	}
 	p := &process{
-		pid: cmd.Process.Pid, tag: tag, cfg: cfg, started: time.Now(), pty: ptyFile, stdin: stdinW,
+		pid: cmd.Process.Pid, tag: tag, cfg: cfg, started: time.Now(), pty: ptyFile, stdin: stdinW, ttySig: ttySig,
 		done: make(chan struct{}), subs: map[*subscriber]struct{}{},
 	}
 	for i := range p.out {
@@ -449,6 +463,9 @@ func (a *Agent) supervise(p *process, cmd *exec.Cmd, readers []*os.File, wait <-
 	go func() { outWG.Wait(); close(outDone) }()
 	a.drain(p.pid, pumps, outDone)
 	closeAll(readers)
+	if p.ttySig != nil {
+		p.ttySig.close()
+	}
 	p.mu.Lock()
 	if p.stdin != nil && p.stdin != p.pty && !p.stdinShut {
 		p.stdin.Close()
@@ -624,7 +641,7 @@ func (s processService) Update(_ context.Context, req *connect.Request[pb.Update
 		if size.GetRows() == 0 || size.GetCols() == 0 || size.GetRows() > 0xffff || size.GetCols() > 0xffff {
 			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("terminal size %dx%d", size.GetCols(), size.GetRows()))
 		}
-		setWinsize(p.pty, uint16(size.GetRows()), uint16(size.GetCols()), p.pid)
+		setWinsize(p.pty, uint16(size.GetRows()), uint16(size.GetCols()), p.pid, p.ttySig)
 	}
 	return connect.NewResponse(&pb.UpdateResponse{}), nil
 }
@@ -644,10 +661,20 @@ func (s processService) input(p *process, in *pb.ProcessInput) error {
 	if w == nil || shut {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d takes no input", p.pid))
 	}
-	if _, err := w.Write(b); err != nil {
+	if err := p.write(w, b); err != nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("input to process %d: %w", p.pid, err))
 	}
 	return nil
+}
+
+// write writes input to w, p's input: on a terminal whose signals a
+// tty-session helper sends, through writeTTY.
+func (p *process) write(w io.Writer, b []byte) error {
+	if p.ttySig != nil && w == io.Writer(p.pty) {
+		return writeTTY(p.pty, p.ttySig, b)
+	}
+	_, err := w.Write(b)
+	return err
 }
 
 func (s processService) SendInput(_ context.Context, req *connect.Request[pb.SendInputRequest]) (*connect.Response[pb.SendInputResponse], error) {

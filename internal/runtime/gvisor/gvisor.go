@@ -56,9 +56,13 @@
 // trial sandbox boots with it; otherwise runsc in PATH (Debian's, December
 // 2022). The trials (platform.go, cached per binary and kernel) also pick
 // the platform and tell which of the old runsc's workarounds the chosen one
-// needs: the statx shim (statxcompat.go) and hiding /proc/sys/net for
-// --network=sandbox (network.go). Each sandbox records the runsc that made
-// it, and later runsc commands on it use that one.
+// needs: the statx shim (statxcompat.go), hiding /proc/sys/net for
+// --network=sandbox (network.go), and the agent's sending of terminal
+// signals (--tty-signals: its terminals turn no ^C into SIGINT; see the
+// agent's ttysignals.go). A save trial (saveprobe.go) tells how its
+// checkpoint and restore can save a sandbox (pause, fork). Each sandbox
+// records the runsc that made it, and later runsc commands on it use that
+// one.
 //
 // Why a current runsc must be built with CGO_ENABLED=0: `go install` on a
 // host with a C compiler builds a dynamically linked runsc (interpreter
@@ -162,6 +166,9 @@ type Runtime struct {
 	// statx shim; "" when the shim could not be built.
 	preload string
 
+	// saves are the save trials' answers, by runsc binary (saveprobe.go).
+	saves saveProbes
+
 	pool *pool // set once, by New
 	// prewarmed are the sandboxes started from their owners' layers
 	// ahead of their creates (Options.Prewarm).
@@ -184,6 +191,15 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	bin := filepath.Join(b.StateDir(), "bin")
+	// Every user inside reaches it (/run/sandboxd/bin, read-only): the
+	// statx shim each process preloads and the agent binary the
+	// tty-session helper of a user's terminal runs from. Nothing in it
+	// is secret.
+	if err := os.Chmod(bin, 0o755); err != nil {
+		b.Abort()
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	removeTrialDirs(b.StateDir())
 	agentPath, err := host.FindAgent(opts.AgentPath)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
@@ -207,7 +223,8 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	r.log.Info("gvisor runtime ready", "runsc", r.runsc.Path, "runsc_version", r.runsc.Version, "why", r.runsc.Reason,
 		"runsc_rejected", r.runsc.Rejected, "platform", r.platform, "platform_rejected", r.rejected,
-		"statx_shim", r.preload != "", "netns_workaround", r.runsc.NetnsWorkaround, "host_pids_per_sandbox", r.pidsCeiling)
+		"statx_shim", r.preload != "", "netns_workaround", r.runsc.NetnsWorkaround, "agent_tty_signals", r.runsc.NoTTYSignals,
+		"host_pids_per_sandbox", r.pidsCeiling)
 	for _, d := range r.Degraded() {
 		r.log.Warn("gvisor runtime degraded", "what", d.Summary, "why", d.Detail)
 	}
@@ -215,6 +232,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		b.Abort()
 		return nil, err
 	}
+	r.trySavesAhead()
 	r.prewarmed = host.NewPrewarmed(opts.Prewarm, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
 		return r.createCold(ctx, spec, "")
 	})
@@ -269,6 +287,7 @@ func (r *Runtime) Describe() string {
 // Runtime on the same StateDir finds them.
 func (r *Runtime) Close() error {
 	return r.Shutdown(func() error {
+		r.saves.stopAhead()
 		err := r.prewarmed.Close()
 		if r.pool != nil {
 			err = errors.Join(err, r.pool.close())
@@ -358,7 +377,7 @@ func (r *Runtime) createCold(ctx context.Context, spec runtime.Spec, link string
 			return nil, err
 		}
 	}
-	m := meta{Record: host.NewRecord(spec, cid), Platform: r.platform, Runsc: r.runsc.Path}
+	m := meta{Record: host.NewRecord(spec, cid), Platform: r.platform, Runsc: r.runsc.Path, AgentTTYSignals: r.runsc.NoTTYSignals}
 	s := newSandbox(r, dir, m)
 	return r.Made(ctx, spec.ID, link, s, s.create(ctx, spec.Layers))
 }
@@ -451,6 +470,10 @@ type meta struct {
 	// Paused: the container was checkpointed into checkpoint/ and its
 	// processes ended (Pause); Resume restores it.
 	Paused bool `json:"paused,omitempty"`
+	// AgentTTYSignals: its agent runs with --tty-signals (its runsc's
+	// terminals send no signals). Kept with the sandbox, as its agent's
+	// arguments are: a restore checks the bundle against the saved one.
+	AgentTTYSignals bool `json:"agent_tty_signals,omitempty"`
 }
 
 // Halted implements host.Recorded: a paused sandbox has no agent either,

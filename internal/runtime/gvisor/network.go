@@ -3,11 +3,14 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -64,4 +67,46 @@ func withNetwork(spec *specs.Spec, n *runtime.Network, resolvPath string) (strin
 func sandboxNetCmd(ctx context.Context, runsc string, args []string) *exec.Cmd {
 	const script = `mount -t tmpfs -o size=4k,mode=0555 sandboxd-netns-check /proc/sys/net && exec "$0" "$@"`
 	return exec.CommandContext(ctx, "unshare", append([]string{"--mount", "--propagation", "slave", "--", "sh", "-c", script, runsc}, args...)...)
+}
+
+// guestLink is the guest's link in a sandbox's namespace (package netpol
+// makes it).
+const guestLink = "eth0"
+
+// readdress gives the guest's link in n's namespace the sandbox's address
+// and default route again, before a paused sandbox is restored there.
+// runsc --network=sandbox moves them from the link into its netstack when
+// the sandbox starts (the host's stack must not answer for the guest), and
+// a restored netstack takes the addresses and routes of the namespace it
+// is restored in (how a fork's child, in a namespace of its own, gets its
+// own): restored in the namespace it left, a sandbox would find none and
+// lose its address and routes. A network recorded without its address
+// (by an older sandboxd) is left as it is.
+func readdress(n *runtime.Network) error {
+	if n == nil || !n.Address.IsValid() || !n.Gateway.IsValid() {
+		return nil
+	}
+	ns, err := netns.GetFromPath(n.Netns)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", n.Netns, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", n.Netns, err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(guestLink)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", guestLink, n.Netns, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.Address.Addr().AsSlice(), Mask: net.CIDRMask(n.Address.Bits(), n.Address.Addr().BitLen())}}
+	if err := h.AddrReplace(link, addr); err != nil {
+		return fmt.Errorf("address %s in %s: %w", guestLink, n.Netns, err)
+	}
+	route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: n.Gateway.AsSlice()}
+	if err := h.RouteReplace(route); err != nil {
+		return fmt.Errorf("default route in %s: %w", n.Netns, err)
+	}
+	return nil
 }

@@ -107,8 +107,12 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pids
 		// it starts get an environment of their own.
 		env = append(env, guest.SecretEnv+"="+s.AgentSecret)
 	}
+	args := []string{guestAgent, "--socket", guestSocket}
+	if s.AgentTTYSignals {
+		args = append(args, "--tty-signals")
+	}
 	proc := &specs.Process{
-		Args:         []string{guestAgent, "--socket", guestSocket},
+		Args:         args,
 		Env:          env,
 		Cwd:          "/",
 		Capabilities: &specs.LinuxCapabilities{Bounding: capabilities, Effective: capabilities, Permitted: capabilities},

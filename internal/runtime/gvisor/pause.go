@@ -82,13 +82,22 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	return nil
 }
 
-// pause checkpoints the running container; callers hold opMu.
+// pause checkpoints the running container; callers hold opMu. A runsc
+// that failed the save trial (saveprobe.go) is refused before anything
+// is touched.
 func (s *sandbox) pause(ctx context.Context) error {
 	start := time.Now()
+	m := s.Meta()
+	sup, err := s.r.saveSupportOf(ctx, m)
+	if err != nil {
+		return err
+	}
+	if sup.Unsupported != "" {
+		return s.r.cannotSave(ctx, m, sup)
+	}
 	if err := s.readyToSave(ctx); err != nil {
 		return err
 	}
-	m := s.Meta()
 	dir := s.Path(checkpointDir)
 	_ = os.RemoveAll(dir) // a failed earlier attempt's
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -150,16 +159,17 @@ func (s *sandbox) readyToSave(ctx context.Context) error {
 
 // checkSockets refuses to save a sandbox (pause, fork) whose runsc is as
 // old as Debian 12's while TCP sockets are open inside (as gVisor's
-// /proc/net/tcp lists them), but for the agent's listener for
-// sandboxd.internal. Debian's runsc 20221219 cannot save a TCP endpoint
-// that an epoll set watches ("endpoint still has waiters upon save"), as
-// every socket of a Go, Node or Python asyncio program is, and the sentry
-// ends the sandbox after a failed save: a refusal leaves it running.
-// Whether an epoll set watches a socket cannot be told from outside, so
-// this refuses some sockets that would have saved (one a thread blocks in
-// accept on, like the agent's). The current runsc saves them: listeners
-// and connections open inside carry over (a connection to a peer outside
-// the sandbox is restored too, but the peer may have dropped it meanwhile).
+// /proc/net/tcp lists them: sockets some process holds), but sandboxd's
+// own (see blocksSave). Debian's runsc 20221219 cannot save a TCP
+// endpoint that an epoll set watches ("endpoint still has waiters upon
+// save"), as every socket of a Go, Node or Python asyncio program is,
+// and the sentry ends the sandbox after a failed save: a refusal leaves
+// it running. Whether an epoll set watches a socket cannot be told from
+// outside, so this refuses some sockets that would have saved. The
+// current runsc saves them: listeners and connections open inside carry
+// over (a connection to a peer outside the sandbox is restored too, but
+// the peer may have dropped it meanwhile). The refusal names each socket
+// readably ("127.0.0.1:24429 → 127.0.0.1:80 ESTABLISHED").
 func (s *sandbox) checkSockets(ctx context.Context) error {
 	if !s.oldRunsc() {
 		return nil
@@ -178,13 +188,43 @@ func (s *sandbox) checkSockets(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("read %s: %w", f, err)
 		}
-		open = append(open, openTCP(string(b))...)
+		for _, sock := range parseTCPTable(string(b)) {
+			if sock.blocksSave() {
+				open = append(open, sock.String())
+			}
+		}
 	}
-	if len(open) > 0 {
-		return fmt.Errorf("%w: %d TCP sockets are open inside (local address, state: %s), which the December 2022 gVisor this sandbox runs on cannot save; close them and try again",
-			runtime.ErrCannotPause, len(open), strings.Join(open, ", "))
+	switch len(open) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%w: a TCP socket is open inside (%s), which the December 2022 gVisor this sandbox runs on cannot save; close it and try again (a current gVisor saves it)",
+			runtime.ErrCannotPause, open[0])
 	}
-	return nil
+	return fmt.Errorf("%w: %d TCP sockets are open inside (%s), which the December 2022 gVisor this sandbox runs on cannot save; close them and try again (a current gVisor saves them)",
+		runtime.ErrCannotPause, len(open), strings.Join(open, ", "))
+}
+
+// CheckSave implements runtime.SaveChecker: whether the sandbox's runsc
+// can save at all (its save trial), and on Debian's 2022 runsc whether
+// sockets inside keep it from being saved now.
+func (r *Runtime) CheckSave(ctx context.Context, id string) error {
+	s, err := r.Table().Get(id)
+	if err != nil {
+		return err
+	}
+	m := s.Meta()
+	sup, err := r.saveSupportOf(ctx, m)
+	if err != nil {
+		return err
+	}
+	if sup.Unsupported != "" {
+		return r.cannotSave(ctx, m, sup)
+	}
+	if m.Paused {
+		return nil // its sockets were saved with it
+	}
+	return s.checkSockets(ctx)
 }
 
 // oldRunsc says the sandbox runs on a runsc as old as Debian 12's
@@ -200,30 +240,6 @@ func (s *sandbox) oldRunsc() bool {
 		return true
 	}
 	return s.r.runsc.StatxShim
-}
-
-// agentHome is the agent's listener for sandboxd.internal (127.0.0.1:80)
-// as /proc/net/tcp lists it: ListenHome keeps it saveable.
-const agentHome = "0100007F:0050 0A"
-
-// openTCP lists the sockets of a /proc/net/tcp{,6} text that count for
-// checkSockets: all but closed ones (TIME_WAIT 06, CLOSE 07) and the
-// agent's home listener.
-func openTCP(table string) []string {
-	var open []string
-	for _, line := range strings.Split(table, "\n") {
-		f := strings.Fields(line)
-		// sl local_address rem_address st ...
-		if len(f) < 4 || !strings.HasSuffix(f[0], ":") {
-			continue
-		}
-		local, st := f[1], f[3]
-		if st == "06" || st == "07" || local+" "+st == agentHome {
-			continue
-		}
-		open = append(open, local+" "+st)
-	}
-	return open
 }
 
 // disconnect ends the agent's session and makes sure that the sandbox
@@ -361,6 +377,9 @@ func (s *sandbox) resume(ctx context.Context) error {
 	// runsc still has the checkpointed container (stopped); restore
 	// makes it again under the same id.
 	if _, err := s.r.runscRun(ctx, m, "delete", "--force", m.CID); err != nil && !notFound(err) {
+		return fail(err)
+	}
+	if err := readdress(m.Network); err != nil {
 		return fail(err)
 	}
 	t0 := time.Now()

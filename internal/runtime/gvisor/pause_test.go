@@ -194,8 +194,8 @@ func treeBytes(t *testing.T, dir string) int64 {
 // and forks with its sockets: the server answers after resume and in the
 // child. With Debian's runsc 20221219, which cannot save a TCP endpoint an
 // epoll set watches (and a failed save would end the sandbox), the pause
-// and the fork are refused while a socket is open, the sandbox runs on,
-// and it pauses once the socket is closed.
+// and the fork are refused while a socket is open, naming it, the sandbox
+// runs on, and it pauses once the socket is closed.
 func TestPauseTCP(t *testing.T) {
 	serve := `mkdir -p /tmp/www && echo served > /tmp/www/index.html && httpd -p 8080 -h /tmp/www &&
 (while :; do wget -q -O /tmp/got http://127.0.0.1:8080/index.html; sleep 0.1; done) >/dev/null 2>&1 & sleep 0.5`
@@ -254,11 +254,22 @@ func TestPauseTCP(t *testing.T) {
 				return err
 			},
 		} {
-			if err := try(); !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "TCP") {
+			if err := try(); !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "a TCP socket is open inside ([::]:8080 LISTEN)") {
 				t.Fatalf("%s with a listening socket: %v", what, err)
+			}
+			if err := r.CheckSave(ctx, "tcp"); !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "[::]:8080 LISTEN") {
+				t.Fatalf("CheckSave with a listening socket: %v", err)
+			}
+			if got := mustSh(ctx, t, sb, "echo running"); got != "running\n" {
+				t.Fatalf("after the refused %s: %q", what, got)
 			}
 		}
 		mustSh(ctx, t, sb, "killall nc; sleep 0.2")
+		// The agent's own sockets (its listener for sandboxd.internal,
+		// a connection it accepted there) do not count.
+		if err := r.CheckSave(ctx, "tcp"); err != nil {
+			t.Fatalf("CheckSave once the socket is closed: %v", err)
+		}
 		if err := r.Pause(ctx, "tcp"); err != nil {
 			t.Fatalf("pause once the socket is closed: %v", err)
 		}
@@ -308,5 +319,56 @@ func TestReattachThawsFrozen(t *testing.T) {
 	}
 	if out := mustSh(ctx, t, got, "echo thawed"); out != "thawed\n" {
 		t.Fatalf("exec after the re-attach: %q", out)
+	}
+}
+
+// TestSaveUnsupported: on a runsc whose checkpoint fails (a wrapper that
+// refuses it, around a real runsc), the save trial finds it out and a
+// pause or fork is refused before anything is touched, with
+// ErrCannotPause naming the runsc's version and what to install; the
+// sandbox runs on as it was and no child is left.
+func TestSaveUnsupported(t *testing.T) {
+	real := gvisor.DefaultRunsc()
+	if p, err := exec.LookPath(real); err == nil {
+		real = p
+	} else {
+		t.Skip("no runsc")
+	}
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a; do [ \"$a\" = checkpoint ] && { echo 'checkpoint: not in this build' >&2; exit 1; }; done\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := newRuntime(t, t.TempDir(), func(o *gvisor.Options) { o.RunscPath = wrapper })
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := r.Create(ctx, runtime.Spec{ID: "unsaved", BaseDir: runtimetest.Rootfs(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	mustSh(ctx, t, sb, "echo kept > /tmp/f")
+	for what, try := range map[string]func() error{
+		"pause": func() error { return r.Pause(ctx, "unsaved") },
+		"fork": func() error {
+			_, err := r.Fork(ctx, "unsaved", []runtime.Spec{{ID: "unsaved-child"}})
+			return err
+		},
+	} {
+		err := try()
+		if !errors.Is(err, runtime.ErrCannotPause) || !strings.Contains(err.Error(), "runsc "+r.Runsc().Version) ||
+			!strings.Contains(err.Error(), "install-runsc.sh") || strings.Contains(err.Error(), wrapper) {
+			t.Fatalf("%s on a runsc that cannot save: %v", what, err)
+		}
+		if st, err := sb.State(ctx); err != nil || st != runtime.StateRunning {
+			t.Fatalf("after the refused %s: %v %v", what, st, err)
+		}
+		if got := mustSh(ctx, t, sb, "cat /tmp/f"); got != "kept\n" {
+			t.Fatalf("after the refused %s: %q", what, got)
+		}
+	}
+	if _, err := r.Get(ctx, "unsaved-child"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("the child of the refused fork: %v", err)
 	}
 }

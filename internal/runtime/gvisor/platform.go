@@ -52,7 +52,15 @@ type probeResult struct {
 	NetnsWorkaround bool `json:"netns_workaround"`
 	// NetworkError: neither worked; sandboxes with a network will fail.
 	NetworkError string `json:"network_error,omitempty"`
+	// NoTTYSignals: the agent's trial found that ^C on a terminal
+	// reached the reader as a byte, no SIGINT sent (runsc before 2023),
+	// so sandboxes start their agent with --tty-signals.
+	NoTTYSignals bool `json:"no_tty_signals"`
 }
+
+// probeFormat names what probeResult holds, in its cache key: a result
+// cached before a field was added is probed again.
+const probeFormat = "2"
 
 func kernelRelease() string {
 	var u unix.Utsname
@@ -70,7 +78,7 @@ func kernelRelease() string {
 // check broke only with newer kernels (see sandboxNetCmd), and a current
 // runsc built with cgo fails at boot (see the package doc).
 func (r *Runtime) probe(ctx context.Context, path, version, want string) (probeResult, error) {
-	key := version + "\x00" + kernelRelease() + "\x00" + want
+	key := version + "\x00" + kernelRelease() + "\x00" + want + "\x00" + probeFormat
 	if fi, err := os.Stat(path); err == nil {
 		key += fmt.Sprintf("\x00%d\x00%d", fi.Size(), fi.ModTime().UnixNano())
 	}
@@ -120,6 +128,9 @@ func (r *Runtime) probe(ctx context.Context, path, version, want string) (probeR
 	// The agent's `version --probe` says whether statx took the flag; an
 	// agent that does not know --probe says nothing, and the shim is kept.
 	c.StatxShim = !strings.Contains(out, "statx-no-automount: ok")
+	// Only a clear "none" counts: an agent that could not tell leaves the
+	// kernel's terminals as they are.
+	c.NoTTYSignals = strings.Contains(out, "tty-signals: none")
 	if _, err := r.trial(ctx, path, c.Platform, true, false); err != nil {
 		c.NetnsWorkaround = true
 		if _, err2 := r.trial(ctx, path, c.Platform, true, true); err2 != nil {

@@ -29,6 +29,9 @@ type RunscInfo struct {
 	// probeResult).
 	StatxShim       bool `json:"statx_shim"`
 	NetnsWorkaround bool `json:"netns_workaround"`
+	// NoTTYSignals: its terminals send no signals for ^C, ^\ and ^Z; the
+	// agent sends them (probeResult.NoTTYSignals).
+	NoTTYSignals bool `json:"no_tty_signals"`
 }
 
 // String is a one-line summary for logs and reports.
@@ -129,7 +132,7 @@ func (r *Runtime) chooseRunsc(ctx context.Context) (probeResult, error) {
 			if pr, err = r.probe(ctx, c.path, version, r.opts.Platform); err == nil {
 				r.runsc = RunscInfo{
 					Path: c.path, Version: version, Reason: c.reason, Rejected: rejected,
-					StatxShim: pr.StatxShim, NetnsWorkaround: pr.NetnsWorkaround,
+					StatxShim: pr.StatxShim, NetnsWorkaround: pr.NetnsWorkaround, NoTTYSignals: pr.NoTTYSignals,
 				}
 				return pr, nil
 			}

@@ -53,10 +53,13 @@ type Runtime struct {
 	// prewarm enables Prewarm; prewarmed is each owner's kept key
 	// (runtime.PrewarmKey), claimed the sandboxes Create made from one.
 	failPause error
-	prewarm   bool
-	prewarmed map[string]string
-	prewarms  uint64
-	claimed   map[string]bool
+	// refuseSave, when set, is what CheckSave answers (and Pause and
+	// Fork fail with): a save the runtime cannot do now.
+	refuseSave error
+	prewarm    bool
+	prewarmed  map[string]string
+	prewarms   uint64
+	claimed    map[string]bool
 }
 
 // New returns an empty fake runtime.
@@ -65,10 +68,11 @@ func New() *Runtime {
 }
 
 var (
-	_ runtime.Runtime   = (*Runtime)(nil)
-	_ runtime.Prewarmer = (*Runtime)(nil)
-	_ runtime.Pauser    = (*Runtime)(nil)
-	_ runtime.Forker    = (*Runtime)(nil)
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.Prewarmer   = (*Runtime)(nil)
+	_ runtime.Pauser      = (*Runtime)(nil)
+	_ runtime.Forker      = (*Runtime)(nil)
+	_ runtime.SaveChecker = (*Runtime)(nil)
 )
 
 // Fork implements runtime.Forker: each child gets a copy of the parent's
@@ -82,6 +86,8 @@ func (r *Runtime) Fork(_ context.Context, parentID string, children []runtime.Sp
 		return nil, fmt.Errorf("fork %s: %w", parentID, runtime.ErrNotFound)
 	case p.stopped || p.paused:
 		return nil, fmt.Errorf("fork %s: %w", parentID, runtime.ErrNotRunning)
+	case r.refuseSave != nil:
+		return nil, fmt.Errorf("fork %s: %w", parentID, r.refuseSave)
 	}
 	if err := runtime.ForkSpecs(r.specs[parentID].Network != nil, children); err != nil {
 		return nil, err
@@ -119,6 +125,8 @@ func (r *Runtime) Pause(_ context.Context, id string) error {
 		return fmt.Errorf("pause %s: %w", id, runtime.ErrNotRunning)
 	case r.failPause != nil:
 		return fmt.Errorf("pause %s: %w", id, r.failPause)
+	case r.refuseSave != nil:
+		return fmt.Errorf("pause %s: %w", id, r.refuseSave)
 	}
 	sb.paused = true
 	return nil
@@ -137,6 +145,29 @@ func (r *Runtime) Resume(_ context.Context, id string) error {
 	}
 	sb.paused = false
 	return nil
+}
+
+// RefuseSave makes CheckSave, Pause and Fork refuse to save a sandbox
+// with err (which should wrap runtime.ErrCannotPause; nil: they save
+// again), leaving it as it is.
+func (r *Runtime) RefuseSave(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refuseSave = err
+}
+
+// CheckSave implements runtime.SaveChecker.
+func (r *Runtime) CheckSave(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb, ok := r.sandboxes[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("check save %s: %w", id, runtime.ErrNotFound)
+	case sb.stopped:
+		return fmt.Errorf("check save %s: %w", id, runtime.ErrNotRunning)
+	}
+	return r.refuseSave
 }
 
 // FailPause makes Pause fail with err (nil: succeed again).

@@ -44,6 +44,9 @@ func TestLogCap(t *testing.T, lc LogCap) {
 	const id = "logs"
 	state := t.TempDir()
 	r := lc.Open(t, state)
+	// Closed before state goes, also when the test ends early (a skip): a
+	// runtime's work in the background may write there.
+	defer r.Close()
 	ctx := context.Background()
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()

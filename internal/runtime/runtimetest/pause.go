@@ -30,9 +30,14 @@ func (s *suite) testPauseResume(t *testing.T) {
 	if err := p.Resume(ctx, id); err == nil {
 		t.Error("resume of a running sandbox succeeded")
 	}
+	start := time.Now()
 	if err := p.Pause(ctx, id); err != nil {
 		t.Fatalf("pause: %v", err)
 	}
+	// The sandbox runs on while Pause readies it (the first may wait for
+	// a trial of what the backend can save): up to 10 counts a second of
+	// it are its own.
+	readying := int(time.Since(start) / (100 * time.Millisecond))
 	if st, err := sb.State(ctx); err != nil || st != runtime.StatePaused {
 		t.Fatalf("state while paused: %v %v", st, err)
 	}
@@ -64,7 +69,7 @@ func (s *suite) testPauseResume(t *testing.T) {
 		t.Fatalf("state after resume: %v %v", st, err)
 	}
 	after := count(t, again)
-	if after < before || after > before+5 {
+	if after < before || after > before+5+readying {
 		t.Fatalf("the counter was %d before the pause and %d after it: it did not continue where it was", before, after)
 	}
 	time.Sleep(time.Second)

@@ -55,6 +55,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Exec", s.testExec)
 	t.Run("Streaming", s.testStreaming)
 	t.Run("ResizeAndSignal", s.testResizeAndSignal)
+	t.Run("TerminalSignals", s.testTerminalSignals)
 	t.Run("Processes", s.testProcesses)
 	t.Run("Files", s.testFiles)
 	t.Run("Isolation", s.testIsolation)
