@@ -229,7 +229,11 @@ func (r *Runtime) fallback() (Degradation, bool) {
 // 2022), which the probe tells by the workarounds it needs.
 func (r *Runtime) oldRunsc() Degradation {
 	lost := []string{"pause and fork refuse a sandbox while TCP sockets are open in it",
+		"a fork pauses its parent and restores it (its processes carry on; about 2 s)",
 		"a path through a symlink to / resolves to / itself"}
+	if r.runsc.NoTTYSignals {
+		lost = append(lost, "terminals turn ^C, ^\\ and ^Z into signals only through the agent (runsc's own line discipline does not)")
+	}
 	if r.runsc.StatxShim {
 		if r.preload == "" {
 			lost = append(lost, "ls and stat fail inside (statx with AT_NO_AUTOMOUNT; the shim that works around it could not be built)")
