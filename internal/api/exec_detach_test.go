@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestExecKillOnDisconnect: what an exec asks the sandbox service about
@@ -63,6 +64,8 @@ func TestExecKillOnDisconnect(t *testing.T) {
 // keeps its command's output flowing into nothing, instead of failing
 // the writes, which would make the agent kill the command.
 func TestExecStreamOutlivesItsClient(t *testing.T) {
+	securitytest.Attack(t, "processes", "a caller streams POST /api/sandboxes/{id}/exec and drops its connection mid-command (docs/API.md: processes survive their caller)",
+		"the command's output flows on into nothing and the command runs on (killed only when the request said killOnDisconnect); before, the failed writes made the agent kill it")
 	writes := make(chan error, 1)
 	w := newWSFixture(t, func(ctx context.Context, req sandbox.ExecRequest, stdout, _ io.Writer) (sandbox.ExecResult, error) {
 		fmt.Fprint(stdout, "started")

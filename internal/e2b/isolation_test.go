@@ -185,6 +185,8 @@ func TestSignedLinkUser(t *testing.T) {
 // TestTimeoutBounds: a timeout no duration can hold is refused, not
 // wrapped around into a short or a default lifetime.
 func TestTimeoutBounds(t *testing.T) {
+	securitytest.Attack(t, "e2b", "E2B timeouts no duration holds: create with timeout 9223372037 s, set timeout 18446744074 s (which wrapped to 0.29 s and stopped the sandbox), refresh, connect and fork likewise",
+		"400 naming the range (1 to --sandbox-max-timeout seconds); the sandbox's lifetime is unchanged")
 	f := newFixture(t)
 	f.api.opts.MaxTimeout = 24 * time.Hour
 	key := map[string]string{"X-API-Key": f.key}
