@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/client"
@@ -186,18 +187,5 @@ func destinationOut(src, dst string) (into, rename string, err error) {
 
 // copySummary says what a copy carried.
 func copySummary(files, dirs int, bytes int64) string {
-	return fmt.Sprintf("%d files and %d directories (%s)", files, dirs, byteSize(bytes))
-}
-
-// byteSize is n bytes in the unit a person reads best.
-func byteSize(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d bytes", n)
+	return fmt.Sprintf("%d files and %d directories (%s)", files, dirs, humanize.IBytes(uint64(max(bytes, 0))))
 }

@@ -16,7 +16,6 @@ package filecopy
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"io/fs"
 	"path"
@@ -89,17 +88,4 @@ func Resolve(p string) (string, error) {
 // notFound is the error for a path that is not in the sandbox.
 func notFound(p string) error {
 	return errdefs.Newf(errdefs.ErrNotFound, "No such file or directory in the sandbox: %s", p)
-}
-
-// sizeText is n bytes in the unit a person reads best.
-func sizeText(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d bytes", n)
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
 
@@ -89,7 +91,7 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, r io.Reader) err
 		x.out.Directories++
 	case tar.TypeReg:
 		if hdr.Size < 0 || x.out.Bytes+hdr.Size > x.lim.Bytes {
-			return errdefs.Newf(errdefs.ErrTooLarge, "the archive holds more than %s, the most one copy carries; copy less at once", sizeText(x.lim.Bytes))
+			return errdefs.Newf(errdefs.ErrTooLarge, "the archive holds more than %s, the most one copy carries; copy less at once", humanize.IBytes(uint64(x.lim.Bytes)))
 		}
 		if err := x.fsys.WriteFile(ctx, dst, r, fs.FileMode(hdr.Mode).Perm()); err != nil {
 			return writeError(dst, err)

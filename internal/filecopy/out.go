@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"path"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
 
@@ -71,7 +73,7 @@ func (w *walker) add(ctx context.Context, src, name string, e Entry, depth int) 
 	if e.Mode.IsRegular() {
 		w.a.Bytes += e.Size
 		if w.a.Bytes > w.lim.Bytes {
-			return errdefs.Newf(errdefs.ErrTooLarge, "%s holds more than %s, the most one copy carries; copy less at once", w.top, sizeText(w.lim.Bytes))
+			return errdefs.Newf(errdefs.ErrTooLarge, "%s holds more than %s, the most one copy carries; copy less at once", w.top, humanize.IBytes(uint64(w.lim.Bytes)))
 		}
 	}
 	if e.Mode.IsDir() {
