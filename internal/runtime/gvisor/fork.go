@@ -88,12 +88,9 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 // nothing touched.
 func (s *sandbox) saveForFork(ctx context.Context, dir string) error {
 	m := s.Meta()
-	sup, err := s.r.saveSupportOf(ctx, m)
+	sup, err := s.r.savable(ctx, m)
 	if err != nil {
 		return err
-	}
-	if sup.Unsupported != "" {
-		return s.r.cannotSave(ctx, m, sup)
 	}
 	_ = os.RemoveAll(dir) // an earlier fork's that did not finish
 	if !sup.LeaveRunning {

@@ -88,12 +88,8 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 func (s *sandbox) pause(ctx context.Context) error {
 	start := time.Now()
 	m := s.Meta()
-	sup, err := s.r.saveSupportOf(ctx, m)
-	if err != nil {
+	if _, err := s.r.savable(ctx, m); err != nil {
 		return err
-	}
-	if sup.Unsupported != "" {
-		return s.r.cannotSave(ctx, m, sup)
 	}
 	if err := s.readyToSave(ctx); err != nil {
 		return err
@@ -214,12 +210,8 @@ func (r *Runtime) CheckSave(ctx context.Context, id string) error {
 		return err
 	}
 	m := s.Meta()
-	sup, err := r.saveSupportOf(ctx, m)
-	if err != nil {
+	if _, err := r.savable(ctx, m); err != nil {
 		return err
-	}
-	if sup.Unsupported != "" {
-		return r.cannotSave(ctx, m, sup)
 	}
 	if m.Paused {
 		return nil // its sockets were saved with it

@@ -383,6 +383,20 @@ func removeTrialDirs(stateDir string) {
 	}
 }
 
+// savable is saveSupportOf for a save about to be made: what the
+// sandbox's runsc can do, or, when it cannot save at all, the refusal
+// (cannotSave) with nothing touched.
+func (r *Runtime) savable(ctx context.Context, m meta) (saveSupport, error) {
+	sup, err := r.saveSupportOf(ctx, m)
+	if err != nil {
+		return sup, err
+	}
+	if sup.Unsupported != "" {
+		return sup, r.cannotSave(ctx, m, sup)
+	}
+	return sup, nil
+}
+
 // cannotSave is the refusal of a save (pause, fork) on a runsc whose
 // trial could not save: ErrCannotPause, with the runsc's version (never a
 // host path: users read it) and what would help.
