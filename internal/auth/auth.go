@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -138,6 +139,7 @@ type Store interface {
 	GetAccount(ctx context.Context, id string) (store.Account, error)
 	IsOrgMember(ctx context.Context, orgID, accountID string) (bool, error)
 	SharesOrgWithAccess(ctx context.Context, a, b string) (bool, error)
+	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
 }
 
 // Authenticator turns request credentials into a Principal.
@@ -283,6 +285,42 @@ func (a *Authenticator) ResolveAccount(ctx context.Context, p Principal, request
 		return "", ErrForbidden
 	}
 	return requested, nil
+}
+
+// SandboxFor loads sandbox id for p under the one access rule: with
+// account (a requested account_id) only that account's sandbox, and only
+// when p may act for account (ResolveAccount's errors otherwise); without,
+// a sandbox of any account p may act for (MayActFor). A sandbox that does
+// not exist and one p may not see are the same errdefs.ErrNotFound,
+// "Sandbox not found", so that ids cannot be probed. Every front end and
+// every domain entry point that acts on a sandbox by id asks this.
+func (a *Authenticator) SandboxFor(ctx context.Context, p Principal, id, account string) (store.Sandbox, error) {
+	notFound := errdefs.New(errdefs.ErrNotFound, "Sandbox not found")
+	sb, err := a.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Sandbox{}, notFound
+	}
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	if account != "" {
+		resolved, err := a.ResolveAccount(ctx, p, account)
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		if sb.AccountID != resolved {
+			return store.Sandbox{}, notFound
+		}
+		return sb, nil
+	}
+	ok, err := a.MayActFor(ctx, p, sb.AccountID)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if !ok {
+		return store.Sandbox{}, notFound
+	}
+	return sb, nil
 }
 
 // IsUUID reports whether s is a UUID in its canonical 36-character form.
