@@ -100,3 +100,11 @@ func Explain(err error, notFound string) (e *Error, internal bool) {
 	}
 	return &Error{Status: http.StatusInternalServerError, Msg: InternalMessage}, true
 }
+
+// ScopeError is the 403 a sandbox's own key gets for what it may not do
+// (auth.Principal.MayCall refused it): that key, in the hands of the code
+// inside the sandbox, only reads. what names the operation ("POST
+// /api/sandboxes", "the run_command tool").
+func ScopeError(what string) *Error {
+	return Errorf(http.StatusForbidden, "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy; %s needs an account key", what)
+}
