@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -31,6 +32,9 @@ func (headerCluster) Place(context.Context, *netpol.Policy) (string, bool, error
 func (headerCluster) Forward(w http.ResponseWriter, _ *http.Request, _, _ string, _ bool) {
 	w.WriteHeader(http.StatusTeapot)
 }
+func (headerCluster) Do(*http.Request, string, string, bool) (*http.Response, error) {
+	return nil, errUnsigned
+}
 
 var errUnsigned = auth.ErrUnauthorized
 
@@ -45,12 +49,17 @@ func TestClusterListenerRefusesUnsigned(t *testing.T) {
 	mount := func(name string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reached[name]++ })
 	}
-	srv, err := New(Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test", Cluster: headerCluster{},
+	a := auth.NewAuthenticator(st)
+	gate, err := edge.NewGate(a, headerCluster{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{Store: st, Auth: a, Gate: gate, Version: "test",
 		Mount: map[string]http.Handler{"/git/*": mount("git"), "/mcp": mount("mcp"), "/console/*": mount("console"), "/model/*": mount("model")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	listener := srv.ClusterHandler()
+	listener := edge.ClusterHandler(headerCluster{}, srv, nil, srv.Refuse)
 	for _, path := range []string{"/git/acct.git/info/refs?service=git-upload-pack", "/mcp", "/console/", "/model/openai/chat/completions", "/api/sandboxes", "/api/health"} {
 		for _, signed := range []bool{false, true} {
 			req := httptest.NewRequest(http.MethodGet, path, nil)
@@ -82,7 +91,7 @@ func TestClusterListenerRefusesUnsigned(t *testing.T) {
 	req := httptest.NewRequest(http.MethodGet, "/api/health", nil)
 	req.Header.Set("Signed", "yes")
 	rec := httptest.NewRecorder()
-	lone.ClusterHandler().ServeHTTP(rec, req)
+	edge.ClusterHandler(nil, lone, nil, lone.Refuse).ServeHTTP(rec, req)
 	if rec.Code != http.StatusUnauthorized {
 		t.Errorf("a cluster listener without a cluster: %d, want 401", rec.Code)
 	}

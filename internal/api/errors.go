@@ -2,25 +2,16 @@ package api
 
 import (
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
+
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
 // Error is an error the API reports to the caller as is: a status code and
-// the body of the contract. Anything else that reaches writeError is a 500
-// whose message leaks nothing.
-type Error struct {
-	Status int
-	Msg    string
-	// Fields is the path of the first failing body field (missing_fields).
-	Fields []any
-	// Message duplicates Msg in a "message" field, as the original API's
-	// 401 body did.
-	Message bool
-}
-
-func (e *Error) Error() string { return e.Msg }
+// the body of the contract (edge.Error). Anything else that reaches
+// writeError is told as edge.Explain tells it.
+type Error = edge.Error
 
 func errBadRequest(msg string) *Error { return &Error{Status: http.StatusBadRequest, Msg: msg} }
 
@@ -51,21 +42,30 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-// writeError answers with err's contract body, or a bare 500 for errors the
-// API does not know, which are logged with the request id instead. A
+// explain is err as the caller is told it (edge.Explain, with notFound
+// naming what a bare not-found was), or err itself when it is internal,
+// for writeError to log.
+func explain(err error, notFound string) error {
+	if e, internal := edge.Explain(err, notFound); !internal {
+		return e
+	}
+	return err
+}
+
+// writeError answers with err's contract body as edge.Explain tells it; an
+// internal error is logged with the request id and answered a bare 500. A
 // request whose body a deadline cut off is answered 408.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	var e *Error
 	if cut := bodyTimeout(r); cut != nil {
 		// Whatever the handler made of the body it did not get whole.
 		err = cut
 	}
-	if !errors.As(err, &e) {
+	e, internal := edge.Explain(err, "")
+	if internal {
 		log.ErrorContext(r.Context(), "request failed", "err", err, "request_id", requestID(r.Context()), "path", r.URL.Path)
-		e = &Error{Status: http.StatusInternalServerError, Msg: "Internal server error"}
 	}
 	body := ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}
-	if e.Message {
+	if e.Echo {
 		body.Message = e.Msg
 	}
 	writeJSON(w, e.Status, body)

@@ -2,7 +2,6 @@ package api
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -40,7 +40,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		if s.callerGone(r, sb, req) {
 			return nil
 		}
-		return serviceError(err, "Sandbox not found")
+		return explain(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, ExecResponse{
 		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut,
@@ -61,14 +61,11 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		if s.callerGone(r, sb, req) {
 			return
 		}
-		var e *Error
-		failure := ExecFailure{Error: "Internal server error", StatusCode: http.StatusInternalServerError}
-		if errors.As(serviceError(err, "Sandbox not found"), &e) {
-			failure = ExecFailure{Error: e.Msg, StatusCode: e.Status}
-		} else {
+		e, internal := edge.Explain(err, "Sandbox not found")
+		if internal {
 			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(r.Context()))
 		}
-		_ = sse.event("error", failure)
+		_ = sse.event("error", ExecFailure{Error: e.Msg, StatusCode: e.Status})
 		return
 	}
 	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut, DurationMs: time.Since(start).Milliseconds()})

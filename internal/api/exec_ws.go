@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -96,7 +97,7 @@ func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if sb.Status != store.SandboxRunning {
-		return serviceError(errdefs.ErrNotRunning, "Sandbox not found")
+		return explain(errdefs.ErrNotRunning, "Sandbox not found")
 	}
 	opts := &websocket.AcceptOptions{
 		// No credential is ambient (the key is a header or a subprotocol,
@@ -106,7 +107,7 @@ func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
 		InsecureSkipVerify: true,
 	}
 	if proto, n := keyProtocol(r); n == 1 {
-		// The key came as the subprotocol (requestKey); a browser fails
+		// The key came as the subprotocol (websocketKey); a browser fails
 		// a handshake that does not select one of those it offered.
 		opts.Subprotocols = []string{proto}
 	}
@@ -193,12 +194,10 @@ func (s *Server) interact(r *http.Request, conn *websocket.Conn, sb store.Sandbo
 		if ectx.Err() != nil {
 			return ExecEnd{Type: "error", Error: "the connection ended"} // nobody reads it
 		}
-		var e *Error
-		if errors.As(serviceError(err, "Sandbox not found"), &e) {
-			return errorEnd(e)
+		if _, internal := edge.Explain(err, ""); internal {
+			s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(ctx))
 		}
-		s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(ctx))
-		return ExecEnd{Type: "error", Error: "Internal server error"}
+		return errorEnd(err)
 	}
 	return ExecEnd{Type: "exit", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut, DurationMs: time.Since(start).Milliseconds()}
 }
@@ -338,13 +337,10 @@ func parseControl(b []byte) (ExecControl, syscall.Signal, error) {
 	return c, 0, errField("type must be one of resize, signal, eof", "type")
 }
 
-// errorEnd is the ExecEnd of a refusal.
+// errorEnd is the ExecEnd of a refusal, told as edge.Explain tells it.
 func errorEnd(err error) ExecEnd {
-	var e *Error
-	if errors.As(err, &e) {
-		return ExecEnd{Type: "error", Error: e.Msg, MissingFields: e.Fields}
-	}
-	return ExecEnd{Type: "error", Error: "Internal server error"}
+	e, _ := edge.Explain(err, "Sandbox not found")
+	return ExecEnd{Type: "error", Error: e.Msg, MissingFields: e.Fields}
 }
 
 // wsStream sends each write as a binary message tagged with its stream.

@@ -16,9 +16,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/go-chi/chi/v5"
-
-	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -116,44 +113,14 @@ func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// serviceError maps a service's error onto the contract.
-func serviceError(err error, notFound string) error {
-	var e *Error
-	switch {
-	case errors.As(err, &e):
-		return e
-	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, store.ErrNotFound):
-		return errNotFound(notFound)
-	case errors.Is(err, errdefs.ErrNoRepository):
-		return errNotFound("No GitHub repository found for this account")
-	case errors.Is(err, errdefs.ErrQuota):
-		return &Error{Status: http.StatusTooManyRequests, Msg: errdefs.Message(err, "Over quota")}
-	case errors.Is(err, errdefs.ErrInvalid):
-		return errBadRequest(errdefs.Message(err, "Invalid request"))
-	case errors.Is(err, errdefs.ErrTooLarge):
-		return &Error{Status: http.StatusRequestEntityTooLarge, Msg: errdefs.Message(err, "Too large")}
-	case errors.Is(err, errdefs.ErrForbidden):
-		return &Error{Status: http.StatusForbidden, Msg: errdefs.Message(err, "Forbidden")}
-	case errors.Is(err, errdefs.ErrNotRunning):
-		// A refusal that says why (a pause refused while a run executes)
-		// keeps its words; a bare not-running is the contract's message.
-		return &Error{Status: http.StatusConflict, Msg: errdefs.Message(err, "Sandbox is not running")}
-	}
-	return err
-}
-
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	// In a cluster the body may have to go on to the node placement
 	// chooses: keep it (it is small: maxBodyBytes).
-	place := s.opts.Cluster != nil && !viaCluster(r)
-	var raw []byte
-	if place {
-		var err error
-		if raw, err = readRaw(w, r); err != nil {
-			return err
-		}
-		r.Body = io.NopCloser(bytes.NewReader(raw))
+	raw, err := readRaw(w, r)
+	if err != nil {
+		return err
 	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
 	req, account, err := bindBody(s, w, r, parseCreateSandbox)
 	if err != nil {
 		return err
@@ -161,27 +128,24 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Sandboxes == nil {
 		return errNotAvailable
 	}
-	if place {
-		node, local, err := s.opts.Cluster.Place(r.Context(), req.Network)
-		if err != nil {
-			return serviceError(err, "")
-		}
-		if !local {
-			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(raw)), int64(len(raw))
-			s.opts.Cluster.Forward(w, r, node, principal(r).KeyID, true)
-			return nil
-		}
+	c := caller(r)
+	node, local, err := s.opts.Gate.Place(r.Context(), c, req.Network)
+	if err != nil {
+		return explain(err, "")
+	}
+	if !local {
+		// The body goes on to the node placement chose.
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(raw)), int64(len(raw))
+		s.opts.Gate.Forward(w, r, c, node, true)
+		return nil
 	}
 	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req.Domain())
 	if err != nil {
-		var e *Error
-		switch {
-		case errors.As(err, &e), errors.Is(err, errdefs.ErrQuota), errors.Is(err, errdefs.ErrInvalid):
-			return serviceError(err, "")
-		default:
+		e, shown := CreateError(err)
+		if !shown {
 			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", requestID(r.Context()))
-			return errBadRequest("Failed to create sandbox")
 		}
+		return e
 	}
 	view := s.sandboxView(r.Context(), sb)
 	view.RunID = runID
@@ -331,7 +295,7 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	env, err := s.opts.Environments.PatchEnvironment(r.Context(), account, persist.EnvironmentPatch{SnapshotID: req.SnapshotID, GithubRepo: req.GithubRepo})
 	if err != nil {
-		return serviceError(err, "Snapshot not found")
+		return explain(err, "Snapshot not found")
 	}
 	// The raw row, never wrapped: the original's handler and its published
 	// UpdateSnapshotResponse both answer it so (null while there is none).
@@ -353,7 +317,7 @@ func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	runID, err := s.opts.Agents.Setup(r.Context(), account)
 	if err != nil {
-		return serviceError(err, "Not found")
+		return explain(err, "Not found")
 	}
 	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
 	return nil
@@ -369,7 +333,7 @@ func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	env, err := s.opts.Sandboxes.DeleteEnvironment(r.Context(), account)
 	if err != nil {
-		return serviceError(err, "Not found")
+		return explain(err, "Not found")
 	}
 	resp := DeleteSandboxesResponse{Status: "success"}
 	if env != nil {
@@ -412,7 +376,7 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 		uploaded, failures, err = s.opts.Files.Upload(r.Context(), account, req.Domain())
 	}
 	if err != nil {
-		return serviceError(err, "Not found")
+		return explain(err, "Not found")
 	}
 	if len(uploaded) == 0 {
 		return errBadRequest("All uploads failed: " + strings.Join(failures, "; "))
@@ -435,7 +399,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, err := s.opts.Files.Read(r.Context(), account, q.Path)
 	if err != nil {
-		return serviceError(err, "File not found in repository")
+		return explain(err, "File not found in repository")
 	}
 	resp := FileResponse{Status: "success"}
 	if isBinary(q.Path, data) {
@@ -569,38 +533,6 @@ func runView(run store.Run, now time.Time) Run {
 	return v
 }
 
-// sandboxFor loads the sandbox named in the path if the caller may see it;
-// anything else is 404.
-func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, error) {
-	notFound := errNotFound("Sandbox not found")
-	id := chi.URLParam(r, "id")
-	sb, err := s.opts.Store.GetSandbox(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return sb, notFound
-	}
-	if err != nil {
-		return sb, fmt.Errorf("get sandbox %s: %w", id, err)
-	}
-	if requested != "" {
-		account, err := s.actFor(r, requested)
-		if err != nil {
-			return sb, err
-		}
-		if sb.AccountID != account {
-			return sb, notFound
-		}
-		return sb, nil
-	}
-	ok, err := s.mayAccess(r, sb.AccountID)
-	if err != nil {
-		return sb, err
-	}
-	if !ok {
-		return sb, notFound
-	}
-	return sb, nil
-}
-
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Stop(ctx, sb)
@@ -632,7 +564,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	kids, err := s.opts.Sandboxes.Fork(r.Context(), sb, req.Count, time.Duration(req.Timeout)*time.Millisecond)
 	if err != nil {
-		return serviceError(err, "Sandbox not found")
+		return explain(err, "Sandbox not found")
 	}
 	resp := SandboxesResponse{Status: "success", Sandboxes: make([]Sandbox, len(kids))}
 	for i, k := range kids {
@@ -674,7 +606,7 @@ func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, 
 	}
 	sb, err = act(r.Context(), sb, req)
 	if err != nil {
-		return serviceError(err, "Sandbox not found")
+		return explain(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil
@@ -687,7 +619,7 @@ func (s *Server) ports(w http.ResponseWriter, r *http.Request) error {
 	}
 	ports, err := s.opts.Sandboxes.Ports(r.Context(), sb)
 	if err != nil {
-		return serviceError(err, "Sandbox not found")
+		return explain(err, "Sandbox not found")
 	}
 	resp := PortsResponse{Status: "success", Ports: make([]Port, 0, len(ports))}
 	for _, p := range ports {
@@ -718,7 +650,7 @@ func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) error {
 	}
 	runID, err := s.opts.Agents.CodingAgent(r.Context(), account, req.Domain())
 	if err != nil {
-		return serviceError(err, "Not found")
+		return explain(err, "Not found")
 	}
 	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/httprec"
 )
 
@@ -22,8 +23,7 @@ type ctxKey int
 
 const (
 	requestIDKey ctxKey = iota
-	principalKey
-	viaClusterKey
+	callerKey
 	bodyKey
 )
 
@@ -177,7 +177,7 @@ func checkScope(r *http.Request, p auth.Principal, acts string) error {
 		method, what = http.MethodPost, what+" ("+acts+")"
 	}
 	if err := p.MayCall(method); err != nil {
-		return ScopeError(what)
+		return edge.ScopeError(what)
 	}
 	return nil
 }

@@ -40,7 +40,7 @@ func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
 	}
 	ps, err := s.opts.Sandboxes.Processes(r.Context(), sb)
 	if err != nil {
-		return serviceError(err, "Sandbox not found")
+		return explain(err, "Sandbox not found")
 	}
 	resp := ProcessesResponse{Status: "success", Processes: make([]Process, 0, len(ps))}
 	for _, p := range ps {
@@ -71,7 +71,7 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.opts.Sandboxes.SignalProcess(r.Context(), sb, pid, sig); err != nil {
-		return serviceError(err, "Process not found")
+		return explain(err, "Process not found")
 	}
 	writeJSON(w, http.StatusOK, StatusResponse{Status: "success"})
 	return nil

@@ -2,11 +2,13 @@ package api
 
 import (
 	"encoding/json"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -77,22 +79,17 @@ func (a Args) RepoPath(name string) (string, error) {
 	return p, nil
 }
 
-// AuthError maps internal/auth's errors to the contract's errors (401,
-// 403, 400), as the routes answer them.
-func AuthError(err error) error { return authError(err) }
-
-// ServiceError maps a service's error onto the contract; notFound is the
-// message of a 404.
-func ServiceError(err error, notFound string) error { return serviceError(err, notFound) }
-
 // CreateError maps an error of SandboxService.Create as POST /api/sandboxes
-// does. shown is false for an error not meant for the caller: it is
-// answered "Failed to create sandbox" and should be logged.
-func CreateError(err error) (mapped error, shown bool) {
-	if e, ok := serviceError(err, "").(*Error); ok {
-		return e, true
+// does: a request's own mistake, a quota or an invalid request is told as
+// edge.Explain tells it; anything else (shown false: log it) is answered
+// "Failed to create sandbox", as the original API did.
+func CreateError(err error) (mapped *Error, shown bool) {
+	e, internal := edge.Explain(err, "")
+	var own *Error
+	if internal || !(errors.As(err, &own) || errors.Is(err, errdefs.ErrQuota) || errors.Is(err, errdefs.ErrInvalid)) {
+		return errBadRequest("Failed to create sandbox"), false
 	}
-	return errBadRequest("Failed to create sandbox"), false
+	return e, true
 }
 
 // WriteError answers err with the contract's error body.
@@ -142,9 +139,3 @@ func IsBinary(name string, data []byte) bool { return isBinary(name, data) }
 
 // MaxExecOutput is what a non-streamed exec keeps of each stream.
 const MaxExecOutput = maxExecOutput
-
-// ScopeError is the 403 a sandbox's key gets for what it may not do; what
-// names the operation ("POST /api/sandboxes", "the run_command tool").
-func ScopeError(what string) error {
-	return &Error{Status: http.StatusForbidden, Msg: fmt.Sprintf("This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy; %s needs an account key", what)}
-}

@@ -61,11 +61,8 @@ func (s *Server) runLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A command's run is worked on the node of its sandbox (jobs routes
 	// it there), which is where its log is.
-	if c := s.opts.Cluster; c != nil && !viaCluster(r) && run.SandboxID != "" {
-		if node, ok := c.HostOf(r.Context(), run.SandboxID); ok {
-			c.Forward(w, r, node, principal(r).KeyID, false)
-			return nil
-		}
+	if s.opts.Gate.ForwardIfElsewhere(w, r, caller(r), run.SandboxID) {
+		return nil
 	}
 	if s.opts.RunLogs == nil {
 		return errNotAvailable

@@ -13,7 +13,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.opts.Sandboxes.Delete(r.Context(), sb); err != nil {
-		return serviceError(err, "Sandbox not found")
+		return explain(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil

@@ -129,7 +129,7 @@ func fileError(err error) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return errNotFound(errdefs.Message(err, "No such file or directory in the sandbox"))
 	}
-	return serviceError(err, "Sandbox not found")
+	return explain(err, "Sandbox not found")
 }
 
 // entryType names a file's type as PathStatResponse does.

@@ -7,7 +7,7 @@ package api
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -72,9 +72,10 @@ type Options struct {
 	ModelUsage ModelUsageService
 	// Mount adds handlers outside the JSON API (e.g. the git server).
 	Mount map[string]http.Handler
-	// Cluster routes requests between the nodes of a cluster; nil for a
-	// single node.
-	Cluster Cluster
+	// Gate authenticates callers, checks their access to a sandbox and
+	// forwards requests for a sandbox another node hosts (internal/edge);
+	// nil is a single node's gate over Auth.
+	Gate *edge.Gate
 	// BodyIdleTimeout is how long a request body may send nothing, and
 	// BodyTimeout how long it may take in all, before it is cut off (408);
 	// 0 is the default (DefaultBodyIdleTimeout, DefaultBodyTimeout), a
@@ -83,27 +84,6 @@ type Options struct {
 	BodyIdleTimeout, BodyTimeout time.Duration
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
-}
-
-// Cluster is what the API needs of a cluster (package cluster, wired by
-// serve): requests for a sandbox another node hosts are served there, and
-// creates go where placement puts them.
-type Cluster interface {
-	// Forwarded authenticates a request that came in on the cluster
-	// listener: the id of the caller's key, and whether it is a create
-	// this node was chosen for. An unsigned or badly signed request is an
-	// error.
-	Forwarded(r *http.Request) (keyID string, placed bool, err error)
-	// HostOf returns the node a request for sandbox id is served on when
-	// that is another node that is up; ok is false to serve it here.
-	HostOf(ctx context.Context, sandboxID string) (node string, ok bool)
-	// Place chooses the node for a new sandbox with network (nil: the
-	// server's default); local when it is this one. It fails with
-	// errdefs.ErrQuota, saying why, when no node can take it.
-	Place(ctx context.Context, network *netpol.Policy) (node string, local bool, err error)
-	// Forward serves r on node for the caller whose key is keyID (placed:
-	// a create placed there).
-	Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool)
 }
 
 // Server is the HTTP API.
@@ -126,6 +106,14 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Gate == nil {
+		// A single node's: no cluster to forward to.
+		g, err := edge.NewGate(opts.Auth, nil, opts.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("api: %w", err)
+		}
+		opts.Gate = g
 	}
 	s := &Server{opts: opts, log: opts.Logger, body: bodyLimits{
 		idle:  orDefault(opts.BodyIdleTimeout, DefaultBodyIdleTimeout),
@@ -195,124 +183,53 @@ func OpenAPIDocument(version string) ([]byte, error) {
 // authenticated resolves the caller's key before the handler runs. In a
 // cluster, a request for a sandbox another node hosts is then forwarded
 // there; a request that came in on the cluster listener is authenticated
-// by its signature and served here.
+// by its signature and served here (edge.Gate).
 func (s *Server) authenticated(next http.HandlerFunc, rt route) http.HandlerFunc {
+	keyOf := edge.HeaderKey
+	if rt.websocket {
+		keyOf = websocketKey
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		p, forwarded, err := s.caller(r, rt)
+		c, err := s.opts.Gate.Authenticate(r, keyOf)
 		if err == nil {
-			err = checkScope(r, p, rt.acts)
+			err = checkScope(r, c.Principal, rt.acts)
 		}
 		if err != nil {
-			writeError(w, r, s.log, authError(err))
+			writeError(w, r, s.log, err)
 			return
 		}
-		r = r.WithContext(context.WithValue(r.Context(), principalKey, p))
-		if c := s.opts.Cluster; c != nil && !forwarded {
-			if id := chi.URLParam(r, "id"); id != "" && strings.HasPrefix(rt.path, "/api/sandboxes/{id}") {
-				if node, ok := c.HostOf(r.Context(), id); ok {
-					c.Forward(w, r, node, p.KeyID, false)
-					return
-				}
-			}
+		r = r.WithContext(context.WithValue(r.Context(), callerKey, c))
+		if strings.HasPrefix(rt.path, "/api/sandboxes/{id}") && s.opts.Gate.ForwardIfElsewhere(w, r, c, chi.URLParam(r, "id")) {
+			return
 		}
 		next(w, r)
 	}
 }
 
-// caller is the principal of a request: its key's, or, on the cluster
-// listener, the key another node named in a signed forward.
-func (s *Server) caller(r *http.Request, rt route) (p auth.Principal, forwarded bool, err error) {
-	if viaCluster(r) {
-		if s.opts.Cluster == nil {
-			return p, false, auth.ErrUnauthorized
-		}
-		keyID, _, err := s.opts.Cluster.Forwarded(r)
-		if err != nil {
-			s.log.WarnContext(r.Context(), "refused a request on the cluster listener", "err", err, "remote", r.RemoteAddr)
-			return p, false, auth.ErrUnauthorized
-		}
-		p, err = s.opts.Auth.AuthenticateKeyID(r.Context(), keyID)
-		return p, true, err
-	}
-	key, err := requestKey(r, rt.websocket)
-	if err != nil {
-		return p, false, err
-	}
-	p, err = s.opts.Auth.Authenticate(r.Context(), key)
-	return p, false, err
+// Refuse answers err with the contract's error body (edge.Explain), for
+// handlers outside the API's routes that answer as it does.
+func (s *Server) Refuse(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, r, s.log, err)
 }
 
-// ClusterHandler is the API as the cluster listener serves it: requests
-// there are forwarded by other nodes and authenticated by their signature
-// (Options.Cluster), never by a key.
-func (s *Server) ClusterHandler() http.Handler {
-	return ClusterHandler(s.opts.Cluster, s.handler, s.log)
+// caller is the authenticated caller of a request (authenticated).
+func caller(r *http.Request) edge.Caller {
+	c, _ := r.Context().Value(callerKey).(edge.Caller)
+	return c
 }
 
-// ClusterHandler is h as the cluster listener serves it. Every request must
-// carry another node's valid signature (c.Forwarded), whatever its path:
-// the listener is the nodes' channel, and the handlers mounted beside the
-// API (the git server, MCP, the console, the model proxy) authenticate plain
-// keys, which must not reach them there. A signed request is marked as
-// having come in there (ViaCluster), for h and the API's routes to act for
-// the key it names. Without a cluster (c nil) every request is refused.
-func ClusterHandler(c Cluster, h http.Handler, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := errors.New("not part of a cluster")
-		if c != nil {
-			_, _, err = c.Forwarded(r)
-		}
-		if err != nil {
-			log.WarnContext(r.Context(), "refused an unsigned request on the cluster listener", "err", err, "remote", r.RemoteAddr, "path", r.URL.Path)
-			writeError(w, r, log, &Error{Status: http.StatusUnauthorized, Msg: "The cluster listener serves only requests forwarded by another node of the cluster (signed); call the node's API address instead", Message: true})
-			return
-		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), viaClusterKey, true)))
-	})
-}
-
-// viaCluster says r came in on the cluster listener.
-func viaCluster(r *http.Request) bool { return ViaCluster(r) }
-
-// ViaCluster says r came in on the cluster listener: handlers mounted
-// beside the API (Options.Mount) must then authenticate it by its
-// signature (Cluster.Forwarded), as the API's own routes do.
-func ViaCluster(r *http.Request) bool {
-	v, _ := r.Context().Value(viaClusterKey).(bool)
-	return v
-}
-
-// authError maps auth's errors to the contract's bodies.
-func authError(err error) error {
-	switch {
-	case errors.Is(err, auth.ErrCredentials):
-		return &Error{Status: http.StatusUnauthorized, Msg: "Exactly one of x-api-key or Authorization must be provided"}
-	case errors.Is(err, auth.ErrUnauthorized):
-		return &Error{Status: http.StatusUnauthorized, Msg: "Unauthorized", Message: true}
-	case errors.Is(err, auth.ErrInvalidAccountID):
-		return errField("account_id must be a valid UUID", "account_id")
-	case errors.Is(err, auth.ErrForbidden):
-		return &Error{Status: http.StatusForbidden, Msg: "Access denied to specified account_id"}
-	}
-	return err
-}
-
-func principal(r *http.Request) auth.Principal {
-	p, _ := r.Context().Value(principalKey).(auth.Principal)
-	return p
-}
+func principal(r *http.Request) auth.Principal { return caller(r).Principal }
 
 // actFor resolves the account a request acts for (account_id or the key's
 // own) through the one access rule.
 func (s *Server) actFor(r *http.Request, requested string) (string, error) {
-	id, err := s.opts.Auth.ResolveAccount(r.Context(), principal(r), requested)
-	if err != nil {
-		return "", authError(err)
-	}
-	return id, nil
+	return s.opts.Gate.Account(r.Context(), caller(r), requested)
+}
+
+// sandboxFor loads the sandbox named in the path if the caller may see it
+// (edge.Gate.Sandbox); anything else is 404.
+func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, error) {
+	return s.opts.Gate.Sandbox(r.Context(), caller(r), chi.URLParam(r, "id"), requested)
 }
 
 // mayAccess reports whether the caller may see something owned by account;

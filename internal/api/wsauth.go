@@ -15,11 +15,11 @@ import (
 // headers to the sandbox.
 const keyProtocolPrefix = "sandboxd.key."
 
-// requestKey is the API key a request presents: exactly one of x-api-key
-// or Authorization: Bearer (auth.KeyFromHeaders) or, on a websocket
-// route's upgrade, a key subprotocol instead of both.
-func requestKey(r *http.Request, websocketRoute bool) (string, error) {
-	if websocketRoute && isWebsocketUpgrade(r) {
+// websocketKey is the API key a request to a websocket route presents:
+// exactly one of x-api-key or Authorization: Bearer (auth.KeyFromHeaders)
+// or, on the upgrade, a key subprotocol instead of both.
+func websocketKey(r *http.Request) (string, error) {
+	if isWebsocketUpgrade(r) {
 		proto, n := keyProtocol(r)
 		switch {
 		case n > 1:
