@@ -52,6 +52,8 @@ type class struct {
 	// named: the front end's name for what was not found (Explain's
 	// notFound) replaces fallback.
 	named bool
+	// fields: see Error.Fields.
+	fields []any
 }
 
 // classes is the one table from error classes to what a caller is told.
@@ -59,7 +61,7 @@ type class struct {
 var classes = []class{
 	{err: auth.ErrCredentials, status: http.StatusUnauthorized, fallback: "Exactly one of x-api-key or Authorization must be provided", fixed: true},
 	{err: auth.ErrUnauthorized, status: http.StatusUnauthorized, fallback: "Unauthorized", echo: true, fixed: true},
-	{err: auth.ErrInvalidAccountID, status: http.StatusBadRequest, fallback: "account_id must be a valid UUID", fixed: true},
+	{err: auth.ErrInvalidAccountID, status: http.StatusBadRequest, fallback: "account_id must be a valid UUID", fixed: true, fields: []any{"account_id"}},
 	{err: auth.ErrForbidden, status: http.StatusForbidden, fallback: "Access denied to specified account_id", fixed: true},
 	{err: auth.ErrScope, status: http.StatusForbidden, fallback: "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy"},
 	{err: errdefs.ErrNoRepository, status: http.StatusNotFound, fallback: "No GitHub repository found for this account", fixed: true},
@@ -99,7 +101,7 @@ func Explain(err error, notFound string) (e *Error, internal bool) {
 		if !c.fixed {
 			msg = errdefs.Message(err, msg)
 		}
-		return &Error{Status: c.status, Msg: msg, Echo: c.echo}, false
+		return &Error{Status: c.status, Msg: msg, Echo: c.echo, Fields: c.fields}, false
 	}
 	return &Error{Status: http.StatusInternalServerError, Msg: InternalMessage}, true
 }

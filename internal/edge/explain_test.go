@@ -66,3 +66,12 @@ func TestScopeError(t *testing.T) {
 		t.Fatalf("ScopeError answered %d %q", e.Status, e.Msg)
 	}
 }
+
+// TestExplainAccountIDField: a bad account_id names its field, as every
+// other failing field of a body does (the REST contract's missing_fields).
+func TestExplainAccountIDField(t *testing.T) {
+	e, _ := Explain(fmt.Errorf("resolve: %w", auth.ErrInvalidAccountID), "")
+	if fmt.Sprint(e.Fields) != "[account_id]" {
+		t.Fatalf("Fields = %v, want [account_id]", e.Fields)
+	}
+}
