@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/persist/persisttest"
@@ -153,7 +154,7 @@ func TestPatchSnapshot(t *testing.T) {
 	}
 	// The list shows the account's snapshot and repository.
 	rec = f.do("GET", "/api/sandboxes", ``)
-	var list ListSandboxesResponse
+	var list contract.ListSandboxesResponse
 	if err := json.Unmarshal(rec.Body.Bytes(), &list); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestRunsFromStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := f.do("GET", "/api/tasks/runs?runId="+run.ID, ``)
-	var resp RunsResponse
+	var resp contract.RunsResponse
 	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || len(resp.Runs) != 1 {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
 	}
@@ -227,8 +228,8 @@ func TestIsBinary(t *testing.T) {
 		{"a.md", []byte("héllo"), false},
 	}
 	for _, tc := range cases {
-		if got := isBinary(tc.name, tc.data); got != tc.want {
-			t.Errorf("isBinary(%q, %q) = %v", tc.name, tc.data, got)
+		if got := contract.IsBinary(tc.name, tc.data); got != tc.want {
+			t.Errorf("contract.IsBinary(%q, %q) = %v", tc.name, tc.data, got)
 		}
 	}
 }
@@ -251,10 +252,10 @@ func FuzzCreateSandboxBody(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		o, err := decodeObject(data)
+		o, err := contract.DecodeObject(data)
 		checkDecoded(t, err)
 		if err == nil {
-			_, err = parseCreateSandbox(o)
+			_, err = contract.ParseCreateSandbox(o)
 			checkDecoded(t, err)
 		}
 	})
@@ -266,10 +267,10 @@ func FuzzUploadFilesBody(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		o, err := decodeObject(data)
+		o, err := contract.DecodeObject(data)
 		checkDecoded(t, err)
 		if err == nil {
-			req, err := parseUploadFiles(o)
+			req, err := contract.ParseUploadFiles(o)
 			checkDecoded(t, err)
 			// A component "..", not two dots in a name ("0.." is a file).
 			if err == nil && (slices.Contains(strings.Split(req.Path, "/"), "..") || strings.HasPrefix(req.Path, "/")) {

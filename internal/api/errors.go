@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
@@ -13,26 +14,9 @@ import (
 // writeError is told as edge.Explain tells it.
 type Error = edge.Error
 
-func errBadRequest(msg string) *Error { return &Error{Status: http.StatusBadRequest, Msg: msg} }
-
-func errField(msg string, path ...any) *Error {
-	return &Error{Status: http.StatusBadRequest, Msg: msg, Fields: path}
-}
-
-func errNotFound(msg string) *Error { return &Error{Status: http.StatusNotFound, Msg: msg} }
-
 var (
 	errNotAvailable = &Error{Status: http.StatusNotImplemented, Msg: "not available yet"}
-	errMalformed    = errBadRequest("Request body must be valid JSON")
 )
-
-// ErrorBody is the JSON body of every error response.
-type ErrorBody struct {
-	Status        string `json:"status" jsonschema:"enum=error"`
-	Error         string `json:"error"`
-	Message       string `json:"message,omitempty"`
-	MissingFields []any  `json:"missing_fields,omitempty"`
-}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -64,7 +48,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	if internal {
 		log.ErrorContext(r.Context(), "request failed", "err", err, "request_id", requestID(r.Context()), "path", r.URL.Path)
 	}
-	body := ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}
+	body := contract.ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}
 	if e.Echo {
 		body.Message = e.Msg
 	}

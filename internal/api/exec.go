@@ -9,16 +9,13 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// maxExecOutput bounds what a non-streamed exec keeps of each stream; the
-// streamed form has no bound.
-const maxExecOutput = 1 << 20
-
 func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
-	req, err := readBody(w, r, parseExec)
+	req, err := readBody(w, r, contract.ParseExec)
 	if err != nil {
 		return err
 	}
@@ -34,7 +31,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		s.execStream(w, r, sb, req, start)
 		return nil
 	}
-	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
+	stdout, stderr := capbuf.New(contract.MaxExecOutput), capbuf.New(contract.MaxExecOutput)
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
 	if err != nil {
 		if s.callerGone(r, sb, req) {
@@ -42,7 +39,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 		return explain(err, "Sandbox not found")
 	}
-	writeJSON(w, http.StatusOK, ExecResponse{
+	writeJSON(w, http.StatusOK, contract.ExecResponse{
 		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut,
 		Stdout: stdout.String("not shown; stream the exec to see all"), Stderr: stderr.String("not shown; stream the exec to see all"),
 		DurationMs: time.Since(start).Milliseconds(),
@@ -53,7 +50,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 // execStream sends the command's output as Server-Sent Events: "stdout" and
 // "stderr" events carry {"data": "..."}, a final "exit" event carries
 // {"exitCode": N, "durationMs": N}, or "error" carries {"error": "..."}.
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req ExecRequest, start time.Time) {
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req contract.ExecRequest, start time.Time) {
 	sse := startSSE(w)
 	drop := !req.KillOnDisconnect
 	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout", drop}, streamTo{sse, "stderr", drop})
@@ -65,16 +62,16 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		if internal {
 			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(r.Context()))
 		}
-		_ = sse.event("error", ExecFailure{Error: e.Msg, StatusCode: e.Status})
+		_ = sse.event("error", contract.ExecFailure{Error: e.Msg, StatusCode: e.Status})
 		return
 	}
-	_ = sse.event("exit", ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut, DurationMs: time.Since(start).Milliseconds()})
+	_ = sse.event("exit", contract.ExecExit{ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut, DurationMs: time.Since(start).Milliseconds()})
 }
 
 // callerGone reports, for an exec that failed, whether its client went
 // away before the command ended, and logs what became of the command:
 // there is nobody to answer.
-func (s *Server) callerGone(r *http.Request, sb store.Sandbox, req ExecRequest) bool {
+func (s *Server) callerGone(r *http.Request, sb store.Sandbox, req contract.ExecRequest) bool {
 	ctx := r.Context()
 	if ctx.Err() == nil {
 		return false
@@ -141,7 +138,7 @@ type streamTo struct {
 }
 
 func (s streamTo) Write(p []byte) (int, error) {
-	if err := s.sse.event(s.name, ExecOutput{Data: string(p)}); err != nil && !s.drop {
+	if err := s.sse.event(s.name, contract.ExecOutput{Data: string(p)}); err != nil && !s.drop {
 		return 0, err
 	}
 	return len(p), nil

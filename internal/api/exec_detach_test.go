@@ -11,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
@@ -51,7 +52,7 @@ func TestExecKillOnDisconnect(t *testing.T) {
 		}
 	}
 
-	args, err := DecodeArgs([]byte(`{"command":"sh","killOnDisconnect":false}`))
+	args, err := contract.DecodeArgs([]byte(`{"command":"sh","killOnDisconnect":false}`))
 	if err != nil {
 		t.Fatal(err)
 	}

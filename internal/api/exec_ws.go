@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -205,28 +206,28 @@ func (s *Server) interact(r *http.Request, conn *websocket.Conn, sb store.Sandbo
 // readCommand reads and validates the first message: the body of POST
 // .../exec, whose account_id, when given, must be the sandbox's as the
 // query's is.
-func (s *Server) readCommand(r *http.Request, conn *websocket.Conn, sb store.Sandbox) (ExecRequest, error) {
+func (s *Server) readCommand(r *http.Request, conn *websocket.Conn, sb store.Sandbox) (contract.ExecRequest, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), wsFirstMessage)
 	defer cancel()
 	typ, first, err := conn.Read(ctx)
 	if err != nil {
-		return ExecRequest{}, errBadRequest("Expected the command as the first message")
+		return contract.ExecRequest{}, contract.BadRequest("Expected the command as the first message")
 	}
 	if typ != websocket.MessageText {
-		return ExecRequest{}, errBadRequest("The first message must be text: the JSON body of POST /api/sandboxes/{id}/exec")
+		return contract.ExecRequest{}, contract.BadRequest("The first message must be text: the JSON body of POST /api/sandboxes/{id}/exec")
 	}
-	o, err := decodeObject(first)
+	o, err := contract.DecodeObject(first)
 	if err != nil {
-		return ExecRequest{}, err
+		return contract.ExecRequest{}, err
 	}
-	req, err := parseExec(o)
+	req, err := contract.ParseExec(o)
 	if err != nil {
 		return req, err
 	}
 	// An interactive session ends with its websocket, its command too:
 	// nobody could type into one left running.
-	if o.present("killOnDisconnect") && !req.KillOnDisconnect {
-		return req, errField("killOnDisconnect cannot be false on the websocket: an interactive command ends when its socket closes", "killOnDisconnect")
+	if o.Has("killOnDisconnect") && !req.KillOnDisconnect {
+		return req, contract.FieldError("killOnDisconnect cannot be false on the websocket: an interactive command ends when its socket closes", "killOnDisconnect")
 	}
 	req.KillOnDisconnect = true
 	if req.AccountID != "" {
@@ -235,7 +236,7 @@ func (s *Server) readCommand(r *http.Request, conn *websocket.Conn, sb store.San
 			return req, err
 		}
 		if account != sb.AccountID {
-			return req, errNotFound("Sandbox not found")
+			return req, contract.NotFound("Sandbox not found")
 		}
 	}
 	return req, nil
@@ -265,7 +266,7 @@ func readClient(ctx, ectx context.Context, conn *websocket.Conn, input chan<- []
 		}
 		if typ == websocket.MessageBinary {
 			if !open {
-				return errBadRequest("Input after eof")
+				return contract.BadRequest("Input after eof")
 			}
 			select {
 			case input <- b:
@@ -307,34 +308,34 @@ func readClient(ctx, ectx context.Context, conn *websocket.Conn, input chan<- []
 // parseControl validates a control message.
 func parseControl(b []byte) (ExecControl, syscall.Signal, error) {
 	var c ExecControl
-	o, err := decodeObject(b)
+	o, err := contract.DecodeObject(b)
 	if err != nil {
-		return c, 0, errBadRequest(`A text message after the command must be a control: a JSON object with "type" resize, signal or eof`)
+		return c, 0, contract.BadRequest(`A text message after the command must be a control: a JSON object with "type" resize, signal or eof`)
 	}
-	if c.Type, _, err = o.str("type"); err != nil {
+	if c.Type, _, err = o.String("type"); err != nil {
 		return c, 0, err
 	}
 	switch c.Type {
 	case "resize":
-		size, err := termSize(o, "")
+		size, err := o.TermSize("")
 		if err != nil {
 			return c, 0, err
 		}
 		c.Rows, c.Cols = size.Rows, size.Cols
 		return c, 0, nil
 	case "signal":
-		if c.Signal, _, err = o.str("signal"); err != nil {
+		if c.Signal, _, err = o.String("signal"); err != nil {
 			return c, 0, err
 		}
 		sig, ok := killSignals[c.Signal]
 		if !ok {
-			return c, 0, errField("signal must be one of SIGINT, SIGTERM, SIGKILL, SIGHUP, SIGQUIT", "signal")
+			return c, 0, contract.FieldError("signal must be one of SIGINT, SIGTERM, SIGKILL, SIGHUP, SIGQUIT", "signal")
 		}
 		return c, sig, nil
 	case "eof":
 		return c, 0, nil
 	}
-	return c, 0, errField("type must be one of resize, signal, eof", "type")
+	return c, 0, contract.FieldError("type must be one of resize, signal, eof", "type")
 }
 
 // errorEnd is the ExecEnd of a refusal, told as edge.Explain tells it.

@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
@@ -25,12 +26,12 @@ import (
 func TestParseExecPTY(t *testing.T) {
 	cases := []struct {
 		body   string
-		want   *PTYSize
+		want   *contract.PTYSize
 		err    string
 		fields string
 	}{
-		{body: `{"command":"sh","pty":{"rows":40,"cols":120}}`, want: &PTYSize{Rows: 40, Cols: 120}},
-		{body: `{"command":"sh","pty":{"rows":1,"cols":1000}}`, want: &PTYSize{Rows: 1, Cols: 1000}},
+		{body: `{"command":"sh","pty":{"rows":40,"cols":120}}`, want: &contract.PTYSize{Rows: 40, Cols: 120}},
+		{body: `{"command":"sh","pty":{"rows":1,"cols":1000}}`, want: &contract.PTYSize{Rows: 1, Cols: 1000}},
 		{body: `{"command":"sh"}`},
 		{body: `{"command":"sh","pty":null}`},
 		{body: `{"command":"sh","pty":{"rows":0,"cols":80}}`, err: "pty.rows must be between 1 and 1000", fields: "[pty rows]"},
@@ -44,11 +45,11 @@ func TestParseExecPTY(t *testing.T) {
 		{body: `{"command":"sh","pty":[24,80]}`, err: "Expected object, received array", fields: "[pty]"},
 	}
 	for _, tc := range cases {
-		o, err := decodeObject([]byte(tc.body))
+		o, err := contract.DecodeObject([]byte(tc.body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		req, err := parseExec(o)
+		req, err := contract.ParseExec(o)
 		if tc.fields == "" {
 			if err != nil || fmt.Sprint(req.PTY) != fmt.Sprint(tc.want) {
 				t.Errorf("%s: pty %v, %v; want %v", tc.body, req.PTY, err, tc.want)
@@ -505,7 +506,7 @@ func TestExecWebsocketAccess(t *testing.T) {
 		req.Header = tc.header
 		rec := httptest.NewRecorder()
 		f.srv.ServeHTTP(rec, req)
-		var body ErrorBody
+		var body contract.ErrorBody
 		_ = json.Unmarshal(rec.Body.Bytes(), &body)
 		if rec.Code != tc.status || body.Status != "error" || (tc.err != "" && body.Error != tc.err) {
 			t.Errorf("%s: %d %s, want %d %q", tc.name, rec.Code, rec.Body, tc.status, tc.err)

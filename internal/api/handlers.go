@@ -4,77 +4,75 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
-	"path"
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 func (s *Server) routeTable() []route {
 	return []route{
-		{method: http.MethodGet, path: "/api/health", summary: "Liveness and version", tag: "meta", public: true, ok: HealthResponse{}, handler: s.health},
+		{method: http.MethodGet, path: "/api/health", summary: "Liveness and version", tag: "meta", public: true, ok: contract.HealthResponse{}, handler: s.health},
 		{method: http.MethodGet, path: "/api/openapi.json", summary: "This document", tag: "meta", public: true, handler: s.serveOpenAPI},
 		{method: http.MethodPost, path: "/api/sandboxes", summary: "Create a sandbox", tag: "sandboxes",
 			description: "Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId.",
-			body:        CreateSandboxRequest{}, ok: SandboxesResponse{}, handler: s.createSandbox},
+			body:        contract.CreateSandboxRequest{}, ok: contract.SandboxesResponse{}, handler: s.createSandbox},
 		{method: http.MethodGet, path: "/api/sandboxes", summary: "List the account's sandboxes, snapshot, repository and file tree", tag: "sandboxes",
-			query: ListSandboxesQuery{}, ok: ListSandboxesResponse{}, paged: true, handler: s.listSandboxes},
+			query: contract.ListSandboxesQuery{}, ok: contract.ListSandboxesResponse{}, paged: true, handler: s.listSandboxes},
 		{method: http.MethodPatch, path: "/api/sandboxes", summary: "Set the account's snapshot or repository", tag: "sandboxes",
 			description: "Answers the account's snapshot row itself (the published UpdateSnapshotResponse), or null while the account has no snapshot.",
-			body:        PatchSandboxesRequest{}, ok: SnapshotRow{}, okNullable: true, handler: s.patchSandboxes},
+			body:        contract.PatchSandboxesRequest{}, ok: contract.SnapshotRow{}, okNullable: true, handler: s.patchSandboxes},
 		{method: http.MethodDelete, path: "/api/sandboxes", summary: "Remove the account's environment", tag: "sandboxes",
-			body: AccountRequest{}, ok: DeleteSandboxesResponse{}, handler: s.deleteSandboxes},
+			body: contract.AccountRequest{}, ok: contract.DeleteSandboxesResponse{}, handler: s.deleteSandboxes},
 		{method: http.MethodPost, path: "/api/sandboxes/setup", summary: "Provision the account's sandbox (the setup-sandbox task)", tag: "sandboxes",
 			description: "Starts the setup-sandbox task for the account, or answers the run already queued or executing.",
-			body:        AccountRequest{}, ok: RunResponse{}, handler: s.setupSandbox},
+			body:        contract.AccountRequest{}, ok: contract.RunResponse{}, handler: s.setupSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/files", summary: "Add files from URLs to the account's repository", tag: "files",
 			description: "Also takes multipart/form-data (file parts, path, message). Counts against the account's repository quota: 429 when the upload would pass it, or needs more of its room than the account's other uploads in flight left (on every node; the message names the quota and what they hold).",
-			body:        UploadFilesRequest{}, ok: UploadFilesResponse{}, handler: s.uploadFiles},
+			body:        contract.UploadFilesRequest{}, ok: contract.UploadFilesResponse{}, handler: s.uploadFiles},
 		{method: http.MethodGet, path: "/api/sandboxes/file", summary: "Read one file of the account's repository", tag: "files",
-			query: FileQuery{}, ok: FileResponse{}, handler: s.readFile},
+			query: contract.FileQuery{}, ok: contract.FileResponse{}, handler: s.readFile},
 		{method: http.MethodGet, path: "/api/tasks/runs", summary: "Get a run, or list the account's runs", tag: "runs",
-			query: RunsQuery{}, ok: RunsResponse{}, paged: true, handler: s.listRuns},
+			query: contract.RunsQuery{}, ok: contract.RunsResponse{}, paged: true, handler: s.listRuns},
 		{method: http.MethodGet, path: "/api/tasks/runs/{id}/log", summary: "Follow a run's log as Server-Sent Events (sandboxd)", tag: "runs",
 			description: "text/event-stream: \"log\" events {\"data\"} carry the run's log as it grows (each line tagged [stdout] or [stderr]), then one \"end\" event {\"status\"} once the run finished (at once for a finished run); \"error\" {\"error\",\"statusCode\"} when the log cannot be read. A run without a log (not started yet, a task's run, or pruned) sends only its end.",
-			query:       AccountRequest{}, ok: RunLogEnd{}, eventsOnly: true, handler: s.runLog},
+			query:       contract.AccountRequest{}, ok: RunLogEnd{}, eventsOnly: true, handler: s.runLog},
 		{method: http.MethodGet, path: "/api/snapshots", summary: "List the account's snapshots, newest first (sandboxd)", tag: "snapshots",
 			description: "The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.",
 			query:       SnapshotsQuery{}, ok: SnapshotsResponse{}, handler: s.listSnapshots},
 		{method: http.MethodGet, path: "/api/model/usage", summary: "The account's model proxy usage today and its daily budgets (sandboxd)", tag: "model",
 			description: "What the account's sandboxes used today (UTC, on every node) of the operator's model providers through the model proxy (http://sandboxd.internal/model/...): requests forwarded and the tokens the providers reported, against the daily budgets the server holds each account to (null: unlimited). Past a budget the proxy answers 429 until resets_at. A sandbox's own key may read it.",
-			query:       AccountRequest{}, ok: ModelUsageResponse{}, handler: s.modelUsage},
+			query:       contract.AccountRequest{}, ok: ModelUsageResponse{}, handler: s.modelUsage},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/exec", summary: "Run a command in a live sandbox", tag: "sandboxes",
 			description: "Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.",
-			body:        ExecRequest{}, ok: ExecResponse{}, stream: true, handler: s.execSandbox},
+			body:        contract.ExecRequest{}, ok: contract.ExecResponse{}, stream: true, handler: s.execSandbox},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/exec", summary: "Run an interactive command in a live sandbox over a websocket (sandboxd)", tag: "sandboxes",
 			description: "Upgrade: websocket; the key in x-api-key, Authorization: Bearer, or (browsers) as the subprotocol sandboxd.key.<KEY>. The first message is text, the JSON body of POST .../exec (a pty object gives a terminal); then binary messages are input and text messages controls: {\"type\":\"resize\",\"rows\",\"cols\"}, {\"type\":\"signal\",\"signal\":\"SIGINT\"|\"SIGTERM\"|\"SIGKILL\"|\"SIGHUP\"|\"SIGQUIT\"}, {\"type\":\"eof\"}; messages are at most 64 KiB. The server sends binary messages whose first byte is the stream (1 stdout, 2 stderr), then {\"type\":\"exit\",\"exitCode\",\"oomKilled\",\"durationMs\"} or {\"type\":\"error\",\"error\"}, and closes. Closing the socket kills the command: an interactive session ends with its socket (killOnDisconnect: false is refused). Refusals before the upgrade are those of POST .../exec (404, 409).",
-			query:       AccountRequest{}, websocket: true, acts: "it runs a command", handler: s.execInteractive},
+			query:       contract.AccountRequest{}, websocket: true, acts: "it runs a command", handler: s.execInteractive},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/stop", summary: "Stop a sandbox", tag: "sandboxes",
-			body: AccountRequest{}, ok: SandboxResponse{}, handler: s.stopSandbox},
+			body: contract.AccountRequest{}, ok: contract.SandboxResponse{}, handler: s.stopSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
-			body: TimeoutRequest{}, ok: SandboxResponse{}, handler: s.setTimeout},
+			body: contract.TimeoutRequest{}, ok: contract.SandboxResponse{}, handler: s.setTimeout},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/pause", summary: "Pause a running sandbox with its memory (sandboxd)", tag: "sandboxes",
 			description: "Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.",
-			body:        AccountRequest{}, ok: SandboxResponse{}, handler: s.pauseSandbox},
+			body:        contract.AccountRequest{}, ok: contract.SandboxResponse{}, handler: s.pauseSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/resume", summary: "Resume a paused sandbox where it was (sandboxd)", tag: "sandboxes",
 			description: "Its processes carry on from where they were; its timeout runs again from what was left. Resuming a running sandbox answers it as it is; 409 once it stopped.",
-			body:        AccountRequest{}, ok: SandboxResponse{}, handler: s.resumeSandbox},
+			body:        contract.AccountRequest{}, ok: contract.SandboxResponse{}, handler: s.resumeSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/fork", summary: "Start sandboxes from a running sandbox's memory and filesystem (sandboxd)", tag: "sandboxes",
 			description: "Starts count new sandboxes (1 to 20, default 1) of the same account, each a copy of the sandbox at one moment: its processes with their memory, its files and its network policy; the sandbox itself runs on. Each child has its own id, key, lifetime (timeout, default the server's) and network address; processes copied from the parent keep the parent's environment, and those the child starts get its own. All are started or none: 429 when the account or the server has no room for all, 409 while a run executes in the sandbox, once it stopped, or when the runtime cannot save it now (the reason is given); 400 when the server's runtime cannot fork. A paused sandbox is resumed first.",
-			body:        ForkRequest{}, ok: SandboxesResponse{}, handler: s.forkSandbox},
+			body:        contract.ForkRequest{}, ok: contract.SandboxesResponse{}, handler: s.forkSandbox},
 		{method: http.MethodDelete, path: "/api/sandboxes/{id}", summary: "Delete a stopped or failed sandbox now (sandboxd)", tag: "sandboxes",
 			description: "Removes the sandbox with its keys and E2B record, as retention does --keep-stopped-sandboxes after it ended, and answers it as it was. 409 while it is pending, running, paused or stopping (stop it first), or while a run that has not finished names it.",
-			body:        AccountRequest{}, ok: SandboxResponse{}, handler: s.deleteSandbox},
+			body:        contract.AccountRequest{}, ok: contract.SandboxResponse{}, handler: s.deleteSandbox},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/files", summary: "Copy a file or directory out of a running sandbox as a tar archive (sandboxd)", tag: "sandboxes",
 			description: "application/x-tar: path (absolute, or relative to /workspace) under its base name and, for a directory, everything below it; links are kept as links, never followed. At most 1 GiB of content in 100,000 entries, measured before the answer starts (413 beyond). A sandbox's own key may not call it (it reads the sandbox as exec would).",
 			query:       SandboxPathQuery{}, rawOK: tarType, acts: readsSandbox, handler: s.copyOut},
@@ -86,24 +84,24 @@ func (s *Server) routeTable() []route {
 			query:       SandboxPathQuery{}, ok: PathStatResponse{}, acts: readsSandbox, handler: s.statSandboxPath},
 		{method: http.MethodPatch, path: "/api/sandboxes/{id}/network", summary: "Replace a running sandbox's network policy (sandboxd)", tag: "sandboxes",
 			description: "Takes effect at once for new and open connections, without restarting the sandbox; stored on the sandbox so a restart rebuilds it. Only a sandbox created with a network has one to change (to \"none\" and back is allowed).",
-			body:        NetworkRequest{}, ok: SandboxResponse{}, handler: s.setNetwork},
+			body:        contract.NetworkRequest{}, ok: contract.SandboxResponse{}, handler: s.setNetwork},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/ports", summary: "List the ports listening in a sandbox", tag: "sandboxes",
-			query: AccountRequest{}, ok: PortsResponse{}, handler: s.ports},
+			query: contract.AccountRequest{}, ok: contract.PortsResponse{}, handler: s.ports},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/processes", summary: "List the processes running in a sandbox (sandboxd)", tag: "sandboxes",
 			description: "The processes exec and runs started that still run, including those whose caller went away (they outlive their connection and a restart of sandboxd).",
-			query:       AccountRequest{}, ok: ProcessesResponse{}, handler: s.processes},
+			query:       contract.AccountRequest{}, ok: contract.ProcessesResponse{}, handler: s.processes},
 		{method: http.MethodDelete, path: "/api/sandboxes/{id}/processes/{pid}", summary: "Kill a process of a sandbox and everything it started (sandboxd)", tag: "sandboxes",
-			query: KillQuery{}, ok: StatusResponse{}, handler: s.killProcess},
+			query: contract.KillQuery{}, ok: contract.StatusResponse{}, handler: s.killProcess},
 		{method: http.MethodGet, path: "/api/sandboxes/{id}/proxy/{port}/*", summary: "Reach a port of a sandbox (any method; websockets pass through)", tag: "sandboxes",
 			description: "Forwards the request to the port inside a sandbox with a network (sandboxd). Authenticated like every route; the sandboxd credentials are not forwarded.",
 			anyMethod:   true, handler: s.proxy},
 		{method: http.MethodPost, path: "/api/tasks/coding-agent", summary: "Run a coding agent on a repository", tag: "runs",
-			body: CodingAgentRequest{}, ok: RunResponse{}, handler: s.codingAgent},
+			body: contract.CodingAgentRequest{}, ok: contract.RunResponse{}, handler: s.codingAgent},
 	}
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, HealthResponse{Status: "success", Version: s.opts.Version, Runtime: s.opts.Runtime, Degraded: s.opts.Degraded})
+	writeJSON(w, http.StatusOK, contract.HealthResponse{Status: "success", Version: s.opts.Version, Runtime: s.opts.Runtime, Degraded: s.opts.Degraded})
 	return nil
 }
 
@@ -115,13 +113,13 @@ func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	// In a cluster the body may have to go on to the node placement
-	// chooses: keep it (it is small: maxBodyBytes).
-	raw, err := readRaw(w, r)
+	// chooses: keep it (it is small: contract.MaxBodyBytes).
+	raw, err := contract.ReadRaw(w, r)
 	if err != nil {
 		return err
 	}
 	r.Body = io.NopCloser(bytes.NewReader(raw))
-	req, account, err := bindBody(s, w, r, parseCreateSandbox)
+	req, account, err := bindBody(s, w, r, contract.ParseCreateSandbox)
 	if err != nil {
 		return err
 	}
@@ -141,7 +139,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	sb, runID, err := s.opts.Sandboxes.Create(r.Context(), account, req.Domain())
 	if err != nil {
-		e, shown := CreateError(err)
+		e, shown := contract.CreateError(err)
 		if !shown {
 			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", requestID(r.Context()))
 		}
@@ -149,14 +147,14 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	view := s.sandboxView(r.Context(), sb)
 	view.RunID = runID
-	writeJSON(w, http.StatusOK, SandboxesResponse{Status: "success", Sandboxes: []Sandbox{view}})
+	writeJSON(w, http.StatusOK, contract.SandboxesResponse{Status: "success", Sandboxes: []contract.Sandbox{view}})
 	return nil
 }
 
 // sandboxView renders a row as the contract's Sandbox object, with what
 // the network of a running sandbox of this node carried so far.
-func (s *Server) sandboxView(ctx context.Context, sb store.Sandbox) Sandbox {
-	view := ViewSandbox(sb, s.opts.Now())
+func (s *Server) sandboxView(ctx context.Context, sb store.Sandbox) contract.Sandbox {
+	view := contract.ViewSandbox(sb, s.opts.Now())
 	if sb.Status != store.SandboxRunning || sb.Network == "" || s.opts.Sandboxes == nil {
 		return view
 	}
@@ -164,28 +162,18 @@ func (s *Server) sandboxView(ctx context.Context, sb store.Sandbox) Sandbox {
 	if err != nil {
 		s.log.WarnContext(ctx, "read sandbox traffic", "sandbox_id", sb.ID, "err", err)
 	} else if tr != nil {
-		view.NetworkBytes = &NetworkBytes{Sent: tr.TxBytes, Received: tr.RxBytes}
+		view.NetworkBytes = &contract.NetworkBytes{Sent: tr.TxBytes, Received: tr.RxBytes}
 	}
 	return view
 }
 
-func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
-func formatTimePtr(t *time.Time) *string {
-	if t == nil {
-		return nil
-	}
-	s := formatTime(*t)
-	return &s
-}
-
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
-	q, account, err := bindQuery(s, w, r, parseListQuery)
+	q, account, err := bindQuery(s, w, r, contract.ParseListQuery)
 	if err != nil {
 		return err
 	}
 	ctx := r.Context()
-	resp := ListSandboxesResponse{Status: "success", Sandboxes: []Sandbox{}}
+	resp := contract.ListSandboxesResponse{Status: "success", Sandboxes: []contract.Sandbox{}}
 
 	// Statuses, the environment row and the file tree are independent:
 	// fetch them in parallel.
@@ -197,7 +185,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		rowsErr  error
 		env      store.Environment
 		envErr   error
-		tree     []FileTreeEntry
+		tree     []contract.FileTreeEntry
 		treeCut  bool
 		repoURL  string
 		filesErr error
@@ -272,21 +260,21 @@ func (s *Server) environmentLive(env store.Environment) bool {
 
 // snapshotRow renders the account's row, or nil (JSON null) while it has no
 // snapshot: the published shape types snapshot_id as a string.
-func snapshotRow(env store.Environment) *SnapshotRow {
+func snapshotRow(env store.Environment) *contract.SnapshotRow {
 	if env.SnapshotID == nil || *env.SnapshotID == "" {
 		return nil
 	}
-	return &SnapshotRow{
+	return &contract.SnapshotRow{
 		AccountID:  env.AccountID,
 		SnapshotID: *env.SnapshotID,
-		ExpiresAt:  formatTime(env.ExpiresAt),
+		ExpiresAt:  contract.FormatTime(env.ExpiresAt),
 		GithubRepo: env.GithubRepo,
-		CreatedAt:  formatTime(env.CreatedAt),
+		CreatedAt:  contract.FormatTime(env.CreatedAt),
 	}
 }
 
 func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
-	req, account, err := bindBody(s, w, r, parsePatchSandboxes)
+	req, account, err := bindBody(s, w, r, contract.ParsePatchSandboxes)
 	if err != nil {
 		return err
 	}
@@ -299,7 +287,7 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The raw row, never wrapped: the original's handler and its published
 	// UpdateSnapshotResponse both answer it so (null while there is none).
-	var row *SnapshotRow
+	var row *contract.SnapshotRow
 	if env != nil {
 		row = snapshotRow(*env)
 	}
@@ -308,7 +296,7 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) error {
-	_, account, err := bindBody(s, w, r, parseAccountOnly)
+	_, account, err := bindBody(s, w, r, contract.ParseAccountOnly)
 	if err != nil {
 		return err
 	}
@@ -319,12 +307,12 @@ func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "Not found")
 	}
-	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
+	writeJSON(w, http.StatusOK, contract.RunResponse{Status: "success", RunID: runID})
 	return nil
 }
 
 func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) error {
-	_, account, err := bindBody(s, w, r, parseAccountOnly)
+	_, account, err := bindBody(s, w, r, contract.ParseAccountOnly)
 	if err != nil {
 		return err
 	}
@@ -335,7 +323,7 @@ func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "Not found")
 	}
-	resp := DeleteSandboxesResponse{Status: "success"}
+	resp := contract.DeleteSandboxesResponse{Status: "success"}
 	if env != nil {
 		resp.DeletedSnapshot = snapshotRow(*env)
 	}
@@ -347,7 +335,7 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 	// Uploads act for the key's own account only.
 	account := principal(r).AccountID
 	var (
-		uploaded []UploadedFile
+		uploaded []contract.UploadedFile
 		failures []string
 		err      error
 	)
@@ -358,16 +346,16 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 		r.Body = http.MaxBytesReader(w, r.Body, maxMultipartBytes)
 		mr, merr := r.MultipartReader()
 		if merr != nil {
-			return errBadRequest("Request body must be valid multipart/form-data")
+			return contract.BadRequest("Request body must be valid multipart/form-data")
 		}
 		uploaded, failures, err = s.opts.Files.UploadMultipart(r.Context(), account, mr)
 	} else {
-		var o object
-		if o, err = readObject(w, r); err != nil {
+		var o contract.Args
+		if o, err = contract.ReadArgs(w, r); err != nil {
 			return err
 		}
-		var req UploadFilesRequest
-		if req, err = parseUploadFiles(o); err != nil {
+		var req contract.UploadFilesRequest
+		if req, err = contract.ParseUploadFiles(o); err != nil {
 			return err
 		}
 		if s.opts.Files == nil {
@@ -379,9 +367,9 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 		return explain(err, "Not found")
 	}
 	if len(uploaded) == 0 {
-		return errBadRequest("All uploads failed: " + strings.Join(failures, "; "))
+		return contract.BadRequest("All uploads failed: " + strings.Join(failures, "; "))
 	}
-	writeJSON(w, http.StatusOK, UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
+	writeJSON(w, http.StatusOK, contract.UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
 	return nil
 }
 
@@ -390,7 +378,7 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 const maxMultipartBytes = 1<<30 + 1<<20
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
-	q, account, err := bindQuery(s, w, r, parseFileQuery)
+	q, account, err := bindQuery(s, w, r, contract.ParseFileQuery)
 	if err != nil {
 		return err
 	}
@@ -401,8 +389,8 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "File not found in repository")
 	}
-	resp := FileResponse{Status: "success"}
-	if isBinary(q.Path, data) {
+	resp := contract.FileResponse{Status: "success"}
+	if contract.IsBinary(q.Path, data) {
 		resp.Content, resp.Encoding = base64.StdEncoding.EncodeToString(data), "base64"
 	} else {
 		resp.Content = string(data)
@@ -411,30 +399,8 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// binaryExtensions are the file types the original API always sent base64.
-var binaryExtensions = map[string]bool{
-	".png": true, ".jpg": true, ".jpeg": true, ".gif": true, ".webp": true, ".svg": true, ".ico": true,
-	".bmp": true, ".tiff": true, ".pdf": true, ".woff": true, ".woff2": true, ".ttf": true, ".otf": true,
-	".eot": true, ".zip": true, ".tar": true, ".gz": true, ".bz2": true, ".mp3": true, ".mp4": true,
-	".wav": true, ".ogg": true, ".webm": true, ".avif": true,
-}
-
-// isBinary decides base64: by extension, or by content (NUL bytes or
-// invalid UTF-8) so that no byte is lost in a JSON string.
-func isBinary(name string, data []byte) bool {
-	if binaryExtensions[strings.ToLower(path.Ext(name))] {
-		return true
-	}
-	for _, b := range data {
-		if b == 0 {
-			return true
-		}
-	}
-	return !utf8.Valid(data)
-}
-
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
-	q, account, err := bindQuery(s, w, r, parseRunsQuery)
+	q, account, err := bindQuery(s, w, r, contract.ParseRunsQuery)
 	if err != nil {
 		return err
 	}
@@ -444,16 +410,16 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, RunsResponse{Status: "success", Runs: []Run{runView(run, s.opts.Now())}})
+		writeJSON(w, http.StatusOK, contract.RunsResponse{Status: "success", Runs: []contract.Run{contract.ViewRun(run, s.opts.Now())}})
 		return nil
 	}
 	runs, next, err := s.runRows(ctx, account, q)
 	if err != nil {
 		return fmt.Errorf("list runs of %s: %w", account, err)
 	}
-	resp := RunsResponse{Status: "success", Runs: make([]Run, 0, len(runs))}
+	resp := contract.RunsResponse{Status: "success", Runs: make([]contract.Run, 0, len(runs))}
 	for _, run := range runs {
-		resp.Runs = append(resp.Runs, runView(run, s.opts.Now()))
+		resp.Runs = append(resp.Runs, contract.ViewRun(run, s.opts.Now()))
 	}
 	setNextCursor(w, next)
 	writeJSON(w, http.StatusOK, resp)
@@ -476,7 +442,7 @@ func (s *Server) runFor(r *http.Request, id, requested, account string) (store.R
 		}
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return run, errNotFound("Task run not found")
+		return run, contract.NotFound("Task run not found")
 	}
 	if err != nil {
 		return run, fmt.Errorf("get run %s: %w", id, err)
@@ -484,81 +450,32 @@ func (s *Server) runFor(r *http.Request, id, requested, account string) (store.R
 	return run, nil
 }
 
-// runView renders a run in trigger.dev's v3 shape, as of now.
-func runView(run store.Run, now time.Time) Run {
-	v := Run{
-		ID:             run.ID,
-		TaskIdentifier: run.Task,
-		Status:         run.Status,
-		CreatedAt:      formatTime(run.CreatedAt),
-		UpdatedAt:      formatTime(run.UpdatedAt),
-		StartedAt:      formatTimePtr(run.StartedAt),
-		FinishedAt:     formatTimePtr(run.FinishedAt),
-		SandboxID:      run.SandboxID,
-		Tags:           run.Tags,
-		Payload:        run.Payload,
-		Output:         run.Output,
-	}
-	switch run.Status {
-	case store.RunCompleted:
-		v.IsCompleted, v.IsSuccess = true, true
-	case store.RunFailed, store.RunCrashed:
-		v.IsCompleted, v.IsFailed = true, true
-	case store.RunCanceled:
-		v.IsCompleted = true
-	}
-	if v.Tags == nil {
-		v.Tags = []string{}
-	}
-	if len(v.Payload) == 0 {
-		v.Payload = json.RawMessage("{}")
-	}
-	if len(v.Output) == 0 {
-		v.Output = json.RawMessage("null")
-	}
-	if len(run.Error) > 0 && string(run.Error) != "null" {
-		var e RunError
-		if json.Unmarshal(run.Error, &e) == nil {
-			v.Error = &e
-		}
-	}
-	// A number on every run, as the published schema types it: 0 until the
-	// run starts, the time so far while it runs.
-	switch {
-	case run.StartedAt != nil && run.FinishedAt != nil:
-		v.DurationMs = max(0, run.FinishedAt.Sub(*run.StartedAt).Milliseconds())
-	case run.StartedAt != nil:
-		v.DurationMs = max(0, now.Sub(*run.StartedAt).Milliseconds())
-	}
-	return v
-}
-
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ contract.AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Stop(ctx, sb)
 	})
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParseTimeout, func(ctx context.Context, sb store.Sandbox, req contract.TimeoutRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
 	})
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ contract.AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Pause(ctx, sb)
 	})
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ contract.AccountRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Resume(ctx, sb)
 	})
 }
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
-	req, sb, err := bindSandbox(s, w, r, parseFork)
+	req, sb, err := bindSandbox(s, w, r, contract.ParseFork)
 	if err != nil {
 		return err
 	}
@@ -566,7 +483,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "Sandbox not found")
 	}
-	resp := SandboxesResponse{Status: "success", Sandboxes: make([]Sandbox, len(kids))}
+	resp := contract.SandboxesResponse{Status: "success", Sandboxes: make([]contract.Sandbox, len(kids))}
 	for i, k := range kids {
 		resp.Sandboxes[i] = s.sandboxView(r.Context(), k)
 	}
@@ -575,19 +492,19 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, parseNetworkChange, func(ctx context.Context, sb store.Sandbox, req NetworkRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParseNetworkChange, func(ctx context.Context, sb store.Sandbox, req contract.NetworkRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.SetNetwork(ctx, sb, req.Network)
 	})
 }
 
 // bindSandbox is the start of a route on one sandbox with a JSON body:
 // decode, validate, authorise (the sandbox the caller may act on).
-func bindSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (T, store.Sandbox, error) {
+func bindSandbox[T contract.ActsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(contract.Args) (T, error)) (T, store.Sandbox, error) {
 	req, err := readBody(w, r, parse)
 	if err != nil {
 		return req, store.Sandbox{}, err
 	}
-	sb, err := s.sandboxFor(r, req.actingFor())
+	sb, err := s.sandboxFor(r, req.ActingFor())
 	if err != nil {
 		return req, sb, err
 	}
@@ -599,7 +516,7 @@ func bindSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, p
 
 // actOnSandbox is the shared shape of the routes that change one sandbox:
 // decode, validate, authorise, act, answer the sandbox.
-func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) error {
+func actOnSandbox[T contract.ActsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(contract.Args) (T, error), act func(context.Context, store.Sandbox, T) (store.Sandbox, error)) error {
 	req, sb, err := bindSandbox(s, w, r, parse)
 	if err != nil {
 		return err
@@ -608,7 +525,7 @@ func actOnSandbox[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, 
 	if err != nil {
 		return explain(err, "Sandbox not found")
 	}
-	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
+	writeJSON(w, http.StatusOK, contract.SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil
 }
 
@@ -621,9 +538,9 @@ func (s *Server) ports(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "Sandbox not found")
 	}
-	resp := PortsResponse{Status: "success", Ports: make([]Port, 0, len(ports))}
+	resp := contract.PortsResponse{Status: "success", Ports: make([]contract.Port, 0, len(ports))}
 	for _, p := range ports {
-		resp.Ports = append(resp.Ports, Port{Port: p, URL: fmt.Sprintf("/api/sandboxes/%s/proxy/%d/", sb.ID, p)})
+		resp.Ports = append(resp.Ports, contract.Port{Port: p, URL: fmt.Sprintf("/api/sandboxes/%s/proxy/%d/", sb.ID, p)})
 	}
 	writeJSON(w, http.StatusOK, resp)
 	return nil
@@ -641,7 +558,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) error {
-	req, account, err := bindBody(s, w, r, parseCodingAgent)
+	req, account, err := bindBody(s, w, r, contract.ParseCodingAgent)
 	if err != nil {
 		return err
 	}
@@ -652,6 +569,6 @@ func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "Not found")
 	}
-	writeJSON(w, http.StatusOK, RunResponse{Status: "success", RunID: runID})
+	writeJSON(w, http.StatusOK, contract.RunResponse{Status: "success", RunID: runID})
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/httprec"
 )
@@ -56,7 +57,7 @@ func withCORS(next http.Handler) http.Handler {
 		h.Set("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS, PATCH")
 		h.Set("Access-Control-Allow-Headers", "Content-Type, Authorization, X-Requested-With, x-api-key")
 		// A browser's script reads a list's next page only if it may.
-		h.Set("Access-Control-Expose-Headers", NextCursorHeader)
+		h.Set("Access-Control-Expose-Headers", contract.NextCursorHeader)
 		if r.Method == http.MethodOptions {
 			w.WriteHeader(http.StatusOK)
 			return
@@ -122,7 +123,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 					}
 					logPanic(r, log, p)
 					if rec.Status == 0 {
-						writeJSON(rec, http.StatusInternalServerError, ErrorBody{Status: "error", Error: "Internal server error"})
+						writeJSON(rec, http.StatusInternalServerError, contract.ErrorBody{Status: "error", Error: "Internal server error"})
 					}
 				}
 				pattern := "unmatched"

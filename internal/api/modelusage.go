@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
 )
 
@@ -36,7 +37,7 @@ type ModelUsageResponse struct {
 // read its own account's: the code inside can see how much is left
 // before it is refused.
 func (s *Server) modelUsage(w http.ResponseWriter, r *http.Request) error {
-	requested, err := queryAccountID(r.URL.Query())
+	requested, err := contract.QueryAccountID(r.URL.Query())
 	if err != nil {
 		return err
 	}
@@ -60,7 +61,7 @@ func (s *Server) modelUsage(w http.ResponseWriter, r *http.Request) error {
 		OutputTokens:   u.OutputTokens,
 		RequestsBudget: budget(u.Budgets.RequestsPerDay),
 		TokensBudget:   budget(u.Budgets.TokensPerDay),
-		ResetsAt:       formatTime(u.ResetsAt),
+		ResetsAt:       contract.FormatTime(u.ResetsAt),
 	})
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/invopop/jsonschema"
 	orderedmap "github.com/pb33f/ordered-map/v2"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 )
 
@@ -42,7 +43,7 @@ type route struct {
 	// work, or reaches into a running sandbox.
 	acts string
 	// paged: the route's 200 may carry the next page's cursor
-	// (NextCursorHeader).
+	// (contract.NextCursorHeader).
 	paged bool
 	// rawBody and rawOK are the media types of a request body and a 200
 	// that are bytes of their own (an archive) rather than JSON.
@@ -98,7 +99,7 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 		delete(m, "$schema")
 		return m, nil
 	}
-	errRef, err := ref(ErrorBody{})
+	errRef, err := ref(contract.ErrorBody{})
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +182,7 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 			}
 			ok := map[string]any{"description": "Success", "content": content}
 			if rt.paged {
-				ok["headers"] = map[string]any{NextCursorHeader: map[string]any{
+				ok["headers"] = map[string]any{contract.NextCursorHeader: map[string]any{
 					"description": "The cursor of the next page; absent on the last page",
 					"schema":      map[string]any{"type": "string"},
 				}}

@@ -8,48 +8,21 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
-
-// Paging of GET /api/sandboxes and GET /api/tasks/runs (sandboxd). The
-// original answered every sandbox an account ever had in one list; its
-// clients send neither limit nor cursor and get the list's own shape, cut
-// at UnpagedSandboxes but never without a live sandbox. A client that
-// pages follows the X-Next-Cursor header: a header, so that the body
-// keeps the original's shape exactly.
-const (
-	// NextCursorHeader carries the cursor of the page after this one;
-	// absent on the last page.
-	NextCursorHeader = "X-Next-Cursor"
-	// UnpagedSandboxes is how many of an account's newest sandboxes GET
-	// /api/sandboxes lists without limit and cursor, beside every active
-	// one: what a client shows of the account's recent work, in an answer
-	// bounded whatever its history.
-	UnpagedSandboxes = 100
-	// maxSandboxPage is the largest (and the default) page of sandboxes.
-	maxSandboxPage = 100
-)
-
-// queryCursor decodes a cursor parameter ("": the list's start).
-func queryCursor(s string) (store.Cursor, error) {
-	c, err := store.ParseCursor(s)
-	if err != nil {
-		return c, errBadRequest("cursor must be the X-Next-Cursor of an earlier page")
-	}
-	return c, nil
-}
 
 // setNextCursor sends where the next page begins, when one follows.
 func setNextCursor(w http.ResponseWriter, next store.Cursor) {
 	if !next.IsZero() {
-		w.Header().Set(NextCursorHeader, next.String())
+		w.Header().Set(contract.NextCursorHeader, next.String())
 	}
 }
 
 // sandboxRows returns the sandboxes GET /api/sandboxes lists, newest
 // first, and where its next page begins (zero: none follows, or the list
 // is not paged): the one sandbox_id names, a page, or the unpaged list.
-func (s *Server) sandboxRows(ctx context.Context, account string, q ListSandboxesQuery) ([]store.Sandbox, store.Cursor, error) {
+func (s *Server) sandboxRows(ctx context.Context, account string, q contract.ListSandboxesQuery) ([]store.Sandbox, store.Cursor, error) {
 	switch {
 	case q.SandboxID != "":
 		sb, err := s.opts.Store.GetSandbox(ctx, q.SandboxID)
@@ -60,9 +33,9 @@ func (s *Server) sandboxRows(ctx context.Context, account string, q ListSandboxe
 			return nil, store.Cursor{}, fmt.Errorf("get sandbox %s: %w", q.SandboxID, err)
 		}
 		return []store.Sandbox{sb}, store.Cursor{}, nil
-	case q.paged:
+	case q.Paged():
 		// One more than the page says whether another follows.
-		rows, err := s.opts.Store.ListSandboxesPage(ctx, account, q.after, q.Limit+1)
+		rows, err := s.opts.Store.ListSandboxesPage(ctx, account, q.After(), q.Limit+1)
 		if err != nil || len(rows) <= q.Limit {
 			return rows, store.Cursor{}, err
 		}
@@ -76,11 +49,11 @@ func (s *Server) sandboxRows(ctx context.Context, account string, q ListSandboxe
 }
 
 // newestAndActive is the list without paging: the account's newest
-// UnpagedSandboxes sandboxes and every active one older than those, newest
+// contract.UnpagedSandboxes sandboxes and every active one older than those, newest
 // first. However many sandboxes ended since, a live one is always listed.
 func (s *Server) newestAndActive(ctx context.Context, account string) ([]store.Sandbox, error) {
-	rows, err := s.opts.Store.ListSandboxesPage(ctx, account, store.Cursor{}, UnpagedSandboxes)
-	if err != nil || len(rows) < UnpagedSandboxes {
+	rows, err := s.opts.Store.ListSandboxesPage(ctx, account, store.Cursor{}, contract.UnpagedSandboxes)
+	if err != nil || len(rows) < contract.UnpagedSandboxes {
 		return rows, err // all of them
 	}
 	active, err := s.opts.Store.ListActiveSandboxes(ctx, account)
@@ -105,8 +78,8 @@ func (s *Server) newestAndActive(ctx context.Context, account string) ([]store.S
 
 // runRows returns a page of the account's runs, newest first, and where
 // the next page begins (zero: none follows).
-func (s *Server) runRows(ctx context.Context, account string, q RunsQuery) ([]store.Run, store.Cursor, error) {
-	rows, err := s.opts.Store.ListRunsPage(ctx, account, q.after, q.Limit+1)
+func (s *Server) runRows(ctx context.Context, account string, q contract.RunsQuery) ([]store.Run, store.Cursor, error) {
+	rows, err := s.opts.Store.ListRunsPage(ctx, account, q.After(), q.Limit+1)
 	if err != nil || len(rows) <= q.Limit {
 		return rows, store.Cursor{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -56,7 +57,7 @@ func sandboxHistory(t *testing.T, f *fixture, ended int) (all, active []string) 
 
 func sandboxIDs(t *testing.T, body []byte) []string {
 	t.Helper()
-	var resp ListSandboxesResponse
+	var resp contract.ListSandboxesResponse
 	if err := json.Unmarshal(body, &resp); err != nil {
 		t.Fatalf("%s: %v", body, err)
 	}
@@ -77,8 +78,8 @@ func TestListSandboxesUnpagedBounded(t *testing.T) {
 	f := newFixture(t)
 	all, active := sandboxHistory(t, f, 250)
 	rec := f.do("GET", "/api/sandboxes", ``)
-	if rec.Code != 200 || rec.Header().Get(NextCursorHeader) != "" {
-		t.Fatalf("%d, next cursor %q", rec.Code, rec.Header().Get(NextCursorHeader))
+	if rec.Code != 200 || rec.Header().Get(contract.NextCursorHeader) != "" {
+		t.Fatalf("%d, next cursor %q", rec.Code, rec.Header().Get(contract.NextCursorHeader))
 	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(rec.Body.Bytes(), &raw); err != nil {
@@ -87,9 +88,9 @@ func TestListSandboxesUnpagedBounded(t *testing.T) {
 	if keys := slices.Sorted(maps.Keys(raw)); !slices.Equal(keys, []string{"filetree", "github_repo", "sandboxes", "snapshot_id", "status"}) {
 		t.Fatalf("keys %v: not the contract's shape", keys)
 	}
-	want := append(slices.Clone(all[:UnpagedSandboxes]), active...)
+	want := append(slices.Clone(all[:contract.UnpagedSandboxes]), active...)
 	if got := sandboxIDs(t, rec.Body.Bytes()); !slices.Equal(got, want) {
-		t.Fatalf("listed %d sandboxes, want the newest %d and the %d active ones", len(got), UnpagedSandboxes, len(active))
+		t.Fatalf("listed %d sandboxes, want the newest %d and the %d active ones", len(got), contract.UnpagedSandboxes, len(active))
 	}
 	// A filter still finds an old one, and nothing of another account.
 	if got := sandboxIDs(t, f.do("GET", "/api/sandboxes?sandbox_id="+all[len(all)-1], ``).Body.Bytes()); !slices.Equal(got, all[len(all)-1:]) {
@@ -121,7 +122,7 @@ func TestListSandboxesPaged(t *testing.T) {
 		}
 		ids := sandboxIDs(t, rec.Body.Bytes())
 		got = append(got, ids...)
-		if cursor = rec.Header().Get(NextCursorHeader); cursor == "" {
+		if cursor = rec.Header().Get(contract.NextCursorHeader); cursor == "" {
 			break
 		}
 		if len(ids) != 40 {
@@ -133,8 +134,8 @@ func TestListSandboxesPaged(t *testing.T) {
 	}
 	// A cursor alone pages by 100.
 	rec := f.do("GET", "/api/sandboxes?cursor=", ``)
-	if ids := sandboxIDs(t, rec.Body.Bytes()); !slices.Equal(ids, all[:100]) || rec.Header().Get(NextCursorHeader) == "" {
-		t.Fatalf("cursor alone: %d sandboxes, next %q", len(ids), rec.Header().Get(NextCursorHeader))
+	if ids := sandboxIDs(t, rec.Body.Bytes()); !slices.Equal(ids, all[:100]) || rec.Header().Get(contract.NextCursorHeader) == "" {
+		t.Fatalf("cursor alone: %d sandboxes, next %q", len(ids), rec.Header().Get(contract.NextCursorHeader))
 	}
 	for _, tc := range []struct{ query, msg string }{
 		{"limit=0", "limit must be an integer between 1 and 100"},
@@ -180,14 +181,14 @@ func TestListRunsPaged(t *testing.T) {
 		if err := json.Unmarshal(rec.Body.Bytes(), &raw); rec.Code != 200 || err != nil || len(raw) != 2 {
 			t.Fatalf("page %d: %d %s", page, rec.Code, rec.Body)
 		}
-		var resp RunsResponse
+		var resp contract.RunsResponse
 		if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range resp.Runs {
 			got = append(got, r.ID)
 		}
-		if cursor = rec.Header().Get(NextCursorHeader); cursor == "" {
+		if cursor = rec.Header().Get(contract.NextCursorHeader); cursor == "" {
 			break
 		}
 	}

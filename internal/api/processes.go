@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -19,7 +20,7 @@ var killSignals = map[string]syscall.Signal{
 // is the query: the account_id asked for, the sandbox if the caller may
 // act on it, and a server that runs sandboxes.
 func (s *Server) sandboxOfQuery(r *http.Request) (store.Sandbox, error) {
-	requested, err := queryAccountID(r.URL.Query())
+	requested, err := contract.QueryAccountID(r.URL.Query())
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -42,9 +43,9 @@ func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return explain(err, "Sandbox not found")
 	}
-	resp := ProcessesResponse{Status: "success", Processes: make([]Process, 0, len(ps))}
+	resp := contract.ProcessesResponse{Status: "success", Processes: make([]contract.Process, 0, len(ps))}
 	for _, p := range ps {
-		resp.Processes = append(resp.Processes, Process{
+		resp.Processes = append(resp.Processes, contract.Process{
 			PID: p.PID, Tag: p.Tag, Command: p.Cmd, Cwd: p.Cwd, PTY: p.TTY,
 			StartedAt: p.Started.UTC().Format(time.RFC3339Nano),
 		})
@@ -57,13 +58,13 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	pid, err := strconv.Atoi(r.PathValue("pid"))
 	if err != nil || pid <= 0 {
-		return errBadRequest("pid must be a positive integer")
+		return contract.BadRequest("pid must be a positive integer")
 	}
 	sig := syscall.SIGKILL
 	if name := q.Get("signal"); name != "" {
 		var ok bool
 		if sig, ok = killSignals[name]; !ok {
-			return errBadRequest("signal must be one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT")
+			return contract.BadRequest("signal must be one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT")
 		}
 	}
 	sb, err := s.sandboxOfQuery(r)
@@ -73,6 +74,6 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	if err := s.opts.Sandboxes.SignalProcess(r.Context(), sb, pid, sig); err != nil {
 		return explain(err, "Process not found")
 	}
-	writeJSON(w, http.StatusOK, StatusResponse{Status: "success"})
+	writeJSON(w, http.StatusOK, contract.StatusResponse{Status: "success"})
 	return nil
 }

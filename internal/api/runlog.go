@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -47,7 +48,7 @@ const (
 // when the log cannot be read. A run that finished answers its log at once
 // and ends.
 func (s *Server) runLog(w http.ResponseWriter, r *http.Request) error {
-	requested, err := queryAccountID(r.URL.Query())
+	requested, err := contract.QueryAccountID(r.URL.Query())
 	if err != nil {
 		return err
 	}
@@ -70,7 +71,7 @@ func (s *Server) runLog(w http.ResponseWriter, r *http.Request) error {
 	sse := startSSE(w)
 	if err := s.followRunLog(r, sse, run); err != nil {
 		s.log.WarnContext(r.Context(), "follow run log", "run_id", run.ID, "err", err, "request_id", requestID(r.Context()))
-		_ = sse.event("error", ExecFailure{Error: "The run's log could not be read", StatusCode: http.StatusInternalServerError})
+		_ = sse.event("error", contract.ExecFailure{Error: "The run's log could not be read", StatusCode: http.StatusInternalServerError})
 	}
 	return nil
 }
@@ -96,7 +97,7 @@ func (s *Server) followRunLog(r *http.Request, sse *sseWriter, run store.Run) er
 	for polls := 0; ; polls++ {
 		// The status first, the log after: once the run is seen
 		// finished, the read that follows has everything it wrote.
-		finished := runView(run, s.opts.Now()).IsCompleted
+		finished := contract.ViewRun(run, s.opts.Now()).IsCompleted
 		if !finished && polls%runLogStatusEvery == 0 && polls > 0 {
 			latest, err := s.opts.Store.GetRun(ctx, run.ID)
 			switch {
@@ -107,7 +108,7 @@ func (s *Server) followRunLog(r *http.Request, sse *sseWriter, run store.Run) er
 				return err
 			default:
 				run = latest
-				finished = runView(run, s.opts.Now()).IsCompleted
+				finished = contract.ViewRun(run, s.opts.Now()).IsCompleted
 			}
 		}
 		if file == nil {
@@ -126,7 +127,7 @@ func (s *Server) followRunLog(r *http.Request, sse *sseWriter, run store.Run) er
 			if size < off {
 				// The log passed its cap (--log-max-mib) and its tail was
 				// moved down: go on from its end.
-				if err := sse.event("log", ExecOutput{Data: "\n[sandboxd: the log passed its cap while it was followed; some output is not shown here]\n"}); err != nil {
+				if err := sse.event("log", contract.ExecOutput{Data: "\n[sandboxd: the log passed its cap while it was followed; some output is not shown here]\n"}); err != nil {
 					return nil
 				}
 				off, pending = size, nil
@@ -143,7 +144,7 @@ func (s *Server) followRunLog(r *http.Request, sse *sseWriter, run store.Run) er
 				var whole []byte
 				whole, pending = splitUTF8(append(pending, buf[:n]...))
 				if len(whole) > 0 {
-					if err := sse.event("log", ExecOutput{Data: string(whole)}); err != nil {
+					if err := sse.event("log", contract.ExecOutput{Data: string(whole)}); err != nil {
 						return nil // the client went away
 					}
 					idle = time.Now()
@@ -152,7 +153,7 @@ func (s *Server) followRunLog(r *http.Request, sse *sseWriter, run store.Run) er
 		}
 		if finished {
 			if len(pending) > 0 {
-				_ = sse.event("log", ExecOutput{Data: string(pending)})
+				_ = sse.event("log", contract.ExecOutput{Data: string(pending)})
 			}
 			_ = sse.event("end", RunLogEnd{Status: run.Status})
 			return nil

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -69,7 +70,7 @@ func logData(t *testing.T, ev sseEvent) string {
 	if ev.name != "log" {
 		t.Fatalf("want a log event, got %s %s", ev.name, ev.data)
 	}
-	var out ExecOutput
+	var out contract.ExecOutput
 	if err := json.Unmarshal([]byte(ev.data), &out); err != nil {
 		t.Fatal(err)
 	}

@@ -2,19 +2,21 @@ package api
 
 import (
 	"net/http"
+
+	"github.com/sandboxd/sandboxd/internal/contract"
 )
 
 // deleteSandbox serves DELETE /api/sandboxes/{id} (sandboxd): an ended
 // sandbox goes now rather than at retention's sweep, and is answered as
 // it was.
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
-	_, sb, err := bindSandbox(s, w, r, parseAccountOnly)
+	_, sb, err := bindSandbox(s, w, r, contract.ParseAccountOnly)
 	if err != nil {
 		return err
 	}
 	if err := s.opts.Sandboxes.Delete(r.Context(), sb); err != nil {
 		return explain(err, "Sandbox not found")
 	}
-	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
+	writeJSON(w, http.StatusOK, contract.SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/filecopy"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -51,7 +52,7 @@ type SandboxPathQuery struct {
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
 }
 
-func (q SandboxPathQuery) actingFor() string { return q.AccountID }
+func (q SandboxPathQuery) ActingFor() string { return q.AccountID }
 
 // PathStatResponse answers GET /api/sandboxes/{id}/files/stat.
 type PathStatResponse struct {
@@ -80,13 +81,13 @@ type CopyInResponse struct {
 func parseSandboxPath(q url.Values) (SandboxPathQuery, error) {
 	var out SandboxPathQuery
 	if !q.Has("path") {
-		return out, errBadRequest("path is required")
+		return out, contract.BadRequest("path is required")
 	}
 	if out.Path = q.Get("path"); out.Path == "" {
-		return out, errBadRequest("path cannot be empty")
+		return out, contract.BadRequest("path cannot be empty")
 	}
 	var err error
-	out.AccountID, err = queryAccountID(q)
+	out.AccountID, err = contract.QueryAccountID(q)
 	return out, err
 }
 
@@ -118,7 +119,7 @@ func (s *Server) statSandboxPath(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, PathStatResponse{
 		Status: "success", Path: p, Type: entryType(e.Mode), Size: e.Size,
-		Mode: fmt.Sprintf("%04o", e.Mode.Perm()), ModifiedAt: formatTime(e.ModTime), SymlinkTarget: e.Link,
+		Mode: fmt.Sprintf("%04o", e.Mode.Perm()), ModifiedAt: contract.FormatTime(e.ModTime), SymlinkTarget: e.Link,
 	})
 	return nil
 }
@@ -127,7 +128,7 @@ func (s *Server) statSandboxPath(w http.ResponseWriter, r *http.Request) error {
 // sandbox is 404 with the message that names it.
 func fileError(err error) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return errNotFound(errdefs.Message(err, "No such file or directory in the sandbox"))
+		return contract.NotFound(errdefs.Message(err, "No such file or directory in the sandbox"))
 	}
 	return explain(err, "Sandbox not found")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -147,7 +148,7 @@ func New(opts Options) (*Server, error) {
 		r.Handle(pattern, h)
 	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.log, errNotFound("Not found"))
+		writeError(w, r, s.log, contract.NotFound("Not found"))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, &Error{Status: http.StatusMethodNotAllowed, Msg: "Method not allowed"})

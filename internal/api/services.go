@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
@@ -77,15 +78,15 @@ type FileService interface {
 	RepoURL(ctx context.Context, accountID string) (string, error)
 	// Tree lists main of the account's repository recursively, up to the
 	// server's limits; truncated says the listing was cut there.
-	Tree(ctx context.Context, accountID string) (entries []FileTreeEntry, truncated bool, err error)
+	Tree(ctx context.Context, accountID string) (entries []contract.FileTreeEntry, truncated bool, err error)
 	// Read returns a file of main, resolving git submodules.
 	Read(ctx context.Context, accountID, path string) ([]byte, error)
 	// Upload downloads files into the repository in one commit and reports
 	// per-file failures.
-	Upload(ctx context.Context, accountID string, req files.Upload) (uploaded []UploadedFile, failures []string, err error)
+	Upload(ctx context.Context, accountID string, req files.Upload) (uploaded []contract.UploadedFile, failures []string, err error)
 	// UploadMultipart commits the file parts of a multipart/form-data
 	// body (parts named "file", fields "path" and "message").
-	UploadMultipart(ctx context.Context, accountID string, mr *multipart.Reader) (uploaded []UploadedFile, failures []string, err error)
+	UploadMultipart(ctx context.Context, accountID string, mr *multipart.Reader) (uploaded []contract.UploadedFile, failures []string, err error)
 }
 
 // AgentService starts the runs of tasks that start sandboxes of their own

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -15,7 +16,7 @@ type SnapshotsQuery struct {
 	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=50"`
 }
 
-func (q SnapshotsQuery) actingFor() string { return q.AccountID }
+func (q SnapshotsQuery) ActingFor() string { return q.AccountID }
 
 // SnapshotsResponse answers GET /api/snapshots: the account's snapshot
 // history, newest first, and which one its next sandbox starts from.
@@ -49,10 +50,10 @@ type SnapshotInfo struct {
 func parseSnapshotsQuery(q url.Values) (SnapshotsQuery, error) {
 	out := SnapshotsQuery{Limit: 50}
 	var err error
-	if out.Limit, err = queryLimit(q, out.Limit); err != nil {
+	if out.Limit, err = contract.QueryLimit(q, out.Limit); err != nil {
 		return out, err
 	}
-	out.AccountID, err = queryAccountID(q)
+	out.AccountID, err = contract.QueryAccountID(q)
 	return out, err
 }
 
@@ -71,7 +72,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	resp := SnapshotsResponse{Status: "success", Snapshots: []SnapshotInfo{}}
 	if err == nil && s.environmentLive(env) && env.SnapshotID != nil && *env.SnapshotID != "" {
 		resp.SnapshotID = env.SnapshotID
-		exp := formatTime(env.ExpiresAt)
+		exp := contract.FormatTime(env.ExpiresAt)
 		resp.ExpiresAt = &exp
 	}
 	snaps, err := s.opts.Store.ListSnapshots(ctx, account)
@@ -85,7 +86,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 			SandboxID: optional(sn.SandboxID),
 			Size:      sn.Size,
 			Depth:     sn.Depth,
-			CreatedAt: formatTime(sn.CreatedAt),
+			CreatedAt: contract.FormatTime(sn.CreatedAt),
 			Current:   resp.SnapshotID != nil && *resp.SnapshotID == sn.ID,
 		})
 	}

@@ -1,10 +1,8 @@
-package api
+package contract
 
 import (
 	"encoding/json"
 	"errors"
-	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/edge"
@@ -13,9 +11,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// What other front ends of the same services (internal/mcpserver) reuse,
-// so that they validate, authorise and answer exactly as the routes do:
-// one set of rules and messages, not two that drift apart.
+// Args are how another front end of the same services (internal/mcpserver)
+// speaks the REST contract: it validates its arguments with the routes' own
+// rules and messages, not a second set that drifts apart.
 
 // Args are a JSON object of named values (an MCP tool's arguments)
 // checked field by field with the routes' own rules and messages.
@@ -26,26 +24,32 @@ func DecodeArgs(data []byte) (Args, error) {
 	if string(data) == "null" {
 		data = nil
 	}
+	return DecodeObject(data)
+}
+
+// DecodeObject decodes a JSON object (a body, a websocket's message); empty
+// is {}, anything but an object is the contract's 400.
+func DecodeObject(data []byte) (Args, error) {
 	o, err := decodeObject(data)
 	return Args{o}, err
 }
 
 // CreateSandbox checks the arguments as POST /api/sandboxes checks its body.
-func (a Args) CreateSandbox() (CreateSandboxRequest, error) { return parseCreateSandbox(a.o) }
+func (a Args) CreateSandbox() (CreateSandboxRequest, error) { return ParseCreateSandbox(a) }
 
 // Exec checks the arguments as POST /api/sandboxes/{id}/exec checks its
 // body. The command dies with the call: a tool call lasts as long as the
 // HTTP request that carries it, so a client that hangs up leaves nothing
 // running for nobody.
 func (a Args) Exec() (ExecRequest, error) {
-	req, err := parseExec(a.o)
+	req, err := ParseExec(a)
 	req.KillOnDisconnect = true
 	return req, err
 }
 
 // UploadFiles checks the arguments as POST /api/sandboxes/files checks its
 // JSON body.
-func (a Args) UploadFiles() (UploadFilesRequest, error) { return parseUploadFiles(a.o) }
+func (a Args) UploadFiles() (UploadFilesRequest, error) { return ParseUploadFiles(a) }
 
 // AccountID is the optional account_id, checked to be a UUID.
 func (a Args) AccountID() (string, error) { return a.o.accountID() }
@@ -55,6 +59,10 @@ func (a Args) Has(name string) bool { return a.o.present(name) }
 
 // String is an optional string field; ok is false when it is absent.
 func (a Args) String(name string) (s string, ok bool, err error) { return a.o.str(name) }
+
+// TermSize is the terminal size of the object field in ("": the object
+// itself), checked as an exec's pty is.
+func (a Args) TermSize(in string) (PTYSize, error) { return termSize(a.o, in) }
 
 // Int is an optional integer field.
 func (a Args) Int(name string) (n int64, ok bool, err error) { return a.o.int(name) }
@@ -70,11 +78,11 @@ func (a Args) RepoPath(name string) (string, error) {
 		return "", err
 	}
 	if !ok {
-		return "", errField(name+" is required", name)
+		return "", FieldError(name+" is required", name)
 	}
-	p, err = cleanRepoPath(p, false)
+	p, err = CleanRepoPath(p, false)
 	if err != nil {
-		return "", errField(err.Error(), name)
+		return "", FieldError(err.Error(), name)
 	}
 	return p, nil
 }
@@ -83,18 +91,13 @@ func (a Args) RepoPath(name string) (string, error) {
 // does: a request's own mistake, a quota or an invalid request is told as
 // edge.Explain tells it; anything else (shown false: log it) is answered
 // "Failed to create sandbox", as the original API did.
-func CreateError(err error) (mapped *Error, shown bool) {
+func CreateError(err error) (mapped *edge.Error, shown bool) {
 	e, internal := edge.Explain(err, "")
-	var own *Error
+	var own *edge.Error
 	if internal || !(errors.As(err, &own) || errors.Is(err, errdefs.ErrQuota) || errors.Is(err, errdefs.ErrInvalid)) {
-		return errBadRequest("Failed to create sandbox"), false
+		return BadRequest("Failed to create sandbox"), false
 	}
 	return e, true
-}
-
-// WriteError answers err with the contract's error body.
-func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	writeError(w, r, log, err)
 }
 
 // ViewSandbox renders a sandbox row as the contract's Sandbox object as of
@@ -113,7 +116,7 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 		SandboxID:     sb.ID,
 		SandboxStatus: status,
 		Timeout:       remaining,
-		CreatedAt:     formatTime(sb.CreatedAt),
+		CreatedAt:     FormatTime(sb.CreatedAt),
 		Runtime:       sb.Runtime,
 		ForkedFrom:    sb.ForkedFrom,
 	}
@@ -131,11 +134,6 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 	return view
 }
 
-// ViewRun renders a run as GET /api/tasks/runs does, as of now.
-func ViewRun(run store.Run, now time.Time) Run { return runView(run, now) }
-
-// IsBinary reports whether GET /api/sandboxes/file sends the file base64.
-func IsBinary(name string, data []byte) bool { return isBinary(name, data) }
-
-// MaxExecOutput is what a non-streamed exec keeps of each stream.
-const MaxExecOutput = maxExecOutput
+// MaxExecOutput bounds what a non-streamed exec keeps of each stream; the
+// streamed form has no bound.
+const MaxExecOutput = 1 << 20

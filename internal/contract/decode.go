@@ -1,4 +1,4 @@
-package api
+package contract
 
 import (
 	"bytes"
@@ -11,36 +11,39 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
-// maxBodyBytes bounds JSON request bodies; file contents never travel in
+// MaxBodyBytes bounds JSON request bodies; file contents never travel in
 // JSON (uploads name URLs, or use multipart with its own limit).
-const maxBodyBytes = 1 << 20
+const MaxBodyBytes = 1 << 20
 
 // object is a decoded JSON object whose fields are checked one by one, so
 // that each failure names its field with the contract's message rather than
 // a decoder's wording.
 type object map[string]json.RawMessage
 
-// readObject decodes the request body as a JSON object. An empty body counts
+// ReadArgs decodes the request body as a JSON object. An empty body counts
 // as {}.
-func readObject(w http.ResponseWriter, r *http.Request) (object, error) {
-	data, err := readRaw(w, r)
+func ReadArgs(w http.ResponseWriter, r *http.Request) (Args, error) {
+	data, err := ReadRaw(w, r)
 	if err != nil {
-		return nil, err
+		return Args{}, err
 	}
-	return decodeObject(data)
+	return DecodeObject(data)
 }
 
-// readRaw reads the request's body, at most maxBodyBytes.
-func readRaw(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+// ReadRaw reads the request's body, at most MaxBodyBytes.
+func ReadRaw(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, &Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("Request body must be at most %d bytes", maxBodyBytes)}
+			return nil, &edge.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("Request body must be at most %d bytes", MaxBodyBytes)}
 		}
-		return nil, errMalformed
+		return nil, ErrMalformed
 	}
 	return data, nil
 }
@@ -51,14 +54,14 @@ func decodeObject(data []byte) (object, error) {
 		return object{}, nil
 	}
 	if !json.Valid(data) {
-		return nil, errMalformed
+		return nil, ErrMalformed
 	}
 	if data[0] != '{' {
-		return nil, errBadRequest("Request body must be a JSON object")
+		return nil, BadRequest("Request body must be a JSON object")
 	}
 	var o object
 	if err := json.Unmarshal(data, &o); err != nil {
-		return nil, errMalformed
+		return nil, ErrMalformed
 	}
 	if o == nil {
 		o = object{}
@@ -95,8 +98,8 @@ func jsonKind(raw json.RawMessage) string {
 	return "number"
 }
 
-func typeError(want string, raw json.RawMessage, path []any) *Error {
-	return errField(fmt.Sprintf("Expected %s, received %s", want, jsonKind(raw)), path...)
+func typeError(want string, raw json.RawMessage, path []any) *edge.Error {
+	return FieldError(fmt.Sprintf("Expected %s, received %s", want, jsonKind(raw)), path...)
 }
 
 // str returns a string field; ok is false when it is absent.
@@ -152,10 +155,10 @@ func (o object) int(name string) (int64, bool, error) {
 	// Out of int64's range the conversion below is undefined (on amd64 it
 	// gives math.MinInt64): refuse first.
 	if f >= 0x1p63 || f < -0x1p63 {
-		return 0, false, errField(name+" is out of range", name)
+		return 0, false, FieldError(name+" is out of range", name)
 	}
 	if f != float64(int64(f)) {
-		return 0, false, errField("Expected integer, received float", name)
+		return 0, false, FieldError("Expected integer, received float", name)
 	}
 	return int64(f), true, nil
 }
@@ -175,9 +178,9 @@ func (o object) millis(name string, required bool) (int64, bool, error) {
 	case !ok && !required:
 		return 0, false, nil
 	case !ok || v <= 0:
-		return 0, false, errField(name+" must be a positive number of milliseconds", name)
+		return 0, false, FieldError(name+" must be a positive number of milliseconds", name)
 	case v > maxMillis:
-		return 0, false, errField(fmt.Sprintf("%s must be at most %d milliseconds", name, maxMillis), name)
+		return 0, false, FieldError(fmt.Sprintf("%s must be at most %d milliseconds", name, maxMillis), name)
 	}
 	return v, true, nil
 }
@@ -209,8 +212,8 @@ func (o object) accountID() (string, error) {
 	if err != nil || !ok {
 		return "", err
 	}
-	if !isUUID(s) {
-		return "", errField("account_id must be a valid UUID", "account_id")
+	if !auth.IsUUID(s) {
+		return "", FieldError("account_id must be a valid UUID", "account_id")
 	}
 	return strings.ToLower(s), nil
 }
@@ -225,46 +228,16 @@ func isHTTPURL(s string) bool {
 }
 
 // actsFor is a request that may name the account it acts for.
-type actsFor interface{ actingFor() string }
+type ActsFor interface{ ActingFor() string }
 
-func (r CreateSandboxRequest) actingFor() string  { return r.AccountID }
-func (r PatchSandboxesRequest) actingFor() string { return r.AccountID }
-func (r AccountRequest) actingFor() string        { return r.AccountID }
-func (r CodingAgentRequest) actingFor() string    { return r.AccountID }
-func (r TimeoutRequest) actingFor() string        { return r.AccountID }
-func (r NetworkRequest) actingFor() string        { return r.AccountID }
-func (r ForkRequest) actingFor() string           { return r.AccountID }
-func (r ExecRequest) actingFor() string           { return r.AccountID }
-func (q ListSandboxesQuery) actingFor() string    { return q.AccountID }
-func (q FileQuery) actingFor() string             { return q.AccountID }
-func (q RunsQuery) actingFor() string             { return q.AccountID }
-
-// readBody decodes the body and validates it with parse.
-func readBody[T any](w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (T, error) {
-	o, err := readObject(w, r)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	return parse(o)
-}
-
-// bindBody is the start of every handler with a JSON body: decode,
-// validate, resolve the account the request acts for. On failure it has
-// answered and ok is false.
-func bindBody[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(object) (T, error)) (req T, account string, err error) {
-	req, err = readBody(w, r, parse)
-	if err == nil {
-		account, err = s.actFor(r, req.actingFor())
-	}
-	return req, account, err
-}
-
-// bindQuery is bindBody for handlers whose input is the query string.
-func bindQuery[T actsFor](s *Server, w http.ResponseWriter, r *http.Request, parse func(url.Values) (T, error)) (q T, account string, err error) {
-	q, err = parse(r.URL.Query())
-	if err == nil {
-		account, err = s.actFor(r, q.actingFor())
-	}
-	return q, account, err
-}
+func (r CreateSandboxRequest) ActingFor() string  { return r.AccountID }
+func (r PatchSandboxesRequest) ActingFor() string { return r.AccountID }
+func (r AccountRequest) ActingFor() string        { return r.AccountID }
+func (r CodingAgentRequest) ActingFor() string    { return r.AccountID }
+func (r TimeoutRequest) ActingFor() string        { return r.AccountID }
+func (r NetworkRequest) ActingFor() string        { return r.AccountID }
+func (r ForkRequest) ActingFor() string           { return r.AccountID }
+func (r ExecRequest) ActingFor() string           { return r.AccountID }
+func (q ListSandboxesQuery) ActingFor() string    { return q.AccountID }
+func (q FileQuery) ActingFor() string             { return q.AccountID }
+func (q RunsQuery) ActingFor() string             { return q.AccountID }

@@ -1,4 +1,4 @@
-package api
+package contract
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package api
+package contract
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 )
@@ -16,16 +17,17 @@ import (
 // maxUploadFiles bounds one upload request.
 const maxUploadFiles = 100
 
-// parseCreateSandbox validates the body of POST /api/sandboxes in the order
+// ParseCreateSandbox validates the body of POST /api/sandboxes in the order
 // of the original schema, reporting the first failing field.
-func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
+func ParseCreateSandbox(a Args) (CreateSandboxRequest, error) {
+	o := a.o
 	var req CreateSandboxRequest
 	cmd, hasCmd, err := o.str("command")
 	if err != nil {
 		return req, err
 	}
 	if hasCmd && cmd == "" {
-		return req, errField("command cannot be empty", "command")
+		return req, FieldError("command cannot be empty", "command")
 	}
 	if req.Args, _, err = o.strings("args"); err != nil {
 		return req, err
@@ -38,7 +40,7 @@ func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
 		return req, err
 	}
 	if hasPrompt && prompt == "" {
-		return req, errField("prompt cannot be empty", "prompt")
+		return req, FieldError("prompt cannot be empty", "prompt")
 	}
 	if req.AccountID, err = o.accountID(); err != nil {
 		return req, err
@@ -55,28 +57,29 @@ func parseCreateSandbox(o object) (CreateSandboxRequest, error) {
 		req.Network = &p
 	}
 	if hasCmd && hasPrompt {
-		return req, errField("Cannot specify both command and prompt", "prompt")
+		return req, FieldError("Cannot specify both command and prompt", "prompt")
 	}
 	req.Command, req.Prompt, req.Timeout = cmd, prompt, timeout
 	return req, nil
 }
 
-// parsePatchSandboxes validates the body of PATCH /api/sandboxes.
-func parsePatchSandboxes(o object) (PatchSandboxesRequest, error) {
+// ParsePatchSandboxes validates the body of PATCH /api/sandboxes.
+func ParsePatchSandboxes(a Args) (PatchSandboxesRequest, error) {
+	o := a.o
 	var req PatchSandboxesRequest
 	id, ok, err := o.str("snapshotId")
 	if err != nil {
 		return req, err
 	}
 	if ok && id == "" {
-		return req, errField("snapshotId cannot be empty", "snapshotId")
+		return req, FieldError("snapshotId cannot be empty", "snapshotId")
 	}
 	repo, hasRepo, err := o.str("github_repo")
 	if err != nil {
 		return req, err
 	}
 	if hasRepo && !isHTTPURL(repo) {
-		return req, errField("github_repo must be a valid URL", "github_repo")
+		return req, FieldError("github_repo must be a valid URL", "github_repo")
 	}
 	if req.AccountID, err = o.accountID(); err != nil {
 		return req, err
@@ -85,24 +88,26 @@ func parsePatchSandboxes(o object) (PatchSandboxesRequest, error) {
 	return req, nil
 }
 
-// parseAccountOnly validates a body that carries only account_id.
-func parseAccountOnly(o object) (AccountRequest, error) {
+// ParseAccountOnly validates a body that carries only account_id.
+func ParseAccountOnly(a Args) (AccountRequest, error) {
+	o := a.o
 	id, err := o.accountID()
 	return AccountRequest{AccountID: id}, err
 }
 
-// parseUploadFiles validates the body of POST /api/sandboxes/files.
-func parseUploadFiles(o object) (UploadFilesRequest, error) {
+// ParseUploadFiles validates the body of POST /api/sandboxes/files.
+func ParseUploadFiles(a Args) (UploadFilesRequest, error) {
+	o := a.o
 	var req UploadFilesRequest
 	files, ok, err := o.objects("files")
 	if err != nil {
 		return req, err
 	}
 	if !ok || len(files) == 0 {
-		return req, errField("At least one file is required", "files")
+		return req, FieldError("At least one file is required", "files")
 	}
 	if len(files) > maxUploadFiles {
-		return req, errField(fmt.Sprintf("At most %d files can be uploaded at once", maxUploadFiles), "files")
+		return req, FieldError(fmt.Sprintf("At most %d files can be uploaded at once", maxUploadFiles), "files")
 	}
 	for i, f := range files {
 		u, ok, err := f.str("url", "files", i)
@@ -110,17 +115,17 @@ func parseUploadFiles(o object) (UploadFilesRequest, error) {
 			return req, err
 		}
 		if !ok || !isHTTPURL(u) {
-			return req, errField("Each file must have a valid URL", "files", i, "url")
+			return req, FieldError("Each file must have a valid URL", "files", i, "url")
 		}
 		name, ok, err := f.str("name", "files", i)
 		if err != nil {
 			return req, err
 		}
 		if !ok || name == "" {
-			return req, errField("Each file must have a name", "files", i, "name")
+			return req, FieldError("Each file must have a name", "files", i, "name")
 		}
 		if strings.ContainsAny(name, "/\\\x00") || name == "." || name == ".." {
-			return req, errField("File name must not contain '/' or be '.' or '..'", "files", i, "name")
+			return req, FieldError("File name must not contain '/' or be '.' or '..'", "files", i, "name")
 		}
 		req.Files = append(req.Files, UploadFile{URL: u, Name: name})
 	}
@@ -128,8 +133,8 @@ func parseUploadFiles(o object) (UploadFilesRequest, error) {
 	if err != nil {
 		return req, err
 	}
-	if req.Path, err = cleanRepoPath(dir, true); err != nil {
-		return req, errField(err.Error(), "path")
+	if req.Path, err = CleanRepoPath(dir, true); err != nil {
+		return req, FieldError(err.Error(), "path")
 	}
 	msg, _, err := o.str("message")
 	if err != nil {
@@ -142,9 +147,9 @@ func parseUploadFiles(o object) (UploadFilesRequest, error) {
 	return req, nil
 }
 
-// cleanRepoPath normalises a path inside a repository, refusing absolute
+// CleanRepoPath normalises a path inside a repository, refusing absolute
 // paths and any escape through "..".
-func cleanRepoPath(p string, allowEmpty bool) (string, error) {
+func CleanRepoPath(p string, allowEmpty bool) (string, error) {
 	p = strings.Trim(strings.TrimSpace(p), "/")
 	if p == "" {
 		if allowEmpty {
@@ -160,79 +165,80 @@ func cleanRepoPath(p string, allowEmpty bool) (string, error) {
 	return path.Clean(p), nil
 }
 
-// parseFileQuery validates the query of GET /api/sandboxes/file.
-func parseFileQuery(q url.Values) (FileQuery, error) {
+// ParseFileQuery validates the query of GET /api/sandboxes/file.
+func ParseFileQuery(q url.Values) (FileQuery, error) {
 	var out FileQuery
 	if !q.Has("path") {
-		return out, errBadRequest("path is required")
+		return out, BadRequest("path is required")
 	}
-	p, err := cleanRepoPath(q.Get("path"), false)
+	p, err := CleanRepoPath(q.Get("path"), false)
 	if err != nil {
-		return out, errBadRequest(err.Error())
+		return out, BadRequest(err.Error())
 	}
 	out.Path = p
-	out.AccountID, err = queryAccountID(q)
+	out.AccountID, err = QueryAccountID(q)
 	return out, err
 }
 
-// parseRunsQuery validates the query of GET /api/tasks/runs.
-func parseRunsQuery(q url.Values) (RunsQuery, error) {
+// ParseRunsQuery validates the query of GET /api/tasks/runs.
+func ParseRunsQuery(q url.Values) (RunsQuery, error) {
 	out := RunsQuery{Limit: 20}
 	if q.Has("runId") {
 		out.RunID = strings.TrimSpace(q.Get("runId"))
 		if out.RunID == "" {
-			return out, errBadRequest("runId is required")
+			return out, BadRequest("runId is required")
 		}
 	}
 	var err error
-	if out.Limit, err = queryLimit(q, out.Limit); err != nil {
+	if out.Limit, err = QueryLimit(q, out.Limit); err != nil {
 		return out, err
 	}
-	if out.AccountID, err = queryAccountID(q); err != nil {
+	if out.AccountID, err = QueryAccountID(q); err != nil {
 		return out, err
 	}
 	out.Cursor = q.Get("cursor")
-	out.after, err = queryCursor(out.Cursor)
+	out.after, err = QueryCursor(out.Cursor)
 	return out, err
 }
 
-// parseListQuery validates the query of GET /api/sandboxes.
-func parseListQuery(q url.Values) (ListSandboxesQuery, error) {
+// ParseListQuery validates the query of GET /api/sandboxes.
+func ParseListQuery(q url.Values) (ListSandboxesQuery, error) {
 	var out ListSandboxesQuery
 	out.SandboxID = strings.TrimSpace(q.Get("sandbox_id"))
 	var err error
-	if out.AccountID, err = queryAccountID(q); err != nil {
+	if out.AccountID, err = QueryAccountID(q); err != nil {
 		return out, err
 	}
 	out.paged = q.Has("limit") || q.Has("cursor")
-	if out.Limit, err = queryLimit(q, maxSandboxPage); err != nil {
+	if out.Limit, err = QueryLimit(q, MaxSandboxPage); err != nil {
 		return out, err
 	}
 	out.Cursor = q.Get("cursor")
-	out.after, err = queryCursor(out.Cursor)
+	out.after, err = QueryCursor(out.Cursor)
 	return out, err
 }
 
-func queryAccountID(q url.Values) (string, error) {
+func QueryAccountID(q url.Values) (string, error) {
 	id := q.Get("account_id")
 	if id == "" {
 		return "", nil
 	}
-	if !isUUID(id) {
-		return "", errBadRequest("account_id must be a valid UUID")
+	if !auth.IsUUID(id) {
+		return "", BadRequest("account_id must be a valid UUID")
 	}
 	return strings.ToLower(id), nil
 }
 
-// parseExec validates the body of POST /api/sandboxes/{id}/exec.
-func parseExec(o object) (ExecRequest, error) {
+// ParseExec validates the body of POST /api/sandboxes/{id}/exec.
+func ParseExec(a Args) (ExecRequest, error) {
+	o := a.o
 	var req ExecRequest
 	cmd, ok, err := o.str("command")
 	if err != nil {
 		return req, err
 	}
 	if !ok || cmd == "" {
-		return req, errField("command cannot be empty", "command")
+		return req, FieldError("command cannot be empty", "command")
 	}
 	req.Command = cmd
 	if req.Args, _, err = o.strings("args"); err != nil {
@@ -253,7 +259,7 @@ func parseExec(o object) (ExecRequest, error) {
 				return req, err
 			}
 			if k == "" || strings.ContainsAny(k, "=\x00") {
-				return req, errField("env names must be non-empty and contain no '='", "env", k)
+				return req, FieldError("env names must be non-empty and contain no '='", "env", k)
 			}
 			req.Env[k] = v
 		}
@@ -309,18 +315,19 @@ func termSize(o object, in string) (PTYSize, error) {
 		}
 		n, ok, err := o.int(f.name)
 		if err != nil {
-			return size, errField(name+" must be an integer", path...)
+			return size, FieldError(name+" must be an integer", path...)
 		}
 		if !ok || n < 1 || n > maxTermSize {
-			return size, errField(fmt.Sprintf("%s must be between 1 and %d", name, maxTermSize), path...)
+			return size, FieldError(fmt.Sprintf("%s must be between 1 and %d", name, maxTermSize), path...)
 		}
 		*f.v = int(n)
 	}
 	return size, nil
 }
 
-// parseTimeout validates the body of POST /api/sandboxes/{id}/timeout.
-func parseTimeout(o object) (TimeoutRequest, error) {
+// ParseTimeout validates the body of POST /api/sandboxes/{id}/timeout.
+func ParseTimeout(a Args) (TimeoutRequest, error) {
+	o := a.o
 	var req TimeoutRequest
 	t, _, err := o.millis("timeout", true)
 	if err != nil {
@@ -331,10 +338,11 @@ func parseTimeout(o object) (TimeoutRequest, error) {
 	return req, err
 }
 
-// parseFork validates the body of POST /api/sandboxes/{id}/fork: count
+// ParseFork validates the body of POST /api/sandboxes/{id}/fork: count
 // (default 1) and an optional lifetime for the new sandboxes. The upper
 // bound of count is the manager's.
-func parseFork(o object) (ForkRequest, error) {
+func ParseFork(a Args) (ForkRequest, error) {
+	o := a.o
 	req := ForkRequest{Count: 1}
 	n, ok, err := o.int("count")
 	if err != nil {
@@ -342,7 +350,7 @@ func parseFork(o object) (ForkRequest, error) {
 	}
 	if ok {
 		if n < 1 || n > sandbox.MaxForkCount {
-			return req, errField(fmt.Sprintf("count must be between 1 and %d", sandbox.MaxForkCount), "count")
+			return req, FieldError(fmt.Sprintf("count must be between 1 and %d", sandbox.MaxForkCount), "count")
 		}
 		req.Count = int(n)
 	}
@@ -353,12 +361,13 @@ func parseFork(o object) (ForkRequest, error) {
 	return req, err
 }
 
-// parseNetworkChange validates the body of PATCH
+// ParseNetworkChange validates the body of PATCH
 // /api/sandboxes/{id}/network: a policy, validated as the create field.
-func parseNetworkChange(o object) (NetworkRequest, error) {
+func ParseNetworkChange(a Args) (NetworkRequest, error) {
+	o := a.o
 	var req NetworkRequest
 	if !o.present("network") {
-		return req, errField("network is required", "network")
+		return req, FieldError("network is required", "network")
 	}
 	p, err := o.network()
 	if err != nil {
@@ -376,30 +385,31 @@ func (o object) network() (netpol.Policy, error) {
 	if err := json.Unmarshal(o["network"], &p); err != nil {
 		var pe *netpol.PolicyError
 		if errors.As(err, &pe) {
-			return p, errField(pe.Msg, "network")
+			return p, FieldError(pe.Msg, "network")
 		}
 		// The JSON decoder's own errors (a value of the wrong type).
-		return p, errField("network: "+err.Error(), "network")
+		return p, FieldError("network: "+err.Error(), "network")
 	}
 	return p, nil
 }
 
-// parseCodingAgent validates the body of POST /api/tasks/coding-agent.
-func parseCodingAgent(o object) (CodingAgentRequest, error) {
+// ParseCodingAgent validates the body of POST /api/tasks/coding-agent.
+func ParseCodingAgent(a Args) (CodingAgentRequest, error) {
+	o := a.o
 	var req CodingAgentRequest
 	u, ok, err := o.str("repo_url")
 	if err != nil {
 		return req, err
 	}
 	if !ok || !isHTTPURL(u) {
-		return req, errField("repo_url must be a valid URL", "repo_url")
+		return req, FieldError("repo_url must be a valid URL", "repo_url")
 	}
 	p, ok, err := o.str("prompt")
 	if err != nil {
 		return req, err
 	}
 	if !ok || p == "" {
-		return req, errField("prompt cannot be empty", "prompt")
+		return req, FieldError("prompt cannot be empty", "prompt")
 	}
 	b, _, err := o.str("base_branch")
 	if err != nil {
@@ -409,21 +419,21 @@ func parseCodingAgent(o object) (CodingAgentRequest, error) {
 		b = "main"
 	}
 	if strings.HasPrefix(b, "-") || strings.ContainsAny(b, " ~^:?*[\\\x00") || strings.Contains(b, "..") {
-		return req, errField("base_branch must be a valid branch name", "base_branch")
+		return req, FieldError("base_branch must be a valid branch name", "base_branch")
 	}
 	req.RepoURL, req.Prompt, req.BaseBranch = u, p, b
 	req.AccountID, err = o.accountID()
 	return req, err
 }
 
-// queryLimit is a list's limit parameter: 1 to 100, dflt when absent.
-func queryLimit(q url.Values, dflt int) (int, error) {
+// QueryLimit is a list's limit parameter: 1 to 100, dflt when absent.
+func QueryLimit(q url.Values, dflt int) (int, error) {
 	if !q.Has("limit") {
 		return dflt, nil
 	}
 	n, err := strconv.Atoi(q.Get("limit"))
 	if err != nil || n < 1 || n > 100 {
-		return dflt, errBadRequest("limit must be an integer between 1 and 100")
+		return dflt, BadRequest("limit must be an integer between 1 and 100")
 	}
 	return n, nil
 }
