@@ -14,10 +14,9 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/cluster"
-	"github.com/sandboxd/sandboxd/internal/mcpserver"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -233,18 +232,10 @@ func (p *clusterParts) serve(h http.Handler, log *slog.Logger, errc chan<- error
 	return srv
 }
 
-// apiCluster is the API's view of the cluster: nil (a single node) unless
-// in cluster mode. (A nil *cluster.Router in the interface would not be.)
-func apiCluster(p *clusterParts) api.Cluster {
-	if p.router == nil {
-		return nil
-	}
-	return p.router
-}
-
-// mcpCluster is the MCP server's view of the cluster, the same router:
-// nil (a single node) unless in cluster mode.
-func mcpCluster(p *clusterParts) mcpserver.Cluster {
+// apiCluster is the front ends' view of the cluster (the edge's): nil (a
+// single node) unless in cluster mode. (A nil *cluster.Router in the
+// interface would not be.)
+func apiCluster(p *clusterParts) edge.Cluster {
 	if p.router == nil {
 		return nil
 	}

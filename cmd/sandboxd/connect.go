@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/contract"
 )
 
 // defaultShell is what `sandbox connect` runs without a command: a login
@@ -63,13 +64,13 @@ func connectCommand(c *apiClient, f *clientFlags) *cobra.Command {
 			}
 			fd := int(os.Stdin.Fd())
 			local := term.IsTerminal(fd)
-			body := api.ExecRequest{Command: argv[0], Args: argv[1:], Cwd: cwd}
+			body := contract.ExecRequest{Command: argv[0], Args: argv[1:], Cwd: cwd}
 			if local || tty {
 				rows, cols := 24, 80
 				if w, h, err := term.GetSize(fd); err == nil && w > 0 && h > 0 {
 					rows, cols = h, w
 				}
-				body.PTY = &api.PTYSize{Rows: min(rows, 1000), Cols: min(cols, 1000)}
+				body.PTY = &contract.PTYSize{Rows: min(rows, 1000), Cols: min(cols, 1000)}
 				if t := os.Getenv("TERM"); t != "" {
 					body.Env = map[string]string{"TERM": t}
 				}
@@ -99,7 +100,7 @@ type stdio struct {
 // connect runs body interactively in sandbox id with the streams std
 // and returns how it ended (an "exit" ExecEnd); raw puts the local
 // terminal (os.Stdin) in raw mode meanwhile and follows its size.
-func (c *apiClient) connect(ctx context.Context, id, account string, body api.ExecRequest, raw bool, std stdio) (api.ExecEnd, error) {
+func (c *apiClient) connect(ctx context.Context, id, account string, body contract.ExecRequest, raw bool, std stdio) (api.ExecEnd, error) {
 	u, err := url.Parse(strings.TrimRight(c.url, "/") + "/api/sandboxes/" + url.PathEscape(id) + "/exec")
 	if err != nil {
 		return api.ExecEnd{}, err

@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"os"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 )
 
@@ -65,7 +65,7 @@ func riverUIMounts(ctx context.Context, jc *jobs.Client, keyFile string, log *sl
 func adminOnly(key []byte, h http.Handler) http.Handler {
 	want := sha256.Sum256(key)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if api.ViaCluster(r) {
+		if edge.ViaCluster(r) {
 			http.NotFound(w, r)
 			return
 		}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
@@ -70,7 +70,7 @@ func TestAdminOnly(t *testing.T) {
 		}
 		var handler http.Handler = h
 		if tc.cluster {
-			handler = api.ClusterHandler(acceptAll{}, h, nil)
+			handler = edge.ClusterHandler(acceptAll{}, h, nil, func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusUnauthorized) })
 		}
 		before := reached
 		rec := httptest.NewRecorder()
@@ -97,6 +97,6 @@ func TestRiverUIOff(t *testing.T) {
 
 // acceptAll is a cluster whose every request is signed (another node's
 // forward), for what the handlers behind the listener do with one.
-type acceptAll struct{ api.Cluster }
+type acceptAll struct{ edge.Cluster }
 
 func (acceptAll) Forwarded(*http.Request) (string, bool, error) { return "k", false, nil }

@@ -16,8 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/client"
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/contract"
 )
 
 // maxWholeStdin is the most input `exec --keep-running -i` sends in the
@@ -166,7 +166,7 @@ func (c *apiClient) execRequest(ctx context.Context, id string, f *clientFlags, 
 // carries this side's input as it comes (POST .../exec takes it whole).
 // With --json its output is collected into the answer POST would give.
 func (c *apiClient) execStreamingInput(ctx context.Context, id string, f *clientFlags, r remoteCommand, std stdio) error {
-	body := api.ExecRequest{Command: r.argv[0], Args: r.argv[1:], Cwd: r.cwd, AccountID: f.account}
+	body := contract.ExecRequest{Command: r.argv[0], Args: r.argv[1:], Cwd: r.cwd, AccountID: f.account}
 	if r.timeout > 0 {
 		body.Timeout = max(1, r.timeout.Milliseconds())
 	}
@@ -181,7 +181,7 @@ func (c *apiClient) execStreamingInput(ctx context.Context, id string, f *client
 		return err
 	}
 	if f.asJSON {
-		out := api.ExecResponse{
+		out := contract.ExecResponse{
 			Status: "success", ExitCode: end.ExitCode, OOMKilled: end.OOMKilled, TimedOut: end.TimedOut,
 			Stdout: stdout.String(outputNote), Stderr: stderr.String(outputNote), DurationMs: time.Since(start).Milliseconds(),
 		}
@@ -233,27 +233,27 @@ func (e *exitError) Error() string { return fmt.Sprintf("command exited with sta
 // comes. The generated client sends the request (its plain variant
 // leaves the answer unread); the events are read here, since the document
 // gives the stream as text only.
-func execStream(ctx context.Context, cl *client.ClientWithResponses, id string, body client.ExecRequest, stdout, stderr io.Writer) (api.ExecExit, error) {
+func execStream(ctx context.Context, cl *client.ClientWithResponses, id string, body client.ExecRequest, stdout, stderr io.Writer) (contract.ExecExit, error) {
 	resp, err := cl.PostSandboxesIDExec(ctx, id, body, func(_ context.Context, req *http.Request) error {
 		req.Header.Set("Accept", "text/event-stream")
 		return nil
 	})
 	if err != nil {
-		return api.ExecExit{}, err
+		return contract.ExecExit{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return api.ExecExit{}, errorAnswer(resp)
+		return contract.ExecExit{}, errorAnswer(resp)
 	}
-	var exit api.ExecExit
+	var exit contract.ExecExit
 	ended := false
 	err = readEvents(resp.Body, func(event string, data []byte) (bool, error) {
 		// Every event's data decodes into the one value; the event's name
 		// says which part is meant.
 		var d struct {
-			api.ExecOutput
-			api.ExecExit
-			api.ExecFailure
+			contract.ExecOutput
+			contract.ExecExit
+			contract.ExecFailure
 		}
 		if err := json.Unmarshal(data, &d); err != nil {
 			return false, fmt.Errorf("decode event: %w", err)

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandboxd/sandboxd/client"
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/contract"
 )
 
 // logsCommand is `sandboxd sandbox logs RUN`: a run's log followed to the
@@ -89,8 +89,8 @@ func (c *apiClient) followRunLog(ctx context.Context, id, account string, stdout
 	ended := false
 	err = readEvents(resp.Body, func(event string, data []byte) (bool, error) {
 		var d struct {
-			api.ExecOutput
-			api.ExecFailure
+			contract.ExecOutput
+			contract.ExecFailure
 		}
 		if err := json.Unmarshal(data, &d); err != nil {
 			return false, fmt.Errorf("decode event: %w", err)

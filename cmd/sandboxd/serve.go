@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/console"
 	"github.com/sandboxd/sandboxd/internal/e2b"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/forge"
@@ -42,6 +44,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/progress/display"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/retention"
+	"github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
@@ -457,7 +460,11 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Sandboxes: mgr, Files: fileSvc, Cluster: mcpCluster(clu),
+	gate, err := edge.NewGate(authn, apiCluster(clu), log.With("component", "edge"))
+	if err != nil {
+		return err
+	}
+	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Gate: gate, Sandboxes: mgr, Files: fileSvc,
 		Version: version, Logger: log.With("component", "mcp")})
 	if err != nil {
 		return err
@@ -482,7 +489,6 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		modelproxy.PathPrefix + "*": models,
 		mcpserver.Path:              mcpSrv,
 	}
-	maps.Copy(mounts, e2bAPI.Routes())
 	consoleMounts, err := console.Mounts()
 	if err != nil {
 		return err
@@ -500,7 +506,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		Store:        st,
 		Auth:         authn,
 		Logger:       log,
-		Registry:     reg,
+		Gate:         gate,
 		Version:      version,
 		Runtime:      describeRuntime(rt),
 		Degraded:     degradedSummaries(degraded),
@@ -511,9 +517,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		RunLogs:      runs.Logs{DataDir: dataDir},
 		Proxy:        portProxy,
 		Files:        fileSvc,
-		Cluster:      apiCluster(clu),
 		ModelUsage:   models,
-		Mount:        mounts,
 		// 0 in a flag is none; in Options, the default.
 		BodyIdleTimeout: orNone(o.bodyIdle),
 		BodyTimeout:     orNone(o.bodyTotal),
@@ -521,6 +525,13 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("build API: %w", err)
 	}
+	// The front ends are peers on the server's router, which has the
+	// API's bodies for unmatched paths and routes E2B's sandbox hosts
+	// before any path.
+	rtr := router.New(router.Options{Logger: log, Registry: reg,
+		Routes:   slices.Concat(srv.Routes(), router.Mounts(e2bAPI.Routes()), router.Mounts(mounts)),
+		NotFound: http.HandlerFunc(srv.NotFound), MethodNotAllowed: http.HandlerFunc(srv.MethodNotAllowed),
+		Hosts: e2bAPI.HostRouter})
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -535,7 +546,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		return fmt.Errorf("listen on %s: %w", homeSocket, err)
 	}
 	httpSrv := &http.Server{
-		Handler:           e2bAPI.HostRouter(srv),
+		Handler:           rtr,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -544,7 +555,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	// The way home serves the API, git, MCP and the model proxy only: no
 	// E2B routes and no routing by Host (the E2B domain's port hosts).
 	homeSrv := &http.Server{
-		Handler:           homegate.Only(srv, "/api/", repo.GitPathPrefix, mcpserver.Path, modelproxy.PathPrefix),
+		Handler:           homegate.Only(rtr.Paths(), "/api/", repo.GitPathPrefix, mcpserver.Path, modelproxy.PathPrefix),
 		ReadHeaderTimeout: httpSrv.ReadHeaderTimeout,
 		IdleTimeout:       httpSrv.IdleTimeout,
 		ErrorLog:          httpSrv.ErrorLog,
@@ -574,7 +585,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		_ = httpSrv.Close()
 		return err
 	}
-	clusterSrv := clu.serve(api.ClusterHandler(apiCluster(clu), e2bAPI.HostRouter(srv), log), log, errc)
+	clusterSrv := clu.serve(rtr.ClusterHandler(apiCluster(clu), srv.Refuse), log, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

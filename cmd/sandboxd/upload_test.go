@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/bench"
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/files"
 )
 
@@ -62,7 +62,7 @@ func newUploadServer(t *testing.T) *uploadServer {
 			_, _ = io.WriteString(w, `{"status":"error","error":"Request body must be valid multipart/form-data"}`)
 			return
 		}
-		resp := api.UploadFilesResponse{Status: "success"}
+		resp := contract.UploadFilesResponse{Status: "success"}
 		for {
 			part, err := mr.NextPart()
 			if err == io.EOF {
@@ -170,7 +170,7 @@ func TestUploadBarOnTerminalNeverOnStdout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got api.UploadFilesResponse
+	var got contract.UploadFilesResponse
 	dec := json.NewDecoder(strings.NewReader(out))
 	if err := dec.Decode(&got); err != nil || dec.More() || len(got.Uploaded) != 1 || got.Uploaded[0].Path != "big.bin" {
 		t.Errorf("stdout is not the answer's JSON alone (%v): %q", err, out)

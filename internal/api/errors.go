@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"log/slog"
 	"net/http"
 
@@ -18,23 +17,7 @@ var (
 	errNotAvailable = &Error{Status: http.StatusNotImplemented, Msg: "not available yet"}
 )
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-}
-
-// explain is err as the caller is told it (edge.Explain, with notFound
-// naming what a bare not-found was), or err itself when it is internal,
-// for writeError to log.
-func explain(err error, notFound string) error {
-	if e, internal := edge.Explain(err, notFound); !internal {
-		return e
-	}
-	return err
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { contract.WriteJSON(w, status, v) }
 
 // writeError answers with err's contract body as edge.Explain tells it; an
 // internal error is logged with the request id and answered a bare 500. A
@@ -46,11 +29,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	}
 	e, internal := edge.Explain(err, "")
 	if internal {
-		log.ErrorContext(r.Context(), "request failed", "err", err, "request_id", requestID(r.Context()), "path", r.URL.Path)
+		log.ErrorContext(r.Context(), "request failed", "err", err, "request_id", edge.RequestID(r.Context()), "path", r.URL.Path)
 	}
-	body := contract.ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}
-	if e.Echo {
-		body.Message = e.Msg
-	}
-	writeJSON(w, e.Status, body)
+	contract.WriteError(w, e)
 }

@@ -37,7 +37,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		if s.callerGone(r, sb, req) {
 			return nil
 		}
-		return explain(err, "Sandbox not found")
+		return edge.Explained(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, contract.ExecResponse{
 		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled, TimedOut: res.TimedOut,
@@ -60,7 +60,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.San
 		}
 		e, internal := edge.Explain(err, "Sandbox not found")
 		if internal {
-			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(r.Context()))
+			s.log.ErrorContext(r.Context(), "exec", "err", err, "sandbox_id", sb.ID, "request_id", edge.RequestID(r.Context()))
 		}
 		_ = sse.event("error", contract.ExecFailure{Error: e.Msg, StatusCode: e.Status})
 		return
@@ -81,7 +81,7 @@ func (s *Server) callerGone(r *http.Request, sb store.Sandbox, req contract.Exec
 		fate = "was killed (killOnDisconnect)"
 	}
 	s.log.InfoContext(ctx, "exec: the client went away; the command "+fate,
-		"sandbox_id", sb.ID, "command", req.Command, "request_id", requestID(ctx))
+		"sandbox_id", sb.ID, "command", req.Command, "request_id", edge.RequestID(ctx))
 	return true
 }
 

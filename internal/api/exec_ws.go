@@ -98,7 +98,7 @@ func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if sb.Status != store.SandboxRunning {
-		return explain(errdefs.ErrNotRunning, "Sandbox not found")
+		return edge.Explained(errdefs.ErrNotRunning, "Sandbox not found")
 	}
 	opts := &websocket.AcceptOptions{
 		// No credential is ambient (the key is a header or a subprotocol,
@@ -196,7 +196,7 @@ func (s *Server) interact(r *http.Request, conn *websocket.Conn, sb store.Sandbo
 			return ExecEnd{Type: "error", Error: "the connection ended"} // nobody reads it
 		}
 		if _, internal := edge.Explain(err, ""); internal {
-			s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", requestID(ctx))
+			s.log.ErrorContext(ctx, "interactive exec", "err", err, "sandbox_id", sb.ID, "request_id", edge.RequestID(ctx))
 		}
 		return errorEnd(err)
 	}

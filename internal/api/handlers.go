@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -129,7 +130,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	c := caller(r)
 	node, local, err := s.opts.Gate.Place(r.Context(), c, req.Network)
 	if err != nil {
-		return explain(err, "")
+		return edge.Explained(err, "")
 	}
 	if !local {
 		// The body goes on to the node placement chose.
@@ -141,7 +142,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		e, shown := contract.CreateError(err)
 		if !shown {
-			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", requestID(r.Context()))
+			s.log.ErrorContext(r.Context(), "create sandbox", "err", err, "account_id", account, "request_id", edge.RequestID(r.Context()))
 		}
 		return e
 	}
@@ -283,7 +284,7 @@ func (s *Server) patchSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	env, err := s.opts.Environments.PatchEnvironment(r.Context(), account, persist.EnvironmentPatch{SnapshotID: req.SnapshotID, GithubRepo: req.GithubRepo})
 	if err != nil {
-		return explain(err, "Snapshot not found")
+		return edge.Explained(err, "Snapshot not found")
 	}
 	// The raw row, never wrapped: the original's handler and its published
 	// UpdateSnapshotResponse both answer it so (null while there is none).
@@ -305,7 +306,7 @@ func (s *Server) setupSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	runID, err := s.opts.Agents.Setup(r.Context(), account)
 	if err != nil {
-		return explain(err, "Not found")
+		return edge.Explained(err, "Not found")
 	}
 	writeJSON(w, http.StatusOK, contract.RunResponse{Status: "success", RunID: runID})
 	return nil
@@ -321,7 +322,7 @@ func (s *Server) deleteSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	env, err := s.opts.Sandboxes.DeleteEnvironment(r.Context(), account)
 	if err != nil {
-		return explain(err, "Not found")
+		return edge.Explained(err, "Not found")
 	}
 	resp := contract.DeleteSandboxesResponse{Status: "success"}
 	if env != nil {
@@ -364,7 +365,7 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) error {
 		uploaded, failures, err = s.opts.Files.Upload(r.Context(), account, req.Domain())
 	}
 	if err != nil {
-		return explain(err, "Not found")
+		return edge.Explained(err, "Not found")
 	}
 	if len(uploaded) == 0 {
 		return contract.BadRequest("All uploads failed: " + strings.Join(failures, "; "))
@@ -387,7 +388,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	data, err := s.opts.Files.Read(r.Context(), account, q.Path)
 	if err != nil {
-		return explain(err, "File not found in repository")
+		return edge.Explained(err, "File not found in repository")
 	}
 	resp := contract.FileResponse{Status: "success"}
 	if contract.IsBinary(q.Path, data) {
@@ -481,7 +482,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	kids, err := s.opts.Sandboxes.Fork(r.Context(), sb, req.Count, time.Duration(req.Timeout)*time.Millisecond)
 	if err != nil {
-		return explain(err, "Sandbox not found")
+		return edge.Explained(err, "Sandbox not found")
 	}
 	resp := contract.SandboxesResponse{Status: "success", Sandboxes: make([]contract.Sandbox, len(kids))}
 	for i, k := range kids {
@@ -523,7 +524,7 @@ func actOnSandbox[T contract.ActsFor](s *Server, w http.ResponseWriter, r *http.
 	}
 	sb, err = act(r.Context(), sb, req)
 	if err != nil {
-		return explain(err, "Sandbox not found")
+		return edge.Explained(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, contract.SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil
@@ -536,7 +537,7 @@ func (s *Server) ports(w http.ResponseWriter, r *http.Request) error {
 	}
 	ports, err := s.opts.Sandboxes.Ports(r.Context(), sb)
 	if err != nil {
-		return explain(err, "Sandbox not found")
+		return edge.Explained(err, "Sandbox not found")
 	}
 	resp := contract.PortsResponse{Status: "success", Ports: make([]contract.Port, 0, len(ports))}
 	for _, p := range ports {
@@ -567,7 +568,7 @@ func (s *Server) codingAgent(w http.ResponseWriter, r *http.Request) error {
 	}
 	runID, err := s.opts.Agents.CodingAgent(r.Context(), account, req.Domain())
 	if err != nil {
-		return explain(err, "Not found")
+		return edge.Explained(err, "Not found")
 	}
 	writeJSON(w, http.StatusOK, contract.RunResponse{Status: "success", RunID: runID})
 	return nil

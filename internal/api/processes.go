@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -41,7 +42,7 @@ func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
 	}
 	ps, err := s.opts.Sandboxes.Processes(r.Context(), sb)
 	if err != nil {
-		return explain(err, "Sandbox not found")
+		return edge.Explained(err, "Sandbox not found")
 	}
 	resp := contract.ProcessesResponse{Status: "success", Processes: make([]contract.Process, 0, len(ps))}
 	for _, p := range ps {
@@ -72,7 +73,7 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.opts.Sandboxes.SignalProcess(r.Context(), sb, pid, sig); err != nil {
-		return explain(err, "Process not found")
+		return edge.Explained(err, "Process not found")
 	}
 	writeJSON(w, http.StatusOK, contract.StatusResponse{Status: "success"})
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -70,7 +71,7 @@ func (s *Server) runLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	sse := startSSE(w)
 	if err := s.followRunLog(r, sse, run); err != nil {
-		s.log.WarnContext(r.Context(), "follow run log", "run_id", run.ID, "err", err, "request_id", requestID(r.Context()))
+		s.log.WarnContext(r.Context(), "follow run log", "run_id", run.ID, "err", err, "request_id", edge.RequestID(r.Context()))
 		_ = sse.event("error", contract.ExecFailure{Error: "The run's log could not be read", StatusCode: http.StatusInternalServerError})
 	}
 	return nil

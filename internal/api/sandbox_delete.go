@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
 // deleteSandbox serves DELETE /api/sandboxes/{id} (sandboxd): an ended
@@ -15,7 +16,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.opts.Sandboxes.Delete(r.Context(), sb); err != nil {
-		return explain(err, "Sandbox not found")
+		return edge.Explained(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, contract.SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})
 	return nil

@@ -10,6 +10,7 @@ import (
 	"net/url"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/filecopy"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -130,7 +131,7 @@ func fileError(err error) error {
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return contract.NotFound(errdefs.Message(err, "No such file or directory in the sandbox"))
 	}
-	return explain(err, "Sandbox not found")
+	return edge.Explained(err, "Sandbox not found")
 }
 
 // entryType names a file's type as PathStatResponse does.
@@ -164,7 +165,7 @@ func (s *Server) copyOut(w http.ResponseWriter, r *http.Request) error {
 		// The answer has begun: break it off, so that the client sees a
 		// broken transfer rather than an archive that merely ends early.
 		if r.Context().Err() == nil {
-			s.log.WarnContext(r.Context(), "copy out of a sandbox broke off", "sandbox_id", sb.ID, "err", err, "request_id", requestID(r.Context()))
+			s.log.WarnContext(r.Context(), "copy out of a sandbox broke off", "sandbox_id", sb.ID, "err", err, "request_id", edge.RequestID(r.Context()))
 		}
 		panic(http.ErrAbortHandler)
 	}

@@ -1,8 +1,11 @@
-// Package api serves the HTTP contract (docs/API.md): routes, request
-// validation with the contract's exact messages, error bodies, CORS, and the
-// OpenAPI document generated from the same route table. It authenticates
-// every request through internal/auth and delegates the work to service
-// interfaces; it never touches a runtime or a repository itself.
+// Package api serves the REST contract (docs/API.md, its types and
+// validation in internal/contract): its routes, their error bodies, and the
+// OpenAPI document generated from the same route table. It asks the edge
+// (internal/edge) who calls, whether the caller may see a sandbox, where a
+// request is served and what a failure is told, and delegates the work to
+// service interfaces; it never touches a runtime or a repository itself.
+// The server's router (internal/router) mounts its routes beside the other
+// front ends'.
 package api
 
 import (
@@ -14,11 +17,11 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -37,14 +40,10 @@ type Store interface {
 
 // Options configure the API server.
 type Options struct {
-	Store  Store
-	Auth   *auth.Authenticator
-	Logger *slog.Logger
-	// Registry receives the HTTP metrics. The API does not serve it: they
-	// name every route with its counts, so `sandboxd serve` exposes them on
-	// a listener of their own (--metrics-addr, loopback by default).
-	Registry *prometheus.Registry
-	Version  string
+	Store   Store
+	Auth    *auth.Authenticator
+	Logger  *slog.Logger
+	Version string
 	// Runtime describes the sandbox backend in one line (GET /api/health).
 	Runtime string
 	// Degraded says what the server's setup lacks, one line each, public
@@ -53,7 +52,7 @@ type Options struct {
 	// Services; a nil service makes its routes answer 501 after validating
 	// and authenticating the request.
 	Sandboxes SandboxService
-	Files     FileService
+	Files     contract.FileService
 	Agents    AgentService
 	// SandboxFiles moves files into and out of running sandboxes (GET and
 	// PUT /api/sandboxes/{id}/files); nil answers 501.
@@ -71,8 +70,6 @@ type Options struct {
 	// ModelUsage reports the accounts' model proxy usage and budgets (GET
 	// /api/model/usage); nil answers 501.
 	ModelUsage ModelUsageService
-	// Mount adds handlers outside the JSON API (e.g. the git server).
-	Mount map[string]http.Handler
 	// Gate authenticates callers, checks their access to a sandbox and
 	// forwards requests for a sandbox another node hosts (internal/edge);
 	// nil is a single node's gate over Auth.
@@ -102,9 +99,6 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Registry == nil {
-		opts.Registry = prometheus.NewRegistry()
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -127,8 +121,14 @@ func New(opts Options) (*Server, error) {
 	}
 	s.openapi = doc
 
-	r := chi.NewRouter()
-	r.Use(withRequestID, withObservability(s.log, newMetrics(opts.Registry)), withCORS)
+	s.handler = router.New(router.Options{Logger: s.log, Routes: s.Routes(),
+		NotFound: http.HandlerFunc(s.NotFound), MethodNotAllowed: http.HandlerFunc(s.MethodNotAllowed)})
+	return s, nil
+}
+
+// Routes are the API's routes, for the server's router to mount.
+func (s *Server) Routes() []router.Route {
+	routes := make([]router.Route, 0, len(s.routes))
 	for _, rt := range s.routes {
 		h := s.serveRoute(rt.handler)
 		if !rt.public {
@@ -137,27 +137,29 @@ func New(opts Options) (*Server, error) {
 		if rt.anyMethod {
 			// The port proxy: its bodies are the sandbox application's
 			// business, deadlines included.
-			r.Handle(rt.path, h)
+			routes = append(routes, router.Route{Pattern: rt.path, Handler: h})
 			continue
 		}
 		// Outside authenticated, so that a body forwarded to another
 		// node has its deadlines here, where its client is.
-		r.Method(rt.method, rt.path, s.withBodyDeadline(h))
+		routes = append(routes, router.Route{Method: rt.method, Pattern: rt.path, Handler: s.withBodyDeadline(h)})
 	}
-	for pattern, h := range opts.Mount {
-		r.Handle(pattern, h)
-	}
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.log, contract.NotFound("Not found"))
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.log, &Error{Status: http.StatusMethodNotAllowed, Msg: "Method not allowed"})
-	})
-	s.handler = r
-	return s, nil
+	return routes
 }
 
-// ServeHTTP implements http.Handler.
+// NotFound answers a path no route of the server has, with the API's 404.
+func (s *Server) NotFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, r, s.log, contract.NotFound("Not found"))
+}
+
+// MethodNotAllowed answers a path whose routes take other methods, with
+// the API's 405.
+func (s *Server) MethodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	writeError(w, r, s.log, &edge.Error{Status: http.StatusMethodNotAllowed, Msg: "Method not allowed"})
+}
+
+// ServeHTTP implements http.Handler: the API alone, on a router of its
+// own (tests, tools); the server mounts Routes on its router instead.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // serveRoute adapts a route's handler: the one place its error is written.

@@ -3,12 +3,9 @@ package api
 import (
 	"context"
 	"io"
-	"mime/multipart"
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/contract"
-	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -16,7 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Services return errdefs errors; serviceError maps them onto the contract.
+// Services return errdefs errors; edge.Explain tells them.
 
 // SandboxService creates and drives sandboxes (internal/sandbox).
 type SandboxService interface {
@@ -70,23 +67,6 @@ type EnvironmentService interface {
 	// PatchEnvironment applies p and returns the row afterwards, nil when
 	// there is none; errdefs classes say what was refused.
 	PatchEnvironment(ctx context.Context, accountID string, p persist.EnvironmentPatch) (*store.Environment, error)
-}
-
-// FileService reads and writes the account's repository (internal/repo).
-type FileService interface {
-	// RepoURL is the account's repository URL, or "" when it has none.
-	RepoURL(ctx context.Context, accountID string) (string, error)
-	// Tree lists main of the account's repository recursively, up to the
-	// server's limits; truncated says the listing was cut there.
-	Tree(ctx context.Context, accountID string) (entries []contract.FileTreeEntry, truncated bool, err error)
-	// Read returns a file of main, resolving git submodules.
-	Read(ctx context.Context, accountID, path string) ([]byte, error)
-	// Upload downloads files into the repository in one commit and reports
-	// per-file failures.
-	Upload(ctx context.Context, accountID string, req files.Upload) (uploaded []contract.UploadedFile, failures []string, err error)
-	// UploadMultipart commits the file parts of a multipart/form-data
-	// body (parts named "file", fields "path" and "message").
-	UploadMultipart(ctx context.Context, accountID string, mr *multipart.Reader) (uploaded []contract.UploadedFile, failures []string, err error)
 }
 
 // AgentService starts the runs of tasks that start sandboxes of their own

@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"encoding/json"
 	"net/http"
 
 	"github.com/sandboxd/sandboxd/internal/edge"
@@ -32,3 +33,22 @@ type ErrorBody struct {
 
 // ErrMalformed is the answer to a body that is not JSON.
 var ErrMalformed = BadRequest("Request body must be valid JSON")
+
+// WriteError answers e with the contract's error body.
+func WriteError(w http.ResponseWriter, e *edge.Error) {
+	body := ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}
+	if e.Echo {
+		body.Message = e.Msg
+	}
+	WriteJSON(w, e.Status, body)
+}
+
+// WriteJSON answers v as JSON with status, as the contract writes it (no
+// HTML escaping).
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}

@@ -113,3 +113,13 @@ func Explain(err error, notFound string) (e *Error, internal bool) {
 func ScopeError(what string) *Error {
 	return Errorf(http.StatusForbidden, "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy; %s needs an account key", what)
 }
+
+// Explained is err as Explain tells it (with notFound) when it is no
+// internal error, else err itself: for a front end that answers err later,
+// in one place that logs what is internal.
+func Explained(err error, notFound string) error {
+	if e, internal := Explain(err, notFound); !internal {
+		return e
+	}
+	return err
+}

@@ -15,9 +15,11 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -64,14 +66,12 @@ func TestThroughAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(api.Options{
-		Store: st, Auth: authn, Version: "test", Files: svc,
-		Mount: map[string]http.Handler{"/git/*": repos.GitHTTPHandler(authn)},
-	})
+	srv, err := api.New(api.Options{Store: st, Auth: authn, Version: "test", Files: svc})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler = srv
+	handler = router.New(router.Options{Routes: append(srv.Routes(), router.Route{Pattern: "/git/*", Handler: repos.GitHTTPHandler(authn)}),
+		NotFound: http.HandlerFunc(srv.NotFound), MethodNotAllowed: http.HandlerFunc(srv.MethodNotAllowed)})
 
 	call := func(method, path, body string, out any) int {
 		t.Helper()
@@ -89,13 +89,13 @@ func TestThroughAPI(t *testing.T) {
 		return resp.StatusCode
 	}
 
-	var up api.UploadFilesResponse
+	var up contract.UploadFilesResponse
 	body := `{"files":[{"url":"` + fileSrv.URL + `/report.md","name":"report.md"},{"url":"` + fileSrv.URL + `/pixel.png","name":"pixel.png"},{"url":"` + fileSrv.URL + `/nope","name":"nope.txt"}],"path":"out"}`
 	if code := call("POST", "/api/sandboxes/files", body, &up); code != 200 || len(up.Uploaded) != 2 || len(up.Errors) != 1 || up.Errors[0] != "nope.txt: HTTP 404" {
 		t.Fatalf("upload: %d %+v", code, up)
 	}
 
-	var list api.ListSandboxesResponse
+	var list contract.ListSandboxesResponse
 	if code := call("GET", "/api/sandboxes", "", &list); code != 200 || list.GithubRepo == nil || *list.GithubRepo != apiSrv.URL+"/git/"+acct.ID+".git" {
 		t.Fatalf("list: %d %+v", code, list)
 	}
@@ -109,7 +109,7 @@ func TestThroughAPI(t *testing.T) {
 		t.Fatalf("filetree %+v", list.Filetree)
 	}
 
-	var file api.FileResponse
+	var file contract.FileResponse
 	if code := call("GET", "/api/sandboxes/file?path=out/report.md", "", &file); code != 200 || file.Content != "# Report\n" || file.Encoding != "" {
 		t.Fatalf("read text: %d %+v", code, file)
 	}
@@ -119,7 +119,7 @@ func TestThroughAPI(t *testing.T) {
 	if got, _ := base64.StdEncoding.DecodeString(file.Content); string(got) != string(files.PNGBytes) {
 		t.Fatal("png changed on its way")
 	}
-	var errBody api.ErrorBody
+	var errBody contract.ErrorBody
 	if code := call("GET", "/api/sandboxes/file?path=out/missing.md", "", &errBody); code != 404 || errBody.Error != "File not found in repository" {
 		t.Fatalf("missing file: %d %+v", code, errBody)
 	}

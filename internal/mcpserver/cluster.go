@@ -10,39 +10,20 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/sandboxd/sandboxd/internal/api"
-	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Cluster is what the tools need of a cluster (package cluster, wired by
-// serve); nil for a single node.
-//
-// Work that needs the runtime of the node hosting a sandbox (exec, stop)
-// and the start of a sandbox placed on another node are done there: the
-// tool sends that node the API request it stands for (POST
-// /api/sandboxes/{id}/exec, .../stop, POST /api/sandboxes), signed as a
-// forward for the caller's key id, and answers what that node's API
-// answered, so the result, the errors and the account rules are the host
-// node's own. Everything else the tools do (runs, the repositories) every
-// node serves from the shared database and store.
-type Cluster interface {
-	// HostOf returns the node that serves sandbox id when that is another
-	// node that is up; ok is false to serve it here (api.Cluster.HostOf).
-	HostOf(ctx context.Context, sandboxID string) (node string, ok bool)
-	// Place chooses the node for a new sandbox with network (nil: the
-	// server's default); local when it is this one. It fails with
-	// errdefs.ErrQuota, saying why, when no node can take it
-	// (api.Cluster.Place).
-	Place(ctx context.Context, network *netpol.Policy) (node string, local bool, err error)
-	// Do sends req, a request to the API (its URL a path), to node's
-	// cluster listener for the caller whose key is keyID (placed: a
-	// create placed there) and returns the node's response, whose body
-	// the caller closes. An error means the node did not answer.
-	Do(req *http.Request, node, keyID string, placed bool) (*http.Response, error)
-}
+// In a cluster, work that needs the runtime of the node hosting a sandbox
+// (exec, stop) and the start of a sandbox placed on another node are done
+// there: the tool sends that node the API request it stands for (POST
+// /api/sandboxes/{id}/exec, .../stop, POST /api/sandboxes) through the gate
+// (edge.Gate.Do: signed as a forward for the caller's key id), and answers
+// what that node's API answered, so the result, the errors and the account
+// rules are the host node's own. Everything else the tools do (runs, the
+// repositories) every node serves from the shared database and store.
 
 // maxNodeAnswer bounds a JSON answer read from another node (a sandbox,
 // an error body): they are small, and a bound keeps a broken node from
@@ -53,25 +34,17 @@ const maxNodeAnswer = 1 << 20
 // piece of output as the host read it (the API's own CLI allows as much).
 const maxNodeEvent = 4 << 20
 
-// hostOf is the other node that hosts sandbox id, when there is one.
-func (h *Handler) hostOf(ctx context.Context, id string) (string, bool) {
-	if h.opts.Cluster == nil {
-		return "", false
-	}
-	return h.opts.Cluster.HostOf(ctx, id)
-}
-
 // unreachable is the answer when node did not answer, the same as the
 // API's when it forwards a request there.
 func unreachable(node string) error {
-	return &api.Error{Status: http.StatusBadGateway, Msg: fmt.Sprintf("the node hosting this (%s) did not answer; try again shortly", node)}
+	return &edge.Error{Status: http.StatusBadGateway, Msg: fmt.Sprintf("the node hosting this (%s) did not answer; try again shortly", node)}
 }
 
 // onNode sends the API request method path, with body as JSON, to node
 // for caller p, and returns the response when it succeeded. Any other
 // answer is returned as the API error it carries, as the host's API
 // answered it.
-func (h *Handler) onNode(ctx context.Context, node string, p auth.Principal, placed bool, method, path string, body any, accept string) (*http.Response, error) {
+func (h *Handler) onNode(ctx context.Context, node string, c edge.Caller, placed bool, method, path string, body any, accept string) (*http.Response, error) {
 	data, err := json.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s %s for node %s: %w", method, path, node, err)
@@ -82,7 +55,7 @@ func (h *Handler) onNode(ctx context.Context, node string, p auth.Principal, pla
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", accept)
-	resp, err := h.opts.Cluster.Do(req, node, p.KeyID, placed)
+	resp, err := h.opts.Gate.Do(req, c, node, placed)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -93,7 +66,7 @@ func (h *Handler) onNode(ctx context.Context, node string, p auth.Principal, pla
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	var e api.ErrorBody
+	var e contract.ErrorBody
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxNodeAnswer))
 	if err == nil {
 		err = json.Unmarshal(raw, &e)
@@ -102,12 +75,12 @@ func (h *Handler) onNode(ctx context.Context, node string, p auth.Principal, pla
 		// Not the API's error body: not something to show the caller.
 		return nil, fmt.Errorf("%s %s on node %s: %d %q: %v", method, path, node, resp.StatusCode, raw, err)
 	}
-	return nil, &api.Error{Status: resp.StatusCode, Msg: e.Error, Fields: e.MissingFields, Message: e.Message != ""}
+	return nil, &edge.Error{Status: resp.StatusCode, Msg: e.Error, Fields: e.MissingFields, Echo: e.Message != ""}
 }
 
 // callNode is onNode for a JSON answer, decoded into out.
-func (h *Handler) callNode(ctx context.Context, node string, p auth.Principal, placed bool, method, path string, body, out any) error {
-	resp, err := h.onNode(ctx, node, p, placed, method, path, body, "application/json")
+func (h *Handler) callNode(ctx context.Context, node string, c edge.Caller, placed bool, method, path string, body, out any) error {
+	resp, err := h.onNode(ctx, node, c, placed, method, path, body, "application/json")
 	if err != nil {
 		return err
 	}
@@ -127,8 +100,8 @@ func sandboxPath(id, op string) string { return "/api/sandboxes/" + url.PathEsca
 // execOn runs req in sandbox id on node, its host, through the streamed
 // form of POST /api/sandboxes/{id}/exec: the output comes as the command
 // writes it, into stdout and stderr, bounded here as the local exec's is.
-func (h *Handler) execOn(ctx context.Context, node string, p auth.Principal, id string, req api.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error) {
-	resp, err := h.onNode(ctx, node, p, false, http.MethodPost, sandboxPath(id, "exec"), req, "text/event-stream")
+func (h *Handler) execOn(ctx context.Context, node string, c edge.Caller, id string, req contract.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error) {
+	resp, err := h.onNode(ctx, node, c, false, http.MethodPost, sandboxPath(id, "exec"), req, "text/event-stream")
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -149,9 +122,9 @@ func (h *Handler) execOn(ctx context.Context, node string, p auth.Principal, id 
 		// Every event's data decodes into the one value; the event's
 		// name says which part is meant.
 		var d struct {
-			api.ExecOutput
-			api.ExecExit
-			api.ExecFailure
+			contract.ExecOutput
+			contract.ExecExit
+			contract.ExecFailure
 		}
 		if err := json.Unmarshal(data, &d); err != nil {
 			return sandbox.ExecResult{}, fmt.Errorf("exec in %s on node %s: decode %s event: %w", id, node, event, err)
@@ -168,7 +141,7 @@ func (h *Handler) execOn(ctx context.Context, node string, p auth.Principal, id 
 			if status == 0 {
 				status = http.StatusInternalServerError
 			}
-			return sandbox.ExecResult{}, &api.Error{Status: status, Msg: d.Error}
+			return sandbox.ExecResult{}, &edge.Error{Status: status, Msg: d.Error}
 		}
 	}
 	if ctx.Err() != nil {
@@ -182,9 +155,9 @@ func (h *Handler) execOn(ctx context.Context, node string, p auth.Principal, id 
 
 // createOn starts the sandbox and its run on node, where placement put it,
 // through POST /api/sandboxes there, and returns its row.
-func (h *Handler) createOn(ctx context.Context, node string, p auth.Principal, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
-	var resp api.SandboxesResponse
-	if err := h.callNode(ctx, node, p, true, http.MethodPost, "/api/sandboxes", req, &resp); err != nil {
+func (h *Handler) createOn(ctx context.Context, node string, c edge.Caller, req contract.CreateSandboxRequest) (store.Sandbox, string, error) {
+	var resp contract.SandboxesResponse
+	if err := h.callNode(ctx, node, c, true, http.MethodPost, "/api/sandboxes", req, &resp); err != nil {
 		return store.Sandbox{}, "", err
 	}
 	if len(resp.Sandboxes) != 1 {

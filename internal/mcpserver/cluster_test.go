@@ -19,7 +19,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/cluster"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	httprouter "github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -29,7 +31,7 @@ import (
 
 // noFiles is the file service of the cluster tests, whose tools never
 // reach it (each method panics).
-type noFiles struct{ api.FileService }
+type noFiles struct{ FileService }
 
 // node is one node of an in-process cluster as `sandboxd serve` wires it:
 // a sandbox manager on a fake runtime, the API with /mcp mounted, and a
@@ -54,18 +56,24 @@ func startNode(t *testing.T, st *store.Store, authn *auth.Authenticator, id stri
 	n.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: n.rt, Jobs: jc, NodeID: id, DataDir: t.TempDir()})
 	router := cluster.NewRouter(cluster.RouterConfig{Store: st, NodeID: id, Secret: cluster.Secret(strings.Repeat("s", 32)),
 		DownAfter: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-	h, err := New(Options{Store: st, Auth: authn, Sandboxes: n.mgr, Files: noFiles{}, Cluster: router, PollInterval: 20 * time.Millisecond, Version: "test"})
+	gate, err := edge.NewGate(authn, router, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(api.Options{Store: st, Auth: authn, Sandboxes: n.mgr, Cluster: router, Version: "test", Mount: map[string]http.Handler{Path: h}})
+	h, err := New(Options{Store: st, Auth: authn, Gate: gate, Sandboxes: n.mgr, Files: noFiles{}, PollInterval: 20 * time.Millisecond, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	public := httptest.NewServer(srv)
+	// The node's API, which the tools' requests for its sandboxes reach.
+	srv, err := api.New(api.Options{Store: st, Auth: authn, Gate: gate, Sandboxes: n.mgr, Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := httprouter.New(httprouter.Options{Routes: append(srv.Routes(), httprouter.Route{Pattern: Path, Handler: h}), NotFound: http.HandlerFunc(srv.NotFound)})
+	public := httptest.NewServer(rt)
 	t.Cleanup(public.Close)
 	n.url = public.URL
-	n.listener = httptest.NewServer(srv.ClusterHandler())
+	n.listener = httptest.NewServer(rt.ClusterHandler(router, srv.Refuse))
 	t.Cleanup(n.listener.Close)
 	if err := st.UpsertNode(ctx, &store.Node{ID: id, Address: strings.TrimPrefix(n.listener.URL, "http://"),
 		Capacity: store.NodeCapacity{MaxSandboxes: 10, Runtime: "fake"}}); err != nil {

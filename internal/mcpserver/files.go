@@ -12,7 +12,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
 type readArgs struct {
@@ -62,10 +63,10 @@ func (h *Handler) readFile(ctx context.Context, c *call) (*mcp.CallToolResult, e
 	}
 	data, err := h.opts.Files.Read(ctx, account, p)
 	if err != nil {
-		return nil, api.ServiceError(err, "File not found in repository")
+		return nil, edge.Explained(err, "File not found in repository")
 	}
-	resp := api.FileResponse{Status: "success"}
-	if !api.IsBinary(p, data) {
+	resp := contract.FileResponse{Status: "success"}
+	if !contract.IsBinary(p, data) {
 		resp.Content = string(data)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: resp.Content}}, StructuredContent: resp}, nil
 	}
@@ -86,8 +87,8 @@ func (h *Handler) uploadAccount(ctx context.Context, c *call) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if account != c.p.AccountID {
-		return "", &api.Error{Status: http.StatusForbidden, Msg: "Uploads act for the key's own account only; omit account_id", Fields: []any{"account_id"}}
+	if account != c.who.AccountID {
+		return "", &edge.Error{Status: http.StatusForbidden, Msg: "Uploads act for the key's own account only; omit account_id", Fields: []any{"account_id"}}
 	}
 	return account, nil
 }
@@ -102,7 +103,7 @@ func (h *Handler) writeFile(ctx context.Context, c *call) (*mcp.CallToolResult, 
 		return nil, err
 	}
 	if !ok {
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: "content is required", Fields: []any{"content"}}
+		return nil, contract.FieldError("content is required", "content")
 	}
 	data := []byte(content)
 	switch enc, _, err := c.args.String("encoding"); {
@@ -110,10 +111,10 @@ func (h *Handler) writeFile(ctx context.Context, c *call) (*mcp.CallToolResult, 
 		return nil, err
 	case enc == "base64":
 		if data, err = base64.StdEncoding.DecodeString(content); err != nil {
-			return nil, &api.Error{Status: http.StatusBadRequest, Msg: "content must be valid base64", Fields: []any{"content"}}
+			return nil, contract.FieldError("content must be valid base64", "content")
 		}
 	case enc != "" && enc != "utf-8":
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: `encoding must be "utf-8" or "base64"`, Fields: []any{"encoding"}}
+		return nil, contract.FieldError(`encoding must be "utf-8" or "base64"`, "encoding")
 	}
 	message, _, err := c.args.String("message")
 	if err != nil {
@@ -175,21 +176,21 @@ func (h *Handler) uploadFiles(ctx context.Context, c *call) (*mcp.CallToolResult
 
 // uploadResult answers an upload as the API does: success with the files
 // committed (and the failures of the others), or the failures.
-func uploadResult(uploaded []api.UploadedFile, failures []string, err error) (*mcp.CallToolResult, error) {
+func uploadResult(uploaded []contract.UploadedFile, failures []string, err error) (*mcp.CallToolResult, error) {
 	if err != nil {
-		return nil, api.ServiceError(err, "Not found")
+		return nil, edge.Explained(err, "Not found")
 	}
 	if len(uploaded) == 0 {
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: "All uploads failed: " + strings.Join(failures, "; ")}
+		return nil, &edge.Error{Status: http.StatusBadRequest, Msg: "All uploads failed: " + strings.Join(failures, "; ")}
 	}
-	return jsonResult(api.UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
+	return jsonResult(contract.UploadFilesResponse{Status: "success", Uploaded: uploaded, Errors: failures})
 }
 
 // listResult answers list_files.
 type listResult struct {
-	Status     string              `json:"status"`
-	Repository *string             `json:"repository"`
-	Filetree   []api.FileTreeEntry `json:"filetree"`
+	Status     string                   `json:"status"`
+	Repository *string                  `json:"repository"`
+	Filetree   []contract.FileTreeEntry `json:"filetree"`
 	// Truncated says that only the first entries are listed.
 	Truncated bool `json:"truncated,omitempty"`
 }
@@ -212,10 +213,10 @@ func (h *Handler) listFiles(ctx context.Context, c *call) (*mcp.CallToolResult, 
 	if err != nil {
 		return nil, err
 	}
-	res := listResult{Status: "success", Filetree: []api.FileTreeEntry{}}
+	res := listResult{Status: "success", Filetree: []contract.FileTreeEntry{}}
 	url, err := h.opts.Files.RepoURL(ctx, account)
 	if err != nil {
-		return nil, api.ServiceError(err, "Not found")
+		return nil, edge.Explained(err, "Not found")
 	}
 	if url == "" {
 		return jsonResult(res)
@@ -241,10 +242,10 @@ func (h *Handler) listFiles(ctx context.Context, c *call) (*mcp.CallToolResult, 
 
 // tree lists main of account's repository; the one place the tools ask
 // the file service for it. cut says the service stopped at its limits.
-func (h *Handler) tree(ctx context.Context, account string) (entries []api.FileTreeEntry, cut bool, err error) {
+func (h *Handler) tree(ctx context.Context, account string) (entries []contract.FileTreeEntry, cut bool, err error) {
 	entries, cut, err = h.opts.Files.Tree(ctx, account)
 	if err != nil {
-		return nil, false, api.ServiceError(err, "Not found")
+		return nil, false, edge.Explained(err, "Not found")
 	}
 	return entries, cut, nil
 }

@@ -4,14 +4,15 @@
 // repository, follow runs and stop sandboxes, and the repository's files as
 // resources.
 //
-// It is another front end of the services the HTTP API drives
-// (api.SandboxService, api.FileService, the store's runs): every tool calls
-// them directly, validates its arguments with the API's own rules and
-// messages (api.Args), and decides access with the one rule of
-// internal/auth (ResolveAccount, MayActFor). A sandbox's own key keeps its
+// It is a peer of the REST API over the same services (SandboxService,
+// FileService, the store's runs): every tool calls them directly, speaks
+// the REST contract (internal/contract: its arguments are checked with the
+// routes' own rules and messages, its answers are the routes' views), and
+// asks the edge (internal/edge) who calls, whether the caller may see a
+// sandbox, and what a failure is told. A sandbox's own key keeps its
 // scope: it may use the reading tools only. In a cluster, what needs the
 // node that hosts a sandbox is sent there as the API request it stands
-// for (see Cluster), so every node serves every tool.
+// for (see cluster.go), so every node serves every tool.
 //
 // The transport is stateless: every HTTP request is authenticated on its
 // own and carries its principal in its context, so a session can never be
@@ -29,8 +30,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -46,15 +48,16 @@ type Store interface {
 
 // Options configure the MCP server.
 type Options struct {
-	Store     Store
-	Auth      *auth.Authenticator
-	Sandboxes api.SandboxService
-	Files     api.FileService
-	// Cluster has the work of a sandbox another node hosts done there,
-	// and places new sandboxes as the API does; nil for a single node.
-	Cluster Cluster
-	Logger  *slog.Logger
-	Version string
+	Store Store
+	Auth  *auth.Authenticator
+	// Gate authenticates callers (cluster-forwarded ones too), checks
+	// their access to a sandbox, and has the work of a sandbox another
+	// node hosts done there and new sandboxes placed as the API does.
+	Gate      *edge.Gate
+	Sandboxes SandboxService
+	Files     FileService
+	Logger    *slog.Logger
+	Version   string
 	// PollInterval is how often a waiting tool looks at its run and sends
 	// a progress notification (default 500ms).
 	PollInterval time.Duration
@@ -74,14 +77,14 @@ type Handler struct {
 }
 
 type (
-	principalKey  struct{}
+	callerKey     struct{}
 	requestCtxKey struct{}
 )
 
 // New builds the MCP endpoint.
 func New(opts Options) (*Handler, error) {
-	if opts.Store == nil || opts.Auth == nil || opts.Sandboxes == nil || opts.Files == nil {
-		return nil, errors.New("mcpserver: a store, an authenticator, a sandbox service and a file service are required")
+	if opts.Store == nil || opts.Auth == nil || opts.Gate == nil || opts.Sandboxes == nil || opts.Files == nil {
+		return nil, errors.New("mcpserver: a store, an authenticator, a gate, a sandbox service and a file service are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -125,36 +128,38 @@ func New(opts Options) (*Handler, error) {
 const instructions = `sandboxd runs commands and prompts in ephemeral, isolated Linux sandboxes. Each account has a git repository that every sandbox starts from (/workspace) and that each run's changes are committed to.
 Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. Tools act for the key's own account unless account_id names another the key may act for.`
 
-// ServeHTTP authenticates the request as the API does (an API key as
-// Authorization: Bearer, or x-api-key) and hands it to the MCP transport
-// with its principal. A missing or bad key is answered 401 with the API's
-// error body before any MCP message is read.
+// ServeHTTP authenticates the request as the API does (edge.Gate: an API
+// key as Authorization: Bearer or x-api-key, or on the cluster listener
+// the key another node's signed forward names) and hands it to the MCP
+// transport with its caller. A missing or bad key is answered 401 with
+// the API's error body before any MCP message is read.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key, err := auth.KeyFromHeaders(r.Header)
-	if err == nil {
-		var p auth.Principal
-		if p, err = h.opts.Auth.Authenticate(r.Context(), key); err == nil {
-			if r.Method == http.MethodPost && !h.bufferBody(w, r) {
-				return
-			}
-			ctx := context.WithValue(r.Context(), principalKey{}, p)
-			ctx = context.WithValue(ctx, requestCtxKey{}, r.Context())
-			h.transport.ServeHTTP(w, r.WithContext(ctx))
-			return
+	c, err := h.opts.Gate.Authenticate(r, nil)
+	if err != nil {
+		if errors.Is(err, auth.ErrCredentials) || errors.Is(err, auth.ErrUnauthorized) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
 		}
+		e, internal := edge.Explain(err, "")
+		if internal {
+			h.log.ErrorContext(r.Context(), "mcp: authenticate", "err", err, "path", r.URL.Path)
+		}
+		contract.WriteError(w, e)
+		return
 	}
-	if errors.Is(err, auth.ErrCredentials) || errors.Is(err, auth.ErrUnauthorized) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
+	if r.Method == http.MethodPost && !h.bufferBody(w, r) {
+		return
 	}
-	api.WriteError(w, r, h.log, api.AuthError(err))
+	ctx := context.WithValue(r.Context(), callerKey{}, c)
+	ctx = context.WithValue(ctx, requestCtxKey{}, r.Context())
+	h.transport.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// principal is the authenticated caller of a request. The transport is
+// caller is the authenticated caller of a request. The transport is
 // stateless, so the session of every request is made with that request's
 // context, and a handler's context carries the key that sent it.
-func principal(ctx context.Context) (auth.Principal, bool) {
-	p, ok := ctx.Value(principalKey{}).(auth.Principal)
-	return p, ok && p.AccountID != ""
+func caller(ctx context.Context) (edge.Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(edge.Caller)
+	return c, ok && c.AccountID != ""
 }
 
 // boundToRequest returns ctx cancelled also when the HTTP request that

@@ -15,11 +15,13 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -28,7 +30,7 @@ import (
 // may be reached (each panics), so a test passing through a tool that is
 // refused before it asserts that nothing was started or stopped. The
 // sandbox tools are tested against real sandboxes in e2e/mcp_test.go.
-type noSandboxes struct{ api.SandboxService }
+type noSandboxes struct{ SandboxService }
 
 // fixture is the MCP endpoint mounted in the API server as `sandboxd
 // serve` mounts it, on a real SQLite store, real keys and real
@@ -84,15 +86,15 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Store: st, Auth: authn, Sandboxes: noSandboxes{}, Files: fileSvc, Version: "test"})
+	gate, err := edge.NewGate(authn, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiSrv, err := api.New(api.Options{Store: st, Auth: authn, Files: fileSvc, Version: "test", Mount: map[string]http.Handler{Path: h}})
+	h, err := New(Options{Store: st, Auth: authn, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler = apiSrv
+	handler = router.New(router.Options{Routes: []router.Route{{Pattern: Path, Handler: h}}})
 	return f
 }
 
@@ -152,7 +154,7 @@ func TestUnauthenticatedIs401(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		var e api.ErrorBody
+		var e contract.ErrorBody
 		_ = json.Unmarshal(body, &e)
 		if resp.StatusCode != 401 || e.Status != "error" || e.Error == "" || resp.Header.Get("WWW-Authenticate") == "" {
 			t.Errorf("%s: %d %s %v", name, resp.StatusCode, body, resp.Header)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -30,7 +30,7 @@ func runAnswer(res runResult) (*mcp.CallToolResult, error) {
 }
 
 // runFailure says why a finished run did not succeed; "" when it did.
-func runFailure(run api.Run) string {
+func runFailure(run contract.Run) string {
 	var out struct {
 		ExitCode *int `json:"exitCode"`
 	}
@@ -52,7 +52,7 @@ func runFailure(run api.Run) string {
 }
 
 // execAnswer answers run_command in a running sandbox.
-func execAnswer(resp api.ExecResponse) (*mcp.CallToolResult, error) {
+func execAnswer(resp contract.ExecResponse) (*mcp.CallToolResult, error) {
 	out, err := jsonResult(resp)
 	if err != nil || resp.ExitCode == 0 {
 		return out, err

@@ -7,17 +7,17 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/contract"
 )
 
 // TestRunOutcome: a finished run that did not succeed (a non-zero exit,
 // though the run is COMPLETED, or a run that failed) is an error result
 // whose text starts with why; a successful or unfinished one is not.
 func TestRunOutcome(t *testing.T) {
-	run := func(status, output string, errMsg string) api.Run {
-		r := api.Run{ID: "run_1", Status: status, Output: json.RawMessage(output)}
+	run := func(status, output string, errMsg string) contract.Run {
+		r := contract.Run{ID: "run_1", Status: status, Output: json.RawMessage(output)}
 		if errMsg != "" {
-			r.Error = &api.RunError{Message: errMsg}
+			r.Error = &contract.RunError{Message: errMsg}
 		}
 		return r
 	}
@@ -44,13 +44,13 @@ func TestRunOutcome(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		resp     api.ExecResponse
+		resp     contract.ExecResponse
 		isError  bool
 		startsAs string
 	}{
-		{api.ExecResponse{Status: "success", ExitCode: 0}, false, "{"},
-		{api.ExecResponse{Status: "success", ExitCode: 2, Stderr: "no such file\n"}, true, "The command exited with code 2.\n\n{"},
-		{api.ExecResponse{Status: "success", ExitCode: 137, OOMKilled: true}, true, "The command was killed for the sandbox's memory limit (exit code 137)."},
+		{contract.ExecResponse{Status: "success", ExitCode: 0}, false, "{"},
+		{contract.ExecResponse{Status: "success", ExitCode: 2, Stderr: "no such file\n"}, true, "The command exited with code 2.\n\n{"},
+		{contract.ExecResponse{Status: "success", ExitCode: 137, OOMKilled: true}, true, "The command was killed for the sandbox's memory limit (exit code 137)."},
 	} {
 		res, err := execAnswer(tc.resp)
 		if err != nil {

@@ -10,8 +10,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -65,7 +66,7 @@ func parseFileURI(uri string) (account, p string, ok bool) {
 }
 
 func (h *Handler) listResources(ctx context.Context, req *mcp.ListResourcesRequest) (*mcp.ListResourcesResult, error) {
-	p, ok := principal(ctx)
+	who, ok := caller(ctx)
 	if !ok {
 		return nil, errors.New("unauthenticated")
 	}
@@ -78,14 +79,14 @@ func (h *Handler) listResources(ctx context.Context, req *mcp.ListResourcesReque
 		start = n
 	}
 	res := &mcp.ListResourcesResult{Resources: []*mcp.Resource{}}
-	url, err := h.opts.Files.RepoURL(ctx, p.AccountID)
+	url, err := h.opts.Files.RepoURL(ctx, who.AccountID)
 	if err != nil {
 		return nil, h.resourceError(ctx, err)
 	}
 	if url == "" {
 		return res, nil
 	}
-	tree, _, err := h.tree(ctx, p.AccountID)
+	tree, _, err := h.tree(ctx, who.AccountID)
 	if err != nil {
 		return nil, h.resourceError(ctx, err)
 	}
@@ -99,7 +100,7 @@ func (h *Handler) listResources(ctx context.Context, req *mcp.ListResourcesReque
 				res.NextCursor = strconv.Itoa(i)
 				break
 			}
-			r := &mcp.Resource{URI: fileURI(p.AccountID, e.Path), Name: e.Path, MIMEType: mimeType(e.Path, false)}
+			r := &mcp.Resource{URI: fileURI(who.AccountID, e.Path), Name: e.Path, MIMEType: mimeType(e.Path, false)}
 			if e.Size != nil {
 				r.Size = *e.Size
 			}
@@ -112,7 +113,7 @@ func (h *Handler) listResources(ctx context.Context, req *mcp.ListResourcesReque
 
 func (h *Handler) readResource(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 	uri := req.Params.URI
-	p, ok := principal(ctx)
+	who, ok := caller(ctx)
 	if !ok {
 		return nil, errors.New("unauthenticated")
 	}
@@ -121,7 +122,7 @@ func (h *Handler) readResource(ctx context.Context, req *mcp.ReadResourceRequest
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	// Another account's files are "not found", like its ids elsewhere.
-	if _, err := h.opts.Auth.ResolveAccount(ctx, p, account); err != nil {
+	if _, err := h.opts.Gate.Account(ctx, who, account); err != nil {
 		if errors.Is(err, auth.ErrForbidden) {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
@@ -135,7 +136,7 @@ func (h *Handler) readResource(ctx context.Context, req *mcp.ReadResourceRequest
 	if err != nil {
 		return nil, h.resourceError(ctx, err)
 	}
-	binary := api.IsBinary(file, data)
+	binary := contract.IsBinary(file, data)
 	c := &mcp.ResourceContents{URI: uri, MIMEType: mimeType(file, binary)}
 	if binary {
 		c.Blob = data
@@ -148,14 +149,14 @@ func (h *Handler) readResource(ctx context.Context, req *mcp.ReadResourceRequest
 // resourceError is a JSON-RPC error with the API's message for err, or an
 // internal error that leaks nothing (and is logged).
 func (h *Handler) resourceError(ctx context.Context, err error) error {
-	var e *api.Error
-	if mapped := api.ServiceError(err, "Not found"); errors.As(mapped, &e) {
-		code := int64(jsonrpc.CodeInvalidParams)
-		if e.Status >= 500 {
-			code = jsonrpc.CodeInternalError
-		}
-		return &jsonrpc.Error{Code: code, Message: e.Msg}
+	e, internal := edge.Explain(err, "Not found")
+	if internal {
+		h.log.ErrorContext(ctx, "mcp resource failed", "err", err)
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: e.Msg}
 	}
-	h.log.ErrorContext(ctx, "mcp resource failed", "err", err)
-	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Internal server error"}
+	code := int64(jsonrpc.CodeInvalidParams)
+	if e.Status >= 500 {
+		code = jsonrpc.CodeInternalError
+	}
+	return &jsonrpc.Error{Code: code, Message: e.Msg}
 }

@@ -12,16 +12,16 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // The arguments of each tool, as their schemas document them. The
-// handlers read the raw arguments with api.Args, so that a bad value is
+// handlers read the raw arguments with contract.Args, so that a bad value is
 // refused with the API's own message, not a schema validator's. Network is
 // not a pointer although it is optional: the schema library would make a
 // pointer's schema "null" only (see networkSchema).
@@ -84,8 +84,8 @@ func (h *Handler) tools() []tool {
 
 // runResult answers the tools that start a run.
 type runResult struct {
-	Sandbox api.Sandbox `json:"sandbox"`
-	Run     api.Run     `json:"run"`
+	Sandbox contract.Sandbox `json:"sandbox"`
+	Run     contract.Run     `json:"run"`
 	// Finished is false when the call returned before the run ended (wait
 	// false, or the client went away): get_run follows it.
 	Finished bool `json:"finished"`
@@ -106,9 +106,9 @@ func (h *Handler) promptSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 		return nil, err
 	}
 	if req.Prompt == "" {
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: "prompt cannot be empty", Fields: []any{"prompt"}}
+		return nil, contract.FieldError("prompt cannot be empty", "prompt")
 	}
-	account, err := h.resolve(ctx, c.p, req.AccountID)
+	account, err := h.resolve(ctx, c.who, req.AccountID)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult,
 	}
 	for _, name := range []string{"env", "stdin"} {
 		if c.args.Has(name) {
-			return nil, &api.Error{Status: http.StatusBadRequest, Msg: name + " needs sandbox_id: a new sandbox's run takes command, args and cwd", Fields: []any{name}}
+			return nil, contract.FieldError(name+" needs sandbox_id: a new sandbox's run takes command, args and cwd", name)
 		}
 	}
 	req, err := c.args.CreateSandbox()
@@ -143,9 +143,9 @@ func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult,
 		return nil, err
 	}
 	if req.Command == "" {
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: "command cannot be empty", Fields: []any{"command"}}
+		return nil, contract.FieldError("command cannot be empty", "command")
 	}
-	account, err := h.resolve(ctx, c.p, req.AccountID)
+	account, err := h.resolve(ctx, c.who, req.AccountID)
 	if err != nil {
 		return nil, err
 	}
@@ -158,12 +158,12 @@ func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult,
 
 // startAndWait creates the sandbox with its run and, unless told not to,
 // waits for the run.
-func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req api.CreateSandboxRequest) (runResult, error) {
+func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req contract.CreateSandboxRequest) (runResult, error) {
 	wait, hasWait, err := c.args.Bool("wait")
 	if err != nil {
 		return runResult{}, err
 	}
-	sb, runID, err := h.create(ctx, c.p, account, req)
+	sb, runID, err := h.create(ctx, c.who, account, req)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -171,13 +171,13 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 	if err != nil {
 		return runResult{}, fmt.Errorf("get run %s: %w", runID, err)
 	}
-	finished := api.ViewRun(run, h.opts.Now()).IsCompleted
+	finished := contract.ViewRun(run, h.opts.Now()).IsCompleted
 	if !hasWait || wait {
 		if run, finished, err = h.waitRun(ctx, c.req, runID); err != nil {
 			return runResult{}, err
 		}
 	}
-	res := runResult{Sandbox: h.live(ctx, sb), Run: api.ViewRun(run, h.opts.Now()), Finished: finished}
+	res := runResult{Sandbox: h.live(ctx, sb), Run: contract.ViewRun(run, h.opts.Now()), Finished: finished}
 	if !finished {
 		res.Note = "The run has not finished: follow it with get_run {\"run_id\": \"" + runID + "\"}."
 	}
@@ -188,19 +188,17 @@ func (h *Handler) startAndWait(ctx context.Context, c *call, account string, req
 // in a cluster on the node placement chooses (through that node's API
 // when it is another), else here. Errors are answered as that route
 // answers them.
-func (h *Handler) create(ctx context.Context, p auth.Principal, account string, req api.CreateSandboxRequest) (store.Sandbox, string, error) {
-	if h.opts.Cluster != nil {
-		node, local, err := h.opts.Cluster.Place(ctx, req.Network)
-		if err != nil {
-			return store.Sandbox{}, "", api.ServiceError(err, "")
-		}
-		if !local {
-			return h.createOn(ctx, node, p, req)
-		}
+func (h *Handler) create(ctx context.Context, who edge.Caller, account string, req contract.CreateSandboxRequest) (store.Sandbox, string, error) {
+	node, local, err := h.opts.Gate.Place(ctx, who, req.Network)
+	if err != nil {
+		return store.Sandbox{}, "", err
+	}
+	if !local {
+		return h.createOn(ctx, node, who, req)
 	}
 	sb, runID, err := h.opts.Sandboxes.Create(ctx, account, req.Domain())
 	if err != nil {
-		mapped, shown := api.CreateError(err)
+		mapped, shown := contract.CreateError(err)
 		if !shown {
 			h.log.ErrorContext(ctx, "mcp: create sandbox", "err", err, "account_id", account)
 		}
@@ -210,14 +208,14 @@ func (h *Handler) create(ctx context.Context, p auth.Principal, account string, 
 }
 
 // live is the sandbox as its host reports it now.
-func (h *Handler) live(ctx context.Context, sb store.Sandbox) api.Sandbox {
+func (h *Handler) live(ctx context.Context, sb store.Sandbox) contract.Sandbox {
 	if cur, err := h.opts.Store.GetSandbox(ctx, sb.ID); err == nil {
 		sb = cur
 	}
 	if rows := h.opts.Sandboxes.Live(ctx, []store.Sandbox{sb}); len(rows) == 1 {
 		sb = rows[0]
 	}
-	return api.ViewSandbox(sb, h.opts.Now())
+	return contract.ViewSandbox(sb, h.opts.Now())
 }
 
 // waitRun polls the run until it has ended, sending a progress
@@ -238,7 +236,7 @@ func (h *Handler) waitRun(ctx context.Context, req *mcp.CallToolRequest, runID s
 			return run, false, fmt.Errorf("get run %s: %w", runID, err)
 		}
 		now := h.opts.Now()
-		if api.ViewRun(run, now).IsCompleted {
+		if contract.ViewRun(run, now).IsCompleted {
 			return run, true, nil
 		}
 		elapsed := now.Sub(start)
@@ -290,7 +288,7 @@ func (h *Handler) blobs(ctx context.Context, account string) (m map[string]strin
 // blobs differ between before the run and now. A run whose commit went to
 // a branch of its own (main had moved meanwhile) changed nothing on main,
 // and the note says where its work is.
-func (h *Handler) changes(ctx context.Context, account string, before map[string]string, beforeCut bool, run api.Run) ([]changedFile, string, error) {
+func (h *Handler) changes(ctx context.Context, account string, before map[string]string, beforeCut bool, run contract.Run) ([]changedFile, string, error) {
 	var out struct {
 		Branch   string `json:"branch"`
 		GitError string `json:"gitError"`
@@ -344,27 +342,27 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	if err != nil {
 		return nil, err
 	}
-	sb, err := h.sandbox(ctx, c.p, req.AccountID, id)
+	sb, err := h.sandbox(ctx, c.who, req.AccountID, id)
 	if err != nil {
 		return nil, err
 	}
-	stdout, stderr := capbuf.New(api.MaxExecOutput), capbuf.New(api.MaxExecOutput)
+	stdout, stderr := capbuf.New(contract.MaxExecOutput), capbuf.New(contract.MaxExecOutput)
 	start := time.Now()
 	stop := h.tickProgress(ctx, c.req, func(elapsed time.Duration) string {
 		return fmt.Sprintf("%s is running in %s after %s", req.Command, sb.ID, elapsed.Round(time.Second))
 	})
 	var res sandbox.ExecResult
-	if node, ok := h.hostOf(ctx, sb.ID); ok {
-		res, err = h.execOn(ctx, node, c.p, sb.ID, req, stdout, stderr)
+	if node, ok := h.opts.Gate.Elsewhere(ctx, c.who, sb.ID); ok {
+		res, err = h.execOn(ctx, node, c.who, sb.ID, req, stdout, stderr)
 	} else {
 		res, err = h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
 	}
 	stop()
 	if err != nil {
-		return nil, api.ServiceError(err, "Sandbox not found")
+		return nil, edge.Explained(err, "Sandbox not found")
 	}
 	const cut = "not shown; run it with output to a file and read that"
-	return execAnswer(api.ExecResponse{
+	return execAnswer(contract.ExecResponse{
 		Status: "success", ExitCode: res.ExitCode, OOMKilled: res.OOMKilled,
 		Stdout: stdout.String(cut), Stderr: stderr.String(cut),
 		DurationMs: time.Since(start).Milliseconds(),
@@ -408,19 +406,19 @@ func (h *Handler) getRun(ctx context.Context, c *call) (*mcp.CallToolResult, err
 		if err != nil {
 			return nil, err
 		}
-		run, err := h.run(ctx, c.p, requested, id)
+		run, err := h.run(ctx, c.who, requested, id)
 		if err != nil {
 			return nil, err
 		}
-		return jsonResult(api.RunsResponse{Status: "success", Runs: []api.Run{api.ViewRun(run, h.opts.Now())}})
+		return jsonResult(contract.RunsResponse{Status: "success", Runs: []contract.Run{contract.ViewRun(run, h.opts.Now())}})
 	}
 	limit := int64(20)
 	if n, ok, err := c.args.Int("limit"); err != nil || (ok && (n < 1 || n > maxRunsListed)) {
-		return nil, &api.Error{Status: http.StatusBadRequest, Msg: fmt.Sprintf("limit must be an integer between 1 and %d", maxRunsListed), Fields: []any{"limit"}}
+		return nil, contract.FieldError(fmt.Sprintf("limit must be an integer between 1 and %d", maxRunsListed), "limit")
 	} else if ok {
 		limit = n
 	}
-	account, err := h.resolve(ctx, c.p, requested)
+	account, err := h.resolve(ctx, c.who, requested)
 	if err != nil {
 		return nil, err
 	}
@@ -428,9 +426,9 @@ func (h *Handler) getRun(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	if err != nil {
 		return nil, fmt.Errorf("list runs of %s: %w", account, err)
 	}
-	resp := api.RunsResponse{Status: "success", Runs: make([]api.Run, 0, len(runs))}
+	resp := contract.RunsResponse{Status: "success", Runs: make([]contract.Run, 0, len(runs))}
 	for _, run := range runs {
-		resp.Runs = append(resp.Runs, api.ViewRun(run, h.opts.Now()))
+		resp.Runs = append(resp.Runs, contract.ViewRun(run, h.opts.Now()))
 	}
 	return jsonResult(resp)
 }
@@ -444,22 +442,22 @@ func (h *Handler) stopSandbox(ctx context.Context, c *call) (*mcp.CallToolResult
 	if err != nil {
 		return nil, err
 	}
-	sb, err := h.sandbox(ctx, c.p, requested, id)
+	sb, err := h.sandbox(ctx, c.who, requested, id)
 	if err != nil {
 		return nil, err
 	}
-	if node, ok := h.hostOf(ctx, sb.ID); ok {
+	if node, ok := h.opts.Gate.Elsewhere(ctx, c.who, sb.ID); ok {
 		// The host stops it now; here it would only be marked stopping
 		// and left to a job on the host.
-		var resp api.SandboxResponse
-		if err := h.callNode(ctx, node, c.p, false, http.MethodPost, sandboxPath(sb.ID, "stop"), api.AccountRequest{AccountID: requested}, &resp); err != nil {
+		var resp contract.SandboxResponse
+		if err := h.callNode(ctx, node, c.who, false, http.MethodPost, sandboxPath(sb.ID, "stop"), contract.AccountRequest{AccountID: requested}, &resp); err != nil {
 			return nil, err
 		}
 		return jsonResult(resp)
 	}
 	sb, err = h.opts.Sandboxes.Stop(ctx, sb)
 	if err != nil {
-		return nil, api.ServiceError(err, "Sandbox not found")
+		return nil, edge.Explained(err, "Sandbox not found")
 	}
-	return jsonResult(api.SandboxResponse{Status: "success", Sandbox: api.ViewSandbox(sb, h.opts.Now())})
+	return jsonResult(contract.SandboxResponse{Status: "success", Sandbox: contract.ViewSandbox(sb, h.opts.Now())})
 }

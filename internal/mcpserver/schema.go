@@ -14,7 +14,7 @@ import (
 // they call, often with a strict validator (ajv): each must accept every
 // argument object the tools document and take, and should refuse what the
 // handlers refuse whatever the account. The handlers still check every
-// argument themselves (api.Args), so that a bad value gets the API's
+// argument themselves (contract.Args), so that a bad value gets the API's
 // message rather than a validator's; the schemas only describe.
 
 // inputSchema is the input schema of a tool whose arguments are the

@@ -10,21 +10,22 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // call is one tool call: who makes it and its arguments.
 type call struct {
 	req  *mcp.CallToolRequest
-	p    auth.Principal
-	args api.Args
+	who  edge.Caller
+	args contract.Args
 }
 
-// toolFunc does a tool's work. An *api.Error is answered as a tool error
-// with its message; any other error is logged and answered as an internal
-// error that leaks nothing.
+// toolFunc does a tool's work. Its error is answered as a tool error with
+// what edge.Explain tells of it; an internal one is logged and answered as
+// an internal error that leaks nothing.
 type toolFunc func(ctx context.Context, c *call) (*mcp.CallToolResult, error)
 
 // tool describes one tool: In documents its arguments (the schema clients
@@ -52,26 +53,25 @@ func (h *Handler) handle(t tool) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		ctx, cancel := boundToRequest(ctx)
 		defer cancel()
-		p, ok := principal(ctx)
+		who, ok := caller(ctx)
 		if !ok {
 			// ServeHTTP authenticates every request; a handler without a
-			// principal is a wiring error, refused rather than trusted.
-			return errorResult(&api.Error{Status: http.StatusUnauthorized, Msg: "Unauthorized"}), nil
+			// caller is a wiring error, refused rather than trusted.
+			return errorResult(auth.ErrUnauthorized), nil
 		}
 		if t.changes {
-			if err := p.MayCall(http.MethodPost); err != nil {
-				return errorResult(api.ScopeError("the " + t.name + " tool")), nil
+			if err := who.MayCall(http.MethodPost); err != nil {
+				return errorResult(edge.ScopeError("the " + t.name + " tool")), nil
 			}
 		}
-		args, err := api.DecodeArgs(req.Params.Arguments)
+		args, err := contract.DecodeArgs(req.Params.Arguments)
 		if err != nil {
 			return errorResult(err), nil
 		}
-		res, err := t.fn(ctx, &call{req: req, p: p, args: args})
+		res, err := t.fn(ctx, &call{req: req, who: who, args: args})
 		if err != nil {
-			var e *api.Error
-			if !errors.As(err, &e) {
-				h.log.ErrorContext(ctx, "mcp tool failed", "tool", t.name, "account_id", p.AccountID, "err", err)
+			if _, internal := edge.Explain(err, ""); internal {
+				h.log.ErrorContext(ctx, "mcp tool failed", "tool", t.name, "account_id", who.AccountID, "err", err)
 			}
 			return errorResult(err), nil
 		}
@@ -82,18 +82,15 @@ func (h *Handler) handle(t tool) mcp.ToolHandler {
 // toolError is the structured content of a tool error: the API's error
 // body and its HTTP status.
 type toolError struct {
-	api.ErrorBody
+	contract.ErrorBody
 	StatusCode int `json:"statusCode"`
 }
 
-// errorResult is the isError result of err: the message the API answers
-// for it, or "Internal server error" for an error the API would not show.
+// errorResult is the isError result of err: what edge.Explain tells of it,
+// as the API answers it.
 func errorResult(err error) *mcp.CallToolResult {
-	var e *api.Error
-	if !errors.As(err, &e) {
-		e = &api.Error{Status: http.StatusInternalServerError, Msg: "Internal server error"}
-	}
-	body := toolError{ErrorBody: api.ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}, StatusCode: e.Status}
+	e, _ := edge.Explain(err, "")
+	body := toolError{ErrorBody: contract.ErrorBody{Status: "error", Error: e.Msg, MissingFields: e.Fields}, StatusCode: e.Status}
 	return &mcp.CallToolResult{
 		IsError:           true,
 		Content:           []mcp.Content{&mcp.TextContent{Text: e.Msg}},
@@ -113,12 +110,8 @@ func jsonResult(v any) (*mcp.CallToolResult, error) {
 
 // resolve is the account a call acts for: its account_id if the key may
 // act for it (the API's one rule), else the key's own.
-func (h *Handler) resolve(ctx context.Context, p auth.Principal, requested string) (string, error) {
-	id, err := h.opts.Auth.ResolveAccount(ctx, p, requested)
-	if err != nil {
-		return "", api.AuthError(err)
-	}
-	return id, nil
+func (h *Handler) resolve(ctx context.Context, who edge.Caller, requested string) (string, error) {
+	return h.opts.Gate.Account(ctx, who, requested)
 }
 
 // account resolves the call's optional account_id.
@@ -127,58 +120,31 @@ func (h *Handler) account(ctx context.Context, c *call) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return h.resolve(ctx, c.p, requested)
+	return h.resolve(ctx, c.who, requested)
 }
 
 // requiredString is a string argument that must be present and not empty.
-func requiredString(a api.Args, name string) (string, error) {
+func requiredString(a contract.Args, name string) (string, error) {
 	s, _, err := a.String(name)
 	if err != nil {
 		return "", err
 	}
 	if s == "" {
-		return "", &api.Error{Status: http.StatusBadRequest, Msg: name + " is required", Fields: []any{name}}
+		return "", contract.FieldError(name+" is required", name)
 	}
 	return s, nil
 }
 
 // sandbox loads a sandbox the caller may see, as the API's /{id} routes
-// do: with account_id, only that account's; without, any account's the
-// key may act for. Anything else is "Sandbox not found", so that ids
-// cannot be probed.
-func (h *Handler) sandbox(ctx context.Context, p auth.Principal, requested, id string) (store.Sandbox, error) {
-	notFound := &api.Error{Status: http.StatusNotFound, Msg: "Sandbox not found"}
-	sb, err := h.opts.Store.GetSandbox(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return sb, notFound
-	}
-	if err != nil {
-		return sb, fmt.Errorf("get sandbox %s: %w", id, err)
-	}
-	if requested != "" {
-		account, err := h.resolve(ctx, p, requested)
-		if err != nil {
-			return sb, err
-		}
-		if sb.AccountID != account {
-			return sb, notFound
-		}
-		return sb, nil
-	}
-	ok, err := h.opts.Auth.MayActFor(ctx, p, sb.AccountID)
-	if err != nil {
-		return sb, err
-	}
-	if !ok {
-		return sb, notFound
-	}
-	return sb, nil
+// do (edge.Gate.Sandbox).
+func (h *Handler) sandbox(ctx context.Context, who edge.Caller, requested, id string) (store.Sandbox, error) {
+	return h.opts.Gate.Sandbox(ctx, who, id, requested)
 }
 
 // run loads a run the caller may see, as GET /api/tasks/runs?runId= does.
-func (h *Handler) run(ctx context.Context, p auth.Principal, requested, id string) (store.Run, error) {
-	notFound := &api.Error{Status: http.StatusNotFound, Msg: "Task run not found"}
-	account, err := h.resolve(ctx, p, requested)
+func (h *Handler) run(ctx context.Context, who edge.Caller, requested, id string) (store.Run, error) {
+	notFound := contract.NotFound("Task run not found")
+	account, err := h.resolve(ctx, who, requested)
 	if err != nil {
 		return store.Run{}, err
 	}
@@ -196,7 +162,7 @@ func (h *Handler) run(ctx context.Context, p auth.Principal, requested, id strin
 	if requested != "" {
 		return run, notFound
 	}
-	ok, err := h.opts.Auth.MayActFor(ctx, p, run.AccountID)
+	ok, err := h.opts.Auth.MayActFor(ctx, who.Principal, run.AccountID)
 	if err != nil {
 		return run, err
 	}

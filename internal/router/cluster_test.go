@@ -1,4 +1,4 @@
-package api
+package router_test
 
 import (
 	"context"
@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -54,12 +56,14 @@ func TestClusterListenerRefusesUnsigned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Options{Store: st, Auth: a, Gate: gate, Version: "test",
-		Mount: map[string]http.Handler{"/git/*": mount("git"), "/mcp": mount("mcp"), "/console/*": mount("console"), "/model/*": mount("model")}})
+	srv, err := api.New(api.Options{Store: st, Auth: a, Gate: gate, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	listener := edge.ClusterHandler(headerCluster{}, srv, nil, srv.Refuse)
+	rt := router.New(router.Options{Routes: append(srv.Routes(), router.Mounts(map[string]http.Handler{
+		"/git/*": mount("git"), "/mcp": mount("mcp"), "/console/*": mount("console"), "/model/*": mount("model")})...),
+		NotFound: http.HandlerFunc(srv.NotFound)})
+	listener := rt.ClusterHandler(headerCluster{}, srv.Refuse)
 	for _, path := range []string{"/git/acct.git/info/refs?service=git-upload-pack", "/mcp", "/console/", "/model/openai/chat/completions", "/api/sandboxes", "/api/health"} {
 		for _, signed := range []bool{false, true} {
 			req := httptest.NewRequest(http.MethodGet, path, nil)
@@ -84,14 +88,15 @@ func TestClusterListenerRefusesUnsigned(t *testing.T) {
 		}
 	}
 	// No cluster at all: nothing is served there.
-	lone, err := New(Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test"})
+	lone, err := api.New(api.Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	loneRouter := router.New(router.Options{Routes: lone.Routes()})
 	req := httptest.NewRequest(http.MethodGet, "/api/health", nil)
 	req.Header.Set("Signed", "yes")
 	rec := httptest.NewRecorder()
-	edge.ClusterHandler(nil, lone, nil, lone.Refuse).ServeHTTP(rec, req)
+	loneRouter.ClusterHandler(nil, lone.Refuse).ServeHTTP(rec, req)
 	if rec.Code != http.StatusUnauthorized {
 		t.Errorf("a cluster listener without a cluster: %d, want 401", rec.Code)
 	}

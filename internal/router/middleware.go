@@ -1,7 +1,6 @@
-package api
+package router
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -14,24 +13,10 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/httprec"
 )
-
-type ctxKey int
-
-const (
-	requestIDKey ctxKey = iota
-	callerKey
-	bodyKey
-)
-
-func requestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
-}
 
 // withRequestID tags each request with an id (the caller's X-Request-Id when
 // it sends a sane one) that appears in logs and in the response headers.
@@ -44,7 +29,7 @@ func withRequestID(next http.Handler) http.Handler {
 			id = hex.EncodeToString(b[:])
 		}
 		w.Header().Set("X-Request-Id", id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		next.ServeHTTP(w, r.WithContext(edge.WithRequestID(r.Context(), id)))
 	})
 }
 
@@ -123,7 +108,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 					}
 					logPanic(r, log, p)
 					if rec.Status == 0 {
-						writeJSON(rec, http.StatusInternalServerError, contract.ErrorBody{Status: "error", Error: "Internal server error"})
+						contract.WriteError(rec, &edge.Error{Status: http.StatusInternalServerError, Msg: edge.InternalMessage})
 					}
 				}
 				pattern := "unmatched"
@@ -142,7 +127,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 					wait = rec.HeaderAt.Sub(start)
 				}
 				log.LogAttrs(r.Context(), requestLevel(status, wait), "http request",
-					slog.String("request_id", requestID(r.Context())),
+					slog.String("request_id", edge.RequestID(r.Context())),
 					slog.String("method", r.Method),
 					slog.String("route", pattern),
 					slog.Int("status", status),
@@ -160,25 +145,7 @@ func withObservability(log *slog.Logger, m *metrics) func(http.Handler) http.Han
 // its stack at debug as one attribute: a multi-line stack in an error line
 // breaks every line-based log reader.
 func logPanic(r *http.Request, log *slog.Logger, p any) {
-	id := requestID(r.Context())
+	id := edge.RequestID(r.Context())
 	log.ErrorContext(r.Context(), "handler panicked", "panic", fmt.Sprint(p), "request_id", id, "path", r.URL.Path)
 	log.DebugContext(r.Context(), "handler panic stack", "request_id", id, "stack", string(debug.Stack()))
-}
-
-// checkScope refuses, with 403 and the reason, a request that the key's
-// scope does not cover: a sandbox's own key (RECOUP_API_KEY, in the hands
-// of the untrusted code inside) only reads, so that code cannot extend its
-// sandbox, start sandboxes or runs, upload, or change or delete the
-// account's environment. A route that acts though its method is GET (the
-// exec websocket, a sandbox's files) counts as a POST, for the reason it
-// gives.
-func checkScope(r *http.Request, p auth.Principal, acts string) error {
-	method, what := r.Method, r.Method+" "+r.URL.Path
-	if acts != "" {
-		method, what = http.MethodPost, what+" ("+acts+")"
-	}
-	if err := p.MayCall(method); err != nil {
-		return edge.ScopeError(what)
-	}
-	return nil
 }

@@ -1,0 +1,8 @@
+package api
+
+type ctxKey int
+
+const (
+	callerKey ctxKey = iota
+	bodyKey
+)
