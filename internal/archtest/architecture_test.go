@@ -114,6 +114,17 @@ func ancestorNamed(rel string, named map[string]bool) bool {
 	return false
 }
 
+// planned are the packages issue 32 is creating on other branches, whose
+// rows are written ahead: a row may name them while they do not exist yet.
+// Remove each one here as its branch is merged (the test says when), and
+// rename its row if the package got another name.
+var planned = map[string]string{
+	"internal/contract":   "the REST contract's types and validation, out of internal/api",
+	"internal/router":     "the root-owned router and shared HTTP middleware",
+	"internal/e2b/envd":   "E2B's envd and port-host proxy, out of internal/e2b",
+	"internal/membership": "cluster membership, out of internal/sandbox (name not decided)",
+}
+
 // TestArchitectureRowsNameExistingPackages fails when the package table
 // names a package that does not exist (a row left behind by a move or a
 // deletion), or names one twice.
@@ -133,7 +144,16 @@ func TestArchitectureRowsNameExistingPackages(t *testing.T) {
 			}
 			continue
 		}
-		if goFiles, _ := filepath.Glob(filepath.Join(dir, "*.go")); len(goFiles) == 0 {
+		goFiles, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		if why, ok := planned[r.Path]; ok {
+			if len(goFiles) > 0 {
+				t.Errorf("%s exists now: remove it from archtest's planned list (its row stays)", r.Path)
+			} else {
+				t.Logf("%s:%d: `%s` does not exist yet, planned: %s", architectureDoc, r.Line, r.Path, why)
+			}
+			continue
+		}
+		if len(goFiles) == 0 {
 			t.Errorf("%s:%d: `%s` is not a Go package of the module (no .go files in %s): remove its row, or write the package's new path (a directory that is not a package ends in /, as `proto/`)", architectureDoc, r.Line, r.Path, r.Path)
 		}
 	}
