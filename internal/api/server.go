@@ -240,6 +240,3 @@ func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, e
 func (s *Server) mayAccess(r *http.Request, account string) (bool, error) {
 	return s.opts.Auth.MayActFor(r.Context(), principal(r), account)
 }
-
-// isUUID reports whether s is a canonical UUID.
-func isUUID(s string) bool { return auth.IsUUID(s) }

@@ -2,10 +2,10 @@ package api
 
 import (
 	"context"
-	"io"
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -17,15 +17,7 @@ import (
 
 // SandboxService creates and drives sandboxes (internal/sandbox).
 type SandboxService interface {
-	// Create places a sandbox for account and, with a command or prompt,
-	// starts a run in it. The returned row's status is true when returned.
-	Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (sb store.Sandbox, runID string, err error)
-	// Live refreshes rows with the status their hosts report.
-	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
-	// Exec runs a command in a running sandbox, streaming its output.
-	Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error)
-	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
-	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	contract.SandboxService
 	// Ports lists the TCP ports something listens on in a running sandbox.
 	Ports(ctx context.Context, sb store.Sandbox) ([]int, error)
 	// Processes lists the processes exec and runs started in a running
