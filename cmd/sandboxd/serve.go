@@ -460,7 +460,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	gate, err := edge.NewGate(authn, apiCluster(clu), log.With("component", "edge"))
+	gate, err := edge.NewGate(authn, apiCluster(clu), log)
 	if err != nil {
 		return err
 	}
