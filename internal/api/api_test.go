@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,71 +212,6 @@ func TestRunsFromStore(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || len(resp.Runs) != 1 {
 		t.Fatalf("list: %s", rec.Body)
 	}
-}
-
-func TestIsBinary(t *testing.T) {
-	cases := []struct {
-		name string
-		data []byte
-		want bool
-	}{
-		{"a.txt", []byte("hello"), false},
-		{"a.PNG", []byte("hello"), true},
-		{"a.md", []byte{'a', 0, 'b'}, true},
-		{"a.md", []byte{0xff, 0xfe}, true},
-		{"a.md", []byte("héllo"), false},
-	}
-	for _, tc := range cases {
-		if got := contract.IsBinary(tc.name, tc.data); got != tc.want {
-			t.Errorf("contract.IsBinary(%q, %q) = %v", tc.name, tc.data, got)
-		}
-	}
-}
-
-// checkDecoded asserts the invariant of every decoder: bad input yields a
-// client error with the contract's body, never a panic or a 500.
-func checkDecoded(t *testing.T, err error) {
-	if err == nil {
-		return
-	}
-	e, ok := err.(*Error)
-	if !ok || e.Status < 400 || e.Status >= 500 || e.Msg == "" {
-		t.Fatalf("decoder error %T %v", err, err)
-	}
-}
-
-func FuzzCreateSandboxBody(f *testing.F) {
-	for _, seed := range []string{``, `{}`, `{"command":"ls","args":["-la"],"cwd":"/tmp"}`, `{"command":""}`,
-		`{"prompt":"x","command":"y"}`, `{"account_id":"6f1c0e2a-8b7d-4c1e-9a3f-2d5b6c7e8f90"}`, `{"timeout":1.5}`, `[1]`, `{"args":[1]}`} {
-		f.Add([]byte(seed))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		o, err := contract.DecodeObject(data)
-		checkDecoded(t, err)
-		if err == nil {
-			_, err = contract.ParseCreateSandbox(o)
-			checkDecoded(t, err)
-		}
-	})
-}
-
-func FuzzUploadFilesBody(f *testing.F) {
-	for _, seed := range []string{`{"files":[{"url":"https://a.test/x","name":"x"}]}`, `{"files":[]}`, `{"files":[{"url":1}]}`,
-		`{"files":[{"url":"https://a.test/x","name":"../x"}],"path":"../../etc"}`, `{"files":"x"}`, `{"files":[null]}`} {
-		f.Add([]byte(seed))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		o, err := contract.DecodeObject(data)
-		checkDecoded(t, err)
-		if err == nil {
-			req, err := contract.ParseUploadFiles(o)
-			checkDecoded(t, err)
-			// A component "..", not two dots in a name ("0.." is a file).
-			if err == nil && (slices.Contains(strings.Split(req.Path, "/"), "..") || strings.HasPrefix(req.Path, "/")) {
-				t.Fatalf("path escapes: %q", req.Path)
-			}
-		}
-	})
 }
 
 // FuzzRequests sends arbitrary bodies and queries to every route of a real

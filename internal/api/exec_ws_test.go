@@ -23,46 +23,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-func TestParseExecPTY(t *testing.T) {
-	cases := []struct {
-		body   string
-		want   *contract.PTYSize
-		err    string
-		fields string
-	}{
-		{body: `{"command":"sh","pty":{"rows":40,"cols":120}}`, want: &contract.PTYSize{Rows: 40, Cols: 120}},
-		{body: `{"command":"sh","pty":{"rows":1,"cols":1000}}`, want: &contract.PTYSize{Rows: 1, Cols: 1000}},
-		{body: `{"command":"sh"}`},
-		{body: `{"command":"sh","pty":null}`},
-		{body: `{"command":"sh","pty":{"rows":0,"cols":80}}`, err: "pty.rows must be between 1 and 1000", fields: "[pty rows]"},
-		{body: `{"command":"sh","pty":{"rows":24,"cols":1001}}`, err: "pty.cols must be between 1 and 1000", fields: "[pty cols]"},
-		{body: `{"command":"sh","pty":{"rows":-5,"cols":80}}`, err: "pty.rows must be between 1 and 1000", fields: "[pty rows]"},
-		{body: `{"command":"sh","pty":{"rows":24}}`, err: "pty.cols must be between 1 and 1000", fields: "[pty cols]"},
-		{body: `{"command":"sh","pty":{}}`, err: "pty.rows must be between 1 and 1000", fields: "[pty rows]"},
-		{body: `{"command":"sh","pty":{"rows":"24","cols":80}}`, err: "pty.rows must be an integer", fields: "[pty rows]"},
-		{body: `{"command":"sh","pty":{"rows":24.5,"cols":80}}`, err: "pty.rows must be an integer", fields: "[pty rows]"},
-		{body: `{"command":"sh","pty":true}`, err: "Expected object, received boolean", fields: "[pty]"},
-		{body: `{"command":"sh","pty":[24,80]}`, err: "Expected object, received array", fields: "[pty]"},
-	}
-	for _, tc := range cases {
-		o, err := contract.DecodeObject([]byte(tc.body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req, err := contract.ParseExec(o)
-		if tc.fields == "" {
-			if err != nil || fmt.Sprint(req.PTY) != fmt.Sprint(tc.want) {
-				t.Errorf("%s: pty %v, %v; want %v", tc.body, req.PTY, err, tc.want)
-			}
-			continue
-		}
-		var e *Error
-		if !errors.As(err, &e) || e.Status != 400 || fmt.Sprint(e.Fields) != tc.fields || e.Msg != tc.err {
-			t.Errorf("%s: %+v, want 400 %q on %s", tc.body, err, tc.err, tc.fields)
-		}
-	}
-}
-
 // TestExecStreamError: the error event of a streamed exec carries the
 // status the non-streamed exec answers the same error with.
 func TestExecStreamError(t *testing.T) {
