@@ -9,6 +9,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
 // Defaults of Options.BodyIdleTimeout and Options.BodyTimeout.
@@ -66,7 +68,7 @@ type deadlineBody struct {
 	end    time.Time // of the whole body; zero: none
 	ended  bool      // a read failed or the body ended: no more deadlines
 	// cut is the deadline that cut the body off, once one did.
-	cut atomic.Pointer[Error]
+	cut atomic.Pointer[edge.Error]
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
@@ -108,16 +110,16 @@ func (b *deadlineBody) next() (time.Time, bool) {
 
 // timeout is the answer to a body cut off by the whole body's deadline
 // (total) or the idle one.
-func (b *deadlineBody) timeout(total bool) *Error {
+func (b *deadlineBody) timeout(total bool) *edge.Error {
 	msg := fmt.Sprintf("Request body timed out: nothing arrived for %v", b.limits.idle)
 	if total {
 		msg = fmt.Sprintf("Request body timed out: it had not all arrived after %v", b.limits.total)
 	}
-	return &Error{Status: http.StatusRequestTimeout, Msg: msg}
+	return &edge.Error{Status: http.StatusRequestTimeout, Msg: msg}
 }
 
 // bodyTimeout is the answer to r when a deadline cut its body off, or nil.
-func bodyTimeout(r *http.Request) *Error {
+func bodyTimeout(r *http.Request) *edge.Error {
 	b, _ := r.Context().Value(bodyKey).(*deadlineBody)
 	if b == nil {
 		return nil

@@ -8,14 +8,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
-// Error is an error the API reports to the caller as is: a status code and
-// the body of the contract (edge.Error). Anything else that reaches
-// writeError is told as edge.Explain tells it.
-type Error = edge.Error
-
-var (
-	errNotAvailable = &Error{Status: http.StatusNotImplemented, Msg: "not available yet"}
-)
+// errNotAvailable answers a route whose service this server lacks, once
+// the request is validated and authenticated.
+var errNotAvailable = &edge.Error{Status: http.StatusNotImplemented, Msg: "not available yet"}
 
 func writeJSON(w http.ResponseWriter, status int, v any) { contract.WriteJSON(w, status, v) }
 

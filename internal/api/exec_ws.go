@@ -91,7 +91,7 @@ func (e ExecEnd) MarshalJSON() ([]byte, error) {
 func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request) error {
 	if !isWebsocketUpgrade(r) {
 		w.Header().Set("Upgrade", "websocket")
-		return &Error{Status: http.StatusUpgradeRequired, Msg: "GET /api/sandboxes/{id}/exec is a websocket (Upgrade: websocket); POST /api/sandboxes/{id}/exec runs a command without one"}
+		return &edge.Error{Status: http.StatusUpgradeRequired, Msg: "GET /api/sandboxes/{id}/exec is a websocket (Upgrade: websocket); POST /api/sandboxes/{id}/exec runs a command without one"}
 	}
 	sb, err := s.sandboxOfQuery(r)
 	if err != nil {
@@ -247,7 +247,7 @@ var errCommandEnded = errors.New("the command ended")
 
 // readClient reads the client's messages after the command until the
 // client goes (nil), the command ends while a message waits for it
-// (errCommandEnded) or the client breaks the protocol (the *Error saying
+// (errCommandEnded) or the client breaks the protocol (the *edge.Error saying
 // how): input
 // goes to input in order (closed at "eof" and at the end), sizes to resize
 // (the latest only), signals to signals. It reads with ctx, the

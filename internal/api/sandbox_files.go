@@ -182,7 +182,7 @@ func (s *Server) copyIn(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return &Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("The archive is larger than %d bytes, the most one copy carries; copy less at once", maxArchiveBody)}
+			return &edge.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("The archive is larger than %d bytes, the most one copy carries; copy less at once", maxArchiveBody)}
 		}
 		return fileError(err)
 	}
