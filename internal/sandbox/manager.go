@@ -528,18 +528,15 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 
 // AgentTransport carries requests to the guest agent of a running sandbox
 // this node hosts, its workspace readied first as for an exec (see
-// runtime.AgentHTTP): for an API that speaks the agent's own protocol.
+// runtime.Sandbox.AgentTransport): for an API that speaks the agent's own
+// protocol.
 func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
-	a, ok := rsb.(runtime.AgentHTTP)
-	if !ok {
-		return nil, errdefs.Newf(errdefs.ErrInvalid, "the %s runtime does not expose its sandboxes' agents", m.rt.Name())
-	}
 	_ = m.Prepare(ctx, sb, rsb, false) // a failure is logged; the caller may not need the clone
-	return a.AgentTransport(ctx)
+	return rsb.AgentTransport(ctx)
 }
 
 // Stats measures a running sandbox this node hosts (a paused one is woken:

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -528,17 +527,6 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		}
 	}
 	return s.r.Destroyed(s, s.Dir, m.ID, m.CID, errs)
-}
-
-var _ runtime.AgentHTTP = (*sandbox)(nil)
-
-// AgentTransport implements runtime.AgentHTTP.
-func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error) {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return c.Transport(), nil
 }
 
 // runscFailed is the error of a runsc command that failed, with the last

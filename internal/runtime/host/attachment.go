@@ -76,7 +76,8 @@ type Recorded interface {
 // serves the sandbox while this process has it attached (a context for the
 // backend's helpers, the gate to sandboxd.internal).
 type Attachment[M Recorded] struct {
-	// Ops serves Exec, ReadFile, WriteFile and ListDir through the agent.
+	// Ops serves Exec, ReadFile, WriteFile, ListDir and AgentTransport
+	// through the agent.
 	Ops
 	// Agent is the session with the guest agent.
 	Agent Slot

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -580,15 +579,4 @@ type restoreFrom struct {
 	hello guest.Hello // what the agent said before it was saved
 	// linked: the saved guest's link was configured (it had a network).
 	linked bool
-}
-
-var _ runtime.AgentHTTP = (*sandbox)(nil)
-
-// AgentTransport implements runtime.AgentHTTP.
-func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error) {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return c.Transport(), nil
 }
