@@ -84,6 +84,10 @@ type Attachment[M Recorded] struct {
 	// Dir is the sandbox's state directory.
 	Dir string
 
+	// OpMu serializes what starts or ends the sandbox (boot, stop, pause,
+	// resume, fork, destroy), held through the whole operation: a destroy
+	// must not race a restore that brings the sandbox back.
+	OpMu sync.Mutex
 	// Mu guards M, Gone and the backend's own fields of the sandbox.
 	Mu sync.Mutex
 	M  M
