@@ -400,7 +400,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
-		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
+		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir, Access: authn,
 		Node: clu.node, DownAfter: clu.downAfter,
 		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
 		Settings: sandbox.Settings{

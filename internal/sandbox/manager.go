@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
@@ -108,6 +109,9 @@ type Config struct {
 	Home      string // unix socket of this server, reachable as sandboxd.internal
 	Settings  Settings
 	Persist   Persistence
+	// Access is the one access rule the entry points by id load a sandbox
+	// under (byid.go); nil: auth.NewAuthenticator over Store, the same rule.
+	Access Access
 	// Hooks are the concerns plugged into every sandbox's life, in order
 	// (hooks.go): its key (NewKeyHook), its network (NewNetworkHook;
 	// without it every sandbox has loopback only), persistence's.
@@ -122,11 +126,12 @@ type Config struct {
 // Manager drives the sandboxes of one node: the service behind the API's
 // sandbox routes.
 type Manager struct {
-	cfg Config
-	st  *store.Store
-	rt  runtime.Runtime
-	log *slog.Logger
-	now func() time.Time
+	cfg    Config
+	st     *store.Store
+	access Access
+	rt     runtime.Runtime
+	log    *slog.Logger
+	now    func() time.Time
 
 	// stopping dedups concurrent stops of one sandbox on this node;
 	// beatingSince is since when this node's heartbeats have gone through
@@ -178,9 +183,13 @@ func NewManager(cfg Config) *Manager {
 	}
 	m := &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
+		access:     cfg.Access,
 		stopping:   map[string]chan struct{}{},
 		diskFreeFn: diskFree,
 		ops:        newOpMetrics(),
+	}
+	if m.access == nil {
+		m.access = auth.NewAuthenticator(cfg.Store)
 	}
 	var persist runs.AfterRunner
 	if cfg.Persist != nil {
@@ -463,8 +472,8 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	return out
 }
 
-// Exec runs a command in a running sandbox, streaming its output.
-func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
+// exec runs a command in a running sandbox, streaming its output.
+func (m *Manager) exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return ExecResult{}, err
@@ -526,10 +535,10 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 	return rsb, nil
 }
 
-// AgentTransport carries requests to the guest agent of a running sandbox
+// agentTransport carries requests to the guest agent of a running sandbox
 // this node hosts, its workspace readied first as for an exec (see
 // runtime.AgentHTTP): for an API that speaks the agent's own protocol.
-func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
+func (m *Manager) agentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
@@ -542,9 +551,9 @@ func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.Ro
 	return a.AgentTransport(ctx)
 }
 
-// Stats measures a running sandbox this node hosts (a paused one is woken:
+// stats measures a running sandbox this node hosts (a paused one is woken:
 // callers that must not wake it check first).
-func (m *Manager) Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error) {
+func (m *Manager) stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return runtime.Stats{}, err
@@ -556,8 +565,8 @@ func (m *Manager) Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, e
 	return st, nil
 }
 
-// Stop stops a sandbox; stopping a stopped sandbox is not an error.
-func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+// stopByRequest stops a sandbox; stopping a stopped sandbox is not an error.
+func (m *Manager) stopByRequest(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	if err := m.stop(context.WithoutCancel(ctx), sb, "stopped by request"); err != nil {
 		return sb, err
 	}
@@ -668,12 +677,12 @@ func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
 	return p, err
 }
 
-// SetNetwork replaces a running sandbox's network policy without
+// setNetwork replaces a running sandbox's network policy without
 // restarting it: the row first (so a restart or another node rebuilds the
 // new policy: see Reconcile), then the host's rules (netpol.Update), the
 // row going back when the host refuses. Only a sandbox created with a
 // network has one to change; to none and back is allowed.
-func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
+func (m *Manager) setNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx) // row and rules must not part ways
 	m.netMu.Lock()
 	defer m.netMu.Unlock()
@@ -722,9 +731,10 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 	return m.st.GetSandbox(ctx, sb.ID)
 }
 
-// Traffic is what a running sandbox of this node's network carried so far;
-// nil for one without a network, or hosted elsewhere.
-func (m *Manager) Traffic(_ context.Context, sb store.Sandbox) (*netpol.Traffic, error) {
+// TrafficOf is what a running sandbox of this node's network carried so
+// far; nil for one without a network, or hosted elsewhere. It takes the row
+// the caller (a run of this node) holds; front ends call Traffic by id.
+func (m *Manager) TrafficOf(_ context.Context, sb store.Sandbox) (*netpol.Traffic, error) {
 	if m.net == nil || sb.NodeID != m.cfg.NodeID {
 		return nil, nil
 	}
@@ -789,8 +799,8 @@ func (m *Manager) StopQuietly(ctx context.Context, sb store.Sandbox, reason stri
 	}
 }
 
-// SetTimeout makes the sandbox stop d from now.
-func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
+// setTimeout makes the sandbox stop d from now.
+func (m *Manager) setTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
 	if d > m.cfg.Settings.MaxTimeout {
 		return sb, errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
 	}

@@ -165,7 +165,7 @@ func (m *Manager) pauseAtDeadline(ctx context.Context, sb store.Sandbox) bool {
 		return false
 	}
 	sb.Deadline = m.now().Add(m.cfg.Settings.DefaultTimeout)
-	if _, err := m.Pause(ctx, sb); err != nil {
+	if _, err := m.pause(ctx, sb); err != nil {
 		m.log.Warn("pause expired sandbox: stopping it instead", "sandbox_id", sb.ID, "err", err)
 		return false
 	}
