@@ -92,23 +92,16 @@ type Persistence interface {
 
 // Config builds a Manager.
 type Config struct {
-	Store   *store.Store
-	Runtime runtime.Runtime
-	Jobs    *jobs.Client
-	NodeID  string
-	// Node is what this node registers for the others: where they reach
-	// it and what it offers (cluster.go).
-	Node NodeInfo
-	// DownAfter is how long a node's heartbeat may be silent before this
-	// node declares it down and fails what it hosted (0: never; a single
-	// node has nobody to watch).
-	DownAfter time.Duration
-	DataDir   string
-	BaseDir   string // read-only root filesystem of the base image
-	BaseID    string // its image id
-	Home      string // unix socket of this server, reachable as sandboxd.internal
-	Settings  Settings
-	Persist   Persistence
+	Store    *store.Store
+	Runtime  runtime.Runtime
+	Jobs     *jobs.Client
+	NodeID   string
+	DataDir  string
+	BaseDir  string // read-only root filesystem of the base image
+	BaseID   string // its image id
+	Home     string // unix socket of this server, reachable as sandboxd.internal
+	Settings Settings
+	Persist  Persistence
 	// Access is the one access rule the entry points by id load a sandbox
 	// under (byid.go); nil: auth.NewAuthenticator over Store, the same rule.
 	Access Access
@@ -133,12 +126,10 @@ type Manager struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	// stopping dedups concurrent stops of one sandbox on this node;
-	// beatingSince is since when this node's heartbeats have gone through
-	// (cluster.go). Both under mu.
-	mu           sync.Mutex
-	stopping     map[string]chan struct{}
-	beatingSince time.Time
+	// stopping dedups concurrent stops of one sandbox on this node
+	// (under mu).
+	mu       sync.Mutex
+	stopping map[string]chan struct{}
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
 	// hooks are Config.Hooks; net is the network hook's manager among
