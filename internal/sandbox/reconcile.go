@@ -82,7 +82,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				if cur, err := m.st.GetSandbox(ctx, sb.ID); err == nil && cur.Status == store.SandboxRunning {
 					keep[sb.ID] = true
 					if cur.Pause == "" {
-						m.syncNetwork(ctx, cur)
+						m.recover(ctx, cur)
 					}
 				}
 				continue
@@ -95,7 +95,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
 					if st, err := rsb.State(ctx); err == nil && st == runtime.StateRunning {
 						keep[sb.ID] = true
-						m.syncNetwork(ctx, sb)
+						m.recover(ctx, sb)
 						continue
 					}
 					m.markGone(ctx, sb, "the sandbox had stopped when sandboxd restarted")
