@@ -11,4 +11,13 @@
 // apart because this package is the channel and the placement (what a
 // request needs), membership a node's own lifecycle (what the process runs
 // in the background), and neither needs the other's code.
+//
+// Files, by subject: sign.go (the shared secret and the signature of a
+// forwarded request), forward.go (Forwarder: one request carried to another
+// node), keyprotocol.go (a websocket key kept off the other node),
+// unreachable.go (a forward that failed: the answer and the operator's
+// hint), router.go (Router: which node hosts a sandbox, forwarding to it),
+// place.go (where a new sandbox goes), tls.go and certs.go (the cluster
+// listener's TLS and the certificates for it), repos.go (the accounts'
+// repositories shared through the database and the blob store).
 package cluster
