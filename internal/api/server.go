@@ -216,12 +216,18 @@ func (s *Server) Refuse(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // caller is the authenticated caller of a request (authenticated).
-func caller(r *http.Request) edge.Caller {
-	c, _ := r.Context().Value(callerKey).(edge.Caller)
+func caller(r *http.Request) edge.Caller { return callerIn(r.Context()) }
+
+// callerIn is the authenticated caller a request's context carries.
+func callerIn(ctx context.Context) edge.Caller {
+	c, _ := ctx.Value(callerKey).(edge.Caller)
 	return c
 }
 
 func principal(r *http.Request) auth.Principal { return caller(r).Principal }
+
+// principalIn is the authenticated principal a request's context carries.
+func principalIn(ctx context.Context) auth.Principal { return callerIn(ctx).Principal }
 
 // actFor resolves the account a request acts for (account_id or the key's
 // own) through the one access rule.

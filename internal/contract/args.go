@@ -104,7 +104,7 @@ func CreateError(err error) (mapped *edge.Error, shown bool) {
 // now.
 func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 	var remaining int64
-	status := sb.Status
+	status := string(sb.Status)
 	switch {
 	case sb.Status == store.SandboxRunning && sb.Pause != "":
 		// In a pause its clock is stopped: what it will have at resume.

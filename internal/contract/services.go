@@ -5,6 +5,7 @@ import (
 	"io"
 	"mime/multipart"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -39,7 +40,7 @@ type SandboxService interface {
 	// Live refreshes rows with the status their hosts report.
 	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	// Exec runs a command in a running sandbox, streaming its output.
-	Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error)
+	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error)
 	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
-	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 }

@@ -26,7 +26,7 @@ func ViewRun(run store.Run, now time.Time) Run {
 	v := Run{
 		ID:             run.ID,
 		TaskIdentifier: run.Task,
-		Status:         run.Status,
+		Status:         string(run.Status),
 		CreatedAt:      FormatTime(run.CreatedAt),
 		UpdatedAt:      FormatTime(run.UpdatedAt),
 		StartedAt:      FormatTimePtr(run.StartedAt),

@@ -355,7 +355,7 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	if node, ok := h.opts.Gate.Elsewhere(ctx, c.who, sb.ID); ok {
 		res, err = h.execOn(ctx, node, c.who, sb.ID, req, stdout, stderr)
 	} else {
-		res, err = h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+		res, err = h.opts.Sandboxes.Exec(ctx, c.who.Principal, sb.ID, req.Domain(), stdout, stderr)
 	}
 	stop()
 	if err != nil {
@@ -455,7 +455,7 @@ func (h *Handler) stopSandbox(ctx context.Context, c *call) (*mcp.CallToolResult
 		}
 		return jsonResult(resp)
 	}
-	sb, err = h.opts.Sandboxes.Stop(ctx, sb)
+	sb, err = h.opts.Sandboxes.Stop(ctx, c.who.Principal, sb.ID)
 	if err != nil {
 		return nil, edge.Explained(err, "Sandbox not found")
 	}
