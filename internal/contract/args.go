@@ -11,12 +11,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Args are how another front end of the same services (internal/mcpserver)
-// speaks the REST contract: it validates its arguments with the routes' own
-// rules and messages, not a second set that drifts apart.
-
-// Args are a JSON object of named values (an MCP tool's arguments)
-// checked field by field with the routes' own rules and messages.
+// Args are a JSON object of named values (a body, an MCP tool's arguments)
+// checked field by field with the routes' own rules and messages: how
+// another front end of the same services (internal/mcpserver) speaks the
+// REST contract, not with a second set of rules that drifts apart.
 type Args struct{ o object }
 
 // DecodeArgs decodes a JSON object; empty or null is {}.

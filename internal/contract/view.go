@@ -10,8 +10,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
+// FormatTime writes a time as the contract does: UTC, milliseconds, Z.
 func FormatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
+// FormatTimePtr is FormatTime of a time that may be unset (null).
 func FormatTimePtr(t *time.Time) *string {
 	if t == nil {
 		return nil
@@ -78,8 +80,9 @@ var binaryExtensions = map[string]bool{
 	".wav": true, ".ogg": true, ".webm": true, ".avif": true,
 }
 
-// IsBinary decides whether GET /api/sandboxes/file sends a file base64: by extension, or by content (NUL bytes or
-// invalid UTF-8) so that no byte is lost in a JSON string.
+// IsBinary decides whether GET /api/sandboxes/file sends a file base64: by
+// extension, or by content (NUL bytes or invalid UTF-8) so that no byte is
+// lost in a JSON string.
 func IsBinary(name string, data []byte) bool {
 	if binaryExtensions[strings.ToLower(path.Ext(name))] {
 		return true
