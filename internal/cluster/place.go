@@ -129,7 +129,7 @@ func sortedKeys(m map[string]int) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
-// Place implements api.Cluster.
+// Place implements edge.Cluster.
 func (r *Router) Place(ctx context.Context, network *netpol.Policy) (string, bool, error) {
 	nodes, err := r.st.ListNodes(ctx)
 	if err != nil {

@@ -11,8 +11,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Router is a node's side of the cluster for the API (api.Cluster): which
-// node serves a request, placement of creates, and the forwarding itself.
+// Router is a node's side of the cluster for the front ends (edge.Cluster):
+// which node serves a request, placement of creates, and the forwarding
+// itself.
 type Router struct {
 	st     *store.Store
 	self   string
@@ -73,13 +74,13 @@ func NewRouter(cfg RouterConfig) *Router {
 	}
 }
 
-// Forwarded implements api.Cluster.
+// Forwarded implements edge.Cluster.
 func (r *Router) Forwarded(req *http.Request) (keyID string, placed bool, err error) {
 	f, err := r.secret.Verify(req, time.Now())
 	return f.KeyID, f.Placed, err
 }
 
-// HostOf implements api.Cluster: an active sandbox of another node that
+// HostOf implements edge.Cluster: an active sandbox of another node that
 // is up is served there; anything else here (a stopped sandbox's row
 // answers the same from any node, and one of a node that is down is
 // failed by the node that declares it so).
@@ -100,7 +101,7 @@ func (r *Router) HostOf(ctx context.Context, sandboxID string) (string, bool) {
 	return n.ID, true
 }
 
-// Forward implements api.Cluster.
+// Forward implements edge.Cluster.
 func (r *Router) Forward(w http.ResponseWriter, req *http.Request, nodeID, keyID string, placed bool) {
 	n, err := r.node(req.Context(), nodeID)
 	if err != nil {
@@ -113,7 +114,7 @@ func (r *Router) Forward(w http.ResponseWriter, req *http.Request, nodeID, keyID
 // Do sends req to node nodeID for the caller whose key is keyID (placed: a
 // create placed there) and returns its response (Forwarder.Do): the MCP
 // server's way to have a sandbox's work done on the node that hosts it
-// (mcpserver.Cluster).
+// (edge.Cluster).
 func (r *Router) Do(req *http.Request, nodeID, keyID string, placed bool) (*http.Response, error) {
 	n, err := r.node(req.Context(), nodeID)
 	if err != nil {

@@ -65,7 +65,7 @@ func Handler() (http.Handler, error) {
 	}), nil
 }
 
-// Mounts are the console's routes for the API's router (api.Options.Mount).
+// Mounts are the console's routes for the server's router (internal/router).
 func Mounts() (map[string]http.Handler, error) {
 	h, err := Handler()
 	if err != nil {
