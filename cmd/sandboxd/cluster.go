@@ -232,10 +232,10 @@ func (p *clusterParts) serve(h http.Handler, log *slog.Logger, errc chan<- error
 	return srv
 }
 
-// apiCluster is the front ends' view of the cluster (the edge's): nil (a
-// single node) unless in cluster mode. (A nil *cluster.Router in the
-// interface would not be.)
-func apiCluster(p *clusterParts) edge.Cluster {
+// edgeCluster is the edge's view of the cluster (edge.Cluster), which every
+// front end asks: nil (a single node) unless in cluster mode. (A nil
+// *cluster.Router in the interface would not be.)
+func edgeCluster(p *clusterParts) edge.Cluster {
 	if p.router == nil {
 		return nil
 	}

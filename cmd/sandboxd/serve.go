@@ -462,7 +462,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	if err != nil {
 		return err
 	}
-	gate, err := edge.NewGate(authn, apiCluster(clu), log)
+	gate, err := edge.NewGate(authn, edgeCluster(clu), log)
 	if err != nil {
 		return err
 	}
@@ -479,7 +479,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		// built from names it too.
 		Templates: []string{o.template},
 		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB), MaxTimeout: o.maxTimeout,
-		Cluster:     apiCluster(clu),
+		Cluster:     edgeCluster(clu),
 		DefaultUser: e2b.DefaultUserOf(baseDir),
 		Logger:      log.With("component", "e2b"),
 	})
@@ -592,7 +592,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		_ = httpSrv.Close()
 		return err
 	}
-	clusterSrv := clu.serve(rtr.ClusterHandler(apiCluster(clu), srv.Refuse), log, errc)
+	clusterSrv := clu.serve(rtr.ClusterHandler(edgeCluster(clu), srv.Refuse), log, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
