@@ -470,7 +470,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 		// built from names it too.
 		Templates: []string{o.template},
 		CPUs:      int(math.Ceil(o.cpus)), MemoryMB: int(o.memoryMiB), DiskMB: int(o.diskMiB), MaxTimeout: o.maxTimeout,
-		Cluster:     apiCluster(clu),
+		Cluster:     edgeCluster(clu),
 		DefaultUser: e2b.DefaultUserOf(baseDir),
 		Logger:      log.With("component", "e2b"),
 	})
