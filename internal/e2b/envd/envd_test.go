@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -190,25 +189,22 @@ func (f *fixture) sandbox(env map[string]string, private bool) store.E2BSandbox 
 	return e
 }
 
-// call sends a request and decodes a JSON answer into out (when not nil).
+// call serves a request and decodes a JSON answer into out (when not
+// nil).
 func (f *fixture) call(method, path string, headers map[string]string, out any) int {
 	f.t.Helper()
-	req, _ := http.NewRequest(method, f.srv.URL+path, nil)
+	r := httptest.NewRequest(method, path, nil)
 	for k, v := range headers {
-		req.Header.Set(k, v)
+		r.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if out != nil && len(b) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			f.t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, b, err)
+	w := httptest.NewRecorder()
+	f.srv.Config.Handler.ServeHTTP(w, r)
+	if out != nil && w.Body.Len() > 0 {
+		if err := json.Unmarshal(w.Body.Bytes(), out); err != nil {
+			f.t.Fatalf("%s %s: %d %s: %v", method, path, w.Code, w.Body, err)
 		}
 	}
-	return resp.StatusCode
+	return w.Code
 }
 
 // sign makes a file link's signature as the SDKs do.
