@@ -36,6 +36,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/kernel"
 	"github.com/sandboxd/sandboxd/internal/mcpserver"
+	"github.com/sandboxd/sandboxd/internal/membership"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
@@ -400,8 +401,7 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	}
 	homeSocket := filepath.Join(dataDir, "sandboxd.sock")
 	mgr := sandbox.NewManager(sandbox.Config{
-		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir,
-		Node: clu.node, DownAfter: clu.downAfter,
+		Store: st, Runtime: rt, Jobs: jc, NodeID: nodeID, DataDir: dataDir, Access: authn,
 		BaseDir: baseDir, BaseID: baseID, Home: homeSocket,
 		Settings: sandbox.Settings{
 			DefaultTimeout: o.timeout, MaxTimeout: o.maxTimeout, MaxPaused: o.maxPaused,
@@ -420,10 +420,12 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 
 		LogMaxBytes: o.logMaxMiB << 20,
 	})
+	members := membership.New(membership.Config{Store: st, NodeID: nodeID, Node: clu.node, DownAfter: clu.downAfter,
+		Sandboxes: mgr, Jobs: jc, Logger: log.With("component", "membership")})
 	// The tasks that start sandboxes of their own (setup, coding agent)
 	// drive them through the manager.
 	agentSvc := agents.New(agents.Config{
-		Store: st, Jobs: jc, Lifecycle: mgr, Persist: persistence, Forge: gh,
+		Store: st, Jobs: jc, Lifecycle: mgr, Node: members, Persist: persistence, Forge: gh,
 		PublicURL: o.publicURL, Network: defaultPolicy, AgentRunsPerAccount: o.agentRuns,
 		Logger: log.With("component", "agents"),
 	})
@@ -558,6 +560,11 @@ func serve(ctx context.Context, g *globals, o *serveOptions) error {
 	go func() {
 		if err := mgr.Run(runCtx); err != nil {
 			log.Error("sandbox manager stopped", "err", err)
+		}
+	}()
+	go func() {
+		if err := members.Run(runCtx); err != nil {
+			log.Error("cluster membership stopped", "err", err)
 		}
 	}()
 	// Every node sweeps: the deletes are idempotent batches, and each

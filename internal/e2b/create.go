@@ -133,7 +133,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	}
 	if err := a.opts.Store.CreateE2BSandbox(context.WithoutCancel(r.Context()), e); err != nil {
 		// Without its record the sandbox cannot be reached through this API.
-		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), sb)
+		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), c.Principal, sb.ID)
 		return err
 	}
 	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))

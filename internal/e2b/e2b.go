@@ -30,6 +30,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/e2b/envd"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -46,18 +47,19 @@ const EnvdVersion = envd.Version
 const DefaultTemplate = "base"
 
 // Sandboxes is what the control plane does to sandboxes (package
-// sandbox's Manager), and the envd plane's door to their agents.
+// sandbox's Manager: each call by the caller and the sandbox's id, under
+// the one access rule), and the envd plane's door to their agents.
 type Sandboxes interface {
 	envd.Agents
 	Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (sb store.Sandbox, runID string, err error)
 	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
-	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
-	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
-	Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
-	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
-	Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error)
-	Fork(ctx context.Context, sb store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error)
-	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	SetTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (store.Sandbox, error)
+	Pause(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	Stats(ctx context.Context, p auth.Principal, id string) (runtime.Stats, error)
+	Fork(ctx context.Context, p auth.Principal, id string, count int, lifetime time.Duration) ([]store.Sandbox, error)
+	SetNetwork(ctx context.Context, p auth.Principal, id string, policy netpol.Policy) (store.Sandbox, error)
 }
 
 // Store is what the API reads and records (both planes).

@@ -38,7 +38,7 @@ func (a *API) setNetwork(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if err != nil {
 		return err
 	}
-	if _, err := a.opts.Sandboxes.SetNetwork(r.Context(), sb, *policy); err != nil {
+	if _, err := a.opts.Sandboxes.SetNetwork(r.Context(), c.Principal, sb.ID, *policy); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -78,7 +78,7 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, c edge.Caller) error 
 	if err != nil {
 		return err
 	}
-	children, err := a.opts.Sandboxes.Fork(r.Context(), parent, count, lifetime)
+	children, err := a.opts.Sandboxes.Fork(r.Context(), c.Principal, parent.ID, count, lifetime)
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, c edge.Caller) error 
 		// A child that cannot be reached through this API is no use: it
 		// is stopped and reported as failed, as E2B reports one fork.
 		a.log.ErrorContext(ctx, "e2b fork: record a child", "sandbox_id", child.ID, "err", err)
-		_, _ = a.opts.Sandboxes.Stop(ctx, child)
+		_, _ = a.opts.Sandboxes.Stop(ctx, c.Principal, child.ID)
 		out = append(out, forkResult{Error: &envd.Error{Code: http.StatusInternalServerError, Message: "the fork started but could not be recorded"}})
 	}
 	writeJSON(w, http.StatusCreated, out)

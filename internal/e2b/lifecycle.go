@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/e2b/envd"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -18,7 +19,7 @@ func (a *API) kill(w http.ResponseWriter, r *http.Request, c edge.Caller) error 
 	if err != nil {
 		return err
 	}
-	if _, err := a.opts.Sandboxes.Stop(r.Context(), sb); err != nil {
+	if _, err := a.opts.Sandboxes.Stop(r.Context(), c.Principal, sb.ID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -88,7 +89,7 @@ func (a *API) extend(w http.ResponseWriter, r *http.Request, c edge.Caller, req 
 	if err != nil {
 		return err
 	}
-	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), sb, d); err != nil {
+	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), c.Principal, sb.ID, d); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -103,7 +104,7 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, c edge.Caller) error
 	if sb.Pause != "" {
 		return edge.Errorf(http.StatusConflict, "sandbox %s is already paused", envd.E2BID(sb.ID))
 	}
-	if _, err := a.opts.Sandboxes.Pause(r.Context(), sb); err != nil {
+	if _, err := a.opts.Sandboxes.Pause(r.Context(), c.Principal, sb.ID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -138,7 +139,7 @@ func (a *API) connectOrResume(w http.ResponseWriter, r *http.Request, c edge.Cal
 	case onlyPaused:
 		return edge.Errorf(http.StatusConflict, "sandbox %s is already running", envd.E2BID(sb.ID))
 	}
-	if err := a.wake(r.Context(), sb, req); err != nil {
+	if err := a.wake(r.Context(), c.Principal, sb, req); err != nil {
 		return err
 	}
 	writeJSON(w, code, a.sandboxResponse(e))
@@ -148,7 +149,7 @@ func (a *API) connectOrResume(w http.ResponseWriter, r *http.Request, c edge.Cal
 // wake resumes sb if it is paused and gives it the timeout req asks for:
 // a resumed sandbox gets it whole, a running one only when it extends its
 // life (E2B's connect never shortens a running sandbox's).
-func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) error {
+func (a *API) wake(ctx context.Context, p auth.Principal, sb store.Sandbox, req timeoutRequest) error {
 	var d time.Duration
 	if req.Timeout != nil {
 		var err error
@@ -159,13 +160,13 @@ func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) er
 	running := sb.Pause == ""
 	if !running {
 		var err error
-		if sb, err = a.opts.Sandboxes.Resume(ctx, sb); err != nil {
+		if sb, err = a.opts.Sandboxes.Resume(ctx, p, sb.ID); err != nil {
 			return err
 		}
 	}
 	if d == 0 || (running && sb.Deadline.After(a.opts.Now().Add(d))) {
 		return nil
 	}
-	_, err := a.opts.Sandboxes.SetTimeout(ctx, sb, d)
+	_, err := a.opts.Sandboxes.SetTimeout(ctx, p, sb.ID, d)
 	return err
 }

@@ -76,7 +76,7 @@ func (a *API) metrics(w http.ResponseWriter, r *http.Request, c edge.Caller) err
 	}
 	out := []metric{}
 	if sb.Pause == "" {
-		st, err := a.opts.Sandboxes.Stats(r.Context(), sb)
+		st, err := a.opts.Sandboxes.Stats(r.Context(), c.Principal, sb.ID)
 		if err != nil {
 			return err
 		}

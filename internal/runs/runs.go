@@ -267,7 +267,7 @@ func (r *Runner) complete(ctx context.Context, run store.Run, sb store.Sandbox, 
 
 // Finish records a run's end. A command that ran to its end is
 // COMPLETED whatever its exit code: the exit code is in the output.
-func (r *Runner) Finish(ctx context.Context, run store.Run, status string, out *runOutput, errMsg string) error {
+func (r *Runner) Finish(ctx context.Context, run store.Run, status store.RunStatus, out *runOutput, errMsg string) error {
 	var output any
 	if out != nil {
 		output = out
@@ -330,7 +330,7 @@ func (r *Runner) pruneLogs(ctx context.Context, accountID string) {
 // Record writes the end of run runID, of any task: its status, its output
 // (out as JSON; nil: none) and its error message ("": none), the shape the
 // runs API answers.
-func Record(ctx context.Context, st *store.Store, runID, status string, out any, errMsg string, now time.Time) error {
+func Record(ctx context.Context, st *store.Store, runID string, status store.RunStatus, out any, errMsg string, now time.Time) error {
 	var output, errJSON json.RawMessage
 	if out != nil {
 		b, err := json.Marshal(out)
@@ -439,15 +439,15 @@ type Host interface {
 	// SetupPending says the account's setup task is queued or executing:
 	// a run waits for it, to start from the set-up repository.
 	SetupPending(ctx context.Context, accountID string) bool
-	// Traffic is what the sandbox's network carried so far; nil without
+	// TrafficOf is what the sandbox's network carried so far; nil without
 	// a network.
-	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
+	TrafficOf(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
 }
 
 // traffic reads the sandbox's network counters; nil without a network or
 // when they cannot be read (logged: the run goes on without them).
 func (r *Runner) traffic(ctx context.Context, sb store.Sandbox) *netpol.Traffic {
-	tr, err := r.cfg.Host.Traffic(ctx, sb)
+	tr, err := r.cfg.Host.TrafficOf(ctx, sb)
 	if err != nil {
 		r.log.Warn("read sandbox traffic", "sandbox_id", sb.ID, "err", err)
 		return nil

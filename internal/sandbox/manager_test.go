@@ -209,7 +209,7 @@ func TestStopIsOnceAndRevokes(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			if _, err := p.m.Stop(ctx, sb); err != nil {
+			if _, err := p.m.stopByRequest(ctx, sb); err != nil {
 				t.Errorf("stop: %v", err)
 			}
 		})
@@ -226,7 +226,7 @@ func TestStopIsOnceAndRevokes(t *testing.T) {
 		t.Fatal("the key of a stopped sandbox still works")
 	}
 	// Stopping a stopped sandbox is not an error and changes nothing.
-	if _, err := p.m.Stop(ctx, got); err != nil || p.status(t, sb.ID).Status != store.SandboxStopped {
+	if _, err := p.m.stopByRequest(ctx, got); err != nil || p.status(t, sb.ID).Status != store.SandboxStopped {
 		t.Fatalf("second stop: %v, %s", err, p.status(t, sb.ID).Status)
 	}
 }
@@ -264,7 +264,7 @@ func TestReaperStopsAtTheDeadline(t *testing.T) {
 func TestReconcileMatrix(t *testing.T) {
 	p := newPlane(t, Settings{})
 	ctx := context.Background()
-	row := func(status string) store.Sandbox {
+	row := func(status store.SandboxStatus) store.Sandbox {
 		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: p.account.ID, NodeID: "here", Status: status, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
 		if err := p.st.CreateSandbox(ctx, &sb); err != nil {
 			t.Fatal(err)
@@ -273,9 +273,9 @@ func TestReconcileMatrix(t *testing.T) {
 	}
 	cases := []struct {
 		name    string
-		status  string
+		status  store.SandboxStatus
 		runtime string // "running", "stopped" (its processes died), "gone"
-		want    string
+		want    store.SandboxStatus
 		kept    bool // still on the runtime afterwards
 	}{
 		{"running and alive", store.SandboxRunning, "running", store.SandboxRunning, true},
@@ -328,7 +328,8 @@ func TestReconcileMatrix(t *testing.T) {
 		t.Errorf("a runtime sandbox without a row survived reconcile: %v", err)
 	}
 	for _, want := range []struct {
-		id, status string
+		id     string
+		status store.RunStatus
 	}{{executing.ID, store.RunCrashed}, {queued.ID, store.RunQueued}} {
 		// An executing run of a running sandbox is followed again in the
 		// background; the fake runtime keeps no process, so it crashes.
@@ -445,7 +446,7 @@ func TestRunStatuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.m.Stop(ctx, sb); err != nil {
+		if _, err := p.m.stopByRequest(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.m.runs.Run(ctx, runID); err != nil {
@@ -488,7 +489,7 @@ func TestDiskAdmission(t *testing.T) {
 		t.Fatalf("create after a sandbox wrote: %v", err)
 	}
 	// A stop gives the place back.
-	if _, err := p.m.Stop(ctx, made[1]); err != nil {
+	if _, err := p.m.stopByRequest(ctx, made[1]); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); err != nil {
@@ -567,7 +568,7 @@ func TestHooks(t *testing.T) {
 	if err := p.m.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.m.Stop(ctx, sb); err != nil {
+	if _, err := p.m.stopByRequest(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	// A failing prestart fails the start with the hook's reason, and the
@@ -602,7 +603,7 @@ func TestExecReportsOOMKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := p.m.Exec(ctx, sb, ExecRequest{Command: "hog"}, io.Discard, io.Discard)
+	res, err := p.m.exec(ctx, sb, ExecRequest{Command: "hog"}, io.Discard, io.Discard)
 	if err != nil || res != (ExecResult{ExitCode: 137, OOMKilled: true}) {
 		t.Fatalf("exec: %+v, %v; want exit 137, OOMKilled", res, err)
 	}

@@ -128,27 +128,33 @@ func (p *Proxy) record(w http.ResponseWriter, r *http.Request, id string) (store
 }
 
 // transport is the way to e's guest agent; when there is none (the
-// sandbox is paused, or gone) the answer is written and ok is false.
-// What envd's proxy answers for a sandbox that is paused or gone is 502;
-// a paused sandbox is not woken by its agent's traffic (isRunning() of a
-// paused sandbox is false, not a resume).
+// sandbox is paused, or gone) the answer is written and ok is false, 502
+// as envd's proxy answers. Whether the sandbox runs here is the sandbox
+// manager's to say (AgentTransport); this plane only keeps a paused
+// sandbox asleep, which AgentTransport would wake: isRunning() of a
+// paused sandbox is false, not a resume.
 func (p *Proxy) transport(w http.ResponseWriter, r *http.Request, e store.E2BSandbox) (http.RoundTripper, bool) {
 	ctx := r.Context()
 	notRunning := "sandbox " + E2BID(e.SandboxID) + " is not running"
-	sb, err := p.opts.Store.GetSandbox(ctx, e.SandboxID)
-	if err != nil || sb.Status != store.SandboxRunning || sb.Pause != "" {
+	if sb, err := p.opts.Store.GetSandbox(ctx, e.SandboxID); err != nil || sb.Pause != "" {
 		writeError(w, http.StatusBadGateway, notRunning)
 		return nil, false
 	}
-	tr, err := p.opts.Agents.AgentTransport(ctx, sb)
+	tr, err := p.opts.Agents.AgentTransport(ctx, tokenHolder(e), e.SandboxID)
 	if err != nil {
-		if !errors.Is(err, errdefs.ErrNotRunning) {
+		if !errors.Is(err, errdefs.ErrNotRunning) && !errors.Is(err, errdefs.ErrNotFound) {
 			p.log.WarnContext(ctx, "e2b envd: reach the agent", "sandbox_id", e.SandboxID, "err", err)
 		}
 		writeError(w, http.StatusBadGateway, notRunning)
 		return nil, false
 	}
 	return tr, true
+}
+
+// tokenHolder is who a request that showed e's access token (or a link
+// signed with it) acts as: e's account, for e's sandbox alone.
+func tokenHolder(e store.E2BSandbox) auth.Principal {
+	return auth.Principal{AccountID: e.AccountID, SandboxID: e.SandboxID}
 }
 
 // authorized reports whether r carries e's access token, or, for /files,

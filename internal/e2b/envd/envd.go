@@ -26,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -88,9 +89,9 @@ type Store interface {
 }
 
 // Agents is the one door to a sandbox's guest agent (package sandbox's
-// Manager).
+// Manager, by the caller and the sandbox's id, under the one access rule).
 type Agents interface {
-	AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error)
+	AgentTransport(ctx context.Context, p auth.Principal, id string) (http.RoundTripper, error)
 }
 
 // PortProxy forwards a request to a port of a sandbox (netpol.Proxy).

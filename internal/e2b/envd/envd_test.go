@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -30,11 +31,22 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
 
-// fakeAgents stands in for the sandbox manager: every sandbox's agent is
-// one fake agent (newFakeAgent).
-type fakeAgents struct{ agent http.Handler }
+// fakeAgents stands in for the sandbox manager: the agent of every
+// running sandbox of the caller's account is one fake agent
+// (newFakeAgent).
+type fakeAgents struct {
+	st    *store.Store
+	agent http.Handler
+}
 
-func (f fakeAgents) AgentTransport(context.Context, store.Sandbox) (http.RoundTripper, error) {
+func (f fakeAgents) AgentTransport(ctx context.Context, p auth.Principal, id string) (http.RoundTripper, error) {
+	sb, err := f.st.GetSandbox(ctx, id)
+	if err != nil || sb.AccountID != p.AccountID {
+		return nil, errdefs.ErrNotFound
+	}
+	if sb.Status != store.SandboxRunning {
+		return nil, errdefs.ErrNotRunning
+	}
 	return handlerTransport{f.agent}, nil
 }
 
@@ -142,7 +154,7 @@ func newFixture(t *testing.T, c *fakeCluster) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.proxy, err = New(Options{Agents: fakeAgents{newFakeAgent()}, Store: st, Gate: gate, Clustered: c != nil,
+	f.proxy, err = New(Options{Agents: fakeAgents{st, newFakeAgent()}, Store: st, Gate: gate, Clustered: c != nil,
 		NodeID: "n1", Domain: "sbx.test.", Ports: f.ports, Now: func() time.Time { return f.now }})
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +307,7 @@ func TestAgentRoutes(t *testing.T) {
 	if code := f.call("GET", "/health", map[string]string{headerSandboxID: id}, nil); code != 502 {
 		t.Fatalf("health of a paused sandbox: %d, want 502", code)
 	}
-	if _, err := f.st.TransitionSandbox(t.Context(), e.SandboxID, []string{store.SandboxRunning}, store.SandboxStopped, "", time.Now()); err != nil {
+	if _, err := f.st.TransitionSandbox(t.Context(), e.SandboxID, []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if code := f.call("GET", "/health", map[string]string{headerSandboxID: id}, nil); code != 502 {
