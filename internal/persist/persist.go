@@ -85,15 +85,7 @@ type Service struct {
 	captures map[string]*sync.Mutex
 	// prepared is the workspace preparation of each sandbox (see Prepare).
 	prepared map[string]*preparation
-	// onSnapshot is told of each account whose snapshot changed (see
-	// OnSnapshot); set before serving.
-	onSnapshot func(accountID string)
 }
-
-// OnSnapshot registers fn, called (without blocking) each time an
-// account's snapshot is taken: the sandbox manager starts the account's
-// next sandbox from it (sandbox.Manager.Prewarm). Call before serving.
-func (s *Service) OnSnapshot(fn func(accountID string)) { s.onSnapshot = fn }
 
 // preparation is the state of a sandbox's workspace; mu serialises the git
 // work in it.
@@ -470,9 +462,6 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 		return store.Snapshot{}, err
 	}
 	s.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot_id", snap.ID, "bytes", snap.Size, "depth", snap.Depth, "files", m.Entries)
-	if s.onSnapshot != nil {
-		s.onSnapshot(sb.AccountID)
-	}
 	s.collect(ctx)
 	return snap, nil
 }
