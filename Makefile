@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # (golang/go#75804, fixed in Go 1.27).
 FUZZTIME ?= 25000x
 
-.PHONY: all deps build run test unit e2e fuzz lint bench security security-doc clean
+.PHONY: all deps build run test unit e2e fuzz lint bench security security-doc structure clean
 
 all: build
 
@@ -72,6 +72,11 @@ lint:
 	gofmt -l . | (! grep .)
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+# The structure figures (packages, lines, the longest functions, imports
+# between front ends, sandbox.Manager's entry points) of a change's note.
+structure:
+	@scripts/structure-metrics.sh
 
 bench: build
 	$(BIN)/sandboxd bench

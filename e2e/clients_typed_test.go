@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
 

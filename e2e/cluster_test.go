@@ -504,7 +504,7 @@ func gitIn(t *testing.T, dir string, args ...string) {
 }
 
 // waitSandbox waits until sandbox id's row has status.
-func waitSandbox(t *testing.T, st *store.Store, id, status string, within time.Duration) {
+func waitSandbox(t *testing.T, st *store.Store, id string, status store.SandboxStatus, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {

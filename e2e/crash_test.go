@@ -49,7 +49,7 @@ func TestCrashRecovery(t *testing.T) {
 		// in the database with no one to work it yet.
 		ctx := context.Background()
 		st := storetest.Open(t, dsn)
-		if ok, err := st.TransitionSandbox(ctx, orphan["sandboxId"].(string), []string{store.SandboxRunning}, store.SandboxFailed, "test", time.Now()); err != nil || !ok {
+		if ok, err := st.TransitionSandbox(ctx, orphan["sandboxId"].(string), []store.SandboxStatus{store.SandboxRunning}, store.SandboxFailed, "test", time.Now()); err != nil || !ok {
 			t.Fatalf("mark orphan: %v %v", ok, err)
 		}
 		queued := enqueueRun(t, st, s, a.ID, idle["sandboxId"].(string), "echo", "queued")

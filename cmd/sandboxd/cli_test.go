@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 )
 
 // runRoot runs the whole command tree as main does, and returns what it

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 

@@ -10,7 +10,7 @@ import (
 )
 
 // newOpenAPICmd is `sandboxd openapi`: the document the server serves at
-// GET /api/openapi.json, without a server. `go generate ./client` writes
+// GET /api/openapi.json, without a server. `go generate ./clients/go` writes
 // the committed copy (api/openapi.json) with it, which the typed clients
 // are generated from.
 func newOpenAPICmd() *cobra.Command {
@@ -19,7 +19,7 @@ func newOpenAPICmd() *cobra.Command {
 		Use:   "openapi",
 		Short: "Print the OpenAPI document of the API (what GET /api/openapi.json serves)",
 		Long: "Print the OpenAPI document of the API: what GET /api/openapi.json of a server of this binary serves.\n" +
-			"Its info.version is the binary's; the committed api/openapi.json is written by `go generate ./client`\n" +
+			"Its info.version is the binary's; the committed api/openapi.json is written by `go generate ./clients/go`\n" +
 			"(a binary without a version, \"dev\"), which then generates the Go client from it.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 )

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 )
 
 // inspectCommand is `sandboxd sandbox inspect ID` (or get): everything the

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 )
 
 // lsCommand is `sandboxd sandbox ls`: the account's sandboxes, those that

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandboxd/sandboxd/client"
+	client "github.com/sandboxd/sandboxd/clients/go"
 )
 
 // timeoutCommands are `sandboxd sandbox timeout ID D` (the sandbox stops D

@@ -525,7 +525,7 @@ func runView(run store.Run, now time.Time) Run {
 	v := Run{
 		ID:             run.ID,
 		TaskIdentifier: run.Task,
-		Status:         run.Status,
+		Status:         string(run.Status),
 		CreatedAt:      formatTime(run.CreatedAt),
 		UpdatedAt:      formatTime(run.UpdatedAt),
 		StartedAt:      formatTimePtr(run.StartedAt),

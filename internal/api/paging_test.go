@@ -22,7 +22,7 @@ func sandboxHistory(t *testing.T, f *fixture, ended int) (all, active []string) 
 	ctx := t.Context()
 	start := time.Now().Add(-time.Hour)
 	if err := f.st.InTx(ctx, func(_ *sql.Tx, q *store.Queries) error {
-		for i, status := range []string{store.SandboxStopping, store.SandboxRunning, store.SandboxRunning} {
+		for i, status := range []store.SandboxStatus{store.SandboxStopping, store.SandboxRunning, store.SandboxRunning} {
 			sb := store.Sandbox{AccountID: f.account.ID, NodeID: "n1", Status: status, Runtime: "gvisor",
 				CreatedAt: start.Add(time.Duration(i) * time.Millisecond), Deadline: start.Add(2 * time.Hour)}
 			if err := q.CreateSandbox(ctx, &sb); err != nil {

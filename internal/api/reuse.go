@@ -104,7 +104,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 // now.
 func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 	var remaining int64
-	status := sb.Status
+	status := string(sb.Status)
 	switch {
 	case sb.Status == store.SandboxRunning && sb.Pause != "":
 		// In a pause its clock is stopped: what it will have at resume.

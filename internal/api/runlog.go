@@ -157,7 +157,7 @@ func (s *Server) followRunLog(r *http.Request, sse *sseWriter, run store.Run) er
 			if len(pending) > 0 {
 				_ = sse.event("log", ExecOutput{Data: string(pending)})
 			}
-			_ = sse.event("end", RunLogEnd{Status: run.Status})
+			_ = sse.event("end", RunLogEnd{Status: string(run.Status)})
 			return nil
 		}
 		if time.Since(idle) >= runLogKeepalive {

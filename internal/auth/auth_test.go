@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -187,6 +188,46 @@ func TestAccess(t *testing.T) {
 				if got, err := a.MayRead(ctx, p, tc.target); err != nil || got != tc.want {
 					t.Errorf("%s: MayRead = %v, %v; want %v", tc.name, got, err, tc.want)
 				}
+			}
+		})
+
+		// SandboxFor is the same rule applied to a sandbox by id: sbx_1
+		// is carol's, so exactly the keys that may act for carol see it,
+		// and every other answer is not found, as an id that does not
+		// exist (ids cannot be probed).
+		t.Run("sandbox by id", func(t *testing.T) {
+			sandboxKey := key(carol.ID, func(k *store.APIKey) { k.SandboxID = "sbx_1" })
+			sees := []struct {
+				name, key, account string
+				want               error
+			}{
+				{"owner", key(carol.ID, nil), "", nil},
+				{"owner naming itself", key(carol.ID, nil), carol.ID, nil},
+				{"owner's sandbox key", sandboxKey, "", nil},
+				{"member of a sharing organization", key(dave.ID, nil), "", nil},
+				{"sharing member naming the owner", key(dave.ID, nil), carol.ID, nil},
+				{"sharing member naming itself", key(dave.ID, nil), dave.ID, errdefs.ErrNotFound},
+				{"stranger", key(alice.ID, nil), "", errdefs.ErrNotFound},
+				{"stranger naming the owner", key(alice.ID, nil), carol.ID, ErrForbidden},
+				{"other organization's key", key(org.ID, nil), "", errdefs.ErrNotFound},
+				{"bad account_id", key(carol.ID, nil), "not-a-uuid", ErrInvalidAccountID},
+			}
+			for _, tc := range sees {
+				p, err := a.Authenticate(ctx, tc.key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := a.SandboxFor(ctx, p, "sbx_1", tc.account)
+				if !errors.Is(err, tc.want) || (err == nil && got.ID != "sbx_1") {
+					t.Errorf("%s: SandboxFor = %q, %v; want %v", tc.name, got.ID, err, tc.want)
+				}
+				if tc.want == errdefs.ErrNotFound && errdefs.Message(err, "") != "Sandbox not found" {
+					t.Errorf("%s: message %q, want the same as for a missing sandbox", tc.name, errdefs.Message(err, ""))
+				}
+			}
+			p, _ := a.Authenticate(ctx, key(carol.ID, nil))
+			if _, err := a.SandboxFor(ctx, p, "sbx_missing", ""); !errors.Is(err, errdefs.ErrNotFound) || errdefs.Message(err, "") != "Sandbox not found" {
+				t.Errorf("missing sandbox: %v", err)
 			}
 		})
 

@@ -57,7 +57,7 @@ func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbo
 func (f *fakeSandboxes) Live(_ context.Context, sbs []store.Sandbox) []store.Sandbox { return sbs }
 
 func (f *fakeSandboxes) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	_, err := f.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxRunning}, store.SandboxStopped, "", time.Now())
+	_, err := f.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "", time.Now())
 	sb.Status = store.SandboxStopped
 	return sb, err
 }
@@ -345,7 +345,7 @@ func TestFailedSandboxSaysWhy(t *testing.T) {
 	key := map[string]string{"X-API-Key": f.key}
 	failed, stopped := f.create(f.key, nil), f.create(f.key, nil)
 	const reason = "its node stopped answering (no heartbeat for 30s); its processes and unsaved work are lost"
-	if _, err := f.st.TransitionSandbox(t.Context(), sandboxID(failed.SandboxID), []string{store.SandboxRunning}, store.SandboxFailed, reason, time.Now()); err != nil {
+	if _, err := f.st.TransitionSandbox(t.Context(), sandboxID(failed.SandboxID), []store.SandboxStatus{store.SandboxRunning}, store.SandboxFailed, reason, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	var e apiError

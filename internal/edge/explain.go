@@ -49,6 +49,9 @@ type class struct {
 	// fixed: the message is always fallback (auth's errors carry no user
 	// message of their own).
 	fixed bool
+	// named: the front end's name for what was not found (Explain's
+	// notFound) replaces fallback.
+	named bool
 }
 
 // classes is the one table from error classes to what a caller is told.
@@ -60,8 +63,8 @@ var classes = []class{
 	{err: auth.ErrForbidden, status: http.StatusForbidden, fallback: "Access denied to specified account_id", fixed: true},
 	{err: auth.ErrScope, status: http.StatusForbidden, fallback: "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy"},
 	{err: errdefs.ErrNoRepository, status: http.StatusNotFound, fallback: "No GitHub repository found for this account", fixed: true},
-	{err: errdefs.ErrNotFound, status: http.StatusNotFound, fallback: "Not found"},
-	{err: store.ErrNotFound, status: http.StatusNotFound, fallback: "Not found", fixed: true},
+	{err: errdefs.ErrNotFound, status: http.StatusNotFound, fallback: "Not found", named: true},
+	{err: store.ErrNotFound, status: http.StatusNotFound, fallback: "Not found", fixed: true, named: true},
 	{err: errdefs.ErrQuota, status: http.StatusTooManyRequests, fallback: "Over quota"},
 	{err: errdefs.ErrInvalid, status: http.StatusBadRequest, fallback: "Invalid request"},
 	{err: errdefs.ErrTooLarge, status: http.StatusRequestEntityTooLarge, fallback: "Too large"},
@@ -90,7 +93,7 @@ func Explain(err error, notFound string) (e *Error, internal bool) {
 			continue
 		}
 		msg := c.fallback
-		if c.status == http.StatusNotFound && notFound != "" {
+		if c.named && notFound != "" {
 			msg = notFound
 		}
 		if !c.fixed {
@@ -99,4 +102,12 @@ func Explain(err error, notFound string) (e *Error, internal bool) {
 		return &Error{Status: c.status, Msg: msg, Echo: c.echo}, false
 	}
 	return &Error{Status: http.StatusInternalServerError, Msg: InternalMessage}, true
+}
+
+// ScopeError is the 403 a sandbox's own key gets for what it may not do
+// (auth.Principal.MayCall refused it): that key, in the hands of the code
+// inside the sandbox, only reads. what names the operation ("POST
+// /api/sandboxes", "the run_command tool").
+func ScopeError(what string) *Error {
+	return Errorf(http.StatusForbidden, "This key belongs to a sandbox and may only read (GET) the API, use the git server and the model proxy; %s needs an account key", what)
 }

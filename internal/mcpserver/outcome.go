@@ -35,7 +35,7 @@ func runFailure(run api.Run) string {
 		ExitCode *int `json:"exitCode"`
 	}
 	_ = json.Unmarshal(run.Output, &out)
-	if run.Status == store.RunCompleted {
+	if run.Status == string(store.RunCompleted) {
 		if out.ExitCode == nil || *out.ExitCode == 0 {
 			return ""
 		}

@@ -102,7 +102,7 @@ func (f *chainFixture) capture(t *testing.T, files map[string]string) (store.Sna
 	snap, err := f.svc.Capture(ctx, sb, rsb)
 	// The run is over and the sandbox with it: it no longer holds the
 	// snapshot it started from.
-	if _, terr := f.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxRunning}, store.SandboxStopped, "test", time.Now()); terr != nil {
+	if _, terr := f.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "test", time.Now()); terr != nil {
 		t.Fatal(terr)
 	}
 	return snap, err

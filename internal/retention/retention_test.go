@@ -43,7 +43,7 @@ func newWorld(t *testing.T, dsn string) *world {
 }
 
 // sandbox inserts a sandbox of status that ended at ended (nil: has not).
-func (w *world) sandbox(t *testing.T, status string, ended *time.Time) string {
+func (w *world) sandbox(t *testing.T, status store.SandboxStatus, ended *time.Time) string {
 	t.Helper()
 	sb := store.Sandbox{AccountID: w.account.ID, NodeID: "n1", Status: status, Runtime: "gvisor", CreatedAt: t0, Deadline: t0.Add(time.Hour), StoppedAt: ended}
 	if err := w.st.CreateSandbox(t.Context(), &sb); err != nil {
@@ -54,7 +54,7 @@ func (w *world) sandbox(t *testing.T, status string, ended *time.Time) string {
 
 // run inserts a run of status that finished at finished (nil: has not),
 // with a log on the node.
-func (w *world) run(t *testing.T, status string, finished *time.Time) string {
+func (w *world) run(t *testing.T, status store.RunStatus, finished *time.Time) string {
 	t.Helper()
 	r := store.Run{AccountID: w.account.ID, Task: "run-sandbox-command", Status: status, CreatedAt: t0, FinishedAt: finished}
 	if err := w.st.CreateRun(t.Context(), &r); err != nil {

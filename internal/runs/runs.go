@@ -267,7 +267,7 @@ func (r *Runner) complete(ctx context.Context, run store.Run, sb store.Sandbox, 
 
 // Finish records a run's end. A command that ran to its end is
 // COMPLETED whatever its exit code: the exit code is in the output.
-func (r *Runner) Finish(ctx context.Context, run store.Run, status string, out *runOutput, errMsg string) error {
+func (r *Runner) Finish(ctx context.Context, run store.Run, status store.RunStatus, out *runOutput, errMsg string) error {
 	var output any
 	if out != nil {
 		output = out
@@ -330,7 +330,7 @@ func (r *Runner) pruneLogs(ctx context.Context, accountID string) {
 // Record writes the end of run runID, of any task: its status, its output
 // (out as JSON; nil: none) and its error message ("": none), the shape the
 // runs API answers.
-func Record(ctx context.Context, st *store.Store, runID, status string, out any, errMsg string, now time.Time) error {
+func Record(ctx context.Context, st *store.Store, runID string, status store.RunStatus, out any, errMsg string, now time.Time) error {
 	var output, errJSON json.RawMessage
 	if out != nil {
 		b, err := json.Marshal(out)

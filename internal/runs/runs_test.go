@@ -395,7 +395,7 @@ func TestReconcileTakesUpOnlyThisNodesExecutingRuns(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for id, want := range map[string]string{queued: store.RunQueued, there: store.RunExecuting} {
+	for id, want := range map[string]store.RunStatus{queued: store.RunQueued, there: store.RunExecuting} {
 		if run, _, msg := f.result(t, id); run.Status != want {
 			t.Errorf("run %s is %s (%q), want %s", id, run.Status, msg, want)
 		}

@@ -226,6 +226,14 @@ type Sandbox interface {
 	WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error
 	// ListDir lists a directory without following symlinks.
 	ListDir(ctx context.Context, path string) ([]DirEntry, error)
+	// AgentTransport carries requests to the guest agent's HTTP services
+	// as they are (envd's Connect services process.Process and
+	// filesystem.Filesystem, /files, /health), for an API that speaks
+	// them to its clients (package e2b) or a copy through the filesystem
+	// service: to the agent connected now, waiting for it to reconnect;
+	// they may be addressed to any host. It fails with ErrNotRunning once
+	// the sandbox is gone.
+	AgentTransport(ctx context.Context) (http.RoundTripper, error)
 	// Quiesce flushes the sandbox's writes and freezes it, for a consistent
 	// copy of its filesystem; resume thaws it. Snapshot quiesces by itself.
 	Quiesce(ctx context.Context) (resume func(context.Context) error, err error)
@@ -242,17 +250,6 @@ type Sandbox interface {
 	Stop(ctx context.Context) error
 	// Destroy stops the sandbox and removes everything it had on the host.
 	Destroy(ctx context.Context) error
-}
-
-// AgentHTTP is a Sandbox whose guest agent's HTTP services can be reached
-// as they are: envd's Connect services (process.Process,
-// filesystem.Filesystem), /files and /health, for an API that speaks them
-// to its clients (package e2b).
-type AgentHTTP interface {
-	// AgentTransport carries requests to the agent connected now, waiting
-	// for it to reconnect; they may be addressed to any host. It fails
-	// with ErrNotRunning once the sandbox is gone.
-	AgentTransport(ctx context.Context) (http.RoundTripper, error)
 }
 
 // State of a sandbox.

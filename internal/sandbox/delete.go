@@ -41,5 +41,5 @@ func statusWord(sb store.Sandbox) string {
 	if sb.Status == store.SandboxRunning && sb.Pause != "" {
 		return sb.Pause
 	}
-	return sb.Status
+	return string(sb.Status)
 }

@@ -70,11 +70,7 @@ func (m *Manager) files(ctx context.Context, sb store.Sandbox) (filecopy.FS, err
 	if err != nil {
 		return nil, err
 	}
-	a, ok := rsb.(runtime.AgentHTTP)
-	if !ok {
-		return nil, errdefs.Newf(errdefs.ErrInvalid, "the %s runtime cannot copy files into or out of its sandboxes", m.rt.Name())
-	}
-	tr, err := a.AgentTransport(ctx)
+	tr, err := rsb.AgentTransport(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reach the agent of %s: %w", sb.ID, err)
 	}

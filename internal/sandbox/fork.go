@@ -92,7 +92,7 @@ func (m *Manager) Fork(ctx context.Context, parent store.Sandbox, count int, lif
 func (m *Manager) startForked(ctx context.Context, f runtime.Forker, parent store.Sandbox, kids []*store.Sandbox) ([]store.Sandbox, error) {
 	fail := func(reason string, err error) ([]store.Sandbox, error) {
 		for _, k := range kids {
-			m.markFailed(ctx, k.ID, []string{store.SandboxPending}, reason)
+			m.markFailed(ctx, k.ID, []store.SandboxStatus{store.SandboxPending}, reason)
 		}
 		return nil, forkError(parent.ID, reason, err)
 	}
@@ -121,7 +121,7 @@ func (m *Manager) startForked(ctx context.Context, f runtime.Forker, parent stor
 			destroyAll()
 			return fail(reason, err)
 		}
-		ok, err := m.st.TransitionSandbox(ctx, k.ID, []string{store.SandboxPending}, store.SandboxRunning, "", m.now())
+		ok, err := m.st.TransitionSandbox(ctx, k.ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxRunning, "", m.now())
 		if err != nil || !ok {
 			destroyAll()
 			if err == nil {
@@ -158,7 +158,7 @@ func (m *Manager) settleParent(ctx context.Context, id string) {
 		if err == nil {
 			_ = rsb.Destroy(ctx)
 		}
-		m.markFailed(ctx, id, []string{store.SandboxRunning}, "the sandbox was lost while it was forked")
+		m.markFailed(ctx, id, []store.SandboxStatus{store.SandboxRunning}, "the sandbox was lost while it was forked")
 	}
 }
 

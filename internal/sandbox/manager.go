@@ -247,7 +247,7 @@ func promptArgs(prompt string) []string {
 }
 
 // activeStatuses are the statuses in which a sandbox holds resources.
-var activeStatuses = []string{store.SandboxPending, store.SandboxRunning, store.SandboxStopping}
+var activeStatuses = []store.SandboxStatus{store.SandboxPending, store.SandboxRunning, store.SandboxStopping}
 
 // Create places a sandbox for account and, with a command or prompt,
 // starts a run in it; the row's status is true when returned.
@@ -382,7 +382,7 @@ func quotaError(err error) error {
 // says more.
 func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox, error) {
 	fail := func(reason string, err error) (runtime.Sandbox, error) {
-		m.markFailed(ctx, sb.ID, []string{store.SandboxPending}, reason)
+		m.markFailed(ctx, sb.ID, []store.SandboxStatus{store.SandboxPending}, reason)
 		sb.Status, sb.FailureReason = store.SandboxFailed, reason
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
@@ -398,7 +398,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		_ = rsb.Destroy(ctx)
 		return fail(reason, err)
 	}
-	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", m.now())
+	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxRunning, "", m.now())
 	if err != nil || !ok {
 		_ = rsb.Destroy(ctx)
 		if err == nil {
@@ -455,7 +455,7 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 		wg.Go(func() {
 			if _, err := m.rt.Get(ctx, sb.ID); errors.Is(err, runtime.ErrNotFound) {
 				reason := reasonExited
-				if m.markFailed(context.WithoutCancel(ctx), sb.ID, []string{store.SandboxRunning}, reason) {
+				if m.markFailed(context.WithoutCancel(ctx), sb.ID, []store.SandboxStatus{store.SandboxRunning}, reason) {
 					out[i].Status, out[i].FailureReason = store.SandboxFailed, reason
 				}
 			}
@@ -530,18 +530,15 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 
 // AgentTransport carries requests to the guest agent of a running sandbox
 // this node hosts, its workspace readied first as for an exec (see
-// runtime.AgentHTTP): for an API that speaks the agent's own protocol.
+// runtime.Sandbox.AgentTransport): for an API that speaks the agent's own
+// protocol.
 func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
-	a, ok := rsb.(runtime.AgentHTTP)
-	if !ok {
-		return nil, errdefs.Newf(errdefs.ErrInvalid, "the %s runtime does not expose its sandboxes' agents", m.rt.Name())
-	}
 	_ = m.Prepare(ctx, sb, rsb, false) // a failure is logged; the caller may not need the clone
-	return a.AgentTransport(ctx)
+	return rsb.AgentTransport(ctx)
 }
 
 // Stats measures a running sandbox this node hosts (a paused one is woken:
@@ -571,7 +568,7 @@ func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, er
 func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) error {
 	// The reason is recorded now, so that a run cut short by the stop can
 	// tell why (a timeout makes it FAILED with an error that says so).
-	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
+	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
 	}
 	// What must end with the decision (the key) ends now, not when the
@@ -619,7 +616,7 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 	if err := m.ended(ctx, id); err != nil {
 		return err
 	}
-	if _, err := m.st.TransitionSandbox(ctx, id, []string{store.SandboxStopping}, store.SandboxStopped, reason, m.now()); err != nil {
+	if _, err := m.st.TransitionSandbox(ctx, id, []store.SandboxStatus{store.SandboxStopping}, store.SandboxStopped, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopped: %w", id, err)
 	}
 	m.log.Info("sandbox stopped", "sandbox_id", id, "reason", reason)
@@ -631,7 +628,7 @@ func (m *Manager) finishStop(ctx context.Context, id, reason string) error {
 // revoked, its network removed: nothing outlives a sandbox that is not
 // running). Every path on which a sandbox ends goes through here or
 // finishStop. It reports whether this call made the transition.
-func (m *Manager) markFailed(ctx context.Context, id string, from []string, reason string) bool {
+func (m *Manager) markFailed(ctx context.Context, id string, from []store.SandboxStatus, reason string) bool {
 	ok, err := m.st.TransitionSandbox(ctx, id, from, store.SandboxFailed, reason, m.now())
 	if err != nil {
 		m.log.Error("mark sandbox failed", "sandbox_id", id, "err", err)

@@ -264,7 +264,7 @@ func TestReaperStopsAtTheDeadline(t *testing.T) {
 func TestReconcileMatrix(t *testing.T) {
 	p := newPlane(t, Settings{})
 	ctx := context.Background()
-	row := func(status string) store.Sandbox {
+	row := func(status store.SandboxStatus) store.Sandbox {
 		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: p.account.ID, NodeID: "here", Status: status, Runtime: "fake", Deadline: time.Now().Add(time.Hour)}
 		if err := p.st.CreateSandbox(ctx, &sb); err != nil {
 			t.Fatal(err)
@@ -273,9 +273,9 @@ func TestReconcileMatrix(t *testing.T) {
 	}
 	cases := []struct {
 		name    string
-		status  string
+		status  store.SandboxStatus
 		runtime string // "running", "stopped" (its processes died), "gone"
-		want    string
+		want    store.SandboxStatus
 		kept    bool // still on the runtime afterwards
 	}{
 		{"running and alive", store.SandboxRunning, "running", store.SandboxRunning, true},
@@ -328,7 +328,8 @@ func TestReconcileMatrix(t *testing.T) {
 		t.Errorf("a runtime sandbox without a row survived reconcile: %v", err)
 	}
 	for _, want := range []struct {
-		id, status string
+		id     string
+		status store.RunStatus
 	}{{executing.ID, store.RunCrashed}, {queued.ID, store.RunQueued}} {
 		// An executing run of a running sandbox is followed again in the
 		// background; the fake runtime keeps no process, so it crashes.

@@ -122,7 +122,7 @@ var (
 )
 
 // sandboxStates are the states sandboxd_sandboxes reports, zero or not.
-var sandboxStates = []string{store.SandboxPending, store.SandboxRunning, store.PausePausing, store.PausePaused, store.PauseResuming, store.SandboxStopping}
+var sandboxStates = []string{string(store.SandboxPending), string(store.SandboxRunning), store.PausePausing, store.PausePaused, store.PauseResuming, string(store.SandboxStopping)}
 
 // Metrics is a Prometheus collector of this node's sandboxes, runs,
 // operations and admission (see the README's Metrics section).
@@ -171,7 +171,7 @@ func (m *Manager) collectSandboxes(ctx context.Context, ch chan<- prometheus.Met
 	}
 	var holdingMemory int64
 	for _, c := range counts {
-		state := c.Status
+		state := string(c.Status)
 		if c.Status == store.SandboxRunning && c.Pause != "" {
 			state = c.Pause
 		}
@@ -209,8 +209,8 @@ func (m *Manager) collectRuns(ctx context.Context, ch chan<- prometheus.Metric) 
 	if err != nil {
 		return err
 	}
-	active := map[string]int64{store.RunQueued: 0, store.RunExecuting: 0}
-	recent := map[string]int64{store.RunCompleted: 0, store.RunFailed: 0, store.RunCrashed: 0, store.RunCanceled: 0}
+	active := map[store.RunStatus]int64{store.RunQueued: 0, store.RunExecuting: 0}
+	recent := map[store.RunStatus]int64{store.RunCompleted: 0, store.RunFailed: 0, store.RunCrashed: 0, store.RunCanceled: 0}
 	for _, c := range counts {
 		if _, ok := active[c.Status]; ok {
 			active[c.Status] = c.N
@@ -219,10 +219,10 @@ func (m *Manager) collectRuns(ctx context.Context, ch chan<- prometheus.Metric) 
 		}
 	}
 	for status, n := range active {
-		ch <- prometheus.MustNewConstMetric(runsDesc, prometheus.GaugeValue, float64(n), status)
+		ch <- prometheus.MustNewConstMetric(runsDesc, prometheus.GaugeValue, float64(n), string(status))
 	}
 	for status, n := range recent {
-		ch <- prometheus.MustNewConstMetric(recentRunsDesc, prometheus.GaugeValue, float64(n), status)
+		ch <- prometheus.MustNewConstMetric(recentRunsDesc, prometheus.GaugeValue, float64(n), string(status))
 	}
 	return nil
 }

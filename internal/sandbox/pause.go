@@ -253,7 +253,7 @@ func (m *Manager) settleAfterRuntime(ctx context.Context, id, from string) {
 		if gerr == nil {
 			_ = rsb.Destroy(ctx)
 		}
-		m.markFailed(ctx, id, []string{store.SandboxRunning}, reason)
+		m.markFailed(ctx, id, []store.SandboxStatus{store.SandboxRunning}, reason)
 	}
 	if err != nil {
 		m.log.Error("settle a sandbox's pause", "sandbox_id", id, "err", err)

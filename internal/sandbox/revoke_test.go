@@ -55,7 +55,7 @@ func TestSandboxKeysRevokedOnEveryEnd(t *testing.T) {
 	a := auth.NewAuthenticator(st)
 
 	// sandbox records a sandbox on node in status with a key of its own.
-	sandbox := func(node, status string) (store.Sandbox, string) {
+	sandbox := func(node string, status store.SandboxStatus) (store.Sandbox, string) {
 		sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: acct.ID, NodeID: node, Status: status, Runtime: "gvisor", Deadline: time.Now().Add(time.Hour)}
 		if err := st.CreateSandbox(ctx, &sb); err != nil {
 			t.Fatal(err)
@@ -76,9 +76,9 @@ func TestSandboxKeysRevokedOnEveryEnd(t *testing.T) {
 	cases := []struct {
 		name   string
 		node   string
-		status string
+		status store.SandboxStatus
 		end    func(sb store.Sandbox)
-		want   string // the sandbox's status afterwards
+		want   store.SandboxStatus // the sandbox's status afterwards
 	}{
 		{"vanished, seen by a list (Live)", "here", store.SandboxRunning, func(sb store.Sandbox) { m.Live(ctx, []store.Sandbox{sb}) }, store.SandboxFailed},
 		{"vanished, seen by reconcile", "here", store.SandboxRunning, func(store.Sandbox) { _ = m.Reconcile(ctx) }, store.SandboxFailed},

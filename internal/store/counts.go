@@ -12,8 +12,8 @@ import (
 
 // SandboxCount is how many of a node's live sandboxes are in one state.
 type SandboxCount struct {
-	Status  string // pending, running or stopping
-	Pause   string // "", or a running sandbox's pause state
+	Status  SandboxStatus // pending, running or stopping
+	Pause   string        // "", or a running sandbox's pause state
 	Runtime string
 	N       int64
 }
@@ -36,7 +36,7 @@ func (q *Queries) CountLiveSandboxes(ctx context.Context, nodeID string) ([]Sand
 
 // RunCount is how many runs are in one status.
 type RunCount struct {
-	Status string
+	Status RunStatus
 	N      int64
 }
 

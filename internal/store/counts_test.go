@@ -17,7 +17,7 @@ func TestCountLiveSandboxes(t *testing.T) {
 		s := storetest.Open(t, dsn)
 		ctx := t.Context()
 		a := mustAccount(t, s, store.AccountPersonal, "counted")
-		for _, status := range []string{store.SandboxPending, store.SandboxRunning, store.SandboxRunning, store.SandboxRunning, store.SandboxStopping, store.SandboxStopped, store.SandboxFailed} {
+		for _, status := range []store.SandboxStatus{store.SandboxPending, store.SandboxRunning, store.SandboxRunning, store.SandboxRunning, store.SandboxStopping, store.SandboxStopped, store.SandboxFailed} {
 			mustSandbox(t, s, a.ID, "n1", status, t0)
 		}
 		mustSandbox(t, s, a.ID, "n2", store.SandboxRunning, t0)
@@ -32,7 +32,9 @@ func TestCountLiveSandboxes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slices.SortFunc(got, func(a, b store.SandboxCount) int { return strings.Compare(a.Status+a.Pause, b.Status+b.Pause) })
+		slices.SortFunc(got, func(a, b store.SandboxCount) int {
+			return strings.Compare(string(a.Status)+a.Pause, string(b.Status)+b.Pause)
+		})
 		want := []store.SandboxCount{
 			{Status: store.SandboxPending, Runtime: "gvisor", N: 1},
 			{Status: store.SandboxRunning, Runtime: "gvisor", N: 3},
@@ -52,7 +54,7 @@ func TestCountRuns(t *testing.T) {
 		s := storetest.Open(t, dsn)
 		ctx := t.Context()
 		a := mustAccount(t, s, store.AccountPersonal, "runner")
-		run := func(status string, finished time.Time) {
+		run := func(status store.RunStatus, finished time.Time) {
 			t.Helper()
 			r := store.Run{AccountID: a.ID, Task: "run-sandbox-command", Status: store.RunQueued, CreatedAt: t0}
 			if err := s.CreateRun(ctx, &r); err != nil {
@@ -82,7 +84,7 @@ func TestCountRuns(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slices.SortFunc(got, func(a, b store.RunCount) int { return strings.Compare(a.Status, b.Status) })
+		slices.SortFunc(got, func(a, b store.RunCount) int { return strings.Compare(string(a.Status), string(b.Status)) })
 		want := []store.RunCount{{store.RunCompleted, 2}, {store.RunExecuting, 2}, {store.RunFailed, 1}, {store.RunQueued, 1}}
 		if !slices.Equal(got, want) {
 			t.Fatalf("counts %+v, want %+v", got, want)

@@ -30,7 +30,7 @@ func mustAccountAt(t *testing.T, s *store.Store, kind store.AccountKind, name st
 	return a
 }
 
-func mustSandbox(t *testing.T, s *store.Store, accountID, nodeID, status string, created time.Time) store.Sandbox {
+func mustSandbox(t *testing.T, s *store.Store, accountID, nodeID string, status store.SandboxStatus, created time.Time) store.Sandbox {
 	t.Helper()
 	sb := store.Sandbox{AccountID: accountID, NodeID: nodeID, Status: status, Runtime: "gvisor",
 		CreatedAt: created, Deadline: created.Add(time.Hour)}

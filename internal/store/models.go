@@ -48,25 +48,28 @@ type APIKey struct {
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
 }
 
+// SandboxStatus is where a sandbox is in its lifecycle, as the API names it.
+type SandboxStatus string
+
 // Sandbox statuses, as the API names them.
 const (
-	SandboxPending  = "pending"
-	SandboxRunning  = "running"
-	SandboxStopping = "stopping"
-	SandboxStopped  = "stopped"
-	SandboxFailed   = "failed"
+	SandboxPending  SandboxStatus = "pending"
+	SandboxRunning  SandboxStatus = "running"
+	SandboxStopping SandboxStatus = "stopping"
+	SandboxStopped  SandboxStatus = "stopped"
+	SandboxFailed   SandboxStatus = "failed"
 )
 
 // Sandbox is one sandbox's row: the database is the source of truth for its
 // lifecycle; the node named by NodeID hosts it.
 type Sandbox struct {
-	ID            string `json:"id"`
-	AccountID     string `json:"account_id"`
-	NodeID        string `json:"node_id"`
-	Status        string `json:"status"`
-	Runtime       string `json:"runtime"`
-	FailureReason string `json:"failure_reason,omitempty"`
-	SnapshotID    string `json:"snapshot_id,omitempty"` // the snapshot it started from
+	ID            string        `json:"id"`
+	AccountID     string        `json:"account_id"`
+	NodeID        string        `json:"node_id"`
+	Status        SandboxStatus `json:"status"`
+	Runtime       string        `json:"runtime"`
+	FailureReason string        `json:"failure_reason,omitempty"`
+	SnapshotID    string        `json:"snapshot_id,omitempty"` // the snapshot it started from
 	// Network is the sandbox's network policy as the API's JSON ("" = none).
 	Network   string     `json:"network,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
@@ -106,16 +109,19 @@ const (
 	PauseResuming = "resuming"
 )
 
+// RunStatus is where a run is, as trigger.dev v3 names it.
+type RunStatus string
+
 // Run statuses, as trigger.dev v3 names them: only values of the published
 // TaskRunResponse enum that the original's web clients know (a run cut by
 // its sandbox's deadline is FAILED, its error says so).
 const (
-	RunQueued    = "QUEUED"
-	RunExecuting = "EXECUTING"
-	RunCompleted = "COMPLETED"
-	RunFailed    = "FAILED"
-	RunCrashed   = "CRASHED"
-	RunCanceled  = "CANCELED"
+	RunQueued    RunStatus = "QUEUED"
+	RunExecuting RunStatus = "EXECUTING"
+	RunCompleted RunStatus = "COMPLETED"
+	RunFailed    RunStatus = "FAILED"
+	RunCrashed   RunStatus = "CRASHED"
+	RunCanceled  RunStatus = "CANCELED"
 )
 
 // Run is one background task execution.
@@ -124,7 +130,7 @@ type Run struct {
 	AccountID  string          `json:"account_id"`
 	SandboxID  string          `json:"sandbox_id,omitempty"`
 	Task       string          `json:"task"` // run-sandbox-command | setup-sandbox | coding-agent
-	Status     string          `json:"status"`
+	Status     RunStatus       `json:"status"`
 	Payload    json.RawMessage `json:"payload"`
 	Output     json.RawMessage `json:"output,omitempty"`
 	Error      json.RawMessage `json:"error,omitempty"`

@@ -48,7 +48,7 @@ func TestOddInputs(t *testing.T) {
 			lookups["RemoveOrgMember"] = s.RemoveOrgMember(ctx, org.ID, v)
 			lookups["SetMembersShareAccess"] = s.SetMembersShareAccess(ctx, v, true)
 			lookups["AddOrgMember"] = s.AddOrgMember(ctx, org.ID, v)
-			_, lookups["TransitionSandbox"] = s.TransitionSandbox(ctx, v, []string{v, store.SandboxRunning}, store.SandboxStopped, v, at)
+			_, lookups["TransitionSandbox"] = s.TransitionSandbox(ctx, v, []store.SandboxStatus{store.SandboxStatus(v), store.SandboxRunning}, store.SandboxStopped, v, at)
 			_, lookups["StartRun"] = s.StartRun(ctx, v, at)
 			_, lookups["FinishRun"] = s.FinishRun(ctx, v, store.RunCompleted, nil, nil, at)
 			for name, err := range lookups {
@@ -66,15 +66,15 @@ func TestOddInputs(t *testing.T) {
 			_ = s.RevokeSandboxKeys(ctx, v, at)
 			_ = s.TouchAPIKey(ctx, v, at)
 			_, _ = s.ListSandboxes(ctx, v)
-			_, _ = s.ListSandboxesByNode(ctx, v, v, v)
+			_, _ = s.ListSandboxesByNode(ctx, v, store.SandboxStatus(v), store.SandboxStatus(v))
 			_, _ = s.ListExpiredSandboxes(ctx, v, at)
 			_, _ = s.CountActiveSandboxes(ctx, v)
 			_ = s.DeleteSandboxesOf(ctx, v)
 			_, _ = s.ListRuns(ctx, v, -1)
-			_, _ = s.ListRunsByStatus(ctx, v)
+			_, _ = s.ListRunsByStatus(ctx, store.RunStatus(v))
 			_, _ = s.ListSnapshots(ctx, v)
 			_, _ = s.DeleteSnapshotsOf(ctx, v)
-			_, _ = s.FinishRun(ctx, v, v, json.RawMessage(v), json.RawMessage(v), at)
+			_, _ = s.FinishRun(ctx, v, store.RunStatus(v), json.RawMessage(v), json.RawMessage(v), at)
 
 			// Values stored as data come back unchanged.
 			a := store.Account{Name: v}

@@ -147,7 +147,7 @@ func TestListLiveE2BSandboxesPastEnded(t *testing.T) {
 		ctx := t.Context()
 		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
 		var live []string
-		statuses := []string{store.SandboxRunning, store.SandboxPending}
+		statuses := []store.SandboxStatus{store.SandboxRunning, store.SandboxPending}
 		for i := range 4 {
 			live = append(live, mustE2B(t, s, alice.ID, statuses[i%2], t0.Add(time.Duration(i)*time.Second)).ID)
 		}
@@ -177,7 +177,7 @@ func TestListLiveE2BSandboxesPastEnded(t *testing.T) {
 }
 
 // e2bSandbox inserts a sandbox with its E2B record, both created at.
-func e2bSandbox(ctx context.Context, q *store.Queries, accountID, status string, at time.Time) (store.Sandbox, error) {
+func e2bSandbox(ctx context.Context, q *store.Queries, accountID string, status store.SandboxStatus, at time.Time) (store.Sandbox, error) {
 	sb := store.Sandbox{AccountID: accountID, NodeID: "n1", Status: status, Runtime: "gvisor", CreatedAt: at, Deadline: at.Add(time.Hour)}
 	if status == store.SandboxStopped {
 		sb.StoppedAt = &at
@@ -192,7 +192,7 @@ func e2bSandbox(ctx context.Context, q *store.Queries, accountID, status string,
 	return sb, nil
 }
 
-func mustE2B(t *testing.T, s *store.Store, accountID, status string, at time.Time) store.Sandbox {
+func mustE2B(t *testing.T, s *store.Store, accountID string, status store.SandboxStatus, at time.Time) store.Sandbox {
 	t.Helper()
 	sb, err := e2bSandbox(t.Context(), s.Queries, accountID, status, at)
 	if err != nil {

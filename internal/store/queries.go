@@ -259,10 +259,10 @@ func nullString(s string) any {
 func nowMS() time.Time { return ms(time.Now()) }
 
 // inList returns "?, ?, ..." for n values and the values as arguments.
-func inList(values []string) (string, []any) {
+func inList[T ~string](values []T) (string, []any) {
 	args := make([]any, len(values))
 	for i, v := range values {
-		args[i] = v
+		args[i] = string(v)
 	}
 	return strings.TrimSuffix(strings.Repeat("?, ", len(values)), ", "), args
 }

@@ -83,7 +83,7 @@ func TestCreateSandboxWithinIsAtomic(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.TransitionSandbox(ctx, list[0].ID, []string{store.SandboxPending}, store.SandboxStopped, "", time.Now()); err != nil {
+		if _, err := s.TransitionSandbox(ctx, list[0].ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxStopped, "", time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.CreateSandboxWithin(ctx, newSB(alice.ID), store.SandboxLimits{PerAccount: 5}); err != nil {

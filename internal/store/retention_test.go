@@ -27,7 +27,7 @@ func TestDeleteEndedSandboxes(t *testing.T) {
 		ctx := t.Context()
 		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
 		cutoff := t0.Add(7 * 24 * time.Hour)
-		ended := func(status string, at time.Time) store.Sandbox {
+		ended := func(status store.SandboxStatus, at time.Time) store.Sandbox {
 			t.Helper()
 			sb := store.Sandbox{AccountID: alice.ID, NodeID: "n1", Status: status, Runtime: "gvisor", CreatedAt: t0, Deadline: t0, StoppedAt: &at}
 			if err := s.CreateSandbox(ctx, &sb); err != nil {
@@ -131,7 +131,7 @@ func TestDeleteRunsFinishedBefore(t *testing.T) {
 		ctx := t.Context()
 		alice := mustAccount(t, s, store.AccountPersonal, "Alice")
 		cutoff := t0.Add(30 * 24 * time.Hour)
-		run := func(status string, finished *time.Time) string {
+		run := func(status store.RunStatus, finished *time.Time) string {
 			t.Helper()
 			r := store.Run{AccountID: alice.ID, Task: "t", Status: status, CreatedAt: t0, FinishedAt: finished, Payload: json.RawMessage(`{}`)}
 			if err := s.CreateRun(ctx, &r); err != nil {
@@ -140,7 +140,7 @@ func TestDeleteRunsFinishedBefore(t *testing.T) {
 			return r.ID
 		}
 		var gone []string
-		for i, st := range []string{store.RunCompleted, store.RunFailed, store.RunCrashed, store.RunCanceled} {
+		for i, st := range []store.RunStatus{store.RunCompleted, store.RunFailed, store.RunCrashed, store.RunCanceled} {
 			gone = append(gone, run(st, ptr(t0.Add(time.Duration(i)*time.Hour))))
 		}
 		gone = append(gone, run(store.RunCompleted, &cutoff))
@@ -256,7 +256,7 @@ func TestFailureReasonMigration(t *testing.T) {
 			lost.ID:    "its node 3ae6588d-60be-4191-be04-e569261c934d stopped answering (no heartbeat for 31s)",
 			crashed.ID: "the sandbox was gone after sandboxd restarted",
 		} {
-			if _, err := s.TransitionSandbox(ctx, id, []string{store.SandboxRunning}, store.SandboxFailed, reason, t0); err != nil {
+			if _, err := s.TransitionSandbox(ctx, id, []store.SandboxStatus{store.SandboxRunning}, store.SandboxFailed, reason, t0); err != nil {
 				t.Fatal(err)
 			}
 		}

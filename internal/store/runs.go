@@ -47,7 +47,7 @@ func scanRun(s scanner) (Run, error) {
 }
 
 // finalRunStatuses are the statuses a run ends in.
-var finalRunStatuses = map[string]bool{
+var finalRunStatuses = map[RunStatus]bool{
 	RunCompleted: true, RunFailed: true, RunCrashed: true, RunCanceled: true,
 }
 
@@ -161,7 +161,10 @@ func (q *Queries) ListRunsPage(ctx context.Context, accountID string, after Curs
 // more than limit runs past them. Package runs deletes the logs of these:
 // it keeps the logs of an account's newest runs only.
 func (q *Queries) FinishedRunsPast(ctx context.Context, accountID string, skip, limit int) ([]string, error) {
-	type ref struct{ id, status string }
+	type ref struct {
+		id     string
+		status RunStatus
+	}
 	refs, err := queryAll(ctx, q, func(s scanner) (ref, error) {
 		var r ref
 		return r, s.Scan(&r.id, &r.status)
@@ -191,13 +194,13 @@ func (q *Queries) DeleteFinishedRuns(ctx context.Context, ids []string) (int, er
 
 // finalRunStatusList is finalRunStatuses as a list, sorted so that the
 // queries made of it read the same every time.
-func finalRunStatusList() []string {
+func finalRunStatusList() []RunStatus {
 	return slices.Sorted(maps.Keys(finalRunStatuses))
 }
 
 // ListRunsByStatus returns the runs whose status is one of statuses (every
 // run when none are given), oldest first.
-func (q *Queries) ListRunsByStatus(ctx context.Context, statuses ...string) ([]Run, error) {
+func (q *Queries) ListRunsByStatus(ctx context.Context, statuses ...RunStatus) ([]Run, error) {
 	query := "SELECT " + runCols + " FROM runs"
 	var args []any
 	if len(statuses) > 0 {
@@ -230,7 +233,7 @@ func (q *Queries) StartRun(ctx context.Context, id string, at time.Time) (bool, 
 // finished, and reports whether it did (false, nil when the run had already
 // finished; ErrNotFound when there is no such run). A status that is not
 // final is ErrInvalid.
-func (q *Queries) FinishRun(ctx context.Context, id string, status string, output, errJSON json.RawMessage, at time.Time) (bool, error) {
+func (q *Queries) FinishRun(ctx context.Context, id string, status RunStatus, output, errJSON json.RawMessage, at time.Time) (bool, error) {
 	if !finalRunStatuses[status] {
 		return false, fmt.Errorf("finish run %s: %w: %q is not a final status", id, ErrInvalid, status)
 	}

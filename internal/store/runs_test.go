@@ -92,7 +92,7 @@ func TestRunLifecycle(t *testing.T) {
 			want       bool
 			wantErr    error
 			run        int
-			wantStatus string
+			wantStatus store.RunStatus
 		}{
 			{"start", func() (bool, error) { return s.StartRun(ctx, runs[0].ID, t0.Add(time.Minute)) }, true, nil, 0, store.RunExecuting},
 			{"start twice", func() (bool, error) { return s.StartRun(ctx, runs[0].ID, t0.Add(2*time.Minute)) }, false, nil, 0, store.RunExecuting},
@@ -160,12 +160,12 @@ func TestRunLifecycle(t *testing.T) {
 		}
 
 		byStatus := []struct {
-			statuses []string
+			statuses []store.RunStatus
 			want     []string
 		}{
-			{[]string{store.RunQueued, store.RunExecuting}, []string{runs[2].ID, runs[3].ID}},
-			{[]string{store.RunCompleted}, []string{runs[0].ID}},
-			{[]string{store.RunCrashed}, []string{}},
+			{[]store.RunStatus{store.RunQueued, store.RunExecuting}, []string{runs[2].ID, runs[3].ID}},
+			{[]store.RunStatus{store.RunCompleted}, []string{runs[0].ID}},
+			{[]store.RunStatus{store.RunCrashed}, []string{}},
 			{nil, []string{runs[0].ID, runs[1].ID, runs[2].ID, runs[3].ID}},
 		}
 		for _, tt := range byStatus {

@@ -30,7 +30,7 @@ func scanSandbox(s scanner) (Sandbox, error) {
 }
 
 // activeSandboxStatuses are the statuses that hold resources on a node.
-var activeSandboxStatuses = []string{SandboxPending, SandboxRunning, SandboxStopping}
+var activeSandboxStatuses = []SandboxStatus{SandboxPending, SandboxRunning, SandboxStopping}
 
 // CreateSandbox inserts sb. It fills an empty ID with a random UUID, an empty
 // Status with SandboxPending, a zero CreatedAt with now and a zero UpdatedAt
@@ -136,7 +136,7 @@ func (q *Queries) ListSandboxesByID(ctx context.Context, ids []string) ([]Sandbo
 
 // ListSandboxesByNode returns the sandboxes placed on nodeID whose status is
 // one of statuses (any status when none are given), oldest first.
-func (q *Queries) ListSandboxesByNode(ctx context.Context, nodeID string, statuses ...string) ([]Sandbox, error) {
+func (q *Queries) ListSandboxesByNode(ctx context.Context, nodeID string, statuses ...SandboxStatus) ([]Sandbox, error) {
 	query := "SELECT " + sandboxCols + " FROM sandboxes WHERE node_id = ?"
 	args := []any{nodeID}
 	if len(statuses) > 0 {
@@ -156,7 +156,7 @@ func (q *Queries) ListSandboxesByNode(ctx context.Context, nodeID string, status
 // from; ErrNotFound when there is no such sandbox). A non-empty reason
 // replaces the failure reason. Moving to stopped or failed sets StoppedAt to
 // at unless it is already set.
-func (q *Queries) TransitionSandbox(ctx context.Context, id string, from []string, to string, reason string, at time.Time) (bool, error) {
+func (q *Queries) TransitionSandbox(ctx context.Context, id string, from []SandboxStatus, to SandboxStatus, reason string, at time.Time) (bool, error) {
 	if len(from) == 0 {
 		return false, nil
 	}
@@ -173,7 +173,7 @@ func (q *Queries) TransitionSandbox(ctx context.Context, id string, from []strin
 	if err != nil {
 		return false, fmt.Errorf("transition sandbox %s to %s: %w", id, to, mapErr(err))
 	}
-	return q.changed(ctx, n, "sandboxes", id, "transition sandbox to "+to+":")
+	return q.changed(ctx, n, "sandboxes", id, "transition sandbox to "+string(to)+":")
 }
 
 // SetSandboxDeadline sets when sandbox id times out.

@@ -106,12 +106,12 @@ func TestListSandboxes(t *testing.T) {
 
 		byNode := []struct {
 			node     string
-			statuses []string
+			statuses []store.SandboxStatus
 			want     []string
 		}{
 			{"n1", nil, []string{a1.ID, a3.ID, a4.ID, b1.ID}},
-			{"n1", []string{store.SandboxRunning, store.SandboxPending}, []string{a1.ID, b1.ID}},
-			{"n2", []string{store.SandboxFailed}, []string{b2.ID}},
+			{"n1", []store.SandboxStatus{store.SandboxRunning, store.SandboxPending}, []string{a1.ID, b1.ID}},
+			{"n2", []store.SandboxStatus{store.SandboxFailed}, []string{b2.ID}},
 			{"n3", nil, []string{}},
 		}
 		for _, tt := range byNode {
@@ -186,23 +186,24 @@ func TestTransitionSandbox(t *testing.T) {
 		steps := []struct {
 			name        string
 			id          string
-			from        []string
-			to, reason  string
+			from        []store.SandboxStatus
+			to          store.SandboxStatus
+			reason      string
 			at          time.Time
 			want        bool
 			wantErr     error
-			wantStatus  string
+			wantStatus  store.SandboxStatus
 			wantReason  string
 			wantStopped *time.Time
 		}{
-			{"pending to running", sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", t0.Add(1 * time.Second), true, nil, store.SandboxRunning, "", nil},
-			{"stale: pending to running", sb.ID, []string{store.SandboxPending}, store.SandboxRunning, "", t0.Add(2 * time.Second), false, nil, store.SandboxRunning, "", nil},
+			{"pending to running", sb.ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxRunning, "", t0.Add(1 * time.Second), true, nil, store.SandboxRunning, "", nil},
+			{"stale: pending to running", sb.ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxRunning, "", t0.Add(2 * time.Second), false, nil, store.SandboxRunning, "", nil},
 			{"no from states", sb.ID, nil, store.SandboxStopping, "", t0.Add(2 * time.Second), false, nil, store.SandboxRunning, "", nil},
-			{"unknown status", sb.ID, []string{store.SandboxRunning}, "sleeping", "", t0.Add(2 * time.Second), false, store.ErrInvalid, store.SandboxRunning, "", nil},
-			{"running to stopping", sb.ID, []string{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, "", t0.Add(3 * time.Second), true, nil, store.SandboxStopping, "", nil},
-			{"stopping to failed", sb.ID, []string{store.SandboxStopping}, store.SandboxFailed, "vm crashed", t0.Add(4 * time.Second), true, nil, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
-			{"failed again keeps first stop", sb.ID, []string{store.SandboxFailed}, store.SandboxFailed, "", t0.Add(5 * time.Second), true, nil, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
-			{"missing sandbox", "missing", []string{store.SandboxRunning}, store.SandboxStopped, "", t0, false, store.ErrNotFound, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
+			{"unknown status", sb.ID, []store.SandboxStatus{store.SandboxRunning}, "sleeping", "", t0.Add(2 * time.Second), false, store.ErrInvalid, store.SandboxRunning, "", nil},
+			{"running to stopping", sb.ID, []store.SandboxStatus{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, "", t0.Add(3 * time.Second), true, nil, store.SandboxStopping, "", nil},
+			{"stopping to failed", sb.ID, []store.SandboxStatus{store.SandboxStopping}, store.SandboxFailed, "vm crashed", t0.Add(4 * time.Second), true, nil, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
+			{"failed again keeps first stop", sb.ID, []store.SandboxStatus{store.SandboxFailed}, store.SandboxFailed, "", t0.Add(5 * time.Second), true, nil, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
+			{"missing sandbox", "missing", []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "", t0, false, store.ErrNotFound, store.SandboxFailed, "vm crashed", ptr(t0ms.Add(4 * time.Second))},
 		}
 		lastUpdate := t0ms
 		for _, tt := range steps {
@@ -231,7 +232,7 @@ func TestTransitionSandbox(t *testing.T) {
 		wins := make(chan bool, 10)
 		for range 10 {
 			wg.Go(func() {
-				ok, err := s.TransitionSandbox(ctx, sb2.ID, []string{store.SandboxPending}, store.SandboxRunning, "", t0)
+				ok, err := s.TransitionSandbox(ctx, sb2.ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxRunning, "", t0)
 				if err != nil {
 					t.Error(err)
 				}

@@ -54,35 +54,22 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 	if err != nil {
 		return nil, err
 	}
-	// The parent's lifecycle waits (pause, destroy) until its children
-	// are made from what is saved in its directory.
-	p.opMu.Lock()
-	defer p.opMu.Unlock()
-	pm := p.Meta()
-	if err := runtime.ForkSpecs(pm.Network != nil, children); err != nil {
-		return nil, err
-	}
-	start := time.Now()
+	// The children are made from what is saved in the parent's directory.
 	dir := p.Path(forkDir)
-	defer os.RemoveAll(dir)
-	if err := p.saveForFork(ctx, dir); err != nil {
-		return nil, fmt.Errorf("fork sandbox %s: %w", parentID, err)
-	}
-	saved := time.Since(start)
-	kids, err := r.Base.Fork(ctx, pm.Record, children, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
-		return r.forkChild(ctx, pm, spec, dir)
+	return host.ForkSaved(ctx, r.Base, &p.Attachment, children, func(pm meta) host.Forking[*sandbox] {
+		return host.Forking[*sandbox]{
+			Save: func(ctx context.Context) error { return p.saveForFork(ctx, dir) },
+			Start: func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
+				return r.forkChild(ctx, pm, spec, dir)
+			},
+			Done: func() { _ = os.RemoveAll(dir) },
+		}
 	})
-	if err != nil {
-		return nil, err
-	}
-	r.log.Info("sandbox forked", "id", parentID, "children", len(kids),
-		"save", saved.Round(time.Millisecond), "elapsed", time.Since(start).Round(time.Millisecond))
-	return kids, nil
 }
 
 // saveForFork saves the running container's memory into dir/checkpoint and
 // a copy of its writable layer into dir, and lets it run on; callers hold
-// opMu. How depends on what its runsc can do (saveSupportOf): a runsc
+// OpMu. How depends on what its runsc can do (saveSupportOf): a runsc
 // whose checkpoint cannot leave a container running saves it as a pause
 // does and restores it; one that cannot save at all is refused with
 // nothing touched.

@@ -60,8 +60,8 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
+	s.OpMu.Lock()
+	defer s.OpMu.Unlock()
 	if err := s.pause(ctx); err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
@@ -74,15 +74,15 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
+	s.OpMu.Lock()
+	defer s.OpMu.Unlock()
 	if err := s.resume(ctx); err != nil {
 		return fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	return nil
 }
 
-// pause checkpoints the running container; callers hold opMu. A runsc
+// pause checkpoints the running container; callers hold OpMu. A runsc
 // that failed the save trial (saveprobe.go) is refused before anything
 // is touched.
 func (s *sandbox) pause(ctx context.Context) error {
@@ -330,7 +330,7 @@ func (s *sandbox) reattachAfter(err error) error {
 	return err
 }
 
-// resume restores the paused container; callers hold opMu.
+// resume restores the paused container; callers hold OpMu.
 func (s *sandbox) resume(ctx context.Context) error {
 	start := time.Now()
 	m := s.Meta()

@@ -62,12 +62,10 @@ type probeResult struct {
 // cached before a field was added is probed again.
 const probeFormat = "2"
 
+// kernelRelease is the host kernel's release, which probes are cached by.
 func kernelRelease() string {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:])
+	release, _ := host.Uname()
+	return release
 }
 
 // probe finds, for the runsc at path (whose version line is version), the
@@ -218,7 +216,7 @@ func (r *Runtime) trial(ctx context.Context, path, p string, network, hidden boo
 	_ = exec.Command(path, "--root", root, "delete", "--force", cid).Run()
 	unmountNullNetns(root)
 	if runErr != nil {
-		return "", fmt.Errorf("%w: %s", runErr, lastLine(out.String()))
+		return "", fmt.Errorf("%w: %s", runErr, host.LastLine(out.String()))
 	}
 	if !strings.Contains(out.String(), "sandbox-agent") {
 		return "", errors.New("trial sandbox printed nothing")
@@ -241,9 +239,3 @@ func unmountNullNetns(root string) {
 // (see unmountNullNetns), so that the directory can be removed: for bare
 // runsc runs outside the backend, such as the benchmarks' baselines.
 func ReleaseRoot(root string) { unmountNullNetns(root) }
-
-// lastLine is the last non-empty line of s: runsc's error, when it fails.
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
-}

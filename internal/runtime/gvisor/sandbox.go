@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,9 +42,6 @@ type sandbox struct {
 	// and session the agent's connection on it (see disconnect).
 	listening *listening
 	session   *peerConn
-	// opMu serializes what starts or ends the container (Pause, Resume,
-	// Destroy): a destroy must not race a restore that brings it back.
-	opMu sync.Mutex
 }
 
 func (s *sandbox) upperDir() string { return s.Path("layer", "upper") }
@@ -488,57 +484,18 @@ func (s *sandbox) Stop(ctx context.Context) error {
 	if err := s.dropCheckpoint(); err != nil {
 		errs = append(errs, err)
 	}
-	s.Mu.Lock()
-	s.M.Stopped, s.M.Paused = true, false
-	m = s.M
-	gone := s.Gone
-	s.Mu.Unlock()
-	if !gone {
-		if _, err := os.Stat(s.Dir); err == nil {
-			if err := writeMeta(s.Dir, m); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return host.Errors("stop sandbox", m.ID, errs)
+	return s.Stopped(func(m *meta) { m.Stopped, m.Paused = true, false }, errs)
 }
 
 // Destroy implements runtime.Sandbox.
 func (s *sandbox) Destroy(ctx context.Context) error {
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
-	var errs []error
-	if err := s.Stop(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	m := s.Meta()
-	if err := unmount(s.Path("layer")); err != nil {
-		errs = append(errs, err)
-	}
-	if g := cgroup.New(m.CgroupPath); g.Exists() {
-		// runsc delete ends what runsc knows of; a create cut short before
-		// runsc recorded its container leaves its sandbox and gofer
-		// processes running, in this group. Nothing of a destroyed
+	return host.Destroy(ctx, s.r.Base, s, &s.Attachment, s.Stop,
+		func(meta) error { return unmount(s.Path("layer")) },
+		// runsc delete ends what runsc knows of; a create cut short
+		// before runsc recorded its container leaves its sandbox and
+		// gofer processes running, in this group. Nothing of a destroyed
 		// sandbox runs on.
-		if err := g.Kill(5 * time.Second); err != nil {
-			errs = append(errs, err)
-		}
-		if err := g.Remove(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return s.r.Destroyed(s, s.Dir, m.ID, m.CID, errs)
-}
-
-var _ runtime.AgentHTTP = (*sandbox)(nil)
-
-// AgentTransport implements runtime.AgentHTTP.
-func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error) {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return c.Transport(), nil
+		func(m meta) error { return errors.Join(host.EndCgroup(m.CgroupPath)...) })
 }
 
 // runscFailed is the error of a runsc command that failed, with the last

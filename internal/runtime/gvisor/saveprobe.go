@@ -274,7 +274,7 @@ func runscMessage(out string) string {
 			return line
 		}
 	}
-	return lastLine(out)
+	return host.LastLine(out)
 }
 
 // start runs the container and waits until its process printed (or ctx

@@ -1,10 +1,11 @@
 package host
 
 // The runtime.Sandbox operations that every backend serves the same way,
-// through the guest agent: exec, file reads, writes and listings, and the
-// explanation of a failed agent call (a sandbox that died reports
-// runtime.ErrNotRunning). Backends differ only in how they reach the agent
-// and what their sandbox's state is.
+// through the guest agent: exec, file reads, writes and listings, the
+// transport to the agent's HTTP services, and the explanation of a failed
+// agent call (a sandbox that died reports runtime.ErrNotRunning). Backends
+// differ only in how they reach the agent and what their sandbox's state
+// is.
 
 import (
 	"context"
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"syscall"
 	"time"
 
@@ -205,8 +207,9 @@ func (c Conn) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, err
 	return out, nil
 }
 
-// Ops gives a backend's sandbox Exec, ReadFile, WriteFile and ListDir by
-// embedding: Conn says how to reach the sandbox's agent now.
+// Ops gives a backend's sandbox Exec, ReadFile, WriteFile, ListDir and
+// AgentTransport by embedding: Conn says how to reach the sandbox's agent
+// now.
 type Ops struct {
 	Conn func() Conn
 }
@@ -244,6 +247,16 @@ func (o Ops) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.Fi
 // ListDir implements runtime.Sandbox.
 func (o Ops) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
 	return o.Conn().ListDir(ctx, path)
+}
+
+// AgentTransport implements runtime.Sandbox: the session's transport to
+// the agent's HTTP services, once the agent is connected.
+func (o Ops) AgentTransport(ctx context.Context) (http.RoundTripper, error) {
+	c, err := o.Conn().Agent(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Transport(), nil
 }
 
 // Failure explains an error of op from the agent channel (Conn.Failure).

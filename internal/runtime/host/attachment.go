@@ -76,13 +76,18 @@ type Recorded interface {
 // serves the sandbox while this process has it attached (a context for the
 // backend's helpers, the gate to sandboxd.internal).
 type Attachment[M Recorded] struct {
-	// Ops serves Exec, ReadFile, WriteFile and ListDir through the agent.
+	// Ops serves Exec, ReadFile, WriteFile, ListDir and AgentTransport
+	// through the agent.
 	Ops
 	// Agent is the session with the guest agent.
 	Agent Slot
 	// Dir is the sandbox's state directory.
 	Dir string
 
+	// OpMu serializes what starts or ends the sandbox (boot, stop, pause,
+	// resume, fork, destroy), held through the whole operation: a destroy
+	// must not race a restore that brings the sandbox back.
+	OpMu sync.Mutex
 	// Mu guards M, Gone and the backend's own fields of the sandbox.
 	Mu sync.Mutex
 	M  M

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -18,6 +19,48 @@ func ChildSpec(parent Record, child runtime.Spec) runtime.Spec {
 	child.BaseDir, child.BaseImage, child.Limits, child.Hostname = parent.BaseDir, parent.BaseImage, parent.Limits, parent.Hostname
 	child.Layers = nil
 	return child
+}
+
+// Forking is a backend's part of a fork of one parent (ForkSaved).
+type Forking[S Served] struct {
+	// Save saves the parent for its children and lets it run on.
+	Save func(ctx context.Context) error
+	// Start makes one child of what Save saved.
+	Start func(ctx context.Context, spec runtime.Spec) (S, error)
+	// Done, when set, runs once the children are made or not: what Save
+	// saved may go.
+	Done func()
+}
+
+// ForkSaved is a backend's runtime.Forker.Fork of parent, whose
+// attachment is p, under p's OpMu (its pause and destroy wait until the
+// children are made from what is saved): the children's specs are
+// checked against the parent's meta, plan says how to save it and make
+// the children of what is saved, and the times taken are logged.
+func ForkSaved[S Served, M Recorded](ctx context.Context, b *Base[S], p *Attachment[M], children []runtime.Spec, plan func(M) Forking[S]) ([]runtime.Sandbox, error) {
+	p.OpMu.Lock()
+	defer p.OpMu.Unlock()
+	pm := p.Meta()
+	parent := pm.record()
+	if err := runtime.ForkSpecs(parent.Network != nil, children); err != nil {
+		return nil, err
+	}
+	f := plan(pm)
+	if f.Done != nil {
+		defer f.Done()
+	}
+	start := time.Now()
+	if err := f.Save(ctx); err != nil {
+		return nil, fmt.Errorf("fork sandbox %s: %w", parent.ID, err)
+	}
+	saved := time.Since(start)
+	kids, err := b.Fork(ctx, parent, children, f.Start)
+	if err != nil {
+		return nil, err
+	}
+	b.log.Info("sandbox forked", "id", parent.ID, "children", len(kids),
+		"save", saved.Round(time.Millisecond), "elapsed", time.Since(start).Round(time.Millisecond))
+	return kids, nil
 }
 
 // forkParallel is how many children are restored at once: a restore is

@@ -12,11 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
 )
 
 // kvmProbeTimeout bounds the KVM probe boot. On KVM the probe VM prints its
@@ -66,12 +65,10 @@ func (r *Runtime) chooseAccel(ctx context.Context) (string, string, error) {
 	return accel, rejected, nil
 }
 
+// hostKernel is the host kernel's release and version.
 func hostKernel() string {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:]) + " " + unix.ByteSliceToString(u.Version[:])
+	release, version := host.Uname()
+	return release + " " + version
 }
 
 // fileID identifies a file by size and mtime.
@@ -142,7 +139,7 @@ func (r *Runtime) probeKVM(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 		<-readDone
-		return fmt.Errorf("probe VM on KVM failed (%v): %s", err, lastLine(out.String()))
+		return fmt.Errorf("probe VM on KVM failed (%v): %s", err, host.LastLine(out.String()))
 	case <-pctx.Done():
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-exited
@@ -151,14 +148,9 @@ func (r *Runtime) probeKVM(ctx context.Context) error {
 			return ctx.Err()
 		}
 		msg := fmt.Sprintf("probe VM did not boot on KVM within %v (a host whose KVM cannot run this guest, e.g. nested PVM, hangs)", kvmProbeTimeout)
-		if l := lastLine(out.String()); l != "" {
+		if l := host.LastLine(out.String()); l != "" {
 			msg += "; last output: " + l
 		}
 		return errors.New(msg)
 	}
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
 }

@@ -30,39 +30,29 @@ func (r *Runtime) Fork(ctx context.Context, parentID string, children []runtime.
 	if err != nil {
 		return nil, err
 	}
-	p.opMu.Lock()
-	defer p.opMu.Unlock()
-	pm := p.Meta()
-	if err := runtime.ForkSpecs(pm.Network != nil, children); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers, Linked: pm.Network != nil,
-		dir: p.Path("fork"), mem: p.Path("memory.state")}
-	defer func() {
-		_ = os.RemoveAll(tp.dir)
-		if !p.Meta().Paused {
-			_ = os.Remove(tp.mem) // the children are made: it is of no more use
+	return host.ForkSaved(ctx, r.Base, &p.Attachment, children, func(pm meta) host.Forking[*sandbox] {
+		// The children are restored from the parent's memory and disk
+		// as from a template's.
+		tp := &template{Key: "fork-" + pm.CID, BaseDir: pm.BaseDir, Limits: pm.Limits, Hostname: pm.Hostname, VM: pm.VM, Layers: pm.Layers, Linked: pm.Network != nil,
+			dir: p.Path("fork"), mem: p.Path("memory.state")}
+		return host.Forking[*sandbox]{
+			Save: func(ctx context.Context) error { return p.saveForFork(ctx, tp) },
+			Start: func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
+				return r.createFromTemplate(ctx, spec, r.Table().Dir.Path(spec.ID), tp)
+			},
+			Done: func() {
+				_ = os.RemoveAll(tp.dir)
+				if !p.Meta().Paused {
+					_ = os.Remove(tp.mem) // the children are made: it is of no more use
+				}
+			},
 		}
-	}()
-	if err := p.saveForFork(ctx, tp); err != nil {
-		return nil, fmt.Errorf("fork sandbox %s: %w", parentID, err)
-	}
-	saved := time.Since(start)
-	kids, err := r.Base.Fork(ctx, pm.Record, children, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
-		return r.createFromTemplate(ctx, spec, r.Table().Dir.Path(spec.ID), tp)
 	})
-	if err != nil {
-		return nil, err
-	}
-	r.log.Info("sandbox forked", "id", parentID, "children", len(kids),
-		"save", saved.Round(time.Millisecond), "elapsed", time.Since(start).Round(time.Millisecond))
-	return kids, nil
 }
 
 // saveForFork parks the running VM (its memory where Resume looks for it,
 // tp's memory file) and copies its disk into tp, then restores it; callers
-// hold opMu. From the park until the restore its meta says paused, so a
+// hold OpMu. From the park until the restore its meta says paused, so a
 // restore that fails, or a crash of sandboxd meanwhile, leaves it paused
 // with its memory: nothing of it is lost.
 func (s *sandbox) saveForFork(ctx context.Context, tp *template) error {

@@ -300,18 +300,6 @@ func (g hostCgroup) addProc(pid int) error {
 	return nil
 }
 
-// remove deletes the group, waiting briefly for a dying QEMU to leave it.
-func (g hostCgroup) remove() error {
-	var err error
-	for i := 0; i < 50; i++ {
-		if err = g.Remove(); err == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return err
-}
-
 // vmLimits derives a VM's shape from the sandbox's limits: the guest gets
 // the sandbox's memory plus room for its kernel and agent (the sandbox's
 // processes are held to the limit by a cgroup inside), and the host cgroup

@@ -10,12 +10,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -32,9 +30,6 @@ type sandbox struct {
 	host.Attachment[meta]
 
 	r *Runtime
-
-	// opMu serializes lifecycle changes (boot, stop, pause, destroy).
-	opMu sync.Mutex
 
 	// logCancel (under Mu) ends the log drains (logs.go).
 	logCancel context.CancelFunc
@@ -83,14 +78,14 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 	if err := s.SetMeta(func(m *meta) { m.Layers, m.VM = ids, cfg }); err != nil {
 		return err
 	}
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
+	s.OpMu.Lock()
+	defer s.OpMu.Unlock()
 	return s.boot(ctx, nil)
 }
 
 // boot starts QEMU for the sandbox's disks and waits for its agent. With
 // incoming, the VM is restored from that memory snapshot instead of booted;
-// the snapshot's agent is waiting for a Welcome to hello. Callers hold opMu.
+// the snapshot's agent is waiting for a Welcome to hello. Callers hold OpMu.
 func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	m := s.Meta()
 	base, err := s.r.baseDisk(ctx, m.BaseDir)
@@ -363,9 +358,9 @@ func (s *sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 		return snapshot.Manifest{}, fmt.Errorf("snapshot sandbox %s: %w", m.ID, runtime.ErrNotFound)
 	}
 	if st, _ := s.State(ctx); st != runtime.StateRunning {
-		s.opMu.Lock()
+		s.OpMu.Lock()
 		err := s.boot(ctx, nil)
-		s.opMu.Unlock()
+		s.OpMu.Unlock()
 		if err != nil {
 			_ = s.Stop(context.WithoutCancel(ctx))
 			return snapshot.Manifest{}, fmt.Errorf("snapshot stopped sandbox %s: boot: %w", m.ID, err)
@@ -506,8 +501,8 @@ func (s *sandbox) Stats(ctx context.Context) (runtime.Stats, error) {
 // QEMU quits (killed if it does not), the jail's mounts and the host cgroup
 // go; the disks stay.
 func (s *sandbox) Stop(ctx context.Context) error {
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
+	s.OpMu.Lock()
+	defer s.OpMu.Unlock()
 	return s.stopLocked(ctx)
 }
 
@@ -538,38 +533,19 @@ func (s *sandbox) stopLocked(ctx context.Context) error {
 	if err := unmountAll(s.jail()); err != nil {
 		errs = append(errs, err)
 	}
-	if g := newHostCgroup(m.CgroupPath); g.Exists() {
-		// A QEMU whose pid never reached the meta (sandboxd ended right
-		// after launching it) is still in the group: nothing of a stopped
-		// sandbox runs on.
-		if err := g.Kill(5 * time.Second); err != nil {
-			errs = append(errs, err)
-		}
-		if err := g.remove(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if _, err := os.Stat(s.Dir); err == nil {
-		if err := s.SetMeta(func(m *meta) { m.Stopped = true }); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return host.Errors("stop sandbox", m.ID, errs)
+	// A QEMU whose pid never reached the meta (sandboxd ended right after
+	// launching it) is still in the group: nothing of a stopped sandbox
+	// runs on.
+	errs = append(errs, host.EndCgroup(m.CgroupPath)...)
+	return s.Stopped(func(m *meta) { m.Stopped = true }, errs)
 }
 
-// Destroy implements runtime.Sandbox.
+// Destroy implements runtime.Sandbox; its uid is free again once its
+// state directory is gone.
 func (s *sandbox) Destroy(ctx context.Context) error {
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
-	var errs []error
-	if err := s.stopLocked(ctx); err != nil {
-		errs = append(errs, err)
-	}
+	err := host.Destroy(ctx, s.r.Base, s, &s.Attachment, s.stopLocked,
+		func(meta) error { return unmountAll(s.Dir) })
 	m := s.Meta()
-	if err := unmountAll(s.Dir); err != nil {
-		errs = append(errs, err)
-	}
-	err := s.r.Destroyed(s, s.Dir, m.ID, m.CID, errs)
 	s.r.releaseUID(m.UID, m.CID)
 	return err
 }
@@ -580,15 +556,4 @@ type restoreFrom struct {
 	hello guest.Hello // what the agent said before it was saved
 	// linked: the saved guest's link was configured (it had a network).
 	linked bool
-}
-
-var _ runtime.AgentHTTP = (*sandbox)(nil)
-
-// AgentTransport implements runtime.AgentHTTP.
-func (s *sandbox) AgentTransport(ctx context.Context) (http.RoundTripper, error) {
-	c, err := s.agent(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return c.Transport(), nil
 }

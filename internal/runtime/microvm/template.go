@@ -187,9 +187,9 @@ func (r *Runtime) makeTemplate(ctx context.Context, spec runtime.Spec, dir, key 
 	}
 	defer os.RemoveAll(tmp)
 	tp := &template{Key: key, BaseDir: spec.BaseDir, Limits: spec.Limits, Hostname: spec.Hostname, VM: s.Meta().VM, Created: time.Now().UTC(), dir: tmp}
-	s.opMu.Lock()
+	s.OpMu.Lock()
 	tp.Hello, err = s.park(ctx, tp.state())
-	s.opMu.Unlock()
+	s.OpMu.Unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -246,9 +246,9 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 		return fail(err)
 	}
 	defer f.Close()
-	s.opMu.Lock()
+	s.OpMu.Lock()
 	err = s.boot(ctx, &restoreFrom{state: f, hello: tp.Hello, linked: tp.Linked})
-	s.opMu.Unlock()
+	s.OpMu.Unlock()
 	if err != nil {
 		return fail(err)
 	}
@@ -257,7 +257,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, spec runtime.Spec, lin
 
 // park saves the running VM's memory to statePath and ends QEMU; it
 // returns the Hello its agent is waiting to have answered. Callers hold
-// opMu.
+// OpMu.
 func (s *sandbox) park(ctx context.Context, statePath string) (guest.Hello, error) {
 	m := s.Meta()
 	if !alive(m.PID, m.PIDStart) {
@@ -341,8 +341,8 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
+	s.OpMu.Lock()
+	defer s.OpMu.Unlock()
 	h, err := s.park(ctx, s.Path("memory.state"))
 	if err != nil {
 		// A park that failed with QEMU still there leaves it running.
@@ -360,7 +360,7 @@ func (s *sandbox) leaveParked(h guest.Hello) error {
 	if err := unmountAll(s.jail()); err != nil {
 		return err
 	}
-	_ = newHostCgroup(s.Meta().CgroupPath).remove()
+	_ = host.RemoveCgroup(newHostCgroup(s.Meta().CgroupPath).Group)
 	return s.SetMeta(func(m *meta) { m.Paused, m.Hello = true, h })
 }
 
@@ -370,8 +370,8 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.opMu.Lock()
-	defer s.opMu.Unlock()
+	s.OpMu.Lock()
+	defer s.OpMu.Unlock()
 	m := s.Meta()
 	if !m.Paused {
 		return fmt.Errorf("resume sandbox %s: not paused", id)

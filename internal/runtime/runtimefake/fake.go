@@ -19,6 +19,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
@@ -587,6 +589,15 @@ func (s *Sandbox) ListDir(_ context.Context, p string) ([]runtime.DirEntry, erro
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// AgentTransport implements runtime.Sandbox: the fake has no guest agent
+// to carry requests to (what a front end answers a runtime without one).
+func (s *Sandbox) AgentTransport(context.Context) (http.RoundTripper, error) {
+	if err := s.alive(); err != nil {
+		return nil, err
+	}
+	return nil, errdefs.New(errdefs.ErrInvalid, "the fake runtime does not expose its sandboxes' agents")
 }
 
 // Quiesce implements runtime.Sandbox; there is nothing to freeze.

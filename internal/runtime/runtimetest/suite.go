@@ -58,6 +58,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("TerminalSignals", s.testTerminalSignals)
 	t.Run("Processes", s.testProcesses)
 	t.Run("Files", s.testFiles)
+	t.Run("AgentTransport", s.testAgentTransport)
 	t.Run("Isolation", s.testIsolation)
 	t.Run("Home", s.testHome)
 	t.Run("MemoryBomb", s.testMemoryBomb)

@@ -1,4 +1,4 @@
-// Package client is a Go client of the sandboxd API, generated from the
+// Package client (clients/go) is a Go client of the sandboxd API, generated from the
 // OpenAPI document the server serves (GET /api/openapi.json), of which
 // api/openapi.json is the committed copy, with oapi-codegen (pinned in
 // go.mod's tool directive). client.gen.go is generated; client.go adds
@@ -11,11 +11,11 @@
 //	if err != nil { ... } // a *client.Error for an error answer: its status and body
 //	id := res.JSON200.Sandboxes[0].SandboxID
 //
-// After a change of the API's types or routes, `go generate ./client`
+// After a change of the API's types or routes, `go generate ./clients/go`
 // rewrites both the document and the client; tests fail until then.
 package client
 
 // The document first, from the same code the server serves it from, then
 // the client from the document.
-//go:generate go run ../cmd/sandboxd openapi -o ../api/openapi.json
-//go:generate go tool oapi-codegen -config oapi-codegen.yaml ../api/openapi.json
+//go:generate go run ../../cmd/sandboxd openapi -o ../../api/openapi.json
+//go:generate go tool oapi-codegen -config oapi-codegen.yaml ../../api/openapi.json

@@ -23,7 +23,7 @@ func TestGeneratedClientUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := filepath.Abs(filepath.Join("..", "api", "openapi.json"))
+	doc, err := filepath.Abs(filepath.Join("..", "..", "api", "openapi.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +43,6 @@ func TestGeneratedClientUpToDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(fresh, committed) {
-		t.Fatal("client.gen.go is not what oapi-codegen makes of api/openapi.json: run `go generate ./client` and commit the result")
+		t.Fatal("client.gen.go is not what oapi-codegen makes of api/openapi.json: run `go generate ./clients/go` and commit the result")
 	}
 }
