@@ -18,9 +18,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/cluster"
 	"github.com/sandboxd/sandboxd/internal/mcpserver"
+	"github.com/sandboxd/sandboxd/internal/membership"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/runtime"
-	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -193,7 +193,7 @@ const certWarnBefore = 30 * 24 * time.Hour
 // clusterParts are what cluster mode adds to serve: the node's info for
 // the manager, the API's router, and the listener's server.
 type clusterParts struct {
-	node      sandbox.NodeInfo
+	node      membership.NodeInfo
 	downAfter time.Duration
 	router    *cluster.Router
 	ln        net.Listener
@@ -203,7 +203,7 @@ type clusterParts struct {
 // open loads the secret, builds the router and listens; nothing when not
 // in cluster mode.
 func (c *clusterOptions) open(st *store.Store, nodeID string, capacity store.NodeCapacity, defaultNetwork bool, log *slog.Logger) (*clusterParts, error) {
-	p := &clusterParts{node: sandbox.NodeInfo{Capacity: capacity, Version: version}}
+	p := &clusterParts{node: membership.NodeInfo{Capacity: capacity, Version: version}}
 	if !c.enabled() {
 		return p, nil
 	}

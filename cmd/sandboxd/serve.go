@@ -191,8 +191,9 @@ type node struct {
 	log  *slog.Logger
 }
 
-// run starts the job workers, the manager's loops and retention, serves
-// every listener until ctx ends (or one fails), then shuts down.
+// run starts the job workers, the manager's loops, membership and
+// retention, serves every listener until ctx ends (or one fails), then
+// shuts down.
 func (n *node) run(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
@@ -202,6 +203,11 @@ func (n *node) run(ctx context.Context) error {
 	go func() {
 		if err := n.dom.mgr.Run(runCtx); err != nil {
 			n.log.Error("sandbox manager stopped", "err", err)
+		}
+	}()
+	go func() {
+		if err := n.dom.members.Run(runCtx); err != nil {
+			n.log.Error("cluster membership stopped", "err", err)
 		}
 	}()
 	// Every node sweeps: the deletes are idempotent batches, and each

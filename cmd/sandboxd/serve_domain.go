@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/membership"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/retention"
@@ -38,6 +39,7 @@ type domain struct {
 	files   *files.Service
 	persist *persist.Service
 	mgr     *sandbox.Manager
+	members *membership.Membership
 	agents  *agents.Service
 	sweeper *retention.Sweeper
 }
@@ -71,9 +73,12 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	// The setup runs: the manager starts an account's first, the tasks
 	// run them through the manager.
 	setups := agents.NewSetups(d.stor.st, dom.jobs)
-	dom.mgr = setupManager(o, d, dom.jobs, dom.persist, setups, log)
+	dom.mgr = setupManager(o, d, dom, setups, log)
+	// This node among the others: registered, alive, watching them.
+	dom.members = membership.New(membership.Config{Store: d.stor.st, NodeID: d.stor.nodeID, Node: d.clu.node, DownAfter: d.clu.downAfter,
+		Sandboxes: dom.mgr, Jobs: dom.jobs, Logger: log.With("component", "membership")})
 	dom.agents = agents.New(agents.Config{
-		Store: d.stor.st, Jobs: dom.jobs, Lifecycle: dom.mgr, Persist: dom.persist, Setups: setups, Forge: d.forge.gh,
+		Store: d.stor.st, Jobs: dom.jobs, Lifecycle: dom.mgr, Node: dom.members, Persist: dom.persist, Setups: setups, Forge: d.forge.gh,
 		PublicURL: o.files.publicURL, Network: d.nw.policy, AgentRunsPerAccount: o.agents.runs,
 		Logger: log.With("component", "agents"),
 	})

@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sandboxd/sandboxd/internal/agents"
-	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -46,13 +45,12 @@ func (o *sandboxOptions) check() error {
 }
 
 // setupManager builds the sandbox manager of this node: its sandboxes'
-// settings, persistence, the hooks of every sandbox's life, and the setup
-// runs it starts for an account's first sandbox.
-func setupManager(o *serveOptions, d domainDeps, jc *jobs.Client, persistence *persist.Service, setups *agents.Setups, log *slog.Logger) *sandbox.Manager {
+// settings, the access rule, persistence, the hooks of every sandbox's
+// life, and the setup runs it starts for an account's first sandbox.
+func setupManager(o *serveOptions, d domainDeps, dom *domain, setups *agents.Setups, log *slog.Logger) *sandbox.Manager {
 	s, r := o.sandboxes, o.runtime
 	return sandbox.NewManager(sandbox.Config{
-		Store: d.stor.st, Runtime: d.rt.rt, Jobs: jc, NodeID: d.stor.nodeID, DataDir: d.stor.dataDir,
-		Node: d.clu.node, DownAfter: d.clu.downAfter,
+		Store: d.stor.st, Runtime: d.rt.rt, Jobs: dom.jobs, NodeID: d.stor.nodeID, DataDir: d.stor.dataDir, Access: dom.authn,
 		BaseDir: d.rt.baseDir, BaseID: d.rt.baseID, Home: d.stor.homeSocket(),
 		Settings: sandbox.Settings{
 			DefaultTimeout: s.timeout, MaxTimeout: s.maxTimeout, MaxPaused: s.maxPaused,
@@ -65,8 +63,8 @@ func setupManager(o *serveOptions, d domainDeps, jc *jobs.Client, persistence *p
 			Image:            r.imageName(),
 			Network:          d.nw.policy,
 		},
-		Persist: persistence,
-		Hooks:   sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, persistence),
+		Persist: dom.persist,
+		Hooks:   sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist),
 		Logger:  log.With("component", "sandbox"),
 
 		LogMaxBytes: r.logMaxMiB << 20,

@@ -240,7 +240,7 @@ func (s *Service) runTask(ctx context.Context, runID string, fn taskFunc) error 
 		// Wait queued, without holding a worker, for a place to free up.
 		return river.JobSnooze(5 * time.Second)
 	}
-	if !s.cfg.Lifecycle.TakesSandboxes(ctx) {
+	if s.cfg.Node != nil && !s.cfg.Node.TakesSandboxes(ctx) {
 		// This node of a cluster is cordoned or drained: the job goes
 		// back to the shared queue for another node to take.
 		return river.JobSnooze(time.Second)
@@ -567,9 +567,6 @@ type Lifecycle interface {
 	StopQuietly(ctx context.Context, sb store.Sandbox, reason string)
 	// AtQuota hints that the account has no free sandbox place.
 	AtQuota(ctx context.Context, accountID string, extra int) bool
-	// TakesSandboxes says whether this node starts new sandboxes (a
-	// node of a cluster that is cordoned or drained does not).
-	TakesSandboxes(ctx context.Context) bool
 	// RequireCommand refuses (400) when the image lacks the CLI name.
 	RequireCommand(name, what string) error
 	// CheckRepoURL refuses (400) a repository the account may not name.
@@ -597,7 +594,13 @@ type Config struct {
 	Store     *store.Store
 	Jobs      *jobs.Client
 	Lifecycle Lifecycle
-	Persist   Persistence // nil: setup fails, saying it needs persistence
+	// Node says whether this node starts new sandboxes (a node of a
+	// cluster that is cordoned or drained does not: membership.Membership);
+	// nil: it always does, as a single node.
+	Node interface {
+		TakesSandboxes(ctx context.Context) bool
+	}
+	Persist Persistence // nil: setup fails, saying it needs persistence
 	// Setups is the manager's view of the setup runs (NewSetups); nil: one
 	// of Store and Jobs of its own.
 	Setups *Setups

@@ -35,7 +35,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	stdout, stderr := capbuf.New(maxExecOutput), capbuf.New(maxExecOutput)
-	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), stdout, stderr)
+	res, err := s.opts.Sandboxes.Exec(r.Context(), principal(r), sb.ID, req.Domain(), stdout, stderr)
 	if err != nil {
 		if s.callerGone(r, sb, req) {
 			return nil
@@ -56,7 +56,7 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req ExecRequest, start time.Time) {
 	sse := startSSE(w)
 	drop := !req.KillOnDisconnect
-	res, err := s.opts.Sandboxes.Exec(r.Context(), sb, req.Domain(), streamTo{sse, "stdout", drop}, streamTo{sse, "stderr", drop})
+	res, err := s.opts.Sandboxes.Exec(r.Context(), principal(r), sb.ID, req.Domain(), streamTo{sse, "stdout", drop}, streamTo{sse, "stderr", drop})
 	if err != nil {
 		if s.callerGone(r, sb, req) {
 			return

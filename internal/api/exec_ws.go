@@ -183,7 +183,7 @@ func (s *Server) interact(r *http.Request, conn *websocket.Conn, sb store.Sandbo
 	}
 	dreq.Stdin, dreq.Resize, dreq.Signal = "", resize, signals
 	start := time.Now()
-	res, err := s.opts.Sandboxes.Exec(ectx, sb, dreq, wsStream{ctx: octx, conn: conn, id: wsStdout}, wsStream{ctx: octx, conn: conn, id: wsStderr})
+	res, err := s.opts.Sandboxes.Exec(ectx, principal(r), sb.ID, dreq, wsStream{ctx: octx, conn: conn, id: wsStdout}, wsStream{ctx: octx, conn: conn, id: wsStderr})
 	select {
 	case perr := <-broken:
 		return errorEnd(perr)

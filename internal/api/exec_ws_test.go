@@ -122,7 +122,7 @@ type fakeExec struct {
 	run execFunc
 }
 
-func (f fakeExec) Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error) {
+func (f fakeExec) Exec(ctx context.Context, _ auth.Principal, _ string, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error) {
 	return f.run(ctx, req, stdout, stderr)
 }
 

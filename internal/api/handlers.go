@@ -196,7 +196,7 @@ func (s *Server) sandboxView(ctx context.Context, sb store.Sandbox) Sandbox {
 	if sb.Status != store.SandboxRunning || sb.Network == "" || s.opts.Sandboxes == nil {
 		return view
 	}
-	tr, err := s.opts.Sandboxes.Traffic(ctx, sb)
+	tr, err := s.opts.Sandboxes.Traffic(ctx, principalIn(ctx), sb.ID)
 	if err != nil {
 		s.log.WarnContext(ctx, "read sandbox traffic", "sandbox_id", sb.ID, "err", err)
 	} else if tr != nil {
@@ -603,25 +603,25 @@ func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, e
 
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
-		return s.opts.Sandboxes.Stop(ctx, sb)
+		return s.opts.Sandboxes.Stop(ctx, principal(r), sb.ID)
 	})
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseTimeout, func(ctx context.Context, sb store.Sandbox, req TimeoutRequest) (store.Sandbox, error) {
-		return s.opts.Sandboxes.SetTimeout(ctx, sb, time.Duration(req.Timeout)*time.Millisecond)
+		return s.opts.Sandboxes.SetTimeout(ctx, principal(r), sb.ID, time.Duration(req.Timeout)*time.Millisecond)
 	})
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
-		return s.opts.Sandboxes.Pause(ctx, sb)
+		return s.opts.Sandboxes.Pause(ctx, principal(r), sb.ID)
 	})
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ AccountRequest) (store.Sandbox, error) {
-		return s.opts.Sandboxes.Resume(ctx, sb)
+		return s.opts.Sandboxes.Resume(ctx, principal(r), sb.ID)
 	})
 }
 
@@ -630,7 +630,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	kids, err := s.opts.Sandboxes.Fork(r.Context(), sb, req.Count, time.Duration(req.Timeout)*time.Millisecond)
+	kids, err := s.opts.Sandboxes.Fork(r.Context(), principal(r), sb.ID, req.Count, time.Duration(req.Timeout)*time.Millisecond)
 	if err != nil {
 		return serviceError(err, "Sandbox not found")
 	}
@@ -644,7 +644,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	return actOnSandbox(s, w, r, parseNetworkChange, func(ctx context.Context, sb store.Sandbox, req NetworkRequest) (store.Sandbox, error) {
-		return s.opts.Sandboxes.SetNetwork(ctx, sb, req.Network)
+		return s.opts.Sandboxes.SetNetwork(ctx, principal(r), sb.ID, req.Network)
 	})
 }
 
@@ -685,7 +685,7 @@ func (s *Server) ports(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ports, err := s.opts.Sandboxes.Ports(r.Context(), sb)
+	ports, err := s.opts.Sandboxes.Ports(r.Context(), principal(r), sb.ID)
 	if err != nil {
 		return serviceError(err, "Sandbox not found")
 	}

@@ -38,7 +38,7 @@ func (s *Server) processes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ps, err := s.opts.Sandboxes.Processes(r.Context(), sb)
+	ps, err := s.opts.Sandboxes.Processes(r.Context(), principal(r), sb.ID)
 	if err != nil {
 		return serviceError(err, "Sandbox not found")
 	}
@@ -70,7 +70,7 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.opts.Sandboxes.SignalProcess(r.Context(), sb, pid, sig); err != nil {
+	if err := s.opts.Sandboxes.SignalProcess(r.Context(), principal(r), sb.ID, pid, sig); err != nil {
 		return serviceError(err, "Process not found")
 	}
 	writeJSON(w, http.StatusOK, StatusResponse{Status: "success"})

@@ -12,7 +12,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.opts.Sandboxes.Delete(r.Context(), sb); err != nil {
+	if err := s.opts.Sandboxes.Delete(r.Context(), principal(r), sb.ID); err != nil {
 		return serviceError(err, "Sandbox not found")
 	}
 	writeJSON(w, http.StatusOK, SandboxResponse{Status: "success", Sandbox: s.sandboxView(r.Context(), sb)})

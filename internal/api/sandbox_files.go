@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/filecopy"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -27,11 +28,11 @@ import (
 type SandboxFileService interface {
 	// StatPath describes path without following a final link, and returns
 	// it resolved.
-	StatPath(ctx context.Context, sb store.Sandbox, path string) (string, filecopy.Entry, error)
+	StatPath(ctx context.Context, p auth.Principal, id, path string) (string, filecopy.Entry, error)
 	// ArchiveOut measures the tar archive of path, refused past lim.
-	ArchiveOut(ctx context.Context, sb store.Sandbox, path string, lim filecopy.Limits) (*filecopy.Archive, error)
+	ArchiveOut(ctx context.Context, p auth.Principal, id, path string, lim filecopy.Limits) (*filecopy.Archive, error)
 	// ExtractIn writes the tar archive r into the directory dir.
-	ExtractIn(ctx context.Context, sb store.Sandbox, dir string, r io.Reader, lim filecopy.Limits) (filecopy.Extracted, error)
+	ExtractIn(ctx context.Context, p auth.Principal, id, dir string, r io.Reader, lim filecopy.Limits) (filecopy.Extracted, error)
 }
 
 // tarType is the media type of the archives.
@@ -112,7 +113,7 @@ func (s *Server) statSandboxPath(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p, e, err := s.opts.SandboxFiles.StatPath(r.Context(), sb, q.Path)
+	p, e, err := s.opts.SandboxFiles.StatPath(r.Context(), principal(r), sb.ID, q.Path)
 	if err != nil {
 		return fileError(err)
 	}
@@ -150,7 +151,7 @@ func (s *Server) copyOut(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	a, err := s.opts.SandboxFiles.ArchiveOut(r.Context(), sb, q.Path, filecopy.DefaultLimits)
+	a, err := s.opts.SandboxFiles.ArchiveOut(r.Context(), principal(r), sb.ID, q.Path, filecopy.DefaultLimits)
 	if err != nil {
 		return fileError(err)
 	}
@@ -176,7 +177,7 @@ func (s *Server) copyIn(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	body := http.MaxBytesReader(w, r.Body, maxArchiveBody)
-	res, err := s.opts.SandboxFiles.ExtractIn(r.Context(), sb, q.Path, body, filecopy.DefaultLimits)
+	res, err := s.opts.SandboxFiles.ExtractIn(r.Context(), principal(r), sb.ID, q.Path, body, filecopy.DefaultLimits)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

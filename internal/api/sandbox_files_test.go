@@ -96,7 +96,7 @@ func (m *memFS) MakeDir(_ context.Context, p string) error {
 // the real archives of package filecopy.
 type memFiles struct{ fs *memFS }
 
-func (f memFiles) StatPath(ctx context.Context, _ store.Sandbox, p string) (string, filecopy.Entry, error) {
+func (f memFiles) StatPath(ctx context.Context, _ auth.Principal, _, p string) (string, filecopy.Entry, error) {
 	p, err := filecopy.Resolve(p)
 	if err != nil {
 		return p, filecopy.Entry{}, err
@@ -108,11 +108,11 @@ func (f memFiles) StatPath(ctx context.Context, _ store.Sandbox, p string) (stri
 	return p, e, nil
 }
 
-func (f memFiles) ArchiveOut(ctx context.Context, _ store.Sandbox, p string, lim filecopy.Limits) (*filecopy.Archive, error) {
+func (f memFiles) ArchiveOut(ctx context.Context, _ auth.Principal, _, p string, lim filecopy.Limits) (*filecopy.Archive, error) {
 	return filecopy.Walk(ctx, f.fs, p, lim)
 }
 
-func (f memFiles) ExtractIn(ctx context.Context, _ store.Sandbox, dir string, r io.Reader, lim filecopy.Limits) (filecopy.Extracted, error) {
+func (f memFiles) ExtractIn(ctx context.Context, _ auth.Principal, _, dir string, r io.Reader, lim filecopy.Limits) (filecopy.Extracted, error) {
 	return filecopy.Extract(ctx, f.fs, dir, r, lim)
 }
 
@@ -246,8 +246,8 @@ func TestSandboxFilesRefusals(t *testing.T) {
 // brokenFiles is a file service whose archive breaks off after it began.
 type brokenFiles struct{ memFiles }
 
-func (b brokenFiles) ArchiveOut(ctx context.Context, sb store.Sandbox, p string, lim filecopy.Limits) (*filecopy.Archive, error) {
-	a, err := b.memFiles.ArchiveOut(ctx, sb, p, lim)
+func (b brokenFiles) ArchiveOut(ctx context.Context, p auth.Principal, id, path string, lim filecopy.Limits) (*filecopy.Archive, error) {
+	a, err := b.memFiles.ArchiveOut(ctx, p, id, path, lim)
 	if err == nil {
 		delete(b.fs.files, "/workspace/big") // measured, then gone
 	}
@@ -281,10 +281,15 @@ func TestSandboxFilesCopyOutBreaksOff(t *testing.T) {
 // deletions is a sandbox service whose Delete records what it deleted.
 type deletions struct {
 	SandboxService
+	st      *store.Store
 	deleted []string
 }
 
-func (d *deletions) Delete(_ context.Context, sb store.Sandbox) error {
+func (d *deletions) Delete(ctx context.Context, _ auth.Principal, id string) error {
+	sb, err := d.st.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
 	if sb.Status != store.SandboxStopped {
 		return errdefs.New(errdefs.ErrNotRunning, "Sandbox is running: stop it before deleting it")
 	}
@@ -297,7 +302,7 @@ func (d *deletions) Delete(_ context.Context, sb store.Sandbox) error {
 // account's, and 403 for a sandbox's own key.
 func TestDeleteSandboxRoute(t *testing.T) {
 	w := newWSFixture(t, nil)
-	d := &deletions{}
+	d := &deletions{st: w.st}
 	srv, err := New(Options{Store: w.st, Auth: auth.NewAuthenticator(w.st), Version: "test", Sandboxes: d})
 	if err != nil {
 		t.Fatal(err)

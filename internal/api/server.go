@@ -300,8 +300,11 @@ func authError(err error) error {
 	return err
 }
 
-func principal(r *http.Request) auth.Principal {
-	p, _ := r.Context().Value(principalKey).(auth.Principal)
+func principal(r *http.Request) auth.Principal { return principalIn(r.Context()) }
+
+// principalIn is the authenticated caller a request's context carries.
+func principalIn(ctx context.Context) auth.Principal {
+	p, _ := ctx.Value(principalKey).(auth.Principal)
 	return p
 }
 

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
@@ -25,37 +26,37 @@ type SandboxService interface {
 	// Live refreshes rows with the status their hosts report.
 	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	// Exec runs a command in a running sandbox, streaming its output.
-	Exec(ctx context.Context, sb store.Sandbox, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error)
+	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest, stdout, stderr io.Writer) (sandbox.ExecResult, error)
 	// Stop stops a sandbox; stopping a stopped sandbox is not an error.
-	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	// Ports lists the TCP ports something listens on in a running sandbox.
-	Ports(ctx context.Context, sb store.Sandbox) ([]int, error)
+	Ports(ctx context.Context, p auth.Principal, id string) ([]int, error)
 	// Processes lists the processes exec and runs started in a running
 	// sandbox that still run.
-	Processes(ctx context.Context, sb store.Sandbox) ([]runtime.Process, error)
+	Processes(ctx context.Context, p auth.Principal, id string) ([]runtime.Process, error)
 	// SignalProcess signals a process of a running sandbox and its tree.
-	SignalProcess(ctx context.Context, sb store.Sandbox, pid int, sig syscall.Signal) error
+	SignalProcess(ctx context.Context, p auth.Principal, id string, pid int, sig syscall.Signal) error
 	// SetTimeout makes the sandbox stop d from now (d from its resume,
 	// when it is paused).
-	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
+	SetTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (store.Sandbox, error)
 	// Pause saves a running sandbox whole (memory, processes, files) and
 	// stops it running and its deadline clock; a paused one is answered
 	// as it is.
-	Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	Pause(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	// Resume brings a paused sandbox back where it was; a running one is
 	// answered as it is.
-	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
+	Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	// Fork starts count sandboxes from a running sandbox's memory and
 	// filesystem, each living lifetime (0: the default).
-	Fork(ctx context.Context, sb store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error)
+	Fork(ctx context.Context, p auth.Principal, id string, count int, lifetime time.Duration) ([]store.Sandbox, error)
 	// Traffic is what a running sandbox's network carried; nil when it
 	// has none (or is not on this node).
-	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
+	Traffic(ctx context.Context, p auth.Principal, id string) (*netpol.Traffic, error)
 	// SetNetwork replaces a running sandbox's network policy.
-	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
+	SetNetwork(ctx context.Context, p auth.Principal, id string, policy netpol.Policy) (store.Sandbox, error)
 	// Delete removes an ended sandbox's row now, as retention would
 	// later; a live one, or one an unfinished run names, is refused.
-	Delete(ctx context.Context, sb store.Sandbox) error
+	Delete(ctx context.Context, p auth.Principal, id string) error
 	// DeleteEnvironment stops the account's sandboxes, deletes its
 	// repository and snapshots and clears its row; idempotent.
 	DeleteEnvironment(ctx context.Context, accountID string) (*store.Environment, error)

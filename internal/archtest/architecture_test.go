@@ -119,10 +119,9 @@ func ancestorNamed(rel string, named map[string]bool) bool {
 // Remove each one here as its branch is merged (the test says when), and
 // rename its row if the package got another name.
 var planned = map[string]string{
-	"internal/contract":   "the REST contract's types and validation, out of internal/api",
-	"internal/router":     "the root-owned router and shared HTTP middleware",
-	"internal/e2b/envd":   "E2B's envd and port-host proxy, out of internal/e2b",
-	"internal/membership": "cluster membership, out of internal/sandbox (name not decided)",
+	"internal/contract": "the REST contract's types and validation, out of internal/api",
+	"internal/router":   "the root-owned router and shared HTTP middleware",
+	"internal/e2b/envd": "E2B's envd and port-host proxy, out of internal/e2b",
 }
 
 // TestArchitectureRowsNameExistingPackages fails when the package table

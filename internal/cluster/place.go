@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -8,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -123,4 +127,29 @@ func freePlaces(n store.Node, load int) int {
 
 func sortedKeys(m map[string]int) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// Place implements api.Cluster.
+func (r *Router) Place(ctx context.Context, network *netpol.Policy) (string, bool, error) {
+	nodes, err := r.st.ListNodes(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	loads, err := r.st.NodeLoads(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	need := Need{Network: r.defaultNetwork}
+	if network != nil {
+		need.Network = network.Mode != "" && network.Mode != netpol.ModeNone
+	}
+	n, err := r.placer.Place(nodes, loads, need)
+	var noRoom *NoRoomError
+	if errors.As(err, &noRoom) {
+		return "", false, errdefs.Newf(errdefs.ErrQuota, "%s; try again later", noRoom)
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return n.ID, n.ID == r.self, nil
 }

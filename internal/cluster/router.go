@@ -2,15 +2,12 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
-	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -101,31 +98,6 @@ func (r *Router) HostOf(ctx context.Context, sandboxID string) (string, bool) {
 		return "", false
 	}
 	return n.ID, true
-}
-
-// Place implements api.Cluster.
-func (r *Router) Place(ctx context.Context, network *netpol.Policy) (string, bool, error) {
-	nodes, err := r.st.ListNodes(ctx)
-	if err != nil {
-		return "", false, err
-	}
-	loads, err := r.st.NodeLoads(ctx)
-	if err != nil {
-		return "", false, err
-	}
-	need := Need{Network: r.defaultNetwork}
-	if network != nil {
-		need.Network = network.Mode != "" && network.Mode != netpol.ModeNone
-	}
-	n, err := r.placer.Place(nodes, loads, need)
-	var noRoom *NoRoomError
-	if errors.As(err, &noRoom) {
-		return "", false, errdefs.Newf(errdefs.ErrQuota, "%s; try again later", noRoom)
-	}
-	if err != nil {
-		return "", false, err
-	}
-	return n.ID, n.ID == r.self, nil
 }
 
 // Forward implements api.Cluster.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -122,7 +123,9 @@ func (a *API) serveAgent(w http.ResponseWriter, r *http.Request) {
 		agentError(w, http.StatusBadGateway, "sandbox "+e2bID(e.SandboxID)+" is not running")
 		return
 	}
-	tr, err := a.opts.Sandboxes.AgentTransport(ctx, sb)
+	// The access token checked above stands for the sandbox's own account.
+	owner := auth.Principal{AccountID: sb.AccountID, SandboxID: sb.ID}
+	tr, err := a.opts.Sandboxes.AgentTransport(ctx, owner, sb.ID)
 	if err != nil {
 		code := http.StatusBadGateway
 		if !errors.Is(err, errdefs.ErrNotRunning) {

@@ -353,7 +353,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	}
 	if err := a.opts.Store.CreateE2BSandbox(context.WithoutCancel(r.Context()), e); err != nil {
 		// Without its record the sandbox cannot be reached through this API.
-		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), sb)
+		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), p, sb.ID)
 		return err
 	}
 	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))
@@ -424,7 +424,7 @@ func (a *API) setNetwork(w http.ResponseWriter, r *http.Request, p auth.Principa
 	if err != nil {
 		return err
 	}
-	if _, err := a.opts.Sandboxes.SetNetwork(r.Context(), sb, *policy); err != nil {
+	if _, err := a.opts.Sandboxes.SetNetwork(r.Context(), p, sb.ID, *policy); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -464,7 +464,7 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 	if err != nil {
 		return err
 	}
-	children, err := a.opts.Sandboxes.Fork(r.Context(), parent, count, lifetime)
+	children, err := a.opts.Sandboxes.Fork(r.Context(), p, parent.ID, count, lifetime)
 	if err != nil {
 		return err
 	}
@@ -489,7 +489,7 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 		// A child that cannot be reached through this API is no use: it
 		// is stopped and reported as failed, as E2B reports one fork.
 		a.log.ErrorContext(ctx, "e2b fork: record a child", "sandbox_id", child.ID, "err", err)
-		_, _ = a.opts.Sandboxes.Stop(ctx, child)
+		_, _ = a.opts.Sandboxes.Stop(ctx, p, child.ID)
 		out = append(out, forkResult{Error: &apiError{Code: http.StatusInternalServerError, Message: "the fork started but could not be recorded"}})
 	}
 	writeJSON(w, http.StatusCreated, out)
@@ -759,7 +759,7 @@ func (a *API) kill(w http.ResponseWriter, r *http.Request, p auth.Principal) err
 	if err != nil {
 		return err
 	}
-	if _, err := a.opts.Sandboxes.Stop(r.Context(), sb); err != nil {
+	if _, err := a.opts.Sandboxes.Stop(r.Context(), p, sb.ID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -829,7 +829,7 @@ func (a *API) extend(w http.ResponseWriter, r *http.Request, p auth.Principal, r
 	if err != nil {
 		return err
 	}
-	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), sb, d); err != nil {
+	if _, err := a.opts.Sandboxes.SetTimeout(r.Context(), p, sb.ID, d); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -844,7 +844,7 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) er
 	if sb.Pause != "" {
 		return errorf(http.StatusConflict, "sandbox %s is already paused", e2bID(sb.ID))
 	}
-	if _, err := a.opts.Sandboxes.Pause(r.Context(), sb); err != nil {
+	if _, err := a.opts.Sandboxes.Pause(r.Context(), p, sb.ID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -879,7 +879,7 @@ func (a *API) connectOrResume(w http.ResponseWriter, r *http.Request, p auth.Pri
 	case onlyPaused:
 		return errorf(http.StatusConflict, "sandbox %s is already running", e2bID(sb.ID))
 	}
-	if err := a.wake(r.Context(), sb, req); err != nil {
+	if err := a.wake(r.Context(), p, sb, req); err != nil {
 		return err
 	}
 	writeJSON(w, code, a.sandboxResponse(e))
@@ -889,7 +889,7 @@ func (a *API) connectOrResume(w http.ResponseWriter, r *http.Request, p auth.Pri
 // wake resumes sb if it is paused and gives it the timeout req asks for:
 // a resumed sandbox gets it whole, a running one only when it extends its
 // life (E2B's connect never shortens a running sandbox's).
-func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) error {
+func (a *API) wake(ctx context.Context, p auth.Principal, sb store.Sandbox, req timeoutRequest) error {
 	var d time.Duration
 	if req.Timeout != nil {
 		var err error
@@ -900,14 +900,14 @@ func (a *API) wake(ctx context.Context, sb store.Sandbox, req timeoutRequest) er
 	running := sb.Pause == ""
 	if !running {
 		var err error
-		if sb, err = a.opts.Sandboxes.Resume(ctx, sb); err != nil {
+		if sb, err = a.opts.Sandboxes.Resume(ctx, p, sb.ID); err != nil {
 			return err
 		}
 	}
 	if d == 0 || (running && sb.Deadline.After(a.opts.Now().Add(d))) {
 		return nil
 	}
-	_, err := a.opts.Sandboxes.SetTimeout(ctx, sb, d)
+	_, err := a.opts.Sandboxes.SetTimeout(ctx, p, sb.ID, d)
 	return err
 }
 

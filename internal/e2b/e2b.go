@@ -50,14 +50,14 @@ const DefaultTemplate = "base"
 type Sandboxes interface {
 	Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (sb store.Sandbox, runID string, err error)
 	Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
-	Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
-	SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error)
-	Pause(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
-	Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error)
-	AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error)
-	Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error)
-	Fork(ctx context.Context, sb store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error)
-	SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	SetTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (store.Sandbox, error)
+	Pause(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	AgentTransport(ctx context.Context, p auth.Principal, id string) (http.RoundTripper, error)
+	Stats(ctx context.Context, p auth.Principal, id string) (runtime.Stats, error)
+	Fork(ctx context.Context, p auth.Principal, id string, count int, lifetime time.Duration) ([]store.Sandbox, error)
+	SetNetwork(ctx context.Context, p auth.Principal, id string, policy netpol.Policy) (store.Sandbox, error)
 }
 
 // Store is what the API reads and records.

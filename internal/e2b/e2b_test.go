@@ -56,30 +56,39 @@ func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbo
 
 func (f *fakeSandboxes) Live(_ context.Context, sbs []store.Sandbox) []store.Sandbox { return sbs }
 
-func (f *fakeSandboxes) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	_, err := f.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "", time.Now())
+func (f *fakeSandboxes) Stop(ctx context.Context, _ auth.Principal, id string) (store.Sandbox, error) {
+	sb, err := f.st.GetSandbox(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	_, err = f.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "", time.Now())
 	sb.Status = store.SandboxStopped
 	return sb, err
 }
 
-func (f *fakeSandboxes) SetTimeout(_ context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
+func (f *fakeSandboxes) SetTimeout(ctx context.Context, _ auth.Principal, id string, d time.Duration) (store.Sandbox, error) {
+	sb, err := f.st.GetSandbox(ctx, id)
 	sb.Deadline = time.Now().Add(d)
-	return sb, nil
+	return sb, err
 }
 
-func (f *fakeSandboxes) Pause(context.Context, store.Sandbox) (store.Sandbox, error) {
+func (f *fakeSandboxes) Pause(context.Context, auth.Principal, string) (store.Sandbox, error) {
 	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not pause")
 }
 
-func (f *fakeSandboxes) Resume(context.Context, store.Sandbox) (store.Sandbox, error) {
+func (f *fakeSandboxes) Resume(context.Context, auth.Principal, string) (store.Sandbox, error) {
 	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not resume")
 }
 
-func (f *fakeSandboxes) Stats(context.Context, store.Sandbox) (runtime.Stats, error) {
+func (f *fakeSandboxes) Stats(context.Context, auth.Principal, string) (runtime.Stats, error) {
 	return runtime.Stats{MemoryBytes: 64 << 20, CPU: time.Second, DiskBytes: 1 << 20}, nil
 }
 
-func (f *fakeSandboxes) Fork(ctx context.Context, parent store.Sandbox, count int, lifetime time.Duration) ([]store.Sandbox, error) {
+func (f *fakeSandboxes) Fork(ctx context.Context, _ auth.Principal, id string, count int, lifetime time.Duration) ([]store.Sandbox, error) {
+	parent, err := f.st.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	var out []store.Sandbox
 	for range count {
 		sb, _, err := f.Create(ctx, parent.AccountID, sandbox.CreateRequest{Lifetime: lifetime})
@@ -91,14 +100,14 @@ func (f *fakeSandboxes) Fork(ctx context.Context, parent store.Sandbox, count in
 	return out, nil
 }
 
-func (f *fakeSandboxes) SetNetwork(_ context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
+func (f *fakeSandboxes) SetNetwork(ctx context.Context, _ auth.Principal, id string, p netpol.Policy) (store.Sandbox, error) {
 	f.mu.Lock()
 	f.network = &p
 	f.mu.Unlock()
-	return sb, nil
+	return f.st.GetSandbox(ctx, id)
 }
 
-func (f *fakeSandboxes) AgentTransport(context.Context, store.Sandbox) (http.RoundTripper, error) {
+func (f *fakeSandboxes) AgentTransport(context.Context, auth.Principal, string) (http.RoundTripper, error) {
 	return handlerTransport{f.agent}, nil
 }
 

@@ -76,7 +76,7 @@ func (a *API) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	}
 	out := []metric{}
 	if sb.Pause == "" {
-		st, err := a.opts.Sandboxes.Stats(r.Context(), sb)
+		st, err := a.opts.Sandboxes.Stats(r.Context(), p, sb.ID)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/agents"
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/persist/persisttest"
@@ -335,7 +336,7 @@ func TestRunCommandJob(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-started
-		if _, err := n.mgr.SetTimeout(ctx, n.sandboxRow(t, sb.ID), 0); err != nil {
+		if _, err := n.mgr.SetTimeout(ctx, auth.Principal{AccountID: sb.AccountID}, sb.ID, 0); err != nil {
 			close(killed)
 			t.Fatal(err)
 		}
@@ -492,7 +493,7 @@ func TestStopSandboxJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	asked, err := elsewhere.Stop(ctx, sb)
+	asked, err := elsewhere.Stop(ctx, auth.Principal{AccountID: sb.AccountID}, sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +514,7 @@ func TestStopSandboxJob(t *testing.T) {
 	if err := n.jc.Insert(ctx, jobs.StopSandboxArgs{SandboxID: sb.ID, Reason: "again"}, "here"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := elsewhere.Stop(ctx, stopped); err != nil {
+	if _, err := elsewhere.Stop(ctx, auth.Principal{AccountID: stopped.AccountID}, stopped.ID); err != nil {
 		t.Fatal(err)
 	}
 	n.worked(t, jobs.KindStopSandbox, 3)
@@ -528,7 +529,7 @@ func TestStopSandboxJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.rt.Lose(lost.ID)
-	if _, err := elsewhere.Stop(ctx, lost); err != nil {
+	if _, err := elsewhere.Stop(ctx, auth.Principal{AccountID: lost.AccountID}, lost.ID); err != nil {
 		t.Fatal(err)
 	}
 	n.worked(t, jobs.KindStopSandbox, 4)

@@ -357,7 +357,7 @@ func (h *Handler) execIn(ctx context.Context, c *call) (*mcp.CallToolResult, err
 	if node, ok := h.hostOf(ctx, sb.ID); ok {
 		res, err = h.execOn(ctx, node, c.p, sb.ID, req, stdout, stderr)
 	} else {
-		res, err = h.opts.Sandboxes.Exec(ctx, sb, req.Domain(), stdout, stderr)
+		res, err = h.opts.Sandboxes.Exec(ctx, c.p, sb.ID, req.Domain(), stdout, stderr)
 	}
 	stop()
 	if err != nil {
@@ -457,7 +457,7 @@ func (h *Handler) stopSandbox(ctx context.Context, c *call) (*mcp.CallToolResult
 		}
 		return jsonResult(resp)
 	}
-	sb, err = h.opts.Sandboxes.Stop(ctx, sb)
+	sb, err = h.opts.Sandboxes.Stop(ctx, c.p, sb.ID)
 	if err != nil {
 		return nil, api.ServiceError(err, "Sandbox not found")
 	}

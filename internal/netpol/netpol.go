@@ -480,6 +480,19 @@ func (m *Manager) Get(id string) (*Network, error) {
 	return m.network(rec), nil
 }
 
+// GuestAddr is the address the host reaches sandbox id's network at (for
+// the port proxy); ErrNoNetwork when it has none.
+func (m *Manager) GuestAddr(id string) (netip.Addr, error) {
+	n, err := m.Get(id)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("network of %s: %w", id, err)
+	}
+	if n == nil {
+		return netip.Addr{}, fmt.Errorf("sandbox %s: %w", id, ErrNoNetwork)
+	}
+	return n.GuestAddr, nil
+}
+
 // Traffic returns what sandbox id's link carried since its network was set
 // up (policy changes do not reset it); nil when it has no network.
 func (m *Manager) Traffic(id string) (*Traffic, error) {

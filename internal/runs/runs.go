@@ -439,15 +439,15 @@ type Host interface {
 	// SetupPending says the account's setup task is queued or executing:
 	// a run waits for it, to start from the set-up repository.
 	SetupPending(ctx context.Context, accountID string) bool
-	// Traffic is what the sandbox's network carried so far; nil without
+	// TrafficOf is what the sandbox's network carried so far; nil without
 	// a network.
-	Traffic(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
+	TrafficOf(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
 }
 
 // traffic reads the sandbox's network counters; nil without a network or
 // when they cannot be read (logged: the run goes on without them).
 func (r *Runner) traffic(ctx context.Context, sb store.Sandbox) *netpol.Traffic {
-	tr, err := r.cfg.Host.Traffic(ctx, sb)
+	tr, err := r.cfg.Host.TrafficOf(ctx, sb)
 	if err != nil {
 		r.log.Warn("read sandbox traffic", "sandbox_id", sb.ID, "err", err)
 		return nil

@@ -9,12 +9,12 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Delete removes an ended (stopped or failed) sandbox now, with its keys
+// deleteEnded removes an ended (stopped or failed) sandbox now, with its keys
 // and E2B record: what the retention sweep does once it is old enough
 // (--keep-stopped-sandboxes). A live sandbox must be stopped first, and
 // one a queued or executing run still names is kept for its run; both are
 // refused with a reason. Deleting one that is already gone is not an error.
-func (m *Manager) Delete(ctx context.Context, sb store.Sandbox) error {
+func (m *Manager) deleteEnded(ctx context.Context, sb store.Sandbox) error {
 	if sb.Status != store.SandboxStopped && sb.Status != store.SandboxFailed {
 		return errdefs.Newf(errdefs.ErrNotRunning, "Sandbox is %s: stop it before deleting it", statusWord(sb))
 	}

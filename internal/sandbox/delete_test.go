@@ -22,14 +22,14 @@ func TestDeleteAStoppedSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := p.sandboxKey(t, sb.ID)
-	if err := p.m.Delete(ctx, sb); !errors.Is(err, errdefs.ErrNotRunning) || !strings.Contains(err.Error(), "Sandbox is running: stop it before deleting it") {
+	if err := p.m.deleteEnded(ctx, sb); !errors.Is(err, errdefs.ErrNotRunning) || !strings.Contains(err.Error(), "Sandbox is running: stop it before deleting it") {
 		t.Fatalf("delete of a running sandbox: %v", err)
 	}
-	stopped, err := p.m.Stop(ctx, sb)
+	stopped, err := p.m.stopByRequest(ctx, sb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.m.Delete(ctx, stopped); err != nil {
+	if err := p.m.deleteEnded(ctx, stopped); err != nil {
 		t.Fatalf("delete of a stopped sandbox: %v", err)
 	}
 	if _, err := p.st.GetSandbox(ctx, sb.ID); !errors.Is(err, store.ErrNotFound) {
@@ -38,7 +38,7 @@ func TestDeleteAStoppedSandbox(t *testing.T) {
 	if p.keyWorks(sb.ID, key) {
 		t.Fatal("its key still authenticates")
 	}
-	if err := p.m.Delete(ctx, stopped); err != nil {
+	if err := p.m.deleteEnded(ctx, stopped); err != nil {
 		t.Fatalf("a second delete: %v", err)
 	}
 }

@@ -23,10 +23,10 @@ import (
 // (a stat, a directory made).
 const agentCallTimeout = 30 * time.Second
 
-// StatPath describes path (filecopy.Resolve's rules) in a running sandbox
+// statPath describes path (filecopy.Resolve's rules) in a running sandbox
 // this node hosts, without following a final link; it returns the path
 // resolved.
-func (m *Manager) StatPath(ctx context.Context, sb store.Sandbox, path string) (string, filecopy.Entry, error) {
+func (m *Manager) statPath(ctx context.Context, sb store.Sandbox, path string) (string, filecopy.Entry, error) {
 	p, err := filecopy.Resolve(path)
 	if err != nil {
 		return "", filecopy.Entry{}, err
@@ -42,9 +42,9 @@ func (m *Manager) StatPath(ctx context.Context, sb store.Sandbox, path string) (
 	return p, e, err
 }
 
-// ArchiveOut measures the archive of path in a running sandbox this node
+// archiveOut measures the archive of path in a running sandbox this node
 // hosts (filecopy.Walk), refusing it past lim; its WriteTar sends it.
-func (m *Manager) ArchiveOut(ctx context.Context, sb store.Sandbox, path string, lim filecopy.Limits) (*filecopy.Archive, error) {
+func (m *Manager) archiveOut(ctx context.Context, sb store.Sandbox, path string, lim filecopy.Limits) (*filecopy.Archive, error) {
 	fsys, err := m.files(ctx, sb)
 	if err != nil {
 		return nil, err
@@ -52,9 +52,9 @@ func (m *Manager) ArchiveOut(ctx context.Context, sb store.Sandbox, path string,
 	return filecopy.Walk(ctx, fsys, path, lim)
 }
 
-// ExtractIn writes the tar archive r into the directory dir of a running
+// extractIn writes the tar archive r into the directory dir of a running
 // sandbox this node hosts (filecopy.Extract).
-func (m *Manager) ExtractIn(ctx context.Context, sb store.Sandbox, dir string, r io.Reader, lim filecopy.Limits) (filecopy.Extracted, error) {
+func (m *Manager) extractIn(ctx context.Context, sb store.Sandbox, dir string, r io.Reader, lim filecopy.Limits) (filecopy.Extracted, error) {
 	fsys, err := m.files(ctx, sb)
 	if err != nil {
 		return filecopy.Extracted{}, err

@@ -25,9 +25,9 @@ const MaxForkCount = 20
 // parent (ForkedFrom) and the snapshot the parent started from; their
 // /workspace is the parent's as it was, not prepared again.
 
-// Fork starts count children of the running sandbox parent, each living
+// fork starts count children of the running sandbox parent, each living
 // lifetime (0: the default), and returns their rows, running.
-func (m *Manager) Fork(ctx context.Context, parent store.Sandbox, count int, lifetime time.Duration) (_ []store.Sandbox, err error) {
+func (m *Manager) fork(ctx context.Context, parent store.Sandbox, count int, lifetime time.Duration) (_ []store.Sandbox, err error) {
 	defer func(start time.Time) { m.ops.observe(opFork, start, err) }(time.Now())
 	ctx = context.WithoutCancel(ctx) // children half made are worse than a late answer
 	f, ok := m.rt.(runtime.Forker)

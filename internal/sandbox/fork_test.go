@@ -34,12 +34,12 @@ func TestFork(t *testing.T) {
 		count    int
 		lifetime time.Duration
 	}{{0, 0}, {MaxForkCount + 1, 0}, {1, 2 * time.Hour}} {
-		if _, err := p.m.Fork(ctx, parent, tc.count, tc.lifetime); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := p.m.fork(ctx, parent, tc.count, tc.lifetime); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("fork of %d for %v: %v, want ErrInvalid", tc.count, tc.lifetime, err)
 		}
 	}
 
-	kids, err := p.m.Fork(ctx, parent, 2, 30*time.Minute)
+	kids, err := p.m.fork(ctx, parent, 2, 30*time.Minute)
 	if err != nil {
 		t.Fatalf("fork: %v", err)
 	}
@@ -76,7 +76,7 @@ func TestFork(t *testing.T) {
 	}
 
 	// 3 active of 4: a fork of 2 makes none.
-	if _, err := p.m.Fork(ctx, parent, 2, 0); !errors.Is(err, errdefs.ErrQuota) {
+	if _, err := p.m.fork(ctx, parent, 2, 0); !errors.Is(err, errdefs.ErrQuota) {
 		t.Fatalf("fork past the quota: %v, want ErrQuota", err)
 	}
 	if list, _ := p.st.ListSandboxes(ctx, p.account.ID); len(list) != 3 {
@@ -86,7 +86,7 @@ func TestFork(t *testing.T) {
 	// A fork the runtime fails leaves its children failed, their keys
 	// revoked, and the parent running.
 	p.rt.FailCreate(func(spec runtime.Spec) error { return errors.New("no room") })
-	if _, err := p.m.Fork(ctx, parent, 1, 0); err == nil {
+	if _, err := p.m.fork(ctx, parent, 1, 0); err == nil {
 		t.Fatal("a failed fork succeeded")
 	}
 	p.rt.FailCreate(nil)
@@ -107,10 +107,10 @@ func TestFork(t *testing.T) {
 		t.Fatalf("parent after a failed fork: %s", cur.Status)
 	}
 
-	if _, err := p.m.Stop(ctx, p.status(t, parent.ID)); err != nil {
+	if _, err := p.m.stopByRequest(ctx, p.status(t, parent.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.m.Fork(ctx, p.status(t, parent.ID), 1, 0); !errors.Is(err, errdefs.ErrNotRunning) {
+	if _, err := p.m.fork(ctx, p.status(t, parent.ID), 1, 0); !errors.Is(err, errdefs.ErrNotRunning) {
 		t.Fatalf("fork of a stopped sandbox: %v, want ErrNotRunning", err)
 	}
 	// The children outlive their parent.

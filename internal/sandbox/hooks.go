@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
@@ -16,9 +17,11 @@ import (
 // The concerns around a sandbox's life — its key, its network, the
 // account's snapshot and what persistence adds to its environment — plug
 // into the lifecycle as hooks, the way Nomad's task runner hooks do
-// (TaskPrestartHook, TaskPoststartHook, TaskPreKillHook, TaskStopHook):
-// the state machine calls each kind at its moment, and a concern is one
-// type in its own place instead of lines woven into start and stop.
+// (TaskPrestartHook, TaskPoststartHook, TaskUpdateHook, TaskPreKillHook,
+// TaskStopHook): the state machine calls each kind at its moment, and a
+// concern is one type in its own place instead of lines woven into start
+// and stop. The network is one of them (NetworkHook, network.go): the
+// manager knows it only by the kinds it implements.
 // `sandboxd serve` registers them (Config.Hooks), in order.
 
 // Hook is one concern; it implements any of the hook kinds below.
@@ -61,6 +64,41 @@ type PreKillHook interface {
 type StopHook interface {
 	Hook
 	Stop(ctx context.Context, id string) error
+}
+
+// UpdateHook applies a change of a running sandbox's row to what its
+// concern made for it, without restarting the sandbox, the way Nomad's
+// TaskUpdateHook does. A new network policy (SetNetwork) is the change
+// today: CheckUpdate may refuse it before the row records it (cur is the
+// row as it is, next as it would be); then the row records it and Update
+// applies it (sb is the new row), the row going back when one fails. Their
+// errors are the caller's answer, in errdefs' classes.
+type UpdateHook interface {
+	Hook
+	CheckUpdate(ctx context.Context, cur, next store.Sandbox) error
+	Update(ctx context.Context, sb store.Sandbox) error
+}
+
+// RecoverHook sees each running sandbox Reconcile keeps after a restart,
+// and makes what its concern made for it follow the row again: a crash can
+// leave them apart (between an update's row and its Update, say).
+type RecoverHook interface {
+	Hook
+	Recover(ctx context.Context, sb store.Sandbox) error
+}
+
+// NetworkOwner is the hook that gives sandboxes their networks
+// (NetworkHook). Without one every sandbox has loopback only and a policy
+// that needs a network is refused; with one, it answers what a sandbox's
+// network carried and where the host reaches the sandbox.
+type NetworkOwner interface {
+	Hook
+	// Traffic is what sandbox id's network carried so far; nil when it
+	// has none.
+	Traffic(id string) (*netpol.Traffic, error)
+	// GuestAddr is the address the host reaches sandbox id's network at;
+	// an error when it has none.
+	GuestAddr(id string) (netip.Addr, error)
 }
 
 // ReconcileHook removes what its concern left for sandboxes that are gone
@@ -121,6 +159,43 @@ func (m *Manager) ended(ctx context.Context, id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkUpdate asks every update hook whether sandbox cur may become next.
+func (m *Manager) checkUpdate(ctx context.Context, cur, next store.Sandbox) error {
+	for _, h := range m.hooks {
+		if u, ok := h.(UpdateHook); ok {
+			if err := u.CheckUpdate(ctx, cur, next); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// update runs the update hooks in order on sandbox sb's new row; the first
+// failure stops them and is returned.
+func (m *Manager) update(ctx context.Context, sb store.Sandbox) error {
+	for _, h := range m.hooks {
+		if u, ok := h.(UpdateHook); ok {
+			if err := u.Update(ctx, sb); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// recover runs every recover hook on a sandbox Reconcile keeps, logging
+// failures.
+func (m *Manager) recover(ctx context.Context, sb store.Sandbox) {
+	for _, h := range m.hooks {
+		if r, ok := h.(RecoverHook); ok {
+			if err := r.Recover(ctx, sb); err != nil {
+				m.log.Error("recover hook", "hook", h.Name(), "sandbox_id", sb.ID, "err", err)
+			}
+		}
+	}
 }
 
 // reconcileHooks runs every reconcile hook.
@@ -202,40 +277,4 @@ func (h keyHook) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("revoke keys of sandbox %s: %w", id, err)
 	}
 	return nil
-}
-
-// NetworkHook gives a sandbox whose policy needs one its network
-// namespace (netpol), and removes it when the sandbox ends or is found
-// gone. Registering it is what enables sandbox networks on a server.
-type NetworkHook struct{ net *netpol.Manager }
-
-// NewNetworkHook returns the network hook over net.
-func NewNetworkHook(net *netpol.Manager) *NetworkHook { return &NetworkHook{net: net} }
-
-// Name implements Hook.
-func (*NetworkHook) Name() string { return "network" }
-
-// FailureReason implements PrestartHook.
-func (*NetworkHook) FailureReason() string { return "could not set up its network" }
-
-// Prestart implements PrestartHook.
-func (h *NetworkHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
-	policy, err := sandboxPolicy(sb)
-	if err != nil || !hasNetwork(policy) {
-		return err
-	}
-	n, err := h.net.Setup(ctx, sb.ID, policy)
-	if err != nil {
-		return err
-	}
-	spec.Network = &runtime.Network{Netns: n.Netns, Nameservers: n.Nameservers(), Address: n.GuestPrefix(), Gateway: n.HostAddr}
-	return nil
-}
-
-// Stop implements StopHook.
-func (h *NetworkHook) Stop(ctx context.Context, id string) error { return h.net.Teardown(ctx, id) }
-
-// Reconcile implements ReconcileHook.
-func (h *NetworkHook) Reconcile(ctx context.Context, keep func(id string) bool) error {
-	return h.net.Reconcile(ctx, keep)
 }

@@ -19,11 +19,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
@@ -91,23 +91,19 @@ type Persistence interface {
 
 // Config builds a Manager.
 type Config struct {
-	Store   *store.Store
-	Runtime runtime.Runtime
-	Jobs    *jobs.Client
-	NodeID  string
-	// Node is what this node registers for the others: where they reach
-	// it and what it offers (cluster.go).
-	Node NodeInfo
-	// DownAfter is how long a node's heartbeat may be silent before this
-	// node declares it down and fails what it hosted (0: never; a single
-	// node has nobody to watch).
-	DownAfter time.Duration
-	DataDir   string
-	BaseDir   string // read-only root filesystem of the base image
-	BaseID    string // its image id
-	Home      string // unix socket of this server, reachable as sandboxd.internal
-	Settings  Settings
-	Persist   Persistence
+	Store    *store.Store
+	Runtime  runtime.Runtime
+	Jobs     *jobs.Client
+	NodeID   string
+	DataDir  string
+	BaseDir  string // read-only root filesystem of the base image
+	BaseID   string // its image id
+	Home     string // unix socket of this server, reachable as sandboxd.internal
+	Settings Settings
+	Persist  Persistence
+	// Access is the one access rule the entry points by id load a sandbox
+	// under (byid.go); nil: auth.NewAuthenticator over Store, the same rule.
+	Access Access
 	// Hooks are the concerns plugged into every sandbox's life, in order
 	// (hooks.go): its key (NewKeyHook), its network (NewNetworkHook;
 	// without it every sandbox has loopback only), persistence's.
@@ -126,24 +122,23 @@ type Config struct {
 // Manager drives the sandboxes of one node: the service behind the API's
 // sandbox routes.
 type Manager struct {
-	cfg Config
-	st  *store.Store
-	rt  runtime.Runtime
-	log *slog.Logger
-	now func() time.Time
+	cfg    Config
+	st     *store.Store
+	access Access
+	rt     runtime.Runtime
+	log    *slog.Logger
+	now    func() time.Time
 
-	// stopping dedups concurrent stops of one sandbox on this node;
-	// beatingSince is since when this node's heartbeats have gone through
-	// (cluster.go). Both under mu.
-	mu           sync.Mutex
-	stopping     map[string]chan struct{}
-	beatingSince time.Time
+	// stopping dedups concurrent stops of one sandbox on this node
+	// (under mu).
+	mu       sync.Mutex
+	stopping map[string]chan struct{}
 	// runs executes this node's run-sandbox-command runs.
 	runs *runs.Runner
-	// hooks are Config.Hooks; net is the network hook's manager among
-	// them (nil: no sandbox networks).
-	hooks []Hook
-	net   *netpol.Manager
+	// hooks are Config.Hooks; network is the one among them that owns
+	// sandbox networks (nil: none).
+	hooks   []Hook
+	network NetworkOwner
 	// traffic sums the ended sandboxes' network bytes (NetworkMetrics).
 	traffic trafficMeter
 	// netMu makes policy changes take turns, so that the row and the
@@ -180,9 +175,13 @@ func NewManager(cfg Config) *Manager {
 	}
 	m := &Manager{
 		cfg: cfg, st: cfg.Store, rt: cfg.Runtime, log: cfg.Logger, now: time.Now,
+		access:     cfg.Access,
 		stopping:   map[string]chan struct{}{},
 		diskFreeFn: diskFree,
 		ops:        newOpMetrics(),
+	}
+	if m.access == nil {
+		m.access = auth.NewAuthenticator(cfg.Store)
 	}
 	var persist runs.AfterRunner
 	if cfg.Persist != nil {
@@ -190,8 +189,8 @@ func NewManager(cfg Config) *Manager {
 	}
 	m.hooks = cfg.Hooks
 	for _, h := range cfg.Hooks {
-		if n, ok := h.(*NetworkHook); ok {
-			m.net = n.net
+		if n, ok := h.(NetworkOwner); ok {
+			m.network = n
 		}
 	}
 	m.runs = runs.New(runs.Config{
@@ -320,7 +319,7 @@ func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime t
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
 	}
-	if hasNetwork(policy) && m.net == nil {
+	if hasNetwork(policy) && m.network == nil {
 		return store.Sandbox{}, nil, errdefs.New(errdefs.ErrInvalid, `networking is not enabled on this server; create the sandbox with network "none"`)
 	}
 	network, err := json.Marshal(policy)
@@ -465,8 +464,8 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	return out
 }
 
-// Exec runs a command in a running sandbox, streaming its output.
-func (m *Manager) Exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
+// exec runs a command in a running sandbox, streaming its output.
+func (m *Manager) exec(ctx context.Context, sb store.Sandbox, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return ExecResult{}, err
@@ -528,11 +527,11 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 	return rsb, nil
 }
 
-// AgentTransport carries requests to the guest agent of a running sandbox
+// agentTransport carries requests to the guest agent of a running sandbox
 // this node hosts, its workspace readied first as for an exec (see
 // runtime.Sandbox.AgentTransport): for an API that speaks the agent's own
 // protocol.
-func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
+func (m *Manager) agentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
@@ -541,9 +540,9 @@ func (m *Manager) AgentTransport(ctx context.Context, sb store.Sandbox) (http.Ro
 	return rsb.AgentTransport(ctx)
 }
 
-// Stats measures a running sandbox this node hosts (a paused one is woken:
+// stats measures a running sandbox this node hosts (a paused one is woken:
 // callers that must not wake it check first).
-func (m *Manager) Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error) {
+func (m *Manager) stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return runtime.Stats{}, err
@@ -555,8 +554,8 @@ func (m *Manager) Stats(ctx context.Context, sb store.Sandbox) (runtime.Stats, e
 	return st, nil
 }
 
-// Stop stops a sandbox; stopping a stopped sandbox is not an error.
-func (m *Manager) Stop(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+// stopByRequest stops a sandbox; stopping a stopped sandbox is not an error.
+func (m *Manager) stopByRequest(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	if err := m.stop(context.WithoutCancel(ctx), sb, "stopped by request"); err != nil {
 		return sb, err
 	}
@@ -654,25 +653,13 @@ func (m *Manager) StopAll(ctx context.Context, reason string) error {
 	return errors.Join(errs...)
 }
 
-// hasNetwork reports whether a policy needs a network namespace.
-func hasNetwork(p netpol.Policy) bool { return p.Mode != "" && p.Mode != netpol.ModeNone }
-
-// sandboxPolicy reads the policy recorded on a sandbox's row.
-func sandboxPolicy(sb store.Sandbox) (netpol.Policy, error) {
-	var p netpol.Policy
-	if sb.Network == "" {
-		return netpol.Policy{Mode: netpol.ModeNone}, nil
-	}
-	err := json.Unmarshal([]byte(sb.Network), &p)
-	return p, err
-}
-
-// SetNetwork replaces a running sandbox's network policy without
+// setNetwork replaces a running sandbox's network policy without
 // restarting it: the row first (so a restart or another node rebuilds the
-// new policy: see Reconcile), then the host's rules (netpol.Update), the
-// row going back when the host refuses. Only a sandbox created with a
-// network has one to change; to none and back is allowed.
-func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
+// new policy: see Reconcile), then the update hooks (the network hook
+// changes the host's rules), the row going back when one refuses. Only a
+// sandbox created with a network has one to change; to none and back is
+// allowed.
+func (m *Manager) setNetwork(ctx context.Context, sb store.Sandbox, p netpol.Policy) (store.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx) // row and rules must not part ways
 	m.netMu.Lock()
 	defer m.netMu.Unlock()
@@ -685,35 +672,28 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 	if _, err := m.Local(ctx, sb); err != nil {
 		return sb, err
 	}
-	if m.net == nil {
+	if m.network == nil {
 		return sb, errdefs.New(errdefs.ErrInvalid, "networking is not enabled on this server")
-	}
-	if n, err := m.net.Get(sb.ID); err != nil {
-		return sb, fmt.Errorf("network of %s: %w", sb.ID, err)
-	} else if n == nil {
-		return sb, errdefs.New(errdefs.ErrInvalid, `the sandbox was created with network "none" and has no network to change; create a sandbox with a network`)
 	}
 	network, err := json.Marshal(p)
 	if err != nil {
 		return sb, err
 	}
-	ok, err := m.st.SetSandboxNetwork(ctx, sb.ID, string(network))
+	next := sb
+	next.Network = string(network)
+	if err := m.checkUpdate(ctx, sb, next); err != nil {
+		return sb, err
+	}
+	ok, err := m.st.SetSandboxNetwork(ctx, sb.ID, next.Network)
 	if err != nil {
 		return sb, err
 	}
 	if !ok {
 		return sb, errdefs.ErrNotRunning
 	}
-	if _, err := m.net.Update(ctx, sb.ID, p); err != nil {
+	if err := m.update(ctx, next); err != nil {
 		if _, rerr := m.st.SetSandboxNetwork(ctx, sb.ID, sb.Network); rerr != nil {
 			m.log.Error("restore network policy on the row", "sandbox_id", sb.ID, "err", rerr)
-		}
-		switch {
-		case errors.Is(err, netpol.ErrNoNetwork):
-			// Torn down meanwhile: the sandbox is ending.
-			return sb, errdefs.ErrNotRunning
-		case errors.Is(err, netpol.ErrNoResolver):
-			return sb, errdefs.Wrap(errdefs.ErrInvalid, err, "network: "+netpol.ErrNoResolver.Error())
 		}
 		return sb, err
 	}
@@ -721,51 +701,21 @@ func (m *Manager) SetNetwork(ctx context.Context, sb store.Sandbox, p netpol.Pol
 	return m.st.GetSandbox(ctx, sb.ID)
 }
 
-// Traffic is what a running sandbox of this node's network carried so far;
-// nil for one without a network, or hosted elsewhere.
-func (m *Manager) Traffic(_ context.Context, sb store.Sandbox) (*netpol.Traffic, error) {
-	if m.net == nil || sb.NodeID != m.cfg.NodeID {
+// TrafficOf is what a running sandbox of this node's network carried so
+// far; nil for one without a network, or hosted elsewhere. It takes the row
+// the caller (a run of this node) holds; front ends call Traffic by id.
+func (m *Manager) TrafficOf(_ context.Context, sb store.Sandbox) (*netpol.Traffic, error) {
+	if m.network == nil || sb.NodeID != m.cfg.NodeID {
 		return nil, nil
 	}
-	return m.net.Traffic(sb.ID)
-}
-
-// syncNetwork makes a kept sandbox's rules follow the policy on its row,
-// which a crash between SetNetwork's two steps can leave apart.
-func (m *Manager) syncNetwork(ctx context.Context, sb store.Sandbox) {
-	if m.net == nil {
-		return
-	}
-	want, err := sandboxPolicy(sb)
-	if err != nil {
-		m.log.Error("read sandbox network policy", "sandbox_id", sb.ID, "err", err)
-		return
-	}
-	n, err := m.net.Get(sb.ID)
-	if err != nil || n == nil || policyEqual(n.Policy, want) {
-		return
-	}
-	if _, err := m.net.Update(ctx, sb.ID, want); err != nil {
-		m.log.Error("rebuild sandbox network policy", "sandbox_id", sb.ID, "err", err)
-		return
-	}
-	m.log.Info("rebuilt sandbox network policy from its row", "sandbox_id", sb.ID, "mode", want.Mode)
-}
-
-func policyEqual(a, b netpol.Policy) bool {
-	norm := func(m netpol.Mode) netpol.Mode {
-		if m == "" {
-			return netpol.ModeNone
-		}
-		return m
-	}
-	return norm(a.Mode) == norm(b.Mode) && slices.Equal(a.Allow, b.Allow)
+	return m.network.Traffic(sb.ID)
 }
 
 // GuestAddr is the address the host reaches sandbox id's network at (for
-// the port proxy); an error when it has none.
+// the port proxy), waking it first when it is paused; the network's owner
+// (NetworkOwner) answers. An error when it has none.
 func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) {
-	if m.net == nil {
+	if m.network == nil {
 		return netip.Addr{}, errdefs.ErrNotFound
 	}
 	// The proxy wakes a paused sandbox like any call.
@@ -774,11 +724,11 @@ func (m *Manager) GuestAddr(ctx context.Context, id string) (netip.Addr, error) 
 			return netip.Addr{}, err
 		}
 	}
-	n, err := m.net.Get(id)
-	if err != nil || n == nil {
+	addr, err := m.network.GuestAddr(id)
+	if err != nil {
 		return netip.Addr{}, fmt.Errorf("sandbox %s has no network: %w", id, errdefs.ErrNotFound)
 	}
-	return n.GuestAddr, nil
+	return addr, nil
 }
 
 // StopQuietly stops a sandbox on an error path, logging what fails.
@@ -788,8 +738,8 @@ func (m *Manager) StopQuietly(ctx context.Context, sb store.Sandbox, reason stri
 	}
 }
 
-// SetTimeout makes the sandbox stop d from now.
-func (m *Manager) SetTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
+// setTimeout makes the sandbox stop d from now.
+func (m *Manager) setTimeout(ctx context.Context, sb store.Sandbox, d time.Duration) (store.Sandbox, error) {
 	if d > m.cfg.Settings.MaxTimeout {
 		return sb, errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
 	}

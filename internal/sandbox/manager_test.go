@@ -209,7 +209,7 @@ func TestStopIsOnceAndRevokes(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			if _, err := p.m.Stop(ctx, sb); err != nil {
+			if _, err := p.m.stopByRequest(ctx, sb); err != nil {
 				t.Errorf("stop: %v", err)
 			}
 		})
@@ -226,7 +226,7 @@ func TestStopIsOnceAndRevokes(t *testing.T) {
 		t.Fatal("the key of a stopped sandbox still works")
 	}
 	// Stopping a stopped sandbox is not an error and changes nothing.
-	if _, err := p.m.Stop(ctx, got); err != nil || p.status(t, sb.ID).Status != store.SandboxStopped {
+	if _, err := p.m.stopByRequest(ctx, got); err != nil || p.status(t, sb.ID).Status != store.SandboxStopped {
 		t.Fatalf("second stop: %v, %s", err, p.status(t, sb.ID).Status)
 	}
 }
@@ -446,7 +446,7 @@ func TestRunStatuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.m.Stop(ctx, sb); err != nil {
+		if _, err := p.m.stopByRequest(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.m.runs.Run(ctx, runID); err != nil {
@@ -489,7 +489,7 @@ func TestDiskAdmission(t *testing.T) {
 		t.Fatalf("create after a sandbox wrote: %v", err)
 	}
 	// A stop gives the place back.
-	if _, err := p.m.Stop(ctx, made[1]); err != nil {
+	if _, err := p.m.stopByRequest(ctx, made[1]); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); err != nil {
@@ -568,7 +568,7 @@ func TestHooks(t *testing.T) {
 	if err := p.m.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.m.Stop(ctx, sb); err != nil {
+	if _, err := p.m.stopByRequest(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	// A failing prestart fails the start with the hook's reason, and the
@@ -603,7 +603,7 @@ func TestExecReportsOOMKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := p.m.Exec(ctx, sb, ExecRequest{Command: "hog"}, io.Discard, io.Discard)
+	res, err := p.m.exec(ctx, sb, ExecRequest{Command: "hog"}, io.Discard, io.Discard)
 	if err != nil || res != (ExecResult{ExitCode: 137, OOMKilled: true}) {
 		t.Fatalf("exec: %+v, %v; want exit 137, OOMKilled", res, err)
 	}

@@ -57,7 +57,7 @@ func TestMaxPaused(t *testing.T) {
 	}
 	pause := func(sb store.Sandbox) {
 		t.Helper()
-		if _, err := p.m.Pause(ctx, p.status(t, sb.ID)); err != nil {
+		if _, err := p.m.pause(ctx, p.status(t, sb.ID)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -126,7 +126,7 @@ func TestMaxPaused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Pause(ctx, lasting); err != nil {
+	if _, err := m.pause(ctx, lasting); err != nil {
 		t.Fatal(err)
 	}
 	clock.add(365 * 24 * time.Hour)

@@ -33,13 +33,13 @@ func TestMetrics(t *testing.T) {
 		}
 		made = append(made, sb)
 	}
-	if _, err := p.m.Pause(ctx, made[0]); err != nil {
+	if _, err := p.m.pause(ctx, made[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.m.Fork(ctx, made[1], 1, 0); err != nil {
+	if _, err := p.m.fork(ctx, made[1], 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.m.Fork(ctx, made[1], 0, 0); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := p.m.fork(ctx, made[1], 0, 0); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatal(err)
 	}
 	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{}); !errors.Is(err, errdefs.ErrQuota) {
@@ -48,7 +48,7 @@ func TestMetrics(t *testing.T) {
 	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Command: "true"}); !errors.Is(err, errdefs.ErrQuota) {
 		t.Fatalf("a sixth: %v", err)
 	}
-	if _, err := p.m.Stop(ctx, made[2]); err != nil {
+	if _, err := p.m.stopByRequest(ctx, made[2]); err != nil {
 		t.Fatal(err)
 	}
 

@@ -36,9 +36,9 @@ func (m *Manager) pauser() (runtime.Pauser, error) {
 	return p, nil
 }
 
-// Pause saves a running sandbox of this node whole and stops it running;
+// pause saves a running sandbox of this node whole and stops it running;
 // pausing a paused sandbox answers it as it is.
-func (m *Manager) Pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox, err error) {
+func (m *Manager) pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox, err error) {
 	defer func(start time.Time) { m.ops.observe(opPause, start, err) }(time.Now())
 	ctx = context.WithoutCancel(ctx) // half a pause is worse than a late answer
 	p, err := m.pauser()
@@ -171,10 +171,10 @@ func (m *Manager) settledPause(ctx context.Context, id string) (store.Sandbox, e
 	return cur, nil
 }
 
-// Resume brings a paused sandbox of this node back; resuming a running
+// resumeSandbox brings a paused sandbox of this node back; resuming a running
 // sandbox answers it as it is, and one another caller is resuming is
 // waited for.
-func (m *Manager) Resume(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+func (m *Manager) resumeSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx)
 	p, err := m.pauser()
 	if err != nil {
@@ -269,7 +269,7 @@ func (m *Manager) awake(ctx context.Context, sb store.Sandbox) (store.Sandbox, e
 	if sb.Pause == store.PausePausing {
 		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is pausing; resume it once it is paused", sb.ID)
 	}
-	return m.Resume(ctx, sb)
+	return m.resumeSandbox(ctx, sb)
 }
 
 // setPausedTimeout sets the lifetime a paused sandbox gets at resume.

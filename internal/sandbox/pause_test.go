@@ -23,14 +23,14 @@ func TestPauseResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	paused, err := p.m.Pause(ctx, sb)
+	paused, err := p.m.pause(ctx, sb)
 	if err != nil || paused.Pause != store.PausePaused || paused.Status != store.SandboxRunning {
 		t.Fatalf("pause: %+v %v", paused, err)
 	}
 	if rem := paused.PausedRemaining; rem <= 50*time.Second || rem > time.Minute {
 		t.Fatalf("remaining lifetime while paused: %v", rem)
 	}
-	if again, err := p.m.Pause(ctx, paused); err != nil || again.Pause != store.PausePaused {
+	if again, err := p.m.pause(ctx, paused); err != nil || again.Pause != store.PausePaused {
 		t.Fatalf("pause of a paused sandbox: %+v %v", again, err)
 	}
 	rsb, _ := p.rt.Get(ctx, sb.ID)
@@ -42,12 +42,12 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("expired while paused: %v %v", exp, err)
 	}
 	// Its timeout is what it will have when it resumes.
-	if got, err := p.m.SetTimeout(ctx, paused, 30*time.Minute); err != nil || got.PausedRemaining != 30*time.Minute || got.Pause != store.PausePaused {
+	if got, err := p.m.setTimeout(ctx, paused, 30*time.Minute); err != nil || got.PausedRemaining != 30*time.Minute || got.Pause != store.PausePaused {
 		t.Fatalf("timeout while paused: %+v %v", got, err)
 	}
 	// Exec wakes it.
 	paused = p.status(t, sb.ID)
-	if _, err := p.m.Exec(ctx, paused, ExecRequest{Command: "true"}, nil, nil); err != nil {
+	if _, err := p.m.exec(ctx, paused, ExecRequest{Command: "true"}, nil, nil); err != nil {
 		t.Fatalf("exec on a paused sandbox: %v", err)
 	}
 	woke := p.status(t, sb.ID)
@@ -57,13 +57,13 @@ func TestPauseResume(t *testing.T) {
 	if st, _ := rsb.State(ctx); st != runtime.StateRunning {
 		t.Fatalf("runtime state after the exec: %s", st)
 	}
-	if got, err := p.m.Resume(ctx, woke); err != nil || got.Pause != "" {
+	if got, err := p.m.resumeSandbox(ctx, woke); err != nil || got.Pause != "" {
 		t.Fatalf("resume of a running sandbox: %+v %v", got, err)
 	}
 
 	// A pause the runtime refuses leaves it running, its clock going.
 	p.rt.FailPause(errors.New("disk full"))
-	if _, err := p.m.Pause(ctx, woke); err == nil {
+	if _, err := p.m.pause(ctx, woke); err == nil {
 		t.Fatal("a failed pause succeeded")
 	}
 	p.rt.FailPause(nil)
@@ -72,13 +72,13 @@ func TestPauseResume(t *testing.T) {
 	}
 
 	// Stop destroys a paused sandbox.
-	if _, err := p.m.Pause(ctx, p.status(t, sb.ID)); err != nil {
+	if _, err := p.m.pause(ctx, p.status(t, sb.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := p.m.Stop(ctx, p.status(t, sb.ID)); err != nil || got.Status != store.SandboxStopped {
+	if got, err := p.m.stopByRequest(ctx, p.status(t, sb.ID)); err != nil || got.Status != store.SandboxStopped {
 		t.Fatalf("stop of a paused sandbox: %+v %v", got, err)
 	}
-	if _, err := p.m.Resume(ctx, p.status(t, sb.ID)); !errors.Is(err, errdefs.ErrNotRunning) {
+	if _, err := p.m.resumeSandbox(ctx, p.status(t, sb.ID)); !errors.Is(err, errdefs.ErrNotRunning) {
 		t.Fatalf("resume of a stopped sandbox: %v", err)
 	}
 
@@ -93,7 +93,7 @@ func TestPauseResume(t *testing.T) {
 		return sb
 	}
 	kept, pausing, resuming := mk(), mk(), mk()
-	if _, err := p.m.Pause(ctx, kept); err != nil {
+	if _, err := p.m.pause(ctx, kept); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := p.st.BeginPause(ctx, pausing.ID, time.Now()); !ok {
@@ -102,7 +102,7 @@ func TestPauseResume(t *testing.T) {
 	if err := p.rt.Pause(ctx, pausing.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.m.Pause(ctx, resuming); err != nil {
+	if _, err := p.m.pause(ctx, resuming); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := p.st.TransitionPause(ctx, resuming.ID, []string{store.PausePaused}, store.PauseResuming, time.Now()); !ok {

@@ -24,9 +24,9 @@ const (
 	maxTCPLine  = 4096
 )
 
-// Ports lists the TCP ports something listens on
+// ports lists the TCP ports something listens on
 // inside the sandbox, read from the guest's /proc/net/tcp and tcp6.
-func (m *Manager) Ports(ctx context.Context, sb store.Sandbox) ([]int, error) {
+func (m *Manager) ports(ctx context.Context, sb store.Sandbox) ([]int, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err

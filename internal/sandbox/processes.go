@@ -12,9 +12,9 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Processes lists the processes started in a running sandbox (by exec
+// processes lists the processes started in a running sandbox (by exec
 // and runs) that still run.
-func (m *Manager) Processes(ctx context.Context, sb store.Sandbox) ([]runtime.Process, error) {
+func (m *Manager) processes(ctx context.Context, sb store.Sandbox) ([]runtime.Process, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
@@ -26,9 +26,9 @@ func (m *Manager) Processes(ctx context.Context, sb store.Sandbox) ([]runtime.Pr
 	return ps, nil
 }
 
-// SignalProcess sends sig to process pid of a running sandbox and to
+// signalProcess sends sig to process pid of a running sandbox and to
 // everything it started.
-func (m *Manager) SignalProcess(ctx context.Context, sb store.Sandbox, pid int, sig syscall.Signal) error {
+func (m *Manager) signalProcess(ctx context.Context, sb store.Sandbox, pid int, sig syscall.Signal) error {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return err

@@ -3,9 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"syscall"
-	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 )
@@ -47,11 +45,4 @@ func startFailure(err error, fallback string) string {
 		return e.Msg
 	}
 	return fallback
-}
-
-// nodeDownReason is the reason of the sandboxes of a node that stopped
-// answering for silent: the node's id and address mean nothing to a user
-// (and are the operator's to see, in the log).
-func nodeDownReason(silent time.Duration) string {
-	return fmt.Sprintf("its node stopped answering (no heartbeat for %v); its processes and unsaved work are lost", silent)
 }

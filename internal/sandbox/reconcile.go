@@ -10,18 +10,12 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Run registers the node, keeps it alive for the others (and watches
-// theirs: cluster.go), and keeps the node's sandboxes to their deadlines
-// and its paused sandboxes to Settings.MaxPaused until ctx ends. Call
-// Reconcile first.
+// Run keeps the node's sandboxes to their deadlines and its paused
+// sandboxes to Settings.MaxPaused until ctx ends. Call Reconcile first.
+// The node's membership of a cluster (registration, heartbeats, nodes
+// declared down) is package membership's, which calls back StopAll,
+// FailHostedBy and DestroyOrphans.
 func (m *Manager) Run(ctx context.Context) error {
-	if err := m.register(ctx); err != nil {
-		return err
-	}
-	go m.heartbeat(ctx)
-	if m.cfg.DownAfter > 0 {
-		go m.watchNodes(ctx)
-	}
 	go m.boundPauses(ctx)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
@@ -88,7 +82,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				if cur, err := m.st.GetSandbox(ctx, sb.ID); err == nil && cur.Status == store.SandboxRunning {
 					keep[sb.ID] = true
 					if cur.Pause == "" {
-						m.syncNetwork(ctx, cur)
+						m.recover(ctx, cur)
 					}
 				}
 				continue
@@ -101,7 +95,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				if rsb, err := m.rt.Get(ctx, sb.ID); err == nil {
 					if st, err := rsb.State(ctx); err == nil && st == runtime.StateRunning {
 						keep[sb.ID] = true
-						m.syncNetwork(ctx, sb)
+						m.recover(ctx, sb)
 						continue
 					}
 					m.markGone(ctx, sb, "the sandbox had stopped when sandboxd restarted")
@@ -122,6 +116,46 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	// namespaces, links and rules behind) goes too.
 	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
 	return m.runs.Reconcile(ctx)
+}
+
+// DestroyOrphans destroys this node's runtime sandboxes that no active row
+// of this node stands for, and what the hooks made for them: after this
+// node was declared down, what it hosted then was failed and must not be
+// served again (membership's rejoin). Sandboxes started here since are
+// kept.
+func (m *Manager) DestroyOrphans(ctx context.Context) error {
+	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
+	if err != nil {
+		return err
+	}
+	live, err := m.rt.List(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, sb := range rows {
+		keep[sb.ID] = true
+	}
+	m.destroyOrphans(ctx, live, keep)
+	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
+	return nil
+}
+
+// FailHostedBy fails what node id, declared down by membership, hosted:
+// its active sandboxes become failed with reason (their keys revoked, by
+// markFailed's hooks) and their executing runs CRASHED. It returns how
+// many sandboxes it failed.
+func (m *Manager) FailHostedBy(ctx context.Context, id, reason string) (int, error) {
+	rows, err := m.st.ListSandboxesByNode(ctx, id, activeStatuses...)
+	if err != nil {
+		return 0, err
+	}
+	gone := map[string]bool{}
+	for _, sb := range rows {
+		m.markFailed(ctx, sb.ID, activeStatuses, reason)
+		gone[sb.ID] = true
+	}
+	return len(rows), m.runs.CrashRunsOf(ctx, gone, "the command's sandbox was lost with its node: "+reason)
 }
 
 // destroyOrphans destroys the runtime sandboxes of live that keep does not
@@ -165,7 +199,7 @@ func (m *Manager) pauseAtDeadline(ctx context.Context, sb store.Sandbox) bool {
 		return false
 	}
 	sb.Deadline = m.now().Add(m.cfg.Settings.DefaultTimeout)
-	if _, err := m.Pause(ctx, sb); err != nil {
+	if _, err := m.pause(ctx, sb); err != nil {
 		m.log.Warn("pause expired sandbox: stopping it instead", "sandbox_id", sb.ID, "err", err)
 		return false
 	}

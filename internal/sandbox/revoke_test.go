@@ -83,8 +83,8 @@ func TestSandboxKeysRevokedOnEveryEnd(t *testing.T) {
 		{"vanished, seen by a list (Live)", "here", store.SandboxRunning, func(sb store.Sandbox) { m.Live(ctx, []store.Sandbox{sb}) }, store.SandboxFailed},
 		{"vanished, seen by reconcile", "here", store.SandboxRunning, func(store.Sandbox) { _ = m.Reconcile(ctx) }, store.SandboxFailed},
 		{"pending at a restart", "here", store.SandboxPending, func(store.Sandbox) { _ = m.Reconcile(ctx) }, store.SandboxFailed},
-		{"stopped", "here", store.SandboxRunning, func(sb store.Sandbox) { _, _ = m.Stop(ctx, sb) }, store.SandboxStopped},
-		{"stopped on another node (before that node acts)", "elsewhere", store.SandboxRunning, func(sb store.Sandbox) { _, _ = m.Stop(ctx, sb) }, store.SandboxStopping},
+		{"stopped", "here", store.SandboxRunning, func(sb store.Sandbox) { _, _ = m.stopByRequest(ctx, sb) }, store.SandboxStopped},
+		{"stopped on another node (before that node acts)", "elsewhere", store.SandboxRunning, func(sb store.Sandbox) { _, _ = m.stopByRequest(ctx, sb) }, store.SandboxStopping},
 		{"environment deleted", "elsewhere", store.SandboxRunning, func(store.Sandbox) { _, _ = m.DeleteEnvironment(ctx, acct.ID) }, store.SandboxStopping},
 	}
 	for _, tc := range cases {

@@ -25,11 +25,11 @@ func TestSaveRefusedUpFront(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.rt.RefuseSave(fmt.Errorf("%w: a TCP socket is open inside ([::]:8080 LISTEN)", runtime.ErrCannotPause))
-	if _, err := p.m.Pause(ctx, sb); !errors.Is(err, errdefs.ErrNotRunning) ||
+	if _, err := p.m.pause(ctx, sb); !errors.Is(err, errdefs.ErrNotRunning) ||
 		!strings.Contains(err.Error(), "cannot be paused now: a TCP socket is open inside ([::]:8080 LISTEN)") {
 		t.Fatalf("refused pause: %v", err)
 	}
-	if _, err := p.m.Fork(ctx, sb, 2, 0); !errors.Is(err, errdefs.ErrNotRunning) ||
+	if _, err := p.m.fork(ctx, sb, 2, 0); !errors.Is(err, errdefs.ErrNotRunning) ||
 		!strings.Contains(err.Error(), "cannot be forked now: a TCP socket is open inside ([::]:8080 LISTEN)") {
 		t.Fatalf("refused fork: %v", err)
 	}
@@ -43,7 +43,7 @@ func TestSaveRefusedUpFront(t *testing.T) {
 		t.Fatalf("%d bytes reserved after the refusals", p.m.saving)
 	}
 	p.rt.RefuseSave(nil)
-	if _, err := p.m.Pause(ctx, p.status(t, sb.ID)); err != nil {
+	if _, err := p.m.pause(ctx, p.status(t, sb.ID)); err != nil {
 		t.Fatalf("pause once the runtime can: %v", err)
 	}
 }
@@ -66,9 +66,9 @@ func TestSaveWaitsForWorkspace(t *testing.T) {
 		go func() {
 			var err error
 			if what == "pause" {
-				_, err = p.m.Pause(ctx, p.status(t, sb.ID))
+				_, err = p.m.pause(ctx, p.status(t, sb.ID))
 			} else {
-				_, err = p.m.Fork(ctx, p.status(t, sb.ID), 1, 0)
+				_, err = p.m.fork(ctx, p.status(t, sb.ID), 1, 0)
 			}
 			done <- err
 		}()

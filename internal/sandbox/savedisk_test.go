@@ -109,11 +109,11 @@ func TestPauseAdmitsItsCheckpoint(t *testing.T) {
 	t.Cleanup(release) // a failure below must not leave the pause waiting
 	pausedA := make(chan error, 1)
 	go func() {
-		_, err := p.m.Pause(ctx, a)
+		_, err := p.m.pause(ctx, a)
 		pausedA <- err
 	}()
 	<-slow.entered // a's checkpoint is being written
-	_, err := p.m.Pause(ctx, b)
+	_, err := p.m.pause(ctx, b)
 	if !errors.Is(err, errdefs.ErrQuota) || !strings.Contains(err.Error(), "cannot hold the 256 MiB a pause of sandbox "+b.ID) {
 		t.Fatalf("a pause beside one under way: %v, want ErrQuota naming its 256 MiB", err)
 	}
@@ -129,7 +129,7 @@ func TestPauseAdmitsItsCheckpoint(t *testing.T) {
 	// a's checkpoint is on the disk now (the fake writes none: taken out
 	// of free as a real one is).
 	setFree(free() - 256*mib)
-	if _, err := p.m.Pause(ctx, b); !errors.Is(err, errdefs.ErrQuota) {
+	if _, err := p.m.pause(ctx, b); !errors.Is(err, errdefs.ErrQuota) {
 		t.Fatalf("a pause beside a paused sandbox's checkpoint: %v, want ErrQuota", err)
 	}
 	p.untouched(t, b)
@@ -138,11 +138,11 @@ func TestPauseAdmitsItsCheckpoint(t *testing.T) {
 	}
 
 	// A resume deletes the checkpoint: the room is back.
-	if _, err := p.m.Resume(ctx, p.status(t, a.ID)); err != nil {
+	if _, err := p.m.resumeSandbox(ctx, p.status(t, a.ID)); err != nil {
 		t.Fatal(err)
 	}
 	setFree(free() + 256*mib)
-	if got, err := p.m.Pause(ctx, b); err != nil || got.Pause != store.PausePaused {
+	if got, err := p.m.pause(ctx, b); err != nil || got.Pause != store.PausePaused {
 		t.Fatalf("a pause the disk can hold: %+v %v", got, err)
 	}
 	if p.m.saving != 0 {
@@ -174,7 +174,7 @@ func TestForkAdmitsItsSavedState(t *testing.T) {
 	// for two children, 200 MiB over: enough for the children's disks,
 	// not for them and the 266 MiB the fork saves.
 	setFree(64*mib + 1014*mib + 2048*mib + 200*mib)
-	_, err = p.m.Fork(ctx, parent, 2, 0)
+	_, err = p.m.fork(ctx, parent, 2, 0)
 	if !errors.Is(err, errdefs.ErrQuota) || !strings.Contains(err.Error(), "266 MiB to memory being saved") {
 		t.Fatalf("a fork the disk cannot hold: %v, want ErrQuota naming the 266 MiB being saved", err)
 	}
@@ -190,7 +190,7 @@ func TestForkAdmitsItsSavedState(t *testing.T) {
 	}
 
 	setFree(free() + 100*mib)
-	kids, err := p.m.Fork(ctx, parent, 2, 0)
+	kids, err := p.m.fork(ctx, parent, 2, 0)
 	if err != nil || len(kids) != 2 {
 		t.Fatalf("a fork the disk can hold: %v %v", kids, err)
 	}

@@ -23,10 +23,10 @@ type trafficMeter struct {
 // endTraffic adds what sandbox id's network carried to its account's sum;
 // called before the network hook tears the network (and its counters) down.
 func (m *Manager) endTraffic(ctx context.Context, id string) {
-	if m.net == nil {
+	if m.network == nil {
 		return
 	}
-	tr, err := m.net.Traffic(id)
+	tr, err := m.network.Traffic(id)
 	if err != nil || tr == nil {
 		return
 	}
@@ -71,7 +71,7 @@ func (c networkCollector) Collect(ch chan<- prometheus.Metric) {
 		sums[a] = t
 	}
 	m.traffic.mu.Unlock()
-	if m.net != nil {
+	if m.network != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, store.SandboxRunning)
@@ -79,7 +79,7 @@ func (c networkCollector) Collect(ch chan<- prometheus.Metric) {
 			m.log.Warn("list sandboxes for network metrics", "err", err)
 		}
 		for _, sb := range rows {
-			tr, err := m.net.Traffic(sb.ID)
+			tr, err := m.network.Traffic(sb.ID)
 			if err != nil || tr == nil {
 				continue
 			}

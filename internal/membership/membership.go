@@ -1,10 +1,31 @@
-package sandbox
+// Package membership is a node's membership of a cluster: every node
+// registers itself (where the others reach it, what it offers) and
+// heartbeats; every node also watches the others, and the first to see a
+// node silent for DownAfter declares it down (a compare-and-set in the
+// database: one declarer per node, no consensus of our own) and has what it
+// hosted failed: its active sandboxes become failed with the reason (their
+// keys revoked by the stop hooks), their executing runs CRASHED, and the
+// jobs queued for it move to the shared queue, where another node finishes
+// them cleanly. A node that learns it was declared down (its heartbeat is
+// refused, or its registration after a restart) gives up what it hosted —
+// destroys its runtime sandboxes that have no active row of its own any
+// more — and only then is up again: it never resurrects a failed sandbox.
+//
+// A single node registers and heartbeats too (the operator's drain reaches
+// it through its row), but judges nobody (DownAfter 0).
+//
+// What happens to the sandboxes is package sandbox's (Sandboxes); this
+// package decides when, and owns the node rows' lifecycle. Package cluster
+// reads those rows to place and forward.
+package membership
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -13,19 +34,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// Membership of a cluster: every node registers itself (where the others
-// reach it, what it offers) and heartbeats; every node also watches the
-// others, and the first to see a node silent for DownAfter declares it
-// down (a compare-and-set in the database: one declarer per node, no
-// consensus of our own) and fails what it hosted: its active sandboxes
-// become failed with the reason (their keys revoked by the stop hooks),
-// their executing runs CRASHED, and the jobs queued for it move to the
-// shared queue, where another node finishes them cleanly. A node that
-// learns it was declared down (its heartbeat is refused, or its
-// registration after a restart) gives up what it hosted — destroys its
-// runtime sandboxes that have no active row of its own any more — and
-// only then is up again: it never resurrects a failed sandbox.
-
 // NodeInfo is what a node registers besides its id.
 type NodeInfo struct {
 	Address  string // its cluster listener, as other nodes reach it ("": none)
@@ -33,18 +41,88 @@ type NodeInfo struct {
 	Version  string
 }
 
+// Sandboxes is what membership has done to sandboxes (sandbox.Manager).
+type Sandboxes interface {
+	// StopAll stops every active sandbox of this node (a drain).
+	StopAll(ctx context.Context, reason string) error
+	// FailHostedBy fails the active sandboxes of node id, declared down,
+	// with reason, and crashes their executing runs; it returns how many
+	// sandboxes it failed.
+	FailHostedBy(ctx context.Context, id, reason string) (int, error)
+	// DestroyOrphans destroys this node's runtime sandboxes (and what
+	// the hooks made for them) that no active row of this node stands
+	// for.
+	DestroyOrphans(ctx context.Context) error
+}
+
+// Jobs moves the queued jobs of a node declared down (jobs.Client).
+type Jobs interface {
+	MoveQueue(ctx context.Context, from, to string) error
+}
+
+// Config builds a Membership.
+type Config struct {
+	Store  *store.Store
+	NodeID string
+	// Node is what this node registers for the others: where they reach
+	// it and what it offers.
+	Node NodeInfo
+	// DownAfter is how long a node's heartbeat may be silent before this
+	// node declares it down and fails what it hosted (0: never; a single
+	// node has nobody to watch).
+	DownAfter time.Duration
+	Sandboxes Sandboxes
+	Jobs      Jobs
+	Logger    *slog.Logger
+}
+
+// Membership keeps this node registered and alive, and watches the others.
+type Membership struct {
+	cfg Config
+	st  *store.Store
+	log *slog.Logger
+	now func() time.Time
+
+	// beatingSince is since when this node's heartbeats have gone through
+	// without a break (under mu).
+	mu           sync.Mutex
+	beatingSince time.Time
+}
+
+// New returns a Membership; Run starts it.
+func New(cfg Config) *Membership {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Membership{cfg: cfg, st: cfg.Store, log: cfg.Logger, now: time.Now}
+}
+
+// Run registers the node and keeps it alive for the others (and, in a
+// cluster, watches theirs) until ctx ends. Call it after the sandboxes are
+// reconciled.
+func (m *Membership) Run(ctx context.Context) error {
+	if err := m.Register(ctx); err != nil {
+		return err
+	}
+	if m.cfg.DownAfter > 0 {
+		go m.watchNodes(ctx)
+	}
+	m.heartbeat(ctx)
+	return nil
+}
+
 // heartbeatEvery is how often a node says it is alive: often enough that
 // a node down for DownAfter misses several.
-func (m *Manager) heartbeatEvery() time.Duration {
+func (m *Membership) heartbeatEvery() time.Duration {
 	if d := m.cfg.DownAfter / 4; d > 0 && d < 10*time.Second {
 		return d
 	}
 	return 10 * time.Second
 }
 
-// register records this node as up, giving up first what it hosted if it
+// Register records this node as up, giving up first what it hosted if it
 // was declared down while it was away.
-func (m *Manager) register(ctx context.Context) error {
+func (m *Membership) Register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	now := m.now()
 	node := store.Node{ID: m.cfg.NodeID, Hostname: host, StartedAt: now, HeartbeatAt: now,
@@ -65,7 +143,7 @@ func (m *Manager) register(ctx context.Context) error {
 // heartbeatDone records whether this node's heartbeat reached the
 // database: since when its own heartbeats have gone through without a
 // break.
-func (m *Manager) heartbeatDone(ok bool) {
+func (m *Membership) heartbeatDone(ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -81,7 +159,7 @@ func (m *Manager) heartbeatDone(ok bool) {
 // of the database (a failover) every node's heartbeat is old; a node that
 // judged the others at once would declare down nodes that had no chance
 // to write theirs since.
-func (m *Manager) mayJudgeNodes() bool {
+func (m *Membership) mayJudgeNodes() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return !m.beatingSince.IsZero() && m.now().Sub(m.beatingSince) >= m.cfg.DownAfter
@@ -89,7 +167,7 @@ func (m *Manager) mayJudgeNodes() bool {
 
 // heartbeat records that this node is alive until ctx ends; when another
 // node declared it down meanwhile, it rejoins.
-func (m *Manager) heartbeat(ctx context.Context) {
+func (m *Membership) heartbeat(ctx context.Context) {
 	t := time.NewTicker(m.heartbeatEvery())
 	defer t.Stop()
 	for {
@@ -116,7 +194,7 @@ func (m *Manager) heartbeat(ctx context.Context) {
 // tasks whose jobs it takes: not while the operator has it cordoned or
 // drained (placement keeps the API's creates off it already). A single
 // node always does.
-func (m *Manager) TakesSandboxes(ctx context.Context) bool {
+func (m *Membership) TakesSandboxes(ctx context.Context) bool {
 	if m.cfg.DownAfter <= 0 {
 		return true
 	}
@@ -127,7 +205,7 @@ func (m *Manager) TakesSandboxes(ctx context.Context) bool {
 // drainIfAsked stops this node's sandboxes when the operator drains it
 // (sandboxd admin node drain): it takes no new ones either (placement
 // skips it), so it empties.
-func (m *Manager) drainIfAsked(ctx context.Context) error {
+func (m *Membership) drainIfAsked(ctx context.Context) error {
 	n, err := m.st.GetNode(ctx, m.cfg.NodeID)
 	if err != nil || n.Schedule != store.NodeDraining {
 		return err
@@ -137,28 +215,17 @@ func (m *Manager) drainIfAsked(ctx context.Context) error {
 		return err
 	}
 	m.log.Info("draining this node: stopping its sandboxes", "node_id", m.cfg.NodeID, "sandboxes", len(rows))
-	return m.StopAll(ctx, "its node was drained")
+	return m.cfg.Sandboxes.StopAll(ctx, "its node was drained")
 }
 
 // rejoin gives up what this node hosted when it was declared down, and
 // records it up again.
-func (m *Manager) rejoin(ctx context.Context) error {
+func (m *Membership) rejoin(ctx context.Context) error {
 	m.log.Warn("this node was declared down by another; destroying the sandboxes it hosted then", "node_id", m.cfg.NodeID)
-	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
-	if err != nil {
-		return fmt.Errorf("rejoin: %w", err)
-	}
-	live, err := m.rt.List(ctx)
-	if err != nil {
-		return fmt.Errorf("rejoin: %w", err)
-	}
 	// Sandboxes started here since it was declared down are its own.
-	keep := map[string]bool{}
-	for _, sb := range rows {
-		keep[sb.ID] = true
+	if err := m.cfg.Sandboxes.DestroyOrphans(ctx); err != nil {
+		return fmt.Errorf("rejoin: %w", err)
 	}
-	m.destroyOrphans(ctx, live, keep)
-	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
 	if err := m.st.SetNodeUp(ctx, m.cfg.NodeID, m.now()); err != nil {
 		return fmt.Errorf("rejoin: %w", err)
 	}
@@ -168,7 +235,7 @@ func (m *Manager) rejoin(ctx context.Context) error {
 
 // watchNodes declares down the nodes whose heartbeat is older than
 // DownAfter, and fails what each hosted, until ctx ends.
-func (m *Manager) watchNodes(ctx context.Context) {
+func (m *Membership) watchNodes(ctx context.Context) {
 	t := time.NewTicker(max(m.cfg.DownAfter/4, 100*time.Millisecond))
 	defer t.Stop()
 	for {
@@ -196,27 +263,23 @@ func (m *Manager) watchNodes(ctx context.Context) {
 	}
 }
 
-// failNode fails what node n, declared down, hosted.
-func (m *Manager) failNode(ctx context.Context, n store.Node) error {
+// failNode fails what node n, declared down, hosted, and moves its queued
+// jobs to the shared queue.
+func (m *Membership) failNode(ctx context.Context, n store.Node) error {
 	silent := m.now().Sub(n.HeartbeatAt).Round(time.Second)
 	m.log.Warn("node declared down", "node_id", n.ID, "address", n.Address, "silent_for", silent)
-	rows, err := m.st.ListSandboxesByNode(ctx, n.ID, activeStatuses...)
-	if err != nil {
-		return err
-	}
-	reason := nodeDownReason(silent)
-	gone := map[string]bool{}
-	for _, sb := range rows {
-		m.markFailed(ctx, sb.ID, activeStatuses, reason)
-		gone[sb.ID] = true
-	}
-	var errs []error
-	if err := m.runs.CrashRunsOf(ctx, gone, "the command's sandbox was lost with its node: "+reason); err != nil {
-		errs = append(errs, err)
-	}
+	count, err := m.cfg.Sandboxes.FailHostedBy(ctx, n.ID, downReason(silent))
+	errs := []error{err}
 	if err := m.cfg.Jobs.MoveQueue(ctx, jobs.NodeQueue(n.ID), river.QueueDefault); err != nil {
 		errs = append(errs, err)
 	}
-	m.log.Info("failed the sandboxes of a down node", "node_id", n.ID, "sandboxes", len(rows))
+	m.log.Info("failed the sandboxes of a down node", "node_id", n.ID, "sandboxes", count)
 	return errors.Join(errs...)
+}
+
+// downReason is the reason of the sandboxes of a node that stopped
+// answering for silent: the node's id and address mean nothing to a user
+// (and are the operator's to see, in the log).
+func downReason(silent time.Duration) string {
+	return fmt.Sprintf("its node stopped answering (no heartbeat for %v); its processes and unsaved work are lost", silent)
 }

@@ -3,78 +3,17 @@ package cluster
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
-
-var secret = Secret(strings.Repeat("s", 32))
-
-func TestSignVerify(t *testing.T) {
-	securitytest.Attack(t, "cluster", "a request to a node's cluster listener forged, altered, replayed late or signed with another secret",
-		"refused: the HMAC covers the method, URI, node, key id, placement and time; the time must be within 30 s")
-	now := time.Now()
-	signed := func() *http.Request {
-		r := httptest.NewRequest("POST", "/api/sandboxes/sbx_1/exec?x=1", nil)
-		secret.Sign(r, Forward{From: "n1", KeyID: "key_1"}, now)
-		return r
-	}
-	if f, err := secret.Verify(signed(), now.Add(time.Second)); err != nil || f != (Forward{From: "n1", KeyID: "key_1"}) {
-		t.Fatalf("a good signature: %+v %v", f, err)
-	}
-	if _, err := secret.Verify(httptest.NewRequest("GET", "/", nil), now); !errors.Is(err, ErrNotForwarded) {
-		t.Fatalf("no headers: %v", err)
-	}
-	for name, tamper := range map[string]func(r *http.Request){
-		"key id":    func(r *http.Request) { r.Header.Set(HeaderKeyID, "key_2") },
-		"node":      func(r *http.Request) { r.Header.Set(HeaderNode, "n2") },
-		"placed":    func(r *http.Request) { r.Header.Set(HeaderPlaced, "1") },
-		"path":      func(r *http.Request) { r.URL.Path = "/api/sandboxes/sbx_2/exec" },
-		"query":     func(r *http.Request) { r.URL.RawQuery = "x=2" },
-		"method":    func(r *http.Request) { r.Method = "GET" },
-		"time":      func(r *http.Request) { r.Header.Set(HeaderTime, fmt.Sprint(now.UnixMilli()+1)) },
-		"signature": func(r *http.Request) { r.Header.Set(HeaderSignature, strings.Repeat("0", 64)) },
-		"twice":     func(r *http.Request) { r.Header.Add(HeaderKeyID, "key_1") },
-		"otherSecret": func(r *http.Request) {
-			Secret(strings.Repeat("t", 32)).Sign(r, Forward{From: "n1", KeyID: "key_1"}, now)
-		},
-	} {
-		r := signed()
-		tamper(r)
-		if _, err := secret.Verify(r, now); err == nil {
-			t.Errorf("%s changed: accepted", name)
-		}
-	}
-	if _, err := secret.Verify(signed(), now.Add(MaxSkew+time.Second)); err == nil {
-		t.Error("a replay after the skew was accepted")
-	}
-}
-
-func TestLoadSecret(t *testing.T) {
-	dir := t.TempDir()
-	short := filepath.Join(dir, "short")
-	os.WriteFile(short, []byte("too short\n"), 0o600)
-	if _, err := LoadSecret(short); err == nil {
-		t.Error("a short secret was accepted")
-	}
-	good := filepath.Join(dir, "good")
-	os.WriteFile(good, []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
-	if s, err := LoadSecret(good); err != nil || len(s) != 64 {
-		t.Errorf("good secret: %d bytes, %v", len(s), err)
-	}
-}
 
 // TestForward: the request reaches the other node signed, without the
 // caller's key, with its body, and streams back as it is written.
@@ -181,51 +120,6 @@ func TestDo(t *testing.T) {
 	}
 	if _, err := fw.Do(req, store.Node{ID: "n4"}, "key_1", false); err == nil {
 		t.Fatal("a node without an address: no error")
-	}
-}
-
-func TestPlace(t *testing.T) {
-	now := time.Now()
-	node := func(id string, max int, mod func(*store.Node)) store.Node {
-		n := store.Node{ID: id, Address: id + ":7000", Status: store.NodeUp, HeartbeatAt: now,
-			Capacity: store.NodeCapacity{MaxSandboxes: max, Runtime: "gvisor", Network: true}}
-		if mod != nil {
-			mod(&n)
-		}
-		return n
-	}
-	nodes := []store.Node{
-		node("a", 100, nil), node("b", 100, nil), node("c", 100, nil),
-		node("down", 100, func(n *store.Node) { n.Status = store.NodeDown }),
-		node("cordoned", 100, func(n *store.Node) { n.Schedule = store.NodeCordoned }),
-		node("stale", 100, func(n *store.Node) { n.HeartbeatAt = now.Add(-time.Hour) }),
-		node("vm", 100, func(n *store.Node) { n.Capacity.Runtime, n.Capacity.Network = "microvm", false }),
-	}
-	p := Placer{Choices: 2, Stale: time.Minute, Rand: rand.New(rand.NewPCG(1, 2)), Now: func() time.Time { return now }}
-	loads := map[string]int{}
-	for range 300 {
-		n, err := p.Place(nodes, loads, Need{Runtime: "gvisor", Network: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		loads[n.ID]++
-	}
-	if loads["a"]+loads["b"]+loads["c"] != 300 || loads["a"] < 90 || loads["b"] < 90 || loads["c"] < 90 {
-		t.Fatalf("placement %v: not balanced over the healthy nodes, or placed on an unfit one", loads)
-	}
-	_, err := p.Place(nodes, loads, Need{Runtime: "gvisor", Fork: true})
-	var noRoom *NoRoomError
-	if !errors.As(err, &noRoom) {
-		t.Fatalf("no node forks: %v", err)
-	}
-	for _, want := range []string{"7 nodes", "1 down", "1 cordoned", "1 not heartbeating", "1 without the gvisor runtime", "3 unable to fork"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("%q does not say %q", err, want)
-		}
-	}
-	full := map[string]int{"a": 100, "b": 100, "c": 100}
-	if _, err := p.Place(nodes, full, Need{Runtime: "gvisor"}); err == nil || !strings.Contains(err.Error(), "3 full") {
-		t.Errorf("all full: %v", err)
 	}
 }
 
