@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/cluster"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/mcpserver"
 	"github.com/sandboxd/sandboxd/internal/membership"
 	"github.com/sandboxd/sandboxd/internal/repo"
@@ -257,6 +258,15 @@ func (p *clusterParts) serve(h http.Handler, log *slog.Logger, errc chan<- error
 // apiCluster is the API's view of the cluster: nil (a single node) unless
 // in cluster mode. (A nil *cluster.Router in the interface would not be.)
 func apiCluster(p *clusterParts) api.Cluster {
+	if p.router == nil {
+		return nil
+	}
+	return p.router
+}
+
+// edgeCluster is the edge's view of the cluster (edge.Cluster), the same
+// router: nil (a single node) unless in cluster mode.
+func edgeCluster(p *clusterParts) edge.Cluster {
 	if p.router == nil {
 		return nil
 	}

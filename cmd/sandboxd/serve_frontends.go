@@ -166,7 +166,7 @@ func setupE2B(o *serveOptions, d frontEndDeps, portProxy *netpol.Proxy, log *slo
 		// built from names it too.
 		Templates: []string{r.template},
 		CPUs:      int(math.Ceil(r.cpus)), MemoryMB: int(r.memoryMiB), DiskMB: int(r.diskMiB), MaxTimeout: o.sandboxes.maxTimeout,
-		Cluster:     apiCluster(d.clu),
+		Cluster:     edgeCluster(d.clu),
 		DefaultUser: e2b.DefaultUserOf(d.rt.baseDir),
 		Logger:      log.With("component", "e2b"),
 	})

@@ -121,7 +121,6 @@ func ancestorNamed(rel string, named map[string]bool) bool {
 var planned = map[string]string{
 	"internal/contract": "the REST contract's types and validation, out of internal/api",
 	"internal/router":   "the root-owned router and shared HTTP middleware",
-	"internal/e2b/envd": "E2B's envd and port-host proxy, out of internal/e2b",
 }
 
 // TestArchitectureRowsNameExistingPackages fails when the package table

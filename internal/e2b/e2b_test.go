@@ -2,30 +2,25 @@ package e2b
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/go-chi/chi/v5"
 
-	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/e2b/envd"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
-	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
-	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -38,10 +33,11 @@ import (
 type fakeSandboxes struct {
 	st      *store.Store
 	node    string
-	agent   http.Handler
 	mu      sync.Mutex
 	last    sandbox.CreateRequest
 	network *netpol.Policy
+	// netErr, when set, is what SetNetwork fails with.
+	netErr error
 }
 
 func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (store.Sandbox, string, error) {
@@ -102,46 +98,16 @@ func (f *fakeSandboxes) Fork(ctx context.Context, _ auth.Principal, id string, c
 
 func (f *fakeSandboxes) SetNetwork(ctx context.Context, _ auth.Principal, id string, p netpol.Policy) (store.Sandbox, error) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.netErr != nil {
+		return store.Sandbox{}, f.netErr
+	}
 	f.network = &p
-	f.mu.Unlock()
 	return f.st.GetSandbox(ctx, id)
 }
 
 func (f *fakeSandboxes) AgentTransport(context.Context, auth.Principal, string) (http.RoundTripper, error) {
-	return handlerTransport{f.agent}, nil
-}
-
-// handlerTransport serves requests with a handler in process.
-type handlerTransport struct{ h http.Handler }
-
-func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	rec := httptest.NewRecorder()
-	t.h.ServeHTTP(rec, r)
-	return rec.Result(), nil
-}
-
-// fakeAgent records what reached it: /files answers the headers it got,
-// Start echoes the environment and user it was given.
-type fakeAgent struct {
-	processconnect.UnimplementedProcessHandler
-}
-
-func (fakeAgent) Start(_ context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
-	out := fmt.Sprintf("user=%s env=%v", req.Header().Get(userHeader), req.Msg.GetProcess().GetEnvs())
-	return stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: []byte(out)}}}}})
-}
-
-func newFakeAgent() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle(processconnect.NewProcessHandler(fakeAgent{}))
-	mux.HandleFunc("/files", func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(map[string]string{
-			"path": r.URL.Query().Get("path"), "user": r.Header.Get(userHeader),
-			"token": r.Header.Get(headerAccessToken), "authz": r.Header.Get("Authorization"),
-		})
-	})
-	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	return mux
+	return nil, errdefs.ErrNotRunning
 }
 
 type fixture struct {
@@ -155,11 +121,17 @@ type fixture struct {
 	now      time.Time
 }
 
-func newFixture(t *testing.T) *fixture {
+// newFixture serves the API over a real store; with, when given, changes
+// its options first.
+func newFixture(t *testing.T, with ...func(*Options)) *fixture {
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
 	f := &fixture{t: t, st: st, now: time.Now()}
-	f.sbs = &fakeSandboxes{st: st, node: "n1", agent: newFakeAgent()}
-	api, err := New(Options{Sandboxes: f.sbs, Store: st, Auth: auth.NewAuthenticator(st), NodeID: "n1", CPUs: 2, MemoryMB: 512, Now: func() time.Time { return f.now }})
+	f.sbs = &fakeSandboxes{st: st, node: "n1"}
+	opts := Options{Sandboxes: f.sbs, Store: st, Auth: auth.NewAuthenticator(st), NodeID: "n1", CPUs: 2, MemoryMB: 512, Now: func() time.Time { return f.now }}
+	for _, w := range with {
+		w(&opts)
+	}
+	api, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +200,7 @@ func (f *fixture) create(key string, body map[string]any) sandboxResponse {
 
 func TestControlPlaneAuthAndErrors(t *testing.T) {
 	f := newFixture(t)
-	var e apiError
+	var e envd.Error
 	for _, h := range []map[string]string{nil, {"X-API-Key": "e2b_00"}, {"X-API-Key": f.key, "Authorization": "Bearer " + f.key}} {
 		if resp := f.call("GET", "/v2/sandboxes", h, nil, &e); resp.StatusCode != 401 || e.Code != 401 {
 			t.Fatalf("list with %v: %d %+v, want 401 in E2B's shape", h, resp.StatusCode, e)
@@ -345,6 +317,36 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	}
 }
 
+// TestCausesNeverReachTheBody: what an E2B client is told of a failure is
+// the edge's explanation (edge.Explain), in E2B's shape: the user message
+// of the error's class, never the cause below it (netpol's text, a store
+// error), which only the log gets.
+func TestCausesNeverReachTheBody(t *testing.T) {
+	f := newFixture(t)
+	sb := f.create(f.key, nil)
+	key := map[string]string{"X-API-Key": f.key}
+	for _, c := range []struct {
+		err  error
+		code int
+		msg  string
+	}{
+		{errdefs.Wrap(errdefs.ErrInvalid, errors.New("nft: secret detail"), "bad policy"), 400, "bad policy"},
+		{fmt.Errorf("update rules: nft: secret detail"), 500, edge.InternalMessage},
+	} {
+		f.sbs.mu.Lock()
+		f.sbs.netErr = c.err
+		f.sbs.mu.Unlock()
+		var e envd.Error
+		resp := f.call("PUT", "/sandboxes/"+sb.SandboxID+"/network", key, map[string]any{"allow_internet_access": false}, &e)
+		if resp.StatusCode != c.code || e.Code != c.code || e.Message != c.msg {
+			t.Errorf("SetNetwork failing with %q answered %d %+v, want %d %q", c.err, resp.StatusCode, e, c.code, c.msg)
+		}
+		if strings.Contains(e.Message, "secret") || strings.Contains(e.Message, "nft") {
+			t.Errorf("the cause reached the client: %+v", e)
+		}
+	}
+}
+
 // TestFailedSandboxSaysWhy: a sandbox that failed is not found, as any
 // that ended is (the SDKs know no other state, and read 404 as ended), but
 // its 404 says why, in its message and as failureReason; one that stopped
@@ -354,10 +356,10 @@ func TestFailedSandboxSaysWhy(t *testing.T) {
 	key := map[string]string{"X-API-Key": f.key}
 	failed, stopped := f.create(f.key, nil), f.create(f.key, nil)
 	const reason = "its node stopped answering (no heartbeat for 30s); its processes and unsaved work are lost"
-	if _, err := f.st.TransitionSandbox(t.Context(), sandboxID(failed.SandboxID), []store.SandboxStatus{store.SandboxRunning}, store.SandboxFailed, reason, time.Now()); err != nil {
+	if _, err := f.st.TransitionSandbox(t.Context(), envd.SandboxID(failed.SandboxID), []store.SandboxStatus{store.SandboxRunning}, store.SandboxFailed, reason, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	var e apiError
+	var e envd.Error
 	if resp := f.call("GET", "/sandboxes/"+failed.SandboxID, key, nil, &e); resp.StatusCode != 404 || e.Code != 404 ||
 		e.FailureReason != reason || e.Message != fmt.Sprintf("sandbox %q failed: %s", failed.SandboxID, reason) {
 		t.Fatalf("get a failed sandbox: %d %+v", resp.StatusCode, e)
@@ -367,93 +369,14 @@ func TestFailedSandboxSaysWhy(t *testing.T) {
 		t.Fatalf("kill a failed sandbox: %d %+v", resp.StatusCode, e)
 	}
 	// Another account learns nothing of it.
-	e = apiError{}
+	e = envd.Error{}
 	if resp := f.call("GET", "/sandboxes/"+failed.SandboxID, map[string]string{"X-API-Key": f.otherKey}, nil, &e); resp.StatusCode != 404 || e.FailureReason != "" || strings.Contains(e.Message, "failed") {
 		t.Fatalf("get another account's failed sandbox: %d %+v", resp.StatusCode, e)
 	}
 	f.call("DELETE", "/sandboxes/"+stopped.SandboxID, key, nil, nil)
-	e = apiError{}
+	e = envd.Error{}
 	if resp := f.call("GET", "/sandboxes/"+stopped.SandboxID, key, nil, &e); resp.StatusCode != 404 || e.FailureReason != "" {
 		t.Fatalf("get a stopped sandbox: %d %+v", resp.StatusCode, e)
-	}
-}
-
-// sign makes a file link's signature as the SDKs do.
-func sign(path, op, user, token string, exp int64) string {
-	raw := path + ":" + op + ":" + user + ":" + token
-	if exp != 0 {
-		raw += fmt.Sprintf(":%d", exp)
-	}
-	sum := sha256.Sum256([]byte(raw))
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
-}
-
-func TestAgentRoutes(t *testing.T) {
-	f := newFixture(t)
-	sb := f.create(f.key, map[string]any{"envVars": map[string]string{"FOO": "bar", "X": "1"}})
-	to := func(token string) map[string]string {
-		return map[string]string{headerSandboxID: sb.SandboxID, headerAccessToken: token, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("user:"))}
-	}
-	var got map[string]string
-	if resp := f.call("GET", "/files?path=a.txt", to(sb.EnvdAccessToken), nil, &got); resp.StatusCode != 200 {
-		t.Fatalf("files with the token: %d", resp.StatusCode)
-	}
-	if got["user"] != "user" || got["token"] != "" || got["authz"] != "" {
-		t.Fatalf("the agent got %v: want the user named, and no credentials", got)
-	}
-	if resp := f.call("GET", "/files?path=a.txt", to("wrong"), nil, nil); resp.StatusCode != 401 {
-		t.Fatalf("files with a wrong token: %d, want 401", resp.StatusCode)
-	}
-	if resp := f.call("GET", "/files?path=a.txt", map[string]string{headerAccessToken: sb.EnvdAccessToken}, nil, nil); resp.StatusCode != 400 {
-		t.Fatalf("files without a sandbox id: %d, want 400", resp.StatusCode)
-	}
-	if resp := f.call("GET", "/health", map[string]string{headerSandboxID: sb.SandboxID}, nil, nil); resp.StatusCode != 204 {
-		t.Fatalf("health: %d, want 204", resp.StatusCode)
-	}
-	bad := map[string]string{headerSandboxID: sb.SandboxID, headerAccessToken: sb.EnvdAccessToken, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("../root:"))}
-	if resp := f.call("GET", "/files?path=a", bad, nil, nil); resp.StatusCode != 400 {
-		t.Fatalf("a bad user name: %d, want 400", resp.StatusCode)
-	}
-
-	// Signed links name no sandbox and carry no token.
-	exp := f.now.Add(time.Minute).Unix()
-	link := fmt.Sprintf("/files?path=%s&signature=%s&signature_expiration=%d", "%2Ftmp%2Fx", url.QueryEscape(sign("/tmp/x", "read", "", sb.EnvdAccessToken, exp)), exp)
-	if resp := f.call("GET", link, nil, nil, &got); resp.StatusCode != 200 || got["path"] != "/tmp/x" {
-		t.Fatalf("signed read link: %d %v", resp.StatusCode, got)
-	}
-	if resp := f.call("POST", link, nil, nil, nil); resp.StatusCode != 401 {
-		t.Fatalf("a read link used to write: %d, want 401", resp.StatusCode)
-	}
-	f.now = f.now.Add(2 * time.Minute)
-	if resp := f.call("GET", link, nil, nil, nil); resp.StatusCode != 401 {
-		t.Fatalf("an expired link: %d, want 401", resp.StatusCode)
-	}
-
-	// Start gets the sandbox's environment under the request's own.
-	client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL, connect.WithProtoJSON())
-	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}})
-	for k, v := range to(sb.EnvdAccessToken) {
-		req.Header().Set(k, v)
-	}
-	stream, err := client.Start(t.Context(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out string
-	for stream.Receive() {
-		out += string(stream.Msg().GetEvent().GetData().GetStdout())
-	}
-	if err := stream.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if want := "user=user env=map[FOO:bar X:2]"; out != want {
-		t.Fatalf("Start reached the agent as %q, want %q", out, want)
-	}
-
-	// A killed sandbox's agent is gone: 502, as E2B's proxy answers.
-	f.call("DELETE", "/sandboxes/"+sb.SandboxID, map[string]string{"X-API-Key": f.key}, nil, nil)
-	if resp := f.call("GET", "/health", map[string]string{headerSandboxID: sb.SandboxID}, nil, nil); resp.StatusCode != 502 {
-		t.Fatalf("health of a killed sandbox: %d, want 502", resp.StatusCode)
 	}
 }
 
@@ -467,8 +390,8 @@ type fakeCluster struct {
 }
 
 type forwarded struct {
-	node, keyID, path, user, body, host string
-	placed                              bool
+	node, keyID, path, body string
+	placed                  bool
 }
 
 func (c *fakeCluster) Forwarded(*http.Request) (string, bool, error) { return "", false, nil }
@@ -484,9 +407,13 @@ func (c *fakeCluster) Place(context.Context, *netpol.Policy) (string, bool, erro
 func (c *fakeCluster) Forward(w http.ResponseWriter, r *http.Request, node, keyID string, placed bool) {
 	b, _ := io.ReadAll(r.Body)
 	c.mu.Lock()
-	c.forwards = append(c.forwards, forwarded{node: node, keyID: keyID, path: r.URL.Path, user: r.Header.Get(userHeader), body: string(b), host: r.Header.Get(headerForwardedHost), placed: placed})
+	c.forwards = append(c.forwards, forwarded{node: node, keyID: keyID, path: r.URL.Path, body: string(b), placed: placed})
 	c.mu.Unlock()
 	w.WriteHeader(http.StatusTeapot)
+}
+
+func (c *fakeCluster) Do(*http.Request, string, string, bool) (*http.Response, error) {
+	return nil, errors.New("unused")
 }
 
 func (c *fakeCluster) last() forwarded {
@@ -498,10 +425,10 @@ func (c *fakeCluster) last() forwarded {
 // In a cluster, requests for a sandbox another node hosts go there, and
 // creates go where placement puts them.
 func TestClusterRouting(t *testing.T) {
-	f := newFixture(t)
+	c := &fakeCluster{remote: map[string]bool{}}
+	f := newFixture(t, func(o *Options) { o.Cluster = c })
 	sb := f.create(f.key, nil)
-	c := &fakeCluster{remote: map[string]bool{sandboxID(sb.SandboxID): true}}
-	f.api.opts.Cluster = c
+	c.remote[envd.SandboxID(sb.SandboxID)] = true
 	key := map[string]string{"X-API-Key": f.key}
 
 	if resp := f.call("DELETE", "/sandboxes/"+sb.SandboxID, key, nil, nil); resp.StatusCode != http.StatusTeapot {
@@ -516,18 +443,6 @@ func TestClusterRouting(t *testing.T) {
 		t.Fatalf("a bad key: %d, %d forwards", resp.StatusCode, len(c.forwards)-n)
 	}
 
-	agent := map[string]string{headerSandboxID: sb.SandboxID, headerAccessToken: sb.EnvdAccessToken, "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))}
-	if resp := f.call("GET", "/files?path=x", agent, nil, nil); resp.StatusCode != http.StatusTeapot {
-		t.Fatalf("agent request for a sandbox hosted elsewhere: %d, want it forwarded", resp.StatusCode)
-	}
-	if got := c.last(); got.node != "n2" || got.user != "root" || got.path != "/files" {
-		t.Fatalf("forwarded %+v, want the user resolved here", got)
-	}
-	agent[headerAccessToken] = "wrong"
-	if resp := f.call("GET", "/files?path=x", agent, nil, nil); resp.StatusCode != 401 {
-		t.Fatalf("a wrong token for a sandbox hosted elsewhere: %d, want 401 here", resp.StatusCode)
-	}
-
 	c.placeOn = "n3"
 	body := map[string]any{"templateID": "base", "metadata": map[string]string{"k": "v"}}
 	if resp := f.call("POST", "/v2/sandboxes", key, body, nil); resp.StatusCode != http.StatusTeapot {
@@ -535,80 +450,6 @@ func TestClusterRouting(t *testing.T) {
 	}
 	if got := c.last(); got.node != "n3" || !got.placed || !strings.Contains(got.body, `"k":"v"`) {
 		t.Fatalf("forwarded create %+v, want placed on n3 with its body", got)
-	}
-}
-
-func TestDefaultUserOf(t *testing.T) {
-	with, without := t.TempDir(), t.TempDir()
-	for dir, passwd := range map[string]string{with: "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n", without: "root:x:0:0::/root:/bin/sh\nusers:x:100:100::/:/bin/sh\n"} {
-		if err := os.MkdirAll(filepath.Join(dir, "etc"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte(passwd), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for dir, want := range map[string]string{with: "user", without: "root", t.TempDir(): "root"} {
-		if got := DefaultUserOf(dir); got != want {
-			t.Errorf("DefaultUserOf(%s) = %q, want %q", dir, got, want)
-		}
-	}
-}
-
-// fakePorts records the port requests the host router made.
-type fakePorts struct{ got []string }
-
-func (p *fakePorts) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	p.got = append(p.got, fmt.Sprintf("%s:%d%s host=%s token=%q", id, port, r.URL.Path, r.Host, r.Header.Get(headerTrafficToken)))
-	w.WriteHeader(http.StatusAccepted)
-}
-
-// With a domain, PORT-ID.DOMAIN reaches that port of that sandbox: its
-// agent for envd's port, the port proxy for any other; a sandbox created
-// without public traffic wants its traffic token.
-func TestHostRouter(t *testing.T) {
-	f := newFixture(t)
-	ports := &fakePorts{}
-	f.api.opts.Domain, f.api.opts.Ports = "sbx.test", ports
-	public := f.create(f.key, nil)
-	private := f.create(f.key, map[string]any{"network": map[string]any{"allowPublicTraffic": false}})
-	if public.Domain == nil || *public.Domain != "sbx.test" || public.TrafficAccessToken != nil {
-		t.Fatalf("create with a domain: %+v, want the domain and no traffic token", public)
-	}
-	if private.TrafficAccessToken == nil || *private.TrafficAccessToken == "" {
-		t.Fatalf("create without public traffic: %+v, want a traffic token", private)
-	}
-	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	h := f.api.HostRouter(next)
-	serve := func(host, path string, headers map[string]string) int {
-		r := httptest.NewRequest("GET", "http://"+host+path, nil)
-		for k, v := range headers {
-			r.Header.Set(k, v)
-		}
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w.Code
-	}
-	if code := serve("3000-"+public.SandboxID+".sbx.test:443", "/app", nil); code != http.StatusAccepted || len(ports.got) != 1 ||
-		ports.got[0] != fmt.Sprintf("%s:3000/app host=3000-%s.sbx.test:443 token=%q", sandboxID(public.SandboxID), public.SandboxID, "") {
-		t.Fatalf("a public port: %d %v", code, ports.got)
-	}
-	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", nil); code != http.StatusForbidden {
-		t.Fatalf("a private port without its token: %d, want 403", code)
-	}
-	if code := serve("3000-"+private.SandboxID+".sbx.test", "/", map[string]string{headerTrafficToken: *private.TrafficAccessToken}); code != http.StatusAccepted || ports.got[1] != fmt.Sprintf("%s:3000/ host=3000-%s.sbx.test token=%q", sandboxID(private.SandboxID), private.SandboxID, "") {
-		t.Fatalf("a private port with its token: %d %v (the token must not reach the sandbox)", code, ports.got)
-	}
-	if code := serve("3000-sbx_nope.sbx.test", "/", nil); code != http.StatusNotFound {
-		t.Fatalf("a sandbox that does not exist: %d, want 404", code)
-	}
-	if code := serve("49983-"+public.SandboxID+".sbx.test", "/health", nil); code != http.StatusNoContent {
-		t.Fatalf("the agent's port: %d, want its /health", code)
-	}
-	for _, host := range []string{"127.0.0.1:8080", "sbx.test", "x.3000-" + public.SandboxID + ".sbx.test", "abc-" + public.SandboxID + ".sbx.test", "3000-" + public.SandboxID + ".other.test"} {
-		if code := serve(host, "/", nil); code != http.StatusTeapot {
-			t.Errorf("host %s: %d, want it passed on", host, code)
-		}
 	}
 }
 
@@ -621,7 +462,7 @@ func TestE2BIDs(t *testing.T) {
 		t.Fatalf("sandbox id %q is not a DNS label", sb.SandboxID)
 	}
 	key := map[string]string{"X-API-Key": f.key}
-	for _, id := range []string{sb.SandboxID, sandboxID(sb.SandboxID)} {
+	for _, id := range []string{sb.SandboxID, envd.SandboxID(sb.SandboxID)} {
 		var d sandboxDetail
 		if resp := f.call("GET", "/sandboxes/"+id, key, nil, &d); resp.StatusCode != 200 || d.SandboxID != sb.SandboxID {
 			t.Fatalf("get by %s: %d %+v", id, resp.StatusCode, d.listedSandbox)
@@ -630,47 +471,6 @@ func TestE2BIDs(t *testing.T) {
 	var list []listedSandbox
 	if f.call("GET", "/v2/sandboxes", key, nil, &list); len(list) != 1 || list[0].SandboxID != sb.SandboxID {
 		t.Fatalf("list: %+v", list)
-	}
-	for _, id := range []string{"sbx_abc", "sbx-abc", "other"} {
-		if got := e2bID(sandboxID(id)); got != strings.Replace(id, "sbx_", "sbx-", 1) {
-			t.Errorf("e2bID(sandboxID(%q)) = %q", id, got)
-		}
-	}
-}
-
-// In a cluster, a port request for a sandbox another node hosts goes there
-// with the host the caller used, which that node routes by.
-func TestHostRouterCluster(t *testing.T) {
-	f := newFixture(t)
-	ports := &fakePorts{}
-	f.api.opts.Domain, f.api.opts.Ports = "sbx.test", ports
-	sb := f.create(f.key, nil)
-	c := &fakeCluster{remote: map[string]bool{sandboxID(sb.SandboxID): true}}
-	f.api.opts.Cluster = c
-	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	host := "3000-" + sb.SandboxID + ".sbx.test"
-	w := httptest.NewRecorder()
-	f.api.HostRouter(next).ServeHTTP(w, httptest.NewRequest("GET", "http://"+host+"/x", nil))
-	if got := c.last(); w.Code != http.StatusTeapot || got.node != "n2" || got.host != host {
-		t.Fatalf("port request for a sandbox elsewhere: %d %+v, want it forwarded with its host", w.Code, got)
-	}
-	// On the host node: the forward arrives at the node's own address with
-	// the caller's host in the header, on the cluster listener.
-	c.remote = nil
-	r := httptest.NewRequest("GET", "http://127.0.0.1:9999/x", nil)
-	r.Header.Set(headerForwardedHost, host)
-	w = httptest.NewRecorder()
-	api.ClusterHandler(c, f.api.HostRouter(next), nil).ServeHTTP(w, r)
-	if w.Code != http.StatusAccepted || len(ports.got) != 1 || !strings.Contains(ports.got[0], "host="+host) {
-		t.Fatalf("forwarded port request on the host node: %d %v", w.Code, ports.got)
-	}
-	// The header means nothing on the public listener.
-	r = httptest.NewRequest("GET", "http://127.0.0.1:9999/x", nil)
-	r.Header.Set(headerForwardedHost, host)
-	w = httptest.NewRecorder()
-	f.api.HostRouter(next).ServeHTTP(w, r)
-	if w.Code != http.StatusTeapot {
-		t.Fatalf("a forwarded-host header on the public listener: %d, want it ignored", w.Code)
 	}
 }
 

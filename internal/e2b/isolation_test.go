@@ -1,16 +1,14 @@
 package e2b
 
 import (
-	"encoding/base64"
-	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/e2b/envd"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -27,7 +25,7 @@ func (f *fixture) sandboxKey(accountKey, id string) string {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if err := f.st.CreateAPIKey(f.t.Context(), &store.APIKey{AccountID: p.AccountID, Name: "sandbox", Prefix: prefix, Hash: hash, SandboxID: sandboxID(id)}); err != nil {
+	if err := f.st.CreateAPIKey(f.t.Context(), &store.APIKey{AccountID: p.AccountID, Name: "sandbox", Prefix: prefix, Hash: hash, SandboxID: envd.SandboxID(id)}); err != nil {
 		f.t.Fatal(err)
 	}
 	return plaintext
@@ -156,39 +154,12 @@ func TestAccessRuleIsMayActFor(t *testing.T) {
 	}
 }
 
-// TestSignedLinkUser: a signed file link acts as exactly the user it was
-// signed for; the request's Authorization cannot replace it.
-func TestSignedLinkUser(t *testing.T) {
-	securitytest.Attack(t, "e2b", "a file link signed for no username (the template's default user) is sent with Authorization: Basic root: to read /etc/shadow as root",
-		"the agent is asked as the signed user (the default user), never as the one the Authorization names")
-	f := newFixture(t)
-	sb := f.create(f.key, nil)
-	exp := f.now.Add(time.Minute).Unix()
-	for _, signedFor := range []string{"", "user"} {
-		link := fmt.Sprintf("/files?path=%s&signature=%s&signature_expiration=%d", url.QueryEscape("/etc/shadow"), url.QueryEscape(sign("/etc/shadow", "read", signedFor, sb.EnvdAccessToken, exp)), exp)
-		if signedFor != "" {
-			link += "&username=" + signedFor
-		}
-		for _, headers := range []map[string]string{
-			{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))},
-			{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("root:")), headerSandboxID: sb.SandboxID},
-		} {
-			var got map[string]string
-			resp := f.call("GET", link, headers, nil, &got)
-			if resp.StatusCode != 200 || got["user"] != "user" {
-				t.Errorf("a link signed for %q with %v: %d, the agent was asked as %q, want the default user", signedFor, headers, resp.StatusCode, got["user"])
-			}
-		}
-	}
-}
-
 // TestTimeoutBounds: a timeout no duration can hold is refused, not
 // wrapped around into a short or a default lifetime.
 func TestTimeoutBounds(t *testing.T) {
 	securitytest.Attack(t, "e2b", "E2B timeouts no duration holds: create with timeout 9223372037 s, set timeout 18446744074 s (which wrapped to 0.29 s and stopped the sandbox), refresh, connect and fork likewise",
 		"400 naming the range (1 to --sandbox-max-timeout seconds); the sandbox's lifetime is unchanged")
-	f := newFixture(t)
-	f.api.opts.MaxTimeout = 24 * time.Hour
+	f := newFixture(t, func(o *Options) { o.MaxTimeout = 24 * time.Hour })
 	key := map[string]string{"X-API-Key": f.key}
 	sb := f.create(f.key, nil)
 	for _, n := range []string{"18446744074", "9223372037", "86401", "-1", "0"} {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/e2b/envd"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -23,7 +24,7 @@ func TestListNeverDropsLive(t *testing.T) {
 	f := newFixture(t)
 	key := map[string]string{"X-API-Key": f.key}
 	oldest := f.create(f.key, map[string]any{"metadata": map[string]string{"team": "a"}})
-	row, err := f.st.GetSandbox(t.Context(), sandboxID(oldest.SandboxID))
+	row, err := f.st.GetSandbox(t.Context(), envd.SandboxID(oldest.SandboxID))
 	if err != nil {
 		t.Fatal(err)
 	}

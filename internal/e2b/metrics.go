@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
@@ -69,14 +69,14 @@ func (c *cpuSamples) usedPct(id string, started, now time.Time, cpu time.Duratio
 // metrics answers the sandbox's resource use now, measured from its
 // cgroup on the host: one entry (sandboxd keeps no history), none for a
 // paused sandbox, which uses nothing.
-func (a *API) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	sb, _, err := a.sandboxOf(r.Context(), p, chi.URLParam(r, "id"))
+func (a *API) metrics(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	sb, _, err := a.sandboxOf(r.Context(), c, chi.URLParam(r, "id"))
 	if err != nil {
 		return err
 	}
 	out := []metric{}
 	if sb.Pause == "" {
-		st, err := a.opts.Sandboxes.Stats(r.Context(), p, sb.ID)
+		st, err := a.opts.Sandboxes.Stats(r.Context(), c.Principal, sb.ID)
 		if err != nil {
 			return err
 		}

@@ -1,5 +1,11 @@
 // Processes inside a sandbox, wire-compatible with E2B envd's process API.
 //
+// Being wire-compatible makes this a public contract: E2B's SDKs, in
+// versions sandboxd does not choose, call it through the E2B API (package
+// e2b/envd passes their calls on as they are). A change keeps every
+// service, method, message and field number those SDKs use: add, never
+// rename, renumber or remove.
+//
 // A process started here belongs to the agent, not to the request that
 // started it: when the caller's connection goes away (its host restarted,
 // the network dropped) the process keeps running and the agent keeps the

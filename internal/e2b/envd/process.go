@@ -1,4 +1,4 @@
-package e2b
+package envd
 
 import (
 	"bufio"
@@ -100,7 +100,7 @@ type startTargetKey struct{}
 // startHandler serves process.Process/Start itself rather than passing
 // the bytes on: the sandbox's environment variables (create's envVars)
 // go under the request's own, which only a decoded message can do.
-func (a *API) startHandler() http.Handler {
+func (p *Proxy) startHandler() http.Handler {
 	return connect.NewServerStreamHandler(processconnect.ProcessStartProcedure,
 		func(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
 			t := ctx.Value(startTargetKey{}).(startTarget)

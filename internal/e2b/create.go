@@ -1,0 +1,200 @@
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/e2b/envd"
+	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// envName is an environment variable's name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// newSandboxRequest is NewSandbox and NewSandboxV2.
+type newSandboxRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"` // seconds
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	Secure              *bool             `json:"secure"`
+	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkConfig    `json:"network"`
+}
+
+// networkConfig is the part of E2B's SandboxNetworkConfig sandboxd's
+// policy expresses.
+type networkConfig struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+	// AllowPublicTraffic false puts the sandbox's ports behind a traffic
+	// token (create only).
+	AllowPublicTraffic *bool `json:"allowPublicTraffic"`
+}
+
+// sandboxResponse is E2B's Sandbox: what create, resume and connect answer.
+type sandboxResponse struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
+}
+
+// clientID is a fixed value: E2B's is an internal routing detail that the
+// SDKs carry but do not use.
+const clientID = "sandboxd"
+
+func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	var req newSandboxRequest
+	raw, err := decodeRaw(r, &req)
+	if err != nil {
+		return err
+	}
+	if req.TemplateID == "" {
+		req.TemplateID = DefaultTemplate
+	}
+	if req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
+		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s", req.TemplateID, strings.Join(append([]string{DefaultTemplate}, a.opts.Templates...), ", "))
+	}
+	if len(req.EnvVars) > 256 {
+		return edge.Errorf(http.StatusBadRequest, "envVars: at most 256 variables")
+	}
+	for k, v := range req.EnvVars {
+		if !envName.MatchString(k) || len(v) > 32<<10 {
+			return edge.Errorf(http.StatusBadRequest, "envVars: %q: names are letters, digits and _, not starting with a digit; values at most 32 KiB", k)
+		}
+	}
+	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		return edge.Errorf(http.StatusBadRequest, "autoPauseMemory false is not supported: sandboxd pauses a sandbox with its memory")
+	}
+	for k, v := range req.Metadata {
+		if len(k) == 0 || len(k) > 256 || len(v) > 4096 {
+			return edge.Errorf(http.StatusBadRequest, "metadata: keys of 1 to 256 bytes and values of at most 4096 bytes")
+		}
+	}
+	if len(req.Metadata) > 64 {
+		return edge.Errorf(http.StatusBadRequest, "metadata: at most 64 entries")
+	}
+	creq := sandbox.CreateRequest{}
+	if req.AutoPause != nil && *req.AutoPause {
+		creq.OnTimeout = store.OnTimeoutPause
+	}
+	if req.Timeout != nil {
+		if creq.Lifetime, err = a.seconds("timeout", *req.Timeout); err != nil {
+			return err
+		}
+	}
+	policy, err := req.policy()
+	if err != nil {
+		return err
+	}
+	creq.Network = policy
+	// Placed like every front end's creates: best of K healthy nodes.
+	node, local, err := a.gate.Place(r.Context(), c, policy)
+	if err != nil {
+		return err
+	}
+	if !local {
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(raw)), int64(len(raw))
+		a.gate.Forward(w, r, c, node, true)
+		return nil
+	}
+	token, err := newAccessToken()
+	if err != nil {
+		return err
+	}
+	sb, _, err := a.opts.Sandboxes.Create(r.Context(), c.AccountID, creq)
+	if err != nil {
+		return err
+	}
+	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: c.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
+		if e.TrafficToken, err = newAccessToken(); err != nil {
+			return err
+		}
+	}
+	if err := a.opts.Store.CreateE2BSandbox(context.WithoutCancel(r.Context()), e); err != nil {
+		// Without its record the sandbox cannot be reached through this API.
+		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), c.Principal, sb.ID)
+		return err
+	}
+	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))
+	return nil
+}
+
+// policy maps E2B's network options onto sandboxd's policy: no options is
+// the server's default, allow_internet_access false is no network, and
+// allowOut lists what may be reached. denyOut is refused: sandboxd's deny
+// list is the operator's, always applied, and a policy is an allow list.
+func (req newSandboxRequest) policy() (*netpol.Policy, error) {
+	return policyOf(req.AllowInternetAccess, req.Network)
+}
+
+// policyOf maps E2B's network options onto a policy; nil when they say
+// nothing.
+func policyOf(allowInternet *bool, n *networkConfig) (*netpol.Policy, error) {
+	if n != nil && len(n.DenyOut) > 0 {
+		return nil, edge.Errorf(http.StatusBadRequest, "network.denyOut is not supported: sandboxd's policies are allow lists (network.allowOut), and private, host and metadata addresses are always denied")
+	}
+	if allowInternet != nil && !*allowInternet {
+		if n != nil && len(n.AllowOut) > 0 {
+			return nil, edge.Errorf(http.StatusBadRequest, "allow_internet_access false with network.allowOut: choose one")
+		}
+		p := netpol.Policy{Mode: netpol.ModeNone}
+		return &p, nil
+	}
+	if n != nil && len(n.AllowOut) > 0 {
+		p := netpol.Policy{Mode: netpol.ModeAllow, Allow: n.AllowOut}
+		if err := p.Validate(); err != nil {
+			var pe *netpol.PolicyError
+			if errors.As(err, &pe) {
+				return nil, edge.Errorf(http.StatusBadRequest, "network.allowOut: %s", pe.Msg)
+			}
+			return nil, err
+		}
+		return &p, nil
+	}
+	if allowInternet != nil && *allowInternet {
+		p := netpol.Policy{Mode: netpol.ModeEgress}
+		return &p, nil
+	}
+	return nil, nil
+}
+
+// newAccessToken returns a sandbox's envd access token: 32 random bytes.
+func newAccessToken() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate access token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
+	r := sandboxResponse{SandboxID: envd.E2BID(e.SandboxID), TemplateID: e.TemplateID, ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: e.AccessToken}
+	if a.opts.Domain != "" {
+		r.Domain = &a.opts.Domain
+	}
+	if e.TrafficToken != "" {
+		r.TrafficAccessToken = &e.TrafficToken
+	}
+	return r
+}

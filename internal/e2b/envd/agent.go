@@ -1,0 +1,260 @@
+package envd
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// Headers of E2B's requests to a sandbox's agent.
+const (
+	headerSandboxID   = "E2b-Sandbox-Id"
+	headerSandboxPort = "E2b-Sandbox-Port"
+	headerAccessToken = "X-Access-Token"
+)
+
+// agentForwardKey stands for the key of a forwarded agent request, which
+// has none: the sandbox's access token authenticates it, on both nodes.
+const agentForwardKey = "e2b-agent"
+
+// envdPort is the port E2B's SDKs address the agent at; any other port is
+// a service of the sandbox's own, which this route does not reach.
+const envdPort = "49983"
+
+// forwarder is the caller a request of this plane is forwarded as: no key
+// (agentForwardKey), and never forwarded again once another node did
+// (edge.ViaCluster: that node signed it, edge.ClusterHandler checked).
+func forwarder(r *http.Request) edge.Caller {
+	return edge.Caller{Principal: auth.Principal{KeyID: agentForwardKey}, Forwarded: edge.ViaCluster(r)}
+}
+
+// serveAgent forwards a request for a sandbox's agent (envd's paths) to
+// that sandbox's guest agent, once the caller has shown the sandbox's
+// access token (or a file link signed with it). /health needs no token, as
+// envd's: it says only whether the sandbox's agent answers.
+func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	id := SandboxID(r.Header.Get(headerSandboxID))
+	if port := r.Header.Get(headerSandboxPort); port != "" && port != envdPort {
+		writeError(w, http.StatusBadRequest, "E2b-Sandbox-Port "+port+": only the agent's port "+envdPort+" is served here; reach a sandbox's own ports through its host (getHost) or sandboxd's port proxy")
+		return
+	}
+	var (
+		e   store.E2BSandbox
+		err error
+		// signed: a file link's signature, not the token, let r in.
+		signed bool
+	)
+	switch {
+	case id == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
+		// A signed link names no sandbox: it is the sandbox whose token
+		// signed it, among the running ones (of the whole cluster, in one).
+		e, err = p.signedFor(ctx, r)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, err.Error())
+			return
+		}
+		signed = true
+	case id == "":
+		writeError(w, http.StatusBadRequest, "no E2b-Sandbox-Id header: say which sandbox the request is for")
+		return
+	default:
+		if e, err = p.record(w, r, id); err != nil {
+			return
+		}
+		if r.URL.Path != "/health" {
+			var ok bool
+			if ok, signed = p.authorized(r, e); !ok {
+				writeError(w, http.StatusUnauthorized, "invalid access token for sandbox "+E2BID(id))
+				return
+			}
+		}
+	}
+	user, ok := requestUser(r, p.opts.DefaultUser)
+	if signed {
+		// The link acts as exactly the user it was signed for.
+		user, ok = signedUser(r, p.opts.DefaultUser)
+	}
+	if edge.ViaCluster(r) {
+		// The forwarding node resolved it; the caller's Authorization did
+		// not travel.
+		user = r.Header.Get(userHeader)
+		ok = userName.MatchString(user)
+	}
+	if !ok {
+		writeError(w, http.StatusBadRequest, "the user the request names is not a valid user name")
+		return
+	}
+	r.Header.Set(userHeader, user)
+	if p.opts.Gate.ForwardIfElsewhere(w, r, forwarder(r), e.SandboxID) {
+		return
+	}
+	tr, ok := p.transport(w, r, e)
+	if !ok {
+		return
+	}
+	if r.URL.Path == processconnect.ProcessStartProcedure {
+		p.start.ServeHTTP(w, r.WithContext(context.WithValue(ctx, startTargetKey{}, startTarget{tr: tr, e: e, user: user})))
+		return
+	}
+	p.forward(w, r, tr, user)
+}
+
+// record is sandbox id's E2B record; when there is none, or it cannot be
+// read, the answer is written and err is not nil.
+func (p *Proxy) record(w http.ResponseWriter, r *http.Request, id string) (store.E2BSandbox, error) {
+	e, err := p.opts.Store.GetE2BSandbox(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, "sandbox "+E2BID(id)+" not found")
+	case err != nil:
+		p.log.ErrorContext(r.Context(), "e2b envd: read the sandbox's record", "sandbox_id", id, "err", err)
+		writeError(w, http.StatusInternalServerError, edge.InternalMessage)
+	}
+	return e, err
+}
+
+// transport is the way to e's guest agent; when there is none (the
+// sandbox is paused, or gone) the answer is written and ok is false, 502
+// as envd's proxy answers. Whether the sandbox runs here is the sandbox
+// manager's to say (AgentTransport); this plane only keeps a paused
+// sandbox asleep, which AgentTransport would wake: isRunning() of a
+// paused sandbox is false, not a resume.
+func (p *Proxy) transport(w http.ResponseWriter, r *http.Request, e store.E2BSandbox) (http.RoundTripper, bool) {
+	ctx := r.Context()
+	notRunning := "sandbox " + E2BID(e.SandboxID) + " is not running"
+	if sb, err := p.opts.Store.GetSandbox(ctx, e.SandboxID); err != nil || sb.Pause != "" {
+		writeError(w, http.StatusBadGateway, notRunning)
+		return nil, false
+	}
+	tr, err := p.opts.Agents.AgentTransport(ctx, tokenHolder(e), e.SandboxID)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrNotRunning) && !errors.Is(err, errdefs.ErrNotFound) {
+			p.log.WarnContext(ctx, "e2b envd: reach the agent", "sandbox_id", e.SandboxID, "err", err)
+		}
+		writeError(w, http.StatusBadGateway, notRunning)
+		return nil, false
+	}
+	return tr, true
+}
+
+// tokenHolder is who a request that showed e's access token (or a link
+// signed with it) acts as: e's account, for e's sandbox alone.
+func tokenHolder(e store.E2BSandbox) auth.Principal {
+	return auth.Principal{AccountID: e.AccountID, SandboxID: e.SandboxID}
+}
+
+// authorized reports whether r carries e's access token, or, for /files,
+// a valid signature made with it (signed).
+func (p *Proxy) authorized(r *http.Request, e store.E2BSandbox) (ok, signed bool) {
+	if tok := r.Header.Get(headerAccessToken); tok != "" {
+		return subtle.ConstantTimeCompare([]byte(tok), []byte(e.AccessToken)) == 1, false
+	}
+	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		return p.signatureValid(r, e.AccessToken) == nil, true
+	}
+	return false, false
+}
+
+// signedFor finds the sandbox whose token signed r's file link.
+func (p *Proxy) signedFor(ctx context.Context, r *http.Request) (store.E2BSandbox, error) {
+	node := p.opts.NodeID
+	if p.opts.Clustered {
+		node = "" // the link may be for a sandbox another node hosts
+	}
+	cands, err := p.opts.Store.ListLiveE2BSandboxesOn(ctx, node)
+	if err != nil {
+		p.log.ErrorContext(ctx, "e2b envd: list the sandboxes a link may be for", "err", err)
+		return store.E2BSandbox{}, errors.New("cannot check the link's signature now")
+	}
+	var last = errBadLink
+	for _, e := range cands {
+		err := p.signatureValid(r, e.AccessToken)
+		if err == nil {
+			return e, nil
+		}
+		if errors.Is(err, errExpired) {
+			last = err
+		}
+	}
+	return store.E2BSandbox{}, last
+}
+
+// What a signed link is told when it lets nothing in. The words are this
+// package's own, never a cause's.
+var (
+	errBadLink      = errors.New("the link's signature matches no sandbox running here")
+	errExpired      = errors.New("the link has expired")
+	errBadSignature = errors.New("bad signature")
+)
+
+// signatureValid checks a file link's signature as envd does:
+// "v1_" + base64(sha256("path:operation:username:token[:expiration]")),
+// padding removed, operation "read" for GET and "write" for POST.
+func (p *Proxy) signatureValid(r *http.Request, token string) error {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + token
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil {
+			return errors.New("bad signature_expiration")
+		}
+		raw += ":" + exp
+		if p.opts.Now().After(time.Unix(n, 0)) {
+			if sigEqual(q.Get("signature"), raw) {
+				return errExpired
+			}
+			return errBadSignature
+		}
+	}
+	if !sigEqual(q.Get("signature"), raw) {
+		return errBadSignature
+	}
+	return nil
+}
+
+func sigEqual(sig, raw string) bool {
+	sum := sha256.Sum256([]byte(raw))
+	want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	return subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1
+}
+
+// forward sends r to the agent over tr, without the caller's credentials
+// and routing headers, streaming both ways (Connect's server streams).
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTripper, user string) {
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", "agent", "agent"
+			for _, h := range []string{headerAccessToken, headerSandboxID, headerSandboxPort, "Authorization", "X-Api-Key", "Cookie"} {
+				pr.Out.Header.Del(h)
+			}
+			pr.Out.Header.Set(userHeader, user)
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() == nil {
+				p.log.WarnContext(r.Context(), "e2b envd: forward", "path", r.URL.Path, "err", err)
+			}
+			writeError(w, http.StatusBadGateway, "the sandbox's agent did not answer")
+		},
+	}
+	rp.ServeHTTP(w, r)
+}

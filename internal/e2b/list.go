@@ -1,0 +1,246 @@
+package e2b
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/e2b/envd"
+	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// listLimit bounds one page of a list.
+const (
+	defaultListLimit = 100
+	maxListLimit     = 1000
+)
+
+// listedSandbox is E2B's ListedSandbox; sandboxDetail adds to it.
+type listedSandbox struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	DiskSizeMB  int               `json:"diskSizeMB"`
+	Metadata    map[string]string `json:"metadata"`
+	State       string            `json:"state"`
+	EnvdVersion string            `json:"envdVersion"`
+}
+
+type sandboxDetail struct {
+	listedSandbox
+	// EnvdAccessToken is given to account keys only: with it, anyone runs
+	// commands in the sandbox as root.
+	EnvdAccessToken string    `json:"envdAccessToken,omitempty"`
+	Domain          *string   `json:"domain"`
+	Lifecycle       lifecycle `json:"lifecycle"`
+}
+
+// lifecycle is E2B's SandboxLifecycle: what the timeout does.
+type lifecycle struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"` // "kill" or "pause"
+}
+
+func lifecycleOf(sb store.Sandbox) lifecycle {
+	if sb.OnTimeout == store.OnTimeoutPause {
+		return lifecycle{OnTimeout: "pause"}
+	}
+	return lifecycle{OnTimeout: "kill"}
+}
+
+// state is E2B's name for where a live sandbox is.
+func state(sb store.Sandbox) string {
+	if sb.Pause != "" {
+		return "paused"
+	}
+	return "running"
+}
+
+func (a *API) listed(sb store.Sandbox, e store.E2BSandbox) listedSandbox {
+	meta := e.Metadata
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	end := sb.Deadline
+	if sb.Pause != "" {
+		end = a.opts.Now().Add(sb.PausedRemaining)
+	}
+	return listedSandbox{
+		SandboxID: envd.E2BID(sb.ID), TemplateID: e.TemplateID, ClientID: clientID,
+		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(),
+		CPUCount: a.opts.CPUs, MemoryMB: a.opts.MemoryMB, DiskSizeMB: a.opts.DiskMB,
+		Metadata: meta, State: state(sb), EnvdVersion: EnvdVersion,
+	}
+}
+
+func (a *API) get(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	sb, e, err := a.sandboxOf(r.Context(), c, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	d := sandboxDetail{listedSandbox: a.listed(sb, e), Lifecycle: lifecycleOf(sb)}
+	if c.Scope() == auth.ScopeFull {
+		// A sandbox's key reads, never acts: the token would let it run
+		// commands as root in this sandbox, whatever its own scope says.
+		d.EnvdAccessToken = e.AccessToken
+	}
+	if a.opts.Domain != "" {
+		d.Domain = &a.opts.Domain
+	}
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+// list answers both GET /sandboxes (v1: running ones, filtered by
+// metadata) and GET /v2/sandboxes (state, metadata, limit and nextToken,
+// the next page's token in the x-next-token header). It reads the
+// account's live sandboxes from the store, which selects them by their
+// status: an account's ended sandboxes, however many, never push a live
+// one out of the list. A token is the place of the last sandbox of a page
+// (store.Cursor): pages neither repeat nor skip a sandbox when others
+// start or end between two requests.
+func (a *API) list(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	q := r.URL.Query()
+	v2 := strings.HasPrefix(r.URL.Path, "/v2/")
+	meta, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		return err
+	}
+	states := map[string]bool{"running": true, "paused": v2}
+	if s := q.Get("state"); s != "" {
+		states = map[string]bool{}
+		for _, st := range strings.Split(s, ",") {
+			if st != "running" && st != "paused" {
+				return edge.Errorf(http.StatusBadRequest, "state %q: want running or paused", st)
+			}
+			states[st] = true
+		}
+	}
+	limit := defaultListLimit
+	if s := q.Get("limit"); s != "" {
+		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > maxListLimit {
+			return edge.Errorf(http.StatusBadRequest, "limit must be 1 to %d", maxListLimit)
+		}
+	}
+	var after store.Cursor
+	if s := q.Get("nextToken"); s != "" {
+		if after, err = store.ParseCursor(s); err != nil {
+			return edge.Errorf(http.StatusBadRequest, "nextToken is not one this server gave")
+		}
+	}
+	most := 0 // v1 lists them all
+	if v2 {
+		most = limit + 1 // one more than a page says whether another follows
+	}
+	found, err := a.liveSandboxes(r.Context(), c.AccountID, after, most, meta, states)
+	if err != nil {
+		return err
+	}
+	if v2 && len(found) > limit {
+		found = found[:limit]
+		w.Header().Set("X-Next-Token", found[limit-1].e.Cursor().String())
+	}
+	page := make([]listedSandbox, len(found))
+	for i, f := range found {
+		page[i] = a.listed(f.sb, f.e)
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+// listBatch is how many live sandboxes list reads from the store at once.
+const listBatch = 200
+
+// liveSandbox is a sandbox list shows, with its E2B record.
+type liveSandbox struct {
+	sb store.Sandbox
+	e  store.E2BSandbox
+}
+
+// liveSandboxes returns the live sandboxes of accountID past after, newest
+// first, whose metadata has meta and whose state is one of states: at
+// most most of them (0: all).
+func (a *API) liveSandboxes(ctx context.Context, accountID string, after store.Cursor, most int, meta map[string]string, states map[string]bool) ([]liveSandbox, error) {
+	var out []liveSandbox
+	for {
+		records, err := a.opts.Store.ListLiveE2BSandboxes(ctx, accountID, after, listBatch)
+		if err != nil {
+			return nil, err
+		}
+		if len(records) == 0 {
+			return out, nil
+		}
+		last := len(records) < listBatch
+		after = records[len(records)-1].Cursor()
+		records = slices.DeleteFunc(records, func(e store.E2BSandbox) bool { return !matches(e.Metadata, meta) })
+		ids := make([]string, len(records))
+		for i, e := range records {
+			ids[i] = e.SandboxID
+		}
+		rows, err := a.opts.Store.ListSandboxesByID(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		byID := make(map[string]store.Sandbox, len(rows))
+		for _, sb := range a.opts.Sandboxes.Live(ctx, rows) {
+			byID[sb.ID] = sb
+		}
+		for _, e := range records { // newest first
+			sb, ok := byID[e.SandboxID]
+			if !ok || !live(sb) || !states[state(sb)] {
+				continue // ended (or gone) meanwhile, or another state
+			}
+			out = append(out, liveSandbox{sb: sb, e: e})
+			if most > 0 && len(out) == most {
+				return out, nil
+			}
+		}
+		if last {
+			return out, nil
+		}
+	}
+}
+
+// metadataFilter parses the SDKs' metadata query: a URL-encoded query
+// string of key=value pairs, each part encoded once more.
+func metadataFilter(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(s)
+	if err != nil {
+		return nil, edge.Errorf(http.StatusBadRequest, "metadata filter: %v", err)
+	}
+	out := make(map[string]string, len(vals))
+	for k, vs := range vals {
+		key, err1 := url.QueryUnescape(k)
+		val, err2 := url.QueryUnescape(vs[len(vs)-1])
+		if err1 != nil || err2 != nil {
+			return nil, edge.Errorf(http.StatusBadRequest, "metadata filter: bad encoding")
+		}
+		out[key] = val
+	}
+	return out, nil
+}
+
+func matches(have, want map[string]string) bool {
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
