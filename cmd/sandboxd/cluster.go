@@ -33,6 +33,10 @@ type clusterOptions struct {
 	// Mutual TLS on the cluster listener and the forwards: all three or
 	// none.
 	tlsCert, tlsKey, tlsCA string
+
+	// secret and tls are what check loaded from the files named.
+	secret cluster.Secret
+	tls    *cluster.TLS
 }
 
 func (c *clusterOptions) register(f *pflag.FlagSet) {
@@ -62,11 +66,12 @@ func (c *clusterOptions) checkTLS() error {
 	if len(set) == 0 {
 		return nil
 	}
+	flags := []string{"cluster-tls-cert", "cluster-tls-key", "cluster-tls-ca"}
 	if len(missing) > 0 {
-		return fmt.Errorf("mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca together: %s given without %s", strings.Join(set, ", "), strings.Join(missing, ", "))
+		return &flagError{flags, fmt.Errorf("mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca together: %s given without %s", strings.Join(set, ", "), strings.Join(missing, ", "))}
 	}
 	if !c.enabled() {
-		return errors.New("--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca secure the cluster listener: give --cluster-listen too (see docs/CLUSTER.md)")
+		return &flagError{flags, errors.New("--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca secure the cluster listener: give --cluster-listen too (see docs/CLUSTER.md)")}
 	}
 	return nil
 }
@@ -86,7 +91,7 @@ func (c *clusterOptions) loadTLS(now time.Time) (*cluster.TLS, error) {
 		return nil, err
 	}
 	if err := t.CheckAddress(c.address); err != nil {
-		return nil, fmt.Errorf("--cluster-tls-cert %s: %w", c.tlsCert, err)
+		return nil, flagErrorf("cluster-tls-cert", "--cluster-tls-cert %s: %w", c.tlsCert, err)
 	}
 	return t, nil
 }
@@ -94,47 +99,69 @@ func (c *clusterOptions) loadTLS(now time.Time) (*cluster.TLS, error) {
 // enabled says serve runs as a node of a cluster.
 func (c *clusterOptions) enabled() bool { return c.listen != "" }
 
-// check refuses a cluster configuration that cannot work, and a second
-// node on one database without one: a single node's local repositories
-// and blobs cannot be shared.
-func (c *clusterOptions) check(ctx context.Context, st *store.Store, blobURL, nodeID string) error {
+// check refuses, before serve starts anything, a cluster configuration
+// that cannot work: partial TLS, cluster mode without what it needs, an
+// address the other nodes cannot reach. It loads the secret and the
+// certificates.
+func (c *clusterOptions) check(blobURL string) error {
+	if err := c.checkTLS(); err != nil {
+		return err
+	}
 	if !c.enabled() {
-		nodes, err := st.ListNodes(ctx)
-		if err != nil {
-			return err
-		}
-		for _, n := range nodes {
-			if n.ID != nodeID && n.Status == store.NodeUp && time.Since(n.HeartbeatAt) < 30*time.Second {
-				return fmt.Errorf("node %s (%s) is serving from this database too: several nodes must run as a cluster (--cluster-listen, --cluster-secret-file, PostgreSQL and an S3 --blob-store; see docs/CLUSTER.md)", n.ID, n.Hostname)
-			}
-		}
 		return nil
 	}
 	var missing []string
 	if c.secretFile == "" {
 		missing = append(missing, "--cluster-secret-file")
 	}
-	if st.Dialect() != store.DialectPostgres {
-		missing = append(missing, "--database postgres://... (every node shares one database)")
-	}
 	if !strings.HasPrefix(blobURL, "s3://") {
 		missing = append(missing, "an S3 --blob-store (snapshots must be readable from every node; DATA_DIR/blobs is this node's alone)")
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("--cluster-listen needs %s", strings.Join(missing, ", "))
+		return flagErrorf("cluster-listen", "--cluster-listen needs %s", strings.Join(missing, ", "))
 	}
 	if c.address == "" {
 		host, _, err := net.SplitHostPort(c.listen)
 		if err != nil {
-			return fmt.Errorf("--cluster-listen %q: %w", c.listen, err)
+			return flagErrorf("cluster-listen", "--cluster-listen %q: %w", c.listen, err)
 		}
 		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-			return fmt.Errorf("--cluster-listen %s listens on every address: give --node-address, the host:port other nodes reach it at", c.listen)
+			return flagErrorf("cluster-listen", "--cluster-listen %s listens on every address: give --node-address, the host:port other nodes reach it at", c.listen)
 		}
 		c.address = c.listen
 	}
 	if c.downAfter < time.Second {
-		return fmt.Errorf("--node-down-after %v: at least 1s", c.downAfter)
+		return flagErrorf("node-down-after", "--node-down-after %v: at least 1s", c.downAfter)
+	}
+	if err := atLeast("placement-choices", c.choices, 1, "1 or more"); err != nil {
+		return err
+	}
+	var err error
+	if c.secret, err = cluster.LoadSecret(c.secretFile); err != nil {
+		return flagErrorf("cluster-secret-file", "--cluster-secret-file: %w", err)
+	}
+	c.tls, err = c.loadTLS(time.Now())
+	return err
+}
+
+// checkDatabase refuses a node of a cluster on a database the others
+// cannot share, and a second node on one database without a cluster: a
+// single node's local repositories and blobs cannot be shared.
+func (c *clusterOptions) checkDatabase(ctx context.Context, st *store.Store, nodeID string) error {
+	if c.enabled() {
+		if st.Dialect() != store.DialectPostgres {
+			return flagErrorf("cluster-listen", "--cluster-listen needs --database postgres://... (every node shares one database)")
+		}
+		return nil
+	}
+	nodes, err := st.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.ID != nodeID && n.Status == store.NodeUp && time.Since(n.HeartbeatAt) < 30*time.Second {
+			return fmt.Errorf("node %s (%s) is serving from this database too: several nodes must run as a cluster (--cluster-listen, --cluster-secret-file, PostgreSQL and an S3 --blob-store; see docs/CLUSTER.md)", n.ID, n.Hostname)
+		}
 	}
 	return nil
 }
@@ -179,19 +206,13 @@ func (c *clusterOptions) open(st *store.Store, nodeID string, capacity store.Nod
 	if !c.enabled() {
 		return p, nil
 	}
-	secret, err := cluster.LoadSecret(c.secretFile)
-	if err != nil {
-		return nil, err
-	}
-	tlsConf, err := c.loadTLS(time.Now())
-	if err != nil {
-		return nil, err
-	}
+	secret, tlsConf := c.secret, c.tls
 	p.node.Address, p.downAfter = c.address, c.downAfter
 	p.router = cluster.NewRouter(cluster.RouterConfig{
 		Store: st, NodeID: nodeID, Secret: secret, TLS: tlsConf, Choices: c.choices, DownAfter: c.downAfter,
 		DefaultNetwork: defaultNetwork, Logger: log.With("component", "cluster"),
 	})
+	var err error
 	if p.ln, err = net.Listen("tcp", c.listen); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", c.listen, err)
 	}
@@ -244,8 +265,8 @@ func edgeCluster(p *clusterParts) edge.Cluster {
 
 // sharedRepos is how the repositories are shared with the other nodes:
 // not at all (nil) outside cluster mode.
-func sharedRepos(o *serveOptions, st *store.Store, blobs blob.Store, nodeID string) repo.Shared {
-	if !o.cluster.enabled() {
+func sharedRepos(c *clusterOptions, st *store.Store, blobs blob.Store, nodeID string) repo.Shared {
+	if !c.enabled() {
 		return nil
 	}
 	return cluster.NewRepos(st, blobs, nodeID)

@@ -49,8 +49,52 @@ func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
 			return
 		}
 		f.Changed = true
+		if f.Annotations == nil {
+			f.Annotations = map[string][]string{}
+		}
+		f.Annotations[setByEnv] = []string{name}
 	})
 	return errors.Join(errs...)
+}
+
+// setByEnv is the annotation applyEnv leaves on a flag it set: the
+// variable's name.
+const setByEnv = "sandboxd/set-by-env"
+
+// flagError is a flag value a command refuses once the flags are parsed
+// (a range, a file it names, flags that go together); its message names
+// the flags.
+type flagError struct {
+	flags []string // without "--"
+	err   error
+}
+
+func (e *flagError) Error() string { return e.err.Error() }
+func (e *flagError) Unwrap() error { return e.err }
+
+// flagErrorf is a flagError about flag, whose message the format says.
+func flagErrorf(flag, format string, args ...any) error {
+	return &flagError{flags: []string{flag}, err: fmt.Errorf(format, args...)}
+}
+
+// explainSource adds to a flagError which of its flags were set by an
+// environment variable, and by which: the operator must look there, not at
+// the command line. Other errors pass unchanged.
+func explainSource(fs *pflag.FlagSet, err error) error {
+	var fe *flagError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	var set []string
+	for _, name := range fe.flags {
+		if f := fs.Lookup(name); f != nil && len(f.Annotations[setByEnv]) > 0 {
+			set = append(set, fmt.Sprintf("--%s is set by %s", name, f.Annotations[setByEnv][0]))
+		}
+	}
+	if len(set) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(set, "; "))
 }
 
 // withEnv runs applyEnv over the command's flags (its own and those it

@@ -36,16 +36,13 @@ func loadAdminKey(path string) ([]byte, error) {
 	return b, nil
 }
 
-// riverUIMounts are the routes of River's UI behind the operator's key,
-// or none when serve has no --admin-key-file: no operator page is served
-// without a credential of its own (account keys never open it).
-func riverUIMounts(ctx context.Context, jc *jobs.Client, keyFile string, log *slog.Logger) (map[string]http.Handler, error) {
-	if keyFile == "" {
+// riverUIMounts are the routes of River's UI behind the operator's key
+// (loadAdminKey), or none when serve has no --admin-key-file: no operator
+// page is served without a credential of its own (account keys never open
+// it).
+func riverUIMounts(ctx context.Context, jc *jobs.Client, key []byte, log *slog.Logger) (map[string]http.Handler, error) {
+	if key == nil {
 		return nil, nil
-	}
-	key, err := loadAdminKey(keyFile)
-	if err != nil {
-		return nil, err
 	}
 	ui, err := jc.UI(ctx, riverUIPath, log)
 	if err != nil {

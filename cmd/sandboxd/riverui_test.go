@@ -89,7 +89,7 @@ func TestAdminOnly(t *testing.T) {
 
 // TestRiverUIOff: without --admin-key-file nothing is mounted.
 func TestRiverUIOff(t *testing.T) {
-	m, err := riverUIMounts(context.Background(), nil, "", nil)
+	m, err := riverUIMounts(context.Background(), nil, nil, nil)
 	if err != nil || m != nil {
 		t.Fatalf("%v %v", m, err)
 	}

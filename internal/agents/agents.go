@@ -131,7 +131,7 @@ func activeSetup(ctx context.Context, q *store.Queries, accountID string) (store
 // Setup starts the account's setup-sandbox task (POST /api/sandboxes/setup),
 // or returns the one already running.
 func (s *Service) Setup(ctx context.Context, accountID string) (string, error) {
-	runID, existing, err := EnqueueSetup(ctx, s.cfg.Store, s.cfg.Jobs, &s.setupMu, accountID)
+	runID, existing, err := s.setups.enqueue(ctx, accountID)
 	if err != nil {
 		return "", err
 	}
@@ -139,22 +139,43 @@ func (s *Service) Setup(ctx context.Context, accountID string) (string, error) {
 	return runID, nil
 }
 
+// Setups starts and watches the accounts' setup runs: what the sandbox
+// manager needs of the setup task (sandbox.Setups). It needs only the
+// database and the job queue, so the manager takes it when it is built,
+// before the Service whose tasks drive sandboxes through the manager.
+type Setups struct {
+	st *store.Store
+	jc *jobs.Client
+	// mu serialises the check-then-enqueue of account setups.
+	mu sync.Mutex
+}
+
+// NewSetups returns the Setups of st and jc; give the same one to the
+// sandbox manager and to New, so that their enqueues take turns.
+func NewSetups(st *store.Store, jc *jobs.Client) *Setups {
+	return &Setups{st: st, jc: jc}
+}
+
+func (s *Setups) enqueue(ctx context.Context, accountID string) (string, bool, error) {
+	return EnqueueSetup(ctx, s.st, s.jc, &s.mu, accountID)
+}
+
 // IfNew enqueues the account's setup when it has neither an environment
 // nor a setup run yet (sandbox.Setups).
-func (s *Service) IfNew(ctx context.Context, accountID string) error {
-	if _, err := s.cfg.Store.GetEnvironment(ctx, accountID); err == nil || !errors.Is(err, store.ErrNotFound) {
+func (s *Setups) IfNew(ctx context.Context, accountID string) error {
+	if _, err := s.st.GetEnvironment(ctx, accountID); err == nil || !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if _, ok, err := s.setupRun(ctx, accountID); err != nil || ok {
+	if _, ok, err := s.last(ctx, accountID); err != nil || ok {
 		return err
 	}
-	_, _, err := EnqueueSetup(ctx, s.cfg.Store, s.cfg.Jobs, &s.setupMu, accountID)
+	_, _, err := s.enqueue(ctx, accountID)
 	return err
 }
 
-// setupRun returns the account's most recent setup run, if any.
-func (s *Service) setupRun(ctx context.Context, accountID string) (store.Run, bool, error) {
-	runs, err := s.cfg.Store.ListRuns(ctx, accountID, 100)
+// last returns the account's most recent setup run, if any.
+func (s *Setups) last(ctx context.Context, accountID string) (store.Run, bool, error) {
+	runs, err := s.st.ListRuns(ctx, accountID, 100)
 	if err != nil {
 		return store.Run{}, false, fmt.Errorf("list runs of %s: %w", accountID, err)
 	}
@@ -168,8 +189,8 @@ func (s *Service) setupRun(ctx context.Context, accountID string) (store.Run, bo
 
 // Pending reports whether the account's setup has yet to finish; runs wait
 // for it so they start from the set-up repository (sandbox.Setups).
-func (s *Service) Pending(ctx context.Context, accountID string) bool {
-	r, ok, err := s.setupRun(ctx, accountID)
+func (s *Setups) Pending(ctx context.Context, accountID string) bool {
+	r, ok, err := s.last(ctx, accountID)
 	return err == nil && ok && (r.Status == store.RunQueued || r.Status == store.RunExecuting)
 }
 
@@ -349,6 +370,7 @@ func (s *Service) setupAccount(ctx context.Context, run store.Run, sb store.Sand
 	if err != nil {
 		return result, err
 	}
+	s.cfg.Lifecycle.Prewarm(sb.AccountID)
 	result["snapshotId"] = snapID
 	return result, nil
 }
@@ -549,6 +571,9 @@ type Lifecycle interface {
 	RequireCommand(name, what string) error
 	// CheckRepoURL refuses (400) a repository the account may not name.
 	CheckRepoURL(accountID, url string) error
+	// Prewarm starts the account's next sandbox from its snapshot, just
+	// taken, in the background.
+	Prewarm(accountID string)
 }
 
 // Persistence is what the tasks need of internal/persist.
@@ -576,6 +601,9 @@ type Config struct {
 		TakesSandboxes(ctx context.Context) bool
 	}
 	Persist Persistence // nil: setup fails, saying it needs persistence
+	// Setups is the manager's view of the setup runs (NewSetups); nil: one
+	// of Store and Jobs of its own.
+	Setups *Setups
 	// Forge, when configured, receives the coding agent's pull requests.
 	Forge forge.Forge
 	// PublicURL is this server's URL as clients know it; repository URLs
@@ -596,8 +624,8 @@ type Service struct {
 	cfg Config
 	log *slog.Logger
 	now func() time.Time
-	// setupMu serialises the check-then-enqueue of account setups.
-	setupMu sync.Mutex
+	// setups enqueues the setup runs (Config.Setups).
+	setups *Setups
 }
 
 // New returns a Service.
@@ -608,7 +636,10 @@ func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+	if cfg.Setups == nil {
+		cfg.Setups = NewSetups(cfg.Store, cfg.Jobs)
+	}
+	return &Service{cfg: cfg, log: cfg.Logger, now: cfg.Now, setups: cfg.Setups}
 }
 
 // Register adds the tasks' job workers to w (before the job client starts).

@@ -230,9 +230,10 @@ func newHarness(t *testing.T, o options) *harness {
 	// The hooks serve registers: the sandbox's key (with Claude Code pointed
 	// at the model proxy) and git's credentials.
 	hooks := []sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{Store: st, AnthropicProxy: true}), gitEnvHook{}}
-	h.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: h.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: o.settings, Persist: h.fp, Hooks: hooks})
+	setups := NewSetups(st, jc)
+	h.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: h.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Settings: o.settings, Persist: h.fp, Hooks: hooks, Setups: setups})
 	cfg := Config{
-		Store: st, Jobs: jc, Lifecycle: h.mgr, Persist: h.fp, Forge: gh,
+		Store: st, Jobs: jc, Lifecycle: h.mgr, Persist: h.fp, Forge: gh, Setups: setups,
 		PublicURL: "https://sandboxd.example.test", Network: netpol.Policy{Mode: netpol.ModeNone},
 		AgentRunsPerAccount: o.agentRuns, Now: h.now,
 	}
@@ -240,7 +241,6 @@ func newHarness(t *testing.T, o options) *harness {
 		cfg.Persist = nil
 	}
 	h.svc = New(cfg)
-	h.mgr.UseSetups(h.svc)
 	h.account = h.newAccount(t, "alice", store.AccountPersonal)
 	return h
 }
@@ -577,11 +577,11 @@ func TestSetupsFirstUse(t *testing.T) {
 	if err != nil || second != first {
 		t.Fatalf("second Setup: %q, %v; want the queued %q", second, err, first)
 	}
-	if !h.svc.Pending(ctx, h.account.ID) || !h.mgr.SetupPending(ctx, h.account.ID) {
+	if !h.svc.setups.Pending(ctx, h.account.ID) || !h.mgr.SetupPending(ctx, h.account.ID) {
 		t.Fatal("a queued setup is not pending")
 	}
 	// Neither IfNew nor a new sandbox adds another while it is queued.
-	if err := h.svc.IfNew(ctx, h.account.ID); err != nil {
+	if err := h.svc.setups.IfNew(ctx, h.account.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := h.mgr.Create(ctx, h.account.ID, sandbox.CreateRequest{}); err != nil {
@@ -593,7 +593,7 @@ func TestSetupsFirstUse(t *testing.T) {
 	if run, _, _ := h.finished(t, first); run.Status != store.RunCompleted {
 		t.Fatalf("setup run %s", run.Status)
 	}
-	if h.svc.Pending(ctx, h.account.ID) || h.mgr.SetupPending(ctx, h.account.ID) {
+	if h.svc.setups.Pending(ctx, h.account.ID) || h.mgr.SetupPending(ctx, h.account.ID) {
 		t.Fatal("a completed setup is still pending")
 	}
 	// An account that had its setup is not set up again on first use.
@@ -615,8 +615,8 @@ func TestSetupsFirstUse(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := len(h.runsOf(t, bob.ID, jobs.KindSetupSandbox)); n != 1 || !h.svc.Pending(ctx, bob.ID) {
-		t.Fatalf("bob's first sandboxes queued %d setups (pending %v), want 1", n, h.svc.Pending(ctx, bob.ID))
+	if n := len(h.runsOf(t, bob.ID, jobs.KindSetupSandbox)); n != 1 || !h.svc.setups.Pending(ctx, bob.ID) {
+		t.Fatalf("bob's first sandboxes queued %d setups (pending %v), want 1", n, h.svc.setups.Pending(ctx, bob.ID))
 	}
 
 	// An account that already has an environment is not set up.
@@ -625,10 +625,10 @@ func TestSetupsFirstUse(t *testing.T) {
 	if err := h.st.UpsertEnvironment(ctx, &store.Environment{AccountID: carol.ID, CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.svc.IfNew(ctx, carol.ID); err != nil {
+	if err := h.svc.setups.IfNew(ctx, carol.ID); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(h.runsOf(t, carol.ID, jobs.KindSetupSandbox)); n != 0 || h.svc.Pending(ctx, carol.ID) {
+	if n := len(h.runsOf(t, carol.ID, jobs.KindSetupSandbox)); n != 0 || h.svc.setups.Pending(ctx, carol.ID) {
 		t.Fatalf("carol, who has an environment, got %d setups", n)
 	}
 }

@@ -58,10 +58,10 @@ func newNode(t *testing.T) *node {
 	p := persisttest.New(t, st, persist.Options{})
 	n := &node{st: st, jc: jc, rt: runtimefake.New(), execs: map[string]int{}, scripts: map[string]func(context.Context, *runtimefake.Sandbox, runtime.ExecRequest) (runtime.ExecResult, error){}}
 	n.rt.SetExec(n.exec)
+	setups := agents.NewSetups(st, jc)
 	n.mgr = sandbox.NewManager(sandbox.Config{Store: st, Runtime: n.rt, Jobs: jc, NodeID: "here", DataDir: t.TempDir(), Persist: p,
-		Hooks: append([]sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{Store: st})}, p.Hooks()...)})
-	n.agents = agents.New(agents.Config{Store: st, Jobs: jc, Lifecycle: n.mgr, Persist: p})
-	n.mgr.UseSetups(n.agents)
+		Hooks: append([]sandbox.Hook{sandbox.NewKeyHook(sandbox.KeyHookConfig{Store: st})}, p.Hooks()...), Setups: setups})
+	n.agents = agents.New(agents.Config{Store: st, Jobs: jc, Lifecycle: n.mgr, Persist: p, Setups: setups})
 	n.mgr.RegisterWorkers(workers)
 	n.agents.Register(workers)
 	if err := jc.Start(ctx); err != nil {

@@ -76,15 +76,7 @@ type Service struct {
 	captures map[string]*sync.Mutex
 	// prepared is the workspace preparation of each sandbox (see Prepare).
 	prepared map[string]*preparation
-	// onSnapshot is told of each account whose snapshot changed (see
-	// OnSnapshot); set before serving.
-	onSnapshot func(accountID string)
 }
-
-// OnSnapshot registers fn, called (without blocking) each time an
-// account's snapshot is taken: the sandbox manager starts the account's
-// next sandbox from it (sandbox.Manager.Prewarm). Call before serving.
-func (s *Service) OnSnapshot(fn func(accountID string)) { s.onSnapshot = fn }
 
 var (
 	_ sandbox.Persistence = (*Service)(nil)

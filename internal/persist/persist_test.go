@@ -372,8 +372,10 @@ func TestWorkspaceHookForgetsAFailedStart(t *testing.T) {
 	}
 }
 
-// TestPrewarmFollowsTheSnapshot: taking an account's snapshot starts its
-// next sandbox ahead (the runtime's Prewarmer, here runtimefake's); the
+// TestPrewarmFollowsTheSnapshot: the manager's Prewarm, called once an
+// account's snapshot is taken (after a run, and by the setup task), starts
+// its next sandbox ahead from it (the runtime's Prewarmer, here
+// runtimefake's, and this service's layers); the
 // account's create is handed it, with a key and environment of its own,
 // and another is started ahead at once; another account's create is not;
 // deleting the account's environment drops it.
@@ -382,7 +384,6 @@ func TestPrewarmFollowsTheSnapshot(t *testing.T) {
 	ctx := context.Background()
 	f.rt.EnablePrewarm()
 	m := sandbox.NewManager(sandbox.Config{Store: f.st, Runtime: f.rt, NodeID: "here", DataDir: t.TempDir(), Persist: f.svc, Hooks: f.svc.Hooks()})
-	f.svc.OnSnapshot(m.Prewarm)
 	waitPrewarmed := func(owner string, want bool) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -397,6 +398,7 @@ func TestPrewarmFollowsTheSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.Prewarm(f.account.ID)
 	waitPrewarmed(f.account.ID, true)
 
 	sb, _, err := m.Create(ctx, f.account.ID, sandbox.CreateRequest{})

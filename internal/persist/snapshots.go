@@ -78,9 +78,6 @@ func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.San
 		return store.Snapshot{}, err
 	}
 	s.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot_id", snap.ID, "bytes", snap.Size, "depth", snap.Depth, "files", m.Entries)
-	if s.onSnapshot != nil {
-		s.onSnapshot(sb.AccountID)
-	}
 	s.collect(ctx)
 	return snap, nil
 }

@@ -113,6 +113,10 @@ type Config struct {
 	// LogMaxBytes caps each run's log file (head and tail are kept);
 	// 0: caplog.DefaultSize.
 	LogMaxBytes int64
+
+	// Setups is the account setup task (internal/agents' Setups); nil:
+	// no setup on first use, and runs wait for none.
+	Setups Setups
 }
 
 // Manager drives the sandboxes of one node: the service behind the API's
@@ -140,8 +144,6 @@ type Manager struct {
 	// netMu makes policy changes take turns, so that the row and the
 	// host's rules of a sandbox end up with the same (last) policy.
 	netMu sync.Mutex
-	// setups is the account setup task (internal/agents), when served.
-	setups Setups
 	// diskMu serialises disk admission with the row's insert (admitDisk);
 	// diskFreeFn measures free space (a field so tests can shrink a disk);
 	// saving is what the saves of memory under way on this node have
@@ -183,7 +185,7 @@ func NewManager(cfg Config) *Manager {
 	}
 	var persist runs.AfterRunner
 	if cfg.Persist != nil {
-		persist = cfg.Persist
+		persist = prewarmAfterRun{cfg.Persist, m}
 	}
 	m.hooks = cfg.Hooks
 	for _, h := range cfg.Hooks {
@@ -281,8 +283,8 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 		return sb, "", err
 	}
 	ctx = context.WithoutCancel(ctx)
-	if m.cfg.Settings.SetupOnFirstUse && m.setups != nil {
-		if err := m.setups.IfNew(ctx, accountID); err != nil {
+	if m.cfg.Settings.SetupOnFirstUse && m.cfg.Setups != nil {
+		if err := m.cfg.Setups.IfNew(ctx, accountID); err != nil {
 			m.log.Error("enqueue account setup", "account_id", accountID, "err", err)
 		}
 	}
@@ -790,7 +792,7 @@ func (m *Manager) DeleteEnvironment(ctx context.Context, accountID string) (*sto
 
 // Setups is the account setup task as the lifecycle needs it: a new
 // account's first sandbox starts its setup, and runs wait for a setup in
-// progress. internal/agents serves it; UseSetups registers it.
+// progress. internal/agents serves it (Config.Setups).
 type Setups interface {
 	// IfNew starts the account's setup if it never had one.
 	IfNew(ctx context.Context, accountID string) error
@@ -798,12 +800,9 @@ type Setups interface {
 	Pending(ctx context.Context, accountID string) bool
 }
 
-// UseSetups registers the setup task (before serving).
-func (m *Manager) UseSetups(s Setups) { m.setups = s }
-
 // SetupPending implements runs.Host.
 func (m *Manager) SetupPending(ctx context.Context, accountID string) bool {
-	return m.setups != nil && m.setups.Pending(ctx, accountID)
+	return m.cfg.Setups != nil && m.cfg.Setups.Pending(ctx, accountID)
 }
 
 // AtQuota reports whether the account has no free sandbox place (with

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -50,8 +51,9 @@ func (m *Manager) prewarmer() (runtime.Prewarmer, LayerSource, bool) {
 }
 
 // Prewarm starts the account's next sandbox from its current snapshot, in
-// the background (persistence calls it when it takes one). An account
-// without a snapshot has nothing prewarmed.
+// the background (called when one is taken: after a run, see
+// prewarmAfterRun, and by the setup task). An account without a snapshot
+// has nothing prewarmed.
 func (m *Manager) Prewarm(accountID string) {
 	if _, _, ok := m.prewarmer(); !ok {
 		return
@@ -155,4 +157,20 @@ func (c prewarmCollector) Collect(ch chan<- prometheus.Metric) {
 	for event, n := range map[string]uint64{"started": st.Started, "failed": st.Failed, "taken": st.Taken, "waited": st.Waited, "discarded": st.Discarded} {
 		ch <- prometheus.MustNewConstMetric(prewarmEventsDesc, prometheus.CounterValue, float64(n), event)
 	}
+}
+
+// prewarmAfterRun is persistence as the manager's runs see it: a run whose
+// work became the account's snapshot starts the account's next sandbox
+// from it.
+type prewarmAfterRun struct {
+	persist runs.AfterRunner
+	m       *Manager
+}
+
+func (p prewarmAfterRun) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, run store.Run) (runs.Saved, error) {
+	saved, err := p.persist.AfterRun(ctx, sb, rsb, run)
+	if err == nil && saved.SnapshotID != "" {
+		p.m.Prewarm(sb.AccountID)
+	}
+	return saved, err
 }
