@@ -78,21 +78,5 @@ func TestFrontEndsDoNotImportEachOther(t *testing.T) {
 		"move what the importer uses below both front ends (access, forwarding and error statuses: internal/edge; "+
 		"the REST contract's types and validation: internal/contract; mounting: internal/router or cmd/sandboxd), then drop the import",
 		strings.Join(lines, "\n"))
-	if onlyKnownFrontEndImports(found) {
-		t.Skip("until internal/e2b and internal/mcpserver no longer import internal/api (helpers \"e2b\" and \"api\" of issue 32): " + msg)
-	}
 	t.Error(msg)
-}
-
-// onlyKnownFrontEndImports says every import found is one of the two that
-// issue 32 is removing (e2b -> api, mcpserver -> api), so that the test
-// skips only for them and fails for any new one.
-func onlyKnownFrontEndImports(found []frontEndImport) bool {
-	for _, i := range found {
-		from := frontEndOf(i.From)
-		if i.To != "internal/api" || (from != "internal/e2b" && from != "internal/mcpserver") {
-			return false
-		}
-	}
-	return true
 }

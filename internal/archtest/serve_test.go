@@ -86,7 +86,6 @@ func TestServeFunctionsAreShort(t *testing.T) {
 	root := moduleRoot(t)
 	fset := token.NewFileSet()
 	var long []string
-	onlyServe := true // the one issue 32 is splitting
 	for _, path := range serveFiles(t, root) {
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 		if err != nil {
@@ -96,7 +95,6 @@ func TestServeFunctionsAreShort(t *testing.T) {
 		for _, fn := range funcLengths(fset, filepath.ToSlash(rel), f) {
 			if fn.Lines > maxServeFuncLines {
 				long = append(long, "\t"+fn.String())
-				onlyServe = onlyServe && fn.Name == "serve" && fn.File == "cmd/sandboxd/serve.go"
 			}
 		}
 	}
@@ -107,8 +105,5 @@ func TestServeFunctionsAreShort(t *testing.T) {
 		"split each into one setup function per component, with its flag group and its constructor (as nomad's agent has setupServer and setupClient), "+
 		"and pass what one component needs of another as a constructor argument, not by late binding",
 		maxServeFuncLines, strings.Join(long, "\n"))
-	if onlyServe {
-		t.Skip("until the \"serve\" helper of issue 32 splits serve (cmd/sandboxd/serve.go) into a setup function per component: " + msg)
-	}
 	t.Error(msg)
 }

@@ -1,4 +1,4 @@
-package mcpserver
+package router_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/cluster"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/mcpserver"
 	httprouter "github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
@@ -31,7 +32,7 @@ import (
 
 // noFiles is the file service of the cluster tests, whose tools never
 // reach it (each method panics).
-type noFiles struct{ FileService }
+type noFiles struct{ mcpserver.FileService }
 
 // node is one node of an in-process cluster as `sandboxd serve` wires it:
 // a sandbox manager on a fake runtime, the API with /mcp mounted, and a
@@ -60,7 +61,7 @@ func startNode(t *testing.T, st *store.Store, authn *auth.Authenticator, id stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Store: st, Auth: authn, Gate: gate, Sandboxes: n.mgr, Files: noFiles{}, PollInterval: 20 * time.Millisecond, Version: "test"})
+	h, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Gate: gate, Sandboxes: n.mgr, Files: noFiles{}, PollInterval: 20 * time.Millisecond, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func startNode(t *testing.T, st *store.Store, authn *auth.Authenticator, id stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := httprouter.New(httprouter.Options{Routes: append(srv.Routes(), httprouter.Route{Pattern: Path, Handler: h}), NotFound: http.HandlerFunc(srv.NotFound)})
+	rt := httprouter.New(httprouter.Options{Routes: append(srv.Routes(), httprouter.Route{Pattern: mcpserver.Path, Handler: h}), NotFound: http.HandlerFunc(srv.NotFound)})
 	public := httptest.NewServer(rt)
 	t.Cleanup(public.Close)
 	n.url = public.URL
@@ -101,7 +102,7 @@ func (n *node) connect(t *testing.T, key string) *session {
 		},
 	})
 	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{
-		Endpoint: n.url + Path, HTTPClient: &http.Client{Transport: withKey{key}}, MaxRetries: -1,
+		Endpoint: n.url + mcpserver.Path, HTTPClient: &http.Client{Transport: withKey{key}}, MaxRetries: -1,
 	}, nil)
 	if err != nil {
 		t.Fatalf("connect to node %s: %v", n.id, err)
@@ -286,4 +287,13 @@ func TestToolsOnAnotherNode(t *testing.T) {
 	if !got.IsError || got.Data["statusCode"] != 502.0 || got.Data["error"] != "the node hosting this (b) did not answer; try again shortly" {
 		t.Fatalf("a host that does not answer: %+v", got)
 	}
+}
+
+// withKey adds the key to every request as Authorization: Bearer.
+type withKey struct{ key string }
+
+func (k withKey) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+k.key)
+	return http.DefaultTransport.RoundTrip(r)
 }
