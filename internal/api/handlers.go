@@ -407,7 +407,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	if q.RunID != "" {
-		run, err := s.runFor(r, q.RunID, q.AccountID, account)
+		run, err := s.opts.Gate.Run(ctx, caller(r), q.RunID, q.AccountID)
 		if err != nil {
 			return err
 		}
@@ -425,30 +425,6 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) error {
 	setNextCursor(w, next)
 	writeJSON(w, http.StatusOK, resp)
 	return nil
-}
-
-// runFor loads run id if the caller may see it: a run of account (the one
-// the request acts for), or, when no account_id was requested, of any
-// account the key may act for. Anything else is 404, so that run ids
-// cannot be probed.
-func (s *Server) runFor(r *http.Request, id, requested, account string) (store.Run, error) {
-	run, err := s.opts.Store.GetRun(r.Context(), id)
-	if err == nil && run.AccountID != account {
-		ok, aerr := s.mayAccess(r, run.AccountID)
-		if aerr != nil {
-			return run, aerr
-		}
-		if requested != "" || !ok {
-			err = store.ErrNotFound
-		}
-	}
-	if errors.Is(err, store.ErrNotFound) {
-		return run, contract.NotFound("Task run not found")
-	}
-	if err != nil {
-		return run, fmt.Errorf("get run %s: %w", id, err)
-	}
-	return run, nil
 }
 
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) error {

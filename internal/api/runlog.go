@@ -53,11 +53,10 @@ func (s *Server) runLog(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	account, err := s.actFor(r, requested)
-	if err != nil {
+	if _, err := s.actFor(r, requested); err != nil {
 		return err
 	}
-	run, err := s.runFor(r, chi.URLParam(r, "id"), requested, account)
+	run, err := s.opts.Gate.Run(r.Context(), caller(r), chi.URLParam(r, "id"), requested)
 	if err != nil {
 		return err
 	}

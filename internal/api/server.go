@@ -241,8 +241,3 @@ func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, e
 	return s.opts.Gate.Sandbox(r.Context(), caller(r), chi.URLParam(r, "id"), requested)
 }
 
-// mayAccess reports whether the caller may see something owned by account;
-// callers answer 404, never 403, so that ids cannot be probed.
-func (s *Server) mayAccess(r *http.Request, account string) (bool, error) {
-	return s.opts.Auth.MayActFor(r.Context(), principal(r), account)
-}

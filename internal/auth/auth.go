@@ -140,6 +140,7 @@ type Store interface {
 	IsOrgMember(ctx context.Context, orgID, accountID string) (bool, error)
 	SharesOrgWithAccess(ctx context.Context, a, b string) (bool, error)
 	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
+	GetRun(ctx context.Context, id string) (store.Run, error)
 }
 
 // Authenticator turns request credentials into a Principal.
@@ -287,13 +288,11 @@ func (a *Authenticator) ResolveAccount(ctx context.Context, p Principal, request
 	return requested, nil
 }
 
-// SandboxFor loads sandbox id for p under the one access rule: with
-// account (a requested account_id) only that account's sandbox, and only
-// when p may act for account (ResolveAccount's errors otherwise); without,
-// a sandbox of any account p may act for (MayActFor). A sandbox that does
-// not exist and one p may not see are the same errdefs.ErrNotFound,
-// "Sandbox not found", so that ids cannot be probed. Every front end and
-// every domain entry point that acts on a sandbox by id asks this.
+// SandboxFor loads sandbox id for p under the one access rule (Owns). A
+// sandbox that does not exist and one p may not see are the same
+// errdefs.ErrNotFound, "Sandbox not found", so that ids cannot be probed.
+// Every front end and every domain entry point that acts on a sandbox by id
+// asks this.
 func (a *Authenticator) SandboxFor(ctx context.Context, p Principal, id, account string) (store.Sandbox, error) {
 	notFound := errdefs.New(errdefs.ErrNotFound, "Sandbox not found")
 	sb, err := a.store.GetSandbox(ctx, id)
@@ -303,24 +302,53 @@ func (a *Authenticator) SandboxFor(ctx context.Context, p Principal, id, account
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, err)
 	}
+	if err := a.Owns(ctx, p, sb.AccountID, account, notFound); err != nil {
+		return store.Sandbox{}, err
+	}
+	return sb, nil
+}
+
+// RunFor loads task run id for p under the same rule as SandboxFor; what
+// p may not see is errdefs.ErrNotFound, "Task run not found".
+func (a *Authenticator) RunFor(ctx context.Context, p Principal, id, account string) (store.Run, error) {
+	notFound := errdefs.New(errdefs.ErrNotFound, "Task run not found")
+	run, err := a.store.GetRun(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Run{}, notFound
+	}
+	if err != nil {
+		return store.Run{}, fmt.Errorf("get run %s: %w", id, err)
+	}
+	if err := a.Owns(ctx, p, run.AccountID, account, notFound); err != nil {
+		return store.Run{}, err
+	}
+	return run, nil
+}
+
+// Owns is the one access rule applied to a thing owner's account holds:
+// with account (a requested account_id) the thing must be that account's,
+// and p must be allowed to act for it (ResolveAccount's errors otherwise);
+// without, p must be allowed to act for owner (MayActFor). A thing p may
+// not see is hidden, the error of a thing that does not exist.
+func (a *Authenticator) Owns(ctx context.Context, p Principal, owner, account string, hidden error) error {
 	if account != "" {
 		resolved, err := a.ResolveAccount(ctx, p, account)
 		if err != nil {
-			return store.Sandbox{}, err
+			return err
 		}
-		if sb.AccountID != resolved {
-			return store.Sandbox{}, notFound
+		if owner != resolved {
+			return hidden
 		}
-		return sb, nil
+		return nil
 	}
-	ok, err := a.MayActFor(ctx, p, sb.AccountID)
+	ok, err := a.MayActFor(ctx, p, owner)
 	if err != nil {
-		return store.Sandbox{}, err
+		return err
 	}
 	if !ok {
-		return store.Sandbox{}, notFound
+		return hidden
 	}
-	return sb, nil
+	return nil
 }
 
 // IsUUID reports whether s is a UUID in its canonical 36-character form.

@@ -229,6 +229,22 @@ func TestAccess(t *testing.T) {
 			if _, err := a.SandboxFor(ctx, p, "sbx_missing", ""); !errors.Is(err, errdefs.ErrNotFound) || errdefs.Message(err, "") != "Sandbox not found" {
 				t.Errorf("missing sandbox: %v", err)
 			}
+
+			// A run is held to the same rule (Owns): seen by the keys
+			// that may act for its account, else hidden as a missing one.
+			run := store.Run{AccountID: carol.ID, Task: "run-sandbox-command", Status: store.RunQueued, Payload: []byte("{}")}
+			if err := st.CreateRun(ctx, &run); err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range sees {
+				p, _ := a.Authenticate(ctx, tc.key)
+				if got, err := a.RunFor(ctx, p, run.ID, tc.account); !errors.Is(err, tc.want) || (err == nil && got.ID != run.ID) {
+					t.Errorf("%s: RunFor = %q, %v; want %v", tc.name, got.ID, err, tc.want)
+				}
+			}
+			if _, err := a.RunFor(ctx, p, "run_missing", ""); errdefs.Message(err, "") != "Task run not found" {
+				t.Errorf("missing run: %v", err)
+			}
 		})
 
 		t.Run("resolve defaults and bad ids", func(t *testing.T) {

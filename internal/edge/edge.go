@@ -74,6 +74,7 @@ type Authenticator interface {
 	AuthenticateKeyID(ctx context.Context, keyID string) (auth.Principal, error)
 	ResolveAccount(ctx context.Context, p auth.Principal, requested string) (string, error)
 	SandboxFor(ctx context.Context, p auth.Principal, id, account string) (store.Sandbox, error)
+	RunFor(ctx context.Context, p auth.Principal, id, account string) (store.Run, error)
 }
 
 // Gate answers the edge's questions for every front end of one server.
@@ -142,4 +143,10 @@ func (g *Gate) Account(ctx context.Context, c Caller, requested string) (string,
 // errdefs.ErrNotFound, as a sandbox that does not exist.
 func (g *Gate) Sandbox(ctx context.Context, c Caller, id, account string) (store.Sandbox, error) {
 	return g.auth.SandboxFor(ctx, c.Principal, id, account)
+}
+
+// Run loads task run id for c under the same rule as Sandbox; what c may
+// not see is errdefs.ErrNotFound, as a run that does not exist.
+func (g *Gate) Run(ctx context.Context, c Caller, id, account string) (store.Run, error) {
+	return g.auth.RunFor(ctx, c.Principal, id, account)
 }

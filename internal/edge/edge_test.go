@@ -38,6 +38,10 @@ func (keys) SandboxFor(context.Context, auth.Principal, string, string) (store.S
 	return store.Sandbox{}, nil
 }
 
+func (keys) RunFor(context.Context, auth.Principal, string, string) (store.Run, error) {
+	return store.Run{}, nil
+}
+
 // nodes is a fake cluster: a forward is signed when it carries
 // X-Signed: KEYID, sandbox "remote" is on node n2, and forwards are
 // recorded.

@@ -49,7 +49,6 @@ type Store interface {
 // Options configure the MCP server.
 type Options struct {
 	Store Store
-	Auth  *auth.Authenticator
 	// Gate authenticates callers (cluster-forwarded ones too), checks
 	// their access to a sandbox, and has the work of a sandbox another
 	// node hosts done there and new sandboxes placed as the API does.
@@ -83,8 +82,8 @@ type (
 
 // New builds the MCP endpoint.
 func New(opts Options) (*Handler, error) {
-	if opts.Store == nil || opts.Auth == nil || opts.Gate == nil || opts.Sandboxes == nil || opts.Files == nil {
-		return nil, errors.New("mcpserver: a store, an authenticator, a gate, a sandbox service and a file service are required")
+	if opts.Store == nil || opts.Gate == nil || opts.Sandboxes == nil || opts.Files == nil {
+		return nil, errors.New("mcpserver: a store, a gate, a sandbox service and a file service are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

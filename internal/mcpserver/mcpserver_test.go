@@ -90,7 +90,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Store: st, Auth: authn, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Version: "test"})
+	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -141,33 +140,11 @@ func (h *Handler) sandbox(ctx context.Context, who edge.Caller, requested, id st
 	return h.opts.Gate.Sandbox(ctx, who, id, requested)
 }
 
-// run loads a run the caller may see, as GET /api/tasks/runs?runId= does.
+// run loads a run the caller may see, as GET /api/tasks/runs?runId= does:
+// a bad account_id is refused before the run is looked up.
 func (h *Handler) run(ctx context.Context, who edge.Caller, requested, id string) (store.Run, error) {
-	notFound := contract.NotFound("Task run not found")
-	account, err := h.resolve(ctx, who, requested)
-	if err != nil {
+	if _, err := h.resolve(ctx, who, requested); err != nil {
 		return store.Run{}, err
 	}
-	run, err := h.opts.Store.GetRun(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return run, notFound
-	}
-	if err != nil {
-		return run, fmt.Errorf("get run %s: %w", id, err)
-	}
-	if run.AccountID == account {
-		return run, nil
-	}
-	// With no account_id, any account the key may act for will do.
-	if requested != "" {
-		return run, notFound
-	}
-	ok, err := h.opts.Auth.MayActFor(ctx, who.Principal, run.AccountID)
-	if err != nil {
-		return run, err
-	}
-	if !ok {
-		return run, notFound
-	}
-	return run, nil
+	return h.opts.Gate.Run(ctx, who, id, requested)
 }

@@ -61,7 +61,7 @@ func startNode(t *testing.T, st *store.Store, authn *auth.Authenticator, id stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := mcpserver.New(mcpserver.Options{Store: st, Auth: authn, Gate: gate, Sandboxes: n.mgr, Files: noFiles{}, PollInterval: 20 * time.Millisecond, Version: "test"})
+	h, err := mcpserver.New(mcpserver.Options{Store: st, Gate: gate, Sandboxes: n.mgr, Files: noFiles{}, PollInterval: 20 * time.Millisecond, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
