@@ -103,7 +103,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 		return nil, nil, err
 	}
 	portProxy := netpol.NewProxy(netpol.ProxyOptions{Resolve: mgr.GuestAddr, Logger: log.With("component", "proxy")})
-	e2bAPI, err := setupE2B(o, d, portProxy, log)
+	e2bAPI, err := setupE2B(o, d, gate, portProxy, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -173,16 +173,15 @@ func mountFrontEnds(srv *api.Server, e2bAPI *e2b.API, mounts map[string]http.Han
 
 // setupE2B builds the E2B API: its control plane, and its sandboxes' ports
 // through portProxy.
-func setupE2B(o *serveOptions, d frontEndDeps, portProxy *netpol.Proxy, log *slog.Logger) (*e2b.API, error) {
+func setupE2B(o *serveOptions, d frontEndDeps, gate *edge.Gate, portProxy *netpol.Proxy, log *slog.Logger) (*e2b.API, error) {
 	r := o.runtime
 	return e2b.New(e2b.Options{
 		Domain: o.frontEnds.e2bDomain, Ports: portProxy,
-		Sandboxes: d.dom.mgr, Store: d.stor.st, Auth: d.dom.authn, NodeID: d.stor.nodeID,
+		Sandboxes: d.dom.mgr, Store: d.stor.st, Gate: gate, NodeID: d.stor.nodeID,
 		// Every template name starts the server's image: the one it was
 		// built from names it too.
 		Templates: []string{r.template},
 		CPUs:      int(math.Ceil(r.cpus)), MemoryMB: int(r.memoryMiB), DiskMB: int(r.diskMiB), MaxTimeout: o.sandboxes.maxTimeout,
-		Cluster:     edgeCluster(d.clu),
 		DefaultUser: e2b.DefaultUserOf(d.rt.baseDir),
 		Logger:      log.With("component", "e2b"),
 	})

@@ -240,4 +240,3 @@ func (s *Server) actFor(r *http.Request, requested string) (string, error) {
 func (s *Server) sandboxFor(r *http.Request, requested string) (store.Sandbox, error) {
 	return s.opts.Gate.Sandbox(r.Context(), caller(r), chi.URLParam(r, "id"), requested)
 }
-

@@ -74,9 +74,10 @@ type Store interface {
 type Options struct {
 	Sandboxes Sandboxes
 	Store     Store
-	// Auth authenticates the control plane's callers and holds the one
-	// access rule (edge.Gate).
-	Auth edge.Authenticator
+	// Gate authenticates the callers (cluster-forwarded ones too), holds
+	// the one access rule and forwards the work of a sandbox another node
+	// hosts: the server's one gate, shared with the other front ends.
+	Gate *edge.Gate
 	// NodeID is this node's: signed file links are checked against the
 	// sandboxes it hosts.
 	NodeID string
@@ -99,11 +100,9 @@ type Options struct {
 	// names it. The operator points *.DOMAIN at sandboxd.
 	Domain string
 	// Ports serves a sandbox's ports (the port proxy).
-	Ports envd.PortProxy
-	// Cluster is nil on a single node.
-	Cluster edge.Cluster
-	Logger  *slog.Logger
-	Now     func() time.Time
+	Ports  envd.PortProxy
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // API is the E2B-compatible API: the control plane, and the envd plane
@@ -118,8 +117,8 @@ type API struct {
 
 // New builds the API.
 func New(opts Options) (*API, error) {
-	if opts.Sandboxes == nil || opts.Store == nil || opts.Auth == nil {
-		return nil, errors.New("e2b: a sandbox manager, a store and an authenticator are required")
+	if opts.Sandboxes == nil || opts.Store == nil || opts.Gate == nil {
+		return nil, errors.New("e2b: a sandbox manager, a store and a gate are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -127,12 +126,9 @@ func New(opts Options) (*API, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	gate, err := edge.NewGate(opts.Auth, opts.Cluster, opts.Logger)
-	if err != nil {
-		return nil, err
-	}
+	gate := opts.Gate
 	data, err := envd.New(envd.Options{
-		Agents: opts.Sandboxes, Store: opts.Store, Gate: gate, Clustered: opts.Cluster != nil,
+		Agents: opts.Sandboxes, Store: opts.Store, Gate: gate,
 		NodeID: opts.NodeID, DefaultUser: opts.DefaultUser, Domain: opts.Domain, Ports: opts.Ports,
 		Logger: opts.Logger, Now: opts.Now,
 	})

@@ -121,17 +121,29 @@ type fixture struct {
 	now      time.Time
 }
 
+// fixtureOptions are the API's options and the cluster its gate routes
+// through (nil: a single node).
+type fixtureOptions struct {
+	Options
+	cluster edge.Cluster
+}
+
 // newFixture serves the API over a real store; with, when given, changes
 // its options first.
-func newFixture(t *testing.T, with ...func(*Options)) *fixture {
+func newFixture(t *testing.T, with ...func(*fixtureOptions)) *fixture {
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
 	f := &fixture{t: t, st: st, now: time.Now()}
 	f.sbs = &fakeSandboxes{st: st, node: "n1"}
-	opts := Options{Sandboxes: f.sbs, Store: st, Auth: auth.NewAuthenticator(st), NodeID: "n1", CPUs: 2, MemoryMB: 512, Now: func() time.Time { return f.now }}
+	opts := fixtureOptions{Options: Options{Sandboxes: f.sbs, Store: st, NodeID: "n1", CPUs: 2, MemoryMB: 512, Now: func() time.Time { return f.now }}}
 	for _, w := range with {
 		w(&opts)
 	}
-	api, err := New(opts)
+	gate, err := edge.NewGate(auth.NewAuthenticator(st), opts.cluster, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Gate = gate
+	api, err := New(opts.Options)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +438,7 @@ func (c *fakeCluster) last() forwarded {
 // creates go where placement puts them.
 func TestClusterRouting(t *testing.T) {
 	c := &fakeCluster{remote: map[string]bool{}}
-	f := newFixture(t, func(o *Options) { o.Cluster = c })
+	f := newFixture(t, func(o *fixtureOptions) { o.cluster = c })
 	sb := f.create(f.key, nil)
 	c.remote[envd.SandboxID(sb.SandboxID)] = true
 	key := map[string]string{"X-API-Key": f.key}

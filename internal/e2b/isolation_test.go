@@ -159,7 +159,7 @@ func TestAccessRuleIsMayActFor(t *testing.T) {
 func TestTimeoutBounds(t *testing.T) {
 	securitytest.Attack(t, "e2b", "E2B timeouts no duration holds: create with timeout 9223372037 s, set timeout 18446744074 s (which wrapped to 0.29 s and stopped the sandbox), refresh, connect and fork likewise",
 		"400 naming the range (1 to --sandbox-max-timeout seconds); the sandbox's lifetime is unchanged")
-	f := newFixture(t, func(o *Options) { o.MaxTimeout = 24 * time.Hour })
+	f := newFixture(t, func(o *fixtureOptions) { o.MaxTimeout = 24 * time.Hour })
 	key := map[string]string{"X-API-Key": f.key}
 	sb := f.create(f.key, nil)
 	for _, n := range []string{"18446744074", "9223372037", "86401", "-1", "0"} {

@@ -45,6 +45,9 @@ func ClusterHandler(c Cluster, h http.Handler, log *slog.Logger, refuse func(w h
 	})
 }
 
+// Clustered says the server is a node of a cluster.
+func (g *Gate) Clustered() bool { return g.cluster != nil }
+
 // Elsewhere is the other node that hosts sandbox id when c's request for it
 // is to be served there: never on a single node, and never for a request
 // another node forwarded (no second hop).

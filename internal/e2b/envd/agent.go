@@ -172,7 +172,7 @@ func (p *Proxy) authorized(r *http.Request, e store.E2BSandbox) (ok, signed bool
 // signedFor finds the sandbox whose token signed r's file link.
 func (p *Proxy) signedFor(ctx context.Context, r *http.Request) (store.E2BSandbox, error) {
 	node := p.opts.NodeID
-	if p.opts.Clustered {
+	if p.opts.Gate.Clustered() {
 		node = "" // the link may be for a sandbox another node hosts
 	}
 	cands, err := p.opts.Store.ListLiveE2BSandboxesOn(ctx, node)

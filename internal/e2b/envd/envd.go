@@ -105,9 +105,6 @@ type Options struct {
 	Store  Store
 	// Gate serves a request for a sandbox another node hosts there.
 	Gate *edge.Gate
-	// Clustered is set when this node is part of a cluster: a signed file
-	// link may then be for a sandbox another node hosts.
-	Clustered bool
 	// NodeID is this node's: signed file links are checked against the
 	// sandboxes it hosts.
 	NodeID string

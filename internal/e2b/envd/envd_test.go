@@ -154,7 +154,7 @@ func newFixture(t *testing.T, c *fakeCluster) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.proxy, err = New(Options{Agents: fakeAgents{st, newFakeAgent()}, Store: st, Gate: gate, Clustered: c != nil,
+	f.proxy, err = New(Options{Agents: fakeAgents{st, newFakeAgent()}, Store: st, Gate: gate,
 		NodeID: "n1", Domain: "sbx.test.", Ports: f.ports, Now: func() time.Time { return f.now }})
 	if err != nil {
 		t.Fatal(err)
