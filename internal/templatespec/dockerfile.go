@@ -85,6 +85,7 @@ func ParseDockerfile(dockerfile []byte, opts ParseOptions) (*Template, error) {
 	}
 	for _, n := range res.AST.Children {
 		if err := p.instruction(n); err != nil {
+			//lint:ignore ST1005 "Dockerfile" is a name, and the message is shown as it is
 			return nil, fmt.Errorf("Dockerfile line %d: %s: %w", n.StartLine, strings.ToUpper(n.Value), err)
 		}
 	}

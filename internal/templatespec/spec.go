@@ -169,7 +169,7 @@ func (t *Template) validate(lim Limits) error {
 func (b *Base) validate(lim Limits) error {
 	switch b.Kind {
 	case BaseImage, BaseTemplate:
-		if err := checkWord("base "+string(b.Kind), b.Ref, lim.FieldBytes); err != nil {
+		if err := checkToken("base "+string(b.Kind), b.Ref, lim.FieldBytes); err != nil {
 			return err
 		}
 	case BaseBuiltin:
@@ -317,7 +317,7 @@ func checkSrc(src string, lim Limits) error {
 
 // checkUser takes "user[:group]", names or numeric ids.
 func checkUser(u string, lim Limits) error {
-	if err := checkWord("the user", u, lim.FieldBytes); err != nil {
+	if err := checkToken("the user", u, lim.FieldBytes); err != nil {
 		return err
 	}
 	user, group, hasGroup := strings.Cut(u, ":")
@@ -343,6 +343,17 @@ func checkWord(what, s string, max int) error {
 		if r < 0x20 || r == 0x7f {
 			return errdefs.Newf(errdefs.ErrInvalid, "%s %q contains a control character", what, clip(s))
 		}
+	}
+	return nil
+}
+
+// checkToken is checkWord without spaces anywhere: a reference or a name.
+func checkToken(what, s string, max int) error {
+	if err := checkWord(what, s, max); err != nil {
+		return err
+	}
+	if strings.ContainsAny(s, " \u00a0") {
+		return errdefs.Newf(errdefs.ErrInvalid, "%s %q contains a space", what, clip(s))
 	}
 	return nil
 }
