@@ -508,15 +508,22 @@ func (c *command) shell() string {
 func (p *dfParser) scope() *vars { return p.args.overlay(p.env) }
 
 // dollarName finds the variables a word may refer to, to bound what
-// substituting them can make before doing it.
-var dollarName = regexp.MustCompile(`\$\{?([A-Za-z_][A-Za-z0-9_]*)`)
+// substituting them can make before doing it; a "/" right after "${name"
+// is a pattern replacement.
+var dollarName = regexp.MustCompile(`\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(/)?`)
 
 // expand substitutes variables in word, refusing a result over max bytes
-// without building it: "ENV A=$A$A" doubles, and so would memory.
+// without building it: "ENV A=$A$A" doubles, and "${A//?/long text}"
+// multiplies, and so would memory.
 func (p *dfParser) expand(word string, scope *vars, max int) (string, error) {
 	bound := len(word)
 	for _, m := range dollarName.FindAllStringSubmatch(word, -1) {
-		v, _ := scope.get(m[1])
+		v, _ := scope.get(m[2])
+		if m[1] == "{" && m[3] == "/" {
+			// Every character of v may be replaced by up to the whole word.
+			bound += len(v) * (1 + len(word))
+			continue
+		}
 		bound += len(v)
 	}
 	if bound > 4*max {

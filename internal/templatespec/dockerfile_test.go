@@ -75,6 +75,7 @@ func TestParseDockerfileSubstitution(t *testing.T) {
 		want     []EnvVar // the last ENV step's
 	}{
 		{"default when unset", "FROM a\nENV X=${NOPE:-fallback}", nil, []EnvVar{{"X", "fallback"}}},
+		{"replacement", "FROM a\nARG V=1.2.3\nENV X=${V//./-} Y=${V/./_}", nil, []EnvVar{{"X", "1-2-3"}, {"Y", "1_2.3"}}},
 		{"alternative when set", "FROM a\nARG S=1\nENV X=${S:+yes}", nil, []EnvVar{{"X", "yes"}}},
 		{"build arg beats default", "FROM a\nARG V=def\nENV X=$V", map[string]string{"V": "given"}, []EnvVar{{"X", "given"}}},
 		{"undeclared build arg ignored", "FROM a\nENV X=${V:-none}", map[string]string{"V": "given"}, []EnvVar{{"X", "none"}}},
@@ -183,6 +184,7 @@ func TestParseDockerfileBounds(t *testing.T) {
 		{"env value", "FROM a\nENV A=" + strings.Repeat("v", 101), errdefs.ErrInvalid, "after substitution, the limit is 100"},
 		{"env total", "FROM a\nENV A=" + strings.Repeat("v", 99) + "\nENV B=" + strings.Repeat("v", 99) + "\nENV C=" + strings.Repeat("v", 99) + "\nENV D=" + strings.Repeat("v", 99), errdefs.ErrInvalid, "take more than 300 bytes"},
 		{"doubling", "FROM a\nENV A=" + strings.Repeat("v", 60) + "\nENV A=$A$A$A$A$A$A$A$A", errdefs.ErrInvalid, "would make more than 100 bytes"},
+		{"replacing", "FROM a\nENV A=" + strings.Repeat("v", 50) + "\nENV B=${A//v/xxxxxxxxxxxxxxxxxxxx}", errdefs.ErrInvalid, "would make more than 100 bytes"},
 		{"command", "FROM a\nRUN " + strings.Repeat("y", 160), errdefs.ErrInvalid, "the command is 160 bytes"},
 		{"continued command", "FROM a\nRUN " + strings.Repeat("y \\\n", 80) + "y", errdefs.ErrInvalid, "the limit is 150"},
 	}

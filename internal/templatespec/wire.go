@@ -242,8 +242,12 @@ func (t *Template) ToWire() *Wire {
 		w.FromTemplate = t.Base.Ref
 	}
 	if a := t.Base.Auth; a != nil {
+		typ := string(a.Kind)
+		if a.Kind == AuthBasic {
+			typ = "registry" // E2B's name for it
+		}
 		w.FromImageRegistry = &WireRegistry{
-			Type: map[RegistryAuthKind]string{AuthBasic: "registry", AuthAWS: "aws", AuthGCP: "gcp"}[a.Kind], Username: a.Username, Password: a.Password,
+			Type: typ, Username: a.Username, Password: a.Password,
 			AWSAccessKeyID: a.AWSAccessKeyID, AWSSecretAccessKey: a.AWSSecretAccessKey, AWSRegion: a.AWSRegion,
 			ServiceAccountJSON: a.GCPServiceAccountJSON,
 		}
