@@ -39,7 +39,7 @@ const (
 type Base struct {
 	Kind BaseKind `json:"kind"`
 	// Ref is the image reference (BaseImage, e.g. "python:3.12" or
-	// "ghcr.io/org/img@sha256:…"), the template (BaseTemplate) or the
+	// "registry.example/org/img@sha256:…"), the template (BaseTemplate) or the
 	// built-in's name (BaseBuiltin). Resolving it, and pinning it by digest,
 	// is the build runner's.
 	Ref string `json:"ref"`

@@ -13,7 +13,7 @@ import (
 )
 
 func TestCredentialsNeverShow(t *testing.T) {
-	tpl := &Template{Base: Base{Kind: BaseImage, Ref: "ghcr.io/o/i", Auth: &RegistryAuth{
+	tpl := &Template{Base: Base{Kind: BaseImage, Ref: "registry.example/o/i", Auth: &RegistryAuth{
 		Kind: AuthAWS, AWSAccessKeyID: "AKIAKEYID", AWSSecretAccessKey: "TOPSECRET", AWSRegion: "eu-west-1",
 	}}}
 	var logged bytes.Buffer
