@@ -12,6 +12,9 @@
 //     reserved and cloud metadata addresses are refused; Options.AllowPrivate
 //     lifts the refusal for the first four only. Metadata endpoints are
 //     refused whatever the options.
+//   - Dialer, the guard that does this, is exported: other packages that
+//     connect on a user's behalf (package oci, to registries) use it, so
+//     the rules live in one place.
 //   - A download never writes more than MaxBytes and never runs longer than
 //     Timeout. Environment proxies are ignored: a proxy would make the
 //     address checks meaningless.

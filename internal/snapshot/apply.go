@@ -67,7 +67,8 @@ type TarOptions struct {
 	// privileges an image's files may carry (sudo, ping). Only for a
 	// target that no unprivileged host user can reach: see package oci.
 	KeepSetID bool
-	// MaxEntries bounds the layer's entries (<= 0: unlimited); past it
+	// MaxEntries bounds the layer's entries (0: unlimited; negative:
+	// none allowed, for a bound shared with layers before); past it
 	// ApplyTar stops with ErrTooManyEntries.
 	MaxEntries int
 	// Budget is charged what the layer stores (nil: unlimited).
@@ -129,8 +130,8 @@ func applyTar(ctx context.Context, tr *tar.Reader, dir string, opts TarOptions) 
 		if rel == "" {
 			continue
 		}
-		if opts.MaxEntries > 0 && st.Entries >= opts.MaxEntries {
-			return st, fmt.Errorf("%w: more than %d", ErrTooManyEntries, opts.MaxEntries)
+		if opts.MaxEntries != 0 && st.Entries >= max(opts.MaxEntries, 0) {
+			return st, fmt.Errorf("%w: more than %d", ErrTooManyEntries, max(opts.MaxEntries, 0))
 		}
 		st.Entries++
 		if a.unpacked != nil {
