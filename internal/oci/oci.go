@@ -297,8 +297,10 @@ func newPull(ctx context.Context, ref string, opts Options) (*pull, error) {
 	if err != nil {
 		return p, errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("the config of image %s cannot be read", ref))
 	}
-	if cfg.OS != "" && cfg.OS != plat.OS {
-		return p, errdefs.Newf(errdefs.ErrInvalid, "image %s is for %s, not %s", ref, cfg.OS, plat.OS)
+	// A single-platform image is taken as it is by the library: its
+	// config says what it runs on.
+	if (cfg.OS != "" && cfg.OS != plat.OS) || (cfg.Architecture != "" && cfg.Architecture != plat.Architecture) {
+		return p, errdefs.Newf(errdefs.ErrInvalid, "image %s is for %s/%s, not %s", ref, cfg.OS, cfg.Architecture, plat)
 	}
 	p.img.Config = configOf(cfg)
 	if p.layers, err = img.Layers(); err != nil {

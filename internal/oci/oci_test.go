@@ -337,6 +337,26 @@ func TestFetchIndex(t *testing.T) {
 	}
 }
 
+func TestPlatformOfASingleImage(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	r := newRegistry(t, nil)
+	other := "riscv64"
+	if runtime.GOARCH == other {
+		other = "arm64"
+	}
+	ref := r.push(t, "foreign:1", image(t, "linux/"+other, v1.Config{}, layer(t, file("a", "a", 0o644))))
+	_, err := oci.Fetch(ctx, ref, target(t), private)
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errdefs.Message(err, ""), "is for linux/"+other+", not linux/") {
+		t.Errorf("an image for another architecture: %v", err)
+	}
+	opts := private
+	opts.Platform = "linux/" + other
+	if _, err := oci.Fetch(ctx, ref, target(t), opts); err != nil {
+		t.Errorf("asked for its platform: %v", err)
+	}
+}
+
 func TestHostileLayers(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()

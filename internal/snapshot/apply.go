@@ -532,6 +532,7 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 		kind := uint32(unix.S_IFIFO)
 		if hdr.Typeflag == tar.TypeChar {
 			if hdr.Devmajor != 0 || hdr.Devminor != 0 {
+				a.st.Devices++
 				return nil // a device node: never created from a layer
 			}
 			kind = unix.S_IFCHR // the overlay whiteout, 0:0

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 )
 
@@ -93,6 +95,8 @@ func TestApplyTarOCIPolicy(t *testing.T) {
 	layer := plainTar(t,
 		tar.Header{Typeflag: tar.TypeReg, Name: "sudo", Mode: 0o4755, Size: 1},
 		tar.Header{Typeflag: tar.TypeReg, Name: "wall", Mode: 0o2755, Size: 1},
+		tar.Header{Typeflag: tar.TypeReg, Name: "ping", Mode: 0o755, Size: 1, PAXRecords: map[string]string{
+			"SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"}},
 		tar.Header{Typeflag: tar.TypeChar, Name: "null", Devmajor: 1, Devminor: 3, Mode: 0o666},
 		tar.Header{Typeflag: tar.TypeChar, Name: "whiteout-like", Mode: 0o666},
 		tar.Header{Typeflag: tar.TypeBlock, Name: "sda", Devmajor: 8, Mode: 0o666},
@@ -123,6 +127,10 @@ func TestApplyTarOCIPolicy(t *testing.T) {
 		want := map[string]os.FileMode{"sudo": 0o755, "wall": 0o755}
 		if keep {
 			want = map[string]os.FileMode{"sudo": os.ModeSetuid | 0o755, "wall": os.ModeSetgid | 0o755}
+		}
+		_, err = unix.Lgetxattr(filepath.Join(dst, "ping"), "security.capability", make([]byte, 64))
+		if (err == nil) != keep {
+			t.Errorf("keep=%v: ping's file capability: %v", keep, err)
 		}
 		for n, m := range want {
 			if fi, err := os.Lstat(filepath.Join(dst, n)); err != nil || fi.Mode() != m {
