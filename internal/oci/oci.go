@@ -76,7 +76,7 @@ import (
 // (several GiB uncompressed, a few hundred thousand files) with room, and
 // stop what no real image needs.
 const (
-	// DefaultMaxLayers: Docker's own storage stops at 127 layers.
+	// DefaultMaxLayers: Docker's builders stop short of 128 layers.
 	DefaultMaxLayers = 128
 	// DefaultMaxLayerBytes bounds one layer's compressed blob.
 	DefaultMaxLayerBytes = 4 << 30
@@ -90,13 +90,16 @@ const (
 	DefaultMaxConfigBytes = 4 << 20
 )
 
-// Limits bound what one image may cost. Zero fields take the defaults.
+// Limits bound what one image may cost the host. Zero fields take the
+// defaults. Past one, Resolve or Fetch fails with errdefs.ErrTooLarge and a
+// message naming it; the first three are checked from the manifest before
+// any layer is read, all of them again while reading.
 type Limits struct {
-	MaxLayers      int
-	MaxLayerBytes  int64
-	MaxBytes       int64
-	MaxEntries     int
-	MaxConfigBytes int64
+	MaxLayers      int   // layers in the image
+	MaxLayerBytes  int64 // compressed bytes of one layer's blob
+	MaxBytes       int64 // uncompressed tar bytes of all layers together
+	MaxEntries     int   // tar entries of all layers together
+	MaxConfigBytes int64 // bytes of the config blob
 }
 
 func (l Limits) withDefaults() Limits {
