@@ -92,8 +92,10 @@ const (
 
 // Limits bound what one image may cost the host. Zero fields take the
 // defaults. Past one, Resolve or Fetch fails with errdefs.ErrTooLarge and a
-// message naming it; the first three are checked from the manifest before
-// any layer is read, all of them again while reading.
+// message naming it. MaxLayers, MaxLayerBytes and MaxConfigBytes are
+// checked from the manifest before any layer is read (the byte limits
+// again while reading); MaxBytes and MaxEntries while the layers are
+// read, so nothing past them is decompressed or written.
 type Limits struct {
 	MaxLayers      int   // layers in the image
 	MaxLayerBytes  int64 // compressed bytes of one layer's blob
