@@ -636,6 +636,17 @@ func TestBasicAuth(t *testing.T) {
 func bearerOnly(token string) func(http.Handler) http.Handler {
 	return func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path == "/token" {
+				// The token service: an identity (refresh) token for
+				// the access token, nothing else.
+				if req.Method == http.MethodPost && req.ParseForm() == nil && req.PostForm.Get("grant_type") == "refresh_token" && req.PostForm.Get("refresh_token") == "id-"+token {
+					fmt.Fprintf(w, `{"access_token":%q}`, token)
+					return
+				}
+				w.WriteHeader(http.StatusUnauthorized)
+				fmt.Fprintf(w, `{"errors":[{"code":"UNAUTHORIZED","message":"bad refresh token %q"}]}`, req.PostForm.Get("refresh_token"))
+				return
+			}
 			if req.Header.Get("Authorization") != "Bearer "+token {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="http://`+req.Host+`/token",service="test"`)
 				w.WriteHeader(http.StatusUnauthorized)
@@ -661,6 +672,17 @@ func TestRegistryToken(t *testing.T) {
 	_, err := oci.Fetch(ctx, ref, target(t), opts)
 	if !errors.Is(err, errdefs.ErrInvalid) || strings.Contains(fmt.Sprint(err), "tok-bad-9999") {
 		t.Errorf("a wrong token: %v", err)
+	}
+
+	// An identity token is exchanged at the token service first.
+	opts.Credentials = oci.Credentials{IdentityToken: "id-tok-good-5678"}
+	if _, err := oci.Fetch(ctx, ref, target(t), opts); err != nil {
+		t.Fatalf("with the identity token: %v", err)
+	}
+	opts.Credentials = oci.Credentials{IdentityToken: "id-bad-4321"}
+	_, err = oci.Fetch(ctx, ref, target(t), opts)
+	if !errors.Is(err, errdefs.ErrInvalid) || strings.Contains(fmt.Sprint(err), "id-bad-4321") {
+		t.Errorf("a wrong identity token: %v", err)
 	}
 }
 
