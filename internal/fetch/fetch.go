@@ -12,6 +12,9 @@
 //     reserved and cloud metadata addresses are refused; Options.AllowPrivate
 //     lifts the refusal for the first four only. Metadata endpoints are
 //     refused whatever the options.
+//   - Dialer, the guard that does this, is exported: other packages that
+//     connect on a user's behalf (package oci, to registries) use it, so
+//     the rules live in one place.
 //   - A download never writes more than MaxBytes and never runs longer than
 //     Timeout. Environment proxies are ignored: a proxy would make the
 //     address checks meaningless.
@@ -72,7 +75,7 @@ type Options struct {
 // Fetcher downloads URLs under Options. It is safe for concurrent use.
 type Fetcher struct {
 	opts   Options
-	policy Policy
+	dialer *Dialer
 	client *http.Client
 	log    *slog.Logger
 }
@@ -102,12 +105,12 @@ func New(opts Options) *Fetcher {
 	}
 	f := &Fetcher{
 		opts:   opts,
-		policy: Policy{AllowPrivate: opts.AllowPrivate, Allow: opts.Allow},
+		dialer: &Dialer{Policy: Policy{AllowPrivate: opts.AllowPrivate, Allow: opts.Allow}, Resolver: opts.Resolver},
 		log:    opts.Logger,
 	}
 	transport := &http.Transport{
 		Proxy:                 nil, // never: a proxy would dial for us, unchecked
-		DialContext:           f.dialContext,
+		DialContext:           f.dialer.DialContext,
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
@@ -230,15 +233,7 @@ func parseURL(raw string) (*url.URL, error) {
 	return u, nil
 }
 
-// checkHost refuses an IP-literal host before any connection is tried, for
-// a clear error; names are checked when dialled.
-func (f *Fetcher) checkHost(u *url.URL) error {
-	ip, err := netip.ParseAddr(u.Hostname())
-	if err != nil {
-		return nil
-	}
-	return f.policy.Check(ip)
-}
+func (f *Fetcher) checkHost(u *url.URL) error { return f.dialer.CheckHost(u.Hostname()) }
 
 func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) > f.opts.MaxRedirects {
@@ -250,9 +245,33 @@ func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {
 	return f.checkHost(req.URL)
 }
 
-// dialContext resolves addr's host once, checks every address and dials the
-// first allowed one by IP, so the connection goes where the check looked.
-func (f *Fetcher) dialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+// Dialer connects only to addresses its Policy allows: it resolves a host
+// name once, checks every address and dials the first allowed one by IP,
+// so the connection goes where the check looked (a DNS answer that changes
+// in between, DNS rebinding, changes nothing); its Control hook checks the
+// address again at connect time. Other packages that connect on a user's
+// behalf (registries) dial with it, so there is one address guard.
+type Dialer struct {
+	Policy Policy
+	// Resolver resolves host names (nil: net.DefaultResolver).
+	Resolver Resolver
+	// Timeout bounds one connection attempt (0: 15 s).
+	Timeout time.Duration
+}
+
+// CheckHost refuses an IP-literal host before any connection is tried,
+// for a clear error; names are checked when dialled.
+func (d *Dialer) CheckHost(host string) error {
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return nil
+	}
+	return d.Policy.Check(ip)
+}
+
+// DialContext is net.Dialer's DialContext, refusing what Policy refuses
+// with an *AddressError.
+func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
@@ -265,7 +284,11 @@ func (f *Fetcher) dialContext(ctx context.Context, network, addr string) (net.Co
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ips = []netip.Addr{ip}
 	} else {
-		ips, err = f.opts.Resolver.LookupNetIP(ctx, "ip", host)
+		var res Resolver = net.DefaultResolver
+		if d.Resolver != nil {
+			res = d.Resolver
+		}
+		ips, err = res.LookupNetIP(ctx, "ip", host)
 		if err != nil {
 			var dnsErr *net.DNSError
 			if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
@@ -277,16 +300,20 @@ func (f *Fetcher) dialContext(ctx context.Context, network, addr string) (net.Co
 			return nil, fmt.Errorf("resolve %s: %w", host, ErrHostNotFound)
 		}
 	}
-	d := &net.Dialer{Timeout: 15 * time.Second, Control: f.control}
+	timeout := d.Timeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	nd := &net.Dialer{Timeout: timeout, Control: d.control}
 	var firstErr error
 	for _, ip := range ips {
-		if err := f.policy.Check(ip); err != nil {
+		if err := d.Policy.Check(ip); err != nil {
 			if firstErr == nil {
 				firstErr = err
 			}
 			continue
 		}
-		conn, err := d.DialContext(ctx, network, netip.AddrPortFrom(ip.Unmap(), uint16(port)).String())
+		conn, err := nd.DialContext(ctx, network, netip.AddrPortFrom(ip.Unmap(), uint16(port)).String())
 		if err == nil {
 			return conn, nil
 		}
@@ -301,13 +328,13 @@ func (f *Fetcher) dialContext(ctx context.Context, network, addr string) (net.Co
 }
 
 // control checks the address the socket is about to connect to: the last
-// line of defence should anything dial without going through dialContext.
-func (f *Fetcher) control(_, address string, _ syscall.RawConn) error {
+// line of defence should anything dial without going through DialContext.
+func (d *Dialer) control(_, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", address, err)
 	}
-	return f.policy.Check(ap.Addr())
+	return d.Policy.Check(ap.Addr())
 }
 
 // unwrapURLError drops the *url.Error wrapper, whose text repeats the URL

@@ -39,12 +39,74 @@ func Apply(ctx context.Context, r io.Reader, dir string, b *Budget) (Manifest, e
 		return Manifest{}, err
 	}
 	defer lr.zr.Close()
+	_, err = applyTar(ctx, lr.tr, dir, TarOptions{Budget: b})
+	return lr.m, err
+}
+
+// WhiteoutFormat is how a layer says what it deletes.
+type WhiteoutFormat int
+
+const (
+	// OverlayWhiteouts are overlayfs's own, as sandboxd's layers carry
+	// them: a character device 0:0 is created as is, and a directory with
+	// the PAX xattr trusted.overlay.opaque=y drops what it held before.
+	OverlayWhiteouts WhiteoutFormat = iota
+	// OCIWhiteouts are the OCI image spec's: an entry ".wh.NAME" deletes
+	// NAME, and ".wh..wh..opq" deletes what its directory held before this
+	// layer. They are carried out, never created: a layer applied this way
+	// goes into one directory holding the layers below it, not into an
+	// overlay. Device nodes (0:0 included) are skipped and trusted.* xattrs
+	// ignored; a leading "./" in names is accepted.
+	OCIWhiteouts
+)
+
+// TarOptions change how ApplyTar applies a layer.
+type TarOptions struct {
+	Whiteouts WhiteoutFormat
+	// KeepSetID keeps setuid and setgid bits and security.capability, the
+	// privileges an image's files may carry (sudo, ping). Only for a
+	// target that no unprivileged host user can reach: see package oci.
+	KeepSetID bool
+	// MaxEntries bounds the layer's entries (0: unlimited; negative:
+	// none allowed, for a bound shared with layers before); past it
+	// ApplyTar stops with ErrTooManyEntries.
+	MaxEntries int
+	// Budget is charged what the layer stores (nil: unlimited).
+	Budget *Budget
+}
+
+// TarStats counts what ApplyTar did.
+type TarStats struct {
+	Entries   int // entries read, whiteouts included
+	Whiteouts int // OCI whiteouts and opaque markers carried out
+	Devices   int // device nodes skipped (and hard links to them)
+}
+
+// ErrTooManyEntries is returned when a layer has more entries than
+// TarOptions.MaxEntries.
+var ErrTooManyEntries = errors.New("snapshot: layer has too many entries")
+
+// ApplyTar unpacks r, an uncompressed tar layer, over dir, as Apply does
+// for sandboxd's own layers (same guarantees: nothing outside dir is
+// touched, no symlink is followed, no device node but an overlay whiteout
+// is created), with opts choosing the whiteout format and the policy for
+// privileges. On error dir holds part of the layer.
+func ApplyTar(ctx context.Context, r io.Reader, dir string, opts TarOptions) (TarStats, error) {
+	return applyTar(ctx, tar.NewReader(r), dir, opts)
+}
+
+func applyTar(ctx context.Context, tr *tar.Reader, dir string, opts TarOptions) (TarStats, error) {
+	var st TarStats
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return lr.m, fmt.Errorf("open target %s: %w", dir, err)
+		return st, fmt.Errorf("open target %s: %w", dir, err)
 	}
 	defer unix.Close(root)
-	a := &applier{root: root, b: b, buf: make([]byte, 256<<10)}
+	a := &applier{root: root, b: opts.Budget, buf: make([]byte, 256<<10), opts: opts, st: &st}
+	if opts.Whiteouts == OCIWhiteouts {
+		a.unpacked = map[string]bool{}
+		a.skipped = map[string]bool{}
+	}
 	type dirTime struct {
 		rel string
 		mt  time.Time
@@ -52,30 +114,44 @@ func Apply(ctx context.Context, r io.Reader, dir string, b *Budget) (Manifest, e
 	var dirs []dirTime
 	for {
 		if err := ctx.Err(); err != nil {
-			return lr.m, err
+			return st, err
 		}
-		hdr, err := lr.tr.Next()
+		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return lr.m, fmt.Errorf("%w: %v", ErrFormat, err)
+			return st, fmt.Errorf("%w: %v", ErrFormat, err)
 		}
-		rel, err := cleanName(hdr.Name)
+		rel, err := a.name(hdr.Name)
 		if err != nil {
-			return lr.m, err
+			return st, err
 		}
 		if rel == "" {
 			continue
 		}
-		if err := a.entry(rel, hdr, lr.tr); err != nil {
+		if opts.MaxEntries != 0 && st.Entries >= max(opts.MaxEntries, 0) {
+			return st, fmt.Errorf("%w: more than %d", ErrTooManyEntries, max(opts.MaxEntries, 0))
+		}
+		st.Entries++
+		if a.unpacked != nil {
+			done, err := a.ociWhiteout(rel)
+			if err != nil {
+				return st, fmt.Errorf("apply %s: %w", rel, err)
+			}
+			if done {
+				continue
+			}
+		}
+		if err := a.entry(rel, hdr, tr); err != nil {
 			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 				// The disk under the budget is full first (its file system
 				// has overhead): the same refusal, said the same way.
 				err = a.b.full(err)
 			}
-			return lr.m, fmt.Errorf("apply %s: %w", rel, err)
+			return st, fmt.Errorf("apply %s: %w", rel, err)
 		}
+		a.markUnpacked(rel)
 		if hdr.Typeflag == tar.TypeDir {
 			dirs = append(dirs, dirTime{rel, hdr.ModTime})
 		}
@@ -93,7 +169,7 @@ func Apply(ctx context.Context, r io.Reader, dir string, b *Budget) (Manifest, e
 		_ = unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 		done()
 	}
-	return lr.m, nil
+	return st, nil
 }
 
 // cleanName validates a tar entry name: relative, no "..", normalized.
@@ -117,6 +193,122 @@ type applier struct {
 	root int
 	b    *Budget
 	buf  []byte
+	opts TarOptions
+	st   *TarStats
+	// OCI whiteouts only: the paths this layer put in place (and their
+	// parents), which an opaque marker keeps, and the device nodes
+	// skipped, so that hard links to them are skipped too.
+	unpacked map[string]bool
+	skipped  map[string]bool
+}
+
+// name validates an entry's name as cleanName does; OCI layers may also
+// start names with "./", as tar run in a directory writes them.
+func (a *applier) name(n string) (string, error) {
+	if a.opts.Whiteouts == OCIWhiteouts {
+		for strings.HasPrefix(n, "./") {
+			n = n[2:]
+		}
+	}
+	return cleanName(n)
+}
+
+// markUnpacked records rel and its parents as put in place by this layer.
+func (a *applier) markUnpacked(rel string) {
+	if a.unpacked == nil {
+		return
+	}
+	for rel != "." && !a.unpacked[rel] {
+		a.unpacked[rel] = true
+		rel = path.Dir(rel)
+	}
+}
+
+const (
+	ociWhiteoutPrefix = ".wh."
+	ociOpaque         = ".wh..wh..opq"
+)
+
+// ociWhiteout carries out rel if it is an OCI whiteout and reports whether
+// it was one.
+func (a *applier) ociWhiteout(rel string) (bool, error) {
+	dir, base := path.Split(rel)
+	target, ok := strings.CutPrefix(base, ociWhiteoutPrefix)
+	if !ok {
+		return false, nil
+	}
+	a.st.Whiteouts++
+	dir = strings.TrimSuffix(dir, "/")
+	if base == ociOpaque {
+		return true, a.opaque(dir)
+	}
+	if target == "" || target == "." || target == ".." {
+		return true, fmt.Errorf("%w: bad whiteout %q", ErrFormat, rel)
+	}
+	pfd, name, done, err := a.parent(path.Join(dir, target), false)
+	if errors.Is(err, unix.ENOENT) {
+		return true, nil // nothing below to delete
+	}
+	if err != nil {
+		return true, err
+	}
+	defer done()
+	return true, a.removeAll(pfd, name)
+}
+
+// opaque deletes what dir held before this layer: everything under it
+// that this layer did not put there.
+func (a *applier) opaque(dir string) error {
+	fd := a.root
+	if dir != "" {
+		var err error
+		fd, err = a.beneath(a.root, dir)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+	}
+	return a.clearExcept(fd, dir)
+}
+
+// clearExcept removes the entries of the directory open as fd (at rel)
+// that this layer did not put in place, and recurses into those it did.
+func (a *applier) clearExcept(fd int, rel string) error {
+	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(dup), rel)
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		child := path.Join(rel, n)
+		if !a.unpacked[child] {
+			if err := a.removeAll(fd, n); err != nil {
+				return err
+			}
+			continue
+		}
+		cfd, err := unix.Openat(fd, n, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			continue // a file or a symlink of this layer: kept as is
+		}
+		if err != nil {
+			return err
+		}
+		err = a.clearExcept(cfd, child)
+		unix.Close(cfd)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // beneath opens rel, a directory under root, as an O_PATH descriptor
@@ -225,9 +417,16 @@ func (a *applier) clearDir(dirfd int, name string) error {
 }
 
 // keepOnApply says which extended attributes Apply sets: file capabilities
-// are privileges, and a layer is not trusted to grant them.
-func keepOnApply(name string) bool {
-	return keepXattr(name) && name != "security.capability"
+// are privileges, and a layer is not trusted to grant them unless opts
+// says so; an OCI layer sets no trusted.* xattr (overlay's among them).
+func keepOnApply(name string, opts TarOptions) bool {
+	if name == "security.capability" {
+		return opts.KeepSetID
+	}
+	if opts.Whiteouts == OCIWhiteouts && strings.HasPrefix(name, "trusted.") {
+		return false
+	}
+	return keepXattr(name)
 }
 
 func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
@@ -245,9 +444,11 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 		}
 	}
 	mode := uint32(hdr.Mode & 0o7777)
-	if hdr.Typeflag == tar.TypeDir {
+	switch {
+	case a.opts.KeepSetID:
+	case hdr.Typeflag == tar.TypeDir:
 		mode &^= unix.S_ISUID
-	} else {
+	default:
 		mode &^= unix.S_ISUID | unix.S_ISGID
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
@@ -261,7 +462,7 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 			if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
 				return err
 			}
-		} else if hdr.PAXRecords[xattrPrefix+OpaqueXattr] == "y" {
+		} else if a.opts.Whiteouts == OverlayWhiteouts && hdr.PAXRecords[xattrPrefix+OpaqueXattr] == "y" {
 			// Opaque: what lower layers had here is gone.
 			if err := a.clearDir(pfd, name); err != nil {
 				return err
@@ -287,9 +488,14 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 			return err
 		}
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
+		target, err := a.name(hdr.Linkname)
 		if err != nil || target == "" {
 			return fmt.Errorf("%w: bad hard link target %q", ErrFormat, hdr.Linkname)
+		}
+		if a.skipped[target] {
+			a.skipped[rel] = true
+			a.st.Devices++
+			return nil
 		}
 		tfd, tname, tdone, err := a.parent(target, false)
 		if err != nil {
@@ -314,10 +520,19 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 			return err
 		}
 		return unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
-	case tar.TypeChar, tar.TypeFifo:
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		if hdr.Typeflag == tar.TypeBlock || (hdr.Typeflag == tar.TypeChar && a.opts.Whiteouts == OCIWhiteouts) {
+			// A device node: never created from an image (see package oci).
+			a.st.Devices++
+			if a.skipped != nil {
+				a.skipped[rel] = true
+			}
+			return nil
+		}
 		kind := uint32(unix.S_IFIFO)
 		if hdr.Typeflag == tar.TypeChar {
 			if hdr.Devmajor != 0 || hdr.Devminor != 0 {
+				a.st.Devices++
 				return nil // a device node: never created from a layer
 			}
 			kind = unix.S_IFCHR // the overlay whiteout, 0:0
@@ -338,7 +553,7 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 		}
 		return unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 	default:
-		return nil // block devices and unknown types are skipped
+		return nil // unknown types are skipped
 	}
 	fd := int(f.Fd())
 	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
@@ -350,7 +565,7 @@ func (a *applier) entry(rel string, hdr *tar.Header, r io.Reader) error {
 	}
 	for k, v := range hdr.PAXRecords {
 		xname, ok := strings.CutPrefix(k, xattrPrefix)
-		if !ok || !keepOnApply(xname) {
+		if !ok || !keepOnApply(xname, a.opts) {
 			continue
 		}
 		if err := unix.Fsetxattr(fd, xname, []byte(v), 0); err != nil {

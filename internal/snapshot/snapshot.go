@@ -36,6 +36,12 @@
 // overlay whiteout (character device 0:0), drops setuid and setgid bits and
 // file capabilities, and writes zero blocks as holes. Every capture, apply
 // and flatten can be bounded by a Budget (the sandbox's disk limit).
+//
+// ApplyTar is the same applier for plain tar layers that are not
+// sandboxd's own: OCI image layers (package oci) with OCI whiteouts
+// (".wh.NAME", ".wh..wh..opq"), which are carried out rather than created,
+// device nodes all skipped, an entry bound, and a choice to keep setuid,
+// setgid and file capabilities for a target no other host user can reach.
 package snapshot
 
 import (
