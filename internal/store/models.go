@@ -93,6 +93,10 @@ type Sandbox struct {
 	// runs name tasks (SandboxTaskSetup, "coding-agent"); "" for one the
 	// account asked for.
 	Task string `json:"task,omitempty"`
+	// TemplateID is the template it started from ("": the built-in
+	// image). A sandbox of a template never starts from, nor writes, its
+	// account's snapshot (docs/TEMPLATES.md).
+	TemplateID string `json:"template_id,omitempty"`
 }
 
 // SandboxTaskSetup is the Task of the sandbox an account's setup runs in

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task"
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task, template_id"
 
 func scanSandbox(s scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -17,7 +17,7 @@ func scanSandbox(s scanner) (Sandbox, error) {
 	var created, updated, deadline int64
 	var stopped, remaining sql.NullInt64
 	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
-		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task); err != nil {
+		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task, &sb.TemplateID); err != nil {
 		return Sandbox{}, err
 	}
 	sb.PausedRemaining = time.Duration(remaining.Int64) * time.Millisecond
@@ -60,9 +60,9 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.OnTimeout != "" && sb.OnTimeout != OnTimeoutPause {
 		return fmt.Errorf("create sandbox: %w: on_timeout %q", ErrInvalid, sb.OnTimeout)
 	}
-	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task)
+		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 	}

@@ -1,0 +1,205 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// TemplateStatus is where a template's build is, as the API names it.
+type TemplateStatus string
+
+// Template statuses, as the API names them.
+const (
+	TemplateBuilding TemplateStatus = "building"
+	TemplateReady    TemplateStatus = "ready"
+	TemplateFailed   TemplateStatus = "failed"
+)
+
+// MaxTemplateLog bounds a template's build log: AppendTemplateLog keeps
+// its last MaxTemplateLog bytes, cut at a line's start.
+const MaxTemplateLog = 64 << 10
+
+// Template is one template's row: a name and tag of an account (""
+// for the operator's public templates), its source and, once built, what
+// it was pinned to.
+type Template struct {
+	ID        string         `json:"id"` // tpl_...
+	AccountID string         `json:"account_id"`
+	Name      string         `json:"name"`
+	Tag       string         `json:"tag"`
+	Status    TemplateStatus `json:"status"`
+	// Source is the image reference as it was asked for.
+	Source string `json:"source"`
+	// Digest is the image manifest's digest the source resolved to
+	// ("" until built).
+	Digest string `json:"digest,omitempty"`
+	// Config is the image's config a sandbox takes, as JSON ("" until
+	// built).
+	Config string `json:"config,omitempty"`
+	// FailureReason says why a failed build failed, for its user.
+	FailureReason string `json:"failure_reason,omitempty"`
+	// Log is the build's log, its last MaxTemplateLog bytes.
+	Log       string    `json:"log,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, created_at, updated_at"
+
+func scanTemplate(s scanner) (Template, error) {
+	var t Template
+	var created, updated int64
+	if err := s.Scan(&t.ID, &t.AccountID, &t.Name, &t.Tag, &t.Status, &t.Source, &t.Digest, &t.Config,
+		&t.FailureReason, &t.Log, &created, &updated); err != nil {
+		return Template{}, err
+	}
+	t.CreatedAt, t.UpdatedAt = fromMillis(created), fromMillis(updated)
+	return t, nil
+}
+
+// CreateTemplate inserts t, filling an empty ID ("tpl_..."), an empty
+// Status (building) and zero times. Another template of the same account,
+// name and tag is ErrConflict.
+func (q *Queries) CreateTemplate(ctx context.Context, t *Template) error {
+	if t == nil || t.Name == "" || t.Tag == "" || t.Source == "" {
+		return fmt.Errorf("create template: %w: name, tag and source are required", ErrInvalid)
+	}
+	if t.ID == "" {
+		t.ID = NewID("tpl_")
+	}
+	if t.Status == "" {
+		t.Status = TemplateBuilding
+	}
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = nowMS()
+	}
+	t.CreatedAt = ms(t.CreatedAt)
+	if t.UpdatedAt.IsZero() {
+		t.UpdatedAt = t.CreatedAt
+	}
+	t.UpdatedAt = ms(t.UpdatedAt)
+	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		t.ID, t.AccountID, t.Name, t.Tag, t.Status, t.Source, t.Digest, t.Config, t.FailureReason, t.Log,
+		toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
+	if err != nil {
+		return fmt.Errorf("create template %s:%s: %w", t.Name, t.Tag, mapErr(err))
+	}
+	return nil
+}
+
+// GetTemplate returns the template with the given id.
+func (q *Queries) GetTemplate(ctx context.Context, id string) (Template, error) {
+	t, err := scanTemplate(q.queryRow(ctx, "SELECT "+templateCols+" FROM templates WHERE id = ?", id))
+	if err != nil {
+		return Template{}, fmt.Errorf("get template %s: %w", id, notFound(err))
+	}
+	return t, nil
+}
+
+// ListTemplates returns the account's templates and the public ones
+// (account ""), by name and tag, the account's first.
+func (q *Queries) ListTemplates(ctx context.Context, accountID string) ([]Template, error) {
+	out, err := queryAll(ctx, q, scanTemplate, "SELECT "+templateCols+
+		" FROM templates WHERE account_id = ? OR account_id = '' ORDER BY CASE WHEN account_id = '' THEN 1 ELSE 0 END, name, tag, id", accountID)
+	if err != nil {
+		return nil, fmt.Errorf("list templates of %s: %w", accountID, err)
+	}
+	return out, nil
+}
+
+// FindTemplate returns the account's template name:tag, else the public
+// one of that name and tag; ErrNotFound when neither exists.
+func (q *Queries) FindTemplate(ctx context.Context, accountID, name, tag string) (Template, error) {
+	t, err := scanTemplate(q.queryRow(ctx, "SELECT "+templateCols+
+		" FROM templates WHERE (account_id = ? OR account_id = '') AND name = ? AND tag = ? ORDER BY CASE WHEN account_id = '' THEN 1 ELSE 0 END LIMIT 1",
+		accountID, name, tag))
+	if err != nil {
+		return Template{}, fmt.Errorf("find template %s:%s: %w", name, tag, notFound(err))
+	}
+	return t, nil
+}
+
+// FinishTemplate ends a building template's build: ready with its digest
+// and config, or failed with a reason. It reports false when the template
+// is gone or no longer building.
+func (q *Queries) FinishTemplate(ctx context.Context, id string, status TemplateStatus, digest, config, reason string) (bool, error) {
+	if status != TemplateReady && status != TemplateFailed {
+		return false, fmt.Errorf("finish template %s: %w: status %q", id, ErrInvalid, status)
+	}
+	n, err := q.execCount(ctx, "UPDATE templates SET status = ?, digest = ?, config = ?, failure_reason = ?, updated_at = ? WHERE id = ? AND status = ?",
+		status, digest, config, reason, toMillis(nowMS()), id, TemplateBuilding)
+	if err != nil {
+		return false, fmt.Errorf("finish template %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// AppendTemplateLog adds text to the template's build log, keeping its
+// last MaxTemplateLog bytes (from a line's start). A template that is gone
+// is ErrNotFound.
+func (q *Queries) AppendTemplateLog(ctx context.Context, id, text string) error {
+	return q.atomically(ctx, func(q *Queries) error {
+		var cur string
+		if err := q.writeQueryRow(ctx, "SELECT build_log FROM templates WHERE id = ?", id).Scan(&cur); err != nil {
+			return fmt.Errorf("append to the log of template %s: %w", id, notFound(err))
+		}
+		next := cur + text
+		if len(next) > MaxTemplateLog {
+			next = next[len(next)-MaxTemplateLog:]
+			if i := strings.IndexByte(next, '\n'); i >= 0 && i < len(next)-1 {
+				next = next[i+1:]
+			}
+		}
+		if _, err := q.exec(ctx, "UPDATE templates SET build_log = ?, updated_at = ? WHERE id = ?", next, toMillis(nowMS()), id); err != nil {
+			return fmt.Errorf("append to the log of template %s: %w", id, err)
+		}
+		return nil
+	})
+}
+
+// DeleteTemplate deletes template id unless a live sandbox (pending,
+// running, paused or stopping) started from it: then ErrConflict. It
+// reports whether another template still names its digest (the cached
+// root filesystem is still needed). A template that is gone is
+// ErrNotFound.
+func (q *Queries) DeleteTemplate(ctx context.Context, id string) (digestInUse bool, err error) {
+	err = q.atomically(ctx, func(q *Queries) error {
+		var digest string
+		if err := q.writeQueryRow(ctx, "SELECT digest FROM templates WHERE id = ?", id).Scan(&digest); err != nil {
+			return fmt.Errorf("delete template %s: %w", id, notFound(err))
+		}
+		in, args := inList(activeSandboxStatuses)
+		var live int
+		if err := q.writeQueryRow(ctx, "SELECT COUNT(*) FROM sandboxes WHERE template_id = ? AND status IN ("+in+")",
+			append([]any{id}, args...)...).Scan(&live); err != nil {
+			return fmt.Errorf("delete template %s: count its sandboxes: %w", id, err)
+		}
+		if live > 0 {
+			return fmt.Errorf("delete template %s: %w: %d live sandboxes started from it", id, ErrConflict, live)
+		}
+		if _, err := q.exec(ctx, "DELETE FROM templates WHERE id = ?", id); err != nil {
+			return fmt.Errorf("delete template %s: %w", id, mapDeleteErr(err))
+		}
+		if digest == "" {
+			return nil
+		}
+		var others int
+		if err := q.writeQueryRow(ctx, "SELECT COUNT(*) FROM templates WHERE digest = ?", digest).Scan(&others); err != nil {
+			return fmt.Errorf("delete template %s: count the templates of its image: %w", id, err)
+		}
+		digestInUse = others > 0
+		return nil
+	})
+	return digestInUse, err
+}
+
+// ListBuildingTemplates returns the templates whose build has not ended.
+func (q *Queries) ListBuildingTemplates(ctx context.Context) ([]Template, error) {
+	out, err := queryAll(ctx, q, scanTemplate, "SELECT "+templateCols+" FROM templates WHERE status = ? ORDER BY created_at", TemplateBuilding)
+	if err != nil {
+		return nil, fmt.Errorf("list building templates: %w", err)
+	}
+	return out, nil
+}
