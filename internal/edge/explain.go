@@ -74,6 +74,7 @@ var classes = []class{
 	// A refusal that says why (a pause refused while a run executes)
 	// keeps its words; a bare not-running is the contract's message.
 	{err: errdefs.ErrNotRunning, status: http.StatusConflict, fallback: "Sandbox is not running"},
+	{err: errdefs.ErrConflict, status: http.StatusConflict, fallback: "Conflict"},
 }
 
 // Explain is what the caller is told of err: an *Error as it is, else the

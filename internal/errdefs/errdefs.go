@@ -36,6 +36,9 @@ var (
 	ErrForbidden = errors.New("forbidden")
 	// ErrNotRunning: the sandbox is not running (409).
 	ErrNotRunning = errors.New("sandbox is not running")
+	// ErrConflict: the thing's state does not allow this now (409): a
+	// template that live sandboxes started from, one still building.
+	ErrConflict = errors.New("conflict")
 	// ErrNoRepository: the account has no repository yet (404).
 	ErrNoRepository = errors.New("no repository")
 )

@@ -98,7 +98,11 @@ func (c *Client) Exec(ctx context.Context, spec ExecSpec, pio ExecIO) (Exit, err
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	f := c.newFollower(ctx, cancel, "exec", pio, spec.TTY, spec.Detach)
-	stream, err := c.proc.Start(sctx, connect.NewRequest(req))
+	creq := connect.NewRequest(req)
+	if spec.User != "" {
+		creq.Header().Set(UserHeader, spec.User)
+	}
+	stream, err := c.proc.Start(sctx, creq)
 	return followStream(f, stream, err, (*process.StartResponse).GetEvent)
 }
 

@@ -163,9 +163,12 @@ func YamuxConfig() *yamux.Config {
 // has already merged the sandbox's and the request's); the agent adds it to
 // its own defaults (PATH, HOME, LANG, TERM).
 type ExecSpec struct {
-	Cmd     []string
-	Env     []string
-	Cwd     string
+	Cmd []string
+	Env []string
+	Cwd string
+	// User runs the process as this user of the sandbox (UserHeader);
+	// empty: the agent's own.
+	User    string
 	TTY     bool
 	Rows    uint16
 	Cols    uint16

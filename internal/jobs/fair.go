@@ -69,8 +69,9 @@ func (f *fairShare) Work(ctx context.Context, job *rivertype.JobRow, doInner fun
 func storeAccountOf(st *store.Store) func(context.Context, *rivertype.JobRow) string {
 	return func(ctx context.Context, job *rivertype.JobRow) string {
 		var ids struct {
-			RunID     string `json:"run_id"`
-			SandboxID string `json:"sandbox_id"`
+			RunID      string `json:"run_id"`
+			SandboxID  string `json:"sandbox_id"`
+			TemplateID string `json:"template_id"`
 		}
 		if err := json.Unmarshal(job.EncodedArgs, &ids); err != nil {
 			return ""
@@ -83,6 +84,10 @@ func storeAccountOf(st *store.Store) func(context.Context, *rivertype.JobRow) st
 		case ids.SandboxID != "":
 			if sb, err := st.GetSandbox(ctx, ids.SandboxID); err == nil {
 				return sb.AccountID
+			}
+		case ids.TemplateID != "":
+			if t, err := st.GetTemplate(ctx, ids.TemplateID); err == nil {
+				return t.AccountID
 			}
 		}
 		return ""

@@ -32,11 +32,23 @@ import (
 
 // Job kinds, as the API names the tasks.
 const (
-	KindRunCommand   = "run-sandbox-command"
-	KindSetupSandbox = "setup-sandbox"
-	KindCodingAgent  = "coding-agent"
-	KindStopSandbox  = "stop-sandbox"
+	KindRunCommand    = "run-sandbox-command"
+	KindSetupSandbox  = "setup-sandbox"
+	KindCodingAgent   = "coding-agent"
+	KindStopSandbox   = "stop-sandbox"
+	KindBuildTemplate = "build-template"
 )
+
+// BuildTemplateArgs builds a template (internal/templates) on the node
+// whose cache will hold it. Everything the worker needs is in the
+// template's row; the job only points at it, and runs again after a
+// restart until the row is ready or failed.
+type BuildTemplateArgs struct {
+	TemplateID string `json:"template_id"`
+}
+
+// Kind implements river.JobArgs.
+func (BuildTemplateArgs) Kind() string { return KindBuildTemplate }
 
 // RunCommandArgs runs the command of a run in its sandbox. Everything the
 // worker needs is in the run row; the job only points at it.

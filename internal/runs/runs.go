@@ -7,6 +7,7 @@ package runs
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -180,12 +181,11 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 		r.log.Warn("prepare workspace for run", "run_id", run.ID, "err", err)
 		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %s\n", errdefs.Message(err, "details are in the server log"))
 	}
+	// A run that names no directory runs in the sandbox's default one:
+	// /workspace, or its template's WORKDIR (runtime.Spec.Cwd).
 	cwd := p.Cwd
-	if cwd == "" {
-		cwd = "/workspace"
-	}
 	if p.Command == "opencode" {
-		if err := r.writeOpenCodeConfig(ctx, rsb, cwd); err != nil {
+		if err := r.writeOpenCodeConfig(ctx, rsb, cmp.Or(cwd, "/workspace")); err != nil {
 			fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: writing opencode.json failed: %v\n", err)
 		}
 	}

@@ -100,6 +100,12 @@ type Spec struct {
 	Layers []Layer
 	// Env is added to every process's environment (before ExecRequest.Env).
 	Env []string
+	// Cwd and User are the working directory and the user (a name in the
+	// root filesystem's /etc/passwd) of processes whose ExecRequest names
+	// none: a template's WORKDIR and USER. Empty: /workspace, and the
+	// agent's own user (root).
+	Cwd  string
+	User string
 	// Limits; zero fields take the runtime's defaults.
 	Limits Limits
 	// HomeSocket is the host's sandboxd API unix socket, reachable inside as
@@ -338,9 +344,12 @@ type Info struct {
 
 // ExecRequest is a process to run.
 type ExecRequest struct {
-	Cmd     []string
-	Env     []string // added to the sandbox's Env
-	Cwd     string   // default /workspace
+	Cmd []string
+	Env []string // added to the sandbox's Env
+	Cwd string   // default the Spec's Cwd, else /workspace
+	// User runs the process as this user of the sandbox (a name in its
+	// /etc/passwd); default the Spec's User, else the agent's (root).
+	User    string
 	Stdin   io.Reader
 	Stdout  io.Writer
 	Stderr  io.Writer // ignored with TTY: a terminal has one output

@@ -28,6 +28,8 @@ type Record struct {
 	BaseImage  string         `json:"base_image,omitempty"`
 	Layers     []string       `json:"layers,omitempty"` // restored layer ids, bottom first
 	Env        []string       `json:"env,omitempty"`
+	Cwd        string         `json:"cwd,omitempty"`  // default working directory of execs
+	User       string         `json:"user,omitempty"` // default user of execs
 	Limits     runtime.Limits `json:"limits"`
 	HomeSocket string         `json:"home_socket,omitempty"`
 	Hostname   string         `json:"hostname"`
@@ -44,7 +46,7 @@ type Record struct {
 func NewRecord(spec runtime.Spec, cid string) Record {
 	return Record{
 		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
-		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
+		Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
 		Network: spec.Network, CgroupPath: "/sandboxd/" + cid, Created: time.Now().UTC(),
 	}
 }
@@ -115,7 +117,10 @@ type Settings struct {
 // (Base.Settings).
 func (a *Attachment[M]) Init(s Sandbox, dir string, m M, agent func(context.Context) (*guest.Client, error), cfg Settings) {
 	a.Dir, a.M, a.cfg = dir, m, cfg
-	a.Ops = Ops{Conn: func() Conn { return Conn{Sandbox: s, Env: a.Meta().record().Env, Agent: agent} }}
+	a.Ops = Ops{Conn: func() Conn {
+		r := a.Meta().record()
+		return Conn{Sandbox: s, Env: r.Env, Cwd: r.Cwd, User: r.User, Agent: agent}
+	}}
 }
 
 // Path is a path in the state directory.

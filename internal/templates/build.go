@@ -1,0 +1,162 @@
+package templates
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/oci"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// BuildTimeout bounds one build.
+const BuildTimeout = 30 * time.Minute
+
+// buildWorker works build-template jobs.
+type buildWorker struct {
+	river.WorkerDefaults[jobs.BuildTemplateArgs]
+	s *Service
+}
+
+// Work builds the template the job names. A build that fails for the
+// user's reason (the image, the registry) marks the row failed and ends
+// the job; one cut by a stop of the server returns the error, so the
+// job runs again when the server is back.
+func (w *buildWorker) Work(ctx context.Context, job *river.Job[jobs.BuildTemplateArgs]) error {
+	return w.s.Run(ctx, job.Args.TemplateID)
+}
+
+// Run builds template id when its row is still building: resolves its
+// image, fetches it into the cache unless its digest is there, and marks
+// the row ready, or failed with a reason for its user. A context that
+// ends first leaves the row building and returns the context's error.
+func (s *Service) Run(ctx context.Context, id string) error {
+	t, err := s.st.GetTemplate(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil // deleted before its build ran
+	}
+	if err != nil {
+		return err
+	}
+	if t.Status != store.TemplateBuilding {
+		return nil // built already (a job run again after a restart)
+	}
+	logf := func(format string, a ...any) {
+		if err := s.st.AppendTemplateLog(context.WithoutCancel(ctx), id, logLine(format, a...)); err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.log.Warn("templates: write a build log", "template_id", id, "err", err)
+		}
+	}
+	bctx, cancel := context.WithTimeout(ctx, BuildTimeout)
+	defer cancel()
+	img, err := s.fetch(bctx, t, logf)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", BuildTimeout))
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			logf("build interrupted; it starts again when the server does")
+			return err
+		}
+		reason := errdefs.Message(err, "the image could not be fetched")
+		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
+		logf("build failed: %s", reason)
+		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", reason)
+		return ferr
+	}
+	cfg, err := json.Marshal(img.Config)
+	if err != nil {
+		return err
+	}
+	logf("ready: %s (%s)", img.Ref, img.Platform)
+	ok, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateReady, img.ManifestDigest, string(cfg), "")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		s.log.Info("templates: template deleted or ended while it built", "template_id", id)
+	}
+	return nil
+}
+
+// fetch resolves t's image and unpacks it into the cache unless its
+// manifest's digest is there already.
+func (s *Service) fetch(ctx context.Context, t store.Template, logf func(string, ...any)) (oci.Image, error) {
+	opts := oci.Options{AllowPrivate: s.cfg.AllowPrivate, Limits: s.cfg.Limits, Resolver: s.cfg.Resolver,
+		Logger: slog.New(logHandler{logf: logf})}
+	logf("resolving %s", t.Source)
+	img, err := oci.Resolve(ctx, t.Source, opts)
+	if err != nil {
+		return oci.Image{}, err
+	}
+	logf("resolved to %s: %d layers, %d bytes compressed", img.ManifestDigest, len(img.Layers), img.CompressedSize)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dir := s.rootfs(img.ManifestDigest)
+	if _, err := os.Stat(dir); err == nil {
+		logf("image %s is cached on this server", img.ManifestDigest)
+		return img, nil
+	}
+	tmp, err := os.MkdirTemp(s.cfg.Dir, ".fetch-")
+	if err != nil {
+		return oci.Image{}, fmt.Errorf("templates: a directory to fetch into: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o700); err != nil {
+		return oci.Image{}, err
+	}
+	// Fetch the pinned reference: the image resolved above, whatever the
+	// tag points at now.
+	got, err := oci.Fetch(ctx, img.Ref, filepath.Join(tmp, "rootfs"), opts)
+	if err != nil {
+		return oci.Image{}, err
+	}
+	if got.ManifestDigest != img.ManifestDigest {
+		return oci.Image{}, errdefs.Newf(errdefs.ErrInvalid, "image %s changed while it was fetched", t.Source)
+	}
+	logf("unpacked %d bytes in %d entries (%d device nodes skipped)", got.Size, got.Entries, got.SkippedDevices)
+	if err := os.Rename(filepath.Join(tmp, "rootfs"), dir); err != nil {
+		return oci.Image{}, fmt.Errorf("templates: move the image into the cache: %w", err)
+	}
+	return got, nil
+}
+
+// logHandler turns oci's log lines (one per layer) into build log lines.
+type logHandler struct {
+	logf  func(string, ...any)
+	attrs []slog.Attr
+}
+
+// Enabled keeps oci's Info lines (layers applied) and leaves out its
+// warnings, whose errors may name host paths.
+func (h logHandler) Enabled(_ context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo && l < slog.LevelWarn
+}
+
+func (h logHandler) Handle(_ context.Context, r slog.Record) error {
+	msg := r.Message
+	add := func(a slog.Attr) bool {
+		msg += " " + a.Key + "=" + a.Value.String()
+		return true
+	}
+	for _, a := range h.attrs {
+		add(a)
+	}
+	r.Attrs(add)
+	h.logf("%s", msg)
+	return nil
+}
+
+func (h logHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return logHandler{logf: h.logf, attrs: append(append([]slog.Attr(nil), h.attrs...), as...)}
+}
+
+func (h logHandler) WithGroup(string) slog.Handler { return h }

@@ -1,0 +1,318 @@
+// Package templates owns templates, the root filesystems sandboxes start
+// from besides the built-in image: their build (a River job that fetches
+// an OCI image with package oci into this node's cache), their rows
+// (store.Template: building, ready, failed, a bounded build log), who may
+// see them (an account's own and the operator's public ones) and what a
+// sandbox from one starts with (Image: the root filesystem, the image's
+// Env, WORKDIR and USER). This slice builds from images only, for the
+// gVisor backend; docs/TEMPLATES.md says what is not built yet.
+//
+// Invariants:
+//
+//   - The cache (Config.Dir) is private to root (0700): images carry
+//     setuid files (see package oci). An image is unpacked once per
+//     manifest digest, into a temporary directory renamed into place, so
+//     a root filesystem in the cache is always whole; a build whose digest
+//     is cached fetches no layer.
+//   - Builds survive a restart: the job is inserted with the row, and a
+//     job that finds its row still building builds it (again, from the
+//     start); one that finds it ended does nothing.
+//   - A build's failure reason and log lines are for its user
+//     (errdefs.Message): never a cause, a host path or a credential.
+//     Registry credentials are refused in this slice (nothing to store).
+//   - Access: a template of another account is not found; public
+//     templates (account "") are read by all and changed by none through
+//     this service.
+package templates
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/fetch"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/oci"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/templatespec"
+)
+
+// Access is the one access rule (auth.Authenticator's MayActFor).
+type Access interface {
+	MayActFor(ctx context.Context, p auth.Principal, target string) (bool, error)
+}
+
+// Config builds a Service.
+type Config struct {
+	Store *store.Store
+	// Jobs inserts build jobs; nil: Build fails (tests of the worker call
+	// Run themselves).
+	Jobs   *jobs.Client
+	NodeID string
+	// Dir is the cache of unpacked images, made 0700 if missing.
+	Dir string
+	// AllowPrivate lets registries on private, loopback and link-local
+	// addresses be pulled from (--templates-allow-private-registries).
+	AllowPrivate bool
+	// Limits bound an image (oci's defaults for zero fields).
+	Limits oci.Limits
+	// Resolver resolves registry hosts (default: the system's).
+	Resolver fetch.Resolver
+	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
+	Access Access
+	Logger *slog.Logger
+}
+
+// Service is the templates service.
+type Service struct {
+	cfg    Config
+	st     *store.Store
+	access Access
+	log    *slog.Logger
+	// mu makes the unpacking of one digest on this node take turns with
+	// its removal.
+	mu sync.Mutex
+}
+
+// New returns a Service, making its cache directory.
+func New(cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Dir == "" {
+		return nil, errors.New("templates: no cache directory")
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("templates: make the cache: %w", err)
+	}
+	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("templates: make the cache private: %w", err)
+	}
+	s := &Service{cfg: cfg, st: cfg.Store, access: cfg.Access, log: cfg.Logger}
+	if s.access == nil {
+		s.access = auth.NewAuthenticator(cfg.Store)
+	}
+	return s, nil
+}
+
+// BuildRequest is a template to build, as the front ends decode it. Only
+// Image is built in this slice; the other sources are refused by name.
+type BuildRequest struct {
+	// Name is "name[:tag]" (templatespec.ParseRef).
+	Name string
+	// Image is an OCI image reference, "host/repo[:tag|@digest]".
+	Image string
+	// Sent but not built yet: each is refused with a 400 naming it.
+	Dockerfile   bool
+	Steps        bool
+	FromTemplate bool
+	StartCmd     bool
+	ReadyCmd     bool
+	Credentials  bool
+}
+
+// Build validates req, records the template building and enqueues its
+// build on this node, in one transaction.
+func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest) (store.Template, error) {
+	for _, f := range []struct {
+		sent bool
+		name string
+	}{
+		{req.Dockerfile, "dockerfile"}, {req.Steps, "steps"}, {req.FromTemplate, "fromTemplate"},
+		{req.StartCmd, "startCmd"}, {req.ReadyCmd, "readyCmd"},
+	} {
+		if f.sent {
+			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
+		}
+	}
+	if req.Credentials {
+		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: credentials are not supported yet; templates are built from public images for now")
+	}
+	if req.Name == "" {
+		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "name: required")
+	}
+	ref, err := templatespec.ParseRef(req.Name)
+	if err != nil {
+		return store.Template{}, err
+	}
+	image := strings.TrimSpace(req.Image)
+	switch {
+	case image == "":
+		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "image: required")
+	case len(image) > 512:
+		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "image: longer than 512 characters")
+	}
+	if p.AccountID == "" {
+		return store.Template{}, errdefs.New(errdefs.ErrForbidden, "templates belong to an account")
+	}
+	if s.cfg.Jobs == nil {
+		return store.Template{}, errors.New("templates: no job queue")
+	}
+	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding,
+		Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
+	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
+		if err := q.CreateTemplate(ctx, &t); err != nil {
+			return err
+		}
+		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
+	})
+	if errors.Is(err, store.ErrConflict) {
+		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", ref.Name, ref.Tag)
+	}
+	if err != nil {
+		return store.Template{}, fmt.Errorf("record template: %w", err)
+	}
+	return t, nil
+}
+
+// List returns the caller's account's templates and the public ones.
+func (s *Service) List(ctx context.Context, p auth.Principal) ([]store.Template, error) {
+	return s.st.ListTemplates(ctx, p.AccountID)
+}
+
+// Get returns template id when p may see it (its account's, or public);
+// else, as when it does not exist, errdefs.ErrNotFound.
+func (s *Service) Get(ctx context.Context, p auth.Principal, id string) (store.Template, error) {
+	notFound := errdefs.New(errdefs.ErrNotFound, "Template not found")
+	t, err := s.st.GetTemplate(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Template{}, notFound
+	}
+	if err != nil {
+		return store.Template{}, err
+	}
+	if t.AccountID == "" {
+		return t, nil
+	}
+	ok, err := s.access.MayActFor(ctx, p, t.AccountID)
+	if err != nil {
+		return store.Template{}, err
+	}
+	if !ok {
+		return store.Template{}, notFound
+	}
+	return t, nil
+}
+
+// Delete deletes template id of p's account; refused (409) while a live
+// sandbox (running or paused) started from it, and for a public one (403).
+// The cached root filesystem goes when no other template names its image.
+func (s *Service) Delete(ctx context.Context, p auth.Principal, id string) error {
+	t, err := s.Get(ctx, p, id)
+	if err != nil {
+		return err
+	}
+	if t.AccountID == "" {
+		return errdefs.New(errdefs.ErrForbidden, "public templates are the operator's")
+	}
+	inUse, err := s.st.DeleteTemplate(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return errdefs.Newf(errdefs.ErrConflict, "template %s:%s is in use by running or paused sandboxes; stop them first", t.Name, t.Tag)
+	case errors.Is(err, store.ErrNotFound):
+		return errdefs.New(errdefs.ErrNotFound, "Template not found")
+	case err != nil:
+		return err
+	}
+	if t.Digest != "" && !inUse {
+		s.removeCached(t.Digest)
+	}
+	return nil
+}
+
+// Image is what a sandbox from a template starts from.
+type Image struct {
+	TemplateID string
+	Ref        string // "name:tag"
+	// RootFS is the unpacked image (runtime.Spec.BaseDir); BaseImage
+	// names it ("oci:<digest>").
+	RootFS    string
+	BaseImage string
+	Config    oci.Config
+}
+
+// Find resolves "name[:tag]" for account: its own template, else a public
+// one. It must be ready: building is a 409 that says so, failed a 409
+// with its reason; unknown is a 404.
+func (s *Service) Find(ctx context.Context, accountID, name string) (Image, error) {
+	ref, err := templatespec.ParseRef(name)
+	if err != nil {
+		return Image{}, err
+	}
+	t, err := s.st.FindTemplate(ctx, accountID, ref.Name, ref.Tag)
+	if errors.Is(err, store.ErrNotFound) {
+		return Image{}, errdefs.Newf(errdefs.ErrNotFound, "template %s not found", ref)
+	}
+	if err != nil {
+		return Image{}, err
+	}
+	return s.image(t)
+}
+
+// ByID is the image of template id, for a sandbox that started from it
+// (a restart, a resume): it must still be ready and cached.
+func (s *Service) ByID(ctx context.Context, id string) (Image, error) {
+	t, err := s.st.GetTemplate(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return Image{}, errdefs.New(errdefs.ErrNotFound, "its template was deleted")
+	}
+	if err != nil {
+		return Image{}, err
+	}
+	return s.image(t)
+}
+
+func (s *Service) image(t store.Template) (Image, error) {
+	ref := t.Name + ":" + t.Tag
+	switch t.Status {
+	case store.TemplateBuilding:
+		return Image{}, errdefs.Newf(errdefs.ErrConflict, "template %s is still building; try again when it is ready", ref)
+	case store.TemplateFailed:
+		return Image{}, errdefs.Newf(errdefs.ErrConflict, "template %s failed to build: %s", ref, t.FailureReason)
+	}
+	var cfg oci.Config
+	if err := json.Unmarshal([]byte(t.Config), &cfg); err != nil {
+		return Image{}, fmt.Errorf("template %s: its config: %w", t.ID, err)
+	}
+	dir := s.rootfs(t.Digest)
+	if _, err := os.Stat(dir); err != nil {
+		// Built on another node, or its cache was cleared: not here.
+		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s is not on this server's disk; build it again", ref))
+	}
+	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg}, nil
+}
+
+// rootfs is where the image of digest ("sha256:...") is unpacked.
+func (s *Service) rootfs(digest string) string {
+	return filepath.Join(s.cfg.Dir, strings.ReplaceAll(digest, ":", "-"))
+}
+
+func (s *Service) removeCached(digest string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := os.RemoveAll(s.rootfs(digest)); err != nil {
+		s.log.Warn("templates: remove a cached image", "digest", digest, "err", err)
+	}
+}
+
+// logLine is one line of a build log, timestamped.
+func logLine(format string, a ...any) string {
+	return time.Now().UTC().Format(time.RFC3339) + " " + fmt.Sprintf(format, a...) + "\n"
+}
+
+// RegisterWorkers adds the build worker to w.
+func (s *Service) RegisterWorkers(w *river.Workers) {
+	river.AddWorker(w, &buildWorker{s: s})
+}
