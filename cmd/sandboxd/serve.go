@@ -49,6 +49,7 @@ type serveOptions struct {
 	forge     forgeOptions
 	persist   persistOptions
 	sandboxes sandboxOptions
+	templates templatesOptions
 	agents    agentOptions
 	retention retentionOptions
 	models    modelOptions
@@ -68,6 +69,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	o.forge.register(f)
 	o.persist.register(f)
 	o.sandboxes.register(f)
+	o.templates.register(f)
 	o.agents.register(f)
 	o.retention.register(f)
 	o.models.register(f)

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/retention"
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
 // The domain: the job queue, repositories and files, persistence, the
@@ -42,6 +43,7 @@ type domain struct {
 	members *membership.Membership
 	agents  *agents.Service
 	sweeper *retention.Sweeper
+	tpls    *templates.Service
 }
 
 // domainDeps are the components the domain is built on.
@@ -68,6 +70,9 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 		return nil, err
 	}
 	if dom.persist, err = setupPersistence(o.persist, o.runtime.diskMiB, d, dom.repos, log); err != nil {
+		return nil, err
+	}
+	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, workers, log); err != nil {
 		return nil, err
 	}
 	// The setup runs: the manager starts an account's first, the tasks

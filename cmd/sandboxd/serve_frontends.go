@@ -133,6 +133,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 		Runtime:      describeRuntime(d.rt.rt),
 		Degraded:     degradedSummaries(d.rt.degraded),
 		Environments: d.dom.persist,
+		Templates:    d.dom.tpls,
 		Sandboxes:    mgr,
 		SandboxFiles: mgr,
 		Agents:       d.dom.agents,

@@ -63,9 +63,10 @@ func setupManager(o *serveOptions, d domainDeps, dom *domain, setups *agents.Set
 			Image:            r.imageName(),
 			Network:          d.nw.policy,
 		},
-		Persist: dom.persist,
-		Hooks:   sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist),
-		Logger:  log.With("component", "sandbox"),
+		Persist:   dom.persist,
+		Templates: dom.tpls,
+		Hooks:     sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist),
+		Logger:    log.With("component", "sandbox"),
 
 		LogMaxBytes: r.logMaxMiB << 20,
 		Setups:      setups,

@@ -28,6 +28,9 @@ type route struct {
 	query       any  // struct whose json fields are the query parameters
 	body        any  // request body type
 	ok          any  // 200 body type
+	accepted    bool // ok is answered with 202 Accepted (work goes on)
+	// conflict, when set, documents the route's 409 (what it refuses).
+	conflict string
 	okNullable  bool // the 200 body may be JSON null instead
 	stream      bool // may answer text/event-stream
 	// eventsOnly: the route answers only text/event-stream; ok is the
@@ -187,7 +190,15 @@ func openAPIDocument(routes []route, version string) ([]byte, error) {
 					"schema":      map[string]any{"type": "string"},
 				}}
 			}
-			responses["200"] = ok
+			if rt.accepted {
+				ok["description"] = "Accepted: the work goes on in the background"
+				responses["202"] = ok
+			} else {
+				responses["200"] = ok
+			}
+		}
+		if rt.conflict != "" {
+			responses["409"] = map[string]any{"description": rt.conflict, "content": map[string]any{"application/json": map[string]any{"schema": errRef}}}
 		}
 		if rt.rawOK != "" {
 			responses["200"] = map[string]any{"description": "Success", "content": map[string]any{rt.rawOK: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}}

@@ -60,6 +60,9 @@ type Options struct {
 	// RunLogs opens the logs of the runs this node worked, for GET
 	// /api/tasks/runs/{id}/log; nil answers 501.
 	RunLogs RunLogService
+	// Templates builds and keeps the accounts' templates (/api/templates);
+	// nil answers 501.
+	Templates TemplateService
 	// Environments owns the accounts' environment rows (PATCH
 	// /api/sandboxes).
 	Environments EnvironmentService

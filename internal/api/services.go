@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
 // Services return errdefs errors; edge.Explain tells them.
@@ -53,6 +54,15 @@ type SandboxService interface {
 	// CheckRepoURL refuses (errdefs.ErrInvalid) a repository URL that the account
 	// may not name: one on the configured forge that is not its own mirror.
 	CheckRepoURL(accountID, url string) error
+}
+
+// TemplateService builds and keeps the accounts' templates
+// (internal/templates).
+type TemplateService interface {
+	Build(ctx context.Context, p auth.Principal, req templates.BuildRequest) (store.Template, error)
+	List(ctx context.Context, p auth.Principal) ([]store.Template, error)
+	Get(ctx context.Context, p auth.Principal, id string) (store.Template, error)
+	Delete(ctx context.Context, p auth.Principal, id string) error
 }
 
 // EnvironmentService owns the account's environment row (internal/persist).

@@ -59,13 +59,15 @@ type SnapshotRow struct {
 type CreateSandboxRequest struct {
 	Command   string   `json:"command,omitempty" jsonschema:"minLength=1,description=Command to run in the sandbox (not with prompt)"`
 	Args      []string `json:"args,omitempty"`
-	Cwd       string   `json:"cwd,omitempty" jsonschema:"description=Working directory (default /workspace)"`
+	Cwd       string   `json:"cwd,omitempty" jsonschema:"description=Working directory (default /workspace, or the template's WORKDIR)"`
 	Prompt    string   `json:"prompt,omitempty" jsonschema:"minLength=1,description=Prompt for opencode run (not with command)"`
 	AccountID string   `json:"account_id,omitempty" jsonschema:"format=uuid"`
 	Timeout   int64    `json:"timeout,omitempty" jsonschema:"minimum=1,description=Lifetime in milliseconds (sandboxd; default 10 minutes)"`
 	// Network is the sandbox's network policy (sandboxd): "none", "egress",
 	// or {"allow": ["cidr, address, domain or *.domain", ...]}.
 	Network *netpol.Policy `json:"network,omitempty"`
+	// Template starts the sandbox from a template (sandboxd).
+	Template string `json:"template,omitempty" jsonschema:"minLength=1,maxLength=192,description=Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now)"`
 }
 
 // SandboxesResponse answers POST /api/sandboxes.

@@ -59,7 +59,14 @@ func ParseCreateSandbox(a Args) (CreateSandboxRequest, error) {
 	if hasCmd && hasPrompt {
 		return req, FieldError("Cannot specify both command and prompt", "prompt")
 	}
-	req.Command, req.Prompt, req.Timeout = cmd, prompt, timeout
+	tpl, hasTpl, err := o.str("template")
+	if err != nil {
+		return req, err
+	}
+	if hasTpl && tpl == "" {
+		return req, FieldError("template cannot be empty", "template")
+	}
+	req.Command, req.Prompt, req.Timeout, req.Template = cmd, prompt, timeout, tpl
 	return req, nil
 }
 

@@ -82,6 +82,11 @@ func (h *layersHook) Prestart(ctx context.Context, sb store.Sandbox, spec *runti
 	if sb.ForkedFrom != "" {
 		return nil // its filesystem is its parent's, not the snapshot's
 	}
+	if sb.TemplateID != "" {
+		// The account's snapshot is a layer over the built-in image: a
+		// sandbox from a custom template never starts from it.
+		return nil
+	}
 	layers, snapID, release, err := h.s.Layers(ctx, sb.AccountID)
 	if err != nil {
 		// A snapshot that cannot be opened must not lock the account out.

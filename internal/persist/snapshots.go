@@ -21,7 +21,13 @@ func (s *Service) Snapshot(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 
 // Capture snapshots the sandbox's writable layer, records it (flattening a
 // chain grown past MaxDepth) and makes it the account's snapshot.
+//
+// A sandbox from a custom template never writes its account's snapshot
+// (docs/TEMPLATES.md): its layer sits on another root filesystem.
 func (s *Service) Capture(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) (store.Snapshot, error) {
+	if sb.TemplateID != "" {
+		return store.Snapshot{}, errdefs.New(errdefs.ErrInvalid, "a sandbox from a custom template does not write its account's snapshot")
+	}
 	var parent *store.Snapshot
 	if sb.SnapshotID != "" {
 		p, err := s.st.GetSnapshot(ctx, sb.SnapshotID)

@@ -171,6 +171,9 @@ func (s *Service) AfterRun(ctx context.Context, sb store.Sandbox, rsb runtime.Sa
 	if s.opts.Mirror != nil {
 		s.mirror(ctx, sb.AccountID)
 	}
+	if sb.TemplateID != "" {
+		return saved, nil // its layer is not the account's snapshot (Capture)
+	}
 	snap, err := s.Capture(ctx, sb, rsb)
 	if err != nil {
 		return saved, err

@@ -78,6 +78,10 @@ type Capabilities struct {
 	// MemorySnapshot: a running sandbox's memory can be saved and
 	// restored (pause/resume, templates).
 	MemorySnapshot bool
+	// AnyRootFS: Spec.BaseDir may be any unpacked image's directory (a
+	// template's), Spec.Cwd and Spec.User are honoured. A backend that
+	// boots only disks it built itself (the microVM's) has not.
+	AnyRootFS bool
 }
 
 // Layer is a snapshot to restore, as a stream in the snapshot format.

@@ -62,7 +62,7 @@ func (m *Manager) fork(ctx context.Context, parent store.Sandbox, count int, lif
 		kids[i] = &store.Sandbox{
 			ID: store.NewID("sbx_"), AccountID: parent.AccountID, NodeID: m.cfg.NodeID,
 			Status: store.SandboxPending, Runtime: m.rt.Name(), Network: parent.Network,
-			SnapshotID: parent.SnapshotID, ForkedFrom: parent.ID,
+			SnapshotID: parent.SnapshotID, ForkedFrom: parent.ID, TemplateID: parent.TemplateID,
 			CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime),
 		}
 	}

@@ -114,6 +114,10 @@ type Config struct {
 	// 0: caplog.DefaultSize.
 	LogMaxBytes int64
 
+	// Templates finds the templates sandboxes start from
+	// (internal/templates); nil: a request for one is refused.
+	Templates Templates
+
 	// Setups is the account setup task (internal/agents' Setups); nil:
 	// no setup on first use, and runs wait for none.
 	Setups Setups
@@ -278,7 +282,11 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 			return store.Sandbox{}, "", err
 		}
 	}
-	sb, _, err := m.launch(ctx, accountID, "", lifetime, 0, policy, req.OnTimeout)
+	templateID, err := m.template(ctx, accountID, req.Template)
+	if err != nil {
+		return store.Sandbox{}, "", err
+	}
+	sb, _, err := m.launch(ctx, accountID, "", lifetime, 0, policy, req.OnTimeout, templateID)
 	if err != nil {
 		return sb, "", err
 	}
@@ -309,12 +317,13 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 // raises the account's limit for this one (setup gets one place beyond it,
 // so that a user who is at the quota still gets set up).
 func (m *Manager) Launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy) (store.Sandbox, runtime.Sandbox, error) {
-	return m.launch(ctx, accountID, task, lifetime, extra, policy, "")
+	return m.launch(ctx, accountID, task, lifetime, extra, policy, "", "")
 }
 
 // launch is Launch of a sandbox whose deadline does onTimeout; task is ""
-// for a sandbox the account asked for.
-func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout string) (_ store.Sandbox, _ runtime.Sandbox, err error) {
+// for a sandbox the account asked for, templateID "" for one of the
+// built-in image.
+func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout, templateID string) (_ store.Sandbox, _ runtime.Sandbox, err error) {
 	defer func(start time.Time) { m.ops.observe(opCreate, start, err) }(time.Now())
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
@@ -331,6 +340,7 @@ func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime t
 		ID: store.NewID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout, Task: task,
+		TemplateID: templateID,
 	}
 	release, err := m.admitDisk(ctx, 1)
 	if err != nil {
@@ -386,6 +396,9 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
 	spec := m.baseSpec(*sb)
+	if err := m.fromTemplate(ctx, *sb, &spec); err != nil {
+		return fail(errdefs.Message(err, "could not open its template"), err)
+	}
 	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
 		return fail(reason, err)
 	}

@@ -28,6 +28,9 @@ type CreateRequest struct {
 	// store.OnTimeoutPause pauses it with its memory (the runtime must be
 	// able to).
 	OnTimeout string
+	// Template is "name[:tag]" of the account's (or a public) template to
+	// start from instead of the built-in image ("": the built-in one).
+	Template string
 }
 
 // ExecRequest is a command to run in a running sandbox.

@@ -266,7 +266,7 @@ func installAgent(src, dst string) error {
 // netstack in the sandbox's namespace; memory snapshots with runsc
 // checkpoint and restore (Pause, Resume).
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Network: true, MemorySnapshot: true}
+	return runtime.Capabilities{Network: true, MemorySnapshot: true, AnyRootFS: true}
 }
 
 // Platform is the gVisor platform in use; Rejected says why the faster ones

@@ -66,7 +66,7 @@ type Runtime struct {
 
 // New returns an empty fake runtime.
 func New() *Runtime {
-	return &Runtime{caps: runtime.Capabilities{Network: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]string{}, claimed: map[string]bool{}}
+	return &Runtime{caps: runtime.Capabilities{Network: true, AnyRootFS: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]string{}, claimed: map[string]bool{}}
 }
 
 var (

@@ -1,0 +1,74 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandboxd/sandboxd/internal/contract"
+)
+
+// The template routes: a build, the list, one template, its deletion.
+// Templates are the caller's account's (or public); the service applies
+// the one access rule (another account's is not found).
+
+func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
+	req, _, err := bindBody(s, w, r, contract.ParseBuildTemplate)
+	if err != nil {
+		return err
+	}
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	t, err := s.opts.Templates.Build(r.Context(), caller(r).Principal, req.Domain())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, contract.TemplateResponse{Status: "success", Template: contract.TemplateView(t, false)})
+	return nil
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	list, err := s.opts.Templates.List(r.Context(), caller(r).Principal)
+	if err != nil {
+		return err
+	}
+	resp := contract.TemplatesResponse{Status: "success", Templates: make([]contract.Template, 0, len(list))}
+	for _, t := range list {
+		resp.Templates = append(resp.Templates, contract.TemplateView(t, false))
+	}
+	writeJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	t, err := s.opts.Templates.Get(r.Context(), caller(r).Principal, chi.URLParam(r, "id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.TemplateResponse{Status: "success", Template: contract.TemplateView(t, true)})
+	return nil
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	p := caller(r).Principal
+	id := chi.URLParam(r, "id")
+	t, err := s.opts.Templates.Get(r.Context(), p, id)
+	if err != nil {
+		return err
+	}
+	if err := s.opts.Templates.Delete(r.Context(), p, id); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.TemplateResponse{Status: "success", Template: contract.TemplateView(t, false)})
+	return nil
+}

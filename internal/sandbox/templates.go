@@ -1,0 +1,73 @@
+package sandbox
+
+import (
+	"context"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/templates"
+)
+
+// Templates finds the templates sandboxes start from; package templates'
+// Service is one.
+type Templates interface {
+	// Find resolves "name[:tag]" among the account's templates, then the
+	// public ones; it must be ready (errdefs classes otherwise).
+	Find(ctx context.Context, accountID, name string) (templates.Image, error)
+	// ByID is the image of a template a sandbox started from.
+	ByID(ctx context.Context, id string) (templates.Image, error)
+}
+
+// template resolves a create's template to its id ("" for none), refusing
+// what this server cannot start.
+func (m *Manager) template(ctx context.Context, accountID, name string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+	if !m.rt.Capabilities().AnyRootFS {
+		return "", errdefs.New(errdefs.ErrInvalid, "custom templates run on the gVisor backend only for now")
+	}
+	if m.cfg.Templates == nil {
+		return "", errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
+	}
+	img, err := m.cfg.Templates.Find(ctx, accountID, name)
+	if err != nil {
+		return "", err
+	}
+	return img.TemplateID, nil
+}
+
+// fromTemplate makes spec start from sb's template, when it has one: its
+// root filesystem, with the image's Env added and its WORKDIR and USER the
+// defaults of the sandbox's commands. The account's snapshot is never
+// restored on it (persist's layers hook leaves it out), and the pool and
+// the prewarmed sandboxes, which are of the built-in image, never serve it
+// (runtime.PrewarmKey and the warm pool compare BaseDir).
+func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+	if sb.TemplateID == "" {
+		return nil
+	}
+	if m.cfg.Templates == nil {
+		return errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
+	}
+	img, err := m.cfg.Templates.ByID(ctx, sb.TemplateID)
+	if err != nil {
+		return err
+	}
+	spec.BaseDir, spec.BaseImage = img.RootFS, img.BaseImage
+	spec.Env = append(spec.Env, img.Config.Env...)
+	spec.Cwd = img.Config.WorkingDir
+	spec.User = userName(img.Config.User)
+	return nil
+}
+
+// userName is the user part of an image's USER ("name", "name:group"):
+// the agent runs commands as a user its /etc/passwd names. A numeric uid
+// is passed as it is, and refused by the agent unless a user has that
+// name.
+func userName(user string) string {
+	name, _, _ := strings.Cut(user, ":")
+	return name
+}
