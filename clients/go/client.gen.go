@@ -422,6 +422,57 @@ func (e StatusResponseStatus) Valid() bool {
 	}
 }
 
+// Defines values for TemplateStatus.
+const (
+	TemplateStatusBuilding TemplateStatus = "building"
+	TemplateStatusFailed   TemplateStatus = "failed"
+	TemplateStatusReady    TemplateStatus = "ready"
+)
+
+// Valid indicates whether the value is a known member of the TemplateStatus enum.
+func (e TemplateStatus) Valid() bool {
+	switch e {
+	case TemplateStatusBuilding:
+		return true
+	case TemplateStatusFailed:
+		return true
+	case TemplateStatusReady:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TemplateResponseStatus.
+const (
+	TemplateResponseStatusSuccess TemplateResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the TemplateResponseStatus enum.
+func (e TemplateResponseStatus) Valid() bool {
+	switch e {
+	case TemplateResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TemplatesResponseStatus.
+const (
+	TemplatesResponseStatusSuccess TemplatesResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the TemplatesResponseStatus enum.
+func (e TemplatesResponseStatus) Valid() bool {
+	switch e {
+	case TemplatesResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for TreeEntryType.
 const (
 	TreeEntryTypeBlob TreeEntryType = "blob"
@@ -487,6 +538,33 @@ type AccountRequest struct {
 	AccountID *string `json:"account_id,omitempty"`
 }
 
+// BuildTemplateRequest defines model for BuildTemplateRequest.
+type BuildTemplateRequest struct {
+	// Name name[:tag]: a name of 1 to 63 lower-case letters
+	Name string `json:"name"`
+
+	// Image The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved)
+	Image *string `json:"image,omitempty"`
+
+	// Dockerfile Not supported yet (400)
+	Dockerfile *string `json:"dockerfile,omitempty"`
+
+	// Steps Not supported yet (400)
+	Steps *[]map[string]interface{} `json:"steps,omitempty"`
+
+	// FromTemplate Not supported yet (400)
+	FromTemplate *string `json:"fromTemplate,omitempty"`
+
+	// StartCmd Not supported yet (400)
+	StartCmd *string `json:"startCmd,omitempty"`
+
+	// ReadyCmd Not supported yet (400)
+	ReadyCmd *string `json:"readyCmd,omitempty"`
+
+	// Registry Registry credentials: not supported yet (400); only public images are built for now
+	Registry *map[string]interface{} `json:"registry,omitempty"`
+}
+
 // CodingAgentRequest defines model for CodingAgentRequest.
 type CodingAgentRequest struct {
 	RepoURL string `json:"repo_url"`
@@ -527,7 +605,7 @@ type CreateSandboxRequest struct {
 	Command *string   `json:"command,omitempty"`
 	Args    *[]string `json:"args,omitempty"`
 
-	// Cwd Working directory (default /workspace)
+	// Cwd Working directory (default /workspace
 	Cwd *string `json:"cwd,omitempty"`
 
 	// Prompt Prompt for opencode run (not with command)
@@ -539,6 +617,9 @@ type CreateSandboxRequest struct {
 
 	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
 	Network *NetworkPolicy `json:"network,omitempty"`
+
+	// Template Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now)
+	Template *string `json:"template,omitempty"`
 }
 
 // DeleteSandboxesResponse defines model for DeleteSandboxesResponse.
@@ -921,6 +1002,61 @@ type StatusResponse struct {
 // StatusResponseStatus defines model for StatusResponse.Status.
 type StatusResponseStatus string
 
+// Template defines model for Template.
+type Template struct {
+	ID     string         `json:"id"`
+	Name   string         `json:"name"`
+	Tag    string         `json:"tag"`
+	Status TemplateStatus `json:"status"`
+	Public bool           `json:"public"`
+	Source string         `json:"source"`
+
+	// Digest The image manifest's digest the source was pinned to; null until ready
+	Digest *string `json:"digest"`
+
+	// Config The image's config; null until ready
+	Config *TemplateConfig `json:"config"`
+
+	// FailureReason Why the build failed; null unless failed
+	FailureReason *string `json:"failureReason"`
+
+	// Log The build's log
+	Log       *string `json:"log,omitempty"`
+	CreatedAt string  `json:"createdAt"`
+	UpdatedAt string  `json:"updatedAt"`
+}
+
+// TemplateStatus defines model for Template.Status.
+type TemplateStatus string
+
+// TemplateConfig defines model for TemplateConfig.
+type TemplateConfig struct {
+	Env          []string `json:"env"`
+	WorkingDir   string   `json:"workingDir"`
+	User         string   `json:"user"`
+	Entrypoint   []string `json:"entrypoint"`
+	Cmd          []string `json:"cmd"`
+	ExposedPorts []string `json:"exposedPorts"`
+}
+
+// TemplateResponse defines model for TemplateResponse.
+type TemplateResponse struct {
+	Status   TemplateResponseStatus `json:"status"`
+	Template Template               `json:"template"`
+}
+
+// TemplateResponseStatus defines model for TemplateResponse.Status.
+type TemplateResponseStatus string
+
+// TemplatesResponse defines model for TemplatesResponse.
+type TemplatesResponse struct {
+	Status    TemplatesResponseStatus `json:"status"`
+	Templates []Template              `json:"templates"`
+}
+
+// TemplatesResponseStatus defines model for TemplatesResponse.Status.
+type TemplatesResponseStatus string
+
 // TimeoutRequest defines model for TimeoutRequest.
 type TimeoutRequest struct {
 	// Timeout New remaining lifetime in milliseconds from now
@@ -1080,6 +1216,9 @@ type PostSandboxesIDTimeoutJSONRequestBody = TimeoutRequest
 
 // PostTasksCodingagentJSONRequestBody defines body for PostTasksCodingagent for application/json ContentType.
 type PostTasksCodingagentJSONRequestBody = CodingAgentRequest
+
+// PostTemplatesJSONRequestBody defines body for PostTemplates for application/json ContentType.
+type PostTemplatesJSONRequestBody = BuildTemplateRequest
 
 // AsNetworkPolicy0 returns the union data inside the NetworkPolicy as a NetworkPolicy0
 func (t NetworkPolicy) AsNetworkPolicy0() (NetworkPolicy0, error) {
@@ -1545,6 +1684,43 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /api/tasks/runs/{id}/log (the `GetTasksRunsIDLog` operationId).
 	GetTasksRunsIDLog(ctx context.Context, id string, params *GetTasksRunsIDLogParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplates List the account's templates and the public ones (sandboxd)
+	//
+	// Corresponds with GET /api/templates (the `GetTemplates` operationId).
+	GetTemplates(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostTemplatesWithBody Build a template from an OCI image (sandboxd)
+	//
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+	PostTemplatesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostTemplates Build a template from an OCI image (sandboxd)
+	//
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+	PostTemplates(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteTemplatesID Delete a template (sandboxd)
+	//
+	// Answers the template as it was. 409 while a running or paused sandbox started from it; 403 for a public template. The server's copy of its image goes when no other template names it.
+	//
+	// Corresponds with DELETE /api/templates/{id} (the `DeleteTemplatesID` operationId).
+	DeleteTemplatesID(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplatesID Get a template with its build's status, log and failure reason (sandboxd)
+	//
+	// A template of another account is 404.
+	//
+	// Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
+	GetTemplatesID(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetHealth Liveness and version
@@ -2296,6 +2472,93 @@ func (c *Client) GetTasksRuns(ctx context.Context, params *GetTasksRunsParams, r
 // Corresponds with GET /api/tasks/runs/{id}/log (the `GetTasksRunsIDLog` operationId).
 func (c *Client) GetTasksRunsIDLog(ctx context.Context, id string, params *GetTasksRunsIDLogParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTasksRunsIDLogRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTemplates List the account's templates and the public ones (sandboxd)
+//
+// Corresponds with GET /api/templates (the `GetTemplates` operationId).
+func (c *Client) GetTemplates(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplatesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostTemplatesWithBody Build a template from an OCI image (sandboxd)
+//
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+func (c *Client) PostTemplatesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostTemplatesRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostTemplates Build a template from an OCI image (sandboxd)
+//
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+func (c *Client) PostTemplates(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostTemplatesRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteTemplatesID Delete a template (sandboxd)
+//
+// Answers the template as it was. 409 while a running or paused sandbox started from it; 403 for a public template. The server's copy of its image goes when no other template names it.
+//
+// Corresponds with DELETE /api/templates/{id} (the `DeleteTemplatesID` operationId).
+func (c *Client) DeleteTemplatesID(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteTemplatesIDRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTemplatesID Get a template with its build's status, log and failure reason (sandboxd)
+//
+// A template of another account is 404.
+//
+// Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
+func (c *Client) GetTemplatesID(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplatesIDRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -3851,6 +4114,141 @@ func NewGetTasksRunsIDLogRequest(server string, id string, params *GetTasksRunsI
 	return req, nil
 }
 
+// NewGetTemplatesRequest constructs an http.Request for the GetTemplates method
+func NewGetTemplatesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostTemplatesRequest calls the generic PostTemplates builder with application/json body
+func NewPostTemplatesRequest(server string, body PostTemplatesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostTemplatesRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPostTemplatesRequestWithBody constructs an http.Request for the PostTemplates method, with any body, and a specified content type
+func NewPostTemplatesRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteTemplatesIDRequest constructs an http.Request for the DeleteTemplatesID method
+func NewDeleteTemplatesIDRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplatesIDRequest constructs an http.Request for the GetTemplatesID method
+func NewGetTemplatesIDRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -4251,6 +4649,49 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /api/tasks/runs/{id}/log (the `GetTasksRunsIDLog` operationId).
 	GetTasksRunsIDLogWithResponse(ctx context.Context, id string, params *GetTasksRunsIDLogParams, reqEditors ...RequestEditorFn) (*GetTasksRunsIDLogResult, error)
+
+	// GetTemplatesWithResponse List the account's templates and the public ones (sandboxd)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/templates (the `GetTemplates` operationId).
+	GetTemplatesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetTemplatesResult, error)
+
+	// PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
+	//
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+	PostTemplatesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostTemplatesResult, error)
+
+	// PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
+	//
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+	PostTemplatesWithResponse(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostTemplatesResult, error)
+
+	// DeleteTemplatesIDWithResponse Delete a template (sandboxd)
+	//
+	// Answers the template as it was. 409 while a running or paused sandbox started from it; 403 for a public template. The server's copy of its image goes when no other template names it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/templates/{id} (the `DeleteTemplatesID` operationId).
+	DeleteTemplatesIDWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*DeleteTemplatesIDResult, error)
+
+	// GetTemplatesIDWithResponse Get a template with its build's status, log and failure reason (sandboxd)
+	//
+	// A template of another account is 404.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
+	GetTemplatesIDWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDResult, error)
 }
 
 type GetHealthResult struct {
@@ -6681,6 +7122,359 @@ func (r GetTasksRunsIDLogResult) ContentType() string {
 	return ""
 }
 
+type GetTemplatesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplatesResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetTemplatesResult) GetJSON200() *TemplatesResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetTemplatesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetTemplatesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetTemplatesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetTemplatesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetTemplatesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetTemplatesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTemplatesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplatesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplatesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTemplatesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostTemplatesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *TemplateResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r PostTemplatesResult) GetJSON202() *TemplateResponse {
+	return r.JSON202
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostTemplatesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostTemplatesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostTemplatesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostTemplatesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostTemplatesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostTemplatesResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostTemplatesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostTemplatesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostTemplatesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostTemplatesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostTemplatesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostTemplatesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteTemplatesIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON200() *TemplateResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteTemplatesIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteTemplatesIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteTemplatesIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteTemplatesIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteTemplatesIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetTemplatesIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetTemplatesIDResult) GetJSON200() *TemplateResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetTemplatesIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetTemplatesIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetTemplatesIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetTemplatesIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetTemplatesIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetTemplatesIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTemplatesIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplatesIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplatesIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTemplatesIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetHealthWithResponse Liveness and version
 //
 // Returns a wrapper object for the known response body format(s).
@@ -7294,6 +8088,79 @@ func (c *ClientWithResponses) GetTasksRunsIDLogWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseGetTasksRunsIDLogResult(rsp)
+}
+
+// GetTemplatesWithResponse List the account's templates and the public ones (sandboxd)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/templates (the `GetTemplates` operationId).
+func (c *ClientWithResponses) GetTemplatesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetTemplatesResult, error) {
+	rsp, err := c.GetTemplates(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplatesResult(rsp)
+}
+
+// PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
+//
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+func (c *ClientWithResponses) PostTemplatesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostTemplatesResult, error) {
+	rsp, err := c.PostTemplatesWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostTemplatesResult(rsp)
+}
+
+// PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
+//
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/templates (the `PostTemplates` operationId).
+func (c *ClientWithResponses) PostTemplatesWithResponse(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostTemplatesResult, error) {
+	rsp, err := c.PostTemplates(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostTemplatesResult(rsp)
+}
+
+// DeleteTemplatesIDWithResponse Delete a template (sandboxd)
+//
+// Answers the template as it was. 409 while a running or paused sandbox started from it; 403 for a public template. The server's copy of its image goes when no other template names it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/templates/{id} (the `DeleteTemplatesID` operationId).
+func (c *ClientWithResponses) DeleteTemplatesIDWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*DeleteTemplatesIDResult, error) {
+	rsp, err := c.DeleteTemplatesID(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteTemplatesIDResult(rsp)
+}
+
+// GetTemplatesIDWithResponse Get a template with its build's status, log and failure reason (sandboxd)
+//
+// A template of another account is 404.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
+func (c *ClientWithResponses) GetTemplatesIDWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDResult, error) {
+	rsp, err := c.GetTemplatesID(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplatesIDResult(rsp)
 }
 
 // ParseGetHealthResult parses an HTTP response from a GetHealthWithResponse call
@@ -9257,6 +10124,299 @@ func ParseGetTasksRunsIDLogResult(rsp *http.Response) (*GetTasksRunsIDLogResult,
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplatesResult parses an HTTP response from a GetTemplatesWithResponse call
+func ParseGetTemplatesResult(rsp *http.Response) (*GetTemplatesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplatesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplatesResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostTemplatesResult parses an HTTP response from a PostTemplatesWithResponse call
+func ParsePostTemplatesResult(rsp *http.Response) (*PostTemplatesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostTemplatesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest TemplateResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteTemplatesIDResult parses an HTTP response from a DeleteTemplatesIDWithResponse call
+func ParseDeleteTemplatesIDResult(rsp *http.Response) (*DeleteTemplatesIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteTemplatesIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplatesIDResult parses an HTTP response from a GetTemplatesIDWithResponse call
+func ParseGetTemplatesIDResult(rsp *http.Response) (*GetTemplatesIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplatesIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
