@@ -86,13 +86,16 @@ func (a Args) RepoPath(name string) (string, error) {
 }
 
 // CreateError maps an error of SandboxService.Create as POST /api/sandboxes
-// does: a request's own mistake, a quota or an invalid request is told as
+// does: a request's own mistake, a quota, an invalid request, a template
+// not found (404) or not ready (409) is told as
 // edge.Explain tells it; anything else (shown false: log it) is answered
 // "Failed to create sandbox", as the original API did.
 func CreateError(err error) (mapped *edge.Error, shown bool) {
 	e, internal := edge.Explain(err, "")
 	var own *edge.Error
-	if internal || !(errors.As(err, &own) || errors.Is(err, errdefs.ErrQuota) || errors.Is(err, errdefs.ErrInvalid)) {
+	// A template that is unknown (404), building or failed (409) says so.
+	if internal || !(errors.As(err, &own) || errors.Is(err, errdefs.ErrQuota) || errors.Is(err, errdefs.ErrInvalid) ||
+		errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrConflict)) {
 		return BadRequest("Failed to create sandbox"), false
 	}
 	return e, true

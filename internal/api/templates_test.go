@@ -1,0 +1,118 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/api"
+	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/store/storetest"
+	"github.com/sandboxd/sandboxd/internal/templates"
+)
+
+// TestTemplateRoutes: the routes over the real templates service (its
+// builds are queued, not run): 202 with the template building, fields not
+// built yet refused by name, another account's template not found, 409
+// for a name and tag taken, the list and the deletion.
+func TestTemplateRoutes(t *testing.T) {
+	ctx := context.Background()
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	keys := map[string]string{}
+	for _, name := range []string{"alice", "bob"} {
+		a := store.Account{Name: name, Kind: store.AccountPersonal}
+		if err := st.CreateAccount(ctx, &a); err != nil {
+			t.Fatal(err)
+		}
+		key, prefix, hash, err := auth.NewKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.CreateAPIKey(ctx, &store.APIKey{AccountID: a.ID, Prefix: prefix, Hash: hash}); err != nil {
+			t.Fatal(err)
+		}
+		keys[name] = key
+	}
+	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(jc.Close)
+	svc, err := templates.New(templates.Config{Store: st, Jobs: jc, NodeID: "here", Dir: filepath.Join(t.TempDir(), "templates")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := api.New(api.Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test", Templates: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(who, method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("x-api-key", keys[who])
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var out map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, rec.Body)
+		}
+		return rec.Code, out
+	}
+
+	for field, body := range map[string]string{
+		"dockerfile":   `{"name":"a","dockerfile":"FROM x"}`,
+		"steps":        `{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`,
+		"fromTemplate": `{"name":"a","fromTemplate":"base"}`,
+		"registry":     `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
+	} {
+		code, out := call("alice", "POST", "/api/templates", body)
+		if code != http.StatusBadRequest || !strings.HasPrefix(out["error"].(string), field+": ") || !strings.Contains(out["error"].(string), "not supported yet") {
+			t.Fatalf("%s: %d %v", field, code, out)
+		}
+	}
+	if code, out := call("alice", "POST", "/api/templates", `{"name":"Bad","image":"registry.example/a"}`); code != http.StatusBadRequest {
+		t.Fatalf("bad name: %d %v", code, out)
+	}
+
+	code, out := call("alice", "POST", "/api/templates", `{"name":"py:3","image":"registry.example/py:3"}`)
+	if code != http.StatusAccepted || out["status"] != "success" {
+		t.Fatalf("build: %d %v", code, out)
+	}
+	tpl := out["template"].(map[string]any)
+	id := tpl["id"].(string)
+	if tpl["status"] != "building" || tpl["name"] != "py" || tpl["tag"] != "3" || tpl["public"] != false || tpl["digest"] != nil || tpl["source"] != "registry.example/py:3" {
+		t.Fatalf("template %v", tpl)
+	}
+	if code, out := call("alice", "POST", "/api/templates", `{"name":"py:3","image":"registry.example/py:3"}`); code != http.StatusConflict {
+		t.Fatalf("same name and tag: %d %v", code, out)
+	}
+	code, out = call("alice", "GET", "/api/templates/"+id, "")
+	if code != 200 || !strings.Contains(out["template"].(map[string]any)["log"].(string), "queued") {
+		t.Fatalf("get: %d %v", code, out)
+	}
+	if code, out := call("bob", "GET", "/api/templates/"+id, ""); code != http.StatusNotFound || out["error"] != "Template not found" {
+		t.Fatalf("bob gets it: %d %v", code, out)
+	}
+	if code, out := call("bob", "DELETE", "/api/templates/"+id, ""); code != http.StatusNotFound {
+		t.Fatalf("bob deletes it: %d %v", code, out)
+	}
+	if code, out := call("bob", "GET", "/api/templates", ""); code != 200 || len(out["templates"].([]any)) != 0 {
+		t.Fatalf("bob lists: %d %v", code, out)
+	}
+	if code, out := call("alice", "GET", "/api/templates", ""); code != 200 || len(out["templates"].([]any)) != 1 {
+		t.Fatalf("alice lists: %d %v", code, out)
+	}
+	if code, out := call("alice", "DELETE", "/api/templates/"+id, ""); code != 200 || out["template"].(map[string]any)["id"] != id {
+		t.Fatalf("delete: %d %v", code, out)
+	}
+	if code, _ := call("alice", "GET", "/api/templates/"+id, ""); code != http.StatusNotFound {
+		t.Fatalf("get after delete: %d", code)
+	}
+}
