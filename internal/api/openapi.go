@@ -30,9 +30,9 @@ type route struct {
 	ok          any  // 200 body type
 	accepted    bool // ok is answered with 202 Accepted (work goes on)
 	// conflict, when set, documents the route's 409 (what it refuses).
-	conflict string
-	okNullable  bool // the 200 body may be JSON null instead
-	stream      bool // may answer text/event-stream
+	conflict   string
+	okNullable bool // the 200 body may be JSON null instead
+	stream     bool // may answer text/event-stream
 	// eventsOnly: the route answers only text/event-stream; ok is the
 	// data of its last event.
 	eventsOnly bool
