@@ -24,7 +24,7 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodGet, path: "/api/health", summary: "Liveness and version", tag: "meta", public: true, ok: contract.HealthResponse{}, handler: s.health},
 		{method: http.MethodGet, path: "/api/openapi.json", summary: "This document", tag: "meta", public: true, handler: s.serveOpenAPI},
 		{method: http.MethodPost, path: "/api/sandboxes", summary: "Create a sandbox", tag: "sandboxes",
-			description: "Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId.",
+			description: "Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).",
 			body:        contract.CreateSandboxRequest{}, ok: contract.SandboxesResponse{}, handler: s.createSandbox},
 		{method: http.MethodGet, path: "/api/sandboxes", summary: "List the account's sandboxes, snapshot, repository and file tree", tag: "sandboxes",
 			query: contract.ListSandboxesQuery{}, ok: contract.ListSandboxesResponse{}, paged: true, handler: s.listSandboxes},

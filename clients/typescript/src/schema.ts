@@ -70,7 +70,7 @@ export interface paths {
         put?: never;
         /**
          * Create a sandbox
-         * @description Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId.
+         * @description Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
          */
         post: operations["postSandboxes"];
         /** Remove the account's environment */
