@@ -95,6 +95,10 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	// What was started ahead went with the last process: start it again
 	// for the accounts most likely to come back first.
 	dom.mgr.PrewarmRecent(ctx, o.runtime.prewarm)
+	// The builds this node had not finished start again.
+	if err := dom.tpls.Resume(ctx); err != nil {
+		log.Warn("resume template builds", "err", err)
+	}
 	if dom.sweeper, err = setupRetention(o.retention, d.stor, log); err != nil {
 		return nil, err
 	}

@@ -41,18 +41,20 @@ type Template struct {
 	// FailureReason says why a failed build failed, for its user.
 	FailureReason string `json:"failure_reason,omitempty"`
 	// Log is the build's log, its last MaxTemplateLog bytes.
-	Log       string    `json:"log,omitempty"`
+	Log string `json:"log,omitempty"`
+	// NodeID is the node whose cache the build fills.
+	NodeID    string    `json:"node_id,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, created_at, updated_at"
+const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, created_at, updated_at"
 
 func scanTemplate(s scanner) (Template, error) {
 	var t Template
 	var created, updated int64
 	if err := s.Scan(&t.ID, &t.AccountID, &t.Name, &t.Tag, &t.Status, &t.Source, &t.Digest, &t.Config,
-		&t.FailureReason, &t.Log, &created, &updated); err != nil {
+		&t.FailureReason, &t.Log, &t.NodeID, &created, &updated); err != nil {
 		return Template{}, err
 	}
 	t.CreatedAt, t.UpdatedAt = fromMillis(created), fromMillis(updated)
@@ -80,8 +82,8 @@ func (q *Queries) CreateTemplate(ctx context.Context, t *Template) error {
 		t.UpdatedAt = t.CreatedAt
 	}
 	t.UpdatedAt = ms(t.UpdatedAt)
-	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-		t.ID, t.AccountID, t.Name, t.Tag, t.Status, t.Source, t.Digest, t.Config, t.FailureReason, t.Log,
+	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		t.ID, t.AccountID, t.Name, t.Tag, t.Status, t.Source, t.Digest, t.Config, t.FailureReason, t.Log, t.NodeID,
 		toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("create template %s:%s: %w", t.Name, t.Tag, mapErr(err))
@@ -195,11 +197,13 @@ func (q *Queries) DeleteTemplate(ctx context.Context, id string) (digestInUse bo
 	return digestInUse, err
 }
 
-// ListBuildingTemplates returns the templates whose build has not ended.
-func (q *Queries) ListBuildingTemplates(ctx context.Context) ([]Template, error) {
-	out, err := queryAll(ctx, q, scanTemplate, "SELECT "+templateCols+" FROM templates WHERE status = ? ORDER BY created_at", TemplateBuilding)
+// ListBuildingTemplates returns the templates whose build on node has
+// not ended, oldest first.
+func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]Template, error) {
+	out, err := queryAll(ctx, q, scanTemplate, "SELECT "+templateCols+" FROM templates WHERE status = ? AND node_id = ? ORDER BY created_at, id",
+		TemplateBuilding, nodeID)
 	if err != nil {
-		return nil, fmt.Errorf("list building templates: %w", err)
+		return nil, fmt.Errorf("list building templates of %s: %w", nodeID, err)
 	}
 	return out, nil
 }

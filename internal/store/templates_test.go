@@ -30,7 +30,7 @@ func TestTemplates(t *testing.T) {
 		if err := s.CreateTemplate(ctx, &pub); err != nil {
 			t.Fatal(err)
 		}
-		other := store.Template{AccountID: bob.ID, Name: "node", Tag: "v1", Source: "registry.example/node"}
+		other := store.Template{AccountID: bob.ID, Name: "node", Tag: "v1", Source: "registry.example/node", NodeID: "n1"}
 		if err := s.CreateTemplate(ctx, &other); err != nil {
 			t.Fatal(err)
 		}
@@ -80,9 +80,12 @@ func TestTemplates(t *testing.T) {
 		if ok, _ := s.FinishTemplate(ctx, pub.ID, store.TemplateReady, "sha256:aa", "{}", ""); !ok {
 			t.Fatal("finish public")
 		}
-		building, err := s.ListBuildingTemplates(ctx)
-		if err != nil || len(building) != 1 || building[0].ID != other.ID {
+		building, err := s.ListBuildingTemplates(ctx, "n1")
+		if err != nil || len(building) != 1 || building[0].ID != other.ID || building[0].NodeID != "n1" {
 			t.Fatalf("building: %+v %v", building, err)
+		}
+		if building, _ := s.ListBuildingTemplates(ctx, "n2"); len(building) != 0 {
+			t.Fatalf("another node's builds: %+v", building)
 		}
 
 		// Delete: refused while a live sandbox started from it.

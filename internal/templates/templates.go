@@ -14,7 +14,8 @@
 //     manifest digest, into a temporary directory renamed into place, so
 //     a root filesystem in the cache is always whole; a build whose digest
 //     is cached fetches no layer.
-//   - Builds survive a restart: the job is inserted with the row, and a
+//   - Builds survive a restart: the job is inserted with the row, a
+//     restarted node enqueues its unfinished builds again (Resume), and a
 //     job that finds its row still building builds it (again, from the
 //     start); one that finds it ended does nothing.
 //   - A build's failure reason and log lines are for its user
@@ -160,7 +161,7 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	if s.cfg.Jobs == nil {
 		return store.Template{}, errors.New("templates: no job queue")
 	}
-	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding,
+	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
 		Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
 	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		if err := q.CreateTemplate(ctx, &t); err != nil {
@@ -310,6 +311,28 @@ func (s *Service) removeCached(digest string) {
 // logLine is one line of a build log, timestamped.
 func logLine(format string, a ...any) string {
 	return time.Now().UTC().Format(time.RFC3339) + " " + fmt.Sprintf(format, a...) + "\n"
+}
+
+// Resume enqueues again the build of each template this node was
+// building when it stopped: a job cut by a shutdown or a crash would
+// otherwise wait for River's retry or rescue. A build that runs twice is
+// harmless: one finishes the row, the other finds it ended (or the image
+// cached) and does nothing.
+func (s *Service) Resume(ctx context.Context) error {
+	if s.cfg.Jobs == nil {
+		return nil
+	}
+	building, err := s.st.ListBuildingTemplates(ctx, s.cfg.NodeID)
+	if err != nil {
+		return err
+	}
+	for _, t := range building {
+		if err := s.cfg.Jobs.Insert(ctx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID); err != nil {
+			return err
+		}
+		s.log.Info("templates: build resumed", "template_id", t.ID)
+	}
+	return nil
 }
 
 // RegisterWorkers adds the build worker to w.

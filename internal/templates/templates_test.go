@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"io"
 	"log"
@@ -25,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -318,5 +320,48 @@ func TestPublicTemplates(t *testing.T) {
 	}
 	if list, _ := f.svc.List(ctx, f.bob); len(list) != 1 || list[0].ID != pub.ID {
 		t.Fatalf("bob lists %+v", list)
+	}
+}
+
+// TestBuildResumesAfterARestart: a template left building by a node that
+// stopped (its job gone with it) is built once the node is back: Resume
+// enqueues it, and River's worker (registered as serve does) builds it.
+func TestBuildResumesAfterARestart(t *testing.T) {
+	f := newFixture(t)
+	ctx := t.Context()
+	ref := f.push(t, "tools/sh:1", v1.Config{Env: []string{"A=b"}}, map[string]string{"x": "y"})
+	// The row as the stopped node left it: building, on this node.
+	tpl := store.Template{AccountID: f.alice.AccountID, Name: "sh", Tag: "1", Source: ref, NodeID: "here"}
+	if err := f.st.CreateTemplate(ctx, &tpl); err != nil {
+		t.Fatal(err)
+	}
+	workers := river.NewWorkers()
+	jc, err := jobs.New(ctx, f.st, jobs.Config{NodeID: "here", Workers: workers, Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := templates.New(templates.Config{Store: f.st, Jobs: jc, NodeID: "here", Dir: f.dir, AllowPrivate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.RegisterWorkers(workers)
+	if err := jc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = jc.Stop(context.Background()) })
+	if err := svc.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := f.st.GetTemplate(ctx, tpl.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status == store.TemplateReady {
+			break
+		}
+		if got.Status == store.TemplateFailed || time.Now().After(deadline) {
+			t.Fatalf("resumed build: %+v", got)
+		}
 	}
 }

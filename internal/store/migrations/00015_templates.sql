@@ -3,7 +3,8 @@
 -- operator's public templates. digest is the image manifest's digest the
 -- source was pinned to, which keys the node's cache of unpacked images;
 -- config is the image's Env, WorkingDir, User, Entrypoint and Cmd as JSON.
--- build_log keeps the build's last lines (bounded by the store).
+-- build_log keeps the build's last lines (bounded by the store); node_id is
+-- the node whose cache the build fills (its restart resumes the build).
 -- A sandbox names the template it started from ('' for the built-in image).
 
 -- +goose Up
@@ -18,6 +19,7 @@ CREATE TABLE templates (
     config         TEXT   NOT NULL DEFAULT '',
     failure_reason TEXT   NOT NULL DEFAULT '',
     build_log      TEXT   NOT NULL DEFAULT '',
+    node_id        TEXT   NOT NULL DEFAULT '',
     created_at     BIGINT NOT NULL,
     updated_at     BIGINT NOT NULL,
     UNIQUE (account_id, name, tag)
