@@ -117,6 +117,13 @@ func TestTemplateFromImage(t *testing.T) {
 		t.Fatalf("exec in /tmp: %d %s", r.Status, r.Raw)
 	}
 
+	// A run starts there too, as the image's user.
+	withRun := s.createSandbox(ak, map[string]any{"template": "hello:v1", "command": "sh", "args": []string{"-c", "pwd; id -u; echo $FOO"}})
+	if run := s.waitRun(ak, withRun["runId"].(string), 2*time.Minute); run.Status != "COMPLETED" || run.Output["stdout"] != "/opt/app\n65534\nbar\n" {
+		t.Fatalf("run %+v", run)
+	}
+	s.as(ak, "POST", "/api/sandboxes/"+withRun["sandboxId"].(string)+"/stop", nil)
+
 	// In use: not deleted; once the sandbox stopped, deleted.
 	if r := s.as(ak, "DELETE", "/api/templates/"+id, nil); r.Status != 409 {
 		t.Fatalf("delete in use: %d %s", r.Status, r.Raw)

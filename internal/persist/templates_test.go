@@ -60,9 +60,16 @@ func TestTemplateSandboxesKeepOffTheAccountsSnapshot(t *testing.T) {
 	if len(spec.Layers) != 0 || row.SnapshotID != "" || row.TemplateID != img.TemplateID {
 		t.Fatalf("template sandbox: layers %v, snapshot %q, template %q", spec.Layers, row.SnapshotID, row.TemplateID)
 	}
-	if spec.BaseDir != img.RootFS || spec.BaseImage != img.BaseImage || spec.Cwd != "/opt/app" || spec.User != "nobody" ||
-		!slices.Contains(spec.Env, "FOO=bar") {
+	if spec.BaseDir != img.RootFS || spec.BaseImage != img.BaseImage || !slices.Contains(spec.Env, "FOO=bar") {
 		t.Fatalf("spec %+v", spec)
+	}
+	// A user's commands default to the image's WORKDIR and USER (the
+	// service's own, in persist and agents, name theirs and run as root).
+	if cwd, user, err := m.ExecDefaults(ctx, row); cwd != "/opt/app" || user != "nobody" || err != nil {
+		t.Fatalf("exec defaults %q %q %v", cwd, user, err)
+	}
+	if cwd, user, _ := m.ExecDefaults(ctx, store.Sandbox{ID: "sbx_plain"}); cwd != "" || user != "" {
+		t.Fatalf("exec defaults of a built-in image's sandbox %q %q", cwd, user)
 	}
 	// The built-in image's sandbox of the same account restores it, and
 	// the two never share a prewarmed sandbox.

@@ -182,8 +182,12 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 		fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: preparing /workspace failed: %s\n", errdefs.Message(err, "details are in the server log"))
 	}
 	// A run that names no directory runs in the sandbox's default one:
-	// /workspace, or its template's WORKDIR (runtime.Spec.Cwd).
-	cwd := p.Cwd
+	// /workspace, or its template's WORKDIR; as its template's USER.
+	dcwd, user, err := r.cfg.Host.ExecDefaults(ctx, sb)
+	if err != nil {
+		r.log.Warn("the defaults of a template's commands", "run_id", run.ID, "err", err)
+	}
+	cwd := cmp.Or(p.Cwd, dcwd)
 	if p.Command == "opencode" {
 		if err := r.writeOpenCodeConfig(ctx, rsb, cmp.Or(cwd, "/workspace")); err != nil {
 			fmt.Fprintf(io.MultiWriter(stderr, logFile.stream("stderr")), "sandboxd: writing opencode.json failed: %v\n", err)
@@ -199,6 +203,7 @@ func (r *Runner) Run(ctx context.Context, runID string) error {
 		Cmd:    append([]string{p.Command}, p.Args...),
 		Env:    NoTerminalEnv,
 		Cwd:    cwd,
+		User:   user,
 		Tag:    run.ID,
 		Detach: true,
 		Stdout: io.MultiWriter(escstrip.NewWriter(stdout), logFile.output(streamStdout)),
@@ -442,6 +447,10 @@ type Host interface {
 	// TrafficOf is what the sandbox's network carried so far; nil without
 	// a network.
 	TrafficOf(ctx context.Context, sb store.Sandbox) (*netpol.Traffic, error)
+	// ExecDefaults are the directory and user of a command that names
+	// none ("": the agent's, /workspace and root): a template's WORKDIR
+	// and USER.
+	ExecDefaults(ctx context.Context, sb store.Sandbox) (cwd, user string, err error)
 }
 
 // traffic reads the sandbox's network counters; nil without a network or

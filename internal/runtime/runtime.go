@@ -79,7 +79,7 @@ type Capabilities struct {
 	// restored (pause/resume, templates).
 	MemorySnapshot bool
 	// AnyRootFS: Spec.BaseDir may be any unpacked image's directory (a
-	// template's), Spec.Cwd and Spec.User are honoured. A backend that
+	// template's). A backend that
 	// boots only disks it built itself (the microVM's) has not.
 	AnyRootFS bool
 }
@@ -104,12 +104,6 @@ type Spec struct {
 	Layers []Layer
 	// Env is added to every process's environment (before ExecRequest.Env).
 	Env []string
-	// Cwd and User are the working directory and the user (a name in the
-	// root filesystem's /etc/passwd) of processes whose ExecRequest names
-	// none: a template's WORKDIR and USER. Empty: /workspace, and the
-	// agent's own user (root).
-	Cwd  string
-	User string
 	// Limits; zero fields take the runtime's defaults.
 	Limits Limits
 	// HomeSocket is the host's sandboxd API unix socket, reachable inside as
@@ -350,9 +344,9 @@ type Info struct {
 type ExecRequest struct {
 	Cmd []string
 	Env []string // added to the sandbox's Env
-	Cwd string   // default the Spec's Cwd, else /workspace
+	Cwd string   // default /workspace
 	// User runs the process as this user of the sandbox (a name in its
-	// /etc/passwd); default the Spec's User, else the agent's (root).
+	// /etc/passwd); default the agent's own (root).
 	User    string
 	Stdin   io.Reader
 	Stdout  io.Writer

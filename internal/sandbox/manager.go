@@ -11,6 +11,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -157,6 +158,8 @@ type Manager struct {
 	saving     int64
 	// ops counts the creates, pauses and forks (Metrics).
 	ops *opMetrics
+	// execDefaults caches ExecDefaults by template id.
+	execDefaults sync.Map
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.
@@ -496,8 +499,12 @@ func (m *Manager) exec(ctx context.Context, sb store.Sandbox, req ExecRequest, s
 	if stdin == nil && req.Stdin != "" {
 		stdin = strings.NewReader(req.Stdin)
 	}
+	cwd, user, err := m.ExecDefaults(ctx, sb)
+	if err != nil {
+		return ExecResult{}, err
+	}
 	rreq := runtime.ExecRequest{
-		Cmd: append([]string{req.Command}, req.Args...), Env: env, Cwd: req.Cwd,
+		Cmd: append([]string{req.Command}, req.Args...), Env: env, Cwd: cmp.Or(req.Cwd, cwd), User: user,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr, Timeout: timeout,
 		Resize: req.Resize, Signal: req.Signal, Detach: req.Detach,
 	}

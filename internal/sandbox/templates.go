@@ -58,9 +58,30 @@ func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runt
 	}
 	spec.BaseDir, spec.BaseImage = img.RootFS, img.BaseImage
 	spec.Env = append(spec.Env, img.Config.Env...)
-	spec.Cwd = img.Config.WorkingDir
-	spec.User = userName(img.Config.User)
 	return nil
+}
+
+// ExecDefaults are the working directory and the user of the commands a
+// user runs in sb (exec, runs) when the request names none: its
+// template's WORKDIR and USER, or "" (the agent's: /workspace, root). The
+// service's own commands in a sandbox (workspace, setup, save) do not ask
+// and run as root.
+func (m *Manager) ExecDefaults(ctx context.Context, sb store.Sandbox) (cwd, user string, err error) {
+	if sb.TemplateID == "" || m.cfg.Templates == nil {
+		return "", "", nil
+	}
+	if d, ok := m.execDefaults.Load(sb.TemplateID); ok {
+		d := d.([2]string)
+		return d[0], d[1], nil
+	}
+	img, err := m.cfg.Templates.ByID(ctx, sb.TemplateID)
+	if err != nil {
+		return "", "", err
+	}
+	// A ready template's config never changes: keep it.
+	d := [2]string{img.Config.WorkingDir, userName(img.Config.User)}
+	m.execDefaults.Store(sb.TemplateID, d)
+	return d[0], d[1], nil
 }
 
 // userName is the user part of an image's USER ("name", "name:group"):

@@ -8,7 +8,6 @@ package host
 // is.
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,9 +32,6 @@ type Conn struct {
 	Sandbox Sandbox
 	// Env is the sandbox's environment, put before each exec's own.
 	Env []string
-	// Cwd and User are what an exec that names none gets (Spec.Cwd,
-	// Spec.User); empty: the agent's defaults.
-	Cwd, User string
 	// Agent returns the connected agent client, waiting for it if needed.
 	Agent func(ctx context.Context) (*guest.Client, error)
 }
@@ -62,8 +58,8 @@ func (c Conn) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecRe
 		return runtime.ExecResult{}, c.Failure(ctx, "exec", err)
 	}
 	spec := guest.ExecSpec{
-		Cmd: req.Cmd, Env: append(append([]string(nil), c.Env...), req.Env...), Cwd: cmp.Or(req.Cwd, c.Cwd),
-		User: cmp.Or(req.User, c.User), TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout,
+		Cmd: req.Cmd, Env: append(append([]string(nil), c.Env...), req.Env...), Cwd: req.Cwd,
+		User: req.User, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, Timeout: req.Timeout,
 	}
 	spec.Tag, spec.Detach = req.Tag, req.Detach
 	resize, stop := forwardResize(req.Resize)

@@ -28,8 +28,6 @@ type Record struct {
 	BaseImage  string         `json:"base_image,omitempty"`
 	Layers     []string       `json:"layers,omitempty"` // restored layer ids, bottom first
 	Env        []string       `json:"env,omitempty"`
-	Cwd        string         `json:"cwd,omitempty"`  // default working directory of execs
-	User       string         `json:"user,omitempty"` // default user of execs
 	Limits     runtime.Limits `json:"limits"`
 	HomeSocket string         `json:"home_socket,omitempty"`
 	Hostname   string         `json:"hostname"`
@@ -46,7 +44,7 @@ type Record struct {
 func NewRecord(spec runtime.Spec, cid string) Record {
 	return Record{
 		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
-		Env: spec.Env, Cwd: spec.Cwd, User: spec.User, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
+		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
 		Network: spec.Network, CgroupPath: "/sandboxd/" + cid, Created: time.Now().UTC(),
 	}
 }
@@ -118,8 +116,7 @@ type Settings struct {
 func (a *Attachment[M]) Init(s Sandbox, dir string, m M, agent func(context.Context) (*guest.Client, error), cfg Settings) {
 	a.Dir, a.M, a.cfg = dir, m, cfg
 	a.Ops = Ops{Conn: func() Conn {
-		r := a.Meta().record()
-		return Conn{Sandbox: s, Env: r.Env, Cwd: r.Cwd, User: r.User, Agent: agent}
+		return Conn{Sandbox: s, Env: a.Meta().record().Env, Agent: agent}
 	}}
 }
 
