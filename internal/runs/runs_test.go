@@ -50,7 +50,9 @@ func (h *host) Prepare(context.Context, store.Sandbox, runtime.Sandbox, bool) er
 	return h.prepareErr
 }
 func (h *host) SetupPending(context.Context, string) bool { return h.setupPending }
-func (h *host) ExecDefaults(context.Context, store.Sandbox) (string, string, error) { return "", "", nil }
+func (h *host) ExecDefaults(context.Context, store.Sandbox) (string, string, error) {
+	return "", "", nil
+}
 
 func (h *host) TrafficOf(context.Context, store.Sandbox) (*netpol.Traffic, error) {
 	if len(h.traffic) == 0 {
