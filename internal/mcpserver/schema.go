@@ -69,6 +69,7 @@ var argRules = map[string]func(*jsonschema.Schema){
 	"command":    minLength(1),
 	"sandbox_id": minLength(1),
 	"run_id":     minLength(1),
+	"template":   minLength(1),
 	// Milliseconds: a positive number of them.
 	"timeout": func(s *jsonschema.Schema) { s.Minimum = jsonschema.Ptr(1.0) },
 	"limit": func(s *jsonschema.Schema) {
