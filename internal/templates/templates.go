@@ -289,8 +289,8 @@ func (s *Service) image(t store.Template) (Image, error) {
 	}
 	dir := s.rootfs(t.Digest)
 	if _, err := os.Stat(dir); err != nil {
-		// Built on another node, or its cache was cleared: not here.
-		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s is not on this server's disk; build it again", ref))
+		// Built on another node (or its cache was cleared): not here.
+		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
 	}
 	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg}, nil
 }
