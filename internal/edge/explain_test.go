@@ -45,6 +45,8 @@ func TestExplain(t *testing.T) {
 		{"forbidden", errdefs.ErrForbidden, "", 403, "Forbidden", false, false},
 		{"not running", errdefs.ErrNotRunning, "", 409, "Sandbox is not running", false, false},
 		{"not running, says why", errdefs.New(errdefs.ErrNotRunning, "a run is executing"), "", 409, "a run is executing", false, false},
+		{"conflict", errdefs.New(errdefs.ErrConflict, "template base:v1 is in use"), "", 409, "template base:v1 is in use", false, false},
+		{"bare conflict", errdefs.ErrConflict, "", 409, "Conflict", false, false},
 		{"anything else", fmt.Errorf("query: %w", secret), "", 500, InternalMessage, false, true},
 	}
 	for _, tc := range cases {
