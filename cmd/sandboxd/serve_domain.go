@@ -79,6 +79,7 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	// run them through the manager.
 	setups := agents.NewSetups(d.stor.st, dom.jobs)
 	dom.mgr = setupManager(o, d, dom, setups, log)
+	dom.tpls.SetBuildHost(dom.mgr)
 	// This node among the others: registered, alive, watching them.
 	dom.members = membership.New(membership.Config{Store: d.stor.st, NodeID: d.stor.nodeID, Node: d.clu.node, DownAfter: d.clu.downAfter,
 		Sandboxes: dom.mgr, Jobs: dom.jobs, Logger: log.With("component", "membership")})

@@ -8,20 +8,33 @@ import (
 	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
-// BuildTemplateRequest is the body of POST /api/templates (sandboxd). Only
-// image is built for now; the other sources are accepted by the schema
-// and refused (400) naming the field, so that a client learns what is
-// missing rather than having its steps ignored.
+// BuildTemplateRequest is the body of POST /api/templates (sandboxd): an
+// image, with steps or a Dockerfile (whose FROM is the image) or neither.
+// The other sources are accepted by the schema and refused (400) naming
+// the field, so that a client learns what is missing rather than having
+// them ignored.
 type BuildTemplateRequest struct {
 	Name  string `json:"name" jsonschema:"minLength=1,maxLength=192,description=name[:tag]: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest)"`
-	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved)"`
+	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile"`
+	// Steps run over the image, in E2B's form.
+	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, ENV, ARG, WORKDIR, USER; COPY and ADD are refused (400) for now"`
+	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, ENV, ARG, WORKDIR, USER, CMD and ENTRYPOINT recorded; COPY and ADD are refused (400) for now). Not with image or steps"`
 	// Not supported yet: each is refused with 400 naming it.
-	Dockerfile   string            `json:"dockerfile,omitempty" jsonschema:"description=Not supported yet (400)"`
-	Steps        []json.RawMessage `json:"steps,omitempty" jsonschema:"description=Not supported yet (400)"`
-	FromTemplate string            `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
-	StartCmd     string            `json:"startCmd,omitempty" jsonschema:"description=Not supported yet (400)"`
-	ReadyCmd     string            `json:"readyCmd,omitempty" jsonschema:"description=Not supported yet (400)"`
-	Registry     json.RawMessage   `json:"registry,omitempty" jsonschema:"description=Registry credentials: not supported yet (400); only public images are built for now"`
+	FromTemplate string          `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
+	StartCmd     string          `json:"startCmd,omitempty" jsonschema:"description=Not supported yet (400)"`
+	ReadyCmd     string          `json:"readyCmd,omitempty" jsonschema:"description=Not supported yet (400)"`
+	Registry     json.RawMessage `json:"registry,omitempty" jsonschema:"description=Registry credentials: not supported yet (400); only public images are built for now"`
+}
+
+// TemplateStep is one build step, as E2B's SDK sends it: args by type are
+// RUN [command] or [command, user]; ENV and ARG [name, value, ...];
+// WORKDIR [path]; USER [user]; COPY [src, dest, user, mode] (refused for
+// now).
+type TemplateStep struct {
+	Type      string   `json:"type" jsonschema:"minLength=1,description=RUN, ENV, ARG, WORKDIR or USER (COPY and ADD: not supported yet)"`
+	Args      []string `json:"args"`
+	FilesHash string   `json:"filesHash,omitempty"`
+	Force     bool     `json:"force,omitempty" jsonschema:"description=Rebuild this step and every later one whatever the cache holds"`
 }
 
 // ActingFor implements ActsFor: templates are the caller's account's.
@@ -39,16 +52,18 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 	if req.Image, _, err = o.str("image"); err != nil {
 		return req, err
 	}
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"dockerfile", &req.Dockerfile}, {"fromTemplate", &req.FromTemplate}, {"startCmd", &req.StartCmd}, {"readyCmd", &req.ReadyCmd}} {
-		if o.present(f.name) {
-			return req, FieldError(f.name+": not supported yet; templates are built from an image (\"image\") for now", f.name)
+	if req.Dockerfile, _, err = o.str("dockerfile"); err != nil {
+		return req, err
+	}
+	for _, f := range []string{"fromTemplate", "startCmd", "readyCmd"} {
+		if o.present(f) {
+			return req, FieldError(f+": not supported yet; templates are built from an image (\"image\"), with steps or a Dockerfile, for now", f)
 		}
 	}
 	if o.present("steps") {
-		return req, FieldError("steps: not supported yet; templates are built from an image (\"image\") for now", "steps")
+		if err := json.Unmarshal(o["steps"], &req.Steps); err != nil {
+			return req, typeError("array of steps ({\"type\", \"args\"})", o["steps"], []any{"steps"})
+		}
 	}
 	if o.present("registry") {
 		return req, FieldError("registry: credentials are not supported yet; templates are built from public images for now", "registry")
@@ -56,7 +71,7 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 	if req.Name == "" {
 		return req, FieldError("name: required", "name")
 	}
-	if req.Image == "" {
+	if req.Image == "" && req.Dockerfile == "" {
 		return req, FieldError("image: required", "image")
 	}
 	return req, nil
@@ -64,8 +79,12 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 
 // Domain is the body as the templates service's request.
 func (r BuildTemplateRequest) Domain() templates.BuildRequest {
+	var steps json.RawMessage
+	if len(r.Steps) > 0 {
+		steps, _ = json.Marshal(r.Steps)
+	}
 	return templates.BuildRequest{
-		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile != "", Steps: len(r.Steps) > 0,
+		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile, Steps: steps,
 		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd != "", ReadyCmd: r.ReadyCmd != "", Credentials: len(r.Registry) > 0,
 	}
 }

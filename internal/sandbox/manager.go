@@ -399,9 +399,11 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
 	spec := m.baseSpec(*sb)
-	if err := m.fromTemplate(ctx, *sb, &spec); err != nil {
+	release, err := m.fromTemplate(ctx, *sb, &spec)
+	if err != nil {
 		return fail(errdefs.Message(err, "could not open its template"), err)
 	}
+	defer release()
 	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
 		return fail(reason, err)
 	}
@@ -447,6 +449,11 @@ func (m *Manager) Prepare(ctx context.Context, sb store.Sandbox, rsb runtime.San
 // account out. restored says the layers were taken.
 func (m *Manager) create(ctx context.Context, sb *store.Sandbox, spec runtime.Spec) (rsb runtime.Sandbox, restored bool, err error) {
 	rsb, err = m.rt.Create(ctx, spec)
+	if sb.TemplateID != "" {
+		// Its layers are its template's, not the account's snapshot: a
+		// sandbox without them would not be of its template.
+		return rsb, false, err
+	}
 	if err == nil || len(spec.Layers) == 0 {
 		return rsb, err == nil && len(spec.Layers) > 0, err
 	}

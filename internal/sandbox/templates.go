@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -45,21 +46,79 @@ func (m *Manager) template(ctx context.Context, accountID, name string) (string,
 // restored on it (persist's layers hook leaves it out), and the pool and
 // the prewarmed sandboxes, which are of the built-in image, never serve it
 // (runtime.PrewarmKey and the warm pool compare BaseDir).
-func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) error {
+//
+// A template built with steps adds its layer chain (spec.Layers, free: a
+// template's sandbox never restores the account's snapshot); release
+// closes the layers once the runtime took them.
+func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) (release func(), err error) {
+	noop := func() {}
 	if sb.TemplateID == "" {
-		return nil
+		return noop, nil
 	}
 	if m.cfg.Templates == nil {
-		return errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
+		return noop, errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
 	}
 	img, err := m.cfg.Templates.ByID(ctx, sb.TemplateID)
 	if err != nil {
-		return err
+		return noop, err
 	}
 	spec.BaseDir, spec.BaseImage = img.RootFS, img.BaseImage
 	spec.Env = append(spec.Env, img.Config.Env...)
-	return nil
+	if len(img.Layers) == 0 {
+		return noop, nil
+	}
+	layers, release, err := img.OpenLayers(ctx)
+	if err != nil {
+		return noop, err
+	}
+	spec.Layers = layers
+	return release, nil
 }
+
+// StartBuildSandbox implements templates.BuildHost: a sandbox with no row,
+// of the runtime's default limits, on req's base and layers, with a
+// network of req's policy when this server gives sandboxes networks (else
+// loopback only). stop destroys it and its network.
+func (m *Manager) StartBuildSandbox(ctx context.Context, req templates.BuildSandbox) (runtime.Sandbox, func(context.Context), error) {
+	if !m.rt.Capabilities().AnyRootFS {
+		return nil, nil, errdefs.New(errdefs.ErrInvalid, "custom templates run on the gVisor backend only for now")
+	}
+	spec := runtime.Spec{ID: req.ID, BaseDir: req.BaseDir, BaseImage: req.BaseImage, Layers: req.Layers,
+		Limits: m.cfg.Settings.Limits, Hostname: "build"}
+	stopNet := func(context.Context) {}
+	if hasNetwork(req.Network) && m.network != nil && m.rt.Capabilities().Network {
+		pre, ok1 := m.network.(PrestartHook)
+		stop, ok2 := m.network.(StopHook)
+		if ok1 && ok2 {
+			policy, err := json.Marshal(req.Network)
+			if err != nil {
+				return nil, nil, err
+			}
+			stopNet = func(ctx context.Context) {
+				if err := stop.Stop(ctx, req.ID); err != nil {
+					m.log.Warn("tear down a build sandbox's network", "id", req.ID, "err", err)
+				}
+			}
+			if err := pre.Prestart(ctx, store.Sandbox{ID: req.ID, Network: string(policy)}, &spec); err != nil {
+				stopNet(context.WithoutCancel(ctx))
+				return nil, nil, errdefs.Wrap(nil, err, "the build sandbox's network could not be set up")
+			}
+		}
+	}
+	rsb, err := m.rt.Create(ctx, spec)
+	if err != nil {
+		stopNet(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return rsb, func(ctx context.Context) {
+		if err := rsb.Destroy(ctx); err != nil {
+			m.log.Warn("destroy a build sandbox", "id", req.ID, "err", err)
+		}
+		stopNet(ctx)
+	}, nil
+}
+
+var _ templates.BuildHost = (*Manager)(nil)
 
 // ExecDefaults are the working directory and the user of the commands a
 // user runs in sb (exec, runs) when the request names none: its

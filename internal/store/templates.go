@@ -43,18 +43,24 @@ type Template struct {
 	// Log is the build's log, its last MaxTemplateLog bytes.
 	Log string `json:"log,omitempty"`
 	// NodeID is the node whose cache the build fills.
-	NodeID    string    `json:"node_id,omitempty"`
+	NodeID string `json:"node_id,omitempty"`
+	// Definition is the build's definition as JSON (steps or a
+	// Dockerfile) for a template built with steps; "" for an image alone.
+	Definition string `json:"definition,omitempty"`
+	// Layers is the layer chain a sandbox from the template restores over
+	// the image, a JSON array of blob keys, bottom first ("" for none).
+	Layers    string    `json:"layers,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, created_at, updated_at"
+const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, definition, layers, created_at, updated_at"
 
 func scanTemplate(s scanner) (Template, error) {
 	var t Template
 	var created, updated int64
 	if err := s.Scan(&t.ID, &t.AccountID, &t.Name, &t.Tag, &t.Status, &t.Source, &t.Digest, &t.Config,
-		&t.FailureReason, &t.Log, &t.NodeID, &created, &updated); err != nil {
+		&t.FailureReason, &t.Log, &t.NodeID, &t.Definition, &t.Layers, &created, &updated); err != nil {
 		return Template{}, err
 	}
 	t.CreatedAt, t.UpdatedAt = fromMillis(created), fromMillis(updated)
@@ -82,9 +88,9 @@ func (q *Queries) CreateTemplate(ctx context.Context, t *Template) error {
 		t.UpdatedAt = t.CreatedAt
 	}
 	t.UpdatedAt = ms(t.UpdatedAt)
-	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		t.ID, t.AccountID, t.Name, t.Tag, t.Status, t.Source, t.Digest, t.Config, t.FailureReason, t.Log, t.NodeID,
-		toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
+		t.Definition, t.Layers, toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("create template %s:%s: %w", t.Name, t.Tag, mapErr(err))
 	}
@@ -136,6 +142,60 @@ func (q *Queries) FinishTemplate(ctx context.Context, id string, status Template
 		return false, fmt.Errorf("finish template %s: %w", id, mapErr(err))
 	}
 	return n == 1, nil
+}
+
+// SetTemplateLayers records the layer chain (JSON) of a building
+// template, before FinishTemplate makes it ready; false when it is gone or
+// no longer building.
+func (q *Queries) SetTemplateLayers(ctx context.Context, id, layers string) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE templates SET layers = ?, updated_at = ? WHERE id = ? AND status = ?",
+		layers, toMillis(nowMS()), id, TemplateBuilding)
+	if err != nil {
+		return false, fmt.Errorf("set the layers of template %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// TemplateLayer is one entry of the template build cache: the layer a
+// step made (a blob), by the step's cache key, per account.
+type TemplateLayer struct {
+	AccountID string
+	CacheKey  string
+	BlobKey   string
+	Size      int64
+	CreatedAt time.Time
+}
+
+// GetTemplateLayer returns the account's cached layer of cacheKey, or
+// ErrNotFound.
+func (q *Queries) GetTemplateLayer(ctx context.Context, accountID, cacheKey string) (TemplateLayer, error) {
+	l := TemplateLayer{AccountID: accountID, CacheKey: cacheKey}
+	var created int64
+	err := q.queryRow(ctx, "SELECT blob_key, size, created_at FROM template_layers WHERE account_id = ? AND cache_key = ?",
+		accountID, cacheKey).Scan(&l.BlobKey, &l.Size, &created)
+	if err != nil {
+		return TemplateLayer{}, fmt.Errorf("get template layer %s: %w", cacheKey, notFound(err))
+	}
+	l.CreatedAt = fromMillis(created)
+	return l, nil
+}
+
+// PutTemplateLayer records l in the cache, replacing the account's entry
+// of the same key (a forced rebuild).
+func (q *Queries) PutTemplateLayer(ctx context.Context, l TemplateLayer) error {
+	if l.AccountID == "" || l.CacheKey == "" || l.BlobKey == "" {
+		return fmt.Errorf("put template layer: %w: account, cache key and blob key are required", ErrInvalid)
+	}
+	if l.CreatedAt.IsZero() {
+		l.CreatedAt = nowMS()
+	}
+	_, err := q.exec(ctx, `INSERT INTO template_layers (account_id, cache_key, blob_key, size, created_at) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (account_id, cache_key) DO UPDATE SET blob_key = excluded.blob_key, size = excluded.size, created_at = excluded.created_at`,
+		l.AccountID, l.CacheKey, l.BlobKey, l.Size, toMillis(l.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("put template layer %s: %w", l.CacheKey, mapErr(err))
+	}
+	return nil
 }
 
 // AppendTemplateLog adds text to the template's build log, keeping its

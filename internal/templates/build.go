@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/riverqueue/river"
 
@@ -17,9 +16,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/oci"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
-
-// BuildTimeout bounds one build.
-const BuildTimeout = 30 * time.Minute
 
 // buildWorker works build-template jobs.
 type buildWorker struct {
@@ -55,11 +51,15 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			s.log.Warn("templates: write a build log", "template_id", id, "err", err)
 		}
 	}
-	bctx, cancel := context.WithTimeout(ctx, BuildTimeout)
+	bctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
 	defer cancel()
 	img, err := s.fetch(bctx, t, logf)
+	var layers []string
+	if err == nil && t.Definition != "" {
+		img.Config, layers, err = s.runSteps(bctx, t, img, s.rootfs(img.ManifestDigest), logf)
+	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", BuildTimeout))
+		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout))
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -67,6 +67,9 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			return err
 		}
 		reason := errdefs.Message(err, "the image could not be fetched")
+		if t.Definition != "" && img.ManifestDigest != "" {
+			reason = errdefs.Message(err, "the build failed on the server")
+		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
 		logf("build failed: %s", reason)
 		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", reason)
@@ -75,6 +78,15 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	cfg, err := json.Marshal(img.Config)
 	if err != nil {
 		return err
+	}
+	if len(layers) > 0 {
+		chain, err := json.Marshal(layers)
+		if err != nil {
+			return err
+		}
+		if _, err := s.st.SetTemplateLayers(context.WithoutCancel(ctx), id, string(chain)); err != nil {
+			return err
+		}
 	}
 	logf("ready: %s (%s)", img.Ref, img.Platform)
 	ok, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateReady, img.ManifestDigest, string(cfg), "")

@@ -42,10 +42,13 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/oci"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/templatespec"
 )
@@ -71,6 +74,15 @@ type Config struct {
 	Limits oci.Limits
 	// Resolver resolves registry hosts (default: the system's).
 	Resolver fetch.Resolver
+	// Blobs holds the layers the steps of builds make (content-addressed,
+	// like the accounts' snapshots); nil: templates with steps are refused.
+	Blobs blob.Store
+	// StepTimeout bounds one step of a build (default DefaultStepTimeout),
+	// BuildTimeout a whole build (default DefaultBuildTimeout).
+	StepTimeout, BuildTimeout time.Duration
+	// BuildNetwork is the network policy of build sandboxes (default:
+	// egress to public addresses).
+	BuildNetwork netpol.Policy
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
 	Logger *slog.Logger
@@ -80,6 +92,9 @@ type Config struct {
 type Service struct {
 	cfg    Config
 	st     *store.Store
+	// host starts build sandboxes (SetBuildHost); nil: templates with
+	// steps are refused.
+	host   BuildHost
 	access Access
 	log    *slog.Logger
 	// mu makes the unpacking of one digest on this node take turns with
@@ -101,6 +116,18 @@ func New(cfg Config) (*Service, error) {
 	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("templates: make the cache private: %w", err)
 	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = DefaultStepTimeout
+	}
+	if cfg.BuildTimeout <= 0 {
+		cfg.BuildTimeout = DefaultBuildTimeout
+	}
+	if cfg.BuildNetwork.Mode == "" {
+		cfg.BuildNetwork = netpol.Policy{Mode: netpol.ModeEgress}
+	}
+	if err := cfg.BuildNetwork.Validate(); err != nil {
+		return nil, fmt.Errorf("templates: the build network: %w", err)
+	}
 	s := &Service{cfg: cfg, st: cfg.Store, access: cfg.Access, log: cfg.Logger}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
@@ -108,16 +135,25 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// BuildRequest is a template to build, as the front ends decode it. Only
-// Image is built in this slice; the other sources are refused by name.
+// SetBuildHost gives the service what starts its build sandboxes (the
+// sandbox manager, made after the service).
+func (s *Service) SetBuildHost(h BuildHost) { s.host = h }
+
+// BuildRequest is a template to build, as the front ends decode it: an
+// image, with steps (the steps JSON, templatespec.FromJSON's "steps") or
+// a Dockerfile (whose FROM is the image) or neither. The other sources
+// are refused by name.
 type BuildRequest struct {
 	// Name is "name[:tag]" (templatespec.ParseRef).
 	Name string
-	// Image is an OCI image reference, "host/repo[:tag|@digest]".
+	// Image is an OCI image reference, "host/repo[:tag|@digest]"; empty
+	// with a Dockerfile.
 	Image string
+	// Steps is the JSON array of steps (E2B's TemplateStep); nil: none.
+	Steps json.RawMessage
+	// Dockerfile is a Dockerfile's text; "": none.
+	Dockerfile string
 	// Sent but not built yet: each is refused with a 400 naming it.
-	Dockerfile   bool
-	Steps        bool
 	FromTemplate bool
 	StartCmd     bool
 	ReadyCmd     bool
@@ -131,8 +167,7 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 		sent bool
 		name string
 	}{
-		{req.Dockerfile, "dockerfile"}, {req.Steps, "steps"}, {req.FromTemplate, "fromTemplate"},
-		{req.StartCmd, "startCmd"}, {req.ReadyCmd, "readyCmd"},
+		{req.FromTemplate, "fromTemplate"}, {req.StartCmd, "startCmd"}, {req.ReadyCmd, "readyCmd"},
 	} {
 		if f.sent {
 			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
@@ -148,7 +183,15 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	if err != nil {
 		return store.Template{}, err
 	}
-	image := strings.TrimSpace(req.Image)
+	image, def, err := s.definition(req)
+	if err != nil {
+		return store.Template{}, err
+	}
+	if def != "" {
+		if err := s.canBuildSteps(); err != nil {
+			return store.Template{}, err
+		}
+	}
 	switch {
 	case image == "":
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "image: required")
@@ -162,7 +205,7 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 		return store.Template{}, errors.New("templates: no job queue")
 	}
 	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
-		Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
+		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
 	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		if err := q.CreateTemplate(ctx, &t); err != nil {
 			return err
@@ -242,6 +285,18 @@ type Image struct {
 	RootFS    string
 	BaseImage string
 	Config    oci.Config
+	// Layers are the blob keys of the layer chain its steps made, bottom
+	// first (none for a template from an image alone); OpenLayers opens
+	// them for runtime.Spec.Layers.
+	Layers []string
+	blobs  blob.Store
+}
+
+// OpenLayers opens img's layer chain for a sandbox's spec; release closes
+// what was opened. A layer missing from the blob store is an error (the
+// template cannot start without it).
+func (img Image) OpenLayers(ctx context.Context) (layers []runtime.Layer, release func(), err error) {
+	return openLayers(ctx, img.blobs, img.Layers)
 }
 
 // Find resolves "name[:tag]" for account: its own template, else a public
@@ -292,7 +347,16 @@ func (s *Service) image(t store.Template) (Image, error) {
 		// Built on another node (or its cache was cleared): not here.
 		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
 	}
-	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg}, nil
+	var layers []string
+	if t.Layers != "" {
+		if err := json.Unmarshal([]byte(t.Layers), &layers); err != nil {
+			return Image{}, fmt.Errorf("template %s: its layers: %w", t.ID, err)
+		}
+	}
+	if len(layers) > 0 && s.cfg.Blobs == nil {
+		return Image{}, errdefs.Newf(errdefs.ErrConflict, "template %s has layers and this server has no blob store for them", ref)
+	}
+	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: s.cfg.Blobs}, nil
 }
 
 // rootfs is where the image of digest ("sha256:...") is unpacked.

@@ -1,0 +1,441 @@
+package templates
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/blob"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/oci"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/templatespec"
+)
+
+// The default bounds of a build with steps.
+const (
+	DefaultStepTimeout  = 10 * time.Minute
+	DefaultBuildTimeout = 30 * time.Minute
+	// maxStepOutput is how much of one step's output goes to the build
+	// log; the rest is counted and left out.
+	maxStepOutput = 1 << 20
+)
+
+// BuildHost starts the sandboxes steps run in; package sandbox's Manager
+// is one.
+type BuildHost interface {
+	// StartBuildSandbox starts a sandbox of req, isolated like any other
+	// and with req.Network's policy, and returns it running; stop
+	// destroys it and its network. It has no row: it is the build's.
+	StartBuildSandbox(ctx context.Context, req BuildSandbox) (rsb runtime.Sandbox, stop func(context.Context), err error)
+}
+
+// BuildSandbox is a build sandbox to start.
+type BuildSandbox struct {
+	ID        string
+	BaseDir   string // the base image's root filesystem
+	BaseImage string
+	// Layers are the layers of the steps before, bottom first.
+	Layers  []runtime.Layer
+	Network netpol.Policy
+}
+
+// definition is what a template with steps records to build them
+// (store.Template.Definition): the steps, or the Dockerfile's text, which
+// the build parses again with the base image's environment.
+type definition struct {
+	Dockerfile string              `json:"dockerfile,omitempty"`
+	Steps      []templatespec.Step `json:"steps,omitempty"`
+}
+
+// stepsDocument is the steps JSON as templatespec.FromJSON reads it.
+type stepsDocument struct {
+	FromImage string          `json:"fromImage"`
+	Steps     json.RawMessage `json:"steps"`
+}
+
+// definition checks req's steps or Dockerfile and returns the base image
+// and the definition to record ("" for none).
+func (s *Service) definition(req BuildRequest) (image, def string, err error) {
+	image = strings.TrimSpace(req.Image)
+	var steps []templatespec.Step
+	switch {
+	case req.Dockerfile != "" && len(req.Steps) > 0:
+		return "", "", errdefs.New(errdefs.ErrInvalid, "dockerfile and steps: give one, not both")
+	case req.Dockerfile != "":
+		if image != "" {
+			return "", "", errdefs.New(errdefs.ErrInvalid, "image: must be absent with a dockerfile (its FROM is the image)")
+		}
+		t, err := templatespec.ParseDockerfile([]byte(req.Dockerfile), templatespec.ParseOptions{})
+		if err != nil {
+			return "", "", fmt.Errorf("dockerfile: %w", err)
+		}
+		if t.Base.Kind != templatespec.BaseImage {
+			return "", "", errdefs.New(errdefs.ErrInvalid, "dockerfile: FROM must name an image")
+		}
+		image, steps = t.Base.Ref, t.Steps
+		for _, st := range steps {
+			if st.Kind == templatespec.StepCopy {
+				return "", "", errdefs.Newf(errdefs.ErrInvalid, "dockerfile: line %d (COPY): COPY needs uploaded files: not supported yet", st.Line)
+			}
+		}
+		def, err := json.Marshal(definition{Dockerfile: req.Dockerfile})
+		return image, string(def), err
+	case len(req.Steps) > 0:
+		if image == "" {
+			return "", "", errdefs.New(errdefs.ErrInvalid, "image: required (the base the steps start from)")
+		}
+		doc, err := json.Marshal(stepsDocument{FromImage: image, Steps: req.Steps})
+		if err != nil {
+			return "", "", errdefs.Wrap(errdefs.ErrInvalid, err, "steps: not a JSON array")
+		}
+		t, err := templatespec.FromJSON(doc, templatespec.Limits{})
+		if err != nil {
+			return "", "", err
+		}
+		for i, st := range t.Steps {
+			if st.Kind == templatespec.StepCopy {
+				return "", "", errdefs.Newf(errdefs.ErrInvalid, "steps[%d] (COPY): COPY needs uploaded files: not supported yet", i)
+			}
+		}
+		steps = t.Steps
+	default:
+		return image, "", nil
+	}
+	if len(steps) == 0 {
+		return image, "", nil
+	}
+	b, err := json.Marshal(definition{Steps: steps})
+	return image, string(b), err
+}
+
+// canBuildSteps refuses a template with steps on a server that cannot
+// run them.
+func (s *Service) canBuildSteps() error {
+	if s.host == nil || s.cfg.Blobs == nil {
+		return errdefs.New(errdefs.ErrInvalid, "this server cannot run build steps (no sandbox runtime or blob store)")
+	}
+	return nil
+}
+
+// stepRun is one build's walk through its steps.
+type stepRun struct {
+	s      *Service
+	t      store.Template
+	img    oci.Image
+	rootfs string
+	logf   func(string, ...any)
+	// The build state: the ENV of the template, the ARGs of the build,
+	// the current directory and user.
+	env, args []string
+	workdir   string
+	user      string
+	// layers is the chain so far (blob keys); dirs are the WORKDIRs made
+	// since the last layer, to make in the next build sandbox.
+	layers []string
+	dirs   []string
+}
+
+// runSteps runs t's steps over img (unpacked at rootfs), reusing the
+// layers its account's cache holds for the same keys, and returns the
+// template's config (the image's, with the steps' ENV, WORKDIR and USER)
+// and its layer chain.
+func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image, rootfs string, logf func(string, ...any)) (oci.Config, []string, error) {
+	var def definition
+	if err := json.Unmarshal([]byte(t.Definition), &def); err != nil {
+		return oci.Config{}, nil, fmt.Errorf("template %s: its definition: %w", t.ID, err)
+	}
+	steps := def.Steps
+	cfg := img.Config
+	if def.Dockerfile != "" {
+		tpl, err := templatespec.ParseDockerfile([]byte(def.Dockerfile), templatespec.ParseOptions{BaseEnv: envMap(cfg.Env)})
+		if err != nil {
+			return oci.Config{}, nil, err
+		}
+		steps = tpl.Steps
+		if tpl.StartCmd != "" {
+			// Recorded like an image's CMD, not run (start commands
+			// are not built yet).
+			cfg.Entrypoint, cfg.Cmd = nil, []string{"/bin/sh", "-c", tpl.StartCmd}
+		}
+	}
+	if err := s.canBuildSteps(); err != nil {
+		return oci.Config{}, nil, err
+	}
+	keys, err := templatespec.CacheKeys(img.ManifestDigest, steps)
+	if err != nil {
+		return oci.Config{}, nil, err
+	}
+	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf,
+		env: append([]string(nil), cfg.Env...), workdir: cfg.WorkingDir, user: cfg.User}
+	if r.workdir == "" {
+		r.workdir = "/"
+	}
+	cached := true
+	for i, st := range steps {
+		n := i + 1
+		if st.Force {
+			cached = false
+		}
+		switch st.Kind {
+		case templatespec.StepEnv, templatespec.StepArg:
+			var names []string
+			for _, e := range st.Env {
+				if st.Kind == templatespec.StepEnv {
+					r.env = setEnv(r.env, e.Name, e.Value)
+				} else {
+					r.args = setEnv(r.args, e.Name, e.Value)
+				}
+				names = append(names, e.Name)
+			}
+			logf("step %d/%d: %s %s", n, len(steps), st.Kind, strings.Join(names, " "))
+		case templatespec.StepUser:
+			r.user = st.User
+			logf("step %d/%d: USER %s", n, len(steps), st.User)
+		case templatespec.StepWorkdir:
+			p := st.Path
+			if !path.IsAbs(p) {
+				p = path.Join(r.workdir, p)
+			}
+			r.workdir = path.Clean(p)
+			r.dirs = append(r.dirs, r.workdir)
+			logf("step %d/%d: WORKDIR %s", n, len(steps), r.workdir)
+		case templatespec.StepRun:
+			logf("step %d/%d: RUN %s", n, len(steps), clipLine(st.Command))
+		default:
+			return oci.Config{}, nil, errdefs.Newf(errdefs.ErrInvalid, "step %d (%s): %s needs uploaded files: not supported yet", n, st.Kind, st.Kind)
+		}
+		// A layer after each RUN, and after the last step when WORKDIRs
+		// made directories no RUN took into its layer.
+		if st.Kind != templatespec.StepRun && (i < len(steps)-1 || len(r.dirs) == 0) {
+			continue
+		}
+		if cached {
+			l, err := s.st.GetTemplateLayer(ctx, t.AccountID, keys[i])
+			if err == nil {
+				if _, err = s.cfg.Blobs.Stat(ctx, l.BlobKey); err == nil {
+					logf("step %d/%d: cached (layer %s)", n, len(steps), short(l.BlobKey))
+					r.layers, r.dirs = append(r.layers, l.BlobKey), nil
+					continue
+				}
+			}
+			if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, blob.ErrNotFound) {
+				return oci.Config{}, nil, err
+			}
+			cached = false
+		}
+		key, size, err := r.layer(ctx, n, st)
+		if err != nil {
+			return oci.Config{}, nil, err
+		}
+		if err := s.st.PutTemplateLayer(ctx, store.TemplateLayer{AccountID: t.AccountID, CacheKey: keys[i], BlobKey: key, Size: size}); err != nil {
+			return oci.Config{}, nil, err
+		}
+		logf("step %d/%d: layer %s, %d bytes", n, len(steps), short(key), size)
+		r.layers, r.dirs = append(r.layers, key), nil
+	}
+	cfg.Env, cfg.WorkingDir, cfg.User = r.env, r.workdir, r.user
+	if cfg.WorkingDir == "/" && img.Config.WorkingDir == "" {
+		cfg.WorkingDir = ""
+	}
+	return cfg, r.layers, nil
+}
+
+// layer starts a build sandbox over the chain so far, makes the pending
+// WORKDIRs, runs st when it is a RUN, and stores what changed as a layer.
+func (r *stepRun) layer(ctx context.Context, n int, st templatespec.Step) (key string, size int64, err error) {
+	s := r.s
+	layers, release, err := openLayers(ctx, s.cfg.Blobs, r.layers)
+	if err != nil {
+		return "", 0, err
+	}
+	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.rootfs,
+		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork})
+	release()
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", 0, ctx.Err()
+		}
+		return "", 0, errdefs.Wrap(nil, err, fmt.Sprintf("step %d (%s): the build sandbox could not start: %s", n, st.Kind, errdefs.Message(err, "an error on the server")))
+	}
+	defer stop(context.WithoutCancel(ctx))
+	if len(r.dirs) > 0 {
+		var out strings.Builder
+		res, err := rsb.Exec(ctx, runtime.ExecRequest{Cmd: append([]string{"mkdir", "-p", "--"}, r.dirs...), Cwd: "/", Stdout: &out, Stderr: &out, Timeout: s.cfg.StepTimeout})
+		if err == nil && res.ExitCode != 0 {
+			err = errors.New(strings.TrimSpace(out.String()))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", 0, ctx.Err()
+			}
+			return "", 0, errdefs.Wrap(nil, err, fmt.Sprintf("step %d: WORKDIR %s could not be made", n, strings.Join(r.dirs, " ")))
+		}
+	}
+	if st.Kind == templatespec.StepRun {
+		if err := r.run(ctx, rsb, n, st); err != nil {
+			return "", 0, err
+		}
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := rsb.Snapshot(ctx, pw)
+		pw.CloseWithError(err)
+	}()
+	info, err := s.cfg.Blobs.Put(ctx, pr)
+	pr.CloseWithError(err)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", 0, ctx.Err()
+		}
+		return "", 0, errdefs.Wrap(nil, err, fmt.Sprintf("step %d (%s): its layer could not be stored", n, st.Kind))
+	}
+	return info.Key, info.Size, nil
+}
+
+// run runs a RUN step: sh -c as the step's user (else the current one),
+// in the current directory, with the ENV and ARG values so far, its
+// output to the build log as it comes.
+func (r *stepRun) run(ctx context.Context, rsb runtime.Sandbox, n int, st templatespec.Step) error {
+	user := st.User
+	if user == "" {
+		user = r.user
+	}
+	env := append([]string(nil), r.args...)
+	for _, kv := range r.env {
+		name, value, _ := strings.Cut(kv, "=")
+		env = setEnv(env, name, value)
+	}
+	out := &logWriter{logf: r.logf, left: maxStepOutput}
+	res, err := rsb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"/bin/sh", "-c", st.Command}, Env: env, Cwd: r.workdir,
+		User: userName(user), Stdout: out, Stderr: out, Timeout: r.s.cfg.StepTimeout})
+	out.flush()
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, runtime.ErrCommandNotFound):
+		return errdefs.Wrap(nil, err, fmt.Sprintf("step %d (RUN): the image has no /bin/sh", n))
+	case err != nil:
+		return errdefs.Wrap(nil, err, fmt.Sprintf("step %d (RUN): could not run: %s", n, errdefs.Message(err, "an error on the server")))
+	case res.TimedOut:
+		return errdefs.Newf(nil, "step %d (RUN) took longer than %s", n, r.s.cfg.StepTimeout)
+	case res.ExitCode != 0:
+		return errdefs.Newf(nil, "step %d (RUN %s) failed with exit code %d", n, clipLine(st.Command), res.ExitCode)
+	}
+	return nil
+}
+
+// openLayers opens the blobs of keys as runtime layers, bottom first.
+func openLayers(ctx context.Context, blobs blob.Store, keys []string) ([]runtime.Layer, func(), error) {
+	var opened []io.Closer
+	release := func() {
+		for _, c := range opened {
+			c.Close()
+		}
+	}
+	layers := make([]runtime.Layer, 0, len(keys))
+	for _, k := range keys {
+		rc, err := blobs.Get(ctx, k)
+		if err != nil {
+			release()
+			return nil, func() {}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("a layer of the template (%s) is missing", short(k)))
+		}
+		opened = append(opened, rc)
+		layers = append(layers, runtime.Layer{ID: "sha256:" + k, R: rc})
+	}
+	return layers, release, nil
+}
+
+// logWriter passes a step's output to the build log line by line, as it
+// comes, at most left bytes of it.
+type logWriter struct {
+	logf    func(string, ...any)
+	buf     []byte
+	left    int
+	dropped int
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if w.left <= 0 {
+		w.dropped += n
+		return n, nil
+	}
+	if len(p) > w.left {
+		w.dropped += len(p) - w.left
+		p = p[:w.left]
+	}
+	w.left -= len(p)
+	w.buf = append(w.buf, p...)
+	if i := strings.LastIndexByte(string(w.buf), '\n'); i >= 0 {
+		w.logf("%s", strings.TrimRight(string(w.buf[:i]), "\r"))
+		w.buf = w.buf[i+1:]
+	}
+	return n, nil
+}
+
+func (w *logWriter) flush() {
+	if len(w.buf) > 0 {
+		w.logf("%s", string(w.buf))
+		w.buf = nil
+	}
+	if w.dropped > 0 {
+		w.logf("(%d more bytes of output left out of the log)", w.dropped)
+	}
+}
+
+// setEnv sets name=value in env, replacing an earlier value.
+func setEnv(env []string, name, value string) []string {
+	for i, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k == name {
+			env[i] = name + "=" + value
+			return env
+		}
+	}
+	return append(env, name+"="+value)
+}
+
+func envMap(env []string) map[string]string {
+	m := make(map[string]string, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
+// userName is the user part of "name[:group]": commands run as a name
+// in the image's /etc/passwd ("root" is the agent's own).
+func userName(user string) string {
+	name, _, _ := strings.Cut(user, ":")
+	if name == "root" || name == "0" {
+		return ""
+	}
+	return name
+}
+
+func short(key string) string {
+	if len(key) > 12 {
+		return key[:12]
+	}
+	return key
+}
+
+// clipLine is a command as a log line shows it: its first line, at most
+// 200 bytes.
+func clipLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i] + " …"
+	}
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
