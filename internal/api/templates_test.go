@@ -70,7 +70,7 @@ func TestTemplateRoutes(t *testing.T) {
 		"dockerfile: line 2 (COPY)": `{"name":"a","dockerfile":"FROM registry.example/x\nCOPY a /a\n"}`,
 		"steps[0] (COPY)":           `{"name":"a","image":"registry.example/a","steps":[{"type":"COPY","args":["a","/a"],"filesHash":"` + strings.Repeat("a", 64) + `"}]}`,
 		"fromTemplate":              `{"name":"a","fromTemplate":"base"}`,
-		"registry":     `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
+		"registry":                  `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
 	} {
 		code, out := call("alice", "POST", "/api/templates", body)
 		if code != http.StatusBadRequest || !strings.HasPrefix(out["error"].(string), field+": ") || !strings.Contains(out["error"].(string), "not supported yet") {
@@ -79,9 +79,9 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 	for body, words := range map[string]string{
 		`{"name":"a","image":"registry.example/a","dockerfile":"FROM registry.example/x\nRUN true\n"}`: "image: must be absent with a dockerfile",
-		`{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`:              "cannot run build steps",
-		`{"name":"a","image":"registry.example/a","steps":[{"type":"NOPE","args":["x"]}]}`:                "steps[0]",
-		`{"name":"a","image":"registry.example/a","steps":"RUN true"}`:                                     "Expected array of steps",
+		`{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`:           "cannot run build steps",
+		`{"name":"a","image":"registry.example/a","steps":[{"type":"NOPE","args":["x"]}]}`:             "steps[0]",
+		`{"name":"a","image":"registry.example/a","steps":"RUN true"}`:                                 "Expected array of steps",
 	} {
 		if code, out := call("alice", "POST", "/api/templates", body); code != http.StatusBadRequest || !strings.Contains(out["error"].(string), words) {
 			t.Fatalf("%s: %d %v; want 400 saying %q", body, code, out, words)

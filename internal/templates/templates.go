@@ -90,8 +90,8 @@ type Config struct {
 
 // Service is the templates service.
 type Service struct {
-	cfg    Config
-	st     *store.Store
+	cfg Config
+	st  *store.Store
 	// host starts build sandboxes (SetBuildHost); nil: templates with
 	// steps are refused.
 	host   BuildHost
