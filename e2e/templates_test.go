@@ -55,8 +55,8 @@ func TestTemplateFromImage(t *testing.T) {
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)
 
 	// What is not built yet is refused by name.
-	if r := s.as(ak, "POST", "/api/templates", map[string]any{"name": "x", "dockerfile": "FROM scratch"}); r.Status != 400 ||
-		!strings.Contains(fmt.Sprint(r.Body["error"]), "dockerfile: not supported yet") {
+	if r := s.as(ak, "POST", "/api/templates", map[string]any{"name": "x", "dockerfile": "FROM " + ref.String() + "\nCOPY a /a\n"}); r.Status != 400 ||
+		!strings.Contains(fmt.Sprint(r.Body["error"]), "COPY needs uploaded files: not supported yet") {
 		t.Fatalf("dockerfile: %d %s", r.Status, r.Raw)
 	}
 
@@ -136,6 +136,96 @@ func TestTemplateFromImage(t *testing.T) {
 	}
 	if r := s.as(ak, "POST", "/api/sandboxes", map[string]any{"template": "hello:v1"}); r.Status != 404 {
 		t.Fatalf("create from a deleted template: %d %s", r.Status, r.Raw)
+	}
+}
+
+// TestTemplateWithSteps: templates from the test image with steps (the
+// API's JSON steps, then a Dockerfile) run them in build sandboxes; a
+// sandbox from one starts on the image and the steps' layers, with their
+// ENV and WORKDIR. A failing RUN fails the build naming the step; a
+// rebuild that changes only the last step runs only it.
+func TestTemplateWithSteps(t *testing.T) {
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/base:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, filepath.Join(t.TempDir(), "templates.db"), "--templates-allow-private-registries")
+	alice := s.createAccount("alice", false)
+	ak := s.createKey(alice.ID)
+
+	build := func(body map[string]any) map[string]any {
+		t.Helper()
+		r := s.as(ak, "POST", "/api/templates", body)
+		if r.Status != 202 {
+			t.Fatalf("build %v: %d %s", body, r.Status, r.Raw)
+		}
+		id := r.Body["template"].(map[string]any)["id"].(string)
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			r = s.as(ak, "GET", "/api/templates/"+id, nil)
+			tpl := r.Body["template"].(map[string]any)
+			if r.Status != 200 || tpl["status"] != "building" {
+				return tpl
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("still building: %s", r.Raw)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	check := func(tplName string) {
+		t.Helper()
+		sb := s.createSandbox(ak, map[string]any{"template": tplName})
+		sid := sb["sandboxId"].(string)
+		defer s.as(ak, "POST", "/api/sandboxes/"+sid+"/stop", nil)
+		r := s.as(ak, "POST", "/api/sandboxes/"+sid+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "cat hi; echo $X; pwd"}})
+		if r.Status != 200 || r.Body["stdout"] != "hi\n1\n/opt\n" {
+			t.Fatalf("exec in a sandbox of %s: %d %s", tplName, r.Status, r.Raw)
+		}
+	}
+	run := "echo hi > /opt/hi && echo built"
+	stepsOf := func(last map[string]any) []map[string]any {
+		return []map[string]any{
+			{"type": "ENV", "args": []string{"X", "1"}},
+			{"type": "RUN", "args": []string{run}},
+			last,
+		}
+	}
+
+	tpl := build(map[string]any{"name": "steps:v1", "image": ref.String(), "steps": stepsOf(map[string]any{"type": "WORKDIR", "args": []string{"/opt"}})})
+	log := fmt.Sprint(tpl["log"])
+	if tpl["status"] != "ready" || !strings.Contains(log, "step 2/3: RUN "+run) || !strings.Contains(log, "built") {
+		t.Fatalf("steps build: %v", tpl)
+	}
+	if cfg := tpl["config"].(map[string]any); cfg["workingDir"] != "/opt" || !strings.Contains(fmt.Sprint(cfg["env"]), "X=1") {
+		t.Fatalf("config %v", cfg)
+	}
+	check("steps:v1")
+
+	// The same as a Dockerfile: the same steps, so the same cache keys.
+	tpl = build(map[string]any{"name": "df:v1", "dockerfile": "FROM " + ref.String() + "\nENV X=1\nRUN " + run + "\nWORKDIR /opt\n"})
+	if tpl["status"] != "ready" || tpl["source"] != ref.String() {
+		t.Fatalf("dockerfile build: %v", tpl)
+	}
+	check("df:v1")
+
+	// Only the last step changed: the RUN before it is cached.
+	tpl = build(map[string]any{"name": "steps:v2", "image": ref.String(), "steps": stepsOf(map[string]any{"type": "RUN", "args": []string{"echo again"}})})
+	log = fmt.Sprint(tpl["log"])
+	if tpl["status"] != "ready" || !strings.Contains(log, "step 2/3: cached") || strings.Contains(log, "built") || !strings.Contains(log, "again") {
+		t.Fatalf("rebuild: %v", tpl)
+	}
+
+	// A failing RUN fails the build, naming the step and the exit code.
+	tpl = build(map[string]any{"name": "bad:v1", "image": ref.String(), "steps": []map[string]any{
+		{"type": "RUN", "args": []string{"true"}}, {"type": "RUN", "args": []string{"echo failing; exit 7"}}}})
+	if tpl["status"] != "failed" || tpl["failureReason"] != "step 2 (RUN echo failing; exit 7) failed with exit code 7" || !strings.Contains(fmt.Sprint(tpl["log"]), "failing") {
+		t.Fatalf("failing build: %v", tpl)
 	}
 }
 
