@@ -543,14 +543,14 @@ type BuildTemplateRequest struct {
 	// Name name[:tag]: a name of 1 to 63 lower-case letters
 	Name string `json:"name"`
 
-	// Image The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved)
+	// Image The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile
 	Image *string `json:"image,omitempty"`
 
-	// Dockerfile Not supported yet (400)
-	Dockerfile *string `json:"dockerfile,omitempty"`
+	// Steps Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN
+	Steps *[]TemplateStep `json:"steps,omitempty"`
 
-	// Steps Not supported yet (400)
-	Steps *[]map[string]interface{} `json:"steps,omitempty"`
+	// Dockerfile A Dockerfile (one FROM
+	Dockerfile *string `json:"dockerfile,omitempty"`
 
 	// FromTemplate Not supported yet (400)
 	FromTemplate *string `json:"fromTemplate,omitempty"`
@@ -1047,6 +1047,17 @@ type TemplateResponse struct {
 
 // TemplateResponseStatus defines model for TemplateResponse.Status.
 type TemplateResponseStatus string
+
+// TemplateStep defines model for TemplateStep.
+type TemplateStep struct {
+	// Type RUN
+	Type      string   `json:"type"`
+	Args      []string `json:"args"`
+	FilesHash *string  `json:"filesHash,omitempty"`
+
+	// Force Rebuild this step and every later one whatever the cache holds
+	Force *bool `json:"force,omitempty"`
+}
 
 // TemplatesResponse defines model for TemplatesResponse.
 type TemplatesResponse struct {
