@@ -545,11 +545,11 @@ export interface components {
             account_id?: string;
         };
         BuildTemplateRequest: {
-            /** @description Not supported yet (400) */
+            /** @description A Dockerfile (one FROM */
             dockerfile?: string;
             /** @description Not supported yet (400) */
             fromTemplate?: string;
-            /** @description The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved) */
+            /** @description The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile */
             image?: string;
             /** @description name[:tag]: a name of 1 to 63 lower-case letters */
             name: string;
@@ -559,8 +559,8 @@ export interface components {
             registry?: Record<string, never>;
             /** @description Not supported yet (400) */
             startCmd?: string;
-            /** @description Not supported yet (400) */
-            steps?: Record<string, never>[];
+            /** @description Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN */
+            steps?: components["schemas"]["TemplateStep"][];
         };
         CodingAgentRequest: {
             /** Format: uuid */
@@ -944,6 +944,14 @@ export interface components {
             /** @enum {string} */
             status: "success";
             template: components["schemas"]["Template"];
+        };
+        TemplateStep: {
+            args: string[];
+            filesHash?: string;
+            /** @description Rebuild this step and every later one whatever the cache holds */
+            force?: boolean;
+            /** @description RUN */
+            type: string;
         };
         TemplatesResponse: {
             /** @enum {string} */
