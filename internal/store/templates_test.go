@@ -114,3 +114,47 @@ func TestTemplates(t *testing.T) {
 		wantErr(t, "delete twice", err, store.ErrNotFound)
 	})
 }
+
+func TestTemplateStepsAndLayerCache(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "alice")
+		bob := mustAccount(t, s, store.AccountPersonal, "bob")
+
+		tpl := store.Template{AccountID: alice.ID, Name: "app", Tag: "v1", Source: "registry.example/base", Definition: `{"steps":[]}`}
+		if err := s.CreateTemplate(ctx, &tpl); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.SetTemplateLayers(ctx, tpl.ID, `["aa","bb"]`); !ok || err != nil {
+			t.Fatalf("set layers: %v %v", ok, err)
+		}
+		if ok, _ := s.FinishTemplate(ctx, tpl.ID, store.TemplateReady, "sha256:aa", "{}", ""); !ok {
+			t.Fatal("finish")
+		}
+		got, err := s.GetTemplate(ctx, tpl.ID)
+		if err != nil || got.Definition != `{"steps":[]}` || got.Layers != `["aa","bb"]` {
+			t.Fatalf("got %+v %v", got, err)
+		}
+		// Ended: its layers no longer change.
+		if ok, _ := s.SetTemplateLayers(ctx, tpl.ID, `[]`); ok {
+			t.Fatal("set the layers of a ready template")
+		}
+
+		// The cache: per account, replaced under the same key.
+		_, err = s.GetTemplateLayer(ctx, alice.ID, "k1")
+		wantErr(t, "no entry", err, store.ErrNotFound)
+		if err := s.PutTemplateLayer(ctx, store.TemplateLayer{AccountID: alice.ID, CacheKey: "k1", BlobKey: "b1", Size: 10}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PutTemplateLayer(ctx, store.TemplateLayer{AccountID: alice.ID, CacheKey: "k1", BlobKey: "b2", Size: 20}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.GetTemplateLayer(ctx, alice.ID, "k1")
+		if err != nil || l.BlobKey != "b2" || l.Size != 20 {
+			t.Fatalf("entry %+v %v", l, err)
+		}
+		_, err = s.GetTemplateLayer(ctx, bob.ID, "k1")
+		wantErr(t, "another account's entry", err, store.ErrNotFound)
+	})
+}
