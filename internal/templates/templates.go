@@ -1,11 +1,14 @@
 // Package templates owns templates, the root filesystems sandboxes start
 // from besides the built-in image: their build (a River job that fetches
-// an OCI image with package oci into this node's cache), their rows
-// (store.Template: building, ready, failed, a bounded build log), who may
-// see them (an account's own and the operator's public ones) and what a
-// sandbox from one starts with (Image: the root filesystem, the image's
-// Env, WORKDIR and USER). This slice builds from images only, for the
-// gVisor backend; docs/TEMPLATES.md says what is not built yet.
+// an OCI image with package oci into this node's cache, then runs the
+// template's steps, if any, in build sandboxes a BuildHost starts, a
+// layer per RUN stored in the blob store and cached by step key), their
+// rows (store.Template: building, ready, failed, a bounded build log, the
+// layer chain), who may see them (an account's own and the operator's
+// public ones) and what a sandbox from one starts with (Image: the root
+// filesystem, the layers, the Env, WORKDIR and USER). This slice builds
+// from images with RUN, ENV, ARG, WORKDIR and USER steps, for the gVisor
+// backend; docs/TEMPLATES.md says what is not built yet.
 //
 // Invariants:
 //
@@ -21,6 +24,12 @@
 //   - A build's failure reason and log lines are for its user
 //     (errdefs.Message): never a cause, a host path or a credential.
 //     Registry credentials are refused in this slice (nothing to store).
+//   - A step's layer is reused only from its own account's cache, under
+//     the key of the base's digest and every step up to it
+//     (templatespec.CacheKeys); a cache hit is taken only while every
+//     layer before it was one too (the chain), and never past a forced
+//     step. A template's layers are restored in order over its image;
+//     a layer that cannot be opened fails the start, never skips.
 //   - Access: a template of another account is not found; public
 //     templates (account "") are read by all and changed by none through
 //     this service.
