@@ -375,11 +375,17 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	w.left -= len(p)
 	w.buf = append(w.buf, p...)
 	if i := strings.LastIndexByte(string(w.buf), '\n'); i >= 0 {
-		w.logf("%s", strings.TrimRight(string(w.buf[:i]), "\r"))
+		// One write of the log for what came at once; every line
+		// stamped.
+		lines := strings.Split(strings.ReplaceAll(string(w.buf[:i]), "\r\n", "\n"), "\n")
+		w.logf("%s", strings.Join(lines, "\n"+stamp()))
 		w.buf = w.buf[i+1:]
 	}
 	return n, nil
 }
+
+// stamp is logLine's prefix of a line.
+func stamp() string { return time.Now().UTC().Format(time.RFC3339) + " " }
 
 func (w *logWriter) flush() {
 	if len(w.buf) > 0 {
