@@ -83,6 +83,14 @@ func (m *Manager) StartBuildSandbox(ctx context.Context, req templates.BuildSand
 	if !m.rt.Capabilities().AnyRootFS {
 		return nil, nil, errdefs.New(errdefs.ErrInvalid, "custom templates run on the gVisor backend only for now")
 	}
+	// The disk must hold one more sandbox now; a build sandbox has no
+	// row, so later admissions do not count it (builds take turns, see
+	// package templates).
+	release, err := m.admitDisk(ctx, 1)
+	if err != nil {
+		return nil, nil, err
+	}
+	release()
 	spec := runtime.Spec{ID: req.ID, BaseDir: req.BaseDir, BaseImage: req.BaseImage, Layers: req.Layers,
 		Limits: m.cfg.Settings.Limits, Hostname: "build"}
 	stopNet := func(context.Context) {}

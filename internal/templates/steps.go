@@ -23,6 +23,9 @@ import (
 const (
 	DefaultStepTimeout  = 10 * time.Minute
 	DefaultBuildTimeout = 30 * time.Minute
+	// maxBuildSandboxes is how many build sandboxes this node runs at
+	// once; the other builds' steps wait their turn (within their time).
+	maxBuildSandboxes = 4
 	// maxStepOutput is how much of one step's output goes to the build
 	// log; the rest is counted and left out.
 	maxStepOutput = 1 << 20
@@ -252,6 +255,12 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 // WORKDIRs, runs st when it is a RUN, and stores what changed as a layer.
 func (r *stepRun) layer(ctx context.Context, n int, st templatespec.Step) (key string, size int64, err error) {
 	s := r.s
+	select {
+	case s.building <- struct{}{}:
+		defer func() { <-s.building }()
+	case <-ctx.Done():
+		return "", 0, ctx.Err()
+	}
 	layers, release, err := openLayers(ctx, s.cfg.Blobs, r.layers)
 	if err != nil {
 		return "", 0, err

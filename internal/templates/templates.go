@@ -103,9 +103,11 @@ type Service struct {
 	st  *store.Store
 	// host starts build sandboxes (SetBuildHost); nil: templates with
 	// steps are refused.
-	host   BuildHost
-	access Access
-	log    *slog.Logger
+	host BuildHost
+	// building holds a place per build sandbox running on this node.
+	building chan struct{}
+	access   Access
+	log      *slog.Logger
 	// mu makes the unpacking of one digest on this node take turns with
 	// its removal.
 	mu sync.Mutex
@@ -137,7 +139,7 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.BuildNetwork.Validate(); err != nil {
 		return nil, fmt.Errorf("templates: the build network: %w", err)
 	}
-	s := &Service{cfg: cfg, st: cfg.Store, access: cfg.Access, log: cfg.Logger}
+	s := &Service{cfg: cfg, st: cfg.Store, access: cfg.Access, log: cfg.Logger, building: make(chan struct{}, maxBuildSandboxes)}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
 	}
