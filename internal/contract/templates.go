@@ -21,8 +21,8 @@ type BuildTemplateRequest struct {
 	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, ENV, ARG, WORKDIR, USER, CMD and ENTRYPOINT recorded; COPY and ADD are refused (400) for now). Not with image or steps"`
 	// Not supported yet: each is refused with 400 naming it.
 	FromTemplate string          `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
-	StartCmd     string          `json:"startCmd,omitempty" jsonschema:"description=Not supported yet (400)"`
-	ReadyCmd     string          `json:"readyCmd,omitempty" jsonschema:"description=Not supported yet (400)"`
+	StartCmd     string          `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
+	ReadyCmd     string          `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
 	Registry     json.RawMessage `json:"registry,omitempty" jsonschema:"description=Registry credentials: not supported yet (400); only public images are built for now"`
 }
 
@@ -55,7 +55,13 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 	if req.Dockerfile, _, err = o.str("dockerfile"); err != nil {
 		return req, err
 	}
-	for _, f := range []string{"fromTemplate", "startCmd", "readyCmd"} {
+	if req.StartCmd, _, err = o.str("startCmd"); err != nil {
+		return req, err
+	}
+	if req.ReadyCmd, _, err = o.str("readyCmd"); err != nil {
+		return req, err
+	}
+	for _, f := range []string{"fromTemplate"} {
 		if o.present(f) {
 			return req, FieldError(f+": not supported yet; templates are built from an image (\"image\"), with steps or a Dockerfile, for now", f)
 		}
@@ -85,7 +91,7 @@ func (r BuildTemplateRequest) Domain() templates.BuildRequest {
 	}
 	return templates.BuildRequest{
 		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile, Steps: steps,
-		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd != "", ReadyCmd: r.ReadyCmd != "", Credentials: len(r.Registry) > 0,
+		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd, Credentials: len(r.Registry) > 0,
 	}
 }
 

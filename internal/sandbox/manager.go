@@ -399,7 +399,7 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
 	spec := m.baseSpec(*sb)
-	release, err := m.fromTemplate(ctx, *sb, &spec)
+	img, release, err := m.fromTemplate(ctx, *sb, &spec)
 	if err != nil {
 		return fail(errdefs.Message(err, "could not open its template"), err)
 	}
@@ -412,6 +412,10 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		return fail(startFailure(err, reasonStartGeneric), err)
 	}
 	if reason, err := m.poststart(ctx, sb, rsb, restored); err != nil {
+		_ = rsb.Destroy(ctx)
+		return fail(reason, err)
+	}
+	if reason, err := m.startTemplate(ctx, rsb, img); err != nil {
 		_ = rsb.Destroy(ctx)
 		return fail(reason, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -50,29 +51,47 @@ func (m *Manager) template(ctx context.Context, accountID, name string) (string,
 // A template built with steps adds its layer chain (spec.Layers, free: a
 // template's sandbox never restores the account's snapshot); release
 // closes the layers once the runtime took them.
-func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) (release func(), err error) {
+func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runtime.Spec) (img templates.Image, release func(), err error) {
 	noop := func() {}
 	if sb.TemplateID == "" {
-		return noop, nil
+		return img, noop, nil
 	}
 	if m.cfg.Templates == nil {
-		return noop, errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
+		return img, noop, errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
 	}
-	img, err := m.cfg.Templates.ByID(ctx, sb.TemplateID)
+	img, err = m.cfg.Templates.ByID(ctx, sb.TemplateID)
 	if err != nil {
-		return noop, err
+		return img, noop, err
 	}
 	spec.BaseDir, spec.BaseImage = img.RootFS, img.BaseImage
 	spec.Env = append(spec.Env, img.Config.Env...)
 	if len(img.Layers) == 0 {
-		return noop, nil
+		return img, noop, nil
 	}
 	layers, release, err := img.OpenLayers(ctx)
 	if err != nil {
-		return noop, err
+		return img, noop, err
 	}
 	spec.Layers = layers
-	return release, nil
+	return img, release, nil
+}
+
+// templateReadyTimeout bounds a template's start and ready commands at a
+// sandbox's start.
+const templateReadyTimeout = 2 * time.Minute
+
+// startTemplate runs img's start command in a sandbox from it and waits
+// for its ready command (templates.StartCommand), as the template's user
+// in its WORKDIR; the reason is the sandbox's failure reason.
+func (m *Manager) startTemplate(ctx context.Context, rsb runtime.Sandbox, img templates.Image) (reason string, err error) {
+	if img.StartCmd == "" && img.ReadyCmd == "" {
+		return "", nil
+	}
+	err = templates.StartCommand(ctx, rsb, img.StartCmd, img.ReadyCmd, img.Config.WorkingDir, userName(img.Config.User), templateReadyTimeout, nil)
+	if err != nil {
+		return "its template's " + errdefs.Message(err, "start command failed"), err
+	}
+	return "", nil
 }
 
 // StartBuildSandbox implements templates.BuildHost: a sandbox with no row,
@@ -91,7 +110,7 @@ func (m *Manager) StartBuildSandbox(ctx context.Context, req templates.BuildSand
 		return nil, nil, err
 	}
 	release()
-	spec := runtime.Spec{ID: req.ID, BaseDir: req.BaseDir, BaseImage: req.BaseImage, Layers: req.Layers,
+	spec := runtime.Spec{ID: req.ID, BaseDir: req.BaseDir, BaseImage: req.BaseImage, Layers: req.Layers, Env: req.Env,
 		Limits: m.cfg.Settings.Limits, Hostname: "build"}
 	stopNet := func(context.Context) {}
 	if hasNetwork(req.Network) && m.network != nil && m.rt.Capabilities().Network {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
@@ -48,6 +49,8 @@ type BuildSandbox struct {
 	// Layers are the layers of the steps before, bottom first.
 	Layers  []runtime.Layer
 	Network netpol.Policy
+	// Env is added to every process's environment.
+	Env []string
 }
 
 // definition is what a template with steps records to build them
@@ -56,6 +59,8 @@ type BuildSandbox struct {
 type definition struct {
 	Dockerfile string              `json:"dockerfile,omitempty"`
 	Steps      []templatespec.Step `json:"steps,omitempty"`
+	StartCmd   string              `json:"startCmd,omitempty"`
+	ReadyCmd   string              `json:"readyCmd,omitempty"`
 }
 
 // stepsDocument is the steps JSON as templatespec.FromJSON reads it.
@@ -68,7 +73,18 @@ type stepsDocument struct {
 // and the definition to record ("" for none).
 func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 	image = strings.TrimSpace(req.Image)
-	var steps []templatespec.Step
+	lim := templatespec.DefaultLimits()
+	for _, c := range []struct{ name, cmd string }{{"startCmd", req.StartCmd}, {"readyCmd", req.ReadyCmd}} {
+		switch {
+		case len(c.cmd) > lim.CommandBytes:
+			return "", "", errdefs.Newf(errdefs.ErrInvalid, "%s: %d bytes, the limit is %d", c.name, len(c.cmd), lim.CommandBytes)
+		case strings.IndexByte(c.cmd, 0) >= 0:
+			return "", "", errdefs.Newf(errdefs.ErrInvalid, "%s: contains NUL", c.name)
+		case c.cmd != "" && strings.TrimSpace(c.cmd) == "":
+			return "", "", errdefs.Newf(errdefs.ErrInvalid, "%s: empty", c.name)
+		}
+	}
+	d := definition{StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
 	switch {
 	case req.Dockerfile != "" && len(req.Steps) > 0:
 		return "", "", errdefs.New(errdefs.ErrInvalid, "dockerfile and steps: give one, not both")
@@ -83,14 +99,13 @@ func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 		if t.Base.Kind != templatespec.BaseImage {
 			return "", "", errdefs.New(errdefs.ErrInvalid, "dockerfile: FROM must name an image")
 		}
-		image, steps = t.Base.Ref, t.Steps
-		for _, st := range steps {
+		image = t.Base.Ref
+		for _, st := range t.Steps {
 			if st.Kind == templatespec.StepCopy {
 				return "", "", errdefs.Newf(errdefs.ErrInvalid, "dockerfile: line %d (COPY): COPY needs uploaded files: not supported yet", st.Line)
 			}
 		}
-		def, err := json.Marshal(definition{Dockerfile: req.Dockerfile})
-		return image, string(def), err
+		d.Dockerfile = req.Dockerfile
 	case len(req.Steps) > 0:
 		if image == "" {
 			return "", "", errdefs.New(errdefs.ErrInvalid, "image: required (the base the steps start from)")
@@ -108,14 +123,12 @@ func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 				return "", "", errdefs.Newf(errdefs.ErrInvalid, "steps[%d] (COPY): COPY needs uploaded files: not supported yet", i)
 			}
 		}
-		steps = t.Steps
-	default:
+		d.Steps = t.Steps
+	}
+	if d.Dockerfile == "" && len(d.Steps) == 0 && d.StartCmd == "" && d.ReadyCmd == "" {
 		return image, "", nil
 	}
-	if len(steps) == 0 {
-		return image, "", nil
-	}
-	b, err := json.Marshal(definition{Steps: steps})
+	b, err := json.Marshal(d)
 	return image, string(b), err
 }
 
@@ -248,7 +261,123 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 	if cfg.WorkingDir == "/" && img.Config.WorkingDir == "" {
 		cfg.WorkingDir = ""
 	}
+	if def.StartCmd != "" || def.ReadyCmd != "" {
+		if err := r.finalize(ctx, def, cfg); err != nil {
+			return oci.Config{}, nil, err
+		}
+	}
 	return cfg, r.layers, nil
+}
+
+// finalize checks the start and ready commands in a build sandbox of
+// the finished template, as a sandbox from it will run them (StartCommand):
+// the build fails when they do not get ready. Nothing of it is kept: no
+// memory snapshot yet, so every sandbox from the template runs them
+// again when it starts.
+func (r *stepRun) finalize(ctx context.Context, def definition, cfg oci.Config) error {
+	s := r.s
+	select {
+	case s.building <- struct{}{}:
+		defer func() { <-s.building }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	layers, release, err := openLayers(ctx, s.cfg.Blobs, r.layers)
+	if err != nil {
+		return err
+	}
+	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.rootfs,
+		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork, Env: cfg.Env})
+	release()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return errdefs.Wrap(nil, err, "finalize: the build sandbox could not start: "+errdefs.Message(err, "an error on the server"))
+	}
+	defer stop(context.WithoutCancel(ctx))
+	r.logf("finalize: start command %q, ready command %q", clipLine(def.StartCmd), clipLine(def.ReadyCmd))
+	start := time.Now()
+	out := &logWriter{logf: r.logf, left: maxStepOutput}
+	err = StartCommand(ctx, rsb, def.StartCmd, def.ReadyCmd, cfg.WorkingDir, userName(cfg.User), s.cfg.StepTimeout, out)
+	out.flush()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return errdefs.Wrap(nil, err, "finalize: "+errdefs.Message(err, "the start command could not run"))
+	}
+	r.logf("finalize: ready after %s", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// StartCommand starts start (when not "") in rsb, detached so that it
+// keeps running, and runs ready (when not "") until it exits 0, every
+// 200 ms, for at most within. Both run by /bin/sh in cwd as user; start's
+// output goes to out (nil: dropped) until ready. The error, for the
+// user, says which failed: the start command ended, the ready command
+// never passed.
+func StartCommand(ctx context.Context, rsb runtime.Sandbox, start, ready, cwd, user string, within time.Duration, out io.Writer) error {
+	if out == nil {
+		out = io.Discard
+	}
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	type result struct {
+		res runtime.ExecResult
+		err error
+	}
+	ended := make(chan result, 1)
+	if start != "" {
+		started := make(chan struct{})
+		var once sync.Once
+		sctx, stopFollowing := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopFollowing() // the process runs on (Detach)
+		go func() {
+			res, err := rsb.Exec(sctx, runtime.ExecRequest{Cmd: []string{"/bin/sh", "-c", start}, Cwd: cwd, User: user,
+				Stdout: out, Stderr: out, Tag: "template-start", Detach: true,
+				Started: func(int) { once.Do(func() { close(started) }) }})
+			once.Do(func() { close(started) })
+			ended <- result{res, err}
+		}()
+		select {
+		case <-started:
+		case <-ctx.Done():
+			return errdefs.Newf(nil, "the start command did not start within %s", within)
+		}
+	}
+	check := func() (bool, error) {
+		select {
+		case r := <-ended:
+			// Exit 0 is a start command that left a daemon behind.
+			if r.err != nil && !errors.Is(r.err, context.Canceled) {
+				return false, errdefs.Wrap(nil, r.err, "the start command could not run: "+errdefs.Message(r.err, "an error on the server"))
+			}
+			if r.err == nil && r.res.ExitCode != 0 {
+				return false, errdefs.Newf(nil, "the start command ended with exit code %d before the template was ready", r.res.ExitCode)
+			}
+		default:
+		}
+		if ready == "" {
+			return true, nil
+		}
+		res, err := rsb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"/bin/sh", "-c", ready}, Cwd: cwd, User: user, Timeout: 10 * time.Second})
+		return err == nil && res.ExitCode == 0, nil
+	}
+	for {
+		ok, err := check()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Newf(nil, "the ready command did not pass within %s", within)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // layer starts a build sandbox over the chain so far, makes the pending

@@ -50,6 +50,8 @@ func newFakeHost() *fakeHost {
 		case strings.Contains(cmd, "sleep"):
 			<-ctx.Done()
 			return runtime.ExecResult{}, nil
+		case strings.Contains(cmd, "never-ready"):
+			return runtime.ExecResult{ExitCode: 1}, nil
 		case strings.Contains(cmd, "exit 3"):
 			fmt.Fprintln(req.Stderr, "about to fail")
 			return runtime.ExecResult{ExitCode: 3}, nil
@@ -295,5 +297,44 @@ func TestBuildStepsFail(t *testing.T) {
 	got = build(t, f, svc, templates.BuildRequest{Name: "df:v1", Dockerfile: "FROM " + ref + "\nENV X=1\nRUN exit 3\n"})
 	if got.Status != store.TemplateFailed || got.Source != ref || got.FailureReason != "step 2 (RUN exit 3) failed with exit code 3" {
 		t.Fatalf("dockerfile build: %s %s %q", got.Status, got.Source, got.FailureReason)
+	}
+}
+
+func TestBuildStartAndReadyCommands(t *testing.T) {
+	f := newFixture(t)
+	host := newFakeHost()
+	svc := stepsService(t, f, host, 300*time.Millisecond)
+	ref := f.push(t, "tools/base:1", v1.Config{}, map[string]string{"etc/hostname": "x\n"})
+
+	// Checked at the end of the build, over the steps' layers, and kept
+	// for the sandboxes.
+	got := build(t, f, svc, templates.BuildRequest{Name: "srv:v1", Image: ref, Steps: steps(t, `{"type":"RUN","args":["make"]}`),
+		StartCmd: "serve --port 8000", ReadyCmd: "check port"})
+	if got.Status != store.TemplateReady || !strings.Contains(got.Log, "finalize: ready after") {
+		t.Fatalf("build: %s %q\n%s", got.Status, got.FailureReason, got.Log)
+	}
+	if cmds := strings.Join(host.commands(), ";"); !strings.HasPrefix(cmds, "make;serve --port 8000;check port") {
+		t.Fatalf("ran %q", cmds)
+	}
+	host.mu.Lock()
+	last := host.starts[len(host.starts)-1]
+	host.mu.Unlock()
+	if len(last) != 1 {
+		t.Fatalf("finalize's sandbox from layers %v", last)
+	}
+	img, err := svc.Find(t.Context(), f.alice.AccountID, "srv:v1")
+	if err != nil || img.StartCmd != "serve --port 8000" || img.ReadyCmd != "check port" {
+		t.Fatalf("image %+v %v", img, err)
+	}
+
+	// A ready command that never passes fails the build.
+	got = build(t, f, svc, templates.BuildRequest{Name: "srv:v2", Image: ref, StartCmd: "serve", ReadyCmd: "never-ready"})
+	if got.Status != store.TemplateFailed || got.FailureReason != "finalize: the ready command did not pass within 300ms" {
+		t.Fatalf("never ready: %s %q", got.Status, got.FailureReason)
+	}
+	// A start command that fails fails it too.
+	got = build(t, f, svc, templates.BuildRequest{Name: "srv:v3", Image: ref, StartCmd: "exit 3"})
+	if got.Status != store.TemplateFailed || got.FailureReason != "finalize: the start command ended with exit code 3 before the template was ready" {
+		t.Fatalf("failing start: %s %q", got.Status, got.FailureReason)
 	}
 }

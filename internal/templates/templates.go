@@ -164,10 +164,12 @@ type BuildRequest struct {
 	Steps json.RawMessage
 	// Dockerfile is a Dockerfile's text; "": none.
 	Dockerfile string
+	// StartCmd is run by a shell in every sandbox from the template when
+	// it starts, and keeps running; ReadyCmd is run by a shell until it
+	// exits 0, and the sandbox is running from then on. Either may be "".
+	StartCmd, ReadyCmd string
 	// Sent but not built yet: each is refused with a 400 naming it.
 	FromTemplate bool
-	StartCmd     bool
-	ReadyCmd     bool
 	Credentials  bool
 }
 
@@ -178,7 +180,7 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 		sent bool
 		name string
 	}{
-		{req.FromTemplate, "fromTemplate"}, {req.StartCmd, "startCmd"}, {req.ReadyCmd, "readyCmd"},
+		{req.FromTemplate, "fromTemplate"},
 	} {
 		if f.sent {
 			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
@@ -296,6 +298,8 @@ type Image struct {
 	RootFS    string
 	BaseImage string
 	Config    oci.Config
+	// StartCmd and ReadyCmd are its start and ready commands ("": none).
+	StartCmd, ReadyCmd string
 	// Layers are the blob keys of the layer chain its steps made, bottom
 	// first (none for a template from an image alone); OpenLayers opens
 	// them for runtime.Spec.Layers.
@@ -367,7 +371,14 @@ func (s *Service) image(t store.Template) (Image, error) {
 	if len(layers) > 0 && s.cfg.Blobs == nil {
 		return Image{}, errdefs.Newf(errdefs.ErrConflict, "template %s has layers and this server has no blob store for them", ref)
 	}
-	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: s.cfg.Blobs}, nil
+	var def definition
+	if t.Definition != "" {
+		if err := json.Unmarshal([]byte(t.Definition), &def); err != nil {
+			return Image{}, fmt.Errorf("template %s: its definition: %w", t.ID, err)
+		}
+	}
+	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: s.cfg.Blobs,
+		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd}, nil
 }
 
 // rootfs is where the image of digest ("sha256:...") is unpacked.
