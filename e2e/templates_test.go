@@ -224,6 +224,24 @@ func TestTemplateWithSteps(t *testing.T) {
 		t.Fatalf("rebuild: %v", tpl)
 	}
 
+	// A start command runs in each sandbox from the template, and the
+	// create answers once its ready command passes.
+	tpl = build(map[string]any{"name": "srv:v1", "image": ref.String(), "steps": stepsOf(map[string]any{"type": "WORKDIR", "args": []string{"/opt"}}),
+		"startCmd": "echo $X > /tmp/started; exec sleep 1000", "readyCmd": "test -s /tmp/started"})
+	if tpl["status"] != "ready" || !strings.Contains(fmt.Sprint(tpl["log"]), "finalize: ready after") {
+		t.Fatalf("start command build: %v", tpl)
+	}
+	sb := s.createSandbox(ak, map[string]any{"template": "srv:v1"})
+	r := s.as(ak, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "cat /tmp/started; cat hi"}})
+	if r.Status != 200 || r.Body["stdout"] != "1\nhi\n" {
+		t.Fatalf("exec in a sandbox with a start command: %d %s", r.Status, r.Raw)
+	}
+	s.as(ak, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", nil)
+	tpl = build(map[string]any{"name": "srv:v2", "image": ref.String(), "startCmd": "exit 4", "readyCmd": "false"})
+	if tpl["status"] != "failed" || tpl["failureReason"] != "finalize: the start command ended with exit code 4 before the template was ready" {
+		t.Fatalf("failing start command: %v", tpl)
+	}
+
 	// A failing RUN fails the build, naming the step and the exit code.
 	tpl = build(map[string]any{"name": "bad:v1", "image": ref.String(), "steps": []map[string]any{
 		{"type": "RUN", "args": []string{"true"}}, {"type": "RUN", "args": []string{"echo failing; exit 7"}}}})
