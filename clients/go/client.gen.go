@@ -555,10 +555,10 @@ type BuildTemplateRequest struct {
 	// FromTemplate Not supported yet (400)
 	FromTemplate *string `json:"fromTemplate,omitempty"`
 
-	// StartCmd Not supported yet (400)
+	// StartCmd Run by /bin/sh in every sandbox from the template when it starts (as its USER
 	StartCmd *string `json:"startCmd,omitempty"`
 
-	// ReadyCmd Not supported yet (400)
+	// ReadyCmd Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes
 	ReadyCmd *string `json:"readyCmd,omitempty"`
 
 	// Registry Registry credentials: not supported yet (400); only public images are built for now

@@ -553,11 +553,11 @@ export interface components {
             image?: string;
             /** @description name[:tag]: a name of 1 to 63 lower-case letters */
             name: string;
-            /** @description Not supported yet (400) */
+            /** @description Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes */
             readyCmd?: string;
             /** @description Registry credentials: not supported yet (400); only public images are built for now */
             registry?: Record<string, never>;
-            /** @description Not supported yet (400) */
+            /** @description Run by /bin/sh in every sandbox from the template when it starts (as its USER */
             startCmd?: string;
             /** @description Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN */
             steps?: components["schemas"]["TemplateStep"][];
