@@ -478,6 +478,9 @@ func openLayers(ctx context.Context, blobs blob.Store, keys []string) ([]runtime
 			c.Close()
 		}
 	}
+	if len(keys) > 0 && blobs == nil {
+		return nil, func() {}, errdefs.New(errdefs.ErrConflict, "the template has layers and this server has no blob store for them")
+	}
 	layers := make([]runtime.Layer, 0, len(keys))
 	for _, k := range keys {
 		rc, err := blobs.Get(ctx, k)
