@@ -53,13 +53,13 @@ func (a *templateAPI) handler(t *testing.T) http.Handler {
 	mux.HandleFunc("GET /api/templates/tpl_py", func(w http.ResponseWriter, r *http.Request) {
 		a.mu.Lock()
 		a.polls++
-		n := a.polls
+		n, fail := a.polls, a.fail
 		a.mu.Unlock()
 		lines := []string{"resolving registry.example/library/python:3.12\n", "layer 1/2 applied\n", "layer 2/2 applied\n"}
 		status, extra := "building", ""
 		if n >= 3 {
 			n = 3
-			if a.fail {
+			if fail {
 				status, extra = "failed", `,"failureReason":"layer 2: too large"`
 			} else {
 				status = "ready"
@@ -131,9 +131,17 @@ func TestTemplateBuildWait(t *testing.T) {
 	if !strings.Contains(out, "tpl_py") || !strings.Contains(out, "ready") || strings.Contains(out, "applied") {
 		t.Errorf("stdout:\n%s", out)
 	}
+	a.mu.Lock()
+	first := a.requests[0]
+	a.mu.Unlock()
+	if got := first; got != `POST /api/templates {"name":"py","image":"registry.example/library/python:3.12"}` {
+		t.Errorf("build sent %q", got)
+	}
 
 	a = newTemplateAPI(t)
+	a.mu.Lock()
 	a.fail = true
+	a.mu.Unlock()
 	out, errOut, cmd, err := runRoot(t, "template", "build", "py", "--image", "registry.example/library/python:3.12", "--wait", "--json")
 	if err == nil || !strings.Contains(err.Error(), "failed to build: layer 2: too large") || !wantsJSON(cmd) || out != "" {
 		t.Errorf("failed build: %v, stdout %q, stderr %q", err, out, errOut)
