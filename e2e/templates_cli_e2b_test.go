@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -17,13 +16,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// TestE2BTemplateFromImage: a template built from an image (the
-// in-process registry of TestTemplateFromImage) is started through E2B's
-// REST create with the body the JS SDK's Sandbox.create('hello') sends,
+// TestTemplateCLIAndE2B: a template built from an image (the in-process
+// registry of TestTemplateFromImage) with the CLI (build --wait, logs, ls,
+// sandbox create --template, rm) is started through E2B's REST create with the body the JS SDK's Sandbox.create('hello') sends,
 // and its files are read through envd's /files as the SDK reads them;
 // GET /templates lists it in E2B's shape, and another account's create
 // of the name is E2B's 404.
-func TestE2BTemplateFromImage(t *testing.T) {
+func TestTemplateCLIAndE2B(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/hello:v1")
@@ -38,19 +37,31 @@ func TestE2BTemplateFromImage(t *testing.T) {
 	alice, bob := s.createAccount("alice", false), s.createAccount("bob", false)
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)
 
-	r := s.as(ak, "POST", "/api/templates", map[string]any{"name": "hello", "image": ref.String()})
-	if r.Status != 202 {
-		t.Fatalf("build: %d %s", r.Status, r.Raw)
+	// Built with the CLI, which follows the build to its end.
+	cli := func(args ...string) cliResult {
+		t.Helper()
+		return runCLI(t, nil, nil, append([]string{args[0], "--url", s.base, "--key", ak.Key}, args[1:]...)...)
 	}
-	id := r.Body["template"].(map[string]any)["id"].(string)
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		r = s.as(ak, "GET", "/api/templates/"+id, nil)
-		if st := r.Body["template"].(map[string]any)["status"]; st == "ready" {
-			break
-		} else if st != "building" || time.Now().After(deadline) {
-			t.Fatalf("build: %s", r.Raw)
-		}
+	res := cli("template", "build", "hello", "--image", ref.String(), "--wait", "--json")
+	var built struct{ ID, Status string }
+	if res.code != 0 || json.Unmarshal([]byte(res.stdout), &built) != nil || built.Status != "ready" || !strings.Contains(res.stderr, "ready: ") {
+		t.Fatalf("template build --wait: %d %s %s", res.code, res.stdout, res.stderr)
 	}
+	id := built.ID
+	if res := cli("template", "logs", "hello"); res.code != 0 || !strings.Contains(res.stdout, "ready: ") {
+		t.Fatalf("template logs: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli("template", "ls"); res.code != 0 || !strings.Contains(res.stdout, id) || !strings.Contains(res.stdout, "hello:latest") {
+		t.Fatalf("template ls: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli("template", "build", "hello", "--image", ref.String(), "--json"); res.code == 0 || !strings.Contains(res.stderr, `"status":409`) {
+		t.Fatalf("a second build of hello: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	res = cli("sandbox", "create", "--template", "hello", "--wait", "--", "cat", "hello.txt")
+	if res.code != 0 || !strings.Contains(res.stdout, "running") {
+		t.Fatalf("sandbox create --template: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	cliSandbox := strings.Fields(strings.Split(res.stdout, "\n")[1])[0]
 
 	do := func(k key, method, path string, headers map[string]string, body string) (int, string) {
 		t.Helper()
@@ -99,11 +110,25 @@ func TestE2BTemplateFromImage(t *testing.T) {
 		t.Fatalf("read the image's file through envd: %d %q", code, body)
 	}
 	sid := strings.Replace(created.SandboxID, "sbx-", "sbx_", 1)
-	r = s.as(ak, "POST", "/api/sandboxes/"+sid+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "echo $FOO; pwd"}})
+	r := s.as(ak, "POST", "/api/sandboxes/"+sid+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "echo $FOO; pwd"}})
 	if r.Status != 200 || r.Body["stdout"] != "bar\n/opt/app\n" {
 		t.Fatalf("exec: %d %s", r.Status, r.Raw)
 	}
 	if code, body := do(ak, "DELETE", "/sandboxes/"+created.SandboxID, nil, ""); code != 204 {
 		t.Fatalf("kill: %d %s", code, body)
+	}
+
+	// In use by the CLI's sandbox: not deleted; once it stopped, deleted.
+	if res := cli("template", "rm", "hello"); res.code != 1 || !strings.Contains(res.stderr, "409") {
+		t.Fatalf("template rm in use: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli("sandbox", "stop", cliSandbox); res.code != 0 {
+		t.Fatalf("sandbox stop: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli("template", "rm", "hello"); res.code != 0 || res.stdout != id+"\n" {
+		t.Fatalf("template rm: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if code, body := do(ak, "POST", "/sandboxes", nil, sdkBody); code != 404 {
+		t.Fatalf("E2B create of a deleted template: %d %s", code, body)
 	}
 }
