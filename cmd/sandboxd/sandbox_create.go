@@ -71,6 +71,8 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 	fl.StringVar(&o.prompt, "prompt", "", "run opencode with this prompt instead of a command")
 	fl.StringVar(&o.network, "network", "", networkFlagUsage)
 	fl.StringVar(&o.template, "template", "", "start from this template, NAME[:TAG] (the account's, else a public one; it must be ready), not the account's snapshot")
+	// SANDBOXD_TEMPLATE is serve's image, never this flag.
+	_ = fl.SetAnnotation("template", noEnv, []string{"true"})
 	_ = cmd.RegisterFlagCompletionFunc("template", c.templateRefs(true))
 	fl.BoolVar(&o.wait, "wait", false, "return once the sandbox runs; fail, with the reason, when it failed")
 	fl.BoolVar(&o.follow, "follow", false, "wait, then follow the run's log to its end and exit with its command's status")

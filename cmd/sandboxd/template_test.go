@@ -227,6 +227,11 @@ func TestTemplateCommands(t *testing.T) {
 	if _, _, _, err := runRoot(t, "sandbox", "create", "--template", "py:3.12"); err != nil || a.last() != `POST /api/sandboxes {"template":"py:3.12"}` {
 		t.Errorf("create --template: %v %q", err, a.last())
 	}
+	// SANDBOXD_TEMPLATE is serve's image: a create does not read it.
+	t.Setenv("SANDBOXD_TEMPLATE", "full")
+	if _, _, _, err := runRoot(t, "sandbox", "create"); err != nil || a.last() != `POST /api/sandboxes {}` {
+		t.Errorf("create with SANDBOXD_TEMPLATE set: %v %q", err, a.last())
+	}
 }
 
 // TestNewLog: the new part of a build's log, also once the server's window
