@@ -170,19 +170,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	c := &apiClient{http: newAPIHTTPClient()}
 	f := &clientFlags{}
 	cmd := &cobra.Command{Use: "sandbox", Short: "Create, list, use and stop sandboxes through a running server's API"}
-	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.url, "url", "http://127.0.0.1:8080", "server URL (env SANDBOXD_URL)")
-	pf.StringVar(&c.key, "key", "", "API key (env SANDBOXD_API_KEY)")
-	pf.BoolVar(&f.asJSON, "json", false, "print JSON (errors too: {\"error\", \"status\"} on stderr)")
-	pf.StringVar(&f.account, "account", "", "act for this account id (organization keys)")
-	requireKey := func(cmd *cobra.Command, _ []string) error {
-		// A group of commands only prints its help.
-		if c.key == "" && !cmd.HasSubCommands() {
-			return fmt.Errorf("no API key: pass --key or set SANDBOXD_API_KEY")
-		}
-		return nil
-	}
-	cmd.PersistentPreRunE = withEnv(requireKey)
+	registerAPIFlags(cmd, c, f, true)
 
 	// act is a command that acts on one sandbox (POST
 	// /api/sandboxes/ID/VERB) and prints the sandbox it answers; doing

@@ -36,7 +36,7 @@ func envName(name string) string {
 func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
 	var errs []error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed {
+		if f.Changed || len(f.Annotations[noEnv]) > 0 {
 			return
 		}
 		name := envName(f.Name)
@@ -56,6 +56,12 @@ func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
 	})
 	return errors.Join(errs...)
 }
+
+// noEnv is the annotation of a flag that no environment variable sets: its
+// variable is another command's, of another meaning (SANDBOXD_TEMPLATE is
+// the image serve starts sandboxes from, not the template of `sandbox
+// create --template`).
+const noEnv = "sandboxd/no-env"
 
 // setByEnv is the annotation applyEnv leaves on a flag it set: the
 // variable's name.

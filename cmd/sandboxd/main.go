@@ -46,6 +46,7 @@ func newRootCmd() *cobra.Command {
 		// The API client logs nothing of its own: only its progress
 		// lines follow --log-format.
 		annotate(newSandboxCmd(g), "log-format"),
+		annotate(newTemplateCmd()),
 		newBenchCmd(g),
 		newKernelCmd(g),
 		annotate(newMCPCmd()),

@@ -71,8 +71,14 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	if req.TemplateID == "" {
 		req.TemplateID = DefaultTemplate
 	}
-	if req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
-		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s", req.TemplateID, strings.Join(append([]string{DefaultTemplate}, a.opts.Templates...), ", "))
+	// A custom template of that name (the account's, else a public one)
+	// before the built-in ids, which all start the server's image.
+	custom, err := a.customTemplate(r.Context(), c, req.TemplateID)
+	if err != nil {
+		return err
+	}
+	if custom == "" && req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
+		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s and the templates of GET /templates", req.TemplateID, strings.Join(append([]string{DefaultTemplate}, a.opts.Templates...), ", "))
 	}
 	if len(req.EnvVars) > 256 {
 		return edge.Errorf(http.StatusBadRequest, "envVars: at most 256 variables")
@@ -93,7 +99,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	if len(req.Metadata) > 64 {
 		return edge.Errorf(http.StatusBadRequest, "metadata: at most 64 entries")
 	}
-	creq := sandbox.CreateRequest{}
+	creq := sandbox.CreateRequest{Template: custom}
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = store.OnTimeoutPause
 	}

@@ -84,6 +84,10 @@ type Options struct {
 	// Templates are the template ids a create may name besides
 	// DefaultTemplate (the server's image): all start the server's image.
 	Templates []string
+	// Custom lists the custom templates (docs/TEMPLATES.md) a create may
+	// name, before the built-in ids, and GET /templates lists beside
+	// them; nil: none.
+	Custom CustomTemplates
 	// CPUs and MemoryMB are what a sandbox is given, as reported.
 	CPUs     int
 	MemoryMB int

@@ -44,6 +44,19 @@ func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbo
 	f.mu.Lock()
 	f.last = req
 	f.mu.Unlock()
+	if req.Template != "" {
+		// As the manager resolves it (templates.Service.Find).
+		name, tag, _ := strings.Cut(req.Template, ":")
+		t, err := f.st.FindTemplate(ctx, accountID, name, tag)
+		switch {
+		case err != nil:
+			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrNotFound, "template %s not found", req.Template)
+		case t.Status == store.TemplateBuilding:
+			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrConflict, "template %s is still building; try again when it is ready", req.Template)
+		case t.Status == store.TemplateFailed:
+			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrConflict, "template %s failed to build: %s", req.Template, t.FailureReason)
+		}
+	}
 	now := time.Now()
 	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute)}
 	err := f.st.CreateSandbox(ctx, &sb)
