@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -43,8 +45,8 @@ func (a *templateAPI) handler(t *testing.T) http.Handler {
 		tplJSON("tpl_pubpy", "py", "latest", "ready", true, "") + `]}`
 	mux.HandleFunc("GET /api/templates", func(w http.ResponseWriter, r *http.Request) { answer(w, 200, list) })
 	mux.HandleFunc("POST /api/templates", func(w http.ResponseWriter, r *http.Request) {
-		var req struct{ Name, Image string }
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Name != "py" || req.Image != "registry.example/library/python:3.12" {
+		var req struct{ Name, Image, Dockerfile string }
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Name != "py" || (req.Image != "registry.example/library/python:3.12") == (req.Dockerfile == "") {
 			answer(w, 400, `{"status":"error","error":"bad request"}`)
 			return
 		}
@@ -155,6 +157,36 @@ func TestTemplateBuildWait(t *testing.T) {
 	}
 	if _, _, _, err := runRoot(t, "template", "build", "py"); err == nil || !strings.Contains(err.Error(), "--image") {
 		t.Errorf("build without --image: %v", err)
+	}
+}
+
+// TestTemplateBuildStepsAndDockerfile: --steps and --dockerfile read
+// their files into the build's body, with the start and ready commands;
+// a Dockerfile goes without --image.
+func TestTemplateBuildStepsAndDockerfile(t *testing.T) {
+	a := newTemplateAPI(t)
+	dir := t.TempDir()
+	steps := filepath.Join(dir, "steps.json")
+	os.WriteFile(steps, []byte(`[{"type":"RUN","args":["make"]},{"type":"ENV","args":["X","1"],"force":true}]`), 0o644)
+	if _, errOut, _, err := runRoot(t, "template", "build", "py", "--image", "registry.example/library/python:3.12", "--steps", steps, "--start-cmd", "serve", "--ready-cmd", "check", "--json"); err != nil {
+		t.Fatalf("build --steps: %v\n%s", err, errOut)
+	}
+	if got := a.last(); got != `POST /api/templates {"name":"py","image":"registry.example/library/python:3.12","steps":[{"type":"RUN","args":["make"]},{"type":"ENV","args":["X","1"],"force":true}],"startCmd":"serve","readyCmd":"check"}` {
+		t.Errorf("build --steps sent %q", got)
+	}
+	df := filepath.Join(dir, "Dockerfile")
+	os.WriteFile(df, []byte("FROM registry.example/base\nRUN make\n"), 0o644)
+	if _, errOut, _, err := runRoot(t, "template", "build", "py", "--dockerfile", df, "--json"); err != nil {
+		t.Fatalf("build --dockerfile: %v\n%s", err, errOut)
+	}
+	if got := a.last(); got != `POST /api/templates {"name":"py","dockerfile":"FROM registry.example/base\nRUN make\n"}` {
+		t.Errorf("build --dockerfile sent %q", got)
+	}
+	if _, _, _, err := runRoot(t, "template", "build", "py", "--dockerfile", df, "--image", "x"); err == nil || !strings.Contains(err.Error(), "its FROM is the image") {
+		t.Errorf("--dockerfile with --image: %v", err)
+	}
+	if _, _, _, err := runRoot(t, "template", "build", "py", "--image", "x", "--steps", df); err == nil || !strings.Contains(err.Error(), "--steps: not a JSON array") {
+		t.Errorf("--steps of a Dockerfile: %v", err)
 	}
 }
 
