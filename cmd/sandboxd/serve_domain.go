@@ -44,6 +44,7 @@ type domain struct {
 	agents  *agents.Service
 	sweeper *retention.Sweeper
 	tpls    *templates.Service
+	catalog *templates.Catalog // what sandboxes start from
 }
 
 // domainDeps are the components the domain is built on.
@@ -72,14 +73,17 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	if dom.persist, err = setupPersistence(o.persist, o.runtime.diskMiB, d, dom.repos, log); err != nil {
 		return nil, err
 	}
-	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, workers, log); err != nil {
+	if dom.catalog, err = templates.NewCatalog(d.stor.st, templatesDir(d.stor), d.stor.blobs); err != nil {
 		return nil, err
 	}
 	// The setup runs: the manager starts an account's first, the tasks
 	// run them through the manager.
 	setups := agents.NewSetups(d.stor.st, dom.jobs)
 	dom.mgr = setupManager(o, d, dom, setups, log)
-	dom.tpls.SetBuildHost(dom.mgr)
+	// Templates build through the manager (their steps' sandboxes).
+	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, workers, log); err != nil {
+		return nil, err
+	}
 	// This node among the others: registered, alive, watching them.
 	dom.members = membership.New(membership.Config{Store: d.stor.st, NodeID: d.stor.nodeID, Node: d.clu.node, DownAfter: d.clu.downAfter,
 		Sandboxes: dom.mgr, Jobs: dom.jobs, Logger: log.With("component", "membership")})

@@ -64,7 +64,7 @@ func setupManager(o *serveOptions, d domainDeps, dom *domain, setups *agents.Set
 			Network:          d.nw.policy,
 		},
 		Persist:   dom.persist,
-		Templates: dom.tpls,
+		Templates: dom.catalog,
 		Hooks:     sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist),
 		Logger:    log.With("component", "sandbox"),
 

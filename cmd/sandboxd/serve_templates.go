@@ -36,12 +36,15 @@ func (o *templatesOptions) buildNetwork() netpol.Policy {
 	return netpol.Policy{Mode: netpol.ModeEgress}
 }
 
+// templatesDir is the node's cache of unpacked images (root only).
+func templatesDir(stor *storage) string { return filepath.Join(stor.dataDir, "templates") }
+
 // setupTemplates builds the templates service over the node's cache of
-// unpacked images (<data>/templates, root only) and registers its build
-// worker.
-func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, workers *river.Workers, log *slog.Logger) (*templates.Service, error) {
+// unpacked images, starting build sandboxes through host, and registers
+// its build worker.
+func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, log *slog.Logger) (*templates.Service, error) {
 	svc, err := templates.New(templates.Config{
-		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: filepath.Join(stor.dataDir, "templates"),
+		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
 		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"),
 	})

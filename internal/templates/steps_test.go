@@ -111,11 +111,10 @@ func stepsService(t *testing.T, f *fixture, host *fakeHost, stepTimeout time.Dur
 	}
 	t.Cleanup(jc.Close)
 	svc, err := templates.New(templates.Config{Store: f.st, Jobs: jc, NodeID: "here", Dir: f.dir, AllowPrivate: true,
-		Blobs: blobs, StepTimeout: stepTimeout})
+		Blobs: blobs, StepTimeout: stepTimeout, Host: host})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.SetBuildHost(host)
 	return svc
 }
 

@@ -94,6 +94,10 @@ type Config struct {
 	BuildNetwork netpol.Policy
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
+	// Host starts the build sandboxes of templates with steps (the
+	// sandbox manager, which reads templates through a Catalog of its own);
+	// nil: templates with steps are refused.
+	Host   BuildHost
 	Logger *slog.Logger
 }
 
@@ -101,9 +105,11 @@ type Config struct {
 type Service struct {
 	cfg Config
 	st  *store.Store
-	// host starts build sandboxes (SetBuildHost); nil: templates with
+	// host starts build sandboxes (Config.Host); nil: templates with
 	// steps are refused.
 	host BuildHost
+	// catalog reads the templates sandboxes start from.
+	catalog *Catalog
 	// building holds a place per build sandbox running on this node.
 	building chan struct{}
 	access   Access
@@ -118,14 +124,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Dir == "" {
-		return nil, errors.New("templates: no cache directory")
-	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("templates: make the cache: %w", err)
-	}
-	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("templates: make the cache private: %w", err)
+	catalog, err := NewCatalog(cfg.Store, cfg.Dir, cfg.Blobs)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = DefaultStepTimeout
@@ -139,16 +140,38 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.BuildNetwork.Validate(); err != nil {
 		return nil, fmt.Errorf("templates: the build network: %w", err)
 	}
-	s := &Service{cfg: cfg, st: cfg.Store, access: cfg.Access, log: cfg.Logger, building: make(chan struct{}, maxBuildSandboxes)}
+	s := &Service{cfg: cfg, st: cfg.Store, host: cfg.Host, catalog: catalog, access: cfg.Access, log: cfg.Logger, building: make(chan struct{}, maxBuildSandboxes)}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
 	}
 	return s, nil
 }
 
-// SetBuildHost gives the service what starts its build sandboxes (the
-// sandbox manager, made after the service).
-func (s *Service) SetBuildHost(h BuildHost) { s.host = h }
+// Catalog reads the templates sandboxes start from: their rows and this
+// node's cache of their images. The sandbox manager holds one and the
+// Service another over the same directory, so that neither is made after
+// the other (the Service starts build sandboxes through the manager).
+type Catalog struct {
+	st    *store.Store
+	dir   string
+	blobs blob.Store
+}
+
+// NewCatalog returns the catalog of the templates in st whose images are
+// cached in dir (made private, 0700: images keep their setuid files) and
+// whose layers are in blobs (nil: templates with layers do not start).
+func NewCatalog(st *store.Store, dir string, blobs blob.Store) (*Catalog, error) {
+	if dir == "" {
+		return nil, errors.New("templates: no cache directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("templates: make the cache: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("templates: make the cache private: %w", err)
+	}
+	return &Catalog{st: st, dir: dir, blobs: blobs}, nil
+}
 
 // BuildRequest is a template to build, as the front ends decode it: an
 // image, with steps (the steps JSON, templatespec.FromJSON's "steps") or
@@ -317,35 +340,35 @@ func (img Image) OpenLayers(ctx context.Context) (layers []runtime.Layer, releas
 // Find resolves "name[:tag]" for account: its own template, else a public
 // one. It must be ready: building is a 409 that says so, failed a 409
 // with its reason; unknown is a 404.
-func (s *Service) Find(ctx context.Context, accountID, name string) (Image, error) {
+func (c *Catalog) Find(ctx context.Context, accountID, name string) (Image, error) {
 	ref, err := templatespec.ParseRef(name)
 	if err != nil {
 		return Image{}, err
 	}
-	t, err := s.st.FindTemplate(ctx, accountID, ref.Name, ref.Tag)
+	t, err := c.st.FindTemplate(ctx, accountID, ref.Name, ref.Tag)
 	if errors.Is(err, store.ErrNotFound) {
 		return Image{}, errdefs.Newf(errdefs.ErrNotFound, "template %s not found", ref)
 	}
 	if err != nil {
 		return Image{}, err
 	}
-	return s.image(t)
+	return c.image(t)
 }
 
 // ByID is the image of template id, for a sandbox that started from it
 // (a restart, a resume): it must still be ready and cached.
-func (s *Service) ByID(ctx context.Context, id string) (Image, error) {
-	t, err := s.st.GetTemplate(ctx, id)
+func (c *Catalog) ByID(ctx context.Context, id string) (Image, error) {
+	t, err := c.st.GetTemplate(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return Image{}, errdefs.New(errdefs.ErrNotFound, "its template was deleted")
 	}
 	if err != nil {
 		return Image{}, err
 	}
-	return s.image(t)
+	return c.image(t)
 }
 
-func (s *Service) image(t store.Template) (Image, error) {
+func (c *Catalog) image(t store.Template) (Image, error) {
 	ref := t.Name + ":" + t.Tag
 	switch t.Status {
 	case store.TemplateBuilding:
@@ -357,7 +380,7 @@ func (s *Service) image(t store.Template) (Image, error) {
 	if err := json.Unmarshal([]byte(t.Config), &cfg); err != nil {
 		return Image{}, fmt.Errorf("template %s: its config: %w", t.ID, err)
 	}
-	dir := s.rootfs(t.Digest)
+	dir := c.rootfs(t.Digest)
 	if _, err := os.Stat(dir); err != nil {
 		// Built on another node (or its cache was cleared): not here.
 		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
@@ -368,7 +391,7 @@ func (s *Service) image(t store.Template) (Image, error) {
 			return Image{}, fmt.Errorf("template %s: its layers: %w", t.ID, err)
 		}
 	}
-	if len(layers) > 0 && s.cfg.Blobs == nil {
+	if len(layers) > 0 && c.blobs == nil {
 		return Image{}, errdefs.Newf(errdefs.ErrConflict, "template %s has layers and this server has no blob store for them", ref)
 	}
 	var def definition
@@ -377,13 +400,21 @@ func (s *Service) image(t store.Template) (Image, error) {
 			return Image{}, fmt.Errorf("template %s: its definition: %w", t.ID, err)
 		}
 	}
-	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: s.cfg.Blobs,
+	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: c.blobs,
 		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd}, nil
 }
 
 // rootfs is where the image of digest ("sha256:...") is unpacked.
-func (s *Service) rootfs(digest string) string {
-	return filepath.Join(s.cfg.Dir, strings.ReplaceAll(digest, ":", "-"))
+func (c *Catalog) rootfs(digest string) string {
+	return filepath.Join(c.dir, strings.ReplaceAll(digest, ":", "-"))
+}
+
+// rootfs is where the image of digest is unpacked (the catalog's).
+func (s *Service) rootfs(digest string) string { return s.catalog.rootfs(digest) }
+
+// Find resolves "name[:tag]" as the catalog does.
+func (s *Service) Find(ctx context.Context, accountID, name string) (Image, error) {
+	return s.catalog.Find(ctx, accountID, name)
 }
 
 func (s *Service) removeCached(digest string) {
