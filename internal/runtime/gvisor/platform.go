@@ -153,11 +153,14 @@ func runscOutput(ctx context.Context, runsc string, args ...string) (string, err
 // namespace of its own, which runsc makes (the spec names none), and
 // hidden hides /proc/sys/net from runsc as sandboxNetCmd does.
 func (r *Runtime) trial(ctx context.Context, path, p string, network, hidden bool) (string, error) {
-	dir, err := os.MkdirTemp(r.StateDir(), "probe-")
+	dir, err := newTrialDir(r.StateDir())
 	if err != nil {
 		return "", err
 	}
-	defer os.RemoveAll(dir)
+	cid := "probe-" + p + "-" + host.NewCID("")
+	// Whatever ends the trial (its answer, the timeout, ctx), nothing of
+	// it runs on once it returns.
+	defer endTrial(path, dir, cid)
 	root := filepath.Join(dir, "runsc")
 	rootfs := filepath.Join(dir, "rootfs")
 	for _, d := range []string{root, rootfs} {
@@ -177,26 +180,27 @@ func (r *Runtime) trial(ctx context.Context, path, p string, network, hidden boo
 		Process: &specs.Process{Args: []string{"/sandbox-agent", "version", "--probe"}, Cwd: "/", Env: []string{"PATH=/"}},
 		Root:    &specs.Root{Path: rootfs, Readonly: true},
 		Mounts:  []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
-		Linux:   &specs.Linux{Namespaces: namespaces()},
+		Linux:   &specs.Linux{Namespaces: namespaces(), CgroupsPath: trialCgroup(dir)},
 	}
 	if err := writeSpec(dir, spec); err != nil {
 		return "", err
 	}
-	cid := "probe-" + p + "-" + host.NewCID("")
 	tctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	mode := "none"
 	if network {
 		mode = "sandbox"
 	}
-	args := []string{"--root", root, "--platform", p, "--network", mode, "--ignore-cgroups", "run", "--bundle", dir, cid}
+	args := []string{"--root", root, "--platform", p, "--network", mode, "run", "--bundle", dir, cid}
 	var cmd *exec.Cmd
 	if hidden {
 		cmd = sandboxNetCmd(context.Background(), path, args)
 	} else {
 		cmd = exec.Command(path, args...)
 	}
-	// Its own process group, so a hung trial's sandbox and gofer die with it.
+	// Its own process group, so that a hung `runsc run` dies with what it
+	// started itself; the sandbox and gofer, which are not in it, end with
+	// the trial's cgroup (endTrial).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -213,8 +217,6 @@ func (r *Runtime) trial(ctx context.Context, path, p string, network, hidden boo
 		<-done
 		runErr = fmt.Errorf("no answer within %v", probeTimeout)
 	}
-	_ = exec.Command(path, "--root", root, "delete", "--force", cid).Run()
-	unmountNullNetns(root)
 	if runErr != nil {
 		return "", fmt.Errorf("%w: %s", runErr, host.LastLine(out.String()))
 	}
@@ -222,6 +224,47 @@ func (r *Runtime) trial(ctx context.Context, path, p string, network, hidden boo
 		return "", errors.New("trial sandbox printed nothing")
 	}
 	return out.String(), nil
+}
+
+// A trial (a platform trial here, a save trial in saveprobe.go) runs in a
+// directory of its own in the state dir, probe-<random>, whose name is also
+// the host cgroup runsc puts the trial's sandbox and gofer in (the spec's
+// cgroupsPath; trials set no limits). Neither process is a child of ours
+// nor in the process group of the `runsc run` that started them, and a
+// save trial's container is detached: killing the group, or the whole
+// sandboxd, leaves them running (its agent sleeps five minutes). So a trial
+// ends by ending its cgroup (endTrial), whatever ended it, and a start ends
+// the cgroups of the trials a killed process left (removeTrialDirs).
+
+// newTrialDir makes a trial's directory in stateDir.
+func newTrialDir(stateDir string) (string, error) {
+	dir := filepath.Join(stateDir, "probe-"+host.NewCID(""))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// trialCgroup is the host cgroup of the trial in dir.
+func trialCgroup(dir string) string { return "/sandboxd/" + filepath.Base(dir) }
+
+// trialEndTimeout bounds the `runsc delete` that ends a trial's container.
+const trialEndTimeout = 10 * time.Second
+
+// endTrial ends the trial in dir, whose container (of the runsc at path)
+// is cid ("" when runsc was never asked for one): runsc deletes it, with a
+// context of its own (the trial's may be what ended it), what still runs
+// in its cgroup is killed and the group removed (host.EndCgroup), and its
+// directory goes with the null-netns mount in its runsc root.
+func endTrial(path, dir, cid string) {
+	if cid != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), trialEndTimeout)
+		_ = exec.CommandContext(ctx, path, "--root", filepath.Join(dir, "runsc"), "delete", "--force", cid).Run()
+		cancel()
+	}
+	_ = host.EndCgroup(trialCgroup(dir))
+	unmountNullNetns(filepath.Join(dir, "runsc"))
+	_ = os.RemoveAll(dir)
 }
 
 // unmountNullNetns undoes what a current runsc leaves mounted in its

@@ -203,13 +203,13 @@ type trialContainer struct {
 }
 
 func (r *Runtime) newTrialContainer(path, platform string, args []string) (*trialContainer, error) {
-	dir, err := os.MkdirTemp(r.StateDir(), "probe-")
+	dir, err := newTrialDir(r.StateDir())
 	if err != nil {
 		return nil, err
 	}
 	t := &trialContainer{runsc: path, platform: platform, dir: dir, cid: "probe-save-" + host.NewCID("")}
 	if err := t.prepare(filepath.Join(r.StateDir(), "bin", "sandbox-agent"), args); err != nil {
-		os.RemoveAll(dir)
+		endTrial(path, dir, "")
 		return nil, err
 	}
 	return t, nil
@@ -235,7 +235,7 @@ func (t *trialContainer) prepare(agentPath string, args []string) error {
 		Process: &specs.Process{Args: args, Cwd: "/", Env: []string{"PATH=/"}},
 		Root:    &specs.Root{Path: rootfs, Readonly: true},
 		Mounts:  []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
-		Linux:   &specs.Linux{Namespaces: namespaces()},
+		Linux:   &specs.Linux{Namespaces: namespaces(), CgroupsPath: trialCgroup(t.dir)},
 	})
 }
 
@@ -245,7 +245,7 @@ func (t *trialContainer) prepare(agentPath string, args []string) error {
 func (t *trialContainer) run(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), saveTrialTimeout)
 	defer cancel()
-	global := []string{"--root", filepath.Join(t.dir, "runsc"), "--platform", t.platform, "--network", "none", "--overlay2", "none", "--ignore-cgroups"}
+	global := []string{"--root", filepath.Join(t.dir, "runsc"), "--platform", t.platform, "--network", "none", "--overlay2", "none"}
 	out, err := os.OpenFile(filepath.Join(t.dir, "out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return "", err
@@ -360,26 +360,22 @@ func (t *trialContainer) saveLeavingRunning() error {
 	return nil
 }
 
-// remove deletes the container and its directory.
-func (t *trialContainer) remove() {
-	_, _ = t.run("delete", "--force", t.cid)
-	unmountNullNetns(filepath.Join(t.dir, "runsc"))
-	os.RemoveAll(t.dir)
-}
+// remove deletes the container, ends what of it still runs, and removes
+// its directory (endTrial).
+func (t *trialContainer) remove() { endTrial(t.runsc, t.dir, t.cid) }
 
-// removeTrialDirs removes what trials (platform.go, saveprobe.go) of a
-// process that died during them left in the state dir: their directories,
-// with the null-netns mount a current runsc puts in its root. Their
-// containers end by themselves (the save trial's process waits a minute
-// at most; the platform trial's exits at once).
+// removeTrialDirs ends what trials (platform.go, saveprobe.go) of a
+// process that died during them left: the sandbox and gofer still running
+// in their cgroups (a detached save trial's would run for minutes), the
+// groups, and their directories with the null-netns mount a current runsc
+// puts in its root.
 func removeTrialDirs(stateDir string) {
 	dirs, _ := filepath.Glob(filepath.Join(stateDir, "probe-*"))
 	for _, d := range dirs {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			continue
 		}
-		unmountNullNetns(filepath.Join(d, "runsc"))
-		_ = os.RemoveAll(d)
+		endTrial("", d, "")
 	}
 }
 

@@ -1,9 +1,18 @@
 package gvisor
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/cgroup"
+	"github.com/sandboxd/sandboxd/internal/runtime/host"
+	"github.com/sandboxd/sandboxd/internal/runtime/runtimetest"
 )
 
 // TestRemoveTrialDirs: a start removes the directories that trials of a
@@ -26,4 +35,70 @@ func TestRemoveTrialDirs(t *testing.T) {
 	if _, err := os.Stat(cached); err != nil {
 		t.Fatalf("a cached answer went: %v", err)
 	}
+}
+
+// TestTrialOfKilledProcessEnds: the container of a save trial that a
+// killed sandboxd left running (started, never removed: what a SIGKILL
+// during the trial started ahead leaves, as e2e's TestConsoleOperations
+// does to its server) ends when the next start clears the state dir, and
+// its cgroup goes with it. Its sandbox and gofer are not our children, and
+// its agent would sleep five minutes.
+func TestTrialOfKilledProcessEnds(t *testing.T) {
+	runtimetest.Require(t, "runsc")
+	state := t.TempDir()
+	dir, err := newTrialDir(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &trialContainer{runsc: DefaultRunsc(), platform: "ptrace", dir: dir, cid: "probe-save-" + host.NewCID("")}
+	// Whatever the test finds, nothing of the trial outlives it.
+	defer func() {
+		for _, pid := range trialProcs(dir) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		tc.remove()
+	}()
+	if err := tc.prepare(runtimetest.AgentBinary(t), []string{"/sandbox-agent", "version", "--wait"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := tc.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(trialProcs(dir)) == 0 {
+		t.Fatal("the trial container runs no process of its directory")
+	}
+	removeTrialDirs(state)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(trialProcs(dir)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left := trialProcs(dir); len(left) > 0 {
+		t.Fatalf("processes of the killed process's trial still run after a start: %v", left)
+	}
+	if cgroup.New(trialCgroup(dir)).Exists() {
+		t.Error("the trial's cgroup is left")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the trial's directory is left: %v", err)
+	}
+}
+
+// trialProcs lists the host processes whose command line names the trial
+// directory dir (runsc's sandbox and gofer name their --root and bundle).
+func trialProcs(dir string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && (strings.Contains(string(b), dir+"/") || strings.Contains(string(b), dir+"\x00")) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
