@@ -102,3 +102,63 @@ func trialProcs(dir string) []int {
 	}
 	return out
 }
+
+// TestCancelledTrialLeavesNothing: a platform trial whose ctx ends while
+// its sandbox runs (a server stopped during its start) returns with
+// nothing of it left: no process, no cgroup, no directory.
+func TestCancelledTrialLeavesNothing(t *testing.T) {
+	runtimetest.Require(t, "runsc")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	state := t.TempDir()
+	b, err := host.NewBase[*sandbox](ctx, Name, "runsc", host.Options{StateDir: state, Logger: runtimetest.Logger(t)}, host.Options{}, "runsc", "bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	if err := installAgent(runtimetest.AgentBinary(t), filepath.Join(state, "bin", "sandbox-agent")); err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{Base: b, log: b.Log()}
+	// Cancel as soon as the trial's sandbox boots.
+	booted := make(chan string, 1)
+	go func() {
+		for ctx.Err() == nil {
+			for _, pid := range trialProcs(state) {
+				cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+				if strings.Contains(string(cmdline), "\x00boot\x00") {
+					dirs, _ := filepath.Glob(filepath.Join(state, "probe-*"))
+					if len(dirs) == 1 {
+						booted <- dirs[0]
+					}
+					cancel()
+					return
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	out, err := r.trial(ctx, DefaultRunsc(), "ptrace", false, false)
+	if ctx.Err() == nil {
+		t.Skipf("the trial ended before its sandbox was seen booting: %q %v", out, err)
+	}
+	if err == nil {
+		t.Logf("the trial answered before it was cancelled")
+	}
+	if left := trialProcs(state); len(left) > 0 {
+		t.Errorf("processes of the cancelled trial still run: %v", left)
+		for _, pid := range left {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	select {
+	case dir := <-booted:
+		if cgroup.New(trialCgroup(dir)).Exists() {
+			t.Error("the trial's cgroup is left")
+		}
+	default:
+	}
+	if dirs, _ := filepath.Glob(filepath.Join(state, "probe-*")); len(dirs) > 0 {
+		t.Errorf("the trial's directory is left: %v", dirs)
+	}
+}
