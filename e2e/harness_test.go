@@ -93,9 +93,9 @@ func startServer(t *testing.T, dsn string, extra ...string) *server {
 func startServerIn(t *testing.T, dataDir, dsn string, extra ...string) *server {
 	t.Helper()
 	s := &server{t: t, dataDir: dataDir, dsn: dsn, logs: &bytes.Buffer{}, netPrefix: netPrefixFor(dataDir)}
-	addr := freeAddr(t)
+	addrs := freeAddrs(t, 2)
+	addr, metricsAddr := addrs[0], addrs[1]
 	s.base = "http://" + addr
-	metricsAddr := freeAddr(t)
 	s.metrics = "http://" + metricsAddr
 	args := append([]string{"serve", "--listen", addr, "--metrics-addr", metricsAddr, "--warm-pool", "1", "--sandbox-disk-mib", "256", "--gvisor-platform", "ptrace", "--keep-sandboxes=false", "--setup-on-first-use=false"}, s.globalFlags()...)
 	if !slices.Contains(extra, "--template") && !slices.Contains(extra, defaultImage) {
@@ -154,14 +154,23 @@ func (s *server) stop() {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t *testing.T) string { return freeAddrs(t, 1)[0] }
+
+// freeAddrs are n distinct free loopback addresses: each is held until all
+// are chosen, so that the kernel cannot hand the same port out twice (a
+// server's API and metrics listeners once got one port).
+func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrs := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 // admin runs an admin command against the server's database and decodes
