@@ -157,6 +157,9 @@ func (a *API) Routes() map[string]http.Handler {
 		"/v2/sandboxes":   cp,
 		"/v2/sandboxes/*": cp,
 		"/templates":      cp,
+		"/templates/*":    cp,
+		"/v3/templates":   cp,
+		"/v2/templates/*": cp,
 	}
 	maps.Copy(routes, a.envd.Routes())
 	return routes
