@@ -5,7 +5,8 @@
 //
 // Two planes, both on sandboxd's listener, in two packages:
 //   - the control plane, this package (create, list, get, kill, timeout,
-//     pause, resume, connect, fork, network, metrics, templates; v1 and v2
+//     pause, resume, connect, fork, network, metrics, templates and their
+//     builds (the Template API, templatebuild.go); v1 and v2
 //     paths; one file per group of routes), authenticated with sandboxd's
 //     API keys (edge.Gate) and acting through the sandbox manager, so
 //     every sandbox keeps sandboxd's quotas, persistence, network policy
@@ -157,6 +158,9 @@ func (a *API) Routes() map[string]http.Handler {
 		"/v2/sandboxes":   cp,
 		"/v2/sandboxes/*": cp,
 		"/templates":      cp,
+		"/templates/*":    cp,
+		"/v3/templates":   cp,
+		"/v2/templates/*": cp,
 	}
 	maps.Copy(routes, a.envd.Routes())
 	return routes

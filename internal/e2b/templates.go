@@ -8,14 +8,17 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/templates"
 	"github.com/sandboxd/sandboxd/internal/templatespec"
 )
 
 // CustomTemplates lists the templates a caller may start besides the
 // built-in ones (package templates' Service): its account's, then the
-// public ones, each with its status.
+// public ones, each with its status; and builds them (the Template API,
+// templatebuild.go).
 type CustomTemplates interface {
 	List(ctx context.Context, p auth.Principal) ([]store.Template, error)
+	Build(ctx context.Context, p auth.Principal, req templates.BuildRequest) (store.Template, error)
 }
 
 // template is the part of E2B's Template the SDKs and its CLI read when

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -9,7 +10,10 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/e2b/envd"
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/templates"
+	"github.com/sandboxd/sandboxd/internal/templatespec"
 )
 
 // storeTemplates lists templates as package templates' Service does.
@@ -17,6 +21,24 @@ type storeTemplates struct{ st *store.Store }
 
 func (s storeTemplates) List(ctx context.Context, p auth.Principal) ([]store.Template, error) {
 	return s.st.ListTemplates(ctx, p.AccountID)
+}
+
+// Build records the template building, with its request as its source
+// and definition (the service's validation is its own tests').
+func (s storeTemplates) Build(ctx context.Context, p auth.Principal, req templates.BuildRequest) (store.Template, error) {
+	ref, err := templatespec.ParseRef(req.Name)
+	if err != nil {
+		return store.Template{}, err
+	}
+	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: req.Image, Status: store.TemplateBuilding,
+		Definition: string(req.Steps) + "\n" + req.StartCmd + "\n" + req.ReadyCmd, Log: "2026-01-02T03:04:05Z build of " + req.Name + " queued\n"}
+	if err := s.st.CreateTemplate(ctx, &t); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s exists", req.Name)
+		}
+		return store.Template{}, err
+	}
+	return t, nil
 }
 
 // templateFixture is a fixture whose store has alice's templates py
