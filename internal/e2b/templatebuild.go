@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -139,6 +140,15 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if len(kinds) == 0 {
 		req.Steps = nil
 	}
+	if req.Force && req.Steps != nil {
+		// The build's force (the SDK's skipCache() on the whole
+		// template) is every step's: none is taken from the cache.
+		forced, err := forceSteps(req.Steps)
+		if err != nil {
+			return err
+		}
+		req.Steps = forced
+	}
 	ref, err := templatespec.ParseRef(chi.URLParam(r, "templateID") + ":" + chi.URLParam(r, "buildID"))
 	if err != nil {
 		return err
@@ -148,6 +158,23 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	}
 	w.WriteHeader(http.StatusAccepted)
 	return nil
+}
+
+// forceSteps marks every step of steps (E2B's wire form) "force": true,
+// leaving the rest of each as sent.
+func forceSteps(steps json.RawMessage) (json.RawMessage, error) {
+	var all []map[string]json.RawMessage
+	if err := json.Unmarshal(steps, &all); err != nil {
+		return nil, edge.Errorf(http.StatusBadRequest, "steps: %v", err)
+	}
+	for _, st := range all {
+		st["force"] = json.RawMessage("true")
+	}
+	out, err := json.Marshal(all)
+	if err != nil {
+		return nil, fmt.Errorf("encode the forced steps: %w", err)
+	}
+	return out, nil
 }
 
 // buildLogEntry is E2B's BuildLogEntry.

@@ -56,6 +56,20 @@ func TestTemplateBuild(t *testing.T) {
 		t.Errorf("second start: %d", code)
 	}
 
+	// The build's force (skipCache) is every step's: none is taken from
+	// the cache.
+	forced := fmt.Sprintf(`{"fromImage":"registry.example/base:1","force":true,"steps":%s}`, steps)
+	if code, out := f.raw("POST", "/v2/templates/forced/builds/v1", key, forced); code != http.StatusAccepted {
+		t.Fatalf("forced start: %d %s", code, out)
+	}
+	ftpl, err := f.st.FindTemplate(t.Context(), f.accountOf(f.key), "forced", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(ftpl.Definition, `"force":true`) != 2 || strings.Contains(ftpl.Definition, `"force":false`) {
+		t.Errorf("forced build's steps: %s", ftpl.Definition)
+	}
+
 	var st buildInfo
 	if resp := f.call("GET", "/templates/web/builds/v1/status?logsOffset=0", key, nil, &st); resp.StatusCode != http.StatusOK {
 		t.Fatalf("status: %d", resp.StatusCode)
