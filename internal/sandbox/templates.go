@@ -13,7 +13,7 @@ import (
 )
 
 // Templates finds the templates sandboxes start from; package templates'
-// Service is one.
+// Catalog is one.
 type Templates interface {
 	// Find resolves "name[:tag]" among the account's templates, then the
 	// public ones; it must be ready (errdefs classes otherwise).
