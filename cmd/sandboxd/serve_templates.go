@@ -19,12 +19,16 @@ type templatesOptions struct {
 	stepTimeout  time.Duration
 	buildTimeout time.Duration
 	buildAllow   []string
+	maxCPUs      float64
+	maxMemoryMiB int64
 }
 
 func (o *templatesOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.allowPrivate, "templates-allow-private-registries", false, "let templates be built from registries on private, loopback and link-local addresses (never metadata addresses)")
 	f.DurationVar(&o.stepTimeout, "templates-step-timeout", templates.DefaultStepTimeout, "longest one step (RUN) of a template build may take")
 	f.DurationVar(&o.buildTimeout, "templates-build-timeout", templates.DefaultBuildTimeout, "longest a whole template build may take (the image's fetch and every step)")
+	f.Float64Var(&o.maxCPUs, "templates-build-max-cpus", 0, "most CPUs a build may ask for its build sandboxes (E2B's cpuCount); 0: this host's CPUs, at least 2")
+	f.Int64Var(&o.maxMemoryMiB, "templates-build-max-memory-mib", templates.DefaultMaxBuildMemoryMiB, "most memory in MiB a build may ask for its build sandboxes (E2B's memoryMB)")
 	f.StringSliceVar(&o.buildAllow, "templates-build-allow", nil, "the build sandboxes' network as an allow list (CIDRs, addresses, domains, *.wildcards); default: egress to public addresses")
 }
 
@@ -46,7 +50,7 @@ func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host tem
 	svc, err := templates.New(templates.Config{
 		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
-		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"),
+		BuildNetwork: o.buildNetwork(), MaxBuildCPUs: o.maxCPUs, MaxBuildMemoryMiB: o.maxMemoryMiB, Logger: log.With("component", "templates"),
 	})
 	if err != nil {
 		return nil, err

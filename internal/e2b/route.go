@@ -46,8 +46,8 @@ func (a *API) controlPlane() http.Handler {
 	r.Get("/templates/aliases/{alias}", a.route(a.alias, false))
 	r.Get("/templates/{templateID}/tags", a.route(a.tags, false))
 	r.Get("/templates/{templateID}/files/{hash}", a.route(notYet("COPY is not supported yet: templates take RUN, ENV, ARG, WORKDIR and USER steps"), true))
-	r.Post("/templates/tags", a.route(notYet("assigning tags is not supported yet: a template has the one tag it was built with"), true))
-	r.Delete("/templates/tags", a.route(notYet("removing tags is not supported yet: delete the template instead"), true))
+	r.Post("/templates/tags", a.route(a.assignTags, true))
+	r.Delete("/templates/tags", a.route(a.removeTags, true))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, edge.Errorf(http.StatusNotFound, "%s %s is not part of the E2B API sandboxd serves (see docs/E2B.md)", r.Method, r.URL.Path))
 	})

@@ -2,8 +2,12 @@ package e2b
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,25 +24,26 @@ import (
 // E2B's Template API (the SDKs' Template.build, docs/design/e2b-template-wire.md)
 // over package templates' Service.
 //
-// Identity: E2B makes a template's identity (POST /v3/templates) before
-// its build starts (POST /v2/templates/{templateID}/builds/{buildID});
-// a sandboxd template's row is made by its build, from an image. So the
-// first call makes no row: it answers templateID = the template's NAME
-// and buildID = its TAG, and the second builds NAME:TAG from those two
-// path segments. Every later route takes templateID as the name (or a
-// template's id, tpl_…) and buildID as the tag (or, the same, the id):
-// one build per NAME:TAG, as the REST API has it (a rebuild is a delete
-// and a build).
+// Identity: E2B makes a build (POST /v3/templates) before its definition
+// comes (POST /v2/templates/{templateID}/builds/{buildID}). Here the first
+// call records the build waiting (templates' Request: a template row with
+// no source yet) and answers templateID = the template's NAME and buildID
+// = the row's id (tpl_…); the second starts it (Start). A build takes its
+// tags when ready; one whose tag another build holds waits untagged until
+// then (package templates' tags.go), so buildID, not the tag, names a
+// build. The status route also takes the tag as buildID (NAME:TAG) and the
+// id as both.
 
 // maxLogEntries bounds the log entries of one status answer (E2B's limit).
 const maxLogEntries = 100
 
 // templateRequest is E2B's TemplateBuildRequestV3.
 type templateRequest struct {
-	Name     string   `json:"name"`
-	Tags     []string `json:"tags"`
-	CPUCount int      `json:"cpuCount"`
-	MemoryMB int      `json:"memoryMB"`
+	Name          string   `json:"name"`
+	Tags          []string `json:"tags"`
+	CPUCount      float64  `json:"cpuCount"`
+	MemoryMB      int64    `json:"memoryMB"`
+	MinFreeDiskMB int64    `json:"minFreeDiskMb"`
 }
 
 // templateRequestResponse is E2B's TemplateRequestResponseV3.
@@ -51,11 +56,14 @@ type templateRequestResponse struct {
 	Aliases    []string `json:"aliases"`
 }
 
-// requestTemplate is POST /v3/templates: it checks the name and answers
-// the identity the build will have (templateID NAME, buildID TAG). One
-// tag per build: a second is refused, not dropped.
+// requestTemplate is POST /v3/templates: it records the build waiting for
+// its definition and answers its identity. The tag in name comes first;
+// without one, the first of tags, else latest. cpuCount and memoryMB size
+// the build sandboxes (400 over the server's limits); minFreeDiskMb is
+// taken when a sandbox's disk is at least that large.
 func (a *API) requestTemplate(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
-	if _, err := a.canBuild(); err != nil {
+	b, err := a.canBuild()
+	if err != nil {
 		return err
 	}
 	var req templateRequest
@@ -69,27 +77,30 @@ func (a *API) requestTemplate(w http.ResponseWriter, r *http.Request, c edge.Cal
 	if err != nil {
 		return err
 	}
-	tags := []string{}
+	var tags []string
 	if strings.Contains(req.Name, ":") {
 		tags = append(tags, ref.Tag)
 	}
 	for _, t := range req.Tags {
-		if t != "" && (len(tags) == 0 || tags[0] != t) {
+		if t != "" && !slices.Contains(tags, t) {
 			tags = append(tags, t)
 		}
 	}
-	switch len(tags) {
-	case 0:
+	if len(tags) == 0 {
 		tags = []string{ref.Tag}
-	case 1:
-		if ref, err = templatespec.ParseRef(ref.Name + ":" + tags[0]); err != nil {
-			return err
-		}
-	default:
-		return edge.Errorf(http.StatusBadRequest, "tags: more than one tag per build is not supported yet (got %s)", strings.Join(tags, ", "))
 	}
-	name := ref.Name + ":" + ref.Tag
-	writeJSON(w, http.StatusAccepted, templateRequestResponse{TemplateID: ref.Name, BuildID: ref.Tag, Names: []string{name}, Tags: tags, Aliases: []string{ref.Name}})
+	if req.MinFreeDiskMB < 0 || (a.opts.DiskMB > 0 && req.MinFreeDiskMB > int64(a.opts.DiskMB)) {
+		return edge.Errorf(http.StatusBadRequest, "minFreeDiskMb: %d; a sandbox's disk on this server is %d MiB", req.MinFreeDiskMB, a.opts.DiskMB)
+	}
+	t, err := b.Request(r.Context(), c.Principal, templates.RequestSpec{Name: ref.Name + ":" + tags[0], Tags: tags[1:], CPUs: req.CPUCount, MemoryMiB: req.MemoryMB})
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(tags))
+	for i, tag := range tags {
+		names[i] = t.Name + ":" + tag
+	}
+	writeJSON(w, http.StatusAccepted, templateRequestResponse{TemplateID: t.Name, BuildID: t.ID, Names: names, Tags: tags, Aliases: []string{t.Name}})
 	return nil
 }
 
@@ -149,11 +160,26 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		}
 		req.Steps = forced
 	}
-	ref, err := templatespec.ParseRef(chi.URLParam(r, "templateID") + ":" + chi.URLParam(r, "buildID"))
-	if err != nil {
-		return err
+	build := templates.BuildRequest{Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
+	templateID, buildID := pathParam(r, "templateID"), pathParam(r, "buildID")
+	t, err := b.Get(r.Context(), c.Principal, buildID)
+	switch {
+	case err == nil:
+		if t.AccountID != c.Principal.AccountID || (t.Name != templateID && t.ID != templateID) {
+			return errdefs.Newf(errdefs.ErrNotFound, "template %s build %s not found", templateID, buildID)
+		}
+		_, err = b.Start(r.Context(), c.Principal, t.ID, build)
+	case errors.Is(err, errdefs.ErrNotFound):
+		// Not a requested build: NAME:TAG built at once, as the REST API
+		// does (409 when it exists).
+		ref, rerr := templatespec.ParseRef(templateID + ":" + buildID)
+		if rerr != nil {
+			return err
+		}
+		build.Name = ref.Name + ":" + ref.Tag
+		_, err = b.Build(r.Context(), c.Principal, build)
 	}
-	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}); err != nil {
+	if err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -203,12 +229,13 @@ type buildInfo struct {
 }
 
 // buildStatus is GET /templates/{templateID}/builds/{buildID}/status: the
-// template's status (building, ready, error) and its build log's lines
-// from logsOffset on, at most limit (and maxLogEntries) of them; the
-// offset counts lines. reason carries a failed build's failure reason
-// (without a step: sandboxd's log does not number them).
+// build's status (waiting, building, ready, error) and its build log's
+// lines from logsOffset on, at most limit (and maxLogEntries) of them; the
+// offset counts lines. Each entry names its step ("base", the step's
+// number, "finalize"; see logEntries); reason carries a failed build's
+// failure reason and its step.
 func (a *API) buildStatus(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
-	t, err := a.ownTemplate(r, c, chi.URLParam(r, "templateID"), chi.URLParam(r, "buildID"))
+	t, err := a.ownTemplate(r, c, pathParam(r, "templateID"), pathParam(r, "buildID"))
 	if err != nil {
 		return err
 	}
@@ -225,29 +252,45 @@ func (a *API) buildStatus(w http.ResponseWriter, r *http.Request, c edge.Caller)
 		}
 		limit = min(limit, maxLogEntries)
 	}
-	entries := logEntries(t)
-	entries = entries[min(offset, len(entries)):]
+	all, last := logEntries(t)
+	entries := all[min(offset, len(all)):]
 	entries = entries[:min(limit, len(entries))]
-	out := buildInfo{TemplateID: t.Name, BuildID: t.Tag, Status: string(t.Status), Logs: []string{}, LogEntries: entries}
+	out := buildInfo{TemplateID: t.Name, BuildID: t.Build(), Status: string(t.Status), Logs: []string{}, LogEntries: entries}
 	for _, e := range entries {
 		out.Logs = append(out.Logs, e.Timestamp.Format(time.RFC3339)+" "+e.Message)
 	}
-	if t.Status == store.TemplateFailed {
+	switch {
+	case t.Waiting():
+		out.Status = "waiting"
+	case t.Status == store.TemplateFailed:
 		out.Status = "error"
 		reason := t.FailureReason
 		if reason == "" {
 			reason = "the build failed; no reason was recorded"
 		}
-		out.Reason = &buildStatusReason{Message: reason, LogEntries: []buildLogEntry{}}
+		out.Reason = &buildStatusReason{Message: reason, Step: failedStep(reason, last), LogEntries: []buildLogEntry{}}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
+// The lines of package templates' build log that start a step: "step N/M:
+// …" (N from 1, as E2B numbers steps[]) and "finalize: …" (the start and
+// ready commands); the lines before the first are the base's (the image's
+// fetch), those after a start line that step's (its output).
+var (
+	stepLine   = regexp.MustCompile(`^step (\d+)/\d+: `)
+	failedLine = regexp.MustCompile(`^step (\d+) `)
+)
+
 // logEntries splits t's build log into E2B's entries: one a line, its
-// timestamp the line's own (templates' logLine) or else t's last change.
-func logEntries(t store.Template) []buildLogEntry {
-	out := []buildLogEntry{}
+// timestamp the line's own (templates' logLine) or else t's last change,
+// its step the step whose lines it is among; last is the step of the last
+// line. A log whose start was cut (its first line is not the build's
+// first) gives no step to the lines before the first step line.
+func logEntries(t store.Template) (out []buildLogEntry, last string) {
+	out = []buildLogEntry{}
+	step, first := "", true
 	for _, line := range strings.Split(t.Log, "\n") {
 		if strings.TrimSpace(line) == "" {
 			continue
@@ -258,9 +301,34 @@ func logEntries(t store.Template) []buildLogEntry {
 				e.Timestamp, e.Message = at, msg
 			}
 		}
+		if first && strings.HasPrefix(e.Message, "build of ") {
+			step = "base"
+		}
+		first = false
+		switch m := stepLine.FindStringSubmatch(e.Message); {
+		case m != nil:
+			step = m[1]
+		case strings.HasPrefix(e.Message, "finalize: "):
+			step = "finalize"
+		case strings.HasPrefix(e.Message, "build failed: "):
+			e.Level = "error"
+		}
+		e.Step = step
 		out = append(out, e)
 	}
-	return out
+	return out, step
+}
+
+// failedStep is the step a failure reason names ("step N (…" or
+// "finalize: …"), else last, the step the log had reached.
+func failedStep(reason, last string) string {
+	if m := failedLine.FindStringSubmatch(reason); m != nil {
+		return m[1]
+	}
+	if strings.HasPrefix(reason, "finalize: ") {
+		return "finalize"
+	}
+	return last
 }
 
 // aliasResponse is E2B's TemplateAliasResponse.
@@ -273,7 +341,7 @@ type aliasResponse struct {
 // has a template of that name (any tag, or the exact NAME:TAG), else 404
 // (another account's template is not found, so never E2B's 403).
 func (a *API) alias(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
-	name := chi.URLParam(r, "alias")
+	name := pathParam(r, "alias")
 	list, err := a.own(r, c)
 	if err != nil {
 		return err
@@ -298,7 +366,7 @@ type templateTag struct {
 // tags is GET /templates/{templateID}/tags: the tags of the caller's
 // templates named templateID (or of the template with that id).
 func (a *API) tags(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
-	id := chi.URLParam(r, "templateID")
+	id := pathParam(r, "templateID")
 	list, err := a.own(r, c)
 	if err != nil {
 		return err
@@ -312,13 +380,77 @@ func (a *API) tags(w http.ResponseWriter, r *http.Request, c edge.Caller) error 
 	out := []templateTag{}
 	for _, t := range list {
 		if t.Name == name {
-			out = append(out, templateTag{Tag: t.Tag, BuildID: t.Tag, CreatedAt: t.CreatedAt})
+			out = append(out, templateTag{Tag: t.Tag, BuildID: t.Build(), CreatedAt: t.CreatedAt})
 		}
 	}
 	if len(out) == 0 {
 		return errdefs.Newf(errdefs.ErrNotFound, "template %q not found", id)
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// assignTagsRequest is E2B's AssignTemplateTagsRequest.
+type assignTagsRequest struct {
+	Target string   `json:"target"`
+	Tags   []string `json:"tags"`
+}
+
+// assignTagsResponse is E2B's AssignedTemplateTags.
+type assignTagsResponse struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
+}
+
+// assignTags is POST /templates/tags: the build the caller's target
+// (NAME:TAG) starts takes the tags too, each moved from the build that
+// held it (whose sandboxes run on).
+func (a *API) assignTags(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	b, err := a.canBuild()
+	if err != nil {
+		return err
+	}
+	var req assignTagsRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Target == "" {
+		return edge.Errorf(http.StatusBadRequest, "target: required")
+	}
+	t, err := b.AssignTags(r.Context(), c.Principal, req.Target, req.Tags)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, assignTagsResponse{BuildID: t.Build(), Tags: req.Tags})
+	return nil
+}
+
+// removeTagsRequest is E2B's DeleteTemplateTagsRequest.
+type removeTagsRequest struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
+}
+
+// removeTags is DELETE /templates/tags: the caller's NAME:TAG of each tag
+// stops naming a build (the builds stay for their sandboxes). A tag the
+// name does not have is 404.
+func (a *API) removeTags(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	b, err := a.canBuild()
+	if err != nil {
+		return err
+	}
+	var req removeTagsRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	name, _, _ := strings.Cut(req.Name, ":")
+	if name == "" {
+		return edge.Errorf(http.StatusBadRequest, "name: required")
+	}
+	if err := b.RemoveTags(r.Context(), c.Principal, name, req.Tags); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
@@ -358,17 +490,43 @@ func (a *API) own(r *http.Request, c edge.Caller) ([]store.Template, error) {
 	return out, nil
 }
 
-// ownTemplate is the caller's template NAME:TAG (templateID:buildID) or
-// with id templateID; another account's is not found.
+// ownTemplate is the caller's build buildID (a template's id: a build
+// waiting for its tag too) of template templateID (its name, or the id
+// again), or else the caller's template NAME:TAG (templateID:buildID);
+// another account's is not found.
 func (a *API) ownTemplate(r *http.Request, c edge.Caller, templateID, buildID string) (store.Template, error) {
+	notFound := errdefs.Newf(errdefs.ErrNotFound, "template %s build %s not found", templateID, buildID)
+	if a.opts.Custom == nil {
+		return store.Template{}, notFound
+	}
+	t, err := a.opts.Custom.Get(r.Context(), c.Principal, buildID)
+	switch {
+	case err == nil:
+		if t.AccountID == "" || t.AccountID != c.Principal.AccountID || (t.Name != templateID && t.ID != templateID) {
+			return store.Template{}, notFound
+		}
+		return t, nil
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return store.Template{}, err
+	}
 	list, err := a.own(r, c)
 	if err != nil {
 		return store.Template{}, err
 	}
 	for _, t := range list {
-		if (t.Name == templateID && t.Tag == buildID) || (t.ID == templateID && (buildID == t.ID || buildID == t.Tag)) {
+		if t.Name == templateID && t.Tag == buildID {
 			return t, nil
 		}
 	}
-	return store.Template{}, errdefs.Newf(errdefs.ErrNotFound, "template %s build %s not found", templateID, buildID)
+	return store.Template{}, notFound
+}
+
+// pathParam is the path parameter name, unescaped: the SDKs escape a
+// "name:tag" in a path (%3A).
+func pathParam(r *http.Request, name string) string {
+	v := chi.URLParam(r, name)
+	if u, err := url.PathUnescape(v); err == nil {
+		return u
+	}
+	return v
 }

@@ -12,9 +12,9 @@ import (
 )
 
 // TestTemplateBuild: the SDK's Template.build calls — request (templateID
-// NAME, buildID TAG), start (the template building from the image with
-// the steps as sent), status — and the alias and tags reads; bob sees
-// none of alice's.
+// NAME, buildID the waiting build's id), start (the template building from
+// the image with the steps as sent), status — and the alias and tags
+// reads; bob sees none of alice's.
 func TestTemplateBuild(t *testing.T) {
 	f, _ := templateFixture(t)
 	key := map[string]string{"X-API-Key": f.key}
@@ -22,18 +22,24 @@ func TestTemplateBuild(t *testing.T) {
 	if resp := f.call("POST", "/v3/templates", key, map[string]any{"name": "web:v1", "cpuCount": 2, "memoryMB": 1024}, &req); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("request: %d", resp.StatusCode)
 	}
-	if req.TemplateID != "web" || req.BuildID != "v1" || strings.Join(req.Tags, ",") != "v1" || strings.Join(req.Names, ",") != "web:v1" || req.Aliases == nil {
+	if req.TemplateID != "web" || !strings.HasPrefix(req.BuildID, "tpl_") || strings.Join(req.Tags, ",") != "v1" || strings.Join(req.Names, ",") != "web:v1" || req.Aliases == nil {
 		t.Fatalf("request answered %+v", req)
 	}
-	// A tag in tags alone is the build's tag; no tag is latest.
-	for name, tags := range map[string][]string{"web": {"stable"}, "api": nil} {
+	var st buildInfo
+	if resp := f.call("GET", "/templates/web/builds/"+req.BuildID+"/status", key, nil, &st); resp.StatusCode != http.StatusOK || st.Status != "waiting" || st.BuildID != req.BuildID {
+		t.Fatalf("status before the start: %d %+v", resp.StatusCode, st)
+	}
+	// The tag in name first, then tags; without one, the first of tags;
+	// none is latest.
+	for name, want := range map[string]string{"web:v2": "v2,stable", "api": "stable", "db": "latest"} {
 		var got templateRequestResponse
-		f.call("POST", "/v3/templates", key, map[string]any{"name": name, "tags": tags}, &got)
-		want := "latest"
-		if tags != nil {
-			want = tags[0]
+		tags := []string{"stable"}
+		if name == "db" {
+			tags = nil
 		}
-		if got.TemplateID != name || got.BuildID != want {
+		f.call("POST", "/v3/templates", key, map[string]any{"name": name, "tags": tags}, &got)
+		ref, _, _ := strings.Cut(name, ":")
+		if got.TemplateID != ref || strings.Join(got.Tags, ",") != want {
 			t.Errorf("request %s %v: %+v", name, tags, got)
 		}
 	}
@@ -44,6 +50,9 @@ func TestTemplateBuild(t *testing.T) {
 	if code, out := f.raw("POST", path, key, body); code != http.StatusAccepted {
 		t.Fatalf("start: %d %s", code, out)
 	}
+	if code, _ := f.raw("POST", "/v2/templates/other/builds/"+req.BuildID, key, body); code != http.StatusNotFound {
+		t.Errorf("start under another name: %d", code)
+	}
 	tpl, err := f.st.FindTemplate(t.Context(), f.accountOf(f.key), "web", "v1")
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +60,7 @@ func TestTemplateBuild(t *testing.T) {
 	if tpl.Source != "registry.example/base:1" || tpl.Definition != steps+"\nsleep infinity\ntrue" {
 		t.Errorf("built %+v", tpl)
 	}
-	// Started twice: the template exists.
+	// Started twice: refused.
 	if code, _ := f.raw("POST", path, key, body); code != http.StatusConflict {
 		t.Errorf("second start: %d", code)
 	}
@@ -70,11 +79,10 @@ func TestTemplateBuild(t *testing.T) {
 		t.Errorf("forced build's steps: %s", ftpl.Definition)
 	}
 
-	var st buildInfo
 	if resp := f.call("GET", "/templates/web/builds/v1/status?logsOffset=0", key, nil, &st); resp.StatusCode != http.StatusOK {
 		t.Fatalf("status: %d", resp.StatusCode)
 	}
-	if st.Status != "building" || len(st.LogEntries) != 1 || st.LogEntries[0].Message != "build of web:v1 queued" || st.LogEntries[0].Timestamp.Year() != 2026 || len(st.Logs) != 1 || st.Reason != nil {
+	if st.Status != "building" || len(st.LogEntries) != 1 || st.LogEntries[0].Message != "build of web:v1 requested" || st.LogEntries[0].Step != "base" || st.LogEntries[0].Timestamp.Year() != 2026 || len(st.Logs) != 1 || st.Reason != nil {
 		t.Errorf("status %+v", st)
 	}
 	// By the template's id too.
@@ -89,7 +97,7 @@ func TestTemplateBuild(t *testing.T) {
 		}
 	}
 	var tags []templateTag
-	if resp := f.call("GET", "/templates/web/tags", key, nil, &tags); resp.StatusCode != http.StatusOK || len(tags) != 1 || tags[0].Tag != "v1" {
+	if resp := f.call("GET", "/templates/web/tags", key, nil, &tags); resp.StatusCode != http.StatusOK || len(tags) != 2 || tags[0].Tag != "v1" || tags[0].BuildID != req.BuildID || tags[1].Tag != "v2" {
 		t.Errorf("tags: %d %+v", resp.StatusCode, tags)
 	}
 
@@ -169,10 +177,9 @@ func TestTemplateBuildRefusals(t *testing.T) {
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","steps":[{"type":"add","args":["a","/a"]}]}`, "COPY is not supported yet"},
 		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage: required"},
 		{"GET", "/templates/x/files/abc", ``, "COPY is not supported yet"},
-		{"POST", "/templates/tags", `{"target":"x:1","tags":["a"]}`, "not supported yet"},
-		{"DELETE", "/templates/tags", `{"name":"x","tags":["a"]}`, "not supported yet"},
-		{"POST", "/v3/templates", `{"name":"x:1","tags":["2"]}`, "more than one tag"},
 		{"POST", "/v3/templates", `{}`, "name: required"},
+		{"POST", "/v3/templates", `{"name":"x","minFreeDiskMb":-1}`, "minFreeDiskMb"},
+		{"POST", "/templates/tags", `{"tags":["a"]}`, "target: required"},
 	} {
 		code, out := f.raw(c.method, c.path, key, c.body)
 		if code != http.StatusBadRequest || !strings.Contains(out, c.msg) || !strings.Contains(out, `"code":400`) {
@@ -203,4 +210,83 @@ func (f *fixture) accountOf(key string) string {
 		f.t.Fatal(err)
 	}
 	return p.AccountID
+}
+
+// TestBuildLogSteps: each entry names the step it belongs to — the base
+// before the first step line, a step's number from its line on (its
+// output too), finalize — and the reason the failed step, from the
+// reason or else where the log stopped.
+func TestBuildLogSteps(t *testing.T) {
+	log := strings.Join([]string{
+		"2026-01-02T03:04:05Z build of app:v1 requested",
+		"2026-01-02T03:04:05Z resolving registry.example/a",
+		"2026-01-02T03:04:06Z step 1/3: ENV K",
+		"2026-01-02T03:04:06Z step 2/3: RUN echo hi",
+		"2026-01-02T03:04:07Z hi",
+		"2026-01-02T03:04:07Z step 2/3: layer 0123, 10 bytes",
+		"2026-01-02T03:04:08Z step 3/3: USER app",
+		"2026-01-02T03:04:09Z finalize: start command \"x\", ready command \"y\"",
+		"2026-01-02T03:04:10Z build failed: finalize: the ready command did not pass within 10m0s",
+	}, "\n") + "\n"
+	entries, last := logEntries(store.Template{Log: log})
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Step+"/"+e.Level)
+	}
+	want := "base/info base/info 1/info 2/info 2/info 2/info 3/info finalize/info finalize/error"
+	if strings.Join(got, " ") != want || last != "finalize" {
+		t.Errorf("steps %v (last %s), want %s", got, last, want)
+	}
+	// A log whose start was cut: no step before the first step line.
+	entries, _ = logEntries(store.Template{Log: "2026-01-02T03:04:07Z hi\n2026-01-02T03:04:08Z step 3/3: USER app\n"})
+	if entries[0].Step != "" || entries[1].Step != "3" {
+		t.Errorf("cut log: %+v", entries)
+	}
+	for reason, want := range map[string]string{
+		"step 2 (RUN exit 3) failed with exit code 3": "2",
+		"finalize: the start command ended":           "finalize",
+		"the image could not be fetched":              "base",
+	} {
+		if got := failedStep(reason, "base"); got != want {
+			t.Errorf("failedStep(%q) = %q, want %q", reason, got, want)
+		}
+	}
+}
+
+// TestTemplateTags: assignTags gives the target's build more tags (rows
+// of the same build), removeTags takes them (404 for a tag the name does
+// not have), and bob can do neither to alice's.
+func TestTemplateTags(t *testing.T) {
+	f, ids := templateFixture(t)
+	key := map[string]string{"X-API-Key": f.key}
+	var out assignTagsResponse
+	if resp := f.call("POST", "/templates/tags", key, map[string]any{"target": "py:latest", "tags": []string{"prod", "blue"}}, &out); resp.StatusCode != http.StatusCreated ||
+		out.BuildID != ids["alice/py:latest"] || strings.Join(out.Tags, ",") != "prod,blue" {
+		t.Fatalf("assign: %d %+v", resp.StatusCode, out)
+	}
+	var tags []templateTag
+	f.call("GET", "/templates/py/tags", key, nil, &tags)
+	byTag := map[string]string{}
+	for _, tg := range tags {
+		byTag[tg.Tag] = tg.BuildID
+	}
+	if byTag["prod"] != ids["alice/py:latest"] || byTag["blue"] != ids["alice/py:latest"] || byTag["3.12"] != ids["alice/py:3.12"] {
+		t.Errorf("tags %+v", tags)
+	}
+	if code, out := f.raw("DELETE", "/templates/tags", key, `{"name":"py","tags":["prod"]}`); code != http.StatusNoContent {
+		t.Errorf("remove: %d %s", code, out)
+	}
+	if code, _ := f.raw("GET", "/templates/aliases/py:prod", key, ""); code != http.StatusNotFound {
+		t.Errorf("alias py:prod after its removal: %d", code)
+	}
+	if code, _ := f.raw("DELETE", "/templates/tags", key, `{"name":"py","tags":["prod"]}`); code != http.StatusNotFound {
+		t.Errorf("remove again: %d", code)
+	}
+	other := map[string]string{"X-API-Key": f.otherKey}
+	if code, _ := f.raw("POST", "/templates/tags", other, `{"target":"py:latest","tags":["x"]}`); code != http.StatusNotFound {
+		t.Errorf("bob assigns: %d", code)
+	}
+	if code, _ := f.raw("DELETE", "/templates/tags", other, `{"name":"py","tags":["blue"]}`); code != http.StatusNotFound {
+		t.Errorf("bob removes: %d", code)
+	}
 }

@@ -18,7 +18,14 @@ import (
 // templatebuild.go).
 type CustomTemplates interface {
 	List(ctx context.Context, p auth.Principal) ([]store.Template, error)
+	Get(ctx context.Context, p auth.Principal, id string) (store.Template, error)
 	Build(ctx context.Context, p auth.Principal, req templates.BuildRequest) (store.Template, error)
+	// Request, Start, AssignTags and RemoveTags are the Template API's
+	// builds and tags (package templates' tags.go).
+	Request(ctx context.Context, p auth.Principal, spec templates.RequestSpec) (store.Template, error)
+	Start(ctx context.Context, p auth.Principal, id string, req templates.BuildRequest) (store.Template, error)
+	AssignTags(ctx context.Context, p auth.Principal, target string, tags []string) (store.Template, error)
+	RemoveTags(ctx context.Context, p auth.Principal, name string, tags []string) error
 }
 
 // template is the part of E2B's Template the SDKs and its CLI read when

@@ -41,6 +41,72 @@ func (s storeTemplates) Build(ctx context.Context, p auth.Principal, req templat
 	return t, nil
 }
 
+func (s storeTemplates) Get(ctx context.Context, p auth.Principal, id string) (store.Template, error) {
+	t, err := s.st.GetTemplate(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && t.AccountID != "" && t.AccountID != p.AccountID) {
+		return store.Template{}, errdefs.New(errdefs.ErrNotFound, "Template not found")
+	}
+	return t, err
+}
+
+// Request records the build waiting, in its name:tag's place when free.
+func (s storeTemplates) Request(ctx context.Context, p auth.Principal, spec templates.RequestSpec) (store.Template, error) {
+	ref, err := templatespec.ParseRef(spec.Name)
+	if err != nil {
+		return store.Template{}, err
+	}
+	t := store.Template{ID: store.NewID("tpl_"), AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Status: store.TemplateBuilding,
+		Definition: strings.Join(append([]string{ref.Tag}, spec.Tags...), ","), Log: "2026-01-02T03:04:05Z build of " + spec.Name + " requested\n"}
+	if err := s.st.CreateTemplate(ctx, &t); errors.Is(err, store.ErrConflict) {
+		t.Tag = store.UntaggedTag(t.ID)
+		err = s.st.CreateTemplate(ctx, &t)
+	}
+	return t, err
+}
+
+// Start records the request as the waiting build's source and
+// definition.
+func (s storeTemplates) Start(ctx context.Context, p auth.Principal, id string, req templates.BuildRequest) (store.Template, error) {
+	t, err := s.Get(ctx, p, id)
+	if err != nil {
+		return t, err
+	}
+	ok, err := s.st.StartTemplate(ctx, id, req.Image, string(req.Steps)+"\n"+req.StartCmd+"\n"+req.ReadyCmd)
+	if err == nil && !ok {
+		err = errdefs.New(errdefs.ErrConflict, "started already")
+	}
+	return t, err
+}
+
+func (s storeTemplates) AssignTags(ctx context.Context, p auth.Principal, target string, tags []string) (store.Template, error) {
+	ref, err := templatespec.ParseRef(target)
+	if err != nil {
+		return store.Template{}, err
+	}
+	t, err := s.st.FindTemplate(ctx, p.AccountID, ref.Name, ref.Tag)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && t.AccountID != p.AccountID) {
+		return store.Template{}, errdefs.New(errdefs.ErrNotFound, "template not found")
+	}
+	for _, tag := range tags {
+		if _, _, err := s.st.TagTemplate(ctx, t.ID, tag); err != nil {
+			return store.Template{}, err
+		}
+	}
+	return t, nil
+}
+
+func (s storeTemplates) RemoveTags(ctx context.Context, p auth.Principal, name string, tags []string) error {
+	for _, tag := range tags {
+		if _, err := s.st.UntagTemplate(ctx, p.AccountID, name, tag); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return errdefs.Newf(errdefs.ErrNotFound, "template %s:%s not found", name, tag)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
 // templateFixture is a fixture whose store has alice's templates py
 // (ready), py:3.12 (building), broken (failed) and base (ready, which
 // shadows the built-in id), a public py (ready, shadowed by alice's) and

@@ -110,8 +110,17 @@ func (m *Manager) StartBuildSandbox(ctx context.Context, req templates.BuildSand
 		return nil, nil, err
 	}
 	release()
+	limits := m.cfg.Settings.Limits
+	// The build's own size (E2B's cpuCount and memoryMB), which package
+	// templates bounded.
+	if req.CPUs > 0 {
+		limits.CPUs = req.CPUs
+	}
+	if req.MemoryBytes > 0 {
+		limits.MemoryBytes = req.MemoryBytes
+	}
 	spec := runtime.Spec{ID: req.ID, BaseDir: req.BaseDir, BaseImage: req.BaseImage, Layers: req.Layers, Env: req.Env,
-		Limits: m.cfg.Settings.Limits, Hostname: "build"}
+		Limits: limits, Hostname: "build"}
 	stopNet := func(context.Context) {}
 	if hasNetwork(req.Network) && m.network != nil && m.rt.Capabilities().Network {
 		pre, ok1 := m.network.(PrestartHook)
@@ -153,21 +162,41 @@ var _ templates.BuildHost = (*Manager)(nil)
 // service's own commands in a sandbox (workspace, setup, save) do not ask
 // and run as root.
 func (m *Manager) ExecDefaults(ctx context.Context, sb store.Sandbox) (cwd, user string, err error) {
+	d, err := m.templateExec(ctx, sb)
+	return d.cwd, d.user, err
+}
+
+// TemplateEnv is the environment sb's template gives its processes (the
+// image's and the steps' ENV; none for the built-in image): the runtime
+// adds it to every exec, and E2B's envd plane, which talks to the agent
+// itself, adds it to the processes it starts.
+func (m *Manager) TemplateEnv(ctx context.Context, sb store.Sandbox) ([]string, error) {
+	d, err := m.templateExec(ctx, sb)
+	return d.env, err
+}
+
+// execDefaults are a template's directory, user and environment of the
+// commands a user runs.
+type execDefaults struct {
+	cwd, user string
+	env       []string
+}
+
+func (m *Manager) templateExec(ctx context.Context, sb store.Sandbox) (execDefaults, error) {
 	if sb.TemplateID == "" || m.cfg.Templates == nil {
-		return "", "", nil
+		return execDefaults{}, nil
 	}
 	if d, ok := m.execDefaults.Load(sb.TemplateID); ok {
-		d := d.([2]string)
-		return d[0], d[1], nil
+		return d.(execDefaults), nil
 	}
 	img, err := m.cfg.Templates.ByID(ctx, sb.TemplateID)
 	if err != nil {
-		return "", "", err
+		return execDefaults{}, err
 	}
 	// A ready template's config never changes: keep it.
-	d := [2]string{img.Config.WorkingDir, userName(img.Config.User)}
+	d := execDefaults{cwd: img.Config.WorkingDir, user: userName(img.Config.User), env: img.Config.Env}
 	m.execDefaults.Store(sb.TemplateID, d)
-	return d[0], d[1], nil
+	return d, nil
 }
 
 // userName is the user part of an image's USER ("name", "name:group"):

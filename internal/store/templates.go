@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -49,29 +51,55 @@ type Template struct {
 	Definition string `json:"definition,omitempty"`
 	// Layers is the layer chain a sandbox from the template restores over
 	// the image, a JSON array of blob keys, bottom first ("" for none).
-	Layers    string    `json:"layers,omitempty"`
+	Layers string `json:"layers,omitempty"`
+	// BuildID is the row of the build this row is a copy of, made when
+	// the build took one more tag ("" for a build's own row: its ID).
+	BuildID   string    `json:"build_id,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, definition, layers, created_at, updated_at"
+const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, definition, layers, build_id, created_at, updated_at"
 
 func scanTemplate(s scanner) (Template, error) {
 	var t Template
 	var created, updated int64
 	if err := s.Scan(&t.ID, &t.AccountID, &t.Name, &t.Tag, &t.Status, &t.Source, &t.Digest, &t.Config,
-		&t.FailureReason, &t.Log, &t.NodeID, &t.Definition, &t.Layers, &created, &updated); err != nil {
+		&t.FailureReason, &t.Log, &t.NodeID, &t.Definition, &t.Layers, &t.BuildID, &created, &updated); err != nil {
 		return Template{}, err
 	}
 	t.CreatedAt, t.UpdatedAt = fromMillis(created), fromMillis(updated)
 	return t, nil
 }
 
+// Build returns the id of the build t is a tag of: its BuildID, or its
+// own ID.
+func (t Template) Build() string {
+	if t.BuildID != "" {
+		return t.BuildID
+	}
+	return t.ID
+}
+
+// Waiting reports whether t is a build requested and not started yet
+// (E2B's Template API requests a build before it sends its definition):
+// building, with no source.
+func (t Template) Waiting() bool { return t.Status == TemplateBuilding && t.Source == "" }
+
+// Untagged reports whether t holds no tag (its Tag is UntaggedTag's): a
+// build that takes its tags when ready, or one whose tag moved on.
+func (t Template) Untagged() bool { return strings.HasPrefix(t.Tag, "~") }
+
+// UntaggedTag is the tag of template id while it holds none: no name:tag
+// a caller can write names it, and it is unique.
+func UntaggedTag(id string) string { return "~" + id }
+
 // CreateTemplate inserts t, filling an empty ID ("tpl_..."), an empty
 // Status (building) and zero times. Another template of the same account,
-// name and tag is ErrConflict.
+// name and tag is ErrConflict. Source may be "" only for a building
+// template (Waiting).
 func (q *Queries) CreateTemplate(ctx context.Context, t *Template) error {
-	if t == nil || t.Name == "" || t.Tag == "" || t.Source == "" {
+	if t == nil || t.Name == "" || t.Tag == "" || (t.Source == "" && t.Status != "" && t.Status != TemplateBuilding) {
 		return fmt.Errorf("create template: %w: name, tag and source are required", ErrInvalid)
 	}
 	if t.ID == "" {
@@ -88,9 +116,9 @@ func (q *Queries) CreateTemplate(ctx context.Context, t *Template) error {
 		t.UpdatedAt = t.CreatedAt
 	}
 	t.UpdatedAt = ms(t.UpdatedAt)
-	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		t.ID, t.AccountID, t.Name, t.Tag, t.Status, t.Source, t.Digest, t.Config, t.FailureReason, t.Log, t.NodeID,
-		t.Definition, t.Layers, toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
+		t.Definition, t.Layers, t.BuildID, toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("create template %s:%s: %w", t.Name, t.Tag, mapErr(err))
 	}
@@ -107,10 +135,11 @@ func (q *Queries) GetTemplate(ctx context.Context, id string) (Template, error) 
 }
 
 // ListTemplates returns the account's templates and the public ones
-// (account ""), by name and tag, the account's first.
+// (account ""), by name and tag, the account's first; not the untagged
+// ones (Untagged).
 func (q *Queries) ListTemplates(ctx context.Context, accountID string) ([]Template, error) {
 	out, err := queryAll(ctx, q, scanTemplate, "SELECT "+templateCols+
-		" FROM templates WHERE account_id = ? OR account_id = '' ORDER BY CASE WHEN account_id = '' THEN 1 ELSE 0 END, name, tag, id", accountID)
+		" FROM templates WHERE (account_id = ? OR account_id = '') AND tag NOT LIKE '~%' ORDER BY CASE WHEN account_id = '' THEN 1 ELSE 0 END, name, tag, id", accountID)
 	if err != nil {
 		return nil, fmt.Errorf("list templates of %s: %w", accountID, err)
 	}
@@ -264,6 +293,103 @@ func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]T
 		TemplateBuilding, nodeID)
 	if err != nil {
 		return nil, fmt.Errorf("list building templates of %s: %w", nodeID, err)
+	}
+	return out, nil
+}
+
+// StartTemplate gives a waiting template (Waiting) its source and
+// definition: its build can run. It reports false when the template is
+// gone or not waiting.
+func (q *Queries) StartTemplate(ctx context.Context, id, source, definition string) (bool, error) {
+	if source == "" {
+		return false, fmt.Errorf("start template %s: %w: a source is required", id, ErrInvalid)
+	}
+	n, err := q.execCount(ctx, "UPDATE templates SET source = ?, definition = ?, updated_at = ? WHERE id = ? AND status = ? AND source = ''",
+		source, definition, toMillis(nowMS()), id, TemplateBuilding)
+	if err != nil {
+		return false, fmt.Errorf("start template %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// TagTemplate makes the ready template id's build hold tag (of its name),
+// in one transaction: the row that held it loses it (becomes Untagged,
+// returned as moved; ID "" when none did); then an untagged id takes the
+// tag itself, and a tagged one gets a copy under it (BuildID its build).
+// held is the row that holds the tag after. A template that is not ready
+// is ErrConflict; one that is gone ErrNotFound.
+func (q *Queries) TagTemplate(ctx context.Context, id, tag string) (held, moved Template, err error) {
+	err = q.atomically(ctx, func(q *Queries) error {
+		self, err := scanTemplate(q.writeQueryRow(ctx, "SELECT "+templateCols+" FROM templates WHERE id = ?", id))
+		if err != nil {
+			return fmt.Errorf("tag template %s: %w", id, notFound(err))
+		}
+		if self.Status != TemplateReady {
+			return fmt.Errorf("tag template %s: %w: it is %s", id, ErrConflict, self.Status)
+		}
+		if self.Tag == tag {
+			held = self
+			return nil
+		}
+		cur, err := scanTemplate(q.writeQueryRow(ctx, "SELECT "+templateCols+" FROM templates WHERE account_id = ? AND name = ? AND tag = ?",
+			self.AccountID, self.Name, tag))
+		switch {
+		case err == nil:
+			if _, err := q.exec(ctx, "UPDATE templates SET tag = ?, updated_at = ? WHERE id = ?", UntaggedTag(cur.ID), toMillis(nowMS()), cur.ID); err != nil {
+				return fmt.Errorf("tag template %s: untag %s: %w", id, cur.ID, mapErr(err))
+			}
+			moved = cur
+			moved.Tag = UntaggedTag(cur.ID)
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("tag template %s: %w", id, err)
+		}
+		if self.Untagged() {
+			if _, err := q.exec(ctx, "UPDATE templates SET tag = ?, updated_at = ? WHERE id = ?", tag, toMillis(nowMS()), id); err != nil {
+				return fmt.Errorf("tag template %s: %w", id, mapErr(err))
+			}
+			held = self
+			held.Tag = tag
+			return nil
+		}
+		c := self
+		c.ID, c.Tag, c.BuildID, c.CreatedAt, c.UpdatedAt = "", tag, self.Build(), time.Time{}, time.Time{}
+		if err := q.CreateTemplate(ctx, &c); err != nil {
+			return err
+		}
+		held = c
+		return nil
+	})
+	return held, moved, err
+}
+
+// UntagTemplate takes tag from the account's template name:tag, which
+// stays (Untagged) for the sandboxes that run it until collected. None
+// with that name and tag is ErrNotFound.
+func (q *Queries) UntagTemplate(ctx context.Context, accountID, name, tag string) (Template, error) {
+	var t Template
+	err := q.atomically(ctx, func(q *Queries) error {
+		var err error
+		t, err = scanTemplate(q.writeQueryRow(ctx, "SELECT "+templateCols+" FROM templates WHERE account_id = ? AND name = ? AND tag = ?", accountID, name, tag))
+		if err != nil {
+			return fmt.Errorf("untag template %s:%s: %w", name, tag, notFound(err))
+		}
+		t.Tag = UntaggedTag(t.ID)
+		if _, err := q.exec(ctx, "UPDATE templates SET tag = ?, updated_at = ? WHERE id = ?", t.Tag, toMillis(nowMS()), t.ID); err != nil {
+			return fmt.Errorf("untag template %s:%s: %w", name, tag, mapErr(err))
+		}
+		return nil
+	})
+	return t, err
+}
+
+// ListStrayTemplates returns what a collection looks at: the untagged
+// templates and the waiting ones (Waiting), of every account, oldest
+// first.
+func (q *Queries) ListStrayTemplates(ctx context.Context) ([]Template, error) {
+	out, err := queryAll(ctx, q, scanTemplate, "SELECT "+templateCols+" FROM templates WHERE tag LIKE '~%' OR (status = ? AND source = '') ORDER BY created_at, id",
+		TemplateBuilding)
+	if err != nil {
+		return nil, fmt.Errorf("list stray templates: %w", err)
 	}
 	return out, nil
 }

@@ -43,8 +43,12 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if t.Status != store.TemplateBuilding {
-		return nil // built already (a job run again after a restart)
+	if t.Status != store.TemplateBuilding || t.Waiting() {
+		return nil // built already (a job run again after a restart), or not started
+	}
+	def, err := parseDefinition(t)
+	if err != nil {
+		return err
 	}
 	logf := func(format string, a ...any) {
 		if err := s.st.AppendTemplateLog(context.WithoutCancel(ctx), id, logLine(format, a...)); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -55,7 +59,7 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	defer cancel()
 	img, err := s.fetch(bctx, t, logf)
 	var layers []string
-	if err == nil && t.Definition != "" {
+	if err == nil && def.runs() {
 		img.Config, layers, err = s.runSteps(bctx, t, img, s.rootfs(img.ManifestDigest), logf)
 	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
@@ -67,7 +71,7 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			return err
 		}
 		reason := errdefs.Message(err, "the image could not be fetched")
-		if t.Definition != "" && img.ManifestDigest != "" {
+		if def.runs() && img.ManifestDigest != "" {
 			reason = errdefs.Message(err, "the build failed on the server")
 		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
@@ -95,6 +99,32 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	}
 	if !ok {
 		s.log.Info("templates: template deleted or ended while it built", "template_id", id)
+		return nil
+	}
+	if err := s.takeTags(ctx, t, def.Tags, logf); err != nil {
+		return err
+	}
+	s.Collect(context.WithoutCancel(ctx))
+	return nil
+}
+
+// takeTags gives the ready template t the tags its build asked for (its
+// own first): each moves from the build that held it, whose sandboxes
+// keep running on it (Collect removes it when none do).
+func (s *Service) takeTags(ctx context.Context, t store.Template, tags []string, logf func(string, ...any)) error {
+	for _, tag := range tags {
+		_, moved, err := s.st.TagTemplate(context.WithoutCancel(ctx), t.ID, tag)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // deleted meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		if moved.ID != "" {
+			logf("tag %s:%s moved here from build %s", t.Name, tag, moved.Build())
+		} else {
+			logf("tagged %s:%s", t.Name, tag)
+		}
 	}
 	return nil
 }

@@ -51,6 +51,10 @@ type BuildSandbox struct {
 	Network netpol.Policy
 	// Env is added to every process's environment.
 	Env []string
+	// CPUs and MemoryBytes size it when not 0 (the build's request,
+	// within Config's maximums); 0: the server's sandbox limits.
+	CPUs        float64
+	MemoryBytes int64
 }
 
 // definition is what a template with steps records to build them
@@ -61,6 +65,30 @@ type definition struct {
 	Steps      []templatespec.Step `json:"steps,omitempty"`
 	StartCmd   string              `json:"startCmd,omitempty"`
 	ReadyCmd   string              `json:"readyCmd,omitempty"`
+	// Tags are the tags the build takes when ready, its own first (E2B's
+	// Template API: a build with several tags, or a rebuild of a name:tag
+	// that takes the tag from the build before).
+	Tags []string `json:"tags,omitempty"`
+	// CPUs and MemoryMiB size the build sandboxes (0: the server's).
+	CPUs      float64 `json:"cpus,omitempty"`
+	MemoryMiB int64   `json:"memoryMiB,omitempty"`
+}
+
+// runs reports whether d has anything to run in a build sandbox.
+func (d definition) runs() bool {
+	return d.Dockerfile != "" || len(d.Steps) > 0 || d.StartCmd != "" || d.ReadyCmd != ""
+}
+
+// parseDefinition reads a template's definition ("" is none).
+func parseDefinition(t store.Template) (definition, error) {
+	var d definition
+	if t.Definition == "" {
+		return d, nil
+	}
+	if err := json.Unmarshal([]byte(t.Definition), &d); err != nil {
+		return d, fmt.Errorf("template %s: its definition: %w", t.ID, err)
+	}
+	return d, nil
 }
 
 // stepsDocument is the steps JSON as templatespec.FromJSON reads it.
@@ -157,6 +185,8 @@ type stepRun struct {
 	// since the last layer, to make in the next build sandbox.
 	layers []string
 	dirs   []string
+	// size is the build sandboxes' (definition's CPUs and MemoryMiB).
+	size definition
 }
 
 // runSteps runs t's steps over img (unpacked at rootfs), reusing the
@@ -190,7 +220,8 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 		return oci.Config{}, nil, err
 	}
 	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf,
-		env: append([]string(nil), cfg.Env...), workdir: cfg.WorkingDir, user: cfg.User}
+		env: append([]string(nil), cfg.Env...), workdir: cfg.WorkingDir, user: cfg.User,
+		size: definition{CPUs: def.CPUs, MemoryMiB: def.MemoryMiB}}
 	if r.workdir == "" {
 		r.workdir = "/"
 	}
@@ -287,7 +318,8 @@ func (r *stepRun) finalize(ctx context.Context, def definition, cfg oci.Config) 
 		return err
 	}
 	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.rootfs,
-		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork, Env: cfg.Env})
+		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork, Env: cfg.Env,
+		CPUs: def.CPUs, MemoryBytes: def.MemoryMiB << 20})
 	release()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -395,7 +427,8 @@ func (r *stepRun) layer(ctx context.Context, n int, st templatespec.Step) (key s
 		return "", 0, err
 	}
 	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.rootfs,
-		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork})
+		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork,
+		CPUs: r.size.CPUs, MemoryBytes: r.size.MemoryMiB << 20})
 	release()
 	if err != nil {
 		if ctx.Err() != nil {

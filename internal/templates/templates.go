@@ -44,6 +44,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"time"
@@ -94,6 +95,11 @@ type Config struct {
 	BuildNetwork netpol.Policy
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
+	// MaxBuildCPUs and MaxBuildMemoryMiB bound the size a build may ask
+	// for its build sandboxes (E2B's cpuCount and memoryMB); defaults: the
+	// host's CPUs (at least 2), DefaultMaxBuildMemoryMiB.
+	MaxBuildCPUs      float64
+	MaxBuildMemoryMiB int64
 	// Host starts the build sandboxes of templates with steps (the
 	// sandbox manager, which reads templates through a Catalog of its own);
 	// nil: templates with steps are refused.
@@ -133,6 +139,14 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.BuildTimeout <= 0 {
 		cfg.BuildTimeout = DefaultBuildTimeout
+	}
+	if cfg.MaxBuildCPUs <= 0 {
+		// At least E2B's default (the older SDKs always send 2): a CPU
+		// quota over the host's CPUs is the whole host.
+		cfg.MaxBuildCPUs = float64(max(goruntime.NumCPU(), 2))
+	}
+	if cfg.MaxBuildMemoryMiB <= 0 {
+		cfg.MaxBuildMemoryMiB = DefaultMaxBuildMemoryMiB
 	}
 	if cfg.BuildNetwork.Mode == "" {
 		cfg.BuildNetwork = netpol.Policy{Mode: netpol.ModeEgress}
@@ -394,11 +408,9 @@ func (c *Catalog) image(t store.Template) (Image, error) {
 	if len(layers) > 0 && c.blobs == nil {
 		return Image{}, errdefs.Newf(errdefs.ErrConflict, "template %s has layers and this server has no blob store for them", ref)
 	}
-	var def definition
-	if t.Definition != "" {
-		if err := json.Unmarshal([]byte(t.Definition), &def); err != nil {
-			return Image{}, fmt.Errorf("template %s: its definition: %w", t.ID, err)
-		}
+	def, err := parseDefinition(t)
+	if err != nil {
+		return Image{}, err
 	}
 	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: c.blobs,
 		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd}, nil
@@ -444,11 +456,15 @@ func (s *Service) Resume(ctx context.Context) error {
 		return err
 	}
 	for _, t := range building {
+		if t.Waiting() {
+			continue // no build to run until it is started (Start)
+		}
 		if err := s.cfg.Jobs.Insert(ctx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID); err != nil {
 			return err
 		}
 		s.log.Info("templates: build resumed", "template_id", t.ID)
 	}
+	s.Collect(ctx)
 	return nil
 }
 

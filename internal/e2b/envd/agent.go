@@ -83,10 +83,11 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	user, ok := requestUser(r, p.opts.DefaultUser)
+	dflt, cwd, env := p.defaults(ctx, e)
+	user, ok := requestUser(r, dflt)
 	if signed {
 		// The link acts as exactly the user it was signed for.
-		user, ok = signedUser(r, p.opts.DefaultUser)
+		user, ok = signedUser(r, dflt)
 	}
 	if edge.ViaCluster(r) {
 		// The forwarding node resolved it; the caller's Authorization did
@@ -107,10 +108,47 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == processconnect.ProcessStartProcedure {
-		p.start.ServeHTTP(w, r.WithContext(context.WithValue(ctx, startTargetKey{}, startTarget{tr: tr, e: e, user: user})))
+		p.start.ServeHTTP(w, r.WithContext(context.WithValue(ctx, startTargetKey{}, startTarget{tr: tr, e: e, user: user, cwd: cwd, env: env})))
 		return
 	}
 	p.forward(w, r, tr, user)
+}
+
+// defaults are the user a request that names none acts as in e's
+// sandbox, the directory its processes start in when they name none, and
+// the environment they start with: its template's USER (root when the
+// template has none), WORKDIR and ENV, as E2B's templates set them; the
+// server's DefaultUser and the agent's directory for a sandbox of the
+// built-in image, or when the template cannot be read here.
+func (p *Proxy) defaults(ctx context.Context, e store.E2BSandbox) (user, cwd string, env []string) {
+	d, ok := p.opts.Agents.(TemplateDefaults)
+	if !ok || e.SandboxID == "" {
+		return p.opts.DefaultUser, "", nil
+	}
+	sb, err := p.opts.Store.GetSandbox(ctx, e.SandboxID)
+	if err != nil || sb.TemplateID == "" {
+		return p.opts.DefaultUser, "", nil
+	}
+	cwd, user, err = d.ExecDefaults(ctx, sb)
+	if err == nil {
+		env, err = d.TemplateEnv(ctx, sb)
+	}
+	if err != nil {
+		p.log.WarnContext(ctx, "e2b envd: the template's user, directory and environment", "sandbox_id", sb.ID, "err", err)
+		return p.opts.DefaultUser, "", nil
+	}
+	if user == "" {
+		user = "root"
+	}
+	return user, cwd, env
+}
+
+// TemplateDefaults gives a sandbox's template's directory and user of the
+// commands that name none, and its environment (package sandbox's
+// Manager).
+type TemplateDefaults interface {
+	ExecDefaults(ctx context.Context, sb store.Sandbox) (cwd, user string, err error)
+	TemplateEnv(ctx context.Context, sb store.Sandbox) ([]string, error)
 }
 
 // record is sandbox id's E2B record; when there is none, or it cannot be

@@ -93,6 +93,10 @@ type startTarget struct {
 	tr   http.RoundTripper
 	e    store.E2BSandbox
 	user string
+	// cwd is where a process that names no directory starts ("": the
+	// agent's choice); env is its template's environment (KEY=VALUE).
+	cwd string
+	env []string
 }
 
 type startTargetKey struct{}
@@ -105,10 +109,21 @@ func (p *Proxy) startHandler() http.Handler {
 		func(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
 			t := ctx.Value(startTargetKey{}).(startTarget)
 			msg := req.Msg
-			if cfg := msg.GetProcess(); cfg != nil && len(t.e.EnvVars) > 0 {
-				envs := maps.Clone(t.e.EnvVars)
+			if cfg := msg.GetProcess(); cfg != nil && (len(t.e.EnvVars) > 0 || len(t.env) > 0) {
+				// The template's, under the create's, under the
+				// request's own.
+				envs := map[string]string{}
+				for _, kv := range t.env {
+					if k, v, ok := strings.Cut(kv, "="); ok {
+						envs[k] = v
+					}
+				}
+				maps.Copy(envs, t.e.EnvVars)
 				maps.Copy(envs, cfg.GetEnvs())
 				cfg.Envs = envs
+			}
+			if cfg := msg.GetProcess(); cfg != nil && cfg.GetCwd() == "" && t.cwd != "" {
+				cfg.Cwd = &t.cwd
 			}
 			client := processconnect.NewProcessClient(&http.Client{Transport: t.tr}, "http://agent")
 			out := connect.NewRequest(msg)
