@@ -158,3 +158,72 @@ func TestTemplateStepsAndLayerCache(t *testing.T) {
 		wantErr(t, "another account's entry", err, store.ErrNotFound)
 	})
 }
+
+// TestTemplateTags: a waiting template started once; a tag taken by a
+// ready build moves (the row that held it becomes untagged and unlisted,
+// found by id); a tagged build's second tag is a copy of its row; an
+// untag keeps the row; the strays are the untagged and the waiting.
+func TestTemplateTags(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "alice")
+
+		waiting := store.Template{AccountID: alice.ID, Name: "web", Tag: "v1"}
+		if err := s.CreateTemplate(ctx, &waiting); err != nil || !waiting.Waiting() {
+			t.Fatalf("waiting %+v %v", waiting, err)
+		}
+		if ok, err := s.StartTemplate(ctx, waiting.ID, "registry.example/web:1", `{"steps":[]}`); !ok || err != nil {
+			t.Fatalf("start: %v %v", ok, err)
+		}
+		if ok, _ := s.StartTemplate(ctx, waiting.ID, "registry.example/web:2", ""); ok {
+			t.Fatal("started twice")
+		}
+		_, _, err := s.TagTemplate(ctx, waiting.ID, "stable")
+		wantErr(t, "tag a building template", err, store.ErrConflict)
+		if ok, err := s.FinishTemplate(ctx, waiting.ID, store.TemplateReady, "sha256:1", "{}", ""); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		held, moved, err := s.TagTemplate(ctx, waiting.ID, "stable")
+		if err != nil || moved.ID != "" || held.ID == waiting.ID || held.Build() != waiting.ID || held.Tag != "stable" || held.Digest != "sha256:1" {
+			t.Fatalf("copy: %+v %+v %v", held, moved, err)
+		}
+
+		next := store.Template{ID: store.NewID("tpl_"), AccountID: alice.ID, Name: "web", Source: "registry.example/web:2"}
+		next.Tag = store.UntaggedTag(next.ID)
+		if err := s.CreateTemplate(ctx, &next); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.FinishTemplate(ctx, next.ID, store.TemplateReady, "sha256:2", "{}", ""); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		held, moved, err = s.TagTemplate(ctx, next.ID, "v1")
+		if err != nil || held.ID != next.ID || held.Tag != "v1" || moved.ID != waiting.ID || !moved.Untagged() {
+			t.Fatalf("move: %+v %+v %v", held, moved, err)
+		}
+		if got, err := s.FindTemplate(ctx, alice.ID, "web", "v1"); err != nil || got.ID != next.ID {
+			t.Fatalf("web:v1 %+v %v", got, err)
+		}
+		list, _ := s.ListTemplates(ctx, alice.ID)
+		if len(list) != 2 {
+			t.Fatalf("listed %+v", list)
+		}
+		if got, err := s.GetTemplate(ctx, waiting.ID); err != nil || !got.Untagged() {
+			t.Fatalf("the old build %+v %v", got, err)
+		}
+		untagged, err := s.UntagTemplate(ctx, alice.ID, "web", "stable")
+		if err != nil || !untagged.Untagged() {
+			t.Fatalf("untag %+v %v", untagged, err)
+		}
+		_, err = s.UntagTemplate(ctx, alice.ID, "web", "stable")
+		wantErr(t, "untag again", err, store.ErrNotFound)
+		w2 := store.Template{AccountID: alice.ID, Name: "api", Tag: "latest"}
+		if err := s.CreateTemplate(ctx, &w2); err != nil {
+			t.Fatal(err)
+		}
+		strays, err := s.ListStrayTemplates(ctx)
+		if err != nil || len(strays) != 3 {
+			t.Fatalf("strays %+v %v", strays, err)
+		}
+	})
+}

@@ -281,7 +281,7 @@ func (s *Service) Collect(ctx context.Context) {
 		s.log.Warn("templates: list strays", "err", err)
 		return
 	}
-	now := time.Now()
+	now := s.cfg.Now()
 	for _, t := range strays {
 		switch {
 		case t.Waiting():

@@ -105,6 +105,8 @@ type Config struct {
 	// nil: templates with steps are refused.
 	Host   BuildHost
 	Logger *slog.Logger
+	// Now is the clock of collections (Collect); default time.Now.
+	Now func() time.Time
 }
 
 // Service is the templates service.
@@ -139,6 +141,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.BuildTimeout <= 0 {
 		cfg.BuildTimeout = DefaultBuildTimeout
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.MaxBuildCPUs <= 0 {
 		// At least E2B's default (the older SDKs always send 2): a CPU
