@@ -57,7 +57,8 @@ func (s storeTemplates) Request(ctx context.Context, p auth.Principal, spec temp
 	}
 	t := store.Template{ID: store.NewID("tpl_"), AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Status: store.TemplateBuilding,
 		Definition: strings.Join(append([]string{ref.Tag}, spec.Tags...), ","), Log: "2026-01-02T03:04:05Z build of " + spec.Name + " requested\n"}
-	if err := s.st.CreateTemplate(ctx, &t); errors.Is(err, store.ErrConflict) {
+	err = s.st.CreateTemplate(ctx, &t)
+	if errors.Is(err, store.ErrConflict) {
 		t.Tag = store.UntaggedTag(t.ID)
 		err = s.st.CreateTemplate(ctx, &t)
 	}

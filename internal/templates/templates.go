@@ -8,7 +8,9 @@
 // public ones) and what a sandbox from one starts with (Image: the root
 // filesystem, the layers, the Env, WORKDIR and USER). This slice builds
 // from images with RUN, ENV, ARG, WORKDIR and USER steps, for the gVisor
-// backend; docs/TEMPLATES.md says what is not built yet.
+// backend; docs/TEMPLATES.md says what is not built yet. E2B's builds
+// requested before their definition, several tags a build, tag moves and
+// rebuilds are tags.go's.
 //
 // Invariants:
 //

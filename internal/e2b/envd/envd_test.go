@@ -50,6 +50,22 @@ func (f fakeAgents) AgentTransport(ctx context.Context, p auth.Principal, id str
 	return handlerTransport{f.agent}, nil
 }
 
+// ExecDefaults and TemplateEnv give sandboxes of the template tpl_app its
+// directory, user and environment; the others none.
+func (f fakeAgents) ExecDefaults(_ context.Context, sb store.Sandbox) (cwd, user string, err error) {
+	if sb.TemplateID == "tpl_app" {
+		return "/srv/app", "app", nil
+	}
+	return "", "", nil
+}
+
+func (f fakeAgents) TemplateEnv(_ context.Context, sb store.Sandbox) ([]string, error) {
+	if sb.TemplateID == "tpl_app" {
+		return []string{"APP=1", "FOO=template"}, nil
+	}
+	return nil, nil
+}
+
 // handlerTransport serves requests with a handler in process.
 type handlerTransport struct{ h http.Handler }
 
@@ -67,6 +83,9 @@ type fakeAgent struct {
 
 func (fakeAgent) Start(_ context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
 	out := fmt.Sprintf("user=%s env=%v", req.Header().Get(userHeader), req.Msg.GetProcess().GetEnvs())
+	if cwd := req.Msg.GetProcess().GetCwd(); cwd != "" {
+		out += " cwd=" + cwd
+	}
 	return stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: []byte(out)}}}}})
 }
 
@@ -185,9 +204,15 @@ func token(t *testing.T) string {
 // running on this node, and its E2B record with an access token (and a
 // traffic token when private).
 func (f *fixture) sandbox(env map[string]string, private bool) store.E2BSandbox {
+	return f.sandboxOf("", env, private)
+}
+
+// sandboxOf is sandbox of the custom template templateID.
+func (f *fixture) sandboxOf(templateID string, env map[string]string, private bool) store.E2BSandbox {
 	f.t.Helper()
 	now := time.Now()
-	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: f.account, NodeID: "n1", Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute)}
+	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: f.account, NodeID: "n1", Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute),
+		TemplateID: templateID}
 	if err := f.st.CreateSandbox(f.t.Context(), &sb); err != nil {
 		f.t.Fatal(err)
 	}
@@ -312,6 +337,48 @@ func TestAgentRoutes(t *testing.T) {
 	}
 	if code := f.call("GET", "/health", map[string]string{headerSandboxID: id}, nil); code != 502 {
 		t.Fatalf("health of a stopped sandbox: %d, want 502", code)
+	}
+}
+
+// TestTemplateDefaults: in a sandbox of a custom template, a process that
+// names no user runs as the template's USER, in its WORKDIR, with its ENV
+// under the create's envVars and the request's own; what it names wins.
+func TestTemplateDefaults(t *testing.T) {
+	f := newFixture(t, nil)
+	e := f.sandboxOf("tpl_app", map[string]string{"FOO": "create"}, false)
+	start := func(headers map[string]string, cfg *pb.ProcessConfig) string {
+		t.Helper()
+		client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL, connect.WithProtoJSON())
+		req := connect.NewRequest(&pb.StartRequest{Process: cfg})
+		for k, v := range headers {
+			req.Header().Set(k, v)
+		}
+		stream, err := client.Start(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out string
+		for stream.Receive() {
+			out += string(stream.Msg().GetEvent().GetData().GetStdout())
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	h := map[string]string{headerSandboxID: E2BID(e.SandboxID), headerAccessToken: e.AccessToken}
+	if got, want := start(h, &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}), "user=app env=map[APP:1 FOO:create X:2] cwd=/srv/app"; got != want {
+		t.Errorf("defaults: %q, want %q", got, want)
+	}
+	h["Authorization"] = basic("root")
+	cwd := "/tmp"
+	if got, want := start(h, &pb.ProcessConfig{Cmd: "env", Cwd: &cwd, Envs: map[string]string{"APP": "2"}}), "user=root env=map[APP:2 FOO:create] cwd=/tmp"; got != want {
+		t.Errorf("named: %q, want %q", got, want)
+	}
+	var got map[string]string
+	delete(h, "Authorization")
+	if code := f.call("GET", "/files?path=a.txt", h, &got); code != 200 || got["user"] != "app" {
+		t.Errorf("files as: %d %v", code, got)
 	}
 }
 
