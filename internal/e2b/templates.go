@@ -70,8 +70,11 @@ func (a *API) templates(w http.ResponseWriter, r *http.Request, c edge.Caller) e
 				aliases = append(aliases, t.Name)
 			}
 			status := string(t.Status)
-			if t.Status == store.TemplateFailed {
+			switch {
+			case t.Status == store.TemplateFailed:
 				status = "error"
+			case t.Waiting():
+				status = "waiting"
 			}
 			created, updated := t.CreatedAt, t.UpdatedAt
 			out = append(out, template{TemplateID: t.ID, BuildID: t.ID, Aliases: aliases, Names: []string{ref}, Public: t.AccountID == "", BuildStatus: status,

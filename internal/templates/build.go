@@ -2,12 +2,14 @@ package templates
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/riverqueue/river"
 
@@ -93,7 +95,29 @@ func (s *Service) Run(ctx context.Context, id string) error {
 		}
 	}
 	logf("ready: %s (%s)", img.Ref, img.Platform)
-	ok, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateReady, img.ManifestDigest, string(cfg), "")
+	// Ready and its tags taken at once: a build is never ready without
+	// the tags it asked for (its own first), each moved from the build
+	// that held it, whose sandboxes keep running on it (Collect removes
+	// it when none do).
+	var ok bool
+	var moved []string
+	err = s.st.InTx(context.WithoutCancel(ctx), func(_ *sql.Tx, q *store.Queries) error {
+		var err error
+		ok, err = q.FinishTemplate(ctx, id, store.TemplateReady, img.ManifestDigest, string(cfg), "")
+		if err != nil || !ok {
+			return err
+		}
+		for _, tag := range def.Tags {
+			_, m, err := q.TagTemplate(ctx, id, tag)
+			if err != nil {
+				return err
+			}
+			if m.ID != "" {
+				moved = append(moved, fmt.Sprintf("%s:%s moved here from build %s", t.Name, tag, m.Build()))
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
@@ -101,31 +125,13 @@ func (s *Service) Run(ctx context.Context, id string) error {
 		s.log.Info("templates: template deleted or ended while it built", "template_id", id)
 		return nil
 	}
-	if err := s.takeTags(ctx, t, def.Tags, logf); err != nil {
-		return err
+	if len(def.Tags) > 0 {
+		logf("tagged %s:%s", t.Name, strings.Join(def.Tags, ", "))
+	}
+	for _, m := range moved {
+		logf("%s", m)
 	}
 	s.Collect(context.WithoutCancel(ctx))
-	return nil
-}
-
-// takeTags gives the ready template t the tags its build asked for (its
-// own first): each moves from the build that held it, whose sandboxes
-// keep running on it (Collect removes it when none do).
-func (s *Service) takeTags(ctx context.Context, t store.Template, tags []string, logf func(string, ...any)) error {
-	for _, tag := range tags {
-		_, moved, err := s.st.TagTemplate(context.WithoutCancel(ctx), t.ID, tag)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil // deleted meanwhile
-		}
-		if err != nil {
-			return err
-		}
-		if moved.ID != "" {
-			logf("tag %s:%s moved here from build %s", t.Name, tag, moved.Build())
-		} else {
-			logf("tagged %s:%s", t.Name, tag)
-		}
-	}
 	return nil
 }
 

@@ -295,8 +295,9 @@ func (s *Service) Collect(ctx context.Context) {
 				continue
 			}
 		case now.Sub(t.UpdatedAt) < settle:
-			// Ready and untagged: it may have just finished and not
-			// taken its tags yet (Run), or just lost them.
+			// Ready and untagged: it just lost its tag, and a create
+			// that found it by that tag a moment ago may not have
+			// recorded its sandbox yet.
 			continue
 		}
 		inUse, err := s.st.DeleteTemplate(ctx, t.ID)
