@@ -1,11 +1,12 @@
 // Package mcpserver serves sandboxd to AI assistants and IDE agents over the
 // Model Context Protocol: the Streamable HTTP transport at /mcp, with tools
 // that run prompts and commands in sandboxes, read and write the account's
-// repository, follow runs and stop sandboxes, and the repository's files as
-// resources.
+// repository, follow runs and stop sandboxes, build and manage the
+// account's templates, and the repository's files as resources.
 //
 // It is a peer of the REST API over the same services (SandboxService,
-// FileService, the store's runs): every tool calls them directly, speaks
+// FileService, TemplateService, the store's runs): every tool calls them
+// directly, speaks
 // the REST contract (internal/contract: its arguments are checked with the
 // routes' own rules and messages, its answers are the routes' views), and
 // asks the edge (internal/edge) who calls, whether the caller may see a
