@@ -126,9 +126,10 @@ func (s *Service) checkSize(cpus float64, memMiB int64) error {
 	return nil
 }
 
-// Start gives the requested build id (Request) its source and definition
-// (req's Name is ignored: the request named it) and enqueues it, in one
-// transaction. A build started already is 409.
+// Start gives the requested build id (Request) of p's account its
+// source and definition, checked as Build checks them (req's Name is the
+// request's), and enqueues it, in one transaction. A build started
+// already is 409.
 func (s *Service) Start(ctx context.Context, p auth.Principal, id string, req BuildRequest) (store.Template, error) {
 	t, err := s.Get(ctx, p, id)
 	if err != nil {
@@ -140,28 +141,16 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string, req Bu
 	if !t.Waiting() {
 		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "build %s of %s was started already", t.ID, t.Name)
 	}
-	for _, f := range []struct {
-		sent bool
-		name string
-	}{
-		{req.FromTemplate, "fromTemplate"},
-	} {
-		if f.sent {
-			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
-		}
-	}
-	if req.Credentials {
-		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: credentials are not supported yet; templates are built from public images for now")
-	}
-	image, def, err := s.definition(req)
+	req.Name, req.requested = t.Name, t.ID
+	return s.Build(ctx, p, req)
+}
+
+// start records image and def (Build's) as the waiting build id's, with
+// the tags and size its request recorded, and enqueues its build.
+func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def string) (store.Template, error) {
+	t, err := s.Get(ctx, p, id)
 	if err != nil {
 		return store.Template{}, err
-	}
-	switch {
-	case image == "":
-		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "image: required")
-	case len(image) > 512:
-		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "image: longer than 512 characters")
 	}
 	requested, err := parseDefinition(t)
 	if err != nil {
@@ -173,18 +162,10 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string, req Bu
 			return store.Template{}, err
 		}
 	}
-	if d.runs() {
-		if err := s.canBuildSteps(); err != nil {
-			return store.Template{}, err
-		}
-	}
 	d.Tags, d.CPUs, d.MemoryMiB = requested.Tags, requested.CPUs, requested.MemoryMiB
 	b, err := json.Marshal(d)
 	if err != nil {
 		return store.Template{}, err
-	}
-	if s.cfg.Jobs == nil {
-		return store.Template{}, errors.New("templates: no job queue")
 	}
 	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		ok, err := q.StartTemplate(ctx, t.ID, image, string(b))

@@ -215,6 +215,9 @@ type BuildRequest struct {
 	// Sent but not built yet: each is refused with a 400 naming it.
 	FromTemplate bool
 	Credentials  bool
+	// requested is the requested build (Request) this definition starts
+	// (Start); "": a new template.
+	requested string
 }
 
 // Build validates req, records the template building and enqueues its
@@ -260,6 +263,9 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	}
 	if s.cfg.Jobs == nil {
 		return store.Template{}, errors.New("templates: no job queue")
+	}
+	if req.requested != "" {
+		return s.start(ctx, p, req.requested, image, def)
 	}
 	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
 		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
