@@ -72,7 +72,7 @@ func (s storeTemplates) Start(ctx context.Context, p auth.Principal, id string, 
 	if err != nil {
 		return t, err
 	}
-	ok, err := s.st.StartTemplate(ctx, id, req.Image, string(req.Steps)+"\n"+req.StartCmd+"\n"+req.ReadyCmd)
+	ok, err := s.st.StartTemplate(ctx, id, req.Image, string(req.Steps)+"\n"+req.StartCmd+"\n"+req.ReadyCmd, "n1")
 	if err == nil && !ok {
 		err = errdefs.New(errdefs.ErrConflict, "started already")
 	}

@@ -298,14 +298,14 @@ func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]T
 }
 
 // StartTemplate gives a waiting template (Waiting) its source and
-// definition: its build can run. It reports false when the template is
-// gone or not waiting.
-func (q *Queries) StartTemplate(ctx context.Context, id, source, definition string) (bool, error) {
+// definition, and the node that builds it: its build can run. It reports
+// false when the template is gone or not waiting.
+func (q *Queries) StartTemplate(ctx context.Context, id, source, definition, nodeID string) (bool, error) {
 	if source == "" {
 		return false, fmt.Errorf("start template %s: %w: a source is required", id, ErrInvalid)
 	}
-	n, err := q.execCount(ctx, "UPDATE templates SET source = ?, definition = ?, updated_at = ? WHERE id = ? AND status = ? AND source = ''",
-		source, definition, toMillis(nowMS()), id, TemplateBuilding)
+	n, err := q.execCount(ctx, "UPDATE templates SET source = ?, definition = ?, node_id = ?, updated_at = ? WHERE id = ? AND status = ? AND source = ''",
+		source, definition, nodeID, toMillis(nowMS()), id, TemplateBuilding)
 	if err != nil {
 		return false, fmt.Errorf("start template %s: %w", id, mapErr(err))
 	}

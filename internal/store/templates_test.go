@@ -173,11 +173,14 @@ func TestTemplateTags(t *testing.T) {
 		if err := s.CreateTemplate(ctx, &waiting); err != nil || !waiting.Waiting() {
 			t.Fatalf("waiting %+v %v", waiting, err)
 		}
-		if ok, err := s.StartTemplate(ctx, waiting.ID, "registry.example/web:1", `{"steps":[]}`); !ok || err != nil {
+		if ok, err := s.StartTemplate(ctx, waiting.ID, "registry.example/web:1", `{"steps":[]}`, "n2"); !ok || err != nil {
 			t.Fatalf("start: %v %v", ok, err)
 		}
-		if ok, _ := s.StartTemplate(ctx, waiting.ID, "registry.example/web:2", ""); ok {
+		if ok, _ := s.StartTemplate(ctx, waiting.ID, "registry.example/web:2", "", "n2"); ok {
 			t.Fatal("started twice")
+		}
+		if got, _ := s.GetTemplate(ctx, waiting.ID); got.NodeID != "n2" || got.Source != "registry.example/web:1" {
+			t.Fatalf("started %+v", got)
 		}
 		_, _, err := s.TagTemplate(ctx, waiting.ID, "stable")
 		wantErr(t, "tag a building template", err, store.ErrConflict)

@@ -168,7 +168,7 @@ func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def st
 		return store.Template{}, err
 	}
 	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
-		ok, err := q.StartTemplate(ctx, t.ID, image, string(b))
+		ok, err := q.StartTemplate(ctx, t.ID, image, string(b), s.cfg.NodeID)
 		if err != nil {
 			return err
 		}
