@@ -198,6 +198,9 @@ func (s *Service) AssignTags(ctx context.Context, p auth.Principal, target strin
 	if len(tags) == 0 {
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "tags: none given")
 	}
+	if len(tags) > maxTags {
+		return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "tags: %d, at most %d at once", len(tags), maxTags)
+	}
 	for _, tag := range tags {
 		if _, err := templatespec.ParseRef(ref.Name + ":" + tag); err != nil {
 			return store.Template{}, errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("tags: %q is not a tag", tag))
@@ -226,6 +229,9 @@ func (s *Service) AssignTags(ctx context.Context, p auth.Principal, target strin
 func (s *Service) RemoveTags(ctx context.Context, p auth.Principal, name string, tags []string) error {
 	if len(tags) == 0 {
 		return errdefs.New(errdefs.ErrInvalid, "tags: none given")
+	}
+	if len(tags) > maxTags {
+		return errdefs.Newf(errdefs.ErrInvalid, "tags: %d, at most %d at once", len(tags), maxTags)
 	}
 	for _, tag := range tags {
 		if _, err := s.own(ctx, p, name, tag); err != nil {
