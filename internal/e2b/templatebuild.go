@@ -169,7 +169,7 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 			return errdefs.Newf(errdefs.ErrNotFound, "template %s build %s not found", templateID, buildID)
 		}
 		_, err = b.Start(r.Context(), c.Principal, t.ID, build)
-	case errors.Is(err, errdefs.ErrNotFound):
+	case errors.Is(err, errdefs.ErrNotFound) && !strings.HasPrefix(buildID, "tpl_"):
 		// Not a requested build: NAME:TAG built at once, as the REST API
 		// does (409 when it exists).
 		ref, rerr := templatespec.ParseRef(templateID + ":" + buildID)

@@ -53,6 +53,9 @@ func TestTemplateBuild(t *testing.T) {
 	if code, _ := f.raw("POST", "/v2/templates/other/builds/"+req.BuildID, key, body); code != http.StatusNotFound {
 		t.Errorf("start under another name: %d", code)
 	}
+	if code, _ := f.raw("POST", "/v2/templates/web/builds/tpl_nosuchbuild", key, body); code != http.StatusNotFound {
+		t.Errorf("start of a build never requested: %d", code)
+	}
 	tpl, err := f.st.FindTemplate(t.Context(), f.accountOf(f.key), "web", "v1")
 	if err != nil {
 		t.Fatal(err)
