@@ -1,0 +1,69 @@
+package templates
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/oci"
+)
+
+func TestSealedCredentials(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "key")
+	key, err := LoadOrCreateKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v %v", fi.Mode(), err)
+	}
+	again, err := LoadOrCreateKey(path)
+	if err != nil || !bytes.Equal(key, again) {
+		t.Fatalf("the key is not read back: %v", err)
+	}
+	s, err := newSealer(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := oci.Credentials{Username: "u", Password: "pw-sealed-123"}
+	sealed, err := s.seal("tpl_a", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sealed, "pw-sealed-123") || !strings.HasPrefix(sealed, sealedPrefix) {
+		t.Fatalf("sealed: %q", sealed)
+	}
+	if got, err := s.open("tpl_a", sealed); err != nil || got != c {
+		t.Fatalf("open: %v %v", got, err)
+	}
+	if other, _ := s.seal("tpl_a", c); other == sealed {
+		t.Fatal("two seals of the same credentials are equal: the nonce is not random")
+	}
+	if _, err := s.open("tpl_b", sealed); err == nil {
+		t.Fatal("another template's sealed credentials open")
+	}
+	otherKey, _ := LoadOrCreateKey(filepath.Join(t.TempDir(), "key"))
+	o, _ := newSealer(otherKey)
+	if _, err := o.open("tpl_a", sealed); err == nil {
+		t.Fatal("another key opens them")
+	}
+	if _, err := s.open("tpl_a", sealed[:len(sealed)-4]+"AAA="); err == nil {
+		t.Fatal("a changed value opens")
+	}
+
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(path); err == nil || !strings.Contains(err.Error(), "readable by others") {
+		t.Fatalf("a key file readable by others: %v", err)
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short, []byte("abc"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateKey(short); err == nil {
+		t.Fatal("a short key file is taken")
+	}
+}
