@@ -561,8 +561,8 @@ type BuildTemplateRequest struct {
 	// ReadyCmd Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes
 	ReadyCmd *string `json:"readyCmd,omitempty"`
 
-	// Registry Registry credentials: not supported yet (400); only public images are built for now
-	Registry *map[string]interface{} `json:"registry,omitempty"`
+	// Registry Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged
+	Registry *TemplateRegistry `json:"registry,omitempty"`
 }
 
 // CodingAgentRequest defines model for CodingAgentRequest.
@@ -1037,6 +1037,18 @@ type TemplateConfig struct {
 	Entrypoint   []string `json:"entrypoint"`
 	Cmd          []string `json:"cmd"`
 	ExposedPorts []string `json:"exposedPorts"`
+}
+
+// TemplateRegistry defines model for TemplateRegistry.
+type TemplateRegistry struct {
+	// Username The registry user (with password)
+	Username *string `json:"username,omitempty"`
+
+	// Password The password or access token (with username)
+	Password *string `json:"password,omitempty"`
+
+	// Token A registry token sent as is (Bearer) instead of username and password
+	Token *string `json:"token,omitempty"`
 }
 
 // TemplateResponse defines model for TemplateResponse.

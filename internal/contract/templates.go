@@ -25,7 +25,7 @@ type BuildTemplateRequest struct {
 	FromTemplate string          `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
 	StartCmd     string          `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
 	ReadyCmd     string          `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
-	Registry     *TemplateRegistry `json:"registry,omitempty" jsonschema:"description=Credentials for the image's registry: username and password (or an access token as the password), or a token alone. Kept sealed until the build has pulled the image, then deleted; never shown or logged"`
+	Registry     *TemplateRegistry `json:"registry,omitempty" jsonschema:"description=Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged"`
 }
 
 // TemplateRegistry is the credentials a build pulls its image with: a
@@ -35,7 +35,7 @@ type BuildTemplateRequest struct {
 type TemplateRegistry struct {
 	Username string `json:"username,omitempty" jsonschema:"maxLength=256,description=The registry user (with password)"`
 	Password string `json:"password,omitempty" jsonschema:"maxLength=16384,description=The password or access token (with username)"`
-	Token    string `json:"token,omitempty" jsonschema:"maxLength=16384,description=A registry token sent as is (Bearer), instead of username and password"`
+	Token    string `json:"token,omitempty" jsonschema:"maxLength=16384,description=A registry token sent as is (Bearer) instead of username and password"`
 }
 
 // String shows which fields are set, never a secret.

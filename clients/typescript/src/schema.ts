@@ -555,8 +555,8 @@ export interface components {
             name: string;
             /** @description Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes */
             readyCmd?: string;
-            /** @description Registry credentials: not supported yet (400); only public images are built for now */
-            registry?: Record<string, never>;
+            /** @description Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged */
+            registry?: components["schemas"]["TemplateRegistry"];
             /** @description Run by /bin/sh in every sandbox from the template when it starts (as its USER */
             startCmd?: string;
             /** @description Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN */
@@ -939,6 +939,14 @@ export interface components {
             exposedPorts: string[];
             user: string;
             workingDir: string;
+        };
+        TemplateRegistry: {
+            /** @description The password or access token (with username) */
+            password?: string;
+            /** @description A registry token sent as is (Bearer) instead of username and password */
+            token?: string;
+            /** @description The registry user (with password) */
+            username?: string;
         };
         TemplateResponse: {
             /** @enum {string} */
