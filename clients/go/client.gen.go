@@ -1715,7 +1715,7 @@ type ClientInterface interface {
 
 	// PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1724,7 +1724,7 @@ type ClientInterface interface {
 
 	// PostTemplates Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2522,7 +2522,7 @@ func (c *Client) GetTemplates(ctx context.Context, reqEditors ...RequestEditorFn
 
 // PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2541,7 +2541,7 @@ func (c *Client) PostTemplatesWithBody(ctx context.Context, contentType string, 
 
 // PostTemplates Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4682,7 +4682,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4691,7 +4691,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -8128,7 +8128,7 @@ func (c *ClientWithResponses) GetTemplatesWithResponse(ctx context.Context, reqE
 
 // PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8143,7 +8143,7 @@ func (c *ClientWithResponses) PostTemplatesWithBodyWithResponse(ctx context.Cont
 
 // PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

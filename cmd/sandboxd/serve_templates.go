@@ -56,10 +56,9 @@ func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host tem
 		return nil, err
 	}
 	svc, err := templates.New(templates.Config{
-		CredentialsKey: key,
 		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
-		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"),
+		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"), CredentialsKey: key,
 	})
 	if err != nil {
 		return nil, err

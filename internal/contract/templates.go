@@ -22,10 +22,12 @@ type BuildTemplateRequest struct {
 	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, ENV, ARG, WORKDIR, USER; COPY and ADD are refused (400) for now"`
 	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, ENV, ARG, WORKDIR, USER, CMD and ENTRYPOINT recorded; COPY and ADD are refused (400) for now). Not with image or steps"`
 	// Not supported yet: each is refused with 400 naming it.
-	FromTemplate string          `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
-	StartCmd     string          `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
-	ReadyCmd     string          `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
-	Registry     *TemplateRegistry `json:"registry,omitempty" jsonschema:"description=Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged"`
+	FromTemplate string `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
+	StartCmd     string `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
+	ReadyCmd     string `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
+
+	// Registry is the credentials of the image's pull (never answered).
+	Registry *TemplateRegistry `json:"registry,omitempty" jsonschema:"description=Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged"`
 }
 
 // TemplateRegistry is the credentials a build pulls its image with: a

@@ -503,7 +503,7 @@ export interface paths {
         put?: never;
         /**
          * Build a template from an OCI image (sandboxd)
-         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
          */
         post: operations["postTemplates"];
         delete?: never;
