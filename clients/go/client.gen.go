@@ -543,7 +543,7 @@ type BuildTemplateRequest struct {
 	// Name name[:tag]: a name of 1 to 63 lower-case letters
 	Name string `json:"name"`
 
-	// Image The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile
+	// Image The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile
 	Image *string `json:"image,omitempty"`
 
 	// Steps Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN

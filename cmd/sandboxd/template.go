@@ -68,7 +68,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
 		Short: "Build a template from an OCI image, with steps or a Dockerfile (the build runs on the server; --wait follows it)",
-		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF, a public image\n" +
+		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF\n" +
 			"(host/repository[:tag|@digest]), with the steps of --steps (a JSON array of E2B's {\"type\", \"args\"}: RUN,\n" +
 			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin).\n" +
 			"--start-cmd and --ready-cmd are the template's start and ready commands. The server answers at once with\n" +

@@ -17,7 +17,7 @@ import (
 // them ignored.
 type BuildTemplateRequest struct {
 	Name  string `json:"name" jsonschema:"minLength=1,maxLength=192,description=name[:tag]: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest)"`
-	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile"`
+	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile"`
 	// Steps run over the image, in E2B's form.
 	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, ENV, ARG, WORKDIR, USER; COPY and ADD are refused (400) for now"`
 	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, ENV, ARG, WORKDIR, USER, CMD and ENTRYPOINT recorded; COPY and ADD are refused (400) for now). Not with image or steps"`

@@ -549,7 +549,7 @@ export interface components {
             dockerfile?: string;
             /** @description Not supported yet (400) */
             fromTemplate?: string;
-            /** @description The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile */
+            /** @description The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile */
             image?: string;
             /** @description name[:tag]: a name of 1 to 63 lower-case letters */
             name: string;
