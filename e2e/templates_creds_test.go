@@ -208,6 +208,24 @@ func TestTemplateCreds(t *testing.T) {
 	if tpl["status"] != "ready" {
 		t.Fatalf("token build: %v", tpl)
 	}
+	// The CLI: the password on stdin, or in the environment.
+	for _, c := range []struct {
+		name, ref string
+		stdin     io.Reader
+		env       []string
+		flags     []string
+	}{
+		{"cli:v1", tokenRef, strings.NewReader(tokenPW + "\n"), nil, []string{"--registry-username", user, "--registry-password-stdin"}},
+		{"cli:v2", basicRef, nil, []string{"SANDBOXD_REGISTRY_PASSWORD=" + basicPW}, []string{"--registry-username", user}},
+	} {
+		args := append([]string{"template", "--url", s.base, "--key", ak.Key, "build", c.name, "--image", c.ref, "--wait", "--json"}, c.flags...)
+		res := runCLI(t, c.stdin, c.env, args...)
+		answers.WriteString(res.stdout + res.stderr)
+		if res.code != 0 || !strings.Contains(res.stdout, `"status": "ready"`) && !strings.Contains(res.stdout, `"status":"ready"`) {
+			t.Fatalf("template build %s: %d %s %s", c.name, res.code, res.stdout, res.stderr)
+		}
+	}
+
 	// A wrong password, at either: failed, saying so.
 	for i, ref := range []string{basicRef, tokenRef} {
 		tpl = wait(s, post(map[string]any{"name": fmt.Sprintf("wrong:v%d", i), "image": ref, "registry": map[string]string{"username": user, "password": wrongPW}}))
@@ -296,7 +314,7 @@ func TestTemplateCreds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list) != 7 {
+	if len(list) != 9 {
 		t.Errorf("templates: %d", len(list))
 	}
 	for _, tp := range list {

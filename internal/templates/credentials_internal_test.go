@@ -38,6 +38,12 @@ func TestSealedCredentials(t *testing.T) {
 	if got, err := s.open("tpl_a", sealed); err != nil || got != c {
 		t.Fatalf("open: %v %v", got, err)
 	}
+	tok := oci.Credentials{RegistryToken: "tok-sealed-456"}
+	if sealedTok, err := s.seal("tpl_t", tok); err != nil || strings.Contains(sealedTok, "tok-sealed-456") {
+		t.Fatalf("seal a token: %v %q", err, sealedTok)
+	} else if got, err := s.open("tpl_t", sealedTok); err != nil || got != tok {
+		t.Fatalf("open a token: %v %v", got, err)
+	}
 	if other, _ := s.seal("tpl_a", c); other == sealed {
 		t.Fatal("two seals of the same credentials are equal: the nonce is not random")
 	}
