@@ -282,13 +282,14 @@ func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]T
 }
 
 // PutTemplateCredentials records the sealed registry credentials of
-// template id's build (package templates seals them; the store never sees
-// them in the clear).
+// template id's build, replacing any of an earlier build of the same row
+// (package templates seals them; the store never sees them in the clear).
 func (q *Queries) PutTemplateCredentials(ctx context.Context, id, sealed string) error {
 	if id == "" || sealed == "" {
 		return fmt.Errorf("put template credentials: %w: id and sealed credentials are required", ErrInvalid)
 	}
-	if _, err := q.exec(ctx, "INSERT INTO template_credentials (template_id, sealed, created_at) VALUES (?, ?, ?)",
+	if _, err := q.exec(ctx, `INSERT INTO template_credentials (template_id, sealed, created_at) VALUES (?, ?, ?)
+		ON CONFLICT (template_id) DO UPDATE SET sealed = excluded.sealed, created_at = excluded.created_at`,
 		id, sealed, toMillis(nowMS())); err != nil {
 		return fmt.Errorf("put the credentials of template %s: %w", id, mapErr(err))
 	}
@@ -316,8 +317,9 @@ func (q *Queries) DeleteTemplateCredentials(ctx context.Context, id string) erro
 }
 
 // DeleteStaleTemplateCredentials deletes the sealed credentials of every
-// template that is not building (ended, or deleted): what a crash between
-// a build's end and the deletion of its credentials would leave.
+// template that is not building (ended, or gone): a backstop for a row
+// ended or deleted by a way other than FinishTemplate and DeleteTemplate,
+// which delete them in their own transaction.
 func (q *Queries) DeleteStaleTemplateCredentials(ctx context.Context) (int64, error) {
 	n, err := q.execCount(ctx, "DELETE FROM template_credentials WHERE template_id NOT IN (SELECT id FROM templates WHERE status = ?)", TemplateBuilding)
 	if err != nil {

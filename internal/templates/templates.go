@@ -475,8 +475,8 @@ func (s *Service) Resume(ctx context.Context) error {
 	if s.cfg.Jobs == nil {
 		return nil
 	}
-	// Credentials whose build ended without deleting them (a crash
-	// between the two) go now.
+	// Credentials of builds that are not building any more (ended or
+	// deleted by a way that did not delete them) go now.
 	if n, err := s.st.DeleteStaleTemplateCredentials(ctx); err != nil {
 		return err
 	} else if n > 0 {
