@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -75,6 +77,16 @@ func LoadOrCreateKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("templates: the credentials key %s has %d bytes, want %d", path, len(b), KeyBytes)
 	}
 	return b, nil
+}
+
+// KeyFromSecret derives the key that seals registry credentials from a
+// secret every node of a cluster shares (the cluster secret), so that any
+// node can open what another sealed: HMAC-SHA256 of a label of its own,
+// so that the key is not the secret, nor any other key made from it.
+func KeyFromSecret(secret []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("sandboxd templates: registry credentials key v1"))
+	return m.Sum(nil)
 }
 
 // sealer seals and opens a build's registry credentials under the node's

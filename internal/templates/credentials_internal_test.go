@@ -59,6 +59,19 @@ func TestSealedCredentials(t *testing.T) {
 		t.Fatal("a changed value opens")
 	}
 
+	// A cluster's nodes make the same key from the same secret.
+	k1, k2 := KeyFromSecret([]byte("cluster-secret-0123456789abcdef0123")), KeyFromSecret([]byte("cluster-secret-0123456789abcdef0123"))
+	if !bytes.Equal(k1, k2) || len(k1) != KeyBytes || bytes.Equal(k1, KeyFromSecret([]byte("another-secret-0123456789abcdef012"))) {
+		t.Fatal("KeyFromSecret is not a function of the secret alone")
+	}
+	n1, _ := newSealer(k1)
+	n2, _ := newSealer(k2)
+	if v, err := n1.seal("tpl_c", c); err != nil {
+		t.Fatal(err)
+	} else if got, err := n2.open("tpl_c", v); err != nil || got != c {
+		t.Fatalf("another node opens: %v %v", got, err)
+	}
+
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}

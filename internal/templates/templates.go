@@ -24,8 +24,8 @@
 //   - A build's failure reason and log lines are for its user
 //     (errdefs.Message): never a cause, a host path or a credential.
 //   - Registry credentials are never stored in the clear and never
-//     outlive their build: Build seals them (AES-256-GCM under the node's
-//     key, Config.CredentialsKey, bound to the template's id) into the
+//     outlive their build: Build seals them (AES-256-GCM under the
+//     server's key, Config.CredentialsKey, bound to the template's id) into the
 //     store's template_credentials, in the transaction that records the
 //     template; the build job opens them for the pull (also when it runs
 //     again after a restart), and they are deleted with the build's end
@@ -101,7 +101,8 @@ type Config struct {
 	BuildNetwork netpol.Policy
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
-	// CredentialsKey (KeyBytes, LoadOrCreateKey) seals the registry
+	// CredentialsKey (KeyBytes: LoadOrCreateKey's, or KeyFromSecret's in
+	// a cluster, where every node must have the same) seals the registry
 	// credentials of builds until they run; nil: builds with credentials
 	// are refused.
 	CredentialsKey []byte
