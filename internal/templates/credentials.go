@@ -89,7 +89,7 @@ func KeyFromSecret(secret []byte) []byte {
 	return m.Sum(nil)
 }
 
-// sealer seals and opens a build's registry credentials under the node's
+// sealer seals and opens a build's registry credentials under the server's
 // key, bound to the template's id (a sealed value copied to another
 // template's row does not open).
 type sealer struct{ aead cipher.AEAD }
