@@ -153,7 +153,8 @@ func TestTemplateCreds(t *testing.T) {
 
 	dataDir := t.TempDir()
 	dsn := filepath.Join(t.TempDir(), "creds.db")
-	flags := []string{"--templates-allow-private-registries", "--network-pool", "10.244.0.0/16"}
+	// Debug logging: no level of the server's log may show a secret.
+	flags := []string{"--templates-allow-private-registries", "--network-pool", "10.244.0.0/16", "--log-level", "debug"}
 	s := startServerIn(t, dataDir, dsn, flags...)
 	alice := s.createAccount("alice", false)
 	ak := s.createKey(alice.ID)
