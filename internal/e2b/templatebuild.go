@@ -117,7 +117,8 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate, fromImageRegistry and COPY steps are refused by name.
+// fromTemplate and COPY steps are refused by name; fromImageRegistry's
+// credentials go to the build (registryCredentials).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -130,8 +131,6 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	switch {
 	case req.FromTemplate != "":
 		return edge.Errorf(http.StatusBadRequest, "fromTemplate: not supported yet; build from an image (fromImage)")
-	case len(req.FromImageRegistry) > 0 && string(req.FromImageRegistry) != "null":
-		return edge.Errorf(http.StatusBadRequest, "fromImageRegistry: registry credentials are not supported yet; build from a public image")
 	case req.FromImage == "":
 		return edge.Errorf(http.StatusBadRequest, "fromImage: required")
 	}
@@ -160,7 +159,11 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		}
 		req.Steps = forced
 	}
-	build := templates.BuildRequest{Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
+	creds, err := registryCredentials(req.FromImageRegistry)
+	if err != nil {
+		return err
+	}
+	build := templates.BuildRequest{Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}
 	templateID, buildID := pathParam(r, "templateID"), pathParam(r, "buildID")
 	t, err := b.Get(r.Context(), c.Principal, buildID)
 	switch {

@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/oci"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/templatespec"
 )
@@ -146,8 +147,9 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string, req Bu
 }
 
 // start records image and def (Build's) as the waiting build id's, with
-// the tags and size its request recorded, and enqueues its build.
-func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def string) (store.Template, error) {
+// the tags and size its request recorded, seals its registry credentials
+// (when not nil) as Build does, and enqueues its build.
+func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def string, registry *oci.Credentials) (store.Template, error) {
 	t, err := s.Get(ctx, p, id)
 	if err != nil {
 		return store.Template{}, err
@@ -177,6 +179,15 @@ func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def st
 		}
 		if err := q.AppendTemplateLog(ctx, t.ID, logLine("build from %s queued", image)); err != nil {
 			return err
+		}
+		if registry != nil {
+			sealed, err := s.sealer.seal(t.ID, *registry)
+			if err != nil {
+				return fmt.Errorf("seal the registry credentials: %w", err)
+			}
+			if err := q.PutTemplateCredentials(ctx, t.ID, sealed); err != nil {
+				return err
+			}
 		}
 		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
 	})
