@@ -116,9 +116,11 @@ type buildStart struct {
 }
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
-// build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate and COPY steps are refused by name; fromImageRegistry's
-// credentials go to the build (registryCredentials).
+// start of the requested build buildID of template templateID (or, for a
+// buildID that names no requested build, the build of NAME:TAG at once)
+// through the templates service. fromTemplate and COPY steps are refused
+// by name; fromImageRegistry's credentials go to the build
+// (registryCredentials).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
