@@ -262,6 +262,22 @@ describe(title('template'), { skip }, () => {
     assert.equal(st.reason.step, '2')
   })
 
+  test('an image that is not there is a BuildError at the base, pointing at fromImage', long, async () => {
+    const missing = image.replace(/:v1$/, ':missing')
+    assert.notEqual(missing, image)
+    const line = lineHere(); const tpl = Template().fromImage(missing)
+    tpl.runCmd('true')
+    await assert.rejects(Template.build(tpl, `${name}-noimage`), (err) => {
+      assert.ok(err instanceof BuildError, `a BuildError: ${err}`)
+      assert.ok(err.stack.includes(`template.test.js:${line}:`), `the stack points at line ${line}: ${err.stack}`)
+      return true
+    })
+    const st = await api(`/templates/${name}-noimage/builds/latest/status`)
+    assert.equal(st.status, 'error')
+    assert.equal(st.reason.step, 'base')
+    assert.ok(st.logEntries.every((e) => e.step === 'base'), JSON.stringify(st.logEntries))
+  })
+
   test('cpuCount and memoryMB over the server\'s limits are refused by name', slow, async () => {
     await assert.rejects(
       Template.build(Template().fromImage(image).runCmd('true'), `${name}-big`, { cpuCount: 4096 }),
