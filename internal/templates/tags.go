@@ -312,3 +312,22 @@ func (s *Service) Collect(ctx context.Context) {
 		}
 	}
 }
+
+// CollectInterval is how often a server collects (CollectEvery).
+const CollectInterval = 5 * time.Minute
+
+// CollectEvery collects (Collect) every interval until ctx ends: a build
+// that lost its tag goes within an interval of its last sandbox's end,
+// whether or not anything else is built.
+func (s *Service) CollectEvery(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Collect(ctx)
+		}
+	}
+}
