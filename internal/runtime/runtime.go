@@ -219,9 +219,10 @@ type PoolStats struct {
 	Size     int    // sandboxes it keeps when full
 	Ready    int    // started, waiting for a create
 	Starting int
-	// Hits are creates handed one of its sandboxes, Misses creates of its
-	// specs' key that found none ready and started cold.
-	Hits, Misses uint64
+	// Hits are creates handed one of its sandboxes (Waited: after waiting
+	// for its start), Misses creates of its specs' key that found none
+	// ready or starting and started cold.
+	Hits, Misses, Waited uint64
 	// Started, Failed: its starts; Discarded: destroyed unused (the pool
 	// shrank or went, its specs changed, or the runtime closed).
 	Started, Failed, Discarded uint64

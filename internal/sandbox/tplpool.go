@@ -44,9 +44,13 @@ const (
 	templateIdle = 10 * time.Minute
 	// demandWindow is the time over which a template's creates are
 	// counted to size its pool: a pool holds as many sandboxes as the
-	// template had creates in the last minute (at least one), within the
-	// budget.
+	// template had creates in the last minute, at least minTemplatePool,
+	// within the budget.
 	demandWindow = time.Minute
+	// minTemplatePool is what a template in use wants at least (the
+	// built-in warm pool's default size): with one, the create after a
+	// hit finds the pool still refilling.
+	minTemplatePool = 2
 	// templatePoolsTick is how often idle pools are dropped and the
 	// pooled templates checked (a deleted one's pool goes).
 	templatePoolsTick = 30 * time.Second
@@ -107,7 +111,9 @@ func (m *Manager) templateCreated(id string) {
 
 // sizeTemplatePoolsLocked gives the budget to the templates most recently
 // created from: one sandbox each, in that order, then one more at a time
-// to the template whose pool is furthest below its last minute's creates.
+// to the template whose pool is furthest below what it wants (its last
+// minute's creates, at least minTemplatePool; a tie goes to the one with
+// more creates, then to the more recent).
 // Pools whose size changed are told so; a template past templateIdle (or
 // beyond maxTemplatePools) loses its pool. Callers hold tp.mu.
 func (m *Manager) sizeTemplatePoolsLocked(pl runtime.Pooler, now time.Time) {
@@ -134,7 +140,9 @@ func (m *Manager) sizeTemplatePoolsLocked(pl runtime.Pooler, now time.Time) {
 	for ; budget > 0; budget-- {
 		best, gap := "", 0
 		for _, id := range ids {
-			if g := len(tp.byID[id].creates) - alloc[id]; g > gap {
+			n := len(tp.byID[id].creates)
+			g := max(n, minTemplatePool) - alloc[id]
+			if g > gap || g == gap && g > 0 && n > len(tp.byID[best].creates) {
 				best, gap = id, g
 			}
 		}

@@ -323,7 +323,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 			return s, err
 		}
 	}
-	if s, ok := r.pools.Take(spec); ok {
+	if s, ok := r.pools.Take(ctx, spec); ok {
 		if s, err := r.hand(ctx, s, spec, link); s != nil || err != nil {
 			return s, err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,7 +49,11 @@ type namedPool[S Served] struct {
 	open     func(ctx context.Context) (runtime.Spec, func(), error)
 	ready    []S
 	starting int
-	kick     chan struct{}
+	// waiters are the creates waiting for a sandbox under way (at most
+	// one each), first come first served; a channel closed without a
+	// sandbox says the start failed.
+	waiters []chan S
+	kick    chan struct{}
 	cancel   context.CancelFunc
 	stats    runtime.PoolStats
 }
@@ -81,6 +86,7 @@ func (p *Pools[S]) Set(name string, size int, open func(ctx context.Context) (ru
 		drop = np.ready
 		np.stats.Discarded += uint64(len(drop))
 		np.ready = nil
+		np.releaseWaiters(0)
 		p.retireLocked(np)
 	case !ok:
 		ctx, cancel := context.WithCancel(p.ctx)
@@ -105,6 +111,17 @@ func (p *Pools[S]) Set(name string, size int, open func(ctx context.Context) (ru
 	p.mu.Unlock()
 	if len(drop) > 0 {
 		go func() { _ = destroyAll(drop) }()
+	}
+}
+
+// releaseWaiters lets all but the first keep waiters go without a
+// sandbox (they start theirs cold), counting their misses.
+func (np *namedPool[S]) releaseWaiters(keep int) {
+	for len(np.waiters) > keep {
+		last := len(np.waiters) - 1
+		close(np.waiters[last])
+		np.waiters = np.waiters[:last]
+		np.stats.Misses++
 	}
 }
 
@@ -139,6 +156,8 @@ func (p *Pools[S]) fill(ctx context.Context, name string, np *namedPool[S]) {
 		p.mu.Lock()
 		np.starting--
 		if err != nil {
+			// Those waiting beyond the starts still under way go cold.
+			np.releaseWaiters(np.starting)
 			if ctx.Err() != nil {
 				p.mu.Unlock()
 				return
@@ -157,14 +176,27 @@ func (p *Pools[S]) fill(ctx context.Context, name string, np *namedPool[S]) {
 		var drop []S
 		if key != np.key {
 			// Its specs changed (the caller's open makes another): what
-			// was started from the old one serves none of them.
+			// was started from the old one serves none of them, nor
+			// does this one the creates waiting.
 			drop, np.ready = np.ready, nil
 			np.key, np.stats.Template = key, spec.Template
+			np.releaseWaiters(0)
 		}
-		if ctx.Err() != nil || p.pools[name] != np || len(np.ready) >= np.size {
-			// Removed, closed or shrunk while it started.
+		switch {
+		case ctx.Err() != nil || p.pools[name] != np:
+			// Removed or closed while it started.
 			drop = append(drop, s)
-		} else {
+		case len(np.waiters) > 0:
+			// A create waits for it: handed over at once.
+			ch := np.waiters[0]
+			np.waiters = np.waiters[1:]
+			ch <- s
+			np.stats.Hits++
+			np.stats.Waited++
+		case len(np.ready) >= np.size:
+			// Shrunk while it started.
+			drop = append(drop, s)
+		default:
 			np.ready = append(np.ready, s)
 		}
 		np.stats.Discarded += uint64(len(drop))
@@ -183,6 +215,7 @@ func (p *Pools[S]) retireLocked(np *namedPool[S]) {
 	r, st := &p.removed, np.stats
 	r.Hits += st.Hits
 	r.Misses += st.Misses
+	r.Waited += st.Waited
 	r.Started += st.Started
 	r.Failed += st.Failed
 	r.Discarded += st.Discarded
@@ -216,28 +249,66 @@ func (p *Pools[S]) startOne(ctx context.Context, open func(context.Context) (run
 
 // Take hands out a sandbox of the pool whose sandboxes spec (complete)
 // would have made, counting a hit, or a miss when that pool has none
-// ready; the pool starts the next.
-func (p *Pools[S]) Take(spec runtime.Spec) (S, bool) {
+// ready; the pool starts the next. A create that finds none ready but one
+// starting that no other create waits for waits for it (until ctx ends)
+// rather than starting a second sandbox cold beside it: the one under way
+// is nearer its end.
+func (p *Pools[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 	var zero S
 	key, ok := runtime.PoolKey(spec)
 	if !ok {
 		return zero, false
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, np := range p.pools {
-		if np.key != key {
-			continue
+	var np *namedPool[S]
+	for _, cand := range p.pools {
+		if cand.key == key {
+			np = cand
+			break
 		}
-		np.wake()
-		if len(np.ready) == 0 {
-			np.stats.Misses++
-			return zero, false
-		}
+	}
+	if np == nil {
+		p.mu.Unlock()
+		return zero, false
+	}
+	np.wake()
+	if len(np.ready) > 0 {
 		s := np.ready[0]
 		np.ready = np.ready[1:]
 		np.stats.Hits++
+		p.mu.Unlock()
 		return s, true
+	}
+	if np.starting <= len(np.waiters) {
+		np.stats.Misses++
+		p.mu.Unlock()
+		return zero, false
+	}
+	ch := make(chan S, 1)
+	np.waiters = append(np.waiters, ch)
+	p.mu.Unlock()
+	select {
+	case s, ok := <-ch:
+		return s, ok // the filler counted it
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	if i := slices.Index(np.waiters, ch); i >= 0 {
+		np.waiters = slices.Delete(np.waiters, i, i+1)
+		np.stats.Misses++
+		p.mu.Unlock()
+		return zero, false
+	}
+	p.mu.Unlock()
+	// Handed over (or let go) as the create gave up: it is not taken.
+	if s, ok := <-ch; ok {
+		p.mu.Lock()
+		np.stats.Hits--
+		np.stats.Waited--
+		np.stats.Misses++
+		np.stats.Discarded++
+		p.mu.Unlock()
+		_ = destroyAll([]S{s})
 	}
 	return zero, false
 }
@@ -264,6 +335,7 @@ func (p *Pools[S]) Close() error {
 	var drop []S
 	for name, np := range p.pools {
 		np.cancel()
+		np.releaseWaiters(0)
 		drop = append(drop, np.ready...)
 		np.ready = nil
 		delete(p.pools, name)

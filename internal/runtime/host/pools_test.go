@@ -25,6 +25,7 @@ type testPools struct {
 	mu      sync.Mutex
 	started []runtime.Spec
 	fail    error
+	gate    chan struct{} // when set, each start waits for a value
 }
 
 func newTestPools(t *testing.T) *testPools {
@@ -37,7 +38,17 @@ func newTestPools(t *testing.T) *testPools {
 			spec.Limits = runtime.Limits{Pids: 512}
 		}
 	}
-	tp.Pools = NewPools(t.Context(), slog.New(slog.DiscardHandler), func(_ context.Context, spec runtime.Spec) (*fakeServed, error) {
+	tp.Pools = NewPools(t.Context(), slog.New(slog.DiscardHandler), func(ctx context.Context, spec runtime.Spec) (*fakeServed, error) {
+		tp.mu.Lock()
+		gate := tp.gate
+		tp.mu.Unlock()
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		tp.mu.Lock()
 		defer tp.mu.Unlock()
 		if spec.ID != "" {
@@ -115,7 +126,7 @@ func TestPoolsServeOnlyTheirKey(t *testing.T) {
 	unverified := complete(poolSpec("tpl_a", "/templates/d1", "l1", "l2"))
 	others["unverified layers"] = unverified
 	for what, spec := range others {
-		if s, ok := p.Take(spec); ok {
+		if s, ok := p.Take(t.Context(), spec); ok {
 			t.Errorf("%s was handed template a's sandbox %v", what, s)
 		}
 	}
@@ -123,7 +134,7 @@ func TestPoolsServeOnlyTheirKey(t *testing.T) {
 	// are written when the sandbox is handed out.
 	claim := complete(a)
 	claim.ID, claim.Owner, claim.Env, claim.HomeSocket = "sbx_1", "acct", []string{"K=v"}, "/run/home.sock"
-	s, ok := p.Take(claim)
+	s, ok := p.Take(t.Context(), claim)
 	if !ok || s.owner != "tpl_a" {
 		t.Fatalf("a's create was not handed a's sandbox: %v %v", s, ok)
 	}
@@ -158,15 +169,15 @@ func TestPoolsResizeAndRemove(t *testing.T) {
 	p.Set("a", 1, opener(b, &released, &mu))
 	c := a
 	p.complete(&c)
-	if _, ok := p.Take(c); !ok {
+	if _, ok := p.Take(t.Context(), c); !ok {
 		t.Fatal("a ready sandbox was not handed out")
 	}
 	waitReady(t, p, "a", 1)
-	if _, ok := p.Take(c); ok {
+	if _, ok := p.Take(t.Context(), c); ok {
 		t.Fatal("a sandbox of the new spec served the old one")
 	}
 	p.complete(&b)
-	if _, ok := p.Take(b); !ok {
+	if _, ok := p.Take(t.Context(), b); !ok {
 		t.Fatal("the new spec's sandbox was not handed out")
 	}
 	waitReady(t, p, "a", 1)
@@ -179,7 +190,7 @@ func TestPoolsResizeAndRemove(t *testing.T) {
 	if rep.Removed.Hits != before.Hits || rep.Removed.Started != before.Started || rep.Removed.Discarded != before.Discarded+1 {
 		t.Errorf("the removed pool's counts %+v, before %+v (and its one ready sandbox discarded)", rep.Removed, before)
 	}
-	if _, ok := p.Take(b); ok {
+	if _, ok := p.Take(t.Context(), b); ok {
 		t.Fatal("a removed pool handed out a sandbox")
 	}
 }
@@ -202,14 +213,14 @@ func TestPoolsStartFailures(t *testing.T) {
 	}
 	c := a
 	p.complete(&c)
-	if _, ok := p.Take(c); ok {
+	if _, ok := p.Take(t.Context(), c); ok {
 		t.Fatal("a failed pool handed out a sandbox")
 	}
 	p.mu.Lock()
 	p.fail = nil
 	p.mu.Unlock()
 	waitReady(t, p, "a", 1)
-	if _, ok := p.Take(c); !ok {
+	if _, ok := p.Take(t.Context(), c); !ok {
 		t.Fatal("the pool did not recover")
 	}
 	// A network can never be pooled: the start is refused.
@@ -231,4 +242,71 @@ func TestPoolsStartFailures(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestPoolsTakeWaitsForAStart: a create that finds its pool's sandbox
+// starting waits for it (one create per start); one whose context ends
+// first goes cold, and the sandbox stays for the next.
+func TestPoolsTakeWaitsForAStart(t *testing.T) {
+	p := newTestPools(t)
+	var mu sync.Mutex
+	var released int
+	a := poolSpec("tpl_a", "/templates/d1")
+	p.Set("a", 1, opener(a, &released, &mu))
+	waitReady(t, p, "a", 1)
+	c := a
+	p.complete(&c)
+	gate := make(chan struct{})
+	p.mu.Lock()
+	p.gate = gate
+	p.mu.Unlock()
+	if _, ok := p.Take(t.Context(), c); !ok {
+		t.Fatal("the ready sandbox was not handed out")
+	}
+	// The refill is under way (held at the gate): the next create waits
+	// for it, a third one (nothing more starting) goes cold at once.
+	got := make(chan bool)
+	go func() {
+		_, ok := p.Take(t.Context(), c)
+		got <- ok
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.Pools.mu.Lock()
+		n := 0
+		for _, np := range p.pools {
+			n = len(np.waiters)
+		}
+		p.Pools.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second create did not wait")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, ok := p.Take(t.Context(), c); ok {
+		t.Fatal("a third create was handed a sandbox")
+	}
+	gate <- struct{}{}
+	if !<-got {
+		t.Fatal("the waiting create was not handed the started sandbox")
+	}
+	st := p.Stats().Pools[0]
+	if st.Hits != 2 || st.Waited != 1 || st.Misses != 1 {
+		t.Fatalf("stats %+v: want 2 hits (1 waited), 1 miss", st)
+	}
+	// A create whose context ends while it waits goes cold; the sandbox
+	// it waited for is kept.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if _, ok := p.Take(ctx, c); ok {
+		t.Fatal("a create whose context ended was handed a sandbox")
+	}
+	p.mu.Lock()
+	p.gate = nil
+	p.mu.Unlock()
+	close(gate)
+	waitReady(t, p, "a", 1)
 }
