@@ -237,9 +237,9 @@ type ttiServer struct {
 	o       TTIOptions
 	base    string
 	metrics string // base URL of its metrics listener
-	cmd  *exec.Cmd
-	logs *bytes.Buffer
-	http *http.Client
+	cmd     *exec.Cmd
+	logs    *bytes.Buffer
+	http    *http.Client
 }
 
 func startServer(ctx context.Context, o TTIOptions) (*ttiServer, error) {

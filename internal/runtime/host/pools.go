@@ -54,8 +54,8 @@ type namedPool[S Served] struct {
 	// sandbox says the start failed.
 	waiters []chan S
 	kick    chan struct{}
-	cancel   context.CancelFunc
-	stats    runtime.PoolStats
+	cancel  context.CancelFunc
+	stats   runtime.PoolStats
 }
 
 // NewPools makes the pools of a backend whose context is ctx (their
