@@ -265,12 +265,18 @@ func TestPoolsTakeWaitsForAStart(t *testing.T) {
 	}
 	// The refill is under way (held at the gate): the next create waits
 	// for it, a third one (nothing more starting) goes cold at once.
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Stats().Pools[0].Starting != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no refill started")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	got := make(chan bool)
 	go func() {
 		_, ok := p.Take(t.Context(), c)
 		got <- ok
 	}()
-	deadline := time.Now().Add(5 * time.Second)
 	for {
 		p.Pools.mu.Lock()
 		n := 0
