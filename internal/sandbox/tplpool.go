@@ -193,7 +193,8 @@ func (m *Manager) templateOpener(id string) func(ctx context.Context) (runtime.S
 
 // poolDiskRoom checks that the node's disk can hold what it promised, the
 // pooled sandbox starting now included (it counts as warm while it
-// starts): admitDisk's rule, without counting a refused create.
+// starts), and one sandbox more: a pool never takes the last place a
+// create could have (admitDisk's rule, without counting a refusal).
 func (m *Manager) poolDiskRoom(ctx context.Context) error {
 	m.diskMu.Lock()
 	defer m.diskMu.Unlock()
@@ -204,8 +205,8 @@ func (m *Manager) poolDiskRoom(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if b.room() < 0 {
-		return errdefs.Newf(errdefs.ErrQuota, "the server's disk cannot hold another pooled sandbox: %s", b)
+	if b.room() < max(0, m.cfg.Settings.Limits.DiskBytes) {
+		return errdefs.Newf(errdefs.ErrQuota, "the server's disk cannot hold another pooled sandbox and a create: %s", b)
 	}
 	return nil
 }
@@ -267,7 +268,7 @@ var (
 	poolReadyDesc = prometheus.NewDesc("sandboxd_pool_ready",
 		"Sandboxes started ahead and waiting for a create on this node, by pool: builtin (the warm pool of the server's image) or template (the custom templates' pools, all of them).", []string{"pool"}, nil)
 	poolEventsDesc = prometheus.NewDesc("sandboxd_pool_total",
-		"Creates a pool served (hit) or could have served but had none ready, or no pool yet for a template (miss), and what became of the pools' sandboxes (started, failed, discarded: unused, the pool shrank or went), by pool: builtin or template.", []string{"pool", "event"}, nil)
+		"Creates a pool served (hit; waited: of those, after waiting for the sandbox's start) or could have served but had none ready or starting, or no pool yet for a template (miss), and what became of the pools' sandboxes (started, failed, discarded: unused, the pool shrank or went), by pool: builtin or template.", []string{"pool", "event"}, nil)
 	poolTemplatesDesc = prometheus.NewDesc("sandboxd_pool_templates",
 		"Custom templates with a pool on this node.", nil, nil)
 )
@@ -284,6 +285,7 @@ func (m *Manager) collectPools(ch chan<- prometheus.Metric) {
 	for _, st := range rep.Pools {
 		tpl.Ready += st.Ready
 		tpl.Hits += st.Hits
+		tpl.Waited += st.Waited
 		tpl.Misses += st.Misses
 		tpl.Started += st.Started
 		tpl.Failed += st.Failed
@@ -295,7 +297,7 @@ func (m *Manager) collectPools(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolTemplatesDesc, prometheus.GaugeValue, float64(len(rep.Pools)))
 	for pool, st := range map[string]runtime.PoolStats{"builtin": rep.Warm, "template": tpl} {
 		ch <- prometheus.MustNewConstMetric(poolReadyDesc, prometheus.GaugeValue, float64(st.Ready), pool)
-		for event, n := range map[string]uint64{"hit": st.Hits, "miss": st.Misses, "started": st.Started, "failed": st.Failed, "discarded": st.Discarded} {
+		for event, n := range map[string]uint64{"hit": st.Hits, "waited": st.Waited, "miss": st.Misses, "started": st.Started, "failed": st.Failed, "discarded": st.Discarded} {
 			ch <- prometheus.MustNewConstMetric(poolEventsDesc, prometheus.CounterValue, float64(n), pool, event)
 		}
 	}

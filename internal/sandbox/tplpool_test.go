@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -200,6 +201,32 @@ func TestTemplatePoolsLRU(t *testing.T) {
 	p.createFrom(t, "a")
 	if got := poolSizes(p.rt); len(got) != 0 {
 		t.Fatalf("template pool 0: pools %v", got)
+	}
+}
+
+// TestTemplatePoolsLeaveACreatesRoom: a pool is refilled only while the
+// node's disk could still admit a create beside it, and its sandboxes
+// count as warm ones in the admission.
+func TestTemplatePoolsLeaveACreatesRoom(t *testing.T) {
+	const gib = int64(1) << 30
+	ctx := context.Background()
+	p, _, _ := poolPlane(t, 4)
+	p.m.cfg.Settings.Limits.DiskBytes, p.m.cfg.Settings.DiskReserveBytes = 4*gib, gib
+	p.m.diskFreeFn = func(string) (int64, error) { return 13 * gib, nil }
+	// 13 free - 1 reserved - 4 for a's sandbox: 8 left; a wants 2 pooled,
+	// but the second would leave no room for a create.
+	p.createFrom(t, "a")
+	if err := p.rt.FillPools(ctx); !errors.Is(err, errdefs.ErrQuota) {
+		t.Fatalf("filling beyond a create's room: %v", err)
+	}
+	if st := p.rt.PoolStats().Pools[0]; st.Ready != 1 || st.Size != 2 {
+		t.Fatalf("pool %+v: want 1 of 2 ready", st)
+	}
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute}); err != nil {
+		t.Fatalf("the create the pool left room for: %v", err)
+	}
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute}); !errors.Is(err, errdefs.ErrQuota) {
+		t.Fatalf("a create beyond the disk (the pooled sandbox counted): %v", err)
 	}
 }
 

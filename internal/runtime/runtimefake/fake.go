@@ -298,7 +298,14 @@ func (r *Runtime) FillPools(ctx context.Context) error {
 			if need <= 0 {
 				break
 			}
+			// Starting while open runs, as a real pool's start is.
+			r.mu.Lock()
+			p.stats.Starting++
+			r.mu.Unlock()
 			spec, release, err := open(ctx)
+			r.mu.Lock()
+			p.stats.Starting--
+			r.mu.Unlock()
 			if err != nil {
 				r.mu.Lock()
 				p.stats.Failed++
