@@ -82,12 +82,17 @@ func TestTemplatePool(t *testing.T) {
 	if s.prewarmMetric(misses) != 1 || s.prewarmMetric(hits) != 0 {
 		t.Fatalf("after the first create: %v misses, %v hits", s.prewarmMetric(misses), s.prewarmMetric(hits))
 	}
-	for s.prewarmMetric(ready) < 1 {
-		if time.Now().After(deadline.Add(time.Minute)) {
-			t.Fatal("the template's pool was not filled")
+	waitReady := func() {
+		t.Helper()
+		until := time.Now().Add(time.Minute)
+		for s.prewarmMetric(ready) < 1 {
+			if time.Now().After(until) {
+				t.Fatal("the template's pool was not filled")
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
+	waitReady()
 
 	warm := s.createSandbox(ak, map[string]any{"template": "pooled:v1"})["sandboxId"].(string)
 	if s.prewarmMetric(hits) != 1 {
@@ -101,9 +106,7 @@ func TestTemplatePool(t *testing.T) {
 	}
 
 	// The built-in image's create is not handed the template's sandbox.
-	for s.prewarmMetric(ready) < 1 {
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitReady()
 	builtin := s.createSandbox(ak, map[string]any{})["sandboxId"].(string)
 	r = s.as(ak, "POST", "/api/sandboxes/"+builtin+"/exec", map[string]any{"command": "sh", "args": []string{"-c", "test -e /opt/layer || echo built-in"}})
 	if r.Status != 200 || r.Body["stdout"] != "built-in\n" || s.prewarmMetric(hits) != 1 {
