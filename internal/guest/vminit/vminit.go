@@ -220,6 +220,11 @@ func vmInit(log *slog.Logger) error {
 	if err := bindOverRoot(log, "/etc/resolv.conf", resolv); err != nil {
 		return err
 	}
+	// An image need not have its mount points (one built FROM scratch has
+	// none): they are made in the writable layer.
+	if err := mountPoints(newRoot, "/dev", "/proc", "/sys"); err != nil {
+		return err
+	}
 	if err := unix.Mount("/dev", newRoot+"/dev", "", unix.MS_MOVE, ""); err != nil {
 		return fmt.Errorf("move /dev: %w", err)
 	}
@@ -271,6 +276,26 @@ func vmInit(log *slog.Logger) error {
 	}
 	log.Info("root file system ready", "lowers", len(lowerDirs), "uptime", uptime())
 	return supervise(log, upper, port)
+}
+
+// mountPoints makes each of dirs in root a directory unless it is one. A
+// mount point that is something else in the image (a symlink, which would
+// resolve outside root before the switch) is an error naming it.
+func mountPoints(root string, dirs ...string) error {
+	for _, d := range dirs {
+		fi, err := os.Lstat(root + d)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			if err := os.Mkdir(root+d, 0o755); err != nil {
+				return fmt.Errorf("make mount point %s: %w", d, err)
+			}
+		case err != nil:
+			return err
+		case !fi.IsDir():
+			return fmt.Errorf("the image's %s is not a directory (%s): it cannot be a mount point", d, fi.Mode().Type())
+		}
+	}
+	return nil
 }
 
 // mountTmp makes the new root's /tmp a tmpfs as gVisor sandboxes have it,

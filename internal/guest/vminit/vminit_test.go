@@ -2,7 +2,9 @@ package vminit
 
 import (
 	"maps"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -29,5 +31,28 @@ func TestTmpSize(t *testing.T) {
 		if got := tmpSize(memory); got != want {
 			t.Errorf("tmpSize(%q) = %q, want %q", memory, got, want)
 		}
+	}
+}
+
+// TestMountPoints: an image without /dev, /proc or /sys gets them; one
+// whose mount point is a symlink is refused, naming it.
+func TestMountPoints(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(root+"/dev", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountPoints(root, "/dev", "/proc", "/sys"); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"/dev", "/proc", "/sys"} {
+		if fi, err := os.Lstat(root + d); err != nil || !fi.IsDir() {
+			t.Errorf("%s: %v %v", d, fi, err)
+		}
+	}
+	if err := os.Symlink("/", root+"/run"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountPoints(root, "/run"); err == nil || !strings.Contains(err.Error(), "/run is not a directory") {
+		t.Fatalf("symlink mount point: %v", err)
 	}
 }
