@@ -213,9 +213,13 @@ func scanTree(dir string) (tree, error) {
 		rel, _ := filepath.Rel(dir, p)
 		link := ""
 		tr.entries++
-		// A directory entry: 8 bytes and the name, to 4 bytes.
-		dirBytes[filepath.Dir(p)] += (8 + int64(len(d.Name())) + 3) &^ 3
+		if p != dir {
+			// A directory entry: 8 bytes and the name, to 4 bytes.
+			dirBytes[filepath.Dir(p)] += (8 + int64(len(d.Name())) + 3) &^ 3
+		}
 		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			dirBytes[p] += 0 // an empty directory takes a block too
 		case unix.S_IFLNK:
 			link, _ = os.Readlink(p)
 			if len(link) >= 60 {
