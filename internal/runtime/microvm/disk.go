@@ -16,6 +16,7 @@ import (
 	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
@@ -26,7 +27,8 @@ import (
 // any other directory — a template's unpacked OCI image, a test's tree —
 // gets one in <state>/bases/<fingerprint>.ext4, built once (concurrent
 // creates on the same base wait for one build; other bases do not wait).
-func (r *Runtime) baseDisk(ctx context.Context, baseDir string) (string, error) {
+// baseImage names the directory's content (Spec.BaseImage): see baseKey.
+func (r *Runtime) baseDisk(ctx context.Context, baseDir, baseImage string) (string, error) {
 	abs, err := filepath.Abs(baseDir)
 	if err != nil {
 		return "", err
@@ -60,7 +62,7 @@ func (r *Runtime) baseDisk(ctx context.Context, baseDir string) (string, error) 
 		b := &baseBuild{done: make(chan struct{})}
 		r.building[abs] = b
 		r.baseMu.Unlock()
-		b.path, b.err = r.buildBase(ctx, abs)
+		b.path, b.err = r.buildBase(ctx, abs, baseImage)
 		r.baseMu.Lock()
 		delete(r.building, abs)
 		if b.err == nil {
@@ -90,18 +92,32 @@ const baseSrcSuffix = ".src"
 // own metadata. It is sparse, has no journal (the guest mounts it
 // read-only) and keeps every owner, mode, setuid bit, hard link and
 // extended attribute of the tree (only its root directory is made 0:0).
-func (r *Runtime) buildBase(ctx context.Context, abs string) (string, error) {
+func (r *Runtime) buildBase(ctx context.Context, abs, baseImage string) (string, error) {
+	bases := filepath.Join(r.StateDir(), "bases")
+	key, addressed := baseKey(abs, baseImage)
+	if addressed {
+		if p := filepath.Join(bases, key[:24]+".ext4"); exists(p) {
+			return p, nil
+		}
+	}
 	tr, err := scanTree(abs)
 	if err != nil {
 		return "", fmt.Errorf("base %s: %w", abs, err)
 	}
-	bases := filepath.Join(r.StateDir(), "bases")
-	path := filepath.Join(bases, tr.fingerprint[:24]+".ext4")
-	if _, err := os.Stat(path); err == nil {
+	if !addressed {
+		key = tr.fingerprint
+	}
+	path := filepath.Join(bases, key[:24]+".ext4")
+	if exists(path) {
 		return path, nil
 	}
 	start := time.Now()
 	inodes, size := tr.disk()
+	// The disk is sparse: it takes about what the tree's files do. Refuse
+	// at once rather than fill the host's disk halfway through mkfs.
+	if err := checkFree(bases, tr.blocks*4096+inodes*256); err != nil {
+		return "", err
+	}
 	tmp := path + ".tmp"
 	_ = os.Remove(tmp)
 	o := ext4.Options{Label: "sandboxd-base", Inodes: inodes, From: abs, RootOwner: true, NoJournal: true, Lazy: true}
@@ -124,6 +140,43 @@ func (r *Runtime) buildBase(ctx context.Context, abs string) (string, error) {
 		"entries", tr.entries, "elapsed", time.Since(start).Round(time.Millisecond))
 	r.pruneBases(path)
 	return path, nil
+}
+
+// baseKey names the base disk of the directory abs without reading its
+// tree when the directory is content-addressed: an unpacked OCI image in
+// the templates cache is named after its manifest's digest
+// ("sha256-<hex>") and baseImage says the same ("oci:sha256:<hex>"); such
+// a directory is complete when it gets that name and never changes after.
+// Anything else is keyed by its tree's fingerprint (scanTree), which walks
+// it: seconds for a large image, once per process.
+func baseKey(abs, baseImage string) (key string, addressed bool) {
+	digest, ok := strings.CutPrefix(baseImage, "oci:")
+	hexPart, isSHA := strings.CutPrefix(digest, "sha256:")
+	if !ok || !isSHA || len(hexPart) != 64 || filepath.Base(abs) != "sha256-"+hexPart {
+		return "", false
+	}
+	if _, err := hex.DecodeString(hexPart); err != nil {
+		return "", false
+	}
+	sum := sha256.Sum256([]byte("oci " + abs + " " + digest))
+	return hex.EncodeToString(sum[:]), true
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// checkFree makes sure the file system holding dir has need bytes free.
+func checkFree(dir string, need int64) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; free < need {
+		return errdefs.New(nil, fmt.Sprintf("the server has %d MiB of free disk space, less than the %d MiB the root filesystem's base disk needs; try again later", free>>20, (need+1<<20-1)>>20))
+	}
+	return nil
 }
 
 // pruneBases removes the base disks whose directory is gone (a deleted

@@ -55,3 +55,28 @@ func TestScanTree(t *testing.T) {
 		fp = again.fingerprint
 	}
 }
+
+// TestBaseKey: only a directory named after the digest its BaseImage names
+// is keyed without a walk of its tree.
+func TestBaseKey(t *testing.T) {
+	hexd := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	dir := "/data/templates/sha256-" + hexd
+	k, ok := baseKey(dir, "oci:sha256:"+hexd)
+	if !ok || len(k) != 64 {
+		t.Fatalf("content-addressed dir: %q %v", k, ok)
+	}
+	if k2, _ := baseKey("/other/templates/sha256-"+hexd, "oci:sha256:"+hexd); k2 == k {
+		t.Error("two directories of one digest share a key")
+	}
+	for _, c := range []struct{ dir, image string }{
+		{dir, "oci:sha256:" + hexd[:63] + "0"},                              // another digest
+		{dir, "busybox-fixture"},                                            // not an OCI image
+		{"/data/templates/rootfs", "oci:sha256:" + hexd},                    // not named by it
+		{dir, "oci:sha512:" + hexd},                                         // not sha256
+		{"/d/sha256-" + hexd[:62] + "zz", "oci:sha256:" + hexd[:62] + "zz"}, // not hex
+	} {
+		if _, ok := baseKey(c.dir, c.image); ok {
+			t.Errorf("baseKey(%q, %q) keyed by name", c.dir, c.image)
+		}
+	}
+}
