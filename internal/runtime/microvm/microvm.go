@@ -9,7 +9,8 @@
 // What it owns, under Options.StateDir:
 //
 //	boot/vmlinux, boot/initrd-<hash>.cpio   the kernel and the agent's initramfs
-//	bases/<fingerprint>.ext4                read-only base disks made from Spec.BaseDir
+//	bases/<key>.ext4, <key>.src             read-only base disks made from Spec.BaseDir
+//	                                        (see baseDisk), and the directory each is of
 //	accel.json                              the accelerator probe's cached answer
 //	templates/<key>/                        booted VMs saved as memory snapshots
 //	sandboxes/<cid>/                        one directory per VM (cid = "vm-<hex>")
@@ -23,7 +24,8 @@
 //	ids/<id> -> ../sandboxes/<cid>          the sandbox id, claimed atomically
 //
 // The guest's file system: the base disk (ext4, read-only, shared by all
-// VMs of a base) and the layer disk (ext4 of Limits.DiskBytes holding the
+// VMs of a base; any directory can be one, a custom template's unpacked
+// OCI image too: the guest's init and agent are the initramfs's) and the layer disk (ext4 of Limits.DiskBytes holding the
 // restored layers as lower-N/, and upper/ and work/) under overlayfs,
 // assembled by the agent's vm-init. Snapshot asks the agent to stream
 // upper/ in the snapshot format — the guest kernel reads its own file
