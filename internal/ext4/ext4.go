@@ -1,8 +1,8 @@
 // Package ext4 makes ext4 file system images with mkfs.ext4 (e2fsprogs):
 // a sparse file of the disk's size, formatted, optionally filled from a
 // directory tree. It is the one place sandboxd formats a disk: the gVisor
-// backend's writable layer, the microVM layer disk and an image's
-// rootfs.ext4.
+// backend's writable layer, the microVM layer disk, the microVM base disk
+// of any directory (a custom template's image) and an image's rootfs.ext4.
 package ext4
 
 import (

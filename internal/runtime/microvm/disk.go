@@ -230,9 +230,9 @@ type tree struct {
 	// content changes, without reading every file.
 	fingerprint string
 	// entries counts every name (a hard link's too); blocks are the
-	// 4 KiB blocks its content takes in ext4: each regular file once
-	// (hard links share it), each directory's entries, each symlink too
-	// long to live in its inode.
+	// 4 KiB blocks its content takes in ext4: each regular file's data
+	// once (hard links share it; holes take none), each directory's
+	// entries, each symlink too long to live in its inode.
 	entries, blocks int64
 }
 
@@ -286,7 +286,9 @@ func scanTree(dir string) (tree, error) {
 				}
 				seen[k] = true
 			}
-			tr.blocks += (st.Size + 4095) / 4096
+			// mkfs copies holes as holes: a sparse file takes what it
+			// holds, not its length.
+			tr.blocks += min((st.Size+4095)/4096, (st.Blocks*512+4095)/4096)
 		}
 		fmt.Fprintf(h, "%s %o %d:%d %d %d.%d %s\n", rel, st.Mode, st.Uid, st.Gid, st.Size, st.Mtim.Sec, st.Mtim.Nsec, link)
 		return nil

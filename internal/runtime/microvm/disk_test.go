@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestScanTree: a hard link's blocks count once; the fingerprint changes
+// TestScanTree: a hard link's blocks count once, a hole's not at all; the fingerprint changes
 // with a file's size, mode or owner; the disk is sized from the tree with
 // bounded slack.
 func TestScanTree(t *testing.T) {
@@ -21,12 +21,19 @@ func TestScanTree(t *testing.T) {
 	if err := os.Symlink("big", filepath.Join(dir, "l")); err != nil {
 		t.Fatal(err)
 	}
+	// A sparse file of 1 TiB holds nothing: it takes no blocks.
+	if err := os.WriteFile(filepath.Join(dir, "sparse"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, "sparse"), 1<<40); err != nil {
+		t.Fatal(err)
+	}
 	tr, err := scanTree(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 8 MiB once, and the root directory's one block.
-	if tr.entries != 4 || tr.blocks != 8<<20/4096+1 {
+	if tr.entries != 5 || tr.blocks != 8<<20/4096+1 {
 		t.Fatalf("tree %+v", tr)
 	}
 	inodes, size := tr.disk()
