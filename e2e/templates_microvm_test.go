@@ -28,7 +28,8 @@ import (
 // a microVM, as the image's user. A sandbox from the template (a microVM
 // booted on the image's base disk and the step's layer) runs the image's
 // program with its ENV, in its WORKDIR, as its USER, and has what the step
-// made, still the user's.
+// made, still the user's. Its start command runs there (checked once at the
+// end of the build, in another microVM) before the create answers.
 func TestTemplateMicroVM(t *testing.T) {
 	if !microVMReady(t) {
 		return
@@ -58,7 +59,8 @@ func TestTemplateMicroVM(t *testing.T) {
 
 	step := "greet > /home/app/built && id -u >> /home/app/built && mkdir /home/app/data && echo step in $(pwd)"
 	r := s.as(ak, "POST", "/api/templates", map[string]any{"name": "vm:v1", "image": ref.String(),
-		"steps": []map[string]any{{"type": "RUN", "args": []string{step}}}})
+		"steps":    []map[string]any{{"type": "RUN", "args": []string{step}}},
+		"startCmd": "greet > /tmp/started; exec sleep 1000", "readyCmd": "test -s /tmp/started"})
 	if r.Status != 202 {
 		t.Fatalf("build: %d %s", r.Status, r.Raw)
 	}
@@ -78,7 +80,8 @@ func TestTemplateMicroVM(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	if tpl["status"] != "ready" || !strings.Contains(fmt.Sprint(tpl["log"]), "step 1/1: RUN "+step) || !strings.Contains(fmt.Sprint(tpl["log"]), "step in /opt/app\n") {
+	if log := fmt.Sprint(tpl["log"]); tpl["status"] != "ready" || !strings.Contains(log, "step 1/1: RUN "+step) ||
+		!strings.Contains(log, "step in /opt/app\n") || !strings.Contains(log, "finalize: ready after") {
 		t.Fatalf("build ended %v", tpl)
 	}
 
@@ -103,6 +106,10 @@ func TestTemplateMicroVM(t *testing.T) {
 	}
 	if got, want := exec("greet; hello; greet2; echo $GREETING; pwd; id -un; id -u"), "hello from app\nhello from app\nhello from app\nhello\n/opt/app\napp\n1000\n"; got != want {
 		t.Fatalf("the image's program, ENV, WORKDIR, USER:\n%s\nwant:\n%s", got, want)
+	}
+	// The start command ran as the image's user before the create answered.
+	if got := exec("cat /tmp/started"); got != "hello from app\n" {
+		t.Fatalf("start command: %q", got)
 	}
 	if got, want := exec("cat /home/app/built; stat -c '%U %a' /home/app /home/app/built /home/app/data; cat /home/app/secret"),
 		"hello from app\n1000\napp 750\napp 644\napp 755\nmine\n"; got != want {
