@@ -56,3 +56,43 @@ func TestMountPoints(t *testing.T) {
 		t.Fatalf("symlink mount point: %v", err)
 	}
 }
+
+// TestRootFile: what a bind mount over /etc/resolv.conf covers: the file,
+// made when missing; where the image's symlink leads, inside the root even
+// when the link points out of it; nothing when it is a directory.
+func TestRootFile(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(root+"/etc", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := rootFile(root, "/etc/hosts")
+	if err != nil || !ok || got != root+"/etc/hosts" {
+		t.Fatalf("missing file: %q %v %v", got, ok, err)
+	}
+	if fi, err := os.Lstat(got); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("not made: %v %v", fi, err)
+	}
+	for link, want := range map[string]string{
+		"../run/systemd/resolve/stub-resolv.conf": root + "/run/systemd/resolve/stub-resolv.conf",
+		"/run/abs.conf":                           root + "/run/abs.conf",
+		"../../../../../outside.conf":             root + "/outside.conf",
+	} {
+		_ = os.Remove(root + "/etc/resolv.conf")
+		if err := os.Symlink(link, root+"/etc/resolv.conf"); err != nil {
+			t.Fatal(err)
+		}
+		got, ok, err := rootFile(root, "/etc/resolv.conf")
+		if err != nil || !ok || got != want {
+			t.Errorf("symlink to %s: %q %v %v, want %s", link, got, ok, err, want)
+		}
+		if fi, err := os.Lstat(want); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("symlink to %s: target not made: %v", link, err)
+		}
+	}
+	if err := os.Mkdir(root+"/etc/dir", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := rootFile(root, "/etc/dir"); err != nil || ok {
+		t.Errorf("directory: %v %v", ok, err)
+	}
+}

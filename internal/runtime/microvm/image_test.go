@@ -21,7 +21,8 @@ import (
 // a hard link, symlinks, no mount points) share one base disk made for it;
 // a build step runs as the image's user and its writable layer is captured
 // (Snapshot); a VM started on the image and that layer (a template with a
-// RUN step) has the step's files, still the user's. Once the image's
+// RUN step) has the step's files, still the user's. The image's
+// /etc/resolv.conf is a dangling symlink, as systemd-resolved leaves it. Once the image's
 // directory is gone, its base disk goes when the runtime starts again.
 func TestImageTemplate(t *testing.T) {
 	state := t.TempDir()
@@ -32,6 +33,10 @@ func TestImageTemplate(t *testing.T) {
 	digest := fmt.Sprintf("%x", sha256.Sum256([]byte("image fixture")))
 	image := filepath.Join(t.TempDir(), "sha256-"+digest)
 	if err := os.Rename(runtimetest.ImageRootfs(t), image); err != nil {
+		t.Fatal(err)
+	}
+	// An image whose resolv.conf is systemd-resolved's link, to nothing.
+	if err := os.Symlink("../run/systemd/resolve/stub-resolv.conf", filepath.Join(image, "etc", "resolv.conf")); err != nil {
 		t.Fatal(err)
 	}
 	baseImage := "oci:sha256:" + digest
@@ -64,6 +69,13 @@ func TestImageTemplate(t *testing.T) {
 	// The guest's kernel honours the image's setuid bits, as Docker does.
 	if euid := runtimetest.CheckImageRootfs(t, sbs[0]); euid != "0" {
 		t.Errorf("a setuid-root program run by uid 1000 has euid %s", euid)
+	}
+
+	// vm-init's resolv.conf covers where the image's link leads.
+	var rc bytes.Buffer
+	if res, err := sbs[0].Exec(ctx, runtime.ExecRequest{Cmd: []string{"/bin/sh", "-c", "readlink /etc/resolv.conf; grep -q ' /run/systemd/resolve/stub-resolv.conf ' /proc/self/mountinfo && echo bound"},
+		Stdout: &rc}); err != nil || res.ExitCode != 0 || rc.String() != "../run/systemd/resolve/stub-resolv.conf\nbound\n" {
+		t.Fatalf("resolv.conf: %d %v %q", res.ExitCode, err, rc.String())
 	}
 
 	// A RUN step as the image's user, then its layer.
