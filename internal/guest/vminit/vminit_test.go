@@ -74,8 +74,8 @@ func TestRootFile(t *testing.T) {
 	}
 	for link, want := range map[string]string{
 		"../run/systemd/resolve/stub-resolv.conf": root + "/run/systemd/resolve/stub-resolv.conf",
-		"/run/abs.conf":                           root + "/run/abs.conf",
-		"../../../../../outside.conf":             root + "/outside.conf",
+		"/run/abs.conf":               root + "/run/abs.conf",
+		"../../../../../outside.conf": root + "/outside.conf",
 	} {
 		_ = os.Remove(root + "/etc/resolv.conf")
 		if err := os.Symlink(link, root+"/etc/resolv.conf"); err != nil {
