@@ -369,14 +369,15 @@ type templateTag struct {
 }
 
 // tags is GET /templates/{templateID}/tags: the tags of the caller's
-// templates named templateID (or of the template with that id).
+// templates named templateID (or "name:tag", or the name of the template
+// with that id).
 func (a *API) tags(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	id := pathParam(r, "templateID")
 	list, err := a.own(r, c)
 	if err != nil {
 		return err
 	}
-	name := id
+	name, _, _ := strings.Cut(id, ":") // "name:tag" names its template too
 	for _, t := range list {
 		if t.ID == id {
 			name = t.Name

@@ -268,7 +268,7 @@ func TestTemplateTags(t *testing.T) {
 		t.Fatalf("assign: %d %+v", resp.StatusCode, out)
 	}
 	var tags []templateTag
-	f.call("GET", "/templates/py/tags", key, nil, &tags)
+	f.call("GET", "/templates/py%3Alatest/tags", key, nil, &tags)
 	byTag := map[string]string{}
 	for _, tg := range tags {
 		byTag[tg.Tag] = tg.BuildID
