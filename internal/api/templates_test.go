@@ -67,10 +67,8 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 
 	for field, body := range map[string]string{
-		"dockerfile: line 2 (COPY)": `{"name":"a","dockerfile":"FROM registry.example/x\nCOPY a /a\n"}`,
-		"steps[0] (COPY)":           `{"name":"a","image":"registry.example/a","steps":[{"type":"COPY","args":["a","/a"],"filesHash":"` + strings.Repeat("a", 64) + `"}]}`,
-		"fromTemplate":              `{"name":"a","fromTemplate":"base"}`,
-		"registry":                  `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
+		"fromTemplate": `{"name":"a","fromTemplate":"base"}`,
+		"registry":     `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
 	} {
 		code, out := call("alice", "POST", "/api/templates", body)
 		if code != http.StatusBadRequest || !strings.HasPrefix(out["error"].(string), field+": ") || !strings.Contains(out["error"].(string), "not supported yet") {
@@ -82,6 +80,8 @@ func TestTemplateRoutes(t *testing.T) {
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`:           "cannot run build steps",
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"NOPE","args":["x"]}]}`:             "steps[0]",
 		`{"name":"a","image":"registry.example/a","steps":"RUN true"}`:                                 "Expected array of steps",
+		`{"name":"a","dockerfile":"FROM registry.example/x\nCOPY a /a\n"}`:                             "dockerfile: line 2 (COPY): COPY needs a build context",
+		`{"name":"a","image":"registry.example/a","context":"` + strings.Repeat("a", 64) + `"}`:        "context: only with a dockerfile",
 	} {
 		if code, out := call("alice", "POST", "/api/templates", body); code != http.StatusBadRequest || !strings.Contains(out["error"].(string), words) {
 			t.Fatalf("%s: %d %v; want 400 saying %q", body, code, out, words)

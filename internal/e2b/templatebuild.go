@@ -106,7 +106,8 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate, fromImageRegistry and COPY steps are refused by name.
+// fromTemplate and fromImageRegistry are refused by name; COPY steps
+// read the files uploaded under their filesHash (templatefiles.go).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -130,11 +131,6 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if len(req.Steps) > 0 {
 		if err := json.Unmarshal(req.Steps, &kinds); err != nil {
 			return edge.Errorf(http.StatusBadRequest, "steps: %v", err)
-		}
-	}
-	for i, s := range kinds {
-		if k := strings.ToUpper(s.Type); k == "COPY" || k == "ADD" {
-			return edge.Errorf(http.StatusBadRequest, "steps[%d] (%s): COPY is not supported yet; templates take RUN, ENV, ARG, WORKDIR and USER steps", i, k)
 		}
 	}
 	if len(kinds) == 0 {

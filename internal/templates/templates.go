@@ -92,6 +92,12 @@ type Config struct {
 	// BuildNetwork is the network policy of build sandboxes (default:
 	// egress to public addresses).
 	BuildNetwork netpol.Policy
+	// MaxUploadBytes bounds an uploaded archive of build files as sent
+	// (default DefaultMaxUploadBytes).
+	MaxUploadBytes int64
+	// UploadSecret signs upload links (SignUpload): the cluster's secret,
+	// the same on every node; nil: a random key of this process.
+	UploadSecret []byte
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
 	// Host starts the build sandboxes of templates with steps (the
@@ -114,6 +120,8 @@ type Service struct {
 	building chan struct{}
 	access   Access
 	log      *slog.Logger
+	// uploadKey signs upload links (files.go).
+	uploadKey []byte
 	// mu makes the unpacking of one digest on this node take turns with
 	// its removal.
 	mu sync.Mutex
@@ -143,6 +151,9 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, st: cfg.Store, host: cfg.Host, catalog: catalog, access: cfg.Access, log: cfg.Logger, building: make(chan struct{}, maxBuildSandboxes)}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
+	}
+	if s.uploadKey, err = uploadKey(cfg.UploadSecret); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -191,6 +202,9 @@ type BuildRequest struct {
 	// it starts, and keeps running; ReadyCmd is run by a shell until it
 	// exits 0, and the sandbox is running from then on. Either may be "".
 	StartCmd, ReadyCmd string
+	// Context names the account's uploaded archive (PutFiles) a
+	// Dockerfile's COPY steps copy from; "": none.
+	Context string
 	// Sent but not built yet: each is refused with a 400 naming it.
 	FromTemplate bool
 	Credentials  bool
@@ -225,6 +239,9 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	}
 	if def != "" {
 		if err := s.canBuildSteps(); err != nil {
+			return store.Template{}, err
+		}
+		if err := s.checkUploads(ctx, p.AccountID, def); err != nil {
 			return store.Template{}, err
 		}
 	}
