@@ -158,7 +158,7 @@ func (r *stepRun) copyFiles(ctx context.Context, rsb runtime.Sandbox, n int, st 
 	if err != nil {
 		return fail(err)
 	}
-	fsys, err := filecopy.AgentFS(ctx, rsb)
+	fsys, err := s.filesOf(ctx, rsb)
 	if err != nil {
 		return fail(err)
 	}

@@ -54,6 +54,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fetch"
+	"github.com/sandboxd/sandboxd/internal/filecopy"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/oci"
@@ -122,6 +123,9 @@ type Service struct {
 	log      *slog.Logger
 	// uploadKey signs upload links (files.go).
 	uploadKey []byte
+	// filesOf is a build sandbox's filesystem for COPY
+	// (filecopy.AgentFS; tests replace it).
+	filesOf func(context.Context, runtime.Sandbox) (filecopy.FS, error)
 	// mu makes the unpacking of one digest on this node take turns with
 	// its removal.
 	mu sync.Mutex
@@ -152,6 +156,7 @@ func New(cfg Config) (*Service, error) {
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
 	}
+	s.filesOf = filecopy.AgentFS
 	if s.uploadKey, err = uploadKey(cfg.UploadSecret); err != nil {
 		return nil, err
 	}
