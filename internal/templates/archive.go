@@ -164,7 +164,7 @@ func checkEntry(hdr *tar.Header, seen map[string]byte) (archiveEntry, error) {
 	}
 	e := archiveEntry{Name: name, Mode: hdr.Mode & 0o7777, Size: hdr.Size}
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // the reader reads the old TypeRegA as TypeReg
 		if hdr.Size < 0 {
 			return archiveEntry{}, bad("a negative size")
 		}
@@ -212,7 +212,7 @@ func relName(name string) (string, error) {
 		return "", errors.New("an absolute name")
 	}
 	if slices.Contains(strings.Split(name, "/"), "..") {
-		return "", errors.New("a name that climbs out with ..")
+		return "", errors.New("a name with a \"..\" element, which climbs out")
 	}
 	if c := path.Clean(name); c != "." {
 		return c, nil

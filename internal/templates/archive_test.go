@@ -65,7 +65,7 @@ func TestCheckArchiveRefusesHostileEntries(t *testing.T) {
 		class error
 		words string
 	}{
-		{"traversal", tarOf(t, false, reg("a/../../etc/passwd")), errdefs.ErrInvalid, `"a/../../etc/passwd": a name that climbs out with .. (path traversal is refused)`},
+		{"traversal", tarOf(t, false, reg("a/../../etc/passwd")), errdefs.ErrInvalid, `"a/../../etc/passwd": a name with a ".." element, which climbs out (path traversal is refused)`},
 		{"absolute", tarOf(t, true, reg("/etc/passwd")), errdefs.ErrInvalid, "an absolute name"},
 		{"absolute link", tarOf(t, false, sym("l", "/etc/shadow")), errdefs.ErrInvalid, `a symbolic link to the absolute path "/etc/shadow"`},
 		{"link out", tarOf(t, false, sym("a/l", "../../x")), errdefs.ErrInvalid, "outside the copied files"},
