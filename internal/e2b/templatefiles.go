@@ -80,7 +80,8 @@ func (a *API) uploadFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l := templates.UploadLink{AccountID: q.Get("account"), Expires: expires, Signature: q.Get("signature")}
-	if _, err := files.PutSignedFiles(r.Context(), chi.URLParam(r, "hash"), l, a.opts.Now(), r.Body); err != nil {
+	body := &uploadBody{r: r.Body, rc: http.NewResponseController(w), until: time.Now().Add(uploadTimeout)}
+	if _, err := files.PutSignedFiles(r.Context(), chi.URLParam(r, "hash"), l, a.opts.Now(), body); err != nil {
 		a.fail(w, r, err)
 		return
 	}
@@ -103,4 +104,29 @@ func requestScheme(r *http.Request) string {
 		return "https"
 	}
 	return "http"
+}
+
+// An upload's body may take uploadTimeout in all (the SDK's own timeout)
+// and stall uploadIdle at most, so that a client that stops sending does
+// not hold the connection.
+const (
+	uploadTimeout = time.Hour
+	uploadIdle    = 30 * time.Second
+)
+
+// uploadBody moves the connection's read deadline on with each read.
+type uploadBody struct {
+	r     io.Reader
+	rc    *http.ResponseController
+	until time.Time
+}
+
+func (b *uploadBody) Read(p []byte) (int, error) {
+	d := time.Now().Add(uploadIdle)
+	if d.After(b.until) {
+		d = b.until
+	}
+	// A writer that cannot set deadlines (a test's recorder) reads as it is.
+	_ = b.rc.SetReadDeadline(d)
+	return b.r.Read(p)
 }

@@ -7,8 +7,9 @@
 // layer chain), who may see them (an account's own and the operator's
 // public ones) and what a sandbox from one starts with (Image: the root
 // filesystem, the layers, the Env, WORKDIR and USER). This slice builds
-// from images with RUN, ENV, ARG, WORKDIR and USER steps, for the gVisor
-// backend; docs/TEMPLATES.md says what is not built yet.
+// from images with RUN, COPY, ENV, ARG, WORKDIR and USER steps, for the
+// gVisor backend, COPY reading the archives an account uploaded
+// (files.go); docs/TEMPLATES.md says what is not built yet.
 //
 // Invariants:
 //
@@ -30,6 +31,10 @@
 //     layer before it was one too (the chain), and never past a forced
 //     step. A template's layers are restored in order over its image;
 //     a layer that cannot be opened fails the start, never skips.
+//   - Uploaded build files are an account's own, named by a hash the
+//     client chooses; an archive is read on the host only as a checked,
+//     bounded stream (archive.go), and a COPY writes its files into the
+//     build sandbox through the sandbox's agent, never into a host path.
 //   - Access: a template of another account is not found; public
 //     templates (account "") are read by all and changed by none through
 //     this service.
