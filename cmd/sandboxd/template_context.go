@@ -35,10 +35,10 @@ import (
 
 // contextArchive is a packed context: a temporary file.
 type contextArchive struct {
-	file          *os.File
-	hash          string
-	size          int64
-	files, bytes_ int64
+	file         *os.File
+	hash         string
+	size         int64
+	files, bytes int64
 }
 
 func (a *contextArchive) Close() {
@@ -160,7 +160,7 @@ func (a *contextArchive) add(tw *tar.Writer, dir string, paths []string) error {
 				return fmt.Errorf("%s changed while it was packed", rel)
 			}
 			a.files++
-			a.bytes_ += n
+			a.bytes += n
 		}
 	}
 	return nil
@@ -338,7 +338,7 @@ func (c *apiClient) uploadContext(ctx context.Context, dir string, progress io.W
 			fmt.Fprintf(progress, "sandboxd: "+format+"\n", args...)
 		}
 	}
-	say("context %s: %d files, %s, packed into %s (sha256 %s)", dir, a.files, humanize.IBytes(uint64(a.bytes_)), humanize.IBytes(uint64(a.size)), a.hash[:12])
+	say("context %s: %d files, %s, packed into %s (sha256 %s)", dir, a.files, humanize.IBytes(uint64(a.bytes)), humanize.IBytes(uint64(a.size)), a.hash[:12])
 	present, err := c.templateFiles(ctx, a.hash)
 	if err != nil {
 		return "", err
