@@ -140,16 +140,21 @@ func (p *copyPlan) target(name string, intoDir bool, destBase string) (string, b
 }
 
 // copyFiles runs COPY step st (number n) in the build sandbox rsb.
-func (r *stepRun) copyFiles(ctx context.Context, rsb runtime.Sandbox, n int, st templatespec.Step) error {
+func (r *stepRun) copyFiles(build context.Context, rsb runtime.Sandbox, n int, st templatespec.Step) error {
 	s := r.s
+	ctx, cancel := context.WithTimeout(build, s.cfg.StepTimeout)
+	defer cancel()
 	fail := func(err error) error {
-		if ctx.Err() != nil {
-			return ctx.Err()
+		switch {
+		case build.Err() != nil:
+			return build.Err()
+		case ctx.Err() != nil:
+			return errdefs.Newf(nil, "step %d (COPY) took longer than %s", n, s.cfg.StepTimeout)
 		}
 		return errdefs.Wrap(nil, err, fmt.Sprintf("step %d (COPY %s): %s", n, clipLine(st.Src), errdefs.Message(err, "the files could not be copied")))
 	}
 	lim := s.archiveLimits()
-	rc, err := s.openFiles(ctx, r.t.AccountID, st.FilesHash)
+	rc, err := s.openUpload(ctx, r.uploads[st.FilesHash])
 	if err != nil {
 		return fail(err)
 	}
@@ -222,7 +227,7 @@ type link struct {
 // writeCopy streams the entries of the plan from the upload into dir
 // through the agent (filecopy.Extract), renamed to their targets.
 func (r *stepRun) writeCopy(ctx context.Context, fsys filecopy.FS, st templatespec.Step, plan *copyPlan, lim archiveLimits, dir string, intoDir bool, destBase string) (*copyWritten, error) {
-	rc, err := r.s.openFiles(ctx, r.t.AccountID, st.FilesHash)
+	rc, err := r.s.openUpload(ctx, r.uploads[st.FilesHash])
 	if err != nil {
 		return nil, err
 	}

@@ -273,6 +273,26 @@ func TestBuildWithCopy(t *testing.T) {
 		t.Fatalf("new files: %s\n%s", got.Status, got.Log)
 	}
 
+	// Other bytes uploaded under the first name: its COPY is not taken
+	// from the cache (the key names the content, not the name), and
+	// copies them; the same bytes as c:3's under it are c:3's layers.
+	third := gzArchive(t, map[string]string{"app/main.py": "v3"}, &tar.Header{Typeflag: tar.TypeReg, Name: "app/main.py", Mode: 0o644},
+		&tar.Header{Typeflag: tar.TypeReg, Name: "run.sh", Mode: 0o755})
+	if _, err := svc.PutFiles(ctx, f.alice, h, bytes.NewReader(third)); err != nil {
+		t.Fatal(err)
+	}
+	got = build(t, f, svc, templates.BuildRequest{Name: "c:5", Image: ref, Steps: stepsJSON})
+	if got.Status != store.TemplateReady || strings.Contains(got.Log, "step 2/3: cached") || string(written(len(copied) - 2)["/srv/app/main.py"]) != "v3" {
+		t.Fatalf("files replaced under their name: %s\n%s", got.Status, got.Log)
+	}
+	if _, err := svc.PutFiles(ctx, f.alice, h, bytes.NewReader(other)); err != nil {
+		t.Fatal(err)
+	}
+	got = build(t, f, svc, templates.BuildRequest{Name: "c:6", Image: ref, Steps: stepsJSON})
+	if got.Status != store.TemplateReady || !strings.Contains(got.Log, "step 3/3: cached") {
+		t.Fatalf("c:3's files again under another name: %s\n%s", got.Status, got.Log)
+	}
+
 	// A source that matches nothing fails the build naming the step.
 	got = build(t, f, svc, templates.BuildRequest{Name: "c:4", Image: ref, Steps: steps(t, `{"type":"COPY","args":["nope/*","/x/","",""],"filesHash":"`+h+`"}`)})
 	if got.Status != store.TemplateFailed || got.FailureReason != `step 1 (COPY nope/*): "nope/*" matches nothing in the uploaded files` {

@@ -181,20 +181,11 @@ func (s *Service) putFiles(ctx context.Context, accountID, hash string, r io.Rea
 	return FilesInfo{Hash: hash, Size: res.info.Size, Entries: st.Entries, Bytes: st.Bytes}, nil
 }
 
-// openFiles opens account's upload named hash; a missing one is an
-// error for the build's user.
-func (s *Service) openFiles(ctx context.Context, accountID, hash string) (io.ReadCloser, error) {
-	missing := errdefs.Newf(errdefs.ErrInvalid, "the uploaded files %s are missing (never uploaded, or collected since): upload them again", hash[:12])
-	l, err := s.st.GetTemplateLayer(ctx, accountID, filesCacheKey(hash))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, missing
-	}
-	if err != nil {
-		return nil, err
-	}
-	rc, err := s.cfg.Blobs.Get(ctx, l.BlobKey)
+// openUpload opens the blob of an upload resolveUploads found.
+func (s *Service) openUpload(ctx context.Context, blobKey string) (io.ReadCloser, error) {
+	rc, err := s.cfg.Blobs.Get(ctx, blobKey)
 	if errors.Is(err, blob.ErrNotFound) {
-		return nil, missing
+		return nil, errdefs.New(errdefs.ErrInvalid, "the uploaded files went missing during the build: upload them again")
 	}
 	return rc, err
 }
@@ -323,4 +314,38 @@ func (s *Service) checkUploads(ctx context.Context, accountID, def string) error
 		}
 	}
 	return nil
+}
+
+// resolveUploads finds the blob of each COPY step's files once, when the
+// build starts: the copies read those blobs, and the cache keys are
+// computed over them (keySteps: steps with each FilesHash replaced by its
+// blob's content address), so that files uploaded again under a name
+// with other bytes make other keys, and a copy never reads bytes other
+// than its key names. A COPY whose files are missing fails the build
+// naming the step.
+func (s *Service) resolveUploads(ctx context.Context, accountID string, steps []templatespec.Step) (map[string]string, []templatespec.Step, error) {
+	uploads := map[string]string{}
+	keySteps := append([]templatespec.Step(nil), steps...)
+	for i, st := range steps {
+		if st.Kind != templatespec.StepCopy {
+			continue
+		}
+		key, ok := uploads[st.FilesHash]
+		if !ok {
+			l, err := s.st.GetTemplateLayer(ctx, accountID, filesCacheKey(st.FilesHash))
+			if err == nil {
+				_, err = s.cfg.Blobs.Stat(ctx, l.BlobKey)
+			}
+			switch {
+			case errors.Is(err, store.ErrNotFound) || errors.Is(err, blob.ErrNotFound):
+				return nil, nil, errdefs.Newf(errdefs.ErrInvalid, "step %d (COPY %s): the uploaded files %s are missing (never uploaded, or collected since): upload them again", i+1, clipLine(st.Src), short(st.FilesHash))
+			case err != nil:
+				return nil, nil, err
+			}
+			key = l.BlobKey
+			uploads[st.FilesHash] = key
+		}
+		keySteps[i].FilesHash = key
+	}
+	return uploads, keySteps, nil
 }

@@ -163,6 +163,9 @@ type stepRun struct {
 	// since the last layer, to make in the next build sandbox.
 	layers []string
 	dirs   []string
+	// uploads are the blobs of the COPY steps' files, by their hash
+	// (resolveUploads).
+	uploads map[string]string
 }
 
 // runSteps runs t's steps over img (unpacked at rootfs), reusing the
@@ -197,11 +200,15 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 		return oci.Config{}, nil, err
 	}
 	ownerDefaults(steps, cfg.User)
-	keys, err := templatespec.CacheKeys(img.ManifestDigest, steps)
+	uploads, keySteps, err := s.resolveUploads(ctx, t.AccountID, steps)
 	if err != nil {
 		return oci.Config{}, nil, err
 	}
-	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf,
+	keys, err := templatespec.CacheKeys(img.ManifestDigest, keySteps)
+	if err != nil {
+		return oci.Config{}, nil, err
+	}
+	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf, uploads: uploads,
 		env: append([]string(nil), cfg.Env...), workdir: cfg.WorkingDir, user: cfg.User}
 	if r.workdir == "" {
 		r.workdir = "/"
