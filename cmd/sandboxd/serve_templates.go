@@ -20,9 +20,6 @@ type templatesOptions struct {
 	buildTimeout time.Duration
 	buildAllow   []string
 	maxUploadMiB int64
-	// uploadSecret signs upload links: the cluster's secret when there
-	// is one (set by serve, not a flag).
-	uploadSecret []byte
 }
 
 func (o *templatesOptions) register(f *pflag.FlagSet) {
@@ -44,18 +41,38 @@ func (o *templatesOptions) buildNetwork() netpol.Policy {
 // templatesDir is the node's cache of unpacked images (root only).
 func templatesDir(stor *storage) string { return filepath.Join(stor.dataDir, "templates") }
 
+// credentialsKeyFile holds the key that seals template builds' registry
+// credentials on a node outside a cluster (made at first start, 0600).
+func credentialsKeyFile(stor *storage) string {
+	return filepath.Join(stor.dataDir, "registry-credentials.key")
+}
+
 // setupTemplates builds the templates service over the node's cache of
 // unpacked images, starting build sandboxes through host, and registers
 // its build worker.
-func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, log *slog.Logger) (*templates.Service, error) {
+func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, clusterSecret []byte, log *slog.Logger) (*templates.Service, error) {
 	if o.maxUploadMiB < 1 || o.maxUploadMiB > 1<<20 {
 		return nil, flagErrorf("templates-max-upload-mib", "--templates-max-upload-mib %d: want 1 to %d", o.maxUploadMiB, 1<<20)
+	}
+	// The key that seals builds' registry credentials until their job
+	// runs: in a cluster, made from its secret (any node may open them);
+	// else this node's own.
+	var key []byte
+	if len(clusterSecret) > 0 {
+		key = templates.KeyFromSecret(clusterSecret)
+	} else {
+		var err error
+		if key, err = templates.LoadOrCreateKey(credentialsKeyFile(stor)); err != nil {
+			return nil, err
+		}
 	}
 	svc, err := templates.New(templates.Config{
 		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
-		BuildNetwork: o.buildNetwork(), MaxUploadBytes: o.maxUploadMiB << 20, UploadSecret: o.uploadSecret,
-		Logger: log.With("component", "templates"),
+		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"), CredentialsKey: key,
+		// Upload links are signed with a key derived from the same one:
+		// any node of a cluster takes them, and a restart keeps them.
+		MaxUploadBytes: o.maxUploadMiB << 20, UploadSecret: key,
 	})
 	if err != nil {
 		return nil, err

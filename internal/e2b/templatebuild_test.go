@@ -164,7 +164,7 @@ func TestTemplateBuildRefusals(t *testing.T) {
 		method, path, body, msg string
 	}{
 		{"POST", "/v2/templates/x/builds/latest", `{"fromTemplate":"base"}`, "fromTemplate: not supported yet"},
-		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromImageRegistry":{"type":"registry","username":"u","password":"p"}}`, "fromImageRegistry"},
+		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromImageRegistry":{"type":"aws","awsAccessKeyId":"k","awsSecretAccessKey":"s","awsRegion":"r"}}`, "fromImageRegistry.type aws: not supported"},
 		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage: required"},
 		{"POST", "/templates/tags", `{"target":"x:1","tags":["a"]}`, "not supported yet"},
 		{"DELETE", "/templates/tags", `{"name":"x","tags":["a"]}`, "not supported yet"},
