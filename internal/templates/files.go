@@ -169,6 +169,10 @@ func (s *Service) putFiles(ctx context.Context, accountID, hash string, r io.Rea
 	}
 	pw.CloseWithError(err)
 	res := <-done
+	if res.err != nil && errors.Is(err, io.ErrClosedPipe) {
+		// The store failed first, and the check only saw its pipe close.
+		return FilesInfo{}, fmt.Errorf("store the archive: %w", res.err)
+	}
 	if err != nil {
 		return FilesInfo{}, err
 	}
