@@ -21,6 +21,7 @@ type templatesOptions struct {
 	buildAllow   []string
 	maxCPUs      float64
 	maxMemoryMiB int64
+	maxUploadMiB int64
 }
 
 func (o *templatesOptions) register(f *pflag.FlagSet) {
@@ -29,6 +30,7 @@ func (o *templatesOptions) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.buildTimeout, "templates-build-timeout", templates.DefaultBuildTimeout, "longest a whole template build may take (the image's fetch and every step)")
 	f.Float64Var(&o.maxCPUs, "templates-build-max-cpus", 0, "most CPUs a build may ask for its build sandboxes (E2B's cpuCount); 0: this host's CPUs, at least 2")
 	f.Int64Var(&o.maxMemoryMiB, "templates-build-max-memory-mib", templates.DefaultMaxBuildMemoryMiB, "most memory in MiB a build may ask for its build sandboxes (E2B's memoryMB)")
+	f.Int64Var(&o.maxUploadMiB, "templates-max-upload-mib", templates.DefaultMaxUploadBytes>>20, "largest archive of build files (for COPY) one upload may weigh; it may unpack to four times that")
 	f.StringSliceVar(&o.buildAllow, "templates-build-allow", nil, "the build sandboxes' network as an allow list (CIDRs, addresses, domains, *.wildcards); default: egress to public addresses")
 }
 
@@ -53,6 +55,9 @@ func credentialsKeyFile(stor *storage) string {
 // unpacked images, starting build sandboxes through host, and registers
 // its build worker.
 func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, clusterSecret []byte, log *slog.Logger) (*templates.Service, error) {
+	if o.maxUploadMiB < 1 || o.maxUploadMiB > 1<<20 {
+		return nil, flagErrorf("templates-max-upload-mib", "--templates-max-upload-mib %d: want 1 to %d", o.maxUploadMiB, 1<<20)
+	}
 	// The key that seals builds' registry credentials until their job
 	// runs: in a cluster, made from its secret (any node may open them);
 	// else this node's own.
@@ -70,6 +75,9 @@ func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host tem
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
 		BuildNetwork: o.buildNetwork(), MaxBuildCPUs: o.maxCPUs, MaxBuildMemoryMiB: o.maxMemoryMiB, Logger: log.With("component", "templates"),
 		CredentialsKey: key,
+		// Upload links are signed with a key derived from the same one:
+		// any node of a cluster takes them, and a restart keeps them.
+		MaxUploadBytes: o.maxUploadMiB << 20, UploadSecret: key,
 	})
 	if err != nil {
 		return nil, err
