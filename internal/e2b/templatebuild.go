@@ -456,14 +456,6 @@ func (a *API) removeTags(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	return nil
 }
 
-// notYet answers a Template API route sandboxd does not serve yet with
-// E2B's 400, so that the SDK fails saying so.
-func notYet(msg string) handler {
-	return func(http.ResponseWriter, *http.Request, edge.Caller) error {
-		return edge.Errorf(http.StatusBadRequest, "%s", msg)
-	}
-}
-
 // canBuild returns the service that builds, or the refusal of a server
 // without one.
 func (a *API) canBuild() (CustomTemplates, error) {
