@@ -171,11 +171,16 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		}
 		_, err = b.Start(r.Context(), c.Principal, t.ID, build)
 	case errors.Is(err, errdefs.ErrNotFound) && !strings.HasPrefix(buildID, "tpl_"):
-		// Not a requested build: NAME:TAG built at once, as the REST API
+		// buildID as a tag: the build requested as NAME:TAG, waiting in
+		// its place, or else NAME:TAG built at once, as the REST API
 		// does (409 when it exists).
 		ref, rerr := templatespec.ParseRef(templateID + ":" + buildID)
 		if rerr != nil {
 			return err
+		}
+		if w, ok := a.waitingAs(r, c, ref.Name, ref.Tag); ok {
+			_, err = b.Start(r.Context(), c.Principal, w.ID, build)
+			break
 		}
 		build.Name = ref.Name + ":" + ref.Tag
 		_, err = b.Build(r.Context(), c.Principal, build)
@@ -185,6 +190,21 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	}
 	w.WriteHeader(http.StatusAccepted)
 	return nil
+}
+
+// waitingAs is the caller's requested build that holds NAME:TAG and waits
+// for its start, if any.
+func (a *API) waitingAs(r *http.Request, c edge.Caller, name, tag string) (store.Template, bool) {
+	list, err := a.own(r, c)
+	if err != nil {
+		return store.Template{}, false
+	}
+	for _, t := range list {
+		if t.Name == name && t.Tag == tag && t.Waiting() {
+			return t, true
+		}
+	}
+	return store.Template{}, false
 }
 
 // forceSteps marks every step of steps (E2B's wire form) "force": true,

@@ -56,6 +56,16 @@ func TestTemplateBuild(t *testing.T) {
 	if code, _ := f.raw("POST", "/v2/templates/web/builds/tpl_nosuchbuild", key, body); code != http.StatusNotFound {
 		t.Errorf("start of a build never requested: %d", code)
 	}
+	// A client that takes the tag for the build id starts the build
+	// requested as NAME:TAG.
+	var db templateRequestResponse
+	f.call("POST", "/v3/templates", key, map[string]any{"name": "tagged:v1"}, &db)
+	if code, out := f.raw("POST", "/v2/templates/tagged/builds/v1", key, body); code != http.StatusAccepted {
+		t.Fatalf("start by the tag: %d %s", code, out)
+	}
+	if got, _ := f.st.GetTemplate(t.Context(), db.BuildID); got.Waiting() || got.Source != "registry.example/base:1" {
+		t.Errorf("the requested build after a start by its tag: %+v", got)
+	}
 	tpl, err := f.st.FindTemplate(t.Context(), f.accountOf(f.key), "web", "v1")
 	if err != nil {
 		t.Fatal(err)
