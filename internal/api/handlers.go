@@ -97,7 +97,7 @@ func (s *Server) routeTable() []route {
 			description: "Forwards the request to the port inside a sandbox with a network (sandboxd). Authenticated like every route; the sandboxd credentials are not forwarded.",
 			anyMethod:   true, handler: s.proxy},
 		{method: http.MethodPost, path: "/api/templates", summary: "Build a template from an OCI image (sandboxd)", tag: "templates",
-			description: "Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.",
+			description: "Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The base is image (with steps or a Dockerfile) or fromTemplate (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's); registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.",
 			body:        contract.BuildTemplateRequest{}, ok: contract.TemplateResponse{}, accepted: true, conflict: "The account has a template of that name and tag", handler: s.buildTemplate},
 		{method: http.MethodGet, path: "/api/templates", summary: "List the account's templates and the public ones (sandboxd)", tag: "templates",
 			ok: contract.TemplatesResponse{}, handler: s.listTemplates},
@@ -107,6 +107,9 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodDelete, path: "/api/templates/{id}", summary: "Delete a template (sandboxd)", tag: "templates",
 			description: "Answers the template as it was. 409 while a running or paused sandbox started from it; 403 for a public template. The server's copy of its image goes when no other template names it.",
 			ok:          contract.TemplateResponse{}, conflict: "Running or paused sandboxes started from the template", handler: s.deleteTemplate},
+		{method: http.MethodPost, path: "/api/sandboxes/{id}/template", summary: "Save a running sandbox's files as a template (sandboxd)", tag: "templates",
+			description: "Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.",
+			body:        contract.SaveTemplateRequest{}, ok: contract.TemplateResponse{}, conflict: "The account has a template of that name and tag, or the sandbox is not running", handler: s.saveTemplate},
 		{method: http.MethodPost, path: "/api/tasks/coding-agent", summary: "Run a coding agent on a repository", tag: "runs",
 			body: contract.CodingAgentRequest{}, ok: contract.RunResponse{}, handler: s.codingAgent},
 	}

@@ -63,6 +63,9 @@ type TemplateService interface {
 	List(ctx context.Context, p auth.Principal) ([]store.Template, error)
 	Get(ctx context.Context, p auth.Principal, id string) (store.Template, error)
 	Delete(ctx context.Context, p auth.Principal, id string) error
+	// FromSandbox saves running sandbox sandboxID's files as template
+	// name of its account.
+	FromSandbox(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error)
 }
 
 // EnvironmentService owns the account's environment row (internal/persist).

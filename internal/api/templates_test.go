@@ -69,7 +69,6 @@ func TestTemplateRoutes(t *testing.T) {
 	for field, body := range map[string]string{
 		"dockerfile: line 2 (COPY)": `{"name":"a","dockerfile":"FROM registry.example/x\nCOPY a /a\n"}`,
 		"steps[0] (COPY)":           `{"name":"a","image":"registry.example/a","steps":[{"type":"COPY","args":["a","/a"],"filesHash":"` + strings.Repeat("a", 64) + `"}]}`,
-		"fromTemplate":              `{"name":"a","fromTemplate":"base"}`,
 		"registry":                  `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
 	} {
 		code, out := call("alice", "POST", "/api/templates", body)
@@ -82,6 +81,7 @@ func TestTemplateRoutes(t *testing.T) {
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`:           "cannot run build steps",
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"NOPE","args":["x"]}]}`:             "steps[0]",
 		`{"name":"a","image":"registry.example/a","steps":"RUN true"}`:                                 "Expected array of steps",
+		`{"name":"a","image":"registry.example/a","fromTemplate":"base"}`:                              "image and fromTemplate: give one base",
 	} {
 		if code, out := call("alice", "POST", "/api/templates", body); code != http.StatusBadRequest || !strings.Contains(out["error"].(string), words) {
 			t.Fatalf("%s: %d %v; want 400 saying %q", body, code, out, words)
@@ -102,6 +102,15 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 	if code, out := call("alice", "POST", "/api/templates", `{"name":"py:3","image":"registry.example/py:3"}`); code != http.StatusConflict {
 		t.Fatalf("same name and tag: %d %v", code, out)
+	}
+	// Over a template: not while it builds; never another account's.
+	if code, out := call("alice", "POST", "/api/templates", `{"name":"child","fromTemplate":"`+id+`"}`); code != http.StatusConflict || !strings.Contains(out["error"].(string), "still building") {
+		t.Fatalf("over a building template: %d %v", code, out)
+	}
+	for _, ref := range []string{id, "py:3"} {
+		if code, out := call("bob", "POST", "/api/templates", `{"name":"child","fromTemplate":"`+ref+`"}`); code != http.StatusNotFound {
+			t.Fatalf("bob over alice's %s: %d %v", ref, code, out)
+		}
 	}
 	code, out = call("alice", "GET", "/api/templates/"+id, "")
 	if code != 200 || !strings.Contains(out["template"].(map[string]any)["log"].(string), "queued") {

@@ -106,7 +106,8 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate, fromImageRegistry and COPY steps are refused by name.
+// fromImageRegistry and COPY steps are refused by name; fromTemplate
+// builds over another template (its name[:tag] or id).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -117,12 +118,12 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		return err
 	}
 	switch {
-	case req.FromTemplate != "":
-		return edge.Errorf(http.StatusBadRequest, "fromTemplate: not supported yet; build from an image (fromImage)")
+	case req.FromTemplate != "" && req.FromImage != "":
+		return edge.Errorf(http.StatusBadRequest, "fromImage and fromTemplate: give one base, not both")
 	case len(req.FromImageRegistry) > 0 && string(req.FromImageRegistry) != "null":
 		return edge.Errorf(http.StatusBadRequest, "fromImageRegistry: registry credentials are not supported yet; build from a public image")
-	case req.FromImage == "":
-		return edge.Errorf(http.StatusBadRequest, "fromImage: required")
+	case req.FromImage == "" && req.FromTemplate == "":
+		return edge.Errorf(http.StatusBadRequest, "fromImage or fromTemplate: required")
 	}
 	var kinds []struct {
 		Type string `json:"type"`
@@ -153,7 +154,7 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if err != nil {
 		return err
 	}
-	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}); err != nil {
+	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, FromTemplate: req.FromTemplate, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusAccepted)

@@ -163,11 +163,11 @@ func TestTemplateBuildRefusals(t *testing.T) {
 	for _, c := range []struct {
 		method, path, body, msg string
 	}{
-		{"POST", "/v2/templates/x/builds/latest", `{"fromTemplate":"base"}`, "fromTemplate: not supported yet"},
+		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromTemplate":"base"}`, "give one base, not both"},
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromImageRegistry":{"type":"registry","username":"u","password":"p"}}`, "fromImageRegistry"},
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","steps":[{"type":"COPY","args":["a","/a","",""],"filesHash":"h"}]}`, "steps[0] (COPY): COPY is not supported yet"},
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","steps":[{"type":"add","args":["a","/a"]}]}`, "COPY is not supported yet"},
-		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage: required"},
+		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage or fromTemplate: required"},
 		{"GET", "/templates/x/files/abc", ``, "COPY is not supported yet"},
 		{"POST", "/templates/tags", `{"target":"x:1","tags":["a"]}`, "not supported yet"},
 		{"DELETE", "/templates/tags", `{"name":"x","tags":["a"]}`, "not supported yet"},

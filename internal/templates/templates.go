@@ -97,8 +97,14 @@ type Config struct {
 	// Host starts the build sandboxes of templates with steps (the
 	// sandbox manager, which reads templates through a Catalog of its own);
 	// nil: templates with steps are refused.
-	Host   BuildHost
-	Logger *slog.Logger
+	Host BuildHost
+	// Saver captures running sandboxes' files for FromSandbox (the
+	// sandbox manager); nil: saving a sandbox as a template is refused.
+	Saver SandboxSaver
+	// Builtin is the server's built-in image, the base of templates saved
+	// from sandboxes that run on it (zero: such templates are refused).
+	Builtin Builtin
+	Logger  *slog.Logger
 }
 
 // Service is the templates service.
@@ -128,6 +134,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	catalog.SetBuiltin(cfg.Builtin)
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = DefaultStepTimeout
 	}
@@ -155,6 +162,9 @@ type Catalog struct {
 	st    *store.Store
 	dir   string
 	blobs blob.Store
+	// builtin is the server's built-in image (SetBuiltin), the base of
+	// the templates whose digest is BuiltinDigest(builtin.ID).
+	builtin Builtin
 }
 
 // NewCatalog returns the catalog of the templates in st whose images are
@@ -174,9 +184,9 @@ func NewCatalog(st *store.Store, dir string, blobs blob.Store) (*Catalog, error)
 }
 
 // BuildRequest is a template to build, as the front ends decode it: an
-// image, with steps (the steps JSON, templatespec.FromJSON's "steps") or
-// a Dockerfile (whose FROM is the image) or neither. The other sources
-// are refused by name.
+// image or another template (FromTemplate), with steps (the steps JSON,
+// templatespec.FromJSON's "steps"), or a Dockerfile (whose FROM is the
+// image), or neither. The other sources are refused by name.
 type BuildRequest struct {
 	// Name is "name[:tag]" (templatespec.ParseRef).
 	Name string
@@ -191,24 +201,16 @@ type BuildRequest struct {
 	// it starts, and keeps running; ReadyCmd is run by a shell until it
 	// exits 0, and the sandbox is running from then on. Either may be "".
 	StartCmd, ReadyCmd string
-	// Sent but not built yet: each is refused with a 400 naming it.
-	FromTemplate bool
-	Credentials  bool
+	// FromTemplate is the template to build over, by "name[:tag]" or id
+	// (the account's own or a public one); "": Image is the base.
+	FromTemplate string
+	// Sent but not built yet: refused with a 400 naming it.
+	Credentials bool
 }
 
 // Build validates req, records the template building and enqueues its
 // build on this node, in one transaction.
 func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest) (store.Template, error) {
-	for _, f := range []struct {
-		sent bool
-		name string
-	}{
-		{req.FromTemplate, "fromTemplate"},
-	} {
-		if f.sent {
-			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
-		}
-	}
 	if req.Credentials {
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: credentials are not supported yet; templates are built from public images for now")
 	}
@@ -218,6 +220,9 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	ref, err := templatespec.ParseRef(req.Name)
 	if err != nil {
 		return store.Template{}, err
+	}
+	if strings.TrimSpace(req.FromTemplate) != "" {
+		return s.buildOver(ctx, p, ref, req)
 	}
 	image, def, err := s.definition(req)
 	if err != nil {
@@ -237,19 +242,25 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	if p.AccountID == "" {
 		return store.Template{}, errdefs.New(errdefs.ErrForbidden, "templates belong to an account")
 	}
+	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
+		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
+	return s.enqueue(ctx, t)
+}
+
+// enqueue records t building and inserts its build job, in one
+// transaction.
+func (s *Service) enqueue(ctx context.Context, t store.Template) (store.Template, error) {
 	if s.cfg.Jobs == nil {
 		return store.Template{}, errors.New("templates: no job queue")
 	}
-	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
-		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
-	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
+	err := s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		if err := q.CreateTemplate(ctx, &t); err != nil {
 			return err
 		}
 		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
 	})
 	if errors.Is(err, store.ErrConflict) {
-		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", ref.Name, ref.Tag)
+		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", t.Name, t.Tag)
 	}
 	if err != nil {
 		return store.Template{}, fmt.Errorf("record template: %w", err)
@@ -306,7 +317,7 @@ func (s *Service) Delete(ctx context.Context, p auth.Principal, id string) error
 	case err != nil:
 		return err
 	}
-	if t.Digest != "" && !inUse {
+	if t.Digest != "" && !inUse && !isBuiltin(t.Digest) {
 		s.removeCached(t.Digest)
 	}
 	return nil
@@ -380,10 +391,9 @@ func (c *Catalog) image(t store.Template) (Image, error) {
 	if err := json.Unmarshal([]byte(t.Config), &cfg); err != nil {
 		return Image{}, fmt.Errorf("template %s: its config: %w", t.ID, err)
 	}
-	dir := c.rootfs(t.Digest)
-	if _, err := os.Stat(dir); err != nil {
-		// Built on another node (or its cache was cleared): not here.
-		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
+	dir, baseImage, err := c.base(t.Digest, ref)
+	if err != nil {
+		return Image{}, err
 	}
 	var layers []string
 	if t.Layers != "" {
@@ -400,8 +410,23 @@ func (c *Catalog) image(t store.Template) (Image, error) {
 			return Image{}, fmt.Errorf("template %s: its definition: %w", t.ID, err)
 		}
 	}
-	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: c.blobs,
+	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: baseImage, Config: cfg, Layers: layers, blobs: c.blobs,
 		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd}, nil
+}
+
+// base is the root filesystem of a ready template of digest, and the
+// BaseImage its sandboxes record: an image in this node's cache
+// ("oci:<digest>"), or the server's built-in image (BuiltinDigest).
+func (c *Catalog) base(digest, ref string) (dir, baseImage string, err error) {
+	if isBuiltin(digest) {
+		return c.builtinBase(digest, ref)
+	}
+	dir = c.rootfs(digest)
+	if _, err := os.Stat(dir); err != nil {
+		// Built on another node (or its cache was cleared): not here.
+		return "", "", errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
+	}
+	return dir, "oci:" + digest, nil
 }
 
 // rootfs is where the image of digest ("sha256:...") is unpacked.
