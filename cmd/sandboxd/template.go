@@ -62,26 +62,42 @@ func registerAPIFlags(cmd *cobra.Command, c *apiClient, f *clientFlags, account 
 }
 
 func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
-	var image, dockerfile, stepsFile, startCmd, readyCmd string
+	var image, dockerfile, stepsFile, startCmd, readyCmd, fromTemplate, fromSandbox string
 	var wait bool
 	cmd := &cobra.Command{
-		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE) [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
-		Short: "Build a template from an OCI image, with steps or a Dockerfile (the build runs on the server; --wait follows it)",
+		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE | --from-template T [--steps FILE] | --from-sandbox ID) [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
+		Short: "Build a template from an OCI image, with steps or a Dockerfile, over another template, or from a running sandbox",
 		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF, a public image\n" +
 			"(host/repository[:tag|@digest]), with the steps of --steps (a JSON array of E2B's {\"type\", \"args\"}: RUN,\n" +
-			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin).\n" +
+			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin), or over\n" +
+			"another template (--from-template NAME[:TAG] or id: its files, config and start and ready commands, which\n" +
+			"--steps, --start-cmd and --ready-cmd extend or override).\n" +
 			"--start-cmd and --ready-cmd are the template's start and ready commands. The server answers at once with\n" +
 			"the template, building; --wait follows the build, its log lines on stderr as they come, and prints the\n" +
-			"template once it is ready, or exits non-zero with the reason the build failed.",
+			"template once it is ready, or exits non-zero with the reason the build failed.\n" +
+			"--from-sandbox ID saves a running sandbox's files (not its memory) as the template instead: the server\n" +
+			"answers once the template is ready.",
 		Example: "  sandboxd template build py:3.12 --image registry.example/library/python:3.12-slim --wait\n" +
 			"  sandboxd template build tools --image registry.example/acme/tools@sha256:... --json\n" +
-			"  sandboxd template build app:1 --dockerfile Dockerfile --wait",
+			"  sandboxd template build app:1 --dockerfile Dockerfile --wait\n" +
+			"  sandboxd template build app:2 --from-template app:1 --steps more.json --wait\n" +
+			"  sandboxd template build snap:1 --from-sandbox sbx_123",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fromSandbox != "" {
+				if image != "" || dockerfile != "" || stepsFile != "" || fromTemplate != "" || startCmd != "" || readyCmd != "" {
+					return fmt.Errorf("--from-sandbox is used alone: the template is the sandbox's files over what it started from")
+				}
+				return c.saveTemplate(cmd, f, fromSandbox, args[0])
+			}
 			body := client.BuildTemplateRequest{Name: args[0]}
 			switch {
-			case dockerfile != "" && (image != "" || stepsFile != ""):
-				return fmt.Errorf("--dockerfile is not used with --image or --steps: its FROM is the image")
+			case dockerfile != "" && (image != "" || stepsFile != "" || fromTemplate != ""):
+				return fmt.Errorf("--dockerfile is not used with --image, --steps or --from-template: its FROM is the image")
+			case fromTemplate != "" && image != "":
+				return fmt.Errorf("--from-template and --image: give one base, not both")
+			case fromTemplate != "":
+				body.FromTemplate = &fromTemplate
 			case dockerfile != "":
 				text, err := readInput(cmd, dockerfile)
 				if err != nil {
@@ -90,7 +106,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 				s := string(text)
 				body.Dockerfile = &s
 			case image == "":
-				return fmt.Errorf("--image (or --dockerfile) is required: the OCI image to build %s from", args[0])
+				return fmt.Errorf("--image (or --dockerfile, --from-template, --from-sandbox) is required: the base to build %s from", args[0])
 			default:
 				body.Image = &image
 			}
@@ -147,8 +163,30 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	cmd.Flags().StringVar(&dockerfile, "dockerfile", "", "a Dockerfile to build (its FROM is the image); - reads stdin")
 	cmd.Flags().StringVar(&startCmd, "start-cmd", "", "the template's start command, run in each sandbox from it")
 	cmd.Flags().StringVar(&readyCmd, "ready-cmd", "", "the template's ready command: a sandbox is running once it exits 0")
+	cmd.Flags().StringVar(&fromTemplate, "from-template", "", "build over this template (NAME[:TAG] or id; the account's own or a public one)")
+	cmd.Flags().StringVar(&fromSandbox, "from-sandbox", "", "save this running sandbox's files as the template (answered once ready)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the build, its log on stderr; fail, with the reason, when it failed")
 	return cmd
+}
+
+// saveTemplate is POST /api/sandboxes/{id}/template: sandbox id's files
+// as template name, printed once ready.
+func (c *apiClient) saveTemplate(cmd *cobra.Command, f *clientFlags, id, name string) error {
+	cl, err := c.api()
+	if err != nil {
+		return err
+	}
+	res, err := client.Check(cl.PostSandboxesIDTemplateWithResponse(cmd.Context(), id, client.SaveTemplateRequest{Name: name}))
+	if err != nil {
+		return err
+	}
+	out, err := decoded(res.JSON200)
+	if err != nil {
+		return err
+	}
+	t := out.Template
+	t.Log = nil
+	return printTemplate(cmd.OutOrStdout(), t, f.asJSON)
 }
 
 func templateLsCommand(c *apiClient, f *clientFlags) *cobra.Command {
