@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// TestTemplateFromTemplateAndSandbox: the two sources of templates that
+// TestTemplateFrom: the two sources of templates that
 // are not an image. B is built over A (fromTemplate) with a RUN: a sandbox
 // from B has A's files and B's, A's ENV and WORKDIR. A running sandbox of
 // B writes a file and is saved as C: a sandbox from C has all three. A
@@ -24,7 +24,7 @@ import (
 // is saved as D: a sandbox from D has the snapshot's file and its own.
 // Another account can neither build over A nor save alice's sandbox;
 // deleting A leaves B and C working.
-func TestTemplateFromTemplateAndSandbox(t *testing.T) {
+func TestTemplateFrom(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/base:v1")
@@ -130,7 +130,7 @@ func TestTemplateFromTemplateAndSandbox(t *testing.T) {
 		t.Fatalf("first run %+v", run)
 	}
 	s.as(ak, "POST", "/api/sandboxes/"+first["sandboxId"].(string)+"/stop", nil)
-	sbOn := s.createSandbox(ak, nil)["sandboxId"].(string)
+	sbOn := s.createSandbox(ak, map[string]any{})["sandboxId"].(string)
 	if out := exec(sbOn, "cat /data/one && echo two > /data/two"); out != "one\n" {
 		t.Fatalf("the snapshot's file: %q", out)
 	}
