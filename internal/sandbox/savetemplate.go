@@ -20,8 +20,9 @@ import (
 // account's snapshot. Its memory is not saved.
 
 // SandboxToSave implements templates.SandboxSaver: sandbox id, which p may
-// act on and this node runs, when it can be saved. A fork is refused: its
-// files are its parent's copied without the layers they sat on.
+// act on and this node runs, when it can be saved: not a fork (its files
+// are its parent's copied without the layers they sat on), and not while
+// a run executes in it (409).
 func (m *Manager) SandboxToSave(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error) {
 	sb, err := m.sandboxFor(ctx, p, id)
 	if err != nil {
@@ -38,7 +39,9 @@ func (m *Manager) SandboxToSave(ctx context.Context, p auth.Principal, id string
 	case sb.ForkedFrom != "":
 		return sb, errdefs.New(errdefs.ErrInvalid, "a forked sandbox cannot be saved as a template yet; save the sandbox it was forked from")
 	}
-	return sb, nil
+	// A run's end captures the sandbox for the account's snapshot: the
+	// two captures would freeze and thaw it under each other.
+	return sb, m.refuseWhileRunExecutes(ctx, sb, "save")
 }
 
 // CaptureFiles implements templates.SandboxSaver: sb's writable layer, in
@@ -48,6 +51,9 @@ func (m *Manager) CaptureFiles(ctx context.Context, sb store.Sandbox, w io.Write
 	cur, err := m.st.GetSandbox(ctx, sb.ID)
 	if err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("capture sandbox %s: %w", sb.ID, err)
+	}
+	if err := m.refuseWhileRunExecutes(ctx, cur, "save"); err != nil {
+		return snapshot.Manifest{}, err
 	}
 	rsb, err := m.Local(ctx, cur)
 	if err != nil {

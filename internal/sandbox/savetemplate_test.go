@@ -59,6 +59,24 @@ func TestSaveSandboxFiles(t *testing.T) {
 		t.Fatalf("the capture is not a layer: %v", err)
 	}
 
+	// Not while a run executes in it (the run's end captures it too).
+	run := store.Run{AccountID: p.account.ID, SandboxID: sb.ID, Task: "run-sandbox-command", Payload: []byte(`{}`)}
+	if err := p.st.CreateRun(ctx, &run); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := p.st.StartRun(ctx, run.ID, time.Now()); !ok || err != nil {
+		t.Fatalf("start run: %v %v", ok, err)
+	}
+	if _, err := p.m.SandboxToSave(ctx, alice, sb.ID); !errors.Is(err, errdefs.ErrNotRunning) || !strings.Contains(errdefs.Message(err, ""), "is executing") {
+		t.Fatalf("while a run executes: %v", err)
+	}
+	if _, err := p.m.CaptureFiles(ctx, got, &buf); !errors.Is(err, errdefs.ErrNotRunning) {
+		t.Fatalf("captured while a run executes: %v", err)
+	}
+	if ok, err := p.st.FinishRun(ctx, run.ID, store.RunCompleted, []byte(`{}`), nil, time.Now()); !ok || err != nil {
+		t.Fatalf("finish run: %v %v", ok, err)
+	}
+
 	// A fork is refused: its files were copied off the layers they sat on.
 	kids, err := p.m.fork(ctx, got, 1, 0)
 	if err != nil {
