@@ -204,3 +204,22 @@ func (f *fixture) accountOf(key string) string {
 	}
 	return p.AccountID
 }
+
+// TestTemplateBuildFromTemplate: the build start's fromTemplate (the SDK's
+// Template().fromTemplate(…)) is the templates service's FromTemplate,
+// with the steps; fromImage is then absent.
+func TestTemplateBuildFromTemplate(t *testing.T) {
+	f, _ := templateFixture(t)
+	key := map[string]string{"X-API-Key": f.key}
+	body := `{"fromTemplate":"py:latest","force":false,"steps":[{"type":"RUN","args":["make"],"force":false}]}`
+	if code, out := f.raw("POST", "/v2/templates/over/builds/v1", key, body); code != http.StatusAccepted {
+		t.Fatalf("start: %d %s", code, out)
+	}
+	tpl, err := f.st.FindTemplate(t.Context(), f.accountOf(f.key), "over", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.Source != "template:py:latest" || !strings.HasPrefix(tpl.Definition, `[{"type":"RUN","args":["make"],"force":false}]`) {
+		t.Errorf("built %+v", tpl)
+	}
+}
