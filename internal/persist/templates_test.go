@@ -133,6 +133,8 @@ func TestTemplateSandboxesKeepOffTheAccountsSnapshot(t *testing.T) {
 // blobs a template names stay (its sandboxes restore them), and go with
 // the template.
 func TestCollectKeepsLayersTemplatesName(t *testing.T) {
+	securitytest.Attack(t, "templates", "a template saved on the built-in image names the account's snapshot layers; the account's snapshot moves on and the old snapshots are collected",
+		"the snapshot rows go, the blobs the template names stay (the collection asks the templates), so the template never starts without its layers")
 	f := newChainFixture(t, Options{MaxDepth: 1})
 	ctx := context.Background()
 	first, err := f.capture(t, map[string]string{"/f": "1"})

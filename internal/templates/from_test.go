@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/snapshot"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/templates"
@@ -43,6 +44,8 @@ func chainOf(t *testing.T, tpl store.Template) []string {
 // refused, and so is another account's; a deleted parent leaves its
 // children whole.
 func TestBuildOverATemplate(t *testing.T) {
+	securitytest.Attack(t, "templates", "another account builds a template over alice's, by name and by id",
+		"404 \"fromTemplate: template … not found\": the parent resolves under the one access rule (own or public), and nothing is recorded")
 	f := newFixture(t)
 	host := newFakeHost()
 	svc := stepsService(t, f, host, 0)
@@ -260,6 +263,8 @@ func sandboxOn(t *testing.T, f *fixture, rt *runtimefake.Runtime, account string
 // that chain is refused and leaves nothing; another account's sandbox is
 // not found.
 func TestSaveSandbox(t *testing.T) {
+	securitytest.Attack(t, "templates", "another account saves alice's running sandbox as a template of its own",
+		"not found: the sandbox is loaded under the one access rule before anything is captured or recorded")
 	f := newFixture(t)
 	host := newFakeHost()
 	svc, blobs, bi := saveFixture(t, f, host)
