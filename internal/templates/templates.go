@@ -7,8 +7,10 @@
 // layer chain), who may see them (an account's own and the operator's
 // public ones) and what a sandbox from one starts with (Image: the root
 // filesystem, the layers, the Env, WORKDIR and USER). This slice builds
-// from images with RUN, ENV, ARG, WORKDIR and USER steps, for the gVisor
-// backend; docs/TEMPLATES.md says what is not built yet.
+// from images with RUN, ENV, ARG, WORKDIR and USER steps, over other
+// templates (fromTemplate, from.go), and saves running sandboxes' files
+// as templates (FromSandbox, save.go), for the gVisor backend;
+// docs/TEMPLATES.md says what is not built yet.
 //
 // Invariants:
 //
@@ -32,7 +34,14 @@
 //     a layer that cannot be opened fails the start, never skips.
 //   - Access: a template of another account is not found; public
 //     templates (account "") are read by all and changed by none through
-//     this service.
+//     this service. A parent (fromTemplate) and a sandbox to save are
+//     found under the same rule.
+//   - A template's row names its whole base: the digest of its root
+//     filesystem (an image in the cache, or BuiltinDigest of the
+//     built-in image) and its whole layer chain, a parent's included; so
+//     a child never needs its parent's row, the cached image stays while
+//     a row names its digest, and the snapshots' collection keeps the
+//     blobs a chain names (store.CountTemplatesWithBlob).
 package templates
 
 import (
