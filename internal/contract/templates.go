@@ -145,7 +145,10 @@ func TemplateView(t store.Template, withLog bool) Template {
 		ID: t.ID, Name: t.Name, Tag: t.Tag, Status: string(t.Status), Public: t.AccountID == "", Source: t.Source,
 		CreatedAt: FormatTime(t.CreatedAt), UpdatedAt: FormatTime(t.UpdatedAt),
 	}
-	if t.Digest != "" {
+	if t.Digest != "" && t.Status == store.TemplateReady {
+		// A template built over another names its parent's digest
+		// while it builds (and after it failed); the API shows what a
+		// ready one was pinned to.
 		d := t.Digest
 		v.Digest = &d
 	}

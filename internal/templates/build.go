@@ -92,7 +92,10 @@ func (s *Service) Run(ctx context.Context, id string) error {
 		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
 		logf("build failed: %s", reason)
-		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", reason)
+		// A child's row named its parent's digest from the start: it
+		// keeps naming it, so that deleting the failed child removes a
+		// cached image no other template names.
+		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, t.Digest, "", reason)
 		return ferr
 	}
 	cfgJSON, err := json.Marshal(cfg)
