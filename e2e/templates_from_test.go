@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -121,6 +122,24 @@ func TestTemplateFrom(t *testing.T) {
 	sbC := s.createSandbox(ak, map[string]any{"template": "c:v1"})["sandboxId"].(string)
 	if out := exec(sbC, "cat a b c; echo $X; pwd"); out != "a\na\nb\nc\n1\n/opt\n" {
 		t.Fatalf("a sandbox of c sees %q", out)
+	}
+
+	// The same through the CLI: over a template (following the build),
+	// and from the running sandbox (answered ready).
+	cli := func(args ...string) map[string]any {
+		t.Helper()
+		r := runCLI(t, nil, nil, append([]string{"template", "--url", s.base, "--key", ak.Key, "--json"}, args...)...)
+		var out map[string]any
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil {
+			t.Fatalf("sandboxd template %v: %d\n%s\n%s", args, r.code, r.stdout, r.stderr)
+		}
+		return out
+	}
+	if e := cli("build", "e:v1", "--from-template", "a:v1", "--wait"); e["status"] != "ready" || e["source"] != "template:a:v1" {
+		t.Fatalf("cli build --from-template: %v", e)
+	}
+	if f := cli("build", "f:v1", "--from-sandbox", sbB); f["status"] != "ready" || f["source"] != "sandbox:"+sbB {
+		t.Fatalf("cli build --from-sandbox: %v", f)
 	}
 
 	// D: a sandbox on the built-in image, started from the account's
