@@ -64,10 +64,11 @@ func registerAPIFlags(cmd *cobra.Command, c *apiClient, f *clientFlags, account 
 func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	var image, dockerfile, stepsFile, startCmd, readyCmd, fromTemplate, fromSandbox string
 	var wait bool
+	var reg registryFlags
 	cmd := &cobra.Command{
-		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE | --from-template T [--steps FILE] | --from-sandbox ID) [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
+		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE | --from-template T [--steps FILE] | --from-sandbox ID) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
 		Short: "Build a template from an OCI image, with steps or a Dockerfile, over another template, or from a running sandbox",
-		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF, a public image\n" +
+		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF\n" +
 			"(host/repository[:tag|@digest]), with the steps of --steps (a JSON array of E2B's {\"type\", \"args\"}: RUN,\n" +
 			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin), or over\n" +
 			"another template (--from-template NAME[:TAG] or id: its files, config and start and ready commands, which\n" +
@@ -76,11 +77,16 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 			"the template, building; --wait follows the build, its log lines on stderr as they come, and prints the\n" +
 			"template once it is ready, or exits non-zero with the reason the build failed.\n" +
 			"--from-sandbox ID saves a running sandbox's files (not its memory) as the template instead: the server\n" +
-			"answers once the template is ready.",
+			"answers once the template is ready.\n\n" +
+			"A private registry: --registry-username and the password (or access token) on stdin\n" +
+			"(--registry-password-stdin) or in SANDBOXD_REGISTRY_PASSWORD; or a registry token alone on stdin\n" +
+			"(--registry-token-stdin) or in SANDBOXD_REGISTRY_TOKEN. Never on the command line. The server keeps\n" +
+			"them sealed until the build has pulled the image, then deletes them.",
 		Example: "  sandboxd template build py:3.12 --image registry.example/library/python:3.12-slim --wait\n" +
 			"  sandboxd template build tools --image registry.example/acme/tools@sha256:... --json\n" +
 			"  sandboxd template build app:1 --dockerfile Dockerfile --wait\n" +
-			"  sandboxd template build app:2 --from-template app:1 --steps more.json --wait\n" +
+			"  printf %s \"$TOKEN\" | sandboxd template build app:2 --image registry.example/acme/app:1 --registry-username bot --registry-password-stdin\n" +
+			"  sandboxd template build app:3 --from-template app:1 --steps more.json --wait\n" +
 			"  sandboxd template build snap:1 --from-sandbox sbx_123",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -91,6 +97,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 				return c.saveTemplate(cmd, f, fromSandbox, args[0])
 			}
 			body := client.BuildTemplateRequest{Name: args[0]}
+			var err error
 			switch {
 			case dockerfile != "" && (image != "" || stepsFile != "" || fromTemplate != ""):
 				return fmt.Errorf("--dockerfile is not used with --image, --steps or --from-template: its FROM is the image")
@@ -120,6 +127,10 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 					return fmt.Errorf("--steps: not a JSON array of steps ({\"type\", \"args\"}): %w", err)
 				}
 				body.Steps = &steps
+			}
+			stdinTaken := dockerfile == "-" || stepsFile == "-"
+			if body.Registry, err = reg.credentials(cmd, stdinTaken); err != nil {
+				return err
 			}
 			if startCmd != "" {
 				body.StartCmd = &startCmd
@@ -166,6 +177,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	cmd.Flags().StringVar(&fromTemplate, "from-template", "", "build over this template (NAME[:TAG] or id; the account's own or a public one)")
 	cmd.Flags().StringVar(&fromSandbox, "from-sandbox", "", "save this running sandbox's files as the template (answered once ready)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the build, its log on stderr; fail, with the reason, when it failed")
+	reg.register(cmd.Flags())
 	return cmd
 }
 

@@ -106,8 +106,9 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromImageRegistry and COPY steps are refused by name; fromTemplate
-// builds over another template (its name[:tag] or id).
+// COPY steps are refused by name; fromTemplate builds over another
+// template (its name[:tag] or id); fromImageRegistry's credentials go to
+// the build (registryCredentials).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -120,8 +121,6 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	switch {
 	case req.FromTemplate != "" && req.FromImage != "":
 		return edge.Errorf(http.StatusBadRequest, "fromImage and fromTemplate: give one base, not both")
-	case len(req.FromImageRegistry) > 0 && string(req.FromImageRegistry) != "null":
-		return edge.Errorf(http.StatusBadRequest, "fromImageRegistry: registry credentials are not supported yet; build from a public image")
 	case req.FromImage == "" && req.FromTemplate == "":
 		return edge.Errorf(http.StatusBadRequest, "fromImage or fromTemplate: required")
 	}
@@ -150,11 +149,15 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		}
 		req.Steps = forced
 	}
+	creds, err := registryCredentials(req.FromImageRegistry)
+	if err != nil {
+		return err
+	}
 	ref, err := templatespec.ParseRef(chi.URLParam(r, "templateID") + ":" + chi.URLParam(r, "buildID"))
 	if err != nil {
 		return err
 	}
-	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, FromTemplate: req.FromTemplate, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}); err != nil {
+	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, FromTemplate: req.FromTemplate, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusAccepted)

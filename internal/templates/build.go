@@ -71,7 +71,10 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	if def.Parent != nil {
 		b, err = s.parentBase(t, *def.Parent, logf)
 	} else {
-		b, err = s.imageBase(bctx, t, logf)
+		var creds oci.Credentials
+		if creds, err = s.credentials(ctx, id); err == nil {
+			b, err = s.imageBase(bctx, t, creds, logf)
+		}
 	}
 	var layers []string
 	cfg := b.config
@@ -122,12 +125,19 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	return nil
 }
 
-// fetch resolves t's image and unpacks it into the cache unless its
-// manifest's digest is there already.
-func (s *Service) fetch(ctx context.Context, t store.Template, logf func(string, ...any)) (oci.Image, error) {
+// fetch resolves t's image with creds and unpacks it into the cache
+// unless its manifest's digest is there already. The image is resolved
+// with the build's own credentials before the cache is looked at, so a
+// cached image is only ever reused by a build the registry let read it.
+func (s *Service) fetch(ctx context.Context, t store.Template, creds oci.Credentials, logf func(string, ...any)) (oci.Image, error) {
 	opts := oci.Options{AllowPrivate: s.cfg.AllowPrivate, Limits: s.cfg.Limits, Resolver: s.cfg.Resolver,
-		Logger: slog.New(logHandler{logf: logf})}
-	logf("resolving %s", t.Source)
+		Logger: slog.New(logHandler{logf: logf}), Credentials: creds}
+	if creds != (oci.Credentials{}) {
+		// Which kind, never a secret (Credentials.String).
+		logf("resolving %s with registry credentials (%s)", t.Source, creds)
+	} else {
+		logf("resolving %s", t.Source)
+	}
 	img, err := oci.Resolve(ctx, t.Source, opts)
 	if err != nil {
 		return oci.Image{}, err

@@ -46,8 +46,8 @@ type base struct {
 
 // imageBase fetches t's image into the cache (unless its digest is
 // there) as the base of its steps.
-func (s *Service) imageBase(ctx context.Context, t store.Template, logf func(string, ...any)) (base, error) {
-	img, err := s.fetch(ctx, t, logf)
+func (s *Service) imageBase(ctx context.Context, t store.Template, creds oci.Credentials, logf func(string, ...any)) (base, error) {
+	img, err := s.fetch(ctx, t, creds, logf)
 	if err != nil {
 		return base{}, err
 	}
@@ -102,6 +102,9 @@ func parentKey(p parent) string {
 	return "template:sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
+// errRegistryOverTemplate refuses credentials with fromTemplate.
+var errRegistryOverTemplate = errdefs.New(errdefs.ErrInvalid, "registry and fromTemplate: registry credentials are for an image's pull; a template over another pulls nothing")
+
 // buildOver is Build of a template over another (req.FromTemplate): the
 // parent must be ready; its state is recorded with the child's
 // definition, and the child's row names the parent's digest from the
@@ -113,6 +116,8 @@ func (s *Service) buildOver(ctx context.Context, p auth.Principal, ref templates
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "image and fromTemplate: give one base, not both")
 	case req.Dockerfile != "":
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "dockerfile and fromTemplate: a Dockerfile's FROM is an image; give the steps as JSON (\"steps\") over a template")
+	case req.Registry != nil:
+		return store.Template{}, errRegistryOverTemplate
 	case p.AccountID == "":
 		return store.Template{}, errdefs.New(errdefs.ErrForbidden, "templates belong to an account")
 	}
@@ -153,7 +158,7 @@ func (s *Service) buildOver(ctx context.Context, p auth.Principal, ref templates
 	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: "template:" + pimg.Ref, Status: store.TemplateBuilding,
 		NodeID: s.cfg.NodeID, Digest: par.Digest, Definition: string(b),
 		Log: logLine("build of %s:%s over template %s (%s) queued", ref.Name, ref.Tag, pimg.Ref, par.ID)}
-	return s.enqueue(ctx, t)
+	return s.enqueue(ctx, t, nil)
 }
 
 // resolveParent finds the template a build is over: by id (the one

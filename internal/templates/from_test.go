@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/oci"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/runtimefake"
 	"github.com/sandboxd/sandboxd/internal/securitytest"
@@ -132,6 +133,8 @@ func TestBuildOverATemplate(t *testing.T) {
 	wantClass(t, "over a failed one", err, errdefs.ErrInvalid, "fromTemplate: template bad:v1 failed to build ("+bad.FailureReason+")")
 	_, err = svc.Build(ctx, f.alice, templates.BuildRequest{Name: "x", FromTemplate: "a:v1", Dockerfile: "FROM x\n"})
 	wantClass(t, "with a dockerfile", err, errdefs.ErrInvalid, "dockerfile and fromTemplate")
+	_, err = svc.Build(ctx, f.alice, templates.BuildRequest{Name: "x", FromTemplate: "a:v1", Registry: &oci.Credentials{Username: "u", Password: "p"}})
+	wantClass(t, "with registry credentials", err, errdefs.ErrInvalid, "registry and fromTemplate")
 
 	// A public template is everyone's parent.
 	pub := store.Template{Name: "pub", Tag: "latest", Source: "x", Status: store.TemplateReady, Digest: a.Digest, Config: `{"Env":["P=1"]}`}

@@ -25,7 +25,14 @@
 //     start); one that finds it ended does nothing.
 //   - A build's failure reason and log lines are for its user
 //     (errdefs.Message): never a cause, a host path or a credential.
-//     Registry credentials are refused in this slice (nothing to store).
+//   - Registry credentials are never stored in the clear and never
+//     outlive their build: Build seals them (AES-256-GCM under the
+//     server's key, Config.CredentialsKey, bound to the template's id) into the
+//     store's template_credentials, in the transaction that records the
+//     template; the build job opens them for the pull (also when it runs
+//     again after a restart), and they are deleted with the build's end
+//     (store.FinishTemplate) or the template. They are in no row of
+//     templates, no job's arguments, no log line and no answer.
 //   - A step's layer is reused only from its own account's cache, under
 //     the key of the base's digest and every step up to it
 //     (templatespec.CacheKeys); a cache hit is taken only while every
@@ -103,6 +110,11 @@ type Config struct {
 	BuildNetwork netpol.Policy
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
+	// CredentialsKey (KeyBytes: LoadOrCreateKey's, or KeyFromSecret's in
+	// a cluster, where every node must have the same) seals the registry
+	// credentials of builds until they run; nil: builds with credentials
+	// are refused.
+	CredentialsKey []byte
 	// Host starts the build sandboxes of templates with steps (the
 	// sandbox manager, which reads templates through a Catalog of its own);
 	// nil: templates with steps are refused.
@@ -128,7 +140,9 @@ type Service struct {
 	// building holds a place per build sandbox running on this node.
 	building chan struct{}
 	access   Access
-	log      *slog.Logger
+	// sealer seals builds' registry credentials; nil without a key.
+	sealer *sealer
+	log    *slog.Logger
 	// mu makes the unpacking of one digest on this node take turns with
 	// its removal.
 	mu sync.Mutex
@@ -157,6 +171,11 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("templates: the build network: %w", err)
 	}
 	s := &Service{cfg: cfg, st: cfg.Store, host: cfg.Host, catalog: catalog, access: cfg.Access, log: cfg.Logger, building: make(chan struct{}, maxBuildSandboxes)}
+	if cfg.CredentialsKey != nil {
+		if s.sealer, err = newSealer(cfg.CredentialsKey); err != nil {
+			return nil, err
+		}
+	}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
 	}
@@ -210,18 +229,29 @@ type BuildRequest struct {
 	// it starts, and keeps running; ReadyCmd is run by a shell until it
 	// exits 0, and the sandbox is running from then on. Either may be "".
 	StartCmd, ReadyCmd string
+	// Registry authenticates the pull of the image: a username and
+	// password (or an access token used as the password), or a registry
+	// token; nil: anonymous. Sealed until the build runs (see the package
+	// doc); never in the template's row.
+	Registry *oci.Credentials
 	// FromTemplate is the template to build over, by "name[:tag]" or id
 	// (the account's own or a public one); "": Image is the base.
 	FromTemplate string
-	// Sent but not built yet: refused with a 400 naming it.
-	Credentials bool
 }
 
 // Build validates req, records the template building and enqueues its
 // build on this node, in one transaction.
 func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest) (store.Template, error) {
-	if req.Credentials {
-		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: credentials are not supported yet; templates are built from public images for now")
+	if req.Registry != nil && strings.TrimSpace(req.FromTemplate) != "" {
+		return store.Template{}, errRegistryOverTemplate
+	}
+	if req.Registry != nil {
+		if err := checkCredentials(*req.Registry); err != nil {
+			return store.Template{}, err
+		}
+		if s.sealer == nil {
+			return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: this server keeps no key for registry credentials; build from a public image")
+		}
 	}
 	if req.Name == "" {
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "name: required")
@@ -253,18 +283,27 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	}
 	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
 		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
-	return s.enqueue(ctx, t)
+	return s.enqueue(ctx, t, req.Registry)
 }
 
-// enqueue records t building and inserts its build job, in one
-// transaction.
-func (s *Service) enqueue(ctx context.Context, t store.Template) (store.Template, error) {
+// enqueue records t building, with creds sealed (nil: none), and inserts
+// its build job, in one transaction.
+func (s *Service) enqueue(ctx context.Context, t store.Template, creds *oci.Credentials) (store.Template, error) {
 	if s.cfg.Jobs == nil {
 		return store.Template{}, errors.New("templates: no job queue")
 	}
 	err := s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		if err := q.CreateTemplate(ctx, &t); err != nil {
 			return err
+		}
+		if creds != nil {
+			sealed, err := s.sealer.seal(t.ID, *creds)
+			if err != nil {
+				return fmt.Errorf("seal the registry credentials: %w", err)
+			}
+			if err := q.PutTemplateCredentials(ctx, t.ID, sealed); err != nil {
+				return err
+			}
 		}
 		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
 	})
@@ -472,6 +511,13 @@ func logLine(format string, a ...any) string {
 func (s *Service) Resume(ctx context.Context) error {
 	if s.cfg.Jobs == nil {
 		return nil
+	}
+	// Credentials of builds that are not building any more (ended or
+	// deleted by a way that did not delete them) go now.
+	if n, err := s.st.DeleteStaleTemplateCredentials(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		s.log.Info("templates: deleted the registry credentials of ended builds", "count", n)
 	}
 	building, err := s.st.ListBuildingTemplates(ctx, s.cfg.NodeID)
 	if err != nil {
