@@ -618,7 +618,7 @@ type CreateSandboxRequest struct {
 	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
 	Network *NetworkPolicy `json:"network,omitempty"`
 
-	// Template Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now)
+	// Template Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd)
 	Template *string `json:"template,omitempty"`
 }
 

@@ -597,7 +597,7 @@ export interface components {
             network?: components["schemas"]["NetworkPolicy"];
             /** @description Prompt for opencode run (not with command) */
             prompt?: string;
-            /** @description Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now) */
+            /** @description Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd) */
             template?: string;
             /** @description Lifetime in milliseconds (sandboxd; default 10 minutes) */
             timeout?: number;
