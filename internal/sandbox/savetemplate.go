@@ -29,7 +29,7 @@ func (m *Manager) SandboxToSave(ctx context.Context, p auth.Principal, id string
 		return sb, err
 	}
 	if !m.rt.Capabilities().AnyRootFS {
-		return sb, errdefs.New(errdefs.ErrInvalid, "custom templates run on the gVisor backend only for now")
+		return sb, errdefs.New(errdefs.ErrInvalid, "this server's runtime cannot start custom templates")
 	}
 	switch {
 	case sb.Status != store.SandboxRunning:
