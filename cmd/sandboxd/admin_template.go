@@ -35,7 +35,7 @@ func newAdminTemplateCmd(g *globals) *cobra.Command {
 	}
 	publish.Flags().String("as", "", "the public name[:tag] (default: the template's own)")
 	unpublish := &cobra.Command{
-		Use:   "unpublish NAME[:TAG]",
+		Use:     "unpublish NAME[:TAG]",
 		Short:   "Delete a public template (refused while sandboxes started from it run or are paused)",
 		Example: "  sandboxd admin template unpublish python:3.12 --json",
 		Args:    cobra.ExactArgs(1),
@@ -48,7 +48,7 @@ func newAdminTemplateCmd(g *globals) *cobra.Command {
 		}),
 	}
 	ls := &cobra.Command{
-		Use:   "ls",
+		Use:     "ls",
 		Short:   "List the public templates",
 		Example: "  sandboxd admin template ls --json",
 		Args:    cobra.NoArgs,
