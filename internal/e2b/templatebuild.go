@@ -118,7 +118,8 @@ type buildStart struct {
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // start of the requested build buildID of template templateID (or, for a
 // buildID that names no requested build, the build of NAME:TAG at once)
-// through the templates service. fromTemplate is refused by name;
+// through the templates service. fromTemplate builds over another
+// template (its name[:tag] or id);
 // fromImageRegistry's credentials go to the build (registryCredentials);
 // COPY steps read the files uploaded under their filesHash
 // (templatefiles.go).
@@ -132,10 +133,10 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		return err
 	}
 	switch {
-	case req.FromTemplate != "":
-		return edge.Errorf(http.StatusBadRequest, "fromTemplate: not supported yet; build from an image (fromImage)")
-	case req.FromImage == "":
-		return edge.Errorf(http.StatusBadRequest, "fromImage: required")
+	case req.FromTemplate != "" && req.FromImage != "":
+		return edge.Errorf(http.StatusBadRequest, "fromImage and fromTemplate: give one base, not both")
+	case req.FromImage == "" && req.FromTemplate == "":
+		return edge.Errorf(http.StatusBadRequest, "fromImage or fromTemplate: required")
 	}
 	var kinds []struct {
 		Type string `json:"type"`
@@ -161,7 +162,7 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if err != nil {
 		return err
 	}
-	build := templates.BuildRequest{Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}
+	build := templates.BuildRequest{Image: req.FromImage, FromTemplate: req.FromTemplate, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}
 	templateID, buildID := pathParam(r, "templateID"), pathParam(r, "buildID")
 	t, err := b.Get(r.Context(), c.Principal, buildID)
 	switch {

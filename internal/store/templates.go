@@ -312,15 +312,17 @@ func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]T
 	return out, nil
 }
 
-// StartTemplate gives a waiting template (Waiting) its source and
-// definition, and the node that builds it: its build can run. It reports
-// false when the template is gone or not waiting.
-func (q *Queries) StartTemplate(ctx context.Context, id, source, definition, nodeID string) (bool, error) {
+// StartTemplate gives a waiting template (Waiting) its source, digest
+// (a template built over another names its parent's from the start; ""
+// for an image, until built) and definition, and the node that builds
+// it: its build can run. It reports false when the template is gone or
+// not waiting.
+func (q *Queries) StartTemplate(ctx context.Context, id, source, digest, definition, nodeID string) (bool, error) {
 	if source == "" {
 		return false, fmt.Errorf("start template %s: %w: a source is required", id, ErrInvalid)
 	}
-	n, err := q.execCount(ctx, "UPDATE templates SET source = ?, definition = ?, node_id = ?, updated_at = ? WHERE id = ? AND status = ? AND source = ''",
-		source, definition, nodeID, toMillis(nowMS()), id, TemplateBuilding)
+	n, err := q.execCount(ctx, "UPDATE templates SET source = ?, digest = ?, definition = ?, node_id = ?, updated_at = ? WHERE id = ? AND status = ? AND source = ''",
+		source, digest, definition, nodeID, toMillis(nowMS()), id, TemplateBuilding)
 	if err != nil {
 		return false, fmt.Errorf("start template %s: %w", id, mapErr(err))
 	}
@@ -407,6 +409,27 @@ func (q *Queries) ListStrayTemplates(ctx context.Context) ([]Template, error) {
 		return nil, fmt.Errorf("list stray templates: %w", err)
 	}
 	return out, nil
+}
+
+// CountTemplatesWithBlob returns how many templates name blobKey in their
+// layer chain, and how many build cache entries hold it. A template's
+// chain may hold an account's snapshot layers (a template saved from a
+// sandbox on the built-in image), so the snapshots' garbage collection
+// deletes a blob only when this is zero too.
+func (q *Queries) CountTemplatesWithBlob(ctx context.Context, blobKey string) (int, error) {
+	if blobKey == "" || strings.ContainsAny(blobKey, `"%_\`) {
+		// Blob keys are hex; anything else could not be named by a
+		// chain, and must not become a LIKE pattern.
+		return 0, fmt.Errorf("count templates of blob %q: %w: not a blob key", blobKey, ErrInvalid)
+	}
+	var n, cached int
+	if err := q.queryRow(ctx, "SELECT COUNT(*) FROM templates WHERE layers LIKE ?", `%"`+blobKey+`"%`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count templates of blob %s: %w", blobKey, err)
+	}
+	if err := q.queryRow(ctx, "SELECT COUNT(*) FROM template_layers WHERE blob_key = ?", blobKey).Scan(&cached); err != nil {
+		return 0, fmt.Errorf("count cached layers of blob %s: %w", blobKey, err)
+	}
+	return n + cached, nil
 }
 
 // PutTemplateCredentials records the sealed registry credentials of

@@ -48,25 +48,38 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	if t.Status != store.TemplateBuilding || t.Waiting() {
 		return nil // built already (a job run again after a restart), or not started
 	}
-	def, err := parseDefinition(t)
-	if err != nil {
-		return err
-	}
 	logf := func(format string, a ...any) {
 		if err := s.st.AppendTemplateLog(context.WithoutCancel(ctx), id, logLine(format, a...)); err != nil && !errors.Is(err, store.ErrNotFound) {
 			s.log.Warn("templates: write a build log", "template_id", id, "err", err)
 		}
 	}
+	def, err := parseDefinition(t)
+	if err != nil {
+		return err
+	}
+	if def.Sandbox != "" {
+		// Saved from a sandbox by a request (FromSandbox) that a stop
+		// of the server cut: the sandbox's files are not to be had
+		// again as they were.
+		logf("saving the sandbox was interrupted; save it again")
+		_, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", "the server stopped while the sandbox was being saved; delete this template and save the sandbox again")
+		return err
+	}
 	bctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
 	defer cancel()
-	creds, err := s.credentials(ctx, id)
-	var img oci.Image
-	if err == nil {
-		img, err = s.fetch(bctx, t, creds, logf)
+	var b base
+	if def.Parent != nil {
+		b, err = s.parentBase(t, *def.Parent, logf)
+	} else {
+		var creds oci.Credentials
+		if creds, err = s.credentials(ctx, id); err == nil {
+			b, err = s.imageBase(bctx, t, creds, logf)
+		}
 	}
 	var layers []string
-	if err == nil && def.runs() {
-		img.Config, layers, err = s.runSteps(bctx, t, img, s.rootfs(img.ManifestDigest), logf)
+	cfg := b.config
+	if err == nil && t.Definition != "" {
+		cfg, layers, err = s.runSteps(bctx, t, def, b, logf)
 	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout))
@@ -77,15 +90,18 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			return err
 		}
 		reason := errdefs.Message(err, "the image could not be fetched")
-		if def.runs() && img.ManifestDigest != "" {
+		if b.digest != "" {
 			reason = errdefs.Message(err, "the build failed on the server")
 		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
 		logf("build failed: %s", reason)
-		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", reason)
+		// A child's row named its parent's digest from the start: it
+		// keeps naming it, so that deleting the failed child removes a
+		// cached image no other template names.
+		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, t.Digest, "", reason)
 		return ferr
 	}
-	cfg, err := json.Marshal(img.Config)
+	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return err
 	}
@@ -98,7 +114,7 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	logf("ready: %s (%s)", img.Ref, img.Platform)
+	logf("ready: %s", b.what)
 	// Ready and its tags taken at once: a build is never ready without
 	// the tags it asked for (its own first), each moved from the build
 	// that held it, whose sandboxes keep running on it (Collect removes
@@ -107,7 +123,7 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	var moved []string
 	err = s.st.InTx(context.WithoutCancel(ctx), func(_ *sql.Tx, q *store.Queries) error {
 		var err error
-		ok, err = q.FinishTemplate(ctx, id, store.TemplateReady, img.ManifestDigest, string(cfg), "")
+		ok, err = q.FinishTemplate(ctx, id, store.TemplateReady, b.digest, string(cfgJSON), "")
 		if err != nil || !ok {
 			return err
 		}

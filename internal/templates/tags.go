@@ -146,21 +146,22 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string, req Bu
 	return s.Build(ctx, p, req)
 }
 
-// start records image and def (Build's) as the waiting build id's, with
-// the tags and size its request recorded, seals its registry credentials
-// (when not nil) as Build does, and enqueues its build.
-func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def string, registry *oci.Credentials) (store.Template, error) {
-	t, err := s.Get(ctx, p, id)
+// start records t's source, digest and definition (Build's) as the
+// waiting build t.ID's, with the tags and size its request recorded,
+// seals its registry credentials (when not nil) as enqueue does, and
+// enqueues its build, in one transaction.
+func (s *Service) start(ctx context.Context, t store.Template, creds *oci.Credentials) (store.Template, error) {
+	w, err := s.st.GetTemplate(ctx, t.ID)
 	if err != nil {
 		return store.Template{}, err
 	}
-	requested, err := parseDefinition(t)
+	requested, err := parseDefinition(w)
 	if err != nil {
 		return store.Template{}, err
 	}
 	var d definition
-	if def != "" {
-		if err := json.Unmarshal([]byte(def), &d); err != nil {
+	if t.Definition != "" {
+		if err := json.Unmarshal([]byte(t.Definition), &d); err != nil {
 			return store.Template{}, err
 		}
 	}
@@ -170,32 +171,32 @@ func (s *Service) start(ctx context.Context, p auth.Principal, id, image, def st
 		return store.Template{}, err
 	}
 	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
-		ok, err := q.StartTemplate(ctx, t.ID, image, string(b), s.cfg.NodeID)
+		ok, err := q.StartTemplate(ctx, w.ID, t.Source, t.Digest, string(b), s.cfg.NodeID)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			return errdefs.Newf(errdefs.ErrConflict, "build %s of %s was started already", t.ID, t.Name)
+			return errdefs.Newf(errdefs.ErrConflict, "build %s of %s was started already", w.ID, w.Name)
 		}
-		if err := q.AppendTemplateLog(ctx, t.ID, logLine("build from %s queued", image)); err != nil {
+		if err := q.AppendTemplateLog(ctx, w.ID, logLine("build from %s queued", t.Source)); err != nil {
 			return err
 		}
-		if registry != nil {
-			sealed, err := s.sealer.seal(t.ID, *registry)
+		if creds != nil {
+			sealed, err := s.sealer.seal(w.ID, *creds)
 			if err != nil {
 				return fmt.Errorf("seal the registry credentials: %w", err)
 			}
-			if err := q.PutTemplateCredentials(ctx, t.ID, sealed); err != nil {
+			if err := q.PutTemplateCredentials(ctx, w.ID, sealed); err != nil {
 				return err
 			}
 		}
-		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
+		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: w.ID}, s.cfg.NodeID)
 	})
 	if err != nil {
 		return store.Template{}, err
 	}
-	t.Source, t.Definition = image, string(b)
-	return t, nil
+	w.Source, w.Digest, w.Definition, w.NodeID = t.Source, t.Digest, string(b), s.cfg.NodeID
+	return w, nil
 }
 
 // AssignTags gives the build that the account's name:tag target starts
