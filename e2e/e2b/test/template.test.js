@@ -32,8 +32,8 @@ const name = `app-${which}`
 const long = { timeout: 600_000 }
 
 // notYet turns a server's 400 "… not supported yet" into a skip naming the
-// feature, so that a case for a feature another change brings runs as soon
-// as the server has it.
+// feature, so that a server without one of these features says so instead
+// of failing (this one has them all: TestE2BSDKTemplate skips nothing).
 async function notYet(t, feature, fn) {
   try {
     return await fn()
