@@ -83,15 +83,17 @@ func TestE2BSDKTemplate(t *testing.T) {
 	for _, sdk := range sdks {
 		t.Run(sdk, func(t *testing.T) {
 			env := map[string]string{
-				"SDK":                         sdk,
-				"E2B_API_URL":                 s.base,
-				"E2B_SANDBOX_URL":             s.base,
-				"E2B_API_KEY":                 k.Key,
-				"E2B_TEMPLATE_IMAGE":          ref.String(),
-				"E2B_TEMPLATE_PRIVATE_IMAGE":  privRef.String(),
-				"E2B_TEMPLATE_REGISTRY_USER":  user,
-				"E2B_TEMPLATE_REGISTRY_PASS":  pass,
-				"E2B_TEMPLATE_SANDBOX_DOMAIN": "sbx.test",
+				"SDK":                        sdk,
+				"E2B_API_URL":                s.base,
+				"E2B_SANDBOX_URL":            s.base,
+				"E2B_API_KEY":                k.Key,
+				"E2B_TEMPLATE_IMAGE":         ref.String(),
+				"E2B_TEMPLATE_PRIVATE_IMAGE": privRef.String(),
+				"E2B_TEMPLATE_REGISTRY_USER": user,
+				"E2B_TEMPLATE_REGISTRY_PASS": pass,
+				// copy, fromTemplate and credentials are sandboxd's:
+				// their cases run, never skip.
+				"E2B_TEMPLATE_REQUIRE_ALL": "1",
 			}
 			args := []string{"--test", "--test-reporter=spec", "--test-concurrency=1"}
 			if pattern := os.Getenv("SANDBOXD_E2B_TESTS"); pattern != "" {
