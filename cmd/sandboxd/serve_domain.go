@@ -73,7 +73,7 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	if dom.persist, err = setupPersistence(o.persist, o.runtime.diskMiB, d, dom.repos, log); err != nil {
 		return nil, err
 	}
-	if dom.catalog, err = templates.NewCatalog(d.stor.st, templatesDir(d.stor), d.stor.blobs); err != nil {
+	if dom.catalog, err = templates.NewCatalog(d.stor.st, templatesDir(d.stor), d.stor.blobs, templates.WithLogger(log.With("component", "templates"))); err != nil {
 		return nil, err
 	}
 	// The setup runs: the manager starts an account's first, the tasks

@@ -58,6 +58,10 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	if err == nil && t.Definition != "" {
 		img.Config, layers, err = s.runSteps(bctx, t, img, s.rootfs(img.ManifestDigest), logf)
 	}
+	if err == nil {
+		// Ready only once every node can start it.
+		err = s.distribute(bctx, img.ManifestDigest, logf)
+	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout))
 	}
@@ -72,7 +76,9 @@ func (s *Service) Run(ctx context.Context, id string) error {
 		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
 		logf("build failed: %s", reason)
-		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", reason)
+		// The digest stays named (its cached image is kept for the next
+		// attempt) until the failed template is deleted.
+		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, img.ManifestDigest, "", reason)
 		return ferr
 	}
 	cfg, err := json.Marshal(img.Config)
@@ -110,11 +116,21 @@ func (s *Service) fetch(ctx context.Context, t store.Template, logf func(string,
 		return oci.Image{}, err
 	}
 	logf("resolved to %s: %d layers, %d bytes compressed", img.ManifestDigest, len(img.Layers), img.CompressedSize)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Named before it is fetched: what collects unused images keeps it.
+	if _, err := s.st.SetTemplateDigest(ctx, t.ID, img.ManifestDigest); err != nil {
+		return oci.Image{}, err
+	}
+	unlock, err := lockDigest(ctx, s.cfg.Dir, img.ManifestDigest)
+	if err != nil {
+		return oci.Image{}, err
+	}
+	defer unlock()
 	dir := s.rootfs(img.ManifestDigest)
 	if _, err := os.Stat(dir); err == nil {
 		logf("image %s is cached on this server", img.ManifestDigest)
+		return img, nil
+	}
+	if ok := s.fromBlobStore(ctx, img.ManifestDigest, logf); ok {
 		return img, nil
 	}
 	tmp, err := os.MkdirTemp(s.cfg.Dir, ".fetch-")

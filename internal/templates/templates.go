@@ -45,7 +45,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -114,9 +113,6 @@ type Service struct {
 	building chan struct{}
 	access   Access
 	log      *slog.Logger
-	// mu makes the unpacking of one digest on this node take turns with
-	// its removal.
-	mu sync.Mutex
 }
 
 // New returns a Service, making its cache directory.
@@ -124,7 +120,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	catalog, err := NewCatalog(cfg.Store, cfg.Dir, cfg.Blobs)
+	catalog, err := NewCatalog(cfg.Store, cfg.Dir, cfg.Blobs, WithLogger(cfg.Logger), WithLimits(cfg.Limits))
 	if err != nil {
 		return nil, err
 	}
@@ -155,12 +151,17 @@ type Catalog struct {
 	st    *store.Store
 	dir   string
 	blobs blob.Store
+	// limits bound an image materialised from the blob store; log says
+	// when one is (distribute.go).
+	limits oci.Limits
+	log    *slog.Logger
 }
 
 // NewCatalog returns the catalog of the templates in st whose images are
 // cached in dir (made private, 0700: images keep their setuid files) and
-// whose layers are in blobs (nil: templates with layers do not start).
-func NewCatalog(st *store.Store, dir string, blobs blob.Store) (*Catalog, error) {
+// whose layers and root filesystems are in blobs (nil: templates with
+// layers do not start, and images not in the cache are not brought there).
+func NewCatalog(st *store.Store, dir string, blobs blob.Store, opts ...CatalogOption) (*Catalog, error) {
 	if dir == "" {
 		return nil, errors.New("templates: no cache directory")
 	}
@@ -170,7 +171,11 @@ func NewCatalog(st *store.Store, dir string, blobs blob.Store) (*Catalog, error)
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("templates: make the cache private: %w", err)
 	}
-	return &Catalog{st: st, dir: dir, blobs: blobs}, nil
+	c := &Catalog{st: st, dir: dir, blobs: blobs, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
 }
 
 // BuildRequest is a template to build, as the front ends decode it: an
@@ -306,9 +311,7 @@ func (s *Service) Delete(ctx context.Context, p auth.Principal, id string) error
 	case err != nil:
 		return err
 	}
-	if t.Digest != "" && !inUse {
-		s.removeCached(t.Digest)
-	}
+	s.collect(ctx, t, inUse)
 	return nil
 }
 
@@ -352,11 +355,12 @@ func (c *Catalog) Find(ctx context.Context, accountID, name string) (Image, erro
 	if err != nil {
 		return Image{}, err
 	}
-	return c.image(t)
+	return c.image(ctx, t)
 }
 
 // ByID is the image of template id, for a sandbox that started from it
-// (a restart, a resume): it must still be ready and cached.
+// (a restart, a resume): it must still be ready (and is materialised from
+// the blob store when this node's cache lacks it).
 func (c *Catalog) ByID(ctx context.Context, id string) (Image, error) {
 	t, err := c.st.GetTemplate(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -365,10 +369,10 @@ func (c *Catalog) ByID(ctx context.Context, id string) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return c.image(t)
+	return c.image(ctx, t)
 }
 
-func (c *Catalog) image(t store.Template) (Image, error) {
+func (c *Catalog) image(ctx context.Context, t store.Template) (Image, error) {
 	ref := t.Name + ":" + t.Tag
 	switch t.Status {
 	case store.TemplateBuilding:
@@ -380,10 +384,11 @@ func (c *Catalog) image(t store.Template) (Image, error) {
 	if err := json.Unmarshal([]byte(t.Config), &cfg); err != nil {
 		return Image{}, fmt.Errorf("template %s: its config: %w", t.ID, err)
 	}
-	dir := c.rootfs(t.Digest)
-	if _, err := os.Stat(dir); err != nil {
-		// Built on another node (or its cache was cleared): not here.
-		return Image{}, errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
+	// Built on another node (or the cache was cleared): brought here
+	// from the blob store.
+	dir, err := c.rootFS(ctx, t.Digest, ref)
+	if err != nil {
+		return Image{}, err
 	}
 	var layers []string
 	if t.Layers != "" {
@@ -417,25 +422,18 @@ func (s *Service) Find(ctx context.Context, accountID, name string) (Image, erro
 	return s.catalog.Find(ctx, accountID, name)
 }
 
-func (s *Service) removeCached(digest string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := os.RemoveAll(s.rootfs(digest)); err != nil {
-		s.log.Warn("templates: remove a cached image", "digest", digest, "err", err)
-	}
-}
-
 // logLine is one line of a build log, timestamped.
 func logLine(format string, a ...any) string {
 	return time.Now().UTC().Format(time.RFC3339) + " " + fmt.Sprintf(format, a...) + "\n"
 }
 
-// Resume enqueues again the build of each template this node was
-// building when it stopped: a job cut by a shutdown or a crash would
+// Resume collects what no template needs (Collect), then enqueues again
+// the build of each template this node was building when it stopped: a job cut by a shutdown or a crash would
 // otherwise wait for River's retry or rescue. A build that runs twice is
 // harmless: one finishes the row, the other finds it ended (or the image
 // cached) and does nothing.
 func (s *Service) Resume(ctx context.Context) error {
+	s.Collect(ctx)
 	if s.cfg.Jobs == nil {
 		return nil
 	}

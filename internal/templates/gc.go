@@ -1,0 +1,141 @@
+package templates
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// staleTempAge is how old a temporary directory of the cache (a fetch
+// or a materialise a crash cut) must be before Collect removes it: live
+// ones are younger by far.
+const staleTempAge = 24 * time.Hour
+
+// collect is what the delete of t leaves to collect: its image's root
+// filesystem (this node's cached copy and its blob) when no other
+// template names the digest, and the blobs of its layers that nothing
+// names any more. Best effort: what fails is logged, and the image's
+// copies on other nodes go at their next Collect.
+func (s *Service) collect(ctx context.Context, t store.Template, digestInUse bool) {
+	ctx = context.WithoutCancel(ctx)
+	if t.Digest != "" && !digestInUse {
+		s.collectImage(ctx, t.Digest)
+	}
+	if t.Layers == "" {
+		return
+	}
+	var layers []string
+	if err := json.Unmarshal([]byte(t.Layers), &layers); err != nil {
+		s.log.Warn("templates: the layers of a deleted template", "template_id", t.ID, "err", err)
+		return
+	}
+	for _, key := range layers {
+		s.collectBlob(ctx, key, "layer")
+	}
+}
+
+// collectBlob deletes a template's blob (a layer, a root filesystem)
+// unless a template, an account's build cache, a root filesystem's row or
+// a snapshot still names it.
+func (s *Service) collectBlob(ctx context.Context, key, what string) {
+	if s.cfg.Blobs == nil {
+		return
+	}
+	inUse, err := s.st.TemplateBlobInUse(ctx, key)
+	if err != nil {
+		s.log.Warn("templates: count a blob's users", "blob", key, "err", err)
+		return
+	}
+	if inUse {
+		return
+	}
+	if err := s.cfg.Blobs.Delete(ctx, key); err != nil {
+		s.log.Warn("templates: delete a blob", "blob", key, "err", err)
+		return
+	}
+	s.log.Info("templates: blob collected", "what", what, "blob", key)
+}
+
+// collectImage removes the root filesystem of digest when no template
+// names it: this node's cached copy (under the digest's lock, so that no
+// materialise or fetch of it runs meanwhile), then its row and blob in
+// the blob store.
+func (s *Service) collectImage(ctx context.Context, digest string) {
+	unlock, err := lockDigest(ctx, s.cfg.Dir, digest)
+	if err != nil {
+		s.log.Warn("templates: lock a cached image", "digest", digest, "err", err)
+		return
+	}
+	n, err := s.st.CountTemplatesWithDigest(ctx, digest)
+	if err == nil && n == 0 {
+		if _, statErr := os.Stat(s.rootfs(digest)); statErr == nil {
+			err = os.RemoveAll(s.rootfs(digest))
+			if err == nil {
+				s.log.Info("templates: cached image collected", "digest", digest)
+			}
+		}
+	}
+	unlock()
+	if err != nil {
+		s.log.Warn("templates: remove a cached image", "digest", digest, "err", err)
+		return
+	}
+	if n > 0 {
+		return
+	}
+	img, deleted, err := s.st.DeleteUnusedTemplateImage(ctx, digest)
+	if err != nil {
+		s.log.Warn("templates: delete an image's row", "digest", digest, "err", err)
+		return
+	}
+	if deleted {
+		s.collectBlob(ctx, img.BlobKey, "root filesystem "+digest)
+	}
+}
+
+// Collect removes what no template needs any more: the images in this
+// node's cache and the root filesystems in the blob store whose digest no
+// template names (those of templates deleted on other nodes, of builds
+// that resolved again to another digest), and temporary directories a
+// crash left in the cache. Run when the server starts; best effort.
+func (s *Service) Collect(ctx context.Context) {
+	digests, err := s.catalog.cachedDigests()
+	if err != nil {
+		s.log.Warn("templates: list the cache", "err", err)
+	}
+	seen := map[string]bool{}
+	for _, d := range digests {
+		seen[d] = true
+		s.collectImage(ctx, d)
+	}
+	imgs, err := s.st.ListTemplateImages(ctx)
+	if err != nil {
+		s.log.Warn("templates: list the stored images", "err", err)
+	}
+	for _, img := range imgs {
+		if !seen[img.Digest] {
+			s.collectImage(ctx, img.Digest)
+		}
+	}
+	entries, err := os.ReadDir(s.cfg.Dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !(strings.HasPrefix(e.Name(), ".fetch-") || strings.HasPrefix(e.Name(), ".materialise-")) {
+			continue
+		}
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < staleTempAge {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(s.cfg.Dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("templates: remove a stale directory of the cache", "dir", e.Name(), "err", err)
+		}
+	}
+}
