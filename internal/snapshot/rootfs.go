@@ -83,13 +83,14 @@ func (b *tarBound) Read(p []byte) (int, error) {
 		return b.r.Read(p)
 	}
 	if b.n >= b.max {
+		// One byte more tells a stream of exactly max from a longer one.
 		var one [1]byte
-		if n, err := b.r.Read(one[:]); n > 0 {
+		n, err := b.r.Read(one[:])
+		if n > 0 {
 			b.over = true
 			return 0, ErrTarTooLarge
-		} else {
-			return 0, err
 		}
+		return 0, err
 	}
 	if int64(len(p)) > b.max-b.n {
 		p = p[:b.max-b.n]

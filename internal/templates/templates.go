@@ -16,7 +16,16 @@
 //     setuid files (see package oci). An image is unpacked once per
 //     manifest digest, into a temporary directory renamed into place, so
 //     a root filesystem in the cache is always whole; a build whose digest
-//     is cached fetches no layer.
+//     is cached fetches no layer. Unpacking, materialising and removing
+//     a digest's directory take the digest's lock (lockDigest).
+//   - A template is ready only once its image's root filesystem is in the
+//     blob store (when there is one), by digest (distribute.go); a node
+//     whose cache lacks it materialises it from there, with oci's safety
+//     and limits, before a sandbox starts from it.
+//   - A template names its digest from the resolve of its build on (and
+//     when it failed), and an image is collected only when no template
+//     names its digest (gc.go); a blob is deleted only when no template,
+//     build cache entry, stored image or snapshot names it.
 //   - Builds survive a restart: the job is inserted with the row, a
 //     restarted node enqueues its unfinished builds again (Resume), and a
 //     job that finds its row still building builds it (again, from the
