@@ -148,7 +148,9 @@ func TemplateView(t store.Template, withLog bool) Template {
 		ID: t.ID, Name: t.Name, Tag: t.Tag, Status: string(t.Status), Public: t.AccountID == "", Source: t.Source,
 		CreatedAt: FormatTime(t.CreatedAt), UpdatedAt: FormatTime(t.UpdatedAt),
 	}
-	if t.Digest != "" {
+	// The row names its digest from the build's resolve on (so that the
+	// image is not collected meanwhile); the API shows it once ready.
+	if t.Digest != "" && t.Status == store.TemplateReady {
 		d := t.Digest
 		v.Digest = &d
 	}

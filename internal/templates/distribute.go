@@ -34,45 +34,61 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// lockStripes is how many lock files the cache's digests share: a few
-// digests hashed to one stripe take turns, which costs little, and the
-// files are bounded whatever the number of images.
-const lockStripes = 64
-
 // lockDigest takes the cache's lock of digest for the unpacking, the
 // materialising or the removal of its root filesystem, waiting for it
-// within ctx. The lock is a file lock (flock), so two Catalogs over one
-// cache in a process (the manager's and the Service's) take turns as
-// two goroutines of one do.
+// within ctx. The lock is a file lock (flock) on a file of the digest's
+// own, so two Catalogs over one cache in a process (the manager's and the
+// Service's) take turns as two goroutines of one do, and other digests
+// never wait. removeLockFile, with the lock held, removes the file (with
+// its digest's directory): a waiter that then gets the lock of the
+// removed file finds the path gone or another file there, and starts
+// again on the path's.
 func lockDigest(ctx context.Context, dir, digest string) (unlock func(), err error) {
 	locks := filepath.Join(dir, ".locks")
 	if err := os.MkdirAll(locks, 0o700); err != nil {
 		return nil, fmt.Errorf("templates: the cache's locks: %w", err)
 	}
-	var h uint32
-	for i := 0; i < len(digest); i++ {
-		h = h*31 + uint32(digest[i])
-	}
-	f, err := os.OpenFile(filepath.Join(locks, fmt.Sprintf("%02d", h%lockStripes)), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("templates: open a cache lock: %w", err)
-	}
+	path := lockPath(dir, digest)
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil // closing releases it
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("templates: open a cache lock: %w", err)
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+		for {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err == nil || (!errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR)) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				f.Close()
+				return nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("templates: take a cache lock: %w", err)
 		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return func() { f.Close() }, nil // closing releases it
 		}
+		f.Close() // removed while this waited: the path's file is the lock
 	}
+}
+
+// lockPath is the lock file of digest.
+func lockPath(dir, digest string) string {
+	return filepath.Join(dir, ".locks", strings.ReplaceAll(digest, ":", "-"))
+}
+
+// removeLockFile removes the lock file of digest; the caller holds it.
+func removeLockFile(dir, digest string) error {
+	if err := os.Remove(lockPath(dir, digest)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // CatalogOption changes a Catalog.
@@ -246,8 +262,8 @@ func (c *Catalog) cachedDigests() ([]string, error) {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if algo, hex, ok := strings.Cut(e.Name(), "-"); ok && algo == "sha256" && len(hex) == 64 {
-			out = append(out, algo+":"+hex)
+		if d, ok := digestOf(e.Name()); ok {
+			out = append(out, d)
 		}
 	}
 	return out, nil
@@ -269,4 +285,13 @@ func (s *Service) fromBlobStore(ctx context.Context, digest string, logf func(st
 		s.log.Warn("templates: materialise an image for a build; fetching it instead", "digest", digest, "err", err)
 	}
 	return false
+}
+
+// digestOf is the digest a name in the cache stands for ("sha256-<hex>").
+func digestOf(name string) (string, bool) {
+	algo, hex, ok := strings.Cut(name, "-")
+	if !ok || algo != "sha256" || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
+		return "", false
+	}
+	return algo + ":" + hex, true
 }

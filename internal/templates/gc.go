@@ -80,6 +80,9 @@ func (s *Service) collectImage(ctx context.Context, digest string) {
 				s.log.Info("templates: cached image collected", "digest", digest)
 			}
 		}
+		if err == nil {
+			err = removeLockFile(s.cfg.Dir, digest)
+		}
 	}
 	unlock()
 	if err != nil {
@@ -113,6 +116,15 @@ func (s *Service) Collect(ctx context.Context) {
 	for _, d := range digests {
 		seen[d] = true
 		s.collectImage(ctx, d)
+	}
+	// The locks of digests whose fetch or materialise failed.
+	if locks, err := os.ReadDir(filepath.Join(s.cfg.Dir, ".locks")); err == nil {
+		for _, l := range locks {
+			if d, ok := digestOf(l.Name()); ok && !seen[d] {
+				seen[d] = true
+				s.collectImage(ctx, d)
+			}
+		}
 	}
 	imgs, err := s.st.ListTemplateImages(ctx)
 	if err != nil {
