@@ -8,8 +8,8 @@ package templates
 // security.capability, holes), recorded by the image manifest's digest
 // (store.TemplateImage). A node whose cache lacks a digest materialises
 // it from there on first use: once per digest at a time (a lock file per
-// digest stripe, so the sandbox manager's Catalog and the Service's
-// share it), into a temporary directory renamed into place, with oci's
+// digest, so the sandbox manager's Catalog and the Service's share it),
+// into a temporary directory renamed into place, with oci's
 // unpack rules (snapshot.ApplyTar in OCI mode: nothing outside the
 // directory, no symlink followed, no device node) and oci's limits.
 
