@@ -97,7 +97,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 	if err != nil {
 		return nil, nil, err
 	}
-	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Gate: gate, Sandboxes: mgr, Files: d.dom.files,
+	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Gate: gate, Sandboxes: mgr, Files: d.dom.files, Templates: d.dom.tpls,
 		Version: version, Logger: log.With("component", "mcp")})
 	if err != nil {
 		return nil, nil, err

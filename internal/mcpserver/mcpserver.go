@@ -1,11 +1,12 @@
 // Package mcpserver serves sandboxd to AI assistants and IDE agents over the
 // Model Context Protocol: the Streamable HTTP transport at /mcp, with tools
 // that run prompts and commands in sandboxes, read and write the account's
-// repository, follow runs and stop sandboxes, and the repository's files as
-// resources.
+// repository, follow runs and stop sandboxes, build and manage the
+// account's templates, and the repository's files as resources.
 //
 // It is a peer of the REST API over the same services (SandboxService,
-// FileService, the store's runs): every tool calls them directly, speaks
+// FileService, TemplateService, the store's runs): every tool calls them
+// directly, speaks
 // the REST contract (internal/contract: its arguments are checked with the
 // routes' own rules and messages, its answers are the routes' views), and
 // asks the edge (internal/edge) who calls, whether the caller may see a
@@ -55,6 +56,9 @@ type Options struct {
 	Gate      *edge.Gate
 	Sandboxes SandboxService
 	Files     FileService
+	// Templates builds and keeps the accounts' templates; nil: no
+	// template tools are offered.
+	Templates TemplateService
 	Logger    *slog.Logger
 	Version   string
 	// PollInterval is how often a waiting tool looks at its run and sends
@@ -125,7 +129,7 @@ func New(opts Options) (*Handler, error) {
 }
 
 const instructions = `sandboxd runs commands and prompts in ephemeral, isolated Linux sandboxes. Each account has a git repository that every sandbox starts from (/workspace) and that each run's changes are committed to.
-Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. Tools act for the key's own account unless account_id names another the key may act for.`
+Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. A template (build_template from an OCI image or a Dockerfile, then list_templates, get_template, delete_template) is an environment of the account's own that run_command's template starts a sandbox from. Tools act for the key's own account unless account_id names another the key may act for.`
 
 // ServeHTTP authenticates the request as the API does (edge.Gate: an API
 // key as Authorization: Bearer or x-api-key, or on the cluster listener

@@ -20,10 +20,12 @@ import (
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/fetch"
 	"github.com/sandboxd/sandboxd/internal/files"
+	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/repo"
 	"github.com/sandboxd/sandboxd/internal/router"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
+	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
 // noSandboxes is the sandbox service of these tests: none of its methods
@@ -90,7 +92,18 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Version: "test"})
+	// The real templates service; its builds are queued, not run (no
+	// worker): the tests finish them through the store.
+	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(jc.Close)
+	tpls, err := templates.New(templates.Config{Store: st, Jobs: jc, NodeID: "here", Dir: filepath.Join(t.TempDir(), "templates")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Templates: tpls, Version: "test", PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +193,7 @@ func TestToolsAndFiles(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	want := []string{"get_run", "list_files", "prompt_sandbox", "read_file", "run_command", "stop_sandbox", "upload_files", "write_file"}
+	want := []string{"build_template", "delete_template", "get_run", "get_template", "list_files", "list_templates", "prompt_sandbox", "read_file", "run_command", "stop_sandbox", "upload_files", "write_file"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v", names)
 	}
@@ -332,8 +345,8 @@ func TestOtherAccounts(t *testing.T) {
 	if text, isErr := callTool(t, sbKey, "read_file", map[string]any{"path": "secret.md"}); isErr || text != "alice only\n" {
 		t.Fatalf("sandbox key read: %s", text)
 	}
-	for _, tool := range []string{"write_file", "upload_files", "run_command", "prompt_sandbox", "stop_sandbox"} {
-		text, isErr := callTool(t, sbKey, tool, map[string]any{"path": "x", "content": "x", "command": "ls", "prompt": "x", "sandbox_id": aliceSandbox})
+	for _, tool := range []string{"write_file", "upload_files", "run_command", "prompt_sandbox", "stop_sandbox", "build_template", "delete_template"} {
+		text, isErr := callTool(t, sbKey, tool, map[string]any{"path": "x", "content": "x", "command": "ls", "prompt": "x", "sandbox_id": aliceSandbox, "name": "x", "image": "registry.example/x", "template": "x"})
 		if !isErr || !strings.Contains(text, "This key belongs to a sandbox") || !strings.Contains(text, "the "+tool+" tool needs an account key") {
 			t.Errorf("sandbox key %s: %v %q", tool, isErr, text)
 		}

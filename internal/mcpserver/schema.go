@@ -70,12 +70,27 @@ var argRules = map[string]func(*jsonschema.Schema){
 	"sandbox_id": minLength(1),
 	"run_id":     minLength(1),
 	"template":   minLength(1),
+	"name":       minLength(1),
 	// Milliseconds: a positive number of them.
 	"timeout": func(s *jsonschema.Schema) { s.Minimum = jsonschema.Ptr(1.0) },
 	"limit": func(s *jsonschema.Schema) {
 		s.Minimum, s.Maximum = jsonschema.Ptr(1.0), jsonschema.Ptr(float64(maxRunsListed))
 	},
 	"encoding": func(s *jsonschema.Schema) { s.Enum = []any{"utf-8", "base64"} },
+	"log_lines": func(s *jsonschema.Schema) {
+		s.Minimum, s.Maximum = jsonschema.Ptr(1.0), jsonschema.Ptr(float64(maxLogLines))
+	},
+	// Optional, so null (absent) is one of its values too.
+	"status": func(s *jsonschema.Schema) { s.Enum = []any{nil, "building", "ready", "failed"} },
+	// build_template's steps: E2B's TemplateStep objects, of the types a
+	// build runs, each with its arguments.
+	"steps": func(s *jsonschema.Schema) {
+		s.Type, s.Types = "array", nil
+		item := s.Items
+		item.Properties["type"].Enum = templateStepKinds
+		args := item.Properties["args"]
+		args.Type, args.Types = "array", nil
+	},
 	// As POST /api/sandboxes/files: 1 to 100 files, never null.
 	"files": func(s *jsonschema.Schema) {
 		s.Type, s.Types = "array", nil

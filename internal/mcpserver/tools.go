@@ -39,7 +39,11 @@ type tool struct {
 }
 
 func (h *Handler) addTools(srv *mcp.Server) {
-	for _, t := range h.tools() {
+	all := h.tools()
+	if h.opts.Templates != nil {
+		all = append(all, h.templateTools()...)
+	}
+	for _, t := range all {
 		destructive := t.changes
 		srv.AddTool(&mcp.Tool{
 			Name: t.name, Title: t.title, Description: t.description, InputSchema: mustInputSchema(t.name, t.in),

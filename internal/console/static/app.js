@@ -19,6 +19,7 @@
   const REFRESH_MS = 5000;
   const HEALTH_MS = 15000;
   const LOG_KEEP_CHARS = 2 << 20; // a run's log in the page: its last 2 MiB of text
+  const BUILD_POLL_MS = 1000; // a building template's detail looks again this often
   const TERM_KEEP_CHARS = 512 << 10;
   const HIGHLIGHT_MAX_CHARS = 512 << 10; // larger files are shown plain
   const MAX_PAGES = 100; // "every page" of the sandboxes: at most this many requests
@@ -43,6 +44,10 @@
     termText: '',
     termNode: document.createTextNode(''),
     termCursor: null,
+    template: null, // the template the detail view shows
+    templateTimer: null, // the detail's next look while it builds
+    templateChoices: '', // the ready templates the create form offers, as last listed
+    createTemplate: '', // the template to choose in the create form when it shows
   };
 
   // ---- small DOM helpers -------------------------------------------------
@@ -304,7 +309,10 @@
     disconnectTerminal();
     clearPreview();
     for (const id of ['sandboxes-body', 'runs-body', 'tree', 'preview-body', 'snapshots-body', 'run-log',
-      'sb-fields', 'exec-output', 'procs-body', 'fork-result']) $(id).replaceChildren();
+      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'templates-body', 'tpl-fields', 'tpl-log']) $(id).replaceChildren();
+    state.template = null;
+    state.templateChoices = '';
+    state.createTemplate = '';
     state.sandboxes = [];
     state.sandbox = null;
     state.runs = [];
@@ -327,11 +335,15 @@
     runs: { load: (arg, refreshing) => loadRuns(arg, refreshing), refresh: true },
     files: { load: (arg) => loadFiles(arg) },
     snapshots: { load: loadSnapshots, refresh: true },
+    templates: { load: loadTemplates, refresh: true },
+    // The detail looks again by itself, faster while it builds.
+    template: { load: (arg) => loadTemplate(arg), nav: 'templates' },
     terminal: { load: (arg) => loadTerminal(arg) },
   };
 
   function route() {
     clearInterval(state.refreshTimer);
+    clearTimeout(state.templateTimer);
     run(checkHealth());
     const signedIn = !!state.key;
     $('nav').hidden = !signedIn;
@@ -344,6 +356,7 @@
     else if (!views[name]) name = 'sandboxes';
     if (name !== 'runs') stopRunStream();
     if (name !== 'sandbox' || arg !== state.arg) leaveSandbox();
+    if (name !== 'template') state.template = null;
     for (const s of document.querySelectorAll('main > .view')) s.hidden = s.id !== 'view-' + name;
     const nav = (views[name] && views[name].nav) || name;
     for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === nav);
@@ -413,6 +426,7 @@
     }
     state.sandboxes = list;
     renderSandboxes();
+    await loadTemplateChoices();
   }
 
   function renderSandboxes() {
@@ -483,6 +497,7 @@
     }
     if (kind === 'prompt' && text) body.prompt = text;
     if ($('new-network').value !== 'none') body.network = policyOf('new-network', 'new-allow');
+    if ($('new-template').value) body.template = $('new-template').value;
     await busy('create', async () => {
       let data;
       try {
@@ -1280,6 +1295,208 @@
   }
 
 
+  // ---- templates: build, follow the build's log, start a sandbox, delete --
+
+  // tplRef is how a template is named: name:tag.
+  const tplRef = (t) => `${t.name}:${t.tag}`;
+  const tplPath = (id) => `/api/templates/${encodeURIComponent(id)}`;
+
+  async function loadTemplates() {
+    const data = await api('GET', '/api/templates');
+    const list = data.templates || [];
+    const rows = list.map((t) => {
+      const open = () => { location.hash = '#template/' + encodeURIComponent(t.id); };
+      const statusCell = el('td', null, statusBadge(t.status));
+      if (t.status === 'failed' && t.failureReason) statusCell.append(el('span', { class: 'reason', text: t.failureReason }));
+      return el('tr', { class: 'clickable', dataset: { template: t.id, ref: tplRef(t), status: t.status }, onclick: open },
+        el('td', { class: 'mono' }, link('#template/' + encodeURIComponent(t.id), tplRef(t), 'template-link'), t.public ? ' (public)' : null),
+        statusCell,
+        el('td', { class: 'opt mono', text: t.source || '—' }),
+        el('td', { class: 'opt', text: fmtTime(t.createdAt) }));
+    });
+    $('templates-body').replaceChildren(...rows);
+    $('templates-empty').hidden = rows.length > 0;
+  }
+
+  async function buildTemplate(ev) {
+    ev.preventDefault();
+    say('tpl-build-error', '');
+    const body = { name: $('tpl-name').value.trim() };
+    const fields = { image: 'tpl-image', dockerfile: 'tpl-dockerfile', startCmd: 'tpl-start', readyCmd: 'tpl-ready' };
+    for (const [k, id] of Object.entries(fields)) {
+      // A Dockerfile keeps its lines as written; the one-line fields are trimmed.
+      const v = k === 'dockerfile' ? $(id).value : $(id).value.trim();
+      if (v.trim()) body[k] = v;
+    }
+    await busy('tpl-build', async () => {
+      let data;
+      try {
+        data = await api('POST', '/api/templates', body);
+      } catch (e) {
+        say('tpl-build-error', e.message);
+        return;
+      }
+      for (const id of Object.values(fields).concat('tpl-name')) $(id).value = '';
+      location.hash = '#template/' + encodeURIComponent(data.template.id);
+    });
+  }
+
+  const TEMPLATE_LABELS = {
+    id: 'Id', status: 'Status', source: 'Source', digest: 'Digest', public: 'Public',
+    createdAt: 'Created', updatedAt: 'Updated',
+  };
+
+  async function loadTemplate(id) {
+    clearTimeout(state.templateTimer);
+    if (!state.template || state.template.id !== id) {
+      state.template = null;
+      $('tpl-title').textContent = id;
+      $('tpl-badge').replaceChildren();
+      $('tpl-fields').replaceChildren();
+      $('tpl-log').replaceChildren();
+      $('tpl-log-note').textContent = '';
+      $('tpl-failure').hidden = true;
+      $('tpl-confirm').hidden = true;
+      for (const b of $('tpl-buttons').querySelectorAll('button')) b.disabled = true;
+      say('tpl-error', '');
+    }
+    let data;
+    try {
+      data = await api('GET', tplPath(id));
+    } catch (e) {
+      if (state.view !== 'template' || state.arg !== id) return;
+      if (e.status === 404) {
+        state.template = null;
+        say('tpl-error', 'No such template: it is not this account\'s, or it was deleted.');
+        return;
+      }
+      // A look that failed is not the build's end: look again later.
+      state.templateTimer = setTimeout(() => run(loadTemplate(id)), REFRESH_MS);
+      throw e;
+    }
+    if (state.view !== 'template' || state.arg !== id) return;
+    renderTemplate(data.template);
+    // While it builds, look again soon; once it ended, it no longer changes.
+    if (data.template.status === 'building') state.templateTimer = setTimeout(() => run(loadTemplate(id)), BUILD_POLL_MS);
+  }
+
+  function renderTemplate(t) {
+    state.template = t;
+    $('tpl-title').textContent = tplRef(t);
+    $('tpl-badge').replaceChildren(statusBadge(t.status));
+    $('view-template').dataset.status = t.status;
+    const failed = t.status === 'failed';
+    $('tpl-failure').hidden = !failed;
+    $('tpl-failure').textContent = failed ? 'The build failed: ' + (t.failureReason || 'the server gives no reason.') : '';
+    const keys = Object.keys(TEMPLATE_LABELS).filter((k) => k in t);
+    const value = (k) => {
+      const v = t[k];
+      if (k === 'status') return statusBadge(v);
+      if (k === 'createdAt' || k === 'updatedAt') return fmtTime(v);
+      if (k === 'public') return v ? 'yes: the operator\'s, offered to every account' : 'no: this account\'s';
+      return v === null || v === undefined || v === '' ? '—' : String(v);
+    };
+    const rows = keys.map((k) => el('div', { dataset: { field: k } }, el('dt', { text: TEMPLATE_LABELS[k] }), el('dd', null, value(k))));
+    // What a sandbox takes of the image's config.
+    const c = t.config;
+    if (c) {
+      const cfg = [['Environment', (c.env || []).join('\n')], ['Working directory', c.workingDir], ['User', c.user],
+        ['Command', c.cmd && c.cmd.length ? shellJoin(c.cmd) : ''], ['Entrypoint', c.entrypoint && c.entrypoint.length ? shellJoin(c.entrypoint) : '']];
+      for (const [label, v] of cfg) {
+        rows.push(el('div', { dataset: { field: label } }, el('dt', { text: label }), el('dd', { class: 'mono lines', text: v || '—' })));
+      }
+    }
+    $('tpl-fields').replaceChildren(...rows);
+    // The log: kept scrolled to its end while the reader is there.
+    const pre = $('tpl-log');
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    const log = typeof t.log === 'string' ? t.log : '';
+    if (pre.textContent !== log) {
+      pre.textContent = log;
+      if (atEnd) pre.scrollTop = pre.scrollHeight;
+    }
+    $('tpl-log-note').textContent = t.status === 'building'
+      ? 'Building: the log grows as the build goes (its last 64 KiB are kept).'
+      : 'Its last 64 KiB.';
+    $('tpl-sandbox').disabled = t.status !== 'ready';
+    $('tpl-delete').disabled = !!t.public || !$('tpl-confirm').hidden;
+    $('tpl-delete').title = t.public ? 'Public templates are the operator\'s' : '';
+  }
+
+  function askDeleteTemplate() {
+    const t = state.template;
+    if (!t) return;
+    say('tpl-error', '');
+    $('tpl-confirm-text').textContent = `Delete ${tplRef(t)}? Sandboxes can no longer start from it.`;
+    $('tpl-confirm').hidden = false;
+    $('tpl-delete').disabled = true;
+  }
+
+  function keepTemplate() {
+    $('tpl-confirm').hidden = true;
+    if (state.template) renderTemplate(state.template);
+  }
+
+  async function deleteTemplate() {
+    const t = state.template;
+    if (!t) return;
+    await busy('tpl-delete-yes', async () => {
+      try {
+        await api('DELETE', tplPath(t.id));
+      } catch (e) {
+        $('tpl-confirm').hidden = true;
+        say('tpl-error', e.message);
+        renderTemplate(t);
+        return;
+      }
+      $('tpl-confirm').hidden = true;
+      state.template = null;
+      location.hash = '#templates';
+    });
+  }
+
+  // newSandboxFrom opens the create form with the template chosen.
+  function newSandboxFrom() {
+    const t = state.template;
+    if (!t || t.status !== 'ready') return;
+    state.createTemplate = tplRef(t);
+    location.hash = '#sandboxes';
+  }
+
+  // loadTemplateChoices offers the ready templates in the create form
+  // (none, or a server without templates: the choice is hidden). The
+  // options are made again only when the list changed, so a refresh never
+  // takes the choice back.
+  async function loadTemplateChoices() {
+    let list = [];
+    try {
+      list = ((await api('GET', '/api/templates')).templates || []).filter((t) => t.status === 'ready');
+    } catch (e) {
+      if (e.status === 401) throw e;
+      list = [];
+    }
+    // The account's own before a public one of the same name, as a create resolves it.
+    const refs = [];
+    for (const t of list.filter((x) => !x.public).concat(list.filter((x) => x.public))) {
+      if (!refs.some((r) => r.ref === tplRef(t))) refs.push({ ref: tplRef(t), public: !!t.public });
+    }
+    const sig = JSON.stringify(refs);
+    const select = $('new-template');
+    if (sig !== state.templateChoices) {
+      state.templateChoices = sig;
+      const keep = select.value;
+      select.replaceChildren(el('option', { value: '', text: 'the server\'s image' }),
+        ...refs.map((r) => el('option', { value: r.ref, text: r.ref + (r.public ? ' (public)' : '') })));
+      if (refs.some((r) => r.ref === keep)) select.value = keep;
+    }
+    $('new-template-label').hidden = refs.length === 0;
+    if (state.createTemplate && refs.some((r) => r.ref === state.createTemplate)) {
+      select.value = state.createTemplate;
+      state.createTemplate = '';
+      $('new-command').focus();
+    }
+  }
+
   // ---- terminal ------------------------------------------------------------------
 
   async function loadTerminal(id) {
@@ -1435,6 +1652,11 @@
     $('runs-filter-text').addEventListener('input', renderRuns);
     $('runs-more').addEventListener('click', () => run(loadOlderRuns()));
     $('upload-form').addEventListener('submit', (e) => run(uploadFiles(e)));
+    $('tpl-form').addEventListener('submit', (e) => run(buildTemplate(e)));
+    $('tpl-sandbox').addEventListener('click', newSandboxFrom);
+    $('tpl-delete').addEventListener('click', askDeleteTemplate);
+    $('tpl-delete-no').addEventListener('click', keepTemplate);
+    $('tpl-delete-yes').addEventListener('click', () => run(deleteTemplate()));
     $('term-form').addEventListener('submit', connectTerminal);
     $('term-disconnect').addEventListener('click', disconnectTerminal);
     $('term').addEventListener('keydown', termKey);

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
@@ -178,7 +179,10 @@ func TestRunscUpgradeReattach(t *testing.T) {
 		t.Fatalf("state of the old runsc's sandbox: %v %v", st, err)
 	}
 	var out strings.Builder
-	if _, err := again.Exec(ctx, runtime.ExecRequest{Cmd: []string{"cat", "/workspace/f"}, Stdout: &out}); err != nil || out.String() != "kept\n" {
+	// A deadline turns an agent that never reconnects into a failure.
+	ectx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := again.Exec(ectx, runtime.ExecRequest{Cmd: []string{"cat", "/workspace/f"}, Stdout: &out}); err != nil || out.String() != "kept\n" {
 		t.Fatalf("exec after the restart: %q %v", out.String(), err)
 	}
 	// Snapshots pause it with its own runsc.

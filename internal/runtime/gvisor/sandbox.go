@@ -184,6 +184,13 @@ func (s *sandbox) attach() error {
 	if err != nil {
 		return fmt.Errorf("listen for agent: %w", err)
 	}
+	// The listener is closed by a goroutine (below) that may run after
+	// another attach of the same sandbox (a runtime made again on the same
+	// state, as a restart within one process does) has listened on the same
+	// path: unlinking on close would remove the new listener's socket, and
+	// the agent, redialling the path, would never reach it. The path is
+	// removed before each listen instead.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	ctx := s.Begin(s.r.Context())
 	// Detach ends ctx: the accept loop, the log drain and the memory
 	// guard end with it.
