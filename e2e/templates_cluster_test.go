@@ -78,7 +78,8 @@ func notBuilding(tpl map[string]any) bool { return tpl["status"] != "building" }
 // placed on node B (A cordoned), whose cache lacks the image: B
 // materialises the image's root filesystem from S3 on that first create,
 // once, and the sandbox sees the image's file and the step's. Deleting the
-// template removes its root filesystem from S3. (Test names stay short:
+// template removes its root filesystem from S3 and node A's copy; node
+// B's goes when B restarts. (Test names stay short:
 // sandboxes' sockets live under the test's temporary directory.)
 func TestTemplateCluster(t *testing.T) {
 	ref := pushTestImage(t, "apps/clustered:v1")
@@ -169,6 +170,15 @@ func TestTemplateCluster(t *testing.T) {
 	}
 	if cachedOn(a.server) {
 		t.Fatal("node A kept its cached image after the delete")
+	}
+	// Node B's copy goes when it starts again.
+	if !cachedOn(b.server) {
+		t.Fatal("node B's copy went before its restart")
+	}
+	b.stop()
+	b2 := startServerIn(t, b.dataDir, dsn, b.flags...)
+	if cachedOn(b2) || !strings.Contains(b2.logs.String(), "templates: cached image collected") {
+		t.Fatalf("node B kept its copy of the deleted template's image after its restart; its logs:\n%s", b2.logs.String())
 	}
 }
 
