@@ -215,6 +215,9 @@ func (n *node) run(ctx context.Context) error {
 	// Every node sweeps: the deletes are idempotent batches, and each
 	// node keeps the logs of the runs it worked.
 	go n.dom.sweeper.Run(runCtx)
+	// Every node collects its own cache of template images (and, with
+	// the others, what no template needs in the shared store).
+	go n.dom.tpls.RunCollector(runCtx)
 
 	n.log.Info("sandboxd serving", "addr", n.ls.ln.Addr().String(), "data_dir", n.stor.dataDir, "database", n.stor.st.Dialect(),
 		"runtime", n.rt.rt.Name(), "image", n.rt.baseID, "version", version)

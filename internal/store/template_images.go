@@ -133,3 +133,45 @@ func (q *Queries) ListTemplateImages(ctx context.Context) ([]TemplateImage, erro
 	}
 	return out, nil
 }
+
+// UseTemplateLayer returns the account's cached layer of cacheKey, as
+// GetTemplateLayer does, and records that a build takes it now, so that
+// DeleteUnusedTemplateLayers spares it; ErrNotFound when there is none
+// (or it was just collected: then the build runs the step).
+func (q *Queries) UseTemplateLayer(ctx context.Context, accountID, cacheKey string) (TemplateLayer, error) {
+	l := TemplateLayer{AccountID: accountID, CacheKey: cacheKey}
+	var created int64
+	err := q.writeQueryRow(ctx, "UPDATE template_layers SET used_at = ? WHERE account_id = ? AND cache_key = ? RETURNING blob_key, size, created_at",
+		toMillis(nowMS()), accountID, cacheKey).Scan(&l.BlobKey, &l.Size, &created)
+	if err != nil {
+		return TemplateLayer{}, fmt.Errorf("use template layer %s: %w", cacheKey, notFound(err))
+	}
+	l.CreatedAt = fromMillis(created)
+	return l, nil
+}
+
+// DeleteUnusedTemplateLayers deletes the build cache entries made and
+// last taken before before that no template's layer chain names, and
+// returns them (their blobs may then be deleted). An entry a build takes
+// (UseTemplateLayer) at the same time is either spared or, deleted first,
+// not found by the build.
+func (q *Queries) DeleteUnusedTemplateLayers(ctx context.Context, before time.Time) ([]TemplateLayer, error) {
+	var out []TemplateLayer
+	err := q.atomically(ctx, func(q *Queries) error {
+		var err error
+		out, err = queryAll(ctx, q, func(s scanner) (TemplateLayer, error) {
+			var l TemplateLayer
+			var created int64
+			err := s.Scan(&l.AccountID, &l.CacheKey, &l.BlobKey, &l.Size, &created)
+			l.CreatedAt = fromMillis(created)
+			return l, err
+		}, `DELETE FROM template_layers WHERE used_at < ? AND created_at < ?
+			AND NOT EXISTS (SELECT 1 FROM templates WHERE templates.layers LIKE '%"' || template_layers.blob_key || '"%')
+			RETURNING account_id, cache_key, blob_key, size, created_at`, toMillis(before), toMillis(before))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delete unused template layers: %w", err)
+	}
+	return out, nil
+}

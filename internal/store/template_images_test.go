@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
@@ -78,6 +79,43 @@ func TestTemplateImages(t *testing.T) {
 		for key, want := range map[string]bool{"c1": true, "c2": true, "c3": true, "c": false, "c4": false} {
 			if inUse, err := s.TemplateBlobInUse(ctx, key); inUse != want || err != nil {
 				t.Errorf("%s in use: %v %v, want %v", key, inUse, err, want)
+			}
+		}
+	})
+}
+
+func TestTemplateLayersCollected(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "alice")
+		old := time.Now().Add(-time.Hour)
+		for _, l := range []store.TemplateLayer{
+			{AccountID: alice.ID, CacheKey: "named", BlobKey: "b1", Size: 1, CreatedAt: old},
+			{AccountID: alice.ID, CacheKey: "unnamed", BlobKey: "b2", Size: 1, CreatedAt: old},
+			{AccountID: alice.ID, CacheKey: "taken", BlobKey: "b3", Size: 1, CreatedAt: old},
+			{AccountID: alice.ID, CacheKey: "new", BlobKey: "b4", Size: 1},
+		} {
+			if err := s.PutTemplateLayer(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tpl := store.Template{AccountID: alice.ID, Name: "py", Tag: "1", Source: "registry.example/py", Layers: `["b0","b1"]`}
+		if err := s.CreateTemplate(ctx, &tpl); err != nil {
+			t.Fatal(err)
+		}
+		if l, err := s.UseTemplateLayer(ctx, alice.ID, "taken"); err != nil || l.BlobKey != "b3" {
+			t.Fatalf("use: %+v %v", l, err)
+		}
+		_, err := s.UseTemplateLayer(ctx, alice.ID, "absent")
+		wantErr(t, "use an absent entry", err, store.ErrNotFound)
+		gone, err := s.DeleteUnusedTemplateLayers(ctx, time.Now().Add(-time.Minute))
+		if err != nil || len(gone) != 1 || gone[0].CacheKey != "unnamed" || gone[0].BlobKey != "b2" {
+			t.Fatalf("collected %+v %v", gone, err)
+		}
+		for _, k := range []string{"named", "taken", "new"} {
+			if _, err := s.GetTemplateLayer(ctx, alice.ID, k); err != nil {
+				t.Errorf("%s: %v", k, err)
 			}
 		}
 	})

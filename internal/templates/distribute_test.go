@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -533,5 +534,88 @@ func TestFailedBuildKeepsItsImage(t *testing.T) {
 	}
 	if _, err := os.Stat(rootfs); !os.IsNotExist(err) {
 		t.Fatalf("kept after the failed template's delete: %v", err)
+	}
+}
+
+// TestCollectTheBuildCache: a build cache entry is kept while a template
+// names its layer, and after that for CacheKeep since it was made or
+// last taken; then Collect deletes it and its layer's blob. A rebuild
+// that takes an entry renews it.
+func TestCollectTheBuildCache(t *testing.T) {
+	f := newFixture(t)
+	ctx := t.Context()
+	local, err := blob.NewLocal(filepath.Join(t.TempDir(), "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jc, err := jobs.New(ctx, f.st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer jc.Close()
+	const keep = time.Second
+	svc, err := templates.New(templates.Config{Store: f.st, Jobs: jc, NodeID: "here", Dir: f.dir, AllowPrivate: true,
+		Blobs: local, Host: newFakeHost(), CacheKeep: keep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := f.push(t, "tools/cache:1", v1.Config{}, map[string]string{"a": "b"})
+	build := func(name string) store.Template {
+		t.Helper()
+		tpl, err := svc.Build(ctx, f.alice, templates.BuildRequest{Name: name, Image: ref, Steps: []byte(`[{"type":"RUN","args":["echo hi"]}]`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := svc.Run(ctx, tpl.ID); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := f.st.GetTemplate(ctx, tpl.ID)
+		if got.Status != store.TemplateReady {
+			t.Fatalf("build %s: %+v", name, got)
+		}
+		return got
+	}
+	tpl := build("cache:1")
+	var layers []string
+	if err := json.Unmarshal([]byte(tpl.Layers), &layers); err != nil || len(layers) != 1 {
+		t.Fatalf("layers %q %v", tpl.Layers, err)
+	}
+	stored := func() bool {
+		_, err := local.Stat(ctx, layers[0])
+		return err == nil
+	}
+	time.Sleep(keep + 100*time.Millisecond)
+	svc.Collect(ctx)
+	if !stored() {
+		t.Fatal("collected while a template names it")
+	}
+	// Deleted: the cache entry still names the layer.
+	if err := svc.Delete(ctx, f.alice, tpl.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !stored() {
+		t.Fatal("the delete collected a layer the build cache names")
+	}
+	// A rebuild takes it (and renews it): kept through a Collect.
+	tpl = build("cache:1")
+	if !strings.Contains(tpl.Log, "step 1/1: cached") {
+		t.Fatalf("rebuild did not take the cache:\n%s", tpl.Log)
+	}
+	if err := svc.Delete(ctx, f.alice, tpl.ID); err != nil {
+		t.Fatal(err)
+	}
+	svc.Collect(ctx)
+	if !stored() {
+		t.Fatal("collected an entry taken less than CacheKeep ago")
+	}
+	time.Sleep(keep + 100*time.Millisecond)
+	svc.Collect(ctx)
+	if stored() {
+		t.Fatal("an entry unused for longer than CacheKeep, named by no template, was kept")
+	}
+	// The next build runs its step again.
+	tpl = build("cache:1")
+	if strings.Contains(tpl.Log, "step 1/1: cached") {
+		t.Fatalf("a collected entry was taken:\n%s", tpl.Log)
 	}
 }

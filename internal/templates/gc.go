@@ -12,6 +12,30 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
+// DefaultCacheKeep is how long a build cache entry that no template
+// names is kept after it was made or last taken: a rebuild within it (a
+// delete and a build again, the way to change a name:tag) skips the
+// steps it holds.
+const DefaultCacheKeep = 7 * 24 * time.Hour
+
+// CollectInterval is how often RunCollector collects.
+const CollectInterval = time.Hour
+
+// RunCollector collects (Collect) at once, then every CollectInterval
+// until ctx ends.
+func (s *Service) RunCollector(ctx context.Context) {
+	t := time.NewTicker(CollectInterval)
+	defer t.Stop()
+	for {
+		s.Collect(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // staleTempAge is how old a temporary directory of the cache (a fetch
 // or a materialise a crash cut) must be before Collect removes it: live
 // ones are younger by far.
@@ -105,9 +129,12 @@ func (s *Service) collectImage(ctx context.Context, digest string) {
 // Collect removes what no template needs any more: the images in this
 // node's cache and the root filesystems in the blob store whose digest no
 // template names (those of templates deleted on other nodes, of builds
-// that resolved again to another digest), and temporary directories a
-// crash left in the cache. Run when the server starts; best effort.
+// that resolved again to another digest), the build cache entries no
+// template names that were not made or taken for CacheKeep, with their
+// layers, and temporary directories a crash left in the cache. Best
+// effort: what fails is logged and tried again next time.
 func (s *Service) Collect(ctx context.Context) {
+	s.collectCache(ctx)
 	digests, err := s.catalog.cachedDigests()
 	if err != nil {
 		s.log.Warn("templates: list the cache", "err", err)
@@ -149,5 +176,22 @@ func (s *Service) Collect(ctx context.Context) {
 		if err := os.RemoveAll(filepath.Join(s.cfg.Dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("templates: remove a stale directory of the cache", "dir", e.Name(), "err", err)
 		}
+	}
+}
+
+// collectCache deletes the build cache entries no template names that
+// were not made or taken for CacheKeep, and their layers' blobs when
+// nothing else names them.
+func (s *Service) collectCache(ctx context.Context) {
+	gone, err := s.st.DeleteUnusedTemplateLayers(ctx, time.Now().Add(-s.cfg.CacheKeep))
+	if err != nil {
+		s.log.Warn("templates: collect the build cache", "err", err)
+		return
+	}
+	for _, l := range gone {
+		s.collectBlob(ctx, l.BlobKey, "cached layer")
+	}
+	if len(gone) > 0 {
+		s.log.Info("templates: build cache entries collected", "entries", len(gone))
 	}
 }

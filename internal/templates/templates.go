@@ -25,7 +25,9 @@
 //   - A template names its digest from the resolve of its build on (and
 //     when it failed), and an image is collected only when no template
 //     names its digest (gc.go); a blob is deleted only when no template,
-//     build cache entry, stored image or snapshot names it.
+//     build cache entry, stored image or snapshot names it; a cache entry
+//     no template names goes CacheKeep after it was made or last taken,
+//     and a build takes one only by renewing it (UseTemplateLayer).
 //   - Builds survive a restart: the job is inserted with the row, a
 //     restarted node enqueues its unfinished builds again (Resume), and a
 //     job that finds its row still building builds it (again, from the
@@ -97,6 +99,9 @@ type Config struct {
 	// StepTimeout bounds one step of a build (default DefaultStepTimeout),
 	// BuildTimeout a whole build (default DefaultBuildTimeout).
 	StepTimeout, BuildTimeout time.Duration
+	// CacheKeep is how long a build cache entry no template names is
+	// kept after it was made or last taken (default DefaultCacheKeep).
+	CacheKeep time.Duration
 	// BuildNetwork is the network policy of build sandboxes (default:
 	// egress to public addresses).
 	BuildNetwork netpol.Policy
@@ -138,6 +143,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.BuildTimeout <= 0 {
 		cfg.BuildTimeout = DefaultBuildTimeout
+	}
+	if cfg.CacheKeep <= 0 {
+		cfg.CacheKeep = DefaultCacheKeep
 	}
 	if cfg.BuildNetwork.Mode == "" {
 		cfg.BuildNetwork = netpol.Policy{Mode: netpol.ModeEgress}
@@ -436,13 +444,12 @@ func logLine(format string, a ...any) string {
 	return time.Now().UTC().Format(time.RFC3339) + " " + fmt.Sprintf(format, a...) + "\n"
 }
 
-// Resume collects what no template needs (Collect), then enqueues again
-// the build of each template this node was building when it stopped: a job cut by a shutdown or a crash would
+// Resume enqueues again the build of each template this node was
+// building when it stopped: a job cut by a shutdown or a crash would
 // otherwise wait for River's retry or rescue. A build that runs twice is
 // harmless: one finishes the row, the other finds it ended (or the image
 // cached) and does nothing.
 func (s *Service) Resume(ctx context.Context) error {
-	s.Collect(ctx)
 	if s.cfg.Jobs == nil {
 		return nil
 	}
