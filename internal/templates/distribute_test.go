@@ -312,6 +312,11 @@ func TestImageMovesBetweenNodes(t *testing.T) {
 	if cached(bdir) {
 		t.Fatal("node b kept its copy after its Collect")
 	}
+	for _, dir := range []string{f.dir, bdir, cdir} {
+		if locks, _ := os.ReadDir(filepath.Join(dir, ".locks")); len(locks) != 0 {
+			t.Fatalf("lock files left in %s: %v", dir, locks)
+		}
+	}
 }
 
 // TestMaterialiseOnce: concurrent first starts of a template on a node

@@ -88,33 +88,24 @@ func (s *Service) collectBlob(ctx context.Context, key, what string) {
 
 // collectImage removes the root filesystem of digest when no template
 // names it: this node's cached copy (under the digest's lock, so that no
-// materialise or fetch of it runs meanwhile), then its row and blob in
-// the blob store.
+// materialise or fetch of it runs meanwhile) and its lock file, then its
+// row and blob in the blob store.
 func (s *Service) collectImage(ctx context.Context, digest string) {
-	unlock, err := lockDigest(ctx, s.cfg.Dir, digest)
-	if err != nil {
-		s.log.Warn("templates: lock a cached image", "digest", digest, "err", err)
-		return
-	}
-	n, err := s.st.CountTemplatesWithDigest(ctx, digest)
-	if err == nil && n == 0 {
-		if _, statErr := os.Stat(s.rootfs(digest)); statErr == nil {
-			err = os.RemoveAll(s.rootfs(digest))
-			if err == nil {
-				s.log.Info("templates: cached image collected", "digest", digest)
-			}
+	if n, err := s.st.CountTemplatesWithDigest(ctx, digest); err != nil || n > 0 {
+		if err != nil {
+			s.log.Warn("templates: count the templates of an image", "digest", digest, "err", err)
 		}
-		if err == nil {
-			err = removeLockFile(s.cfg.Dir, digest)
+		return
+	}
+	if s.holds(digest) {
+		removed, err := s.removeCached(ctx, digest)
+		if err != nil {
+			s.log.Warn("templates: remove a cached image", "digest", digest, "err", err)
+			return
 		}
-	}
-	unlock()
-	if err != nil {
-		s.log.Warn("templates: remove a cached image", "digest", digest, "err", err)
-		return
-	}
-	if n > 0 {
-		return
+		if !removed {
+			return // named again meanwhile
+		}
 	}
 	img, deleted, err := s.st.DeleteUnusedTemplateImage(ctx, digest)
 	if err != nil {
@@ -124,6 +115,39 @@ func (s *Service) collectImage(ctx context.Context, digest string) {
 	if deleted {
 		s.collectBlob(ctx, img.BlobKey, "root filesystem "+digest)
 	}
+}
+
+// holds says whether this node's cache has anything of digest: its
+// directory or its lock file.
+func (s *Service) holds(digest string) bool {
+	for _, p := range []string{s.rootfs(digest), lockPath(s.cfg.Dir, digest)} {
+		if _, err := os.Lstat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// removeCached removes this node's copy of digest and its lock file,
+// under the lock, unless a template names the digest by then; false when
+// one does.
+func (s *Service) removeCached(ctx context.Context, digest string) (bool, error) {
+	unlock, err := lockDigest(ctx, s.cfg.Dir, digest)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	n, err := s.st.CountTemplatesWithDigest(ctx, digest)
+	if err != nil || n > 0 {
+		return false, err
+	}
+	if _, err := os.Stat(s.rootfs(digest)); err == nil {
+		if err := os.RemoveAll(s.rootfs(digest)); err != nil {
+			return false, err
+		}
+		s.log.Info("templates: cached image collected", "digest", digest)
+	}
+	return true, removeLockFile(s.cfg.Dir, digest)
 }
 
 // Collect removes what no template needs any more: the images in this
