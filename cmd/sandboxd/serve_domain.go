@@ -86,7 +86,7 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	}
 	// This node among the others: registered, alive, watching them.
 	dom.members = membership.New(membership.Config{Store: d.stor.st, NodeID: d.stor.nodeID, Node: d.clu.node, DownAfter: d.clu.downAfter,
-		Sandboxes: dom.mgr, Jobs: dom.jobs, Logger: log.With("component", "membership")})
+		Sandboxes: dom.mgr, Jobs: dom.jobs, Builds: dom.tpls, Logger: log.With("component", "membership")})
 	dom.agents = agents.New(agents.Config{
 		Store: d.stor.st, Jobs: dom.jobs, Lifecycle: dom.mgr, Node: dom.members, Persist: dom.persist, Setups: setups, Forge: d.forge.gh,
 		PublicURL: o.files.publicURL, Network: d.nw.policy, AgentRunsPerAccount: o.agents.runs,

@@ -26,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/zstd"
+	"github.com/riverqueue/river"
 
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -622,5 +623,51 @@ func TestCollectTheBuildCache(t *testing.T) {
 	tpl = build("cache:1")
 	if strings.Contains(tpl.Log, "step 1/1: cached") {
 		t.Fatalf("a collected entry was taken:\n%s", tpl.Log)
+	}
+}
+
+// TestBuildOfADownNodeTakenOver: the build a node declared down was
+// running (its row building on that node) is enqueued on the shared
+// queue by AdoptBuilds, and another node's worker builds it.
+func TestBuildOfADownNodeTakenOver(t *testing.T) {
+	f := newFixture(t)
+	ctx := t.Context()
+	ref := f.push(t, "tools/adopted:1", v1.Config{}, map[string]string{"x": "y"})
+	tpl := store.Template{AccountID: f.alice.AccountID, Name: "adopted", Tag: "1", Source: ref, NodeID: "gone"}
+	if err := f.st.CreateTemplate(ctx, &tpl); err != nil {
+		t.Fatal(err)
+	}
+	workers := river.NewWorkers()
+	jc, err := jobs.New(ctx, f.st, jobs.Config{NodeID: "other", Workers: workers, Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := templates.New(templates.Config{Store: f.st, Jobs: jc, NodeID: "other", Dir: f.dir, AllowPrivate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.RegisterWorkers(workers)
+	if err := jc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = jc.Stop(context.Background()) })
+	// Its own Resume does not take another node's builds.
+	if err := svc.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := svc.AdoptBuilds(ctx, "gone"); n != 1 || err != nil {
+		t.Fatalf("adopted %d %v", n, err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := f.st.GetTemplate(ctx, tpl.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status == store.TemplateReady {
+			break
+		}
+		if got.Status == store.TemplateFailed || time.Now().After(deadline) {
+			t.Fatalf("adopted build: %+v", got)
+		}
 	}
 }

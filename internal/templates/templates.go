@@ -466,6 +466,28 @@ func (s *Service) Resume(ctx context.Context) error {
 	return nil
 }
 
+// AdoptBuilds enqueues on the shared queue, where any node's worker takes
+// it, the build of each template node nodeID, declared down, was building:
+// its job is held by that node's worker and would wait for it to come
+// back. If it does, its Resume enqueues the build again: whichever runs
+// second finds the row ended (or builds it once more, harmlessly).
+func (s *Service) AdoptBuilds(ctx context.Context, nodeID string) (int, error) {
+	if s.cfg.Jobs == nil {
+		return 0, nil
+	}
+	building, err := s.st.ListBuildingTemplates(ctx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	for i, t := range building {
+		if err := s.cfg.Jobs.Insert(ctx, jobs.BuildTemplateArgs{TemplateID: t.ID}, ""); err != nil {
+			return i, err
+		}
+		s.log.Info("templates: build of a down node taken over", "template_id", t.ID, "node_id", nodeID)
+	}
+	return len(building), nil
+}
+
 // RegisterWorkers adds the build worker to w.
 func (s *Service) RegisterWorkers(w *river.Workers) {
 	river.AddWorker(w, &buildWorker{s: s})
