@@ -72,6 +72,31 @@ func templateUntil(t *testing.T, s *server, k key, id string, within time.Durati
 
 func notBuilding(tpl map[string]any) bool { return tpl["status"] != "building" }
 
+// startTemplateCluster starts two nodes on one PostgreSQL and one S3
+// store, with the network pools of this file's tests and the registry
+// flag, a node declared down after downAfter without a heartbeat.
+func startTemplateCluster(t *testing.T, downAfter string) ([]*clusterNode, *store.Store, string) {
+	t.Helper()
+	dsn := storetest.PostgresDSN(t)
+	s3 := blobtest.StartS3(t)
+	secret := filepath.Join(t.TempDir(), "cluster-secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("fedcba9876543210", 4)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []*clusterNode
+	for _, pool := range []string{"10.242.0.0/16", "10.243.0.0/16"} {
+		flags := []string{"--cluster-listen", freeAddr(t), "--cluster-secret-file", secret, "--blob-store", s3,
+			"--node-down-after", downAfter, "--network-pool", pool, "--templates-allow-private-registries"}
+		nodes = append(nodes, &clusterNode{server: startServer(t, dsn, flags...), flags: flags})
+	}
+	st, err := store.Open(context.Background(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return nodes, st, dsn
+}
+
 // TestTemplateCluster: a template built on one node starts on another.
 // Two nodes on one PostgreSQL and one S3 store; a template (the test image
 // and a RUN step) is built through node A, on A; a sandbox from it is
@@ -83,23 +108,7 @@ func notBuilding(tpl map[string]any) bool { return tpl["status"] != "building" }
 // sandboxes' sockets live under the test's temporary directory.)
 func TestTemplateCluster(t *testing.T) {
 	ref := pushTestImage(t, "apps/clustered:v1")
-	dsn := storetest.PostgresDSN(t)
-	s3 := blobtest.StartS3(t)
-	secret := filepath.Join(t.TempDir(), "cluster-secret")
-	if err := os.WriteFile(secret, []byte(strings.Repeat("fedcba9876543210", 4)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var nodes []*clusterNode
-	for _, pool := range []string{"10.242.0.0/16", "10.243.0.0/16"} {
-		flags := []string{"--cluster-listen", freeAddr(t), "--cluster-secret-file", secret, "--blob-store", s3,
-			"--node-down-after", "20s", "--network-pool", pool, "--templates-allow-private-registries"}
-		nodes = append(nodes, &clusterNode{server: startServer(t, dsn, flags...), flags: flags})
-	}
-	st, err := store.Open(context.Background(), dsn, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	nodes, st, dsn := startTemplateCluster(t, "20s")
 	a, b := nodes[0], nodes[1]
 	ids := map[*server]string{a.server: nodeIDOf(t, a.server), b.server: nodeIDOf(t, b.server)}
 	acct := a.createAccount("clustered", false)
@@ -224,4 +233,49 @@ func TestTemplateRestart(t *testing.T) {
 		t.Fatalf("exec: %d %s", r.Status, r.Raw)
 	}
 	s.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", nil)
+}
+
+// TestTemplateNodeLost: a build in a cluster survives the loss of its
+// node. Node A builds a template with a slow RUN step and is killed
+// (SIGKILL) during the step; node B declares it down and builds the
+// template from the start; a sandbox from it runs on B with the step's
+// file. A, started again, destroys its build sandbox and rejoins.
+func TestTemplateNodeLost(t *testing.T) {
+	ref := pushTestImage(t, "apps/lost:v1")
+	nodes, _, dsn := startTemplateCluster(t, "5s")
+	a, b := nodes[0], nodes[1]
+	acct := a.createAccount("lost", false)
+	k := a.createKey(acct.ID)
+	id := buildTemplateVia(t, a.server, k, map[string]any{"name": "lost:v1", "image": ref,
+		"steps": []map[string]any{{"type": "RUN", "args": []string{"echo started; sleep 8; echo late > /opt/late.txt"}}}})
+	templateUntil(t, b.server, k, id, 3*time.Minute, func(tpl map[string]any) bool {
+		if tpl["status"] != "building" {
+			t.Fatalf("build ended before node A was lost: %v", tpl)
+		}
+		return strings.Contains(fmt.Sprint(tpl["log"]), "started")
+	})
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.cmd.Wait()
+	killed := time.Now()
+
+	tpl := templateUntil(t, b.server, k, id, 4*time.Minute, notBuilding)
+	log := fmt.Sprint(tpl["log"])
+	if tpl["status"] != "ready" || strings.Count(log, "resolving "+ref) != 2 {
+		t.Fatalf("after node A was lost: %v", tpl)
+	}
+	if !strings.Contains(b.logs.String(), "templates: build of a down node taken over") {
+		t.Fatalf("node B did not take the build over; its logs:\n%s", b.logs.String())
+	}
+	t.Logf("the build was ready %v after its node was killed (--node-down-after 5s, a step of 8 s)", time.Since(killed).Round(100*time.Millisecond))
+	sb := b.createSandbox(k, map[string]any{"template": "lost:v1"})
+	r := b.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/exec", map[string]any{"command": "cat", "args": []string{"/opt/late.txt"}})
+	if r.Status != 200 || r.Body["stdout"] != "late\n" {
+		t.Fatalf("exec: %d %s", r.Status, r.Raw)
+	}
+	b.as(k, "POST", "/api/sandboxes/"+sb["sandboxId"].(string)+"/stop", nil)
+	// A comes back: its reconcile destroys the build sandbox the kill
+	// left, and its Resume finds nothing to build.
+	startServerIn(t, a.dataDir, dsn, a.flags...)
 }
