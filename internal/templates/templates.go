@@ -31,7 +31,8 @@
 //   - Builds survive a restart: the job is inserted with the row, a
 //     restarted node enqueues its unfinished builds again (Resume), and a
 //     job that finds its row still building builds it (again, from the
-//     start); one that finds it ended does nothing.
+//     start); one that finds it ended does nothing. The builds of a node
+//     declared down are enqueued for any node (AdoptBuilds).
 //   - A build's failure reason and log lines are for its user
 //     (errdefs.Message): never a cause, a host path or a credential.
 //     Registry credentials are refused in this slice (nothing to store).
