@@ -216,6 +216,7 @@ func limitsOrDefaults(l oci.Limits) oci.Limits {
 // store keeps it in its cache alone.
 func (s *Service) distribute(ctx context.Context, digest string, logf func(string, ...any)) error {
 	if s.cfg.Blobs == nil {
+		logf("no blob store: the root filesystem is on this server only")
 		return nil
 	}
 	if img, err := s.st.GetTemplateImage(ctx, digest); err == nil {
