@@ -23,10 +23,10 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
 
-// pushTestImage pushes templateImage (the test root filesystem and an
+// pushClusterTestImage pushes templateImage (the test root filesystem and an
 // app layer) with a PATH to an in-process registry on loopback, as
 // repo:tag, and returns its reference.
-func pushTestImage(t *testing.T, repoTag string) string {
+func pushClusterTestImage(t *testing.T, repoTag string) string {
 	t.Helper()
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
@@ -70,7 +70,7 @@ func templateUntil(t *testing.T, s *server, k key, id string, within time.Durati
 	}
 }
 
-func notBuilding(tpl map[string]any) bool { return tpl["status"] != "building" }
+func templateNotBuilding(tpl map[string]any) bool { return tpl["status"] != "building" }
 
 // startTemplateCluster starts two nodes on one PostgreSQL and one S3
 // store, with the network pools of this file's tests and the registry
@@ -107,7 +107,7 @@ func startTemplateCluster(t *testing.T, downAfter string) ([]*clusterNode, *stor
 // B's goes at B's next collection (at its start, then hourly). (Test names stay short:
 // sandboxes' sockets live under the test's temporary directory.)
 func TestTemplateCluster(t *testing.T) {
-	ref := pushTestImage(t, "apps/clustered:v1")
+	ref := pushClusterTestImage(t, "apps/clustered:v1")
 	nodes, st, dsn := startTemplateCluster(t, "20s")
 	a, b := nodes[0], nodes[1]
 	ids := map[*server]string{a.server: nodeIDOf(t, a.server), b.server: nodeIDOf(t, b.server)}
@@ -116,7 +116,7 @@ func TestTemplateCluster(t *testing.T) {
 
 	id := buildTemplateVia(t, a.server, k, map[string]any{"name": "clustered:v1", "image": ref,
 		"steps": []map[string]any{{"type": "RUN", "args": []string{"echo from-the-step > /opt/step.txt"}}}})
-	tpl := templateUntil(t, a.server, k, id, 4*time.Minute, notBuilding)
+	tpl := templateUntil(t, a.server, k, id, 4*time.Minute, templateNotBuilding)
 	if tpl["status"] != "ready" || !strings.Contains(fmt.Sprint(tpl["log"]), "root filesystem stored in the blob store") {
 		t.Fatalf("build: %v", tpl)
 	}
@@ -199,7 +199,7 @@ func TestTemplateCluster(t *testing.T) {
 // which starts over (the crash's build sandbox destroyed by the
 // reconcile) and ends ready, and a sandbox from it has the step's file.
 func TestTemplateRestart(t *testing.T) {
-	ref := pushTestImage(t, "apps/slow:v1")
+	ref := pushClusterTestImage(t, "apps/slow:v1")
 	flags := []string{"--templates-allow-private-registries", "--network-pool", "10.243.0.0/16"}
 	s := startServer(t, filepath.Join(t.TempDir(), "templates.db"), flags...)
 	acct := s.createAccount("restarted", false)
@@ -219,7 +219,7 @@ func TestTemplateRestart(t *testing.T) {
 	_ = s.cmd.Wait()
 
 	s = startServerIn(t, s.dataDir, s.dsn, flags...)
-	tpl := templateUntil(t, s, k, id, 4*time.Minute, notBuilding)
+	tpl := templateUntil(t, s, k, id, 4*time.Minute, templateNotBuilding)
 	log := fmt.Sprint(tpl["log"])
 	if tpl["status"] != "ready" || strings.Count(log, "resolving "+ref) != 2 || !strings.Contains(log, "ready: ") {
 		t.Fatalf("after the restart: %v", tpl)
@@ -241,7 +241,7 @@ func TestTemplateRestart(t *testing.T) {
 // template from the start; a sandbox from it runs on B with the step's
 // file. A, started again, destroys its build sandbox and rejoins.
 func TestTemplateNodeLost(t *testing.T) {
-	ref := pushTestImage(t, "apps/lost:v1")
+	ref := pushClusterTestImage(t, "apps/lost:v1")
 	nodes, _, dsn := startTemplateCluster(t, "5s")
 	a, b := nodes[0], nodes[1]
 	acct := a.createAccount("lost", false)
@@ -260,7 +260,7 @@ func TestTemplateNodeLost(t *testing.T) {
 	_ = a.cmd.Wait()
 	killed := time.Now()
 
-	tpl := templateUntil(t, b.server, k, id, 4*time.Minute, notBuilding)
+	tpl := templateUntil(t, b.server, k, id, 4*time.Minute, templateNotBuilding)
 	log := fmt.Sprint(tpl["log"])
 	if tpl["status"] != "ready" || strings.Count(log, "resolving "+ref) != 2 {
 		t.Fatalf("after node A was lost: %v", tpl)
