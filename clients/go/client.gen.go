@@ -543,7 +543,7 @@ type BuildTemplateRequest struct {
 	// Name name[:tag]: a name of 1 to 63 lower-case letters
 	Name string `json:"name"`
 
-	// Image The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile
+	// Image The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile
 	Image *string `json:"image,omitempty"`
 
 	// Steps Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN
@@ -561,8 +561,8 @@ type BuildTemplateRequest struct {
 	// ReadyCmd Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes
 	ReadyCmd *string `json:"readyCmd,omitempty"`
 
-	// Registry Registry credentials: not supported yet (400); only public images are built for now
-	Registry *map[string]interface{} `json:"registry,omitempty"`
+	// Registry Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged
+	Registry *TemplateRegistry `json:"registry,omitempty"`
 }
 
 // CodingAgentRequest defines model for CodingAgentRequest.
@@ -618,7 +618,7 @@ type CreateSandboxRequest struct {
 	// Network Network policy (sandboxd): "none" (default), "egress", or {"allow": [IPv4 CIDR, address, domain or *.domain, ...]}. A server-wide deny list (host, other sandboxes, metadata, private ranges) always wins.
 	Network *NetworkPolicy `json:"network,omitempty"`
 
-	// Template Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now)
+	// Template Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd)
 	Template *string `json:"template,omitempty"`
 }
 
@@ -1037,6 +1037,18 @@ type TemplateConfig struct {
 	Entrypoint   []string `json:"entrypoint"`
 	Cmd          []string `json:"cmd"`
 	ExposedPorts []string `json:"exposedPorts"`
+}
+
+// TemplateRegistry defines model for TemplateRegistry.
+type TemplateRegistry struct {
+	// Username The registry user (with password)
+	Username *string `json:"username,omitempty"`
+
+	// Password The password or access token (with username)
+	Password *string `json:"password,omitempty"`
+
+	// Token A registry token sent as is (Bearer) instead of username and password
+	Token *string `json:"token,omitempty"`
 }
 
 // TemplateResponse defines model for TemplateResponse.
@@ -1703,7 +1715,7 @@ type ClientInterface interface {
 
 	// PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1712,7 +1724,7 @@ type ClientInterface interface {
 
 	// PostTemplates Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2510,7 +2522,7 @@ func (c *Client) GetTemplates(ctx context.Context, reqEditors ...RequestEditorFn
 
 // PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2529,7 +2541,7 @@ func (c *Client) PostTemplatesWithBody(ctx context.Context, contentType string, 
 
 // PostTemplates Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4670,7 +4682,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4679,7 +4691,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -8116,7 +8128,7 @@ func (c *ClientWithResponses) GetTemplatesWithResponse(ctx context.Context, reqE
 
 // PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8131,7 +8143,7 @@ func (c *ClientWithResponses) PostTemplatesWithBodyWithResponse(ctx context.Cont
 
 // PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

@@ -81,7 +81,7 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	setups := agents.NewSetups(d.stor.st, dom.jobs)
 	dom.mgr = setupManager(o, d, dom, setups, log)
 	// Templates build through the manager (their steps' sandboxes).
-	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, workers, log); err != nil {
+	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, workers, o.cluster.secret, log); err != nil {
 		return nil, err
 	}
 	// This node among the others: registered, alive, watching them.

@@ -39,14 +39,32 @@ func (o *templatesOptions) buildNetwork() netpol.Policy {
 // templatesDir is the node's cache of unpacked images (root only).
 func templatesDir(stor *storage) string { return filepath.Join(stor.dataDir, "templates") }
 
+// credentialsKeyFile holds the key that seals template builds' registry
+// credentials on a node outside a cluster (made at first start, 0600).
+func credentialsKeyFile(stor *storage) string {
+	return filepath.Join(stor.dataDir, "registry-credentials.key")
+}
+
 // setupTemplates builds the templates service over the node's cache of
 // unpacked images, starting build sandboxes through host, and registers
 // its build worker.
-func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, log *slog.Logger) (*templates.Service, error) {
+func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, clusterSecret []byte, log *slog.Logger) (*templates.Service, error) {
+	// The key that seals builds' registry credentials until their job
+	// runs: in a cluster, made from its secret (any node may open them);
+	// else this node's own.
+	var key []byte
+	if len(clusterSecret) > 0 {
+		key = templates.KeyFromSecret(clusterSecret)
+	} else {
+		var err error
+		if key, err = templates.LoadOrCreateKey(credentialsKeyFile(stor)); err != nil {
+			return nil, err
+		}
+	}
 	svc, err := templates.New(templates.Config{
 		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
-		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"),
+		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"), CredentialsKey: key,
 	})
 	if err != nil {
 		return nil, err

@@ -64,21 +64,28 @@ func registerAPIFlags(cmd *cobra.Command, c *apiClient, f *clientFlags, account 
 func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	var image, dockerfile, stepsFile, startCmd, readyCmd string
 	var wait bool
+	var reg registryFlags
 	cmd := &cobra.Command{
-		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE) [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
+		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
 		Short: "Build a template from an OCI image, with steps or a Dockerfile (the build runs on the server; --wait follows it)",
-		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF, a public image\n" +
+		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF\n" +
 			"(host/repository[:tag|@digest]), with the steps of --steps (a JSON array of E2B's {\"type\", \"args\"}: RUN,\n" +
 			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin).\n" +
 			"--start-cmd and --ready-cmd are the template's start and ready commands. The server answers at once with\n" +
 			"the template, building; --wait follows the build, its log lines on stderr as they come, and prints the\n" +
-			"template once it is ready, or exits non-zero with the reason the build failed.",
+			"template once it is ready, or exits non-zero with the reason the build failed.\n\n" +
+			"A private registry: --registry-username and the password (or access token) on stdin\n" +
+			"(--registry-password-stdin) or in SANDBOXD_REGISTRY_PASSWORD; or a registry token alone on stdin\n" +
+			"(--registry-token-stdin) or in SANDBOXD_REGISTRY_TOKEN. Never on the command line. The server keeps\n" +
+			"them sealed until the build has pulled the image, then deletes them.",
 		Example: "  sandboxd template build py:3.12 --image registry.example/library/python:3.12-slim --wait\n" +
 			"  sandboxd template build tools --image registry.example/acme/tools@sha256:... --json\n" +
-			"  sandboxd template build app:1 --dockerfile Dockerfile --wait",
+			"  sandboxd template build app:1 --dockerfile Dockerfile --wait\n" +
+			"  printf %s \"$TOKEN\" | sandboxd template build app:2 --image registry.example/acme/app:1 --registry-username bot --registry-password-stdin",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			body := client.BuildTemplateRequest{Name: args[0]}
+			var err error
 			switch {
 			case dockerfile != "" && (image != "" || stepsFile != ""):
 				return fmt.Errorf("--dockerfile is not used with --image or --steps: its FROM is the image")
@@ -104,6 +111,10 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 					return fmt.Errorf("--steps: not a JSON array of steps ({\"type\", \"args\"}): %w", err)
 				}
 				body.Steps = &steps
+			}
+			stdinTaken := dockerfile == "-" || stepsFile == "-"
+			if body.Registry, err = reg.credentials(cmd, stdinTaken); err != nil {
+				return err
 			}
 			if startCmd != "" {
 				body.StartCmd = &startCmd
@@ -148,6 +159,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	cmd.Flags().StringVar(&startCmd, "start-cmd", "", "the template's start command, run in each sandbox from it")
 	cmd.Flags().StringVar(&readyCmd, "ready-cmd", "", "the template's ready command: a sandbox is running once it exits 0")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the build, its log on stderr; fail, with the reason, when it failed")
+	reg.register(cmd.Flags())
 	return cmd
 }
 

@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -44,7 +45,11 @@ func TestTemplateRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(jc.Close)
-	svc, err := templates.New(templates.Config{Store: st, Jobs: jc, NodeID: "here", Dir: filepath.Join(t.TempDir(), "templates")})
+	credKey, err := templates.LoadOrCreateKey(filepath.Join(t.TempDir(), "registry-credentials.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := templates.New(templates.Config{Store: st, Jobs: jc, NodeID: "here", Dir: filepath.Join(t.TempDir(), "templates"), CredentialsKey: credKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +75,6 @@ func TestTemplateRoutes(t *testing.T) {
 		"dockerfile: line 2 (COPY)": `{"name":"a","dockerfile":"FROM registry.example/x\nCOPY a /a\n"}`,
 		"steps[0] (COPY)":           `{"name":"a","image":"registry.example/a","steps":[{"type":"COPY","args":["a","/a"],"filesHash":"` + strings.Repeat("a", 64) + `"}]}`,
 		"fromTemplate":              `{"name":"a","fromTemplate":"base"}`,
-		"registry":                  `{"name":"a","image":"registry.example/a","registry":{"username":"u","password":"p"}}`,
 	} {
 		code, out := call("alice", "POST", "/api/templates", body)
 		if code != http.StatusBadRequest || !strings.HasPrefix(out["error"].(string), field+": ") || !strings.Contains(out["error"].(string), "not supported yet") {
@@ -82,6 +86,11 @@ func TestTemplateRoutes(t *testing.T) {
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`:           "cannot run build steps",
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"NOPE","args":["x"]}]}`:             "steps[0]",
 		`{"name":"a","image":"registry.example/a","steps":"RUN true"}`:                                 "Expected array of steps",
+		`{"name":"a","image":"registry.example/a","registry":{"username":"u"}}`:                        "registry: password: required with a username",
+		`{"name":"a","image":"registry.example/a","registry":{"user":"u","password":"p"}}`:             "registry.user: unknown field",
+		`{"name":"a","image":"registry.example/a","registry":{"username":1,"password":"p"}}`:           "Expected string",
+		`{"name":"a","image":"registry.example/a","registry":"u:p"}`:                                   "Expected object",
+		`{"name":"a","image":"registry.example/a","registry":{}}`:                                      "registry: give a username and password, or a token",
 	} {
 		if code, out := call("alice", "POST", "/api/templates", body); code != http.StatusBadRequest || !strings.Contains(out["error"].(string), words) {
 			t.Fatalf("%s: %d %v; want 400 saying %q", body, code, out, words)
@@ -91,7 +100,20 @@ func TestTemplateRoutes(t *testing.T) {
 		t.Fatalf("bad name: %d %v", code, out)
 	}
 
-	code, out := call("alice", "POST", "/api/templates", `{"name":"py:3","image":"registry.example/py:3"}`)
+	// With credentials: accepted, and answered without them.
+	code, out := call("alice", "POST", "/api/templates", `{"name":"private","image":"registry.example/p:1","registry":{"username":"u","password":"pw-in-the-request-55"}}`)
+	if code != http.StatusAccepted || strings.Contains(fmt.Sprint(out), "pw-in-the-request-55") {
+		t.Fatalf("build with credentials: %d %v", code, out)
+	}
+	pid := out["template"].(map[string]any)["id"].(string)
+	if code, out := call("alice", "GET", "/api/templates/"+pid, ""); code != 200 || strings.Contains(fmt.Sprint(out), "pw-in-the-request-55") {
+		t.Fatalf("get with credentials: %d %v", code, out)
+	}
+	if code, _ := call("alice", "DELETE", "/api/templates/"+pid, ""); code != 200 {
+		t.Fatalf("delete: %d", code)
+	}
+
+	code, out = call("alice", "POST", "/api/templates", `{"name":"py:3","image":"registry.example/py:3"}`)
 	if code != http.StatusAccepted || out["status"] != "success" {
 		t.Fatalf("build: %d %v", code, out)
 	}

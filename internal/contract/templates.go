@@ -2,6 +2,8 @@ package contract
 
 import (
 	"encoding/json"
+	"fmt"
+	"log/slog"
 
 	"github.com/sandboxd/sandboxd/internal/oci"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -15,15 +17,40 @@ import (
 // them ignored.
 type BuildTemplateRequest struct {
 	Name  string `json:"name" jsonschema:"minLength=1,maxLength=192,description=name[:tag]: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest)"`
-	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile"`
+	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile"`
 	// Steps run over the image, in E2B's form.
 	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, ENV, ARG, WORKDIR, USER; COPY and ADD are refused (400) for now"`
 	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, ENV, ARG, WORKDIR, USER, CMD and ENTRYPOINT recorded; COPY and ADD are refused (400) for now). Not with image or steps"`
 	// Not supported yet: each is refused with 400 naming it.
-	FromTemplate string          `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
-	StartCmd     string          `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
-	ReadyCmd     string          `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
-	Registry     json.RawMessage `json:"registry,omitempty" jsonschema:"description=Registry credentials: not supported yet (400); only public images are built for now"`
+	FromTemplate string `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
+	StartCmd     string `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
+	ReadyCmd     string `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
+
+	// Registry is the credentials of the image's pull (never answered).
+	Registry *TemplateRegistry `json:"registry,omitempty" jsonschema:"description=Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged"`
+}
+
+// TemplateRegistry is the credentials a build pulls its image with: a
+// username and password (an access token used as the password, as most
+// registries take it), or a registry token alone, sent as a Bearer token.
+// Printing or logging one shows no secret.
+type TemplateRegistry struct {
+	Username string `json:"username,omitempty" jsonschema:"maxLength=256,description=The registry user (with password)"`
+	Password string `json:"password,omitempty" jsonschema:"maxLength=16384,description=The password or access token (with username)"`
+	Token    string `json:"token,omitempty" jsonschema:"maxLength=16384,description=A registry token sent as is (Bearer) instead of username and password"`
+}
+
+// String shows which fields are set, never a secret.
+func (r TemplateRegistry) String() string { return r.credentials().String() }
+
+// GoString keeps %#v from printing the fields.
+func (r TemplateRegistry) GoString() string { return "contract.TemplateRegistry{" + r.String() + "}" }
+
+// LogValue keeps slog from logging the fields.
+func (r TemplateRegistry) LogValue() slog.Value { return slog.StringValue(r.String()) }
+
+func (r TemplateRegistry) credentials() oci.Credentials {
+	return oci.Credentials{Username: r.Username, Password: r.Password, RegistryToken: r.Token}
 }
 
 // TemplateStep is one build step, as E2B's SDK sends it: args by type are
@@ -72,7 +99,9 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 		}
 	}
 	if o.present("registry") {
-		return req, FieldError("registry: credentials are not supported yet; templates are built from public images for now", "registry")
+		if req.Registry, err = parseRegistry(o["registry"]); err != nil {
+			return req, err
+		}
 	}
 	if req.Name == "" {
 		return req, FieldError("name: required", "name")
@@ -83,16 +112,61 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 	return req, nil
 }
 
+// parseRegistry reads the registry object: string fields username,
+// password and token only (the service checks which go together).
+func parseRegistry(raw json.RawMessage) (*TemplateRegistry, error) {
+	if jsonKind(raw) != "object" {
+		return nil, typeError("object", raw, []any{"registry"})
+	}
+	var o object
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return nil, typeError("object", raw, []any{"registry"})
+	}
+	var r TemplateRegistry
+	for name := range o {
+		var dst *string
+		switch name {
+		case "username":
+			dst = &r.Username
+		case "password":
+			dst = &r.Password
+		case "token":
+			dst = &r.Token
+		default:
+			return nil, FieldError(fmt.Sprintf("registry.%s: unknown field; registry takes username and password, or token", clipField(name)), "registry", name)
+		}
+		s, _, err := o.str(name, "registry")
+		if err != nil {
+			return nil, err
+		}
+		*dst = s
+	}
+	return &r, nil
+}
+
+// clipField bounds a client's field name in a message.
+func clipField(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
 // Domain is the body as the templates service's request.
 func (r BuildTemplateRequest) Domain() templates.BuildRequest {
 	var steps json.RawMessage
 	if len(r.Steps) > 0 {
 		steps, _ = json.Marshal(r.Steps)
 	}
-	return templates.BuildRequest{
+	req := templates.BuildRequest{
 		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile, Steps: steps,
-		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd, Credentials: len(r.Registry) > 0,
+		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd,
 	}
+	if r.Registry != nil {
+		c := r.Registry.credentials()
+		req.Registry = &c
+	}
+	return req
 }
 
 // Template is a template as the API shows it (sandboxd).

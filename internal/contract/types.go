@@ -67,7 +67,7 @@ type CreateSandboxRequest struct {
 	// or {"allow": ["cidr, address, domain or *.domain", ...]}.
 	Network *netpol.Policy `json:"network,omitempty"`
 	// Template starts the sandbox from a template (sandboxd).
-	Template string `json:"template,omitempty" jsonschema:"minLength=1,maxLength=192,description=Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now)"`
+	Template string `json:"template,omitempty" jsonschema:"minLength=1,maxLength=192,description=Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd)"`
 }
 
 // SandboxesResponse answers POST /api/sandboxes.

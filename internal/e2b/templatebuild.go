@@ -106,7 +106,8 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate, fromImageRegistry and COPY steps are refused by name.
+// fromTemplate and COPY steps are refused by name; fromImageRegistry's
+// credentials go to the build (registryCredentials).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -119,8 +120,6 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	switch {
 	case req.FromTemplate != "":
 		return edge.Errorf(http.StatusBadRequest, "fromTemplate: not supported yet; build from an image (fromImage)")
-	case len(req.FromImageRegistry) > 0 && string(req.FromImageRegistry) != "null":
-		return edge.Errorf(http.StatusBadRequest, "fromImageRegistry: registry credentials are not supported yet; build from a public image")
 	case req.FromImage == "":
 		return edge.Errorf(http.StatusBadRequest, "fromImage: required")
 	}
@@ -149,11 +148,15 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		}
 		req.Steps = forced
 	}
+	creds, err := registryCredentials(req.FromImageRegistry)
+	if err != nil {
+		return err
+	}
 	ref, err := templatespec.ParseRef(chi.URLParam(r, "templateID") + ":" + chi.URLParam(r, "buildID"))
 	if err != nil {
 		return err
 	}
-	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}); err != nil {
+	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusAccepted)

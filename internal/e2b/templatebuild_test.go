@@ -164,7 +164,7 @@ func TestTemplateBuildRefusals(t *testing.T) {
 		method, path, body, msg string
 	}{
 		{"POST", "/v2/templates/x/builds/latest", `{"fromTemplate":"base"}`, "fromTemplate: not supported yet"},
-		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromImageRegistry":{"type":"registry","username":"u","password":"p"}}`, "fromImageRegistry"},
+		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromImageRegistry":{"type":"aws","awsAccessKeyId":"k","awsSecretAccessKey":"s","awsRegion":"r"}}`, "fromImageRegistry.type aws: not supported"},
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","steps":[{"type":"COPY","args":["a","/a","",""],"filesHash":"h"}]}`, "steps[0] (COPY): COPY is not supported yet"},
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","steps":[{"type":"add","args":["a","/a"]}]}`, "COPY is not supported yet"},
 		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage: required"},

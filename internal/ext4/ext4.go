@@ -1,8 +1,8 @@
 // Package ext4 makes ext4 file system images with mkfs.ext4 (e2fsprogs):
 // a sparse file of the disk's size, formatted, optionally filled from a
 // directory tree. It is the one place sandboxd formats a disk: the gVisor
-// backend's writable layer, the microVM layer disk and an image's
-// rootfs.ext4.
+// backend's writable layer, the microVM layer disk, the microVM base disk
+// of any directory (a custom template's image) and an image's rootfs.ext4.
 package ext4
 
 import (
@@ -32,8 +32,14 @@ type Options struct {
 	// the file system starts empty.
 	From string
 	// RootOwner makes the file system's root directory 0:0 rather than
-	// the owner of From (mkfs copies the tree's owner otherwise).
+	// the owner of From (mkfs copies the tree's owner otherwise). It is
+	// the root directory's alone: every other file of From keeps its
+	// owner, mode (setuid and setgid bits included), hard links and
+	// extended attributes, as mkfs -d copies them.
 	RootOwner bool
+	// NoJournal makes the file system without a journal: for a disk the
+	// guest mounts read-only (a base disk), a journal is space for nothing.
+	NoJournal bool
 	// Lazy leaves inode tables and the journal to be initialised by the
 	// kernel on first mount and skips discarding the blocks: mkfs then
 	// takes tens of milliseconds whatever the size, and a sparse file
@@ -76,6 +82,9 @@ func Format(ctx context.Context, path string, size int64, o Options) error {
 	}
 	if o.Inodes > 0 {
 		args = append(args, "-N", strconv.FormatInt(o.Inodes, 10))
+	}
+	if o.NoJournal {
+		args = append(args, "-O", "^has_journal")
 	}
 	var ext []string
 	if o.RootOwner {

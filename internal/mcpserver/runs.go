@@ -43,7 +43,7 @@ type commandArgs struct {
 	Stdin     string            `json:"stdin,omitempty" jsonschema:"Standard input (with sandbox_id only)"`
 	Timeout   int64             `json:"timeout,omitempty" jsonschema:"Milliseconds: the new sandbox's lifetime or, with sandbox_id, before the command is killed"`
 	Network   netpol.Policy     `json:"network,omitempty"`
-	Template  string            `json:"template,omitempty" jsonschema:"For a new sandbox: start it from this template (name[:tag], the account's or a public one, ready; gVisor only) instead of the server's image"`
+	Template  string            `json:"template,omitempty" jsonschema:"For a new sandbox: start it from this template (name[:tag], the account's or a public one, ready) instead of the server's image"`
 	Wait      *bool             `json:"wait,omitempty" jsonschema:"For a new sandbox: wait for the run to finish (default true)"`
 	AccountID string            `json:"account_id,omitempty" jsonschema:"Act for this account; default: the key's own"`
 }

@@ -44,7 +44,10 @@ func (p *pull) classify(err error) error {
 	case errors.As(err, &te):
 		switch {
 		case te.StatusCode == 401 || te.StatusCode == 403 || hasCode(te, transport.UnauthorizedErrorCode, transport.DeniedErrorCode):
-			return errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("the registry refused access to %s (HTTP %d): the credentials are missing or wrong", p.ref, te.StatusCode))
+			if p.opts.Credentials == (Credentials{}) {
+				return errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("the registry refused access to %s (HTTP %d): it needs credentials", p.ref, te.StatusCode))
+			}
+			return errdefs.Wrap(errdefs.ErrInvalid, err, fmt.Sprintf("the registry refused the credentials for %s (HTTP %d): they are wrong or may not read this image", p.ref, te.StatusCode))
 		case te.StatusCode == 404 || hasCode(te, transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode):
 			return errdefs.Wrap(errdefs.ErrNotFound, err, fmt.Sprintf("image %s was not found in its registry", p.ref))
 		}

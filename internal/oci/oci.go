@@ -15,9 +15,15 @@
 //     flag); cloud metadata endpoints always. Environment proxies and the
 //     host's registry credentials (docker config files) are never used.
 //   - Credentials (Options.Credentials) go to the registry's auth exchange
-//     only: they are never logged (Credentials prints and logs redacted),
-//     never stored, and never in an error's text, even when a registry
-//     echoes them back (errors are scrubbed of them).
+//     only: as Basic auth to the registry the reference names, or to the
+//     token service its Bearer challenge names (https unless the registry
+//     is plain HTTP), which answers a token sent to that registry alone;
+//     never to a host a request is redirected to (a blob CDN gets no
+//     Authorization header: go-containerregistry's transports set it only
+//     for the registry's host, and auth_test.go holds them to it). They are
+//     never logged (Credentials prints and logs redacted), never stored,
+//     and never in an error's text, even when a registry echoes them back
+//     (errors are scrubbed of them).
 //   - Layers are applied by snapshot.ApplyTar with OCI whiteouts: every
 //     file operation is relative to dir's descriptor through openat2 with
 //     RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, so no entry name, hard link or

@@ -605,13 +605,13 @@ func TestBasicAuth(t *testing.T) {
 	ref := r.push(t, "private/app:1", image(t, hostPlatform(), v1.Config{}, layer(t, file("a", "a", 0o644))))
 
 	opts := private
-	if _, err := oci.Fetch(ctx, ref, target(t), opts); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errdefs.Message(err, ""), "refused access") {
+	if _, err := oci.Fetch(ctx, ref, target(t), opts); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errdefs.Message(err, ""), "needs credentials") {
 		t.Errorf("anonymous: %v", err)
 	}
 	const wrong = "wrong-secret-1234"
 	opts.Credentials = oci.Credentials{Username: "alice", Password: wrong}
 	_, err := oci.Fetch(ctx, ref, target(t), opts)
-	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errdefs.Message(err, ""), "refused access") {
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errdefs.Message(err, ""), "refused the credentials") {
 		t.Errorf("wrong password: %v", err)
 	}
 	if err != nil && (strings.Contains(err.Error(), wrong) || strings.Contains(fmt.Sprintf("%+v %#v", err, err), wrong) || strings.Contains(err.Error(), "YWxpY2U6d3Jvbmc")) {

@@ -113,11 +113,11 @@ func TestTemplateSandboxesKeepOffTheAccountsSnapshot(t *testing.T) {
 		}
 	}
 
-	// A backend that boots only its own disks refuses templates.
+	// A backend that cannot start any root filesystem refuses templates.
 	f.rt.SetCapabilities(runtime.Capabilities{Network: true})
 	_, _, err = m.Create(ctx, f.account.ID, sandbox.CreateRequest{Template: "py:latest"})
-	if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Message(err, "") != "custom templates run on the gVisor backend only for now" {
-		t.Fatalf("microVM-like backend: %v", err)
+	if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Message(err, "") != "this server's runtime cannot start custom templates" {
+		t.Fatalf("a backend without AnyRootFS: %v", err)
 	}
 	f.rt.SetCapabilities(runtime.Capabilities{Network: true, AnyRootFS: true})
 	_, _, err = m.Create(ctx, f.account.ID, sandbox.CreateRequest{Template: "nope"})

@@ -79,8 +79,8 @@ type Capabilities struct {
 	// restored (pause/resume, templates).
 	MemorySnapshot bool
 	// AnyRootFS: Spec.BaseDir may be any unpacked image's directory (a
-	// template's). A backend that
-	// boots only disks it built itself (the microVM's) has not.
+	// template's): files of any owner, setuid files, hard links and
+	// symlinks, no init and no agent of its own.
 	AnyRootFS bool
 }
 

@@ -29,7 +29,7 @@ func (m *Manager) template(ctx context.Context, accountID, name string) (string,
 		return "", nil
 	}
 	if !m.rt.Capabilities().AnyRootFS {
-		return "", errdefs.New(errdefs.ErrInvalid, "custom templates run on the gVisor backend only for now")
+		return "", errdefs.New(errdefs.ErrInvalid, "this server's runtime cannot start custom templates")
 	}
 	if m.cfg.Templates == nil {
 		return "", errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
@@ -100,7 +100,7 @@ func (m *Manager) startTemplate(ctx context.Context, rsb runtime.Sandbox, img te
 // loopback only). stop destroys it and its network.
 func (m *Manager) StartBuildSandbox(ctx context.Context, req templates.BuildSandbox) (runtime.Sandbox, func(context.Context), error) {
 	if !m.rt.Capabilities().AnyRootFS {
-		return nil, nil, errdefs.New(errdefs.ErrInvalid, "custom templates run on the gVisor backend only for now")
+		return nil, nil, errdefs.New(errdefs.ErrInvalid, "this server's runtime cannot start custom templates")
 	}
 	// The disk must hold one more sandbox now; a build sandbox has no
 	// row, so later admissions do not count it (builds take turns, see

@@ -130,16 +130,26 @@ func (q *Queries) FindTemplate(ctx context.Context, accountID, name, tag string)
 }
 
 // FinishTemplate ends a building template's build: ready with its digest
-// and config, or failed with a reason. It reports false when the template
+// and config, or failed with a reason, and deletes the build's sealed
+// registry credentials (whatever it reports). It reports false when the template
 // is gone or no longer building.
 func (q *Queries) FinishTemplate(ctx context.Context, id string, status TemplateStatus, digest, config, reason string) (bool, error) {
 	if status != TemplateReady && status != TemplateFailed {
 		return false, fmt.Errorf("finish template %s: %w: status %q", id, ErrInvalid, status)
 	}
-	n, err := q.execCount(ctx, "UPDATE templates SET status = ?, digest = ?, config = ?, failure_reason = ?, updated_at = ? WHERE id = ? AND status = ?",
-		status, digest, config, reason, toMillis(nowMS()), id, TemplateBuilding)
+	var n int64
+	err := q.atomically(ctx, func(q *Queries) error {
+		var err error
+		n, err = q.execCount(ctx, "UPDATE templates SET status = ?, digest = ?, config = ?, failure_reason = ?, updated_at = ? WHERE id = ? AND status = ?",
+			status, digest, config, reason, toMillis(nowMS()), id, TemplateBuilding)
+		if err != nil {
+			return mapErr(err)
+		}
+		// The build's registry credentials end with it.
+		return q.DeleteTemplateCredentials(ctx, id)
+	})
 	if err != nil {
-		return false, fmt.Errorf("finish template %s: %w", id, mapErr(err))
+		return false, fmt.Errorf("finish template %s: %w", id, err)
 	}
 	return n == 1, nil
 }
@@ -244,6 +254,9 @@ func (q *Queries) DeleteTemplate(ctx context.Context, id string) (digestInUse bo
 		if _, err := q.exec(ctx, "DELETE FROM templates WHERE id = ?", id); err != nil {
 			return fmt.Errorf("delete template %s: %w", id, mapDeleteErr(err))
 		}
+		if err := q.DeleteTemplateCredentials(ctx, id); err != nil {
+			return err
+		}
 		if digest == "" {
 			return nil
 		}
@@ -266,4 +279,51 @@ func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]T
 		return nil, fmt.Errorf("list building templates of %s: %w", nodeID, err)
 	}
 	return out, nil
+}
+
+// PutTemplateCredentials records the sealed registry credentials of
+// template id's build, replacing any of an earlier build of the same row
+// (package templates seals them; the store never sees them in the clear).
+func (q *Queries) PutTemplateCredentials(ctx context.Context, id, sealed string) error {
+	if id == "" || sealed == "" {
+		return fmt.Errorf("put template credentials: %w: id and sealed credentials are required", ErrInvalid)
+	}
+	if _, err := q.exec(ctx, `INSERT INTO template_credentials (template_id, sealed, created_at) VALUES (?, ?, ?)
+		ON CONFLICT (template_id) DO UPDATE SET sealed = excluded.sealed, created_at = excluded.created_at`,
+		id, sealed, toMillis(nowMS())); err != nil {
+		return fmt.Errorf("put the credentials of template %s: %w", id, mapErr(err))
+	}
+	return nil
+}
+
+// GetTemplateCredentials returns the sealed registry credentials of
+// template id's build, or ErrNotFound when it has none (an anonymous
+// pull, or the build ended).
+func (q *Queries) GetTemplateCredentials(ctx context.Context, id string) (string, error) {
+	var sealed string
+	if err := q.queryRow(ctx, "SELECT sealed FROM template_credentials WHERE template_id = ?", id).Scan(&sealed); err != nil {
+		return "", fmt.Errorf("get the credentials of template %s: %w", id, notFound(err))
+	}
+	return sealed, nil
+}
+
+// DeleteTemplateCredentials deletes the sealed credentials of template id
+// (none is not an error).
+func (q *Queries) DeleteTemplateCredentials(ctx context.Context, id string) error {
+	if _, err := q.exec(ctx, "DELETE FROM template_credentials WHERE template_id = ?", id); err != nil {
+		return fmt.Errorf("delete the credentials of template %s: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteStaleTemplateCredentials deletes the sealed credentials of every
+// template that is not building (ended, or gone): a backstop for a row
+// ended or deleted by a way other than FinishTemplate and DeleteTemplate,
+// which delete them in their own transaction.
+func (q *Queries) DeleteStaleTemplateCredentials(ctx context.Context) (int64, error) {
+	n, err := q.execCount(ctx, "DELETE FROM template_credentials WHERE template_id NOT IN (SELECT id FROM templates WHERE status = ?)", TemplateBuilding)
+	if err != nil {
+		return 0, fmt.Errorf("delete stale template credentials: %w", err)
+	}
+	return n, nil
 }

@@ -53,7 +53,11 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	}
 	bctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
 	defer cancel()
-	img, err := s.fetch(bctx, t, logf)
+	creds, err := s.credentials(ctx, id)
+	var img oci.Image
+	if err == nil {
+		img, err = s.fetch(bctx, t, creds, logf)
+	}
 	var layers []string
 	if err == nil && t.Definition != "" {
 		img.Config, layers, err = s.runSteps(bctx, t, img, s.rootfs(img.ManifestDigest), logf)
@@ -105,12 +109,19 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	return nil
 }
 
-// fetch resolves t's image and unpacks it into the cache unless its
-// manifest's digest is there already.
-func (s *Service) fetch(ctx context.Context, t store.Template, logf func(string, ...any)) (oci.Image, error) {
+// fetch resolves t's image with creds and unpacks it into the cache
+// unless its manifest's digest is there already. The image is resolved
+// with the build's own credentials before the cache is looked at, so a
+// cached image is only ever reused by a build the registry let read it.
+func (s *Service) fetch(ctx context.Context, t store.Template, creds oci.Credentials, logf func(string, ...any)) (oci.Image, error) {
 	opts := oci.Options{AllowPrivate: s.cfg.AllowPrivate, Limits: s.cfg.Limits, Resolver: s.cfg.Resolver,
-		Logger: slog.New(logHandler{logf: logf})}
-	logf("resolving %s", t.Source)
+		Logger: slog.New(logHandler{logf: logf}), Credentials: creds}
+	if creds != (oci.Credentials{}) {
+		// Which kind, never a secret (Credentials.String).
+		logf("resolving %s with registry credentials (%s)", t.Source, creds)
+	} else {
+		logf("resolving %s", t.Source)
+	}
 	img, err := oci.Resolve(ctx, t.Source, opts)
 	if err != nil {
 		return oci.Image{}, err

@@ -35,7 +35,14 @@
 //     declared down are enqueued for any node (AdoptBuilds).
 //   - A build's failure reason and log lines are for its user
 //     (errdefs.Message): never a cause, a host path or a credential.
-//     Registry credentials are refused in this slice (nothing to store).
+//   - Registry credentials are never stored in the clear and never
+//     outlive their build: Build seals them (AES-256-GCM under the
+//     server's key, Config.CredentialsKey, bound to the template's id) into the
+//     store's template_credentials, in the transaction that records the
+//     template; the build job opens them for the pull (also when it runs
+//     again after a restart), and they are deleted with the build's end
+//     (store.FinishTemplate) or the template. They are in no row of
+//     templates, no job's arguments, no log line and no answer.
 //   - A step's layer is reused only from its own account's cache, under
 //     the key of the base's digest and every step up to it
 //     (templatespec.CacheKeys); a cache hit is taken only while every
@@ -108,6 +115,11 @@ type Config struct {
 	BuildNetwork netpol.Policy
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
+	// CredentialsKey (KeyBytes: LoadOrCreateKey's, or KeyFromSecret's in
+	// a cluster, where every node must have the same) seals the registry
+	// credentials of builds until they run; nil: builds with credentials
+	// are refused.
+	CredentialsKey []byte
 	// Host starts the build sandboxes of templates with steps (the
 	// sandbox manager, which reads templates through a Catalog of its own);
 	// nil: templates with steps are refused.
@@ -127,7 +139,9 @@ type Service struct {
 	// building holds a place per build sandbox running on this node.
 	building chan struct{}
 	access   Access
-	log      *slog.Logger
+	// sealer seals builds' registry credentials; nil without a key.
+	sealer *sealer
+	log    *slog.Logger
 }
 
 // New returns a Service, making its cache directory.
@@ -155,6 +169,11 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("templates: the build network: %w", err)
 	}
 	s := &Service{cfg: cfg, st: cfg.Store, host: cfg.Host, catalog: catalog, access: cfg.Access, log: cfg.Logger, building: make(chan struct{}, maxBuildSandboxes)}
+	if cfg.CredentialsKey != nil {
+		if s.sealer, err = newSealer(cfg.CredentialsKey); err != nil {
+			return nil, err
+		}
+	}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
 	}
@@ -214,9 +233,13 @@ type BuildRequest struct {
 	// it starts, and keeps running; ReadyCmd is run by a shell until it
 	// exits 0, and the sandbox is running from then on. Either may be "".
 	StartCmd, ReadyCmd string
+	// Registry authenticates the pull of the image: a username and
+	// password (or an access token used as the password), or a registry
+	// token; nil: anonymous. Sealed until the build runs (see the package
+	// doc); never in the template's row.
+	Registry *oci.Credentials
 	// Sent but not built yet: each is refused with a 400 naming it.
 	FromTemplate bool
-	Credentials  bool
 }
 
 // Build validates req, records the template building and enqueues its
@@ -232,8 +255,13 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
 		}
 	}
-	if req.Credentials {
-		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: credentials are not supported yet; templates are built from public images for now")
+	if req.Registry != nil {
+		if err := checkCredentials(*req.Registry); err != nil {
+			return store.Template{}, err
+		}
+		if s.sealer == nil {
+			return store.Template{}, errdefs.New(errdefs.ErrInvalid, "registry: this server keeps no key for registry credentials; build from a public image")
+		}
 	}
 	if req.Name == "" {
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "name: required")
@@ -268,6 +296,15 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		if err := q.CreateTemplate(ctx, &t); err != nil {
 			return err
+		}
+		if req.Registry != nil {
+			sealed, err := s.sealer.seal(t.ID, *req.Registry)
+			if err != nil {
+				return fmt.Errorf("seal the registry credentials: %w", err)
+			}
+			if err := q.PutTemplateCredentials(ctx, t.ID, sealed); err != nil {
+				return err
+			}
 		}
 		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
 	})
@@ -453,6 +490,13 @@ func logLine(format string, a ...any) string {
 func (s *Service) Resume(ctx context.Context) error {
 	if s.cfg.Jobs == nil {
 		return nil
+	}
+	// Credentials of builds that are not building any more (ended or
+	// deleted by a way that did not delete them) go now.
+	if n, err := s.st.DeleteStaleTemplateCredentials(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		s.log.Info("templates: deleted the registry credentials of ended builds", "count", n)
 	}
 	building, err := s.st.ListBuildingTemplates(ctx, s.cfg.NodeID)
 	if err != nil {

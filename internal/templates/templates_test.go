@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/jobs"
+	"github.com/sandboxd/sandboxd/internal/oci"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 	"github.com/sandboxd/sandboxd/internal/templates"
@@ -143,7 +144,8 @@ func TestBuildRefusesWhatIsNotBuiltYet(t *testing.T) {
 		{templates.BuildRequest{Name: "a", FromTemplate: true}, errdefs.ErrInvalid, "fromTemplate: not supported yet"},
 		{templates.BuildRequest{Name: "a", Image: "x", StartCmd: "serve\x00"}, errdefs.ErrInvalid, "startCmd: contains NUL"},
 		{templates.BuildRequest{Name: "a", Image: "x", ReadyCmd: "true"}, errdefs.ErrInvalid, "cannot run build steps"},
-		{templates.BuildRequest{Name: "a", Image: "x", Credentials: true}, errdefs.ErrInvalid, "registry: credentials are not supported yet"},
+		{templates.BuildRequest{Name: "a", Image: "x", Registry: &oci.Credentials{Username: "u", Password: "p"}}, errdefs.ErrInvalid, "registry: this server keeps no key for registry credentials"},
+		{templates.BuildRequest{Name: "a", Image: "x", Registry: &oci.Credentials{Username: "u"}}, errdefs.ErrInvalid, "registry: password: required with a username"},
 		{templates.BuildRequest{Image: "x"}, errdefs.ErrInvalid, "name: required"},
 		{templates.BuildRequest{Name: "Upper", Image: "x"}, errdefs.ErrInvalid, "must start and end with a lower-case letter"},
 		{templates.BuildRequest{Name: "a:"}, errdefs.ErrInvalid, "tag after ':' is empty"},

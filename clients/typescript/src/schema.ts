@@ -503,7 +503,7 @@ export interface paths {
         put?: never;
         /**
          * Build a template from an OCI image (sandboxd)
-         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). Only image is built for now: dockerfile, steps, fromTemplate, startCmd, readyCmd and registry credentials are refused with 400 naming the field. 409 when the account has a template of that name and tag.
+         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
          */
         post: operations["postTemplates"];
         delete?: never;
@@ -549,14 +549,14 @@ export interface components {
             dockerfile?: string;
             /** @description Not supported yet (400) */
             fromTemplate?: string;
-            /** @description The OCI image to build from: host/repository[:tag|@digest] (a public image; pinned by digest once resolved). Absent with dockerfile */
+            /** @description The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile */
             image?: string;
             /** @description name[:tag]: a name of 1 to 63 lower-case letters */
             name: string;
             /** @description Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes */
             readyCmd?: string;
-            /** @description Registry credentials: not supported yet (400); only public images are built for now */
-            registry?: Record<string, never>;
+            /** @description Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged */
+            registry?: components["schemas"]["TemplateRegistry"];
             /** @description Run by /bin/sh in every sandbox from the template when it starts (as its USER */
             startCmd?: string;
             /** @description Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN */
@@ -597,7 +597,7 @@ export interface components {
             network?: components["schemas"]["NetworkPolicy"];
             /** @description Prompt for opencode run (not with command) */
             prompt?: string;
-            /** @description Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd; gVisor backend only for now) */
+            /** @description Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd) */
             template?: string;
             /** @description Lifetime in milliseconds (sandboxd; default 10 minutes) */
             timeout?: number;
@@ -939,6 +939,14 @@ export interface components {
             exposedPorts: string[];
             user: string;
             workingDir: string;
+        };
+        TemplateRegistry: {
+            /** @description The password or access token (with username) */
+            password?: string;
+            /** @description A registry token sent as is (Bearer) instead of username and password */
+            token?: string;
+            /** @description The registry user (with password) */
+            username?: string;
         };
         TemplateResponse: {
             /** @enum {string} */

@@ -36,6 +36,7 @@ import (
 	"syscall"
 	"time"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/guest/agent"
@@ -220,6 +221,11 @@ func vmInit(log *slog.Logger) error {
 	if err := bindOverRoot(log, "/etc/resolv.conf", resolv); err != nil {
 		return err
 	}
+	// An image need not have its mount points (one built FROM scratch has
+	// none): they are made in the writable layer.
+	if err := mountPoints(newRoot, "/dev", "/proc", "/sys"); err != nil {
+		return err
+	}
 	if err := unix.Mount("/dev", newRoot+"/dev", "", unix.MS_MOVE, ""); err != nil {
 		return fmt.Errorf("move /dev: %w", err)
 	}
@@ -273,6 +279,26 @@ func vmInit(log *slog.Logger) error {
 	return supervise(log, upper, port)
 }
 
+// mountPoints makes each of dirs in root a directory unless it is one. A
+// mount point that is something else in the image (a symlink, which would
+// resolve outside root before the switch) is an error naming it.
+func mountPoints(root string, dirs ...string) error {
+	for _, d := range dirs {
+		fi, err := os.Lstat(root + d)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			if err := os.Mkdir(root+d, 0o755); err != nil {
+				return fmt.Errorf("make mount point %s: %w", d, err)
+			}
+		case err != nil:
+			return err
+		case !fi.IsDir():
+			return fmt.Errorf("the image's %s is not a directory (%s): it cannot be a mount point", d, fi.Mode().Type())
+		}
+	}
+	return nil
+}
+
 // mountTmp makes the new root's /tmp a tmpfs as gVisor sandboxes have it,
 // so that /tmp is the same on both backends: memory, never in snapshots,
 // half of the sandbox's memory limit (memory, in bytes, as the kernel's
@@ -296,32 +322,51 @@ func tmpSize(memory string) string {
 // bindOverRoot puts a file of the initramfs holding content over path in
 // the new root, so that what the host writes there (hosts, resolv.conf)
 // never lands in the writable layer, and changes to it are in place. A
-// path the image has as a symlink or a directory is left alone (logged).
+// path the image has as a directory or a device is left alone (logged).
 func bindOverRoot(log *slog.Logger, path string, content []byte) error {
 	own := "/" + filepath.Base(path)
 	if err := os.WriteFile(own, content, 0o644); err != nil {
 		return err
 	}
-	target := newRoot + path
-	fi, err := os.Lstat(target)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(target, nil, 0o644); err != nil {
-			return err
-		}
-	case err != nil:
+	target, ok, err := rootFile(newRoot, path)
+	if err != nil {
 		return err
-	case !fi.Mode().IsRegular():
-		log.Warn("not a regular file in the image; left as it is", "path", path, "mode", fi.Mode().String())
+	}
+	if !ok {
+		log.Warn("not a regular file in the image; left as it is", "path", path)
 		return nil
 	}
 	if err := unix.Mount(own, target, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", path, err)
 	}
 	return nil
+}
+
+// rootFile is the file a bind mount over path in root must cover: path
+// itself or, when the image has a symlink there (/etc/resolv.conf ->
+// ../run/systemd/resolve/stub-resolv.conf), where it leads, resolved
+// inside root as a container runtime resolves a mount's destination. It is
+// made, an empty file, when missing. ok is false when it is something
+// other than a regular file.
+func rootFile(root, path string) (target string, ok bool, err error) {
+	target, err = securejoin.SecureJoin(root, path)
+	if err != nil {
+		return "", false, fmt.Errorf("resolve %s: %w", path, err)
+	}
+	fi, err := os.Lstat(target)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return "", false, err
+		}
+		if err := os.WriteFile(target, nil, 0o644); err != nil {
+			return "", false, err
+		}
+		return target, true, nil
+	case err != nil:
+		return "", false, err
+	}
+	return target, fi.Mode().IsRegular(), nil
 }
 
 // sortLowers orders the restored layers' directories for overlayfs: they

@@ -9,7 +9,8 @@
 // What it owns, under Options.StateDir:
 //
 //	boot/vmlinux, boot/initrd-<hash>.cpio   the kernel and the agent's initramfs
-//	bases/<fingerprint>.ext4                read-only base disks made from Spec.BaseDir
+//	bases/<key>.ext4, <key>.src             read-only base disks made from Spec.BaseDir
+//	                                        (see baseDisk), and the directory each is of
 //	accel.json                              the accelerator probe's cached answer
 //	templates/<key>/                        booted VMs saved as memory snapshots
 //	sandboxes/<cid>/                        one directory per VM (cid = "vm-<hex>")
@@ -23,7 +24,8 @@
 //	ids/<id> -> ../sandboxes/<cid>          the sandbox id, claimed atomically
 //
 // The guest's file system: the base disk (ext4, read-only, shared by all
-// VMs of a base) and the layer disk (ext4 of Limits.DiskBytes holding the
+// VMs of a base; any directory can be one, a custom template's unpacked
+// OCI image too: the guest's init and agent are the initramfs's) and the layer disk (ext4 of Limits.DiskBytes holding the
 // restored layers as lower-N/, and upper/ and work/) under overlayfs,
 // assembled by the agent's vm-init. Snapshot asks the agent to stream
 // upper/ in the snapshot format — the guest kernel reads its own file
@@ -129,8 +131,9 @@ type Runtime struct {
 	rejected             string // why KVM is not used
 	tscKHz               uint64
 
-	baseMu sync.Mutex
-	bases  map[string]string // base dir -> disk
+	baseMu   sync.Mutex
+	bases    map[string]string     // base dir -> disk
+	building map[string]*baseBuild // base dir -> its disk being made
 
 	mu   sync.Mutex     // guards uids
 	uids map[int]string // uid -> cid
@@ -155,7 +158,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	state := b.StateDir()
-	r := &Runtime{Base: b, opts: opts, log: b.Log(), bases: map[string]string{}, uids: map[int]string{}}
+	r := &Runtime{Base: b, opts: opts, log: b.Log(), bases: map[string]string{}, building: map[string]*baseBuild{}, uids: map[int]string{}}
 	if r.qemu, err = findQEMU(opts.QEMUPath); err != nil {
 		return nil, err
 	}
@@ -203,6 +206,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		b.Abort()
 		return nil, err
 	}
+	r.pruneBases("")
 	if opts.Template.BaseDir != "" {
 		r.tmpl = newTemplates(r)
 	}
@@ -245,10 +249,13 @@ func installFile(src, dir string) (string, error) {
 func FindAgent() (string, error) { return host.FindAgent("") }
 
 // Capabilities implements runtime.Runtime: sandbox networks (a tap in the
-// sandbox's namespace, network.go) and memory snapshots (templates, pause
-// and resume, fork).
+// sandbox's namespace, network.go), memory snapshots (templates, pause
+// and resume, fork) and any root filesystem: Spec.BaseDir may be any
+// unpacked image (a custom template's), which gets a base disk of its own
+// (baseDisk) and boots with the agent from the initramfs, needing neither
+// an init nor the agent in the image.
 func (r *Runtime) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Network: true, MemorySnapshot: true}
+	return runtime.Capabilities{Network: true, MemorySnapshot: true, AnyRootFS: true}
 }
 
 // Accel is the accelerator in use ("kvm" or "tcg") and, for TCG, why KVM

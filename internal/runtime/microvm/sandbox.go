@@ -88,7 +88,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 // the snapshot's agent is waiting for a Welcome to hello. Callers hold OpMu.
 func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 	m := s.Meta()
-	base, err := s.r.baseDisk(ctx, m.BaseDir)
+	base, err := s.r.baseDisk(ctx, m.BaseDir, m.BaseImage)
 	if err != nil {
 		return err
 	}

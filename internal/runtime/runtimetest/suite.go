@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 	t.Cleanup(func() { s.rt.Close() })
 	t.Run("Kernel", s.testKernel)
 	t.Run("Exec", s.testExec)
+	t.Run("AnyRootFS", s.testAnyRootFS)
 	t.Run("Streaming", s.testStreaming)
 	t.Run("ResizeAndSignal", s.testResizeAndSignal)
 	t.Run("TerminalSignals", s.testTerminalSignals)
