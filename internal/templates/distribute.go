@@ -129,11 +129,16 @@ func (c *Catalog) rootFS(ctx context.Context, digest, ref string) (string, error
 			return "", ctx.Err()
 		}
 		msg := fmt.Sprintf("template %s: its root filesystem could not be brought to this server", ref)
-		if errors.Is(err, errdefs.ErrTooLarge) {
-			// The limit it passed is the operator's, and says why.
-			return "", errdefs.Wrap(errdefs.ErrTooLarge, err, msg+": "+errdefs.Message(err, "over a limit"))
+		// A reason for the user (a limit, the disk) says why; a hostile
+		// or damaged blob's details stay in the log.
+		if why := errdefs.Message(err, ""); why != "" {
+			msg += ": " + why
 		}
-		return "", errdefs.Wrap(nil, err, msg)
+		var class error
+		if errors.Is(err, errdefs.ErrTooLarge) {
+			class = errdefs.ErrTooLarge
+		}
+		return "", errdefs.Wrap(class, err, msg)
 	}
 	return dir, nil
 }
@@ -155,6 +160,12 @@ func (c *Catalog) materialise(ctx context.Context, digest string) error {
 	if img.Bytes > lim.MaxBytes || img.Entries > int64(lim.MaxEntries) {
 		return errdefs.Newf(errdefs.ErrTooLarge, "image %s: %d bytes in %d entries is over the limits (%s, %d entries)",
 			digest, img.Bytes, img.Entries, fetch.FormatSize(lim.MaxBytes), lim.MaxEntries)
+	}
+	// What its files take, and an inode's worth per entry: refused at
+	// once rather than filling the disk halfway.
+	need := img.Bytes + img.Entries*512
+	if err := snapshot.CheckFree(c.dir, need); err != nil {
+		return errdefs.Wrap(nil, err, fmt.Sprintf("this server has not the free disk space for the image (%s); try again later", fetch.FormatSize(need)))
 	}
 	rc, err := c.blobs.Get(ctx, img.BlobKey)
 	if err != nil {

@@ -456,6 +456,27 @@ func TestMaterialiseRefusesHostileBlobs(t *testing.T) {
 		})
 	}
 
+	// An image larger than the disk's free space: refused before a byte
+	// is written, saying so.
+	info, err := blobs.Put(ctx, bytes.NewReader(hostileLayer(t, "sha256:"+strings.Repeat("d", 64), func(tw *tar.Writer) { reg(tw, "a", "b") })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := store.Template{AccountID: f.alice.AccountID, Name: "huge", Tag: "1", Source: "registry.example/x", Status: store.TemplateReady,
+		Digest: "sha256:" + strings.Repeat("d", 64), Config: "{}"}
+	if err := f.st.CreateTemplate(ctx, &huge); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.st.PutTemplateImage(ctx, store.TemplateImage{Digest: huge.Digest, BlobKey: info.Key, Size: info.Size, Bytes: 1 << 52}); err != nil {
+		t.Fatal(err)
+	}
+	gets := blobs.gets.Load()
+	hcat, _ := f.node(t, blobs, templates.WithLimits(oci.Limits{MaxBytes: 1 << 60}))
+	_, err = hcat.Find(ctx, f.alice.AccountID, "huge:1")
+	if err == nil || !strings.Contains(errdefs.Message(err, ""), "has not the free disk space for the image") || blobs.gets.Load() != gets {
+		t.Fatalf("an image larger than the free disk: %v (%d blob reads)", err, blobs.gets.Load()-gets)
+	}
+
 	// A template whose image is in no cache and not in the blob store (a
 	// build from before): 409 saying so.
 	tpl := store.Template{AccountID: f.alice.AccountID, Name: "old", Tag: "1", Source: "registry.example/x", Status: store.TemplateReady,
@@ -464,7 +485,7 @@ func TestMaterialiseRefusesHostileBlobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	cat, _ := f.node(t, blobs)
-	_, err := cat.Find(ctx, f.alice.AccountID, "old:1")
+	_, err = cat.Find(ctx, f.alice.AccountID, "old:1")
 	wantClass(t, "not anywhere", err, errdefs.ErrConflict, "its root filesystem is not in the blob store")
 }
 
