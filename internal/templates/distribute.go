@@ -109,6 +109,9 @@ func WithLimits(l oci.Limits) CatalogOption {
 // from the blob store when this node's cache lacks it. ref names the
 // template in errors.
 func (c *Catalog) rootFS(ctx context.Context, digest, ref string) (string, error) {
+	if digest == "" || strings.ContainsAny(digest, "/\x00") || strings.HasPrefix(digest, ".") {
+		return "", fmt.Errorf("template %s: its digest %q names no image", ref, digest)
+	}
 	dir := c.rootfs(digest)
 	if _, err := os.Stat(dir); err == nil {
 		return dir, nil
