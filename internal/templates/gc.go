@@ -36,6 +36,9 @@ func (s *Service) RunCollector(ctx context.Context) {
 	}
 }
 
+// busyLockWait is how long a collection waits for a digest's lock.
+const busyLockWait = 5 * time.Second
+
 // staleTempAge is how old a temporary directory of the cache (a fetch
 // or a materialise a crash cut) must be before Collect removes it: live
 // ones are younger by far.
@@ -132,7 +135,15 @@ func (s *Service) holds(digest string) bool {
 // under the lock, unless a template names the digest by then; false when
 // one does.
 func (s *Service) removeCached(ctx context.Context, digest string) (bool, error) {
-	unlock, err := lockDigest(ctx, s.cfg.Dir, digest)
+	// A fetch or a materialise holding the lock may take long: the
+	// delete that asked does not wait for it, the next collection comes.
+	lctx, cancel := context.WithTimeout(ctx, busyLockWait)
+	defer cancel()
+	unlock, err := lockDigest(lctx, s.cfg.Dir, digest)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		s.log.Info("templates: a cached image is busy; left to the next collection", "digest", digest)
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}
