@@ -48,7 +48,21 @@ type TTIOptions struct {
 	Rootfs, RunscPath, Platform string
 	StateDir                    string // scratch; created and removed
 	Progress                    progress.Tracker
+	// CustomRootfs, when set, adds the custom template case
+	// (tti_template.go): an image of this root filesystem, served on
+	// loopback, built into a template through the API and measured in
+	// the sequential, staggered and burst modes like the built-in image.
+	// CustomImage names an image to build instead (its registry must be
+	// reachable by the server). ServeArgs must then let the server use a
+	// loopback registry (--templates-allow-private-registries).
+	CustomRootfs, CustomImage string
+	// TemplatePool is the server's --template-pool, for the report (""
+	// when ServeArgs leave its default).
+	TemplatePool string
 }
+
+// custom says whether the custom template case runs.
+func (o TTIOptions) custom() bool { return o.CustomRootfs != "" || o.CustomImage != "" }
 
 // Latency is a distribution of successful samples in milliseconds, and
 // how many of the samples succeeded.
@@ -81,8 +95,8 @@ func latency(ds []time.Duration, n int) Latency {
 
 // TTIResult is one mode for one kind of account.
 type TTIResult struct {
-	Account string  `json:"account"` // "fresh" or "snapshot"
-	Mode    string  `json:"mode"`    // "sequential", "staggered", "burst" or "after-run"
+	Account string  `json:"account"` // "fresh", "snapshot", or "custom-template" (its creates name the template)
+	Mode    string  `json:"mode"`    // "sequential", "staggered", "burst", "after-run", or "first" (a custom template's first create)
 	Latency Latency `json:"latency"`
 	// Create is the create's own answer (the sandbox is running then):
 	// create-to-running, next to the bare runtime's run --detach.
@@ -98,6 +112,9 @@ type TTIReport struct {
 	// BaselineRun is the baseline's `runsc run --detach` alone.
 	BaselineRun Latency `json:"baseline_runsc_run_detach"`
 	Platform    string  `json:"platform"`
+	// Template is the custom template measured (the results of account
+	// "custom-template"); nil when the case did not run.
+	Template *TTITemplate `json:"custom_template,omitempty"`
 }
 
 // RunTTI runs the time-to-interactive benchmark: a server of its own, a
@@ -122,8 +139,13 @@ func RunTTI(ctx context.Context, o TTIOptions) (_ TTIReport, err error) {
 	if len(o.Command) == 0 {
 		o.Command = []string{"echo", "ok"}
 	}
-	// The snapshot, seven modes and the baseline.
-	ph := startPhases(progress.Or(o.Progress), "bench tti", 9)
+	// The snapshot, seven modes and the baseline; the custom template's
+	// build and three modes.
+	phases := 9
+	if o.custom() {
+		phases += 4
+	}
+	ph := startPhases(progress.Or(o.Progress), "bench tti", phases)
 	defer func() { ph.done(err) }()
 	rep := TTIReport{Command: o.Command}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
@@ -169,7 +191,38 @@ func RunTTI(ctx context.Context, o TTIOptions) (_ TTIReport, err error) {
 				}
 				accounts["fresh"] = key
 			}
-			rep.Results = append(rep.Results, srv.mode(ctx, accounts[account], account, mode, o))
+			rep.Results = append(rep.Results, srv.mode(ctx, accounts[account], account, mode, o, map[string]any{}))
+		}
+	}
+	if o.custom() {
+		// One account owns the template (it is private) and makes every
+		// create from it: a template's sandbox never takes or restores
+		// the account's snapshot, so its creates are alike.
+		ph.next("building the custom template")
+		key, err := srv.account(ctx, "tti-custom-template")
+		if err != nil {
+			return rep, err
+		}
+		tt, stopRegistry, err := srv.buildCustomTemplate(ctx, key, o)
+		defer stopRegistry()
+		if err != nil {
+			return rep, err
+		}
+		rep.Template = &tt
+		// Its first create starts cold (nothing of it was started
+		// ahead) and gives it a pool; the modes run once the pool is
+		// full, as the built-in's run on a warm pool filled at start.
+		first := srv.mode(ctx, key, "custom-template", "first", o, map[string]any{"template": customTemplateName})
+		rep.Results = append(rep.Results, first)
+		if len(first.Errors) > 0 {
+			return rep, fmt.Errorf("the custom template's first create: %s", first.Errors[0])
+		}
+		if err := srv.waitPoolReady(ctx, o.templatePoolFill()); err != nil {
+			return rep, err
+		}
+		for _, mode := range []string{"sequential", "staggered", "burst"} {
+			ph.next("custom template, " + mode)
+			rep.Results = append(rep.Results, srv.mode(ctx, key, "custom-template", mode, o, map[string]any{"template": customTemplateName}))
 		}
 	}
 	ph.next("bare runsc run --detach + runsc exec")
@@ -181,11 +234,12 @@ func RunTTI(ctx context.Context, o TTIOptions) (_ TTIReport, err error) {
 
 // ttiServer is a `sandboxd serve` the benchmark started.
 type ttiServer struct {
-	o    TTIOptions
-	base string
-	cmd  *exec.Cmd
-	logs *bytes.Buffer
-	http *http.Client
+	o       TTIOptions
+	base    string
+	metrics string // base URL of its metrics listener
+	cmd     *exec.Cmd
+	logs    *bytes.Buffer
+	http    *http.Client
 }
 
 func startServer(ctx context.Context, o TTIOptions) (*ttiServer, error) {
@@ -193,10 +247,16 @@ func startServer(ctx context.Context, o TTIOptions) (*ttiServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	addr, maddr := ln.Addr().String(), mln.Addr().String()
 	ln.Close()
-	s := &ttiServer{o: o, base: "http://" + addr, logs: &bytes.Buffer{}, http: &http.Client{Timeout: 5 * time.Minute}}
-	args := []string{"serve", "--data-dir", filepath.Join(o.StateDir, "data"), "--listen", addr, "--metrics-addr", "",
+	mln.Close()
+	s := &ttiServer{o: o, base: "http://" + addr, metrics: "http://" + maddr, logs: &bytes.Buffer{}, http: &http.Client{Timeout: 5 * time.Minute}}
+	args := []string{"serve", "--data-dir", filepath.Join(o.StateDir, "data"), "--listen", addr, "--metrics-addr", maddr,
 		"--max-sandboxes-per-account", "0", "--setup-on-first-use=false"}
 	if o.Platform != "" {
 		args = append(args, "--gvisor-platform", o.Platform)
@@ -309,7 +369,7 @@ func (s *ttiServer) call(ctx context.Context, key, method, path string, body any
 	if err != nil {
 		return resp.StatusCode, err
 	}
-	if resp.StatusCode != http.StatusOK {
+	if resp.StatusCode/100 != 2 {
 		return resp.StatusCode, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, tail(string(b), 300))
 	}
 	if out != nil {
@@ -366,13 +426,14 @@ func (s *ttiServer) runToSnapshot(ctx context.Context, key, script string) error
 	return errors.New("the snapshot run did not end in 5 minutes")
 }
 
-// sample creates a sandbox and runs the first command until it succeeds:
-// the time from the create's request to the command's answer, the time to
-// the create's own answer, and the sandbox (to stop afterwards).
-func (s *ttiServer) sample(ctx context.Context, key string) (tti, create time.Duration, id string, err error) {
+// sample creates a sandbox (the create's body is req) and runs the
+// first command until it succeeds: the time from the create's request to
+// the command's answer, the time to the create's own answer, and the
+// sandbox (to stop afterwards).
+func (s *ttiServer) sample(ctx context.Context, key string, req map[string]any) (tti, create time.Duration, id string, err error) {
 	start := time.Now()
 	var c created
-	if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes", map[string]any{}, &c); err != nil {
+	if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes", req, &c); err != nil {
 		return 0, 0, "", err
 	}
 	create = time.Since(start)
@@ -399,11 +460,15 @@ func (s *ttiServer) sample(ctx context.Context, key string) (tti, create time.Du
 	return 0, create, id, fmt.Errorf("no successful command within a minute: %w", lastErr)
 }
 
-// mode runs one mode's samples and stops their sandboxes afterwards.
-func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOptions) TTIResult {
+// mode runs one mode's samples, each a create of body req, and stops
+// their sandboxes afterwards.
+func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOptions, req map[string]any) TTIResult {
 	n := o.N
-	if mode == "burst" {
+	switch mode {
+	case "burst":
 		n = o.Burst
+	case "first":
+		n = 1
 	}
 	var (
 		mu   sync.Mutex
@@ -414,7 +479,7 @@ func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOp
 		wg   sync.WaitGroup
 	)
 	one := func() {
-		d, c, id, err := s.sample(ctx, key)
+		d, c, id, err := s.sample(ctx, key, req)
 		mu.Lock()
 		defer mu.Unlock()
 		if id != "" {
@@ -431,7 +496,7 @@ func (s *ttiServer) mode(ctx context.Context, key, account, mode string, o TTIOp
 	}
 	for i := range n {
 		switch mode {
-		case "sequential":
+		case "sequential", "first":
 			one()
 		case "after-run":
 			// The account's main flow: a run ends (its snapshot taken),

@@ -134,6 +134,9 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 		diskMiB          int
 		useBusybox       bool
 		stagger, think   time.Duration
+		custom           bool
+		customImage      string
+		templatePool     int
 	)
 	cmd := &cobra.Command{
 		Use:   "tti",
@@ -146,8 +149,13 @@ on a template, 'echo ok' with --rootfs): --n creates one after another (sequenti
 account also its main flow (after-run): --n times a run that changes a file and ends
 with a new snapshot, --think, then the create measured. Each mode of the fresh account
 uses an account of its own. Every mode also reports the create's own answer
-(create-to-running). The bare runtime's figures ('runsc run --detach' of a busybox
-bundle, then 'runsc exec echo ok') are measured in the same run.
+(create-to-running). Then the custom template case (unless --custom-template=false):
+an OCI image of the served root filesystem (one uncompressed layer, served by a
+registry of the benchmark's own on loopback; or --custom-image) is built into a
+template through the API, and its account measures the sequential, staggered and
+burst modes creating from it (the server keeps --template-pool sandboxes of custom
+templates started ahead). The bare runtime's figures ('runsc run --detach' of a
+busybox bundle, then 'runsc exec echo ok') are measured in the same run.
 Times are milliseconds: p50, p95, p99 of the successful samples, and the success rate.
 Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 		Args: cobra.NoArgs,
@@ -165,7 +173,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			if err := busybox.BuildRootfs(baseRootfs); err != nil {
 				return fmt.Errorf("build the busybox root filesystem: %w", err)
 			}
-			tracker, _ := g.progress(cmd.ErrOrStderr(), asJSON)
+			tracker, log := g.progress(cmd.ErrOrStderr(), asJSON)
 			o := bench.TTIOptions{
 				Sandboxd: self, N: n, Burst: burst, Stagger: stagger, Think: think, SnapshotMiB: snapMB,
 				Rootfs: baseRootfs, RunscPath: runsc, Platform: platform,
@@ -189,6 +197,19 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			o.RunscPath = runsc
 			o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
 			o.ServeArgs = append(o.ServeArgs, "--sandbox-disk-mib", strconv.Itoa(diskMiB))
+			if custom {
+				// The image is the served root filesystem itself: the
+				// same files as the built-in image (built now, as serve
+				// would, when the cache lacks it).
+				o.CustomImage, o.CustomRootfs = customImage, rootfs
+				if o.CustomImage == "" && o.CustomRootfs == "" {
+					if o.CustomRootfs, _, err = resolveRootfs(cmd.Context(), g, runtimeOptions{template: template}, cmd.ErrOrStderr(), log); err != nil {
+						return err
+					}
+				}
+				o.TemplatePool = strconv.Itoa(templatePool)
+				o.ServeArgs = append(o.ServeArgs, "--templates-allow-private-registries", "--template-pool", o.TemplatePool)
+			}
 			rep, err := bench.RunTTI(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -219,6 +240,9 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.StringVar(&rootfs, "rootfs", "", "serve this root filesystem (first command: echo ok) instead of a template")
 	f.StringVar(&template, "template", "full", "image template to serve (first command: node -v)")
 	f.BoolVar(&useBusybox, "busybox", false, "serve the baseline's busybox tree (first command: echo ok), the same root filesystem as the bare runtime")
+	f.BoolVar(&custom, "custom-template", true, "also build a custom template (an image of the served root filesystem, from a registry on loopback) and measure creates from it")
+	f.StringVar(&customImage, "custom-image", "", "build the custom template from this image reference instead (it must have the first command)")
+	f.IntVar(&templatePool, "template-pool", 4, "the server's --template-pool: sandboxes of custom templates kept started ahead")
 	f.IntVar(&diskMiB, "sandbox-disk-mib", 1024, "the server's --sandbox-disk-mib: its disk admission counts every sandbox at this size (the default 4096 admits about 15 on a 64 GiB disk, fewer than a burst)")
 	f.StringVar(&runsc, "runsc", "", "runsc binary of the server and the baseline (default: "+gvisor.BundledRunsc+" when installed, else PATH)")
 	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform of the server and the baseline (default: the one serve probes)")
@@ -232,6 +256,9 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 
 func printTTI(w io.Writer, r bench.TTIReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if t := r.Template; t != nil {
+		fmt.Fprintf(w, "custom template: %s (%.0f MiB), built in %.1f s; server --template-pool %s\n", t.Image, t.ImageMiB, t.BuildMs/1000, t.Pool)
+	}
 	fmt.Fprintf(tw, "create → first successful `%s`, ms\tp50\tp95\tp99\tok\n", strings.Join(r.Command, " "))
 	for _, res := range r.Results {
 		l := res.Latency

@@ -30,6 +30,7 @@ type runtimeOptions struct {
 	runsc        string
 	warmPool     int
 	prewarm      int
+	templatePool int
 	nodeCapacity int
 	cpus         float64
 	memoryMiB    int64
@@ -47,6 +48,7 @@ func (o *runtimeOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.platform, "gvisor-platform", "", "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
 	f.IntVar(&o.warmPool, "warm-pool", 2, "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
 	f.IntVar(&o.prewarm, "prewarm", 8, "accounts whose next sandbox is kept started from their snapshot, least recently used dropped first (env SANDBOXD_PREWARM)")
+	f.IntVar(&o.templatePool, "template-pool", 4, "sandboxes of custom templates kept started ahead, shared by the templates created from most lately (each as many as its creates in the last minute, at least 2 while the budget allows; at most 8 templates; a template's pool goes 10 minutes after its last create) (env SANDBOXD_TEMPLATE_POOL)")
 	f.IntVar(&o.nodeCapacity, "node-capacity", 200, "concurrent sandboxes on this node; 0 unlimited")
 	f.Float64Var(&o.cpus, "sandbox-cpus", 1, "CPU cores per sandbox; 0 unlimited")
 	f.Int64Var(&o.memoryMiB, "sandbox-memory-mib", 1024, "memory per sandbox in MiB")
@@ -79,6 +81,7 @@ func (o *runtimeOptions) check() error {
 	return firstError(
 		atLeast("warm-pool", o.warmPool, 0, "0 (none) or more"),
 		atLeast("prewarm", o.prewarm, 0, "0 (none) or more"),
+		atLeast("template-pool", o.templatePool, 0, "0 (none) or more"),
 		atLeast("node-capacity", o.nodeCapacity, 0, counts),
 		atLeast("sandbox-cpus", o.cpus, 0, counts),
 		atLeast("sandbox-memory-mib", o.memoryMiB, 1, "1 or more"),

@@ -99,6 +99,13 @@ type Spec struct {
 	BaseDir string
 	// BaseImage identifies BaseDir; recorded in snapshots.
 	BaseImage string
+	// Template is the id of the custom template the sandbox is of (""
+	// for the server's built-in image). Backends record nothing of it:
+	// it keys the pools of sandboxes started ahead (PoolKey), so that one
+	// started for a template never serves another template's create, not
+	// even one of the same image (a deleted template's directory may be
+	// made again under the same path for a new one).
+	Template string
 	// Layers is the snapshot chain to restore, bottom first. The sandbox's
 	// next Snapshot records the last one as its parent.
 	Layers []Layer
@@ -165,7 +172,73 @@ func PrewarmKey(spec Spec) (key string, ok bool) {
 		return "", false
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%q %q %q %+v", spec.Owner, spec.BaseDir, spec.Hostname, spec.Limits)
+	fmt.Fprintf(&b, "%q %q %q %q %+v", spec.Owner, spec.Template, spec.BaseDir, spec.Hostname, spec.Limits)
+	for _, l := range spec.Layers {
+		if !strings.HasPrefix(l.ID, "sha256:") {
+			return "", false
+		}
+		b.WriteString(" " + l.ID)
+	}
+	return b.String(), true
+}
+
+// Pooler is a Runtime that keeps pools of sandboxes started ahead of their
+// creates for specs beyond its built-in warm pool's (custom templates'),
+// for any owner. A pool's sandboxes are started from the specs its open
+// makes, with no id, and are handed to a Create whose spec has their
+// PoolKey: exactly the specs that would have started the same sandbox.
+// What a started sandbox does not hold is the claim's own: its id, Env and
+// HomeSocket (written when it is handed out, and given to every process
+// the agent starts), and Owner.
+type Pooler interface {
+	// SetPool keeps size sandboxes of the specs open makes started ahead
+	// in the pool called name (the caller's), refilled in the background
+	// as they are taken, one start at a time over all pools. open is
+	// called for each start (layers are streams, opened afresh); release
+	// once the start ended. A smaller size destroys the surplus; size 0
+	// removes the pool and destroys its sandboxes.
+	SetPool(name string, size int, open func(ctx context.Context) (spec Spec, release func(), err error))
+	// PoolStats says what the pools hold and what became of their
+	// sandboxes.
+	PoolStats() PoolReport
+}
+
+// PoolReport is a Pooler's figures.
+type PoolReport struct {
+	Warm  PoolStats   // the built-in warm pool's (zero when none)
+	Pools []PoolStats // SetPool's, one each
+	// Removed sums the counts of the pools removed since the runtime was
+	// made, so that totals never go down.
+	Removed PoolStats
+}
+
+// PoolStats are one pool's figures since it was made.
+type PoolStats struct {
+	Name     string // SetPool's
+	Template string // its specs' Template
+	Size     int    // sandboxes it keeps when full
+	Ready    int    // started, waiting for a create
+	Starting int
+	// Hits are creates handed one of its sandboxes (Waited: after waiting
+	// for its start), Misses creates of its specs' key that found none
+	// ready or starting and started cold.
+	Hits, Misses, Waited uint64
+	// Started, Failed: its starts; Discarded: destroyed unused (the pool
+	// shrank or went, its specs changed, or the runtime closed).
+	Started, Failed, Discarded uint64
+}
+
+// PoolKey says what a sandbox started from spec is made of, for any
+// owner: template, base, limits, hostname and restored layers. ok is false
+// for a spec a pooled sandbox can never serve: a network (its namespace is
+// the new sandbox's own) or a layer whose id is not a verified content
+// address. Owner, Env, HomeSocket and ID are the claim's.
+func PoolKey(spec Spec) (key string, ok bool) {
+	if spec.Network != nil {
+		return "", false
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%q %q %q %q %+v", spec.Template, spec.BaseDir, spec.BaseImage, spec.Hostname, spec.Limits)
 	for _, l := range spec.Layers {
 		if !strings.HasPrefix(l.ID, "sha256:") {
 			return "", false

@@ -83,10 +83,7 @@ func (m *Manager) balance(ctx context.Context) (diskBalance, error) {
 	if err != nil {
 		return diskBalance{}, fmt.Errorf("list this node's sandboxes: %w", err)
 	}
-	b.active, b.warm = len(active), m.cfg.Settings.WarmSandboxes
-	if pw, ok := m.rt.(runtime.Prewarmer); ok {
-		b.warm += pw.PrewarmStats().Kept
-	}
+	b.active, b.warm = len(active), m.warmSandboxes()
 	b.promised = int64(b.warm) * limit
 	for _, sb := range active {
 		owed := limit

@@ -57,6 +57,10 @@ type Settings struct {
 	// with a disk of Limits.DiskBytes that admitDisk counts as promised
 	// (prewarmed sandboxes are counted as they exist).
 	WarmSandboxes int
+	// TemplatePool is how many sandboxes of custom templates are kept
+	// started ahead on this node, over all templates (tplpool.go; 0:
+	// none). Each counts as a warm sandbox.
+	TemplatePool int
 	// Model is the provider OpenCode is pointed at for prompts, through
 	// the model proxy on sandboxd.internal.
 	Model runs.ModelProvider
@@ -160,6 +164,8 @@ type Manager struct {
 	ops *opMetrics
 	// execDefaults caches ExecDefaults by template id.
 	execDefaults sync.Map
+	// tplPools sizes the custom templates' pools (tplpool.go).
+	tplPools templatePools
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.
@@ -428,6 +434,11 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		return fail(reasonStateChanged, err)
 	}
 	sb.Status, sb.UpdatedAt = store.SandboxRunning, m.now()
+	if sb.TemplateID != "" && spec.Network == nil {
+		// Its template is in demand: its pool is sized (and filled)
+		// for the next creates.
+		m.templateCreated(sb.TemplateID)
+	}
 	if restored {
 		// The account is active: its next create finds one started ahead
 		// too (a no-op while one for this snapshot is kept or starting).

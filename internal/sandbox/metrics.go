@@ -199,7 +199,7 @@ func (m *Manager) warmSandboxes() int {
 	if pw, ok := m.rt.(runtime.Prewarmer); ok {
 		warm += pw.PrewarmStats().Kept
 	}
-	return warm
+	return warm + m.templatePooled()
 }
 
 // collectRuns reports the runs queued or executing and those finished in

@@ -137,7 +137,8 @@ var (
 )
 
 // PrewarmMetrics is a Prometheus collector of the runtime's prewarmed
-// sandboxes (nothing when the runtime does not prewarm).
+// sandboxes (nothing when the runtime does not prewarm) and of its pools
+// (tplpool.go).
 func (m *Manager) PrewarmMetrics() prometheus.Collector { return prewarmCollector{m} }
 
 type prewarmCollector struct{ m *Manager }
@@ -145,9 +146,13 @@ type prewarmCollector struct{ m *Manager }
 func (c prewarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- prewarmKeptDesc
 	ch <- prewarmEventsDesc
+	ch <- poolReadyDesc
+	ch <- poolEventsDesc
+	ch <- poolTemplatesDesc
 }
 
 func (c prewarmCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.collectPools(ch)
 	pw, ok := c.m.rt.(runtime.Prewarmer)
 	if !ok {
 		return

@@ -44,9 +44,8 @@ func (m *Manager) template(ctx context.Context, accountID, name string) (string,
 // fromTemplate makes spec start from sb's template, when it has one: its
 // root filesystem, with the image's Env added and its WORKDIR and USER the
 // defaults of the sandbox's commands. The account's snapshot is never
-// restored on it (persist's layers hook leaves it out), and the pool and
-// the prewarmed sandboxes, which are of the built-in image, never serve it
-// (runtime.PrewarmKey and the warm pool compare BaseDir).
+// restored on it (persist's layers hook leaves it out); only its
+// template's pool serves it (spec.Template: runtime.PoolKey, tplpool.go).
 //
 // A template built with steps adds its layer chain (spec.Layers, free: a
 // template's sandbox never restores the account's snapshot); release
@@ -63,7 +62,7 @@ func (m *Manager) fromTemplate(ctx context.Context, sb store.Sandbox, spec *runt
 	if err != nil {
 		return img, noop, err
 	}
-	spec.BaseDir, spec.BaseImage = img.RootFS, img.BaseImage
+	spec.BaseDir, spec.BaseImage, spec.Template = img.RootFS, img.BaseImage, img.TemplateID
 	spec.Env = append(spec.Env, img.Config.Env...)
 	if len(img.Layers) == 0 {
 		return img, noop, nil

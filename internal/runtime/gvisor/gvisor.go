@@ -173,11 +173,15 @@ type Runtime struct {
 	// prewarmed are the sandboxes started from their owners' layers
 	// ahead of their creates (Options.Prewarm).
 	prewarmed *host.Prewarmed[*sandbox]
+	// pools are the sandboxes started ahead for other specs than the warm
+	// pool's: custom templates' (runtime.Pooler).
+	pools *host.Pools[*sandbox]
 }
 
 var (
 	_ runtime.Runtime   = (*Runtime)(nil)
 	_ runtime.Prewarmer = (*Runtime)(nil)
+	_ runtime.Pooler    = (*Runtime)(nil)
 	_ runtime.Pauser    = (*Runtime)(nil)
 )
 
@@ -236,6 +240,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	r.prewarmed = host.NewPrewarmed(opts.Prewarm, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
 		return r.createCold(ctx, spec, "")
 	})
+	r.pools = host.NewPools(r.Context(), r.log, func(ctx context.Context, spec runtime.Spec) (*sandbox, error) {
+		return r.createCold(ctx, spec, "")
+	}, r.complete)
 	if opts.WarmPool > 0 && opts.WarmBaseDir != "" {
 		r.pool = newPool(r, opts.WarmPool)
 	}
@@ -288,7 +295,7 @@ func (r *Runtime) Describe() string {
 func (r *Runtime) Close() error {
 	return r.Shutdown(func() error {
 		r.saves.stopAhead()
-		err := r.prewarmed.Close()
+		err := errors.Join(r.prewarmed.Close(), r.pools.Close())
 		if r.pool != nil {
 			err = errors.Join(err, r.pool.close())
 		}
@@ -300,17 +307,23 @@ func (r *Runtime) Close() error {
 
 // Create implements runtime.Runtime. It hands out a sandbox started ahead
 // when one fits: the owner's prewarmed sandbox when its spec would have
-// made it (the same layers restored, see runtime.PrewarmKey), or, with no
-// layers, the default limits, the warm pool's base and no custom hostname,
-// a warm one (its writable layer is still empty, so nothing else needs
-// doing). Otherwise it creates one cold: restored layers become overlay
-// lowers, and they cannot be added under a running overlay.
+// made it (the same layers restored, see runtime.PrewarmKey), one of the
+// pool of its spec's key (a custom template's, see runtime.PoolKey), or,
+// with no layers, the default limits, the warm pool's base and no custom
+// hostname, a warm one (its writable layer is still empty, so nothing else
+// needs doing). Otherwise it creates one cold: restored layers become
+// overlay lowers, and they cannot be added under a running overlay.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
 	if err := r.Check(&spec); err != nil {
 		return nil, err
 	}
 	link := r.Table().Dir.Path(spec.ID)
 	if s, ok := r.prewarmed.Take(ctx, spec); ok {
+		if s, err := r.hand(ctx, s, spec, link); s != nil || err != nil {
+			return s, err
+		}
+	}
+	if s, ok := r.pools.Take(ctx, spec); ok {
 		if s, err := r.hand(ctx, s, spec, link); s != nil || err != nil {
 			return s, err
 		}
@@ -366,6 +379,28 @@ func (r *Runtime) DropPrewarmed(ctx context.Context, owner string) error {
 
 // PrewarmStats implements runtime.Prewarmer.
 func (r *Runtime) PrewarmStats() runtime.PrewarmStats { return r.prewarmed.Stats() }
+
+// SetPool implements runtime.Pooler.
+func (r *Runtime) SetPool(name string, size int, open func(ctx context.Context) (runtime.Spec, func(), error)) {
+	r.pools.Set(name, size, open)
+}
+
+// PoolStats implements runtime.Pooler.
+func (r *Runtime) PoolStats() runtime.PoolReport {
+	rep := r.pools.Stats()
+	if p := r.pool; p != nil {
+		rep.Warm = p.stats()
+	}
+	return rep
+}
+
+// complete fills spec's defaults as Check does for a Create.
+func (r *Runtime) complete(spec *runtime.Spec) {
+	spec.Limits = r.Limits(spec.Limits)
+	if spec.Hostname == "" {
+		spec.Hostname = "sandbox"
+	}
+}
 
 // createCold builds and starts a sandbox for spec. link, when not empty, is
 // the ids/ entry to claim for it.

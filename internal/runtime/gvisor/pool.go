@@ -21,6 +21,10 @@ type pool struct {
 
 	mu     sync.Mutex
 	ready  []*sandbox
+	hits   uint64 // creates handed a warm sandbox
+	misses uint64 // creates that fit but found none ready
+	made   uint64 // warm sandboxes started
+	failed uint64
 	closed bool
 	kick   chan struct{}
 	done   chan struct{}
@@ -42,13 +46,14 @@ func (p *pool) warmSpec() runtime.Spec {
 	}
 }
 
-// fits says whether a warm sandbox can serve spec: same base, default
+// fits says whether a warm sandbox can serve spec: the built-in image (no
+// custom template, whose pools are runtime.Pooler's), same base, default
 // limits (they are fixed at start: the disk image and RLIMIT_NPROC), no
 // custom hostname, and nothing to restore (restored layers are overlay
 // lowers, which cannot be added under a mounted overlay).
 func (p *pool) fits(spec runtime.Spec) bool {
 	w := p.warmSpec()
-	return len(spec.Layers) == 0 && spec.Network == nil && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
+	return spec.Template == "" && len(spec.Layers) == 0 && spec.Network == nil && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
 }
 
 // take returns a warm sandbox or nil, and asks for a replacement.
@@ -60,11 +65,20 @@ func (p *pool) take() *sandbox {
 	default:
 	}
 	if len(p.ready) == 0 {
+		p.misses++
 		return nil
 	}
 	s := p.ready[0]
 	p.ready = p.ready[1:]
+	p.hits++
 	return s
+}
+
+// stats are the warm pool's figures (runtime.Pooler.PoolStats).
+func (p *pool) stats() runtime.PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return runtime.PoolStats{Size: p.size, Ready: len(p.ready), Hits: p.hits, Misses: p.misses, Started: p.made, Failed: p.failed}
 }
 
 // WarmReady is how many warm sandboxes wait (for tests and the bench).
@@ -91,6 +105,9 @@ func (p *pool) fill(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
+				p.mu.Lock()
+				p.failed++
+				p.mu.Unlock()
 				p.r.log.Warn("warm pool: start sandbox", "err", err)
 				if !backoff.Wait(ctx) {
 					return
@@ -105,6 +122,7 @@ func (p *pool) fill(ctx context.Context) {
 				return
 			}
 			p.ready = append(p.ready, s)
+			p.made++
 			p.mu.Unlock()
 			continue
 		}

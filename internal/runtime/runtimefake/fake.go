@@ -62,16 +62,30 @@ type Runtime struct {
 	prewarmed  map[string]string
 	prewarms   uint64
 	claimed    map[string]bool
+	// pools are SetPool's, by name; pooled the sandboxes Create made
+	// from one of theirs.
+	pools  map[string]*fakePool
+	pooled map[string]bool
+}
+
+// fakePool is one pool: its size, opener, and the key and count of the
+// sandboxes FillPools started.
+type fakePool struct {
+	open  func(context.Context) (runtime.Spec, func(), error)
+	key   string
+	stats runtime.PoolStats
+	specs []runtime.Spec // the specs its sandboxes were started from
 }
 
 // New returns an empty fake runtime.
 func New() *Runtime {
-	return &Runtime{caps: runtime.Capabilities{Network: true, AnyRootFS: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]string{}, claimed: map[string]bool{}}
+	return &Runtime{caps: runtime.Capabilities{Network: true, AnyRootFS: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]string{}, claimed: map[string]bool{}, pools: map[string]*fakePool{}, pooled: map[string]bool{}}
 }
 
 var (
 	_ runtime.Runtime     = (*Runtime)(nil)
 	_ runtime.Prewarmer   = (*Runtime)(nil)
+	_ runtime.Pooler      = (*Runtime)(nil)
 	_ runtime.Pauser      = (*Runtime)(nil)
 	_ runtime.Forker      = (*Runtime)(nil)
 	_ runtime.SaveChecker = (*Runtime)(nil)
@@ -247,6 +261,108 @@ func (r *Runtime) Claimed(id string) bool {
 	return r.claimed[id]
 }
 
+// SetPool implements runtime.Pooler: it records the pool; FillPools
+// starts its sandboxes (a real backend's fillers run in the background).
+func (r *Runtime) SetPool(name string, size int, open func(ctx context.Context) (runtime.Spec, func(), error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.pools[name]
+	switch {
+	case size <= 0:
+		delete(r.pools, name)
+		return
+	case !ok:
+		p = &fakePool{}
+		p.stats.Name = name
+		r.pools[name] = p
+	}
+	p.open, p.stats.Size = open, size
+	if p.stats.Ready > size {
+		p.stats.Discarded += uint64(p.stats.Ready - size)
+		p.stats.Ready = size
+	}
+}
+
+// FillPools starts what each pool lacks, from the specs its open makes
+// (their layers read to their end), and returns the first error.
+func (r *Runtime) FillPools(ctx context.Context) error {
+	r.mu.Lock()
+	pools := maps.Clone(r.pools)
+	r.mu.Unlock()
+	for _, p := range pools {
+		for {
+			r.mu.Lock()
+			need := p.stats.Size - p.stats.Ready
+			open := p.open
+			r.mu.Unlock()
+			if need <= 0 {
+				break
+			}
+			// Starting while open runs, as a real pool's start is.
+			r.mu.Lock()
+			p.stats.Starting++
+			r.mu.Unlock()
+			spec, release, err := open(ctx)
+			r.mu.Lock()
+			p.stats.Starting--
+			r.mu.Unlock()
+			if err != nil {
+				r.mu.Lock()
+				p.stats.Failed++
+				r.mu.Unlock()
+				return err
+			}
+			for _, l := range spec.Layers {
+				_, err = io.Copy(io.Discard, l.R)
+			}
+			release()
+			key, ok := runtime.PoolKey(spec)
+			if err != nil || !ok {
+				return fmt.Errorf("pool %s: a spec that cannot be pooled (%v)", p.stats.Name, err)
+			}
+			r.mu.Lock()
+			if key != p.key {
+				p.stats.Discarded += uint64(p.stats.Ready)
+				p.key, p.stats.Ready, p.stats.Template = key, 0, spec.Template
+			}
+			p.stats.Ready++
+			p.stats.Started++
+			p.specs = append(p.specs, spec)
+			r.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// PoolStats implements runtime.Pooler (no warm pool, nothing removed).
+func (r *Runtime) PoolStats() runtime.PoolReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var rep runtime.PoolReport
+	for _, p := range r.pools {
+		rep.Pools = append(rep.Pools, p.stats)
+	}
+	sort.Slice(rep.Pools, func(i, j int) bool { return rep.Pools[i].Name < rep.Pools[j].Name })
+	return rep
+}
+
+// PoolSpecs are the specs pool name's sandboxes were started from.
+func (r *Runtime) PoolSpecs(name string) []runtime.Spec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.pools[name]; ok {
+		return slices.Clone(p.specs)
+	}
+	return nil
+}
+
+// Pooled says whether sandbox id was made from a pooled one.
+func (r *Runtime) Pooled(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pooled[id]
+}
+
 // SetExec scripts the processes of every sandbox from now on.
 func (r *Runtime) SetExec(fn ExecFunc) {
 	r.mu.Lock()
@@ -304,8 +420,24 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	if ok && found {
 		delete(r.prewarmed, spec.Owner)
 	}
+	pooled := false
+	if pkey, ok := runtime.PoolKey(spec); ok && !claimed {
+		for _, p := range r.pools {
+			if p.key != pkey {
+				continue
+			}
+			if p.stats.Ready > 0 {
+				p.stats.Ready--
+				p.stats.Hits++
+				pooled = true
+			} else {
+				p.stats.Misses++
+			}
+			break
+		}
+	}
 	r.mu.Unlock()
-	if !claimed {
+	if !claimed && !pooled {
 		for _, l := range spec.Layers {
 			if _, err := io.Copy(io.Discard, l.R); err != nil {
 				return nil, fmt.Errorf("create %s: read layer %s: %w", spec.ID, l.ID, err)
@@ -319,6 +451,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 		return nil, fmt.Errorf("create %s: %w", spec.ID, runtime.ErrExists)
 	}
 	r.claimed[spec.ID] = claimed
+	r.pooled[spec.ID] = pooled
 	r.sandboxes[spec.ID] = sb
 	r.specs[spec.ID] = spec
 	r.creates++

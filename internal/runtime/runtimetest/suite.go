@@ -69,6 +69,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Snapshot", s.testSnapshot)
 	t.Run("LayerBounds", s.testLayerBounds)
 	t.Run("Prewarm", s.testPrewarm)
+	t.Run("Pool", s.testPool)
 	t.Run("PauseResume", s.testPauseResume)
 	t.Run("Fork", s.testFork)
 	t.Run("StopThenSnapshot", s.testStop)
