@@ -23,8 +23,8 @@ import (
 // {alias: 'x'}) sends (docs/design/e2b-template-wire.md): the request,
 // the start, the status polled with logsOffset until ready and no more
 // entries; then Sandbox.create('x') starts it and the file is there.
-// Another account's key finds none of it; COPY's upload route is E2B's
-// 400.
+// Another account's key finds none of it; COPY's upload route refuses a
+// hash that is not a SHA-256 (the upload flow: templates_copy_test.go).
 func TestE2BTemplateBuild(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
@@ -112,7 +112,7 @@ func TestE2BTemplateBuild(t *testing.T) {
 	if code, body := do(bk, "GET", "/templates/aliases/x", ""); code != 404 {
 		t.Fatalf("bob's alias x: %d %s", code, body)
 	}
-	if code, body := do(ak, "GET", "/templates/x/files/0123abcd", ""); code != 400 || !strings.Contains(body, "COPY is not supported yet") {
+	if code, body := do(ak, "GET", "/templates/x/files/0123abcd", ""); code != 400 || !strings.Contains(body, "not 64 lower-case hex digits") {
 		t.Fatalf("COPY's upload link: %d %s", code, body)
 	}
 

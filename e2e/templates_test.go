@@ -56,7 +56,7 @@ func TestTemplateFromImage(t *testing.T) {
 
 	// What is not built yet is refused by name.
 	if r := s.as(ak, "POST", "/api/templates", map[string]any{"name": "x", "dockerfile": "FROM " + ref.String() + "\nCOPY a /a\n"}); r.Status != 400 ||
-		!strings.Contains(fmt.Sprint(r.Body["error"]), "COPY needs uploaded files: not supported yet") {
+		!strings.Contains(fmt.Sprint(r.Body["error"]), "COPY needs a build context") {
 		t.Fatalf("dockerfile: %d %s", r.Status, r.Raw)
 	}
 

@@ -443,6 +443,21 @@ func (e TemplateStatus) Valid() bool {
 	}
 }
 
+// Defines values for TemplateFilesResponseStatus.
+const (
+	TemplateFilesResponseStatusSuccess TemplateFilesResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the TemplateFilesResponseStatus enum.
+func (e TemplateFilesResponseStatus) Valid() bool {
+	switch e {
+	case TemplateFilesResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for TemplateResponseStatus.
 const (
 	TemplateResponseStatusSuccess TemplateResponseStatus = "success"
@@ -551,6 +566,9 @@ type BuildTemplateRequest struct {
 
 	// Dockerfile A Dockerfile (one FROM
 	Dockerfile *string `json:"dockerfile,omitempty"`
+
+	// Context The hash of an uploaded archive (PUT /api/templates/files/{hash}) the Dockerfile's COPY and ADD sources are read from: its build context. Only with dockerfile
+	Context *string `json:"context,omitempty"`
 
 	// FromTemplate Not supported yet (400)
 	FromTemplate *string `json:"fromTemplate,omitempty"`
@@ -1039,6 +1057,19 @@ type TemplateConfig struct {
 	ExposedPorts []string `json:"exposedPorts"`
 }
 
+// TemplateFilesResponse defines model for TemplateFilesResponse.
+type TemplateFilesResponse struct {
+	Status  TemplateFilesResponseStatus `json:"status"`
+	Hash    string                      `json:"hash"`
+	Present bool                        `json:"present"`
+	Size    int                         `json:"size"`
+	Entries *int                        `json:"entries,omitempty"`
+	Bytes   *int                        `json:"bytes,omitempty"`
+}
+
+// TemplateFilesResponseStatus defines model for TemplateFilesResponse.Status.
+type TemplateFilesResponseStatus string
+
 // TemplateRegistry defines model for TemplateRegistry.
 type TemplateRegistry struct {
 	// Username The registry user (with password)
@@ -1063,9 +1094,11 @@ type TemplateResponseStatus string
 // TemplateStep defines model for TemplateStep.
 type TemplateStep struct {
 	// Type RUN
-	Type      string   `json:"type"`
-	Args      []string `json:"args"`
-	FilesHash *string  `json:"filesHash,omitempty"`
+	Type string   `json:"type"`
+	Args []string `json:"args"`
+
+	// FilesHash COPY: the hash the step's files were uploaded under (PUT /api/templates/files/{hash})
+	FilesHash *string `json:"filesHash,omitempty"`
 
 	// Force Rebuild this step and every later one whatever the cache holds
 	Force *bool `json:"force,omitempty"`
@@ -1715,7 +1748,7 @@ type ClientInterface interface {
 
 	// PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1724,12 +1757,28 @@ type ClientInterface interface {
 
 	// PostTemplates Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /api/templates (the `PostTemplates` operationId).
 	PostTemplates(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplatesFilesHash Whether the account has uploaded build files under a hash (sandboxd)
+	//
+	// present is false (200) when the account has no archive of that hash, or it was collected since.
+	//
+	// Corresponds with GET /api/templates/files/{hash} (the `GetTemplatesFilesHash` operationId).
+	GetTemplatesFilesHash(ctx context.Context, hash string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutTemplatesFilesHashWithBody Upload build files for COPY steps: a tar archive, or a gzipped one (sandboxd)
+	//
+	// Stores the body, a tar archive (gzip is recognised by its first bytes), as the account's build files named hash (64 lower-case hex digits; the CLI uses the archive's SHA-256, E2B's SDK its filesHash), replacing an earlier upload of that name. A Dockerfile's build names it in context, a COPY step in filesHash. Every entry is checked as it arrives: 400 for an entry outside the archive (an absolute name, ..), a link that leaves it, a device node or a named pipe, or a body that is not a tar; 413 over the server's upload bound (--templates-max-upload-mib, default 512 MiB), 100,000 entries or four times the bound unpacked. Nothing is stored when the archive is refused.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/templates/files/{hash} (the `PutTemplatesFilesHash` operationId).
+	PutTemplatesFilesHashWithBody(ctx context.Context, hash string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteTemplatesID Delete a template (sandboxd)
 	//
@@ -2522,7 +2571,7 @@ func (c *Client) GetTemplates(ctx context.Context, reqEditors ...RequestEditorFn
 
 // PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2541,13 +2590,49 @@ func (c *Client) PostTemplatesWithBody(ctx context.Context, contentType string, 
 
 // PostTemplates Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /api/templates (the `PostTemplates` operationId).
 func (c *Client) PostTemplates(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPostTemplatesRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTemplatesFilesHash Whether the account has uploaded build files under a hash (sandboxd)
+//
+// present is false (200) when the account has no archive of that hash, or it was collected since.
+//
+// Corresponds with GET /api/templates/files/{hash} (the `GetTemplatesFilesHash` operationId).
+func (c *Client) GetTemplatesFilesHash(ctx context.Context, hash string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplatesFilesHashRequest(c.Server, hash)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutTemplatesFilesHashWithBody Upload build files for COPY steps: a tar archive, or a gzipped one (sandboxd)
+//
+// Stores the body, a tar archive (gzip is recognised by its first bytes), as the account's build files named hash (64 lower-case hex digits; the CLI uses the archive's SHA-256, E2B's SDK its filesHash), replacing an earlier upload of that name. A Dockerfile's build names it in context, a COPY step in filesHash. Every entry is checked as it arrives: 400 for an entry outside the archive (an absolute name, ..), a link that leaves it, a device node or a named pipe, or a body that is not a tar; 413 over the server's upload bound (--templates-max-upload-mib, default 512 MiB), 100,000 entries or four times the bound unpacked. Nothing is stored when the archive is refused.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/templates/files/{hash} (the `PutTemplatesFilesHash` operationId).
+func (c *Client) PutTemplatesFilesHashWithBody(ctx context.Context, hash string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutTemplatesFilesHashRequestWithBody(c.Server, hash, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4204,6 +4289,76 @@ func NewPostTemplatesRequestWithBody(server string, contentType string, body io.
 	return req, nil
 }
 
+// NewGetTemplatesFilesHashRequest constructs an http.Request for the GetTemplatesFilesHash method
+func NewGetTemplatesFilesHashRequest(server string, hash string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "hash", hash, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates/files/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutTemplatesFilesHashRequestWithBody constructs an http.Request for the PutTemplatesFilesHash method, with any body, and a specified content type
+func NewPutTemplatesFilesHashRequestWithBody(server string, hash string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "hash", hash, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates/files/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewDeleteTemplatesIDRequest constructs an http.Request for the DeleteTemplatesID method
 func NewDeleteTemplatesIDRequest(server string, id string) (*http.Request, error) {
 	var err error
@@ -4682,7 +4837,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4691,12 +4846,30 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/templates (the `PostTemplates` operationId).
 	PostTemplatesWithResponse(ctx context.Context, body PostTemplatesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostTemplatesResult, error)
+
+	// GetTemplatesFilesHashWithResponse Whether the account has uploaded build files under a hash (sandboxd)
+	//
+	// present is false (200) when the account has no archive of that hash, or it was collected since.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/templates/files/{hash} (the `GetTemplatesFilesHash` operationId).
+	GetTemplatesFilesHashWithResponse(ctx context.Context, hash string, reqEditors ...RequestEditorFn) (*GetTemplatesFilesHashResult, error)
+
+	// PutTemplatesFilesHashWithBodyWithResponse Upload build files for COPY steps: a tar archive, or a gzipped one (sandboxd)
+	//
+	// Stores the body, a tar archive (gzip is recognised by its first bytes), as the account's build files named hash (64 lower-case hex digits; the CLI uses the archive's SHA-256, E2B's SDK its filesHash), replacing an earlier upload of that name. A Dockerfile's build names it in context, a COPY step in filesHash. Every entry is checked as it arrives: 400 for an entry outside the archive (an absolute name, ..), a link that leaves it, a device node or a named pipe, or a body that is not a tar; 413 over the server's upload bound (--templates-max-upload-mib, default 512 MiB), 100,000 entries or four times the bound unpacked. Nothing is stored when the archive is refused.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/templates/files/{hash} (the `PutTemplatesFilesHash` operationId).
+	PutTemplatesFilesHashWithBodyWithResponse(ctx context.Context, hash string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutTemplatesFilesHashResult, error)
 
 	// DeleteTemplatesIDWithResponse Delete a template (sandboxd)
 	//
@@ -7325,6 +7498,179 @@ func (r PostTemplatesResult) ContentType() string {
 	return ""
 }
 
+type GetTemplatesFilesHashResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateFilesResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON200() *TemplateFilesResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetTemplatesFilesHashResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTemplatesFilesHashResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplatesFilesHashResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplatesFilesHashResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTemplatesFilesHashResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PutTemplatesFilesHashResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateFilesResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON200() *TemplateFilesResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PutTemplatesFilesHashResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PutTemplatesFilesHashResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutTemplatesFilesHashResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutTemplatesFilesHashResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutTemplatesFilesHashResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type DeleteTemplatesIDResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -8128,7 +8474,7 @@ func (c *ClientWithResponses) GetTemplatesWithResponse(ctx context.Context, reqE
 
 // PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8143,7 +8489,7 @@ func (c *ClientWithResponses) PostTemplatesWithBodyWithResponse(ctx context.Cont
 
 // PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8154,6 +8500,36 @@ func (c *ClientWithResponses) PostTemplatesWithResponse(ctx context.Context, bod
 		return nil, err
 	}
 	return ParsePostTemplatesResult(rsp)
+}
+
+// GetTemplatesFilesHashWithResponse Whether the account has uploaded build files under a hash (sandboxd)
+//
+// present is false (200) when the account has no archive of that hash, or it was collected since.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/templates/files/{hash} (the `GetTemplatesFilesHash` operationId).
+func (c *ClientWithResponses) GetTemplatesFilesHashWithResponse(ctx context.Context, hash string, reqEditors ...RequestEditorFn) (*GetTemplatesFilesHashResult, error) {
+	rsp, err := c.GetTemplatesFilesHash(ctx, hash, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplatesFilesHashResult(rsp)
+}
+
+// PutTemplatesFilesHashWithBodyWithResponse Upload build files for COPY steps: a tar archive, or a gzipped one (sandboxd)
+//
+// Stores the body, a tar archive (gzip is recognised by its first bytes), as the account's build files named hash (64 lower-case hex digits; the CLI uses the archive's SHA-256, E2B's SDK its filesHash), replacing an earlier upload of that name. A Dockerfile's build names it in context, a COPY step in filesHash. Every entry is checked as it arrives: 400 for an entry outside the archive (an absolute name, ..), a link that leaves it, a device node or a named pipe, or a body that is not a tar; 413 over the server's upload bound (--templates-max-upload-mib, default 512 MiB), 100,000 entries or four times the bound unpacked. Nothing is stored when the archive is refused.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/templates/files/{hash} (the `PutTemplatesFilesHash` operationId).
+func (c *ClientWithResponses) PutTemplatesFilesHashWithBodyWithResponse(ctx context.Context, hash string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutTemplatesFilesHashResult, error) {
+	rsp, err := c.PutTemplatesFilesHashWithBody(ctx, hash, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutTemplatesFilesHashResult(rsp)
 }
 
 // DeleteTemplatesIDWithResponse Delete a template (sandboxd)
@@ -10324,6 +10700,149 @@ func ParsePostTemplatesResult(rsp *http.Response) (*PostTemplatesResult, error) 
 			return nil, err
 		}
 		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplatesFilesHashResult parses an HTTP response from a GetTemplatesFilesHashWithResponse call
+func ParseGetTemplatesFilesHashResult(rsp *http.Response) (*GetTemplatesFilesHashResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplatesFilesHashResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateFilesResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePutTemplatesFilesHashResult parses an HTTP response from a PutTemplatesFilesHashWithResponse call
+func ParsePutTemplatesFilesHashResult(rsp *http.Response) (*PutTemplatesFilesHashResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutTemplatesFilesHashResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateFilesResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

@@ -183,6 +183,7 @@ func setupE2B(o *serveOptions, d frontEndDeps, gate *edge.Gate, portProxy *netpo
 		// built from names it too.
 		Templates: []string{r.template},
 		Custom:    d.dom.tpls,
+		Files:     d.dom.tpls,
 		CPUs:      int(math.Ceil(r.cpus)), MemoryMB: int(r.memoryMiB), DiskMB: int(r.diskMiB), MaxTimeout: o.sandboxes.maxTimeout,
 		DefaultUser: e2b.DefaultUserOf(d.rt.baseDir),
 		Logger:      log.With("component", "e2b"),

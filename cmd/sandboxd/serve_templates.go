@@ -19,12 +19,14 @@ type templatesOptions struct {
 	stepTimeout  time.Duration
 	buildTimeout time.Duration
 	buildAllow   []string
+	maxUploadMiB int64
 }
 
 func (o *templatesOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.allowPrivate, "templates-allow-private-registries", false, "let templates be built from registries on private, loopback and link-local addresses (never metadata addresses)")
 	f.DurationVar(&o.stepTimeout, "templates-step-timeout", templates.DefaultStepTimeout, "longest one step (RUN) of a template build may take")
 	f.DurationVar(&o.buildTimeout, "templates-build-timeout", templates.DefaultBuildTimeout, "longest a whole template build may take (the image's fetch and every step)")
+	f.Int64Var(&o.maxUploadMiB, "templates-max-upload-mib", templates.DefaultMaxUploadBytes>>20, "largest archive of build files (for COPY) one upload may weigh; it may unpack to four times that")
 	f.StringSliceVar(&o.buildAllow, "templates-build-allow", nil, "the build sandboxes' network as an allow list (CIDRs, addresses, domains, *.wildcards); default: egress to public addresses")
 }
 
@@ -49,6 +51,9 @@ func credentialsKeyFile(stor *storage) string {
 // unpacked images, starting build sandboxes through host, and registers
 // its build worker.
 func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, clusterSecret []byte, log *slog.Logger) (*templates.Service, error) {
+	if o.maxUploadMiB < 1 || o.maxUploadMiB > 1<<20 {
+		return nil, flagErrorf("templates-max-upload-mib", "--templates-max-upload-mib %d: want 1 to %d", o.maxUploadMiB, 1<<20)
+	}
 	// The key that seals builds' registry credentials until their job
 	// runs: in a cluster, made from its secret (any node may open them);
 	// else this node's own.
@@ -65,6 +70,9 @@ func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host tem
 		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
 		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"), CredentialsKey: key,
+		// Upload links are signed with a key derived from the same one:
+		// any node of a cluster takes them, and a restart keeps them.
+		MaxUploadBytes: o.maxUploadMiB << 20, UploadSecret: key,
 	})
 	if err != nil {
 		return nil, err

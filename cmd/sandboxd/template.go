@@ -62,15 +62,17 @@ func registerAPIFlags(cmd *cobra.Command, c *apiClient, f *clientFlags, account 
 }
 
 func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
-	var image, dockerfile, stepsFile, startCmd, readyCmd string
+	var image, dockerfile, stepsFile, startCmd, readyCmd, contextDir string
 	var wait bool
 	var reg registryFlags
 	cmd := &cobra.Command{
-		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
+		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE [--context DIR]) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
 		Short: "Build a template from an OCI image, with steps or a Dockerfile (the build runs on the server; --wait follows it)",
 		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF\n" +
 			"(host/repository[:tag|@digest]), with the steps of --steps (a JSON array of E2B's {\"type\", \"args\"}: RUN,\n" +
-			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin).\n" +
+			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin)\n" +
+			"whose COPY and ADD read the directory --context (packed without what its .dockerignore names, and\n" +
+			"uploaded unless the server has it already; progress on stderr).\n" +
 			"--start-cmd and --ready-cmd are the template's start and ready commands. The server answers at once with\n" +
 			"the template, building; --wait follows the build, its log lines on stderr as they come, and prints the\n" +
 			"template once it is ready, or exits non-zero with the reason the build failed.\n\n" +
@@ -81,6 +83,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 		Example: "  sandboxd template build py:3.12 --image registry.example/library/python:3.12-slim --wait\n" +
 			"  sandboxd template build tools --image registry.example/acme/tools@sha256:... --json\n" +
 			"  sandboxd template build app:1 --dockerfile Dockerfile --wait\n" +
+			"  sandboxd template build app:2 --dockerfile app/Dockerfile --context app --wait\n" +
 			"  printf %s \"$TOKEN\" | sandboxd template build app:2 --image registry.example/acme/app:1 --registry-username bot --registry-password-stdin",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -96,6 +99,8 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 				}
 				s := string(text)
 				body.Dockerfile = &s
+			case contextDir != "":
+				return fmt.Errorf("--context is the build context of a Dockerfile: give --dockerfile too")
 			case image == "":
 				return fmt.Errorf("--image (or --dockerfile) is required: the OCI image to build %s from", args[0])
 			default:
@@ -122,13 +127,27 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 			if readyCmd != "" {
 				body.ReadyCmd = &readyCmd
 			}
-			cl, err := c.api()
-			if err != nil {
-				return err
-			}
-			res, err := client.Check(cl.PostTemplatesWithResponse(cmd.Context(), body))
-			if err != nil {
-				return err
+			var res *client.PostTemplatesResult
+			if contextDir != "" {
+				var progress io.Writer
+				if !f.asJSON {
+					progress = cmd.ErrOrStderr()
+				}
+				hash, err := c.uploadContext(cmd.Context(), contextDir, progress)
+				if err != nil {
+					return err
+				}
+				if res, err = c.postTemplateWithContext(cmd.Context(), body, hash); err != nil {
+					return err
+				}
+			} else {
+				cl, err := c.api()
+				if err != nil {
+					return err
+				}
+				if res, err = client.Check(cl.PostTemplatesWithResponse(cmd.Context(), body)); err != nil {
+					return err
+				}
 			}
 			out, err := decoded(res.JSON202)
 			if err != nil {
@@ -156,6 +175,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	cmd.Flags().StringVar(&image, "image", "", "the OCI image to build from: host/repository[:tag|@digest]")
 	cmd.Flags().StringVar(&stepsFile, "steps", "", "a file of steps (JSON array of {\"type\", \"args\"}) run over the image; - reads stdin")
 	cmd.Flags().StringVar(&dockerfile, "dockerfile", "", "a Dockerfile to build (its FROM is the image); - reads stdin")
+	cmd.Flags().StringVar(&contextDir, "context", "", "the Dockerfile's build context: the directory its COPY and ADD read (honours its .dockerignore)")
 	cmd.Flags().StringVar(&startCmd, "start-cmd", "", "the template's start command, run in each sandbox from it")
 	cmd.Flags().StringVar(&readyCmd, "ready-cmd", "", "the template's ready command: a sandbox is running once it exits 0")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the build, its log on stderr; fail, with the reason, when it failed")

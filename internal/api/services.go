@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"io"
 	"syscall"
 	"time"
 
@@ -63,6 +64,11 @@ type TemplateService interface {
 	List(ctx context.Context, p auth.Principal) ([]store.Template, error)
 	Get(ctx context.Context, p auth.Principal, id string) (store.Template, error)
 	Delete(ctx context.Context, p auth.Principal, id string) error
+	// HasFiles and PutFiles are the account's uploaded build files
+	// (archives COPY steps read), named by a SHA-256 in hex.
+	HasFiles(ctx context.Context, p auth.Principal, hash string) (templates.FilesInfo, bool, error)
+	PutFiles(ctx context.Context, p auth.Principal, hash string, r io.Reader) (templates.FilesInfo, error)
+	MaxUploadBytes() int64
 }
 
 // EnvironmentService owns the account's environment row (internal/persist).

@@ -1,11 +1,13 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 )
 
 // The template routes: a build, the list, one template, its deletion.
@@ -70,5 +72,40 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, contract.TemplateResponse{Status: "success", Template: contract.TemplateView(t, false)})
+	return nil
+}
+
+// putTemplateFiles is PUT /api/templates/files/{hash}: the body, a tar
+// archive (or a gzipped one), stored as the account's build files named
+// hash.
+func (s *Server) putTemplateFiles(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	hash := chi.URLParam(r, "hash")
+	if r.ContentLength > s.opts.Templates.MaxUploadBytes() {
+		return &edge.Error{Status: http.StatusRequestEntityTooLarge, Msg: fmt.Sprintf("The archive is larger than %d bytes, the most one upload may weigh", s.opts.Templates.MaxUploadBytes())}
+	}
+	info, err := s.opts.Templates.PutFiles(r.Context(), caller(r).Principal, hash, r.Body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.TemplateFilesResponse{Status: "success", Hash: hash, Present: true, Size: info.Size, Entries: info.Entries, Bytes: info.Bytes})
+	return nil
+}
+
+// getTemplateFiles is GET /api/templates/files/{hash}: whether the
+// account has build files named hash (present false when not: the
+// question is answered, not a 404).
+func (s *Server) getTemplateFiles(w http.ResponseWriter, r *http.Request) error {
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	hash := chi.URLParam(r, "hash")
+	info, ok, err := s.opts.Templates.HasFiles(r.Context(), caller(r).Principal, hash)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.TemplateFilesResponse{Status: "success", Hash: hash, Present: ok, Size: info.Size})
 	return nil
 }

@@ -19,8 +19,11 @@ type BuildTemplateRequest struct {
 	Name  string `json:"name" jsonschema:"minLength=1,maxLength=192,description=name[:tag]: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest)"`
 	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile"`
 	// Steps run over the image, in E2B's form.
-	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, ENV, ARG, WORKDIR, USER; COPY and ADD are refused (400) for now"`
-	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, ENV, ARG, WORKDIR, USER, CMD and ENTRYPOINT recorded; COPY and ADD are refused (400) for now). Not with image or steps"`
+	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, COPY (ADD), ENV, ARG, WORKDIR, USER; a COPY names its uploaded files in filesHash (PUT /api/templates/files/{hash})"`
+	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, COPY and ADD of context files, ENV, ARG, WORKDIR, USER; CMD and ENTRYPOINT recorded). Not with image or steps"`
+	// Context names the uploaded build context a Dockerfile's COPY and
+	// ADD read from.
+	Context string `json:"context,omitempty" jsonschema:"minLength=64,maxLength=64,description=The hash of an uploaded archive (PUT /api/templates/files/{hash}) the Dockerfile's COPY and ADD sources are read from: its build context. Only with dockerfile"`
 	// Not supported yet: each is refused with 400 naming it.
 	FromTemplate string `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
 	StartCmd     string `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
@@ -55,12 +58,12 @@ func (r TemplateRegistry) credentials() oci.Credentials {
 
 // TemplateStep is one build step, as E2B's SDK sends it: args by type are
 // RUN [command] or [command, user]; ENV and ARG [name, value, ...];
-// WORKDIR [path]; USER [user]; COPY [src, dest, user, mode] (refused for
-// now).
+// WORKDIR [path]; USER [user]; COPY [src, dest, user, mode] from the
+// uploaded files named by FilesHash.
 type TemplateStep struct {
-	Type      string   `json:"type" jsonschema:"minLength=1,description=RUN, ENV, ARG, WORKDIR or USER (COPY and ADD: not supported yet)"`
+	Type      string   `json:"type" jsonschema:"minLength=1,description=RUN, COPY (or ADD), ENV, ARG, WORKDIR or USER"`
 	Args      []string `json:"args"`
-	FilesHash string   `json:"filesHash,omitempty"`
+	FilesHash string   `json:"filesHash,omitempty" jsonschema:"description=COPY: the hash the step's files were uploaded under (PUT /api/templates/files/{hash})"`
 	Force     bool     `json:"force,omitempty" jsonschema:"description=Rebuild this step and every later one whatever the cache holds"`
 }
 
@@ -86,6 +89,9 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 		return req, err
 	}
 	if req.ReadyCmd, _, err = o.str("readyCmd"); err != nil {
+		return req, err
+	}
+	if req.Context, _, err = o.str("context"); err != nil {
 		return req, err
 	}
 	for _, f := range []string{"fromTemplate"} {
@@ -159,7 +165,7 @@ func (r BuildTemplateRequest) Domain() templates.BuildRequest {
 		steps, _ = json.Marshal(r.Steps)
 	}
 	req := templates.BuildRequest{
-		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile, Steps: steps,
+		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile, Steps: steps, Context: r.Context,
 		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd,
 	}
 	if r.Registry != nil {
@@ -251,4 +257,17 @@ func orEmpty(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// TemplateFilesResponse answers PUT and GET /api/templates/files/{hash}:
+// whether the account has build files (an archive) under hash.
+type TemplateFilesResponse struct {
+	Status  string `json:"status" jsonschema:"enum=success"`
+	Hash    string `json:"hash"`
+	Present bool   `json:"present"`
+	// Size is the archive's as uploaded; 0 when absent.
+	Size int64 `json:"size"`
+	// Entries and Bytes count what a PUT's archive holds.
+	Entries int   `json:"entries,omitempty"`
+	Bytes   int64 `json:"bytes,omitempty"`
 }

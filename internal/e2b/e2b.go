@@ -89,6 +89,9 @@ type Options struct {
 	// name, before the built-in ids, and GET /templates lists beside
 	// them; nil: none.
 	Custom CustomTemplates
+	// Files are the accounts' uploaded build files (the Template API's
+	// COPY uploads, templatefiles.go); nil: none.
+	Files TemplateFiles
 	// CPUs and MemoryMB are what a sandbox is given, as reported.
 	CPUs     int
 	MemoryMB int

@@ -45,7 +45,10 @@ func (a *API) controlPlane() http.Handler {
 	r.Get("/templates/{templateID}/builds/{buildID}/status", a.route(a.buildStatus, false))
 	r.Get("/templates/aliases/{alias}", a.route(a.alias, false))
 	r.Get("/templates/{templateID}/tags", a.route(a.tags, false))
-	r.Get("/templates/{templateID}/files/{hash}", a.route(notYet("COPY is not supported yet: templates take RUN, ENV, ARG, WORKDIR and USER steps"), true))
+	r.Get("/templates/{templateID}/files/{hash}", a.route(a.fileUploadLink, true))
+	// The signed upload link's PUT (templatefiles.go): no API key, its
+	// own bound.
+	r.Put("/templates/{templateID}/files/{hash}", a.uploadFiles)
 	r.Post("/templates/tags", a.route(notYet("assigning tags is not supported yet: a template has the one tag it was built with"), true))
 	r.Delete("/templates/tags", a.route(notYet("removing tags is not supported yet: delete the template instead"), true))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {

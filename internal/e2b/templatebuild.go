@@ -106,8 +106,9 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate and COPY steps are refused by name; fromImageRegistry's
-// credentials go to the build (registryCredentials).
+// fromTemplate is refused by name; fromImageRegistry's credentials go to
+// the build (registryCredentials); COPY steps read the files uploaded
+// under their filesHash (templatefiles.go).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -129,11 +130,6 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if len(req.Steps) > 0 {
 		if err := json.Unmarshal(req.Steps, &kinds); err != nil {
 			return edge.Errorf(http.StatusBadRequest, "steps: %v", err)
-		}
-	}
-	for i, s := range kinds {
-		if k := strings.ToUpper(s.Type); k == "COPY" || k == "ADD" {
-			return edge.Errorf(http.StatusBadRequest, "steps[%d] (%s): COPY is not supported yet; templates take RUN, ENV, ARG, WORKDIR and USER steps", i, k)
 		}
 	}
 	if len(kinds) == 0 {

@@ -3,25 +3,13 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
-	"net/http"
-	"time"
-
-	"connectrpc.com/connect"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/filecopy"
-	pb "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
-	"github.com/sandboxd/sandboxd/internal/guest/pb/filesystem/filesystemconnect"
-	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
-
-// agentCallTimeout bounds one call of the agent's filesystem service
-// (a stat, a directory made).
-const agentCallTimeout = 30 * time.Second
 
 // statPath describes path (filecopy.Resolve's rules) in a running sandbox
 // this node hosts, without following a final link; it returns the path
@@ -62,91 +50,12 @@ func (m *Manager) extractIn(ctx context.Context, sb store.Sandbox, dir string, r
 	return filecopy.Extract(ctx, fsys, dir, r, lim)
 }
 
-// files is the filesystem of a running sandbox as its agent serves it:
-// reads, writes and listings through the runtime, stats and new
-// directories through the agent's filesystem service.
+// files is the filesystem of a running sandbox this node hosts, as its
+// agent serves it (filecopy.AgentFS).
 func (m *Manager) files(ctx context.Context, sb store.Sandbox) (filecopy.FS, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
-	tr, err := rsb.AgentTransport(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reach the agent of %s: %w", sb.ID, err)
-	}
-	// The transport carries requests to the agent whatever their host.
-	agent := filesystemconnect.NewFilesystemClient(&http.Client{Transport: tr}, "http://agent")
-	return sandboxFS{rsb: rsb, agent: agent}, nil
-}
-
-// sandboxFS is filecopy.FS over a runtime sandbox and its agent.
-type sandboxFS struct {
-	rsb   runtime.Sandbox
-	agent filesystemconnect.FilesystemClient
-}
-
-func (s sandboxFS) Stat(ctx context.Context, path string) (filecopy.Entry, error) {
-	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
-	defer cancel()
-	res, err := s.agent.Stat(ctx, connect.NewRequest(&pb.StatRequest{Path: path}))
-	if err != nil {
-		return filecopy.Entry{}, agentError("stat "+path, err)
-	}
-	e := res.Msg.GetEntry()
-	return filecopy.Entry{
-		Name: e.GetName(), Size: max(0, e.GetSize()), Mode: fs.FileMode(e.GetMode()),
-		ModTime: e.GetModifiedTime().AsTime(), Link: e.GetSymlinkTarget(),
-	}, nil
-}
-
-func (s sandboxFS) ListDir(ctx context.Context, path string) ([]filecopy.Entry, error) {
-	ents, err := s.rsb.ListDir(ctx, path)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]filecopy.Entry, len(ents))
-	for i, e := range ents {
-		out[i] = filecopy.Entry{Name: e.Name, Size: e.Size, Mode: e.Mode, ModTime: e.ModTime, Link: e.Link}
-	}
-	return out, nil
-}
-
-func (s sandboxFS) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
-	return s.rsb.ReadFile(ctx, path)
-}
-
-func (s sandboxFS) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
-	return s.rsb.WriteFile(ctx, path, r, mode)
-}
-
-func (s sandboxFS) MakeDir(ctx context.Context, path string) error {
-	e, err := s.Stat(ctx, path)
-	switch {
-	case err == nil && e.Mode.IsDir():
-		return nil
-	case err == nil:
-		return errdefs.Newf(errdefs.ErrInvalid, "%s exists in the sandbox and is not a directory", path)
-	case !errors.Is(err, fs.ErrNotExist):
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
-	defer cancel()
-	if _, err := s.agent.MakeDir(ctx, connect.NewRequest(&pb.MakeDirRequest{Path: path})); err != nil {
-		return agentError("make directory "+path, err)
-	}
-	return nil
-}
-
-// agentError is an error of the agent's filesystem service for op, with
-// the classes a caller can act on.
-func agentError(op string, err error) error {
-	switch connect.CodeOf(err) {
-	case connect.CodeNotFound:
-		return fmt.Errorf("%s: %w", op, fs.ErrNotExist)
-	case connect.CodeAlreadyExists, connect.CodeFailedPrecondition:
-		return errdefs.Wrap(errdefs.ErrInvalid, err, op+": something in the way is not a directory")
-	case connect.CodePermissionDenied:
-		return errdefs.Wrap(errdefs.ErrForbidden, err, op+": permission denied in the sandbox")
-	}
-	return fmt.Errorf("%s: %w", op, err)
+	return filecopy.AgentFS(ctx, rsb)
 }

@@ -167,7 +167,9 @@ func (q *Queries) SetTemplateLayers(ctx context.Context, id, layers string) (boo
 }
 
 // TemplateLayer is one entry of the template build cache: the layer a
-// step made (a blob), by the step's cache key, per account.
+// step made (a blob), by the step's cache key, per account; or, under the
+// key "files/<hash>", an archive of build files the account uploaded for
+// COPY steps (package templates' files.go).
 type TemplateLayer struct {
 	AccountID string
 	CacheKey  string

@@ -692,3 +692,48 @@ func TestBuildOfADownNodeTakenOver(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectUploads: an uploaded archive is an entry of the build
+// cache: checked (HasFiles) it is renewed; unused for CacheKeep it goes
+// with its blob, and is then missing.
+func TestCollectUploads(t *testing.T) {
+	f := newFixture(t)
+	ctx := t.Context()
+	local, err := blob.NewLocal(filepath.Join(t.TempDir(), "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jc, err := jobs.New(ctx, f.st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer jc.Close()
+	const keep = time.Second
+	svc, err := templates.New(templates.Config{Store: f.st, Jobs: jc, NodeID: "here", Dir: f.dir, Blobs: local, Host: newFakeHost(), CacheKeep: keep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := gzArchive(t, map[string]string{"a.txt": "a"}, &tar.Header{Typeflag: tar.TypeReg, Name: "a.txt", Mode: 0o644})
+	h := hashOf(archive)
+	if _, err := svc.PutFiles(ctx, f.alice, h, bytes.NewReader(archive)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(keep + 100*time.Millisecond)
+	if _, ok, err := svc.HasFiles(ctx, f.alice, h); !ok || err != nil {
+		t.Fatalf("present: %v %v", ok, err)
+	}
+	svc.Collect(ctx) // just checked: renewed
+	if _, ok, _ := svc.HasFiles(ctx, f.alice, h); !ok {
+		t.Fatal("an upload checked less than CacheKeep ago was collected")
+	}
+	time.Sleep(keep + 100*time.Millisecond)
+	svc.Collect(ctx)
+	if _, ok, _ := svc.HasFiles(ctx, f.alice, h); ok {
+		t.Fatal("an upload unused for longer than CacheKeep was kept")
+	}
+	n := 0
+	local.List(ctx, func(blob.Info) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("%d blobs left", n)
+	}
+}

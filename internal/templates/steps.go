@@ -57,10 +57,13 @@ type BuildSandbox struct {
 // (store.Template.Definition): the steps, or the Dockerfile's text, which
 // the build parses again with the base image's environment.
 type definition struct {
-	Dockerfile string              `json:"dockerfile,omitempty"`
-	Steps      []templatespec.Step `json:"steps,omitempty"`
-	StartCmd   string              `json:"startCmd,omitempty"`
-	ReadyCmd   string              `json:"readyCmd,omitempty"`
+	Dockerfile string `json:"dockerfile,omitempty"`
+	// Context names the account's uploaded archive the Dockerfile's
+	// COPY steps copy from (their FilesHash).
+	Context  string              `json:"context,omitempty"`
+	Steps    []templatespec.Step `json:"steps,omitempty"`
+	StartCmd string              `json:"startCmd,omitempty"`
+	ReadyCmd string              `json:"readyCmd,omitempty"`
 }
 
 // stepsDocument is the steps JSON as templatespec.FromJSON reads it.
@@ -85,6 +88,14 @@ func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 		}
 	}
 	d := definition{StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
+	if req.Context != "" {
+		if req.Dockerfile == "" {
+			return "", "", errdefs.New(errdefs.ErrInvalid, "context: only with a dockerfile (steps name their files in filesHash)")
+		}
+		if err := CheckFilesHash(req.Context); err != nil {
+			return "", "", fmt.Errorf("context: %w", err)
+		}
+	}
 	switch {
 	case req.Dockerfile != "" && len(req.Steps) > 0:
 		return "", "", errdefs.New(errdefs.ErrInvalid, "dockerfile and steps: give one, not both")
@@ -101,11 +112,11 @@ func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 		}
 		image = t.Base.Ref
 		for _, st := range t.Steps {
-			if st.Kind == templatespec.StepCopy {
-				return "", "", errdefs.Newf(errdefs.ErrInvalid, "dockerfile: line %d (COPY): COPY needs uploaded files: not supported yet", st.Line)
+			if st.Kind == templatespec.StepCopy && req.Context == "" {
+				return "", "", errdefs.Newf(errdefs.ErrInvalid, "dockerfile: line %d (COPY): COPY needs a build context: upload it (PUT /api/templates/files/{sha256}) and name it in \"context\"", st.Line)
 			}
 		}
-		d.Dockerfile = req.Dockerfile
+		d.Dockerfile, d.Context = req.Dockerfile, req.Context
 	case len(req.Steps) > 0:
 		if image == "" {
 			return "", "", errdefs.New(errdefs.ErrInvalid, "image: required (the base the steps start from)")
@@ -117,11 +128,6 @@ func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 		t, err := templatespec.FromJSON(doc, templatespec.Limits{})
 		if err != nil {
 			return "", "", err
-		}
-		for i, st := range t.Steps {
-			if st.Kind == templatespec.StepCopy {
-				return "", "", errdefs.Newf(errdefs.ErrInvalid, "steps[%d] (COPY): COPY needs uploaded files: not supported yet", i)
-			}
 		}
 		d.Steps = t.Steps
 	}
@@ -157,6 +163,9 @@ type stepRun struct {
 	// since the last layer, to make in the next build sandbox.
 	layers []string
 	dirs   []string
+	// uploads are the blobs of the COPY steps' files, by their hash
+	// (resolveUploads).
+	uploads map[string]string
 }
 
 // runSteps runs t's steps over img (unpacked at rootfs), reusing the
@@ -176,6 +185,11 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 			return oci.Config{}, nil, err
 		}
 		steps = tpl.Steps
+		for i := range steps {
+			if steps[i].Kind == templatespec.StepCopy {
+				steps[i].FilesHash = def.Context
+			}
+		}
 		if tpl.StartCmd != "" {
 			// Recorded like an image's CMD, not run (start commands
 			// are not built yet).
@@ -185,11 +199,16 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 	if err := s.canBuildSteps(); err != nil {
 		return oci.Config{}, nil, err
 	}
-	keys, err := templatespec.CacheKeys(img.ManifestDigest, steps)
+	ownerDefaults(steps, cfg.User)
+	uploads, keySteps, err := s.resolveUploads(ctx, t.AccountID, steps)
 	if err != nil {
 		return oci.Config{}, nil, err
 	}
-	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf,
+	keys, err := templatespec.CacheKeys(img.ManifestDigest, keySteps)
+	if err != nil {
+		return oci.Config{}, nil, err
+	}
+	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf, uploads: uploads,
 		env: append([]string(nil), cfg.Env...), workdir: cfg.WorkingDir, user: cfg.User}
 	if r.workdir == "" {
 		r.workdir = "/"
@@ -225,12 +244,14 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 			logf("step %d/%d: WORKDIR %s", n, len(steps), r.workdir)
 		case templatespec.StepRun:
 			logf("step %d/%d: RUN %s", n, len(steps), clipLine(st.Command))
+		case templatespec.StepCopy:
+			logf("step %d/%d: COPY %s %s (files %s, owner %s)", n, len(steps), clipLine(st.Src), clipLine(st.Dest), short(st.FilesHash), st.User)
 		default:
-			return oci.Config{}, nil, errdefs.Newf(errdefs.ErrInvalid, "step %d (%s): %s needs uploaded files: not supported yet", n, st.Kind, st.Kind)
+			return oci.Config{}, nil, errdefs.Newf(errdefs.ErrInvalid, "step %d (%s): not a step a build runs", n, st.Kind)
 		}
-		// A layer after each RUN, and after the last step when WORKDIRs
-		// made directories no RUN took into its layer.
-		if st.Kind != templatespec.StepRun && (i < len(steps)-1 || len(r.dirs) == 0) {
+		// A layer after each RUN and COPY, and after the last step when
+		// WORKDIRs made directories no RUN or COPY took into its layer.
+		if st.Kind != templatespec.StepRun && st.Kind != templatespec.StepCopy && (i < len(steps)-1 || len(r.dirs) == 0) {
 			continue
 		}
 		if cached {
@@ -417,8 +438,13 @@ func (r *stepRun) layer(ctx context.Context, n int, st templatespec.Step) (key s
 			return "", 0, errdefs.Wrap(nil, err, fmt.Sprintf("step %d: WORKDIR %s could not be made", n, strings.Join(r.dirs, " ")))
 		}
 	}
-	if st.Kind == templatespec.StepRun {
+	switch st.Kind {
+	case templatespec.StepRun:
 		if err := r.run(ctx, rsb, n, st); err != nil {
+			return "", 0, err
+		}
+	case templatespec.StepCopy:
+		if err := r.copyFiles(ctx, rsb, n, st); err != nil {
 			return "", 0, err
 		}
 	}

@@ -7,8 +7,9 @@
 // layer chain), who may see them (an account's own and the operator's
 // public ones) and what a sandbox from one starts with (Image: the root
 // filesystem, the layers, the Env, WORKDIR and USER). This slice builds
-// from images with RUN, ENV, ARG, WORKDIR and USER steps, for the gVisor
-// backend; docs/TEMPLATES.md says what is not built yet.
+// from images with RUN, COPY, ENV, ARG, WORKDIR and USER steps, for the
+// gVisor backend, COPY reading the archives an account uploaded
+// (files.go); docs/TEMPLATES.md says what is not built yet.
 //
 // Invariants:
 //
@@ -49,6 +50,10 @@
 //     layer before it was one too (the chain), and never past a forced
 //     step. A template's layers are restored in order over its image;
 //     a layer that cannot be opened fails the start, never skips.
+//   - Uploaded build files are an account's own, named by a hash the
+//     client chooses; an archive is read on the host only as a checked,
+//     bounded stream (archive.go), and a COPY writes its files into the
+//     build sandbox through the sandbox's agent, never into a host path.
 //   - Access: a template of another account is not found; public
 //     templates (account "") are read by all and changed by none through
 //     this service.
@@ -72,6 +77,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/fetch"
+	"github.com/sandboxd/sandboxd/internal/filecopy"
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/oci"
@@ -113,6 +119,14 @@ type Config struct {
 	// BuildNetwork is the network policy of build sandboxes (default:
 	// egress to public addresses).
 	BuildNetwork netpol.Policy
+	// MaxUploadBytes bounds an uploaded archive of build files as sent
+	// (default DefaultMaxUploadBytes).
+	MaxUploadBytes int64
+	// UploadSecret is what upload links (SignUpload) are signed with a
+	// key derived from: the same on every node of a cluster, kept across
+	// restarts (serve gives CredentialsKey); nil: a random key of this
+	// process.
+	UploadSecret []byte
 	// Access is the one access rule; nil: auth.NewAuthenticator(Store).
 	Access Access
 	// CredentialsKey (KeyBytes: LoadOrCreateKey's, or KeyFromSecret's in
@@ -142,6 +156,11 @@ type Service struct {
 	// sealer seals builds' registry credentials; nil without a key.
 	sealer *sealer
 	log    *slog.Logger
+	// uploadKey signs upload links (files.go).
+	uploadKey []byte
+	// filesOf is a build sandbox's filesystem for COPY
+	// (filecopy.AgentFS; tests replace it).
+	filesOf func(context.Context, runtime.Sandbox) (filecopy.FS, error)
 }
 
 // New returns a Service, making its cache directory.
@@ -176,6 +195,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	if s.access == nil {
 		s.access = auth.NewAuthenticator(cfg.Store)
+	}
+	s.filesOf = filecopy.AgentFS
+	if s.uploadKey, err = uploadKey(cfg.UploadSecret); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -233,6 +256,9 @@ type BuildRequest struct {
 	// it starts, and keeps running; ReadyCmd is run by a shell until it
 	// exits 0, and the sandbox is running from then on. Either may be "".
 	StartCmd, ReadyCmd string
+	// Context names the account's uploaded archive (PutFiles) a
+	// Dockerfile's COPY steps copy from; "": none.
+	Context string
 	// Registry authenticates the pull of the image: a username and
 	// password (or an access token used as the password), or a registry
 	// token; nil: anonymous. Sealed until the build runs (see the package
@@ -276,6 +302,9 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	}
 	if def != "" {
 		if err := s.canBuildSteps(); err != nil {
+			return store.Template{}, err
+		}
+		if err := s.checkUploads(ctx, p.AccountID, def); err != nil {
 			return store.Template{}, err
 		}
 	}

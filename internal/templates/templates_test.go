@@ -136,9 +136,11 @@ func TestBuildRefusesWhatIsNotBuiltYet(t *testing.T) {
 		class error
 		words string
 	}{
-		{templates.BuildRequest{Name: "a", Dockerfile: "FROM x\nCOPY a /a\n"}, errdefs.ErrInvalid, "dockerfile: line 2 (COPY): COPY needs uploaded files: not supported yet"},
+		{templates.BuildRequest{Name: "a", Dockerfile: "FROM x\nCOPY a /a\n"}, errdefs.ErrInvalid, "dockerfile: line 2 (COPY): COPY needs a build context"},
+		{templates.BuildRequest{Name: "a", Image: "x", Context: strings.Repeat("a", 64)}, errdefs.ErrInvalid, "context: only with a dockerfile"},
+		{templates.BuildRequest{Name: "a", Dockerfile: "FROM x\nCOPY a /a\n", Context: "abc"}, errdefs.ErrInvalid, "context: the files hash \"abc\" is not 64 lower-case hex digits"},
 		{templates.BuildRequest{Name: "a", Image: "x", Dockerfile: "FROM x\n"}, errdefs.ErrInvalid, "image: must be absent with a dockerfile"},
-		{templates.BuildRequest{Name: "a", Image: "x", Steps: []byte(`[{"type":"ADD","args":["a","/a"],"filesHash":"` + strings.Repeat("a", 64) + `"}]`)}, errdefs.ErrInvalid, "steps[0] (COPY): COPY needs uploaded files"},
+
 		{templates.BuildRequest{Name: "a", Image: "x", Steps: []byte(`[{"type":"RUN","args":["true"]}]`)}, errdefs.ErrInvalid, "cannot run build steps"},
 		{templates.BuildRequest{Name: "a", Steps: []byte(`[{"type":"RUN","args":["true"]}]`)}, errdefs.ErrInvalid, "image: required"},
 		{templates.BuildRequest{Name: "a", FromTemplate: true}, errdefs.ErrInvalid, "fromTemplate: not supported yet"},

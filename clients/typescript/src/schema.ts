@@ -503,9 +503,33 @@ export interface paths {
         put?: never;
         /**
          * Build a template from an OCI image (sandboxd)
-         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
          */
         post: operations["postTemplates"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/templates/files/{hash}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Whether the account has uploaded build files under a hash (sandboxd)
+         * @description present is false (200) when the account has no archive of that hash, or it was collected since.
+         */
+        get: operations["getTemplatesFilesHash"];
+        /**
+         * Upload build files for COPY steps: a tar archive, or a gzipped one (sandboxd)
+         * @description Stores the body, a tar archive (gzip is recognised by its first bytes), as the account's build files named hash (64 lower-case hex digits; the CLI uses the archive's SHA-256, E2B's SDK its filesHash), replacing an earlier upload of that name. A Dockerfile's build names it in context, a COPY step in filesHash. Every entry is checked as it arrives: 400 for an entry outside the archive (an absolute name, ..), a link that leaves it, a device node or a named pipe, or a body that is not a tar; 413 over the server's upload bound (--templates-max-upload-mib, default 512 MiB), 100,000 entries or four times the bound unpacked. Nothing is stored when the archive is refused.
+         */
+        put: operations["putTemplatesFilesHash"];
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -545,6 +569,8 @@ export interface components {
             account_id?: string;
         };
         BuildTemplateRequest: {
+            /** @description The hash of an uploaded archive (PUT /api/templates/files/{hash}) the Dockerfile's COPY and ADD sources are read from: its build context. Only with dockerfile */
+            context?: string;
             /** @description A Dockerfile (one FROM */
             dockerfile?: string;
             /** @description Not supported yet (400) */
@@ -940,6 +966,15 @@ export interface components {
             user: string;
             workingDir: string;
         };
+        TemplateFilesResponse: {
+            bytes?: number;
+            entries?: number;
+            hash: string;
+            present: boolean;
+            size: number;
+            /** @enum {string} */
+            status: "success";
+        };
         TemplateRegistry: {
             /** @description The password or access token (with username) */
             password?: string;
@@ -955,6 +990,7 @@ export interface components {
         };
         TemplateStep: {
             args: string[];
+            /** @description COPY: the hash the step's files were uploaded under (PUT /api/templates/files/{hash}) */
             filesHash?: string;
             /** @description Rebuild this step and every later one whatever the cache holds */
             force?: boolean;
@@ -3541,6 +3577,171 @@ export interface operations {
             };
             /** @description The account has a template of that name and tag */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getTemplatesFilesHash: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                hash: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TemplateFilesResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    putTemplatesFilesHash: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                hash: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TemplateFilesResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };

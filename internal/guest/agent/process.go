@@ -269,8 +269,12 @@ func (a *Agent) spawn(req *pb.StartRequest, u *account) (*process, *startFailure
 	}
 	// A user's process starts in, and resolves a relative cwd against,
 	// its home (envd's rule).
+	// A user whose home does not exist (nobody's /nonexistent, an image's
+	// service user) starts in / when no cwd is asked, as login(1) does.
 	dir := cfg.GetCwd()
 	switch {
+	case u != nil && dir == "" && !isDir(u.home):
+		dir = "/"
 	case u != nil && !filepath.IsAbs(dir):
 		dir = filepath.Join(u.home, dir)
 	case dir == "":
@@ -742,4 +746,10 @@ func (s processService) SendSignal(_ context.Context, req *connect.Request[pb.Se
 	}
 	killSession(p.pid, syscall.Signal(sig))
 	return connect.NewResponse(&pb.SendSignalResponse{}), nil
+}
+
+// isDir reports whether path is a directory.
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }

@@ -59,7 +59,7 @@ func newUserSandbox(t *testing.T, opts ...func(*agent.Options)) *userSandbox {
 	}
 	// ghost's uid is -1 as a uid_t, which setresuid takes as "no change":
 	// acting as it must fail, not go on as root.
-	passwd := "# test database\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::" + home + ":/bin/sh\nbroken:x:1001\nghost:x:4294967295:1000::" + home + ":/bin/sh\n"
+	passwd := "# test database\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::" + home + ":/bin/sh\nbroken:x:1001\nghost:x:4294967295:1000::" + home + ":/bin/sh\nhomeless:x:1002:1000::/nonexistent:/bin/sh\n"
 	group := "root:x:0:\nuser:x:1000:\nextra:x:1234:root,user\nother:x:1235:someone\n"
 	if err := os.WriteFile(filepath.Join(etc, "passwd"), []byte(passwd), 0o644); err != nil {
 		t.Fatal(err)
@@ -151,6 +151,17 @@ func TestProcessAsUser(t *testing.T) {
 	cfg.Cwd = new("sub")
 	if out, _, err := s.run(t, "user", &pbproc.StartRequest{Process: cfg}); err != nil || out != "/elsewhere user\n"+s.home+"/sub\n" {
 		t.Errorf("env and relative cwd: %q %v", out, err)
+	}
+
+	// A user whose home does not exist starts in / (login's rule), not in
+	// a failure; an explicit relative cwd still names the missing home.
+	if out, _, err := s.run(t, "homeless", &pbproc.StartRequest{Process: sh("pwd")}); err != nil || out != "/\n" {
+		t.Errorf("homeless user: %q %v", out, err)
+	}
+	cfg = sh("pwd")
+	cfg.Cwd = new("sub")
+	if out, end, err := s.run(t, "homeless", &pbproc.StartRequest{Process: cfg}); err != nil || end.GetError() == "" || out != "" {
+		t.Errorf("homeless user, relative cwd: %q %+v %v", out, end, err)
 	}
 
 	// Without the header: the agent's own user, environment (no LOGNAME)
