@@ -558,7 +558,7 @@ type BuildTemplateRequest struct {
 	// Name name[:tag]: a name of 1 to 63 lower-case letters
 	Name string `json:"name"`
 
-	// Image The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile
+	// Image The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile or fromTemplate
 	Image *string `json:"image,omitempty"`
 
 	// Steps Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN
@@ -570,7 +570,7 @@ type BuildTemplateRequest struct {
 	// Context The hash of an uploaded archive (PUT /api/templates/files/{hash}) the Dockerfile's COPY and ADD sources are read from: its build context. Only with dockerfile
 	Context *string `json:"context,omitempty"`
 
-	// FromTemplate Not supported yet (400)
+	// FromTemplate Another template to build over by name[:tag] or id (the account's own or else a public one; another account's is 404): its image and layers and config and start and ready commands are the base that steps and startCmd and readyCmd extend or override. 409 while it builds; 400 when its build failed. Not with image or dockerfile
 	FromTemplate *string `json:"fromTemplate,omitempty"`
 
 	// StartCmd Run by /bin/sh in every sandbox from the template when it starts (as its USER
@@ -977,6 +977,13 @@ type SandboxesResponse struct {
 // SandboxesResponseStatus defines model for SandboxesResponse.Status.
 type SandboxesResponseStatus string
 
+// SaveTemplateRequest defines model for SaveTemplateRequest.
+type SaveTemplateRequest struct {
+	// Name name[:tag] of the new template (tag latest by default); 409 when the account has one of that name and tag
+	Name      string  `json:"name"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
 // SnapshotInfo defines model for SnapshotInfo.
 type SnapshotInfo struct {
 	ID        string  `json:"id"`
@@ -1266,6 +1273,9 @@ type PostSandboxesIDResumeJSONRequestBody = AccountRequest
 
 // PostSandboxesIDStopJSONRequestBody defines body for PostSandboxesIDStop for application/json ContentType.
 type PostSandboxesIDStopJSONRequestBody = AccountRequest
+
+// PostSandboxesIDTemplateJSONRequestBody defines body for PostSandboxesIDTemplate for application/json ContentType.
+type PostSandboxesIDTemplateJSONRequestBody = SaveTemplateRequest
 
 // PostSandboxesIDTimeoutJSONRequestBody defines body for PostSandboxesIDTimeout for application/json ContentType.
 type PostSandboxesIDTimeoutJSONRequestBody = TimeoutRequest
@@ -1694,6 +1704,24 @@ type ClientInterface interface {
 	// Corresponds with POST /api/sandboxes/{id}/stop (the `PostSandboxesIDStop` operationId).
 	PostSandboxesIDStop(ctx context.Context, id string, body PostSandboxesIDStopJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostSandboxesIDTemplateWithBody Save a running sandbox's files as a template (sandboxd)
+	//
+	// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+	PostSandboxesIDTemplateWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDTemplate Save a running sandbox's files as a template (sandboxd)
+	//
+	// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+	PostSandboxesIDTemplate(ctx context.Context, id string, body PostSandboxesIDTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostSandboxesIDTimeoutWithBody Set a sandbox's remaining lifetime
 	//
 	// Takes any type of body and a specified content type.
@@ -1748,7 +1776,7 @@ type ClientInterface interface {
 
 	// PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1757,7 +1785,7 @@ type ClientInterface interface {
 
 	// PostTemplates Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2437,6 +2465,44 @@ func (c *Client) PostSandboxesIDStop(ctx context.Context, id string, body PostSa
 	return c.Client.Do(req)
 }
 
+// PostSandboxesIDTemplateWithBody Save a running sandbox's files as a template (sandboxd)
+//
+// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+func (c *Client) PostSandboxesIDTemplateWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDTemplateRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDTemplate Save a running sandbox's files as a template (sandboxd)
+//
+// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+func (c *Client) PostSandboxesIDTemplate(ctx context.Context, id string, body PostSandboxesIDTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDTemplateRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostSandboxesIDTimeoutWithBody Set a sandbox's remaining lifetime
 //
 // Takes any type of body and a specified content type.
@@ -2571,7 +2637,7 @@ func (c *Client) GetTemplates(ctx context.Context, reqEditors ...RequestEditorFn
 
 // PostTemplatesWithBody Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2590,7 +2656,7 @@ func (c *Client) PostTemplatesWithBody(ctx context.Context, contentType string, 
 
 // PostTemplates Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3918,6 +3984,53 @@ func NewPostSandboxesIDStopRequestWithBody(server string, id string, contentType
 	return req, nil
 }
 
+// NewPostSandboxesIDTemplateRequest calls the generic PostSandboxesIDTemplate builder with application/json body
+func NewPostSandboxesIDTemplateRequest(server string, id string, body PostSandboxesIDTemplateJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostSandboxesIDTemplateRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostSandboxesIDTemplateRequestWithBody constructs an http.Request for the PostSandboxesIDTemplate method, with any body, and a specified content type
+func NewPostSandboxesIDTemplateRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/template", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPostSandboxesIDTimeoutRequest calls the generic PostSandboxesIDTimeout builder with application/json body
 func NewPostSandboxesIDTimeoutRequest(server string, id string, body PostSandboxesIDTimeoutJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -4775,6 +4888,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/sandboxes/{id}/stop (the `PostSandboxesIDStop` operationId).
 	PostSandboxesIDStopWithResponse(ctx context.Context, id string, body PostSandboxesIDStopJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDStopResult, error)
 
+	// PostSandboxesIDTemplateWithBodyWithResponse Save a running sandbox's files as a template (sandboxd)
+	//
+	// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+	PostSandboxesIDTemplateWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDTemplateResult, error)
+
+	// PostSandboxesIDTemplateWithResponse Save a running sandbox's files as a template (sandboxd)
+	//
+	// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+	PostSandboxesIDTemplateWithResponse(ctx context.Context, id string, body PostSandboxesIDTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDTemplateResult, error)
+
 	// PostSandboxesIDTimeoutWithBodyWithResponse Set a sandbox's remaining lifetime
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -4837,7 +4968,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4846,7 +4977,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 	//
-	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+	// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6889,6 +7020,103 @@ func (r PostSandboxesIDStopResult) ContentType() string {
 	return ""
 }
 
+type PostSandboxesIDTemplateResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON200() *TemplateResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostSandboxesIDTemplateResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostSandboxesIDTemplateResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostSandboxesIDTemplateResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostSandboxesIDTemplateResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostSandboxesIDTemplateResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PostSandboxesIDTimeoutResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -8364,6 +8592,36 @@ func (c *ClientWithResponses) PostSandboxesIDStopWithResponse(ctx context.Contex
 	return ParsePostSandboxesIDStopResult(rsp)
 }
 
+// PostSandboxesIDTemplateWithBodyWithResponse Save a running sandbox's files as a template (sandboxd)
+//
+// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+func (c *ClientWithResponses) PostSandboxesIDTemplateWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDTemplateResult, error) {
+	rsp, err := c.PostSandboxesIDTemplateWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDTemplateResult(rsp)
+}
+
+// PostSandboxesIDTemplateWithResponse Save a running sandbox's files as a template (sandboxd)
+//
+// Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/template (the `PostSandboxesIDTemplate` operationId).
+func (c *ClientWithResponses) PostSandboxesIDTemplateWithResponse(ctx context.Context, id string, body PostSandboxesIDTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDTemplateResult, error) {
+	rsp, err := c.PostSandboxesIDTemplate(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDTemplateResult(rsp)
+}
+
 // PostSandboxesIDTimeoutWithBodyWithResponse Set a sandbox's remaining lifetime
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -8474,7 +8732,7 @@ func (c *ClientWithResponses) GetTemplatesWithResponse(ctx context.Context, reqE
 
 // PostTemplatesWithBodyWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8489,7 +8747,7 @@ func (c *ClientWithResponses) PostTemplatesWithBodyWithResponse(ctx context.Cont
 
 // PostTemplatesWithResponse Build a template from an OCI image (sandboxd)
 //
-// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+// Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -10190,6 +10448,88 @@ func ParsePostSandboxesIDStopResult(rsp *http.Response) (*PostSandboxesIDStopRes
 			return nil, err
 		}
 		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostSandboxesIDTemplateResult parses an HTTP response from a PostSandboxesIDTemplateWithResponse call
+func ParsePostSandboxesIDTemplateResult(rsp *http.Response) (*PostSandboxesIDTemplateResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostSandboxesIDTemplateResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

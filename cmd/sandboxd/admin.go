@@ -27,7 +27,7 @@ func newAdminCmd(g *globals) *cobra.Command {
 	account.AddCommand(newAccountCreateCmd(g), newAccountListCmd(g), newAccountSetupCmd(g))
 	org.AddCommand(newOrgAddMemberCmd(g), newOrgRemoveMemberCmd(g), newOrgShareCmd(g))
 	key.AddCommand(newKeyCreateCmd(g), newKeyListCmd(g), newKeyRevokeCmd(g))
-	admin.AddCommand(account, org, key, newAdminNodeCmd(g), newAdminClusterCertCmd())
+	admin.AddCommand(account, org, key, newAdminNodeCmd(g), newAdminClusterCertCmd(), newAdminTemplateCmd(g))
 	return admin
 }
 

@@ -76,12 +76,15 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	if dom.catalog, err = templates.NewCatalog(d.stor.st, templatesDir(d.stor), d.stor.blobs, templates.WithLogger(log.With("component", "templates"))); err != nil {
 		return nil, err
 	}
+	// Templates saved from sandboxes on the built-in image stand on it.
+	builtin := templates.Builtin{ID: d.rt.baseID, Dir: d.rt.baseDir}
+	dom.catalog.SetBuiltin(builtin)
 	// The setup runs: the manager starts an account's first, the tasks
 	// run them through the manager.
 	setups := agents.NewSetups(d.stor.st, dom.jobs)
 	dom.mgr = setupManager(o, d, dom, setups, log)
 	// Templates build through the manager (their steps' sandboxes).
-	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, workers, o.cluster.secret, log); err != nil {
+	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, builtin, workers, o.cluster.secret, log); err != nil {
 		return nil, err
 	}
 	// This node among the others: registered, alive, watching them.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
@@ -48,9 +49,10 @@ func credentialsKeyFile(stor *storage) string {
 }
 
 // setupTemplates builds the templates service over the node's cache of
-// unpacked images, starting build sandboxes through host, and registers
-// its build worker.
-func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host templates.BuildHost, workers *river.Workers, clusterSecret []byte, log *slog.Logger) (*templates.Service, error) {
+// unpacked images, starting build sandboxes and saving sandboxes through
+// mgr, and registers its build worker. builtin is the server's built-in
+// image, the base of templates saved from sandboxes on it.
+func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, mgr *sandbox.Manager, builtin templates.Builtin, workers *river.Workers, clusterSecret []byte, log *slog.Logger) (*templates.Service, error) {
 	if o.maxUploadMiB < 1 || o.maxUploadMiB > 1<<20 {
 		return nil, flagErrorf("templates-max-upload-mib", "--templates-max-upload-mib %d: want 1 to %d", o.maxUploadMiB, 1<<20)
 	}
@@ -67,7 +69,7 @@ func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, host tem
 		}
 	}
 	svc, err := templates.New(templates.Config{
-		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: host,
+		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: mgr, Saver: mgr, Builtin: builtin,
 		AllowPrivate: o.allowPrivate, Blobs: stor.blobs, StepTimeout: o.stepTimeout, BuildTimeout: o.buildTimeout,
 		BuildNetwork: o.buildNetwork(), Logger: log.With("component", "templates"), CredentialsKey: key,
 		// Upload links are signed with a key derived from the same one:

@@ -62,20 +62,24 @@ func registerAPIFlags(cmd *cobra.Command, c *apiClient, f *clientFlags, account 
 }
 
 func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
-	var image, dockerfile, stepsFile, startCmd, readyCmd, contextDir string
+	var image, dockerfile, stepsFile, startCmd, readyCmd, contextDir, fromTemplate, fromSandbox string
 	var wait bool
 	var reg registryFlags
 	cmd := &cobra.Command{
-		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE [--context DIR]) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
-		Short: "Build a template from an OCI image, with steps or a Dockerfile (the build runs on the server; --wait follows it)",
+		Use:   "build NAME[:TAG] (--image REF [--steps FILE] | --dockerfile FILE [--context DIR] | --from-template T [--steps FILE] | --from-sandbox ID) [--registry-username U --registry-password-stdin] [--start-cmd CMD] [--ready-cmd CMD] [--wait]",
+		Short: "Build a template from an OCI image, with steps or a Dockerfile, over another template, or from a running sandbox",
 		Long: "Start the build of template NAME[:TAG] (tag latest by default) from the OCI image REF\n" +
 			"(host/repository[:tag|@digest]), with the steps of --steps (a JSON array of E2B's {\"type\", \"args\"}: RUN,\n" +
-			"ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin)\n" +
+			"COPY, ENV, ARG, WORKDIR, USER), or from a Dockerfile (--dockerfile; its FROM is the image; - reads stdin)\n" +
 			"whose COPY and ADD read the directory --context (packed without what its .dockerignore names, and\n" +
-			"uploaded unless the server has it already; progress on stderr).\n" +
+			"uploaded unless the server has it already; progress on stderr), or over another template\n" +
+			"(--from-template NAME[:TAG] or id: its files, config and start and ready commands, which --steps,\n" +
+			"--start-cmd and --ready-cmd extend or override).\n" +
 			"--start-cmd and --ready-cmd are the template's start and ready commands. The server answers at once with\n" +
 			"the template, building; --wait follows the build, its log lines on stderr as they come, and prints the\n" +
-			"template once it is ready, or exits non-zero with the reason the build failed.\n\n" +
+			"template once it is ready, or exits non-zero with the reason the build failed.\n" +
+			"--from-sandbox ID saves a running sandbox's files (not its memory) as the template instead: the server\n" +
+			"answers once the template is ready.\n\n" +
 			"A private registry: --registry-username and the password (or access token) on stdin\n" +
 			"(--registry-password-stdin) or in SANDBOXD_REGISTRY_PASSWORD; or a registry token alone on stdin\n" +
 			"(--registry-token-stdin) or in SANDBOXD_REGISTRY_TOKEN. Never on the command line. The server keeps\n" +
@@ -84,14 +88,26 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 			"  sandboxd template build tools --image registry.example/acme/tools@sha256:... --json\n" +
 			"  sandboxd template build app:1 --dockerfile Dockerfile --wait\n" +
 			"  sandboxd template build app:2 --dockerfile app/Dockerfile --context app --wait\n" +
-			"  printf %s \"$TOKEN\" | sandboxd template build app:2 --image registry.example/acme/app:1 --registry-username bot --registry-password-stdin",
+			"  printf %s \"$TOKEN\" | sandboxd template build app:2 --image registry.example/acme/app:1 --registry-username bot --registry-password-stdin\n" +
+			"  sandboxd template build app:3 --from-template app:1 --steps more.json --wait\n" +
+			"  sandboxd template build snap:1 --from-sandbox sbx_123",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fromSandbox != "" {
+				if image != "" || dockerfile != "" || stepsFile != "" || fromTemplate != "" || startCmd != "" || readyCmd != "" {
+					return fmt.Errorf("--from-sandbox is used alone: the template is the sandbox's files over what it started from")
+				}
+				return c.saveTemplate(cmd, f, fromSandbox, args[0])
+			}
 			body := client.BuildTemplateRequest{Name: args[0]}
 			var err error
 			switch {
-			case dockerfile != "" && (image != "" || stepsFile != ""):
-				return fmt.Errorf("--dockerfile is not used with --image or --steps: its FROM is the image")
+			case dockerfile != "" && (image != "" || stepsFile != "" || fromTemplate != ""):
+				return fmt.Errorf("--dockerfile is not used with --image, --steps or --from-template: its FROM is the image")
+			case fromTemplate != "" && image != "":
+				return fmt.Errorf("--from-template and --image: give one base, not both")
+			case fromTemplate != "":
+				body.FromTemplate = &fromTemplate
 			case dockerfile != "":
 				text, err := readInput(cmd, dockerfile)
 				if err != nil {
@@ -102,7 +118,7 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 			case contextDir != "":
 				return fmt.Errorf("--context is the build context of a Dockerfile: give --dockerfile too")
 			case image == "":
-				return fmt.Errorf("--image (or --dockerfile) is required: the OCI image to build %s from", args[0])
+				return fmt.Errorf("--image (or --dockerfile, --from-template, --from-sandbox) is required: the base to build %s from", args[0])
 			default:
 				body.Image = &image
 			}
@@ -178,9 +194,31 @@ func templateBuildCommand(c *apiClient, f *clientFlags) *cobra.Command {
 	cmd.Flags().StringVar(&contextDir, "context", "", "the Dockerfile's build context: the directory its COPY and ADD read (honours its .dockerignore)")
 	cmd.Flags().StringVar(&startCmd, "start-cmd", "", "the template's start command, run in each sandbox from it")
 	cmd.Flags().StringVar(&readyCmd, "ready-cmd", "", "the template's ready command: a sandbox is running once it exits 0")
+	cmd.Flags().StringVar(&fromTemplate, "from-template", "", "build over this template (NAME[:TAG] or id; the account's own or a public one)")
+	cmd.Flags().StringVar(&fromSandbox, "from-sandbox", "", "save this running sandbox's files as the template (answered once ready)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the build, its log on stderr; fail, with the reason, when it failed")
 	reg.register(cmd.Flags())
 	return cmd
+}
+
+// saveTemplate is POST /api/sandboxes/{id}/template: sandbox id's files
+// as template name, printed once ready.
+func (c *apiClient) saveTemplate(cmd *cobra.Command, f *clientFlags, id, name string) error {
+	cl, err := c.api()
+	if err != nil {
+		return err
+	}
+	res, err := client.Check(cl.PostSandboxesIDTemplateWithResponse(cmd.Context(), id, client.SaveTemplateRequest{Name: name}))
+	if err != nil {
+		return err
+	}
+	out, err := decoded(res.JSON200)
+	if err != nil {
+		return err
+	}
+	t := out.Template
+	t.Log = nil
+	return printTemplate(cmd.OutOrStdout(), t, f.asJSON)
 }
 
 func templateLsCommand(c *apiClient, f *clientFlags) *cobra.Command {

@@ -45,8 +45,8 @@ func (a *templateAPI) handler(t *testing.T) http.Handler {
 		tplJSON("tpl_pubpy", "py", "latest", "ready", true, "") + `]}`
 	mux.HandleFunc("GET /api/templates", func(w http.ResponseWriter, r *http.Request) { answer(w, 200, list) })
 	mux.HandleFunc("POST /api/templates", func(w http.ResponseWriter, r *http.Request) {
-		var req struct{ Name, Image, Dockerfile string }
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Name != "py" || (req.Image != "registry.example/library/python:3.12") == (req.Dockerfile == "") {
+		var req struct{ Name, Image, Dockerfile, FromTemplate string }
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Name != "py" || (req.Image != "registry.example/library/python:3.12") == (req.Dockerfile == "" && req.FromTemplate == "") {
 			answer(w, 400, `{"status":"error","error":"bad request"}`)
 			return
 		}
@@ -82,6 +82,9 @@ func (a *templateAPI) handler(t *testing.T) http.Handler {
 	})
 	mux.HandleFunc("DELETE /api/templates/tpl_base", func(w http.ResponseWriter, r *http.Request) {
 		answer(w, 403, `{"status":"error","error":"Public templates cannot be deleted"}`)
+	})
+	mux.HandleFunc("POST /api/sandboxes/sbx_1/template", func(w http.ResponseWriter, r *http.Request) {
+		answer(w, 200, `{"status":"success","template":`+tplJSON("tpl_saved", "saved", "v1", "ready", false, `,"log":"saved\n"`)+`}`)
 	})
 	mux.HandleFunc("POST /api/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		answer(w, 200, `{"status":"success","sandboxes":[{"sandboxId":"sbx_1","sandboxStatus":"running","timeout":1000,"createdAt":"2026-01-02T03:04:05Z"}]}`)
@@ -299,5 +302,44 @@ func TestCompleteTemplates(t *testing.T) {
 		if got, _, _ := strings.Cut(out, "Completion ended"); err != nil || got != c.want {
 			t.Errorf("complete %q: %v %q, want %q", c.args, err, out, c.want)
 		}
+	}
+}
+
+// TestTemplateBuildOverAndFromSandbox: --from-template sends the parent
+// with the steps; --from-sandbox saves the sandbox through its route and
+// prints the ready template; either with what it cannot take is refused
+// before a request.
+func TestTemplateBuildOverAndFromSandbox(t *testing.T) {
+	a := newTemplateAPI(t)
+	dir := t.TempDir()
+	steps := filepath.Join(dir, "steps.json")
+	os.WriteFile(steps, []byte(`[{"type":"RUN","args":["make"]}]`), 0o644)
+	if _, errOut, _, err := runRoot(t, "template", "build", "py", "--from-template", "base:1", "--steps", steps, "--json"); err != nil {
+		t.Fatalf("build --from-template: %v\n%s", err, errOut)
+	}
+	if got := a.last(); got != `POST /api/templates {"name":"py","steps":[{"type":"RUN","args":["make"]}],"fromTemplate":"base:1"}` {
+		t.Errorf("build --from-template sent %q", got)
+	}
+	out, errOut, _, err := runRoot(t, "template", "build", "saved:v1", "--from-sandbox", "sbx_1", "--json")
+	var got struct{ ID, Status string }
+	if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.ID != "tpl_saved" || got.Status != "ready" || strings.Contains(out, `"log"`) {
+		t.Fatalf("build --from-sandbox: %v %q %s", err, out, errOut)
+	}
+	if got := a.last(); got != `POST /api/sandboxes/sbx_1/template {"name":"saved:v1"}` {
+		t.Errorf("build --from-sandbox sent %q", got)
+	}
+	n := len(a.requests)
+	for _, args := range [][]string{
+		{"--from-sandbox", "sbx_1", "--steps", steps},
+		{"--from-sandbox", "sbx_1", "--from-template", "base:1"},
+		{"--from-template", "base:1", "--image", "x"},
+		{"--from-template", "base:1", "--dockerfile", steps},
+	} {
+		if _, _, _, err := runRoot(t, append([]string{"template", "build", "py"}, args...)...); err == nil {
+			t.Errorf("build %v: no error", args)
+		}
+	}
+	if len(a.requests) != n {
+		t.Errorf("refused flags sent %v", a.requests[n:])
 	}
 }

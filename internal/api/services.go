@@ -69,6 +69,9 @@ type TemplateService interface {
 	HasFiles(ctx context.Context, p auth.Principal, hash string) (templates.FilesInfo, bool, error)
 	PutFiles(ctx context.Context, p auth.Principal, hash string, r io.Reader) (templates.FilesInfo, error)
 	MaxUploadBytes() int64
+	// FromSandbox saves running sandbox sandboxID's files as template
+	// name of its account.
+	FromSandbox(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error)
 }
 
 // EnvironmentService owns the account's environment row (internal/persist).

@@ -109,3 +109,22 @@ func (s *Server) getTemplateFiles(w http.ResponseWriter, r *http.Request) error 
 	writeJSON(w, http.StatusOK, contract.TemplateFilesResponse{Status: "success", Hash: hash, Present: ok, Size: info.Size})
 	return nil
 }
+
+// saveTemplate is POST /api/sandboxes/{id}/template: a running sandbox's
+// files as a template. The sandbox is the caller's (the one rule, and the
+// request is served on the node that hosts it).
+func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) error {
+	req, sb, err := bindSandbox(s, w, r, contract.ParseSaveTemplate)
+	if err != nil {
+		return err
+	}
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	t, err := s.opts.Templates.FromSandbox(r.Context(), principal(r), sb.ID, req.Name)
+	if err != nil {
+		return edge.Explained(err, "Sandbox not found")
+	}
+	writeJSON(w, http.StatusOK, contract.TemplateResponse{Status: "success", Template: contract.TemplateView(t, true)})
+	return nil
+}

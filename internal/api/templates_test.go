@@ -71,19 +71,12 @@ func TestTemplateRoutes(t *testing.T) {
 		return rec.Code, out
 	}
 
-	for field, body := range map[string]string{
-		"fromTemplate": `{"name":"a","fromTemplate":"base"}`,
-	} {
-		code, out := call("alice", "POST", "/api/templates", body)
-		if code != http.StatusBadRequest || !strings.HasPrefix(out["error"].(string), field+": ") || !strings.Contains(out["error"].(string), "not supported yet") {
-			t.Fatalf("%s: %d %v", field, code, out)
-		}
-	}
 	for body, words := range map[string]string{
 		`{"name":"a","image":"registry.example/a","dockerfile":"FROM registry.example/x\nRUN true\n"}`: "image: must be absent with a dockerfile",
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"RUN","args":["true"]}]}`:           "cannot run build steps",
 		`{"name":"a","image":"registry.example/a","steps":[{"type":"NOPE","args":["x"]}]}`:             "steps[0]",
 		`{"name":"a","image":"registry.example/a","steps":"RUN true"}`:                                 "Expected array of steps",
+		`{"name":"a","image":"registry.example/a","fromTemplate":"base"}`:                              "image and fromTemplate: give one base",
 		`{"name":"a","image":"registry.example/a","registry":{"username":"u"}}`:                        "registry: password: required with a username",
 		`{"name":"a","image":"registry.example/a","registry":{"user":"u","password":"p"}}`:             "registry.user: unknown field",
 		`{"name":"a","image":"registry.example/a","registry":{"username":1,"password":"p"}}`:           "Expected string",
@@ -124,6 +117,15 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 	if code, out := call("alice", "POST", "/api/templates", `{"name":"py:3","image":"registry.example/py:3"}`); code != http.StatusConflict {
 		t.Fatalf("same name and tag: %d %v", code, out)
+	}
+	// Over a template: not while it builds; never another account's.
+	if code, out := call("alice", "POST", "/api/templates", `{"name":"child","fromTemplate":"`+id+`"}`); code != http.StatusConflict || !strings.Contains(out["error"].(string), "still building") {
+		t.Fatalf("over a building template: %d %v", code, out)
+	}
+	for _, ref := range []string{id, "py:3"} {
+		if code, out := call("bob", "POST", "/api/templates", `{"name":"child","fromTemplate":"`+ref+`"}`); code != http.StatusNotFound {
+			t.Fatalf("bob over alice's %s: %d %v", ref, code, out)
+		}
 	}
 	code, out = call("alice", "GET", "/api/templates/"+id, "")
 	if code != 200 || !strings.Contains(out["template"].(map[string]any)["log"].(string), "queued") {

@@ -11,21 +11,20 @@ import (
 )
 
 // BuildTemplateRequest is the body of POST /api/templates (sandboxd): an
-// image, with steps or a Dockerfile (whose FROM is the image) or neither.
-// The other sources are accepted by the schema and refused (400) naming
-// the field, so that a client learns what is missing rather than having
-// them ignored.
+// image or another template (fromTemplate), with steps, or a Dockerfile
+// (whose FROM is the image), or neither. The other sources are accepted
+// by the schema and refused (400) naming the field, so that a client
+// learns what is missing rather than having them ignored.
 type BuildTemplateRequest struct {
 	Name  string `json:"name" jsonschema:"minLength=1,maxLength=192,description=name[:tag]: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest)"`
-	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile"`
+	Image string `json:"image,omitempty" jsonschema:"minLength=1,maxLength=512,description=The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile or fromTemplate"`
 	// Steps run over the image, in E2B's form.
 	Steps      []TemplateStep `json:"steps,omitempty" jsonschema:"description=Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN, COPY (ADD), ENV, ARG, WORKDIR, USER; a COPY names its uploaded files in filesHash (PUT /api/templates/files/{hash})"`
 	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"maxLength=1048576,description=A Dockerfile (one FROM, which is the image; RUN, COPY and ADD of context files, ENV, ARG, WORKDIR, USER; CMD and ENTRYPOINT recorded). Not with image or steps"`
 	// Context names the uploaded build context a Dockerfile's COPY and
 	// ADD read from.
-	Context string `json:"context,omitempty" jsonschema:"minLength=64,maxLength=64,description=The hash of an uploaded archive (PUT /api/templates/files/{hash}) the Dockerfile's COPY and ADD sources are read from: its build context. Only with dockerfile"`
-	// Not supported yet: each is refused with 400 naming it.
-	FromTemplate string `json:"fromTemplate,omitempty" jsonschema:"description=Not supported yet (400)"`
+	Context      string `json:"context,omitempty" jsonschema:"minLength=64,maxLength=64,description=The hash of an uploaded archive (PUT /api/templates/files/{hash}) the Dockerfile's COPY and ADD sources are read from: its build context. Only with dockerfile"`
+	FromTemplate string `json:"fromTemplate,omitempty" jsonschema:"maxLength=192,description=Another template to build over by name[:tag] or id (the account's own or else a public one; another account's is 404): its image and layers and config and start and ready commands are the base that steps and startCmd and readyCmd extend or override. 409 while it builds; 400 when its build failed. Not with image or dockerfile"`
 	StartCmd     string `json:"startCmd,omitempty" jsonschema:"description=Run by /bin/sh in every sandbox from the template when it starts (as its USER, in its WORKDIR), and kept running; checked once at the end of the build. No memory snapshot yet: it starts again in each sandbox"`
 	ReadyCmd     string `json:"readyCmd,omitempty" jsonschema:"description=Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on (at most 2 minutes, else its create fails); at the end of the build, at most the step time"`
 
@@ -94,10 +93,8 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 	if req.Context, _, err = o.str("context"); err != nil {
 		return req, err
 	}
-	for _, f := range []string{"fromTemplate"} {
-		if o.present(f) {
-			return req, FieldError(f+": not supported yet; templates are built from an image (\"image\"), with steps or a Dockerfile, for now", f)
-		}
+	if req.FromTemplate, _, err = o.str("fromTemplate"); err != nil {
+		return req, err
 	}
 	if o.present("steps") {
 		if err := json.Unmarshal(o["steps"], &req.Steps); err != nil {
@@ -112,8 +109,8 @@ func ParseBuildTemplate(a Args) (BuildTemplateRequest, error) {
 	if req.Name == "" {
 		return req, FieldError("name: required", "name")
 	}
-	if req.Image == "" && req.Dockerfile == "" {
-		return req, FieldError("image: required", "image")
+	if req.Image == "" && req.Dockerfile == "" && req.FromTemplate == "" {
+		return req, FieldError("image: required (or dockerfile, or fromTemplate)", "image")
 	}
 	return req, nil
 }
@@ -166,7 +163,7 @@ func (r BuildTemplateRequest) Domain() templates.BuildRequest {
 	}
 	req := templates.BuildRequest{
 		Name: r.Name, Image: r.Image, Dockerfile: r.Dockerfile, Steps: steps, Context: r.Context,
-		FromTemplate: r.FromTemplate != "", StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd,
+		FromTemplate: r.FromTemplate, StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd,
 	}
 	if r.Registry != nil {
 		c := r.Registry.credentials()
@@ -228,9 +225,10 @@ func TemplateView(t store.Template, withLog bool) Template {
 		ID: t.ID, Name: t.Name, Tag: t.Tag, Status: string(t.Status), Public: t.AccountID == "", Source: t.Source,
 		CreatedAt: FormatTime(t.CreatedAt), UpdatedAt: FormatTime(t.UpdatedAt),
 	}
-	// The row names its digest from the build's resolve on (so that the
-	// image is not collected meanwhile); the API shows it once ready.
 	if t.Digest != "" && t.Status == store.TemplateReady {
+		// A template built over another names its parent's digest
+		// while it builds (and after it failed); the API shows what a
+		// ready one was pinned to.
 		d := t.Digest
 		v.Digest = &d
 	}
@@ -270,4 +268,31 @@ type TemplateFilesResponse struct {
 	// Entries and Bytes count what a PUT's archive holds.
 	Entries int   `json:"entries,omitempty"`
 	Bytes   int64 `json:"bytes,omitempty"`
+}
+
+// SaveTemplateRequest is the body of POST /api/sandboxes/{id}/template
+// (sandboxd): the name of the template the running sandbox's files are
+// saved as, in the sandbox's account.
+type SaveTemplateRequest struct {
+	Name      string `json:"name" jsonschema:"minLength=1,maxLength=192,description=name[:tag] of the new template (tag latest by default); 409 when the account has one of that name and tag"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// ActingFor implements ActsFor.
+func (r SaveTemplateRequest) ActingFor() string { return r.AccountID }
+
+// ParseSaveTemplate validates the body of POST
+// /api/sandboxes/{id}/template; the templates service checks the name.
+func ParseSaveTemplate(a Args) (SaveTemplateRequest, error) {
+	o := a.o
+	var req SaveTemplateRequest
+	var err error
+	if req.Name, _, err = o.str("name"); err != nil {
+		return req, err
+	}
+	if req.Name == "" {
+		return req, FieldError("name: required", "name")
+	}
+	req.AccountID, err = o.accountID()
+	return req, err
 }

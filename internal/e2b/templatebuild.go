@@ -106,9 +106,10 @@ type buildStart struct {
 
 // startBuild is POST /v2/templates/{templateID}/builds/{buildID}: the
 // build of NAME:TAG (templateID:buildID) through the templates service.
-// fromTemplate is refused by name; fromImageRegistry's credentials go to
-// the build (registryCredentials); COPY steps read the files uploaded
-// under their filesHash (templatefiles.go).
+// fromTemplate builds over another template (its name[:tag] or id);
+// fromImageRegistry's credentials go to the build (registryCredentials);
+// COPY steps read the files uploaded under their filesHash
+// (templatefiles.go).
 func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	b, err := a.canBuild()
 	if err != nil {
@@ -119,10 +120,10 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 		return err
 	}
 	switch {
-	case req.FromTemplate != "":
-		return edge.Errorf(http.StatusBadRequest, "fromTemplate: not supported yet; build from an image (fromImage)")
-	case req.FromImage == "":
-		return edge.Errorf(http.StatusBadRequest, "fromImage: required")
+	case req.FromTemplate != "" && req.FromImage != "":
+		return edge.Errorf(http.StatusBadRequest, "fromImage and fromTemplate: give one base, not both")
+	case req.FromImage == "" && req.FromTemplate == "":
+		return edge.Errorf(http.StatusBadRequest, "fromImage or fromTemplate: required")
 	}
 	var kinds []struct {
 		Type string `json:"type"`
@@ -152,7 +153,7 @@ func (a *API) startBuild(w http.ResponseWriter, r *http.Request, c edge.Caller) 
 	if err != nil {
 		return err
 	}
-	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}); err != nil {
+	if _, err := b.Build(r.Context(), c.Principal, templates.BuildRequest{Name: ref.Name + ":" + ref.Tag, Image: req.FromImage, FromTemplate: req.FromTemplate, Steps: req.Steps, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, Registry: creds}); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusAccepted)

@@ -163,9 +163,9 @@ func TestTemplateBuildRefusals(t *testing.T) {
 	for _, c := range []struct {
 		method, path, body, msg string
 	}{
-		{"POST", "/v2/templates/x/builds/latest", `{"fromTemplate":"base"}`, "fromTemplate: not supported yet"},
+		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromTemplate":"base"}`, "give one base, not both"},
 		{"POST", "/v2/templates/x/builds/latest", `{"fromImage":"registry.example/a","fromImageRegistry":{"type":"aws","awsAccessKeyId":"k","awsSecretAccessKey":"s","awsRegion":"r"}}`, "fromImageRegistry.type aws: not supported"},
-		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage: required"},
+		{"POST", "/v2/templates/x/builds/latest", `{}`, "fromImage or fromTemplate: required"},
 		{"POST", "/templates/tags", `{"target":"x:1","tags":["a"]}`, "not supported yet"},
 		{"DELETE", "/templates/tags", `{"name":"x","tags":["a"]}`, "not supported yet"},
 		{"POST", "/v3/templates", `{"name":"x:1","tags":["2"]}`, "more than one tag"},
@@ -200,4 +200,23 @@ func (f *fixture) accountOf(key string) string {
 		f.t.Fatal(err)
 	}
 	return p.AccountID
+}
+
+// TestTemplateBuildFromTemplate: the build start's fromTemplate (the SDK's
+// Template().fromTemplate(…)) is the templates service's FromTemplate,
+// with the steps; fromImage is then absent.
+func TestTemplateBuildFromTemplate(t *testing.T) {
+	f, _ := templateFixture(t)
+	key := map[string]string{"X-API-Key": f.key}
+	body := `{"fromTemplate":"py:latest","force":false,"steps":[{"type":"RUN","args":["make"],"force":false}]}`
+	if code, out := f.raw("POST", "/v2/templates/over/builds/v1", key, body); code != http.StatusAccepted {
+		t.Fatalf("start: %d %s", code, out)
+	}
+	tpl, err := f.st.FindTemplate(t.Context(), f.accountOf(f.key), "over", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.Source != "template:py:latest" || !strings.HasPrefix(tpl.Definition, `[{"type":"RUN","args":["make"],"force":false}]`) {
+		t.Errorf("built %+v", tpl)
+	}
 }

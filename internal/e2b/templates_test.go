@@ -30,7 +30,11 @@ func (s storeTemplates) Build(ctx context.Context, p auth.Principal, req templat
 	if err != nil {
 		return store.Template{}, err
 	}
-	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: req.Image, Status: store.TemplateBuilding,
+	source := req.Image
+	if req.FromTemplate != "" {
+		source = "template:" + req.FromTemplate
+	}
+	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: source, Status: store.TemplateBuilding,
 		Definition: string(req.Steps) + "\n" + req.StartCmd + "\n" + req.ReadyCmd, Log: "2026-01-02T03:04:05Z build of " + req.Name + " queued\n"}
 	if err := s.st.CreateTemplate(ctx, &t); err != nil {
 		if errors.Is(err, store.ErrConflict) {

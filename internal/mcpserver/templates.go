@@ -33,13 +33,14 @@ type TemplateService interface {
 // account_id.
 
 type buildTemplateArgs struct {
-	Name       string         `json:"name" jsonschema:"name[:tag] of the template: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest); one per name and tag in an account"`
-	Image      string         `json:"image,omitempty" jsonschema:"The OCI image to build from: host/repository[:tag|@digest], a public image (pinned by digest once resolved). Required unless dockerfile is given"`
-	Steps      []templateStep `json:"steps,omitempty" jsonschema:"Steps run over the image in build sandboxes, in order (not with dockerfile)"`
-	Dockerfile string         `json:"dockerfile,omitempty" jsonschema:"A Dockerfile's text instead of image and steps: one FROM (the image), RUN, ENV, ARG, WORKDIR, USER; CMD and ENTRYPOINT are recorded, not run"`
-	StartCmd   string         `json:"startCmd,omitempty" jsonschema:"Run by /bin/sh in every sandbox from the template when it starts, and kept running (a server, say)"`
-	ReadyCmd   string         `json:"readyCmd,omitempty" jsonschema:"Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on"`
-	Wait       *bool          `json:"wait,omitempty" jsonschema:"Wait for the build to end, with progress notifications (default false: answers at once, the template building; follow it with get_template)"`
+	Name         string         `json:"name" jsonschema:"name[:tag] of the template: a name of 1 to 63 lower-case letters, digits, '-', '_' and '.' (starting and ending with a letter or digit) and a tag (default latest); one per name and tag in an account"`
+	Image        string         `json:"image,omitempty" jsonschema:"The OCI image to build from: host/repository[:tag|@digest], a public image (pinned by digest once resolved). Required unless dockerfile is given"`
+	Steps        []templateStep `json:"steps,omitempty" jsonschema:"Steps run over the image in build sandboxes, in order (not with dockerfile)"`
+	Dockerfile   string         `json:"dockerfile,omitempty" jsonschema:"A Dockerfile's text instead of image and steps: one FROM (the image), RUN, ENV, ARG, WORKDIR, USER; CMD and ENTRYPOINT are recorded, not run"`
+	FromTemplate string         `json:"fromTemplate,omitempty" jsonschema:"Another template to build over instead of an image: its id (tpl_...) or name[:tag], the account's own before a public one; its files, config and start and ready commands, which steps, startCmd and readyCmd extend or override"`
+	StartCmd     string         `json:"startCmd,omitempty" jsonschema:"Run by /bin/sh in every sandbox from the template when it starts, and kept running (a server, say)"`
+	ReadyCmd     string         `json:"readyCmd,omitempty" jsonschema:"Run by /bin/sh every 200 ms until it exits 0: a sandbox from the template is running from then on"`
+	Wait         *bool          `json:"wait,omitempty" jsonschema:"Wait for the build to end, with progress notifications (default false: answers at once, the template building; follow it with get_template)"`
 }
 
 // templateStep is one step, in E2B's TemplateStep form (contract.TemplateStep).
@@ -73,7 +74,7 @@ var templateStepKinds = []any{"RUN", "ENV", "ARG", "WORKDIR", "USER"}
 func (h *Handler) templateTools() []tool {
 	return []tool{
 		{name: "build_template", title: "Build a template", changes: true, in: reflect.TypeFor[buildTemplateArgs](), fn: h.buildTemplate,
-			description: "Build a template of the account (as POST /api/templates): a root filesystem sandboxes can start from (run_command's template), from a public OCI image with optional steps (RUN, ENV, ARG, WORKDIR, USER) run in build sandboxes, or from a Dockerfile, with optional start and ready commands. The build is a job: the answer is the template, building, unless wait is true; get_template follows it (status building, ready or failed, the failure reason and the build log)."},
+			description: "Build a template of the account (as POST /api/templates): a root filesystem sandboxes can start from (run_command's template), from a public OCI image with optional steps (RUN, ENV, ARG, WORKDIR, USER) run in build sandboxes, or from a Dockerfile, or over another template (fromTemplate) with optional steps, with optional start and ready commands. The build is a job: the answer is the template, building, unless wait is true; get_template follows it (status building, ready or failed, the failure reason and the build log)."},
 		{name: "list_templates", title: "List templates", in: reflect.TypeFor[listTemplatesArgs](), fn: h.listTemplates,
 			description: "List the account's templates and the public ones (as GET /api/templates): id, name, tag, status, source image, digest and config of each."},
 		{name: "get_template", title: "Get a template", in: reflect.TypeFor[getTemplateArgs](), fn: h.getTemplate,

@@ -100,6 +100,11 @@ func TestTemplateTools(t *testing.T) {
 		t.Fatalf("py (latest): %v %s", isErr, text)
 	}
 
+	// Over a template: not while it builds.
+	if text, isErr := callTool(t, alice, "build_template", map[string]any{"name": "x", "fromTemplate": id}); !isErr || !strings.Contains(text, "still building") {
+		t.Fatalf("over a building template: %v %s", isErr, text)
+	}
+
 	// list_templates, by status.
 	if text, isErr := callTool(t, alice, "list_templates", map[string]any{"status": "building"}); isErr || !strings.Contains(text, id) {
 		t.Fatalf("list building: %s", text)
@@ -117,6 +122,8 @@ func TestTemplateTools(t *testing.T) {
 		{"get_template", map[string]any{"template": id}, "Template not found"},
 		{"get_template", map[string]any{"template": "py:3"}, "template py:3 not found"},
 		{"delete_template", map[string]any{"template": id}, "Template not found"},
+		{"build_template", map[string]any{"name": "x", "fromTemplate": id}, "fromTemplate: template " + id + " not found"},
+		{"build_template", map[string]any{"name": "x", "fromTemplate": "py:3"}, "fromTemplate: template py:3 not found"},
 	} {
 		if text, isErr := callTool(t, bob, tc.tool, tc.args); !isErr || !strings.Contains(text, tc.want) {
 			t.Errorf("bob %s %v: %v %q, want %q", tc.tool, tc.args, isErr, text, tc.want)

@@ -7,10 +7,18 @@ import (
 )
 
 // deleteBlobIfUnused deletes the blob of key unless a snapshot still
-// refers to it (snapshots may share a blob).
+// refers to it (snapshots may share a blob), or a template's layer chain
+// does (a template saved from a sandbox on the built-in image holds the
+// account's snapshot layers it started from: docs/TEMPLATES.md).
 func (s *Service) deleteBlobIfUnused(ctx context.Context, key string) error {
 	n, err := s.st.CountSnapshotsWithBlob(ctx, key)
 	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if n, err = s.st.CountTemplatesWithBlob(ctx, key); err != nil {
 		return err
 	}
 	if n > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/oci"
@@ -123,5 +124,53 @@ func TestTemplateSandboxesKeepOffTheAccountsSnapshot(t *testing.T) {
 	_, _, err = m.Create(ctx, f.account.ID, sandbox.CreateRequest{Template: "nope"})
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown template: %v", err)
+	}
+}
+
+// TestCollectKeepsLayersTemplatesName: a template saved from a sandbox on
+// the built-in image names the account's snapshot layers it started from;
+// once those snapshots are replaced and collected, their rows go but the
+// blobs a template names stay (its sandboxes restore them), and go with
+// the template.
+func TestCollectKeepsLayersTemplatesName(t *testing.T) {
+	securitytest.Attack(t, "templates", "a template saved on the built-in image names the account's snapshot layers; the account's snapshot moves on and the old snapshots are collected",
+		"the snapshot rows go, the blobs the template names stay (the collection asks the templates), so the template never starts without its layers")
+	f := newChainFixture(t, Options{MaxDepth: 1})
+	ctx := context.Background()
+	first, err := f.capture(t, map[string]string{"/f": "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unnamed, err := f.capture(t, map[string]string{"/f": "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := store.Template{AccountID: f.account.ID, Name: "saved", Tag: "latest", Source: "sandbox:x", Status: store.TemplateReady,
+		Digest: templates.BuiltinDigest("base-1"), Layers: `["` + first.BlobKey + `"]`}
+	if err := f.st.CreateTemplate(ctx, &saved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.capture(t, map[string]string{"/f": "3"}); err != nil {
+		t.Fatal(err)
+	}
+	f.advance(2 * time.Minute)
+	f.svc.collect(ctx)
+	blobs := f.storedBlobs(t)
+	if _, err := f.st.GetSnapshot(ctx, first.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the replaced snapshot's row: %v", err)
+	}
+	if !slices.Contains(blobs, first.BlobKey) || slices.Contains(blobs, unnamed.BlobKey) {
+		t.Fatalf("blobs %v: want the template's %s kept and %s collected", blobs, first.BlobKey[:8], unnamed.BlobKey[:8])
+	}
+	// The blob is deleted with the last reference: here, when the
+	// deleted template's layer is dropped as a snapshot's would be.
+	if _, err := f.st.DeleteTemplate(ctx, saved.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.svc.deleteBlobIfUnused(ctx, first.BlobKey); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(f.storedBlobs(t), first.BlobKey) {
+		t.Fatal("an unreferenced blob stayed")
 	}
 }

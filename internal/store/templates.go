@@ -283,6 +283,27 @@ func (q *Queries) ListBuildingTemplates(ctx context.Context, nodeID string) ([]T
 	return out, nil
 }
 
+// CountTemplatesWithBlob returns how many templates name blobKey in their
+// layer chain, and how many build cache entries hold it. A template's
+// chain may hold an account's snapshot layers (a template saved from a
+// sandbox on the built-in image), so the snapshots' garbage collection
+// deletes a blob only when this is zero too.
+func (q *Queries) CountTemplatesWithBlob(ctx context.Context, blobKey string) (int, error) {
+	if blobKey == "" || strings.ContainsAny(blobKey, `"%_\`) {
+		// Blob keys are hex; anything else could not be named by a
+		// chain, and must not become a LIKE pattern.
+		return 0, fmt.Errorf("count templates of blob %q: %w: not a blob key", blobKey, ErrInvalid)
+	}
+	var n, cached int
+	if err := q.queryRow(ctx, "SELECT COUNT(*) FROM templates WHERE layers LIKE ?", `%"`+blobKey+`"%`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count templates of blob %s: %w", blobKey, err)
+	}
+	if err := q.queryRow(ctx, "SELECT COUNT(*) FROM template_layers WHERE blob_key = ?", blobKey).Scan(&cached); err != nil {
+		return 0, fmt.Errorf("count cached layers of blob %s: %w", blobKey, err)
+	}
+	return n + cached, nil
+}
+
 // PutTemplateCredentials records the sealed registry credentials of
 // template id's build, replacing any of an earlier build of the same row
 // (package templates seals them; the store never sees them in the clear).

@@ -158,3 +158,36 @@ func TestTemplateStepsAndLayerCache(t *testing.T) {
 		wantErr(t, "another account's entry", err, store.ErrNotFound)
 	})
 }
+
+func TestCountTemplatesWithBlob(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		alice := mustAccount(t, s, store.AccountPersonal, "alice")
+		a, b, c := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
+		saved := store.Template{AccountID: alice.ID, Name: "saved", Tag: "latest", Source: "sandbox:sbx", Layers: `["` + a + `","` + b + `"]`}
+		if err := s.CreateTemplate(ctx, &saved); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PutTemplateLayer(ctx, store.TemplateLayer{AccountID: alice.ID, CacheKey: "k", BlobKey: b, Size: 1}); err != nil {
+			t.Fatal(err)
+		}
+		for key, want := range map[string]int{a: 1, b: 2, c: 0, a[:63]: 0} {
+			if n, err := s.CountTemplatesWithBlob(ctx, key); err != nil || n != want {
+				t.Fatalf("count %s…: %d %v, want %d", key[:4], n, err, want)
+			}
+		}
+		// No key turns into a pattern.
+		for _, key := range []string{"", "%", `a"`, "_"} {
+			if _, err := s.CountTemplatesWithBlob(ctx, key); err == nil {
+				t.Fatalf("count %q: no error", key)
+			}
+		}
+		if _, err := s.DeleteTemplate(ctx, saved.ID); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.CountTemplatesWithBlob(ctx, a); err != nil || n != 0 {
+			t.Fatalf("after delete: %d %v", n, err)
+		}
+	})
+}

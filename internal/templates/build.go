@@ -51,20 +51,40 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			s.log.Warn("templates: write a build log", "template_id", id, "err", err)
 		}
 	}
+	var def definition
+	if t.Definition != "" {
+		if err := json.Unmarshal([]byte(t.Definition), &def); err != nil {
+			return fmt.Errorf("template %s: its definition: %w", id, err)
+		}
+	}
+	if def.Sandbox != "" {
+		// Saved from a sandbox by a request (FromSandbox) that a stop
+		// of the server cut: the sandbox's files are not to be had
+		// again as they were.
+		logf("saving the sandbox was interrupted; save it again")
+		_, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, "", "", "the server stopped while the sandbox was being saved; delete this template and save the sandbox again")
+		return err
+	}
 	bctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
 	defer cancel()
-	creds, err := s.credentials(ctx, id)
-	var img oci.Image
-	if err == nil {
-		img, err = s.fetch(bctx, t, creds, logf)
+	var b base
+	if def.Parent != nil {
+		b, err = s.parentBase(bctx, t, *def.Parent, logf)
+	} else {
+		var creds oci.Credentials
+		if creds, err = s.credentials(ctx, id); err == nil {
+			b, err = s.imageBase(bctx, t, creds, logf)
+		}
 	}
 	var layers []string
+	cfg := b.config
 	if err == nil && t.Definition != "" {
-		img.Config, layers, err = s.runSteps(bctx, t, img, s.rootfs(img.ManifestDigest), logf)
+		cfg, layers, err = s.runSteps(bctx, t, def, b, logf)
 	}
-	if err == nil {
-		// Ready only once every node can start it.
-		err = s.distribute(bctx, img.ManifestDigest, logf)
+	if err == nil && !isBuiltin(b.digest) {
+		// Ready only once every node can start it (the built-in image
+		// is every node's own).
+		err = s.distribute(bctx, b.digest, logf)
 	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout))
@@ -75,17 +95,22 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			return err
 		}
 		reason := errdefs.Message(err, "the image could not be fetched")
-		if t.Definition != "" && img.ManifestDigest != "" {
+		if b.digest != "" {
 			reason = errdefs.Message(err, "the build failed on the server")
 		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
 		logf("build failed: %s", reason)
-		// The digest stays named (its cached image is kept for the next
-		// attempt) until the failed template is deleted.
-		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, img.ManifestDigest, "", reason)
+		// The digest stays named (the cached image is kept for the next
+		// attempt, and a child's parent's image while the child exists)
+		// until the failed template is deleted.
+		named := t.Digest
+		if b.digest != "" {
+			named = b.digest
+		}
+		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, named, "", reason)
 		return ferr
 	}
-	cfg, err := json.Marshal(img.Config)
+	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
 		return err
 	}
@@ -98,8 +123,8 @@ func (s *Service) Run(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	logf("ready: %s (%s)", img.Ref, img.Platform)
-	ok, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateReady, img.ManifestDigest, string(cfg), "")
+	logf("ready: %s", b.what)
+	ok, err := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateReady, b.digest, string(cfgJSON), "")
 	if err != nil {
 		return err
 	}

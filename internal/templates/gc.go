@@ -51,7 +51,7 @@ const staleTempAge = 24 * time.Hour
 // copies on other nodes go at their next Collect.
 func (s *Service) collect(ctx context.Context, t store.Template, digestInUse bool) {
 	ctx = context.WithoutCancel(ctx)
-	if t.Digest != "" && !digestInUse {
+	if t.Digest != "" && !digestInUse && !isBuiltin(t.Digest) {
 		s.collectImage(ctx, t.Digest)
 	}
 	if t.Layers == "" {

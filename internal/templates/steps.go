@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -64,12 +65,19 @@ type definition struct {
 	Steps    []templatespec.Step `json:"steps,omitempty"`
 	StartCmd string              `json:"startCmd,omitempty"`
 	ReadyCmd string              `json:"readyCmd,omitempty"`
+	// Parent is the template built over (fromTemplate), as it was when
+	// the build was asked for; nil: the base is the image (Source).
+	Parent *parent `json:"parent,omitempty"`
+	// Sandbox is the sandbox a template saved from one was captured from
+	// (FromSandbox); "" otherwise.
+	Sandbox string `json:"sandbox,omitempty"`
 }
 
 // stepsDocument is the steps JSON as templatespec.FromJSON reads it.
 type stepsDocument struct {
-	FromImage string          `json:"fromImage"`
-	Steps     json.RawMessage `json:"steps"`
+	FromImage    string          `json:"fromImage,omitempty"`
+	FromTemplate string          `json:"fromTemplate,omitempty"`
+	Steps        json.RawMessage `json:"steps"`
 }
 
 // definition checks req's steps or Dockerfile and returns the base image
@@ -118,10 +126,10 @@ func (s *Service) definition(req BuildRequest) (image, def string, err error) {
 		}
 		d.Dockerfile, d.Context = req.Dockerfile, req.Context
 	case len(req.Steps) > 0:
-		if image == "" {
+		if image == "" && req.FromTemplate == "" {
 			return "", "", errdefs.New(errdefs.ErrInvalid, "image: required (the base the steps start from)")
 		}
-		doc, err := json.Marshal(stepsDocument{FromImage: image, Steps: req.Steps})
+		doc, err := json.Marshal(stepsDocument{FromImage: image, FromTemplate: req.FromTemplate, Steps: req.Steps})
 		if err != nil {
 			return "", "", errdefs.Wrap(errdefs.ErrInvalid, err, "steps: not a JSON array")
 		}
@@ -149,11 +157,10 @@ func (s *Service) canBuildSteps() error {
 
 // stepRun is one build's walk through its steps.
 type stepRun struct {
-	s      *Service
-	t      store.Template
-	img    oci.Image
-	rootfs string
-	logf   func(string, ...any)
+	s    *Service
+	t    store.Template
+	base base
+	logf func(string, ...any)
 	// The build state: the ENV of the template, the ARGs of the build,
 	// the current directory and user.
 	env, args []string
@@ -168,17 +175,13 @@ type stepRun struct {
 	uploads map[string]string
 }
 
-// runSteps runs t's steps over img (unpacked at rootfs), reusing the
-// layers its account's cache holds for the same keys, and returns the
-// template's config (the image's, with the steps' ENV, WORKDIR and USER)
-// and its layer chain.
-func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image, rootfs string, logf func(string, ...any)) (oci.Config, []string, error) {
-	var def definition
-	if err := json.Unmarshal([]byte(t.Definition), &def); err != nil {
-		return oci.Config{}, nil, fmt.Errorf("template %s: its definition: %w", t.ID, err)
-	}
+// runSteps runs t's steps (def) over b, reusing the layers its
+// account's cache holds for the same keys, and returns the template's
+// config (the base's, with the steps' ENV, WORKDIR and USER) and its
+// layer chain (the base's, then the steps').
+func (s *Service) runSteps(ctx context.Context, t store.Template, def definition, b base, logf func(string, ...any)) (oci.Config, []string, error) {
 	steps := def.Steps
-	cfg := img.Config
+	cfg := b.config
 	if def.Dockerfile != "" {
 		tpl, err := templatespec.ParseDockerfile([]byte(def.Dockerfile), templatespec.ParseOptions{BaseEnv: envMap(cfg.Env)})
 		if err != nil {
@@ -196,6 +199,15 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 			cfg.Entrypoint, cfg.Cmd = nil, []string{"/bin/sh", "-c", tpl.StartCmd}
 		}
 	}
+	finalize := def.StartCmd != "" || def.ReadyCmd != ""
+	if def.Parent != nil && len(steps) == 0 && def.StartCmd == def.Parent.StartCmd && def.ReadyCmd == def.Parent.ReadyCmd {
+		// The parent's commands over the parent's files: checked when
+		// the parent was built.
+		finalize = false
+	}
+	if len(steps) == 0 && !finalize {
+		return cfg, b.layers, nil
+	}
 	if err := s.canBuildSteps(); err != nil {
 		return oci.Config{}, nil, err
 	}
@@ -204,11 +216,11 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 	if err != nil {
 		return oci.Config{}, nil, err
 	}
-	keys, err := templatespec.CacheKeys(img.ManifestDigest, keySteps)
+	keys, err := templatespec.CacheKeys(b.key, keySteps)
 	if err != nil {
 		return oci.Config{}, nil, err
 	}
-	r := &stepRun{s: s, t: t, img: img, rootfs: rootfs, logf: logf, uploads: uploads,
+	r := &stepRun{s: s, t: t, base: b, logf: logf, layers: slices.Clone(b.layers), uploads: uploads,
 		env: append([]string(nil), cfg.Env...), workdir: cfg.WorkingDir, user: cfg.User}
 	if r.workdir == "" {
 		r.workdir = "/"
@@ -279,10 +291,10 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, img oci.Image,
 		r.layers, r.dirs = append(r.layers, key), nil
 	}
 	cfg.Env, cfg.WorkingDir, cfg.User = r.env, r.workdir, r.user
-	if cfg.WorkingDir == "/" && img.Config.WorkingDir == "" {
+	if cfg.WorkingDir == "/" && b.config.WorkingDir == "" {
 		cfg.WorkingDir = ""
 	}
-	if def.StartCmd != "" || def.ReadyCmd != "" {
+	if finalize {
 		if err := r.finalize(ctx, def, cfg); err != nil {
 			return oci.Config{}, nil, err
 		}
@@ -307,8 +319,8 @@ func (r *stepRun) finalize(ctx context.Context, def definition, cfg oci.Config) 
 	if err != nil {
 		return err
 	}
-	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.rootfs,
-		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork, Env: cfg.Env})
+	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.base.dir,
+		BaseImage: r.base.image, Layers: layers, Network: s.cfg.BuildNetwork, Env: cfg.Env})
 	release()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -415,8 +427,8 @@ func (r *stepRun) layer(ctx context.Context, n int, st templatespec.Step) (key s
 	if err != nil {
 		return "", 0, err
 	}
-	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.rootfs,
-		BaseImage: "oci:" + r.img.ManifestDigest, Layers: layers, Network: s.cfg.BuildNetwork})
+	rsb, stop, err := s.host.StartBuildSandbox(ctx, BuildSandbox{ID: store.NewID("bld_"), BaseDir: r.base.dir,
+		BaseImage: r.base.image, Layers: layers, Network: s.cfg.BuildNetwork})
 	release()
 	if err != nil {
 		if ctx.Err() != nil {

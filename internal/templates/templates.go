@@ -7,9 +7,11 @@
 // layer chain), who may see them (an account's own and the operator's
 // public ones) and what a sandbox from one starts with (Image: the root
 // filesystem, the layers, the Env, WORKDIR and USER). This slice builds
-// from images with RUN, COPY, ENV, ARG, WORKDIR and USER steps, for the
-// gVisor backend, COPY reading the archives an account uploaded
-// (files.go); docs/TEMPLATES.md says what is not built yet.
+// from images with RUN, COPY, ENV, ARG, WORKDIR and USER steps (COPY
+// reading the archives an account uploaded, files.go), over other
+// templates (fromTemplate, from.go), and saves running sandboxes' files
+// as templates (FromSandbox, save.go); docs/TEMPLATES.md says what is not
+// built yet.
 //
 // Invariants:
 //
@@ -56,7 +58,14 @@
 //     build sandbox through the sandbox's agent, never into a host path.
 //   - Access: a template of another account is not found; public
 //     templates (account "") are read by all and changed by none through
-//     this service.
+//     this service. A parent (fromTemplate) and a sandbox to save are
+//     found under the same rule.
+//   - A template's row names its whole base: the digest of its root
+//     filesystem (an image in the cache, or BuiltinDigest of the
+//     built-in image) and its whole layer chain, a parent's included; so
+//     a child never needs its parent's row, the cached image stays while
+//     a row names its digest, and the snapshots' collection keeps the
+//     blobs a chain names (store.CountTemplatesWithBlob).
 package templates
 
 import (
@@ -137,8 +146,14 @@ type Config struct {
 	// Host starts the build sandboxes of templates with steps (the
 	// sandbox manager, which reads templates through a Catalog of its own);
 	// nil: templates with steps are refused.
-	Host   BuildHost
-	Logger *slog.Logger
+	Host BuildHost
+	// Saver captures running sandboxes' files for FromSandbox (the
+	// sandbox manager); nil: saving a sandbox as a template is refused.
+	Saver SandboxSaver
+	// Builtin is the server's built-in image, the base of templates saved
+	// from sandboxes that run on it (zero: such templates are refused).
+	Builtin Builtin
+	Logger  *slog.Logger
 }
 
 // Service is the templates service.
@@ -172,6 +187,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	catalog.SetBuiltin(cfg.Builtin)
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = DefaultStepTimeout
 	}
@@ -215,6 +231,9 @@ type Catalog struct {
 	// when one is (distribute.go).
 	limits oci.Limits
 	log    *slog.Logger
+	// builtin is the server's built-in image (SetBuiltin), the base of
+	// the templates whose digest is BuiltinDigest(builtin.ID).
+	builtin Builtin
 }
 
 // NewCatalog returns the catalog of the templates in st whose images are
@@ -239,9 +258,9 @@ func NewCatalog(st *store.Store, dir string, blobs blob.Store, opts ...CatalogOp
 }
 
 // BuildRequest is a template to build, as the front ends decode it: an
-// image, with steps (the steps JSON, templatespec.FromJSON's "steps") or
-// a Dockerfile (whose FROM is the image) or neither. The other sources
-// are refused by name.
+// image or another template (FromTemplate), with steps (the steps JSON,
+// templatespec.FromJSON's "steps"), or a Dockerfile (whose FROM is the
+// image), or neither. The other sources are refused by name.
 type BuildRequest struct {
 	// Name is "name[:tag]" (templatespec.ParseRef).
 	Name string
@@ -264,22 +283,16 @@ type BuildRequest struct {
 	// token; nil: anonymous. Sealed until the build runs (see the package
 	// doc); never in the template's row.
 	Registry *oci.Credentials
-	// Sent but not built yet: each is refused with a 400 naming it.
-	FromTemplate bool
+	// FromTemplate is the template to build over, by "name[:tag]" or id
+	// (the account's own or a public one); "": Image is the base.
+	FromTemplate string
 }
 
 // Build validates req, records the template building and enqueues its
 // build on this node, in one transaction.
 func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest) (store.Template, error) {
-	for _, f := range []struct {
-		sent bool
-		name string
-	}{
-		{req.FromTemplate, "fromTemplate"},
-	} {
-		if f.sent {
-			return store.Template{}, errdefs.Newf(errdefs.ErrInvalid, "%s: not supported yet; templates are built from an image (\"image\") for now", f.name)
-		}
+	if req.Registry != nil && strings.TrimSpace(req.FromTemplate) != "" {
+		return store.Template{}, errRegistryOverTemplate
 	}
 	if req.Registry != nil {
 		if err := checkCredentials(*req.Registry); err != nil {
@@ -295,6 +308,9 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	ref, err := templatespec.ParseRef(req.Name)
 	if err != nil {
 		return store.Template{}, err
+	}
+	if strings.TrimSpace(req.FromTemplate) != "" {
+		return s.buildOver(ctx, p, ref, req)
 	}
 	image, def, err := s.definition(req)
 	if err != nil {
@@ -317,17 +333,23 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 	if p.AccountID == "" {
 		return store.Template{}, errdefs.New(errdefs.ErrForbidden, "templates belong to an account")
 	}
+	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
+		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
+	return s.enqueue(ctx, t, req.Registry)
+}
+
+// enqueue records t building, with creds sealed (nil: none), and inserts
+// its build job, in one transaction.
+func (s *Service) enqueue(ctx context.Context, t store.Template, creds *oci.Credentials) (store.Template, error) {
 	if s.cfg.Jobs == nil {
 		return store.Template{}, errors.New("templates: no job queue")
 	}
-	t := store.Template{AccountID: p.AccountID, Name: ref.Name, Tag: ref.Tag, Source: image, Status: store.TemplateBuilding, NodeID: s.cfg.NodeID,
-		Definition: def, Log: logLine("build of %s:%s from %s queued", ref.Name, ref.Tag, image)}
-	err = s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
+	err := s.st.InTx(ctx, func(tx *sql.Tx, q *store.Queries) error {
 		if err := q.CreateTemplate(ctx, &t); err != nil {
 			return err
 		}
-		if req.Registry != nil {
-			sealed, err := s.sealer.seal(t.ID, *req.Registry)
+		if creds != nil {
+			sealed, err := s.sealer.seal(t.ID, *creds)
 			if err != nil {
 				return fmt.Errorf("seal the registry credentials: %w", err)
 			}
@@ -338,7 +360,7 @@ func (s *Service) Build(ctx context.Context, p auth.Principal, req BuildRequest)
 		return s.cfg.Jobs.InsertTx(ctx, tx, jobs.BuildTemplateArgs{TemplateID: t.ID}, s.cfg.NodeID)
 	})
 	if errors.Is(err, store.ErrConflict) {
-		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", ref.Name, ref.Tag)
+		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", t.Name, t.Tag)
 	}
 	if err != nil {
 		return store.Template{}, fmt.Errorf("record template: %w", err)
@@ -468,9 +490,7 @@ func (c *Catalog) image(ctx context.Context, t store.Template) (Image, error) {
 	if err := json.Unmarshal([]byte(t.Config), &cfg); err != nil {
 		return Image{}, fmt.Errorf("template %s: its config: %w", t.ID, err)
 	}
-	// Built on another node (or the cache was cleared): brought here
-	// from the blob store.
-	dir, err := c.rootFS(ctx, t.Digest, ref)
+	dir, baseImage, err := c.base(ctx, t.Digest, ref)
 	if err != nil {
 		return Image{}, err
 	}
@@ -489,8 +509,23 @@ func (c *Catalog) image(ctx context.Context, t store.Template) (Image, error) {
 			return Image{}, fmt.Errorf("template %s: its definition: %w", t.ID, err)
 		}
 	}
-	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: "oci:" + t.Digest, Config: cfg, Layers: layers, blobs: c.blobs,
+	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: baseImage, Config: cfg, Layers: layers, blobs: c.blobs,
 		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd}, nil
+}
+
+// base is the root filesystem of a ready template of digest, and the
+// BaseImage its sandboxes record: an image in this node's cache
+// ("oci:<digest>"), or the server's built-in image (BuiltinDigest).
+func (c *Catalog) base(ctx context.Context, digest, ref string) (dir, baseImage string, err error) {
+	if isBuiltin(digest) {
+		return c.builtinBase(digest, ref)
+	}
+	// Built on another node (or its cache was cleared): brought here
+	// from the blob store.
+	if dir, err = c.rootFS(ctx, digest, ref); err != nil {
+		return "", "", err
+	}
+	return dir, "oci:" + digest, nil
 }
 
 // rootfs is where the image of digest ("sha256:...") is unpacked.

@@ -143,7 +143,8 @@ func TestBuildRefusesWhatIsNotBuiltYet(t *testing.T) {
 
 		{templates.BuildRequest{Name: "a", Image: "x", Steps: []byte(`[{"type":"RUN","args":["true"]}]`)}, errdefs.ErrInvalid, "cannot run build steps"},
 		{templates.BuildRequest{Name: "a", Steps: []byte(`[{"type":"RUN","args":["true"]}]`)}, errdefs.ErrInvalid, "image: required"},
-		{templates.BuildRequest{Name: "a", FromTemplate: true}, errdefs.ErrInvalid, "fromTemplate: not supported yet"},
+		{templates.BuildRequest{Name: "a", FromTemplate: "nope"}, errdefs.ErrNotFound, "fromTemplate: template nope:latest not found"},
+		{templates.BuildRequest{Name: "a", FromTemplate: "nope", Image: "x"}, errdefs.ErrInvalid, "image and fromTemplate: give one base"},
 		{templates.BuildRequest{Name: "a", Image: "x", StartCmd: "serve\x00"}, errdefs.ErrInvalid, "startCmd: contains NUL"},
 		{templates.BuildRequest{Name: "a", Image: "x", ReadyCmd: "true"}, errdefs.ErrInvalid, "cannot run build steps"},
 		{templates.BuildRequest{Name: "a", Image: "x", Registry: &oci.Credentials{Username: "u", Password: "p"}}, errdefs.ErrInvalid, "registry: this server keeps no key for registry credentials"},

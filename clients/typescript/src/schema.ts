@@ -400,6 +400,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/sandboxes/{id}/template": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Save a running sandbox's files as a template (sandboxd)
+         * @description Captures the sandbox's writable layer (its files now; not its memory or processes) and records it as a ready template of the sandbox's account, named name[:tag]; a sandbox from it starts with those files. Its base is the sandbox's: the template it started from (with that template's config and start and ready commands), or the built-in image with the account's snapshot layers it started from. 409 when the account has a template of that name and tag, or when the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the template is ready.
+         */
+        post: operations["postSandboxesIdTemplate"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/sandboxes/{id}/timeout": {
         parameters: {
             query?: never;
@@ -503,7 +523,7 @@ export interface paths {
         put?: never;
         /**
          * Build a template from an OCI image (sandboxd)
-         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. fromTemplate is refused with 400 naming the field. 409 when the account has a template of that name and tag.
+         * @description Records the template (building) and builds it in the background: the image is resolved, pinned by its manifest's digest and unpacked into the server's cache (once per digest). Answers 202 with the template; GET /api/templates/{id} follows the build (status, log, failure reason). The image may come with steps or a Dockerfile, start and ready commands, and the credentials of its registry (registry: kept sealed until the build has pulled the image, never answered); COPY and ADD read uploaded build files (PUT /api/templates/files/{hash}): a step's filesHash, a Dockerfile's context; files not uploaded are 400. Or fromTemplate is the base (another ready template, with steps; 409 while it builds, 400 when it failed, 404 for another account's). 409 when the account has a template of that name and tag.
          */
         post: operations["postTemplates"];
         delete?: never;
@@ -573,9 +593,9 @@ export interface components {
             context?: string;
             /** @description A Dockerfile (one FROM */
             dockerfile?: string;
-            /** @description Not supported yet (400) */
+            /** @description Another template to build over by name[:tag] or id (the account's own or else a public one; another account's is 404): its image and layers and config and start and ready commands are the base that steps and startCmd and readyCmd extend or override. 409 while it builds; 400 when its build failed. Not with image or dockerfile */
             fromTemplate?: string;
-            /** @description The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile */
+            /** @description The OCI image to build from: host/repository[:tag|@digest] (pinned by digest once resolved; a private one with registry). Absent with dockerfile or fromTemplate */
             image?: string;
             /** @description name[:tag]: a name of 1 to 63 lower-case letters */
             name: string;
@@ -900,6 +920,12 @@ export interface components {
             sandboxes: components["schemas"]["Sandbox"][];
             /** @enum {string} */
             status: "success";
+        };
+        SaveTemplateRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description name[:tag] of the new template (tag latest by default); 409 when the account has one of that name and tag */
+            name: string;
         };
         SnapshotInfo: {
             created_at: string;
@@ -2995,6 +3021,104 @@ export interface operations {
             };
             /** @description The request body stalled or trickled past its deadline */
             408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postSandboxesIdTemplate: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["SaveTemplateRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TemplateResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The account has a template of that name and tag, or the sandbox is not running */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

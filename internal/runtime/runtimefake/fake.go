@@ -742,7 +742,8 @@ func (s *Sandbox) Quiesce(context.Context) (func(context.Context) error, error) 
 }
 
 // Snapshot implements runtime.Sandbox: the sandbox's files, written to a
-// scratch directory, in the real layer format.
+// scratch directory, in the real layer format, with the manifest's base
+// and parent from its spec.
 func (s *Sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest, error) {
 	s.rt.mu.Lock()
 	files := make(map[string][]byte, len(s.files))
@@ -764,7 +765,16 @@ func (s *Sandbox) Snapshot(ctx context.Context, w io.Writer) (snapshot.Manifest,
 			return snapshot.Manifest{}, err
 		}
 	}
-	return snapshot.Write(ctx, w, dir, snapshot.Manifest{}, nil)
+	// As the real backends record it: the base and the last layer the
+	// sandbox was restored from.
+	s.rt.mu.Lock()
+	spec := s.rt.specs[s.id]
+	s.rt.mu.Unlock()
+	m := snapshot.Manifest{BaseImage: spec.BaseImage}
+	if n := len(spec.Layers); n > 0 {
+		m.Parent = spec.Layers[n-1].ID
+	}
+	return snapshot.Write(ctx, w, dir, m, nil)
 }
 
 // Stats implements runtime.Sandbox.
