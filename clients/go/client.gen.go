@@ -952,6 +952,9 @@ type Sandbox struct {
 	// ForkedFrom The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)
 	ForkedFrom *string `json:"forkedFrom,omitempty"`
 
+	// TemplateID The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image (sandboxd)
+	TemplateID *string `json:"templateId,omitempty"`
+
 	// FailureReason Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)
 	FailureReason *string `json:"failureReason,omitempty"`
 }

@@ -35,9 +35,10 @@ func newAdminTemplateCmd(g *globals) *cobra.Command {
 	}
 	publish.Flags().String("as", "", "the public name[:tag] (default: the template's own)")
 	unpublish := &cobra.Command{
-		Use:   "unpublish NAME[:TAG]",
-		Short: "Delete a public template (refused while sandboxes started from it run or are paused)",
-		Args:  cobra.ExactArgs(1),
+		Use:     "unpublish NAME[:TAG]",
+		Short:   "Delete a public template (refused while sandboxes started from it run or are paused)",
+		Example: "  sandboxd admin template unpublish python:3.12 --json",
+		Args:    cobra.ExactArgs(1),
 		RunE: g.withStore(func(cmd *cobra.Command, args []string, st *store.Store) error {
 			t, err := templates.Unpublish(cmd.Context(), st, args[0])
 			if err != nil {
@@ -47,9 +48,10 @@ func newAdminTemplateCmd(g *globals) *cobra.Command {
 		}),
 	}
 	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List the public templates",
-		Args:  cobra.NoArgs,
+		Use:     "ls",
+		Short:   "List the public templates",
+		Example: "  sandboxd admin template ls --json",
+		Args:    cobra.NoArgs,
 		RunE: g.withStore(func(cmd *cobra.Command, _ []string, st *store.Store) error {
 			// Account "" lists the public templates alone.
 			all, err := st.ListTemplates(cmd.Context(), "")

@@ -120,6 +120,7 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 		CreatedAt:     FormatTime(sb.CreatedAt),
 		Runtime:       sb.Runtime,
 		ForkedFrom:    sb.ForkedFrom,
+		TemplateID:    sb.TemplateID,
 	}
 	if sb.Status == store.SandboxFailed {
 		// The column also says why a stopped sandbox stopped, which is

@@ -29,6 +29,8 @@ type Sandbox struct {
 	NetworkBytes *NetworkBytes `json:"network_bytes,omitempty"`
 	// ForkedFrom is the sandbox it was forked from (sandboxd).
 	ForkedFrom string `json:"forkedFrom,omitempty" jsonschema:"description=The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)"`
+	// TemplateID is the custom template it started from (sandboxd).
+	TemplateID string `json:"templateId,omitempty" jsonschema:"description=The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image (sandboxd)"`
 	// FailureReason says why a failed sandbox failed (sandboxd): a phrase
 	// for its user, never a host path or an internal error.
 	FailureReason string `json:"failureReason,omitempty" jsonschema:"description=Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)"`

@@ -902,6 +902,8 @@ export interface components {
              * @enum {string}
              */
             sandboxStatus: "pending" | "running" | "stopping" | "stopped" | "failed" | "pausing" | "paused" | "resuming";
+            /** @description The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image (sandboxd) */
+            templateId?: string;
             /** @description Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes) */
             timeout: number;
         };
