@@ -19,7 +19,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
-	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
 // `sandboxd serve` is the composition root: one setup function per
@@ -216,9 +215,10 @@ func (n *node) run(ctx context.Context) error {
 	// Every node sweeps: the deletes are idempotent batches, and each
 	// node keeps the logs of the runs it worked.
 	go n.dom.sweeper.Run(runCtx)
-	// And collects the template builds that lost their tags once no
-	// sandbox runs them (package templates' Collect).
-	go n.dom.tpls.CollectEvery(runCtx, templates.CollectInterval)
+	// Every node collects its own cache of template images (and, with
+	// the others, what no template needs in the shared store), and the
+	// template builds that lost their tags.
+	go n.dom.tpls.RunCollector(runCtx)
 
 	n.log.Info("sandboxd serving", "addr", n.ls.ln.Addr().String(), "data_dir", n.stor.dataDir, "database", n.stor.st.Dialect(),
 		"runtime", n.rt.rt.Name(), "image", n.rt.baseID, "version", version)

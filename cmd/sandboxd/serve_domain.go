@@ -73,7 +73,7 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	if dom.persist, err = setupPersistence(o.persist, o.runtime.diskMiB, d, dom.repos, log); err != nil {
 		return nil, err
 	}
-	if dom.catalog, err = templates.NewCatalog(d.stor.st, templatesDir(d.stor), d.stor.blobs); err != nil {
+	if dom.catalog, err = templates.NewCatalog(d.stor.st, templatesDir(d.stor), d.stor.blobs, templates.WithLogger(log.With("component", "templates"))); err != nil {
 		return nil, err
 	}
 	// Templates saved from sandboxes on the built-in image stand on it.
@@ -89,7 +89,7 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	}
 	// This node among the others: registered, alive, watching them.
 	dom.members = membership.New(membership.Config{Store: d.stor.st, NodeID: d.stor.nodeID, Node: d.clu.node, DownAfter: d.clu.downAfter,
-		Sandboxes: dom.mgr, Jobs: dom.jobs, Logger: log.With("component", "membership")})
+		Sandboxes: dom.mgr, Jobs: dom.jobs, Builds: dom.tpls, Logger: log.With("component", "membership")})
 	dom.agents = agents.New(agents.Config{
 		Store: d.stor.st, Jobs: dom.jobs, Lifecycle: dom.mgr, Node: dom.members, Persist: dom.persist, Setups: setups, Forge: d.forge.gh,
 		PublicURL: o.files.publicURL, Network: d.nw.policy, AgentRunsPerAccount: o.agents.runs,

@@ -60,6 +60,13 @@ type Jobs interface {
 	MoveQueue(ctx context.Context, from, to string) error
 }
 
+// Builds takes over the template builds of a node declared down
+// (templates.Service): their jobs are held by that node's worker, which
+// MoveQueue does not move.
+type Builds interface {
+	AdoptBuilds(ctx context.Context, nodeID string) (int, error)
+}
+
 // Config builds a Membership.
 type Config struct {
 	Store  *store.Store
@@ -73,7 +80,9 @@ type Config struct {
 	DownAfter time.Duration
 	Sandboxes Sandboxes
 	Jobs      Jobs
-	Logger    *slog.Logger
+	// Builds takes over a down node's template builds (nil: none).
+	Builds Builds
+	Logger *slog.Logger
 }
 
 // Membership keeps this node registered and alive, and watches the others.
@@ -263,8 +272,8 @@ func (m *Membership) watchNodes(ctx context.Context) {
 	}
 }
 
-// failNode fails what node n, declared down, hosted, and moves its queued
-// jobs to the shared queue.
+// failNode fails what node n, declared down, hosted, moves its queued
+// jobs to the shared queue and has its template builds built elsewhere.
 func (m *Membership) failNode(ctx context.Context, n store.Node) error {
 	silent := m.now().Sub(n.HeartbeatAt).Round(time.Second)
 	m.log.Warn("node declared down", "node_id", n.ID, "address", n.Address, "silent_for", silent)
@@ -273,7 +282,13 @@ func (m *Membership) failNode(ctx context.Context, n store.Node) error {
 	if err := m.cfg.Jobs.MoveQueue(ctx, jobs.NodeQueue(n.ID), river.QueueDefault); err != nil {
 		errs = append(errs, err)
 	}
-	m.log.Info("failed the sandboxes of a down node", "node_id", n.ID, "sandboxes", count)
+	builds := 0
+	if m.cfg.Builds != nil {
+		b, err := m.cfg.Builds.AdoptBuilds(ctx, n.ID)
+		builds = b
+		errs = append(errs, err)
+	}
+	m.log.Info("failed the sandboxes of a down node", "node_id", n.ID, "sandboxes", count, "template_builds_taken_over", builds)
 	return errors.Join(errs...)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,6 +98,8 @@ func TestNodeDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	here.m.cfg.DownAfter = time.Second
+	builds := &adoptedBuilds{}
+	here.m.cfg.Builds = builds
 	if err := here.m.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +125,9 @@ func TestNodeDown(t *testing.T) {
 	}
 	if n, _ := st.GetNode(ctx, "there"); n.Status != store.NodeDown {
 		t.Errorf("node there is %s", n.Status)
+	}
+	if got := builds.nodes(); len(got) != 1 || got[0] != "there" {
+		t.Errorf("template builds taken over from %v, want [there]", got)
 	}
 	// A cordoned node leaves tasks' jobs to the others.
 	if !here.m.TakesSandboxes(ctx) {
@@ -195,4 +201,23 @@ func TestJudgeAfterOutage(t *testing.T) {
 	if !m.mayJudgeNodes() {
 		t.Fatal("does not judge DownAfter after the outage")
 	}
+}
+
+// adoptedBuilds records the nodes whose template builds were taken over.
+type adoptedBuilds struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (a *adoptedBuilds) AdoptBuilds(_ context.Context, nodeID string) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ids = append(a.ids, nodeID)
+	return 0, nil
+}
+
+func (a *adoptedBuilds) nodes() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.ids...)
 }

@@ -42,6 +42,9 @@
 // (".wh.NAME", ".wh..wh..opq"), which are carried out rather than created,
 // device nodes all skipped, an entry bound, and a choice to keep setuid,
 // setgid and file capabilities for a target no other host user can reach.
+// ApplyWhole applies a layer Write made of a whole root filesystem (package
+// templates stores images that way) with ApplyTar's rules and a bound on
+// its uncompressed tar.
 package snapshot
 
 import (

@@ -69,7 +69,7 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	defer cancel()
 	var b base
 	if def.Parent != nil {
-		b, err = s.parentBase(t, *def.Parent, logf)
+		b, err = s.parentBase(bctx, t, *def.Parent, logf)
 	} else {
 		var creds oci.Credentials
 		if creds, err = s.credentials(ctx, id); err == nil {
@@ -80,6 +80,11 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	cfg := b.config
 	if err == nil && t.Definition != "" {
 		cfg, layers, err = s.runSteps(bctx, t, def, b, logf)
+	}
+	if err == nil && !isBuiltin(b.digest) {
+		// Ready only once every node can start it (the built-in image
+		// is every node's own).
+		err = s.distribute(bctx, b.digest, logf)
 	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = errdefs.Wrap(nil, err, fmt.Sprintf("the build took longer than %s", s.cfg.BuildTimeout))
@@ -95,10 +100,14 @@ func (s *Service) Run(ctx context.Context, id string) error {
 		}
 		s.log.Info("templates: build failed", "template_id", id, "source", t.Source, "err", err)
 		logf("build failed: %s", reason)
-		// A child's row named its parent's digest from the start: it
-		// keeps naming it, so that deleting the failed child removes a
-		// cached image no other template names.
-		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, t.Digest, "", reason)
+		// The digest stays named (the cached image is kept for the next
+		// attempt, and a child's parent's image while the child exists)
+		// until the failed template is deleted.
+		named := t.Digest
+		if b.digest != "" {
+			named = b.digest
+		}
+		_, ferr := s.st.FinishTemplate(context.WithoutCancel(ctx), id, store.TemplateFailed, named, "", reason)
 		return ferr
 	}
 	cfgJSON, err := json.Marshal(cfg)
@@ -151,7 +160,7 @@ func (s *Service) Run(ctx context.Context, id string) error {
 	for _, m := range moved {
 		logf("%s", m)
 	}
-	s.Collect(context.WithoutCancel(ctx))
+	s.CollectStrays(context.WithoutCancel(ctx))
 	return nil
 }
 
@@ -173,11 +182,21 @@ func (s *Service) fetch(ctx context.Context, t store.Template, creds oci.Credent
 		return oci.Image{}, err
 	}
 	logf("resolved to %s: %d layers, %d bytes compressed", img.ManifestDigest, len(img.Layers), img.CompressedSize)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Named before it is fetched: what collects unused images keeps it.
+	if _, err := s.st.SetTemplateDigest(ctx, t.ID, img.ManifestDigest); err != nil {
+		return oci.Image{}, err
+	}
+	unlock, err := lockDigest(ctx, s.cfg.Dir, img.ManifestDigest)
+	if err != nil {
+		return oci.Image{}, err
+	}
+	defer unlock()
 	dir := s.rootfs(img.ManifestDigest)
 	if _, err := os.Stat(dir); err == nil {
 		logf("image %s is cached on this server", img.ManifestDigest)
+		return img, nil
+	}
+	if ok := s.fromBlobStore(ctx, img.ManifestDigest, logf); ok {
 		return img, nil
 	}
 	tmp, err := os.MkdirTemp(s.cfg.Dir, ".fetch-")

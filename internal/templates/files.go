@@ -104,7 +104,7 @@ func (s *Service) HasFiles(ctx context.Context, p auth.Principal, hash string) (
 }
 
 func (s *Service) files(ctx context.Context, accountID, hash string) (FilesInfo, bool, error) {
-	l, err := s.st.GetTemplateLayer(ctx, accountID, filesCacheKey(hash))
+	l, err := s.st.UseTemplateLayer(ctx, accountID, filesCacheKey(hash))
 	if errors.Is(err, store.ErrNotFound) {
 		return FilesInfo{}, false, nil
 	}
@@ -336,7 +336,7 @@ func (s *Service) resolveUploads(ctx context.Context, accountID string, steps []
 		}
 		key, ok := uploads[st.FilesHash]
 		if !ok {
-			l, err := s.st.GetTemplateLayer(ctx, accountID, filesCacheKey(st.FilesHash))
+			l, err := s.st.UseTemplateLayer(ctx, accountID, filesCacheKey(st.FilesHash))
 			if err == nil {
 				_, err = s.cfg.Blobs.Stat(ctx, l.BlobKey)
 			}

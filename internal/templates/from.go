@@ -71,8 +71,8 @@ type parent struct {
 // not read again: a parent deleted since leaves its child's build whole
 // (the child's row names the digest, which keeps the cached image, and
 // layer blobs are not collected while a template names them).
-func (s *Service) parentBase(t store.Template, p parent, logf func(string, ...any)) (base, error) {
-	dir, image, err := s.catalog.base(p.Digest, p.Ref)
+func (s *Service) parentBase(ctx context.Context, t store.Template, p parent, logf func(string, ...any)) (base, error) {
+	dir, image, err := s.catalog.base(ctx, p.Digest, p.Ref)
 	if err != nil {
 		return base{}, err
 	}
@@ -125,7 +125,7 @@ func (s *Service) buildOver(ctx context.Context, p auth.Principal, ref templates
 	if err != nil {
 		return store.Template{}, err
 	}
-	pimg, err := s.catalog.image(par)
+	pimg, err := s.catalog.image(ctx, par)
 	if err != nil {
 		return store.Template{}, err
 	}

@@ -127,7 +127,7 @@ func (s *Service) sandboxBase(ctx context.Context, sb store.Sandbox) (base, defi
 		if err != nil {
 			return base{}, def, fmt.Errorf("the sandbox's template: %w", err)
 		}
-		img, err := s.catalog.image(t)
+		img, err := s.catalog.image(ctx, t)
 		if err != nil {
 			return base{}, def, err
 		}

@@ -293,7 +293,7 @@ func (s *Service) runSteps(ctx context.Context, t store.Template, def definition
 			continue
 		}
 		if cached {
-			l, err := s.st.GetTemplateLayer(ctx, t.AccountID, keys[i])
+			l, err := s.st.UseTemplateLayer(ctx, t.AccountID, keys[i])
 			if err == nil {
 				if _, err = s.cfg.Blobs.Stat(ctx, l.BlobKey); err == nil {
 					logf("step %d/%d: cached (layer %s)", n, len(steps), short(l.BlobKey))

@@ -89,7 +89,7 @@ func (s *Service) Request(ctx context.Context, p auth.Principal, spec RequestSpe
 	if p.AccountID == "" {
 		return store.Template{}, errdefs.New(errdefs.ErrForbidden, "templates belong to an account")
 	}
-	s.Collect(ctx)
+	s.CollectStrays(ctx)
 	def, err := json.Marshal(definition{Tags: tags, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB})
 	if err != nil {
 		return store.Template{}, err
@@ -231,7 +231,7 @@ func (s *Service) AssignTags(ctx context.Context, p auth.Principal, target strin
 			return store.Template{}, err
 		}
 	}
-	s.Collect(ctx)
+	s.CollectStrays(ctx)
 	return t, nil
 }
 
@@ -255,7 +255,7 @@ func (s *Service) RemoveTags(ctx context.Context, p auth.Principal, name string,
 			return err
 		}
 	}
-	s.Collect(ctx)
+	s.CollectStrays(ctx)
 	return nil
 }
 
@@ -269,12 +269,13 @@ func (s *Service) own(ctx context.Context, p auth.Principal, name, tag string) (
 	return t, err
 }
 
-// Collect deletes the strays no sandbox needs: builds that lost their
-// tags and run no sandbox, failed untagged builds after failedTTL, and
-// requested builds never started after waitingTTL; each one's cached
-// image goes when no other template names it. Errors are logged: the
-// next collection tries again.
-func (s *Service) Collect(ctx context.Context) {
+// CollectStrays deletes the strays no sandbox needs: builds that lost
+// their tags and run no sandbox, failed untagged builds after failedTTL,
+// and requested builds never started after waitingTTL; each one's image
+// and layers go as a delete's do (collect). Errors are logged: the next
+// collection tries again. Collect (the server's collector) calls it, and
+// so do the builds, requests and tag changes that make strays.
+func (s *Service) CollectStrays(ctx context.Context) {
 	strays, err := s.st.ListStrayTemplates(ctx)
 	if err != nil {
 		s.log.Warn("templates: list strays", "err", err)
@@ -308,27 +309,6 @@ func (s *Service) Collect(ctx context.Context) {
 			continue
 		}
 		s.log.Info("templates: collected", "template_id", t.ID, "name", t.Name)
-		if t.Digest != "" && !inUse {
-			s.removeCached(t.Digest)
-		}
-	}
-}
-
-// CollectInterval is how often a server collects (CollectEvery).
-const CollectInterval = 5 * time.Minute
-
-// CollectEvery collects (Collect) every interval until ctx ends: a build
-// that lost its tag goes within an interval of its last sandbox's end,
-// whether or not anything else is built.
-func (s *Service) CollectEvery(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.Collect(ctx)
-		}
+		s.collect(ctx, t, inUse)
 	}
 }

@@ -149,7 +149,7 @@ func TestRequestedBuildsAndTags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.Collect(ctx)
+	svc.CollectStrays(ctx)
 	for _, id := range []string{first.ID, third.ID} {
 		if _, err := f.st.GetTemplate(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s not collected: %v", id, err)

@@ -20,11 +20,23 @@
 //     setuid files (see package oci). An image is unpacked once per
 //     manifest digest, into a temporary directory renamed into place, so
 //     a root filesystem in the cache is always whole; a build whose digest
-//     is cached fetches no layer.
+//     is cached fetches no layer. Unpacking, materialising and removing
+//     a digest's directory take the digest's lock (lockDigest).
+//   - A template is ready only once its image's root filesystem is in the
+//     blob store (when there is one), by digest (distribute.go); a node
+//     whose cache lacks it materialises it from there, with oci's safety
+//     and limits, before a sandbox starts from it.
+//   - A template names its digest from the resolve of its build on (and
+//     when it failed), and an image is collected only when no template
+//     names its digest (gc.go); a blob is deleted only when no template,
+//     build cache entry, stored image or snapshot names it; a cache entry
+//     no template names goes CacheKeep after it was made or last taken,
+//     and a build takes one only by renewing it (UseTemplateLayer).
 //   - Builds survive a restart: the job is inserted with the row, a
 //     restarted node enqueues its unfinished builds again (Resume), and a
 //     job that finds its row still building builds it (again, from the
-//     start); one that finds it ended does nothing.
+//     start); one that finds it ended does nothing. The builds of a node
+//     declared down are enqueued for any node (AdoptBuilds).
 //   - A build's failure reason and log lines are for its user
 //     (errdefs.Message): never a cause, a host path or a credential.
 //   - Registry credentials are never stored in the clear and never
@@ -68,7 +80,6 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -113,6 +124,9 @@ type Config struct {
 	// StepTimeout bounds one step of a build (default DefaultStepTimeout),
 	// BuildTimeout a whole build (default DefaultBuildTimeout).
 	StepTimeout, BuildTimeout time.Duration
+	// CacheKeep is how long a build cache entry no template names is
+	// kept after it was made or last taken (default DefaultCacheKeep).
+	CacheKeep time.Duration
 	// BuildNetwork is the network policy of build sandboxes (default:
 	// egress to public addresses).
 	BuildNetwork netpol.Policy
@@ -171,9 +185,6 @@ type Service struct {
 	// filesOf is a build sandbox's filesystem for COPY
 	// (filecopy.AgentFS; tests replace it).
 	filesOf func(context.Context, runtime.Sandbox) (filecopy.FS, error)
-	// mu makes the unpacking of one digest on this node take turns with
-	// its removal.
-	mu sync.Mutex
 }
 
 // New returns a Service, making its cache directory.
@@ -181,7 +192,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	catalog, err := NewCatalog(cfg.Store, cfg.Dir, cfg.Blobs)
+	catalog, err := NewCatalog(cfg.Store, cfg.Dir, cfg.Blobs, WithLogger(cfg.Logger), WithLimits(cfg.Limits))
 	if err != nil {
 		return nil, err
 	}
@@ -202,6 +213,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.MaxBuildMemoryMiB <= 0 {
 		cfg.MaxBuildMemoryMiB = DefaultMaxBuildMemoryMiB
+	}
+	if cfg.CacheKeep <= 0 {
+		cfg.CacheKeep = DefaultCacheKeep
 	}
 	if cfg.BuildNetwork.Mode == "" {
 		cfg.BuildNetwork = netpol.Policy{Mode: netpol.ModeEgress}
@@ -233,6 +247,10 @@ type Catalog struct {
 	st    *store.Store
 	dir   string
 	blobs blob.Store
+	// limits bound an image materialised from the blob store; log says
+	// when one is (distribute.go).
+	limits oci.Limits
+	log    *slog.Logger
 	// builtin is the server's built-in image (SetBuiltin), the base of
 	// the templates whose digest is BuiltinDigest(builtin.ID).
 	builtin Builtin
@@ -240,8 +258,9 @@ type Catalog struct {
 
 // NewCatalog returns the catalog of the templates in st whose images are
 // cached in dir (made private, 0700: images keep their setuid files) and
-// whose layers are in blobs (nil: templates with layers do not start).
-func NewCatalog(st *store.Store, dir string, blobs blob.Store) (*Catalog, error) {
+// whose layers and root filesystems are in blobs (nil: templates with
+// layers do not start, and images not in the cache are not brought there).
+func NewCatalog(st *store.Store, dir string, blobs blob.Store, opts ...CatalogOption) (*Catalog, error) {
 	if dir == "" {
 		return nil, errors.New("templates: no cache directory")
 	}
@@ -251,7 +270,11 @@ func NewCatalog(st *store.Store, dir string, blobs blob.Store) (*Catalog, error)
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("templates: make the cache private: %w", err)
 	}
-	return &Catalog{st: st, dir: dir, blobs: blobs}, nil
+	c := &Catalog{st: st, dir: dir, blobs: blobs, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
 }
 
 // BuildRequest is a template to build, as the front ends decode it: an
@@ -423,9 +446,7 @@ func (s *Service) Delete(ctx context.Context, p auth.Principal, id string) error
 	case err != nil:
 		return err
 	}
-	if t.Digest != "" && !inUse && !isBuiltin(t.Digest) {
-		s.removeCached(t.Digest)
-	}
+	s.collect(ctx, t, inUse)
 	return nil
 }
 
@@ -469,11 +490,12 @@ func (c *Catalog) Find(ctx context.Context, accountID, name string) (Image, erro
 	if err != nil {
 		return Image{}, err
 	}
-	return c.image(t)
+	return c.image(ctx, t)
 }
 
 // ByID is the image of template id, for a sandbox that started from it
-// (a restart, a resume): it must still be ready and cached.
+// (a restart, a resume): it must still be ready (and is materialised from
+// the blob store when this node's cache lacks it).
 func (c *Catalog) ByID(ctx context.Context, id string) (Image, error) {
 	t, err := c.st.GetTemplate(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -482,10 +504,10 @@ func (c *Catalog) ByID(ctx context.Context, id string) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	return c.image(t)
+	return c.image(ctx, t)
 }
 
-func (c *Catalog) image(t store.Template) (Image, error) {
+func (c *Catalog) image(ctx context.Context, t store.Template) (Image, error) {
 	ref := t.Name + ":" + t.Tag
 	switch t.Status {
 	case store.TemplateBuilding:
@@ -497,7 +519,7 @@ func (c *Catalog) image(t store.Template) (Image, error) {
 	if err := json.Unmarshal([]byte(t.Config), &cfg); err != nil {
 		return Image{}, fmt.Errorf("template %s: its config: %w", t.ID, err)
 	}
-	dir, baseImage, err := c.base(t.Digest, ref)
+	dir, baseImage, err := c.base(ctx, t.Digest, ref)
 	if err != nil {
 		return Image{}, err
 	}
@@ -521,14 +543,14 @@ func (c *Catalog) image(t store.Template) (Image, error) {
 // base is the root filesystem of a ready template of digest, and the
 // BaseImage its sandboxes record: an image in this node's cache
 // ("oci:<digest>"), or the server's built-in image (BuiltinDigest).
-func (c *Catalog) base(digest, ref string) (dir, baseImage string, err error) {
+func (c *Catalog) base(ctx context.Context, digest, ref string) (dir, baseImage string, err error) {
 	if isBuiltin(digest) {
 		return c.builtinBase(digest, ref)
 	}
-	dir = c.rootfs(digest)
-	if _, err := os.Stat(dir); err != nil {
-		// Built on another node (or its cache was cleared): not here.
-		return "", "", errdefs.Wrap(errdefs.ErrConflict, err, fmt.Sprintf("template %s was built on another server of the cluster, and templates do not move between servers yet", ref))
+	// Built on another node (or its cache was cleared): brought here
+	// from the blob store.
+	if dir, err = c.rootFS(ctx, digest, ref); err != nil {
+		return "", "", err
 	}
 	return dir, "oci:" + digest, nil
 }
@@ -544,14 +566,6 @@ func (s *Service) rootfs(digest string) string { return s.catalog.rootfs(digest)
 // Find resolves "name[:tag]" as the catalog does.
 func (s *Service) Find(ctx context.Context, accountID, name string) (Image, error) {
 	return s.catalog.Find(ctx, accountID, name)
-}
-
-func (s *Service) removeCached(digest string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := os.RemoveAll(s.rootfs(digest)); err != nil {
-		s.log.Warn("templates: remove a cached image", "digest", digest, "err", err)
-	}
 }
 
 // logLine is one line of a build log, timestamped.
@@ -588,8 +602,30 @@ func (s *Service) Resume(ctx context.Context) error {
 		}
 		s.log.Info("templates: build resumed", "template_id", t.ID)
 	}
-	s.Collect(ctx)
+	s.CollectStrays(ctx)
 	return nil
+}
+
+// AdoptBuilds enqueues on the shared queue, where any node's worker takes
+// it, the build of each template node nodeID, declared down, was building:
+// its job is held by that node's worker and would wait for it to come
+// back. If it does, its Resume enqueues the build again: whichever runs
+// second finds the row ended (or builds it once more, harmlessly).
+func (s *Service) AdoptBuilds(ctx context.Context, nodeID string) (int, error) {
+	if s.cfg.Jobs == nil {
+		return 0, nil
+	}
+	building, err := s.st.ListBuildingTemplates(ctx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	for i, t := range building {
+		if err := s.cfg.Jobs.Insert(ctx, jobs.BuildTemplateArgs{TemplateID: t.ID}, ""); err != nil {
+			return i, err
+		}
+		s.log.Info("templates: build of a down node taken over", "template_id", t.ID, "node_id", nodeID)
+	}
+	return len(building), nil
 }
 
 // RegisterWorkers adds the build worker to w.
