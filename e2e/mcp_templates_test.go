@@ -2,16 +2,10 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"log"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // TestMCPTemplates: the MCP template tools against a real server and an
@@ -23,15 +17,7 @@ import (
 // stopped. A RUN that fails makes a waited build an error result saying
 // which step; another account finds nothing.
 func TestMCPTemplates(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/base:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "FOO=bar"}})); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/base:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "FOO=bar"}}))
 	// Build sandboxes get a network: a pool of its own.
 	s := startServer(t, "", "--templates-allow-private-registries", "--network-pool", "10.248.0.0/16")
 	alice, bob := s.createAccount("alice", false), s.createAccount("bob", false)

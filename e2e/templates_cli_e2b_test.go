@@ -3,17 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // TestTemplateCLIAndE2B: a template built from an image (the in-process
@@ -23,16 +18,7 @@ import (
 // GET /templates lists it in E2B's shape, and another account's create
 // of the name is E2B's 404.
 func TestTemplateCLIAndE2B(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/hello:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "FOO=bar"}, WorkingDir: "/opt/app"})
-	if err := remote.Write(ref, img); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/hello:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "FOO=bar"}, WorkingDir: "/opt/app"}))
 	s := startServer(t, filepath.Join(t.TempDir(), "e2b-templates.db"), "--templates-allow-private-registries")
 	alice, bob := s.createAccount("alice", false), s.createAccount("bob", false)
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)

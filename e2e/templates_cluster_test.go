@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/sandboxd/sandboxd/internal/blob/blobtest"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -28,16 +22,7 @@ import (
 // repo:tag, and returns its reference.
 func pushClusterTestImage(t *testing.T, repoTag string) string {
 	t.Helper()
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	t.Cleanup(reg.Close)
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/" + repoTag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})); err != nil {
-		t.Fatal(err)
-	}
-	return ref.String()
+	return pushImage(t, testRegistry(t), repoTag, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})).String()
 }
 
 // buildTemplateVia starts a build through s and returns its id.

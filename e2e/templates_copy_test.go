@@ -9,9 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,10 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // TestTemplateCopy: COPY of uploaded build files, end to end on gVisor. A
@@ -38,15 +33,7 @@ import (
 // (another hash, or a tampered signature, is 403), and a build's COPY step
 // (as USER nobody: its primary group) copies from it.
 func TestTemplateCopy(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/copybase:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/copybase:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}))
 	s := startServer(t, filepath.Join(t.TempDir(), "templates-copy.db"), "--templates-allow-private-registries", "--network-pool", "10.240.0.0/16")
 	alice := s.createAccount("alice", false)
 	ak := s.createKey(alice.ID)

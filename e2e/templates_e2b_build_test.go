@@ -4,18 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // TestE2BTemplateBuild: E2B's Template API with the bodies the JS SDK's
@@ -26,15 +21,7 @@ import (
 // Another account's key finds none of it; COPY's upload route refuses a
 // hash that is not a SHA-256 (the upload flow: templates_copy_test.go).
 func TestE2BTemplateBuild(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/base:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/base:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}))
 	s := startServer(t, filepath.Join(t.TempDir(), "e2b-build.db"), "--templates-allow-private-registries", "--network-pool", "10.238.0.0/16")
 	alice, bob := s.createAccount("alice", false), s.createAccount("bob", false)
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)

@@ -3,18 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"log"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // TestTemplateFrom: the two sources of templates that
@@ -26,15 +20,7 @@ import (
 // Another account can neither build over A nor save alice's sandbox;
 // deleting A leaves B and C working.
 func TestTemplateFrom(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/base:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/base:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}))
 	s := startServer(t, filepath.Join(t.TempDir(), "templates-from.db"), "--templates-allow-private-registries", "--network-pool", "10.241.0.0/16")
 	alice, bob := s.createAccount("alice", false), s.createAccount("bob", false)
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)

@@ -2,18 +2,11 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"log"
-	"net/http/httptest"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // TestTemplatePool: a custom template's first create starts cold and gives
@@ -23,16 +16,7 @@ import (
 // layer, the start command run for it, a key of its own. A create of the
 // built-in image never gets a template's sandbox.
 func TestTemplatePool(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/pooled:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "FOO=bar"}, WorkingDir: "/opt/app"})
-	if err := remote.Write(ref, img); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/pooled:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "FOO=bar"}, WorkingDir: "/opt/app"}))
 	s := startServer(t, filepath.Join(t.TempDir(), "tplpool.db"), "--templates-allow-private-registries",
 		"--network-pool", "10.247.0.0/16", "--template-pool", "2")
 	alice := s.createAccount("alice", false)

@@ -145,15 +145,7 @@ func TestTemplateFromImage(t *testing.T) {
 // ENV and WORKDIR. A failing RUN fails the build naming the step; a
 // rebuild that changes only the last step runs only it.
 func TestTemplateWithSteps(t *testing.T) {
-	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer reg.Close()
-	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/apps/base:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(ref, templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})); err != nil {
-		t.Fatal(err)
-	}
+	ref := pushImage(t, testRegistry(t), "apps/base:v1", templateImage(t, v1.Config{Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}))
 	// Build sandboxes get a network (egress): a pool of its own keeps it
 	// apart from other servers' on this host (each takes its pool's first
 	// addresses).
@@ -337,4 +329,29 @@ func tarLayer(t *testing.T, write func(tw *tar.Writer)) v1.Layer {
 		t.Fatal(err)
 	}
 	return static.NewLayer(buf.Bytes(), types.OCILayer)
+}
+
+// testRegistry serves an in-process OCI registry (go-containerregistry's
+// implementation of the distribution API, nothing from the internet) on
+// loopback for the test, and answers its host:port. Servers pull from it
+// with --templates-allow-private-registries.
+func testRegistry(t *testing.T) string {
+	t.Helper()
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(reg.Close)
+	return strings.TrimPrefix(reg.URL, "http://")
+}
+
+// pushImage pushes img to host as repo ("apps/base:v1") and answers its
+// reference.
+func pushImage(t *testing.T, host, repo string, img v1.Image) name.Reference {
+	t.Helper()
+	ref, err := name.ParseReference(host + "/" + repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	return ref
 }
