@@ -1824,6 +1824,13 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
 	GetTemplatesID(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplatesIDLogs Follow a template's build log as Server-Sent Events (sandboxd)
+	//
+	// text/event-stream: "log" events {"data"} carry the build log as it grows (what the server keeps first: its last 64 KiB), then one "end" event {"status", "failureReason"} once the build is ready or failed (at once for an ended build); "error" {"error","statusCode"} when the template goes while it is followed. A template of another account is 404.
+	//
+	// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
+	GetTemplatesIDLogs(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetHealth Liveness and version
@@ -2736,6 +2743,23 @@ func (c *Client) DeleteTemplatesID(ctx context.Context, id string, reqEditors ..
 // Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
 func (c *Client) GetTemplatesID(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplatesIDRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTemplatesIDLogs Follow a template's build log as Server-Sent Events (sandboxd)
+//
+// text/event-stream: "log" events {"data"} carry the build log as it grows (what the server keeps first: its last 64 KiB), then one "end" event {"status", "failureReason"} once the build is ready or failed (at once for an ended build); "error" {"error","statusCode"} when the template goes while it is followed. A template of another account is 404.
+//
+// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
+func (c *Client) GetTemplatesIDLogs(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplatesIDLogsRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -4543,6 +4567,40 @@ func NewGetTemplatesIDRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewGetTemplatesIDLogsRequest constructs an http.Request for the GetTemplatesIDLogs method
+func NewGetTemplatesIDLogsRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/templates/%s/logs", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -5022,6 +5080,15 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /api/templates/{id} (the `GetTemplatesID` operationId).
 	GetTemplatesIDWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDResult, error)
+
+	// GetTemplatesIDLogsWithResponse Follow a template's build log as Server-Sent Events (sandboxd)
+	//
+	// text/event-stream: "log" events {"data"} carry the build log as it grows (what the server keeps first: its last 64 KiB), then one "end" event {"status", "failureReason"} once the build is ready or failed (at once for an ended build); "error" {"error","statusCode"} when the template goes while it is followed. A template of another account is 404.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
+	GetTemplatesIDLogsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDLogsResult, error)
 }
 
 type GetHealthResult struct {
@@ -8075,6 +8142,82 @@ func (r GetTemplatesIDResult) ContentType() string {
 	return ""
 }
 
+type GetTemplatesIDLogsResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetTemplatesIDLogsResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetTemplatesIDLogsResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetTemplatesIDLogsResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetTemplatesIDLogsResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetTemplatesIDLogsResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetTemplatesIDLogsResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTemplatesIDLogsResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplatesIDLogsResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplatesIDLogsResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTemplatesIDLogsResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetHealthWithResponse Liveness and version
 //
 // Returns a wrapper object for the known response body format(s).
@@ -8821,6 +8964,21 @@ func (c *ClientWithResponses) GetTemplatesIDWithResponse(ctx context.Context, id
 		return nil, err
 	}
 	return ParseGetTemplatesIDResult(rsp)
+}
+
+// GetTemplatesIDLogsWithResponse Follow a template's build log as Server-Sent Events (sandboxd)
+//
+// text/event-stream: "log" events {"data"} carry the build log as it grows (what the server keeps first: its last 64 KiB), then one "end" event {"status", "failureReason"} once the build is ready or failed (at once for an ended build); "error" {"error","statusCode"} when the template goes while it is followed. A template of another account is 404.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
+func (c *ClientWithResponses) GetTemplatesIDLogsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDLogsResult, error) {
+	rsp, err := c.GetTemplatesIDLogs(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplatesIDLogsResult(rsp)
 }
 
 // ParseGetHealthResult parses an HTTP response from a GetHealthWithResponse call
@@ -11302,6 +11460,67 @@ func ParseGetTemplatesIDResult(rsp *http.Response) (*GetTemplatesIDResult, error
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplatesIDLogsResult parses an HTTP response from a GetTemplatesIDLogsWithResponse call
+func ParseGetTemplatesIDLogsResult(rsp *http.Response) (*GetTemplatesIDLogsResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplatesIDLogsResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {

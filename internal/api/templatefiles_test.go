@@ -3,7 +3,6 @@ package api_test
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,7 +14,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/api"
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/blob"
-	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 	"github.com/sandboxd/sandboxd/internal/templates"
 )
@@ -25,23 +23,8 @@ import (
 // whether the account has it (never another account's); a bad name or a
 // hostile archive is 400, one over the bound 413.
 func TestTemplateFilesRoutes(t *testing.T) {
-	ctx := context.Background()
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
-	keys := map[string]string{}
-	for _, name := range []string{"alice", "bob"} {
-		a := store.Account{Name: name, Kind: store.AccountPersonal}
-		if err := st.CreateAccount(ctx, &a); err != nil {
-			t.Fatal(err)
-		}
-		key, prefix, hash, err := auth.NewKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.CreateAPIKey(ctx, &store.APIKey{AccountID: a.ID, Prefix: prefix, Hash: hash}); err != nil {
-			t.Fatal(err)
-		}
-		keys[name] = key
-	}
+	keys := accountKeys(t, st, "alice", "bob")
 	blobs, err := blob.NewLocal(filepath.Join(t.TempDir(), "blobs"))
 	if err != nil {
 		t.Fatal(err)

@@ -25,21 +25,7 @@ import (
 func TestTemplateRoutes(t *testing.T) {
 	ctx := context.Background()
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
-	keys := map[string]string{}
-	for _, name := range []string{"alice", "bob"} {
-		a := store.Account{Name: name, Kind: store.AccountPersonal}
-		if err := st.CreateAccount(ctx, &a); err != nil {
-			t.Fatal(err)
-		}
-		key, prefix, hash, err := auth.NewKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.CreateAPIKey(ctx, &store.APIKey{AccountID: a.ID, Prefix: prefix, Hash: hash}); err != nil {
-			t.Fatal(err)
-		}
-		keys[name] = key
-	}
+	keys := accountKeys(t, st, "alice", "bob")
 	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
 	if err != nil {
 		t.Fatal(err)
@@ -149,4 +135,26 @@ func TestTemplateRoutes(t *testing.T) {
 	if code, _ := call("alice", "GET", "/api/templates/"+id, ""); code != http.StatusNotFound {
 		t.Fatalf("get after delete: %d", code)
 	}
+}
+
+// accountKeys makes a personal account of each name in st and answers a
+// key of each, by name.
+func accountKeys(t *testing.T, st *store.Store, names ...string) map[string]string {
+	t.Helper()
+	keys := map[string]string{}
+	for _, name := range names {
+		a := store.Account{Name: name, Kind: store.AccountPersonal}
+		if err := st.CreateAccount(t.Context(), &a); err != nil {
+			t.Fatal(err)
+		}
+		key, prefix, hash, err := auth.NewKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.CreateAPIKey(t.Context(), &store.APIKey{AccountID: a.ID, Prefix: prefix, Hash: hash}); err != nil {
+			t.Fatal(err)
+		}
+		keys[name] = key
+	}
+	return keys
 }
