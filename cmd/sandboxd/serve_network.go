@@ -73,6 +73,11 @@ func setupNetwork(ctx context.Context, o networkOptions, dataDir string, rt runt
 	if len(o.private) > 0 {
 		opts.AllowPrivate = o.private
 	}
+	if rt.Name() == fakeRuntimeName {
+		// Simulated sandboxes have no network to set up; many fake nodes
+		// share one host (bench cluster) without touching its nftables.
+		return n, nil
+	}
 	mgr, err := netpol.New(ctx, opts)
 	if err != nil {
 		if n.policy.Mode != netpol.ModeNone {

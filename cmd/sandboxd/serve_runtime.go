@@ -41,7 +41,7 @@ type runtimeOptions struct {
 }
 
 func (o *runtimeOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.runtimeName, "runtime", "gvisor", "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; its kernel is built on first use, as by 'sandboxd kernel build')")
+	f.StringVar(&o.runtimeName, "runtime", "gvisor", "sandbox backend (env SANDBOXD_RUNTIME): gvisor (the fastest strong one here) or microvm (QEMU; its kernel is built on first use, as by 'sandboxd kernel build'); fake simulates sandboxes for benchmarks and tests only (needs SANDBOXD_FAKE_RUNTIME=1)")
 	f.StringVar(&o.template, "template", image.DefaultTemplate, "image template sandboxes start from, built on first use (env SANDBOXD_TEMPLATE): "+templateNames()+"; base and minimal suit smaller hosts but have no agent CLIs (prompts need full)")
 	f.StringVar(&o.rootfs, "rootfs", "", "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
 	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty: "+gvisor.BundledRunsc+" (scripts/install-runsc.sh) when a trial sandbox boots with it, else runsc in PATH")
@@ -63,7 +63,11 @@ func (o *runtimeOptions) register(f *pflag.FlagSet) {
 // check refuses a backend, image or limit serve could not use, before the
 // image is built (which may take minutes); --rootfs becomes absolute.
 func (o *runtimeOptions) check() error {
-	if o.runtimeName != "gvisor" && o.runtimeName != "microvm" {
+	if o.runtimeName == fakeRuntimeName {
+		if err := checkFakeRuntime(); err != nil {
+			return err
+		}
+	} else if o.runtimeName != "gvisor" && o.runtimeName != "microvm" {
 		return flagErrorf("runtime", "--runtime %q: unknown runtime (available: gvisor, microvm)", o.runtimeName)
 	}
 	switch o.platform {
@@ -152,6 +156,9 @@ func resolveRootfs(ctx context.Context, g *globals, o runtimeOptions, term io.Wr
 	if o.rootfs != "" {
 		return o.rootfs, "rootfs:" + o.rootfs, nil
 	}
+	if o.runtimeName == fakeRuntimeName {
+		return "", "fake", nil // nothing runs: no image
+	}
 	log = log.With("component", "image")
 	img, err := image.NewStore(g.cacheDir, log).Ensure(ctx, o.template, g.tracker(term, log))
 	if err != nil {
@@ -163,6 +170,8 @@ func resolveRootfs(ctx context.Context, g *globals, o runtimeOptions, term io.Wr
 // openRuntime starts the chosen sandbox backend on r's image and limits.
 func openRuntime(ctx context.Context, g *globals, o runtimeOptions, dataDir string, r *sandboxRuntime, term io.Writer, log *slog.Logger) (runtime.Runtime, error) {
 	switch o.runtimeName {
+	case fakeRuntimeName:
+		return newFakeRuntime(log.With("component", "runtime")), nil
 	case "gvisor":
 		rt, err := gvisor.New(ctx, gvisor.Options{
 			StateDir:      filepath.Join(dataDir, "runtime", "gvisor"),
