@@ -1,0 +1,752 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+)
+
+// ClusterOptions configure RunCluster: N `sandboxd serve` processes on the
+// fake runtime, one PostgreSQL and one S3 store.
+type ClusterOptions struct {
+	Sandboxd  string // the sandboxd binary the nodes run
+	Nodes     int
+	Database  string // postgres:// URL of an empty (or reusable) database
+	BlobStore string // s3:// URL shared by the nodes
+	StateDir  string // the nodes' data dirs go under it
+	// Creates is how many sandboxes each concurrency level creates.
+	Creates int
+	// Concurrency are the levels of creates in flight, one pass each:
+	// where creates/s stops growing is where the control plane bends.
+	Concurrency []int
+	// Idle is how long the heartbeat-only load is measured.
+	Idle time.Duration
+	// DownAfter is the nodes' --node-down-after (heartbeat every
+	// DownAfter/4, at most 10s).
+	DownAfter time.Duration
+	// Failure, when set, SIGKILLs the last node and measures how long
+	// until it is declared down and its sandboxes failed.
+	Failure bool
+	Logger  *slog.Logger
+}
+
+// ClusterReport is what RunCluster measured.
+type ClusterReport struct {
+	Nodes     int    `json:"nodes"`
+	CPUs      int    `json:"host_cpus"`
+	Runtime   string `json:"runtime"`  // always "fake": the control plane alone
+	PGStats   string `json:"pg_stats"` // "pg_stat_statements" or "pg_stat_database" (transactions only)
+	DownAfter string `json:"node_down_after"`
+	// StartSeconds is how long the N nodes took to become healthy and up.
+	StartSeconds float64 `json:"start_seconds"`
+	// NodeRSSMiB is the mean resident memory of a node process, idle.
+	NodeRSSMiB float64 `json:"node_rss_mib"`
+
+	Idle      ClusterPhase   `json:"idle"` // heartbeats and background work only
+	Heartbeat HeartbeatCost  `json:"heartbeat"`
+	Creates   []ClusterPhase `json:"creates"` // one per concurrency level
+	// Placement is how the creates of every level spread over the nodes.
+	Placement Spread            `json:"placement"`
+	Direct    ClusterPhase      `json:"exec_direct"` // exec through the node hosting the sandbox
+	Routed    ClusterPhase      `json:"exec_routed"` // exec through another node (forwarded)
+	Stops     ClusterPhase      `json:"stops"`       // DELETE through any node
+	Failure   *FailureDetection `json:"failure,omitempty"`
+}
+
+// ClusterPhase is one phase's requests and what they cost PostgreSQL.
+type ClusterPhase struct {
+	Name        string  `json:"name"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Errors      int     `json:"errors,omitempty"`
+	FirstError  string  `json:"first_error,omitempty"`
+	Seconds     float64 `json:"seconds"`
+	Latency     Latency `json:"latency"`
+	PerSecond   float64 `json:"per_second"`
+	PG          PGCost  `json:"pg"`
+}
+
+// PGCost is PostgreSQL's work during a phase.
+type PGCost struct {
+	Statements   int64   `json:"statements"` // -1: pg_stat_statements unavailable
+	Transactions int64   `json:"transactions"`
+	PerOp        float64 `json:"statements_per_op"` // statements (else transactions) per request
+	XactsPerOp   float64 `json:"transactions_per_op"`
+	MaxConns     int     `json:"max_connections"` // backends on the database, most seen
+	ConnsPerNode float64 `json:"connections_per_node"`
+	// Top are the statements run most often (pg_stat_statements).
+	Top []PGStatement `json:"top,omitempty"`
+}
+
+// PGStatement is one normalized statement's calls in a phase.
+type PGStatement struct {
+	Calls   int64   `json:"calls"`
+	TotalMS float64 `json:"total_ms"`
+	Query   string  `json:"query"`
+}
+
+// HeartbeatCost is the idle load per node and per heartbeat.
+type HeartbeatCost struct {
+	EverySeconds         float64 `json:"every_seconds"`
+	StatementsPerNodeSec float64 `json:"statements_per_node_second"`
+	StatementsPerBeat    float64 `json:"statements_per_heartbeat"` // all idle statements / heartbeats
+	XactsPerBeat         float64 `json:"transactions_per_heartbeat"`
+}
+
+// Spread is how many sandboxes each node got.
+type Spread struct {
+	Sandboxes int `json:"sandboxes"`
+	NodesUsed int `json:"nodes_used"`
+	Min       int `json:"min"`
+	Max       int `json:"max"`
+}
+
+// FailureDetection is a node killed with sandboxes on it.
+type FailureDetection struct {
+	Sandboxes int `json:"sandboxes"` // on the killed node
+	// DownSeconds: kill until its row is no longer up.
+	DownSeconds float64 `json:"down_seconds"`
+	// FailedSeconds: kill until all its sandboxes are failed.
+	FailedSeconds float64 `json:"failed_seconds"`
+}
+
+// clusterNode is one node process.
+type clusterNode struct {
+	id, base, dataDir string
+	cmd               *exec.Cmd
+	logs              *bytes.Buffer
+}
+
+// RunCluster starts o.Nodes nodes on the fake runtime and measures the
+// control plane: idle heartbeats, creates at each concurrency level,
+// execs direct and routed, stops, and (o.Failure) a node's death.
+func RunCluster(ctx context.Context, o ClusterOptions) (_ ClusterReport, err error) {
+	if o.Nodes < 1 || o.Creates < 1 || len(o.Concurrency) == 0 {
+		return ClusterReport{}, errors.New("bench cluster: need at least one node, one create and one concurrency level")
+	}
+	if o.Failure && o.Nodes < 2 {
+		o.Failure = false
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	rep := ClusterReport{Nodes: o.Nodes, CPUs: goruntime.NumCPU(), Runtime: "fake", DownAfter: o.DownAfter.String()}
+	db, err := sql.Open("pgx", o.Database)
+	if err != nil {
+		return rep, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	pg := &pgWatch{db: db}
+	if rep.PGStats, err = pg.init(ctx); err != nil {
+		return rep, err
+	}
+
+	c := &benchCluster{o: o, http: &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	defer c.stop()
+	start := time.Now()
+	log.Info("starting nodes", "n", o.Nodes)
+	if err := c.start(ctx); err != nil {
+		return rep, err
+	}
+	if err := c.waitUp(ctx, db); err != nil {
+		return rep, err
+	}
+	rep.StartSeconds = round(time.Since(start).Seconds())
+	rep.NodeRSSMiB = c.meanRSS()
+	key, err := c.account(ctx)
+	if err != nil {
+		return rep, err
+	}
+
+	log.Info("idle", "for", o.Idle)
+	rep.Idle = pg.phase(ctx, "idle", o.Nodes, 1, func() (int, []time.Duration, []error) {
+		time.Sleep(o.Idle)
+		return 1, nil, nil
+	})
+	beat := min(o.DownAfter/4, 10*time.Second)
+	rep.Heartbeat = heartbeatCost(rep.Idle, o.Nodes, o.Idle, beat)
+
+	var ids []string
+	for _, k := range o.Concurrency {
+		log.Info("creates", "n", o.Creates, "concurrency", k)
+		var mu sync.Mutex
+		ph := pg.phase(ctx, "create", o.Nodes, o.Creates, func() (int, []time.Duration, []error) {
+			return parallel(o.Creates, k, func(i int) error {
+				id, err := c.create(ctx, c.nodes[i%len(c.nodes)], key)
+				if err == nil {
+					mu.Lock()
+					ids = append(ids, id)
+					mu.Unlock()
+				}
+				return err
+			})
+		})
+		ph.Concurrency = k
+		rep.Creates = append(rep.Creates, ph)
+	}
+	hosts, err := c.hosts(ctx, db, ids)
+	if err != nil {
+		return rep, err
+	}
+	rep.Placement = spread(hosts, c.nodes)
+
+	log.Info("execs", "n", len(ids))
+	rep.Direct = pg.phase(ctx, "exec direct", o.Nodes, len(ids), func() (int, []time.Duration, []error) {
+		return parallel(len(ids), 4, func(i int) error { return c.exec(ctx, c.byID(hosts[ids[i]]), key, ids[i]) })
+	})
+	if o.Nodes > 1 {
+		rep.Routed = pg.phase(ctx, "exec routed", o.Nodes, len(ids), func() (int, []time.Duration, []error) {
+			return parallel(len(ids), 4, func(i int) error { return c.exec(ctx, c.other(hosts[ids[i]]), key, ids[i]) })
+		})
+	}
+	log.Info("stops", "n", len(ids))
+	rep.Stops = pg.phase(ctx, "stop", o.Nodes, len(ids), func() (int, []time.Duration, []error) {
+		return parallel(len(ids), 4, func(i int) error { return c.stopAndDelete(ctx, c.nodes[(i+1)%len(c.nodes)], key, ids[i]) })
+	})
+	if o.Failure {
+		log.Info("failure: killing a node")
+		if rep.Failure, err = c.failure(ctx, db, key); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// heartbeatCost divides the idle load by the heartbeats it held.
+func heartbeatCost(idle ClusterPhase, nodes int, d, every time.Duration) HeartbeatCost {
+	h := HeartbeatCost{EverySeconds: every.Seconds()}
+	if nodes == 0 || d <= 0 || every <= 0 {
+		return h
+	}
+	beats := float64(nodes) * d.Seconds() / every.Seconds()
+	if idle.PG.Statements >= 0 {
+		h.StatementsPerNodeSec = round(float64(idle.PG.Statements) / float64(nodes) / d.Seconds())
+		h.StatementsPerBeat = round(float64(idle.PG.Statements) / beats)
+	}
+	h.XactsPerBeat = round(float64(idle.PG.Transactions) / beats)
+	return h
+}
+
+// spread counts the sandboxes per node.
+func spread(hosts map[string]string, nodes []*clusterNode) Spread {
+	per := map[string]int{}
+	for _, n := range hosts {
+		per[n]++
+	}
+	s := Spread{Sandboxes: len(hosts), NodesUsed: len(per)}
+	for i, n := range nodes {
+		c := per[n.id]
+		if i == 0 || c < s.Min {
+			s.Min = c
+		}
+		s.Max = max(s.Max, c)
+	}
+	return s
+}
+
+// parallel runs op(0..n-1), k at a time, timing each: how many ran, the
+// successful durations, and the errors.
+func parallel(n, k int, op func(i int) error) (int, []time.Duration, []error) {
+	var (
+		mu   sync.Mutex
+		ds   []time.Duration
+		errs []error
+		wg   sync.WaitGroup
+	)
+	next := make(chan int)
+	for range max(1, k) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				t := time.Now()
+				err := op(i)
+				d := time.Since(t)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					ds = append(ds, d)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return n, ds, errs
+}
+
+// pgWatch reads PostgreSQL's statistics of the benchmark's database.
+type pgWatch struct {
+	db         *sql.DB
+	statements bool
+}
+
+func (p *pgWatch) init(ctx context.Context) (string, error) {
+	if err := p.db.PingContext(ctx); err != nil {
+		return "", fmt.Errorf("bench cluster: PostgreSQL: %w", err)
+	}
+	_, _ = p.db.ExecContext(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+	if _, err := p.db.ExecContext(ctx, "SELECT pg_stat_statements_reset()"); err == nil {
+		p.statements = true
+		return "pg_stat_statements", nil
+	}
+	return "pg_stat_database", nil
+}
+
+// counters are the database's statements (-1 without
+// pg_stat_statements) and transactions so far.
+func (p *pgWatch) counters(ctx context.Context) (stmts, xacts int64) {
+	stmts = -1
+	if p.statements {
+		_ = p.db.QueryRowContext(ctx, `SELECT coalesce(sum(calls),0)::bigint FROM pg_stat_statements
+			WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&stmts)
+	}
+	// pg_stat_database is updated when backends report (at most every
+	// second, or at the end of a transaction when idle).
+	_ = p.db.QueryRowContext(ctx, `SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()`).Scan(&xacts)
+	return stmts, xacts
+}
+
+// conns is the number of backends on the database, this one excluded.
+func (p *pgWatch) conns(ctx context.Context) int {
+	var n int
+	_ = p.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n)
+	return n
+}
+
+func (p *pgWatch) top(ctx context.Context) []PGStatement {
+	if !p.statements {
+		return nil
+	}
+	rows, err := p.db.QueryContext(ctx, `SELECT calls, total_exec_time, left(regexp_replace(query, '\s+', ' ', 'g'), 120) FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY calls DESC LIMIT 5`)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var out []PGStatement
+	for rows.Next() {
+		var s PGStatement
+		if rows.Scan(&s.Calls, &s.TotalMS, &s.Query) == nil {
+			s.TotalMS = round(s.TotalMS)
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// phase runs fn while sampling the database's connections, and reports
+// its latencies and what it cost PostgreSQL per operation.
+func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func() (int, []time.Duration, []error)) ClusterPhase {
+	if p.statements {
+		_, _ = p.db.ExecContext(ctx, "SELECT pg_stat_statements_reset()")
+	}
+	time.Sleep(1100 * time.Millisecond) // let backends flush their transaction counts
+	s0, x0 := p.counters(ctx)
+	maxConns := p.conns(ctx)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				n := p.conns(ctx)
+				mu.Lock()
+				maxConns = max(maxConns, n)
+				mu.Unlock()
+			}
+		}
+	}()
+	start := time.Now()
+	n, ds, errs := fn()
+	secs := time.Since(start).Seconds()
+	close(done)
+	wg.Wait()
+	time.Sleep(1100 * time.Millisecond)
+	s1, x1 := p.counters(ctx)
+	ph := ClusterPhase{Name: name, Seconds: round(secs), Latency: latency(ds, n)}
+	ph.Latency.Samples = nil
+	if len(errs) > 0 {
+		ph.Errors, ph.FirstError = len(errs), errs[0].Error()
+	}
+	if secs > 0 && len(ds) > 0 {
+		ph.PerSecond = round(float64(len(ds)) / secs)
+	}
+	ph.PG = pgCost(s0, s1, x0, x1, maxConns, nodes, len(ds))
+	if ph.PG.Statements > 0 {
+		ph.PG.Top = p.top(ctx)
+	}
+	return ph
+}
+
+// pgCost is the deltas of the counters per operation.
+func pgCost(s0, s1, x0, x1 int64, maxConns, nodes, ops int) PGCost {
+	c := PGCost{Statements: -1, Transactions: x1 - x0, MaxConns: maxConns}
+	if s0 >= 0 && s1 >= 0 {
+		c.Statements = s1 - s0
+	}
+	if nodes > 0 {
+		c.ConnsPerNode = round(float64(maxConns) / float64(nodes))
+	}
+	if ops > 0 {
+		if c.Statements >= 0 {
+			c.PerOp = round(float64(c.Statements) / float64(ops))
+		}
+		c.XactsPerOp = round(float64(c.Transactions) / float64(ops))
+	}
+	return c
+}
+
+// benchCluster is the node processes and the client that drives them.
+type benchCluster struct {
+	o      ClusterOptions
+	nodes  []*clusterNode
+	http   *http.Client
+	secret string
+}
+
+func freeAddrs(n int) ([]string, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		out = append(out, l.Addr().String())
+	}
+	return out, nil
+}
+
+// start starts the nodes: the first alone (it migrates the database),
+// then the others at once.
+func (c *benchCluster) start(ctx context.Context) error {
+	c.secret = filepath.Join(c.o.StateDir, "cluster-secret")
+	if err := os.MkdirAll(c.o.StateDir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
+		return err
+	}
+	for i := range c.o.Nodes {
+		addrs, err := freeAddrs(3)
+		if err != nil {
+			return err
+		}
+		n := &clusterNode{base: "http://" + addrs[0], dataDir: filepath.Join(c.o.StateDir, fmt.Sprintf("node%d", i)), logs: &bytes.Buffer{}}
+		n.cmd = exec.Command(c.o.Sandboxd, "serve", "--runtime", "fake", "--data-dir", n.dataDir,
+			"--database", c.o.Database, "--blob-store", c.o.BlobStore,
+			"--listen", addrs[0], "--metrics-addr", addrs[1], "--cluster-listen", addrs[2], "--cluster-secret-file", c.secret,
+			"--node-down-after", c.o.DownAfter.String(), "--node-capacity", "0", "--max-sandboxes-per-account", "0",
+			"--sandbox-disk-mib", "0", "--setup-on-first-use=false", "--warm-pool", "0", "--prewarm", "0", "--template-pool", "0")
+		n.cmd.Env = append(os.Environ(), "SANDBOXD_FAKE_RUNTIME=1")
+		n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
+		if err := n.cmd.Start(); err != nil {
+			return fmt.Errorf("start node %d: %w", i, err)
+		}
+		c.nodes = append(c.nodes, n)
+		if i == 0 {
+			if err := c.healthy(ctx, n); err != nil {
+				return err
+			}
+		}
+	}
+	for _, n := range c.nodes {
+		if err := c.healthy(ctx, n); err != nil {
+			return err
+		}
+		b, err := os.ReadFile(filepath.Join(n.dataDir, "node-id"))
+		if err != nil {
+			return err
+		}
+		n.id = strings.TrimSpace(string(b))
+	}
+	return nil
+}
+
+func (c *benchCluster) healthy(ctx context.Context, n *clusterNode) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if resp, err := c.http.Get(n.base + "/api/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if n.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("node %s did not become healthy:\n%s", n.dataDir, tail(n.logs.String(), 4000))
+}
+
+// waitUp waits until every node's row is up.
+func (c *benchCluster) waitUp(ctx context.Context, db *sql.DB) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		var up int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE status = 'up'`).Scan(&up); err == nil && up >= len(c.nodes) {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return errors.New("bench cluster: the nodes were not all up within 2 minutes")
+}
+
+func (c *benchCluster) meanRSS() float64 {
+	var sum float64
+	var n int
+	for _, node := range c.nodes {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", node.cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			var kb float64
+			if _, err := fmt.Sscanf(line, "VmRSS: %f kB", &kb); err == nil {
+				sum += kb / 1024
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return round(sum / float64(n))
+}
+
+func (c *benchCluster) stop() {
+	var wg sync.WaitGroup
+	for _, n := range c.nodes {
+		if n.cmd.Process == nil || n.cmd.ProcessState != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = n.cmd.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { _ = n.cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = n.cmd.Process.Kill()
+				<-done
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// account creates the benchmark's account through the database.
+func (c *benchCluster) account(ctx context.Context) (string, error) {
+	admin := func(out any, args ...string) error {
+		args = append(args, "--database", c.o.Database, "--data-dir", c.nodes[0].dataDir, "--json")
+		b, err := exec.CommandContext(ctx, c.o.Sandboxd, args...).Output()
+		if err != nil {
+			return fmt.Errorf("sandboxd %s: %w", strings.Join(args, " "), err)
+		}
+		return json.Unmarshal(b, out)
+	}
+	var a struct {
+		ID string `json:"id"`
+	}
+	if err := admin(&a, "admin", "account", "create", "--name", fmt.Sprintf("bench-cluster-%d", time.Now().UnixNano())); err != nil {
+		return "", err
+	}
+	var k struct {
+		Key string `json:"key"`
+	}
+	if err := admin(&k, "admin", "key", "create", "--account", a.ID); err != nil {
+		return "", err
+	}
+	return k.Key, nil
+}
+
+func (c *benchCluster) call(ctx context.Context, n *clusterNode, key, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, n.base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("x-api-key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, tail(string(b), 300))
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+func (c *benchCluster) create(ctx context.Context, n *clusterNode, key string) (string, error) {
+	var out created
+	if err := c.call(ctx, n, key, http.MethodPost, "/api/sandboxes", map[string]any{"timeout": 3600000}, &out); err != nil {
+		return "", err
+	}
+	if len(out.Sandboxes) == 0 {
+		return "", errors.New("create answered no sandbox")
+	}
+	return out.Sandboxes[0].SandboxID, nil
+}
+
+func (c *benchCluster) exec(ctx context.Context, n *clusterNode, key, id string) error {
+	if n == nil {
+		return fmt.Errorf("sandbox %s: no node to reach it through", id)
+	}
+	var out struct {
+		ExitCode int `json:"exitCode"`
+	}
+	if err := c.call(ctx, n, key, http.MethodPost, "/api/sandboxes/"+id+"/exec", map[string]any{"command": "true"}, &out); err != nil {
+		return err
+	}
+	if out.ExitCode != 0 {
+		return fmt.Errorf("exec exited %d", out.ExitCode)
+	}
+	return nil
+}
+
+// stopAndDelete stops the sandbox and deletes it, both through n.
+func (c *benchCluster) stopAndDelete(ctx context.Context, n *clusterNode, key, id string) error {
+	if err := c.call(ctx, n, key, http.MethodPost, "/api/sandboxes/"+id+"/stop", nil, nil); err != nil {
+		return err
+	}
+	return c.call(ctx, n, key, http.MethodDelete, "/api/sandboxes/"+id, nil, nil)
+}
+
+// hosts maps each sandbox to the node hosting it.
+func (c *benchCluster) hosts(ctx context.Context, db *sql.DB, ids []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, id := range ids {
+		var node string
+		if err := db.QueryRowContext(ctx, `SELECT node_id FROM sandboxes WHERE id = $1`, id).Scan(&node); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		out[id] = node
+	}
+	return out, nil
+}
+
+func (c *benchCluster) byID(id string) *clusterNode {
+	for _, n := range c.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// other is a node that does not host the sandbox, at random.
+func (c *benchCluster) other(host string) *clusterNode {
+	if len(c.nodes) < 2 {
+		return nil
+	}
+	for {
+		n := c.nodes[rand.IntN(len(c.nodes))]
+		if n.id != host {
+			return n
+		}
+	}
+}
+
+// failure creates sandboxes until the last node hosts some, SIGKILLs it,
+// and times its detection.
+func (c *benchCluster) failure(ctx context.Context, db *sql.DB, key string) (*FailureDetection, error) {
+	victim := c.nodes[len(c.nodes)-1]
+	var mine []string
+	for i := 0; len(mine) < 3 && i < 20*len(c.nodes); i++ {
+		id, err := c.create(ctx, c.nodes[i%(len(c.nodes)-1)], key)
+		if err != nil {
+			return nil, err
+		}
+		var node string
+		if err := db.QueryRowContext(ctx, `SELECT node_id FROM sandboxes WHERE id = $1`, id).Scan(&node); err != nil {
+			return nil, err
+		}
+		if node == victim.id {
+			mine = append(mine, id)
+		}
+	}
+	if len(mine) == 0 {
+		return nil, errors.New("bench cluster: placement put nothing on the node to kill")
+	}
+	killed := time.Now()
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return nil, err
+	}
+	_ = victim.cmd.Wait()
+	f := &FailureDetection{Sandboxes: len(mine)}
+	deadline := killed.Add(10*c.o.DownAfter + time.Minute)
+	for time.Now().Before(deadline) && (f.DownSeconds == 0 || f.FailedSeconds == 0) {
+		if f.DownSeconds == 0 {
+			var status string
+			if err := db.QueryRowContext(ctx, `SELECT status FROM nodes WHERE id = $1`, victim.id).Scan(&status); err == nil && status != "up" {
+				f.DownSeconds = round(time.Since(killed).Seconds())
+			}
+		}
+		if f.FailedSeconds == 0 {
+			var left int
+			q := `SELECT count(*) FROM sandboxes WHERE node_id = $1 AND status <> 'failed' AND id = ANY($2)`
+			if err := db.QueryRowContext(ctx, q, victim.id, mine).Scan(&left); err == nil && left == 0 {
+				f.FailedSeconds = round(time.Since(killed).Seconds())
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if f.DownSeconds == 0 || f.FailedSeconds == 0 {
+		return f, fmt.Errorf("bench cluster: the killed node was not declared down (%v) or its sandboxes failed (%v) in time", f.DownSeconds, f.FailedSeconds)
+	}
+	return f, nil
+}
