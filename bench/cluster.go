@@ -18,6 +18,7 @@ import (
 	goruntime "runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -303,6 +304,9 @@ func parallel(n, k int, op func(i int) error) (int, []time.Duration, []error) {
 type pgWatch struct {
 	db         *sql.DB
 	statements bool
+	// own counts the watcher's queries, each a transaction of its own,
+	// to take them out of pg_stat_database's count.
+	own atomic.Int64
 }
 
 func (p *pgWatch) init(ctx context.Context) (string, error) {
@@ -317,13 +321,18 @@ func (p *pgWatch) init(ctx context.Context) (string, error) {
 	return "pg_stat_database", nil
 }
 
+// notOurs leaves out the watcher's own statements: every one of them,
+// and none of the cluster's, reads a pg_stat_ view.
+const notOurs = `query NOT LIKE '%pg_stat_%'`
+
 // counters are the database's statements (-1 without
 // pg_stat_statements) and transactions so far.
 func (p *pgWatch) counters(ctx context.Context) (stmts, xacts int64) {
 	stmts = -1
+	p.own.Add(2)
 	if p.statements {
 		_ = p.db.QueryRowContext(ctx, `SELECT coalesce(sum(calls),0)::bigint FROM pg_stat_statements
-			WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&stmts)
+			WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND `+notOurs).Scan(&stmts)
 	}
 	// pg_stat_database is updated when backends report (at most every
 	// second, or at the end of a transaction when idle).
@@ -334,6 +343,7 @@ func (p *pgWatch) counters(ctx context.Context) (stmts, xacts int64) {
 // conns is the number of backends on the database, this one excluded.
 func (p *pgWatch) conns(ctx context.Context) int {
 	var n int
+	p.own.Add(1)
 	_ = p.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n)
 	return n
 }
@@ -343,7 +353,7 @@ func (p *pgWatch) top(ctx context.Context) []PGStatement {
 		return nil
 	}
 	rows, err := p.db.QueryContext(ctx, `SELECT calls, total_exec_time, left(regexp_replace(query, '\s+', ' ', 'g'), 120) FROM pg_stat_statements
-		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY calls DESC LIMIT 5`)
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND `+notOurs+` ORDER BY calls DESC LIMIT 5`)
 	if err != nil {
 		return nil
 	}
@@ -367,6 +377,7 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 	}
 	time.Sleep(1100 * time.Millisecond) // let backends flush their transaction counts
 	s0, x0 := p.counters(ctx)
+	own0 := p.own.Load()
 	maxConns := p.conns(ctx)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -395,6 +406,7 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 	wg.Wait()
 	time.Sleep(1100 * time.Millisecond)
 	s1, x1 := p.counters(ctx)
+	x1 -= p.own.Load() - own0
 	ph := ClusterPhase{Name: name, Seconds: round(secs), Latency: latency(ds, n)}
 	ph.Latency.Samples = nil
 	if len(errs) > 0 {
