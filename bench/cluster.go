@@ -82,13 +82,20 @@ type ClusterPhase struct {
 	Latency     Latency `json:"latency"`
 	PerSecond   float64 `json:"per_second"`
 	PG          PGCost  `json:"pg"`
+	// NodesCPU and PGCPU are the cores the node processes and all of
+	// PostgreSQL's processes used during the phase (2.0: two cores busy).
+	NodesCPU float64 `json:"nodes_cpu_cores"`
+	PGCPU    float64 `json:"pg_cpu_cores"`
 }
 
 // PGCost is PostgreSQL's work during a phase.
 type PGCost struct {
 	Statements   int64   `json:"statements"` // -1: pg_stat_statements unavailable
 	Transactions int64   `json:"transactions"`
-	PerOp        float64 `json:"statements_per_op"` // statements (else transactions) per request
+	PerOp        float64 `json:"statements_per_op"` // statements per request
+	// NetPerOp is PerOp less the idle load's statements over the same
+	// time: what the requests themselves cost.
+	NetPerOp     float64 `json:"net_statements_per_op"`
 	XactsPerOp   float64 `json:"transactions_per_op"`
 	MaxConns     int     `json:"max_connections"` // backends on the database, most seen
 	ConnsPerNode float64 `json:"connections_per_node"`
@@ -132,7 +139,27 @@ type FailureDetection struct {
 type clusterNode struct {
 	id, base, dataDir string
 	cmd               *exec.Cmd
-	logs              *bytes.Buffer
+	logs              *syncBuffer
+	exited            chan struct{} // closed when the process has ended
+}
+
+// syncBuffer is a node's output, written by its process's copier and read
+// by the benchmark.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // RunCluster starts o.Nodes nodes on the fake runtime and measures the
@@ -156,13 +183,13 @@ func RunCluster(ctx context.Context, o ClusterOptions) (_ ClusterReport, err err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
-	pg := &pgWatch{db: db}
+	c := &benchCluster{o: o, http: &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	defer c.stop()
+	pg := &pgWatch{db: db, nodes: c.pids}
 	if rep.PGStats, err = pg.init(ctx); err != nil {
 		return rep, err
 	}
 
-	c := &benchCluster{o: o, http: &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
-	defer c.stop()
 	start := time.Now()
 	log.Info("starting nodes", "n", o.Nodes)
 	if err := c.start(ctx); err != nil {
@@ -185,6 +212,11 @@ func RunCluster(ctx context.Context, o ClusterOptions) (_ ClusterReport, err err
 	})
 	beat := min(o.DownAfter/4, 10*time.Second)
 	rep.Heartbeat = heartbeatCost(rep.Idle, o.Nodes, o.Idle, beat)
+	if rep.Idle.PG.Statements > 0 {
+		// The statements counted span the phase and the 2.2s of settling
+		// around it.
+		pg.idleRate = float64(rep.Idle.PG.Statements) / (o.Idle.Seconds() + 2.2)
+	}
 
 	var ids []string
 	for _, k := range o.Concurrency {
@@ -303,6 +335,8 @@ func parallel(n, k int, op func(i int) error) (int, []time.Duration, []error) {
 // pgWatch reads PostgreSQL's statistics of the benchmark's database.
 type pgWatch struct {
 	db         *sql.DB
+	nodes      func() []int // the node processes' pids
+	idleRate   float64      // statements per second of the idle phase
 	statements bool
 	// own counts the watcher's queries, each a transaction of its own,
 	// to take them out of pg_stat_database's count.
@@ -399,9 +433,12 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 			}
 		}
 	}()
+	nodePids, pgPids := p.nodes(), postgresPids()
+	n0, g0 := cpuTicks(nodePids), cpuTicks(pgPids)
 	start := time.Now()
 	n, ds, errs := fn()
 	secs := time.Since(start).Seconds()
+	n1, g1 := cpuTicks(nodePids), cpuTicks(pgPids)
 	close(done)
 	wg.Wait()
 	time.Sleep(1100 * time.Millisecond)
@@ -416,6 +453,13 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 		ph.PerSecond = round(float64(len(ds)) / secs)
 	}
 	ph.PG = pgCost(s0, s1, x0, x1, maxConns, nodes, len(ds))
+	if ph.PG.Statements >= 0 && len(ds) > 0 {
+		ph.PG.NetPerOp = round(max(0, float64(ph.PG.Statements)-p.idleRate*(secs+2.2)) / float64(len(ds)))
+	}
+	if secs > 0 {
+		ph.NodesCPU = round(float64(n1-n0) / clockTicks / secs)
+		ph.PGCPU = round(float64(g1-g0) / clockTicks / secs)
+	}
 	if ph.PG.Statements > 0 {
 		ph.PG.Top = p.top(ctx)
 	}
@@ -482,7 +526,7 @@ func (c *benchCluster) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		n := &clusterNode{base: "http://" + addrs[0], dataDir: filepath.Join(c.o.StateDir, fmt.Sprintf("node%d", i)), logs: &bytes.Buffer{}}
+		n := &clusterNode{base: "http://" + addrs[0], dataDir: filepath.Join(c.o.StateDir, fmt.Sprintf("node%d", i)), logs: &syncBuffer{}, exited: make(chan struct{})}
 		n.cmd = exec.Command(c.o.Sandboxd, "serve", "--runtime", "fake", "--data-dir", n.dataDir,
 			"--database", c.o.Database, "--blob-store", c.o.BlobStore,
 			"--listen", addrs[0], "--metrics-addr", addrs[1], "--cluster-listen", addrs[2], "--cluster-secret-file", c.secret,
@@ -493,6 +537,7 @@ func (c *benchCluster) start(ctx context.Context) error {
 		if err := n.cmd.Start(); err != nil {
 			return fmt.Errorf("start node %d: %w", i, err)
 		}
+		go func() { _ = n.cmd.Wait(); close(n.exited) }()
 		c.nodes = append(c.nodes, n)
 		if i == 0 {
 			if err := c.healthy(ctx, n); err != nil {
@@ -522,10 +567,11 @@ func (c *benchCluster) healthy(ctx context.Context, n *clusterNode) error {
 				return nil
 			}
 		}
-		if n.cmd.ProcessState != nil {
-			break
+		select {
+		case <-n.exited:
+			return fmt.Errorf("node %s exited before it was healthy:\n%s", n.dataDir, tail(n.logs.String(), 4000))
+		case <-time.After(100 * time.Millisecond):
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("node %s did not become healthy:\n%s", n.dataDir, tail(n.logs.String(), 4000))
 }
@@ -541,6 +587,48 @@ func (c *benchCluster) waitUp(ctx context.Context, db *sql.DB) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return errors.New("bench cluster: the nodes were not all up within 2 minutes")
+}
+
+// pids are the running nodes' processes.
+func (c *benchCluster) pids() []int {
+	var out []int
+	for _, n := range c.nodes {
+		select {
+		case <-n.exited:
+		default:
+			out = append(out, n.cmd.Process.Pid)
+		}
+	}
+	return out
+}
+
+// clockTicks is the kernel's USER_HZ: /proc's CPU times are in 1/100 s.
+const clockTicks = 100
+
+// cpuTicks sums the user and system CPU time of pids so far.
+func cpuTicks(pids []int) int64 {
+	var sum int64
+	for _, pid := range pids {
+		sum += statTicks(fmt.Sprintf("/proc/%d/stat", pid))
+	}
+	return sum
+}
+
+// postgresPids are this host's PostgreSQL processes (a --database on
+// another host: none, and PGCPU stays 0).
+func postgresPids() []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(b)) == "postgres" {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 func (c *benchCluster) meanRSS() float64 {
@@ -568,20 +656,15 @@ func (c *benchCluster) meanRSS() float64 {
 func (c *benchCluster) stop() {
 	var wg sync.WaitGroup
 	for _, n := range c.nodes {
-		if n.cmd.Process == nil || n.cmd.ProcessState != nil {
-			continue
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			_ = n.cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { _ = n.cmd.Wait(); close(done) }()
 			select {
-			case <-done:
+			case <-n.exited:
 			case <-time.After(30 * time.Second):
 				_ = n.cmd.Process.Kill()
-				<-done
+				<-n.exited
 			}
 		}()
 	}
@@ -738,7 +821,7 @@ func (c *benchCluster) failure(ctx context.Context, db *sql.DB, key string) (*Fa
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		return nil, err
 	}
-	_ = victim.cmd.Wait()
+	<-victim.exited
 	f := &FailureDetection{Sandboxes: len(mine)}
 	deadline := killed.Add(10*c.o.DownAfter + time.Minute)
 	for time.Now().Before(deadline) && (f.DownSeconds == 0 || f.FailedSeconds == 0) {

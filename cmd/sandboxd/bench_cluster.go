@@ -89,16 +89,17 @@ func printCluster(w io.Writer, r bench.ClusterReport) {
 	fmt.Fprintf(w, "bench cluster: %d nodes (runtime fake), %d CPUs, PostgreSQL stats from %s, node-down-after %s\n",
 		r.Nodes, r.CPUs, r.PGStats, r.DownAfter)
 	fmt.Fprintf(w, "nodes healthy and up in %.1fs; %.0f MiB RSS per idle node\n", r.StartSeconds, r.NodeRSSMiB)
-	fmt.Fprintf(w, "idle (heartbeats, River's polling, collectors): %.1f statements/s per node; per heartbeat (every %.1fs): %.1f statements, %.1f transactions; %d connections (%.1f per node)\n\n",
+	fmt.Fprintf(w, "idle (heartbeats, River's polling, collectors): %.1f statements/s per node; per heartbeat (every %.1fs): %.1f statements, %.1f transactions; %d connections (%.1f per node)\n",
 		r.Heartbeat.StatementsPerNodeSec, r.Heartbeat.EverySeconds, r.Heartbeat.StatementsPerBeat, r.Heartbeat.XactsPerBeat, r.Idle.PG.MaxConns, r.Idle.PG.ConnsPerNode)
+	fmt.Fprintf(w, "idle CPU: the nodes %.2f cores (%.3f a node), PostgreSQL %.2f cores\n\n", r.Idle.NodesCPU, r.Idle.NodesCPU/float64(max(1, r.Nodes)), r.Idle.PGCPU)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tin flight\tok/n\tper s\tp50 ms\tp99 ms\tstmts/op\txacts/op\tmax conns\tconns/node\t")
+	fmt.Fprintln(tw, "phase\tin flight\tok/n\tper s\tp50 ms\tp99 ms\tstmts/op\tnet stmts/op\txacts/op\tmax conns\tnodes CPU\tPG CPU\t")
 	row := func(p bench.ClusterPhase) {
 		if p.Latency.N == 0 {
 			return
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d/%d\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%d\t%.1f\t\n", p.Name, p.Concurrency, p.Latency.OK, p.Latency.N,
-			p.PerSecond, p.Latency.P50, p.Latency.P99, p.PG.PerOp, p.PG.XactsPerOp, p.PG.MaxConns, p.PG.ConnsPerNode)
+		fmt.Fprintf(tw, "%s\t%d\t%d/%d\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%.1f\t%d\t%.2f\t%.2f\t\n", p.Name, p.Concurrency, p.Latency.OK, p.Latency.N,
+			p.PerSecond, p.Latency.P50, p.Latency.P99, p.PG.PerOp, p.PG.NetPerOp, p.PG.XactsPerOp, p.PG.MaxConns, p.NodesCPU, p.PGCPU)
 	}
 	for _, p := range r.Creates {
 		row(p)
