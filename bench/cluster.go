@@ -433,12 +433,11 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 			}
 		}
 	}()
-	nodePids, pgPids := p.nodes(), postgresPids()
-	n0, g0 := cpuTicks(nodePids), cpuTicks(pgPids)
+	n0, g0 := cpuByPid(p.nodes()), cpuByPid(p.pgPids(ctx))
 	start := time.Now()
 	n, ds, errs := fn()
 	secs := time.Since(start).Seconds()
-	n1, g1 := cpuTicks(nodePids), cpuTicks(pgPids)
+	nodeTicks, pgTicks := cpuDelta(n0, p.nodes()), cpuDelta(g0, p.pgPids(ctx))
 	close(done)
 	wg.Wait()
 	time.Sleep(1100 * time.Millisecond)
@@ -457,8 +456,8 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 		ph.PG.NetPerOp = round(max(0, float64(ph.PG.Statements)-p.idleRate*(secs+2.2)) / float64(len(ds)))
 	}
 	if secs > 0 {
-		ph.NodesCPU = round(float64(n1-n0) / clockTicks / secs)
-		ph.PGCPU = round(float64(g1-g0) / clockTicks / secs)
+		ph.NodesCPU = round(float64(nodeTicks) / clockTicks / secs)
+		ph.PGCPU = round(float64(pgTicks) / clockTicks / secs)
 	}
 	if ph.PG.Statements > 0 {
 		ph.PG.Top = p.top(ctx)
@@ -605,30 +604,44 @@ func (c *benchCluster) pids() []int {
 // clockTicks is the kernel's USER_HZ: /proc's CPU times are in 1/100 s.
 const clockTicks = 100
 
-// cpuTicks sums the user and system CPU time of pids so far.
-func cpuTicks(pids []int) int64 {
-	var sum int64
-	for _, pid := range pids {
-		sum += statTicks(fmt.Sprintf("/proc/%d/stat", pid))
+// pgPids are the server's processes (backends and its background
+// workers) as pg_stat_activity lists them; on another host their CPU is
+// not found and PGCPU stays 0.
+func (p *pgWatch) pgPids(ctx context.Context) []int {
+	p.own.Add(1)
+	rows, err := p.db.QueryContext(ctx, `SELECT pid FROM pg_stat_activity`)
+	if err != nil {
+		return nil
 	}
-	return sum
-}
-
-// postgresPids are this host's PostgreSQL processes (a --database on
-// another host: none, and PGCPU stays 0).
-func postgresPids() []int {
-	ents, _ := os.ReadDir("/proc")
+	defer rows.Close()
 	var out []int
-	for _, e := range ents {
+	for rows.Next() {
 		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
-			continue
-		}
-		if b, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(b)) == "postgres" {
+		if rows.Scan(&pid) == nil {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// cpuDelta is the CPU ticks pids used since before (ticks by pid); a
+// process that ended meanwhile is not counted, one that started is counted
+// whole.
+func cpuDelta(before map[int]int64, pids []int) int64 {
+	var sum int64
+	for _, pid := range pids {
+		sum += statTicks(fmt.Sprintf("/proc/%d/stat", pid)) - before[pid]
+	}
+	return sum
+}
+
+// cpuByPid is each pid's CPU ticks so far.
+func cpuByPid(pids []int) map[int]int64 {
+	m := map[int]int64{}
+	for _, pid := range pids {
+		m[pid] = statTicks(fmt.Sprintf("/proc/%d/stat", pid))
+	}
+	return m
 }
 
 func (c *benchCluster) meanRSS() float64 {
