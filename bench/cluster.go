@@ -99,8 +99,24 @@ type PGCost struct {
 	XactsPerOp   float64 `json:"transactions_per_op"`
 	MaxConns     int     `json:"max_connections"` // backends on the database, most seen
 	ConnsPerNode float64 `json:"connections_per_node"`
+	// ByKind splits Statements: "river" (River's job fetching and
+	// bookkeeping), "nodes" (membership: heartbeats, the node list,
+	// judging), "other" (sandboxes, accounts, keys, ...).
+	ByKind map[string]int64 `json:"by_kind,omitempty"`
 	// Top are the statements run most often (pg_stat_statements).
 	Top []PGStatement `json:"top,omitempty"`
+}
+
+// statementKind is the ByKind of a normalized statement.
+func statementKind(query string) string {
+	q := strings.ToLower(query)
+	switch {
+	case strings.Contains(q, "river_") || strings.Contains(q, "-- name: job") || strings.Contains(q, "-- name: queue") || strings.Contains(q, "-- name: leader"):
+		return "river"
+	case strings.Contains(q, " nodes"):
+		return "nodes"
+	}
+	return "other"
 }
 
 // PGStatement is one normalized statement's calls in a phase.
@@ -115,7 +131,12 @@ type HeartbeatCost struct {
 	EverySeconds         float64 `json:"every_seconds"`
 	StatementsPerNodeSec float64 `json:"statements_per_node_second"`
 	StatementsPerBeat    float64 `json:"statements_per_heartbeat"` // all idle statements / heartbeats
-	XactsPerBeat         float64 `json:"transactions_per_heartbeat"`
+	// MembershipPerBeat counts only the statements on the nodes table
+	// (the heartbeat itself, reading the others, judging them).
+	MembershipPerBeat float64 `json:"membership_statements_per_heartbeat"`
+	// RiverPerNodeSec is River's job fetching per node and second.
+	RiverPerNodeSec float64 `json:"river_statements_per_node_second"`
+	XactsPerBeat    float64 `json:"transactions_per_heartbeat"`
 }
 
 // Spread is how many sandboxes each node got.
@@ -276,6 +297,8 @@ func heartbeatCost(idle ClusterPhase, nodes int, d, every time.Duration) Heartbe
 		h.StatementsPerBeat = round(float64(idle.PG.Statements) / beats)
 	}
 	h.XactsPerBeat = round(float64(idle.PG.Transactions) / beats)
+	h.MembershipPerBeat = round(float64(idle.PG.ByKind["nodes"]) / beats)
+	h.RiverPerNodeSec = round(float64(idle.PG.ByKind["river"]) / float64(nodes) / d.Seconds())
 	return h
 }
 
@@ -382,25 +405,36 @@ func (p *pgWatch) conns(ctx context.Context) int {
 	return n
 }
 
-func (p *pgWatch) top(ctx context.Context) []PGStatement {
+// top are the phase's five most frequent statements and its statements
+// by kind (pg_stat_statements was reset when the phase began).
+func (p *pgWatch) top(ctx context.Context) ([]PGStatement, map[string]int64) {
 	if !p.statements {
-		return nil
+		return nil, nil
 	}
-	rows, err := p.db.QueryContext(ctx, `SELECT calls, total_exec_time, left(regexp_replace(query, '\s+', ' ', 'g'), 120) FROM pg_stat_statements
-		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND `+notOurs+` ORDER BY calls DESC LIMIT 5`)
+	p.own.Add(1)
+	rows, err := p.db.QueryContext(ctx, `SELECT calls, total_exec_time, regexp_replace(query, '\s+', ' ', 'g') FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND `+notOurs+` ORDER BY calls DESC`)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	defer rows.Close()
 	var out []PGStatement
+	kinds := map[string]int64{}
 	for rows.Next() {
 		var s PGStatement
-		if rows.Scan(&s.Calls, &s.TotalMS, &s.Query) == nil {
+		if rows.Scan(&s.Calls, &s.TotalMS, &s.Query) != nil {
+			continue
+		}
+		kinds[statementKind(s.Query)] += s.Calls
+		if len(out) < 5 {
 			s.TotalMS = round(s.TotalMS)
+			if len(s.Query) > 120 {
+				s.Query = s.Query[:120]
+			}
 			out = append(out, s)
 		}
 	}
-	return out
+	return out, kinds
 }
 
 // phase runs fn while sampling the database's connections, and reports
@@ -460,7 +494,7 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 		ph.PGCPU = round(float64(pgTicks) / clockTicks / secs)
 	}
 	if ph.PG.Statements > 0 {
-		ph.PG.Top = p.top(ctx)
+		ph.PG.Top, ph.PG.ByKind = p.top(ctx)
 	}
 	return ph
 }

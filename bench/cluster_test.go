@@ -54,3 +54,16 @@ func TestParallel(t *testing.T) {
 		t.Fatalf("n %d, %d ok, %d errors", n, len(ds), len(errs))
 	}
 }
+
+func TestStatementKind(t *testing.T) {
+	for q, want := range map[string]string{
+		"-- name: JobGetAvailable :many WITH locked_jobs AS (SELECT id FROM river_job)": "river",
+		"UPDATE nodes SET heartbeat_at = $1 WHERE id = $2 AND status = $3":              "nodes",
+		"SELECT id, hostname FROM nodes WHERE id = $1":                                  "nodes",
+		"INSERT INTO sandboxes (id, account_id, node_id) VALUES ($1, $2, $3)":           "other",
+	} {
+		if got := statementKind(q); got != want {
+			t.Errorf("%q: %s, want %s", q, got, want)
+		}
+	}
+}

@@ -91,6 +91,8 @@ func printCluster(w io.Writer, r bench.ClusterReport) {
 	fmt.Fprintf(w, "nodes healthy and up in %.1fs; %.0f MiB RSS per idle node\n", r.StartSeconds, r.NodeRSSMiB)
 	fmt.Fprintf(w, "idle (heartbeats, River's polling, collectors): %.1f statements/s per node; per heartbeat (every %.1fs): %.1f statements, %.1f transactions; %d connections (%.1f per node)\n",
 		r.Heartbeat.StatementsPerNodeSec, r.Heartbeat.EverySeconds, r.Heartbeat.StatementsPerBeat, r.Heartbeat.XactsPerBeat, r.Idle.PG.MaxConns, r.Idle.PG.ConnsPerNode)
+	fmt.Fprintf(w, "  of which membership (the nodes table) %.1f statements per heartbeat, River's job fetching %.1f statements/s per node\n",
+		r.Heartbeat.MembershipPerBeat, r.Heartbeat.RiverPerNodeSec)
 	fmt.Fprintf(w, "idle CPU: the nodes %.2f cores (%.3f a node), PostgreSQL %.2f cores\n\n", r.Idle.NodesCPU, r.Idle.NodesCPU/float64(max(1, r.Nodes)), r.Idle.PGCPU)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tin flight\tok/n\tper s\tp50 ms\tp99 ms\tstmts/op\tnet stmts/op\txacts/op\tmax conns\tnodes CPU\tPG CPU\t")
