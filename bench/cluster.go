@@ -525,21 +525,27 @@ type benchCluster struct {
 	secret string
 }
 
+// nextPort is where freeAddrs looks next: below Linux's default
+// ephemeral range (32768-60999), so that no node's outgoing connection
+// takes a port between its finding and a node binding it (50 nodes make
+// thousands of connections while they start).
+var nextPort = 20000 + rand.IntN(4000)
+
+// freeAddrs finds n loopback addresses nobody listens on.
 func freeAddrs(n int) ([]string, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
 	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for len(out) < n && nextPort < 32768 {
+		addr := fmt.Sprintf("127.0.0.1:%d", nextPort)
+		nextPort++
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			return nil, err
+			continue
 		}
-		lns = append(lns, l)
-		out = append(out, l.Addr().String())
+		l.Close()
+		out = append(out, addr)
+	}
+	if len(out) < n {
+		return nil, errors.New("bench cluster: no free ports left below 32768")
 	}
 	return out, nil
 }
