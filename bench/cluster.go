@@ -86,6 +86,11 @@ type ClusterPhase struct {
 	// PostgreSQL's processes used during the phase (2.0: two cores busy).
 	NodesCPU float64 `json:"nodes_cpu_cores"`
 	PGCPU    float64 `json:"pg_cpu_cores"`
+	// CountedSeconds is the time PG.Statements and PG.Transactions span
+	// (the phase and the settling after it); KindSeconds the time
+	// PG.ByKind spans (from the reset of pg_stat_statements).
+	CountedSeconds float64 `json:"counted_seconds"`
+	KindSeconds    float64 `json:"kind_seconds,omitempty"`
 }
 
 // PGCost is PostgreSQL's work during a phase.
@@ -227,23 +232,21 @@ func RunCluster(ctx context.Context, o ClusterOptions) (_ ClusterReport, err err
 	}
 
 	log.Info("idle", "for", o.Idle)
-	rep.Idle = pg.phase(ctx, "idle", o.Nodes, 1, func() (int, []time.Duration, []error) {
+	rep.Idle = pg.phase(ctx, "idle", o.Nodes, func() (int, []time.Duration, []error) {
 		time.Sleep(o.Idle)
 		return 1, nil, nil
 	})
 	beat := min(o.DownAfter/4, 10*time.Second)
-	rep.Heartbeat = heartbeatCost(rep.Idle, o.Nodes, o.Idle, beat)
-	if rep.Idle.PG.Statements > 0 {
-		// The statements counted span the phase and the 2.2s of settling
-		// around it.
-		pg.idleRate = float64(rep.Idle.PG.Statements) / (o.Idle.Seconds() + 2.2)
+	rep.Heartbeat = heartbeatCost(rep.Idle, o.Nodes, beat)
+	if rep.Idle.PG.Statements > 0 && rep.Idle.CountedSeconds > 0 {
+		pg.idleRate = float64(rep.Idle.PG.Statements) / rep.Idle.CountedSeconds
 	}
 
 	var ids []string
 	for _, k := range o.Concurrency {
 		log.Info("creates", "n", o.Creates, "concurrency", k)
 		var mu sync.Mutex
-		ph := pg.phase(ctx, "create", o.Nodes, o.Creates, func() (int, []time.Duration, []error) {
+		ph := pg.phase(ctx, "create", o.Nodes, func() (int, []time.Duration, []error) {
 			return parallel(o.Creates, k, func(i int) error {
 				id, err := c.create(ctx, c.nodes[i%len(c.nodes)], key)
 				if err == nil {
@@ -264,16 +267,16 @@ func RunCluster(ctx context.Context, o ClusterOptions) (_ ClusterReport, err err
 	rep.Placement = spread(hosts, c.nodes)
 
 	log.Info("execs", "n", len(ids))
-	rep.Direct = pg.phase(ctx, "exec direct", o.Nodes, len(ids), func() (int, []time.Duration, []error) {
+	rep.Direct = pg.phase(ctx, "exec direct", o.Nodes, func() (int, []time.Duration, []error) {
 		return parallel(len(ids), 4, func(i int) error { return c.exec(ctx, c.byID(hosts[ids[i]]), key, ids[i]) })
 	})
 	if o.Nodes > 1 {
-		rep.Routed = pg.phase(ctx, "exec routed", o.Nodes, len(ids), func() (int, []time.Duration, []error) {
+		rep.Routed = pg.phase(ctx, "exec routed", o.Nodes, func() (int, []time.Duration, []error) {
 			return parallel(len(ids), 4, func(i int) error { return c.exec(ctx, c.other(hosts[ids[i]]), key, ids[i]) })
 		})
 	}
 	log.Info("stops", "n", len(ids))
-	rep.Stops = pg.phase(ctx, "stop", o.Nodes, len(ids), func() (int, []time.Duration, []error) {
+	rep.Stops = pg.phase(ctx, "stop", o.Nodes, func() (int, []time.Duration, []error) {
 		return parallel(len(ids), 4, func(i int) error { return c.stopAndDelete(ctx, c.nodes[(i+1)%len(c.nodes)], key, ids[i]) })
 	})
 	if o.Failure {
@@ -285,20 +288,25 @@ func RunCluster(ctx context.Context, o ClusterOptions) (_ ClusterReport, err err
 	return rep, nil
 }
 
-// heartbeatCost divides the idle load by the heartbeats it held.
-func heartbeatCost(idle ClusterPhase, nodes int, d, every time.Duration) HeartbeatCost {
+// heartbeatCost divides the idle load by the heartbeats it held, each
+// count over the time it spans.
+func heartbeatCost(idle ClusterPhase, nodes int, every time.Duration) HeartbeatCost {
 	h := HeartbeatCost{EverySeconds: every.Seconds()}
+	d, dk := idle.CountedSeconds, idle.KindSeconds
 	if nodes == 0 || d <= 0 || every <= 0 {
 		return h
 	}
-	beats := float64(nodes) * d.Seconds() / every.Seconds()
+	beats := float64(nodes) * d / every.Seconds()
 	if idle.PG.Statements >= 0 {
-		h.StatementsPerNodeSec = round(float64(idle.PG.Statements) / float64(nodes) / d.Seconds())
+		h.StatementsPerNodeSec = round(float64(idle.PG.Statements) / float64(nodes) / d)
 		h.StatementsPerBeat = round(float64(idle.PG.Statements) / beats)
 	}
 	h.XactsPerBeat = round(float64(idle.PG.Transactions) / beats)
-	h.MembershipPerBeat = round(float64(idle.PG.ByKind["nodes"]) / beats)
-	h.RiverPerNodeSec = round(float64(idle.PG.ByKind["river"]) / float64(nodes) / d.Seconds())
+	if dk > 0 {
+		kbeats := float64(nodes) * dk / every.Seconds()
+		h.MembershipPerBeat = round(float64(idle.PG.ByKind["nodes"]) / kbeats)
+		h.RiverPerNodeSec = round(float64(idle.PG.ByKind["river"]) / float64(nodes) / dk)
+	}
 	return h
 }
 
@@ -439,12 +447,14 @@ func (p *pgWatch) top(ctx context.Context) ([]PGStatement, map[string]int64) {
 
 // phase runs fn while sampling the database's connections, and reports
 // its latencies and what it cost PostgreSQL per operation.
-func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func() (int, []time.Duration, []error)) ClusterPhase {
+func (p *pgWatch) phase(ctx context.Context, name string, nodes int, fn func() (int, []time.Duration, []error)) ClusterPhase {
 	if p.statements {
 		_, _ = p.db.ExecContext(ctx, "SELECT pg_stat_statements_reset()")
 	}
+	reset := time.Now()
 	time.Sleep(1100 * time.Millisecond) // let backends flush their transaction counts
 	s0, x0 := p.counters(ctx)
+	counted := time.Now()
 	own0 := p.own.Load()
 	maxConns := p.conns(ctx)
 	done := make(chan struct{})
@@ -477,7 +487,7 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 	time.Sleep(1100 * time.Millisecond)
 	s1, x1 := p.counters(ctx)
 	x1 -= p.own.Load() - own0
-	ph := ClusterPhase{Name: name, Seconds: round(secs), Latency: latency(ds, n)}
+	ph := ClusterPhase{Name: name, Seconds: round(secs), Latency: latency(ds, n), CountedSeconds: round(time.Since(counted).Seconds())}
 	ph.Latency.Samples = nil
 	if len(errs) > 0 {
 		ph.Errors, ph.FirstError = len(errs), errs[0].Error()
@@ -487,7 +497,7 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 	}
 	ph.PG = pgCost(s0, s1, x0, x1, maxConns, nodes, len(ds))
 	if ph.PG.Statements >= 0 && len(ds) > 0 {
-		ph.PG.NetPerOp = round(max(0, float64(ph.PG.Statements)-p.idleRate*(secs+2.2)) / float64(len(ds)))
+		ph.PG.NetPerOp = round(max(0, float64(ph.PG.Statements)-p.idleRate*ph.CountedSeconds) / float64(len(ds)))
 	}
 	if secs > 0 {
 		ph.NodesCPU = round(float64(nodeTicks) / clockTicks / secs)
@@ -495,6 +505,7 @@ func (p *pgWatch) phase(ctx context.Context, name string, nodes, _ int, fn func(
 	}
 	if ph.PG.Statements > 0 {
 		ph.PG.Top, ph.PG.ByKind = p.top(ctx)
+		ph.KindSeconds = round(time.Since(reset).Seconds())
 	}
 	return ph
 }

@@ -7,18 +7,21 @@ import (
 )
 
 func TestHeartbeatCost(t *testing.T) {
-	idle := ClusterPhase{PG: PGCost{Statements: 1200, Transactions: 600}}
-	// 10 nodes, 20s, a beat every 2.5s: 80 heartbeats.
-	h := heartbeatCost(idle, 10, 20*time.Second, 2500*time.Millisecond)
-	if h.EverySeconds != 2.5 || h.StatementsPerNodeSec != 6 || h.StatementsPerBeat != 15 || h.XactsPerBeat != 7.5 {
+	idle := ClusterPhase{CountedSeconds: 20, KindSeconds: 25,
+		PG: PGCost{Statements: 1200, Transactions: 600, ByKind: map[string]int64{"nodes": 300, "river": 1000}}}
+	// 10 nodes, 20s, a beat every 2.5s: 80 heartbeats; by kind over 25s:
+	// 100 heartbeats.
+	h := heartbeatCost(idle, 10, 2500*time.Millisecond)
+	if h.EverySeconds != 2.5 || h.StatementsPerNodeSec != 6 || h.StatementsPerBeat != 15 || h.XactsPerBeat != 7.5 ||
+		h.MembershipPerBeat != 3 || h.RiverPerNodeSec != 4 {
 		t.Fatalf("%+v", h)
 	}
 	// Without pg_stat_statements only transactions are counted.
-	idle.PG.Statements = -1
-	if h := heartbeatCost(idle, 10, 20*time.Second, 2500*time.Millisecond); h.StatementsPerBeat != 0 || h.XactsPerBeat != 7.5 {
+	idle.PG.Statements, idle.PG.ByKind, idle.KindSeconds = -1, nil, 0
+	if h := heartbeatCost(idle, 10, 2500*time.Millisecond); h.StatementsPerBeat != 0 || h.XactsPerBeat != 7.5 || h.MembershipPerBeat != 0 {
 		t.Fatalf("%+v", h)
 	}
-	if h := heartbeatCost(idle, 0, 0, 0); h.XactsPerBeat != 0 {
+	if h := heartbeatCost(idle, 0, 0); h.XactsPerBeat != 0 {
 		t.Fatalf("no nodes: %+v", h)
 	}
 }
