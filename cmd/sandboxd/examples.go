@@ -38,6 +38,7 @@ var examples = map[string]string{
 	"sandboxd bench tti":       "  sudo sandboxd bench tti --busybox\n  sudo sandboxd bench tti --n 20 --chart tti.svg --json",
 	"sandboxd bench density":   "  sudo sandboxd bench density --max 100",
 	"sandboxd bench pause":     "  sudo sandboxd bench pause --iterations 10 --json",
+	"sandboxd bench cluster":   "  sandboxd bench cluster --nodes 10 --database postgres://postgres@127.0.0.1/bench \\\n    --blob-store 's3://KEY:SECRET@127.0.0.1:9000/bucket/bench?tls=false' --json",
 	"sandboxd bench workloads": "  sudo sandboxd bench workloads --rootfs ~/.cache/sandboxd/images/full-*/rootfs",
 	"sandboxd mcp": "  sandboxd mcp --url https://sandboxd.example.org --key sbx_...\n" +
 		"  sandboxd mcp --client claude-code",
