@@ -63,18 +63,7 @@ func TestTemplateCopy(t *testing.T) {
 	}
 	wait := func(id string) map[string]any {
 		t.Helper()
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			r := s.as(ak, "GET", "/api/templates/"+id, nil)
-			tpl := r.Body["template"].(map[string]any)
-			if r.Status != 200 || tpl["status"] != "building" {
-				return tpl
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("still building: %s", r.Raw)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		return s.waitTemplate(ak, id)
 	}
 	execIn := func(tplName, script string) string {
 		t.Helper()

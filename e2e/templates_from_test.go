@@ -27,23 +27,7 @@ func TestTemplateFrom(t *testing.T) {
 
 	build := func(body map[string]any) map[string]any {
 		t.Helper()
-		r := s.as(ak, "POST", "/api/templates", body)
-		if r.Status != 202 {
-			t.Fatalf("build %v: %d %s", body, r.Status, r.Raw)
-		}
-		id := r.Body["template"].(map[string]any)["id"].(string)
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			r = s.as(ak, "GET", "/api/templates/"+id, nil)
-			tpl := r.Body["template"].(map[string]any)
-			if r.Status != 200 || tpl["status"] != "building" {
-				return tpl
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("still building: %s", r.Raw)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		return s.buildTemplate(ak, body)
 	}
 	exec := func(sid, script string) string {
 		t.Helper()

@@ -155,23 +155,7 @@ func TestTemplateWithSteps(t *testing.T) {
 
 	build := func(body map[string]any) map[string]any {
 		t.Helper()
-		r := s.as(ak, "POST", "/api/templates", body)
-		if r.Status != 202 {
-			t.Fatalf("build %v: %d %s", body, r.Status, r.Raw)
-		}
-		id := r.Body["template"].(map[string]any)["id"].(string)
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			r = s.as(ak, "GET", "/api/templates/"+id, nil)
-			tpl := r.Body["template"].(map[string]any)
-			if r.Status != 200 || tpl["status"] != "building" {
-				return tpl
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("still building: %s", r.Raw)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		return s.buildTemplate(ak, body)
 	}
 	check := func(tplName string) {
 		t.Helper()
@@ -354,4 +338,33 @@ func pushImage(t *testing.T, host, repo string, img v1.Image) name.Reference {
 		t.Fatal(err)
 	}
 	return ref
+}
+
+// buildTemplate starts a build through the REST API as k (202 expected)
+// and answers the template once its build ended (waitTemplate).
+func (s *server) buildTemplate(k key, body map[string]any) map[string]any {
+	s.t.Helper()
+	r := s.as(k, "POST", "/api/templates", body)
+	if r.Status != 202 {
+		s.t.Fatalf("build %v: %d %s", body, r.Status, r.Raw)
+	}
+	return s.waitTemplate(k, r.Body["template"].(map[string]any)["id"].(string))
+}
+
+// waitTemplate polls template id as k until its build is no longer
+// building (or the read fails), within 3 minutes, and answers it.
+func (s *server) waitTemplate(k key, id string) map[string]any {
+	s.t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		r := s.as(k, "GET", "/api/templates/"+id, nil)
+		tpl, _ := r.Body["template"].(map[string]any)
+		if r.Status != 200 || tpl["status"] != "building" {
+			return tpl
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("still building: %s", r.Raw)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
