@@ -22,7 +22,7 @@ const maxZstdWindow = 64 << 20
 
 // unpack applies the layers in order into dir.
 func (p *pull) unpack(ctx context.Context, dir string) error {
-	uncompressed := &capped{max: p.lim.MaxBytes}
+	uncompressed := &snapshot.BoundedReader{Max: p.lim.MaxBytes, Err: errOverLimit}
 	for i, l := range p.layers {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -34,29 +34,29 @@ func (p *pull) unpack(ctx context.Context, dir string) error {
 		p.img.Entries += st.Entries
 		p.img.SkippedDevices += st.Devices
 		p.log.InfoContext(ctx, "oci: layer applied", "ref", p.img.Ref, "layer", i+1, "of", len(p.layers),
-			"digest", p.img.Layers[i], "entries", st.Entries, "uncompressed_total", uncompressed.n)
+			"digest", p.img.Layers[i], "entries", st.Entries, "uncompressed_total", uncompressed.N)
 	}
-	p.img.Size = uncompressed.n
+	p.img.Size = uncompressed.N
 	return nil
 }
 
 // applyLayer reads one layer's blob, at most MaxLayerBytes of it, and
 // applies its tar, counting the uncompressed bytes on uncompressed, which
 // all layers share.
-func (p *pull) applyLayer(ctx context.Context, i int, open func() (io.ReadCloser, error), dir string, uncompressed *capped) (snapshot.TarStats, error) {
+func (p *pull) applyLayer(ctx context.Context, i int, open func() (io.ReadCloser, error), dir string, uncompressed *snapshot.BoundedReader) (snapshot.TarStats, error) {
 	var st snapshot.TarStats
 	rc, err := open()
 	if err != nil {
 		return st, err
 	}
 	defer rc.Close()
-	blob := &capped{r: rc, max: p.lim.MaxLayerBytes}
+	blob := &snapshot.BoundedReader{R: rc, Max: p.lim.MaxLayerBytes, Err: errOverLimit}
 	tr, closeTar, err := decompress(bufio.NewReaderSize(blob, 64<<10))
 	if err != nil {
 		return st, p.layerErr(i, err, blob, uncompressed)
 	}
 	defer closeTar()
-	uncompressed.r = tr
+	uncompressed.R = tr
 	entries := p.lim.MaxEntries - p.img.Entries
 	if entries <= 0 {
 		entries = -1 // none left (0 would be unlimited)
@@ -83,47 +83,18 @@ func (p *pull) applyLayer(ctx context.Context, i int, open func() (io.ReadCloser
 // layerErr explains a layer's failure, the limits first: a reader past
 // its bound makes whatever reads it fail in its own words (a tar format
 // error, a short file), and the bound is the reason.
-func (p *pull) layerErr(i int, err error, blob, uncompressed *capped) error {
+func (p *pull) layerErr(i int, err error, blob, uncompressed *snapshot.BoundedReader) error {
 	switch {
-	case uncompressed.over:
+	case uncompressed.Over:
 		return errdefs.Wrap(errdefs.ErrTooLarge, err, fmt.Sprintf("image %s is larger than the limit of %s uncompressed", p.ref, fetch.FormatSize(p.lim.MaxBytes)))
-	case blob.over:
+	case blob.Over:
 		return errdefs.Wrap(errdefs.ErrTooLarge, err, layerTooLarge(p.ref, i, p.lim.MaxLayerBytes).Error())
 	}
 	return fmt.Errorf("layer %d: %w", i+1, err)
 }
 
-// errOverLimit is what a capped reader returns past its bound.
+// errOverLimit is what a bounded reader returns past its bound.
 var errOverLimit = errors.New("oci: read past a size limit")
-
-// capped reads r and fails once more than max bytes have come through it:
-// the bound holds while reading, so nothing past it is decompressed or
-// written.
-type capped struct {
-	r    io.Reader
-	n    int64
-	max  int64
-	over bool
-}
-
-func (c *capped) Read(b []byte) (int, error) {
-	if c.n >= c.max {
-		// One byte more tells a stream of exactly max from a longer one.
-		var one [1]byte
-		n, err := c.r.Read(one[:])
-		if n > 0 {
-			c.over = true
-			return 0, errOverLimit
-		}
-		return 0, err
-	}
-	if int64(len(b)) > c.max-c.n {
-		b = b[:c.max-c.n]
-	}
-	n, err := c.r.Read(b)
-	c.n += int64(n)
-	return n, err
-}
 
 // decompress opens a layer blob by its content, not its media type (which
 // registries and builders get wrong): gzip, zstd, or a plain tar.

@@ -28,7 +28,7 @@ func ApplyWhole(ctx context.Context, r io.Reader, dir string, maxTar int64, opts
 		return Manifest{}, TarStats{}, fmt.Errorf("%w: %v", ErrFormat, err)
 	}
 	defer zr.Close()
-	bounded := &tarBound{r: zr, max: maxTar}
+	bounded := &BoundedReader{R: zr, Max: maxTar, Err: ErrTarTooLarge}
 	tr := tar.NewReader(bounded)
 	m, err := readManifest(tr)
 	if err == nil {
@@ -39,12 +39,12 @@ func ApplyWhole(ctx context.Context, r io.Reader, dir string, maxTar int64, opts
 			// end would be a blob that is not what Write wrote.
 			_, err = io.Copy(io.Discard, bounded)
 		}
-		if bounded.over {
+		if bounded.Over {
 			err = fmt.Errorf("%w: more than %d bytes", ErrTarTooLarge, maxTar)
 		}
 		return m, st, err
 	}
-	if bounded.over {
+	if bounded.Over {
 		err = fmt.Errorf("%w: more than %d bytes", ErrTarTooLarge, maxTar)
 	}
 	return Manifest{}, TarStats{}, err
@@ -70,32 +70,37 @@ func readManifest(tr *tar.Reader) (Manifest, error) {
 	return m, nil
 }
 
-// tarBound reads r and fails once more than max bytes (> 0) came through.
-type tarBound struct {
-	r    io.Reader
-	n    int64
-	max  int64
-	over bool
+// BoundedReader reads R and fails with Err once more than Max bytes came
+// through it (Max <= 0: no bound): the bound holds while reading, so
+// nothing past it is decompressed or written. N counts what came through;
+// Over says the bound was passed, so that a caller tells the bound from
+// the error a reader of the stream made of it (a short tar).
+type BoundedReader struct {
+	R    io.Reader
+	N    int64
+	Max  int64
+	Err  error
+	Over bool
 }
 
-func (b *tarBound) Read(p []byte) (int, error) {
-	if b.max <= 0 {
-		return b.r.Read(p)
+func (b *BoundedReader) Read(p []byte) (int, error) {
+	if b.Max <= 0 {
+		return b.R.Read(p)
 	}
-	if b.n >= b.max {
-		// One byte more tells a stream of exactly max from a longer one.
+	if b.N >= b.Max {
+		// One byte more tells a stream of exactly Max from a longer one.
 		var one [1]byte
-		n, err := b.r.Read(one[:])
+		n, err := b.R.Read(one[:])
 		if n > 0 {
-			b.over = true
-			return 0, ErrTarTooLarge
+			b.Over = true
+			return 0, b.Err
 		}
 		return 0, err
 	}
-	if int64(len(p)) > b.max-b.n {
-		p = p[:b.max-b.n]
+	if int64(len(p)) > b.Max-b.N {
+		p = p[:b.Max-b.N]
 	}
-	n, err := b.r.Read(p)
-	b.n += int64(n)
+	n, err := b.R.Read(p)
+	b.N += int64(n)
 	return n, err
 }
