@@ -451,6 +451,50 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode fs.FileMode, r
 	return written[0].Size, nil
 }
 
+// Unpack writes the tar archive r into the directory dir of the sandbox,
+// made when missing (UnpackPath), in one request, and answers the files
+// it wrote.
+func (c *Client) Unpack(ctx context.Context, dir string, r io.Reader) (Unpacked, error) {
+	uctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wd := newWatchdog(c.opts.CallTimeout, cancel)
+	defer wd.stop()
+	body := &progressReader{r: r, w: wd}
+	u := baseURL + UnpackPath + "?" + url.Values{"path": {dir}}.Encode()
+	req, err := http.NewRequestWithContext(uctx, http.MethodPost, u, io.NopCloser(body))
+	if err != nil {
+		return Unpacked{}, fmt.Errorf("unpack into %s: %w", dir, err)
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.http.Do(req)
+	if body.err != nil {
+		return Unpacked{}, fmt.Errorf("unpack into %s: read source: %w", dir, body.err)
+	}
+	if err != nil {
+		if wd.barked() {
+			err = ErrNoAnswer
+		}
+		return Unpacked{}, c.fail(ctx, "unpack into "+dir, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Unpacked{}, filesError("unpack into", dir, resp)
+	}
+	var out Unpacked
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<10)).Decode(&out); err != nil {
+		return Unpacked{}, protoErr("unpack answered %v", err)
+	}
+	return out, nil
+}
+
+// Unpacked is what an Unpack wrote.
+type Unpacked struct {
+	Files       int   `json:"files"`
+	Directories int   `json:"directories"`
+	Links       int   `json:"links"`
+	Bytes       int64 `json:"bytes"`
+}
+
 // ReadFile opens path for reading. The returned reader streams the content;
 // it fails with an error if the transfer breaks or stalls for CallTimeout.
 // Close it when done.

@@ -22,6 +22,10 @@ const (
 	// name), and a Content-Encoding: gzip body, bounded in what it
 	// decompresses to (413 past it).
 	FilesPath = "/files"
+	// UnpackPath: POST ?path=DIR writes the tar archive of the body into
+	// DIR, made when missing, and answers what it wrote as JSON. Only the
+	// host's own requests (no UserHeader) are served: it is not envd's.
+	UnpackPath = "/sandboxd/unpack"
 	// HealthPath answers 204 while the agent serves.
 	HealthPath = "/health"
 	// ErrorKindHeader classifies an error answer of /files so the host can

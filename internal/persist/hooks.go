@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
@@ -18,10 +19,19 @@ func (s *Service) Hooks() []sandbox.Hook {
 	return []sandbox.Hook{envHook{}, &layersHook{s: s, held: map[string]heldLayers{}}, workspaceHook{s: s}}
 }
 
-// workspaceHook starts preparing /workspace (Prepare) once the runtime has
-// started the sandbox, in the background: the create answers without
-// waiting for the clone; runs and execs wait for it through Prepare.
+// workspaceHook readies /workspace (Prepare) once the runtime has started
+// the sandbox. The fast ways (fastPrepare: an archive the agent unpacks,
+// or a restored clone already at main) take tens of milliseconds, and the
+// create waits for them, so that a sandbox that says running runs its
+// first command at once. The script, when one is needed, runs in the
+// background: the create answers without it, and runs and execs wait for
+// it through Prepare.
 type workspaceHook struct{ s *Service }
+
+// fastPrepareTimeout bounds what a create waits for its workspace: an
+// archive of a large repository that takes longer fails the fast way,
+// and the script's run after it says why.
+const fastPrepareTimeout = 30 * time.Second
 
 func (workspaceHook) Name() string          { return "workspace" }
 func (workspaceHook) FailureReason() string { return "could not prepare its workspace" }
@@ -39,6 +49,12 @@ func (h workspaceHook) Poststart(ctx context.Context, sb *store.Sandbox, rsb run
 	// fails right after runs the stop hook, which must find it to forget
 	// it (made later, it would stay for good).
 	p := h.s.preparation(row.ID)
+	fctx, cancel := context.WithTimeout(ctx, fastPrepareTimeout)
+	fast := h.s.prepareFast(fctx, p, row, rsb)
+	cancel()
+	if fast {
+		return nil
+	}
 	go func() { _ = h.s.prepareOnce(ctx, p, row, rsb, false) }()
 	return nil
 }

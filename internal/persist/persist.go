@@ -76,6 +76,8 @@ type Service struct {
 	captures map[string]*sync.Mutex
 	// prepared is the workspace preparation of each sandbox (see Prepare).
 	prepared map[string]*preparation
+	// clones are the accounts' clone archives (fastPrepare).
+	clones *cloneCache
 }
 
 var (
@@ -104,5 +106,5 @@ func New(opts Options) (*Service, error) {
 	if opts.TempDir == "" {
 		opts.TempDir = os.TempDir()
 	}
-	return &Service{opts: opts, st: opts.Store, log: opts.Logger, captures: map[string]*sync.Mutex{}, prepared: map[string]*preparation{}}, nil
+	return &Service{opts: opts, st: opts.Store, log: opts.Logger, captures: map[string]*sync.Mutex{}, prepared: map[string]*preparation{}, clones: newCloneCache()}, nil
 }

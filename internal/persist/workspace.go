@@ -127,9 +127,35 @@ func (s *Service) forgetPrepared(id string) {
 	s.mu.Unlock()
 }
 
+// prepareFast readies the workspace under p's lock the fast ways
+// (fastPrepare), unless it is done: it answers false when the script must
+// still run, which prepareOnce then does.
+func (s *Service) prepareFast(ctx context.Context, p *preparation, sb store.Sandbox, rsb runtime.Sandbox) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return true
+	}
+	if _, err := s.opts.Repos.Ensure(ctx, sb.AccountID); err != nil {
+		return false // the script's run says it
+	}
+	err := s.fastPrepare(ctx, sb, rsb)
+	if errors.Is(err, errScript) {
+		return false
+	}
+	p.err, p.done = err, true
+	if err != nil {
+		s.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", err)
+	}
+	return true
+}
+
 func (s *Service) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
 	if _, err := s.opts.Repos.Ensure(ctx, sb.AccountID); err != nil {
 		return fmt.Errorf("ensure repository of %s: %w", sb.AccountID, err)
+	}
+	if err := s.fastPrepare(ctx, sb, rsb); !errors.Is(err, errScript) {
+		return err
 	}
 	if _, err := runScript(ctx, rsb, prepareScript, RepoURL(sb.AccountID)); err != nil {
 		return fmt.Errorf("prepare /workspace of %s: %w", sb.ID, err)

@@ -129,6 +129,17 @@ type Spec struct {
 	Owner string
 }
 
+// Unpacker is a Sandbox that writes a whole tree in one request: a tar
+// archive unpacked into a directory by the sandbox's agent, without a
+// process in the sandbox (host.Ops). Persistence lays out /workspace with
+// it when the sandbox has it, and runs git in the sandbox otherwise.
+type Unpacker interface {
+	// Unpack writes the tar archive r into dir, made when missing:
+	// directories, regular files and symbolic links, each resolved inside
+	// dir. It returns the number of regular files written.
+	Unpack(ctx context.Context, dir string, r io.Reader) (files int, err error)
+}
+
 // Prewarmer is a Runtime that starts sandboxes ahead of their create, from
 // an owner's layers: an account's next sandbox, started from its snapshot
 // as soon as the snapshot exists, is then handed out as fast as a sandbox

@@ -47,6 +47,12 @@ func forwarder(r *http.Request) edge.Caller {
 // envd's: it says only whether the sandbox's agent answers.
 func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if !envdPath(r.URL.Path) {
+		// The agent serves sandboxd's own services beside envd's (freeze,
+		// export, unpack): they are the host's, never a caller's.
+		writeError(w, http.StatusNotFound, "no such path: "+r.URL.Path)
+		return
+	}
 	id := SandboxID(r.Header.Get(headerSandboxID))
 	if port := r.Header.Get(headerSandboxPort); port != "" && port != envdPort {
 		writeError(w, http.StatusBadRequest, "E2b-Sandbox-Port "+port+": only the agent's port "+envdPort+" is served here; reach a sandbox's own ports through its host (getHost) or sandboxd's port proxy")
@@ -112,6 +118,17 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, tr, user)
+}
+
+// envdPath reports whether p is one of envd's paths (Routes), the only
+// ones forwarded to an agent, whichever way the request came (a route, or
+// a sandbox's host name).
+func envdPath(p string) bool {
+	switch p {
+	case "/files", "/health":
+		return true
+	}
+	return strings.HasPrefix(p, "/process.Process/") || strings.HasPrefix(p, "/filesystem.Filesystem/")
 }
 
 // defaults are the user a request that names none acts as in e's

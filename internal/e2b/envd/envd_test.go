@@ -480,6 +480,12 @@ func TestHostRouter(t *testing.T) {
 	if code := serve("49983-"+pub+".sbx.test", "/health", nil); code != http.StatusNoContent {
 		t.Fatalf("the agent's port: %d, want its /health", code)
 	}
+	// Only envd's paths reach the agent: its host-only services do not.
+	for _, path := range []string{"/sandboxd.agent.v1.Agent/Freeze", "/sandboxd/unpack?path=/", "/"} {
+		if code := serve("49983-"+pub+".sbx.test", path, nil); code != http.StatusNotFound {
+			t.Errorf("the agent's port, %s: %d, want 404", path, code)
+		}
+	}
 	if code := serve("49983-"+pub+".sbx.test", "/health", map[string]string{headerSandboxID: priv}); code != http.StatusBadRequest {
 		t.Fatalf("the agent's port with another sandbox's id: %d, want 400", code)
 	}

@@ -167,6 +167,7 @@ func (a *Agent) handler() http.Handler {
 	mux.Handle(agentv1connect.NewAgentHandler(agentService{a}, opts...))
 	mux.HandleFunc("GET "+guest.FilesPath, a.getFile)
 	mux.HandleFunc("POST "+guest.FilesPath, a.postFile)
+	mux.HandleFunc("POST "+guest.UnpackPath, a.postUnpack)
 	mux.HandleFunc("GET "+guest.HealthPath, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return mux
 }

@@ -190,6 +190,19 @@ func (c Conn) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.F
 	return nil
 }
 
+// Unpack implements runtime.Unpacker.
+func (c Conn) Unpack(ctx context.Context, dir string, r io.Reader) (int, error) {
+	cl, err := c.Agent(ctx)
+	if err != nil {
+		return 0, c.Failure(ctx, "unpack", err)
+	}
+	out, err := cl.Unpack(ctx, dir, r)
+	if err != nil {
+		return out.Files, c.Failure(ctx, "unpack", err)
+	}
+	return out.Files, nil
+}
+
 // ListDir implements runtime.Sandbox.ListDir.
 func (c Conn) ListDir(ctx context.Context, path string) ([]runtime.DirEntry, error) {
 	cl, err := c.Agent(ctx)
@@ -242,6 +255,11 @@ func (o Ops) ReadFile(ctx context.Context, path string) (io.ReadCloser, error) {
 // WriteFile implements runtime.Sandbox.
 func (o Ops) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
 	return o.Conn().WriteFile(ctx, path, r, mode)
+}
+
+// Unpack implements runtime.Unpacker.
+func (o Ops) Unpack(ctx context.Context, dir string, r io.Reader) (int, error) {
+	return o.Conn().Unpack(ctx, dir, r)
 }
 
 // ListDir implements runtime.Sandbox.

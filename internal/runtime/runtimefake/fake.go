@@ -13,6 +13,7 @@
 package runtimefake
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -544,6 +546,7 @@ type Sandbox struct {
 	files   map[string][]byte
 	execs   [][]string
 	stops   int
+	unpacks int
 }
 
 var _ runtime.Sandbox = (*Sandbox)(nil)
@@ -686,6 +689,46 @@ func (s *Sandbox) WriteFile(_ context.Context, p string, r io.Reader, _ fs.FileM
 	return nil
 }
 
+// Unpack implements runtime.Unpacker: the archive's regular files are
+// kept as WriteFile keeps them, at dir/name; directories and links are
+// counted out (the fake keeps files only).
+func (s *Sandbox) Unpack(_ context.Context, dir string, r io.Reader) (int, error) {
+	if err := s.alive(); err != nil {
+		return 0, err
+	}
+	files := map[string][]byte{}
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("unpack into %s: %w", dir, err)
+		}
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			return 0, fmt.Errorf("unpack into %s: %w", dir, err)
+		}
+		files[clean(path.Join(dir, hdr.Name))] = b
+	}
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	s.unpacks++
+	maps.Copy(s.files, files)
+	return len(files), nil
+}
+
+// Unpacks is how many times Unpack wrote into the sandbox.
+func (s *Sandbox) Unpacks() int {
+	s.rt.mu.Lock()
+	defer s.rt.mu.Unlock()
+	return s.unpacks
+}
+
 // File returns the content of p, or false.
 func (s *Sandbox) File(p string) ([]byte, bool) {
 	s.rt.mu.Lock()
@@ -715,9 +758,20 @@ func (s *Sandbox) ListDir(_ context.Context, p string) ([]runtime.DirEntry, erro
 	s.rt.mu.Lock()
 	defer s.rt.mu.Unlock()
 	var out []runtime.DirEntry
+	dirs := map[string]bool{}
 	for name, b := range s.files {
-		if path.Dir(name) == dir {
-			out = append(out, runtime.DirEntry{Name: path.Base(name), Size: int64(len(b)), Mode: 0o644, ModTime: s.created})
+		rel, ok := strings.CutPrefix(name, strings.TrimSuffix(dir, "/")+"/")
+		switch {
+		case !ok:
+		case !strings.Contains(rel, "/"):
+			out = append(out, runtime.DirEntry{Name: rel, Size: int64(len(b)), Mode: 0o644, ModTime: s.created})
+		default:
+			// A directory: the fake keeps files only, by their paths.
+			sub, _, _ := strings.Cut(rel, "/")
+			if !dirs[sub] {
+				dirs[sub] = true
+				out = append(out, runtime.DirEntry{Name: sub, Mode: fs.ModeDir | 0o755, ModTime: s.created})
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

@@ -1,0 +1,234 @@
+package persist
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/repo"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// The workspace without git in the sandbox (issue 37). The script
+// (prepareScript) starts eight processes in the sandbox and fetches over
+// HTTP back to the server: 0.4–0.8 s under gVisor, all of it on the way
+// to the sandbox's first command. Most sandboxes need none of it:
+//
+//   - a fresh sandbox (no /workspace/.git) gets the clone as one tar
+//     archive the agent unpacks (runtime.Unpacker), built on the host
+//     without a checkout (repo.WriteClone) and kept per account while its
+//     branches and tags stay as they are (a sandbox's next sibling gets
+//     the same bytes);
+//   - a sandbox restored from a snapshot whose clone stands at main
+//     already is left alone, after three small reads.
+//
+// Anything else — submodules or .gitattributes at main, a clone behind
+// main or diverged, other files in /workspace, a runtime without
+// Unpacker — runs the script as before.
+
+// workspaceDir is where a sandbox's clone of its account's repository is.
+const workspaceDir = "/workspace"
+
+// errScript says the script must prepare this workspace.
+var errScript = errors.New("the workspace needs the script")
+
+// Bounds of the clone archives kept in memory.
+const (
+	maxCachedClone  = 4 << 20
+	maxCachedClones = 64 << 20
+)
+
+// cloneCache keeps the last clone archive of each account, while its
+// references are what it was made from.
+type cloneCache struct {
+	mu      sync.Mutex
+	byAcct  map[string]*cachedClone
+	total   int
+	maxEach int
+	maxAll  int
+}
+
+type cachedClone struct {
+	key, url string
+	data     []byte
+	used     time.Time
+}
+
+func newCloneCache() *cloneCache {
+	return &cloneCache{byAcct: map[string]*cachedClone{}, maxEach: maxCachedClone, maxAll: maxCachedClones}
+}
+
+func (c *cloneCache) get(account, key, url string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byAcct[account]
+	if !ok || e.key != key || e.url != url {
+		return nil, false
+	}
+	e.used = time.Now()
+	return e.data, true
+}
+
+// put keeps data for account, dropping the least recently used archives
+// of other accounts while the total is over the bound.
+func (c *cloneCache) put(account, key, url string, data []byte) {
+	if len(data) > c.maxEach {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.byAcct[account]; ok {
+		c.total -= len(old.data)
+	}
+	c.byAcct[account] = &cachedClone{key: key, url: url, data: data, used: time.Now()}
+	c.total += len(data)
+	for c.total > c.maxAll {
+		var oldest string
+		for a, e := range c.byAcct {
+			if a != account && (oldest == "" || e.used.Before(c.byAcct[oldest].used)) {
+				oldest = a
+			}
+		}
+		if oldest == "" {
+			return
+		}
+		c.total -= len(c.byAcct[oldest].data)
+		delete(c.byAcct, oldest)
+	}
+}
+
+// fastPrepare readies sb's /workspace without running git in the sandbox
+// when it can, and answers errScript when the script must.
+func (s *Service) fastPrepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
+	up, ok := rsb.(runtime.Unpacker)
+	if !ok {
+		return errScript
+	}
+	// Until the archive is sent, a failure leaves the workspace as it
+	// was: the script tries then.
+	fallBack := func(what string, err error) error {
+		s.log.Warn("workspace: "+what+"; the script prepares it", "sandbox_id", sb.ID, "err", err)
+		return errScript
+	}
+	ents, err := rsb.ListDir(ctx, workspaceDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fallBack("list "+workspaceDir, err)
+	}
+	if len(ents) > 0 {
+		return s.atMain(ctx, sb, rsb, ents)
+	}
+	url := RepoURL(sb.AccountID)
+	key, err := s.opts.Repos.RefsKey(ctx, sb.AccountID)
+	if err != nil {
+		return fallBack("read the repository's references", err)
+	}
+	data, ok := s.clones.get(sb.AccountID, key, url)
+	if !ok {
+		data, err = s.writeClone(ctx, sb.AccountID, url)
+		if errors.Is(err, errScript) {
+			return err
+		}
+		if err != nil {
+			return fallBack("build the clone", err)
+		}
+	}
+	if _, err := up.Unpack(ctx, workspaceDir, bytes.NewReader(data)); err != nil {
+		return fmt.Errorf("unpack the clone into %s of %s: %w", workspaceDir, sb.ID, err)
+	}
+	return nil
+}
+
+// writeClone builds the account's clone archive and keeps it.
+func (s *Service) writeClone(ctx context.Context, accountID, url string) ([]byte, error) {
+	f, err := os.CreateTemp(s.opts.TempDir, "clone-*.tar")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	key, err := s.opts.Repos.WriteClone(ctx, accountID, url, f)
+	if errors.Is(err, repo.ErrNeedsCheckout) {
+		return nil, errScript
+	}
+	if err != nil {
+		return nil, fmt.Errorf("build the clone of %s: %w", accountID, err)
+	}
+	// Read back whole: archives are small next to a sandbox; a large one
+	// is not kept (put), only sent.
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	s.clones.put(accountID, key, url, data)
+	return data, nil
+}
+
+// atMain answers nil when the clone in /workspace (ents) stands at the
+// repository's main already, as a sandbox restored from the snapshot its
+// run pushed does: HEAD on main, main and origin/main at the
+// repository's main, no submodules. Anything else is the script's.
+func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, ents []runtime.DirEntry) error {
+	var hasGit bool
+	for _, e := range ents {
+		switch e.Name {
+		case ".git":
+			hasGit = e.Mode.IsDir()
+		case ".gitmodules":
+			return errScript
+		}
+	}
+	if !hasGit {
+		return errScript
+	}
+	head, err := s.opts.Repos.Head(ctx, sb.AccountID, repo.MainBranch)
+	if err != nil || head == "" {
+		return errScript
+	}
+	want := map[string]string{
+		".git/HEAD":                     "ref: refs/heads/main",
+		".git/refs/heads/main":          head,
+		".git/refs/remotes/origin/main": head,
+	}
+	errc := make(chan error, len(want))
+	for p, v := range want {
+		go func() {
+			got, err := readSmall(ctx, rsb, workspaceDir+"/"+p)
+			if err == nil && got != v {
+				err = errScript
+			}
+			errc <- err
+		}()
+	}
+	for range want {
+		if err := <-errc; err != nil {
+			return errScript
+		}
+	}
+	return nil
+}
+
+// readSmall is the first line of a small file in the sandbox.
+func readSmall(ctx context.Context, rsb runtime.Sandbox, p string) (string, error) {
+	rc, err := rsb.ReadFile(ctx, p)
+	if err != nil {
+		return "", err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 256))
+	if err != nil {
+		return "", err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(line), nil
+}
