@@ -118,13 +118,17 @@ func (s *Service) fastPrepare(ctx context.Context, sb store.Sandbox, rsb runtime
 		s.log.Warn("workspace: "+what+"; the script prepares it", "sandbox_id", sb.ID, "err", err)
 		return errScript
 	}
+	start := time.Now()
 	ents, err := rsb.ListDir(ctx, workspaceDir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fallBack("list "+workspaceDir, err)
 	}
 	if len(ents) > 0 {
-		return s.atMain(ctx, sb, rsb, ents)
+		err := s.atMain(ctx, sb, rsb, ents)
+		s.log.Debug("workspace: a restored clone", "sandbox_id", sb.ID, "at_main", err == nil, "ms", time.Since(start).Milliseconds())
+		return err
 	}
+	listed := time.Since(start)
 	url := RepoURL(sb.AccountID)
 	key, err := s.opts.Repos.RefsKey(ctx, sb.AccountID)
 	if err != nil {
@@ -140,9 +144,12 @@ func (s *Service) fastPrepare(ctx context.Context, sb store.Sandbox, rsb runtime
 			return fallBack("build the clone", err)
 		}
 	}
-	if _, err := up.Unpack(ctx, workspaceDir, bytes.NewReader(data)); err != nil {
+	built := time.Since(start)
+	files, err := up.Unpack(ctx, workspaceDir, bytes.NewReader(data))
+	if err != nil {
 		return fmt.Errorf("unpack the clone into %s of %s: %w", workspaceDir, sb.ID, err)
 	}
+	s.log.Debug("workspace: unpacked", "sandbox_id", sb.ID, "files", files, "bytes", len(data), "kept", ok, "ms", time.Since(start).Milliseconds(), "list_ms", listed.Milliseconds(), "build_ms", built.Milliseconds())
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -102,6 +103,8 @@ type Agent struct {
 	log   *slog.Logger
 	boot  string
 	start time.Time
+	// umask is the process's file mode creation mask, read at the start.
+	umask fs.FileMode
 	procs *procTable
 	// ttySelf is the agent binary a process on a terminal starts under
 	// as its tty-session helper (Options.TTYSignals); "": none.
@@ -142,7 +145,7 @@ func New(opts Options) *Agent {
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), procs: newProcTable(opts.Reap), watch: newWatchers(), ready: make(chan struct{})}
+	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), umask: processUmask(), procs: newProcTable(opts.Reap), watch: newWatchers(), ready: make(chan struct{})}
 	a.mux = a.handler()
 	if opts.TTYSignals {
 		if self, err := os.Executable(); err != nil {

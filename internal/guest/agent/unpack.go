@@ -12,6 +12,8 @@ import (
 	"path"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/internal/guest"
 )
 
@@ -43,7 +45,7 @@ func (a *Agent) postUnpack(w http.ResponseWriter, r *http.Request) {
 		fileError(w, badRequest("path %q: an absolute directory is required", dir))
 		return
 	}
-	out, err := unpackTar(path.Clean(dir), r.Body)
+	out, err := unpackTar(path.Clean(dir), r.Body, a.umask)
 	if err != nil {
 		fileError(w, err)
 		return
@@ -53,7 +55,7 @@ func (a *Agent) postUnpack(w http.ResponseWriter, r *http.Request) {
 }
 
 // unpackTar writes the tar archive src under dir (see postUnpack).
-func unpackTar(dir string, src io.Reader) (guest.Unpacked, error) {
+func unpackTar(dir string, src io.Reader, umask fs.FileMode) (guest.Unpacked, error) {
 	var out guest.Unpacked
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return out, err
@@ -62,7 +64,8 @@ func unpackTar(dir string, src io.Reader) (guest.Unpacked, error) {
 	if err != nil {
 		return out, err
 	}
-	defer root.Close()
+	u := &unpacker{dirs: map[string]*os.Root{".": root}, umask: umask, out: &out}
+	defer u.close()
 	tr := tar.NewReader(src)
 	for n := 0; ; n++ {
 		hdr, err := tr.Next()
@@ -82,54 +85,116 @@ func unpackTar(dir string, src io.Reader) (guest.Unpacked, error) {
 		if !fs.ValidPath(name) || name == "." {
 			return out, badRequest("entry %q: not a relative path inside the directory", hdr.Name)
 		}
-		if err := unpackEntry(root, name, hdr, tr, &out); err != nil {
+		if err := u.entry(name, hdr, tr); err != nil {
 			return out, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 }
 
-// unpackEntry writes one entry of an archive under root.
-func unpackEntry(root *os.Root, name string, hdr *tar.Header, r io.Reader, out *guest.Unpacked) error {
-	perm := fs.FileMode(hdr.Mode).Perm()
-	if parent := path.Dir(name); parent != "." {
-		if err := root.MkdirAll(parent, 0o755); err != nil {
-			return err
-		}
+// unpacker writes an archive's entries. Every file system call is one
+// relative to an open directory (a gofer round trip each under gVisor,
+// where a walk from the top for every entry cost a millisecond an entry):
+// the directories made are kept open as os.Roots, each a child of its
+// parent's, so nothing resolves outside the top one.
+type unpacker struct {
+	dirs map[string]*os.Root // by name relative to the top; "." is the top
+	// umask is the process's: a mode it strips is set again after a
+	// create.
+	umask fs.FileMode
+	out   *guest.Unpacked
+}
+
+func (u *unpacker) close() {
+	for _, r := range u.dirs {
+		r.Close()
 	}
+}
+
+// dir is the open directory name, made (with its parents) when missing.
+func (u *unpacker) dir(name string, perm fs.FileMode) (*os.Root, error) {
+	if r, ok := u.dirs[name]; ok {
+		return r, nil
+	}
+	parent, err := u.dir(path.Dir(name), 0o755)
+	if err != nil {
+		return nil, err
+	}
+	base := path.Base(name)
+	if err := parent.Mkdir(base, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	r, err := parent.OpenRoot(base)
+	if err != nil {
+		return nil, err
+	}
+	u.dirs[name] = r
+	return r, nil
+}
+
+// entry writes one entry of an archive.
+func (u *unpacker) entry(name string, hdr *tar.Header, r io.Reader) error {
+	perm := fs.FileMode(hdr.Mode).Perm()
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if err := root.MkdirAll(name, perm); err != nil {
+		_, existed := u.dirs[name]
+		d, err := u.dir(name, perm)
+		if err != nil {
 			return err
 		}
-		out.Directories++
-		return root.Chmod(name, perm) // MkdirAll's mode went through the umask
+		u.out.Directories++
+		if existed || perm&^u.umask == perm {
+			return nil
+		}
+		return d.Chmod(".", perm) // Mkdir's mode went through the umask
 	case tar.TypeReg:
-		// A file or link already there is replaced, not written through.
-		if err := root.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		parent, err := u.dir(path.Dir(name), 0o755)
+		if err != nil {
 			return err
 		}
-		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+		base := path.Base(name)
+		f, err := parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+		if errors.Is(err, fs.ErrExist) {
+			// A file or link already there is replaced, not written
+			// through.
+			if err = parent.Remove(base); err == nil {
+				f, err = parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+			}
+		}
 		if err != nil {
 			return err
 		}
 		n, err := io.Copy(f, r)
-		if err == nil {
+		if err == nil && perm&^u.umask != perm {
 			err = f.Chmod(perm)
 		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
-		out.Files++
-		out.Bytes += n
+		u.out.Files++
+		u.out.Bytes += n
 		return err
 	case tar.TypeSymlink:
-		if err := root.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		parent, err := u.dir(path.Dir(name), 0o755)
+		if err != nil {
 			return err
 		}
-		out.Links++
+		base := path.Base(name)
+		if err := parent.Remove(base); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		u.out.Links++
 		// The link's target is only text: os.Root never follows it out
 		// of the directory when a later entry is written through it.
-		return root.Symlink(hdr.Linkname, name)
+		return parent.Symlink(hdr.Linkname, base)
 	}
 	return badRequest("entry %q: type %q is not a directory, file or symbolic link", hdr.Name, hdr.Typeflag)
+}
+
+// processUmask is the process's file mode creation mask. The agent reads
+// it once, at its start (New): reading it means setting it, which must
+// not race with files being made.
+func processUmask() fs.FileMode {
+	m := unix.Umask(0o022)
+	unix.Umask(m)
+	return fs.FileMode(m)
 }

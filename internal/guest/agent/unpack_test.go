@@ -54,7 +54,7 @@ func TestUnpack(t *testing.T) {
 		tarEntry{name: "README.md", typ: tar.TypeReg, mode: 0o644, body: "new\n"},
 		tarEntry{name: "bin/run.sh", typ: tar.TypeReg, mode: 0o755, body: "#!/bin/sh\n"},
 		tarEntry{name: "link", typ: tar.TypeSymlink, link: "README.md"},
-	))
+	), processUmask())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestUnpackStaysInside(t *testing.T) {
 			for i := range tc.entries {
 				tc.entries[i].link = strings.ReplaceAll(tc.entries[i].link, "PARENT", parent)
 			}
-			if _, err := unpackTar(dir, tarOf(t, tc.entries...)); err == nil {
+			if _, err := unpackTar(dir, tarOf(t, tc.entries...), processUmask()); err == nil {
 				t.Fatal("unpacked")
 			}
 			if _, err := os.Lstat(filepath.Join(parent, "escaped")); !os.IsNotExist(err) {
