@@ -184,7 +184,8 @@ func (s *Service) writeClone(ctx context.Context, accountID, url string) ([]byte
 // atMain answers nil when the clone in /workspace (ents) stands at the
 // repository's main already, as a sandbox restored from the snapshot its
 // run pushed does: HEAD on main, main and origin/main at the
-// repository's main, no submodules. Anything else is the script's.
+// repository's main, main tracking origin's, no submodules. Anything else
+// is the script's.
 func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, ents []runtime.DirEntry) error {
 	var hasGit bool
 	for _, e := range ents {
@@ -207,17 +208,26 @@ func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sand
 		".git/refs/heads/main":          head,
 		".git/refs/remotes/origin/main": head,
 	}
-	errc := make(chan error, len(want))
+	errc := make(chan error, len(want)+1)
 	for p, v := range want {
 		go func() {
-			got, err := readSmall(ctx, rsb, workspaceDir+"/"+p)
-			if err == nil && got != v {
+			got, err := readSmall(ctx, rsb, workspaceDir+"/"+p, 256)
+			if line, _, _ := strings.Cut(got, "\n"); err == nil && strings.TrimSpace(line) != v {
 				err = errScript
 			}
 			errc <- err
 		}()
 	}
-	for range want {
+	go func() {
+		// main tracks origin/main (the script sets it when it first
+		// finds main; a clone of an empty repository has it not).
+		cfg, err := readSmall(ctx, rsb, workspaceDir+"/.git/config", 64<<10)
+		if err == nil && !strings.Contains(cfg, `[branch "main"]`) {
+			err = errScript
+		}
+		errc <- err
+	}()
+	for range len(want) + 1 {
 		if err := <-errc; err != nil {
 			return errScript
 		}
@@ -225,17 +235,13 @@ func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sand
 	return nil
 }
 
-// readSmall is the first line of a small file in the sandbox.
-func readSmall(ctx context.Context, rsb runtime.Sandbox, p string) (string, error) {
+// readSmall is the start of a small file in the sandbox, up to max bytes.
+func readSmall(ctx context.Context, rsb runtime.Sandbox, p string, max int64) (string, error) {
 	rc, err := rsb.ReadFile(ctx, p)
 	if err != nil {
 		return "", err
 	}
 	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, 256))
-	if err != nil {
-		return "", err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	return strings.TrimSpace(line), nil
+	b, err := io.ReadAll(io.LimitReader(rc, max))
+	return string(b), err
 }

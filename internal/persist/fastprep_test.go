@@ -72,6 +72,7 @@ func TestRestoredCloneAtMainRunsNothing(t *testing.T) {
 	}{
 		{"at main", head, false, false},
 		{"behind main", strings.Repeat("0", 40), false, true},
+		{"not tracking main", head, false, true},
 		{"with submodules", head, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +83,10 @@ func TestRestoredCloneAtMainRunsNothing(t *testing.T) {
 				"/workspace/.git/HEAD":                     "ref: refs/heads/main\n",
 				"/workspace/.git/refs/heads/main":          tc.at + "\n",
 				"/workspace/.git/refs/remotes/origin/main": tc.at + "\n",
+				"/workspace/.git/config":                   "[core]\n[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n",
+			}
+			if tc.name == "not tracking main" {
+				files["/workspace/.git/config"] = "[core]\n"
 			}
 			if tc.modules {
 				files["/workspace/.gitmodules"] = "[submodule \"x\"]\n"

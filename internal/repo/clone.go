@@ -108,7 +108,13 @@ func (m *Manager) WriteClone(ctx context.Context, accountID, remoteURL string, w
 	if _, err := m.run(ctx, "", nil, "init", "-q", "--template=", "-b", MainBranch, tmp); err != nil {
 		return "", err
 	}
-	if _, err := m.run(ctx, gitDir, nil, "-c", "fetch.unpackLimit=1", "fetch", "-q", "--no-tags", bare, "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"); err != nil {
+	// Nothing of the host may travel into the sandbox: no reflogs (their
+	// messages name where the fetch came from), no FETCH_HEAD (which
+	// names it too).
+	if _, err := m.run(ctx, gitDir, nil, "-c", "fetch.unpackLimit=1", "-c", "core.logAllRefUpdates=false", "fetch", "-q", "--no-tags", bare, "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"); err != nil {
+		return "", err
+	}
+	if err := os.Remove(filepath.Join(gitDir, "FETCH_HEAD")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}
 	// What `git remote add origin` and `git branch --set-upstream-to`

@@ -72,6 +72,13 @@ func TestWriteCloneIsAClone(t *testing.T) {
 	if want, err := m.RefsKey(ctx, account); err != nil || key != want {
 		t.Fatalf("WriteClone's key %s, RefsKey %s (%v)", key, want, err)
 	}
+	// Nothing names the host: the archive goes into a sandbox.
+	bare, _ := m.Path(account)
+	for _, leak := range []string{bare, m.Root(), os.TempDir() + "/sandboxd-clone-"} {
+		if bytes.Contains(buf.Bytes(), []byte(leak)) {
+			t.Fatalf("the archive names %s", leak)
+		}
+	}
 	dir := t.TempDir()
 	untar := exec.Command("tar", "-x", "-C", dir)
 	untar.Stdin = &buf
