@@ -184,8 +184,8 @@ func (s *Service) writeClone(ctx context.Context, accountID, url string) ([]byte
 // atMain answers nil when the clone in /workspace (ents) stands at the
 // repository's main already, as a sandbox restored from the snapshot its
 // run pushed does: HEAD on main, main and origin/main at the
-// repository's main, main tracking origin's, no submodules. Anything else
-// is the script's.
+// repository's main, no submodules (main is made to track origin/main
+// when it does not). Anything else is the script's.
 func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, ents []runtime.DirEntry) error {
 	var hasGit bool
 	for _, e := range ents {
@@ -218,11 +218,11 @@ func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sand
 			errc <- err
 		}()
 	}
+	var cfg string
 	go func() {
-		// main tracks origin/main (the script sets it when it first
-		// finds main; a clone of an empty repository has it not).
-		cfg, err := readSmall(ctx, rsb, workspaceDir+"/.git/config", 64<<10)
-		if err == nil && !strings.Contains(cfg, `[branch "main"]`) {
+		var err error
+		cfg, err = readSmall(ctx, rsb, gitConfig, maxGitConfig+1)
+		if err == nil && len(cfg) > maxGitConfig {
 			err = errScript
 		}
 		errc <- err
@@ -232,8 +232,27 @@ func (s *Service) atMain(ctx context.Context, sb store.Sandbox, rsb runtime.Sand
 			return errScript
 		}
 	}
+	if strings.Contains(cfg, `[branch "main"]`) {
+		return nil
+	}
+	// main does not track origin/main yet: the script sets it when it
+	// first finds main, and a clone made while the repository was empty
+	// (pushed to since, and snapshotted so) has it not. Set it as the
+	// script's `git branch --set-upstream-to` would.
+	cfg = strings.TrimRight(cfg, "\n") + "\n" + branchMainConfig
+	if err := rsb.WriteFile(ctx, gitConfig, strings.NewReader(cfg), 0o644); err != nil {
+		return fmt.Errorf("set main's upstream in %s: %w", gitConfig, err)
+	}
 	return nil
 }
+
+// The clone's configuration, the most of it atMain reads, and what makes
+// main track origin/main in it.
+const (
+	gitConfig        = workspaceDir + "/.git/config"
+	maxGitConfig     = 64 << 10
+	branchMainConfig = "[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n"
+)
 
 // readSmall is the start of a small file in the sandbox, up to max bytes.
 func readSmall(ctx context.Context, rsb runtime.Sandbox, p string, max int64) (string, error) {

@@ -72,7 +72,7 @@ func TestRestoredCloneAtMainRunsNothing(t *testing.T) {
 	}{
 		{"at main", head, false, false},
 		{"behind main", strings.Repeat("0", 40), false, true},
-		{"not tracking main", head, false, true},
+		{"not tracking main", head, false, false},
 		{"with submodules", head, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,6 +99,10 @@ func TestRestoredCloneAtMainRunsNothing(t *testing.T) {
 			_ = f.svc.Prepare(ctx, sb, rsb, false)
 			if ran := len(rsb.Execs()) > 0; ran != tc.script || rsb.Unpacks() != 0 {
 				t.Fatalf("script ran: %v, want %v (execs %v); unpacks %d, want 0", ran, tc.script, rsb.Execs(), rsb.Unpacks())
+			}
+			// main tracks origin/main afterwards, as after the script.
+			if cfg, _ := rsb.File("/workspace/.git/config"); !tc.script && !strings.Contains(string(cfg), "[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n") {
+				t.Fatalf(".git/config:\n%s", cfg)
 			}
 		})
 	}
