@@ -29,6 +29,7 @@ type runtimeOptions struct {
 	platform     string
 	runsc        string
 	warmPool     int
+	warmPoolMax  int
 	prewarm      int
 	templatePool int
 	nodeCapacity int
@@ -46,7 +47,8 @@ func (o *runtimeOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.rootfs, "rootfs", "", "use this root filesystem directory instead of a built image (env SANDBOXD_ROOTFS)")
 	f.StringVar(&o.runsc, "runsc", "", "the runsc binary (env SANDBOXD_RUNSC); empty: "+gvisor.BundledRunsc+" (scripts/install-runsc.sh) when a trial sandbox boots with it, else runsc in PATH")
 	f.StringVar(&o.platform, "gvisor-platform", "", "gVisor platform (ptrace, systrap, kvm); empty probes for the fastest that works")
-	f.IntVar(&o.warmPool, "warm-pool", 2, "sandboxes kept started ahead of time (env SANDBOXD_WARM_POOL)")
+	f.IntVar(&o.warmPool, "warm-pool", 2, "sandboxes kept started ahead of time, at least (env SANDBOXD_WARM_POOL)")
+	f.IntVar(&o.warmPoolMax, "warm-pool-max", 16, "what the warm pool grows to when creates come faster: as many as the last minute's creates of fresh sandboxes, within the disk the node can promise (each idle one holds about 15 MiB of host memory); at most --warm-pool keeps the pool at --warm-pool (env SANDBOXD_WARM_POOL_MAX)")
 	f.IntVar(&o.prewarm, "prewarm", 8, "accounts whose next sandbox is kept started from their snapshot, least recently used dropped first (env SANDBOXD_PREWARM)")
 	f.IntVar(&o.templatePool, "template-pool", 4, "sandboxes of custom templates kept started ahead, shared by the templates created from most lately (each as many as its creates in the last minute, at least 2 while the budget allows; at most 8 templates; a template's pool goes 10 minutes after its last create) (env SANDBOXD_TEMPLATE_POOL)")
 	f.IntVar(&o.nodeCapacity, "node-capacity", 200, "concurrent sandboxes on this node; 0 unlimited")
@@ -84,6 +86,7 @@ func (o *runtimeOptions) check() error {
 	const counts = "0 (unlimited) or more"
 	return firstError(
 		atLeast("warm-pool", o.warmPool, 0, "0 (none) or more"),
+		atLeast("warm-pool-max", o.warmPoolMax, 0, "0 or more"),
 		atLeast("prewarm", o.prewarm, 0, "0 (none) or more"),
 		atLeast("template-pool", o.templatePool, 0, "0 (none) or more"),
 		atLeast("node-capacity", o.nodeCapacity, 0, counts),
@@ -225,6 +228,14 @@ func openRuntime(ctx context.Context, g *globals, o runtimeOptions, dataDir stri
 func (o *runtimeOptions) warmSandboxes() int {
 	if o.runtimeName == "gvisor" {
 		return o.warmPool
+	}
+	return 0
+}
+
+// warmSandboxesMax is what the warm pool may grow to (see warmSandboxes).
+func (o *runtimeOptions) warmSandboxesMax() int {
+	if o.runtimeName == "gvisor" {
+		return o.warmPoolMax
 	}
 	return 0
 }

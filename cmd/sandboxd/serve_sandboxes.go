@@ -57,6 +57,7 @@ func setupManager(o *serveOptions, d domainDeps, dom *domain, setups *agents.Set
 			PerAccount: s.perAccount, NodeCapacity: r.nodeCapacity, Limits: d.rt.limits,
 			DiskReserveBytes: s.diskReserveMiB<<20 + d.stor.cacheBytes(),
 			WarmSandboxes:    r.warmSandboxes(),
+			WarmPoolMax:      r.warmSandboxesMax(),
 			TemplatePool:     r.templatePool,
 			SetupOnFirstUse:  s.setupOnFirstUse,
 			Model:            runs.ModelProvider{BaseURL: o.models.modelURL, Model: o.models.model},

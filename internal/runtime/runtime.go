@@ -129,6 +129,15 @@ type Spec struct {
 	Owner string
 }
 
+// WarmSizer is a Runtime whose built-in warm pool (sandboxes of its base
+// image, for the creates that start fresh) its caller sizes as demand
+// changes: the sandbox manager, which knows the creates and the node's
+// disk. The pool starts what it lacks in the background, one at a time,
+// and destroys its surplus.
+type WarmSizer interface {
+	SetWarmSize(n int)
+}
+
 // Unpacker is a Sandbox that writes a whole tree in one request: a tar
 // archive unpacked into a directory by the sandbox's agent, without a
 // process in the sandbox (host.Ops). Persistence lays out /workspace with

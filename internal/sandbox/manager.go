@@ -57,6 +57,9 @@ type Settings struct {
 	// with a disk of Limits.DiskBytes that admitDisk counts as promised
 	// (prewarmed sandboxes are counted as they exist).
 	WarmSandboxes int
+	// WarmPoolMax is what the warm pool may grow to when creates come
+	// faster (warmpool.go); at most WarmSandboxes: a fixed size.
+	WarmPoolMax int
 	// TemplatePool is how many sandboxes of custom templates are kept
 	// started ahead on this node, over all templates (tplpool.go; 0:
 	// none). Each counts as a warm sandbox.
@@ -166,6 +169,8 @@ type Manager struct {
 	execDefaults sync.Map
 	// tplPools sizes the custom templates' pools (tplpool.go).
 	tplPools templatePools
+	// warm sizes the built-in warm pool (warmpool.go).
+	warm warmDemand
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.
@@ -438,6 +443,11 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		// Its template is in demand: its pool is sized (and filled)
 		// for the next creates.
 		m.templateCreated(sb.TemplateID)
+	}
+	if sb.TemplateID == "" && spec.Network == nil && len(spec.Layers) == 0 && sb.ForkedFrom == "" {
+		// A create the built-in warm pool serves: it is sized for the
+		// next ones.
+		m.warmCreated()
 	}
 	if restored {
 		// The account is active: its next create finds one started ahead

@@ -195,7 +195,7 @@ func (m *Manager) collectSandboxes(ctx context.Context, ch chan<- prometheus.Met
 
 // warmSandboxes are the sandboxes started ahead on this node.
 func (m *Manager) warmSandboxes() int {
-	warm := m.cfg.Settings.WarmSandboxes
+	warm := m.warmPooled()
 	if pw, ok := m.rt.(runtime.Prewarmer); ok {
 		warm += pw.PrewarmStats().Kept
 	}

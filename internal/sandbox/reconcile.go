@@ -18,6 +18,7 @@ import (
 func (m *Manager) Run(ctx context.Context) error {
 	go m.boundPauses(ctx)
 	go m.keepTemplatePools(ctx)
+	go m.keepWarmPool(ctx)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {

@@ -121,6 +121,15 @@ func TestWarmPool(t *testing.T) {
 	if r.WarmReady() != 2 {
 		t.Errorf("a cold create took a warm sandbox: %d left", r.WarmReady())
 	}
+	// Sized up, the pool starts more; sized down, it destroys the
+	// surplus (counted as discarded).
+	r.SetWarmSize(3)
+	waitWarm(t, r, 3)
+	r.SetWarmSize(2)
+	if st := r.PoolStats().Warm; st.Ready != 2 || st.Size != 2 || st.Discarded != 1 {
+		t.Errorf("after sizing 3 then 2: %+v", st)
+	}
+	waitDirs(t, state, 4) // 2 warm, warm-1 and cold-1: the surplus is gone
 	// Close destroys the unclaimed warm sandboxes but not the claimed ones.
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
@@ -139,6 +148,22 @@ func TestWarmPool(t *testing.T) {
 		if err := s.Destroy(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// waitDirs waits until the runtime's state has n sandbox directories.
+func waitDirs(t *testing.T, state string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ents, _ := os.ReadDir(filepath.Join(state, "sandboxes"))
+		if len(ents) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sandbox directories after a minute, want %d", len(ents), n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

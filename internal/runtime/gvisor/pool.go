@@ -16,19 +16,23 @@ import (
 // pool keeps started sandboxes of the warm base with an empty writable
 // layer. Handing one out is a rename: write its meta and claim its id.
 type pool struct {
-	r    *Runtime
-	size int
+	r *Runtime
 
-	mu     sync.Mutex
-	ready  []*sandbox
-	hits   uint64 // creates handed a warm sandbox
-	misses uint64 // creates that fit but found none ready
-	made   uint64 // warm sandboxes started
-	failed uint64
-	closed bool
-	kick   chan struct{}
-	done   chan struct{}
-	cancel context.CancelFunc
+	mu sync.Mutex
+	// size is what the pool keeps when full: Options.WarmPool, then what
+	// its caller sets as demand changes (SetWarmSize).
+	size      int
+	ready     []*sandbox
+	starting  int
+	hits      uint64 // creates handed a warm sandbox
+	misses    uint64 // creates that fit but found none ready
+	made      uint64 // warm sandboxes started
+	failed    uint64
+	discarded uint64 // destroyed unused: the pool shrank
+	closed    bool
+	kick      chan struct{}
+	done      chan struct{}
+	cancel    context.CancelFunc
 }
 
 func newPool(r *Runtime, size int) *pool {
@@ -78,7 +82,41 @@ func (p *pool) take() *sandbox {
 func (p *pool) stats() runtime.PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return runtime.PoolStats{Size: p.size, Ready: len(p.ready), Hits: p.hits, Misses: p.misses, Started: p.made, Failed: p.failed}
+	return runtime.PoolStats{Size: p.size, Ready: len(p.ready), Starting: p.starting, Hits: p.hits, Misses: p.misses, Started: p.made, Failed: p.failed, Discarded: p.discarded}
+}
+
+// setSize makes the pool keep n sandboxes: more are started in the
+// background, one at a time; the surplus ready ones (the oldest first)
+// are destroyed.
+func (p *pool) setSize(n int) {
+	p.mu.Lock()
+	p.size = max(0, n)
+	var drop []*sandbox
+	if extra := len(p.ready) - p.size; extra > 0 {
+		drop = append(drop, p.ready[:extra]...)
+		p.ready = append([]*sandbox(nil), p.ready[extra:]...)
+		p.discarded += uint64(extra)
+	}
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	if len(drop) > 0 {
+		go func() {
+			for _, s := range drop {
+				_ = s.Destroy(context.Background())
+			}
+		}()
+	}
+}
+
+// SetWarmSize implements runtime.WarmSizer: the warm pool keeps n
+// sandboxes (none without a warm pool).
+func (r *Runtime) SetWarmSize(n int) {
+	if r.pool != nil {
+		r.pool.setSize(n)
+	}
 }
 
 // WarmReady is how many warm sandboxes wait (for tests and the bench).
@@ -98,9 +136,15 @@ func (p *pool) fill(ctx context.Context) {
 	for {
 		p.mu.Lock()
 		need := p.size - len(p.ready)
+		if need > 0 {
+			p.starting = 1
+		}
 		p.mu.Unlock()
 		if need > 0 {
 			s, err := p.r.createCold(ctx, p.warmSpec(), "")
+			p.mu.Lock()
+			p.starting = 0
+			p.mu.Unlock()
 			if err != nil {
 				if ctx.Err() != nil {
 					return

@@ -68,6 +68,8 @@ type Runtime struct {
 	// from one of theirs.
 	pools  map[string]*fakePool
 	pooled map[string]bool
+	// warmSize is SetWarmSize's; the fake keeps no warm sandboxes.
+	warmSize int
 }
 
 // fakePool is one pool: its size, opener, and the key and count of the
@@ -340,12 +342,27 @@ func (r *Runtime) FillPools(ctx context.Context) error {
 func (r *Runtime) PoolStats() runtime.PoolReport {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var rep runtime.PoolReport
+	rep := runtime.PoolReport{Warm: runtime.PoolStats{Size: r.warmSize}}
 	for _, p := range r.pools {
 		rep.Pools = append(rep.Pools, p.stats)
 	}
 	sort.Slice(rep.Pools, func(i, j int) bool { return rep.Pools[i].Name < rep.Pools[j].Name })
 	return rep
+}
+
+// SetWarmSize implements runtime.WarmSizer: the size is kept (WarmSize),
+// nothing is started.
+func (r *Runtime) SetWarmSize(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.warmSize = n
+}
+
+// WarmSize is what SetWarmSize last set.
+func (r *Runtime) WarmSize() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.warmSize
 }
 
 // PoolSpecs are the specs pool name's sandboxes were started from.
