@@ -122,11 +122,16 @@ func (o TTIOptions) templatePoolFill() int {
 }
 
 // waitPoolReady waits until the server's custom templates' pools hold n
-// started sandboxes (sandboxd_pool_ready{pool="template"}), at most a
-// minute.
+// started sandboxes, at most a minute.
 func (s *ttiServer) waitPoolReady(ctx context.Context, n int) error {
-	want := `sandboxd_pool_ready{pool="template"} `
-	deadline := time.Now().Add(time.Minute)
+	return s.waitPool(ctx, "template", n, time.Minute)
+}
+
+// waitPool waits until the server's pool (builtin or template) holds n
+// started sandboxes (sandboxd_pool_ready), at most wait.
+func (s *ttiServer) waitPool(ctx context.Context, pool string, n int, wait time.Duration) error {
+	want := `sandboxd_pool_ready{pool="` + pool + `"} `
+	deadline := time.Now().Add(wait)
 	for {
 		ready := -1.0
 		if req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.metrics+"/metrics", nil); err == nil {
@@ -144,7 +149,7 @@ func (s *ttiServer) waitPoolReady(ctx context.Context, n int) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the custom template's pool holds %v sandboxes after a minute, not %d", ready, n)
+			return fmt.Errorf("the %s pool holds %v sandboxes after %v, not %d", pool, ready, wait, n)
 		}
 		select {
 		case <-ctx.Done():

@@ -145,7 +145,9 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 account and one whose snapshot changed --snapshot-mib MiB, and for each measures the
 time from POST /api/sandboxes to the first successful command through exec ('node -v'
 on a template, 'echo ok' with --rootfs): --n creates one after another (sequential),
---n creates --stagger apart (staggered) and --burst at once (burst); for the snapshot
+--n creates --stagger apart (staggered) and --burst at once (burst), then, once the warm pool
+has grown to what that burst asked for (up to serve's --warm-pool-max), --burst at once again
+(burst-again, the fresh account only); for the snapshot
 account also its main flow (after-run): --n times a run that changes a file and ends
 with a new snapshot, --think, then the create measured. Each mode of the fresh account
 uses an account of its own. Every mode also reports the create's own answer
