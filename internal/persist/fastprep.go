@@ -40,8 +40,12 @@ const workspaceDir = "/workspace"
 // errScript says the script must prepare this workspace.
 var errScript = errors.New("the workspace needs the script")
 
-// Bounds of the clone archives kept in memory.
+// Bounds of the clone archives: one of more than maxFastClone (or of a
+// repository larger than that) is the script's, in the background, as the
+// create must not wait for it nor the host hold it in memory; the
+// archives of up to maxCachedClone are kept, maxCachedClones in all.
 const (
+	maxFastClone    = 64 << 20
 	maxCachedClone  = 4 << 20
 	maxCachedClones = 64 << 20
 )
@@ -136,6 +140,9 @@ func (s *Service) fastPrepare(ctx context.Context, sb store.Sandbox, rsb runtime
 	}
 	data, ok := s.clones.get(sb.AccountID, key, url)
 	if !ok {
+		if size, err := s.opts.Repos.Usage(ctx, sb.AccountID); err != nil || size > maxFastClone {
+			return errScript
+		}
 		data, err = s.writeClone(ctx, sb.AccountID, url)
 		if errors.Is(err, errScript) {
 			return err
@@ -168,8 +175,15 @@ func (s *Service) writeClone(ctx context.Context, accountID, url string) ([]byte
 	if err != nil {
 		return nil, fmt.Errorf("build the clone of %s: %w", accountID, err)
 	}
-	// Read back whole: archives are small next to a sandbox; a large one
-	// is not kept (put), only sent.
+	// Read back whole: within maxFastClone (the repository was, and
+	// little is added); a large one is not kept (put), only sent.
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, err
+	}
+	if size > maxFastClone {
+		return nil, errScript
+	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
