@@ -140,16 +140,20 @@ func (s *Service) fastPrepare(ctx context.Context, sb store.Sandbox, rsb runtime
 	}
 	data, ok := s.clones.get(sb.AccountID, key, url)
 	if !ok {
-		if size, err := s.opts.Repos.Usage(ctx, sb.AccountID); err != nil || size > maxFastClone {
-			return errScript
-		}
-		data, err = s.writeClone(ctx, sb.AccountID, url)
+		// The sandboxes of a burst build their account's archive once.
+		v, err, _ := s.cloneBuilds.Do(sb.AccountID+" "+key, func() (any, error) {
+			if size, err := s.opts.Repos.Usage(ctx, sb.AccountID); err != nil || size > maxFastClone {
+				return nil, errScript
+			}
+			return s.writeClone(ctx, sb.AccountID, url)
+		})
 		if errors.Is(err, errScript) {
 			return err
 		}
 		if err != nil {
 			return fallBack("build the clone", err)
 		}
+		data = v.([]byte)
 	}
 	built := time.Since(start)
 	files, err := up.Unpack(ctx, workspaceDir, bytes.NewReader(data))

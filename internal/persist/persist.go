@@ -24,6 +24,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/forge"
 	"github.com/sandboxd/sandboxd/internal/repo"
@@ -76,8 +78,10 @@ type Service struct {
 	captures map[string]*sync.Mutex
 	// prepared is the workspace preparation of each sandbox (see Prepare).
 	prepared map[string]*preparation
-	// clones are the accounts' clone archives (fastPrepare).
-	clones *cloneCache
+	// clones are the accounts' clone archives (fastPrepare), and
+	// cloneBuilds the archives being built.
+	clones      *cloneCache
+	cloneBuilds singleflight.Group
 }
 
 var (

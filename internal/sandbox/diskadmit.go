@@ -118,6 +118,13 @@ func (m *Manager) admitDisk(ctx context.Context, n int) (release func(), err err
 		}
 		return release, nil
 	}
+	if short := int64(n)*limit - b.room(); short > 0 && m.yieldWarm(int((short+limit-1)/limit)) > 0 {
+		// Warm sandboxes beyond the pool's floor made way.
+		if b, err = m.balance(ctx); err != nil {
+			release()
+			return nil, err
+		}
+	}
 	if b.room() < int64(n)*limit {
 		release()
 		what := "another sandbox"

@@ -17,8 +17,9 @@ import (
 // its sandboxes ready; a minute without one brings the pool back to its
 // floor. The pool grows only within the disk admission's room (each warm
 // sandbox is promised a disk of Limits.DiskBytes, as a running one is),
-// keeping one create's room free, so a bigger pool never turns a create
-// away. The runtime starts what the pool lacks one at a time, so refilling
+// keeping one create's room free; and a create the disk could not promise
+// otherwise makes the pool give back what it grew (yieldWarm), so a bigger
+// pool never turns a create away. The runtime starts what the pool lacks one at a time, so refilling
 // takes one start's worth of the host beside the running sandboxes.
 
 // warmDemand is the recent creates the built-in pool could serve, and the
@@ -130,6 +131,29 @@ func (m *Manager) warmRoom(ctx context.Context) (free int, ok bool) {
 		return int(room/limit) - 2, true // rounds towards zero: one more
 	}
 	return int(room/limit) - 1, true
+}
+
+// yieldWarm shrinks the built-in pool by up to n sandboxes, not below
+// its floor, for a create the disk cannot otherwise promise (a warm
+// sandbox is a guess; a create is a caller): it answers how many went.
+// Callers hold m.diskMu.
+func (m *Manager) yieldWarm(n int) int {
+	ws, ok := m.warmSizer()
+	if !ok {
+		return 0
+	}
+	d := &m.warm
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur := max(d.size, m.cfg.Settings.WarmSandboxes)
+	n = min(n, cur-m.cfg.Settings.WarmSandboxes)
+	if n <= 0 {
+		return 0
+	}
+	d.size = cur - n
+	m.log.Debug("warm pool yields to a create", "size", d.size)
+	ws.SetWarmSize(d.size)
+	return n
 }
 
 // keepWarmPool sizes the built-in pool every templatePoolsTick until ctx

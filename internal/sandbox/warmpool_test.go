@@ -76,3 +76,33 @@ func TestWarmPoolWithinDisk(t *testing.T) {
 	create(4)
 	waitWarmSize(t, p, 3)
 }
+
+// TestWarmPoolYieldsToCreates: a create the disk could not promise beside
+// the grown pool makes the pool shrink (not below its floor) instead of
+// being refused.
+func TestWarmPoolYieldsToCreates(t *testing.T) {
+	ctx := context.Background()
+	const gib = int64(1) << 30
+	p := newPlane(t, Settings{WarmSandboxes: 1, WarmPoolMax: 10, Limits: runtime.Limits{DiskBytes: gib}})
+	p.m.diskFreeFn = func(string) (int64, error) { return 10 * gib, nil }
+	p.m.warm.size = 6 // grown by an earlier burst
+	p.rt.SetWarmSize(6)
+	// 6 warm leave room for 4 sandboxes; the 5th and 6th take warm ones'.
+	for i := range 6 {
+		if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute}); err != nil {
+			t.Fatalf("create %d: %v", i+1, err)
+		}
+	}
+	if got := p.rt.WarmSize(); got > 4 {
+		t.Fatalf("warm pool size %d after 6 creates on a 10 GiB disk, want at most 4", got)
+	}
+	// The floor stays: 9 sandboxes and 1 warm fill the disk.
+	for range 3 {
+		if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := p.m.Create(ctx, p.account.ID, CreateRequest{Lifetime: time.Minute}); err == nil {
+		t.Fatal("a create beyond the disk beside the pool's floor was admitted")
+	}
+}
