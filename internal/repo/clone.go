@@ -84,15 +84,11 @@ func refsKey(st *filesystem.Storage, heads string) (string, error) {
 // the files come from git archive of main, a stream this only passes
 // through, its modes made what a checkout's are. A tree that needs a
 // checkout is ErrNeedsCheckout.
-func (m *Manager) WriteClone(ctx context.Context, accountID, remoteURL string, w io.Writer) (string, error) {
+func (m *Manager) WriteClone(ctx context.Context, accountID, remoteURL string, w io.Writer) (key string, err error) {
 	if strings.ContainsAny(remoteURL, "\"\\\n\x00") {
 		return "", fmt.Errorf("remote URL %q: quotes, backslashes and newlines are not written into a config", remoteURL)
 	}
 	bare, err := m.existing(ctx, accountID)
-	if err != nil {
-		return "", err
-	}
-	head, err := m.checkoutFree(bare)
 	if err != nil {
 		return "", err
 	}
@@ -117,6 +113,17 @@ func (m *Manager) WriteClone(ctx context.Context, accountID, remoteURL string, w
 	if err := os.Remove(filepath.Join(gitDir, "FETCH_HEAD")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}
+	// Main as fetched (a push may have moved it since this began), and
+	// what its tree needs.
+	st := openStorage(gitDir)
+	head, err := checkoutFree(st, plumbing.NewRemoteReferenceName("origin", MainBranch))
+	if err == nil {
+		key, err = refsKey(st, "refs/remotes/origin/")
+	}
+	st.Close()
+	if err != nil {
+		return "", err
+	}
 	// What `git remote add origin` and `git branch --set-upstream-to`
 	// write, appended to the config init made.
 	cfg := fmt.Sprintf("[remote \"origin\"]\n\turl = %s\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n", remoteURL)
@@ -132,33 +139,29 @@ func (m *Manager) WriteClone(ctx context.Context, accountID, remoteURL string, w
 	if err := appendFile(filepath.Join(gitDir, "config"), cfg); err != nil {
 		return "", err
 	}
-	st := openStorage(gitDir)
-	key, err := refsKey(st, "refs/remotes/origin/")
-	st.Close()
-	if err != nil {
-		return "", err
-	}
 	tw := tar.NewWriter(w)
 	if err := tarDir(tw, gitDir, ".git"); err != nil {
 		return "", err
 	}
 	if !head.IsZero() {
-		if err := m.archiveInto(ctx, tw, bare, head); err != nil {
+		if err := m.archiveInto(ctx, tw, gitDir, head); err != nil {
 			return "", err
 		}
 	}
 	return key, tw.Close()
 }
 
-// checkoutFree is main's commit in the bare repository at p (zero when it
-// has none), or ErrNeedsCheckout when its tree needs a checkout.
-func (m *Manager) checkoutFree(p string) (plumbing.Hash, error) {
-	st := openStorage(p)
-	defer st.Close()
-	head, err := branchHead(st, MainBranch)
-	if err != nil || head.IsZero() {
-		return head, err
+// checkoutFree is the commit of ref in st (zero when there is none), or
+// ErrNeedsCheckout when its tree needs a checkout.
+func checkoutFree(st *filesystem.Storage, ref plumbing.ReferenceName) (plumbing.Hash, error) {
+	r, err := st.Reference(ref)
+	if errors.Is(err, plumbing.ErrReferenceNotFound) {
+		return plumbing.ZeroHash, nil
 	}
+	if err != nil {
+		return plumbing.ZeroHash, fmt.Errorf("read %s: %w", ref, err)
+	}
+	head := r.Hash()
 	c, err := object.GetCommit(st, head)
 	if err != nil {
 		return head, fmt.Errorf("read main's commit: %w", err)
@@ -186,14 +189,14 @@ func (m *Manager) checkoutFree(p string) (plumbing.Hash, error) {
 	}
 }
 
-// archiveInto appends main's files (git archive of head, from the bare
-// repository) to tw: directories 0755, files 0644 or 0755 and symbolic
+// archiveInto appends main's files (git archive of head, from the
+// repository gitDir) to tw: directories 0755, files 0644 or 0755 and symbolic
 // links, as a checkout under umask 022 makes them; anything else in the
 // stream ends it.
-func (m *Manager) archiveInto(ctx context.Context, tw *tar.Writer, bare string, head plumbing.Hash) error {
+func (m *Manager) archiveInto(ctx context.Context, tw *tar.Writer, gitDir string, head plumbing.Hash) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, m.git, "--git-dir="+bare, "archive", "--format=tar", head.String())
+	cmd := exec.CommandContext(ctx, m.git, "--git-dir="+gitDir, "archive", "--format=tar", head.String())
 	cmd.Env = gitEnv()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
