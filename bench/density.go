@@ -51,6 +51,11 @@ type DensityReport struct {
 	Started int    `json:"started"`
 	Alive   int    `json:"alive"`
 	Stop    string `json:"stop"`
+	// Exec is an exec of `true` in each, one after another, once all
+	// are started and idle; ExecWithin1s counts those answered within a
+	// second.
+	Exec         Timing `json:"exec_true"`
+	ExecWithin1s int    `json:"exec_within_1s"`
 	// StartAll is the time to start them one after another; Start the
 	// distribution of one start, first and last tenth (does a full host
 	// start slower?).
@@ -191,6 +196,21 @@ func RunDensity(ctx context.Context, o DensityOptions) (_ DensityReport, err err
 			rep.Alive++
 		}
 	}
+	var execs []time.Duration
+	for _, sb := range sbs {
+		t := time.Now()
+		res, err := sb.Exec(ctx, runtime.ExecRequest{Cmd: []string{"true"}, Timeout: 10 * time.Second})
+		d := time.Since(t)
+		if err != nil || res.ExitCode != 0 {
+			continue
+		}
+		execs = append(execs, d)
+		if d <= time.Second {
+			rep.ExecWithin1s++
+		}
+	}
+	rep.Exec = timing(execs)
+	rep.Exec.Samples = nil
 	rep.CgroupMiB = round(mib(cg) / n)
 	if _, availAfter, err := meminfo(); err == nil {
 		rep.MemAvailDropMiB = round(mib(availBefore-availAfter) / n)

@@ -311,9 +311,10 @@ func printDensity(w io.Writer, r bench.DensityReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "host\t%d CPUs, %.0f MiB memory (%.0f available before), gVisor %s\n", r.CPUs, r.MemTotalMiB, r.MemAvailMiB, r.Platform)
 	fmt.Fprintf(tw, "idle sandboxes started\t%d (%d answering), stopped by: %s\n", r.Started, r.Alive, r.Stop)
+	fmt.Fprintf(tw, "an exec of true in each, one after another, all idle\tp50 %.1f ms, p90 %.1f, max %.1f; %d of %d within 1 s\n", r.Exec.P50, r.Exec.P90, r.Exec.Max, r.ExecWithin1s, r.Started)
 	fmt.Fprintf(tw, "time to start them\t%.1f s; one start p50 %.0f ms in the first tenth, %.0f ms in the last\n", r.StartAllMs/1000, r.StartFirstTenth.P50, r.StartLastTenth.P50)
 	fmt.Fprintf(tw, "per idle sandbox\tMemAvailable drop %.1f MiB, cgroup %.1f MiB, PSS %.1f MiB, RSS %.1f MiB, disk %.1f MiB\n", r.MemAvailDropMiB, r.CgroupMiB, r.PSSMiB, r.RSSMiB, r.DiskMiB)
-	fmt.Fprintf(tw, "idle CPU, all of them\t%.1f%% of the host (their sentries and gofers)\n", r.IdleCPUShare)
+	fmt.Fprintf(tw, "idle CPU, all of them\t%.1f%% of the host (their sentries and gofers): %.3f%% of a CPU each\n", r.IdleCPUShare, r.IdleCPUShare*float64(r.CPUs)/float64(max(r.Started, 1)))
 	fmt.Fprintf(tw, "fit on this host\t%d by memory (%.1f per GiB, %.0f MiB kept), %d by idle CPU (the whole host), %d by free disk\n", r.FitByMemory, r.PerGiB, r.ReserveMiB, r.FitByIdleCPU, r.FitByDisk)
 	tw.Flush()
 }
