@@ -17,8 +17,7 @@ import (
 // FailHostedBy and DestroyOrphans.
 func (m *Manager) Run(ctx context.Context) error {
 	go m.boundPauses(ctx)
-	go m.keepTemplatePools(ctx)
-	go m.keepWarmPool(ctx)
+	go m.keepPools(ctx)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {

@@ -211,10 +211,13 @@ func (m *Manager) poolDiskRoom(ctx context.Context) error {
 	return nil
 }
 
-// keepTemplatePools tends the templates' pools every templatePoolsTick
-// until ctx ends.
-func (m *Manager) keepTemplatePools(ctx context.Context) {
-	if _, ok := m.pooler(); !ok {
+// keepPools tends the pools every templatePoolsTick until ctx ends: the
+// templates' (idle and deleted templates lose theirs) and the built-in
+// warm pool (demand that passed brings it back to its floor, warmpool.go).
+func (m *Manager) keepPools(ctx context.Context) {
+	_, templates := m.pooler()
+	_, warm := m.warmSizer()
+	if !templates && !warm {
 		return
 	}
 	t := time.NewTicker(templatePoolsTick)
@@ -224,7 +227,12 @@ func (m *Manager) keepTemplatePools(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			m.tendTemplatePools(ctx)
+			if templates {
+				m.tendTemplatePools(ctx)
+			}
+			if warm {
+				m.sizeWarmPool(ctx)
+			}
 		}
 	}
 }

@@ -156,24 +156,6 @@ func (m *Manager) yieldWarm(n int) int {
 	return n
 }
 
-// keepWarmPool sizes the built-in pool every templatePoolsTick until ctx
-// ends: demand that passed brings it back to its floor.
-func (m *Manager) keepWarmPool(ctx context.Context) {
-	if _, ok := m.warmSizer(); !ok {
-		return
-	}
-	t := time.NewTicker(templatePoolsTick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.sizeWarmPool(ctx)
-		}
-	}
-}
-
 // warmPooled is what the built-in pool holds, starts or is filling to,
 // at least its floor (admitDisk counts them as promised).
 func (m *Manager) warmPooled() int {
