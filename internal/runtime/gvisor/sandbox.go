@@ -229,10 +229,30 @@ func (s *sandbox) startGuard() {
 const maxHandshakes = 4
 
 // listening is an attachment's agent socket: wg counts its accept loop
-// and the handshakes under way.
+// and the handshakes under way; closed (under the sandbox's Mu) says the
+// attachment let go of it (Detach).
 type listening struct {
-	ln net.Listener
-	wg sync.WaitGroup
+	ln     net.Listener
+	wg     sync.WaitGroup
+	closed bool
+}
+
+// Detach lets go of the sandbox (host.Attachment's), closing its agent
+// socket first. The agent redials the moment its session closes: had the
+// socket still been open (its close was the attachment context's, in a
+// goroutine of its own), the agent could connect to this attachment
+// again and stay with a runtime that let go, never reaching the one made
+// next on the same state (a runtime made again within one process, as
+// the Reattach tests do). A handshake that ends after this is refused
+// (acceptLoop).
+func (s *sandbox) Detach() {
+	s.Mu.Lock()
+	if l := s.listening; l != nil && !l.closed {
+		l.closed = true
+		l.ln.Close()
+	}
+	s.Mu.Unlock()
+	s.Attachment.Detach()
 }
 
 // acceptLoop serves the agent socket. Only a peer that proves it holds the
@@ -266,10 +286,16 @@ func (s *sandbox) acceptLoop(l *listening) {
 				})
 				return
 			}
-			s.Agent.Set(c)
+			// Under Mu with Detach: either this session is set before
+			// Detach closes the current one, or it is refused here.
 			s.Mu.Lock()
+			defer s.Mu.Unlock()
+			if l.closed {
+				c.Close()
+				return
+			}
+			s.Agent.Set(c)
 			s.session = pc
-			s.Mu.Unlock()
 		}()
 	}
 }
