@@ -99,7 +99,11 @@ func ServeSession(sess *yamux.Session, handler http.Handler, log *slog.Logger) e
 			MaxConcurrentStreams: 250,
 			MaxReadFrameSize:     1 << 20,
 		},
-		IdleTimeout: time.Minute,
+		// Longer than the host transport's IdleConnTimeout, so that the
+		// host closes an idle connection (cleanly) before the agent would:
+		// a sandbox started ahead keeps the connection its start opened
+		// while it waits.
+		IdleTimeout: 10 * time.Minute,
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	defer srv.Close()
