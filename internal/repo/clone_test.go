@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // pushTree makes a commit of files (path → content; a "->" prefix makes a
@@ -51,6 +53,8 @@ func pushTree(t *testing.T, m *Manager, account string, files map[string]string)
 // origin's; the tags; modes and links as a checkout's), and its key is
 // the repository's RefsKey until the repository changes.
 func TestWriteCloneIsAClone(t *testing.T) {
+	securitytest.Attack(t, "git", "a sandbox pushes a repository with links and executables; the host builds every fresh sandbox's /workspace from it",
+		"no checkout on the host (a fetch into an empty repository, an index, git archive passed through); trees with .gitmodules or .gitattributes go to git in the sandbox; the archive names nothing of the host (no FETCH_HEAD, no reflogs, no paths)")
 	if _, err := exec.LookPath("tar"); err != nil {
 		t.Skip("no tar")
 	}

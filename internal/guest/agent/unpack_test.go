@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 type tarEntry struct {
@@ -76,6 +77,8 @@ func TestUnpack(t *testing.T) {
 // TestUnpackStaysInside: no name, and no link an earlier entry made, takes
 // a write outside the directory; devices are refused.
 func TestUnpackStaysInside(t *testing.T) {
+	securitytest.Attack(t, "guest", "the workspace archive (built from the account's repository, which sandboxes push to) names ../escaped, /escaped, a link to .. or to a directory outside and then a file through it, and a device",
+		"the agent writes every entry through os.Roots of the workspace directory: each is refused, nothing is written outside")
 	for _, tc := range []struct {
 		name    string
 		entries []tarEntry
@@ -111,6 +114,8 @@ func TestUnpackStaysInside(t *testing.T) {
 // TestUnpackIsTheHosts: a request that acts as a user (every request
 // forwarded for E2B's SDK carries one) is refused.
 func TestUnpackIsTheHosts(t *testing.T) {
+	securitytest.Attack(t, "e2b", "an E2B caller holding a sandbox's access token posts a tar to the agent's unpack endpoint (host-only, as root) to overwrite files as root",
+		"the agent refuses a request acting as a user (every forwarded one carries Sandboxd-User), and the E2B host forwards only envd's paths (404)")
 	a := New(Options{})
 	dir := t.TempDir()
 	req := httptest.NewRequest(http.MethodPost, guest.UnpackPath+"?path="+dir, tarOf(t, tarEntry{name: "x", typ: tar.TypeReg, mode: 0o644, body: "x"}))
