@@ -28,9 +28,10 @@ func (s *Service) Hooks() []sandbox.Hook {
 // it through Prepare.
 type workspaceHook struct{ s *Service }
 
-// fastPrepareTimeout bounds what a create waits for its workspace: an
-// archive of a large repository that takes longer fails the fast way,
-// and the script's run after it says why.
+// fastPrepareTimeout bounds what a create waits for its workspace (the
+// archives are of repositories of at most maxFastClone). An unpack cut
+// off by it is logged, as a failed script is, and the sandbox runs with
+// what was written.
 const fastPrepareTimeout = 30 * time.Second
 
 func (workspaceHook) Name() string          { return "workspace" }

@@ -19,8 +19,9 @@ import (
 // sandbox is promised a disk of Limits.DiskBytes, as a running one is),
 // keeping one create's room free; and a create the disk could not promise
 // otherwise makes the pool give back what it grew (yieldWarm), so a bigger
-// pool never turns a create away. The runtime starts what the pool lacks one at a time, so refilling
-// takes one start's worth of the host beside the running sandboxes.
+// pool never turns a create away. The runtime starts what the pool lacks
+// one at a time, so refilling takes one start's worth of the host beside
+// the running sandboxes.
 
 // warmDemand is the recent creates the built-in pool could serve, and the
 // size it was given.
@@ -55,8 +56,8 @@ func (m *Manager) warmCreated() {
 	go m.sizeWarmPool(context.Background())
 }
 
-// warmWanted is the size the recent creates ask for, within the
-// operator's floor and ceiling; callers hold d.mu.
+// warmWantedLocked is the size the recent creates ask for, within the
+// operator's floor and ceiling; callers hold m.warm.mu.
 func (m *Manager) warmWantedLocked(now time.Time) int {
 	d := &m.warm
 	i := 0
