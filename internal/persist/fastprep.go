@@ -28,7 +28,8 @@ import (
 //     branches and tags stay as they are (a sandbox's next sibling gets
 //     the same bytes);
 //   - a sandbox restored from a snapshot whose clone stands at main
-//     already is left alone, after three small reads.
+//     already is left alone, after four small reads (main made to track
+//     origin/main when it does not).
 //
 // Anything else — submodules or .gitattributes at main, a clone behind
 // main or diverged, other files in /workspace, a runtime without
