@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
@@ -175,4 +176,23 @@ func TestPhases(t *testing.T) {
 	if len(got) != 1 || got[0].Title != "bench" || got[0].Total != 2 || !slices.Equal(got[0].States, want) || !got[0].Ended {
 		t.Fatalf("%+v", got)
 	}
+}
+
+// TestClusterCharts: a cluster run's charts, from the report of the
+// 10-node run kept in this directory.
+func TestClusterCharts(t *testing.T) {
+	b, err := os.ReadFile("cluster-n10.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r ClusterReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	checkCharts(t, r.Charts(), map[string][]string{
+		"cluster-latency.svg":    {"Requests on 10 nodes", "in flight", "exec"},
+		"cluster-statements.svg": {"statements per request"},
+		"cluster-idle.svg":       {"River's job fetching, per node"},
+		"cluster-cpu.svg":        {"idle: PostgreSQL"},
+	})
 }

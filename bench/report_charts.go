@@ -139,3 +139,29 @@ func (r MicroVMReport) Charts() []Chart {
 		}},
 	}
 }
+
+// Charts of RunCluster's report: the requests' latencies by phase, what
+// PostgreSQL runs per request and per idle node, and the cores the nodes
+// and PostgreSQL used in each phase.
+func (r ClusterReport) Charts() []Chart {
+	// The report keeps each phase's percentiles, not its samples.
+	lat := Chart{File: "cluster-latency.svg", Title: fmt.Sprintf("Requests on %d nodes (simulated sandboxes): p50 and p99", r.Nodes)}
+	statements := Chart{File: "cluster-statements.svg", Title: "PostgreSQL statements per request, less the idle load's", Unit: "statements"}
+	cores := Chart{File: "cluster-cpu.svg", Title: "Cores used, by phase: the nodes, then PostgreSQL", Unit: "cores"}
+	phases := append(append([]ClusterPhase{}, r.Creates...), r.Direct, r.Routed, r.Stops)
+	for _, ph := range phases {
+		name := ph.Name
+		if ph.Concurrency > 0 {
+			name = fmt.Sprintf("%s, %d in flight", ph.Name, ph.Concurrency)
+		}
+		lat.Bars = append(lat.Bars, Bar{Name: name + ", p50", Value: ph.Latency.P50}, Bar{Name: name + ", p99", Value: ph.Latency.P99})
+		statements.Bars = append(statements.Bars, Bar{Name: name, Value: ph.PG.NetPerOp})
+		cores.Bars = append(cores.Bars, Bar{Name: name + ": nodes", Value: ph.NodesCPU}, Bar{Name: name + ": PostgreSQL", Value: ph.PGCPU})
+	}
+	idle := Chart{File: "cluster-idle.svg", Title: "An idle node's cost to PostgreSQL", Unit: "statements per second", Bars: []Bar{
+		{Name: "all, per node", Value: r.Heartbeat.StatementsPerNodeSec},
+		{Name: "River's job fetching, per node", Value: r.Heartbeat.RiverPerNodeSec},
+	}}
+	cores.Bars = append(cores.Bars, Bar{Name: "idle: nodes", Value: r.Idle.NodesCPU}, Bar{Name: "idle: PostgreSQL", Value: r.Idle.PGCPU})
+	return []Chart{lat, statements, idle, cores}
+}

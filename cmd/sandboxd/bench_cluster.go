@@ -22,6 +22,7 @@ func newBenchClusterCmd(g *globals) *cobra.Command {
 		conc    []int
 		asJSON  bool
 		keepDir bool
+		charts  string
 	)
 	cmd := &cobra.Command{
 		Use:   "cluster",
@@ -67,10 +68,14 @@ Use a database of its own: the statistics are the whole database's.`,
 			if err != nil {
 				return err
 			}
-			return emit(cmd.OutOrStdout(), asJSON, rep, printCluster)
+			if err := emit(cmd.OutOrStdout(), asJSON, rep, printCluster); err != nil {
+				return err
+			}
+			return writeCharts(cmd.ErrOrStderr(), charts, rep)
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&charts, "charts", "", "also draw the figures as SVG charts into this directory (latencies by phase, statements per request and per idle node, cores used)")
 	f.StringVar(&o.Database, "database", os.Getenv("SANDBOXD_DATABASE"), "postgres:// URL of the database the nodes share (one of the benchmark's own)")
 	f.StringVar(&o.BlobStore, "blob-store", os.Getenv("SANDBOXD_BLOB_STORE"), "s3:// URL of the store the nodes share")
 	f.IntVar(&o.Nodes, "nodes", 10, "node processes")
