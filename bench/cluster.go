@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -737,57 +736,12 @@ func (c *benchCluster) stop() {
 
 // account creates the benchmark's account through the database.
 func (c *benchCluster) account(ctx context.Context) (string, error) {
-	admin := func(out any, args ...string) error {
-		args = append(args, "--database", c.o.Database, "--data-dir", c.nodes[0].dataDir, "--json")
-		b, err := exec.CommandContext(ctx, c.o.Sandboxd, args...).Output()
-		if err != nil {
-			return fmt.Errorf("sandboxd %s: %w", strings.Join(args, " "), err)
-		}
-		return json.Unmarshal(b, out)
-	}
-	var a struct {
-		ID string `json:"id"`
-	}
-	if err := admin(&a, "admin", "account", "create", "--name", fmt.Sprintf("bench-cluster-%d", time.Now().UnixNano())); err != nil {
-		return "", err
-	}
-	var k struct {
-		Key string `json:"key"`
-	}
-	if err := admin(&k, "admin", "key", "create", "--account", a.ID); err != nil {
-		return "", err
-	}
-	return k.Key, nil
+	return adminKey(ctx, c.o.Sandboxd, fmt.Sprintf("bench-cluster-%d", time.Now().UnixNano()), "--database", c.o.Database, "--data-dir", c.nodes[0].dataDir)
 }
 
 func (c *benchCluster) call(ctx context.Context, n *clusterNode, key, method, path string, body, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, n.base+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("x-api-key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, tail(string(b), 300))
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
+	_, err := callAPI(ctx, c.http, n.base, key, method, path, body, out, 1<<20)
+	return err
 }
 
 func (c *benchCluster) create(ctx context.Context, n *clusterNode, key string) (string, error) {

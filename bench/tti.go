@@ -3,10 +3,8 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -338,58 +336,12 @@ func (s *ttiServer) stop() {
 
 // account creates an account and returns an API key for it.
 func (s *ttiServer) account(ctx context.Context, name string) (string, error) {
-	admin := func(out any, args ...string) error {
-		args = append(args, "--data-dir", filepath.Join(s.o.StateDir, "data"), "--json")
-		b, err := exec.CommandContext(ctx, s.o.Sandboxd, args...).Output()
-		if err != nil {
-			return fmt.Errorf("sandboxd %s: %w", strings.Join(args, " "), err)
-		}
-		return json.Unmarshal(b, out)
-	}
-	var a struct {
-		ID string `json:"id"`
-	}
-	if err := admin(&a, "admin", "account", "create", "--name", name); err != nil {
-		return "", err
-	}
-	var k struct {
-		Key string `json:"key"`
-	}
-	if err := admin(&k, "admin", "key", "create", "--account", a.ID); err != nil {
-		return "", err
-	}
-	return k.Key, nil
+	return adminKey(ctx, s.o.Sandboxd, name, "--data-dir", filepath.Join(s.o.StateDir, "data"))
 }
 
 // call sends a JSON request with key and decodes the answer.
 func (s *ttiServer) call(ctx context.Context, key, method, path string, body any, out any) (int, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, s.base+path, rd)
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("x-api-key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.http.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return resp.StatusCode, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return resp.StatusCode, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, tail(string(b), 300))
-	}
-	if out != nil {
-		return resp.StatusCode, json.Unmarshal(b, out)
-	}
-	return resp.StatusCode, nil
+	return callAPI(ctx, s.http, s.base, key, method, path, body, out, 4<<20)
 }
 
 type created struct {
