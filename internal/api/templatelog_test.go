@@ -5,15 +5,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/api"
-	"github.com/sandboxd/sandboxd/internal/auth"
-	"github.com/sandboxd/sandboxd/internal/jobs"
 	"github.com/sandboxd/sandboxd/internal/store"
-	"github.com/sandboxd/sandboxd/internal/store/storetest"
 	"github.com/sandboxd/sandboxd/internal/templates"
 )
 
@@ -22,21 +17,7 @@ import (
 // the failure reason; another account's template is 404.
 func TestTemplateLogStream(t *testing.T) {
 	ctx := t.Context()
-	st := storetest.Open(t, storetest.SQLiteDSN(t))
-	keys := accountKeys(t, st, "alice", "bob")
-	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(jc.Close)
-	svc, err := templates.New(templates.Config{Store: st, Jobs: jc, NodeID: "here", Dir: filepath.Join(t.TempDir(), "templates")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := api.New(api.Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test", Templates: svc})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, keys, st := templateAPI(t, templates.Config{})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	get := func(who, path string) *http.Response {

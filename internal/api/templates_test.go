@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -23,26 +22,11 @@ import (
 // built yet refused by name, another account's template not found, 409
 // for a name and tag taken, the list and the deletion.
 func TestTemplateRoutes(t *testing.T) {
-	ctx := context.Background()
-	st := storetest.Open(t, storetest.SQLiteDSN(t))
-	keys := accountKeys(t, st, "alice", "bob")
-	jc, err := jobs.New(ctx, st, jobs.Config{NodeID: "here"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(jc.Close)
 	credKey, err := templates.LoadOrCreateKey(filepath.Join(t.TempDir(), "registry-credentials.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := templates.New(templates.Config{Store: st, Jobs: jc, NodeID: "here", Dir: filepath.Join(t.TempDir(), "templates"), CredentialsKey: credKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := api.New(api.Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test", Templates: svc})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, keys, _ := templateAPI(t, templates.Config{CredentialsKey: credKey})
 	call := func(who, method, path, body string) (int, map[string]any) {
 		t.Helper()
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
@@ -135,6 +119,31 @@ func TestTemplateRoutes(t *testing.T) {
 	if code, _ := call("alice", "GET", "/api/templates/"+id, ""); code != http.StatusNotFound {
 		t.Fatalf("get after delete: %d", code)
 	}
+}
+
+// templateAPI is the API over the real templates service on a fresh
+// store, with accounts alice and bob (keys by name): cfg is the service's
+// configuration less what the fixture gives (the store, a job client
+// whose builds are queued and never run, the node, the directory).
+func templateAPI(t *testing.T, cfg templates.Config) (http.Handler, map[string]string, *store.Store) {
+	t.Helper()
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	keys := accountKeys(t, st, "alice", "bob")
+	jc, err := jobs.New(t.Context(), st, jobs.Config{NodeID: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(jc.Close)
+	cfg.Store, cfg.Jobs, cfg.NodeID, cfg.Dir = st, jc, "here", filepath.Join(t.TempDir(), "templates")
+	svc, err := templates.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := api.New(api.Options{Store: st, Auth: auth.NewAuthenticator(st), Version: "test", Templates: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, keys, st
 }
 
 // accountKeys makes a personal account of each name in st and answers a
