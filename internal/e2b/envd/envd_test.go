@@ -226,6 +226,29 @@ func (f *fixture) sandboxOf(templateID string, env map[string]string, private bo
 	return e
 }
 
+// start starts cfg through the proxy's process service with headers and
+// answers its stdout, to its end.
+func (f *fixture) start(t *testing.T, headers map[string]string, cfg *pb.ProcessConfig) string {
+	t.Helper()
+	client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL, connect.WithProtoJSON())
+	req := connect.NewRequest(&pb.StartRequest{Process: cfg})
+	for k, v := range headers {
+		req.Header().Set(k, v)
+	}
+	stream, err := client.Start(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	for stream.Receive() {
+		out += string(stream.Msg().GetEvent().GetData().GetStdout())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // call serves a request and decodes a JSON answer into out (when not
 // nil).
 func (f *fixture) call(method, path string, headers map[string]string, out any) int {
@@ -304,23 +327,7 @@ func TestAgentRoutes(t *testing.T) {
 	}
 
 	// Start gets the sandbox's environment under the request's own.
-	client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL, connect.WithProtoJSON())
-	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}})
-	for k, v := range to(e.AccessToken) {
-		req.Header().Set(k, v)
-	}
-	stream, err := client.Start(t.Context(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out string
-	for stream.Receive() {
-		out += string(stream.Msg().GetEvent().GetData().GetStdout())
-	}
-	if err := stream.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if want := "user=user env=map[FOO:bar X:2]"; out != want {
+	if out, want := f.start(t, to(e.AccessToken), &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}), "user=user env=map[FOO:bar X:2]"; out != want {
 		t.Fatalf("Start reached the agent as %q, want %q", out, want)
 	}
 
@@ -346,33 +353,13 @@ func TestAgentRoutes(t *testing.T) {
 func TestTemplateDefaults(t *testing.T) {
 	f := newFixture(t, nil)
 	e := f.sandboxOf("tpl_app", map[string]string{"FOO": "create"}, false)
-	start := func(headers map[string]string, cfg *pb.ProcessConfig) string {
-		t.Helper()
-		client := processconnect.NewProcessClient(http.DefaultClient, f.srv.URL, connect.WithProtoJSON())
-		req := connect.NewRequest(&pb.StartRequest{Process: cfg})
-		for k, v := range headers {
-			req.Header().Set(k, v)
-		}
-		stream, err := client.Start(t.Context(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out string
-		for stream.Receive() {
-			out += string(stream.Msg().GetEvent().GetData().GetStdout())
-		}
-		if err := stream.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
 	h := map[string]string{headerSandboxID: E2BID(e.SandboxID), headerAccessToken: e.AccessToken}
-	if got, want := start(h, &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}), "user=app env=map[APP:1 FOO:create X:2] cwd=/srv/app"; got != want {
+	if got, want := f.start(t, h, &pb.ProcessConfig{Cmd: "env", Envs: map[string]string{"X": "2"}}), "user=app env=map[APP:1 FOO:create X:2] cwd=/srv/app"; got != want {
 		t.Errorf("defaults: %q, want %q", got, want)
 	}
 	h["Authorization"] = basic("root")
 	cwd := "/tmp"
-	if got, want := start(h, &pb.ProcessConfig{Cmd: "env", Cwd: &cwd, Envs: map[string]string{"APP": "2"}}), "user=root env=map[APP:2 FOO:create] cwd=/tmp"; got != want {
+	if got, want := f.start(t, h, &pb.ProcessConfig{Cmd: "env", Cwd: &cwd, Envs: map[string]string{"APP": "2"}}), "user=root env=map[APP:2 FOO:create] cwd=/tmp"; got != want {
 		t.Errorf("named: %q, want %q", got, want)
 	}
 	var got map[string]string
