@@ -23,6 +23,10 @@ type preparation struct {
 	mu   sync.Mutex
 	done bool
 	err  error
+	// scriptOnly says the fast ways were just tried and declined
+	// (prepareFast): the preparation that follows runs the script
+	// without trying them again.
+	scriptOnly bool
 }
 
 // GitEnv is the environment that makes git inside a sandbox authenticate to
@@ -104,11 +108,19 @@ func (s *Service) prepareOnce(ctx context.Context, p *preparation, sb store.Sand
 	if p.done && !again {
 		return p.err
 	}
-	p.err, p.done = s.prepare(ctx, sb, rsb), true
-	if p.err != nil {
-		s.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", p.err)
-	}
+	fast := !p.scriptOnly
+	p.scriptOnly = false
+	s.finish(p, sb, s.prepare(ctx, sb, rsb, fast))
 	return p.err
+}
+
+// finish records the outcome of sb's preparation in p, logging a failure.
+// Callers hold p.mu.
+func (s *Service) finish(p *preparation, sb store.Sandbox, err error) {
+	p.err, p.done = err, true
+	if err != nil {
+		s.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", err)
+	}
 }
 
 // markPrepared records that sandbox id's workspace needs no preparing (a
@@ -141,21 +153,23 @@ func (s *Service) prepareFast(ctx context.Context, p *preparation, sb store.Sand
 	}
 	err := s.fastPrepare(ctx, sb, rsb)
 	if errors.Is(err, errScript) {
+		p.scriptOnly = true
 		return false
 	}
-	p.err, p.done = err, true
-	if err != nil {
-		s.log.Warn("prepare workspace", "sandbox_id", sb.ID, "err", err)
-	}
+	s.finish(p, sb, err)
 	return true
 }
 
-func (s *Service) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox) error {
+// prepare readies sb's workspace: the fast ways first (unless fast is
+// false: they were just tried), else the script.
+func (s *Service) prepare(ctx context.Context, sb store.Sandbox, rsb runtime.Sandbox, fast bool) error {
 	if _, err := s.opts.Repos.Ensure(ctx, sb.AccountID); err != nil {
 		return fmt.Errorf("ensure repository of %s: %w", sb.AccountID, err)
 	}
-	if err := s.fastPrepare(ctx, sb, rsb); !errors.Is(err, errScript) {
-		return err
+	if fast {
+		if err := s.fastPrepare(ctx, sb, rsb); !errors.Is(err, errScript) {
+			return err
+		}
 	}
 	if _, err := runScript(ctx, rsb, prepareScript, RepoURL(sb.AccountID)); err != nil {
 		return fmt.Errorf("prepare /workspace of %s: %w", sb.ID, err)
