@@ -1,12 +1,14 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/contract"
@@ -53,7 +55,10 @@ func (s *Server) execSandbox(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, sb store.Sandbox, req contract.ExecRequest, start time.Time) {
 	sse := startSSE(w)
 	drop := !req.KillOnDisconnect
-	res, err := s.opts.Sandboxes.Exec(r.Context(), principal(r), sb.ID, req.Domain(), streamTo{sse, "stdout", drop}, streamTo{sse, "stderr", drop})
+	stdout, stderr := &streamTo{sse: sse, name: "stdout", drop: drop}, &streamTo{sse: sse, name: "stderr", drop: drop}
+	res, err := s.opts.Sandboxes.Exec(r.Context(), principal(r), sb.ID, req.Domain(), stdout, stderr)
+	stdout.end()
+	stderr.end()
 	if err != nil {
 		if s.callerGone(r, sb, req) {
 			return
@@ -99,19 +104,27 @@ func startSSE(w http.ResponseWriter) *sseWriter {
 // sseWriter serialises events from concurrent stdout/stderr writers and
 // flushes each one so the client sees output as it happens.
 type sseWriter struct {
-	mu sync.Mutex
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	mu  sync.Mutex
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	buf bytes.Buffer  // an event being written; reused, as output events come in bulk
+	enc *json.Encoder // writes to buf
 }
 
 func (e *sseWriter) event(name string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("encode %s event: %w", name, err)
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, data); err != nil {
+	if e.enc == nil {
+		e.enc = json.NewEncoder(&e.buf)
+	}
+	e.buf.Reset()
+	e.buf.WriteString("event: " + name + "\ndata: ")
+	// Encode ends the JSON with the line's newline; a blank line ends the event.
+	if err := e.enc.Encode(v); err != nil {
+		return fmt.Errorf("encode %s event: %w", name, err)
+	}
+	e.buf.WriteByte('\n')
+	if _, err := e.w.Write(e.buf.Bytes()); err != nil {
 		return err
 	}
 	return e.rc.Flush()
@@ -131,15 +144,58 @@ func (e *sseWriter) comment(text string) error {
 // that fails (the client is gone) fails the command's output, which kills
 // the command, unless drop says to drop what the client can no longer
 // receive: a command that survives its caller.
+//
+// An event's data is a JSON string, so a UTF-8 character that a write
+// cuts in two is held back and sent with the next write's start: sent
+// apart, each half would turn into U+FFFD. end sends what is held.
 type streamTo struct {
 	sse  *sseWriter
 	name string
 	drop bool
+	held []byte // the start of a character the last write cut, at most 3 bytes
 }
 
-func (s streamTo) Write(p []byte) (int, error) {
-	if err := s.sse.event(s.name, contract.ExecOutput{Data: string(p)}); err != nil && !s.drop {
+func (s *streamTo) Write(p []byte) (int, error) {
+	data := p
+	if len(s.held) > 0 {
+		data = append(s.held, p...)
+	}
+	cut := len(data) - partialRune(data)
+	s.held = append([]byte(nil), data[cut:]...)
+	if err := s.send(data[:cut]); err != nil {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// end sends what the last write held back: a character the output never
+// finished, which the event carries as U+FFFD.
+func (s *streamTo) end() {
+	_ = s.send(s.held)
+	s.held = nil
+}
+
+func (s *streamTo) send(data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	if err := s.sse.event(s.name, contract.ExecOutput{Data: string(data)}); err != nil && !s.drop {
+		return err
+	}
+	return nil
+}
+
+// partialRune is how many bytes at the end of b begin a UTF-8 character
+// that b does not finish (0 to 3). Bytes that cannot begin one count as
+// whole: they are not UTF-8, and no later byte would make them so.
+func partialRune(b []byte) int {
+	for i := 1; i <= utf8.UTFMax-1 && i <= len(b); i++ {
+		if c := b[len(b)-i]; utf8.RuneStart(c) {
+			if c >= utf8.RuneSelf && !utf8.FullRune(b[len(b)-i:]) {
+				return i
+			}
+			return 0
+		}
+	}
+	return 0
 }

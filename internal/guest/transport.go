@@ -83,6 +83,14 @@ func newTransport(sess *yamux.Session) *http.Transport {
 		MaxResponseHeaderBytes: 64 << 10,
 		DisableCompression:     true,
 		IdleConnTimeout:        5 * time.Minute,
+		// An output event (at most 256 KiB) crosses as one DATA frame
+		// instead of 16 KiB ones, each its own writes on the socket; what
+		// a stream may hold unread is 1 MiB where the default is 4, so a
+		// hostile agent makes the host buffer less.
+		HTTP2: &http.HTTP2Config{
+			MaxReadFrameSize:          256 << 10,
+			MaxReceiveBufferPerStream: 1 << 20,
+		},
 	}
 }
 
