@@ -15,27 +15,44 @@ import (
 // its global flags: the data dir, the database) and answers an API key of
 // it.
 func adminKey(ctx context.Context, sandboxd, name string, global ...string) (string, error) {
-	admin := func(out any, args ...string) error {
-		args = append(append(args, global...), "--json")
-		b, err := exec.CommandContext(ctx, sandboxd, args...).Output()
-		if err != nil {
-			return fmt.Errorf("sandboxd %s: %w", strings.Join(args, " "), err)
-		}
-		return json.Unmarshal(b, out)
+	account, err := adminAccount(ctx, sandboxd, name, global...)
+	if err != nil {
+		return "", err
 	}
+	return adminKeyOf(ctx, sandboxd, account, "", global...)
+}
+
+// adminAccount creates an account called name and answers its id.
+func adminAccount(ctx context.Context, sandboxd, name string, global ...string) (string, error) {
 	var a struct {
 		ID string `json:"id"`
 	}
-	if err := admin(&a, "admin", "account", "create", "--name", name); err != nil {
-		return "", err
+	err := admin(ctx, sandboxd, &a, global, "account", "create", "--name", name)
+	return a.ID, err
+}
+
+// adminKeyOf creates a key of account, of format ("e2b", or "" for
+// sandboxd's own), and answers it.
+func adminKeyOf(ctx context.Context, sandboxd, account, format string, global ...string) (string, error) {
+	args := []string{"key", "create", "--account", account}
+	if format != "" {
+		args = append(args, "--format", format)
 	}
 	var k struct {
 		Key string `json:"key"`
 	}
-	if err := admin(&k, "admin", "key", "create", "--account", a.ID); err != nil {
-		return "", err
+	err := admin(ctx, sandboxd, &k, global, args...)
+	return k.Key, err
+}
+
+// admin runs `sandboxd admin ARGS GLOBAL --json` and decodes its answer.
+func admin(ctx context.Context, sandboxd string, out any, global []string, args ...string) error {
+	args = append(append(append([]string{"admin"}, args...), global...), "--json")
+	b, err := exec.CommandContext(ctx, sandboxd, args...).Output()
+	if err != nil {
+		return fmt.Errorf("sandboxd %s: %w", strings.Join(args, " "), err)
 	}
-	return k.Key, nil
+	return json.Unmarshal(b, out)
 }
 
 // callAPI sends body as JSON with key to base+path and decodes the answer

@@ -559,13 +559,13 @@ func digestTree(ctx context.Context, sb runtime.Sandbox) (string, error) {
 func ms(d time.Duration) float64 { return round(float64(d.Microseconds()) / 1000) }
 
 // writeBundle writes an OCI bundle's config.json in dir: rootfs read-only,
-// args as the process, its own namespaces and no network.
-func writeBundle(dir, rootfs string, args []string) error {
+// args as the process, /proc and mounts, its own namespaces and no network.
+func writeBundle(dir, rootfs string, args []string, mounts ...map[string]string) error {
 	spec := map[string]any{
 		"ociVersion": "1.0.2",
 		"process":    map[string]any{"args": args, "cwd": "/", "env": []string{"PATH=/bin:/usr/bin"}, "user": map[string]int{"uid": 0, "gid": 0}},
 		"root":       map[string]any{"path": rootfs, "readonly": true},
-		"mounts":     []map[string]string{{"destination": "/proc", "type": "proc", "source": "proc"}},
+		"mounts":     append([]map[string]string{{"destination": "/proc", "type": "proc", "source": "proc"}}, mounts...),
 		"linux":      map[string]any{"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}},
 	}
 	js, err := json.Marshal(spec)
@@ -573,6 +573,11 @@ func writeBundle(dir, rootfs string, args []string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "config.json"), js, 0o600)
+}
+
+// tmpfsMount is a writable directory for a bundle of a read-only rootfs.
+func tmpfsMount(dest string) map[string]string {
+	return map[string]string{"destination": dest, "type": "tmpfs", "source": "tmpfs"}
 }
 
 // runscCmd is bare runsc with a state root, a platform and no network.

@@ -165,3 +165,17 @@ func (r ClusterReport) Charts() []Chart {
 	cores.Bars = append(cores.Bars, Bar{Name: "idle: nodes", Value: r.Idle.NodesCPU}, Bar{Name: "idle: PostgreSQL", Value: r.Idle.PGCPU})
 	return []Chart{lat, statements, idle, cores}
 }
+
+// Charts of RunExec's report: each command's latency beside the bare
+// runtime's, and the output streamed.
+func (r ExecReport) Charts() []Chart {
+	lat := Chart{File: "exec.svg", Title: "Commands in a running sandbox, one after another (" + r.Platform + ")"}
+	for _, c := range r.Cases {
+		lat.Series = append(lat.Series, Series{Name: c.Name, Samples: c.Latency.Samples, Baseline: c.Baseline})
+	}
+	stream := Chart{File: "exec-stream.svg", Title: "A command's output streamed (" + r.Platform + ")", Unit: "MB/s"}
+	for _, s := range r.Streams {
+		stream.Bars = append(stream.Bars, Bar{Name: s.Name, Value: s.MBPerSec, Baseline: s.Baseline})
+	}
+	return []Chart{lat, stream}
+}
