@@ -435,6 +435,46 @@ func TestPrewarmFollowsTheSnapshot(t *testing.T) {
 	}
 }
 
+// TestPrewarmFollowsDemand: an account that creates from its snapshot
+// again and again gets as many sandboxes started ahead as it created in
+// the last minute, up to the warm pool's ceiling.
+func TestPrewarmFollowsDemand(t *testing.T) {
+	f := newChainFixture(t, Options{MaxDepth: 8})
+	ctx := context.Background()
+	f.rt.EnablePrewarm()
+	m := sandbox.NewManager(sandbox.Config{Store: f.st, Runtime: f.rt, NodeID: "here", DataDir: t.TempDir(), Persist: f.svc, Hooks: f.svc.Hooks(),
+		Settings: sandbox.Settings{WarmPoolMax: 3}})
+	waitKept := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for f.rt.PrewarmedCount(f.account.ID) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d started ahead after 10 s, want %d", f.rt.PrewarmedCount(f.account.ID), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if _, err := f.capture(t, map[string]string{"/workspace/f": "1"}); err != nil {
+		t.Fatal(err)
+	}
+	m.Prewarm(f.account.ID)
+	waitKept(1)
+	for i, want := range []int{1, 2, 3, 3} {
+		sb, _, err := m.Create(ctx, f.account.ID, sandbox.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !f.rt.Claimed(sb.ID) {
+			t.Fatalf("create %d was not handed a sandbox started ahead", i+1)
+		}
+		// i+1 creates in the last minute, one of them just taken.
+		waitKept(want)
+		if rsb, err := f.rt.Get(ctx, sb.ID); err == nil {
+			_ = f.svc.Prepare(ctx, sb, rsb, false) // let the background clone end
+		}
+	}
+}
+
 // TestPrewarmRecentAfterRestart: a restarted node (a new manager on a
 // runtime that kept nothing) starts ahead again the sandboxes of the
 // accounts whose snapshots changed last.

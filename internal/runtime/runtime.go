@@ -155,12 +155,15 @@ type Unpacker interface {
 // from nothing. A Create is handed the owner's prewarmed sandbox only when
 // its spec would have made the same sandbox: see PrewarmKey.
 type Prewarmer interface {
-	// Prewarm starts a sandbox of spec (its ID is ignored) for spec.Owner
-	// and keeps it, in place of what it kept for the owner before; within
-	// the runtime's budget, the least recently prewarmed owner's goes
-	// first. It returns once the sandbox runs (or failed to start); a spec
-	// whose sandbox is already kept or starting is a no-op.
-	Prewarm(ctx context.Context, spec Spec) error
+	// Prewarm keeps up to want (at least 1) sandboxes of spec (its ID is
+	// ignored) for spec.Owner, in place of what it kept for the owner from
+	// another spec: when fewer are kept or starting, it starts one (the
+	// spec's layers are read once: call again, with the layers opened
+	// anew, for the next) and returns once it runs or failed, saying it
+	// started one; when more are kept, the ready ones beyond want go.
+	// Within the runtime's budget, the least recently prewarmed owners'
+	// go first.
+	Prewarm(ctx context.Context, spec Spec, want int) (started bool, err error)
 	// DropPrewarmed destroys what is kept for owner (its snapshot went).
 	DropPrewarmed(ctx context.Context, owner string) error
 	// PrewarmStats says how many sandboxes are kept or starting (each

@@ -171,6 +171,8 @@ type Manager struct {
 	tplPools templatePools
 	// warm sizes the built-in warm pool (warmpool.go).
 	warm warmDemand
+	// prewarmDemand sizes what is started ahead per account (prewarm.go).
+	prewarmDemand prewarmDemand
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.
@@ -450,8 +452,9 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		m.warmCreated()
 	}
 	if restored {
-		// The account is active: its next create finds one started ahead
-		// too (a no-op while one for this snapshot is kept or starting).
+		// The account is active: its next creates find sandboxes started
+		// ahead too, as many as its recent creates ask for.
+		m.prewarmCreated(sb.AccountID)
 		m.Prewarm(sb.AccountID)
 	}
 	m.log.Info("sandbox running", "sandbox_id", sb.ID, "account_id", sb.AccountID, "runtime", rsb.Info().Backend, "snapshot_id", sb.SnapshotID)

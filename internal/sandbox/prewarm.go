@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,8 +16,11 @@ import (
 // Every real account has a snapshot after its first run, and a sandbox
 // restored from one cannot come from the runtime's generic warm pool (the
 // layers are overlay lowers, fixed at start). So the account's next
-// sandbox is started ahead from its snapshot (runtime.Prewarmer): when the
-// snapshot is taken, and again when a create used the one started ahead.
+// sandboxes are started ahead from its snapshot (runtime.Prewarmer): when
+// the snapshot is taken, and again when a create used one started ahead;
+// as many as the account created from it in the last demandWindow (at
+// least one, at most Settings.WarmPoolMax; the runtime's budget, serve's
+// --prewarm, bounds them all).
 // The runtime hands it only to a create of the same account whose spec
 // would have made the same sandbox; the key, environment and workspace
 // are the create's own (hooks), as for any sandbox.
@@ -83,22 +88,108 @@ func (m *Manager) PrewarmRecent(ctx context.Context, limit int) {
 	}()
 }
 
-// prewarm starts the account's next sandbox from its current snapshot and
-// returns once it runs, failed, or was not needed.
+// prewarmDemand is each account's recent creates from its snapshot, which
+// size what is started ahead for it, and the accounts whose starts ahead
+// are under way (one at a time per account).
+type prewarmDemand struct {
+	mu      sync.Mutex
+	creates map[string][]time.Time // within demandWindow, oldest first
+	running map[string]bool
+	again   map[string]bool // a Prewarm came while one ran
+}
+
+// prewarmCreated records a create of the account from its snapshot.
+func (m *Manager) prewarmCreated(accountID string) {
+	d := &m.prewarmDemand
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.creates == nil {
+		d.creates = map[string][]time.Time{}
+	}
+	d.creates[accountID] = append(d.creates[accountID], m.now())
+}
+
+// prewarmWanted is how many sandboxes the account's recent creates ask to
+// be kept started ahead: as many as came in the last demandWindow, at
+// least one, at most the warm pool's ceiling (Settings.WarmPoolMax); the
+// runtime's budget bounds them all. Callers hold m.prewarmDemand.mu.
+func (m *Manager) prewarmWantedLocked(accountID string) int {
+	d := &m.prewarmDemand
+	cs := d.creates[accountID]
+	i := 0
+	for i < len(cs) && m.now().Sub(cs[i]) > demandWindow {
+		i++
+	}
+	if cs = cs[i:]; len(cs) == 0 {
+		delete(d.creates, accountID)
+	} else {
+		d.creates[accountID] = cs
+	}
+	return min(max(len(cs), 1), max(m.cfg.Settings.WarmPoolMax, 1))
+}
+
+// prewarm starts the account's next sandboxes from its current snapshot,
+// as many as its demand asks for (one after another: refilling takes one
+// start's worth of the host beside the running sandboxes), and returns
+// once they run, one failed, or none was needed. A Prewarm of the account
+// while it runs makes it go round once more.
 func (m *Manager) prewarm(ctx context.Context, accountID string) {
+	d := &m.prewarmDemand
+	d.mu.Lock()
+	if d.running[accountID] {
+		d.again[accountID] = true
+		d.mu.Unlock()
+		return
+	}
+	if d.running == nil {
+		d.running, d.again = map[string]bool{}, map[string]bool{}
+	}
+	d.running[accountID] = true
+	for {
+		want := m.prewarmWantedLocked(accountID)
+		delete(d.again, accountID)
+		d.mu.Unlock()
+		m.prewarmUpTo(ctx, accountID, want)
+		d.mu.Lock()
+		if !d.again[accountID] {
+			delete(d.running, accountID)
+			d.mu.Unlock()
+			return
+		}
+	}
+}
+
+// prewarmUpTo has up to want sandboxes kept started for the account.
+func (m *Manager) prewarmUpTo(ctx context.Context, accountID string, want int) {
+	for i := range want {
+		if i > 0 {
+			// Beyond the first, only within the room a create keeps.
+			if free, ok := m.warmRoom(ctx); !ok || free <= 0 {
+				return
+			}
+		}
+		if started, ok := m.prewarmOne(ctx, accountID, want); !started || !ok {
+			return
+		}
+	}
+}
+
+// prewarmOne starts one of the account's next sandboxes from its current
+// snapshot when fewer than want are kept; ok is false when it could not.
+func (m *Manager) prewarmOne(ctx context.Context, accountID string, want int) (started, ok bool) {
 	pw, src, ok := m.prewarmer()
 	if !ok {
-		return
+		return false, false
 	}
 	layers, snapID, release, err := src.Layers(ctx, accountID)
 	if err != nil {
 		m.log.Warn("prewarm: open account snapshot", "account_id", accountID, "err", err)
-		return
+		return false, false
 	}
 	defer release()
 	if len(layers) == 0 {
 		m.dropPrewarmed(ctx, accountID)
-		return
+		return false, true
 	}
 	// Its disk is promised like a new sandbox's: no room, no prewarm.
 	// (The promise counts from the moment Prewarm records it, just
@@ -106,16 +197,20 @@ func (m *Manager) prewarm(ctx context.Context, accountID string) {
 	admitted, err := m.admitDisk(ctx, 1)
 	if err != nil {
 		m.log.Info("prewarm: no disk to promise; the account's next create starts cold", "account_id", accountID, "err", err)
-		return
+		return false, false
 	}
 	admitted()
 	spec := m.baseSpec(store.Sandbox{AccountID: accountID})
 	spec.ID, spec.Layers = "", layers
-	if err := pw.Prewarm(ctx, spec); err != nil {
+	started, err = pw.Prewarm(ctx, spec, want)
+	if err != nil {
 		m.log.Warn("prewarm a sandbox", "account_id", accountID, "snapshot_id", snapID, "err", err)
-		return
+		return false, false
 	}
-	m.log.Debug("sandbox prewarmed", "account_id", accountID, "snapshot_id", snapID)
+	if started {
+		m.log.Debug("sandbox prewarmed", "account_id", accountID, "snapshot_id", snapID, "want", want)
+	}
+	return started, true
 }
 
 // dropPrewarmed destroys what the runtime keeps started for the account.

@@ -355,11 +355,12 @@ func (r *Runtime) hand(ctx context.Context, s *sandbox, spec runtime.Spec, link 
 }
 
 // Prewarm implements runtime.Prewarmer: it starts a sandbox of spec (its
-// layers restored, nothing else in it) for spec.Owner and keeps it, within
-// Options.Prewarm, for that owner's next Create with the same layers.
-func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec) error {
+// layers restored, nothing else in it) for spec.Owner and keeps it, up to
+// want of them and within Options.Prewarm in all, for that owner's next
+// Creates with the same layers.
+func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec, want int) (bool, error) {
 	if spec.BaseDir == "" {
-		return errors.New("prewarm: BaseDir is required")
+		return false, errors.New("prewarm: BaseDir is required")
 	}
 	spec.Limits = r.Limits(spec.Limits)
 	if spec.Hostname == "" {
@@ -369,7 +370,7 @@ func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer context.AfterFunc(r.Context(), cancel)()
 	defer cancel()
-	return r.prewarmed.Prewarm(ctx, spec)
+	return r.prewarmed.Prewarm(ctx, spec, want)
 }
 
 // DropPrewarmed implements runtime.Prewarmer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,30 +12,39 @@ import (
 )
 
 // Prewarmed is the sandboxes a backend started ahead for their owners
-// (runtime.Prewarmer): at most one per owner, the one its last Prewarm
-// asked for, and at most budget in all, the least recently prewarmed
-// owner's destroyed first to make room. The backend starts them (start,
-// with no id claimed) and turns a taken one into the new sandbox.
+// (runtime.Prewarmer): for each owner, up to the number its last Prewarm
+// asked for, all of one spec (the one its last Prewarm named), and at most
+// budget in all: the least recently prewarmed owners' go first to make
+// room. The backend starts them (start, with no id claimed) and turns a
+// taken one into the new sandbox.
 //
-// A create that finds its owner's sandbox still starting waits for it
-// rather than starting a second one cold beside it: on a busy host the
-// two would share the CPUs, and the one under way is nearer its end.
+// A create that finds none of its owner's ready but one still starting
+// waits for it rather than starting a second one cold beside it: on a busy
+// host the two would share the CPUs, and the one under way is nearer its
+// end.
 type Prewarmed[S Served] struct {
 	budget int
 	start  func(ctx context.Context, spec runtime.Spec) (S, error)
 	now    func() time.Time
 
 	mu      sync.Mutex
-	owners  map[string]*prewarmEntry[S]
+	owners  map[string]*prewarmSet[S]
+	kept    int // entries of every set
 	closed  bool
 	pending sync.WaitGroup
-	stats   runtime.PrewarmStats // counts; Kept is len(owners)
+	stats   runtime.PrewarmStats // counts; Kept is kept
 }
 
-// prewarmEntry is an owner's prewarmed sandbox, or the one starting.
+// prewarmSet is an owner's sandboxes, ready or starting, of one spec.
+type prewarmSet[S Served] struct {
+	key     string
+	used    time.Time
+	want    int
+	entries []*prewarmEntry[S]
+}
+
+// prewarmEntry is one prewarmed sandbox, or one starting.
 type prewarmEntry[S Served] struct {
-	key  string
-	used time.Time
 	// done is closed when the start ended; s and err are its outcome.
 	done chan struct{}
 	s    S
@@ -55,7 +65,7 @@ func (e *prewarmEntry[S]) ready() bool {
 
 // NewPrewarmed keeps up to budget sandboxes that start makes.
 func NewPrewarmed[S Served](budget int, start func(ctx context.Context, spec runtime.Spec) (S, error)) *Prewarmed[S] {
-	return &Prewarmed[S]{budget: budget, start: start, now: time.Now, owners: map[string]*prewarmEntry[S]{}}
+	return &Prewarmed[S]{budget: budget, start: start, now: time.Now, owners: map[string]*prewarmSet[S]{}}
 }
 
 // ErrNotPrewarmable is Prewarm's error for a spec no prewarmed sandbox could
@@ -64,30 +74,48 @@ var ErrNotPrewarmable = errors.New("spec cannot be prewarmed (no owner, a networ
 
 // Prewarm implements runtime.Prewarmer.Prewarm; spec is complete (limits
 // and hostname filled in).
-func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
+func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec, want int) (bool, error) {
 	key, ok := runtime.PrewarmKey(spec)
 	if !ok {
-		return ErrNotPrewarmable
+		return false, ErrNotPrewarmable
 	}
-	if p.budget <= 0 {
-		return nil
+	want = min(max(want, 1), p.budget)
+	if want <= 0 {
+		return false, nil
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return errors.New("prewarm: runtime closed")
+		return false, errors.New("prewarm: runtime closed")
 	}
-	if e, ok := p.owners[spec.Owner]; ok && e.key == key {
-		e.used = p.now()
-		p.mu.Unlock()
-		return nil
-	}
-	mine := &prewarmEntry[S]{key: key, used: p.now(), done: make(chan struct{})}
+	set, ok := p.owners[spec.Owner]
 	var drop []S
-	if old, ok := p.owners[spec.Owner]; ok && old.ready() {
-		drop = append(drop, old.s)
+	if !ok || set.key != key {
+		// Another spec's (an older snapshot's): its ready sandboxes go;
+		// those starting find themselves superseded and go then.
+		if ok {
+			drop = p.removeLocked(spec.Owner, set)
+		}
+		set = &prewarmSet[S]{key: key}
+		p.owners[spec.Owner] = set
 	}
-	p.owners[spec.Owner] = mine
+	set.used, set.want = p.now(), want
+	// Fewer wanted than kept: the ready ones beyond go.
+	for i := len(set.entries) - 1; i >= 0 && len(set.entries) > want; i-- {
+		if e := set.entries[i]; e.ready() {
+			drop = append(drop, e.s)
+			set.entries = slices.Delete(set.entries, i, i+1)
+			p.kept--
+		}
+	}
+	if len(set.entries) >= want {
+		p.stats.Discarded += uint64(len(drop))
+		p.mu.Unlock()
+		return false, destroyAll(drop)
+	}
+	mine := &prewarmEntry[S]{done: make(chan struct{})}
+	set.entries = append(set.entries, mine)
+	p.kept++
 	drop = append(drop, p.evictLocked(spec.Owner)...)
 	p.stats.Discarded += uint64(len(drop))
 	p.pending.Add(1)
@@ -100,7 +128,7 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 	p.mu.Lock()
 	mine.s, mine.err = s, err
 	close(mine.done)
-	current := p.owners[spec.Owner] == mine
+	current := p.owners[spec.Owner] == set && slices.Contains(set.entries, mine)
 	if err != nil {
 		p.stats.Failed++
 	} else {
@@ -111,49 +139,68 @@ func (p *Prewarmed[S]) Prewarm(ctx context.Context, spec runtime.Spec) error {
 		// The Take waiting for it has it now, or destroys it.
 	case err != nil:
 		if current {
-			delete(p.owners, spec.Owner)
+			set.remove(mine)
+			p.kept--
 		}
 	case p.closed || !current:
 		// Superseded while it started: nothing will ask for it.
 		p.stats.Discarded++
 		p.mu.Unlock()
-		return destroyAll([]S{s})
+		return true, destroyAll([]S{s})
 	}
 	p.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("prewarm a sandbox for %s: %w", spec.Owner, err)
+		return false, fmt.Errorf("prewarm a sandbox for %s: %w", spec.Owner, err)
 	}
-	return nil
+	return true, nil
 }
 
-// evictLocked removes the least recently prewarmed owners (never keep)
-// until the budget holds, and returns their ready sandboxes to destroy
-// (one still starting is destroyed by its Prewarm, which finds itself
-// superseded).
+func (s *prewarmSet[S]) remove(e *prewarmEntry[S]) {
+	if i := slices.Index(s.entries, e); i >= 0 {
+		s.entries = slices.Delete(s.entries, i, i+1)
+	}
+}
+
+// removeLocked forgets owner's set and returns its ready sandboxes to
+// destroy (one still starting is destroyed by its Prewarm, which finds
+// itself superseded).
+func (p *Prewarmed[S]) removeLocked(owner string, set *prewarmSet[S]) []S {
+	var drop []S
+	for _, e := range set.entries {
+		if e.ready() {
+			drop = append(drop, e.s)
+		}
+	}
+	p.kept -= len(set.entries)
+	delete(p.owners, owner)
+	return drop
+}
+
+// evictLocked removes the least recently prewarmed owners' sets (never
+// keep's) until the budget holds, and returns their ready sandboxes to
+// destroy.
 func (p *Prewarmed[S]) evictLocked(keep string) []S {
 	var drop []S
-	for len(p.owners) > p.budget {
+	for p.kept > p.budget {
 		oldest := ""
-		for owner, e := range p.owners {
-			if owner != keep && (oldest == "" || e.used.Before(p.owners[oldest].used)) {
+		for owner, set := range p.owners {
+			if owner != keep && (oldest == "" || set.used.Before(p.owners[oldest].used)) {
 				oldest = owner
 			}
 		}
 		if oldest == "" {
 			break
 		}
-		if e := p.owners[oldest]; e.ready() {
-			drop = append(drop, e.s)
-		}
-		delete(p.owners, oldest)
+		drop = append(drop, p.removeLocked(oldest, p.owners[oldest])...)
 	}
 	return drop
 }
 
-// Take hands out the owner's prewarmed sandbox when spec (complete) would
-// have made it, removing it from the set; one still starting is waited for
-// (until ctx ends). A ready sandbox that no longer matches (the owner's
-// snapshot moved on) is destroyed: nothing will ask for it again.
+// Take hands out one of the owner's prewarmed sandboxes when spec
+// (complete) would have made it, removing it from the set: a ready one, or
+// else one still starting, waited for (until ctx ends). Ready sandboxes
+// that no longer match (the owner's snapshot moved on) are destroyed:
+// nothing will ask for them again.
 func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 	var zero S
 	key, ok := runtime.PrewarmKey(spec)
@@ -161,27 +208,45 @@ func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 		return zero, false
 	}
 	p.mu.Lock()
-	e, found := p.owners[spec.Owner]
+	set, found := p.owners[spec.Owner]
 	if !found {
 		p.mu.Unlock()
 		return zero, false
 	}
-	ready := e.ready()
-	if e.key != key {
-		// A stale one goes; one starting for another snapshot may be the
-		// newer one (this create began before that snapshot): keep it.
-		if ready {
-			delete(p.owners, spec.Owner)
-			p.stats.Discarded++
-			p.mu.Unlock()
-			_ = destroyAll([]S{e.s})
-			return zero, false
+	if set.key != key {
+		// Stale ones go; those starting for another snapshot may be the
+		// newer ones (this create began before that snapshot): they stay.
+		var drop []S
+		for i := len(set.entries) - 1; i >= 0; i-- {
+			if e := set.entries[i]; isDone(e) {
+				if e.err == nil {
+					drop = append(drop, e.s)
+				}
+				set.entries = slices.Delete(set.entries, i, i+1)
+				p.kept--
+			}
 		}
+		if len(set.entries) == 0 {
+			delete(p.owners, spec.Owner)
+		}
+		p.stats.Discarded += uint64(len(drop))
+		p.mu.Unlock()
+		_ = destroyAll(drop)
+		return zero, false
+	}
+	var e *prewarmEntry[S]
+	if i := slices.IndexFunc(set.entries, (*prewarmEntry[S]).ready); i >= 0 {
+		e = set.entries[i]
+	} else if i := slices.IndexFunc(set.entries, func(e *prewarmEntry[S]) bool { return !isDone(e) && !e.taken }); i >= 0 {
+		e = set.entries[i]
+	}
+	if e == nil {
 		p.mu.Unlock()
 		return zero, false
 	}
-	delete(p.owners, spec.Owner)
-	if ready {
+	set.remove(e)
+	p.kept--
+	if e.ready() {
 		p.stats.Taken++
 		p.mu.Unlock()
 		return e.s, true
@@ -221,27 +286,37 @@ func (p *Prewarmed[S]) Take(ctx context.Context, spec runtime.Spec) (S, bool) {
 	return zero, false
 }
 
+// isDone says whether e's start ended, either way.
+func isDone[S Served](e *prewarmEntry[S]) bool {
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Drop implements runtime.Prewarmer.DropPrewarmed.
 func (p *Prewarmed[S]) Drop(ctx context.Context, owner string) error {
 	p.mu.Lock()
-	e, ok := p.owners[owner]
-	delete(p.owners, owner)
-	ready := ok && e.ready()
-	if ready {
-		p.stats.Discarded++
+	var drop []S
+	if set, ok := p.owners[owner]; ok {
+		drop = p.removeLocked(owner, set)
 	}
+	p.stats.Discarded += uint64(len(drop))
 	p.mu.Unlock()
-	if ready {
-		return e.s.Destroy(context.WithoutCancel(ctx))
+	var errs []error
+	for _, s := range drop {
+		errs = append(errs, s.Destroy(context.WithoutCancel(ctx)))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Len is how many sandboxes are kept or starting.
 func (p *Prewarmed[S]) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.owners)
+	return p.kept
 }
 
 // Stats implements runtime.Prewarmer.PrewarmStats.
@@ -249,7 +324,7 @@ func (p *Prewarmed[S]) Stats() runtime.PrewarmStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.stats
-	st.Kept = len(p.owners)
+	st.Kept = p.kept
 	return st
 }
 
@@ -259,11 +334,8 @@ func (p *Prewarmed[S]) Close() error {
 	p.mu.Lock()
 	p.closed = true
 	var drop []S
-	for owner, e := range p.owners {
-		if e.ready() {
-			drop = append(drop, e.s)
-		}
-		delete(p.owners, owner)
+	for owner, set := range p.owners {
+		drop = append(drop, p.removeLocked(owner, set)...)
 	}
 	p.mu.Unlock()
 	err := destroyAll(drop)

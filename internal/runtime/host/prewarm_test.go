@@ -48,10 +48,10 @@ func TestPrewarmed(t *testing.T) {
 		return s, nil
 	})
 	l1, l2 := "sha256:aa", "sha256:bb"
-	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err != nil {
+	if _, err := p.Prewarm(ctx, prewarmSpec("a", l1), 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err != nil || len(started) != 1 {
+	if _, err := p.Prewarm(ctx, prewarmSpec("a", l1), 1); err != nil || len(started) != 1 {
 		t.Fatalf("prewarming the same spec again started %d (%v)", len(started), err)
 	}
 	if _, ok := p.Take(ctx, prewarmSpec("b", l1)); ok {
@@ -64,8 +64,8 @@ func TestPrewarmed(t *testing.T) {
 		t.Fatalf("the stale sandbox: destroyed %d, %d kept", started[0].destroyed, p.Len())
 	}
 	// A newer snapshot replaces the owner's sandbox.
-	_ = p.Prewarm(ctx, prewarmSpec("a", l1))
-	_ = p.Prewarm(ctx, prewarmSpec("a", l1, l2))
+	_, _ = p.Prewarm(ctx, prewarmSpec("a", l1), 1)
+	_, _ = p.Prewarm(ctx, prewarmSpec("a", l1, l2), 1)
 	if started[1].destroyed != 1 || p.Len() != 1 {
 		t.Fatalf("replaced: destroyed %d, %d kept", started[1].destroyed, p.Len())
 	}
@@ -74,7 +74,7 @@ func TestPrewarmed(t *testing.T) {
 	}
 	// The budget drops the least recently prewarmed.
 	for _, o := range []string{"x", "y", "x", "z"} {
-		_ = p.Prewarm(ctx, prewarmSpec(o, l1))
+		_, _ = p.Prewarm(ctx, prewarmSpec(o, l1), 1)
 	}
 	if p.Len() != 2 {
 		t.Fatalf("%d kept within a budget of 2", p.Len())
@@ -84,7 +84,7 @@ func TestPrewarmed(t *testing.T) {
 	}
 	// What cannot be prewarmed: no owner, a network, an unverified layer.
 	for _, spec := range []runtime.Spec{prewarmSpec("", l1), prewarmSpec("a", "not-a-digest"), {Owner: "a", Network: &runtime.Network{}}} {
-		if err := p.Prewarm(ctx, spec); !errors.Is(err, ErrNotPrewarmable) {
+		if _, err := p.Prewarm(ctx, spec, 1); !errors.Is(err, ErrNotPrewarmable) {
 			t.Errorf("prewarm %+v: %v", spec, err)
 		}
 	}
@@ -99,7 +99,7 @@ func TestPrewarmed(t *testing.T) {
 			t.Errorf("close left x's sandbox (destroyed %d)", s.destroyed)
 		}
 	}
-	if err := p.Prewarm(ctx, prewarmSpec("a", l1)); err == nil {
+	if _, err := p.Prewarm(ctx, prewarmSpec("a", l1), 1); err == nil {
 		t.Error("prewarm after close")
 	}
 }
@@ -126,10 +126,10 @@ func TestPrewarmedSuperseded(t *testing.T) {
 	ctx := context.Background()
 	p, entered, release := blockingPrewarmed()
 	done := make(chan error)
-	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
+	go func() { _, err := p.Prewarm(ctx, prewarmSpec("a", "sha256:aa"), 1); done <- err }()
 	first := <-entered
 	// The owner's snapshot moves on while the first one starts.
-	if err := p.Prewarm(ctx, prewarmSpec("a", "sha256:bb")); err != nil {
+	if _, err := p.Prewarm(ctx, prewarmSpec("a", "sha256:bb"), 1); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
@@ -151,7 +151,7 @@ func TestPrewarmedTakeWaits(t *testing.T) {
 	ctx := context.Background()
 	p, entered, release := blockingPrewarmed()
 	done := make(chan error, 1)
-	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
+	go func() { _, err := p.Prewarm(ctx, prewarmSpec("a", "sha256:aa"), 1); done <- err }()
 	first := <-entered
 	if _, ok := p.Take(ctx, prewarmSpec("a", "sha256:old")); ok || p.Len() != 1 {
 		t.Fatalf("a create from an older snapshot: handed %v, %d kept (want the starting one kept)", ok, p.Len())
@@ -178,7 +178,7 @@ func TestPrewarmedTakeWaits(t *testing.T) {
 
 	// A create that gives up while it starts.
 	p, entered, release = blockingPrewarmed()
-	go func() { done <- p.Prewarm(ctx, prewarmSpec("a", "sha256:aa")) }()
+	go func() { _, err := p.Prewarm(ctx, prewarmSpec("a", "sha256:aa"), 1); done <- err }()
 	second := <-entered
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
@@ -191,5 +191,75 @@ func TestPrewarmedTakeWaits(t *testing.T) {
 	}
 	if st := p.Stats(); st != (runtime.PrewarmStats{Started: 1, Discarded: 1}) {
 		t.Fatalf("stats after a create gave up: %+v", st)
+	}
+}
+
+// TestPrewarmedDemand: an owner keeps as many sandboxes as its last
+// Prewarm wanted, each started by a call of its own; creates take them one
+// at a time; a smaller want gives the ready surplus back; the budget drops
+// the least recently prewarmed owner's whole set.
+func TestPrewarmedDemand(t *testing.T) {
+	ctx := context.Background()
+	var started []*fakeServed
+	p := NewPrewarmed(4, func(_ context.Context, spec runtime.Spec) (*fakeServed, error) {
+		s := &fakeServed{owner: spec.Owner}
+		started = append(started, s)
+		return s, nil
+	})
+	prewarm := func(owner string, want int) bool {
+		t.Helper()
+		ok, err := p.Prewarm(ctx, prewarmSpec(owner, "sha256:aa"), want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	for i := range 3 {
+		if !prewarm("a", 3) {
+			t.Fatalf("start %d of 3 wanted: none started", i+1)
+		}
+	}
+	if prewarm("a", 3) || p.Len() != 3 {
+		t.Fatalf("a fourth of 3 wanted started; %d kept", p.Len())
+	}
+	for i := range 2 {
+		if _, ok := p.Take(ctx, prewarmSpec("a", "sha256:aa")); !ok {
+			t.Fatalf("take %d: none handed out", i+1)
+		}
+	}
+	if p.Len() != 1 {
+		t.Fatalf("%d kept after two takes of three", p.Len())
+	}
+	prewarm("a", 3)
+	prewarm("a", 3)
+	if prewarm("a", 1) || p.Len() != 1 {
+		t.Fatalf("want 1 after 3: %d kept", p.Len())
+	}
+	destroyed := 0
+	for _, s := range started {
+		destroyed += s.destroyed
+	}
+	if destroyed != 2 {
+		t.Fatalf("the surplus: %d destroyed, want 2", destroyed)
+	}
+	// a keeps 3; b's 2nd start would make 5 of a budget of 4: a's go.
+	prewarm("a", 3)
+	prewarm("a", 3)
+	prewarm("b", 2)
+	prewarm("b", 2)
+	if p.Len() != 2 {
+		t.Fatalf("%d kept after b's starts, want b's 2", p.Len())
+	}
+	if _, ok := p.Take(ctx, prewarmSpec("a", "sha256:aa")); ok {
+		t.Fatal("a's evicted sandboxes are still handed out")
+	}
+	// A want past the budget is the budget.
+	for prewarm("c", 10) {
+	}
+	if p.Len() != 4 {
+		t.Fatalf("want 10 of a budget of 4: %d kept", p.Len())
+	}
+	if st := p.Stats(); st.Kept != 4 || st.Taken != 2 || st.Started != uint64(len(started)) {
+		t.Fatalf("stats %+v (%d started)", st, len(started))
 	}
 }

@@ -61,7 +61,7 @@ type Runtime struct {
 	// Fork fail with): a save the runtime cannot do now.
 	refuseSave error
 	prewarm    bool
-	prewarmed  map[string]string
+	prewarmed  map[string]fakePrewarmed
 	prewarms   uint64
 	claimed    map[string]bool
 	// pools are SetPool's, by name; pooled the sandboxes Create made
@@ -83,7 +83,7 @@ type fakePool struct {
 
 // New returns an empty fake runtime.
 func New() *Runtime {
-	return &Runtime{caps: runtime.Capabilities{Network: true, AnyRootFS: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]string{}, claimed: map[string]bool{}, pools: map[string]*fakePool{}, pooled: map[string]bool{}}
+	return &Runtime{caps: runtime.Capabilities{Network: true, AnyRootFS: true}, sandboxes: map[string]*Sandbox{}, specs: map[string]runtime.Spec{}, destroys: map[string]int{}, prewarmed: map[string]fakePrewarmed{}, claimed: map[string]bool{}, pools: map[string]*fakePool{}, pooled: map[string]bool{}}
 }
 
 var (
@@ -205,27 +205,44 @@ func (r *Runtime) EnablePrewarm() {
 	r.prewarm = true
 }
 
-// Prewarm implements runtime.Prewarmer: it reads the layers and keeps the
-// spec's key for its owner, with no limit; Create hands it out as real
-// backends do (same runtime.PrewarmKey, then it is gone; another key for
-// the owner drops it).
-func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec) error {
+// fakePrewarmed is what is kept for an owner: n sandboxes of key.
+type fakePrewarmed struct {
+	key string
+	n   int
+}
+
+// Prewarm implements runtime.Prewarmer: it reads the layers and counts one
+// more sandbox of the spec's key for its owner, up to want, with no budget;
+// Create hands them out as real backends do (same runtime.PrewarmKey, one
+// at a time; another key for the owner drops them).
+func (r *Runtime) Prewarm(ctx context.Context, spec runtime.Spec, want int) (bool, error) {
 	key, ok := runtime.PrewarmKey(spec)
 	if !ok {
-		return fmt.Errorf("prewarm: spec cannot be prewarmed")
+		return false, fmt.Errorf("prewarm: spec cannot be prewarmed")
 	}
 	for _, l := range spec.Layers {
 		if _, err := io.Copy(io.Discard, l.R); err != nil {
-			return fmt.Errorf("prewarm: read layer %s: %w", l.ID, err)
+			return false, fmt.Errorf("prewarm: read layer %s: %w", l.ID, err)
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.prewarm {
-		r.prewarmed[spec.Owner] = key
+	if !r.prewarm {
+		return false, nil
+	}
+	kept := r.prewarmed[spec.Owner]
+	if kept.key != key {
+		kept = fakePrewarmed{key: key}
+	}
+	want = max(want, 1)
+	started := kept.n < want
+	if started {
+		kept.n++
 		r.prewarms++
 	}
-	return nil
+	kept.n = min(kept.n, want)
+	r.prewarmed[spec.Owner] = kept
+	return started, nil
 }
 
 // DropPrewarmed implements runtime.Prewarmer.
@@ -247,15 +264,21 @@ func (r *Runtime) PrewarmStats() runtime.PrewarmStats {
 			taken++
 		}
 	}
-	return runtime.PrewarmStats{Kept: len(r.prewarmed), Started: r.prewarms, Taken: taken}
+	kept := 0
+	for _, p := range r.prewarmed {
+		kept += p.n
+	}
+	return runtime.PrewarmStats{Kept: kept, Started: r.prewarms, Taken: taken}
 }
 
 // PrewarmedFor says whether a sandbox is kept for owner.
-func (r *Runtime) PrewarmedFor(owner string) bool {
+func (r *Runtime) PrewarmedFor(owner string) bool { return r.PrewarmedCount(owner) > 0 }
+
+// PrewarmedCount says how many sandboxes are kept for owner.
+func (r *Runtime) PrewarmedCount(owner string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.prewarmed[owner]
-	return ok
+	return r.prewarmed[owner].n
 }
 
 // Claimed says whether sandbox id was made from a prewarmed one.
@@ -435,8 +458,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbo
 	r.mu.Lock()
 	key, ok := runtime.PrewarmKey(spec)
 	kept, found := r.prewarmed[spec.Owner]
-	claimed := ok && found && kept == key
-	if ok && found {
+	claimed := ok && found && kept.key == key && kept.n > 0
+	switch {
+	case claimed && kept.n > 1:
+		r.prewarmed[spec.Owner] = fakePrewarmed{key: key, n: kept.n - 1}
+	case ok && found:
 		delete(r.prewarmed, spec.Owner)
 	}
 	pooled := false

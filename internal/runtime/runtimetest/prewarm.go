@@ -32,7 +32,7 @@ func (s *suite) testPrewarm(t *testing.T) {
 	}
 	prewarm := func(owner string) {
 		t.Helper()
-		if err := pw.Prewarm(ctx, spec(owner)); err != nil {
+		if _, err := pw.Prewarm(ctx, spec(owner), 1); err != nil {
 			t.Fatalf("prewarm for %s: %v", owner, err)
 		}
 	}
