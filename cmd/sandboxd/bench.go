@@ -268,6 +268,8 @@ func printTTI(w io.Writer, r bench.TTIReport) {
 	}
 	l := r.Baseline
 	fmt.Fprintf(tw, "bare runsc run --detach + runsc exec (%s)\t%.1f\t%.1f\t%.1f\t%d/%d\n", r.Platform, l.P50, l.P95, l.P99, l.OK, l.N)
+	l = r.BaselineBurst
+	fmt.Fprintf(tw, "bare runsc run --detach + runsc exec, %d at once (%s)\t%.1f\t%.1f\t%.1f\t%d/%d\n", l.N, r.Platform, l.P50, l.P95, l.P99, l.OK, l.N)
 	fmt.Fprintf(tw, "\t\t\t\t\n")
 	fmt.Fprintf(tw, "create → running (the create's answer), ms\tp50\tp95\tp99\tok\n")
 	for _, res := range r.Results {
