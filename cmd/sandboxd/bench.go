@@ -137,6 +137,7 @@ func newBenchTTICmd(g *globals) *cobra.Command {
 		custom           bool
 		customImage      string
 		templatePool     int
+		runtimeName      string
 	)
 	cmd := &cobra.Command{
 		Use:   "tti",
@@ -199,6 +200,9 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 			o.RunscPath = runsc
 			o.ServeArgs = append(o.ServeArgs, "--runsc", runsc)
 			o.ServeArgs = append(o.ServeArgs, "--sandbox-disk-mib", strconv.Itoa(diskMiB))
+			if runtimeName != "" {
+				o.ServeArgs = append(o.ServeArgs, "--runtime", runtimeName)
+			}
 			if custom {
 				// The image is the served root filesystem itself: the
 				// same files as the built-in image (built now, as serve
@@ -248,6 +252,7 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 	f.IntVar(&diskMiB, "sandbox-disk-mib", 1024, "the server's --sandbox-disk-mib: its disk admission counts every sandbox at this size (the default 4096 admits about 15 on a 64 GiB disk, fewer than a burst)")
 	f.StringVar(&runsc, "runsc", "", "runsc binary of the server and the baseline (default: "+gvisor.BundledRunsc+" when installed, else PATH)")
 	f.StringVar(&platform, "gvisor-platform", "", "gVisor platform of the server and the baseline (default: the one serve probes)")
+	f.StringVar(&runtimeName, "runtime", "", "the server's --runtime (default: serve's; with microvm, name the baseline's --gvisor-platform)")
 	f.IntVar(&n, "n", 10, "samples of the sequential and staggered modes (and of the baseline)")
 	f.IntVar(&burst, "burst", 20, "sandboxes created at once in the burst mode")
 	f.IntVar(&snapMB, "snapshot-mib", 5, "MiB of random data the snapshot account's snapshot changed")
