@@ -163,11 +163,7 @@ Times are milliseconds: p50, p95, p99 of the successful samples, and the success
 Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			self, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			scratch, err := os.MkdirTemp("", "sandboxd-tti-")
+			self, scratch, err := serverBenchScratch("sandboxd-tti-")
 			if err != nil {
 				return err
 			}
@@ -385,6 +381,17 @@ func printPause(w io.Writer, r bench.PauseReport) {
 	fmt.Fprintf(tw, "bare runsc, idle container\tcheckpoint %.0f / %.0f, restore %.0f / %.0f\t\n",
 		r.Baseline.Checkpoint.P50, r.Baseline.Checkpoint.P90, r.Baseline.Restore.P50, r.Baseline.Restore.P90)
 	tw.Flush()
+}
+
+// serverBenchScratch is what a benchmark that starts a server of its own
+// needs: this binary (the server) and a scratch directory, which the
+// caller removes. Keep prefix short: sockets live under it.
+func serverBenchScratch(prefix string) (self, scratch string, err error) {
+	if self, err = os.Executable(); err != nil {
+		return "", "", err
+	}
+	scratch, err = os.MkdirTemp("", prefix)
+	return self, scratch, err
 }
 
 // benchInputs fills an empty rootfs with a busybox tree built in scratch

@@ -38,11 +38,7 @@ gVisor) and 'runsc exec cat' of the same file into a host pipe.
 Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			self, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			scratch, err := os.MkdirTemp("", "sandboxd-exec-")
+			self, scratch, err := serverBenchScratch("sandboxd-exec-")
 			if err != nil {
 				return err
 			}
