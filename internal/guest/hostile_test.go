@@ -130,8 +130,11 @@ func hostileHandler(mode string) http.Handler {
 			} else {
 				w.Header().Set("Content-Type", "application/proto")
 				w.WriteHeader(http.StatusOK)
+				// One buffer written thrice: what the heap measures is
+				// the host's, not this fake's own garbage.
+				mib := make([]byte, 1<<20)
 				for range 3 {
-					_, _ = w.Write(make([]byte, 1<<20))
+					_, _ = w.Write(mib)
 				}
 			}
 			w.(http.Flusher).Flush()
