@@ -40,6 +40,14 @@ const (
 	// is its own. Only the host sets it; without it the agent acts as
 	// itself (root).
 	UserHeader = "Sandboxd-User"
+	// EnvdHeader, set by the host's E2B front end on what it forwards,
+	// asks the filesystem service for envd's own answers where they
+	// differ from sandboxd's: an entry's mode is its permission bits (a
+	// symbolic link's, its target's), its type and symlink target are
+	// the resolved target's, and removing a path that does not exist
+	// succeeds. sandboxd's own callers (file copies) need the full mode
+	// and the link's own text, so they do not set it.
+	EnvdHeader = "Sandboxd-Envd"
 )
 
 // Error kinds carried in ErrorKindHeader.

@@ -152,6 +152,9 @@ describe(title('files'), () => {
     assert.equal(byName['top.txt'].type, FileType.FILE)
     assert.equal(byName['top.txt'].size, 5)
 
+    // envd's mode is the permission bits alone, not Go's type bits.
+    assert.equal(byName.sub.mode, 0o755, `a directory's mode ${byName.sub.mode}`)
+
     const deep = await sbx.files.list(dir, { depth: 2 })
     assert.deepEqual(deep.map((e) => e.path).sort(), [`${dir}/sub`, `${dir}/sub/inner.txt`, `${dir}/top.txt`])
 
@@ -186,6 +189,29 @@ describe(title('files'), () => {
     assert.equal(await sbx.files.exists(`${home}/gone.txt`), false)
     await sbx.files.remove(`${home}/gone`)
     assert.equal(await sbx.files.exists(`${home}/gone`), false)
+  })
+
+  it('remove of a path that does not exist succeeds, as envd\'s does', slow, async () => {
+    await sbx.files.remove(`${home}/never-was`)
+    assert.equal(await sbx.files.exists(`${home}/never-was`), false)
+  })
+
+  it('a symbolic link is described by its resolved target, as envd does', slow, async () => {
+    await sbx.files.makeDir(`${home}/link-target/inside`)
+    const made = await sbx.commands.run(`ln -s link-target ${home}/link-1 && ln -s link-1 ${home}/link-2 && ln -s nowhere ${home}/link-broken`)
+    assert.equal(made.exitCode, 0)
+    const info = await sbx.files.getInfo(`${home}/link-2`)
+    assert.equal(info.symlinkTarget, `${home}/link-target`)
+    assert.equal(info.type, FileType.DIR)
+    assert.equal(info.mode, 0o755)
+    assert.match(info.permissions, /^L/)
+    const broken = await sbx.files.getInfo(`${home}/link-broken`)
+    assert.equal(broken.symlinkTarget, `${home}/link-broken`)
+    assert.notEqual(broken.type, FileType.DIR)
+    assert.notEqual(broken.type, FileType.FILE)
+    const listed = Object.fromEntries((await sbx.files.list(home)).map((e) => [e.name, e]))
+    assert.equal(listed['link-1'].symlinkTarget, `${home}/link-target`)
+    assert.equal(listed['link-1'].type, FileType.DIR)
   })
 
   it('a missing file is FileNotFoundError for read, list and getInfo', slow, async () => {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/guest"
+
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
@@ -301,6 +303,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTri
 				pr.Out.Header.Del(h)
 			}
 			pr.Out.Header.Set(userHeader, user)
+			pr.Out.Header.Set(guest.EnvdHeader, "1")
 		},
 		Transport:     tr,
 		FlushInterval: -1,

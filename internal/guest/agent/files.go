@@ -102,28 +102,61 @@ func (o *owners) names(uid, gid uint32) (string, string) {
 	return u, g
 }
 
-// entry describes path (not following a final symlink).
-func (a *Agent) entry(path string, fi fs.FileInfo) *pb.EntryInfo {
+// entry describes path (not following a final symlink). envd asks for
+// envd's answer (guest.EnvdHeader): a symbolic link is described by its
+// resolved target (type, mode) with that target's absolute path, and the
+// mode is the permission bits alone.
+func (a *Agent) entry(path string, fi fs.FileInfo, envd bool) *pb.EntryInfo {
 	e := &pb.EntryInfo{
 		Name: fi.Name(), Path: path, Size: fi.Size(), Mode: uint32(fi.Mode()), Permissions: fi.Mode().String(),
 		ModifiedTime: timestamppb.New(fi.ModTime()),
 	}
 	switch {
+	case fi.Mode()&fs.ModeSymlink != 0 && envd:
+		// envd's: the target fully resolved (the link's own path when it
+		// cannot be), typed and moded as that target; unknown when broken.
+		target, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			target = path
+		}
+		e.SymlinkTarget = &target
+		e.Type, e.Mode = pb.FileType_FILE_TYPE_UNSPECIFIED, 0
+		if ti, err := os.Stat(target); err == nil {
+			e.Type, e.Mode = fileType(ti), uint32(ti.Mode().Perm())
+		}
 	case fi.Mode()&fs.ModeSymlink != 0:
 		e.Type = pb.FileType_FILE_TYPE_SYMLINK
 		if t, err := os.Readlink(path); err == nil {
 			e.SymlinkTarget = &t
 		}
-	case fi.IsDir():
-		e.Type = pb.FileType_FILE_TYPE_DIRECTORY
 	default:
-		e.Type = pb.FileType_FILE_TYPE_FILE
+		e.Type = fileType(fi)
+		if envd {
+			e.Mode = uint32(fi.Mode().Perm())
+		}
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner, e.Group = a.owners.names(st.Uid, st.Gid)
 	}
 	return e
 }
+
+// fileType is fi's type as the filesystem API names it.
+func fileType(fi fs.FileInfo) pb.FileType {
+	switch {
+	case fi.IsDir():
+		return pb.FileType_FILE_TYPE_DIRECTORY
+	case fi.Mode().IsRegular():
+		return pb.FileType_FILE_TYPE_FILE
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return pb.FileType_FILE_TYPE_SYMLINK
+	default:
+		return pb.FileType_FILE_TYPE_UNSPECIFIED
+	}
+}
+
+// envdAnswers says whether the request asks for envd's answers.
+func envdAnswers(h http.Header) bool { return h.Get(guest.EnvdHeader) != "" }
 
 // filesystemService is the filesystem API (envd's), served to the host.
 type filesystemService struct{ a *Agent }
@@ -143,7 +176,7 @@ func (s filesystemService) Stat(_ context.Context, req *connect.Request[pb.StatR
 		if err != nil {
 			return err
 		}
-		resp.Entry = s.a.entry(path, fi)
+		resp.Entry = s.a.entry(path, fi, envdAnswers(req.Header()))
 		return nil
 	})
 	if err != nil {
@@ -180,7 +213,7 @@ func (s filesystemService) MakeDir(_ context.Context, req *connect.Request[pb.Ma
 		if err != nil {
 			return err
 		}
-		resp.Entry = s.a.entry(path, fi)
+		resp.Entry = s.a.entry(path, fi, envdAnswers(req.Header()))
 		return nil
 	})
 	if err != nil {
@@ -215,7 +248,7 @@ func (s filesystemService) Move(_ context.Context, req *connect.Request[pb.MoveR
 		if err != nil {
 			return err
 		}
-		resp.Entry = s.a.entry(dst, fi)
+		resp.Entry = s.a.entry(dst, fi, envdAnswers(req.Header()))
 		return nil
 	})
 	if err != nil {
@@ -238,6 +271,9 @@ func (s filesystemService) Remove(_ context.Context, req *connect.Request[pb.Rem
 	}
 	err = asUser(u, func() error {
 		if _, err := os.Lstat(path); err != nil {
+			if errors.Is(err, fs.ErrNotExist) && envdAnswers(req.Header()) {
+				return nil // envd's remove is os.RemoveAll's: nothing there is done
+			}
 			return err
 		}
 		return os.RemoveAll(path)
@@ -261,6 +297,7 @@ func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.Li
 		return nil, err
 	}
 	depth := min(max(int(req.Msg.GetDepth()), 1), maxListDepth)
+	envd := envdAnswers(req.Header())
 	var out []*pb.EntryInfo
 	var walk func(dir string, level int) error
 	walk = func(dir string, level int) error {
@@ -283,7 +320,7 @@ func (s filesystemService) ListDir(_ context.Context, req *connect.Request[pb.Li
 				continue // removed while listing
 			}
 			p := filepath.Join(dir, e.Name())
-			out = append(out, s.a.entry(p, info))
+			out = append(out, s.a.entry(p, info, envd))
 			if info.IsDir() && level < depth {
 				// A subdirectory that cannot be read is listed, not entered.
 				_ = walk(p, level+1)

@@ -239,6 +239,68 @@ func TestFilesystemService(t *testing.T) {
 
 // BenchmarkRoundTrip measures the protocol's own cost on the host (a unix
 // socket, no sandbox): a call that forks nothing, and an exec of true.
+// TestFilesystemEnvdAnswers: what the host's E2B front end forwards
+// (guest.EnvdHeader) is answered as envd answers, and sandboxd's own calls
+// as before: a mode of permission bits alone (not Go's type bits), a
+// symbolic link described by its resolved target and that target's
+// absolute path (unknown when broken), and a remove of a missing path that
+// succeeds.
+func TestFilesystemEnvdAnswers(t *testing.T) {
+	c, _ := pair(t, nil)
+	ctx := context.Background()
+	fsc := filesystemconnect.NewFilesystemClient(&http.Client{Transport: c.Transport()}, "http://agent")
+	dir := t.TempDir()
+	if err := os.Mkdir(dir+"/d", 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{"to-d": "d", "to-to-d": "to-d", "broken": "nowhere"} {
+		if err := os.Symlink(target, dir+"/"+link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stat := func(path string, envd bool) *pbfs.EntryInfo {
+		t.Helper()
+		req := connect.NewRequest(&pbfs.StatRequest{Path: dir + "/" + path})
+		if envd {
+			req.Header().Set(guest.EnvdHeader, "1")
+		}
+		st, err := fsc.Stat(ctx, req)
+		if err != nil {
+			t.Fatalf("stat %s: %v", path, err)
+		}
+		return st.Msg.GetEntry()
+	}
+	if e := stat("d", true); e.GetMode() != 0o750 || e.GetType() != pbfs.FileType_FILE_TYPE_DIRECTORY {
+		t.Errorf("envd: a directory's mode %#o type %v, want 0750 and a directory", e.GetMode(), e.GetType())
+	}
+	if e := stat("d", false); fs.FileMode(e.GetMode()) != fs.ModeDir|0o750 {
+		t.Errorf("sandboxd: a directory's mode %v, want its Go mode", fs.FileMode(e.GetMode()))
+	}
+	if e := stat("to-to-d", true); e.GetSymlinkTarget() != dir+"/d" || e.GetType() != pbfs.FileType_FILE_TYPE_DIRECTORY || e.GetMode() != 0o750 || !strings.HasPrefix(e.GetPermissions(), "L") {
+		t.Errorf("envd: a link to a link to d: target %q type %v mode %#o permissions %s", e.GetSymlinkTarget(), e.GetType(), e.GetMode(), e.GetPermissions())
+	}
+	if e := stat("to-to-d", false); e.GetSymlinkTarget() != "to-d" || e.GetType() != pbfs.FileType_FILE_TYPE_SYMLINK {
+		t.Errorf("sandboxd: a link's own text %q and type %v", e.GetSymlinkTarget(), e.GetType())
+	}
+	if e := stat("broken", true); e.GetSymlinkTarget() != dir+"/broken" || e.GetType() != pbfs.FileType_FILE_TYPE_UNSPECIFIED {
+		t.Errorf("envd: a broken link: target %q type %v", e.GetSymlinkTarget(), e.GetType())
+	}
+	remove := func(envd bool) error {
+		req := connect.NewRequest(&pbfs.RemoveRequest{Path: dir + "/missing"})
+		if envd {
+			req.Header().Set(guest.EnvdHeader, "1")
+		}
+		_, err := fsc.Remove(ctx, req)
+		return err
+	}
+	if err := remove(true); err != nil {
+		t.Errorf("envd: removing a missing path: %v", err)
+	}
+	if err := remove(false); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("sandboxd: removing a missing path: %v, want not found", err)
+	}
+}
+
 func BenchmarkRoundTrip(b *testing.B) {
 	c, _ := pair(b, nil)
 	ctx := context.Background()

@@ -35,6 +35,7 @@ type watch struct {
 	root      string
 	recursive bool
 	entries   bool
+	envd      bool // entries as envd gives them (guest.EnvdHeader)
 	dirs      int
 }
 
@@ -42,7 +43,7 @@ type watch struct {
 // its thread (asUser): inotify_add_watch needs read permission on each,
 // so the user hears only of directories it may list. (Events are then
 // read, and their entries stat'ed, by the agent.)
-func (a *Agent) newWatch(path string, u *account, recursive, entries bool) (*watch, error) {
+func (a *Agent) newWatch(path string, u *account, recursive, entries, envd bool) (*watch, error) {
 	root, err := a.abs(path, u)
 	if err != nil {
 		return nil, err
@@ -60,7 +61,7 @@ func (a *Agent) newWatch(path string, u *account, recursive, entries bool) (*wat
 		if err != nil {
 			return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("watch %s: %w", root, err))
 		}
-		w = &watch{a: a, u: u, w: fw, root: root, recursive: recursive, entries: entries}
+		w = &watch{a: a, u: u, w: fw, root: root, recursive: recursive, entries: entries, envd: envd}
 		if err := w.add(root); err != nil {
 			fw.Close()
 			return fsError(err)
@@ -136,7 +137,7 @@ func (w *watch) event(ev fsnotify.Event) *pb.FilesystemEvent {
 	}
 	if w.entries && out.Type != pb.EventType_EVENT_TYPE_REMOVE && out.Type != pb.EventType_EVENT_TYPE_RENAME {
 		if fi, err := os.Lstat(ev.Name); err == nil {
-			out.Entry = w.a.entry(ev.Name, fi)
+			out.Entry = w.a.entry(ev.Name, fi, w.envd)
 		}
 	}
 	return out
@@ -147,7 +148,7 @@ func (s filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb
 	if err != nil {
 		return err
 	}
-	w, err := s.a.newWatch(req.Msg.GetPath(), u, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := s.a.newWatch(req.Msg.GetPath(), u, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry(), envdAnswers(req.Header()))
 	if err != nil {
 		return err
 	}
@@ -241,7 +242,7 @@ func (s filesystemService) CreateWatcher(_ context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
-	w, err := s.a.newWatch(req.Msg.GetPath(), u, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := s.a.newWatch(req.Msg.GetPath(), u, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry(), envdAnswers(req.Header()))
 	if err != nil {
 		return nil, err
 	}
