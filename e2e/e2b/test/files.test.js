@@ -316,6 +316,40 @@ describe(title('files'), () => {
     }
   })
 
+  it('a write, and an overwrite, is a WRITE event on the file itself, as envd\'s', slow, async () => {
+    const dir = `${home}/watched-writes`
+    await sbx.files.makeDir(dir)
+    await sbx.files.write(`${dir}/kept.txt`, 'first')
+    const events = []
+    const handle = await sbx.files.watchDir(dir, (e) => events.push(e), { timeoutMs: 0 })
+    try {
+      await sbx.files.write(`${dir}/kept.txt`, 'second, longer')
+      await waitFor(
+        () => `a WRITE event for kept.txt; got ${JSON.stringify(events)}`,
+        () => events.find((e) => e.name === 'kept.txt' && e.type === FilesystemEventType.WRITE)
+      )
+      assert.equal(await sbx.files.read(`${dir}/kept.txt`), 'second, longer')
+      // The file is written where it is: no temporary file comes and goes.
+      assert.deepEqual(events.filter((e) => e.name !== 'kept.txt'), [])
+    } finally {
+      await handle.stop()
+    }
+  })
+
+  it('a write as the user makes missing parents it could not make itself, as envd does', slow, async () => {
+    const info = await sbx.files.write('/made-for-user/deeper/x.txt', 'mine')
+    assert.equal(info.path, '/made-for-user/deeper/x.txt')
+    assert.equal(await sbx.files.read('/made-for-user/deeper/x.txt'), 'mine')
+    for (const p of ['/made-for-user', '/made-for-user/deeper', '/made-for-user/deeper/x.txt']) {
+      const e = await sbx.files.getInfo(p)
+      assert.equal(e.owner, 'user', `${p} is owned by ${e.owner}`)
+    }
+    assert.equal((await sbx.files.getInfo('/made-for-user')).mode, 0o755)
+    // A file the user may not write stays refused: only missing parents
+    // are made for it.
+    await assert.rejects(sbx.files.write('/etc/hostname', 'taken'))
+  })
+
   it('watchDir with recursive: true sees files in subdirectories', slow, async () => {
     const dir = `${home}/watched-tree`
     await sbx.files.makeDir(`${dir}/sub`)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -12,8 +13,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Bounds on POST /files. A plain body is bounded by what it costs its
@@ -92,14 +96,14 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 	var out []written
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if strings.HasPrefix(mt, "multipart/") {
-		out, err = a.postParts(u, multipart.NewReader(body, params["boundary"]), q.Get("path"), mode)
+		out, err = a.postParts(u, multipart.NewReader(body, params["boundary"]), q.Get("path"), mode, envdAnswers(r.Header))
 	} else {
 		var path string
 		if q.Get("path") == "" {
 			err = badRequest("the path query parameter is required for a body that is not multipart")
 		} else if path, err = a.abs(q.Get("path"), u); err == nil {
 			var f written
-			f, err = a.writeFile(u, path, mode, body)
+			f, err = a.writeFile(u, path, mode, body, envdAnswers(r.Header))
 			out = append(out, f)
 		}
 	}
@@ -112,7 +116,7 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 }
 
 // postParts writes the files of a multipart body: see postFile.
-func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs.FileMode) ([]written, error) {
+func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs.FileMode, envd bool) ([]written, error) {
 	var out []written
 	seen := map[string]bool{}
 	for n := 0; ; n++ {
@@ -145,7 +149,7 @@ func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs
 			return nil, badRequest("more than one file for %s in one upload; the files before it were written", p)
 		}
 		seen[p] = true
-		f, err := a.writeFile(u, p, mode, part)
+		f, err := a.writeFile(u, p, mode, part, envd)
 		if err != nil {
 			return nil, err
 		}
@@ -216,7 +220,8 @@ func (g *gunzipBody) Read(p []byte) (int, error) {
 // writeFile replaces path with src's bytes through a temporary file next
 // to it, so readers never see a partial file and a broken upload leaves
 // nothing, creating the parents it needs. mode 0 keeps the mode of the
-// file it replaces (0644 for a new one).
+// file it replaces (0644 for a new one). envd asks for envd's write
+// instead (writeInPlace).
 //
 // Acting as a user, every step that resolves a path or makes, changes or
 // removes an entry runs on the user's thread (asUser), where the kernel
@@ -227,7 +232,10 @@ func (g *gunzipBody) Read(p []byte) (int, error) {
 // and writes to an open file are not checked again, so the copy — which
 // waits on the network — does not hold a thread of its own for its
 // length.
-func (a *Agent) writeFile(u *account, path string, mode fs.FileMode, src io.Reader) (written, error) {
+func (a *Agent) writeFile(u *account, path string, mode fs.FileMode, src io.Reader, envd bool) (written, error) {
+	if envd {
+		return a.writeInPlace(u, path, mode, src)
+	}
 	var tmp *os.File
 	err := asUser(u, func() error {
 		if mode == 0 {
@@ -275,4 +283,106 @@ func (a *Agent) writeFile(u *account, path string, mode fs.FileMode, src io.Read
 		return written{}, err
 	}
 	return written{Name: filepath.Base(path), Type: "file", Path: path, Size: size}, nil
+}
+
+// writeInPlace is envd's write, for the E2B front end (guest.EnvdHeader):
+// the missing parents are made as envd makes them (ensureParents), and the
+// file is truncated and written where it is, so a watcher sees the write
+// (and the create of a new file) as it does with envd, not the create and
+// rename of a temporary file. mode 0 keeps an existing file's mode (0644
+// for a new one). The file itself is opened, and its mode set, as the
+// user: a file the user may not write stays refused.
+func (a *Agent) writeInPlace(u *account, path string, mode fs.FileMode, src io.Reader) (written, error) {
+	if err := ensureParents(u, filepath.Dir(path)); err != nil {
+		return written{}, err
+	}
+	var f *os.File
+	err := asUser(u, func() error {
+		var err error
+		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, cmp.Or(mode, 0o644)); err != nil {
+			return err
+		}
+		if mode != 0 {
+			err = f.Chmod(mode)
+		}
+		return err
+	})
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		return written{}, err
+	}
+	size, err := io.Copy(f, src)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return written{}, err
+	}
+	return written{Name: filepath.Base(path), Type: "file", Path: path, Size: size}, nil
+}
+
+// ensureParents makes dir and its missing parents as envd does: mode 0755
+// and owned by the user. The user makes what it may (as itself); what it
+// may not, a directory in one only root may write (as / is), the agent
+// makes and gives to the user, one component at a time from /, never
+// following a symbolic link (no link the user planted can point the
+// agent's own mkdir elsewhere: a path through one is refused there) and
+// only below directories the user may enter (nothing is made where the
+// user could not reach it).
+func ensureParents(u *account, dir string) error {
+	err := asUser(u, func() error { return os.MkdirAll(dir, 0o755) })
+	if err == nil || u == nil || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	fd, err := unix.Open("/", unix.O_DIRECTORY|unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: "/", Err: err}
+	}
+	at := "/"
+	for _, name := range strings.Split(strings.Trim(filepath.Clean(dir), "/"), "/") {
+		if name == "" {
+			continue
+		}
+		at = filepath.Join(at, name)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || !searchable(&st, u) {
+			unix.Close(fd)
+			return &fs.PathError{Op: "mkdir", Path: at, Err: fs.ErrPermission}
+		}
+		next, err := unix.Openat(fd, name, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_PATH|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(fd, name, 0o755); err == nil || errors.Is(err, unix.EEXIST) {
+				if err = unix.Fchownat(fd, name, int(u.uid), int(u.gid), unix.AT_SYMLINK_NOFOLLOW); err == nil {
+					next, err = unix.Openat(fd, name, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_PATH|unix.O_CLOEXEC, 0)
+				}
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+				// What the user could not pass as itself is not passed
+				// for it by following a link.
+				return &fs.PathError{Op: "mkdir", Path: at, Err: fmt.Errorf("%w: not a directory (a symbolic link is not followed here)", fs.ErrPermission)}
+			}
+			return &fs.PathError{Op: "mkdir", Path: at, Err: err}
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// searchable says whether u may enter the directory st describes, by its
+// mode bits (the agent, root, cannot ask the kernel for u).
+func searchable(st *unix.Stat_t, u *account) bool {
+	switch {
+	case st.Uid == u.uid:
+		return st.Mode&0o100 != 0
+	case slices.Contains(u.groups, st.Gid) || st.Gid == u.gid:
+		return st.Mode&0o010 != 0
+	default:
+		return st.Mode&0o001 != 0
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -21,6 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/guest/agent"
 	pbfs "github.com/sandboxd/sandboxd/internal/guest/pb/filesystem"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // post sends POST /files?query with body and its content type and
@@ -448,5 +450,66 @@ func TestFilesGzip(t *testing.T) {
 	}
 	if code, resp := s.post(t, "user", url.Values{"path": {"br.txt"}}, "", "br", []byte("x")); code != http.StatusBadRequest || exists(s.home+"/br.txt") {
 		t.Errorf("brotli: %d %s", code, resp)
+	}
+}
+
+// TestFilesEnvdWriteAsUser: the E2B front end's writes (guest.EnvdHeader)
+// make missing parents the user could not make, as envd does (0755, the
+// user's), but never through a symbolic link and never below a directory
+// the user may not enter; the file itself is still written as the user.
+func TestFilesEnvdWriteAsUser(t *testing.T) {
+	securitytest.Attack(t, "guest", "an E2B write as the sandbox's user through a symbolic link it planted to a directory only root may enter, and into such a directory directly, to have the agent make directories there",
+		"refused with 403; nothing is made there; missing parents elsewhere are made 0755 and the user's, as envd makes them")
+	s := newUserSandbox(t)
+	secret := filepath.Join(s.root, "secret")
+	if err := os.Mkdir(secret, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, filepath.Join(s.home, "to-secret")); err != nil {
+		t.Fatal(err)
+	}
+	envdPost := func(path string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest("POST", "http://agent"+guest.FilesPath+"?path="+url.QueryEscape(path), strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(guest.UserHeader, "user")
+		req.Header.Set(guest.EnvdHeader, "1")
+		resp, err := s.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// The test's root directory is root's (0755), as / is.
+	made := filepath.Join(s.root, "made", "deeper")
+	if code, body := envdPost(made + "/f.txt"); code != http.StatusOK {
+		t.Fatalf("envd write below a root-owned directory: %d %s", code, body)
+	}
+	for _, d := range []string{filepath.Join(s.root, "made"), made, made + "/f.txt"} {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 1000 || st.Gid != 1000 || (fi.IsDir() && fi.Mode().Perm() != 0o755) {
+			t.Errorf("%s: owner %d:%d mode %v, want the user's (dirs 0755)", d, st.Uid, st.Gid, fi.Mode())
+		}
+	}
+	for _, p := range []string{s.home + "/to-secret/new/f.txt", secret + "/new/f.txt"} {
+		if code, body := envdPost(p); code != http.StatusForbidden {
+			t.Errorf("envd write %s: %d %s, want 403", p, code, body)
+		}
+	}
+	if ents, _ := os.ReadDir(secret); len(ents) != 0 {
+		t.Errorf("made in root's directory: %v", ents)
+	}
+	// Without the header, sandboxd's own write makes nothing the user
+	// could not make itself.
+	if code, _ := s.files(t, "POST", "user", filepath.Join(s.root, "plain", "f.txt"), "x"); code != http.StatusForbidden {
+		t.Errorf("sandboxd's write below a root-owned directory: %d, want 403", code)
 	}
 }
