@@ -235,7 +235,10 @@ describe(title('files'), () => {
     const form = new FormData()
     form.append('file', new Blob(['uploaded through a signed URL']), 'via-url.txt')
     const res = await fetch(up, { method: 'POST', body: form })
-    assert.ok(res.ok, `upload: ${res.status} ${await res.text()}`)
+    const answer = await res.text()
+    assert.ok(res.ok, `upload: ${res.status} ${answer}`)
+    // envd's answer, to the byte: each file's name, path and type.
+    assert.equal(answer.trim(), JSON.stringify([{ name: 'via-url.txt', path, type: 'file' }]))
     assert.equal(await sbx.files.read(path), 'uploaded through a signed URL')
 
     const down = await sbx.downloadUrl(path)
@@ -286,6 +289,9 @@ describe(title('files'), () => {
       assert.ok(!res.ok, `${what}: ${res.status} ${body}`)
       assert.ok(res.status >= 400 && res.status < 500, `${what}: status ${res.status}, want a 4xx`)
       assert.ok(!body.includes('secret'), `${what}: the answer has the file's content`)
+      // envd's words for the links it refuses.
+      const words = { 'a forged signature': 'invalid signature', 'an expired link': 'signature is already expired' }[what]
+      if (words) assert.deepEqual(JSON.parse(body), { code: 401, message: words }, what)
     }
     assert.equal(await sbx.files.read(path), 'secret')
   })

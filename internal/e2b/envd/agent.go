@@ -84,9 +84,9 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if r.URL.Path != "/health" {
-			var ok bool
-			if ok, signed = p.authorized(r, e); !ok {
-				writeError(w, http.StatusUnauthorized, "invalid access token for sandbox "+E2BID(id))
+			var refused error
+			if signed, refused = p.authorized(r, e); refused != nil {
+				writeError(w, http.StatusUnauthorized, refused.Error())
 				return
 			}
 		}
@@ -214,16 +214,27 @@ func tokenHolder(e store.E2BSandbox) auth.Principal {
 	return auth.Principal{AccountID: e.AccountID, SandboxID: e.SandboxID}
 }
 
-// authorized reports whether r carries e's access token, or, for /files,
-// a valid signature made with it (signed).
-func (p *Proxy) authorized(r *http.Request, e store.E2BSandbox) (ok, signed bool) {
-	if tok := r.Header.Get(headerAccessToken); tok != "" {
-		return subtle.ConstantTimeCompare([]byte(tok), []byte(e.AccessToken)) == 1, false
+// authorized lets r in when it carries e's access token, or, for /files,
+// a valid signature made with it (signed); refused says why not, in
+// envd's words (the SDK's users match on them).
+func (p *Proxy) authorized(r *http.Request, e store.E2BSandbox) (signed bool, refused error) {
+	tok := r.Header.Get(headerAccessToken)
+	if r.URL.Path != "/files" {
+		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(e.AccessToken)) != 1 {
+			return false, errUnauthorized
+		}
+		return false, nil
 	}
-	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-		return p.signatureValid(r, e.AccessToken) == nil, true
+	switch {
+	case tok != "":
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(e.AccessToken)) != 1 {
+			return false, errTokenMismatch
+		}
+		return false, nil
+	case !r.URL.Query().Has("signature"):
+		return false, errNoSignature
 	}
-	return false, false
+	return true, p.signatureValid(r, e.AccessToken)
 }
 
 // signedFor finds the sandbox whose token signed r's file link.
@@ -250,12 +261,16 @@ func (p *Proxy) signedFor(ctx context.Context, r *http.Request) (store.E2BSandbo
 	return store.E2BSandbox{}, last
 }
 
-// What a signed link is told when it lets nothing in. The words are this
-// package's own, never a cause's.
+// What a request is told when its token or link lets nothing in: envd's
+// words, never a cause's. A link that names no sandbox and matches none
+// is, to its holder, an invalid signature.
 var (
-	errBadLink      = errors.New("the link's signature matches no sandbox running here")
-	errExpired      = errors.New("the link has expired")
-	errBadSignature = errors.New("bad signature")
+	errUnauthorized  = errors.New("unauthorized access, please provide a valid access token or method signing if supported")
+	errTokenMismatch = errors.New("access token present in header but does not match")
+	errNoSignature   = errors.New("missing signature query parameter")
+	errBadSignature  = errors.New("invalid signature")
+	errExpired       = errors.New("signature is already expired")
+	errBadLink       = errBadSignature
 )
 
 // signatureValid checks a file link's signature as envd does:

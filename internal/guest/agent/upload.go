@@ -112,7 +112,23 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if envdAnswers(r.Header) {
+		// envd's answer names each file, no more.
+		entries := make([]envdWritten, len(out))
+		for i, f := range out {
+			entries[i] = envdWritten{Name: f.Name, Path: f.Path, Type: f.Type}
+		}
+		_ = json.NewEncoder(w).Encode(entries)
+		return
+	}
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// envdWritten is envd's answer for a file written (its EntryInfo).
+type envdWritten struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	Type string `json:"type"`
 }
 
 // postParts writes the files of a multipart body: see postFile.
