@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,83 @@ func e2bHostsFlow(t *testing.T, _ string, flags []string) {
 		t.Fatalf("a private port with its token: %d %q", code, body)
 	}
 	homeRoutesNoPorts(t, s, k, "3000-"+public.SandboxID+"."+public.Domain)
+
+	// After pause and connect (a resume), the resumed sandbox's ports
+	// answer through its host: the server that was running, and one
+	// started after the resume.
+	e2bCall := func(path string, body map[string]any, want ...int) {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", s.base+path, strings.NewReader(string(b)))
+		req.Header.Set("X-API-Key", ek.Key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, w := range want {
+			if resp.StatusCode == w {
+				return
+			}
+		}
+		t.Fatalf("POST %s: %d %s, want %v", path, resp.StatusCode, rb, want)
+	}
+	e2bCall("/sandboxes/"+public.SandboxID+"/pause", nil, http.StatusNoContent)
+	e2bCall("/sandboxes/"+public.SandboxID+"/connect", map[string]any{"timeout": 120}, http.StatusOK, http.StatusCreated)
+	if code, body := get(public, nil); code != 200 || body != "hello from "+public.SandboxID+"\n" {
+		t.Fatalf("a port after pause and resume: %d %q", code, body)
+	}
+	id := strings.Replace(public.SandboxID, "sbx-", "sbx_", 1)
+	if out := s.as(k, "POST", "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c",
+		"mkdir -p /tmp/www2 && echo after the resume > /tmp/www2/index.html && httpd -p 3001 -h /tmp/www2 && echo started"}}); out.Status != 200 || out.Body["stdout"] != "started\n" {
+		t.Fatalf("start a server after the resume: %d %s", out.Status, out.Raw)
+	}
+	var code int
+	var body string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		req, _ := http.NewRequest("GET", s.base+"/index.html", nil)
+		req.Host = "3001-" + public.SandboxID + "." + public.Domain
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if code, body = resp.StatusCode, string(b); code != http.StatusBadGateway {
+			break
+		}
+	}
+	if code != 200 || body != "after the resume\n" {
+		t.Fatalf("a server started after the resume: %d %q", code, body)
+	}
+
+	// A port nothing answers on, and the ports of a killed sandbox: E2B's
+	// edge's answers, with the sandbox's id.
+	answer := func(port int) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", s.base+"/", nil)
+		req.Host = strconv.Itoa(port) + "-" + public.SandboxID + "." + public.Domain
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	if code, b := answer(3999); code != http.StatusBadGateway || b != `{"sandboxId":"`+public.SandboxID+`","message":"The sandbox is running but port is not open","port":3999,"code":502}` {
+		t.Fatalf("a closed port: %d %s", code, b)
+	}
+	del, _ := http.NewRequest("DELETE", s.base+"/sandboxes/"+public.SandboxID, nil)
+	del.Header.Set("X-API-Key", ek.Key)
+	if resp, err := http.DefaultClient.Do(del); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("kill: %v %v", resp, err)
+	}
+	if code, b := answer(3000); code != http.StatusBadGateway || b != `{"sandboxId":"`+public.SandboxID+`","message":"The sandbox was not found","code":502}` {
+		t.Fatalf("a killed sandbox's port: %d %s", code, b)
+	}
 }
 
 // homeRoutesNoPorts: from inside a sandbox with no network,

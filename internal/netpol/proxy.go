@@ -102,13 +102,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad path", http.StatusBadRequest)
 		return
 	}
-	p.serve(w, r, id, port, addr, path, rest, p.opts.Prefix+id+"/proxy/"+strconv.Itoa(port))
+	p.serve(w, r, id, port, addr, path, rest, p.opts.Prefix+id+"/proxy/"+strconv.Itoa(port), nil)
 }
 
 // ServePort forwards r as it is (path and Host included) to port of
 // sandbox id, for a front end that routes by host name rather than by
-// path (package e2b). Like ServeHTTP it does no authentication.
-func (p *Proxy) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) {
+// path (package e2b). Like ServeHTTP it does no authentication. closed,
+// when set, answers instead of the proxy's own 502 when nothing answers
+// on the port (the front end's own words for it).
+func (p *Proxy) ServePort(w http.ResponseWriter, r *http.Request, id string, port int, closed func(http.ResponseWriter)) {
 	if port < 1 || port > 65535 {
 		http.Error(w, fmt.Sprintf("bad port %d", port), http.StatusNotFound)
 		return
@@ -118,12 +120,13 @@ func (p *Proxy) ServePort(w http.ResponseWriter, r *http.Request, id string, por
 		http.Error(w, "sandbox not found or has no network", http.StatusNotFound)
 		return
 	}
-	p.serve(w, r, id, port, addr, r.URL.Path, r.URL.EscapedPath(), "")
+	p.serve(w, r, id, port, addr, r.URL.Path, r.URL.EscapedPath(), "", closed)
 }
 
 // serve forwards r to port of the sandbox at addr, at path (rawPath
-// escaped); prefix, when set, is the path it is served under.
-func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, addr netip.Addr, path, rawPath, prefix string) {
+// escaped); prefix, when set, is the path it is served under; closed,
+// when set, answers when nothing answers on the port.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port int, addr netip.Addr, path, rawPath, prefix string, closed func(http.ResponseWriter)) {
 	target := netip.AddrPortFrom(addr, uint16(port)).String()
 	keepHost := prefix == ""
 	rp := &httputil.ReverseProxy{
@@ -146,6 +149,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, id string, port in
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			p.opts.Logger.Debug("sandbox port proxy", "sandbox", id, "port", port, "err", err)
+			if closed != nil {
+				closed(w)
+				return
+			}
 			http.Error(w, fmt.Sprintf("nothing answers on port %d of the sandbox", port), http.StatusBadGateway)
 		},
 	}

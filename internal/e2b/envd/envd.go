@@ -96,7 +96,7 @@ type Agents interface {
 
 // PortProxy forwards a request to a port of a sandbox (netpol.Proxy).
 type PortProxy interface {
-	ServePort(w http.ResponseWriter, r *http.Request, id string, port int)
+	ServePort(w http.ResponseWriter, r *http.Request, id string, port int, closed func(http.ResponseWriter))
 }
 
 // Options configure the plane.

@@ -145,10 +145,17 @@ func (c *fakeCluster) last() forwarded {
 // fakePorts records the port requests the host router made.
 type fakePorts struct{ got []string }
 
-func (p *fakePorts) ServePort(w http.ResponseWriter, r *http.Request, id string, port int) {
+func (p *fakePorts) ServePort(w http.ResponseWriter, r *http.Request, id string, port int, closed func(http.ResponseWriter)) {
 	p.got = append(p.got, fmt.Sprintf("%s:%d%s host=%s token=%q", id, port, r.URL.Path, r.Host, r.Header.Get(headerTrafficToken)))
+	if port == closedPort {
+		closed(w)
+		return
+	}
 	w.WriteHeader(http.StatusAccepted)
 }
+
+// closedPort is a port fakePorts finds nothing listening on.
+const closedPort = 3999
 
 type fixture struct {
 	t       *testing.T
@@ -461,8 +468,19 @@ func TestHostRouter(t *testing.T) {
 	if code := serve("3000-"+priv+".sbx.test", "/", map[string]string{headerTrafficToken: private.TrafficToken}); code != http.StatusAccepted || ports.got[1] != fmt.Sprintf("%s:3000/ host=3000-%s.sbx.test token=%q", private.SandboxID, priv, "") {
 		t.Fatalf("a private port with its token: %d %v (the token must not reach the sandbox)", code, ports.got)
 	}
-	if code := serve("3000-sbx_nope.sbx.test", "/", nil); code != http.StatusNotFound {
-		t.Fatalf("a sandbox that does not exist: %d, want 404", code)
+	// A sandbox that does not exist, and a port nothing answers on: E2B's
+	// edge's bodies, which its SDKs and clients know.
+	body := func(host string) (int, string) {
+		r := httptest.NewRequest("GET", "http://"+host+"/", nil)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code, strings.TrimSpace(w.Body.String())
+	}
+	if code, b := body("3000-sbx_nope.sbx.test"); code != http.StatusBadGateway || b != `{"sandboxId":"sbx-nope","message":"The sandbox was not found","code":502}` {
+		t.Fatalf("a sandbox that does not exist: %d %s", code, b)
+	}
+	if code, b := body(fmt.Sprintf("%d-%s.sbx.test", closedPort, pub)); code != http.StatusBadGateway || b != fmt.Sprintf(`{"sandboxId":%q,"message":"The sandbox is running but port is not open","port":%d,"code":502}`, pub, closedPort) {
+		t.Fatalf("a port nothing answers on: %d %s", code, b)
 	}
 	if code := serve("49983-"+pub+".sbx.test", "/health", nil); code != http.StatusNoContent {
 		t.Fatalf("the agent's port: %d, want its /health", code)

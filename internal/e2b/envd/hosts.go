@@ -2,6 +2,7 @@ package envd
 
 import (
 	"crypto/subtle"
+	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -76,10 +77,18 @@ func (p *Proxy) HostRouter(next http.Handler) http.Handler {
 	})
 }
 
-// servePort forwards r to port of sandbox id.
+// servePort forwards r to port of sandbox id. A sandbox that is gone (or
+// not running) and a port nothing answers on get E2B's edge's answers,
+// which the SDKs and E2B's clients know: 502 with the sandbox's id.
 func (p *Proxy) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	e, err := p.record(w, r, id)
-	if err != nil {
+	e, err := p.opts.Store.GetE2BSandbox(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		sandboxNotFound(w, id)
+		return
+	case err != nil:
+		p.log.ErrorContext(r.Context(), "e2b envd: read the sandbox's record", "sandbox_id", id, "err", err)
+		writeError(w, http.StatusInternalServerError, edge.InternalMessage)
 		return
 	}
 	if e.TrafficToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(e.TrafficToken)) != 1 {
@@ -93,7 +102,7 @@ func (p *Proxy) servePort(w http.ResponseWriter, r *http.Request, id string, por
 	r.Header.Del(headerForwardedHost)
 	sb, err := p.opts.Store.GetSandbox(r.Context(), id)
 	if err != nil || sb.Status != store.SandboxRunning || sb.Pause != "" {
-		writeError(w, http.StatusBadGateway, "sandbox "+E2BID(id)+" is not running")
+		sandboxNotFound(w, id)
 		return
 	}
 	if p.opts.Ports == nil {
@@ -103,5 +112,28 @@ func (p *Proxy) servePort(w http.ResponseWriter, r *http.Request, id string, por
 	// The caller's own credentials for the sandbox's services stay: they
 	// are the sandbox's business. The traffic token is sandboxd's.
 	r.Header.Del(headerTrafficToken)
-	p.opts.Ports.ServePort(w, r, id, port)
+	p.opts.Ports.ServePort(w, r, id, port, func(w http.ResponseWriter) {
+		WriteJSON(w, http.StatusBadGateway, portClosed{SandboxID: E2BID(id), Message: "The sandbox is running but port is not open", Port: port, Code: http.StatusBadGateway})
+	})
+}
+
+// E2B's edge's answers for a port it cannot reach, field for field.
+type (
+	sandboxGone struct {
+		SandboxID string `json:"sandboxId"`
+		Message   string `json:"message"`
+		Code      int    `json:"code"`
+	}
+	portClosed struct {
+		SandboxID string `json:"sandboxId"`
+		Message   string `json:"message"`
+		Port      int    `json:"port"`
+		Code      int    `json:"code"`
+	}
+)
+
+// sandboxNotFound is E2B's answer for a port of a sandbox that is gone,
+// paused or stopped.
+func sandboxNotFound(w http.ResponseWriter, id string) {
+	WriteJSON(w, http.StatusBadGateway, sandboxGone{SandboxID: E2BID(id), Message: "The sandbox was not found", Code: http.StatusBadGateway})
 }
