@@ -68,7 +68,7 @@ type Store interface {
 	envd.Store
 	ListSandboxesByID(ctx context.Context, ids []string) ([]store.Sandbox, error)
 	CreateE2BSandbox(ctx context.Context, e store.E2BSandbox) error
-	ListLiveE2BSandboxes(ctx context.Context, accountID string, after store.Cursor, limit int) ([]store.E2BSandbox, error)
+	ListLiveE2BSandboxes(ctx context.Context, accountID string, page store.E2BPage) ([]store.E2BSandbox, error)
 }
 
 // Options configure the API.

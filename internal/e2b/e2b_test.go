@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -300,6 +301,49 @@ func TestControlPlaneLifecycle(t *testing.T) {
 	resp = f.call("GET", "/v2/sandboxes?limit=1&nextToken="+next, key, nil, &list)
 	if len(list) != 1 || list[0].SandboxID == first || resp.Header.Get("X-Next-Token") != "" {
 		t.Fatalf("second page: %+v, next %q", list, resp.Header.Get("X-Next-Token"))
+	}
+	// order, startedAfter and template select and sort; X-Total-Running
+	// counts the running ones that match, before paging.
+	ids := func(query string) ([]string, *http.Response) {
+		t.Helper()
+		var l []listedSandbox
+		resp := f.call("GET", "/v2/sandboxes"+query, key, nil, &l)
+		if resp.StatusCode != 200 {
+			t.Fatalf("list %s: %d", query, resp.StatusCode)
+		}
+		var out []string
+		for _, s := range l {
+			out = append(out, s.SandboxID)
+		}
+		return out, resp
+	}
+	desc, resp := ids("")
+	asc, _ := ids("?order=asc")
+	if len(desc) != 2 || !slices.Equal(asc, []string{desc[1], desc[0]}) || resp.Header.Get("X-Total-Running") != "2" {
+		t.Fatalf("desc %v, asc %v, total running %q", desc, asc, resp.Header.Get("X-Total-Running"))
+	}
+	if page, resp := ids("?order=asc&limit=1"); !slices.Equal(page, asc[:1]) || resp.Header.Get("X-Total-Running") != "2" {
+		t.Fatalf("the first page of one, oldest first: %v, total %q", page, resp.Header.Get("X-Total-Running"))
+	}
+	if got, _ := ids("?startedAfter=" + url.QueryEscape(f.now.Add(time.Second).Format(time.RFC3339Nano))); len(got) != 0 {
+		t.Fatalf("started after a second from now: %v", got)
+	}
+	if got, _ := ids("?startedAfter=" + url.QueryEscape(f.now.Add(-time.Second).Format(time.RFC3339Nano))); len(got) != 2 {
+		t.Fatalf("started after a second ago: %v", got)
+	}
+	if got, _ := ids("?template=base"); len(got) != 2 {
+		t.Fatalf("template base: %v", got)
+	}
+	if got, _ := ids("?template=other"); len(got) != 0 {
+		t.Fatalf("template other: %v", got)
+	}
+	if _, resp := ids("?state=paused"); resp.Header.Get("X-Total-Running") != "" {
+		t.Fatalf("X-Total-Running without running asked for: %q", resp.Header.Get("X-Total-Running"))
+	}
+	for _, bad := range []string{"?order=up", "?startedAfter=yesterday"} {
+		if resp := f.call("GET", "/v2/sandboxes"+bad, key, nil, nil); resp.StatusCode != 400 {
+			t.Errorf("list %s: %d, want 400", bad, resp.StatusCode)
+		}
 	}
 
 	var metrics []metric

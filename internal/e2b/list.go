@@ -105,28 +105,49 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 }
 
 // list answers both GET /sandboxes (v1: running ones, filtered by
-// metadata) and GET /v2/sandboxes (state, metadata, limit and nextToken,
-// the next page's token in the x-next-token header). It reads the
-// account's live sandboxes from the store, which selects them by their
-// status: an account's ended sandboxes, however many, never push a live
-// one out of the list. A token is the place of the last sandbox of a page
+// metadata) and GET /v2/sandboxes (state, metadata, template,
+// startedAfter, order, limit and nextToken; the next page's token in the
+// X-Next-Token header, and, when running sandboxes were asked for, how
+// many match in all in X-Total-Running). It reads the account's live
+// sandboxes from the store, which selects them by their status: an
+// account's ended sandboxes, however many, never push a live one out of
+// the list. A token is the place of the last sandbox of a page
 // (store.Cursor): pages neither repeat nor skip a sandbox when others
 // start or end between two requests.
 func (a *API) list(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	q := r.URL.Query()
 	v2 := strings.HasPrefix(r.URL.Path, "/v2/")
-	meta, err := metadataFilter(q.Get("metadata"))
-	if err != nil {
+	var f listFilter
+	var err error
+	if f.meta, err = metadataFilter(q.Get("metadata")); err != nil {
 		return err
 	}
-	states := map[string]bool{"running": true, "paused": v2}
+	f.states = map[string]bool{"running": true, "paused": v2}
 	if s := q.Get("state"); s != "" {
-		states = map[string]bool{}
+		f.states = map[string]bool{}
 		for _, st := range strings.Split(s, ",") {
 			if st != "running" && st != "paused" {
 				return edge.Errorf(http.StatusBadRequest, "state %q: want running or paused", st)
 			}
-			states[st] = true
+			f.states[st] = true
+		}
+	}
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		f.page.Ascending = true
+	default:
+		return edge.Errorf(http.StatusBadRequest, "order %q: want asc or desc", q.Get("order"))
+	}
+	if s := q.Get("startedAfter"); s != "" {
+		if f.page.StartedAfter, err = time.Parse(time.RFC3339Nano, s); err != nil {
+			return edge.Errorf(http.StatusBadRequest, "startedAfter %q: want a date-time (RFC 3339)", s)
+		}
+	}
+	if t := q.Get("template"); t != "" {
+		f.template = &t
+		if f.custom, err = a.customTemplate(r.Context(), c, t); err != nil {
+			return err
 		}
 	}
 	limit := defaultListLimit
@@ -135,17 +156,27 @@ func (a *API) list(w http.ResponseWriter, r *http.Request, c edge.Caller) error 
 			return edge.Errorf(http.StatusBadRequest, "limit must be 1 to %d", maxListLimit)
 		}
 	}
-	var after store.Cursor
 	if s := q.Get("nextToken"); s != "" {
-		if after, err = store.ParseCursor(s); err != nil {
+		if f.page.After, err = store.ParseCursor(s); err != nil {
 			return edge.Errorf(http.StatusBadRequest, "nextToken is not one this server gave")
 		}
 	}
 	most := 0 // v1 lists them all
 	if v2 {
 		most = limit + 1 // one more than a page says whether another follows
+		if f.states["running"] {
+			// The running ones that match, before paging: the first
+			// page's cursor, every one of them.
+			all := f
+			all.page.After, all.states = store.Cursor{}, map[string]bool{"running": true}
+			running, err := a.liveSandboxes(r.Context(), c.AccountID, all, 0)
+			if err != nil {
+				return err
+			}
+			w.Header().Set("X-Total-Running", strconv.Itoa(len(running)))
+		}
 	}
-	found, err := a.liveSandboxes(r.Context(), c.AccountID, after, most, meta, states)
+	found, err := a.liveSandboxes(r.Context(), c.AccountID, f, most)
 	if err != nil {
 		return err
 	}
@@ -161,6 +192,30 @@ func (a *API) list(w http.ResponseWriter, r *http.Request, c edge.Caller) error 
 	return nil
 }
 
+// listFilter is what a list asks for.
+type listFilter struct {
+	page   store.E2BPage // from where, in which order, since when
+	meta   map[string]string
+	states map[string]bool
+	// template, when set, is the template asked for (an id or alias);
+	// custom is the custom template it names ("": a built-in one).
+	template *string
+	custom   string
+}
+
+// ofTemplate says whether a sandbox was made from f's template: the same
+// custom template however it was named, or the built-in of that name.
+func (f listFilter) ofTemplate(sb store.Sandbox, e store.E2BSandbox) bool {
+	switch {
+	case f.template == nil:
+		return true
+	case f.custom != "":
+		return sb.TemplateID == f.custom
+	default:
+		return sb.TemplateID == "" && e.TemplateID == *f.template
+	}
+}
+
 // listBatch is how many live sandboxes list reads from the store at once.
 const listBatch = 200
 
@@ -170,13 +225,14 @@ type liveSandbox struct {
 	e  store.E2BSandbox
 }
 
-// liveSandboxes returns the live sandboxes of accountID past after, newest
-// first, whose metadata has meta and whose state is one of states: at
-// most most of them (0: all).
-func (a *API) liveSandboxes(ctx context.Context, accountID string, after store.Cursor, most int, meta map[string]string, states map[string]bool) ([]liveSandbox, error) {
+// liveSandboxes returns the live sandboxes of accountID that f selects, in
+// its order from its cursor on: at most most of them (0: all).
+func (a *API) liveSandboxes(ctx context.Context, accountID string, f listFilter, most int) ([]liveSandbox, error) {
 	var out []liveSandbox
+	page := f.page
+	page.Limit = listBatch
 	for {
-		records, err := a.opts.Store.ListLiveE2BSandboxes(ctx, accountID, after, listBatch)
+		records, err := a.opts.Store.ListLiveE2BSandboxes(ctx, accountID, page)
 		if err != nil {
 			return nil, err
 		}
@@ -184,8 +240,8 @@ func (a *API) liveSandboxes(ctx context.Context, accountID string, after store.C
 			return out, nil
 		}
 		last := len(records) < listBatch
-		after = records[len(records)-1].Cursor()
-		records = slices.DeleteFunc(records, func(e store.E2BSandbox) bool { return !matches(e.Metadata, meta) })
+		page.After = records[len(records)-1].Cursor()
+		records = slices.DeleteFunc(records, func(e store.E2BSandbox) bool { return !matches(e.Metadata, f.meta) })
 		ids := make([]string, len(records))
 		for i, e := range records {
 			ids[i] = e.SandboxID
@@ -198,10 +254,10 @@ func (a *API) liveSandboxes(ctx context.Context, accountID string, after store.C
 		for _, sb := range a.opts.Sandboxes.Live(ctx, rows) {
 			byID[sb.ID] = sb
 		}
-		for _, e := range records { // newest first
+		for _, e := range records { // in the page's order
 			sb, ok := byID[e.SandboxID]
-			if !ok || !live(sb) || !states[state(sb)] {
-				continue // ended (or gone) meanwhile, or another state
+			if !ok || !live(sb) || !f.states[state(sb)] || !f.ofTemplate(sb, e) {
+				continue // ended (or gone) meanwhile, or another state or template
 			}
 			out = append(out, liveSandbox{sb: sb, e: e})
 			if most > 0 && len(out) == most {

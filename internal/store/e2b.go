@@ -71,15 +71,35 @@ func (q *Queries) GetE2BSandbox(ctx context.Context, id string) (E2BSandbox, err
 	return e, nil
 }
 
-// ListLiveE2BSandboxes returns at most limit E2B records of accountID's
-// live sandboxes (pending or running, paused ones included), newest first,
-// from the one after after (the zero Cursor: from the newest). The
-// sandboxes' status is read in the same query, so the account's ended
-// sandboxes, however many, never push a live one off a page.
-func (q *Queries) ListLiveE2BSandboxes(ctx context.Context, accountID string, after Cursor, limit int) ([]E2BSandbox, error) {
-	past, args := after.older("e.created_at", "e.sandbox_id")
+// E2BPage is one page of ListLiveE2BSandboxes: at most Limit records
+// from the one after After (the zero Cursor: from the first), newest
+// first unless Ascending, none created before StartedAfter (when set).
+type E2BPage struct {
+	After        Cursor
+	Limit        int
+	Ascending    bool
+	StartedAfter time.Time
+}
+
+// ListLiveE2BSandboxes returns a page of the E2B records of accountID's
+// live sandboxes (pending or running, paused ones included), in the order
+// they were created. The sandboxes' status is read in the same query, so
+// the account's ended sandboxes, however many, never push a live one off
+// a page.
+func (q *Queries) ListLiveE2BSandboxes(ctx context.Context, accountID string, page E2BPage) ([]E2BSandbox, error) {
+	past, args := page.After.older("e.created_at", "e.sandbox_id")
+	order := "DESC"
+	if page.Ascending {
+		past, args = page.After.newer("e.created_at", "e.sandbox_id")
+		order = "ASC"
+	}
+	where := "e.account_id = ? AND s.status IN (?, ?) AND " + past
 	args = append([]any{accountID, SandboxPending, SandboxRunning}, args...)
-	out, err := q.listE2B(ctx, "e.account_id = ? AND s.status IN (?, ?) AND "+past+" ORDER BY e.created_at DESC, e.sandbox_id DESC LIMIT ?", append(args, limit)...)
+	if !page.StartedAfter.IsZero() {
+		where += " AND e.created_at >= ?"
+		args = append(args, toMillis(page.StartedAfter))
+	}
+	out, err := q.listE2B(ctx, where+" ORDER BY e.created_at "+order+", e.sandbox_id "+order+" LIMIT ?", append(args, page.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list live e2b sandboxes of %s: %w", accountID, err)
 	}

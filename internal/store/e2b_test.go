@@ -43,15 +43,26 @@ func TestE2BSandboxes(t *testing.T) {
 			t.Fatal("CreateE2BSandbox of a sandbox without a row succeeded")
 		}
 
-		list, err := s.ListLiveE2BSandboxes(ctx, alice.ID, store.Cursor{}, 10)
+		list, err := s.ListLiveE2BSandboxes(ctx, alice.ID, store.E2BPage{Limit: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := []string{running.ID, older.ID}; !slices.Equal(e2bIDs(list), want) {
 			t.Fatalf("ListLiveE2BSandboxes = %v, want the live ones newest first %v", e2bIDs(list), want)
 		}
-		if list, _ := s.ListLiveE2BSandboxes(ctx, alice.ID, store.Cursor{}, 1); len(list) != 1 {
+		if list, _ := s.ListLiveE2BSandboxes(ctx, alice.ID, store.E2BPage{Limit: 1}); len(list) != 1 {
 			t.Fatalf("ListLiveE2BSandboxes with limit 1 = %d rows", len(list))
+		}
+		// Oldest first, from a cursor, and none created before a time.
+		asc, err := s.ListLiveE2BSandboxes(ctx, alice.ID, store.E2BPage{Limit: 10, Ascending: true})
+		if want := []string{older.ID, running.ID}; err != nil || !slices.Equal(e2bIDs(asc), want) {
+			t.Fatalf("ascending = %v, %v, want %v", e2bIDs(asc), err, want)
+		}
+		if next, err := s.ListLiveE2BSandboxes(ctx, alice.ID, store.E2BPage{After: asc[0].Cursor(), Limit: 10, Ascending: true}); err != nil || !slices.Equal(e2bIDs(next), []string{running.ID}) {
+			t.Fatalf("ascending after the first = %v, %v", e2bIDs(next), err)
+		}
+		if since, err := s.ListLiveE2BSandboxes(ctx, alice.ID, store.E2BPage{Limit: 10, StartedAfter: t0.Add(-500 * time.Millisecond)}); err != nil || !slices.Equal(e2bIDs(since), []string{running.ID}) {
+			t.Fatalf("started after = %v, %v, want only %s", e2bIDs(since), err, running.ID)
 		}
 		on, err := s.ListLiveE2BSandboxesOn(ctx, "n1")
 		if err != nil {

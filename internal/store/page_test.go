@@ -168,7 +168,7 @@ func TestListLiveE2BSandboxesPastEnded(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := pages(t, 3, func(after store.Cursor, n int) ([]store.E2BSandbox, error) {
-			return s.ListLiveE2BSandboxes(ctx, alice.ID, after, n)
+			return s.ListLiveE2BSandboxes(ctx, alice.ID, store.E2BPage{After: after, Limit: n})
 		}, store.E2BSandbox.Cursor)
 		if !slices.Equal(e2bIDs(got), live) {
 			t.Fatalf("live E2B sandboxes, by pages of 3 = %v, want %v", e2bIDs(got), live)
