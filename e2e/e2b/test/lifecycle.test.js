@@ -6,6 +6,7 @@ import assert from 'node:assert/strict'
 import {
   Sandbox,
   SandboxNotFoundError,
+  TimeoutError,
   cleanup,
   closeTo,
   create,
@@ -287,6 +288,24 @@ describe(title('lifecycle'), () => {
       assert.equal(same.sandboxId, sbx.sandboxId)
       assert.equal(await same.files.read('/home/user/marker.txt'), 'here')
       assert.equal((await same.commands.run('echo connected')).stdout, 'connected\n')
+    } finally {
+      await kill(sbx)
+    }
+  })
+
+  it('a sandbox killed while a command streams ends the command with the SDK\'s "killed" TimeoutError', slow, async () => {
+    const sbx = await create()
+    try {
+      const started = []
+      const run = sbx.commands.run('echo started; sleep 60', { onStdout: (d) => started.push(d) })
+      run.catch(() => {}) // judged below
+      await waitFor(() => 'the command to start', () => started.join('').includes('started'))
+      await Sandbox.kill(sbx.sandboxId)
+      await assert.rejects(run, (err) => {
+        assert.ok(err instanceof TimeoutError, `${err?.name}: ${err?.message}`)
+        assert.match(err.message, /The sandbox was killed or reached its end of life/)
+        return true
+      })
     } finally {
       await kill(sbx)
     }

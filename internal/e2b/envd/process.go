@@ -138,6 +138,15 @@ func (p *Proxy) startHandler() http.Handler {
 					return err
 				}
 			}
-			return in.Err()
+			err = in.Err()
+			if err != nil && !connect.IsWireError(err) && ctx.Err() == nil {
+				// The way to the agent broke (the sandbox was killed or
+				// died), not an answer of the agent's: the caller's
+				// connection is cut, as envd's is when its sandbox goes,
+				// so the SDK asks /health and says the sandbox was killed
+				// rather than reporting a protocol error.
+				panic(http.ErrAbortHandler)
+			}
+			return err
 		})
 }
