@@ -46,7 +46,7 @@ func TestE2BSDK(t *testing.T) {
 	npmCI(t, node, dir)
 	buildImage(t, "base")
 
-	sdks := []string{"new", "old"}
+	sdks := []string{"new", "old", "oldest"}
 	if only := os.Getenv("SANDBOXD_E2B_SDK"); only != "" {
 		sdks = []string{only}
 	}

@@ -78,7 +78,8 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 		return err
 	}
 	if custom == "" && req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
-		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s and the templates of GET /templates", req.TemplateID, strings.Join(append([]string{DefaultTemplate}, a.opts.Templates...), ", "))
+		starts := slices.Compact(slices.Sorted(slices.Values(append([]string{DefaultTemplate}, a.opts.Templates...))))
+		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s and the templates of GET /templates", req.TemplateID, strings.Join(starts, ", "))
 	}
 	if len(req.EnvVars) > 256 {
 		return edge.Errorf(http.StatusBadRequest, "envVars: at most 256 variables")

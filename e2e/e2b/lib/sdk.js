@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs'
 // Both versions are installed side by side under npm aliases (package.json).
 // "new" creates and connects through /v2/sandboxes; "old" is the last release
 // that still used POST /sandboxes and POST /sandboxes/{id}/connect.
-const packages = { new: 'e2b-new', old: 'e2b-old' }
+const packages = { new: 'e2b-new', old: 'e2b-old', oldest: 'e2b-oldest' }
 
 export const which = process.env.SDK || 'new'
 const pkg = packages[which]
