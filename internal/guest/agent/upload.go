@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -315,8 +316,15 @@ func (a *Agent) writeInPlace(u *account, path string, mode fs.FileMode, src io.R
 	var f *os.File
 	err := asUser(u, func() error {
 		var err error
-		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, cmp.Or(mode, 0o644)); err != nil {
+		// Non-blocking: a FIFO with no reader is refused (ENXIO) rather
+		// than holding the request, and its thread, until one comes.
+		if f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NONBLOCK, cmp.Or(mode, 0o644)); err != nil {
 			return err
+		}
+		if fi, err := f.Stat(); err != nil {
+			return err
+		} else if !fi.Mode().IsRegular() {
+			return &fs.PathError{Op: "write", Path: path, Err: errors.New("not a regular file")}
 		}
 		if mode != 0 {
 			err = f.Chmod(mode)
