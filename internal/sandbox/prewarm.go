@@ -106,7 +106,17 @@ func (m *Manager) prewarmCreated(accountID string) {
 	if d.creates == nil {
 		d.creates = map[string][]time.Time{}
 	}
-	d.creates[accountID] = append(d.creates[accountID], m.now())
+	now := m.now()
+	d.creates[accountID] = append(d.creates[accountID], now)
+	// An account that stopped creating keeps its last times until its
+	// next Prewarm: sweep them when many accounts have some.
+	if len(d.creates) > 1024 {
+		for id, cs := range d.creates {
+			if now.Sub(cs[len(cs)-1]) > demandWindow {
+				delete(d.creates, id)
+			}
+		}
+	}
 }
 
 // prewarmWanted is how many sandboxes the account's recent creates ask to
