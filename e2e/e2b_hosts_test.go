@@ -60,13 +60,13 @@ func e2bHostsFlow(t *testing.T, _ string, flags []string) {
 		}
 		return c
 	}
-	get := func(c created, headers map[string]string) (int, string) {
+	getPort := func(c created, port int, headers map[string]string) (int, string) {
 		t.Helper()
 		var code int
 		var body string
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 			req, _ := http.NewRequest("GET", s.base+"/index.html", nil)
-			req.Host = "3000-" + c.SandboxID + "." + c.Domain
+			req.Host = strconv.Itoa(port) + "-" + c.SandboxID + "." + c.Domain
 			for h, v := range headers {
 				req.Header.Set(h, v)
 			}
@@ -81,6 +81,10 @@ func e2bHostsFlow(t *testing.T, _ string, flags []string) {
 			}
 		}
 		return code, body
+	}
+	get := func(c created, headers map[string]string) (int, string) {
+		t.Helper()
+		return getPort(c, 3000, headers)
 	}
 	allow := []string{"198.51.100.7"}
 	public := create(map[string]any{"allowOut": allow})
@@ -131,21 +135,7 @@ func e2bHostsFlow(t *testing.T, _ string, flags []string) {
 		"mkdir -p /tmp/www2 && echo after the resume > /tmp/www2/index.html && httpd -p 3001 -h /tmp/www2 && echo started"}}); out.Status != 200 || out.Body["stdout"] != "started\n" {
 		t.Fatalf("start a server after the resume: %d %s", out.Status, out.Raw)
 	}
-	var code int
-	var body string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		req, _ := http.NewRequest("GET", s.base+"/index.html", nil)
-		req.Host = "3001-" + public.SandboxID + "." + public.Domain
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if code, body = resp.StatusCode, string(b); code != http.StatusBadGateway {
-			break
-		}
-	}
+	code, body := getPort(public, 3001, nil)
 	if code != 200 || body != "after the resume\n" {
 		t.Fatalf("a server started after the resume: %d %q", code, body)
 	}
