@@ -575,6 +575,25 @@ func writeBundle(dir, rootfs string, args []string, mounts ...map[string]string)
 	return os.WriteFile(filepath.Join(dir, "config.json"), js, 0o600)
 }
 
+// runscDetached runs runsc (run --detach, restore --detach) with its
+// output in the file logPath: the detached sandbox keeps the output it was
+// given open, and a pipe would never end. A failure carries the log.
+func runscDetached(ctx context.Context, runsc, root, platform, logPath string, args ...string) error {
+	log, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	cmd := runscCmd(ctx, runsc, root, platform, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	err = cmd.Run()
+	log.Close()
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		return fmt.Errorf("runsc %s: %w: %s", strings.Join(args[:min(2, len(args))], " "), err, tail(string(out), 2000))
+	}
+	return nil
+}
+
 // tmpfsMount is a writable directory for a bundle of a read-only rootfs.
 func tmpfsMount(dest string) map[string]string {
 	return map[string]string{"destination": dest, "type": "tmpfs", "source": "tmpfs"}
@@ -620,21 +639,11 @@ func (b *bencher) baseline(ctx context.Context) error {
 	for i := range b.o.Iterations {
 		cid := fmt.Sprintf("baseline-detach-%d", i)
 		start := time.Now()
-		// The detached sandbox inherits runsc's stdio: give it a file, not a
-		// pipe that would stay open as long as the sandbox runs.
-		log, err := os.Create(filepath.Join(dir, "detach.log"))
-		if err != nil {
-			return err
-		}
-		cmd := runsc("run", "--detach", "--bundle", dir, cid)
-		cmd.Stdout, cmd.Stderr = log, log
-		err = cmd.Run()
-		log.Close()
+		err := runscDetached(ctx, b.o.RunscPath, root, b.rep.Platform, filepath.Join(dir, "detach.log"), "run", "--detach", "--bundle", dir, cid)
 		ds = append(ds, time.Since(start))
-		out, _ := os.ReadFile(filepath.Join(dir, "detach.log"))
 		_ = runsc("delete", "--force", cid).Run()
 		if err != nil {
-			return fmt.Errorf("runsc run --detach: %v: %s", err, out)
+			return err
 		}
 	}
 	b.rep.Baseline.RunscDetachMs = timing(ds)

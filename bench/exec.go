@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -190,28 +189,20 @@ func startExecServer(ctx context.Context, o ExecOptions) (*execServerEnd, error)
 // create makes the sandbox through E2B's API, which answers the token its
 // agent protocol needs; sandboxd's API knows it by its own form of the id.
 func (e *execServerEnd) create(ctx context.Context) error {
-	b, _ := json.Marshal(map[string]any{"templateID": "base", "timeout": 3600})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.base+"/v2/sandboxes", bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("X-API-Key", e.e2bKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := e.srv.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
 	var c struct {
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("E2B create: HTTP %d: %s", resp.StatusCode, tail(string(body), 300))
+	// callAPI's x-api-key is the header E2B's API reads too.
+	code, err := callAPI(ctx, e.srv.http, e.srv.base, e.e2bKey, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 3600}, &c, 1<<20)
+	if err != nil {
+		return fmt.Errorf("E2B create: %w", err)
 	}
-	if err := json.Unmarshal(body, &c); err != nil || c.SandboxID == "" {
-		return fmt.Errorf("E2B create answered %s", tail(string(body), 300))
+	if code != http.StatusCreated {
+		return fmt.Errorf("E2B create: HTTP %d, want 201", code)
+	}
+	if c.SandboxID == "" {
+		return errors.New("E2B create answered no sandbox")
 	}
 	e.e2b, e.access = c.SandboxID, c.EnvdAccessToken
 	e.rest = strings.Replace(c.SandboxID, "sbx-", "sbx_", 1)
@@ -353,19 +344,8 @@ func execBaseline(ctx context.Context, o ExecOptions) ([]ExecCase, Throughput, e
 		}
 		return out, nil
 	}
-	// The detached sandbox keeps the output it was given open: a file,
-	// not a pipe that would never end.
-	log, err := os.Create(filepath.Join(dir, "detach.log"))
-	if err != nil {
+	if err := runscDetached(ctx, o.RunscPath, root, o.Platform, filepath.Join(dir, "detach.log"), "run", "--detach", "--bundle", dir, cid); err != nil {
 		return nil, Throughput{}, err
-	}
-	detach := runscCmd(ctx, o.RunscPath, root, o.Platform, "run", "--detach", "--bundle", dir, cid)
-	detach.Stdout, detach.Stderr = log, log
-	err = detach.Run()
-	log.Close()
-	if err != nil {
-		b, _ := os.ReadFile(log.Name())
-		return nil, Throughput{}, fmt.Errorf("runsc run --detach: %w: %s", err, tail(string(b), 500))
 	}
 	defer func() { _, _ = runsc("delete", "--force", cid) }()
 

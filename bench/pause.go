@@ -179,19 +179,7 @@ func (b *bencher) checkpointBaseline(ctx context.Context, rep *PauseReport) erro
 		return runscCmd(ctx, b.o.RunscPath, root, rep.Platform, args...).CombinedOutput()
 	}
 	detached := func(args ...string) error {
-		// The detached sandbox inherits runsc's stdio: a file, not a pipe.
-		log, err := os.Create(filepath.Join(dir, "run.log"))
-		if err != nil {
-			return err
-		}
-		defer log.Close()
-		cmd := runscCmd(ctx, b.o.RunscPath, root, rep.Platform, args...)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Run(); err != nil {
-			out, _ := os.ReadFile(filepath.Join(dir, "run.log"))
-			return fmt.Errorf("runsc %s: %w: %s", args[0], err, out)
-		}
-		return nil
+		return runscDetached(ctx, b.o.RunscPath, root, rep.Platform, filepath.Join(dir, "run.log"), args...)
 	}
 	var cs, rs []time.Duration
 	for i := range b.o.Iterations {

@@ -516,29 +516,21 @@ func ttiBaseline(ctx context.Context, o TTIOptions) (tti, run, burst Latency, er
 	// one starts container cid and runs the command in it: the whole
 	// time and the start's alone.
 	one := func(cid string) (d, r time.Duration, err error) {
-		log, err := os.Create(filepath.Join(dir, cid+".log"))
-		if err != nil {
-			return 0, 0, err
-		}
 		start := time.Now()
-		// The detached sandbox keeps the output it was given open: a
-		// file, not a pipe that would never end.
-		detach := runscCmd(ctx, o.RunscPath, root, o.Platform, "run", "--detach", "--bundle", dir, cid)
-		detach.Stdout, detach.Stderr = log, log
-		err = detach.Run()
-		log.Close()
+		err = runscDetached(ctx, o.RunscPath, root, o.Platform, filepath.Join(dir, cid+".log"), "run", "--detach", "--bundle", dir, cid)
 		r = time.Since(start)
 		if err == nil {
 			var out []byte
 			out, err = runscCmd(ctx, o.RunscPath, root, o.Platform, "exec", cid, "/bin/echo", "ok").CombinedOutput()
 			if err == nil && strings.TrimSpace(string(out)) != "ok" {
 				err = fmt.Errorf("runsc exec printed %q", out)
+			} else if err != nil {
+				err = fmt.Errorf("runsc exec: %w: %s", err, out)
 			}
 		}
 		d = time.Since(start)
 		if err != nil {
-			b, _ := os.ReadFile(log.Name())
-			err = fmt.Errorf("runsc baseline: %v: %s", err, b)
+			err = fmt.Errorf("runsc baseline: %w", err)
 		}
 		return d, r, err
 	}
