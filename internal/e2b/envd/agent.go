@@ -248,7 +248,7 @@ func (p *Proxy) signedFor(ctx context.Context, r *http.Request) (store.E2BSandbo
 		p.log.ErrorContext(ctx, "e2b envd: list the sandboxes a link may be for", "err", err)
 		return store.E2BSandbox{}, errors.New("cannot check the link's signature now")
 	}
-	var last = errBadLink
+	var last = errBadSignature // a link that matches no sandbox
 	for _, e := range cands {
 		err := p.signatureValid(r, e.AccessToken)
 		if err == nil {
@@ -263,14 +263,13 @@ func (p *Proxy) signedFor(ctx context.Context, r *http.Request) (store.E2BSandbo
 
 // What a request is told when its token or link lets nothing in: envd's
 // words, never a cause's. A link that names no sandbox and matches none
-// is, to its holder, an invalid signature.
+// is, to its holder, an invalid signature (signedFor).
 var (
 	errUnauthorized  = errors.New("unauthorized access, please provide a valid access token or method signing if supported")
 	errTokenMismatch = errors.New("access token present in header but does not match")
 	errNoSignature   = errors.New("missing signature query parameter")
 	errBadSignature  = errors.New("invalid signature")
 	errExpired       = errors.New("signature is already expired")
-	errBadLink       = errBadSignature
 )
 
 // signatureValid checks a file link's signature as envd does:

@@ -197,6 +197,13 @@ func (s *userSandbox) files(t *testing.T, method, user, path, body string) (int,
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s.do(t, req, user)
+}
+
+// do sends req to the agent as user ("": as the agent itself) and answers
+// the status and body.
+func (s *userSandbox) do(t *testing.T, req *http.Request, user string) (int, string) {
+	t.Helper()
 	if user != "" {
 		req.Header.Set(guest.UserHeader, user)
 	}

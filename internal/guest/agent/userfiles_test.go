@@ -33,22 +33,13 @@ func (s *userSandbox) post(t *testing.T, user string, query url.Values, ctype, e
 	if err != nil {
 		t.Fatal(err)
 	}
-	if user != "" {
-		req.Header.Set(guest.UserHeader, user)
-	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}
 	if encoding != "" {
 		req.Header.Set("Content-Encoding", encoding)
 	}
-	resp, err := s.http.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return s.do(t, req, user)
 }
 
 // form is a multipart/form-data body of parts {field name, file name
@@ -474,15 +465,8 @@ func TestFilesEnvdWriteAsUser(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set(guest.UserHeader, "user")
 		req.Header.Set(guest.EnvdHeader, "1")
-		resp, err := s.http.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return s.do(t, req, "user")
 	}
 	// The test's root directory is root's (0755), as / is.
 	made := filepath.Join(s.root, "made", "deeper")
