@@ -12,11 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/guest"
-
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/guest"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -80,7 +79,7 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "no E2b-Sandbox-Id header: say which sandbox the request is for")
 		return
 	default:
-		if e, err = p.record(w, r, id); err != nil {
+		if e, err = p.record(w, r, id, agentNotFound); err != nil {
 			return
 		}
 		if r.URL.Path != "/health" {
@@ -170,18 +169,24 @@ type TemplateDefaults interface {
 	TemplateEnv(ctx context.Context, sb store.Sandbox) ([]string, error)
 }
 
-// record is sandbox id's E2B record; when there is none, or it cannot be
-// read, the answer is written and err is not nil.
-func (p *Proxy) record(w http.ResponseWriter, r *http.Request, id string) (store.E2BSandbox, error) {
+// record is sandbox id's E2B record; when there is none (notFound answers
+// in the caller's words), or it cannot be read, the answer is written and
+// err is not nil.
+func (p *Proxy) record(w http.ResponseWriter, r *http.Request, id string, notFound func(http.ResponseWriter, string)) (store.E2BSandbox, error) {
 	e, err := p.opts.Store.GetE2BSandbox(r.Context(), id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		writeError(w, http.StatusNotFound, "sandbox "+E2BID(id)+" not found")
+		notFound(w, id)
 	case err != nil:
 		p.log.ErrorContext(r.Context(), "e2b envd: read the sandbox's record", "sandbox_id", id, "err", err)
 		writeError(w, http.StatusInternalServerError, edge.InternalMessage)
 	}
 	return e, err
+}
+
+// agentNotFound is the agent routes' answer for a sandbox with no record.
+func agentNotFound(w http.ResponseWriter, id string) {
+	writeError(w, http.StatusNotFound, "sandbox "+E2BID(id)+" not found")
 }
 
 // transport is the way to e's guest agent; when there is none (the

@@ -2,7 +2,6 @@ package envd
 
 import (
 	"crypto/subtle"
-	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -81,14 +80,8 @@ func (p *Proxy) HostRouter(next http.Handler) http.Handler {
 // not running) and a port nothing answers on get E2B's edge's answers,
 // which the SDKs and E2B's clients know: 502 with the sandbox's id.
 func (p *Proxy) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	e, err := p.opts.Store.GetE2BSandbox(r.Context(), id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		sandboxNotFound(w, id)
-		return
-	case err != nil:
-		p.log.ErrorContext(r.Context(), "e2b envd: read the sandbox's record", "sandbox_id", id, "err", err)
-		writeError(w, http.StatusInternalServerError, edge.InternalMessage)
+	e, err := p.record(w, r, id, sandboxNotFound)
+	if err != nil {
 		return
 	}
 	if e.TrafficToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(e.TrafficToken)) != 1 {
