@@ -26,6 +26,19 @@ const (
 	// DIR, made when missing, and answers what it wrote as JSON. Only the
 	// host's own requests (no UserHeader) are served: it is not envd's.
 	UnpackPath = "/sandboxd/unpack"
+	// CodePath is the code interpreter (package codeint): under it, E2B's
+	// code-interpreter API (/health, /execute, /contexts...). A request
+	// acts as UserHeader's user; CodeEnvHeader and CodeDirHeader give the
+	// environment and directory of the contexts it starts.
+	CodePath = "/code"
+	// CodeEnvHeader carries NAME=value variables (one a header value)
+	// that a code context started by the request has beside the
+	// sandbox's and the user's: the template's and E2B's envVars.
+	CodeEnvHeader = "Sandboxd-Code-Env"
+	// CodeDirHeader is the directory a code context starts in when the
+	// request names none (the template's WORKDIR); default the user's
+	// home.
+	CodeDirHeader = "Sandboxd-Code-Dir"
 	// HealthPath answers 204 while the agent serves.
 	HealthPath = "/health"
 	// ErrorKindHeader classifies an error answer of /files so the host can

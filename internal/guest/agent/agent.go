@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/guest/codeint"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	agentv1 "github.com/sandboxd/sandboxd/internal/guest/pb/sandboxd/agent/v1"
@@ -113,6 +114,7 @@ type Agent struct {
 	mux     http.Handler
 	watch   *watchers
 	owners  owners
+	code    *codeint.Interpreter
 	netMu   sync.Mutex // one ConfigureNetwork at a time
 
 	mu   sync.Mutex
@@ -146,6 +148,7 @@ func New(opts Options) *Agent {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	a := &Agent{opts: opts, log: log, boot: hex.EncodeToString(b[:]), start: time.Now(), umask: processUmask(), procs: newProcTable(opts.Reap), watch: newWatchers(), ready: make(chan struct{})}
+	a.code = codeint.New(a.launchShim, log.With("component", "code"), nil)
 	a.mux = a.handler()
 	if opts.TTYSignals {
 		if self, err := os.Executable(); err != nil {
@@ -171,6 +174,7 @@ func (a *Agent) handler() http.Handler {
 	mux.HandleFunc("GET "+guest.FilesPath, a.getFile)
 	mux.HandleFunc("POST "+guest.FilesPath, a.postFile)
 	mux.HandleFunc("POST "+guest.UnpackPath, a.postUnpack)
+	mux.Handle(guest.CodePath+"/", http.StripPrefix(guest.CodePath, http.HandlerFunc(a.serveCode)))
 	mux.HandleFunc("GET "+guest.HealthPath, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return mux
 }
