@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/e2b"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/homegate"
+	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/mcpserver"
 	"github.com/sandboxd/sandboxd/internal/modelproxy"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -181,7 +182,7 @@ func setupE2B(o *serveOptions, d frontEndDeps, gate *edge.Gate, portProxy *netpo
 		Sandboxes: d.dom.mgr, Store: d.stor.st, Gate: gate, NodeID: d.stor.nodeID,
 		// Every template name starts the server's image: the one it was
 		// built from names it too.
-		Templates: []string{r.template},
+		Templates: e2bTemplates(r.template, d.rt.baseDir),
 		Custom:    d.dom.tpls,
 		Files:     d.dom.tpls,
 		CPUs:      int(math.Ceil(r.cpus)), MemoryMB: int(r.memoryMiB), DiskMB: int(r.diskMiB), MaxTimeout: o.sandboxes.maxTimeout,
@@ -251,4 +252,15 @@ func setupModelProxy(o modelOptions, authn *auth.Authenticator, st *store.Store,
 		// account to one budget.
 		Usage: st, Budgets: o.budgets,
 	})
+}
+
+// e2bTemplates are the E2B template ids that start the server's image: the
+// name it was built from, and E2B's code-interpreter template's when it has
+// the code interpreter's kernels (the code-interpreter SDK asks for it).
+func e2bTemplates(template, rootfs string) []string {
+	ids := []string{template}
+	if image.HasCodeInterpreter(rootfs) {
+		ids = append(ids, e2b.CodeInterpreterTemplate, image.CodeInterpreterTemplate)
+	}
+	return slices.Compact(slices.Sorted(slices.Values(ids)))
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/guest/codeint"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/persist"
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -23,6 +24,9 @@ type SandboxService interface {
 	contract.SandboxService
 	// Ports lists the TCP ports something listens on in a running sandbox.
 	Ports(ctx context.Context, p auth.Principal, id string) ([]int, error)
+	// CodeTarget is the way to a running sandbox's code interpreter and
+	// who code runs as there (a paused sandbox is resumed).
+	CodeTarget(ctx context.Context, p auth.Principal, id string) (codeint.Target, error)
 	// Processes lists the processes exec and runs started in a running
 	// sandbox that still run.
 	Processes(ctx context.Context, p auth.Principal, id string) ([]runtime.Process, error)

@@ -114,6 +114,30 @@ func (o object) str(name string, path ...any) (s string, ok bool, err error) {
 	return s, true, nil
 }
 
+// envMap returns an object field of string values whose keys are
+// variable names (non-empty, no '=' or NUL); nil when absent.
+func (o object) envMap(name string) (map[string]string, error) {
+	if !o.present(name) {
+		return nil, nil
+	}
+	env, err := decodeObject(o[name])
+	if err != nil || jsonKind(o[name]) != "object" {
+		return nil, typeError("object", o[name], []any{name})
+	}
+	out := map[string]string{}
+	for k := range env {
+		v, _, err := env.str(k, name)
+		if err != nil {
+			return nil, err
+		}
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, FieldError(name+" names must be non-empty and contain no '='", name, k)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
 // strings returns a string-array field.
 func (o object) strings(name string) ([]string, bool, error) {
 	if !o.present(name) {

@@ -254,22 +254,8 @@ func ParseExec(a Args) (ExecRequest, error) {
 	if req.Cwd, _, err = o.str("cwd"); err != nil {
 		return req, err
 	}
-	if o.present("env") {
-		env, err := decodeObject(o["env"])
-		if err != nil || jsonKind(o["env"]) != "object" {
-			return req, typeError("object", o["env"], []any{"env"})
-		}
-		req.Env = map[string]string{}
-		for k := range env {
-			v, _, err := env.str(k, "env")
-			if err != nil {
-				return req, err
-			}
-			if k == "" || strings.ContainsAny(k, "=\x00") {
-				return req, FieldError("env names must be non-empty and contain no '='", "env", k)
-			}
-			req.Env[k] = v
-		}
+	if req.Env, err = o.envMap("env"); err != nil {
+		return req, err
 	}
 	if req.Stdin, _, err = o.str("stdin"); err != nil {
 		return req, err

@@ -79,7 +79,11 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	}
 	if custom == "" && req.TemplateID != DefaultTemplate && !slices.Contains(a.opts.Templates, req.TemplateID) {
 		starts := slices.Compact(slices.Sorted(slices.Values(append([]string{DefaultTemplate}, a.opts.Templates...))))
-		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s and the templates of GET /templates", req.TemplateID, strings.Join(starts, ", "))
+		hint := ""
+		if req.TemplateID == CodeInterpreterTemplate {
+			hint = "; the code interpreter needs an image with Jupyter's kernels: start sandboxd serve with --template code-interpreter"
+		}
+		return edge.Errorf(http.StatusNotFound, "template %q not found: this server starts %s and the templates of GET /templates%s", req.TemplateID, strings.Join(starts, ", "), hint)
 	}
 	if len(req.EnvVars) > 256 {
 		return edge.Errorf(http.StatusBadRequest, "envVars: at most 256 variables")

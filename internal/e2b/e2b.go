@@ -47,6 +47,11 @@ const EnvdVersion = envd.Version
 // DefaultTemplate is the template E2B's SDKs ask for when given none.
 const DefaultTemplate = "base"
 
+// CodeInterpreterTemplate is the template E2B's code-interpreter SDK asks
+// for (its defaultTemplate): a server whose image has the code
+// interpreter's kernels starts it.
+const CodeInterpreterTemplate = "code-interpreter-v1"
+
 // Sandboxes is what the control plane does to sandboxes (package
 // sandbox's Manager: each call by the caller and the sandbox's id, under
 // the one access rule), and the envd plane's door to their agents.

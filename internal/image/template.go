@@ -5,8 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 )
 
 // formatVersion changes whenever the builder changes what it does to every
@@ -131,7 +134,53 @@ func Templates() []Template {
 			Highlights: []string{nodePkg, "npm", "opencode-ai", "@anthropic-ai/claude-code", "openclaw", "git", "python3"},
 			Commands:   []string{"opencode", "claude", "openclaw"},
 		},
+		{
+			Name:        CodeInterpreterTemplate,
+			Description: "full plus the code interpreter's Jupyter kernels: Python 3 with ipykernel, numpy, pandas, matplotlib, scipy and Pillow (Debian's), and `python`",
+			Parent:      "full",
+			Steps: []Step{
+				{
+					Name: "install Jupyter and the data stack",
+					Argv: []string{"sh", "-ec", "apt-get update; apt-get install -y --no-install-recommends " +
+						strings.Join(codeInterpreterPackages, " ") + "; apt-get clean"},
+					Env: []string{"DEBIAN_FRONTEND=noninteractive"},
+				},
+				// Fail the build, not the first execution, when the
+				// kernel or the data stack cannot load.
+				{
+					Name: "check the Python kernel",
+					Argv: []string{"python3", "-c", "import jupyter_client, ipykernel, numpy, pandas, matplotlib, scipy, PIL; " +
+						"from jupyter_client.kernelspec import KernelSpecManager; KernelSpecManager().get_kernel_spec('python3')"},
+					Env: []string{"HOME=/tmp/check-home", "MPLCONFIGDIR=/tmp/check-home"},
+				},
+			},
+			Highlights: []string{"python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas", "python3-matplotlib"},
+			Commands:   []string{"opencode", "claude", "openclaw", "python"},
+		},
 	}
+}
+
+// CodeInterpreterTemplate is the built-in template with Jupyter's kernels,
+// which E2B's code-interpreter SDK's template (code-interpreter-v1) names.
+const CodeInterpreterTemplate = "code-interpreter"
+
+// codeInterpreterPackages are the Debian packages the code-interpreter
+// template adds: a Python kernel, the client the guest agent's shim drives
+// it with, and the data stack E2B's template has (in Debian 12's versions).
+var codeInterpreterPackages = []string{
+	"python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas",
+	"python3-matplotlib", "python3-scipy", "python3-pil", "python3-requests", "python-is-python3", "fonts-dejavu-core",
+}
+
+// HasCodeInterpreter reports whether the root filesystem at rootfs has a
+// Python Jupyter kernel the code interpreter can start.
+func HasCodeInterpreter(rootfs string) bool {
+	for _, dir := range []string{"usr/share/jupyter/kernels/python3", "usr/local/share/jupyter/kernels/python3"} {
+		if fi, err := os.Stat(filepath.Join(rootfs, dir, "kernel.json")); err == nil && fi.Mode().IsRegular() {
+			return true
+		}
+	}
+	return false
 }
 
 // LookupTemplate returns the built-in template with the given name.

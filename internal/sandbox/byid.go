@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/filecopy"
+	"github.com/sandboxd/sandboxd/internal/guest/codeint"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -153,6 +154,30 @@ func (m *Manager) AgentTransport(ctx context.Context, p auth.Principal, id strin
 		return nil, err
 	}
 	return m.agentTransport(ctx, sb)
+}
+
+// CodeTarget is the way to running sandbox id's code interpreter (its
+// agent, which this node reaches; a paused sandbox is woken), and who code
+// runs as there: its commands' user, directory and environment (its
+// template's).
+func (m *Manager) CodeTarget(ctx context.Context, p auth.Principal, id string) (codeint.Target, error) {
+	sb, err := m.sandboxFor(ctx, p, id)
+	if err != nil {
+		return codeint.Target{}, err
+	}
+	tr, err := m.agentTransport(ctx, sb)
+	if err != nil {
+		return codeint.Target{}, err
+	}
+	cwd, user, err := m.ExecDefaults(ctx, sb)
+	if err != nil {
+		return codeint.Target{}, err
+	}
+	env, err := m.TemplateEnv(ctx, sb)
+	if err != nil {
+		return codeint.Target{}, err
+	}
+	return codeint.Target{Transport: tr, User: user, Dir: cwd, Env: env}, nil
 }
 
 // Stats measures running sandbox id, which this node hosts (a paused one

@@ -48,6 +48,12 @@ func forwarder(r *http.Request) edge.Caller {
 // envd's: it says only whether the sandbox's agent answers.
 func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if r.Header.Get(headerSandboxPort) == codePort && r.Header.Get(headerSandboxID) != "" {
+		// E2B's code-interpreter SDK with E2B_SANDBOX_URL set: the same
+		// URL as envd's, the port in the header.
+		p.serveCode(w, r, SandboxID(r.Header.Get(headerSandboxID)))
+		return
+	}
 	if !envdPath(r.URL.Path) {
 		// The agent serves sandboxd's own services beside envd's (freeze,
 		// export, unpack): they are the host's, never a caller's.
@@ -56,7 +62,7 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 	}
 	id := SandboxID(r.Header.Get(headerSandboxID))
 	if port := r.Header.Get(headerSandboxPort); port != "" && port != envdPort {
-		writeError(w, http.StatusBadRequest, "E2b-Sandbox-Port "+port+": only the agent's port "+envdPort+" is served here; reach a sandbox's own ports through its host (getHost) or sandboxd's port proxy")
+		writeError(w, http.StatusBadRequest, "E2b-Sandbox-Port "+port+": only the agent's port "+envdPort+" and the code interpreter's "+codePort+" are served here; reach a sandbox's own ports through its host (getHost) or sandboxd's port proxy")
 		return
 	}
 	var (

@@ -161,5 +161,10 @@ func (p *Proxy) Routes() map[string]http.Handler {
 		"/health":                  agent,
 		"/process.Process/*":       agent,
 		"/filesystem.Filesystem/*": agent,
+		// E2B's code-interpreter server's, with E2b-Sandbox-Port 49999
+		// (serveCode; /health is both).
+		"/execute":    agent,
+		"/contexts":   agent,
+		"/contexts/*": agent,
 	}
 }

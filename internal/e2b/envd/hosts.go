@@ -72,6 +72,14 @@ func (p *Proxy) HostRouter(next http.Handler) http.Handler {
 			p.serveAgent(w, r)
 			return
 		}
+		if strconv.Itoa(port) == codePort {
+			if h := r.Header.Get(headerSandboxID); h != "" && SandboxID(h) != id {
+				writeError(w, http.StatusBadRequest, "E2b-Sandbox-Id does not match the host")
+				return
+			}
+			p.serveCode(w, r, id)
+			return
+		}
 		p.servePort(w, r, id, port)
 	})
 }
