@@ -25,6 +25,19 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# Debian's Jupyter stack: the code interpreter's unit tests
+# (internal/guest/codeint) drive real kernels with it on the host.
+if ! /usr/bin/python3 -c "import jupyter_client, ipykernel, pandas, matplotlib" >/dev/null 2>&1; then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-test-tools: Debian's Jupyter packages are missing (run as root, or: sudo apt-get install python3-ipykernel python3-jupyter-client python3-pandas python3-matplotlib)" >&2
+  else
+    echo "install-test-tools: installing python3-ipykernel, python3-jupyter-client, python3-pandas, python3-matplotlib" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-ipykernel python3-jupyter-client python3-pandas python3-matplotlib >/dev/null
+  fi
+fi
+
 export PATH=/usr/local/go/bin:$PATH
 versitygw_module=github.com/versity/versitygw
 versitygw_version=v1.8.0

@@ -17,6 +17,51 @@ import (
 	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
+// Defines values for CodeContextResponseStatus.
+const (
+	CodeContextResponseStatusSuccess CodeContextResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the CodeContextResponseStatus enum.
+func (e CodeContextResponseStatus) Valid() bool {
+	switch e {
+	case CodeContextResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CodeContextsResponseStatus.
+const (
+	CodeContextsResponseStatusSuccess CodeContextsResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the CodeContextsResponseStatus enum.
+func (e CodeContextsResponseStatus) Valid() bool {
+	switch e {
+	case CodeContextsResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CodeResponseStatus.
+const (
+	CodeResponseStatusSuccess CodeResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the CodeResponseStatus enum.
+func (e CodeResponseStatus) Valid() bool {
+	switch e {
+	case CodeResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for CopyInResponseStatus.
 const (
 	CopyInResponseStatusSuccess CopyInResponseStatus = "success"
@@ -581,6 +626,111 @@ type BuildTemplateRequest struct {
 
 	// Registry Credentials for the image's registry: username and password (or an access token as the password) or a token alone. Kept sealed until the build has pulled the image and then deleted; never shown or logged
 	Registry *TemplateRegistry `json:"registry,omitempty"`
+}
+
+// CodeContext defines model for CodeContext.
+type CodeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+// CodeContextRequest defines model for CodeContextRequest.
+type CodeContextRequest struct {
+	// Language The kernel's language (default python); the sandbox's installed Jupyter kernels decide which exist: 400 names them
+	Language *string `json:"language,omitempty"`
+
+	// Cwd The context's working directory
+	Cwd       *string `json:"cwd,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
+// CodeContextResponse defines model for CodeContextResponse.
+type CodeContextResponse struct {
+	Status  CodeContextResponseStatus `json:"status"`
+	Context CodeContext               `json:"context"`
+}
+
+// CodeContextResponseStatus defines model for CodeContextResponse.Status.
+type CodeContextResponseStatus string
+
+// CodeContextsResponse defines model for CodeContextsResponse.
+type CodeContextsResponse struct {
+	Status   CodeContextsResponseStatus `json:"status"`
+	Contexts []CodeContext              `json:"contexts"`
+}
+
+// CodeContextsResponseStatus defines model for CodeContextsResponse.Status.
+type CodeContextsResponseStatus string
+
+// CodeError defines model for CodeError.
+type CodeError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// CodeLogs defines model for CodeLogs.
+type CodeLogs struct {
+	Stdout []string `json:"stdout"`
+	Stderr []string `json:"stderr"`
+}
+
+// CodeRequest defines model for CodeRequest.
+type CodeRequest struct {
+	// Code The code to run: a cell of the context's language
+	Code string `json:"code"`
+
+	// Language Run in the default context of this language (python when neither language nor contextId is given; js and ts are javascript and typescript): made on first use. Not with contextId
+	Language *string `json:"language,omitempty"`
+
+	// ContextID Run in this context (POST .../code/contexts made it). Not with language
+	ContextID *string `json:"contextId,omitempty"`
+
+	// Envs Environment variables for this execution only: set before the cell and put back after it
+	Envs *map[string]string `json:"envs,omitempty"`
+
+	// Timeout Milliseconds before the cell is interrupted (the context keeps its state and the answer's error is TimeoutError); default none beyond the sandbox's lifetime
+	Timeout   *int    `json:"timeout,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
+// CodeResponse defines model for CodeResponse.
+type CodeResponse struct {
+	Status         CodeResponseStatus `json:"status"`
+	Results        []CodeResult       `json:"results"`
+	Logs           CodeLogs           `json:"logs"`
+	Error          *CodeError         `json:"error,omitempty"`
+	ExecutionCount *int               `json:"executionCount,omitempty"`
+	Truncated      *bool              `json:"truncated,omitempty"`
+	DurationMs     int                `json:"durationMs"`
+}
+
+// CodeResponseStatus defines model for CodeResponse.Status.
+type CodeResponseStatus string
+
+// CodeResult defines model for CodeResult.
+type CodeResult struct {
+	Text     *string     `json:"text,omitempty"`
+	HTML     interface{} `json:"html,omitempty"`
+	Markdown interface{} `json:"markdown,omitempty"`
+	Svg      interface{} `json:"svg,omitempty"`
+
+	// Png base64
+	Png interface{} `json:"png,omitempty"`
+
+	// Jpeg base64
+	Jpeg interface{} `json:"jpeg,omitempty"`
+
+	// Pdf base64
+	Pdf          interface{}            `json:"pdf,omitempty"`
+	Latex        interface{}            `json:"latex,omitempty"`
+	JSON         interface{}            `json:"json,omitempty"`
+	Javascript   interface{}            `json:"javascript,omitempty"`
+	Data         interface{}            `json:"data,omitempty"`
+	Chart        interface{}            `json:"chart,omitempty"`
+	Extra        map[string]interface{} `json:"extra"`
+	IsMainResult bool                   `json:"is_main_result"`
 }
 
 // CodingAgentRequest defines model for CodingAgentRequest.
@@ -1185,6 +1335,21 @@ type GetSandboxesFileParams struct {
 	Path      string  `form:"path" json:"path"`
 }
 
+// GetSandboxesIDCodeContextsParams defines parameters for GetSandboxesIDCodeContexts.
+type GetSandboxesIDCodeContextsParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
+// DeleteSandboxesIDCodeContextsContextIDParams defines parameters for DeleteSandboxesIDCodeContextsContextID.
+type DeleteSandboxesIDCodeContextsContextIDParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
+// PostSandboxesIDCodeContextsContextIDRestartParams defines parameters for PostSandboxesIDCodeContextsContextIDRestart.
+type PostSandboxesIDCodeContextsContextIDRestartParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
 // GetSandboxesIDFilesParams defines parameters for GetSandboxesIDFiles.
 type GetSandboxesIDFilesParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
@@ -1258,6 +1423,12 @@ type PostSandboxesSetupJSONRequestBody = AccountRequest
 
 // DeleteSandboxesIDJSONRequestBody defines body for DeleteSandboxesID for application/json ContentType.
 type DeleteSandboxesIDJSONRequestBody = AccountRequest
+
+// PostSandboxesIDCodeJSONRequestBody defines body for PostSandboxesIDCode for application/json ContentType.
+type PostSandboxesIDCodeJSONRequestBody = CodeRequest
+
+// PostSandboxesIDCodeContextsJSONRequestBody defines body for PostSandboxesIDCodeContexts for application/json ContentType.
+type PostSandboxesIDCodeContextsJSONRequestBody = CodeContextRequest
 
 // PostSandboxesIDExecJSONRequestBody defines body for PostSandboxesIDExec for application/json ContentType.
 type PostSandboxesIDExecJSONRequestBody = ExecRequest
@@ -1555,6 +1726,61 @@ type ClientInterface interface {
 	//
 	// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
 	DeleteSandboxesID(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDCodeWithBody Run code in a stateful code context of a sandbox (sandboxd)
+	//
+	// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+	PostSandboxesIDCodeWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDCode Run code in a stateful code context of a sandbox (sandboxd)
+	//
+	// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+	PostSandboxesIDCode(ctx context.Context, id string, body PostSandboxesIDCodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxesIDCodeContexts List a sandbox's code contexts (sandboxd)
+	//
+	// The contexts made with POST .../code/contexts and the default contexts of the languages code ran in; they live as long as the sandbox runs (a pause keeps them).
+	//
+	// Corresponds with GET /api/sandboxes/{id}/code/contexts (the `GetSandboxesIDCodeContexts` operationId).
+	GetSandboxesIDCodeContexts(ctx context.Context, id string, params *GetSandboxesIDCodeContextsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDCodeContextsWithBody Start a code context: a new kernel (sandboxd)
+	//
+	// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+	PostSandboxesIDCodeContextsWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDCodeContexts Start a code context: a new kernel (sandboxd)
+	//
+	// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+	PostSandboxesIDCodeContexts(ctx context.Context, id string, body PostSandboxesIDCodeContextsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSandboxesIDCodeContextsContextID Stop a code context's kernel and forget it (sandboxd)
+	//
+	// Corresponds with DELETE /api/sandboxes/{id}/code/contexts/{contextId} (the `DeleteSandboxesIDCodeContextsContextID` operationId).
+	DeleteSandboxesIDCodeContextsContextID(ctx context.Context, id string, contextID string, params *DeleteSandboxesIDCodeContextsContextIDParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDCodeContextsContextIDRestart Restart a code context's kernel: same id, no state (sandboxd)
+	//
+	// An execution running in it ends with the error ContextRestarting.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code/contexts/{contextId}/restart (the `PostSandboxesIDCodeContextsContextIDRestart` operationId).
+	PostSandboxesIDCodeContextsContextIDRestart(ctx context.Context, id string, contextID string, params *PostSandboxesIDCodeContextsContextIDRestartParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostSandboxesIDExecWithBody Run a command in a live sandbox
 	//
@@ -2124,6 +2350,131 @@ func (c *Client) DeleteSandboxesIDWithBody(ctx context.Context, id string, conte
 // Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
 func (c *Client) DeleteSandboxesID(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteSandboxesIDRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDCodeWithBody Run code in a stateful code context of a sandbox (sandboxd)
+//
+// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+func (c *Client) PostSandboxesIDCodeWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDCodeRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDCode Run code in a stateful code context of a sandbox (sandboxd)
+//
+// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+func (c *Client) PostSandboxesIDCode(ctx context.Context, id string, body PostSandboxesIDCodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDCodeRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSandboxesIDCodeContexts List a sandbox's code contexts (sandboxd)
+//
+// The contexts made with POST .../code/contexts and the default contexts of the languages code ran in; they live as long as the sandbox runs (a pause keeps them).
+//
+// Corresponds with GET /api/sandboxes/{id}/code/contexts (the `GetSandboxesIDCodeContexts` operationId).
+func (c *Client) GetSandboxesIDCodeContexts(ctx context.Context, id string, params *GetSandboxesIDCodeContextsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxesIDCodeContextsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDCodeContextsWithBody Start a code context: a new kernel (sandboxd)
+//
+// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+func (c *Client) PostSandboxesIDCodeContextsWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDCodeContextsRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDCodeContexts Start a code context: a new kernel (sandboxd)
+//
+// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+func (c *Client) PostSandboxesIDCodeContexts(ctx context.Context, id string, body PostSandboxesIDCodeContextsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDCodeContextsRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteSandboxesIDCodeContextsContextID Stop a code context's kernel and forget it (sandboxd)
+//
+// Corresponds with DELETE /api/sandboxes/{id}/code/contexts/{contextId} (the `DeleteSandboxesIDCodeContextsContextID` operationId).
+func (c *Client) DeleteSandboxesIDCodeContextsContextID(ctx context.Context, id string, contextID string, params *DeleteSandboxesIDCodeContextsContextIDParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSandboxesIDCodeContextsContextIDRequest(c.Server, id, contextID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDCodeContextsContextIDRestart Restart a code context's kernel: same id, no state (sandboxd)
+//
+// An execution running in it ends with the error ContextRestarting.
+//
+// Corresponds with POST /api/sandboxes/{id}/code/contexts/{contextId}/restart (the `PostSandboxesIDCodeContextsContextIDRestart` operationId).
+func (c *Client) PostSandboxesIDCodeContextsContextIDRestart(ctx context.Context, id string, contextID string, params *PostSandboxesIDCodeContextsContextIDRestartParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDCodeContextsContextIDRestartRequest(c.Server, id, contextID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3273,6 +3624,297 @@ func NewDeleteSandboxesIDRequestWithBody(server string, id string, contentType s
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewPostSandboxesIDCodeRequest calls the generic PostSandboxesIDCode builder with application/json body
+func NewPostSandboxesIDCodeRequest(server string, id string, body PostSandboxesIDCodeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostSandboxesIDCodeRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostSandboxesIDCodeRequestWithBody constructs an http.Request for the PostSandboxesIDCode method, with any body, and a specified content type
+func NewPostSandboxesIDCodeRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/code", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetSandboxesIDCodeContextsRequest constructs an http.Request for the GetSandboxesIDCodeContexts method
+func NewGetSandboxesIDCodeContextsRequest(server string, id string, params *GetSandboxesIDCodeContextsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/code/contexts", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostSandboxesIDCodeContextsRequest calls the generic PostSandboxesIDCodeContexts builder with application/json body
+func NewPostSandboxesIDCodeContextsRequest(server string, id string, body PostSandboxesIDCodeContextsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostSandboxesIDCodeContextsRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostSandboxesIDCodeContextsRequestWithBody constructs an http.Request for the PostSandboxesIDCodeContexts method, with any body, and a specified content type
+func NewPostSandboxesIDCodeContextsRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/code/contexts", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteSandboxesIDCodeContextsContextIDRequest constructs an http.Request for the DeleteSandboxesIDCodeContextsContextID method
+func NewDeleteSandboxesIDCodeContextsContextIDRequest(server string, id string, contextID string, params *DeleteSandboxesIDCodeContextsContextIDParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "contextId", contextID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/code/contexts/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostSandboxesIDCodeContextsContextIDRestartRequest constructs an http.Request for the PostSandboxesIDCodeContextsContextIDRestart method
+func NewPostSandboxesIDCodeContextsContextIDRestartRequest(server string, id string, contextID string, params *PostSandboxesIDCodeContextsContextIDRestartParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "contextId", contextID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/code/contexts/%s/restart", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -4786,6 +5428,67 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with DELETE /api/sandboxes/{id} (the `DeleteSandboxesID` operationId).
 	DeleteSandboxesIDWithResponse(ctx context.Context, id string, body DeleteSandboxesIDJSONRequestBody, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDResult, error)
 
+	// PostSandboxesIDCodeWithBodyWithResponse Run code in a stateful code context of a sandbox (sandboxd)
+	//
+	// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+	PostSandboxesIDCodeWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeResult, error)
+
+	// PostSandboxesIDCodeWithResponse Run code in a stateful code context of a sandbox (sandboxd)
+	//
+	// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+	PostSandboxesIDCodeWithResponse(ctx context.Context, id string, body PostSandboxesIDCodeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeResult, error)
+
+	// GetSandboxesIDCodeContextsWithResponse List a sandbox's code contexts (sandboxd)
+	//
+	// The contexts made with POST .../code/contexts and the default contexts of the languages code ran in; they live as long as the sandbox runs (a pause keeps them).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/sandboxes/{id}/code/contexts (the `GetSandboxesIDCodeContexts` operationId).
+	GetSandboxesIDCodeContextsWithResponse(ctx context.Context, id string, params *GetSandboxesIDCodeContextsParams, reqEditors ...RequestEditorFn) (*GetSandboxesIDCodeContextsResult, error)
+
+	// PostSandboxesIDCodeContextsWithBodyWithResponse Start a code context: a new kernel (sandboxd)
+	//
+	// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+	PostSandboxesIDCodeContextsWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeContextsResult, error)
+
+	// PostSandboxesIDCodeContextsWithResponse Start a code context: a new kernel (sandboxd)
+	//
+	// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+	PostSandboxesIDCodeContextsWithResponse(ctx context.Context, id string, body PostSandboxesIDCodeContextsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeContextsResult, error)
+
+	// DeleteSandboxesIDCodeContextsContextIDWithResponse Stop a code context's kernel and forget it (sandboxd)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/sandboxes/{id}/code/contexts/{contextId} (the `DeleteSandboxesIDCodeContextsContextID` operationId).
+	DeleteSandboxesIDCodeContextsContextIDWithResponse(ctx context.Context, id string, contextID string, params *DeleteSandboxesIDCodeContextsContextIDParams, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDCodeContextsContextIDResult, error)
+
+	// PostSandboxesIDCodeContextsContextIDRestartWithResponse Restart a code context's kernel: same id, no state (sandboxd)
+	//
+	// An execution running in it ends with the error ContextRestarting.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/code/contexts/{contextId}/restart (the `PostSandboxesIDCodeContextsContextIDRestart` operationId).
+	PostSandboxesIDCodeContextsContextIDRestartWithResponse(ctx context.Context, id string, contextID string, params *PostSandboxesIDCodeContextsContextIDRestartParams, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeContextsContextIDRestartResult, error)
+
 	// PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 	//
 	// Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
@@ -5970,6 +6673,435 @@ func (r DeleteSandboxesIDResult) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r DeleteSandboxesIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostSandboxesIDCodeResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CodeResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON200() *CodeResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostSandboxesIDCodeResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostSandboxesIDCodeResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostSandboxesIDCodeResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostSandboxesIDCodeResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostSandboxesIDCodeResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetSandboxesIDCodeContextsResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CodeContextsResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON200() *CodeContextsResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetSandboxesIDCodeContextsResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSandboxesIDCodeContextsResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxesIDCodeContextsResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxesIDCodeContextsResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSandboxesIDCodeContextsResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostSandboxesIDCodeContextsResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CodeContextResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON200() *CodeContextResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostSandboxesIDCodeContextsResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostSandboxesIDCodeContextsResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostSandboxesIDCodeContextsResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostSandboxesIDCodeContextsResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostSandboxesIDCodeContextsResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteSandboxesIDCodeContextsContextIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *StatusResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON200() *StatusResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteSandboxesIDCodeContextsContextIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSandboxesIDCodeContextsContextIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSandboxesIDCodeContextsContextIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteSandboxesIDCodeContextsContextIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostSandboxesIDCodeContextsContextIDRestartResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *StatusResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON200() *StatusResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostSandboxesIDCodeContextsContextIDRestartResult) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8461,6 +9593,109 @@ func (c *ClientWithResponses) DeleteSandboxesIDWithResponse(ctx context.Context,
 	return ParseDeleteSandboxesIDResult(rsp)
 }
 
+// PostSandboxesIDCodeWithBodyWithResponse Run code in a stateful code context of a sandbox (sandboxd)
+//
+// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+func (c *ClientWithResponses) PostSandboxesIDCodeWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeResult, error) {
+	rsp, err := c.PostSandboxesIDCodeWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDCodeResult(rsp)
+}
+
+// PostSandboxesIDCodeWithResponse Run code in a stateful code context of a sandbox (sandboxd)
+//
+// The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/code (the `PostSandboxesIDCode` operationId).
+func (c *ClientWithResponses) PostSandboxesIDCodeWithResponse(ctx context.Context, id string, body PostSandboxesIDCodeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeResult, error) {
+	rsp, err := c.PostSandboxesIDCode(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDCodeResult(rsp)
+}
+
+// GetSandboxesIDCodeContextsWithResponse List a sandbox's code contexts (sandboxd)
+//
+// The contexts made with POST .../code/contexts and the default contexts of the languages code ran in; they live as long as the sandbox runs (a pause keeps them).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/sandboxes/{id}/code/contexts (the `GetSandboxesIDCodeContexts` operationId).
+func (c *ClientWithResponses) GetSandboxesIDCodeContextsWithResponse(ctx context.Context, id string, params *GetSandboxesIDCodeContextsParams, reqEditors ...RequestEditorFn) (*GetSandboxesIDCodeContextsResult, error) {
+	rsp, err := c.GetSandboxesIDCodeContexts(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxesIDCodeContextsResult(rsp)
+}
+
+// PostSandboxesIDCodeContextsWithBodyWithResponse Start a code context: a new kernel (sandboxd)
+//
+// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+func (c *ClientWithResponses) PostSandboxesIDCodeContextsWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeContextsResult, error) {
+	rsp, err := c.PostSandboxesIDCodeContextsWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDCodeContextsResult(rsp)
+}
+
+// PostSandboxesIDCodeContextsWithResponse Start a code context: a new kernel (sandboxd)
+//
+// Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/code/contexts (the `PostSandboxesIDCodeContexts` operationId).
+func (c *ClientWithResponses) PostSandboxesIDCodeContextsWithResponse(ctx context.Context, id string, body PostSandboxesIDCodeContextsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeContextsResult, error) {
+	rsp, err := c.PostSandboxesIDCodeContexts(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDCodeContextsResult(rsp)
+}
+
+// DeleteSandboxesIDCodeContextsContextIDWithResponse Stop a code context's kernel and forget it (sandboxd)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/sandboxes/{id}/code/contexts/{contextId} (the `DeleteSandboxesIDCodeContextsContextID` operationId).
+func (c *ClientWithResponses) DeleteSandboxesIDCodeContextsContextIDWithResponse(ctx context.Context, id string, contextID string, params *DeleteSandboxesIDCodeContextsContextIDParams, reqEditors ...RequestEditorFn) (*DeleteSandboxesIDCodeContextsContextIDResult, error) {
+	rsp, err := c.DeleteSandboxesIDCodeContextsContextID(ctx, id, contextID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSandboxesIDCodeContextsContextIDResult(rsp)
+}
+
+// PostSandboxesIDCodeContextsContextIDRestartWithResponse Restart a code context's kernel: same id, no state (sandboxd)
+//
+// An execution running in it ends with the error ContextRestarting.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/code/contexts/{contextId}/restart (the `PostSandboxesIDCodeContextsContextIDRestart` operationId).
+func (c *ClientWithResponses) PostSandboxesIDCodeContextsContextIDRestartWithResponse(ctx context.Context, id string, contextID string, params *PostSandboxesIDCodeContextsContextIDRestartParams, reqEditors ...RequestEditorFn) (*PostSandboxesIDCodeContextsContextIDRestartResult, error) {
+	rsp, err := c.PostSandboxesIDCodeContextsContextIDRestart(ctx, id, contextID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDCodeContextsContextIDRestartResult(rsp)
+}
+
 // PostSandboxesIDExecWithBodyWithResponse Run a command in a live sandbox
 //
 // Answers the whole result as JSON, or streams stdout/stderr/exit as Server-Sent Events with Accept: text/event-stream. A command whose client goes away runs on in the sandbox (GET .../processes lists it; its output from then on is dropped) unless the request says killOnDisconnect: true.
@@ -9687,6 +10922,363 @@ func ParseDeleteSandboxesIDResult(rsp *http.Response) (*DeleteSandboxesIDResult,
 			return nil, err
 		}
 		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostSandboxesIDCodeResult parses an HTTP response from a PostSandboxesIDCodeWithResponse call
+func ParsePostSandboxesIDCodeResult(rsp *http.Response) (*PostSandboxesIDCodeResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostSandboxesIDCodeResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CodeResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case rsp.StatusCode == 200:
+		// Content-type (text/event-stream) unsupported
+
+	}
+
+	return response, nil
+}
+
+// ParseGetSandboxesIDCodeContextsResult parses an HTTP response from a GetSandboxesIDCodeContextsWithResponse call
+func ParseGetSandboxesIDCodeContextsResult(rsp *http.Response) (*GetSandboxesIDCodeContextsResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxesIDCodeContextsResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CodeContextsResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostSandboxesIDCodeContextsResult parses an HTTP response from a PostSandboxesIDCodeContextsWithResponse call
+func ParsePostSandboxesIDCodeContextsResult(rsp *http.Response) (*PostSandboxesIDCodeContextsResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostSandboxesIDCodeContextsResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CodeContextResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteSandboxesIDCodeContextsContextIDResult parses an HTTP response from a DeleteSandboxesIDCodeContextsContextIDWithResponse call
+func ParseDeleteSandboxesIDCodeContextsContextIDResult(rsp *http.Response) (*DeleteSandboxesIDCodeContextsContextIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSandboxesIDCodeContextsContextIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest StatusResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostSandboxesIDCodeContextsContextIDRestartResult parses an HTTP response from a PostSandboxesIDCodeContextsContextIDRestartWithResponse call
+func ParsePostSandboxesIDCodeContextsContextIDRestartResult(rsp *http.Response) (*PostSandboxesIDCodeContextsContextIDRestartResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostSandboxesIDCodeContextsContextIDRestartResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest StatusResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

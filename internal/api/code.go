@@ -199,7 +199,7 @@ func (s *Server) onCodeContext(w http.ResponseWriter, r *http.Request, op func(c
 	if err != nil {
 		return err
 	}
-	if err := op(t, r.Context(), chi.URLParam(r, "ctx")); err != nil {
+	if err := op(t, r.Context(), chi.URLParam(r, "contextId")); err != nil {
 		return edge.Explained(err, "Code context not found")
 	}
 	writeJSON(w, http.StatusOK, contract.StatusResponse{Status: "success"})

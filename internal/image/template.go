@@ -136,7 +136,7 @@ func Templates() []Template {
 		},
 		{
 			Name:        CodeInterpreterTemplate,
-			Description: "full plus the code interpreter's Jupyter kernels: Python 3 with ipykernel, numpy, pandas, matplotlib, scipy and Pillow (Debian's), and `python`",
+			Description: "full plus the code interpreter's Jupyter kernels: Python 3 with ipykernel, numpy, pandas, matplotlib, scipy and Pillow, and R (Debian's), and `python`",
 			Parent:      "full",
 			Steps: []Step{
 				{
@@ -170,6 +170,8 @@ const CodeInterpreterTemplate = "code-interpreter"
 var codeInterpreterPackages = []string{
 	"python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas",
 	"python3-matplotlib", "python3-scipy", "python3-pil", "python3-requests", "python-is-python3", "fonts-dejavu-core",
+	// R, as E2B's template has it: IRkernel is packaged.
+	"r-cran-irkernel",
 }
 
 // HasCodeInterpreter reports whether the root filesystem at rootfs has a

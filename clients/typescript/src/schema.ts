@@ -161,6 +161,87 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/sandboxes/{id}/code": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run code in a stateful code context of a sandbox (sandboxd)
+         * @description The sandbox's code interpreter (docs/CODE.md): a Jupyter kernel per context keeps its variables between executions. Answers the whole execution as JSON (results with every representation the kernel gave: text, html, png, data of a DataFrame, chart of a matplotlib figure..., logs, error), or streams it: Accept: text/event-stream sends an event per output line (number_of_executions, stdout, stderr, result, error; the data are E2B's lines) then "end" {durationMs}; Accept: application/x-ndjson sends E2B's code-interpreter lines as they are. A client that goes away, or a timeout, interrupts the cell and leaves the context usable. 400 when the sandbox has no kernel for the language (the message names those it has: start it from the code-interpreter template); 404 for an unknown contextId.
+         */
+        post: operations["postSandboxesIdCode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/sandboxes/{id}/code/contexts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a sandbox's code contexts (sandboxd)
+         * @description The contexts made with POST .../code/contexts and the default contexts of the languages code ran in; they live as long as the sandbox runs (a pause keeps them).
+         */
+        get: operations["getSandboxesIdCodeContexts"];
+        put?: never;
+        /**
+         * Start a code context: a new kernel (sandboxd)
+         * @description Starts a kernel of the language in the directory (a few seconds: the answer waits for it). 400 when the sandbox has no kernel for the language.
+         */
+        post: operations["postSandboxesIdCodeContexts"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/sandboxes/{id}/code/contexts/{contextId}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Stop a code context's kernel and forget it (sandboxd) */
+        delete: operations["deleteSandboxesIdCodeContextsContextId"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/sandboxes/{id}/code/contexts/{contextId}/restart": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Restart a code context's kernel: same id, no state (sandboxd)
+         * @description An execution running in it ends with the error ContextRestarting.
+         */
+        post: operations["postSandboxesIdCodeContextsContextIdRestart"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/sandboxes/{id}/exec": {
         parameters: {
             query?: never;
@@ -627,6 +708,83 @@ export interface components {
             startCmd?: string;
             /** @description Steps run over the image in a build sandbox (E2B's TemplateStep form): RUN */
             steps?: components["schemas"]["TemplateStep"][];
+        };
+        CodeContext: {
+            cwd: string;
+            id: string;
+            language: string;
+        };
+        CodeContextRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description The context's working directory */
+            cwd?: string;
+            /** @description The kernel's language (default python); the sandbox's installed Jupyter kernels decide which exist: 400 names them */
+            language?: string;
+        };
+        CodeContextResponse: {
+            context: components["schemas"]["CodeContext"];
+            /** @enum {string} */
+            status: "success";
+        };
+        CodeContextsResponse: {
+            contexts: components["schemas"]["CodeContext"][];
+            /** @enum {string} */
+            status: "success";
+        };
+        CodeError: {
+            name: string;
+            traceback: string;
+            value: string;
+        };
+        CodeLogs: {
+            stderr: string[];
+            stdout: string[];
+        };
+        CodeRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description The code to run: a cell of the context's language */
+            code: string;
+            /** @description Run in this context (POST .../code/contexts made it). Not with language */
+            contextId?: string;
+            /** @description Environment variables for this execution only: set before the cell and put back after it */
+            envs?: {
+                [key: string]: string;
+            };
+            /** @description Run in the default context of this language (python when neither language nor contextId is given; js and ts are javascript and typescript): made on first use. Not with contextId */
+            language?: string;
+            /** @description Milliseconds before the cell is interrupted (the context keeps its state and the answer's error is TimeoutError); default none beyond the sandbox's lifetime */
+            timeout?: number;
+        };
+        CodeResponse: {
+            durationMs: number;
+            error?: components["schemas"]["CodeError"];
+            executionCount?: number;
+            logs: components["schemas"]["CodeLogs"];
+            results: components["schemas"]["CodeResult"][];
+            /** @enum {string} */
+            status: "success";
+            truncated?: boolean;
+        };
+        CodeResult: {
+            chart?: unknown;
+            data?: unknown;
+            extra: Record<string, never>;
+            html?: unknown;
+            is_main_result: boolean;
+            javascript?: unknown;
+            /** @description base64 */
+            jpeg?: unknown;
+            json?: unknown;
+            latex?: unknown;
+            markdown?: unknown;
+            /** @description base64 */
+            pdf?: unknown;
+            /** @description base64 */
+            png?: unknown;
+            svg?: unknown;
+            text?: string;
         };
         CodingAgentRequest: {
             /** Format: uuid */
@@ -1873,6 +2031,421 @@ export interface operations {
             };
             /** @description The request body stalled or trickled past its deadline */
             408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postSandboxesIdCode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CodeRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CodeResponse"];
+                    "text/event-stream": string;
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getSandboxesIdCodeContexts: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CodeContextsResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postSandboxesIdCodeContexts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CodeContextRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CodeContextResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    deleteSandboxesIdCodeContextsContextId: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+                contextId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StatusResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postSandboxesIdCodeContextsContextIdRestart: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                id: string;
+                contextId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StatusResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

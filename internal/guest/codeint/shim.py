@@ -203,6 +203,13 @@ def env_snippets(language, env, base):
         return ("Object.assign(process.env, %s);" % literal(env, language),
                 "Object.assign(process.env, %s); for (const k of %s) delete process.env[k];"
                 % (literal(keep, language), literal(drop, language)))
+    if language == "r":
+        def setenv(pairs):
+            return "Sys.setenv(%s)\n" % ", ".join("`%s` = %s" % (k, json.dumps(v, ensure_ascii=False)) for k, v in pairs.items()) if pairs else ""
+        back = setenv(keep)
+        if drop:
+            back += "Sys.unsetenv(c(%s))\n" % ", ".join(json.dumps(k) for k in drop)
+        return setenv(env), back
     if language == "bash":
         sets = "".join("export %s=%s\n" % (k, shell_quote(v)) for k, v in env.items())
         back = "".join("export %s=%s\n" % (k, shell_quote(v)) for k, v in keep.items())
@@ -276,7 +283,14 @@ class Context:
                 emit({"id": req["id"], "ev": "failed", "message": "%s: %s" % (type(e).__name__, e)})
 
     def start(self, req):
-        self.km = KernelManager(kernel_name=self.kernel, transport="ipc")
+        # Python kernels (pyzmq) take Unix sockets; other kernels' ZeroMQ
+        # bindings may not (tslab's builds tcp:// addresses), so they listen
+        # on the sandbox's loopback. Either way every message is signed
+        # with the kernel's key, which only the connection file (0600, in
+        # this shim's private directory) holds.
+        spec = KernelManager(kernel_name=self.kernel).kernel_spec
+        python = os.path.basename(spec.argv[0]).startswith("python") if spec.argv else False
+        self.km = KernelManager(kernel_name=self.kernel, transport="ipc" if python else "tcp")
         self.km.connection_file = os.path.join(self.rundir, self.id + ".json")
         env = dict(self.env)
         env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
