@@ -93,7 +93,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	default:
 		var c codeint.Collector
 		if err = t.Execute(r.Context(), ereq, c.Add); err == nil {
-			writeJSON(w, http.StatusOK, codeResponse(c.X, time.Since(start)))
+			writeJSON(w, http.StatusOK, contract.CodeResponseOf(c.X, time.Since(start)))
 		}
 	}
 	if err != nil {
@@ -105,43 +105,6 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 // codeEnd is the data of the last event of a streamed execution.
 type codeEnd struct {
 	DurationMs int64 `json:"durationMs"`
-}
-
-// codeResponse is an execution as the REST API answers it.
-func codeResponse(x codeint.Execution, d time.Duration) contract.CodeResponse {
-	resp := contract.CodeResponse{Status: "success", Logs: contract.CodeLogs{Stdout: x.Logs.Stdout, Stderr: x.Logs.Stderr},
-		ExecutionCount: x.ExecutionCount, Truncated: x.Truncated, DurationMs: d.Milliseconds(), Results: []contract.CodeResult{}}
-	if resp.Logs.Stdout == nil {
-		resp.Logs.Stdout = []string{}
-	}
-	if resp.Logs.Stderr == nil {
-		resp.Logs.Stderr = []string{}
-	}
-	if x.Error != nil {
-		resp.Error = &contract.CodeError{Name: x.Error.Name, Value: x.Error.Value, Traceback: x.Error.Traceback}
-	}
-	for _, r := range x.Results {
-		resp.Results = append(resp.Results, CodeResultOf(r))
-	}
-	return resp
-}
-
-// CodeResultOf is a result of the code interpreter in the contract's shape
-// (the REST API's and MCP's).
-func CodeResultOf(r codeint.Result) contract.CodeResult {
-	raw := func(m json.RawMessage) any {
-		if len(m) == 0 {
-			return nil
-		}
-		return m
-	}
-	out := contract.CodeResult{Text: r.Text, HTML: raw(r.HTML), Markdown: raw(r.Markdown), SVG: raw(r.SVG), PNG: raw(r.PNG),
-		JPEG: raw(r.JPEG), PDF: raw(r.PDF), LaTeX: raw(r.LaTeX), JSON: raw(r.JSON), JavaScript: raw(r.JavaScript),
-		Data: raw(r.Data), Chart: raw(r.Chart), Extra: map[string]any{}, IsMainResult: r.IsMainResult}
-	for k, v := range r.Extra {
-		out.Extra[k] = v
-	}
-	return out
 }
 
 func (s *Server) codeContexts(w http.ResponseWriter, r *http.Request) error {

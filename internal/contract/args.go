@@ -139,3 +139,7 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 // MaxExecOutput bounds what a non-streamed exec keeps of each stream; the
 // streamed form has no bound.
 const MaxExecOutput = 1 << 20
+
+// Code validates the arguments as the body of POST
+// /api/sandboxes/{id}/code.
+func (a Args) Code() (CodeRequest, error) { return ParseCode(a) }

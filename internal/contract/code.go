@@ -1,6 +1,12 @@
 package contract
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/guest/codeint"
+)
 
 // CodeRequest is the body of POST /api/sandboxes/{id}/code (sandboxd).
 type CodeRequest struct {
@@ -159,4 +165,41 @@ type CodeResult struct {
 	Chart        any            `json:"chart,omitempty"`
 	Extra        map[string]any `json:"extra"`
 	IsMainResult bool           `json:"is_main_result"`
+}
+
+// CodeResponseOf is an execution of the code interpreter as the REST API
+// and MCP answer it.
+func CodeResponseOf(x codeint.Execution, d time.Duration) CodeResponse {
+	resp := CodeResponse{Status: "success", Logs: CodeLogs{Stdout: x.Logs.Stdout, Stderr: x.Logs.Stderr},
+		ExecutionCount: x.ExecutionCount, Truncated: x.Truncated, DurationMs: d.Milliseconds(), Results: []CodeResult{}}
+	if resp.Logs.Stdout == nil {
+		resp.Logs.Stdout = []string{}
+	}
+	if resp.Logs.Stderr == nil {
+		resp.Logs.Stderr = []string{}
+	}
+	if x.Error != nil {
+		resp.Error = &CodeError{Name: x.Error.Name, Value: x.Error.Value, Traceback: x.Error.Traceback}
+	}
+	for _, r := range x.Results {
+		resp.Results = append(resp.Results, codeResultOf(r))
+	}
+	return resp
+}
+
+// codeResultOf is r in the contract's shape.
+func codeResultOf(r codeint.Result) CodeResult {
+	raw := func(m json.RawMessage) any {
+		if len(m) == 0 {
+			return nil
+		}
+		return m
+	}
+	out := CodeResult{Text: r.Text, HTML: raw(r.HTML), Markdown: raw(r.Markdown), SVG: raw(r.SVG), PNG: raw(r.PNG),
+		JPEG: raw(r.JPEG), PDF: raw(r.PDF), LaTeX: raw(r.LaTeX), JSON: raw(r.JSON), JavaScript: raw(r.JavaScript),
+		Data: raw(r.Data), Chart: raw(r.Chart), Extra: map[string]any{}, IsMainResult: r.IsMainResult}
+	for k, v := range r.Extra {
+		out.Extra[k] = v
+	}
+	return out
 }

@@ -56,6 +56,9 @@ type Options struct {
 	Gate      *edge.Gate
 	Sandboxes SandboxService
 	Files     FileService
+	// Code reaches sandboxes' code interpreters (run_code); nil: the
+	// tool answers that this server has none.
+	Code CodeService
 	// Templates builds and keeps the accounts' templates; nil: no
 	// template tools are offered.
 	Templates TemplateService

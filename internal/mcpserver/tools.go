@@ -39,7 +39,7 @@ type tool struct {
 }
 
 func (h *Handler) addTools(srv *mcp.Server) {
-	all := h.tools()
+	all := append(h.tools(), h.codeTools()...)
 	if h.opts.Templates != nil {
 		all = append(all, h.templateTools()...)
 	}
