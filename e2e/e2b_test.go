@@ -86,6 +86,15 @@ func runE2BSDK(t *testing.T, node nodeInstall, dir string, flags, sdks []string)
 			if pattern := os.Getenv("SANDBOXD_E2B_TESTS"); pattern != "" {
 				args = append(args, "--test-name-pattern="+pattern)
 			}
+			// The files of test/ only: code/ needs a server with the
+			// code interpreter (TestCodeInterpreter runs it).
+			files, err := filepath.Glob(filepath.Join(dir, "test", "*.test.js"))
+			if err != nil || len(files) == 0 {
+				t.Fatalf("no test files in %s/test: %v", dir, err)
+			}
+			for _, f := range files {
+				args = append(args, filepath.Join("test", filepath.Base(f)))
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 			defer cancel()
 			if err := node.run(ctx, t, dir, env, node.bin, args...); err != nil {

@@ -112,12 +112,8 @@ func codeAnswer(resp contract.CodeResponse) *mcp.CallToolResult {
 			v    *any
 			mime string
 		}{{&r.PNG, "image/png"}, {&r.JPEG, "image/jpeg"}} {
-			s, ok := (*im.v).(string)
+			b, ok := imageBytes(*im.v)
 			if !ok {
-				continue
-			}
-			b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
-			if err != nil {
 				continue
 			}
 			content = append(content, &mcp.ImageContent{Data: b, MIMEType: im.mime})
@@ -150,4 +146,22 @@ func codeAnswer(resp contract.CodeResponse) *mcp.CallToolResult {
 		Content:           append([]mcp.Content{&mcp.TextContent{Text: text.String()}}, content...),
 		StructuredContent: structured,
 	}
+}
+
+// imageBytes decodes a result's base64 image: a string, or its JSON as the
+// local interpreter gives it.
+func imageBytes(v any) ([]byte, bool) {
+	var s string
+	switch v := v.(type) {
+	case string:
+		s = v
+	case json.RawMessage:
+		if json.Unmarshal(v, &s) != nil {
+			return nil, false
+		}
+	default:
+		return nil, false
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	return b, err == nil
 }

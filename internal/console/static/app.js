@@ -34,6 +34,7 @@
     sandboxes: [], // the last list, filtered in the page
     sandbox: null, // the sandbox the detail view shows
     exec: null, // AbortController of the detail view's command
+    code: { contexts: {}, run: null, urls: [] }, // the notebook's contexts by language, its running cell, its images
     runs: [], // the runs listed, newest first
     runsCursor: null, // X-Next-Cursor of the last page of runs listed
     runStream: null, // AbortController of the followed run log
@@ -693,6 +694,7 @@
   // started to be watched here), its forms emptied.
   function leaveSandbox() {
     stopExec();
+    resetCode();
     state.sandbox = null;
     $('exec-output').replaceChildren();
     $('exec-output').hidden = true;
@@ -772,6 +774,137 @@
       $('exec-stop').disabled = true;
       if (state.sandbox) updateActions(state.sandbox);
     }
+  }
+
+  // ---- code: a notebook on the open sandbox's code interpreter -------------
+
+  // The cells of one language run in one context (a kernel), made on the
+  // first cell; a result's images become blobs (the page's policy allows
+  // no data: URLs), its DataFrame a table; its HTML is not rendered (it
+  // comes from the sandbox), its text is.
+  function resetCode() {
+    if (state.code && state.code.run) state.code.run.abort();
+    for (const u of (state.code && state.code.urls) || []) URL.revokeObjectURL(u);
+    state.code = { contexts: {}, run: null, urls: [] };
+    $('code-cells').replaceChildren();
+    $('code-status').textContent = '';
+    $('code-restart').disabled = true;
+    $('code-stop').disabled = true;
+  }
+
+  async function codeContext(sb, language) {
+    let id = state.code.contexts[language];
+    if (!id) {
+      $('code-status').textContent = `starting a ${language} kernel…`;
+      const d = await api('POST', sbPath(sb.sandboxId, '/code/contexts'), { language });
+      id = d.context.id;
+      state.code.contexts[language] = id;
+    }
+    $('code-restart').disabled = false;
+    return id;
+  }
+
+  function dataTable(data) {
+    const cols = Object.keys(data);
+    const rows = cols.length ? data[cols[0]].length : 0;
+    const head = el('tr', null, ...cols.map((c) => el('th', { text: c })));
+    const body = [];
+    for (let i = 0; i < Math.min(rows, 200); i++) {
+      body.push(el('tr', null, ...cols.map((c) => el('td', { text: data[c][i] === null ? '' : String(data[c][i]) }))));
+    }
+    const t = el('table', { class: 'code-table' }, el('thead', null, head), el('tbody', null, ...body));
+    return rows > 200 ? el('div', null, t, el('p', { class: 'note', text: `${rows - 200} more rows not shown` })) : t;
+  }
+
+  function codeResult(out, r) {
+    const images = [['png', 'image/png', true], ['jpeg', 'image/jpeg', true], ['svg', 'image/svg+xml', false]];
+    let shown = false;
+    for (const [field, type, b64] of images) {
+      if (typeof r[field] !== 'string') continue;
+      const bytes = b64 ? base64Bytes(r[field]) : new TextEncoder().encode(r[field]);
+      const url = URL.createObjectURL(new Blob([bytes], { type }));
+      state.code.urls.push(url);
+      out.append(el('img', { class: 'code-image', src: url, alt: field + ' result' }));
+      shown = true;
+    }
+    if (!shown && r.data && typeof r.data === 'object') {
+      out.append(dataTable(r.data));
+      shown = true;
+    }
+    if (!shown && typeof r.text === 'string') out.append(el('pre', { class: 'code-text', text: r.text }));
+  }
+
+  async function runCell(ev) {
+    ev.preventDefault();
+    const sb = state.sandbox;
+    const code = $('code-input').value;
+    if (!sb || !code.trim() || state.code.run) return;
+    const language = $('code-language').value;
+    const status = $('code-status');
+    const count = el('span', { class: 'code-count', text: '[ ]' });
+    const out = el('div', { class: 'code-out' });
+    const stream = el('pre', { class: 'log code-stream', hidden: true });
+    out.append(stream);
+    const cell = el('div', { class: 'code-cell', dataset: { language } },
+      el('div', { class: 'row' }, count, el('pre', { class: 'code-in', text: code })), out);
+    $('code-cells').append(cell);
+    const ctrl = new AbortController();
+    state.code.run = ctrl;
+    $('code-run').disabled = true;
+    $('code-stop').disabled = false;
+    try {
+      const contextId = await codeContext(sb, language);
+      status.textContent = 'running…';
+      const resp = await fetch(sbPath(sb.sandboxId, '/code'), {
+        method: 'POST',
+        headers: { 'x-api-key': state.key, 'Content-Type': 'application/json', Accept: 'text/event-stream' },
+        body: JSON.stringify({ code, contextId }),
+        cache: 'no-store', credentials: 'omit', signal: ctrl.signal,
+      });
+      if (!resp.ok) {
+        let msg = `HTTP ${resp.status}`;
+        try { const d = await resp.json(); msg = d.error || msg; } catch (e) { /* not JSON */ }
+        if (resp.status === 404) delete state.code.contexts[language];
+        throw new Error(msg);
+      }
+      let ended = false;
+      await readEvents(resp.body, (name, raw) => {
+        let msg = {};
+        try { msg = JSON.parse(raw); } catch (e) { return; }
+        if (name === 'number_of_executions') count.textContent = `[${msg.execution_count}]`;
+        else if (name === 'stdout' || name === 'stderr') {
+          stream.hidden = false;
+          appendOut(stream, msg.text || '', name === 'stderr' ? 'stderr' : undefined);
+        } else if (name === 'result') codeResult(out, msg);
+        else if (name === 'error') {
+          out.append(el('pre', { class: 'code-error stderr', text: `${msg.name}: ${msg.value}\n${stripEscapes(msg.traceback || '')}` }));
+          cell.dataset.error = msg.name;
+        } else if (name === 'end') {
+          ended = true;
+          cell.dataset.done = 'true';
+          status.textContent = fmtDuration(Number(msg.durationMs));
+        }
+      });
+      if (!ended) throw new Error('the stream ended before the cell did');
+      $('code-input').value = '';
+    } catch (e) {
+      status.textContent = ctrl.signal.aborted ? 'stopped: the kernel was interrupted' : e.message;
+      cell.dataset.done = 'true';
+      cell.dataset.error = cell.dataset.error || 'failed';
+    } finally {
+      if (state.code.run === ctrl) state.code.run = null;
+      $('code-run').disabled = false;
+      $('code-stop').disabled = true;
+    }
+  }
+
+  async function restartKernel() {
+    const sb = state.sandbox;
+    const id = state.code.contexts[$('code-language').value];
+    if (!sb || !id) return;
+    $('code-status').textContent = 'restarting the kernel…';
+    await api('POST', sbPath(sb.sandboxId, `/code/contexts/${encodeURIComponent(id)}/restart`));
+    $('code-status').textContent = 'a new kernel: its variables are gone';
   }
 
   // ---- processes of the open sandbox -----------------------------------------
@@ -1646,6 +1779,10 @@
     $('network-form').addEventListener('submit', setNetwork);
     $('sb-network-kind').addEventListener('change', networkKindChanged);
     $('exec-form').addEventListener('submit', (e) => run(execCommand(e)));
+    $('code-form').addEventListener('submit', (e) => run(runCell(e)));
+    $('code-stop').addEventListener('click', () => { if (state.code.run) state.code.run.abort(); });
+    $('code-restart').addEventListener('click', () => run(restartKernel()));
+    $('code-language').addEventListener('change', () => { $('code-restart').disabled = !state.code.contexts[$('code-language').value]; });
     $('exec-stop').addEventListener('click', stopExec);
     $('procs-refresh').addEventListener('click', () => run(loadProcesses().catch((e) => say('sb-error', e.message))));
     $('runs-filter-status').addEventListener('change', renderRuns);

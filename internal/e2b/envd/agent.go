@@ -48,6 +48,12 @@ func forwarder(r *http.Request) edge.Caller {
 // envd's: it says only whether the sandbox's agent answers.
 func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if r.Method == http.MethodOptions && codePath(r.URL.Path) {
+		// A browser's preflight carries no header values: the SDK's
+		// E2b-Sandbox-Port comes with the request itself.
+		preflight(w)
+		return
+	}
 	if r.Header.Get(headerSandboxPort) == codePort && r.Header.Get(headerSandboxID) != "" {
 		// E2B's code-interpreter SDK with E2B_SANDBOX_URL set: the same
 		// URL as envd's, the port in the header.

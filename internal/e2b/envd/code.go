@@ -30,13 +30,7 @@ const codePort = "49999"
 func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 	ctx := r.Context()
 	if r.Method == http.MethodOptions {
-		// A browser's preflight (the SDK's E2b-Sandbox-* headers need
-		// one), answered as E2B's server does: every origin.
-		h := w.Header()
-		h.Set("Access-Control-Allow-Origin", "*")
-		h.Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
-		h.Set("Access-Control-Allow-Headers", "*")
-		w.WriteHeader(http.StatusNoContent)
+		preflight(w)
 		return
 	}
 	w.Header().Set("Access-Control-Allow-Origin", "*")
@@ -104,4 +98,19 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// preflight answers a browser's preflight (the SDK's E2b-Sandbox-*
+// headers need one) as E2B's server does: every origin.
+func preflight(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
+	h.Set("Access-Control-Allow-Headers", "*")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// codePath reports whether p is one of the code interpreter's paths.
+func codePath(p string) bool {
+	return p == "/execute" || p == "/contexts" || strings.HasPrefix(p, "/contexts/")
 }

@@ -8,11 +8,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +25,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/guest"
 	pb "github.com/sandboxd/sandboxd/internal/guest/pb/process"
 	"github.com/sandboxd/sandboxd/internal/guest/pb/process/processconnect"
 	"github.com/sandboxd/sandboxd/internal/netpol"
@@ -99,6 +102,13 @@ func newFakeAgent() http.Handler {
 		})
 	})
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	// The code interpreter answers what reached it.
+	mux.HandleFunc(guest.CodePath+"/", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"path": r.URL.Path, "query": r.URL.RawQuery, "user": r.Header.Get(userHeader), "dir": r.Header.Get(guest.CodeDirHeader),
+			"env": r.Header.Values(guest.CodeEnvHeader), "token": r.Header.Get(headerAccessToken), "traffic": r.Header.Get(headerTrafficToken),
+		})
+	})
 	return mux
 }
 
@@ -543,5 +553,76 @@ func TestIDs(t *testing.T) {
 		if got := E2BID(SandboxID(id)); got != strings.Replace(id, "sbx_", "sbx-", 1) {
 			t.Errorf("E2BID(SandboxID(%q)) = %q", id, got)
 		}
+	}
+}
+
+// TestCodePort: E2B's code-interpreter port, by header and by host, goes
+// to the sandbox's agent's /code as the template's user, in its directory,
+// with its environment and create's envVars; /execute needs the access
+// token, a sandbox's ports their traffic token when private, and a sandbox
+// that is gone gets E2B's edge answer.
+func TestCodePort(t *testing.T) {
+	f := newFixture(t, nil)
+	e := f.sandboxOf("tpl_app", map[string]string{"FOO": "create", "X": "1"}, false)
+	id := E2BID(e.SandboxID)
+	byHeader := func(extra map[string]string) map[string]string {
+		h := map[string]string{headerSandboxID: id, headerSandboxPort: codePort}
+		maps.Copy(h, extra)
+		return h
+	}
+	var got struct {
+		Path, Query, User, Dir, Token, Traffic string
+		Env                                    []string
+	}
+	if code := f.call("POST", "/execute?source=ci", byHeader(map[string]string{headerAccessToken: e.AccessToken}), &got); code != 200 {
+		t.Fatalf("execute with the token: %d", code)
+	}
+	if got.Path != "/code/execute" || got.Query != "" || got.User != "app" || got.Dir != "/srv/app" || got.Token != "" ||
+		!slices.Equal(got.Env, []string{"APP=1", "FOO=create", "X=1"}) {
+		t.Errorf("what reached the agent: %+v", got)
+	}
+	if code := f.call("POST", "/execute", byHeader(nil), nil); code != 401 {
+		t.Errorf("execute without the token: %d", code)
+	}
+	if code := f.call("POST", "/execute", byHeader(map[string]string{headerAccessToken: "wrong"}), nil); code != 401 {
+		t.Errorf("execute with a wrong token: %d", code)
+	}
+	// The SDK sends no token to the context routes; a wrong one is
+	// refused.
+	if code := f.call("GET", "/contexts", byHeader(nil), &got); code != 200 || got.Path != "/code/contexts" {
+		t.Errorf("contexts: %d %+v", code, got)
+	}
+	if code := f.call("DELETE", "/contexts/abc", byHeader(map[string]string{headerAccessToken: "wrong"}), nil); code != 401 {
+		t.Errorf("contexts with a wrong token: %d", code)
+	}
+	if code := f.call("GET", "/health", byHeader(nil), &got); code != 200 || got.Path != "/code/health" {
+		t.Errorf("health: %d %+v", code, got)
+	}
+	// By host: 49999-ID.DOMAIN.
+	r := httptest.NewRequest("POST", "/contexts/abc/restart", nil)
+	r.Host = codePort + "-" + id + ".sbx.test"
+	w := httptest.NewRecorder()
+	f.proxy.HostRouter(http.NotFoundHandler()).ServeHTTP(w, r)
+	if w.Code != 200 || !strings.Contains(w.Body.String(), `"path":"/code/contexts/abc/restart"`) || w.Header().Get("Access-Control-Allow-Origin") != "*" {
+		t.Errorf("by host: %d %s", w.Code, w.Body)
+	}
+	// A private sandbox takes only its traffic token, which the agent
+	// does not see.
+	p := f.sandbox(nil, true)
+	pid := E2BID(p.SandboxID)
+	if code := f.call("GET", "/contexts", map[string]string{headerSandboxID: pid, headerSandboxPort: codePort}, nil); code != 403 {
+		t.Errorf("private without the traffic token: %d", code)
+	}
+	if code := f.call("GET", "/contexts", map[string]string{headerSandboxID: pid, headerSandboxPort: codePort, headerTrafficToken: p.TrafficToken}, &got); code != 200 || got.Traffic != "" {
+		t.Errorf("private with the traffic token: %d %+v", code, got)
+	}
+	// Gone: E2B's edge answer.
+	var gone sandboxGone
+	if code := f.call("POST", "/execute", map[string]string{headerSandboxID: "nosuchsandbox", headerSandboxPort: codePort}, &gone); code != 502 || gone.Message != "The sandbox was not found" {
+		t.Errorf("a sandbox that is gone: %d %+v", code, gone)
+	}
+	// A preflight is answered for any origin.
+	if code := f.call("OPTIONS", "/execute", nil, nil); code != 204 {
+		t.Errorf("preflight: %d", code)
 	}
 }
