@@ -44,6 +44,7 @@ test: deps build
 	@scripts/install-test-tools.sh
 	$(BIN)/sandboxd kernel build
 	$(BIN)/sandboxd image build --template full
+	$(BIN)/sandboxd image build --template code-interpreter
 	rm -f $(SECURITY_RECORDS)
 	SANDBOXD_SECURITY_REPORT=$(SECURITY_RECORDS) SANDBOXD_ARTIFACTS=$(ARTIFACTS) SANDBOXD_REQUIRE_POSTGRES=1 SANDBOXD_REQUIRE_RUNTIME=1 SANDBOXD_REQUIRE_S3=1 SANDBOXD_REQUIRE_MICROVM=1 SANDBOXD_TEST_IMAGES_FULL=1 $(GO) test -count=1 -timeout 60m ./...
 	$(MAKE) fuzz

@@ -80,6 +80,8 @@ type execServerEnd struct {
 	srv               *ttiServer
 	key, e2bKey       string
 	rest, e2b, access string // the sandbox's ids and its agent token
+	// template is the E2B template its sandboxes start from.
+	template string
 }
 
 // RunExec runs the exec benchmark.
@@ -97,7 +99,7 @@ func RunExec(ctx context.Context, o ExecOptions) (_ ExecReport, err error) {
 		return rep, err
 	}
 	ph.next("starting the server and a sandbox")
-	end, err := startExecServer(ctx, o)
+	end, err := startExecServer(ctx, o, "base")
 	if err != nil {
 		return rep, err
 	}
@@ -162,12 +164,14 @@ func sampled(n int, run func() error) (Latency, error) {
 	return latency(ds, n), nil
 }
 
-func startExecServer(ctx context.Context, o ExecOptions) (*execServerEnd, error) {
+// startExecServer starts the server, its account and keys, and a sandbox
+// of E2B's template.
+func startExecServer(ctx context.Context, o ExecOptions, template string) (*execServerEnd, error) {
 	srv, err := startServer(ctx, TTIOptions{Sandboxd: o.Sandboxd, ServeArgs: o.ServeArgs, Platform: o.Platform, StateDir: o.StateDir})
 	if err != nil {
 		return nil, err
 	}
-	end := &execServerEnd{srv: srv}
+	end := &execServerEnd{srv: srv, template: template}
 	data := []string{"--data-dir", filepath.Join(o.StateDir, "data")}
 	account, err := adminAccount(ctx, o.Sandboxd, "bench-exec", data...)
 	if err == nil {
@@ -194,7 +198,7 @@ func (e *execServerEnd) create(ctx context.Context) error {
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
 	// callAPI's x-api-key is the header E2B's API reads too.
-	code, err := callAPI(ctx, e.srv.http, e.srv.base, e.e2bKey, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 3600}, &c, 1<<20)
+	code, err := callAPI(ctx, e.srv.http, e.srv.base, e.e2bKey, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": e.template, "timeout": 3600}, &c, 1<<20)
 	if err != nil {
 		return fmt.Errorf("E2B create: %w", err)
 	}

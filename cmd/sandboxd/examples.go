@@ -36,6 +36,7 @@ var examples = map[string]string{
 	"sandboxd kernel ls":       "  sandboxd kernel ls --json",
 	"sandboxd kernel bench":    "  sandboxd kernel bench --iterations 10 --json",
 	"sandboxd bench tti":       "  sudo sandboxd bench tti --busybox\n  sudo sandboxd bench tti --n 20 --chart tti.svg --json",
+	"sandboxd bench code":      "  sudo sandboxd bench code\n  sudo sandboxd bench code --creates 10 --n 50 --json",
 	"sandboxd bench exec":      "  sudo sandboxd bench exec\n  sudo sandboxd bench exec --n 100 --stream-mib 1024 --charts charts/ --json",
 	"sandboxd bench density":   "  sudo sandboxd bench density --max 100",
 	"sandboxd bench pause":     "  sudo sandboxd bench pause --iterations 10 --json",
