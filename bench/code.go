@@ -235,10 +235,13 @@ func checkCell(failed bool, why func() string, results int, text func(int) strin
 }
 
 // codeBaselineScript drives a kernel as the shim does (jupyter_client,
-// Unix sockets) and prints, as JSON, the start of the kernel to its first
-// result and each warm cell's and chart's round trip, in ms.
+// Unix sockets) and prints, as JSON, its own start (jupyter_client's
+// import included) to the kernel's first result, and each warm cell's and
+// chart's round trip, in ms.
 const codeBaselineScript = `
-import json, queue, sys, time
+import time
+t = time.monotonic()
+import json, sys
 from jupyter_client.manager import KernelManager
 n = int(sys.argv[1])
 def run(kc, code):
@@ -249,7 +252,6 @@ def run(kc, code):
         if m["parent_header"].get("msg_id") == mid and m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
     return (time.monotonic() - t) * 1000
-t = time.monotonic()
 km = KernelManager(kernel_name="python3", transport="ipc")
 km.connection_file = "/tmp/bench-kernel.json"
 km.start_kernel(cwd="/tmp")

@@ -882,7 +882,8 @@
         } else if (name === 'end') {
           ended = true;
           cell.dataset.done = 'true';
-          status.textContent = fmtDuration(Number(msg.durationMs));
+          const ms = Number(msg.durationMs);
+          status.textContent = ms < 1000 ? `${ms} ms` : fmtDuration(ms);
         }
       });
       if (!ended) throw new Error('the stream ended before the cell did');

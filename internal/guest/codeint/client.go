@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/guest"
@@ -180,6 +181,7 @@ const (
 type Collector struct {
 	X                   Execution
 	logBytes, resultLen int
+	logsCut             bool
 }
 
 // Add takes one line (Execute's fn).
@@ -196,15 +198,26 @@ func (c *Collector) Add(kind string, raw []byte) error {
 		if json.Unmarshal(raw, &l) != nil || l.Text == nil {
 			return nil
 		}
-		if c.logBytes+len(*l.Text) > maxCollectedLog {
-			x.Truncated = true
+		text := *l.Text
+		if c.logsCut {
+			return nil // nothing after the cut: the logs stay in order
+		}
+		if room := maxCollectedLog - c.logBytes; len(text) > room {
+			// What fits is kept, cut at a character's start.
+			x.Truncated, c.logsCut = true, true
+			for room > 0 && !utf8.RuneStart(text[room]) {
+				room--
+			}
+			text = text[:room]
+		}
+		if text == "" {
 			return nil
 		}
-		c.logBytes += len(*l.Text)
+		c.logBytes += len(text)
 		if kind == LineStdout {
-			x.Logs.Stdout = append(x.Logs.Stdout, *l.Text)
+			x.Logs.Stdout = append(x.Logs.Stdout, text)
 		} else {
-			x.Logs.Stderr = append(x.Logs.Stderr, *l.Text)
+			x.Logs.Stderr = append(x.Logs.Stderr, text)
 		}
 	case LineResult:
 		if c.resultLen+len(raw) > maxCollectedResults {

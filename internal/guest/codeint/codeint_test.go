@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // These tests drive real kernels: Debian's python3-ipykernel,
@@ -271,5 +272,28 @@ func TestRestartEndsARunningCell(t *testing.T) {
 	}
 	if r := of(s.run(map[string]any{"code": "1 + 1", "context_id": cx.ID}), LineResult); len(r) != 1 || r[0]["text"] != "2" {
 		t.Errorf("after restart: %v", r)
+	}
+}
+
+// TestCollectorBounds: the gathered logs keep what fits of a write past
+// the bound, cut at a character, and say they were cut.
+func TestCollectorBounds(t *testing.T) {
+	var c Collector
+	line := func(kind, text string) []byte {
+		b, _ := json.Marshal(Line{Type: kind, Text: &text})
+		return b
+	}
+	if err := c.Add(LineStdout, line(LineStdout, "start\n")); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("€", maxCollectedLog/3+10) // 3 bytes each
+	if err := c.Add(LineStderr, line(LineStderr, big)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Add(LineStdout, line(LineStdout, "more\n"))
+	x := c.X
+	kept := len(x.Logs.Stdout[0]) + len(x.Logs.Stderr[0])
+	if !x.Truncated || kept > maxCollectedLog || kept < maxCollectedLog-3 || len(x.Logs.Stdout) != 1 || !utf8.ValidString(x.Logs.Stderr[0]) {
+		t.Errorf("truncated %v, kept %d bytes of %d, stdout %q, valid %v", x.Truncated, kept, maxCollectedLog, x.Logs.Stdout, utf8.ValidString(x.Logs.Stderr[0]))
 	}
 }
