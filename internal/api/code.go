@@ -31,6 +31,16 @@ func (s *Server) codeTarget(r *http.Request, requested string) (codeint.Target, 
 	return t, nil
 }
 
+// codeTargetOfQuery is codeTarget for the routes whose account_id is in
+// the query.
+func (s *Server) codeTargetOfQuery(r *http.Request) (codeint.Target, error) {
+	requested, err := contract.QueryAccountID(r.URL.Query())
+	if err != nil {
+		return codeint.Target{}, err
+	}
+	return s.codeTarget(r, requested)
+}
+
 // runCode runs code in a context of a sandbox's code interpreter and
 // answers the whole execution as JSON, or streams it: Server-Sent Events
 // with Accept: text/event-stream (an event per output line, named by its
@@ -45,13 +55,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ereq := codeint.ExecuteRequest{Code: &req.Code, EnvVars: req.Envs, TimeoutMs: req.Timeout}
-	switch {
-	case req.ContextID != "":
-		ereq.ContextID = &req.ContextID
-	case req.Language != "":
-		ereq.Language = &req.Language
-	}
+	ereq := req.Interpreter()
 	start := time.Now()
 	accept := r.Header.Get("Accept")
 	switch {
@@ -108,11 +112,7 @@ type codeEnd struct {
 }
 
 func (s *Server) codeContexts(w http.ResponseWriter, r *http.Request) error {
-	requested, err := contract.QueryAccountID(r.URL.Query())
-	if err != nil {
-		return err
-	}
-	t, err := s.codeTarget(r, requested)
+	t, err := s.codeTargetOfQuery(r)
 	if err != nil {
 		return err
 	}
@@ -154,11 +154,7 @@ func (s *Server) removeCodeContext(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) onCodeContext(w http.ResponseWriter, r *http.Request, op func(codeint.Target, context.Context, string) error) error {
-	requested, err := contract.QueryAccountID(r.URL.Query())
-	if err != nil {
-		return err
-	}
-	t, err := s.codeTarget(r, requested)
+	t, err := s.codeTargetOfQuery(r)
 	if err != nil {
 		return err
 	}

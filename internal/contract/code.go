@@ -21,6 +21,18 @@ type CodeRequest struct {
 // ActingFor implements ActsFor.
 func (r CodeRequest) ActingFor() string { return r.AccountID }
 
+// Interpreter is r as the code interpreter takes it.
+func (r CodeRequest) Interpreter() codeint.ExecuteRequest {
+	x := codeint.ExecuteRequest{Code: &r.Code, EnvVars: r.Envs, TimeoutMs: r.Timeout}
+	switch {
+	case r.ContextID != "":
+		x.ContextID = &r.ContextID
+	case r.Language != "":
+		x.Language = &r.Language
+	}
+	return x
+}
+
 // maxCodeEnvs bounds the variables of one execution.
 const maxCodeEnvs = 256
 

@@ -80,13 +80,7 @@ func (h *Handler) codeHere(ctx context.Context, who edge.Caller, id string, req 
 	if err != nil {
 		return contract.CodeResponse{}, err
 	}
-	ereq := codeint.ExecuteRequest{Code: &req.Code, EnvVars: req.Envs, TimeoutMs: req.Timeout}
-	switch {
-	case req.ContextID != "":
-		ereq.ContextID = &req.ContextID
-	case req.Language != "":
-		ereq.Language = &req.Language
-	}
+	ereq := req.Interpreter()
 	start := time.Now()
 	var col codeint.Collector
 	if err := t.Execute(ctx, ereq, col.Add); err != nil {

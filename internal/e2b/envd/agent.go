@@ -130,7 +130,7 @@ func (p *Proxy) serveAgent(w http.ResponseWriter, r *http.Request) {
 		p.start.ServeHTTP(w, r.WithContext(context.WithValue(ctx, startTargetKey{}, startTarget{tr: tr, e: e, user: user, cwd: cwd, env: env})))
 		return
 	}
-	p.forward(w, r, tr, user)
+	p.forward(w, r, tr, user, func(out *http.Request) { out.Header.Set(guest.EnvdHeader, "1") })
 }
 
 // envdPath reports whether p is one of envd's paths (Routes), the only
@@ -325,16 +325,19 @@ func sigEqual(sig, raw string) bool {
 }
 
 // forward sends r to the agent over tr, without the caller's credentials
-// and routing headers, streaming both ways (Connect's server streams).
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTripper, user string) {
+// and routing headers, streaming both ways (Connect's server streams), as
+// user; rewrite, when given, changes the outgoing request further.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, tr http.RoundTripper, user string, rewrite func(out *http.Request)) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", "agent", "agent"
-			for _, h := range []string{headerAccessToken, headerSandboxID, headerSandboxPort, "Authorization", "X-Api-Key", "Cookie"} {
+			for _, h := range []string{headerAccessToken, headerSandboxID, headerSandboxPort, headerTrafficToken, "Authorization", "X-Api-Key", "Cookie"} {
 				pr.Out.Header.Del(h)
 			}
 			pr.Out.Header.Set(userHeader, user)
-			pr.Out.Header.Set(guest.EnvdHeader, "1")
+			if rewrite != nil {
+				rewrite(pr.Out)
+			}
 		},
 		Transport:     tr,
 		FlushInterval: -1,

@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"maps"
 	"net/http"
-	"net/http/httputil"
 	"slices"
 	"strings"
 
@@ -38,8 +37,7 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 	if err != nil {
 		return
 	}
-	if e.TrafficToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(e.TrafficToken)) != 1 {
-		writeError(w, http.StatusForbidden, "sandbox "+E2BID(id)+" takes traffic only with its traffic access token")
+	if !trafficAllowed(w, r, e) {
 		return
 	}
 	tok := r.Header.Get(headerAccessToken)
@@ -65,7 +63,7 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 	if !edge.ViaCluster(r) {
 		maps.Copy(vars, e.EnvVars)
 	}
-	r.Header.Set(userHeader, user)
+	r.Header.Set(userHeader, user) // for the node that hosts it
 	r.Header.Del(guest.CodeEnvHeader)
 	for _, k := range slices.Sorted(maps.Keys(vars)) {
 		r.Header.Add(guest.CodeEnvHeader, k+"="+vars[k])
@@ -79,25 +77,10 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 	if !ok {
 		return
 	}
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", "agent", "agent"
-			pr.Out.URL.Path, pr.Out.URL.RawPath = guest.CodePath+pr.In.URL.Path, ""
-			pr.Out.URL.RawQuery = "" // 2.8's ?source= says who calls; nothing to serve
-			for _, h := range []string{headerAccessToken, headerSandboxID, headerSandboxPort, headerTrafficToken, "Authorization", "X-Api-Key", "Cookie"} {
-				pr.Out.Header.Del(h)
-			}
-		},
-		Transport:     tr,
-		FlushInterval: -1,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if r.Context().Err() == nil {
-				p.log.WarnContext(r.Context(), "e2b code: forward", "path", r.URL.Path, "err", err)
-			}
-			writeError(w, http.StatusBadGateway, "the sandbox's agent did not answer")
-		},
-	}
-	rp.ServeHTTP(w, r)
+	p.forward(w, r, tr, user, func(out *http.Request) {
+		out.URL.Path, out.URL.RawPath = guest.CodePath+r.URL.Path, ""
+		out.URL.RawQuery = "" // 2.8's ?source= says who calls; nothing to serve
+	})
 }
 
 // preflight answers a browser's preflight (the SDK's E2b-Sandbox-*

@@ -92,8 +92,7 @@ func (p *Proxy) servePort(w http.ResponseWriter, r *http.Request, id string, por
 	if err != nil {
 		return
 	}
-	if e.TrafficToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(e.TrafficToken)) != 1 {
-		writeError(w, http.StatusForbidden, "sandbox "+E2BID(id)+" takes traffic only with its traffic access token")
+	if !trafficAllowed(w, r, e) {
 		return
 	}
 	r.Header.Set(headerForwardedHost, r.Host)
@@ -137,4 +136,14 @@ type (
 // paused or stopped.
 func sandboxNotFound(w http.ResponseWriter, id string) {
 	WriteJSON(w, http.StatusBadGateway, sandboxGone{SandboxID: E2BID(id), Message: "The sandbox was not found", Code: http.StatusBadGateway})
+}
+
+// trafficAllowed lets r reach e's ports: any request when they are public,
+// else one with e's traffic token; otherwise it answers 403.
+func trafficAllowed(w http.ResponseWriter, r *http.Request, e store.E2BSandbox) bool {
+	if e.TrafficToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(e.TrafficToken)) != 1 {
+		writeError(w, http.StatusForbidden, "sandbox "+E2BID(e.SandboxID)+" takes traffic only with its traffic access token")
+		return false
+	}
+	return true
 }
