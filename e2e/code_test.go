@@ -88,6 +88,10 @@ func codeInterpreterOn(t *testing.T, flags []string, everyFrontEnd bool) {
 		if got := text(code(map[string]any{"code": "x"})); got != "41" {
 			t.Errorf("state after the timeout: %q", got)
 		}
+		// The kernel has the sandbox's environment, as an exec has.
+		if got := text(code(map[string]any{"code": "import os\nos.environ.get('SANDBOX_ID')"})); got != id {
+			t.Errorf("SANDBOX_ID in the kernel: %q, want %q", got, id)
+		}
 		x = code(map[string]any{"code": "import os\nos.environ['ONLY']", "envs": map[string]string{"ONLY": "here"}})
 		if text(x) != "here" || text(code(map[string]any{"code": "import os\nos.environ.get('ONLY', 'gone')"})) != "gone" {
 			t.Errorf("envs: %v", x)

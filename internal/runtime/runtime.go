@@ -296,6 +296,14 @@ type Limits struct {
 
 // Sandbox is one running (or stopped) sandbox. Methods are safe for
 // concurrent use.
+// EnvHolder is a sandbox that says the environment its processes start
+// with (Spec.Env: the sandbox's own variables and its template's), for
+// those a front end starts through the agent itself (the code
+// interpreter's kernels).
+type EnvHolder interface {
+	ExecEnv() []string
+}
+
 type Sandbox interface {
 	ID() string
 	Info() Info

@@ -158,14 +158,14 @@ func (m *Manager) AgentTransport(ctx context.Context, p auth.Principal, id strin
 
 // CodeTarget is the way to running sandbox id's code interpreter (its
 // agent, which this node reaches; a paused sandbox is woken), and who code
-// runs as there: its commands' user, directory and environment (its
-// template's).
+// runs as there: its commands' user, directory and environment (the
+// sandbox's own and its template's, as an exec's).
 func (m *Manager) CodeTarget(ctx context.Context, p auth.Principal, id string) (codeint.Target, error) {
 	sb, err := m.sandboxFor(ctx, p, id)
 	if err != nil {
 		return codeint.Target{}, err
 	}
-	tr, err := m.agentTransport(ctx, sb)
+	rsb, tr, err := m.agentOf(ctx, sb)
 	if err != nil {
 		return codeint.Target{}, err
 	}
@@ -173,8 +173,10 @@ func (m *Manager) CodeTarget(ctx context.Context, p auth.Principal, id string) (
 	if err != nil {
 		return codeint.Target{}, err
 	}
-	env, err := m.TemplateEnv(ctx, sb)
-	if err != nil {
+	var env []string
+	if h, ok := rsb.(runtime.EnvHolder); ok {
+		env = h.ExecEnv()
+	} else if env, err = m.TemplateEnv(ctx, sb); err != nil {
 		return codeint.Target{}, err
 	}
 	return codeint.Target{Transport: tr, User: user, Dir: cwd, Env: env}, nil

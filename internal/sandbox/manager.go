@@ -587,12 +587,19 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 // runtime.Sandbox.AgentTransport): for an API that speaks the agent's own
 // protocol.
 func (m *Manager) agentTransport(ctx context.Context, sb store.Sandbox) (http.RoundTripper, error) {
+	_, tr, err := m.agentOf(ctx, sb)
+	return tr, err
+}
+
+// agentOf is sb's runtime sandbox, prepared, and the way to its agent.
+func (m *Manager) agentOf(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, http.RoundTripper, error) {
 	rsb, err := m.Local(ctx, sb)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	_ = m.Prepare(ctx, sb, rsb, false) // a failure is logged; the caller may not need the clone
-	return rsb.AgentTransport(ctx)
+	tr, err := rsb.AgentTransport(ctx)
+	return rsb, tr, err
 }
 
 // stats measures a running sandbox this node hosts (a paused one is woken:

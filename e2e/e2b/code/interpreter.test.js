@@ -18,7 +18,9 @@ const { Sandbox, TimeoutError } = await import('@e2b/code-interpreter')
 // One sandbox for the file: a kernel keeps its state between the tests,
 // which is what they check.
 let made
-const sandbox = () => (made ??= Sandbox.create({ timeoutMs: shortTimeoutMs * 2, metadata: tag }))
+// Its envs are every kernel's environment, as E2B's server reads them
+// from envd.
+const sandbox = () => (made ??= Sandbox.create({ timeoutMs: shortTimeoutMs * 2, metadata: tag, envs: { SANDBOX_WIDE: 'yes' } }))
 after(async () => {
   if (made) await (await made).kill().catch(() => {})
 })
@@ -101,6 +103,7 @@ describe(`code interpreter (@e2b/code-interpreter@${version})`, () => {
     assert.deepEqual(exec.logs.stdout, [`it's "quoted"\n`])
     const after = await sbx.runCode('import os\nos.environ.get("GREETING", "unset")')
     assert.equal(after.text, 'unset')
+    assert.equal((await sbx.runCode('import os\nos.environ["SANDBOX_WIDE"]')).text, 'yes')
   })
 
   test('contexts: create, use, list, restart, remove, in two languages', slow, async () => {

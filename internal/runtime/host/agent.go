@@ -227,6 +227,9 @@ type Ops struct {
 	Conn func() Conn
 }
 
+// ExecEnv implements runtime.EnvHolder.
+func (o Ops) ExecEnv() []string { return o.Conn().Env }
+
 // Exec implements runtime.Sandbox.
 func (o Ops) Exec(ctx context.Context, req runtime.ExecRequest) (runtime.ExecResult, error) {
 	return o.Conn().Exec(ctx, req)
