@@ -96,6 +96,18 @@ func RunCode(ctx context.Context, o CodeOptions) (_ CodeReport, err error) {
 		rep.Cases = append(rep.Cases, ExecCase{Name: c.name, Latency: latency(ds, o.Creates)})
 	}
 
+	// A program that thinks before its first cell (an agent's model):
+	// the kernel a create of code-interpreter-v1 starts is ready by then.
+	var ds []time.Duration
+	for range o.Creates {
+		d, err := end.e2bFirstAfter(ctx, codeThink)
+		if err != nil {
+			return rep, fmt.Errorf("runCode after a pause: %w", err)
+		}
+		ds = append(ds, d)
+	}
+	rep.Cases = append(rep.Cases, ExecCase{Name: fmt.Sprintf("E2B: runCode `1 + 1` alone, %s after the create (its kernel started with it)", codeThink), Latency: latency(ds, o.Creates)})
+
 	ph.next("cells on a warm context")
 	for _, c := range []struct {
 		name string
@@ -149,6 +161,30 @@ func (e *execServerEnd) e2bFirstResult(ctx context.Context) error {
 		_, _ = callAPI(context.WithoutCancel(ctx), e.srv.http, e.srv.base, e.e2bKey, http.MethodDelete, "/sandboxes/"+other.e2b, nil, nil, 1<<20)
 	}()
 	return other.e2bCellWant(ctx, codeFirst, "2")
+}
+
+// codeThink is the pause between a create and its first cell in the
+// case of a program that thinks first.
+const codeThink = 5 * time.Second
+
+// e2bFirstAfter creates a sandbox as the code-interpreter SDK does, waits
+// pause, and times its first runCode alone.
+func (e *execServerEnd) e2bFirstAfter(ctx context.Context, pause time.Duration) (time.Duration, error) {
+	other := &execServerEnd{srv: e.srv, key: e.key, e2bKey: e.e2bKey, template: e.template}
+	if err := other.create(ctx); err != nil {
+		return 0, err
+	}
+	defer func() {
+		_, _ = callAPI(context.WithoutCancel(ctx), e.srv.http, e.srv.base, e.e2bKey, http.MethodDelete, "/sandboxes/"+other.e2b, nil, nil, 1<<20)
+	}()
+	select {
+	case <-time.After(pause):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	start := time.Now()
+	err := other.e2bCellWant(ctx, codeFirst, "2")
+	return time.Since(start), err
 }
 
 func (e *execServerEnd) restCell(ctx context.Context, code string) error {

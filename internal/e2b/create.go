@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/e2b/envd"
 	"github.com/sandboxd/sandboxd/internal/edge"
@@ -146,6 +147,14 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 		// Without its record the sandbox cannot be reached through this API.
 		_, _ = a.opts.Sandboxes.Stop(context.WithoutCancel(r.Context()), c.Principal, sb.ID)
 		return err
+	}
+	if req.TemplateID == CodeInterpreterTemplate {
+		// The code-interpreter SDK runs code next: its kernel starts now.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Minute)
+			defer cancel()
+			a.envd.WarmCode(ctx, e)
+		}()
 	}
 	writeJSON(w, http.StatusCreated, a.sandboxResponse(e))
 	return nil

@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"context"
 	"crypto/subtle"
 	"maps"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/guest"
+	"github.com/sandboxd/sandboxd/internal/guest/codeint"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // codePort is the port E2B's code-interpreter SDK addresses its server
@@ -33,6 +36,10 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	w.Header().Set("Access-Control-Allow-Origin", "*")
+	if !codePath(r.URL.Path) && r.URL.Path != "/health" {
+		writeError(w, http.StatusNotFound, "no such path: "+r.URL.Path)
+		return
+	}
 	e, err := p.record(w, r, id, sandboxNotFound)
 	if err != nil {
 		return
@@ -45,30 +52,23 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, http.StatusUnauthorized, errUnauthorized.Error())
 		return
 	}
-	user, cwd, env := p.defaults(ctx, e)
+	t := p.codeCaller(ctx, e)
 	if edge.ViaCluster(r) {
 		// The forwarding node resolved them.
-		user, cwd, env = r.Header.Get(userHeader), r.Header.Get(guest.CodeDirHeader), r.Header.Values(guest.CodeEnvHeader)
+		t = codeint.Target{User: r.Header.Get(userHeader), Dir: r.Header.Get(guest.CodeDirHeader), Env: r.Header.Values(guest.CodeEnvHeader)}
 	}
-	if !userName.MatchString(user) {
+	if !userName.MatchString(t.User) {
 		writeError(w, http.StatusBadRequest, "the sandbox's default user is not a valid user name")
 		return
 	}
-	vars := map[string]string{}
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			vars[k] = v
-		}
-	}
-	if !edge.ViaCluster(r) {
-		maps.Copy(vars, e.EnvVars)
-	}
-	r.Header.Set(userHeader, user) // for the node that hosts it
+	user := t.User
+	// For the node that hosts it, and the agent.
+	r.Header.Set(userHeader, user)
 	r.Header.Del(guest.CodeEnvHeader)
-	for _, k := range slices.Sorted(maps.Keys(vars)) {
-		r.Header.Add(guest.CodeEnvHeader, k+"="+vars[k])
+	for _, kv := range t.Env {
+		r.Header.Add(guest.CodeEnvHeader, kv)
 	}
-	r.Header.Set(guest.CodeDirHeader, cwd)
+	r.Header.Set(guest.CodeDirHeader, t.Dir)
 	r.Header.Set(headerSandboxPort, codePort)
 	if p.opts.Gate.ForwardIfElsewhere(w, r, forwarder(r), e.SandboxID) {
 		return
@@ -96,4 +96,40 @@ func preflight(w http.ResponseWriter) {
 // codePath reports whether p is one of the code interpreter's paths.
 func codePath(p string) bool {
 	return p == "/execute" || p == "/contexts" || strings.HasPrefix(p, "/contexts/")
+}
+
+// codeCaller is who code runs as in e's sandbox through E2B: its default
+// user, directory and environment (its template's, then create's
+// envVars), as E2B's commands.
+func (p *Proxy) codeCaller(ctx context.Context, e store.E2BSandbox) codeint.Target {
+	user, cwd, env := p.defaults(ctx, e)
+	vars := map[string]string{}
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[k] = v
+		}
+	}
+	maps.Copy(vars, e.EnvVars)
+	t := codeint.Target{User: user, Dir: cwd}
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		t.Env = append(t.Env, k+"="+vars[k])
+	}
+	return t
+}
+
+// WarmCode starts the default Python context of e's sandbox, hosted on
+// this node, as E2B's code-interpreter SDK will use it: a create of its
+// template starts its kernel, so that the first runCode does not wait for
+// all of its boot. Best effort: a failure is logged, and the first
+// execution starts the kernel itself.
+func (p *Proxy) WarmCode(ctx context.Context, e store.E2BSandbox) {
+	t := p.codeCaller(ctx, e)
+	tr, err := p.opts.Agents.AgentTransport(ctx, tokenHolder(e), e.SandboxID)
+	if err == nil {
+		t.Transport = tr
+		err = t.Warm(ctx, "python")
+	}
+	if err != nil && ctx.Err() == nil {
+		p.log.WarnContext(ctx, "e2b code: start the default Python context ahead", "sandbox_id", e.SandboxID, "err", err)
+	}
 }

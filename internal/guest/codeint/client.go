@@ -113,6 +113,11 @@ func (t Target) CreateContext(ctx context.Context, language, cwd string) (Contex
 	return cx, t.call(ctx, http.MethodPost, PathContexts, body, &cx)
 }
 
+// Warm starts the default context of language now (PathWarm).
+func (t Target) Warm(ctx context.Context, language string) error {
+	return t.call(ctx, http.MethodPost, PathWarm, CreateContextRequest{Language: &language}, nil)
+}
+
 // ListContexts lists the contexts of the target's user.
 func (t Target) ListContexts(ctx context.Context) ([]Context, error) {
 	var cs []Context
@@ -130,7 +135,7 @@ func (t Target) RemoveContext(ctx context.Context, id string) error {
 }
 
 func (t Target) call(ctx context.Context, method, path string, body, out any) error {
-	if strings.ContainsAny(path[len(PathContexts):], "?#") {
+	if strings.ContainsAny(path, "?#") {
 		return errdefs.New(errdefs.ErrInvalid, "not a context id")
 	}
 	resp, err := t.do(ctx, method, path, body)

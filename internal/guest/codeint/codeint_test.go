@@ -297,3 +297,21 @@ func TestCollectorBounds(t *testing.T) {
 		t.Errorf("truncated %v, kept %d bytes of %d, stdout %q, valid %v", x.Truncated, kept, maxCollectedLog, x.Logs.Stdout, utf8.ValidString(x.Logs.Stderr[0]))
 	}
 }
+
+// TestWarm: /warm starts the default context, which the first execution
+// then uses (one kernel, not two).
+func TestWarm(t *testing.T) {
+	s := newServer(t)
+	if code, body := s.do("POST", PathWarm, map[string]any{"language": "python"}); code != http.StatusNoContent {
+		t.Fatalf("warm: %d %s", code, body)
+	}
+	s.run(map[string]any{"code": "warmed = 1"})
+	if r := of(s.run(map[string]any{"code": "warmed", "language": "python"}), LineResult); len(r) != 1 || r[0]["text"] != "1" {
+		t.Errorf("the default context after warm: %v", r)
+	}
+	code, body := s.do("GET", "/contexts", nil)
+	var list []Context
+	if code != 200 || json.Unmarshal(body, &list) != nil || len(list) != 1 {
+		t.Errorf("contexts after warm and two executions: %d %s", code, body)
+	}
+}

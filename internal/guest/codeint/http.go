@@ -16,6 +16,10 @@ const (
 	PathHealth   = "/health"
 	PathExecute  = "/execute"
 	PathContexts = "/contexts"
+	// PathWarm (sandboxd's, the host's alone) starts the caller's default
+	// context of {"language"} now, so that the first execution finds its
+	// kernel started (or starting: it waits for that one).
+	PathWarm = "/warm"
 )
 
 // maxRequest bounds a request body (the code of a cell, with its
@@ -59,6 +63,16 @@ func (in *Interpreter) ServeHTTP(w http.ResponseWriter, r *http.Request, c Calle
 			return
 		}
 		writeJSON(w, http.StatusOK, cx)
+	case path == PathWarm && r.Method == http.MethodPost:
+		var req CreateContextRequest
+		if !decode(w, r, &req) {
+			return
+		}
+		if _, err := in.Default(r.Context(), c, deref(req.Language)); err != nil {
+			writeErr(w, err, "Failed to create context: ")
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	case path == PathContexts && r.Method == http.MethodGet:
 		cs := in.List(c)
 		if cs == nil {
