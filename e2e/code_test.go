@@ -15,12 +15,15 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestCodeInterpreter: the code interpreter of a sandbox from the
-// code-interpreter template, through every front end: E2B's
-// code-interpreter SDK unchanged, REST, the CLI and MCP, on gVisor and on
-// a microVM.
+// code-interpreter template, through every front end: REST, the CLI and
+// MCP on gVisor and on a microVM; E2B's code-interpreter SDK unchanged and
+// the console's notebook on gVisor (they reach the same agent through the
+// same routes on either backend).
 func TestCodeInterpreter(t *testing.T) {
 	buildImage(t, "code-interpreter")
 	t.Run("gvisor", func(t *testing.T) { codeInterpreterOn(t, nil, true) })
@@ -142,10 +145,6 @@ func codeInterpreterOn(t *testing.T, flags []string, everyFrontEnd bool) {
 		}
 		codeStreams(t, s, k, id)
 	})
-	if !everyFrontEnd {
-		return
-	}
-
 	t.Run("cli", func(t *testing.T) {
 		cli := sandboxCLI(t, s, k)
 		if r := cli(nil, "code", id, "--", "cli_var = 6 * 7; print('printed'); cli_var"); r.code != 0 || r.stdout != "printed\n42\n" {
@@ -165,6 +164,10 @@ func codeInterpreterOn(t *testing.T, flags []string, everyFrontEnd bool) {
 		var out map[string]any
 		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != 0 || text(out) != "43" {
 			t.Errorf("--file - --json: %d %q %v", r.code, r.stdout, err)
+		}
+		if r := cli(nil, "code", id, "--timeout", "1s", "--env", "CLI_ENV=set", "--", "import os, time\nprint(os.environ['CLI_ENV'], flush=True)\ntime.sleep(60)"); r.code != 1 ||
+			r.stdout != "set\n" || !strings.Contains(r.stderr, "TimeoutError") {
+			t.Errorf("--timeout and --env: %d %q %q", r.code, r.stdout, r.stderr)
 		}
 		if r := cli(nil, "code-context", "create", id, "--language", "python", "--cwd", "/tmp"); r.code != 0 || len(strings.TrimSpace(r.stdout)) != 36 {
 			t.Errorf("code-context create: %d %q %q", r.code, r.stdout, r.stderr)
@@ -203,6 +206,73 @@ func codeInterpreterOn(t *testing.T, flags []string, everyFrontEnd bool) {
 		a = c.call(t, "run_code", map[string]any{"sandbox_id": id, "code": "import pandas as pd\npd.DataFrame({'col': [7, 8]})"}, "")
 		if !strings.Contains(a.Text, "col") || !strings.Contains(a.Text, "8") {
 			t.Errorf("a DataFrame as text: %q", a.Text)
+		}
+		a = c.call(t, "run_code", map[string]any{"sandbox_id": id, "code": "import os\nraise KeyError(os.environ['MCP_ENV'])", "envs": map[string]string{"MCP_ENV": "boom"}}, "")
+		if a.IsError || !strings.Contains(a.Text, "[error] KeyError: 'boom'") || !strings.Contains(a.Text, "raise KeyError") {
+			t.Errorf("an exception with envs: %+v", a)
+		}
+		a = c.call(t, "run_code", map[string]any{"sandbox_id": id, "code": "import time\ntime.sleep(60)", "timeout": 1000}, "")
+		if !strings.Contains(a.Text, "[error] TimeoutError") {
+			t.Errorf("a timeout: %+v", a)
+		}
+		if a := c.call(t, "run_code", map[string]any{"sandbox_id": id, "code": "mcp_var"}, ""); !strings.Contains(a.Text, "kept") {
+			t.Errorf("the state after the timeout: %q", a.Text)
+		}
+	})
+	if !everyFrontEnd {
+		return
+	}
+
+	t.Run("access", func(t *testing.T) {
+		securitytest.Attack(t, "code interpreter",
+			"another account's key runs code in a sandbox of the first (REST POST .../code, a context's restart, MCP run_code)",
+			"404 everywhere, as for any route of a sandbox not its own; no kernel is started or touched")
+		other := s.createKey(s.createAccount("code-other", false).ID)
+		if r := s.as(other, "POST", "/api/sandboxes/"+id+"/code", map[string]any{"code": "1"}); r.Status != 404 {
+			t.Errorf("REST code with another account's key: %d %s", r.Status, r.Raw)
+		}
+		if r := s.as(other, "GET", "/api/sandboxes/"+id+"/code/contexts", nil); r.Status != 404 {
+			t.Errorf("REST contexts with another account's key: %d %s", r.Status, r.Raw)
+		}
+		if a := s.mcpConnect(other).call(t, "run_code", map[string]any{"sandbox_id": id, "code": "1"}, ""); !a.IsError || !strings.Contains(a.Text, "not found") {
+			t.Errorf("MCP run_code with another account's key: %+v", a)
+		}
+	})
+
+	t.Run("e2b-port", func(t *testing.T) {
+		securitytest.Attack(t, "code interpreter",
+			"a caller sends E2B's POST /execute (port 49999) for a sandbox without its access token, with another sandbox's, and reads the user its kernel runs as",
+			"401 without the token or with another's; with it, the code runs as the sandbox's default user (uid 1000), not root as E2B's kernels")
+		type made struct {
+			SandboxID       string `json:"sandboxID"`
+			EnvdAccessToken string `json:"envdAccessToken"`
+		}
+		create := func() made {
+			t.Helper()
+			var m made
+			r := s.as(k, "POST", "/v2/sandboxes", map[string]any{"templateID": "code-interpreter-v1", "timeout": 300})
+			if r.Status != 201 || json.Unmarshal(r.Raw, &m) != nil || m.EnvdAccessToken == "" {
+				t.Fatalf("E2B create: %d %s", r.Status, r.Raw)
+			}
+			t.Cleanup(func() { s.call("DELETE", "/sandboxes/"+m.SandboxID, map[string]string{"X-API-Key": k.Key}, nil) })
+			return m
+		}
+		mine, another := create(), create()
+		execute := func(token string) response {
+			h := map[string]string{"E2b-Sandbox-Id": mine.SandboxID, "E2b-Sandbox-Port": "49999"}
+			if token != "" {
+				h["X-Access-Token"] = token
+			}
+			return s.call("POST", "/execute", h, map[string]any{"code": "import os\nos.getuid()"})
+		}
+		if r := execute(""); r.Status != 401 {
+			t.Errorf("without the token: %d %s", r.Status, r.Raw)
+		}
+		if r := execute(another.EnvdAccessToken); r.Status != 401 {
+			t.Errorf("with another sandbox's token: %d %s", r.Status, r.Raw)
+		}
+		if r := execute(mine.EnvdAccessToken); r.Status != 200 || !strings.Contains(string(r.Raw), `"text":"1000"`) {
+			t.Errorf("with its token: %d %s", r.Status, r.Raw)
 		}
 	})
 
