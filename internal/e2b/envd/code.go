@@ -52,10 +52,12 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, http.StatusUnauthorized, errUnauthorized.Error())
 		return
 	}
-	t := p.codeCaller(ctx, e)
+	var t codeint.Target
 	if edge.ViaCluster(r) {
 		// The forwarding node resolved them.
 		t = codeint.Target{User: r.Header.Get(userHeader), Dir: r.Header.Get(guest.CodeDirHeader), Env: r.Header.Values(guest.CodeEnvHeader)}
+	} else {
+		t = p.codeCaller(ctx, e)
 	}
 	if !userName.MatchString(t.User) {
 		writeError(w, http.StatusBadRequest, "the sandbox's default user is not a valid user name")
@@ -69,6 +71,9 @@ func (p *Proxy) serveCode(w http.ResponseWriter, r *http.Request, id string) {
 		r.Header.Add(guest.CodeEnvHeader, kv)
 	}
 	r.Header.Set(guest.CodeDirHeader, t.Dir)
+	// The node that hosts it takes the request by these whichever way it
+	// came here (a host name is this node's only).
+	r.Header.Set(headerSandboxID, E2BID(e.SandboxID))
 	r.Header.Set(headerSandboxPort, codePort)
 	if p.opts.Gate.ForwardIfElsewhere(w, r, forwarder(r), e.SandboxID) {
 		return

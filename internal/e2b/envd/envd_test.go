@@ -430,6 +430,18 @@ func TestAgentCluster(t *testing.T) {
 	if code := f.call("GET", "/files?path=x", agent, nil); code != 401 || len(c.forwards) != 1 {
 		t.Fatalf("a wrong token for a sandbox hosted elsewhere: %d, want 401 here", code)
 	}
+	// The code port, by host: forwarded with the sandbox and the port
+	// named in headers, and the user resolved here.
+	r := httptest.NewRequest("GET", "/contexts", nil)
+	r.Host = codePort + "-" + E2BID(e.SandboxID) + ".sbx.test"
+	w := httptest.NewRecorder()
+	f.proxy.HostRouter(http.NotFoundHandler()).ServeHTTP(w, r)
+	if got := c.last(); w.Code != http.StatusTeapot || got.node != "n2" || got.path != "/contexts" || got.user != "user" {
+		t.Fatalf("the code port of a sandbox hosted elsewhere: %d %+v", w.Code, got)
+	}
+	if r.Header.Get(headerSandboxID) != E2BID(e.SandboxID) || r.Header.Get(headerSandboxPort) != codePort {
+		t.Errorf("forwarded without the sandbox and port named: %v", r.Header)
+	}
 }
 
 func TestDefaultUserOf(t *testing.T) {

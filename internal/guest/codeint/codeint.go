@@ -19,6 +19,7 @@
 package codeint
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -73,6 +74,7 @@ type Interpreter struct {
 	// making serializes the making of one user's default context of one
 	// language, so two first executions share one kernel.
 	making map[string]*sync.Mutex
+	made   uint64 // contexts made so far
 }
 
 // DefaultKernelDirs are the system's kernelspec directories (Jupyter's
@@ -99,6 +101,7 @@ type Context struct {
 	Cwd      string `json:"cwd"`
 
 	user string
+	seq  uint64 // the order contexts were made in
 	sh   *shim
 	// turn is held by the running execution (a one-slot semaphore).
 	turn chan struct{}
@@ -292,6 +295,8 @@ func (in *Interpreter) Create(ctx context.Context, c Caller, language, cwd strin
 	}
 	cx := &Context{ID: id, Language: language, Cwd: cwd, user: c.User, sh: s, turn: make(chan struct{}, 1)}
 	in.mu.Lock()
+	in.made++
+	cx.seq = in.made
 	in.contexts[id] = cx
 	in.mu.Unlock()
 	return cx, nil
@@ -300,6 +305,10 @@ func (in *Interpreter) Create(ctx context.Context, c Caller, language, cwd strin
 // Default is c's default context of language, made on first use.
 func (in *Interpreter) Default(ctx context.Context, c Caller, language string) (*Context, error) {
 	language = normalizeLanguage(language)
+	// Only a language the sandbox has gets a lock of its own.
+	if _, err := in.kernelFor(c, language); err != nil {
+		return nil, err
+	}
 	key := c.User + "\x00" + language
 	in.mu.Lock()
 	m := in.making[key]
@@ -348,7 +357,7 @@ func (in *Interpreter) List(c Caller) []*Context {
 			out = append(out, cx)
 		}
 	}
-	slices.SortFunc(out, func(a, b *Context) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b *Context) int { return cmp.Compare(a.seq, b.seq) })
 	return out
 }
 

@@ -14,6 +14,7 @@
 #   {"id", "op": "shutdown", "ctx"}                       -> removed
 # Output is bounded here, in the sandbox, before it is written: a value of a
 # result or a stream message larger than its limit is replaced by a note.
+import ctypes
 import json
 import os
 import queue
@@ -183,6 +184,19 @@ del _sandboxd_setup
 '''
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """Run in a kernel's child before exec: jupyter_client puts each kernel
+    in a session of its own, so the agent's kill of this shim's session
+    would leave it running (ipykernel watches its parent, other kernels
+    do not). The signal comes when the thread that started it ends: the
+    context's, which lives until the kernel is shut down."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def literal(value, language):
     """value (str, dict or list of str) as a literal of the kernel's language."""
     if language == "python":
@@ -281,6 +295,8 @@ class Context:
                     return
             except Exception as e:  # report, never die: the agent waits
                 emit({"id": req["id"], "ev": "failed", "message": "%s: %s" % (type(e).__name__, e)})
+                if op == "start":
+                    return  # no kernel: the agent forgets the context
 
     def start(self, req):
         # Python kernels (pyzmq) take Unix sockets; other kernels' ZeroMQ
@@ -294,7 +310,7 @@ class Context:
         self.km.connection_file = os.path.join(self.rundir, self.id + ".json")
         env = dict(self.env)
         env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-        self.km.start_kernel(cwd=self.cwd, env=env)
+        self.km.start_kernel(cwd=self.cwd, env=env, preexec_fn=die_with_parent)
         self.language = (self.km.kernel_spec.language or self.kernel).lower()
         self.connect()
         emit({"id": req["id"], "ev": "started", "language": self.language})
