@@ -44,7 +44,7 @@ func (s *Server) codeTargetOfQuery(r *http.Request) (codeint.Target, error) {
 // runCode runs code in a context of a sandbox's code interpreter and
 // answers the whole execution as JSON, or streams it: Server-Sent Events
 // with Accept: text/event-stream (an event per output line, named by its
-// type, then "end"), E2B's newline-delimited JSON with Accept:
+// type, then "end", or "failed" when the stream broke), E2B's newline-delimited JSON with Accept:
 // application/x-ndjson.
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	req, err := readBody(w, r, contract.ParseCode)
@@ -74,7 +74,8 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 			return sse.event(kind, json.RawMessage(raw))
 		})
 		if err != nil && sse != nil {
-			_ = sse.event("error", contract.ExecFailure{Error: err.Error(), StatusCode: http.StatusBadGateway})
+			// Not "error": that is the code's exception.
+			_ = sse.event("failed", contract.ExecFailure{Error: err.Error(), StatusCode: http.StatusBadGateway})
 			return nil
 		}
 	case strings.Contains(accept, "application/x-ndjson"):

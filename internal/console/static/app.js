@@ -839,6 +839,11 @@
     const sb = state.sandbox;
     const code = $('code-input').value;
     if (!sb || !code.trim() || state.code.run) return;
+    // Another sandbox's page: its contexts are not this one's.
+    if (state.code.sandboxId !== sb.sandboxId) {
+      resetCode();
+      state.code.sandboxId = sb.sandboxId;
+    }
     const language = $('code-language').value;
     const status = $('code-status');
     const count = el('span', { class: 'code-count', text: '[ ]' });
@@ -879,6 +884,8 @@
         else if (name === 'error') {
           out.append(el('pre', { class: 'code-error stderr', text: `${msg.name}: ${msg.value}\n${stripEscapes(msg.traceback || '')}` }));
           cell.dataset.error = msg.name;
+        } else if (name === 'failed') {
+          throw new Error(msg.error || 'the code interpreter failed');
         } else if (name === 'end') {
           ended = true;
           cell.dataset.done = 'true';
