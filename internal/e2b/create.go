@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +68,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	var req newSandboxRequest
 	raw, err := decodeRaw(r, &req)
 	if err != nil {
+		return err
+	}
+	if err := refuseUnsupported(raw); err != nil {
 		return err
 	}
 	if req.TemplateID == "" {
@@ -217,4 +221,61 @@ func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
 		r.TrafficAccessToken = &e.TrafficToken
 	}
 	return r
+}
+
+// refuseUnsupported answers 400 naming each option of E2B's create that
+// sandboxd does not implement when the body asks for it, instead of
+// accepting and ignoring it. The SDKs send these only when a program sets
+// them, so a program that does not gets no refusal; a value that asks for
+// nothing (autoResume {"enabled": false}, an empty list) is no request.
+func refuseUnsupported(raw []byte) error {
+	var top map[string]json.RawMessage
+	if len(raw) == 0 || json.Unmarshal(raw, &top) != nil {
+		return nil // decodeRaw answered for a body that is not an object
+	}
+	var refused []string
+	if v := top["autoResume"]; asks(v) {
+		var ar struct {
+			Enabled *bool `json:"enabled"`
+		}
+		if json.Unmarshal(v, &ar) != nil || ar.Enabled == nil || *ar.Enabled {
+			refused = append(refused, "autoResume (a paused sandbox resumes on connect, not on traffic)")
+		}
+	}
+	for _, o := range []struct{ name, why string }{
+		{"volumeMounts", "volumes are not supported"},
+		{"mcp", "E2B's MCP gateway in the sandbox is not served"},
+		{"iam", "E2B's IAM token transforms are not served"},
+	} {
+		if asks(top[o.name]) {
+			refused = append(refused, o.name+" ("+o.why+")")
+		}
+	}
+	var network map[string]json.RawMessage
+	if asks(top["network"]) && json.Unmarshal(top["network"], &network) == nil {
+		for _, o := range []struct{ name, why string }{
+			{"rules", "sandboxd's network policy is an allow list of destinations"},
+			{"egressProxy", "sandboxd's sandboxes reach out through its own proxy"},
+			{"maskRequestHost", "the Host header reaches a sandbox's port as sent"},
+			{"httpsPorts", "a sandbox's ports are served as they answer"},
+		} {
+			if asks(network[o.name]) {
+				refused = append(refused, "network."+o.name+" ("+o.why+")")
+			}
+		}
+	}
+	if len(refused) > 0 {
+		return edge.Errorf(http.StatusBadRequest, "not supported by sandboxd: %s", strings.Join(refused, "; "))
+	}
+	return nil
+}
+
+// asks reports whether an option's JSON value asks for anything: not
+// absent, null, false, "", [] or {}.
+func asks(v json.RawMessage) bool {
+	switch strings.TrimSpace(string(v)) {
+	case "", "null", "false", `""`, "[]", "{}":
+		return false
+	}
+	return true
 }

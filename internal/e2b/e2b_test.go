@@ -248,6 +248,30 @@ func TestControlPlaneAuthAndErrors(t *testing.T) {
 			t.Errorf("create %v: %d %+v, want %d", c.body, resp.StatusCode, e, c.code)
 		}
 	}
+	// Options sandboxd does not implement are refused, each named, never
+	// accepted and ignored; values that ask for nothing pass.
+	for _, c := range []struct {
+		body map[string]any
+		want string
+	}{
+		{map[string]any{"autoResume": map[string]any{"enabled": true}}, "autoResume"},
+		{map[string]any{"volumeMounts": []any{map[string]any{"name": "data", "path": "/data"}}}, "volumeMounts"},
+		{map[string]any{"mcp": map[string]any{"github": map[string]any{}}}, "mcp"},
+		{map[string]any{"iam": map[string]any{"tokens": map[string]any{"t": "x"}}}, "iam"},
+		{map[string]any{"network": map[string]any{"rules": map[string]any{"a.com": []any{}}}}, "network.rules"},
+		{map[string]any{"network": map[string]any{"egressProxy": map[string]any{"address": "p:1080"}}}, "network.egressProxy"},
+		{map[string]any{"network": map[string]any{"maskRequestHost": "x.{PORT}"}}, "network.maskRequestHost"},
+		{map[string]any{"network": map[string]any{"httpsPorts": []int{443}}}, "network.httpsPorts"},
+	} {
+		c.body["templateID"] = "base"
+		if resp := f.call("POST", "/v2/sandboxes", key, c.body, &e); resp.StatusCode != 400 || !strings.Contains(e.Message, "not supported by sandboxd: "+c.want+" (") {
+			t.Errorf("create %v: %d %+v, want 400 naming %s", c.body, resp.StatusCode, e, c.want)
+		}
+	}
+	var made map[string]any
+	if resp := f.call("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "autoResume": map[string]any{"enabled": false}, "volumeMounts": []any{}, "mcp": nil}, &made); resp.StatusCode != 201 {
+		t.Errorf("create with options that ask for nothing: %d %v", resp.StatusCode, made)
+	}
 	if resp := f.call("GET", "/sandboxes/sbx_missing", key, nil, &e); resp.StatusCode != 404 {
 		t.Fatalf("get missing: %d", resp.StatusCode)
 	}

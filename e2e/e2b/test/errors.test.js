@@ -14,9 +14,11 @@ import {
   create,
   kill,
   lacks,
+  sdkVersion,
   slow,
   tag,
   title,
+  which,
 } from '../lib/sdk.js'
 
 // A key of the right form that no account has.
@@ -118,5 +120,26 @@ describe(title('errors'), () => {
     // SDKs before statusCode put the status at the start of the message.
     const status = err.statusCode ?? Number(/^(\d{3}):/.exec(err.message)?.[1])
     assert.ok([400, 404].includes(status), `status ${status}: ${err.message}`)
+  })
+
+  // e2b 2.51's create sends lifecycle.autoResume and volumeMounts (read in
+  // its dist); older versions may drop them client-side.
+  it('options sandboxd does not implement are refused, named, not ignored', { ...slow, skip: which !== 'new' && `e2b@${sdkVersion} is checked with SDK=new only` }, async () => {
+    for (const [opts, name] of [
+      [{ lifecycle: { onTimeout: 'pause', autoResume: true } }, 'autoResume'],
+      [{ volumeMounts: { '/data': 'data' } }, 'volumeMounts'],
+      [{ network: { maskRequestHost: 'app.example.com:${PORT}' } }, 'network.maskRequestHost'],
+    ]) {
+      const err = await Sandbox.create({ ...opts, metadata: tag, timeoutMs: 30_000 }).then(
+        async (sbx) => {
+          await kill(sbx)
+          assert.fail(`a sandbox was created with ${name}`)
+        },
+        (e) => e
+      )
+      assert.ok(err instanceof SandboxError, `${name}: got ${err?.stack ?? err}`)
+      assert.equal(err.statusCode, 400, `${name}: ${err.message}`)
+      assert.match(err.message, new RegExp(`not supported by sandboxd: ${name.replace('.', '\\.')} \\(`), name)
+    }
   })
 })
