@@ -315,3 +315,19 @@ func TestWarm(t *testing.T) {
 		t.Errorf("contexts after warm and two executions: %d %s", code, body)
 	}
 }
+
+// TestTimeoutOfACellThatIgnoresInterrupts: the kernel is restarted after
+// the grace, the cell ends saying its state is lost, and the context runs
+// the next cell.
+func TestTimeoutOfACellThatIgnoresInterrupts(t *testing.T) {
+	s := newServer(t)
+	s.run(map[string]any{"code": "kept = 1"})
+	lines := s.run(map[string]any{"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(120)", "timeout_ms": 500})
+	e := of(lines, LineError)
+	if len(e) != 2 || e[0]["name"] != "TimeoutError" || e[1]["name"] != "ExecutionInterrupted" {
+		t.Errorf("errors: %v", e)
+	}
+	if e := of(s.run(map[string]any{"code": "kept"}), LineError); len(e) != 1 || e[0]["name"] != "NameError" {
+		t.Errorf("the next cell, on a new kernel: %v", e)
+	}
+}

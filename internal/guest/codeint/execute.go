@@ -200,12 +200,14 @@ func (x execution) run(ctx context.Context) {
 				send(resultOf(e.Data, e.Main))
 			case "error":
 				// After a timeout, the timeout is the error: the
-				// interrupt's KeyboardInterrupt (or the restart's) is
-				// its effect.
-				if timedOut {
+				// interrupt's KeyboardInterrupt is its effect. A restart
+				// that had to follow is said, as it loses the state the
+				// timeout's error said was kept (the last error counts).
+				lost := restarted && e.Ename == "ContextRestarting"
+				if timedOut && !lost {
 					continue
 				}
-				if restarted && e.Ename == "ContextRestarting" {
+				if lost {
 					e.Ename, e.Evalue = "ExecutionInterrupted", "the cell did not stop when interrupted, so its context was restarted; its state is lost"
 				}
 				send(errorLine(e.Ename, e.Evalue, strings.Join(e.Traceback, "\n")))
