@@ -153,14 +153,24 @@ func (e *execServerEnd) restFirstResult(ctx context.Context) error {
 // e2bFirstResult creates a sandbox as the code-interpreter SDK does and
 // runs the first cell through port 49999, then kills it.
 func (e *execServerEnd) e2bFirstResult(ctx context.Context) error {
-	other := &execServerEnd{srv: e.srv, key: e.key, e2bKey: e.e2bKey, template: e.template}
-	if err := other.create(ctx); err != nil {
+	other, kill, err := e.another(ctx)
+	if err != nil {
 		return err
 	}
-	defer func() {
-		_, _ = callAPI(context.WithoutCancel(ctx), e.srv.http, e.srv.base, e.e2bKey, http.MethodDelete, "/sandboxes/"+other.e2b, nil, nil, 1<<20)
-	}()
+	defer kill()
 	return other.e2bCellWant(ctx, codeFirst, "2")
+}
+
+// another creates a sandbox of e's template through E2B's API, on e's
+// server and keys; kill kills it.
+func (e *execServerEnd) another(ctx context.Context) (other *execServerEnd, kill func(), err error) {
+	other = &execServerEnd{srv: e.srv, key: e.key, e2bKey: e.e2bKey, template: e.template}
+	if err := other.create(ctx); err != nil {
+		return nil, nil, err
+	}
+	return other, func() {
+		_, _ = callAPI(context.WithoutCancel(ctx), e.srv.http, e.srv.base, e.e2bKey, http.MethodDelete, "/sandboxes/"+other.e2b, nil, nil, 1<<20)
+	}, nil
 }
 
 // codeThink is the pause between a create and its first cell in the
@@ -170,20 +180,18 @@ const codeThink = 5 * time.Second
 // e2bFirstAfter creates a sandbox as the code-interpreter SDK does, waits
 // pause, and times its first runCode alone.
 func (e *execServerEnd) e2bFirstAfter(ctx context.Context, pause time.Duration) (time.Duration, error) {
-	other := &execServerEnd{srv: e.srv, key: e.key, e2bKey: e.e2bKey, template: e.template}
-	if err := other.create(ctx); err != nil {
+	other, kill, err := e.another(ctx)
+	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		_, _ = callAPI(context.WithoutCancel(ctx), e.srv.http, e.srv.base, e.e2bKey, http.MethodDelete, "/sandboxes/"+other.e2b, nil, nil, 1<<20)
-	}()
+	defer kill()
 	select {
 	case <-time.After(pause):
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
 	start := time.Now()
-	err := other.e2bCellWant(ctx, codeFirst, "2")
+	err = other.e2bCellWant(ctx, codeFirst, "2")
 	return time.Since(start), err
 }
 

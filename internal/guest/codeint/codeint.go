@@ -305,27 +305,30 @@ func (in *Interpreter) Create(ctx context.Context, c Caller, language, cwd strin
 // Default is c's default context of language, made on first use.
 func (in *Interpreter) Default(ctx context.Context, c Caller, language string) (*Context, error) {
 	language = normalizeLanguage(language)
-	// Only a language the sandbox has gets a lock of its own.
-	if _, err := in.kernelFor(c, language); err != nil {
-		return nil, err
-	}
 	key := c.User + "\x00" + language
+	if cx := in.defaultOf(key); cx != nil {
+		return cx, nil // the common case: no lock of its own, no I/O
+	}
 	in.mu.Lock()
 	m := in.making[key]
-	if m == nil {
-		m = &sync.Mutex{}
-		in.making[key] = m
-	}
 	in.mu.Unlock()
+	if m == nil {
+		// Only a language the sandbox has gets a lock of its own.
+		if _, err := in.kernelFor(c, language); err != nil {
+			return nil, err
+		}
+		in.mu.Lock()
+		if m = in.making[key]; m == nil {
+			m = &sync.Mutex{}
+			in.making[key] = m
+		}
+		in.mu.Unlock()
+	}
 	m.Lock()
 	defer m.Unlock()
-	in.mu.Lock()
-	if id, ok := in.defaults[key]; ok && in.contexts[id] != nil && in.contexts[id].sh.alive() {
-		cx := in.contexts[id]
-		in.mu.Unlock()
-		return cx, nil
+	if cx := in.defaultOf(key); cx != nil {
+		return cx, nil // made while this call waited
 	}
-	in.mu.Unlock()
 	cx, err := in.Create(ctx, c, language, "")
 	if err != nil {
 		return nil, err
@@ -334,6 +337,17 @@ func (in *Interpreter) Default(ctx context.Context, c Caller, language string) (
 	in.defaults[key] = cx.ID
 	in.mu.Unlock()
 	return cx, nil
+}
+
+// defaultOf is the live default context of key (user and language), or
+// nil.
+func (in *Interpreter) defaultOf(key string) *Context {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if cx := in.contexts[in.defaults[key]]; cx != nil && cx.sh.alive() {
+		return cx
+	}
+	return nil
 }
 
 // Get is c's context id.
