@@ -70,6 +70,8 @@ type CreateSandboxRequest struct {
 	Network *netpol.Policy `json:"network,omitempty"`
 	// Template starts the sandbox from a template (sandboxd).
 	Template string `json:"template,omitempty" jsonschema:"minLength=1,maxLength=192,description=Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd)"`
+	// Snapshot starts the sandbox from a named snapshot (sandboxd).
+	Snapshot string `json:"snapshot,omitempty" jsonschema:"minLength=1,maxLength=192,description=Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd)"`
 }
 
 // SandboxesResponse answers POST /api/sandboxes.

@@ -66,7 +66,17 @@ func ParseCreateSandbox(a Args) (CreateSandboxRequest, error) {
 	if hasTpl && tpl == "" {
 		return req, FieldError("template cannot be empty", "template")
 	}
-	req.Command, req.Prompt, req.Timeout, req.Template = cmd, prompt, timeout, tpl
+	snap, hasSnap, err := o.str("snapshot")
+	if err != nil {
+		return req, err
+	}
+	if hasSnap && snap == "" {
+		return req, FieldError("snapshot cannot be empty", "snapshot")
+	}
+	if hasTpl && hasSnap {
+		return req, FieldError("Cannot specify both template and snapshot", "snapshot")
+	}
+	req.Command, req.Prompt, req.Timeout, req.Template, req.Snapshot = cmd, prompt, timeout, tpl, snap
 	return req, nil
 }
 

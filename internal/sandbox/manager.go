@@ -298,7 +298,7 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 			return store.Sandbox{}, "", err
 		}
 	}
-	templateID, err := m.template(ctx, accountID, req.Template)
+	templateID, err := m.template(ctx, accountID, req.Template, req.Snapshot)
 	if err != nil {
 		return store.Sandbox{}, "", err
 	}

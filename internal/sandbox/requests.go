@@ -31,6 +31,9 @@ type CreateRequest struct {
 	// Template is "name[:tag]" of the account's (or a public) template to
 	// start from instead of the built-in image ("": the built-in one).
 	Template string
+	// Snapshot is "name[:tag]" (or the id) of the account's named
+	// snapshot to start from instead (not with Template).
+	Snapshot string
 }
 
 // ExecRequest is a command to run in a running sandbox.

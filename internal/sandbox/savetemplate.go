@@ -29,15 +29,15 @@ func (m *Manager) SandboxToSave(ctx context.Context, p auth.Principal, id string
 		return sb, err
 	}
 	if !m.rt.Capabilities().AnyRootFS {
-		return sb, errdefs.New(errdefs.ErrInvalid, "this server's runtime cannot start custom templates")
+		return sb, errdefs.New(errdefs.ErrInvalid, "this server's runtime cannot start custom templates or snapshots")
 	}
 	switch {
 	case sb.Status != store.SandboxRunning:
-		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is %s; only a running sandbox can be saved as a template", sb.ID, sb.Status)
+		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is %s; only a running sandbox can be saved as a template or a snapshot", sb.ID, sb.Status)
 	case sb.NodeID != m.cfg.NodeID:
 		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	case sb.ForkedFrom != "":
-		return sb, errdefs.New(errdefs.ErrInvalid, "a forked sandbox cannot be saved as a template yet; save the sandbox it was forked from")
+		return sb, errdefs.New(errdefs.ErrInvalid, "a forked sandbox cannot be saved as a template or a snapshot yet; save the sandbox it was forked from")
 	}
 	// A run's end captures the sandbox for the account's snapshot: the
 	// two captures would freeze and thaw it under each other.

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"time"
 
@@ -22,19 +23,30 @@ type Templates interface {
 	ByID(ctx context.Context, id string) (templates.Image, error)
 }
 
-// template resolves a create's template to its id ("" for none), refusing
-// what this server cannot start.
-func (m *Manager) template(ctx context.Context, accountID, name string) (string, error) {
+// template resolves a create's template, or its named snapshot (a
+// template of kind snapshot; only one of the two is given), to its id (""
+// for none), refusing what this server cannot start.
+func (m *Manager) template(ctx context.Context, accountID, name, snapshot string) (string, error) {
+	what := "custom templates"
+	if snapshot != "" {
+		if name != "" {
+			return "", errdefs.New(errdefs.ErrInvalid, "give a template or a snapshot, not both")
+		}
+		name, what = snapshot, "named snapshots"
+	}
 	if name == "" {
 		return "", nil
 	}
 	if !m.rt.Capabilities().AnyRootFS {
-		return "", errdefs.New(errdefs.ErrInvalid, "this server's runtime cannot start custom templates")
+		return "", errdefs.Newf(errdefs.ErrInvalid, "this server's runtime cannot start %s", what)
 	}
 	if m.cfg.Templates == nil {
-		return "", errdefs.New(errdefs.ErrInvalid, "templates are not enabled on this server")
+		return "", errdefs.Newf(errdefs.ErrInvalid, "%s are not enabled on this server", what)
 	}
 	img, err := m.cfg.Templates.Find(ctx, accountID, name)
+	if snapshot != "" && (errors.Is(err, errdefs.ErrNotFound) || (err == nil && !img.Snapshot)) {
+		return "", errdefs.Newf(errdefs.ErrNotFound, "snapshot %s not found", snapshot)
+	}
 	if err != nil {
 		return "", err
 	}

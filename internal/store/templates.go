@@ -54,18 +54,28 @@ type Template struct {
 	Layers string `json:"layers,omitempty"`
 	// BuildID is the row of the build this row is a copy of, made when
 	// the build took one more tag ("" for a build's own row: its ID).
-	BuildID   string    `json:"build_id,omitempty"`
+	BuildID string `json:"build_id,omitempty"`
+	// Kind is "" for a template and TemplateKindSnapshot for a named
+	// snapshot of a sandbox's files (a template the lists of templates
+	// leave out).
+	Kind      string    `json:"kind,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, definition, layers, build_id, created_at, updated_at"
+// TemplateKindSnapshot is the Kind of a named snapshot.
+const TemplateKindSnapshot = "snapshot"
+
+// IsSnapshot reports whether t is a named snapshot.
+func (t Template) IsSnapshot() bool { return t.Kind == TemplateKindSnapshot }
+
+const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, definition, layers, build_id, kind, created_at, updated_at"
 
 func scanTemplate(s scanner) (Template, error) {
 	var t Template
 	var created, updated int64
 	if err := s.Scan(&t.ID, &t.AccountID, &t.Name, &t.Tag, &t.Status, &t.Source, &t.Digest, &t.Config,
-		&t.FailureReason, &t.Log, &t.NodeID, &t.Definition, &t.Layers, &t.BuildID, &created, &updated); err != nil {
+		&t.FailureReason, &t.Log, &t.NodeID, &t.Definition, &t.Layers, &t.BuildID, &t.Kind, &created, &updated); err != nil {
 		return Template{}, err
 	}
 	t.CreatedAt, t.UpdatedAt = fromMillis(created), fromMillis(updated)
@@ -116,9 +126,9 @@ func (q *Queries) CreateTemplate(ctx context.Context, t *Template) error {
 		t.UpdatedAt = t.CreatedAt
 	}
 	t.UpdatedAt = ms(t.UpdatedAt)
-	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := q.exec(ctx, "INSERT INTO templates ("+templateCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		t.ID, t.AccountID, t.Name, t.Tag, t.Status, t.Source, t.Digest, t.Config, t.FailureReason, t.Log, t.NodeID,
-		t.Definition, t.Layers, t.BuildID, toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
+		t.Definition, t.Layers, t.BuildID, t.Kind, toMillis(t.CreatedAt), toMillis(t.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("create template %s:%s: %w", t.Name, t.Tag, mapErr(err))
 	}

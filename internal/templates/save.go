@@ -40,7 +40,8 @@ const maxSnapshotChain = 1000
 // template's image, layers, config and start and ready commands) or the
 // built-in image with the account's snapshot layers the sandbox started
 // from. The template's row names its whole chain from the start, which
-// keeps the snapshots' garbage collection off those layers.
+// keeps the snapshots' garbage collection off those layers. A template
+// of that name and tag is a conflict.
 func (s *Service) FromSandbox(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error) {
 	if name == "" {
 		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "name: required")
@@ -49,8 +50,16 @@ func (s *Service) FromSandbox(ctx context.Context, p auth.Principal, sandboxID, 
 	if err != nil {
 		return store.Template{}, err
 	}
+	return s.saveSandbox(ctx, p, sandboxID, store.Template{Name: ref.Name, Tag: ref.Tag})
+}
+
+// saveSandbox saves running sandbox sandboxID's files as row t (its name,
+// tag and kind; the rest is filled) of the sandbox's account, and answers
+// it ready (FromSandbox). A snapshot (t.Kind) is saved untagged, for
+// Snapshot to give it t.Tag. A row that fails to save is deleted.
+func (s *Service) saveSandbox(ctx context.Context, p auth.Principal, sandboxID string, t store.Template) (store.Template, error) {
 	if s.cfg.Saver == nil || s.cfg.Blobs == nil {
-		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "this server cannot save sandboxes as templates (no sandbox runtime or blob store)")
+		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "this server cannot save sandboxes' files (no sandbox runtime or blob store)")
 	}
 	sb, err := s.cfg.Saver.SandboxToSave(ctx, p, sandboxID)
 	if err != nil {
@@ -68,17 +77,35 @@ func (s *Service) FromSandbox(ctx context.Context, p auth.Principal, sandboxID, 
 	if err != nil {
 		return store.Template{}, err
 	}
-	t := store.Template{AccountID: sb.AccountID, Name: ref.Name, Tag: ref.Tag, Source: "sandbox:" + sb.ID, Status: store.TemplateBuilding,
-		NodeID: s.cfg.NodeID, Digest: b.digest, Definition: string(defJSON), Layers: string(chain),
-		Log: logLine("saving sandbox %s as %s:%s (%s)", sb.ID, ref.Name, ref.Tag, b.what)}
+	what := "template"
+	if t.IsSnapshot() {
+		what = "snapshot"
+		// A snapshot replaces one of its name and tag, never a
+		// template: checked before the capture, for a clear answer.
+		cur, err := s.st.FindTemplate(ctx, sb.AccountID, t.Name, t.Tag)
+		if err == nil && cur.AccountID == sb.AccountID && !cur.IsSnapshot() {
+			return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "%s:%s is a template of the account, not a snapshot; choose another name", cur.Name, cur.Tag)
+		}
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return store.Template{}, err
+		}
+		// Saved untagged; Snapshot gives it the tag once it is ready.
+		if t.ID == "" {
+			t.ID = store.NewID("tpl_")
+		}
+		t.Tag = store.UntaggedTag(t.ID)
+	}
+	t.AccountID, t.Source, t.Status, t.NodeID, t.Digest = sb.AccountID, "sandbox:"+sb.ID, store.TemplateBuilding, s.cfg.NodeID, b.digest
+	t.Definition, t.Layers = string(defJSON), string(chain)
+	t.Log = logLine("saving sandbox %s as %s %s (%s)", sb.ID, what, t.Name, b.what)
 	if len(b.layers) == 0 {
 		t.Layers = ""
 	}
 	if err := s.st.CreateTemplate(ctx, &t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
-			return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", ref.Name, ref.Tag)
+			return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "template %s:%s exists; delete it first or choose another tag", t.Name, t.Tag)
 		}
-		return store.Template{}, fmt.Errorf("record template: %w", err)
+		return store.Template{}, fmt.Errorf("record %s: %w", what, err)
 	}
 	layers, size, err := s.capture(ctx, t, sb, b)
 	if err != nil {
@@ -109,9 +136,9 @@ func (s *Service) FromSandbox(ctx context.Context, p auth.Principal, sandboxID, 
 		return store.Template{}, err
 	}
 	if !ok {
-		return store.Template{}, errdefs.New(errdefs.ErrConflict, "the template was deleted while the sandbox was saved")
+		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "the %s was deleted while the sandbox was saved", what)
 	}
-	s.log.Info("templates: sandbox saved as a template", "template_id", t.ID, "sandbox_id", sb.ID, "bytes", size)
+	s.log.Info("templates: sandbox saved", "kind", what, "template_id", t.ID, "sandbox_id", sb.ID, "bytes", size)
 	return s.st.GetTemplate(wctx, t.ID)
 }
 

@@ -465,7 +465,9 @@ type Image struct {
 	// first (none for a template from an image alone); OpenLayers opens
 	// them for runtime.Spec.Layers.
 	Layers []string
-	blobs  blob.Store
+	// Snapshot: the template is a named snapshot (store.TemplateKindSnapshot).
+	Snapshot bool
+	blobs    blob.Store
 }
 
 // OpenLayers opens img's layer chain for a sandbox's spec; release closes
@@ -537,7 +539,7 @@ func (c *Catalog) image(ctx context.Context, t store.Template) (Image, error) {
 		return Image{}, err
 	}
 	return Image{TemplateID: t.ID, Ref: ref, RootFS: dir, BaseImage: baseImage, Config: cfg, Layers: layers, blobs: c.blobs,
-		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd}, nil
+		StartCmd: def.StartCmd, ReadyCmd: def.ReadyCmd, Snapshot: t.IsSnapshot()}, nil
 }
 
 // base is the root filesystem of a ready template of digest, and the
