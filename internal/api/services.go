@@ -76,6 +76,15 @@ type TemplateService interface {
 	// FromSandbox saves running sandbox sandboxID's files as template
 	// name of its account.
 	FromSandbox(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error)
+	// Snapshot saves running sandbox sandboxID's files as named snapshot
+	// name of its account ("": named by its id; one of that name is
+	// replaced). The others act on account accountID's snapshots, which
+	// the caller may act for.
+	Snapshot(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error)
+	Snapshots(ctx context.Context, accountID, sandboxID string) ([]store.Template, error)
+	GetSnapshot(ctx context.Context, accountID, ref string) (store.Template, error)
+	DeleteSnapshot(ctx context.Context, accountID, ref string) (store.Template, error)
+	PromoteSnapshot(ctx context.Context, accountID, ref, name string) (store.Template, error)
 }
 
 // EnvironmentService owns the account's environment row (internal/persist).

@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/go-chi/chi/v5"
+	"github.com/sandboxd/sandboxd/internal/edge"
+
 	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -13,7 +16,9 @@ import (
 // SnapshotsQuery is the query of GET /api/snapshots.
 type SnapshotsQuery struct {
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
-	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=50"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=50,description=At most this many of each list (snapshots and named)"`
+	// SandboxID keeps the named snapshots taken of that sandbox.
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"description=Only the named snapshots taken of this sandbox"`
 }
 
 func (q SnapshotsQuery) ActingFor() string { return q.AccountID }
@@ -27,6 +32,8 @@ type SnapshotsResponse struct {
 	SnapshotID *string        `json:"snapshot_id" jsonschema:"nullable"`
 	ExpiresAt  *string        `json:"expires_at" jsonschema:"nullable"`
 	Snapshots  []SnapshotInfo `json:"snapshots"`
+	// Named are the account's named snapshots, newest first (sandboxd).
+	Named []contract.NamedSnapshot `json:"named" jsonschema:"description=The account's named snapshots (POST /api/sandboxes/{id}/snapshots), newest first"`
 }
 
 // SnapshotInfo is one snapshot of an account: a filesystem layer chained to
@@ -54,6 +61,7 @@ func parseSnapshotsQuery(q url.Values) (SnapshotsQuery, error) {
 		return out, err
 	}
 	out.AccountID, err = contract.QueryAccountID(q)
+	out.SandboxID = q.Get("sandbox_id")
 	return out, err
 }
 
@@ -69,7 +77,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("get environment of %s: %w", account, err)
 	}
-	resp := SnapshotsResponse{Status: "success", Snapshots: []SnapshotInfo{}}
+	resp := SnapshotsResponse{Status: "success", Snapshots: []SnapshotInfo{}, Named: []contract.NamedSnapshot{}}
 	if err == nil && s.environmentLive(env) && env.SnapshotID != nil && *env.SnapshotID != "" {
 		resp.SnapshotID = env.SnapshotID
 		exp := contract.FormatTime(env.ExpiresAt)
@@ -90,6 +98,15 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 			Current:   resp.SnapshotID != nil && *resp.SnapshotID == sn.ID,
 		})
 	}
+	if s.opts.Templates != nil {
+		named, err := s.opts.Templates.Snapshots(ctx, account, q.SandboxID)
+		if err != nil {
+			return err
+		}
+		for _, t := range named[:min(len(named), q.Limit)] {
+			resp.Named = append(resp.Named, contract.NamedSnapshotView(t))
+		}
+	}
 	writeJSON(w, http.StatusOK, resp)
 	return nil
 }
@@ -100,4 +117,87 @@ func optional(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// The named snapshots (contract.NamedSnapshot): a sandbox's files saved
+// under a name of its account, stored as templates of kind snapshot
+// (templates.Service.Snapshot).
+
+// createSnapshot is POST /api/sandboxes/{id}/snapshots: the caller's
+// running sandbox's files saved as a named snapshot of its account (on
+// the node that hosts it, as every sandbox route).
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
+	req, sb, err := bindSandbox(s, w, r, contract.ParseCreateSnapshot)
+	if err != nil {
+		return err
+	}
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	t, err := s.opts.Templates.Snapshot(r.Context(), principal(r), sb.ID, req.Name)
+	if err != nil {
+		return edge.Explained(err, "Sandbox not found")
+	}
+	writeJSON(w, http.StatusOK, contract.NamedSnapshotResponse{Status: "success", Snapshot: contract.NamedSnapshotView(t)})
+	return nil
+}
+
+// namedSnapshot is the named snapshot the path names, of the account the
+// query's account_id (or the key) acts for.
+func (s *Server) namedSnapshot(r *http.Request) (store.Template, string, error) {
+	if s.opts.Templates == nil {
+		return store.Template{}, "", errNotAvailable
+	}
+	requested, err := contract.QueryAccountID(r.URL.Query())
+	if err != nil {
+		return store.Template{}, "", err
+	}
+	account, err := s.actFor(r, requested)
+	if err != nil {
+		return store.Template{}, "", err
+	}
+	t, err := s.opts.Templates.GetSnapshot(r.Context(), account, chi.URLParam(r, "name"))
+	return t, account, err
+}
+
+// getNamedSnapshot is GET /api/snapshots/{name}.
+func (s *Server) getNamedSnapshot(w http.ResponseWriter, r *http.Request) error {
+	t, _, err := s.namedSnapshot(r)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.NamedSnapshotResponse{Status: "success", Snapshot: contract.NamedSnapshotView(t)})
+	return nil
+}
+
+// deleteNamedSnapshot is DELETE /api/snapshots/{name}: answers the
+// snapshot as it was.
+func (s *Server) deleteNamedSnapshot(w http.ResponseWriter, r *http.Request) error {
+	t, account, err := s.namedSnapshot(r)
+	if err != nil {
+		return err
+	}
+	if t, err = s.opts.Templates.DeleteSnapshot(r.Context(), account, t.ID); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.NamedSnapshotResponse{Status: "success", Snapshot: contract.NamedSnapshotView(t)})
+	return nil
+}
+
+// promoteSnapshot is POST /api/snapshots/{name}/template: a template of
+// the account with the snapshot's files.
+func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request) error {
+	req, account, err := bindBody(s, w, r, contract.ParsePromoteSnapshot)
+	if err != nil {
+		return err
+	}
+	if s.opts.Templates == nil {
+		return errNotAvailable
+	}
+	t, err := s.opts.Templates.PromoteSnapshot(r.Context(), account, chi.URLParam(r, "name"), req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, contract.TemplateResponse{Status: "success", Template: contract.TemplateView(t, false)})
+	return nil
 }

@@ -40,7 +40,9 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	}
 	resp := contract.TemplatesResponse{Status: "success", Templates: make([]contract.Template, 0, len(list))}
 	for _, t := range list {
-		resp.Templates = append(resp.Templates, contract.TemplateView(t, false))
+		if !t.IsSnapshot() { // GET /api/snapshots lists them
+			resp.Templates = append(resp.Templates, contract.TemplateView(t, false))
+		}
 	}
 	writeJSON(w, http.StatusOK, resp)
 	return nil

@@ -169,6 +169,7 @@ func (a *API) Routes() map[string]http.Handler {
 		"/templates/*":    cp,
 		"/v3/templates":   cp,
 		"/v2/templates/*": cp,
+		"/snapshots":      cp,
 	}
 	maps.Copy(routes, a.envd.Routes())
 	return routes

@@ -38,7 +38,10 @@ func (a *API) controlPlane() http.Handler {
 	r.Post("/sandboxes/{id}/fork", a.route(a.fork, true))
 	r.Put("/sandboxes/{id}/network", a.route(a.setNetwork, true))
 	r.Get("/sandboxes/{id}/metrics", a.route(a.metrics, false))
+	r.Post("/sandboxes/{id}/snapshots", a.route(a.createSnapshot, true))
+	r.Get("/snapshots", a.route(a.listSnapshots, false))
 	r.Get("/templates", a.route(a.templates, false))
+	r.Delete("/templates/{templateID}", a.route(a.deleteTemplate, true))
 	// The Template API (templatebuild.go).
 	r.Post("/v3/templates", a.route(a.requestTemplate, true))
 	r.Post("/v2/templates/{templateID}/builds/{buildID}", a.route(a.startBuild, true))

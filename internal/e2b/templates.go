@@ -26,6 +26,11 @@ type CustomTemplates interface {
 	Start(ctx context.Context, p auth.Principal, id string, req templates.BuildRequest) (store.Template, error)
 	AssignTags(ctx context.Context, p auth.Principal, target string, tags []string) (store.Template, error)
 	RemoveTags(ctx context.Context, p auth.Principal, name string, tags []string) error
+	// Delete deletes the account's template (or snapshot) id.
+	Delete(ctx context.Context, p auth.Principal, id string) error
+	// Snapshot and Snapshots are the named snapshots (snapshots.go).
+	Snapshot(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error)
+	Snapshots(ctx context.Context, accountID, sandboxID string) ([]store.Template, error)
 }
 
 // template is the part of E2B's Template the SDKs and its CLI read when
@@ -64,6 +69,9 @@ func (a *API) templates(w http.ResponseWriter, r *http.Request, c edge.Caller) e
 			return err
 		}
 		for _, t := range list {
+			if t.IsSnapshot() {
+				continue // GET /snapshots lists them, as E2B's lists do
+			}
 			ref := t.Name + ":" + t.Tag
 			aliases := []string{ref}
 			if t.Tag == templatespec.DefaultTag {

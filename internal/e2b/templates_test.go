@@ -112,6 +112,53 @@ func (s storeTemplates) RemoveTags(ctx context.Context, p auth.Principal, name s
 	return nil
 }
 
+func (s storeTemplates) Delete(ctx context.Context, p auth.Principal, id string) error {
+	if _, err := s.Get(ctx, p, id); err != nil {
+		return err
+	}
+	_, err := s.st.DeleteTemplate(ctx, id)
+	return err
+}
+
+// Snapshot records a ready snapshot of sandboxID as the service leaves
+// one, without its capture (package templates' tests save real ones), or
+// replaces the one of that name.
+func (s storeTemplates) Snapshot(ctx context.Context, p auth.Principal, sandboxID, name string) (store.Template, error) {
+	id := store.NewID("tpl_")
+	ref := templatespec.Ref{Name: id, Tag: templatespec.DefaultTag}
+	if name != "" {
+		var err error
+		if ref, err = templatespec.ParseRef(name); err != nil {
+			return store.Template{}, err
+		}
+	}
+	t := store.Template{ID: id, AccountID: p.AccountID, Name: ref.Name, Tag: store.UntaggedTag(id), Status: store.TemplateReady, Source: "sandbox:" + sandboxID,
+		Kind: store.TemplateKindSnapshot, Config: "{}"}
+	if err := s.st.CreateTemplate(ctx, &t); err != nil {
+		return t, err
+	}
+	held, _, err := s.st.TagTemplate(ctx, id, ref.Tag)
+	return held, err
+}
+
+func (s storeTemplates) Snapshots(ctx context.Context, accountID, sandboxID string) ([]store.Template, error) {
+	list, err := s.st.ListTemplates(ctx, accountID)
+	var out []store.Template
+	for _, t := range list {
+		if t.IsSnapshot() && t.AccountID == accountID && (sandboxID == "" || t.Source == "sandbox:"+sandboxID) {
+			out = append(out, t)
+		}
+	}
+	// Newest first, as the service answers.
+	slices.SortFunc(out, func(a, b store.Template) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
+	return out, err
+}
+
 // templateFixture is a fixture whose store has alice's templates py
 // (ready), py:3.12 (building), broken (failed) and base (ready, which
 // shadows the built-in id), a public py (ready, shadowed by alice's) and

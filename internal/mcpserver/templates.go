@@ -186,7 +186,7 @@ func (h *Handler) listTemplates(ctx context.Context, c *call) (*mcp.CallToolResu
 	}
 	resp := contract.TemplatesResponse{Status: "success", Templates: make([]contract.Template, 0, len(list))}
 	for _, t := range list {
-		if status == "" || string(t.Status) == status {
+		if !t.IsSnapshot() && (status == "" || string(t.Status) == status) {
 			resp.Templates = append(resp.Templates, contract.TemplateView(t, false))
 		}
 	}
