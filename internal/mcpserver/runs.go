@@ -44,6 +44,7 @@ type commandArgs struct {
 	Timeout   int64             `json:"timeout,omitempty" jsonschema:"Milliseconds: the new sandbox's lifetime or, with sandbox_id, before the command is killed"`
 	Network   netpol.Policy     `json:"network,omitempty"`
 	Template  string            `json:"template,omitempty" jsonschema:"For a new sandbox: start it from this template (name[:tag], the account's or a public one, ready) instead of the server's image"`
+	Snapshot  string            `json:"snapshot,omitempty" jsonschema:"For a new sandbox: start it from this named snapshot of the account (name[:tag] or id: snapshot_sandbox) instead (not with template)"`
 	Wait      *bool             `json:"wait,omitempty" jsonschema:"For a new sandbox: wait for the run to finish (default true)"`
 	AccountID string            `json:"account_id,omitempty" jsonschema:"Act for this account; default: the key's own"`
 }
@@ -132,8 +133,10 @@ func (h *Handler) promptSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 
 func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult, error) {
 	if c.args.Has("sandbox_id") {
-		if c.args.Has("template") {
-			return nil, contract.FieldError("template is for a new sandbox, not with sandbox_id", "template")
+		for _, name := range []string{"template", "snapshot"} {
+			if c.args.Has(name) {
+				return nil, contract.FieldError(name+" is for a new sandbox, not with sandbox_id", name)
+			}
 		}
 		return h.execIn(ctx, c)
 	}

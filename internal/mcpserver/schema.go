@@ -70,6 +70,7 @@ var argRules = map[string]func(*jsonschema.Schema){
 	"sandbox_id": minLength(1),
 	"run_id":     minLength(1),
 	"template":   minLength(1),
+	"snapshot":   minLength(1),
 	"name":       minLength(1),
 	// Milliseconds: a positive number of them.
 	"timeout": func(s *jsonschema.Schema) { s.Minimum = jsonschema.Ptr(1.0) },

@@ -25,6 +25,8 @@ type TemplateService interface {
 	List(ctx context.Context, p auth.Principal) ([]store.Template, error)
 	Get(ctx context.Context, p auth.Principal, id string) (store.Template, error)
 	Delete(ctx context.Context, p auth.Principal, id string) error
+	// The named snapshots are templates of kind snapshot (snapshots.go).
+	SnapshotService
 }
 
 // The template tools' arguments. build_template's are POST /api/templates'

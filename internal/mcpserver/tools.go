@@ -42,6 +42,7 @@ func (h *Handler) addTools(srv *mcp.Server) {
 	all := append(h.tools(), h.codeTools()...)
 	if h.opts.Templates != nil {
 		all = append(all, h.templateTools()...)
+		all = append(all, h.snapshotTools()...)
 	}
 	for _, t := range all {
 		destructive := t.changes
