@@ -197,6 +197,21 @@ func (e ModelUsageResponseStatus) Valid() bool {
 	}
 }
 
+// Defines values for NamedSnapshotResponseStatus.
+const (
+	NamedSnapshotResponseStatusSuccess NamedSnapshotResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the NamedSnapshotResponseStatus enum.
+func (e NamedSnapshotResponseStatus) Valid() bool {
+	switch e {
+	case NamedSnapshotResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NetworkPolicy0.
 const (
 	NetworkPolicy0Egress NetworkPolicy0 = "egress"
@@ -788,6 +803,16 @@ type CreateSandboxRequest struct {
 
 	// Template Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd)
 	Template *string `json:"template,omitempty"`
+
+	// Snapshot Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd)
+	Snapshot *string `json:"snapshot,omitempty"`
+}
+
+// CreateSnapshotRequest defines model for CreateSnapshotRequest.
+type CreateSnapshotRequest struct {
+	// Name name[:tag] of the snapshot (tag latest by default); a snapshot of that name and tag is replaced (the name moves to the new one); absent: the snapshot is named by its id. 409 when a template has that name and tag
+	Name      *string `json:"name,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
 }
 
 // DeleteSandboxesResponse defines model for DeleteSandboxesResponse.
@@ -928,6 +953,28 @@ type ModelUsageResponse struct {
 // ModelUsageResponseStatus defines model for ModelUsageResponse.Status.
 type ModelUsageResponseStatus string
 
+// NamedSnapshot defines model for NamedSnapshot.
+type NamedSnapshot struct {
+	// ID The snapshot's id (a template id: tpl_...)
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Tag  string `json:"tag"`
+
+	// Ref name:tag: what POST /api/sandboxes' snapshot names
+	Ref       string `json:"ref"`
+	SandboxID string `json:"sandbox_id"`
+	CreatedAt string `json:"created_at"`
+}
+
+// NamedSnapshotResponse defines model for NamedSnapshotResponse.
+type NamedSnapshotResponse struct {
+	Status   NamedSnapshotResponseStatus `json:"status"`
+	Snapshot NamedSnapshot               `json:"snapshot"`
+}
+
+// NamedSnapshotResponseStatus defines model for NamedSnapshotResponse.Status.
+type NamedSnapshotResponseStatus string
+
 // NetworkBytes defines model for NetworkBytes.
 type NetworkBytes struct {
 	Sent     int `json:"sent"`
@@ -1019,6 +1066,13 @@ type ProcessesResponse struct {
 
 // ProcessesResponseStatus defines model for ProcessesResponse.Status.
 type ProcessesResponseStatus string
+
+// PromoteSnapshotRequest defines model for PromoteSnapshotRequest.
+type PromoteSnapshotRequest struct {
+	// Name name[:tag] of the new template (tag latest by default); 409 when the account has a template or snapshot of that name and tag
+	Name      string  `json:"name"`
+	AccountID *string `json:"account_id,omitempty"`
+}
 
 // Run defines model for Run.
 type Run struct {
@@ -1167,6 +1221,9 @@ type SnapshotsResponse struct {
 	SnapshotID *string                 `json:"snapshot_id"`
 	ExpiresAt  *string                 `json:"expires_at"`
 	Snapshots  []SnapshotInfo          `json:"snapshots"`
+
+	// Named The account's named snapshots (POST /api/sandboxes/{id}/snapshots)
+	Named []NamedSnapshot `json:"named"`
 }
 
 // SnapshotsResponseStatus defines model for SnapshotsResponse.Status.
@@ -1391,6 +1448,17 @@ type DeleteSandboxesIDProcessesPidParamsSignal string
 type GetSnapshotsParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
 	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
+	SandboxID *string `form:"sandbox_id,omitempty" json:"sandbox_id,omitempty"`
+}
+
+// DeleteSnapshotsNameParams defines parameters for DeleteSnapshotsName.
+type DeleteSnapshotsNameParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
+// GetSnapshotsNameParams defines parameters for GetSnapshotsName.
+type GetSnapshotsNameParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
 }
 
 // GetTasksRunsParams defines parameters for GetTasksRuns.
@@ -1445,6 +1513,9 @@ type PostSandboxesIDPauseJSONRequestBody = AccountRequest
 // PostSandboxesIDResumeJSONRequestBody defines body for PostSandboxesIDResume for application/json ContentType.
 type PostSandboxesIDResumeJSONRequestBody = AccountRequest
 
+// PostSandboxesIDSnapshotsJSONRequestBody defines body for PostSandboxesIDSnapshots for application/json ContentType.
+type PostSandboxesIDSnapshotsJSONRequestBody = CreateSnapshotRequest
+
 // PostSandboxesIDStopJSONRequestBody defines body for PostSandboxesIDStop for application/json ContentType.
 type PostSandboxesIDStopJSONRequestBody = AccountRequest
 
@@ -1453,6 +1524,9 @@ type PostSandboxesIDTemplateJSONRequestBody = SaveTemplateRequest
 
 // PostSandboxesIDTimeoutJSONRequestBody defines body for PostSandboxesIDTimeout for application/json ContentType.
 type PostSandboxesIDTimeoutJSONRequestBody = TimeoutRequest
+
+// PostSnapshotsNameTemplateJSONRequestBody defines body for PostSnapshotsNameTemplate for application/json ContentType.
+type PostSnapshotsNameTemplateJSONRequestBody = PromoteSnapshotRequest
 
 // PostTasksCodingagentJSONRequestBody defines body for PostTasksCodingagent for application/json ContentType.
 type PostTasksCodingagentJSONRequestBody = CodingAgentRequest
@@ -1652,7 +1726,7 @@ type ClientInterface interface {
 
 	// PostSandboxesWithBody Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1661,7 +1735,7 @@ type ClientInterface interface {
 
 	// PostSandboxes Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1919,6 +1993,24 @@ type ClientInterface interface {
 	// Corresponds with POST /api/sandboxes/{id}/resume (the `PostSandboxesIDResume` operationId).
 	PostSandboxesIDResume(ctx context.Context, id string, body PostSandboxesIDResumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostSandboxesIDSnapshotsWithBody Save a running sandbox's files as a named snapshot (sandboxd)
+	//
+	// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+	PostSandboxesIDSnapshotsWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSandboxesIDSnapshots Save a running sandbox's files as a named snapshot (sandboxd)
+	//
+	// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+	PostSandboxesIDSnapshots(ctx context.Context, id string, body PostSandboxesIDSnapshotsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostSandboxesIDStopWithBody Stop a sandbox
 	//
 	// Takes any type of body and a specified content type.
@@ -1967,10 +2059,42 @@ type ClientInterface interface {
 
 	// GetSnapshots List the account's snapshots, newest first (sandboxd)
 	//
-	// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.
+	// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one. Named holds the account's named snapshots (POST /api/sandboxes/{id}/snapshots), newest first; sandbox_id keeps those of one sandbox.
 	//
 	// Corresponds with GET /api/snapshots (the `GetSnapshots` operationId).
 	GetSnapshots(ctx context.Context, params *GetSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSnapshotsName Delete a named snapshot (sandboxd)
+	//
+	// Answers the snapshot as it was. 409 while a running or paused sandbox started from it. Its stored layer goes when no template or snapshot names it.
+	//
+	// Corresponds with DELETE /api/snapshots/{name} (the `DeleteSnapshotsName` operationId).
+	DeleteSnapshotsName(ctx context.Context, name string, params *DeleteSnapshotsNameParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSnapshotsName Get a named snapshot (sandboxd)
+	//
+	// name is the snapshot's name[:tag] (tag latest by default) or its id. Another account's is 404.
+	//
+	// Corresponds with GET /api/snapshots/{name} (the `GetSnapshotsName` operationId).
+	GetSnapshotsName(ctx context.Context, name string, params *GetSnapshotsNameParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSnapshotsNameTemplateWithBody Make a template of a named snapshot (sandboxd)
+	//
+	// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+	PostSnapshotsNameTemplateWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostSnapshotsNameTemplate Make a template of a named snapshot (sandboxd)
+	//
+	// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+	PostSnapshotsNameTemplate(ctx context.Context, name string, body PostSnapshotsNameTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostTasksCodingagentWithBody Run a coding agent on a repository
 	//
@@ -2195,7 +2319,7 @@ func (c *Client) PatchSandboxes(ctx context.Context, body PatchSandboxesJSONRequ
 
 // PostSandboxesWithBody Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2214,7 +2338,7 @@ func (c *Client) PostSandboxesWithBody(ctx context.Context, contentType string, 
 
 // PostSandboxes Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2792,6 +2916,44 @@ func (c *Client) PostSandboxesIDResume(ctx context.Context, id string, body Post
 	return c.Client.Do(req)
 }
 
+// PostSandboxesIDSnapshotsWithBody Save a running sandbox's files as a named snapshot (sandboxd)
+//
+// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+func (c *Client) PostSandboxesIDSnapshotsWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDSnapshotsRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSandboxesIDSnapshots Save a running sandbox's files as a named snapshot (sandboxd)
+//
+// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+func (c *Client) PostSandboxesIDSnapshots(ctx context.Context, id string, body PostSandboxesIDSnapshotsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSandboxesIDSnapshotsRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostSandboxesIDStopWithBody Stop a sandbox
 //
 // Takes any type of body and a specified content type.
@@ -2900,11 +3062,83 @@ func (c *Client) PostSandboxesIDTimeout(ctx context.Context, id string, body Pos
 
 // GetSnapshots List the account's snapshots, newest first (sandboxd)
 //
-// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.
+// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one. Named holds the account's named snapshots (POST /api/sandboxes/{id}/snapshots), newest first; sandbox_id keeps those of one sandbox.
 //
 // Corresponds with GET /api/snapshots (the `GetSnapshots` operationId).
 func (c *Client) GetSnapshots(ctx context.Context, params *GetSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSnapshotsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteSnapshotsName Delete a named snapshot (sandboxd)
+//
+// Answers the snapshot as it was. 409 while a running or paused sandbox started from it. Its stored layer goes when no template or snapshot names it.
+//
+// Corresponds with DELETE /api/snapshots/{name} (the `DeleteSnapshotsName` operationId).
+func (c *Client) DeleteSnapshotsName(ctx context.Context, name string, params *DeleteSnapshotsNameParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSnapshotsNameRequest(c.Server, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSnapshotsName Get a named snapshot (sandboxd)
+//
+// name is the snapshot's name[:tag] (tag latest by default) or its id. Another account's is 404.
+//
+// Corresponds with GET /api/snapshots/{name} (the `GetSnapshotsName` operationId).
+func (c *Client) GetSnapshotsName(ctx context.Context, name string, params *GetSnapshotsNameParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSnapshotsNameRequest(c.Server, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSnapshotsNameTemplateWithBody Make a template of a named snapshot (sandboxd)
+//
+// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+func (c *Client) PostSnapshotsNameTemplateWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSnapshotsNameTemplateRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostSnapshotsNameTemplate Make a template of a named snapshot (sandboxd)
+//
+// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+func (c *Client) PostSnapshotsNameTemplate(ctx context.Context, name string, body PostSnapshotsNameTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostSnapshotsNameTemplateRequest(c.Server, name, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4606,6 +4840,53 @@ func NewPostSandboxesIDResumeRequestWithBody(server string, id string, contentTy
 	return req, nil
 }
 
+// NewPostSandboxesIDSnapshotsRequest calls the generic PostSandboxesIDSnapshots builder with application/json body
+func NewPostSandboxesIDSnapshotsRequest(server string, id string, body PostSandboxesIDSnapshotsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostSandboxesIDSnapshotsRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostSandboxesIDSnapshotsRequestWithBody constructs an http.Request for the PostSandboxesIDSnapshots method, with any body, and a specified content type
+func NewPostSandboxesIDSnapshotsRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/sandboxes/%s/snapshots", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPostSandboxesIDStopRequest calls the generic PostSandboxesIDStop builder with application/json body
 func NewPostSandboxesIDStopRequest(server string, id string, body PostSandboxesIDStopJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -4799,6 +5080,18 @@ func NewGetSnapshotsRequest(server string, params *GetSnapshotsParams) (*http.Re
 
 		}
 
+		if params.SandboxID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "sandbox_id", *params.SandboxID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -4809,6 +5102,175 @@ func NewGetSnapshotsRequest(server string, params *GetSnapshotsParams) (*http.Re
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewDeleteSnapshotsNameRequest constructs an http.Request for the DeleteSnapshotsName method
+func NewDeleteSnapshotsNameRequest(server string, name string, params *DeleteSnapshotsNameParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/snapshots/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetSnapshotsNameRequest constructs an http.Request for the GetSnapshotsName method
+func NewGetSnapshotsNameRequest(server string, name string, params *GetSnapshotsNameParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/snapshots/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostSnapshotsNameTemplateRequest calls the generic PostSnapshotsNameTemplate builder with application/json body
+func NewPostSnapshotsNameTemplateRequest(server string, name string, body PostSnapshotsNameTemplateJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostSnapshotsNameTemplateRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPostSnapshotsNameTemplateRequestWithBody constructs an http.Request for the PostSnapshotsNameTemplate method, with any body, and a specified content type
+func NewPostSnapshotsNameTemplateRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/snapshots/%s/template", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -5351,7 +5813,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesWithBodyWithResponse Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5360,7 +5822,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesWithResponse Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5638,6 +6100,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/sandboxes/{id}/resume (the `PostSandboxesIDResume` operationId).
 	PostSandboxesIDResumeWithResponse(ctx context.Context, id string, body PostSandboxesIDResumeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDResumeResult, error)
 
+	// PostSandboxesIDSnapshotsWithBodyWithResponse Save a running sandbox's files as a named snapshot (sandboxd)
+	//
+	// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+	PostSandboxesIDSnapshotsWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDSnapshotsResult, error)
+
+	// PostSandboxesIDSnapshotsWithResponse Save a running sandbox's files as a named snapshot (sandboxd)
+	//
+	// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+	PostSandboxesIDSnapshotsWithResponse(ctx context.Context, id string, body PostSandboxesIDSnapshotsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDSnapshotsResult, error)
+
 	// PostSandboxesIDStopWithBodyWithResponse Stop a sandbox
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -5686,12 +6166,48 @@ type ClientWithResponsesInterface interface {
 
 	// GetSnapshotsWithResponse List the account's snapshots, newest first (sandboxd)
 	//
-	// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.
+	// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one. Named holds the account's named snapshots (POST /api/sandboxes/{id}/snapshots), newest first; sandbox_id keeps those of one sandbox.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /api/snapshots (the `GetSnapshots` operationId).
 	GetSnapshotsWithResponse(ctx context.Context, params *GetSnapshotsParams, reqEditors ...RequestEditorFn) (*GetSnapshotsResult, error)
+
+	// DeleteSnapshotsNameWithResponse Delete a named snapshot (sandboxd)
+	//
+	// Answers the snapshot as it was. 409 while a running or paused sandbox started from it. Its stored layer goes when no template or snapshot names it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/snapshots/{name} (the `DeleteSnapshotsName` operationId).
+	DeleteSnapshotsNameWithResponse(ctx context.Context, name string, params *DeleteSnapshotsNameParams, reqEditors ...RequestEditorFn) (*DeleteSnapshotsNameResult, error)
+
+	// GetSnapshotsNameWithResponse Get a named snapshot (sandboxd)
+	//
+	// name is the snapshot's name[:tag] (tag latest by default) or its id. Another account's is 404.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/snapshots/{name} (the `GetSnapshotsName` operationId).
+	GetSnapshotsNameWithResponse(ctx context.Context, name string, params *GetSnapshotsNameParams, reqEditors ...RequestEditorFn) (*GetSnapshotsNameResult, error)
+
+	// PostSnapshotsNameTemplateWithBodyWithResponse Make a template of a named snapshot (sandboxd)
+	//
+	// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+	PostSnapshotsNameTemplateWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSnapshotsNameTemplateResult, error)
+
+	// PostSnapshotsNameTemplateWithResponse Make a template of a named snapshot (sandboxd)
+	//
+	// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+	PostSnapshotsNameTemplateWithResponse(ctx context.Context, name string, body PostSnapshotsNameTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSnapshotsNameTemplateResult, error)
 
 	// PostTasksCodingagentWithBodyWithResponse Run a coding agent on a repository
 	//
@@ -8132,6 +8648,103 @@ func (r PostSandboxesIDResumeResult) ContentType() string {
 	return ""
 }
 
+type PostSandboxesIDSnapshotsResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NamedSnapshotResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON200() *NamedSnapshotResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostSandboxesIDSnapshotsResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostSandboxesIDSnapshotsResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostSandboxesIDSnapshotsResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostSandboxesIDSnapshotsResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostSandboxesIDSnapshotsResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PostSandboxesIDStopResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -8486,6 +9099,276 @@ func (r GetSnapshotsResult) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetSnapshotsResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteSnapshotsNameResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NamedSnapshotResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON200() *NamedSnapshotResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteSnapshotsNameResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteSnapshotsNameResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSnapshotsNameResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSnapshotsNameResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteSnapshotsNameResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetSnapshotsNameResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *NamedSnapshotResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON200() *NamedSnapshotResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetSnapshotsNameResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSnapshotsNameResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSnapshotsNameResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSnapshotsNameResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSnapshotsNameResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostSnapshotsNameTemplateResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TemplateResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON200() *TemplateResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostSnapshotsNameTemplateResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostSnapshotsNameTemplateResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostSnapshotsNameTemplateResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostSnapshotsNameTemplateResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostSnapshotsNameTemplateResult) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -9462,7 +10345,7 @@ func (c *ClientWithResponses) PatchSandboxesWithResponse(ctx context.Context, bo
 
 // PostSandboxesWithBodyWithResponse Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -9477,7 +10360,7 @@ func (c *ClientWithResponses) PostSandboxesWithBodyWithResponse(ctx context.Cont
 
 // PostSandboxesWithResponse Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -9947,6 +10830,36 @@ func (c *ClientWithResponses) PostSandboxesIDResumeWithResponse(ctx context.Cont
 	return ParsePostSandboxesIDResumeResult(rsp)
 }
 
+// PostSandboxesIDSnapshotsWithBodyWithResponse Save a running sandbox's files as a named snapshot (sandboxd)
+//
+// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+func (c *ClientWithResponses) PostSandboxesIDSnapshotsWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSandboxesIDSnapshotsResult, error) {
+	rsp, err := c.PostSandboxesIDSnapshotsWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDSnapshotsResult(rsp)
+}
+
+// PostSandboxesIDSnapshotsWithResponse Save a running sandbox's files as a named snapshot (sandboxd)
+//
+// Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/sandboxes/{id}/snapshots (the `PostSandboxesIDSnapshots` operationId).
+func (c *ClientWithResponses) PostSandboxesIDSnapshotsWithResponse(ctx context.Context, id string, body PostSandboxesIDSnapshotsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSandboxesIDSnapshotsResult, error) {
+	rsp, err := c.PostSandboxesIDSnapshots(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSandboxesIDSnapshotsResult(rsp)
+}
+
 // PostSandboxesIDStopWithBodyWithResponse Stop a sandbox
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -10031,7 +10944,7 @@ func (c *ClientWithResponses) PostSandboxesIDTimeoutWithResponse(ctx context.Con
 
 // GetSnapshotsWithResponse List the account's snapshots, newest first (sandboxd)
 //
-// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.
+// The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one. Named holds the account's named snapshots (POST /api/sandboxes/{id}/snapshots), newest first; sandbox_id keeps those of one sandbox.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10042,6 +10955,66 @@ func (c *ClientWithResponses) GetSnapshotsWithResponse(ctx context.Context, para
 		return nil, err
 	}
 	return ParseGetSnapshotsResult(rsp)
+}
+
+// DeleteSnapshotsNameWithResponse Delete a named snapshot (sandboxd)
+//
+// Answers the snapshot as it was. 409 while a running or paused sandbox started from it. Its stored layer goes when no template or snapshot names it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/snapshots/{name} (the `DeleteSnapshotsName` operationId).
+func (c *ClientWithResponses) DeleteSnapshotsNameWithResponse(ctx context.Context, name string, params *DeleteSnapshotsNameParams, reqEditors ...RequestEditorFn) (*DeleteSnapshotsNameResult, error) {
+	rsp, err := c.DeleteSnapshotsName(ctx, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSnapshotsNameResult(rsp)
+}
+
+// GetSnapshotsNameWithResponse Get a named snapshot (sandboxd)
+//
+// name is the snapshot's name[:tag] (tag latest by default) or its id. Another account's is 404.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/snapshots/{name} (the `GetSnapshotsName` operationId).
+func (c *ClientWithResponses) GetSnapshotsNameWithResponse(ctx context.Context, name string, params *GetSnapshotsNameParams, reqEditors ...RequestEditorFn) (*GetSnapshotsNameResult, error) {
+	rsp, err := c.GetSnapshotsName(ctx, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSnapshotsNameResult(rsp)
+}
+
+// PostSnapshotsNameTemplateWithBodyWithResponse Make a template of a named snapshot (sandboxd)
+//
+// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+func (c *ClientWithResponses) PostSnapshotsNameTemplateWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostSnapshotsNameTemplateResult, error) {
+	rsp, err := c.PostSnapshotsNameTemplateWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSnapshotsNameTemplateResult(rsp)
+}
+
+// PostSnapshotsNameTemplateWithResponse Make a template of a named snapshot (sandboxd)
+//
+// A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/snapshots/{name}/template (the `PostSnapshotsNameTemplate` operationId).
+func (c *ClientWithResponses) PostSnapshotsNameTemplateWithResponse(ctx context.Context, name string, body PostSnapshotsNameTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PostSnapshotsNameTemplateResult, error) {
+	rsp, err := c.PostSnapshotsNameTemplate(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostSnapshotsNameTemplateResult(rsp)
 }
 
 // PostTasksCodingagentWithBodyWithResponse Run a coding agent on a repository
@@ -12146,6 +13119,88 @@ func ParsePostSandboxesIDResumeResult(rsp *http.Response) (*PostSandboxesIDResum
 	return response, nil
 }
 
+// ParsePostSandboxesIDSnapshotsResult parses an HTTP response from a PostSandboxesIDSnapshotsWithResponse call
+func ParsePostSandboxesIDSnapshotsResult(rsp *http.Response) (*PostSandboxesIDSnapshotsResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostSandboxesIDSnapshotsResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NamedSnapshotResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParsePostSandboxesIDStopResult parses an HTTP response from a PostSandboxesIDStopWithResponse call
 func ParsePostSandboxesIDStopResult(rsp *http.Response) (*PostSandboxesIDStopResult, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -12426,6 +13481,231 @@ func ParseGetSnapshotsResult(rsp *http.Response) (*GetSnapshotsResult, error) {
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteSnapshotsNameResult parses an HTTP response from a DeleteSnapshotsNameWithResponse call
+func ParseDeleteSnapshotsNameResult(rsp *http.Response) (*DeleteSnapshotsNameResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSnapshotsNameResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NamedSnapshotResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetSnapshotsNameResult parses an HTTP response from a GetSnapshotsNameWithResponse call
+func ParseGetSnapshotsNameResult(rsp *http.Response) (*GetSnapshotsNameResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSnapshotsNameResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NamedSnapshotResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostSnapshotsNameTemplateResult parses an HTTP response from a PostSnapshotsNameTemplateWithResponse call
+func ParsePostSnapshotsNameTemplateResult(rsp *http.Response) (*PostSnapshotsNameTemplateResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostSnapshotsNameTemplateResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

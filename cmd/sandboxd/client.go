@@ -291,7 +291,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(processCommands(c, f)...)
 	cmd.AddCommand(timeoutCommands(c, f)...)
 	cmd.AddCommand(logsCommand(c, f), inspectCommand(c, f), rmCommand(c, f), cpCommand(c, f))
-	cmd.AddCommand(connectCommand(c, f), codeCommand(c, f), codeContextCommands(c, f))
+	cmd.AddCommand(connectCommand(c, f), codeCommand(c, f), codeContextCommands(c, f), sandboxSnapshotCommand(g, c, f))
 	return cmd
 }
 

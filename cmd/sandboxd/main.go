@@ -47,6 +47,7 @@ func newRootCmd() *cobra.Command {
 		// lines follow --log-format.
 		annotate(newSandboxCmd(g), "log-format"),
 		annotate(newTemplateCmd()),
+		annotate(newSnapshotCmd()),
 		newBenchCmd(g),
 		newKernelCmd(g),
 		annotate(newMCPCmd()),

@@ -21,6 +21,7 @@ type createOptions struct {
 	timeout              time.Duration
 	cwd, prompt, network string
 	template             string
+	snapshot             string
 	wait, follow         bool
 }
 
@@ -33,14 +34,16 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 		Use:   "create [flags] [-- COMMAND ARGS...]",
 		Short: "Create a sandbox, optionally running a command or a prompt in it",
 		Long: "Create a sandbox from the account's snapshot (or fresh), or from a template (--template NAME[:TAG]: the\n" +
-			"account's, else a public one; `sandboxd template ls`), optionally running COMMAND or --prompt in it as a\n" +
+			"account's, else a public one; `sandboxd template ls`), or from a named snapshot of the account (--snapshot\n" +
+			"NAME[:TAG]; `sandboxd snapshot ls`), optionally running COMMAND or --prompt in it as a\n" +
 			"run. --wait returns once the sandbox runs (an error when it failed, with the reason); --follow also\n" +
 			"follows the run's log to its end and exits with its command's status (the sandbox is named on stderr;\n" +
 			"with --json the sandbox and the run's record are printed at the end).",
 		Example: "  sandboxd sandbox create --timeout 30m\n" +
 			"  sandboxd sandbox create --follow -- python3 -c 'print(6*7)'\n" +
 			"  sandboxd sandbox create --network allow=pypi.org,*.pythonhosted.org --json\n" +
-			"  sandboxd sandbox create --template py:3.12 --wait",
+			"  sandboxd sandbox create --template py:3.12 --wait\n" +
+			"  sandboxd sandbox create --snapshot deps-installed --wait",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.follow && len(args) == 0 && o.prompt == "" {
@@ -74,6 +77,7 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 	// SANDBOXD_TEMPLATE is serve's image, never this flag.
 	_ = fl.SetAnnotation("template", noEnv, []string{"true"})
 	_ = cmd.RegisterFlagCompletionFunc("template", c.templateRefs(true))
+	fl.StringVar(&o.snapshot, "snapshot", "", "start from this named snapshot of the account, NAME[:TAG] or id (see sandbox snapshot), not with --template")
 	fl.BoolVar(&o.wait, "wait", false, "return once the sandbox runs; fail, with the reason, when it failed")
 	fl.BoolVar(&o.follow, "follow", false, "wait, then follow the run's log to its end and exit with its command's status")
 	return cmd
@@ -81,7 +85,7 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 
 // body is the create request of the flags and COMMAND.
 func (o createOptions) body(args []string, account string) (client.CreateSandboxRequest, error) {
-	body := client.CreateSandboxRequest{Prompt: optional(o.prompt), Cwd: optional(o.cwd), AccountID: optional(account), Template: optional(o.template)}
+	body := client.CreateSandboxRequest{Prompt: optional(o.prompt), Cwd: optional(o.cwd), AccountID: optional(account), Template: optional(o.template), Snapshot: optional(o.snapshot)}
 	if len(args) > 0 {
 		// A command's args are sent even when there are none: the
 		// server keeps them in the run's payload, where [] and null

@@ -142,6 +142,11 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// NamedSnapshotQuery is the query of the routes of one named snapshot.
+type NamedSnapshotQuery struct {
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
 // namedSnapshot is the named snapshot the path names, of the account the
 // query's account_id (or the key) acts for.
 func (s *Server) namedSnapshot(r *http.Request) (store.Template, string, error) {

@@ -70,7 +70,7 @@ export interface paths {
         put?: never;
         /**
          * Create a sandbox
-         * @description Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it (the microVM's, for now).
+         * @description Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
          */
         post: operations["postSandboxes"];
         /** Remove the account's environment */
@@ -464,6 +464,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/sandboxes/{id}/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Save a running sandbox's files as a named snapshot (sandboxd)
+         * @description Captures the sandbox's files now (not its memory or processes; pause keeps those) as a named snapshot of the sandbox's account: POST /api/sandboxes with snapshot starts sandboxes from it, any number, on any node. A snapshot of that name and tag is replaced: the name moves to the new one, and the old one stays for the sandboxes that run it. Without name, the snapshot is named by its id. The sandbox runs on (a paused one is resumed). 409 when a template of the account has that name and tag, or the sandbox is not running; 400 for a fork, or on a backend that cannot run templates. Answers once the snapshot is ready.
+         */
+        post: operations["postSandboxesIdSnapshots"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/sandboxes/{id}/stop": {
         parameters: {
             query?: never;
@@ -527,11 +547,55 @@ export interface paths {
         };
         /**
          * List the account's snapshots, newest first (sandboxd)
-         * @description The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one.
+         * @description The account's snapshot history: each filesystem layer with its parent, the sandbox it was taken of, its stored size and depth, and which one the account's next sandbox starts from (current). Read only; PATCH /api/sandboxes chooses one. Named holds the account's named snapshots (POST /api/sandboxes/{id}/snapshots), newest first; sandbox_id keeps those of one sandbox.
          */
         get: operations["getSnapshots"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/snapshots/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get a named snapshot (sandboxd)
+         * @description name is the snapshot's name[:tag] (tag latest by default) or its id. Another account's is 404.
+         */
+        get: operations["getSnapshotsName"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a named snapshot (sandboxd)
+         * @description Answers the snapshot as it was. 409 while a running or paused sandbox started from it. Its stored layer goes when no template or snapshot names it.
+         */
+        delete: operations["deleteSnapshotsName"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/snapshots/{name}/template": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Make a template of a named snapshot (sandboxd)
+         * @description A template of the account, named name[:tag], with the snapshot's files, base, config and start and ready commands; it stays when the snapshot is replaced or deleted. 409 when the account has a template or snapshot of that name and tag.
+         */
+        post: operations["postSnapshotsNameTemplate"];
         delete?: never;
         options?: never;
         head?: never;
@@ -821,10 +885,18 @@ export interface components {
             network?: components["schemas"]["NetworkPolicy"];
             /** @description Prompt for opencode run (not with command) */
             prompt?: string;
+            /** @description Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd) */
+            snapshot?: string;
             /** @description Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd) */
             template?: string;
             /** @description Lifetime in milliseconds (sandboxd; default 10 minutes) */
             timeout?: number;
+        };
+        CreateSnapshotRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description name[:tag] of the snapshot (tag latest by default); a snapshot of that name and tag is replaced (the name moves to the new one); absent: the snapshot is named by its id. 409 when a template has that name and tag */
+            name?: string;
         };
         DeleteSandboxesResponse: {
             deleted_snapshot: components["schemas"]["SnapshotRow"] | null;
@@ -946,6 +1018,26 @@ export interface components {
             /** @description Tokens per account and UTC day; null: unlimited */
             tokens_budget: number | null;
         };
+        NamedSnapshot: {
+            /** Format: date-time */
+            created_at: string;
+            /** @description The snapshot's id (a template id: tpl_...) */
+            id: string;
+            name: string;
+            /** @description name:tag: what POST /api/sandboxes' snapshot names */
+            ref: string;
+            sandbox_id: string;
+            tag: string;
+        };
+        NamedSnapshotQuery: {
+            /** Format: uuid */
+            account_id?: string;
+        };
+        NamedSnapshotResponse: {
+            snapshot: components["schemas"]["NamedSnapshot"];
+            /** @enum {string} */
+            status: "success";
+        };
         NetworkBytes: {
             received: number;
             sent: number;
@@ -1006,6 +1098,12 @@ export interface components {
             processes: components["schemas"]["Process"][];
             /** @enum {string} */
             status: "success";
+        };
+        PromoteSnapshotRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description name[:tag] of the new template (tag latest by default); 409 when the account has a template or snapshot of that name and tag */
+            name: string;
         };
         Run: {
             /** Format: date-time */
@@ -1131,11 +1229,18 @@ export interface components {
         SnapshotsQuery: {
             /** Format: uuid */
             account_id?: string;
-            /** @default 50 */
+            /**
+             * @description At most this many of each list (snapshots and named)
+             * @default 50
+             */
             limit: number;
+            /** @description Only the named snapshots taken of this sandbox */
+            sandbox_id?: string;
         };
         SnapshotsResponse: {
             expires_at: string | null;
+            /** @description The account's named snapshots (POST /api/sandboxes/{id}/snapshots) */
+            named: components["schemas"]["NamedSnapshot"][];
             snapshot_id: string | null;
             snapshots: components["schemas"]["SnapshotInfo"][];
             /** @enum {string} */
@@ -3558,6 +3663,104 @@ export interface operations {
             };
         };
     };
+    postSandboxesIdSnapshots: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CreateSnapshotRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NamedSnapshotResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A template has that name and tag, or the sandbox is not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     postSandboxesIdStop: {
         parameters: {
             query?: never;
@@ -3839,6 +4042,7 @@ export interface operations {
             query?: {
                 account_id?: string;
                 limit?: number;
+                sandbox_id?: string;
             };
             header?: never;
             path?: never;
@@ -3884,6 +4088,269 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getSnapshotsName: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NamedSnapshotResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    deleteSnapshotsName: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NamedSnapshotResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Running or paused sandboxes started from the snapshot */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postSnapshotsNameTemplate: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PromoteSnapshotRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TemplateResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The account has a template or snapshot of that name and tag */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
