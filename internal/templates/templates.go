@@ -478,9 +478,20 @@ func (img Image) OpenLayers(ctx context.Context) (layers []runtime.Layer, releas
 }
 
 // Find resolves "name[:tag]" for account: its own template, else a public
-// one. It must be ready: building is a 409 that says so, failed a 409
+// one; or a template's id (its own or a public one). It must be ready: building is a 409 that says so, failed a 409
 // with its reason; unknown is a 404.
 func (c *Catalog) Find(ctx context.Context, accountID, name string) (Image, error) {
+	if strings.HasPrefix(name, "tpl_") && !strings.Contains(name, ":") {
+		// An id: the account's own or a public one, holding its tag (one
+		// replaced or untagged is kept only for its running sandboxes).
+		t, err := c.st.GetTemplate(ctx, name)
+		if err == nil && (t.AccountID == "" || t.AccountID == accountID) && !t.Untagged() {
+			return c.image(ctx, t)
+		}
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return Image{}, err
+		}
+	}
 	ref, err := templatespec.ParseRef(name)
 	if err != nil {
 		return Image{}, err
