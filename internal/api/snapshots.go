@@ -161,8 +161,18 @@ func (s *Server) namedSnapshot(r *http.Request) (store.Template, string, error) 
 	if err != nil {
 		return store.Template{}, "", err
 	}
-	t, err := s.opts.Templates.GetSnapshot(r.Context(), account, chi.URLParam(r, "name"))
+	t, err := s.opts.Templates.GetSnapshot(r.Context(), account, snapshotRef(r))
 	return t, account, err
+}
+
+// snapshotRef is the path's {name}, unescaped: clients may escape the
+// ':' of a name:tag (%3A).
+func snapshotRef(r *http.Request) string {
+	v := chi.URLParam(r, "name")
+	if u, err := url.PathUnescape(v); err == nil {
+		return u
+	}
+	return v
 }
 
 // getNamedSnapshot is GET /api/snapshots/{name}.
@@ -199,7 +209,7 @@ func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Templates == nil {
 		return errNotAvailable
 	}
-	t, err := s.opts.Templates.PromoteSnapshot(r.Context(), account, chi.URLParam(r, "name"), req.Name)
+	t, err := s.opts.Templates.PromoteSnapshot(r.Context(), account, snapshotRef(r), req.Name)
 	if err != nil {
 		return err
 	}

@@ -146,7 +146,7 @@ func before(t store.Template, c store.Cursor) bool {
 // template or snapshot named by its id, its name:tag, or its name (every
 // tag); 204, 404 when there is none, 409 while a sandbox runs it.
 func (a *API) deleteTemplate(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
-	ref := chi.URLParam(r, "templateID")
+	ref := pathParam(r, "templateID")
 	notFound := edge.Errorf(http.StatusNotFound, "template '%s' not found", ref)
 	if a.opts.Custom == nil {
 		return notFound

@@ -52,6 +52,9 @@ export const lacks = {
   // Sandbox.list returned a promise of an array before it returned a
   // paginator (which sends nothing until nextItems).
   pagination: !hasPaginator() && `e2b@${sdkVersion} lists sandboxes without pagination`,
+  snapshots:
+    typeof proto.createSnapshot !== 'function' &&
+    `e2b@${sdkVersion} has no Sandbox.createSnapshot`,
 }
 
 function hasPaginator() {
