@@ -388,6 +388,25 @@ func consoleOperations(t *testing.T, s *server, k key, p *consoleProxy, b *conso
 		s.as(k, "POST", "/api/sandboxes/"+c+"/stop", map[string]any{})
 	}
 
+	// Snapshot it, and start a sandbox from the snapshot.
+	snapName := "console-" + size
+	b.fill("the snapshot's name", "#sb-snapshot-name", snapName)
+	b.press("snapshot", "#sb-snapshot")
+	b.waitFor("the snapshot saved", fmt.Sprintf(`!!document.querySelector('#snapshot-result [data-snapshot="%s:latest"]')`, snapName), 2*time.Minute)
+	if r := s.as(k, "GET", "/api/snapshots/"+snapName, nil); r.Status != 200 {
+		t.Errorf("the snapshot the console saved: %d %s", r.Status, r.Raw)
+	}
+	shot("snapshotted")
+	b.press("start a sandbox from it", "#snapshot-result button")
+	b.waitFor("the new sandbox's page", fmt.Sprintf(`location.hash.startsWith('#sandbox/') && location.hash !== '#sandbox/%s' && document.getElementById('view-sandbox').dataset.status === 'running'`, id), 2*time.Minute)
+	fromSnap := strings.TrimPrefix(b.eval(`decodeURIComponent(location.hash)`).(string), "#sandbox/")
+	if r := s.as(k, "GET", "/api/sandboxes?sandboxId="+fromSnap, nil); r.Status != 200 || !strings.Contains(string(r.Raw), `"templateId"`) {
+		t.Errorf("the sandbox the console started from the snapshot: %d %s", r.Status, r.Raw)
+	}
+	s.as(k, "POST", "/api/sandboxes/"+fromSnap+"/stop", map[string]any{})
+	b.goTo("#sandbox/" + id)
+	b.waitFor("back on the sandbox", `document.getElementById('view-sandbox').dataset.status === 'running'`, time.Minute)
+
 	// The terminal, from its page: a blinking cursor after the prompt.
 	b.press("open a terminal", "#sb-terminal")
 	b.waitFor("the sandbox to connect to", fmt.Sprintf(`location.hash === '#terminal/%s' && document.getElementById('term-sandbox').value === %q && !document.getElementById('term-connect').disabled`, id, id), 30*time.Second)

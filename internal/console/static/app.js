@@ -310,7 +310,7 @@
     disconnectTerminal();
     clearPreview();
     for (const id of ['sandboxes-body', 'runs-body', 'tree', 'preview-body', 'snapshots-body', 'run-log',
-      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'templates-body', 'tpl-fields', 'tpl-log']) $(id).replaceChildren();
+      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'snapshot-result', 'templates-body', 'tpl-fields', 'tpl-log']) $(id).replaceChildren();
     state.template = null;
     state.templateChoices = '';
     state.createTemplate = '';
@@ -615,6 +615,7 @@
       'sb-run': !!sb.runId,
       'sb-extend': live,
       'sb-fork': live,
+      'sb-snapshot': live,
       'sb-network-apply': st === 'running' && 'network' in sb,
       'exec-run': live && !state.exec,
       'procs-refresh': live,
@@ -678,6 +679,26 @@
       const data = await api('POST', sbPath(sb.sandboxId, '/fork'), body);
       $('fork-result').replaceChildren(el('li', { text: 'Started:' }),
         ...(data.sandboxes || []).map((c) => el('li', { dataset: { forked: c.sandboxId } }, link('#sandbox/' + encodeURIComponent(c.sandboxId), c.sandboxId, 'mono'))));
+    }));
+  }
+
+  // snapshotSandbox saves the open sandbox's files as a named snapshot,
+  // and offers to start a sandbox from it.
+  function snapshotSandbox(ev) {
+    ev.preventDefault();
+    run(act('sb-snapshot', async (sb) => {
+      const name = $('sb-snapshot-name').value.trim();
+      const data = await api('POST', sbPath(sb.sandboxId, '/snapshots'), name ? { name } : {});
+      const snap = data.snapshot;
+      const start = el('button', { type: 'button', text: 'Start a sandbox from it' });
+      start.addEventListener('click', () => run((async () => {
+        start.disabled = true;
+        const made = await api('POST', '/api/sandboxes', { snapshot: snap.id });
+        const child = (made.sandboxes || [])[0];
+        if (child) location.hash = '#sandbox/' + encodeURIComponent(child.sandboxId);
+      })()));
+      $('snapshot-result').replaceChildren(el('li', { text: 'Saved:' }),
+        el('li', { dataset: { snapshot: snap.ref } }, el('span', { text: snap.ref, class: 'mono' })), el('li', {}, start));
     }));
   }
 
@@ -1784,6 +1805,7 @@
     $('sb-run').addEventListener('click', () => { if (state.sandbox && state.sandbox.runId) location.hash = '#runs/' + encodeURIComponent(state.sandbox.runId); });
     $('extend-form').addEventListener('submit', extendSandbox);
     $('fork-form').addEventListener('submit', forkSandbox);
+    $('snapshot-form').addEventListener('submit', snapshotSandbox);
     $('network-form').addEventListener('submit', setNetwork);
     $('sb-network-kind').addEventListener('change', networkKindChanged);
     $('exec-form').addEventListener('submit', (e) => run(execCommand(e)));
