@@ -36,13 +36,7 @@ func namedSnapshotsOn(t *testing.T, flags []string, everyFrontEnd bool) {
 	ak, bk := s.createKey(alice.ID), s.createKey(bob.ID)
 	exec := func(sid, script string) string {
 		t.Helper()
-		r := s.as(ak, "POST", "/api/sandboxes/"+sid+"/exec", map[string]any{"command": "sh", "args": []string{"-c", script}})
-		if r.Status != 200 {
-			t.Fatalf("exec %q in %s: %d %s", script, sid, r.Status, r.Raw)
-		}
-		out, _ := r.Body["stdout"].(string)
-		errOut, _ := r.Body["stderr"].(string)
-		return out + errOut
+		return shIn(t, s, ak, sid, script)
 	}
 	snap := func(k key, sid string, body map[string]any) response {
 		t.Helper()

@@ -1,9 +1,7 @@
 package api_test
 
 import (
-	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -22,19 +20,7 @@ func TestNamedSnapshotRoutes(t *testing.T) {
 	securitytest.Attack(t, "snapshots", "another account lists, reads, promotes or deletes alice's named snapshot through the REST API",
 		"404 and an empty list: the routes act on the account the key may act for")
 	h, keys, st := templateAPI(t, templates.Config{})
-	call := func(who, method, path, body string) (int, map[string]any) {
-		t.Helper()
-		req := httptest.NewRequest(method, path, strings.NewReader(body))
-		req.Header.Set("x-api-key", keys[who])
-		req.Header.Set("Content-Type", "application/json")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		var out map[string]any
-		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
-			t.Fatalf("%s %s: %v: %s", method, path, err, rec.Body)
-		}
-		return rec.Code, out
-	}
+	call := jsonCaller(t, h, keys)
 	accounts, err := st.ListAccounts(t.Context())
 	if err != nil {
 		t.Fatal(err)

@@ -27,19 +27,7 @@ func TestTemplateRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, keys, _ := templateAPI(t, templates.Config{CredentialsKey: credKey})
-	call := func(who, method, path, body string) (int, map[string]any) {
-		t.Helper()
-		req := httptest.NewRequest(method, path, strings.NewReader(body))
-		req.Header.Set("x-api-key", keys[who])
-		req.Header.Set("Content-Type", "application/json")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		var out map[string]any
-		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
-			t.Fatalf("%s %s: %v: %s", method, path, err, rec.Body)
-		}
-		return rec.Code, out
-	}
+	call := jsonCaller(t, h, keys)
 
 	for body, words := range map[string]string{
 		`{"name":"a","image":"registry.example/a","dockerfile":"FROM registry.example/x\nRUN true\n"}`: "image: must be absent with a dockerfile",
@@ -118,6 +106,24 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 	if code, _ := call("alice", "GET", "/api/templates/"+id, ""); code != http.StatusNotFound {
 		t.Fatalf("get after delete: %d", code)
+	}
+}
+
+// jsonCaller sends JSON requests to h with the key of the account named
+// who and answers the status and the decoded body.
+func jsonCaller(t *testing.T, h http.Handler, keys map[string]string) func(who, method, path, body string) (int, map[string]any) {
+	return func(who, method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("x-api-key", keys[who])
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var out map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, rec.Body)
+		}
+		return rec.Code, out
 	}
 }
 
