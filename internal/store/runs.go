@@ -246,12 +246,24 @@ func (q *Queries) FinishRun(ctx context.Context, id string, status RunStatus, ou
 		return false, fmt.Errorf("finish run %s: %w", id, err)
 	}
 	v := toMillis(ms(at))
-	n, err := q.execCount(ctx, `UPDATE runs SET status = ?, output = ?, error = ?, finished_at = ?, updated_at = ?
-		WHERE id = ? AND status IN (?, ?)`, status, out, errDoc, v, v, id, RunQueued, RunExecuting)
-	if err != nil {
-		return false, fmt.Errorf("finish run %s: %w", id, mapErr(err))
-	}
-	return q.changed(ctx, n, "runs", id, "finish run")
+	var changed bool
+	err = q.atomically(ctx, func(q *Queries) error {
+		n, err := q.execCount(ctx, `UPDATE runs SET status = ?, output = ?, error = ?, finished_at = ?, updated_at = ?
+			WHERE id = ? AND status IN (?, ?)`, status, out, errDoc, v, v, id, RunQueued, RunExecuting)
+		if err != nil {
+			return fmt.Errorf("finish run %s: %w", id, mapErr(err))
+		}
+		if changed, err = q.changed(ctx, n, "runs", id, "finish run"); err != nil || !changed {
+			return err
+		}
+		var account, sandbox, task string
+		if err := q.queryRow(ctx, "SELECT account_id, COALESCE(sandbox_id, ''), task FROM runs WHERE id = ?", id).Scan(&account, &sandbox, &task); err != nil {
+			return fmt.Errorf("finish run %s: %w", id, err)
+		}
+		return q.insertEvent(ctx, Event{AccountID: account, SandboxID: sandbox, Type: EventRunFinished, CreatedAt: at},
+			map[string]any{"run_id": id, "status": status, "task": task})
+	})
+	return changed, err
 }
 
 // SetRunSandbox records the sandbox a task's run started for itself (a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -60,13 +61,25 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.OnTimeout != "" && sb.OnTimeout != OnTimeoutPause {
 		return fmt.Errorf("create sandbox: %w: on_timeout %q", ErrInvalid, sb.OnTimeout)
 	}
-	_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-		sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-		toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID)
-	if err != nil {
-		return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
-	}
-	return nil
+	return q.atomically(ctx, func(q *Queries) error {
+		_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+			sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
+			toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID)
+		if err != nil {
+			return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
+		}
+		data := map[string]any{"timeout_at": sb.Deadline}
+		if sb.TemplateID != "" {
+			data["template_id"] = sb.TemplateID
+		}
+		if sb.ForkedFrom != "" {
+			data["forked_from"] = sb.ForkedFrom
+		}
+		if sb.Task != "" {
+			data["task"] = sb.Task
+		}
+		return q.sandboxEvent(ctx, sb.ID, EventCreated, data, sb.CreatedAt)
+	})
 }
 
 // GetSandbox returns the sandbox with the given id.
@@ -167,26 +180,42 @@ func (q *Queries) TransitionSandbox(ctx context.Context, id string, from []Sandb
 	}
 	in, inArgs := inList(from)
 	args := append([]any{to, atMS, nullString(reason), stoppedAt, id}, inArgs...)
-	n, err := q.execCount(ctx, `UPDATE sandboxes SET status = ?, updated_at = ?,
-		failure_reason = COALESCE(?, failure_reason), stopped_at = COALESCE(stopped_at, ?)
-		WHERE id = ? AND status IN (`+in+`)`, args...)
-	if err != nil {
-		return false, fmt.Errorf("transition sandbox %s to %s: %w", id, to, mapErr(err))
-	}
-	return q.changed(ctx, n, "sandboxes", id, "transition sandbox to "+string(to)+":")
+	var changed bool
+	err := q.atomically(ctx, func(q *Queries) error {
+		n, err := q.execCount(ctx, `UPDATE sandboxes SET status = ?, updated_at = ?,
+			failure_reason = COALESCE(?, failure_reason), stopped_at = COALESCE(stopped_at, ?)
+			WHERE id = ? AND status IN (`+in+`)`, args...)
+		if err != nil {
+			return fmt.Errorf("transition sandbox %s to %s: %w", id, to, mapErr(err))
+		}
+		if changed, err = q.changed(ctx, n, "sandboxes", id, "transition sandbox to "+string(to)+":"); err != nil || !changed {
+			return err
+		}
+		if typ, ok := statusEvents[to]; ok {
+			return q.sandboxEvent(ctx, id, typ, nil, at)
+		}
+		return nil
+	})
+	return changed, err
 }
+
+// statusEvents are the events of the statuses a sandbox moves to (pending
+// is its creation's, stopping leads to stopped).
+var statusEvents = map[SandboxStatus]string{SandboxRunning: EventRunning, SandboxStopped: EventStopped, SandboxFailed: EventFailed}
 
 // SetSandboxDeadline sets when sandbox id times out.
 func (q *Queries) SetSandboxDeadline(ctx context.Context, id string, deadline time.Time) error {
-	n, err := q.execCount(ctx, "UPDATE sandboxes SET deadline = ?, updated_at = ? WHERE id = ?",
-		toMillis(ms(deadline)), toMillis(nowMS()), id)
-	if err != nil {
-		return fmt.Errorf("set deadline of sandbox %s: %w", id, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("set deadline of sandbox %s: %w", id, ErrNotFound)
-	}
-	return nil
+	return q.atomically(ctx, func(q *Queries) error {
+		n, err := q.execCount(ctx, "UPDATE sandboxes SET deadline = ?, updated_at = ? WHERE id = ?",
+			toMillis(ms(deadline)), toMillis(nowMS()), id)
+		if err != nil {
+			return fmt.Errorf("set deadline of sandbox %s: %w", id, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("set deadline of sandbox %s: %w", id, ErrNotFound)
+		}
+		return q.sandboxEvent(ctx, id, EventUpdated, map[string]any{"timeout_at": ms(deadline)}, nowMS())
+	})
 }
 
 // SetSandboxNetwork records a running sandbox's new network policy (the
@@ -290,11 +319,27 @@ func (q *Queries) TransitionPause(ctx context.Context, id string, from []string,
 		args = append(args, t)
 	}
 	args = append(append(args, id, SandboxRunning), inArgs...)
-	n, err := q.execCount(ctx, "UPDATE sandboxes SET "+set+" WHERE id = ? AND status = ? AND pause IN ("+in+")", args...)
-	if err != nil {
-		return false, fmt.Errorf("move pause of sandbox %s to %q: %w", id, to, err)
-	}
-	return n == 1, nil
+	var moved bool
+	err := q.atomically(ctx, func(q *Queries) error {
+		n, err := q.execCount(ctx, "UPDATE sandboxes SET "+set+" WHERE id = ? AND status = ? AND pause IN ("+in+")", args...)
+		if err != nil {
+			return fmt.Errorf("move pause of sandbox %s to %q: %w", id, to, err)
+		}
+		if moved = n == 1; !moved {
+			return nil
+		}
+		// A pause that ends paused, or a resume that ends running; a pause
+		// undone (pausing back to running) or a resume that failed
+		// (resuming back to paused) changed nothing a user sees.
+		switch {
+		case to == PausePaused && slices.Contains(from, PausePausing):
+			return q.sandboxEvent(ctx, id, EventPaused, nil, at)
+		case to == "" && slices.Contains(from, PauseResuming):
+			return q.sandboxEvent(ctx, id, EventResumed, nil, at)
+		}
+		return nil
+	})
+	return moved, err
 }
 
 // SetPausedRemaining sets the lifetime a paused sandbox will have when it
