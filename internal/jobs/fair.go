@@ -72,6 +72,7 @@ func storeAccountOf(st *store.Store) func(context.Context, *rivertype.JobRow) st
 			RunID      string `json:"run_id"`
 			SandboxID  string `json:"sandbox_id"`
 			TemplateID string `json:"template_id"`
+			DeliveryID string `json:"delivery_id"`
 		}
 		if err := json.Unmarshal(job.EncodedArgs, &ids); err != nil {
 			return ""
@@ -88,6 +89,10 @@ func storeAccountOf(st *store.Store) func(context.Context, *rivertype.JobRow) st
 		case ids.TemplateID != "":
 			if t, err := st.GetTemplate(ctx, ids.TemplateID); err == nil {
 				return t.AccountID
+			}
+		case ids.DeliveryID != "":
+			if d, err := st.GetDelivery(ctx, ids.DeliveryID); err == nil {
+				return d.AccountID
 			}
 		}
 		return ""

@@ -32,12 +32,32 @@ import (
 
 // Job kinds, as the API names the tasks.
 const (
-	KindRunCommand    = "run-sandbox-command"
-	KindSetupSandbox  = "setup-sandbox"
-	KindCodingAgent   = "coding-agent"
-	KindStopSandbox   = "stop-sandbox"
-	KindBuildTemplate = "build-template"
+	KindRunCommand     = "run-sandbox-command"
+	KindSetupSandbox   = "setup-sandbox"
+	KindCodingAgent    = "coding-agent"
+	KindStopSandbox    = "stop-sandbox"
+	KindBuildTemplate  = "build-template"
+	KindDeliverWebhook = "deliver-webhook"
 )
+
+// DeliverWebhookArgs delivers one event to one webhook (internal/webhooks):
+// the delivery's row says which; River retries a failed attempt, with the
+// worker's backoff, until DeliveryAttempts have been made.
+type DeliverWebhookArgs struct {
+	DeliveryID string `json:"delivery_id"`
+}
+
+// DeliveryAttempts is how many times a delivery is tried.
+const DeliveryAttempts = 8
+
+// Kind implements river.JobArgs.
+func (DeliverWebhookArgs) Kind() string { return KindDeliverWebhook }
+
+// InsertOpts implements river.JobArgsWithInsertOpts: a delivery has more
+// attempts than a command, and any node may make them.
+func (DeliverWebhookArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: DeliveryAttempts}
+}
 
 // BuildTemplateArgs builds a template (internal/templates) on the node
 // whose cache will hold it. Everything the worker needs is in the

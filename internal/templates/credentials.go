@@ -3,12 +3,7 @@ package templates
 import (
 	"bytes"
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,12 +14,13 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/oci"
+	"github.com/sandboxd/sandboxd/internal/sealbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // KeyBytes is the length of the key that seals registry credentials
 // (AES-256).
-const KeyBytes = 32
+const KeyBytes = sealbox.KeyBytes
 
 // Bounds of the credentials a build takes: far above real ones (a cloud
 // access token is a few KiB, a service account key about 2), far below
@@ -34,7 +30,7 @@ const (
 	maxSecretBytes   = 16 << 10
 )
 
-// sealedPrefix names the format of a sealed value: AES-256-GCM, the
+// sealedPrefix is how a sealed value starts (sealbox's format): AES-256-GCM, the
 // template's id as additional data, base64 of nonce and ciphertext.
 const sealedPrefix = "v1:"
 
@@ -84,29 +80,23 @@ func LoadOrCreateKey(path string) ([]byte, error) {
 // node can open what another sealed: HMAC-SHA256 of a label of its own,
 // so that the key is not the secret, nor any other key made from it.
 func KeyFromSecret(secret []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("sandboxd templates: registry credentials key v1"))
-	return m.Sum(nil)
+	return sealbox.Derive(secret, "sandboxd templates: registry credentials key v1")
 }
 
 // sealer seals and opens a build's registry credentials under the server's
 // key, bound to the template's id (a sealed value copied to another
 // template's row does not open).
-type sealer struct{ aead cipher.AEAD }
+type sealer struct{ box *sealbox.Box }
 
 func newSealer(key []byte) (*sealer, error) {
 	if len(key) != KeyBytes {
 		return nil, fmt.Errorf("templates: the credentials key has %d bytes, want %d", len(key), KeyBytes)
 	}
-	block, err := aes.NewCipher(key)
+	box, err := sealbox.New(key)
 	if err != nil {
 		return nil, err
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
-	}
-	return &sealer{aead: aead}, nil
+	return &sealer{box: box}, nil
 }
 
 // sealedCredentials is what is sealed: oci.Credentials' fields, which its
@@ -123,12 +113,7 @@ func (s *sealer) seal(templateID string, c oci.Credentials) (string, error) {
 		return "", err
 	}
 	defer clear(plain)
-	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(plain)+s.aead.Overhead())
-	if _, err := rand.Read(nonce); err != nil {
-		return "", err
-	}
-	out := s.aead.Seal(nonce, nonce, plain, []byte(templateID))
-	return sealedPrefix + base64.StdEncoding.EncodeToString(out), nil
+	return s.box.Seal(templateID, plain)
 }
 
 // errUnsealable: the sealed credentials do not open with this node's key
@@ -136,15 +121,7 @@ func (s *sealer) seal(templateID string, c oci.Credentials) (string, error) {
 var errUnsealable = errors.New("templates: the sealed registry credentials do not open with this server's key")
 
 func (s *sealer) open(templateID, sealed string) (oci.Credentials, error) {
-	b64, ok := strings.CutPrefix(sealed, sealedPrefix)
-	if !ok {
-		return oci.Credentials{}, errUnsealable
-	}
-	raw, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil || len(raw) < s.aead.NonceSize() {
-		return oci.Credentials{}, errUnsealable
-	}
-	plain, err := s.aead.Open(nil, raw[:s.aead.NonceSize()], raw[s.aead.NonceSize():], []byte(templateID))
+	plain, err := s.box.Open(templateID, sealed)
 	if err != nil {
 		return oci.Credentials{}, errUnsealable
 	}

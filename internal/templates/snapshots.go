@@ -53,6 +53,10 @@ func (s *Service) Snapshot(ctx context.Context, p auth.Principal, sandboxID, nam
 		s.log.Info("templates: snapshot replaced", "name", ref.Name, "tag", ref.Tag, "old", moved.ID, "new", held.ID)
 		s.CollectStrays(context.WithoutCancel(ctx))
 	}
+	if err := s.st.RecordEvent(context.WithoutCancel(ctx), SavedFrom(held), store.EventSnapshot,
+		map[string]any{"snapshot_id": held.ID, "ref": held.Name + ":" + held.Tag}); err != nil {
+		s.log.Warn("templates: record a snapshot's event", "snapshot_id", held.ID, "err", err)
+	}
 	return held, nil
 }
 
