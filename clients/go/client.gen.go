@@ -92,6 +92,48 @@ func (e DeleteSandboxesResponseStatus) Valid() bool {
 	}
 }
 
+// Defines values for DeliveriesResponseStatus.
+const (
+	DeliveriesResponseStatusSuccess DeliveriesResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the DeliveriesResponseStatus enum.
+func (e DeliveriesResponseStatus) Valid() bool {
+	switch e {
+	case DeliveriesResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for DeliveryStatus.
+const (
+	DeliveryStatusCancelled DeliveryStatus = "cancelled"
+	DeliveryStatusDelivered DeliveryStatus = "delivered"
+	DeliveryStatusFailed    DeliveryStatus = "failed"
+	DeliveryStatusPending   DeliveryStatus = "pending"
+	DeliveryStatusQueued    DeliveryStatus = "queued"
+)
+
+// Valid indicates whether the value is a known member of the DeliveryStatus enum.
+func (e DeliveryStatus) Valid() bool {
+	switch e {
+	case DeliveryStatusCancelled:
+		return true
+	case DeliveryStatusDelivered:
+		return true
+	case DeliveryStatusFailed:
+		return true
+	case DeliveryStatusPending:
+		return true
+	case DeliveryStatusQueued:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ErrorBodyStatus.
 const (
 	ErrorBodyStatusError ErrorBodyStatus = "error"
@@ -101,6 +143,21 @@ const (
 func (e ErrorBodyStatus) Valid() bool {
 	switch e {
 	case ErrorBodyStatusError:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for EventsResponseStatus.
+const (
+	EventsResponseStatusSuccess EventsResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the EventsResponseStatus enum.
+func (e EventsResponseStatus) Valid() bool {
+	switch e {
+	case EventsResponseStatusSuccess:
 		return true
 	default:
 		return false
@@ -581,6 +638,72 @@ func (e UploadFilesResponseStatus) Valid() bool {
 	}
 }
 
+// Defines values for WebhookFormat.
+const (
+	WebhookFormatE2B      WebhookFormat = "e2b"
+	WebhookFormatSandboxd WebhookFormat = "sandboxd"
+)
+
+// Valid indicates whether the value is a known member of the WebhookFormat enum.
+func (e WebhookFormat) Valid() bool {
+	switch e {
+	case WebhookFormatE2B:
+		return true
+	case WebhookFormatSandboxd:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhookResponseStatus.
+const (
+	WebhookResponseStatusSuccess WebhookResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the WebhookResponseStatus enum.
+func (e WebhookResponseStatus) Valid() bool {
+	switch e {
+	case WebhookResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for WebhooksResponseStatus.
+const (
+	WebhooksResponseStatusSuccess WebhooksResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the WebhooksResponseStatus enum.
+func (e WebhooksResponseStatus) Valid() bool {
+	switch e {
+	case WebhooksResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetEventsParamsOrder.
+const (
+	GetEventsParamsOrderAsc  GetEventsParamsOrder = "asc"
+	GetEventsParamsOrderDesc GetEventsParamsOrder = "desc"
+)
+
+// Valid indicates whether the value is a known member of the GetEventsParamsOrder enum.
+func (e GetEventsParamsOrder) Valid() bool {
+	switch e {
+	case GetEventsParamsOrderAsc:
+		return true
+	case GetEventsParamsOrderDesc:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DeleteSandboxesIDProcessesPidParamsSignal.
 const (
 	DeleteSandboxesIDProcessesPidParamsSignalSIGHUP  DeleteSandboxesIDProcessesPidParamsSignal = "SIGHUP"
@@ -824,6 +947,30 @@ type DeleteSandboxesResponse struct {
 // DeleteSandboxesResponseStatus defines model for DeleteSandboxesResponse.Status.
 type DeleteSandboxesResponseStatus string
 
+// DeliveriesResponse defines model for DeliveriesResponse.
+type DeliveriesResponse struct {
+	Status     DeliveriesResponseStatus `json:"status"`
+	Deliveries []Delivery               `json:"deliveries"`
+}
+
+// DeliveriesResponseStatus defines model for DeliveriesResponse.Status.
+type DeliveriesResponseStatus string
+
+// Delivery defines model for Delivery.
+type Delivery struct {
+	ID             string         `json:"id"`
+	EventID        string         `json:"event_id"`
+	Status         DeliveryStatus `json:"status"`
+	Attempts       int            `json:"attempts"`
+	ResponseStatus int            `json:"response_status"`
+	LastError      *string        `json:"last_error,omitempty"`
+	CreatedAt      string         `json:"created_at"`
+	UpdatedAt      string         `json:"updated_at"`
+}
+
+// DeliveryStatus defines model for Delivery.Status.
+type DeliveryStatus string
+
 // ErrorBody defines model for ErrorBody.
 type ErrorBody struct {
 	Status        ErrorBodyStatus `json:"status"`
@@ -834,6 +981,24 @@ type ErrorBody struct {
 
 // ErrorBodyStatus defines model for ErrorBody.Status.
 type ErrorBodyStatus string
+
+// Event defines model for Event.
+type Event struct {
+	ID        string                  `json:"id"`
+	Type      string                  `json:"type"`
+	SandboxID string                  `json:"sandbox_id"`
+	Data      *map[string]interface{} `json:"data,omitempty"`
+	CreatedAt string                  `json:"created_at"`
+}
+
+// EventsResponse defines model for EventsResponse.
+type EventsResponse struct {
+	Status EventsResponseStatus `json:"status"`
+	Events []Event              `json:"events"`
+}
+
+// EventsResponseStatus defines model for EventsResponse.Status.
+type EventsResponseStatus string
 
 // ExecRequest defines model for ExecRequest.
 type ExecRequest struct {
@@ -1373,6 +1538,74 @@ type UploadFilesResponse struct {
 // UploadFilesResponseStatus defines model for UploadFilesResponse.Status.
 type UploadFilesResponseStatus string
 
+// Webhook defines model for Webhook.
+type Webhook struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	URL  string `json:"url"`
+
+	// Events The types it takes; empty: all
+	Events    []string      `json:"events"`
+	Format    WebhookFormat `json:"format"`
+	Enabled   bool          `json:"enabled"`
+	CreatedAt string        `json:"created_at"`
+	UpdatedAt string        `json:"updated_at"`
+}
+
+// WebhookFormat defines model for Webhook.Format.
+type WebhookFormat string
+
+// WebhookRequest defines model for WebhookRequest.
+type WebhookRequest struct {
+	// URL Where events are POSTed (http or https; required to register). Private and loopback addresses are refused unless the server allows them
+	URL  *string `json:"url,omitempty"`
+	Name *string `json:"name,omitempty"`
+
+	// Events The event types it takes (GET /api/events' types); absent or empty: all
+	Events *[]string `json:"events,omitempty"`
+
+	// Secret The signing secret; absent at registration: one is made and answered once
+	Secret *string `json:"secret,omitempty"`
+
+	// Enabled Whether events are delivered (default true)
+	Enabled   *bool   `json:"enabled,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
+// WebhookResponse defines model for WebhookResponse.
+type WebhookResponse struct {
+	Status  WebhookResponseStatus `json:"status"`
+	Webhook Webhook               `json:"webhook"`
+
+	// Secret The signing secret
+	Secret *string `json:"secret,omitempty"`
+}
+
+// WebhookResponseStatus defines model for WebhookResponse.Status.
+type WebhookResponseStatus string
+
+// WebhooksResponse defines model for WebhooksResponse.
+type WebhooksResponse struct {
+	Status   WebhooksResponseStatus `json:"status"`
+	Webhooks []Webhook              `json:"webhooks"`
+}
+
+// WebhooksResponseStatus defines model for WebhooksResponse.Status.
+type WebhooksResponseStatus string
+
+// GetEventsParams defines parameters for GetEvents.
+type GetEventsParams struct {
+	AccountID *string               `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Cursor    *string               `form:"cursor,omitempty" json:"cursor,omitempty"`
+	Limit     *int                  `form:"limit,omitempty" json:"limit,omitempty"`
+	Order     *GetEventsParamsOrder `form:"order,omitempty" json:"order,omitempty"`
+	SandboxID *string               `form:"sandbox_id,omitempty" json:"sandbox_id,omitempty"`
+	Type      *string               `form:"type,omitempty" json:"type,omitempty"`
+}
+
+// GetEventsParamsOrder defines parameters for GetEvents.
+type GetEventsParamsOrder string
+
 // GetModelUsageParams defines parameters for GetModelUsage.
 type GetModelUsageParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
@@ -1474,6 +1707,30 @@ type GetTasksRunsIDLogParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
 }
 
+// GetWebhooksParams defines parameters for GetWebhooks.
+type GetWebhooksParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
+// DeleteWebhooksIDParams defines parameters for DeleteWebhooksID.
+type DeleteWebhooksIDParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
+// GetWebhooksIDParams defines parameters for GetWebhooksID.
+type GetWebhooksIDParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
+// GetWebhooksIDDeliveriesParams defines parameters for GetWebhooksIDDeliveries.
+type GetWebhooksIDDeliveriesParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+	Limit     *int    `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // DeleteSandboxesJSONRequestBody defines body for DeleteSandboxes for application/json ContentType.
 type DeleteSandboxesJSONRequestBody = AccountRequest
 
@@ -1533,6 +1790,12 @@ type PostTasksCodingagentJSONRequestBody = CodingAgentRequest
 
 // PostTemplatesJSONRequestBody defines body for PostTemplates for application/json ContentType.
 type PostTemplatesJSONRequestBody = BuildTemplateRequest
+
+// PostWebhooksJSONRequestBody defines body for PostWebhooks for application/json ContentType.
+type PostWebhooksJSONRequestBody = WebhookRequest
+
+// PatchWebhooksIDJSONRequestBody defines body for PatchWebhooksID for application/json ContentType.
+type PatchWebhooksIDJSONRequestBody = WebhookRequest
 
 // AsNetworkPolicy0 returns the union data inside the NetworkPolicy as a NetworkPolicy0
 func (t NetworkPolicy) AsNetworkPolicy0() (NetworkPolicy0, error) {
@@ -1669,6 +1932,13 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 
 // The interface specification for the client above.
 type ClientInterface interface {
+
+	// GetEvents List the account's lifecycle events (sandboxd)
+	//
+	// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+	//
+	// Corresponds with GET /api/events (the `GetEvents` operationId).
+	GetEvents(ctx context.Context, params *GetEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetHealth Liveness and version
 	//
@@ -2181,6 +2451,75 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
 	GetTemplatesIDLogs(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetWebhooks List the account's webhooks (sandboxd)
+	//
+	// Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
+	GetWebhooks(ctx context.Context, params *GetWebhooksParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostWebhooksWithBody Register a webhook for the account's lifecycle events (sandboxd)
+	//
+	// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+	PostWebhooksWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostWebhooks Register a webhook for the account's lifecycle events (sandboxd)
+	//
+	// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+	PostWebhooks(ctx context.Context, body PostWebhooksJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteWebhooksID Delete a webhook; what it had not delivered is cancelled (sandboxd)
+	//
+	// Corresponds with DELETE /api/webhooks/{id} (the `DeleteWebhooksID` operationId).
+	DeleteWebhooksID(ctx context.Context, id string, params *DeleteWebhooksIDParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetWebhooksID Get a webhook (sandboxd)
+	//
+	// Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
+	GetWebhooksID(ctx context.Context, id string, params *GetWebhooksIDParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PatchWebhooksIDWithBody Change a webhook: its url, name, events, secret or enabled (sandboxd)
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+	PatchWebhooksIDWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PatchWebhooksID Change a webhook: its url, name, events, secret or enabled (sandboxd)
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+	PatchWebhooksID(ctx context.Context, id string, body PatchWebhooksIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetWebhooksIDDeliveries A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+	//
+	// Corresponds with GET /api/webhooks/{id}/deliveries (the `GetWebhooksIDDeliveries` operationId).
+	GetWebhooksIDDeliveries(ctx context.Context, id string, params *GetWebhooksIDDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+// GetEvents List the account's lifecycle events (sandboxd)
+//
+// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+//
+// Corresponds with GET /api/events (the `GetEvents` operationId).
+func (c *Client) GetEvents(ctx context.Context, params *GetEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetEventsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 // GetHealth Liveness and version
@@ -3353,6 +3692,252 @@ func (c *Client) GetTemplatesIDLogs(ctx context.Context, id string, reqEditors .
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// GetWebhooks List the account's webhooks (sandboxd)
+//
+// Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
+func (c *Client) GetWebhooks(ctx context.Context, params *GetWebhooksParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetWebhooksRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostWebhooksWithBody Register a webhook for the account's lifecycle events (sandboxd)
+//
+// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+func (c *Client) PostWebhooksWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostWebhooksRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostWebhooks Register a webhook for the account's lifecycle events (sandboxd)
+//
+// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+func (c *Client) PostWebhooks(ctx context.Context, body PostWebhooksJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostWebhooksRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteWebhooksID Delete a webhook; what it had not delivered is cancelled (sandboxd)
+//
+// Corresponds with DELETE /api/webhooks/{id} (the `DeleteWebhooksID` operationId).
+func (c *Client) DeleteWebhooksID(ctx context.Context, id string, params *DeleteWebhooksIDParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteWebhooksIDRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetWebhooksID Get a webhook (sandboxd)
+//
+// Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
+func (c *Client) GetWebhooksID(ctx context.Context, id string, params *GetWebhooksIDParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetWebhooksIDRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PatchWebhooksIDWithBody Change a webhook: its url, name, events, secret or enabled (sandboxd)
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+func (c *Client) PatchWebhooksIDWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchWebhooksIDRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PatchWebhooksID Change a webhook: its url, name, events, secret or enabled (sandboxd)
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+func (c *Client) PatchWebhooksID(ctx context.Context, id string, body PatchWebhooksIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchWebhooksIDRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetWebhooksIDDeliveries A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+//
+// Corresponds with GET /api/webhooks/{id}/deliveries (the `GetWebhooksIDDeliveries` operationId).
+func (c *Client) GetWebhooksIDDeliveries(ctx context.Context, id string, params *GetWebhooksIDDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetWebhooksIDDeliveriesRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// NewGetEventsRequest constructs an http.Request for the GetEvents method
+func NewGetEventsRequest(server string, params *GetEventsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/events")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Order != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "order", *params.Order, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.SandboxID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "sandbox_id", *params.SandboxID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Type != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "type", *params.Type, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewGetHealthRequest constructs an http.Request for the GetHealth method
@@ -5705,6 +6290,378 @@ func NewGetTemplatesIDLogsRequest(server string, id string) (*http.Request, erro
 	return req, nil
 }
 
+// NewGetWebhooksRequest constructs an http.Request for the GetWebhooks method
+func NewGetWebhooksRequest(server string, params *GetWebhooksParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/webhooks")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostWebhooksRequest calls the generic PostWebhooks builder with application/json body
+func NewPostWebhooksRequest(server string, body PostWebhooksJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostWebhooksRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPostWebhooksRequestWithBody constructs an http.Request for the PostWebhooks method, with any body, and a specified content type
+func NewPostWebhooksRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/webhooks")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteWebhooksIDRequest constructs an http.Request for the DeleteWebhooksID method
+func NewDeleteWebhooksIDRequest(server string, id string, params *DeleteWebhooksIDParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/webhooks/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetWebhooksIDRequest constructs an http.Request for the GetWebhooksID method
+func NewGetWebhooksIDRequest(server string, id string, params *GetWebhooksIDParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/webhooks/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPatchWebhooksIDRequest calls the generic PatchWebhooksID builder with application/json body
+func NewPatchWebhooksIDRequest(server string, id string, body PatchWebhooksIDJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPatchWebhooksIDRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPatchWebhooksIDRequestWithBody constructs an http.Request for the PatchWebhooksID method, with any body, and a specified content type
+func NewPatchWebhooksIDRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/webhooks/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetWebhooksIDDeliveriesRequest constructs an http.Request for the GetWebhooksIDDeliveries method
+func NewGetWebhooksIDDeliveriesRequest(server string, id string, params *GetWebhooksIDDeliveriesParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/webhooks/%s/deliveries", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -5748,6 +6705,15 @@ func WithBaseURL(baseURL string) ClientOption {
 
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
+
+	// GetEventsWithResponse List the account's lifecycle events (sandboxd)
+	//
+	// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/events (the `GetEvents` operationId).
+	GetEventsWithResponse(ctx context.Context, params *GetEventsParams, reqEditors ...RequestEditorFn) (*GetEventsResult, error)
 
 	// GetHealthWithResponse Liveness and version
 	//
@@ -6308,6 +7274,156 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
 	GetTemplatesIDLogsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDLogsResult, error)
+
+	// GetWebhooksWithResponse List the account's webhooks (sandboxd)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
+	GetWebhooksWithResponse(ctx context.Context, params *GetWebhooksParams, reqEditors ...RequestEditorFn) (*GetWebhooksResult, error)
+
+	// PostWebhooksWithBodyWithResponse Register a webhook for the account's lifecycle events (sandboxd)
+	//
+	// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+	PostWebhooksWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostWebhooksResult, error)
+
+	// PostWebhooksWithResponse Register a webhook for the account's lifecycle events (sandboxd)
+	//
+	// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+	PostWebhooksWithResponse(ctx context.Context, body PostWebhooksJSONRequestBody, reqEditors ...RequestEditorFn) (*PostWebhooksResult, error)
+
+	// DeleteWebhooksIDWithResponse Delete a webhook; what it had not delivered is cancelled (sandboxd)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/webhooks/{id} (the `DeleteWebhooksID` operationId).
+	DeleteWebhooksIDWithResponse(ctx context.Context, id string, params *DeleteWebhooksIDParams, reqEditors ...RequestEditorFn) (*DeleteWebhooksIDResult, error)
+
+	// GetWebhooksIDWithResponse Get a webhook (sandboxd)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
+	GetWebhooksIDWithResponse(ctx context.Context, id string, params *GetWebhooksIDParams, reqEditors ...RequestEditorFn) (*GetWebhooksIDResult, error)
+
+	// PatchWebhooksIDWithBodyWithResponse Change a webhook: its url, name, events, secret or enabled (sandboxd)
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+	PatchWebhooksIDWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchWebhooksIDResult, error)
+
+	// PatchWebhooksIDWithResponse Change a webhook: its url, name, events, secret or enabled (sandboxd)
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+	PatchWebhooksIDWithResponse(ctx context.Context, id string, body PatchWebhooksIDJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchWebhooksIDResult, error)
+
+	// GetWebhooksIDDeliveriesWithResponse A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/webhooks/{id}/deliveries (the `GetWebhooksIDDeliveries` operationId).
+	GetWebhooksIDDeliveriesWithResponse(ctx context.Context, id string, params *GetWebhooksIDDeliveriesParams, reqEditors ...RequestEditorFn) (*GetWebhooksIDDeliveriesResult, error)
+}
+
+// GetEventsResult200Headers the declared response headers of an HTTP 200 response for GetEvents
+type GetEventsResult200Headers struct {
+	XNextCursor *string
+}
+
+type GetEventsResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *EventsResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetEventsResult200Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetEventsResult) GetJSON200() *EventsResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetEventsResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetEventsResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetEventsResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetEventsResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetEventsResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetEventsResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetEventsResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetEventsResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetEventsResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetEventsResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 type GetHealthResult struct {
@@ -10233,6 +11349,540 @@ func (r GetTemplatesIDLogsResult) ContentType() string {
 	return ""
 }
 
+type GetWebhooksResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhooksResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetWebhooksResult) GetJSON200() *WebhooksResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetWebhooksResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetWebhooksResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetWebhooksResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetWebhooksResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetWebhooksResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetWebhooksResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetWebhooksResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetWebhooksResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetWebhooksResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetWebhooksResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostWebhooksResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhookResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostWebhooksResult) GetJSON200() *WebhookResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostWebhooksResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostWebhooksResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostWebhooksResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostWebhooksResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostWebhooksResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostWebhooksResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostWebhooksResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostWebhooksResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostWebhooksResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostWebhooksResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostWebhooksResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostWebhooksResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteWebhooksIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhookResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON200() *WebhookResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteWebhooksIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteWebhooksIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteWebhooksIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteWebhooksIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteWebhooksIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetWebhooksIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhookResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetWebhooksIDResult) GetJSON200() *WebhookResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetWebhooksIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetWebhooksIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetWebhooksIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetWebhooksIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetWebhooksIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetWebhooksIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetWebhooksIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetWebhooksIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetWebhooksIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetWebhooksIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PatchWebhooksIDResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhookResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON200() *WebhookResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PatchWebhooksIDResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PatchWebhooksIDResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PatchWebhooksIDResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PatchWebhooksIDResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PatchWebhooksIDResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetWebhooksIDDeliveriesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeliveriesResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON200() *DeliveriesResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetWebhooksIDDeliveriesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetWebhooksIDDeliveriesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetWebhooksIDDeliveriesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetWebhooksIDDeliveriesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetWebhooksIDDeliveriesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetEventsWithResponse List the account's lifecycle events (sandboxd)
+//
+// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/events (the `GetEvents` operationId).
+func (c *ClientWithResponses) GetEventsWithResponse(ctx context.Context, params *GetEventsParams, reqEditors ...RequestEditorFn) (*GetEventsResult, error) {
+	rsp, err := c.GetEvents(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetEventsResult(rsp)
+}
+
 // GetHealthWithResponse Liveness and version
 //
 // Returns a wrapper object for the known response body format(s).
@@ -11187,6 +12837,195 @@ func (c *ClientWithResponses) GetTemplatesIDLogsWithResponse(ctx context.Context
 		return nil, err
 	}
 	return ParseGetTemplatesIDLogsResult(rsp)
+}
+
+// GetWebhooksWithResponse List the account's webhooks (sandboxd)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
+func (c *ClientWithResponses) GetWebhooksWithResponse(ctx context.Context, params *GetWebhooksParams, reqEditors ...RequestEditorFn) (*GetWebhooksResult, error) {
+	rsp, err := c.GetWebhooks(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetWebhooksResult(rsp)
+}
+
+// PostWebhooksWithBodyWithResponse Register a webhook for the account's lifecycle events (sandboxd)
+//
+// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+func (c *ClientWithResponses) PostWebhooksWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostWebhooksResult, error) {
+	rsp, err := c.PostWebhooksWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostWebhooksResult(rsp)
+}
+
+// PostWebhooksWithResponse Register a webhook for the account's lifecycle events (sandboxd)
+//
+// Each event the webhook takes (events; all when absent) is POSTed to url as JSON (GET /api/events' event with account_id), signed: Sandboxd-Signature is v1= and the hex HMAC-SHA256, keyed with the secret, of Sandboxd-Timestamp, '.', and the body. A delivery that gets no 2xx is retried with backoff (twice the wait each time, from --webhook-retry-base) up to 8 attempts; GET /api/webhooks/{id}/deliveries shows each. The secret (made when not given) is answered here only. 400 for a URL the server may not reach (private, loopback and metadata addresses, unless --webhooks-allow-private; metadata never), an unknown event type, a short secret; 409 over 20 webhooks.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/webhooks (the `PostWebhooks` operationId).
+func (c *ClientWithResponses) PostWebhooksWithResponse(ctx context.Context, body PostWebhooksJSONRequestBody, reqEditors ...RequestEditorFn) (*PostWebhooksResult, error) {
+	rsp, err := c.PostWebhooks(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostWebhooksResult(rsp)
+}
+
+// DeleteWebhooksIDWithResponse Delete a webhook; what it had not delivered is cancelled (sandboxd)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/webhooks/{id} (the `DeleteWebhooksID` operationId).
+func (c *ClientWithResponses) DeleteWebhooksIDWithResponse(ctx context.Context, id string, params *DeleteWebhooksIDParams, reqEditors ...RequestEditorFn) (*DeleteWebhooksIDResult, error) {
+	rsp, err := c.DeleteWebhooksID(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteWebhooksIDResult(rsp)
+}
+
+// GetWebhooksIDWithResponse Get a webhook (sandboxd)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
+func (c *ClientWithResponses) GetWebhooksIDWithResponse(ctx context.Context, id string, params *GetWebhooksIDParams, reqEditors ...RequestEditorFn) (*GetWebhooksIDResult, error) {
+	rsp, err := c.GetWebhooksID(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetWebhooksIDResult(rsp)
+}
+
+// PatchWebhooksIDWithBodyWithResponse Change a webhook: its url, name, events, secret or enabled (sandboxd)
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+func (c *ClientWithResponses) PatchWebhooksIDWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchWebhooksIDResult, error) {
+	rsp, err := c.PatchWebhooksIDWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePatchWebhooksIDResult(rsp)
+}
+
+// PatchWebhooksIDWithResponse Change a webhook: its url, name, events, secret or enabled (sandboxd)
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/webhooks/{id} (the `PatchWebhooksID` operationId).
+func (c *ClientWithResponses) PatchWebhooksIDWithResponse(ctx context.Context, id string, body PatchWebhooksIDJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchWebhooksIDResult, error) {
+	rsp, err := c.PatchWebhooksID(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePatchWebhooksIDResult(rsp)
+}
+
+// GetWebhooksIDDeliveriesWithResponse A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/webhooks/{id}/deliveries (the `GetWebhooksIDDeliveries` operationId).
+func (c *ClientWithResponses) GetWebhooksIDDeliveriesWithResponse(ctx context.Context, id string, params *GetWebhooksIDDeliveriesParams, reqEditors ...RequestEditorFn) (*GetWebhooksIDDeliveriesResult, error) {
+	rsp, err := c.GetWebhooksIDDeliveries(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetWebhooksIDDeliveriesResult(rsp)
+}
+
+// ParseGetEventsResult parses an HTTP response from a GetEventsWithResponse call
+func ParseGetEventsResult(rsp *http.Response) (*GetEventsResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetEventsResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest EventsResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetEventsResult200Headers
+		if values := rsp.Header.Values("X-Next-Cursor"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Next-Cursor", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XNextCursor = &value
+		}
+		response.Headers200 = &headers
+	}
+
+	return response, nil
 }
 
 // ParseGetHealthResult parses an HTTP response from a GetHealthWithResponse call
@@ -14393,6 +16232,435 @@ func ParseGetTemplatesIDLogsResult(rsp *http.Response) (*GetTemplatesIDLogsResul
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetWebhooksResult parses an HTTP response from a GetWebhooksWithResponse call
+func ParseGetWebhooksResult(rsp *http.Response) (*GetWebhooksResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetWebhooksResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhooksResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostWebhooksResult parses an HTTP response from a PostWebhooksWithResponse call
+func ParsePostWebhooksResult(rsp *http.Response) (*PostWebhooksResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostWebhooksResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhookResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteWebhooksIDResult parses an HTTP response from a DeleteWebhooksIDWithResponse call
+func ParseDeleteWebhooksIDResult(rsp *http.Response) (*DeleteWebhooksIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteWebhooksIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhookResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetWebhooksIDResult parses an HTTP response from a GetWebhooksIDWithResponse call
+func ParseGetWebhooksIDResult(rsp *http.Response) (*GetWebhooksIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetWebhooksIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhookResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePatchWebhooksIDResult parses an HTTP response from a PatchWebhooksIDWithResponse call
+func ParsePatchWebhooksIDResult(rsp *http.Response) (*PatchWebhooksIDResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PatchWebhooksIDResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhookResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetWebhooksIDDeliveriesResult parses an HTTP response from a GetWebhooksIDDeliveriesWithResponse call
+func ParseGetWebhooksIDDeliveriesResult(rsp *http.Response) (*GetWebhooksIDDeliveriesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetWebhooksIDDeliveriesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeliveriesResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
 		var dest ErrorBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {

@@ -50,6 +50,7 @@ type serveOptions struct {
 	persist   persistOptions
 	sandboxes sandboxOptions
 	templates templatesOptions
+	events    eventsOptions
 	agents    agentOptions
 	retention retentionOptions
 	models    modelOptions
@@ -70,6 +71,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	o.persist.register(f)
 	o.sandboxes.register(f)
 	o.templates.register(f)
+	o.events.register(f)
 	o.agents.register(f)
 	o.retention.register(f)
 	o.models.register(f)
@@ -93,6 +95,7 @@ func (o *serveOptions) check(g *globals) error {
 		o.sandboxes.check,
 		o.agents.check,
 		o.retention.check,
+		o.events.check,
 		o.models.check,
 		o.frontEnds.check,
 	} {
@@ -219,6 +222,13 @@ func (n *node) run(ctx context.Context) error {
 	// the others, what no template needs in the shared store), and the
 	// template builds that lost their tags.
 	go n.dom.tpls.RunCollector(runCtx)
+	// Every node dispatches the deliveries its events made (and any node's
+	// left pending), and works their jobs.
+	go func() {
+		if err := n.dom.hooks.Run(runCtx); err != nil {
+			n.log.Error("webhook dispatcher stopped", "err", err)
+		}
+	}()
 
 	n.log.Info("sandboxd serving", "addr", n.ls.ln.Addr().String(), "data_dir", n.stor.dataDir, "database", n.stor.st.Dialect(),
 		"runtime", n.rt.rt.Name(), "image", n.rt.baseID, "version", version)

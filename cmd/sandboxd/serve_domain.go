@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/templates"
+	"github.com/sandboxd/sandboxd/internal/webhooks"
 )
 
 // The domain: the job queue, repositories and files, persistence, the
@@ -45,6 +46,7 @@ type domain struct {
 	sweeper *retention.Sweeper
 	tpls    *templates.Service
 	catalog *templates.Catalog // what sandboxes start from
+	hooks   *webhooks.Service  // lifecycle events and webhooks
 }
 
 // domainDeps are the components the domain is built on.
@@ -85,6 +87,13 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	dom.mgr = setupManager(o, d, dom, setups, log)
 	// Templates build through the manager (their steps' sandboxes).
 	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, builtin, workers, o.cluster.secret, log); err != nil {
+		return nil, err
+	}
+	key, err := serverKey(d.stor, o.cluster.secret)
+	if err != nil {
+		return nil, err
+	}
+	if dom.hooks, err = setupWebhooks(o.events, d.stor, dom.jobs, workers, key, log); err != nil {
 		return nil, err
 	}
 	// This node among the others: registered, alive, watching them.

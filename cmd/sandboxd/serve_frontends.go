@@ -135,6 +135,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 		Degraded:     degradedSummaries(d.rt.degraded),
 		Environments: d.dom.persist,
 		Templates:    d.dom.tpls,
+		Events:       d.dom.hooks,
 		Sandboxes:    mgr,
 		SandboxFiles: mgr,
 		Agents:       d.dom.agents,

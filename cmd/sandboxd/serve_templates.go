@@ -46,6 +46,18 @@ func (o *templatesOptions) buildNetwork() netpol.Policy {
 // templatesDir is the node's cache of unpacked images (root only).
 func templatesDir(stor *storage) string { return filepath.Join(stor.dataDir, "templates") }
 
+// serverKey is the key that seals what the server keeps secret in its
+// database (builds' registry credentials, webhooks' signing secrets; each
+// derives a key of its own from it): in a cluster, made from its secret
+// (any node opens what another sealed); else this node's own, in
+// credentialsKeyFile.
+func serverKey(stor *storage, clusterSecret []byte) ([]byte, error) {
+	if len(clusterSecret) > 0 {
+		return templates.KeyFromSecret(clusterSecret), nil
+	}
+	return templates.LoadOrCreateKey(credentialsKeyFile(stor))
+}
+
 // credentialsKeyFile holds the key that seals template builds' registry
 // credentials on a node outside a cluster (made at first start, 0600).
 func credentialsKeyFile(stor *storage) string {
@@ -60,17 +72,9 @@ func setupTemplates(o templatesOptions, stor *storage, jc *jobs.Client, mgr *san
 	if o.maxUploadMiB < 1 || o.maxUploadMiB > 1<<20 {
 		return nil, flagErrorf("templates-max-upload-mib", "--templates-max-upload-mib %d: want 1 to %d", o.maxUploadMiB, 1<<20)
 	}
-	// The key that seals builds' registry credentials until their job
-	// runs: in a cluster, made from its secret (any node may open them);
-	// else this node's own.
-	var key []byte
-	if len(clusterSecret) > 0 {
-		key = templates.KeyFromSecret(clusterSecret)
-	} else {
-		var err error
-		if key, err = templates.LoadOrCreateKey(credentialsKeyFile(stor)); err != nil {
-			return nil, err
-		}
+	key, err := serverKey(stor, clusterSecret)
+	if err != nil {
+		return nil, err
 	}
 	svc, err := templates.New(templates.Config{
 		Store: stor.st, Jobs: jc, NodeID: stor.nodeID, Dir: templatesDir(stor), Host: mgr, Saver: mgr, Builtin: builtin,
