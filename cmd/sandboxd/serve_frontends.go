@@ -186,6 +186,7 @@ func setupE2B(o *serveOptions, d frontEndDeps, gate *edge.Gate, portProxy *netpo
 		Templates: e2bTemplates(r.template, d.rt.baseDir),
 		Custom:    d.dom.tpls,
 		Files:     d.dom.tpls,
+		Events:    d.dom.hooks,
 		CPUs:      int(math.Ceil(r.cpus)), MemoryMB: int(r.memoryMiB), DiskMB: int(r.diskMiB), MaxTimeout: o.sandboxes.maxTimeout,
 		DefaultUser: e2b.DefaultUserOf(d.rt.baseDir),
 		Logger:      log.With("component", "e2b"),

@@ -97,6 +97,9 @@ type Options struct {
 	// Files are the accounts' uploaded build files (the Template API's
 	// COPY uploads, templatefiles.go); nil: none.
 	Files TemplateFiles
+	// Events lists lifecycle events and keeps webhooks (events.go); nil:
+	// the /events routes answer 404.
+	Events Events
 	// CPUs and MemoryMB are what a sandbox is given, as reported.
 	CPUs     int
 	MemoryMB int
@@ -170,6 +173,7 @@ func (a *API) Routes() map[string]http.Handler {
 		"/v3/templates":   cp,
 		"/v2/templates/*": cp,
 		"/snapshots":      cp,
+		"/events/*":       cp,
 	}
 	maps.Copy(routes, a.envd.Routes())
 	return routes

@@ -42,6 +42,14 @@ func (a *API) controlPlane() http.Handler {
 	r.Get("/snapshots", a.route(a.listSnapshots, false))
 	r.Get("/templates", a.route(a.templates, false))
 	r.Delete("/templates/{templateID}", a.route(a.deleteTemplate, true))
+	// Lifecycle events and webhooks (events.go).
+	r.Get("/events/sandboxes", a.route(a.listEvents, false))
+	r.Get("/events/sandboxes/{id}", a.route(a.sandboxEvents, false))
+	r.Post("/events/webhooks", a.route(a.createWebhook, true))
+	r.Get("/events/webhooks", a.route(a.listWebhooks, false))
+	r.Get("/events/webhooks/{webhookID}", a.route(a.getWebhook, false))
+	r.Patch("/events/webhooks/{webhookID}", a.route(a.updateWebhook, true))
+	r.Delete("/events/webhooks/{webhookID}", a.route(a.deleteWebhook, true))
 	// The Template API (templatebuild.go).
 	r.Post("/v3/templates", a.route(a.requestTemplate, true))
 	r.Post("/v2/templates/{templateID}/builds/{buildID}", a.route(a.startBuild, true))
