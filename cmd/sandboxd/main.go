@@ -48,6 +48,8 @@ func newRootCmd() *cobra.Command {
 		annotate(newSandboxCmd(g), "log-format"),
 		annotate(newTemplateCmd()),
 		annotate(newSnapshotCmd()),
+		annotate(newEventsCmd()),
+		annotate(newWebhookCmd()),
 		newBenchCmd(g),
 		newKernelCmd(g),
 		annotate(newMCPCmd()),
