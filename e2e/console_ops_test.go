@@ -396,6 +396,7 @@ func consoleOperations(t *testing.T, s *server, k key, p *consoleProxy, b *conso
 	if r := s.as(k, "GET", "/api/snapshots/"+snapName, nil); r.Status != 200 {
 		t.Errorf("the snapshot the console saved: %d %s", r.Status, r.Raw)
 	}
+	b.waitFor("the snapshot among its events", `!!document.querySelector('#events-body [data-event="sandbox.snapshot"]')`, time.Minute)
 	shot("snapshotted")
 	b.press("start a sandbox from it", "#snapshot-result button")
 	b.waitFor("the new sandbox's page", fmt.Sprintf(`location.hash.startsWith('#sandbox/') && location.hash !== '#sandbox/%s' && document.getElementById('view-sandbox').dataset.status === 'running'`, id), 2*time.Minute)

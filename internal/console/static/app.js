@@ -310,7 +310,7 @@
     disconnectTerminal();
     clearPreview();
     for (const id of ['sandboxes-body', 'runs-body', 'tree', 'preview-body', 'snapshots-body', 'run-log',
-      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'snapshot-result', 'templates-body', 'tpl-fields', 'tpl-log']) $(id).replaceChildren();
+      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'snapshot-result', 'events-body', 'templates-body', 'tpl-fields', 'tpl-log']) $(id).replaceChildren();
     state.template = null;
     state.templateChoices = '';
     state.createTemplate = '';
@@ -572,6 +572,7 @@
     }
     const first = !state.sandbox;
     renderSandbox(sb);
+    run(loadEvents(id));
     if (first) {
       // The network form starts from the policy it has.
       const p = sb.network;
@@ -580,6 +581,20 @@
       networkKindChanged();
       if (sb.sandboxStatus === 'running') run(loadProcesses());
     }
+  }
+
+  // loadEvents lists the open sandbox's lifecycle events, newest first.
+  async function loadEvents(id) {
+    const data = await api('GET', '/api/events?limit=50&sandbox_id=' + encodeURIComponent(id));
+    if (state.view !== 'sandbox' || state.arg !== id) return;
+    const events = data.events || [];
+    $('events-table').hidden = events.length === 0;
+    $('events-note').textContent = events.length ? 'What happened to it, newest first.' : 'No events recorded.';
+    $('events-body').replaceChildren(...events.map((e) => {
+      const details = Object.entries(e.data || {}).map(([k, v]) => k + ': ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ');
+      return el('tr', { dataset: { event: e.type } }, el('td', { text: new Date(e.created_at).toLocaleString() }),
+        el('td', { text: e.type }), el('td', { class: 'opt', text: details }));
+    }));
   }
 
   function renderSandbox(sb) {
