@@ -212,6 +212,13 @@ func TestEvents(t *testing.T) {
 	if cr.code != 0 || json.Unmarshal([]byte(cr.stdout), &listed) != nil || len(listed) != len(want) || listed[0]["type"] != "sandbox.stopped" {
 		t.Fatalf("sandboxd events: %d %s %s", cr.code, cr.stdout, cr.stderr)
 	}
+	// MCP: the same list.
+	if a := s.mcpConnect(ak).call(t, "list_events", map[string]any{"sandbox_id": id, "limit": 100}, ""); a.IsError || len(a.Data["events"].([]any)) != len(want) {
+		t.Fatalf("list_events: %+v", a)
+	}
+	if a := s.mcpConnect(bk).call(t, "list_events", map[string]any{"sandbox_id": id}, ""); a.IsError || len(a.Data["events"].([]any)) != 0 {
+		t.Fatalf("bob's list_events: %+v", a)
+	}
 	cr = runCLI(t, nil, nil, "webhook", "--url", s.base, "--key", ak.Key, "deliveries", allID)
 	if cr.code != 0 || strings.Count(cr.stdout, "delivered") != len(want) {
 		t.Fatalf("sandboxd webhook deliveries: %d %s %s", cr.code, cr.stdout, cr.stderr)

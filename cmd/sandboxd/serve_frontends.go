@@ -98,7 +98,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 	if err != nil {
 		return nil, nil, err
 	}
-	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Gate: gate, Sandboxes: mgr, Code: mgr, Files: d.dom.files, Templates: d.dom.tpls,
+	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Gate: gate, Sandboxes: mgr, Code: mgr, Files: d.dom.files, Templates: d.dom.tpls, Events: d.dom.hooks,
 		Version: version, Logger: log.With("component", "mcp")})
 	if err != nil {
 		return nil, nil, err

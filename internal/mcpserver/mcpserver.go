@@ -62,8 +62,10 @@ type Options struct {
 	// Templates builds and keeps the accounts' templates; nil: no
 	// template tools are offered.
 	Templates TemplateService
-	Logger    *slog.Logger
-	Version   string
+	// Events lists lifecycle events (list_events); nil: no such tool.
+	Events  EventService
+	Logger  *slog.Logger
+	Version string
 	// PollInterval is how often a waiting tool looks at its run and sends
 	// a progress notification (default 500ms).
 	PollInterval time.Duration
@@ -132,7 +134,7 @@ func New(opts Options) (*Handler, error) {
 }
 
 const instructions = `sandboxd runs commands and prompts in ephemeral, isolated Linux sandboxes. Each account has a git repository that every sandbox starts from (/workspace) and that each run's changes are committed to.
-Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. A template (build_template from an OCI image or a Dockerfile, then list_templates, get_template, delete_template) is an environment of the account's own that run_command's template starts a sandbox from. snapshot_sandbox saves a running sandbox's files as a named snapshot that run_command's snapshot starts new sandboxes from (list_snapshots, delete_snapshot). Tools act for the key's own account unless account_id names another the key may act for.`
+Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. A template (build_template from an OCI image or a Dockerfile, then list_templates, get_template, delete_template) is an environment of the account's own that run_command's template starts a sandbox from. list_events lists the sandboxes' lifecycle events. snapshot_sandbox saves a running sandbox's files as a named snapshot that run_command's snapshot starts new sandboxes from (list_snapshots, delete_snapshot). Tools act for the key's own account unless account_id names another the key may act for.`
 
 // ServeHTTP authenticates the request as the API does (edge.Gate: an API
 // key as Authorization: Bearer or x-api-key, or on the cluster listener

@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 	"github.com/sandboxd/sandboxd/internal/templates"
+	"github.com/sandboxd/sandboxd/internal/webhooks"
 )
 
 // noSandboxes is the sandbox service of these tests: none of its methods
@@ -103,7 +104,11 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Templates: tpls, Version: "test", PollInterval: 20 * time.Millisecond})
+	events, err := webhooks.New(webhooks.Config{Store: st, Key: make([]byte, 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Templates: tpls, Events: events, Version: "test", PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +198,7 @@ func TestToolsAndFiles(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_files", "list_snapshots", "list_templates", "prompt_sandbox", "read_file", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
+	want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates", "prompt_sandbox", "read_file", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v", names)
 	}

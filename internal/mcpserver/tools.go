@@ -44,6 +44,9 @@ func (h *Handler) addTools(srv *mcp.Server) {
 		all = append(all, h.templateTools()...)
 		all = append(all, h.snapshotTools()...)
 	}
+	if h.opts.Events != nil {
+		all = append(all, h.eventTools()...)
+	}
 	for _, t := range all {
 		destructive := t.changes
 		srv.AddTool(&mcp.Tool{
