@@ -64,7 +64,9 @@ func TestE2BSDK(t *testing.T) {
 // runE2BSDK starts a server on the base image with flags and runs the
 // node tests once per SDK version against it.
 func runE2BSDK(t *testing.T, node nodeInstall, dir string, flags, sdks []string) {
-	s := startServer(t, "", append([]string{"--template", "base"}, flags...)...)
+	// A domain, so that getHost(port) names a host this server routes
+	// (test/autoresume.test.js reaches a port through it).
+	s := startServer(t, "", append([]string{"--template", "base", "--e2b-domain", "sbx.test"}, flags...)...)
 	var k, other key
 	s.admin(&k, "admin", "key", "create", "--account", s.createAccount("e2b", false).ID, "--format", "e2b", "--json")
 	// A second account's key: the SDK tests check that it sees none of the

@@ -1198,6 +1198,13 @@ type PathStatResponseStatus string
 // PathStatResponseType defines model for PathStatResponse.Type.
 type PathStatResponseType string
 
+// PauseRequest defines model for PauseRequest.
+type PauseRequest struct {
+	// Memory Only true (the default): a pause keeps the sandbox's memory and processes; false (files only) is refused with 400
+	Memory    *bool   `json:"memory,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
 // Port defines model for Port.
 type Port struct {
 	Port int    `json:"port"`
@@ -1765,7 +1772,7 @@ type PostSandboxesIDForkJSONRequestBody = ForkRequest
 type PatchSandboxesIDNetworkJSONRequestBody = NetworkRequest
 
 // PostSandboxesIDPauseJSONRequestBody defines body for PostSandboxesIDPause for application/json ContentType.
-type PostSandboxesIDPauseJSONRequestBody = AccountRequest
+type PostSandboxesIDPauseJSONRequestBody = PauseRequest
 
 // PostSandboxesIDResumeJSONRequestBody defines body for PostSandboxesIDResume for application/json ContentType.
 type PostSandboxesIDResumeJSONRequestBody = AccountRequest
@@ -2205,7 +2212,7 @@ type ClientInterface interface {
 
 	// PostSandboxesIDPauseWithBody Pause a running sandbox with its memory (sandboxd)
 	//
-	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2214,7 +2221,7 @@ type ClientInterface interface {
 
 	// PostSandboxesIDPause Pause a running sandbox with its memory (sandboxd)
 	//
-	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3117,7 +3124,7 @@ func (c *Client) PatchSandboxesIDNetwork(ctx context.Context, id string, body Pa
 
 // PostSandboxesIDPauseWithBody Pause a running sandbox with its memory (sandboxd)
 //
-// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 //
 // Takes any type of body and a specified content type.
 //
@@ -3136,7 +3143,7 @@ func (c *Client) PostSandboxesIDPauseWithBody(ctx context.Context, id string, co
 
 // PostSandboxesIDPause Pause a running sandbox with its memory (sandboxd)
 //
-// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -7000,7 +7007,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesIDPauseWithBodyWithResponse Pause a running sandbox with its memory (sandboxd)
 	//
-	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -7009,7 +7016,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesIDPauseWithResponse Pause a running sandbox with its memory (sandboxd)
 	//
-	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+	// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -12366,7 +12373,7 @@ func (c *ClientWithResponses) PatchSandboxesIDNetworkWithResponse(ctx context.Co
 
 // PostSandboxesIDPauseWithBodyWithResponse Pause a running sandbox with its memory (sandboxd)
 //
-// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -12381,7 +12388,7 @@ func (c *ClientWithResponses) PostSandboxesIDPauseWithBodyWithResponse(ctx conte
 
 // PostSandboxesIDPauseWithResponse Pause a running sandbox with its memory (sandboxd)
 //
-// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+// Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

@@ -91,8 +91,8 @@ func (s *Server) routeTable() []route {
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/timeout", summary: "Set a sandbox's remaining lifetime", tag: "sandboxes",
 			body: contract.TimeoutRequest{}, ok: contract.SandboxResponse{}, handler: s.setTimeout},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/pause", summary: "Pause a running sandbox with its memory (sandboxd)", tag: "sandboxes",
-			description: "Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.",
-			body:        contract.AccountRequest{}, ok: contract.SandboxResponse{}, handler: s.pauseSandbox},
+			description: "Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).",
+			body:        contract.PauseRequest{}, ok: contract.SandboxResponse{}, handler: s.pauseSandbox},
 		{method: http.MethodPost, path: "/api/sandboxes/{id}/resume", summary: "Resume a paused sandbox where it was (sandboxd)", tag: "sandboxes",
 			description: "Its processes carry on from where they were; its timeout runs again from what was left. Resuming a running sandbox answers it as it is; 409 once it stopped.",
 			body:        contract.AccountRequest{}, ok: contract.SandboxResponse{}, handler: s.resumeSandbox},
@@ -505,7 +505,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, contract.ParseAccountOnly, func(ctx context.Context, sb store.Sandbox, _ contract.AccountRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParsePause, func(ctx context.Context, sb store.Sandbox, _ contract.PauseRequest) (store.Sandbox, error) {
 		return s.opts.Sandboxes.Pause(ctx, principal(r), sb.ID)
 	})
 }

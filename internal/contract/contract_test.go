@@ -114,3 +114,19 @@ func TestParseExecPTY(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePause: a pause keeps the memory; memory false (the files
+// alone) is refused, naming the field, never ignored.
+func TestParsePause(t *testing.T) {
+	for body, refused := range map[string]bool{`{}`: false, `{"memory":true}`: false, `{"memory":false}`: true, `{"memory":"no"}`: true} {
+		o, err := DecodeObject([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ParsePause(o)
+		var e *edge.Error
+		if refused != (errors.As(err, &e) && e.Status == 400 && fmt.Sprint(e.Fields) == "[memory]") {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}

@@ -105,6 +105,35 @@ func ParsePatchSandboxes(a Args) (PatchSandboxesRequest, error) {
 	return req, nil
 }
 
+// PauseRequest is the body of POST /api/sandboxes/{id}/pause.
+type PauseRequest struct {
+	// Memory false asks for a pause of the files alone, which sandboxd
+	// does not do (400): a pause keeps the memory.
+	Memory    *bool  `json:"memory,omitempty" jsonschema:"description=Only true (the default): a pause keeps the sandbox's memory and processes; false (files only) is refused with 400"`
+	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
+}
+
+// ActingFor implements ActsFor.
+func (r PauseRequest) ActingFor() string { return r.AccountID }
+
+// ParsePause validates the body of POST /api/sandboxes/{id}/pause.
+func ParsePause(a Args) (PauseRequest, error) {
+	o := a.o
+	var req PauseRequest
+	m, ok, err := o.bool("memory")
+	if err != nil {
+		return req, err
+	}
+	if ok && !m {
+		return req, FieldError("memory: false (a pause of the files alone, dropping the processes) is not supported: sandboxd's pause keeps the memory; save the files with POST /api/sandboxes/{id}/snapshots, then stop it", "memory")
+	}
+	if ok {
+		req.Memory = &m
+	}
+	req.AccountID, err = o.accountID()
+	return req, err
+}
+
 // ParseAccountOnly validates a body that carries only account_id.
 func ParseAccountOnly(a Args) (AccountRequest, error) {
 	o := a.o

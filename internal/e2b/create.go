@@ -34,6 +34,9 @@ type newSandboxRequest struct {
 	Secure              *bool             `json:"secure"`
 	AutoPause           *bool             `json:"autoPause"`
 	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *struct {
+		Enabled *bool `json:"enabled"`
+	} `json:"autoResume"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *networkConfig    `json:"network"`
 }
@@ -113,6 +116,10 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = store.OnTimeoutPause
 	}
+	autoResume := req.AutoResume != nil && req.AutoResume.Enabled != nil && *req.AutoResume.Enabled
+	if autoResume && creq.OnTimeout != store.OnTimeoutPause {
+		return edge.Errorf(http.StatusBadRequest, "autoResume: only with autoPause (onTimeout: 'pause'): a sandbox killed at its timeout has nothing to resume")
+	}
 	if req.Timeout != nil {
 		if creq.Lifetime, err = a.seconds("timeout", *req.Timeout); err != nil {
 			return err
@@ -141,7 +148,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	if err != nil {
 		return err
 	}
-	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: c.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, AccessToken: token, CreatedAt: a.opts.Now()}
+	e := store.E2BSandbox{SandboxID: sb.ID, AccountID: c.AccountID, TemplateID: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, AccessToken: token, AutoResume: autoResume, CreatedAt: a.opts.Now()}
 	if req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic {
 		if e.TrafficToken, err = newAccessToken(); err != nil {
 			return err
@@ -227,21 +234,13 @@ func (a *API) sandboxResponse(e store.E2BSandbox) sandboxResponse {
 // sandboxd does not implement when the body asks for it, instead of
 // accepting and ignoring it. The SDKs send these only when a program sets
 // them, so a program that does not gets no refusal; a value that asks for
-// nothing (autoResume {"enabled": false}, an empty list) is no request.
+// nothing (an empty list, null) is no request.
 func refuseUnsupported(raw []byte) error {
 	var top map[string]json.RawMessage
 	if len(raw) == 0 || json.Unmarshal(raw, &top) != nil {
 		return nil // decodeRaw answered for a body that is not an object
 	}
 	var refused []string
-	if v := top["autoResume"]; asks(v) {
-		var ar struct {
-			Enabled *bool `json:"enabled"`
-		}
-		if json.Unmarshal(v, &ar) != nil || ar.Enabled == nil || *ar.Enabled {
-			refused = append(refused, "autoResume (a paused sandbox resumes on connect, not on traffic)")
-		}
-	}
 	for _, o := range []struct{ name, why string }{
 		{"volumeMounts", "volumes are not supported"},
 		{"mcp", "E2B's MCP gateway in the sandbox is not served"},

@@ -59,7 +59,7 @@ func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbo
 		}
 	}
 	now := time.Now()
-	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute)}
+	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute), OnTimeout: req.OnTimeout}
 	err := f.st.CreateSandbox(ctx, &sb)
 	return sb, "", err
 }
@@ -254,7 +254,6 @@ func TestControlPlaneAuthAndErrors(t *testing.T) {
 		body map[string]any
 		want string
 	}{
-		{map[string]any{"autoResume": map[string]any{"enabled": true}}, "autoResume"},
 		{map[string]any{"volumeMounts": []any{map[string]any{"name": "data", "path": "/data"}}}, "volumeMounts"},
 		{map[string]any{"mcp": map[string]any{"github": map[string]any{}}}, "mcp"},
 		{map[string]any{"iam": map[string]any{"tokens": map[string]any{"t": "x"}}}, "iam"},
@@ -267,6 +266,19 @@ func TestControlPlaneAuthAndErrors(t *testing.T) {
 		if resp := f.call("POST", "/v2/sandboxes", key, c.body, &e); resp.StatusCode != 400 || !strings.Contains(e.Message, "not supported by sandboxd: "+c.want+" (") {
 			t.Errorf("create %v: %d %+v, want 400 naming %s", c.body, resp.StatusCode, e, c.want)
 		}
+	}
+	// autoResume is taken with autoPause only.
+	if resp := f.call("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "autoResume": map[string]any{"enabled": true}}, &e); resp.StatusCode != 400 || !strings.Contains(e.Message, "autoResume: only with autoPause") {
+		t.Errorf("autoResume without autoPause: %d %+v", resp.StatusCode, e)
+	}
+	var resumable sandboxResponse
+	if resp := f.call("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "autoPause": true, "autoResume": map[string]any{"enabled": true}}, &resumable); resp.StatusCode != 201 {
+		t.Errorf("autoResume with autoPause: %d", resp.StatusCode)
+	}
+	var detail map[string]any
+	f.call("GET", "/sandboxes/"+resumable.SandboxID, key, nil, &detail)
+	if lc, _ := detail["lifecycle"].(map[string]any); lc["autoResume"] != true || lc["onTimeout"] != "pause" {
+		t.Errorf("lifecycle %v", detail["lifecycle"])
 	}
 	var made map[string]any
 	if resp := f.call("POST", "/v2/sandboxes", key, map[string]any{"templateID": "base", "autoResume": map[string]any{"enabled": false}, "volumeMounts": []any{}, "mcp": nil}, &made); resp.StatusCode != 201 {

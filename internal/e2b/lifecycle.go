@@ -97,6 +97,15 @@ func (a *API) extend(w http.ResponseWriter, r *http.Request, c edge.Caller, req 
 }
 
 func (a *API) pause(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
+	var req struct {
+		Memory *bool `json:"memory"` // the SDK's keepMemory
+	}
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Memory != nil && !*req.Memory {
+		return edge.Errorf(http.StatusBadRequest, "keepMemory: false (a pause of the files alone) is not supported: sandboxd's pause keeps the memory; createSnapshot saves the files")
+	}
 	sb, _, err := a.sandboxOf(r.Context(), c, chi.URLParam(r, "id"))
 	if err != nil {
 		return err

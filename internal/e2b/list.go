@@ -54,9 +54,9 @@ type lifecycle struct {
 	OnTimeout  string `json:"onTimeout"` // "kill" or "pause"
 }
 
-func lifecycleOf(sb store.Sandbox) lifecycle {
+func lifecycleOf(sb store.Sandbox, e store.E2BSandbox) lifecycle {
 	if sb.OnTimeout == store.OnTimeoutPause {
-		return lifecycle{OnTimeout: "pause"}
+		return lifecycle{OnTimeout: "pause", AutoResume: e.AutoResume}
 	}
 	return lifecycle{OnTimeout: "kill"}
 }
@@ -91,7 +91,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	if err != nil {
 		return err
 	}
-	d := sandboxDetail{listedSandbox: a.listed(sb, e), Lifecycle: lifecycleOf(sb)}
+	d := sandboxDetail{listedSandbox: a.listed(sb, e), Lifecycle: lifecycleOf(sb, e)}
 	if c.Scope() == auth.ScopeFull {
 		// A sandbox's key reads, never acts: the token would let it run
 		// commands as root in this sandbox, whatever its own scope says.

@@ -20,10 +20,13 @@ type E2BSandbox struct {
 	// TrafficToken, when set, is what a request to the sandbox's ports
 	// through the E2B domain must carry; "" leaves them public.
 	TrafficToken string
-	CreatedAt    time.Time
+	// AutoResume: traffic to the sandbox while it is paused resumes it
+	// (E2B's autoResume).
+	AutoResume bool
+	CreatedAt  time.Time
 }
 
-const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, env_vars, access_token, traffic_token, created_at"
+const e2bSandboxCols = "sandbox_id, account_id, template_id, metadata, env_vars, access_token, traffic_token, auto_resume, created_at"
 
 func scanE2BSandbox(s scanner) (E2BSandbox, error) {
 	var (
@@ -31,7 +34,7 @@ func scanE2BSandbox(s scanner) (E2BSandbox, error) {
 		meta, env string
 		at        int64
 	)
-	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &env, &e.AccessToken, &e.TrafficToken, &at); err != nil {
+	if err := s.Scan(&e.SandboxID, &e.AccountID, &e.TemplateID, &meta, &env, &e.AccessToken, &e.TrafficToken, &e.AutoResume, &at); err != nil {
 		return E2BSandbox{}, err
 	}
 	if err := json.Unmarshal([]byte(meta), &e.Metadata); err != nil {
@@ -54,8 +57,8 @@ func (q *Queries) CreateE2BSandbox(ctx context.Context, e E2BSandbox) error {
 	if err != nil {
 		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
 	}
-	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-		e.SandboxID, e.AccountID, e.TemplateID, meta, env, e.AccessToken, e.TrafficToken, toMillis(e.CreatedAt)); err != nil {
+	if _, err := q.exec(ctx, "INSERT INTO e2b_sandboxes ("+e2bSandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		e.SandboxID, e.AccountID, e.TemplateID, meta, env, e.AccessToken, e.TrafficToken, e.AutoResume, toMillis(e.CreatedAt)); err != nil {
 		return fmt.Errorf("record e2b sandbox %s: %w", e.SandboxID, err)
 	}
 	return nil

@@ -381,7 +381,7 @@ export interface paths {
         put?: never;
         /**
          * Pause a running sandbox with its memory (sandboxd)
-         * @description Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause.
+         * @description Saves the sandbox whole on its node (memory, processes, files) and stops it running: it uses no CPU or memory, and its timeout does not run (sandboxStatus paused). Exec, files, ports, processes and the port proxy resume it first. Pausing a paused sandbox answers it as it is; 409 while a run executes in it or once it stopped; 400 when the server's runtime cannot pause, and for memory false (a pause of the files alone is not done: a named snapshot saves the files).
          */
         post: operations["postSandboxesIdPause"];
         delete?: never;
@@ -1207,6 +1207,12 @@ export interface components {
             symlinkTarget?: string;
             /** @enum {string} */
             type: "file" | "directory" | "symlink" | "other";
+        };
+        PauseRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description Only true (the default): a pause keeps the sandbox's memory and processes; false (files only) is refused with 400 */
+            memory?: boolean;
         };
         Port: {
             port: number;
@@ -3449,7 +3455,7 @@ export interface operations {
         };
         requestBody?: {
             content: {
-                "application/json": components["schemas"]["AccountRequest"];
+                "application/json": components["schemas"]["PauseRequest"];
             };
         };
         responses: {

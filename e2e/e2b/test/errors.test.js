@@ -122,11 +122,10 @@ describe(title('errors'), () => {
     assert.ok([400, 404].includes(status), `status ${status}: ${err.message}`)
   })
 
-  // e2b 2.51's create sends lifecycle.autoResume and volumeMounts (read in
-  // its dist); older versions may drop them client-side.
+  // e2b 2.51's create sends volumeMounts (read in its dist); older versions
+  // may drop it client-side. (autoResume is done: autoresume.test.js.)
   it('options sandboxd does not implement are refused, named, not ignored', { ...slow, skip: which !== 'new' && `e2b@${sdkVersion} is checked with SDK=new only` }, async () => {
     for (const [opts, name] of [
-      [{ lifecycle: { onTimeout: 'pause', autoResume: true } }, 'autoResume'],
       [{ volumeMounts: { '/data': 'data' } }, 'volumeMounts'],
       [{ network: { maskRequestHost: 'app.example.com:${PORT}' } }, 'network.maskRequestHost'],
     ]) {

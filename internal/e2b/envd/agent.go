@@ -206,11 +206,12 @@ func agentNotFound(w http.ResponseWriter, id string) {
 // as envd's proxy answers. Whether the sandbox runs here is the sandbox
 // manager's to say (AgentTransport); this plane only keeps a paused
 // sandbox asleep, which AgentTransport would wake: isRunning() of a
-// paused sandbox is false, not a resume.
+// paused sandbox is false, not a resume. One created with autoResume is
+// woken: the request waits for its resume.
 func (p *Proxy) transport(w http.ResponseWriter, r *http.Request, e store.E2BSandbox) (http.RoundTripper, bool) {
 	ctx := r.Context()
 	notRunning := "sandbox " + E2BID(e.SandboxID) + " is not running"
-	if sb, err := p.opts.Store.GetSandbox(ctx, e.SandboxID); err != nil || sb.Pause != "" {
+	if sb, err := p.opts.Store.GetSandbox(ctx, e.SandboxID); err != nil || (sb.Pause != "" && !e.AutoResume) {
 		writeError(w, http.StatusBadGateway, notRunning)
 		return nil, false
 	}

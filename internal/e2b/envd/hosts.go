@@ -101,7 +101,9 @@ func (p *Proxy) servePort(w http.ResponseWriter, r *http.Request, id string, por
 	}
 	r.Header.Del(headerForwardedHost)
 	sb, err := p.opts.Store.GetSandbox(r.Context(), id)
-	if err != nil || sb.Status != store.SandboxRunning || sb.Pause != "" {
+	// A paused sandbox stays asleep unless it was created with autoResume:
+	// then the port proxy resumes it and the request waits for it.
+	if err != nil || sb.Status != store.SandboxRunning || (sb.Pause != "" && !e.AutoResume) {
 		sandboxNotFound(w, id)
 		return
 	}
