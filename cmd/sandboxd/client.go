@@ -208,7 +208,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		return decoded(res.JSON200)
 	})
 	pause := act("pause", "pausing", "Pause a running sandbox with its memory: it stops running and its timeout stops", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
-		res, err := client.Check(cl.PostSandboxesIDPauseWithResponse(ctx, id, body))
+		res, err := client.Check(cl.PostSandboxesIDPauseWithResponse(ctx, id, client.PauseRequest{AccountID: body.AccountID}))
 		if err != nil {
 			return nil, err
 		}
