@@ -27,18 +27,18 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // newSandboxRequest is NewSandbox and NewSandboxV2.
 type newSandboxRequest struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int64            `json:"timeout"` // seconds
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	Secure              *bool             `json:"secure"`
-	AutoPause           *bool             `json:"autoPause"`
-	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
-	AutoResume          *struct {
+	TemplateID      string            `json:"templateID"`
+	Timeout         *int64            `json:"timeout"` // seconds
+	Metadata        map[string]string `json:"metadata"`
+	EnvVars         map[string]string `json:"envVars"`
+	Secure          *bool             `json:"secure"`
+	AutoPause       *bool             `json:"autoPause"`
+	AutoPauseMemory *bool             `json:"autoPauseMemory"`
+	AutoResume      *struct {
 		Enabled *bool `json:"enabled"`
 	} `json:"autoResume"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             *networkConfig    `json:"network"`
+	AllowInternetAccess *bool          `json:"allow_internet_access"`
+	Network             *networkConfig `json:"network"`
 }
 
 // networkConfig is the part of E2B's SandboxNetworkConfig sandboxd's

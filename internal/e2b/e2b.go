@@ -64,6 +64,9 @@ type Sandboxes interface {
 	Pause(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	Stats(ctx context.Context, p auth.Principal, id string) (runtime.Stats, error)
+	// UsageHistory is a running sandbox's measures taken in [from, to]
+	// (sandbox.Manager.UsageHistory).
+	UsageHistory(ctx context.Context, p auth.Principal, id string, from, to time.Time) ([]sandbox.UsageSample, error)
 	Fork(ctx context.Context, p auth.Principal, id string, count int, lifetime time.Duration) ([]store.Sandbox, error)
 	SetNetwork(ctx context.Context, p auth.Principal, id string, policy netpol.Policy) (store.Sandbox, error)
 }

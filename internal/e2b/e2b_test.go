@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,8 @@ type fakeSandboxes struct {
 	network *netpol.Policy
 	// netErr, when set, is what SetNetwork fails with.
 	netErr error
+	// usage is what UsageHistory keeps of every sandbox.
+	usage []sandbox.UsageSample
 }
 
 func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (store.Sandbox, string, error) {
@@ -92,6 +95,16 @@ func (f *fakeSandboxes) Resume(context.Context, auth.Principal, string) (store.S
 
 func (f *fakeSandboxes) Stats(context.Context, auth.Principal, string) (runtime.Stats, error) {
 	return runtime.Stats{MemoryBytes: 64 << 20, CPU: time.Second, DiskBytes: 1 << 20}, nil
+}
+
+func (f *fakeSandboxes) UsageHistory(_ context.Context, _ auth.Principal, _ string, from, to time.Time) ([]sandbox.UsageSample, error) {
+	var out []sandbox.UsageSample
+	for _, s := range f.usage {
+		if (from.IsZero() || !s.At.Before(from)) && (to.IsZero() || !s.At.After(to)) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeSandboxes) Fork(ctx context.Context, _ auth.Principal, id string, count int, lifetime time.Duration) ([]store.Sandbox, error) {
@@ -609,6 +622,50 @@ func TestRoutePatterns(t *testing.T) {
 		r.ServeHTTP(httptest.NewRecorder(), req)
 		if got != want {
 			t.Errorf("GET %s is named %q, want %q", path, got, want)
+		}
+	}
+}
+
+// TestMetricsHistory: getMetrics({start, end}) answers the samples the
+// node kept within the range (each one's CPU share over the span since the
+// one before), and a measure taken now only when the range reaches now;
+// without a range, the whole history and now; a bad range is 400.
+func TestMetricsHistory(t *testing.T) {
+	f := newFixture(t)
+	key := map[string]string{"X-API-Key": f.key}
+	sb := f.create(f.key, map[string]any{"templateID": "base"})
+	row, err := f.st.GetSandbox(t.Context(), envd.SandboxID(sb.SandboxID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := row.CreatedAt.Truncate(time.Second).Add(time.Second)
+	// Two CPUs: one second of CPU over 10 s is 5%, three over 10 s 15%.
+	f.sbs.usage = []sandbox.UsageSample{
+		{At: t0.Add(10 * time.Second), CPU: time.Second, MemoryBytes: 1 << 20},
+		{At: t0.Add(20 * time.Second), CPU: 4 * time.Second, MemoryBytes: 2 << 20},
+		{At: t0.Add(30 * time.Second), CPU: 4 * time.Second, MemoryBytes: 3 << 20},
+	}
+	f.now = t0.Add(40 * time.Second)
+	get := func(query string) ([]metric, int) {
+		t.Helper()
+		var out []metric
+		resp := f.call("GET", "/sandboxes/"+sb.SandboxID+"/metrics"+query, key, nil, &out)
+		return out, resp.StatusCode
+	}
+	unix := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).Unix(), 10) }
+	got, code := get("?start=" + unix(15*time.Second) + "&end=" + unix(30*time.Second))
+	if code != 200 || len(got) != 2 || got[0].MemUsed != 2<<20 || got[0].CPUUsedPct < 14.9 || got[0].CPUUsedPct > 15.1 || got[1].CPUUsedPct != 0 {
+		t.Fatalf("a past range: %d %+v", code, got)
+	}
+	if got, code := get(""); code != 200 || len(got) != 4 || got[3].MemUsed != 64<<20 {
+		t.Fatalf("no range: %d %+v", code, got)
+	}
+	if got, _ := get("?start=" + unix(25*time.Second)); len(got) != 2 {
+		t.Fatalf("from a time on (now included): %+v", got)
+	}
+	for _, bad := range []string{"?start=yesterday", "?end=-1", "?start=" + unix(20*time.Second) + "&end=" + unix(10*time.Second)} {
+		if resp := f.call("GET", "/sandboxes/"+sb.SandboxID+"/metrics"+bad, key, nil, nil); resp.StatusCode != 400 {
+			t.Errorf("%s: %d, want 400", bad, resp.StatusCode)
 		}
 	}
 }

@@ -53,6 +53,9 @@ type Settings struct {
 	// node's disk, so past it the sandbox is stopped and what it saved
 	// deleted (reapPaused).
 	MaxPaused time.Duration
+	// UsageEvery is how often running sandboxes' resource use is measured
+	// for their history (usage.go; 0: DefaultUsageEvery).
+	UsageEvery time.Duration
 	// WarmSandboxes the runtime's warm pool keeps started ahead, each
 	// with a disk of Limits.DiskBytes that admitDisk counts as promised
 	// (prewarmed sandboxes are counted as they exist).
@@ -173,6 +176,8 @@ type Manager struct {
 	warm warmDemand
 	// prewarmDemand sizes what is started ahead per account (prewarm.go).
 	prewarmDemand prewarmDemand
+	// usage is the running sandboxes' measures over time (usage.go).
+	usage usageHistory
 }
 
 // NewManager returns a Manager. Call Reconcile before serving.

@@ -18,6 +18,7 @@ import (
 func (m *Manager) Run(ctx context.Context) error {
 	go m.boundPauses(ctx)
 	go m.keepPools(ctx)
+	go m.measureUsage(ctx)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
