@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/e2b/envd"
 	"github.com/sandboxd/sandboxd/internal/edge"
+	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -46,6 +48,39 @@ type sandboxDetail struct {
 	EnvdAccessToken string    `json:"envdAccessToken,omitempty"`
 	Domain          *string   `json:"domain"`
 	Lifecycle       lifecycle `json:"lifecycle"`
+	// AllowInternetAccess and Network are its network as E2B's options
+	// say it (getInfo's network).
+	AllowInternetAccess *bool          `json:"allowInternetAccess,omitempty"`
+	Network             *networkDetail `json:"network,omitempty"`
+}
+
+// networkDetail is E2B's SandboxNetworkConfig as sandboxd answers it: the
+// allow list (a CIDR of everything for egress, none for no network), and
+// whether its ports take traffic without a token.
+type networkDetail struct {
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
+}
+
+// networkOf is sb's network in E2B's terms.
+func networkOf(sb store.Sandbox, e store.E2BSandbox) (*bool, *networkDetail) {
+	var p netpol.Policy
+	if sb.Network == "" || json.Unmarshal([]byte(sb.Network), &p) != nil {
+		return nil, nil
+	}
+	n := &networkDetail{AllowOut: []string{}, DenyOut: []string{}, AllowPublicTraffic: e.TrafficToken == ""}
+	var internet *bool
+	switch p.Mode {
+	case netpol.ModeEgress:
+		n.AllowOut = []string{"0.0.0.0/0"}
+		internet = new(true)
+	case netpol.ModeAllow:
+		n.AllowOut = append(n.AllowOut, p.Allow...)
+	default:
+		internet = new(false)
+	}
+	return internet, n
 }
 
 // lifecycle is E2B's SandboxLifecycle: what the timeout does.
@@ -92,6 +127,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 		return err
 	}
 	d := sandboxDetail{listedSandbox: a.listed(sb, e), Lifecycle: lifecycleOf(sb, e)}
+	d.AllowInternetAccess, d.Network = networkOf(sb, e)
 	if c.Scope() == auth.ScopeFull {
 		// A sandbox's key reads, never acts: the token would let it run
 		// commands as root in this sandbox, whatever its own scope says.
