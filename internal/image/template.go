@@ -73,7 +73,9 @@ func Templates() []Template {
 	minimal := []string{"ca-certificates", "curl", "git"}
 	base := append(slices.Clone(minimal),
 		"jq", "less", "make", "nodejs", "npm", "openssh-client", "procps",
-		"python3", "ripgrep", "unzip", "xz-utils", "zstd")
+		// python-is-python3: `python` is python3, as E2B's base has it
+		// (programs written for E2B call python).
+		"python3", "python-is-python3", "ripgrep", "unzip", "xz-utils", "zstd")
 	slices.Sort(base)
 
 	// Debian 12 ships Node.js 18, older than the agent CLIs accept

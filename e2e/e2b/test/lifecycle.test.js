@@ -67,6 +67,8 @@ describe(title('lifecycle'), () => {
       assert.ok(info.templateId === 'base' || info.name === 'base', `templateId ${info.templateId} / name ${info.name}`)
       const r = await sbx.commands.run('whoami; pwd; echo $HOME')
       assert.equal(r.stdout, 'user\n/home/user\n/home/user\n')
+      // E2B's base has python as python3; programs written for it call it.
+      assert.match((await sbx.commands.run('python --version')).stdout, /^Python 3\./)
     } finally {
       await kill(sbx)
     }
