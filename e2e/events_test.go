@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	osexec "os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -219,8 +222,50 @@ func TestEvents(t *testing.T) {
 	if a := s.mcpConnect(bk).call(t, "list_events", map[string]any{"sandbox_id": id}, ""); a.IsError || len(a.Data["events"].([]any)) != 0 {
 		t.Fatalf("bob's list_events: %+v", a)
 	}
+	// --follow: the events of a sandbox created after it started, as they
+	// come.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	follow := osexec.CommandContext(ctx, binary, "events", "--url", s.base, "--key", ak.Key, "--json", "--follow", "--type", "sandbox.created,sandbox.stopped")
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); _ = follow.Wait() }()
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	time.Sleep(1500 * time.Millisecond) // its first look
+	later := s.createSandbox(ak, map[string]any{})["sandboxId"].(string)
+	s.as(ak, "POST", "/api/sandboxes/"+later+"/stop", map[string]any{})
+	var followed []string
+	for len(followed) < 2 {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("events --follow ended; it printed %v", followed)
+			}
+			var e map[string]any
+			if json.Unmarshal([]byte(l), &e) == nil && e["sandbox_id"] == later {
+				followed = append(followed, e["type"].(string))
+			}
+		case <-ctx.Done():
+			t.Fatalf("events --follow printed %v of the new sandbox", followed)
+		}
+	}
+	if !slices.Equal(followed, []string{"sandbox.created", "sandbox.stopped"}) {
+		t.Fatalf("events --follow: %v", followed)
+	}
 	cr = runCLI(t, nil, nil, "webhook", "--url", s.base, "--key", ak.Key, "deliveries", allID)
-	if cr.code != 0 || strings.Count(cr.stdout, "delivered") != len(want) {
+	if cr.code != 0 || strings.Count(cr.stdout, "delivered") < len(want) {
 		t.Fatalf("sandboxd webhook deliveries: %d %s %s", cr.code, cr.stdout, cr.stderr)
 	}
 }

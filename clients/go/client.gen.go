@@ -1607,6 +1607,7 @@ type GetEventsParams struct {
 	Limit     *int                  `form:"limit,omitempty" json:"limit,omitempty"`
 	Order     *GetEventsParamsOrder `form:"order,omitempty" json:"order,omitempty"`
 	SandboxID *string               `form:"sandbox_id,omitempty" json:"sandbox_id,omitempty"`
+	Since     *string               `form:"since,omitempty" json:"since,omitempty"`
 	Type      *string               `form:"type,omitempty" json:"type,omitempty"`
 }
 
@@ -1942,7 +1943,7 @@ type ClientInterface interface {
 
 	// GetEvents List the account's lifecycle events (sandboxd)
 	//
-	// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+	// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id, type (comma-separated) and since (RFC 3339: at or after it) filter. Events are kept --keep-events (default 7 days).
 	//
 	// Corresponds with GET /api/events (the `GetEvents` operationId).
 	GetEvents(ctx context.Context, params *GetEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2514,7 +2515,7 @@ type ClientInterface interface {
 
 // GetEvents List the account's lifecycle events (sandboxd)
 //
-// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id, type (comma-separated) and since (RFC 3339: at or after it) filter. Events are kept --keep-events (default 7 days).
 //
 // Corresponds with GET /api/events (the `GetEvents` operationId).
 func (c *Client) GetEvents(ctx context.Context, params *GetEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3912,6 +3913,18 @@ func NewGetEventsRequest(server string, params *GetEventsParams) (*http.Request,
 		if params.SandboxID != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "sandbox_id", *params.SandboxID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Since != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "since", *params.Since, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date-time"}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -6715,7 +6728,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetEventsWithResponse List the account's lifecycle events (sandboxd)
 	//
-	// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+	// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id, type (comma-separated) and since (RFC 3339: at or after it) filter. Events are kept --keep-events (default 7 days).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -11877,7 +11890,7 @@ func (r GetWebhooksIDDeliveriesResult) ContentType() string {
 
 // GetEventsWithResponse List the account's lifecycle events (sandboxd)
 //
-// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+// Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id, type (comma-separated) and since (RFC 3339: at or after it) filter. Events are kept --keep-events (default 7 days).
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -79,29 +79,32 @@ func (c *apiClient) events(ctx context.Context, params client.GetEventsParams) (
 	return out.Events, res.HTTPResponse.Header.Get("X-Next-Cursor"), nil
 }
 
-// followEvents prints the events after the newest of seen (newest first),
-// then each new one as it comes, oldest first: polled every eventsPoll,
-// in pages that start after the last one printed.
+// followEvents prints seen (newest first) oldest first, then each new
+// event as it comes: polled every eventsPoll, oldest first, from a second
+// before the last one printed (events of one millisecond may be listed in
+// any id order), skipping those already printed.
 func (c *apiClient) followEvents(cmd *cobra.Command, params client.GetEventsParams, seen []client.Event, asJSON bool) error {
 	out := cmd.OutOrStdout()
-	printed := map[string]bool{}
-	for _, e := range seen {
-		printed[e.ID] = true
+	printed := map[string]time.Time{}
+	since := time.Now().Add(-time.Second)
+	show := func(e client.Event) error {
+		t, err := time.Parse(time.RFC3339Nano, e.CreatedAt)
+		if err != nil {
+			t = time.Now()
+		}
+		printed[e.ID] = t
+		if t.After(since.Add(time.Second)) {
+			since = t.Add(-time.Second)
+		}
+		return printEvent(out, e, asJSON)
 	}
 	for i := len(seen) - 1; i >= 0; i-- {
-		if err := printEvent(out, seen[i], asJSON); err != nil {
+		if err := show(seen[i]); err != nil {
 			return err
 		}
 	}
 	asc := client.GetEventsParamsOrder("asc")
 	params.Order, params.Limit = &asc, optional(100)
-	var since *time.Time
-	if len(seen) > 0 {
-		t, err := time.Parse(time.RFC3339Nano, seen[0].CreatedAt)
-		if err == nil {
-			since = &t
-		}
-	}
 	tick := time.NewTicker(eventsPoll)
 	defer tick.Stop()
 	for {
@@ -110,9 +113,9 @@ func (c *apiClient) followEvents(cmd *cobra.Command, params client.GetEventsPara
 			return nil
 		case <-tick.C:
 		}
-		// Oldest first from the start, keeping those not yet printed:
-		// events of one millisecond may come in any id order.
 		params.Cursor = nil
+		from := since.UTC().Format(time.RFC3339Nano)
+		params.Since = &from
 		for {
 			page, next, err := c.events(cmd.Context(), params)
 			if err != nil {
@@ -122,14 +125,10 @@ func (c *apiClient) followEvents(cmd *cobra.Command, params client.GetEventsPara
 				return err
 			}
 			for _, e := range page {
-				if printed[e.ID] {
+				if _, done := printed[e.ID]; done {
 					continue
 				}
-				if t, err := time.Parse(time.RFC3339Nano, e.CreatedAt); err == nil && since != nil && t.Before(since.Add(-time.Second)) {
-					continue // older than what --follow started from
-				}
-				printed[e.ID] = true
-				if err := printEvent(out, e, asJSON); err != nil {
+				if err := show(e); err != nil {
 					return err
 				}
 			}
@@ -137,6 +136,11 @@ func (c *apiClient) followEvents(cmd *cobra.Command, params client.GetEventsPara
 				break
 			}
 			params.Cursor = &next
+		}
+		for id, t := range printed {
+			if t.Before(since.Add(-time.Minute)) {
+				delete(printed, id) // never listed again
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/store"
 )
@@ -19,8 +20,10 @@ type EventsQuery struct {
 	Order     string `json:"order,omitempty" jsonschema:"enum=desc,enum=asc,default=desc,description=desc: newest first; asc: oldest first"`
 	Limit     int    `json:"limit,omitempty" jsonschema:"minimum=1,maximum=100,default=50"`
 	Cursor    string `json:"cursor,omitempty" jsonschema:"description=The X-Next-Cursor of the previous page"`
+	Since     string `json:"since,omitempty" jsonschema:"format=date-time,description=Only events recorded at or after this time (RFC 3339)"`
 	types     []string
 	after     store.Cursor
+	since     time.Time
 }
 
 // ActingFor implements ActsFor.
@@ -28,13 +31,18 @@ func (q EventsQuery) ActingFor() string { return q.AccountID }
 
 // Filter is the query as the store's filter of account's events.
 func (q EventsQuery) Filter(account string) store.EventFilter {
-	return store.EventFilter{AccountID: account, SandboxID: q.SandboxID, Types: q.types, After: q.after, Limit: q.Limit, Asc: q.Order == "asc"}
+	return store.EventFilter{AccountID: account, SandboxID: q.SandboxID, Types: q.types, After: q.after, Limit: q.Limit, Asc: q.Order == "asc", Since: q.since}
 }
 
 // ParseEventsQuery validates the query of GET /api/events.
 func ParseEventsQuery(v url.Values) (EventsQuery, error) {
-	q := EventsQuery{Order: "desc", SandboxID: v.Get("sandbox_id"), Type: v.Get("type"), Cursor: v.Get("cursor")}
+	q := EventsQuery{Order: "desc", SandboxID: v.Get("sandbox_id"), Type: v.Get("type"), Cursor: v.Get("cursor"), Since: v.Get("since")}
 	var err error
+	if q.Since != "" {
+		if q.since, err = time.Parse(time.RFC3339Nano, q.Since); err != nil {
+			return q, BadRequest("since must be a date-time (RFC 3339)")
+		}
+	}
 	if q.AccountID, err = QueryAccountID(v); err != nil {
 		return q, err
 	}

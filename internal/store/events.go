@@ -141,6 +141,8 @@ type EventFilter struct {
 	Offset int
 	Limit  int
 	Asc    bool // oldest first; newest first by default
+	// Since keeps the events recorded at or after it (zero: all).
+	Since time.Time
 }
 
 // ListEvents returns the account's events the filter asks for.
@@ -155,6 +157,10 @@ func (q *Queries) ListEvents(ctx context.Context, f EventFilter) ([]Event, error
 		in, inArgs := inList(f.Types)
 		query += " AND type IN (" + in + ")"
 		args = append(args, inArgs...)
+	}
+	if !f.Since.IsZero() {
+		query += " AND created_at >= ?"
+		args = append(args, toMillis(ms(f.Since)))
 	}
 	order, cmp := "DESC", "<"
 	if f.Asc {

@@ -13,7 +13,7 @@ export interface paths {
         };
         /**
          * List the account's lifecycle events (sandboxd)
-         * @description Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id and type (comma-separated) filter. Events are kept --keep-events (default 7 days).
+         * @description Each change of the account's sandboxes, recorded with the change: sandbox.created, sandbox.running, sandbox.paused, sandbox.resumed, sandbox.updated (a new timeout), sandbox.snapshot (a named snapshot taken), run.finished, sandbox.stopped and sandbox.failed (with its reason). Newest first (order=asc: oldest first), 50 a page (limit up to 100), the next page's cursor in X-Next-Cursor; sandbox_id, type (comma-separated) and since (RFC 3339: at or after it) filter. Events are kept --keep-events (default 7 days).
          */
         get: operations["getEvents"];
         put?: never;
@@ -1034,6 +1034,11 @@ export interface components {
             order: "desc" | "asc";
             /** @description Only this sandbox's events */
             sandbox_id?: string;
+            /**
+             * Format: date-time
+             * @description Only events recorded at or after this time (RFC 3339)
+             */
+            since?: string;
             /** @description Only events of these types */
             type?: string;
         };
@@ -1544,6 +1549,7 @@ export interface operations {
                 limit?: number;
                 order?: "desc" | "asc";
                 sandbox_id?: string;
+                since?: string;
                 type?: string;
             };
             header?: never;
