@@ -296,6 +296,49 @@ describe(title('files'), () => {
     assert.equal(await sbx.files.read(path), 'secret')
   })
 
+  // envd 0.6.2's user metadata (extended attributes), 0.6.3's entries in
+  // watch events, 0.6.4's allowNetworkMounts: the SDK uses them when the
+  // server reports envd 0.6.4. The SDKs before metadata send none.
+  it('metadata written with a file is answered by write, getInfo and list, and replaced by the next write', slow, async () => {
+    const path = `${home}/meta/doc.txt`
+    const [written] = await sbx.files.write([{ path, data: 'v1' }], { metadata: { author: 'mish', stage: 'draft' } })
+    if (written.metadata === undefined && !('metadata' in written)) {
+      // An SDK without file metadata (older than envd 0.6.2's): it sent none.
+      return
+    }
+    assert.deepEqual(written.metadata, { author: 'mish', stage: 'draft' })
+    assert.deepEqual((await sbx.files.getInfo(path)).metadata, { author: 'mish', stage: 'draft' })
+    const listed = (await sbx.files.list(`${home}/meta`)).find((e) => e.name === 'doc.txt')
+    assert.deepEqual(listed.metadata, { author: 'mish', stage: 'draft' })
+    // The next write replaces the whole set; none clears it.
+    await sbx.files.write(path, 'v2', { metadata: { stage: 'final' } })
+    assert.deepEqual((await sbx.files.getInfo(path)).metadata, { stage: 'final' })
+    await sbx.files.write(path, 'v3')
+    assert.equal((await sbx.files.getInfo(path)).metadata, undefined)
+    // It is an extended attribute, as envd keeps it.
+    await sbx.files.write(path, 'v4', { metadata: { author: 'mish' } })
+    const r = await sbx.commands.run(`getfattr -n user.e2b.author --only-values ${path} 2>/dev/null || python3 -c "import os; print(os.getxattr('${path}', 'user.e2b.author').decode(), end='')"`)
+    assert.equal(r.stdout.trim(), 'mish')
+  })
+
+  it('watchDir with includeEntry gives each event its entry; allowNetworkMounts is taken', slow, async () => {
+    const dir = `${home}/watched-entries`
+    await sbx.files.makeDir(dir)
+    const events = []
+    const handle = await sbx.files.watchDir(dir, (e) => events.push(e), { timeoutMs: 0, includeEntry: true, allowNetworkMounts: true })
+    try {
+      await sbx.files.write(`${dir}/e.txt`, 'entry')
+      const seen = await waitFor(
+        () => `an event with an entry for e.txt; got ${JSON.stringify(events)}`,
+        () => events.find((e) => e.name === 'e.txt' && e.entry)
+      )
+      assert.equal(seen.entry.path, `${dir}/e.txt`)
+      assert.equal(seen.entry.type, FileType.FILE)
+    } finally {
+      await handle.stop()
+    }
+  })
+
   it('watchDir reports a file written after the watch starts', slow, async () => {
     const dir = `${home}/watched`
     await sbx.files.makeDir(dir)

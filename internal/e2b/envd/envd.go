@@ -34,8 +34,10 @@ import (
 // Version is the envd version sandboxd's guest agent answers for: the SDKs
 // turn features on by it (stdin of commands from 0.3.0, the template's
 // default user from 0.4.0, closing stdin from 0.5.2, octet-stream uploads
-// from 0.5.7), so it names the newest whose features the agent really has.
-const Version = "0.5.7"
+// from 0.5.7, files' user metadata from 0.6.2, entries in watch events
+// from 0.6.3, watching network mounts from 0.6.4), so it names the newest
+// whose features the agent really has.
+const Version = "0.6.4"
 
 // E2BID is how E2B's API names sandbox id: its "sbx_" as "sbx-", so that
 // the id is a DNS label (the PORT-ID.DOMAIN hosts) and a host name.

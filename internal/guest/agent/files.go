@@ -138,6 +138,10 @@ func (a *Agent) entry(path string, fi fs.FileInfo, envd bool) *pb.EntryInfo {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner, e.Group = a.owners.names(st.Uid, st.Gid)
 	}
+	if envd {
+		// envd's user metadata (it reads as the caller: see metadata.go).
+		e.Metadata = readMetadata(path)
+	}
 	return e
 }
 

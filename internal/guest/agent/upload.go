@@ -89,6 +89,15 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = fs.FileMode(v).Perm()
 	}
+	envd := envdAnswers(r.Header)
+	var md map[string]string
+	if envd {
+		// envd's file metadata: set on every file written.
+		if md, err = uploadMetadata(r.Header); err != nil {
+			fileError(w, err)
+			return
+		}
+	}
 	body, err := a.uploadBody(r)
 	if err != nil {
 		fileError(w, err)
@@ -97,14 +106,14 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 	var out []written
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if strings.HasPrefix(mt, "multipart/") {
-		out, err = a.postParts(u, multipart.NewReader(body, params["boundary"]), q.Get("path"), mode, envdAnswers(r.Header))
+		out, err = a.postParts(u, multipart.NewReader(body, params["boundary"]), q.Get("path"), mode, envd, md)
 	} else {
 		var path string
 		if q.Get("path") == "" {
 			err = badRequest("the path query parameter is required for a body that is not multipart")
 		} else if path, err = a.abs(q.Get("path"), u); err == nil {
 			var f written
-			f, err = a.writeFile(u, path, mode, body, envdAnswers(r.Header))
+			f, err = a.writeFile(u, path, mode, body, envd, md)
 			out = append(out, f)
 		}
 	}
@@ -113,11 +122,13 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if envdAnswers(r.Header) {
-		// envd's answer names each file, no more.
+	if envd {
+		// envd's answer names each file and the metadata it has (read
+		// back: none where the file system keeps none), no more.
 		entries := make([]envdWritten, len(out))
 		for i, f := range out {
 			entries[i] = envdWritten{Name: f.Name, Path: f.Path, Type: f.Type}
+			_ = asUser(u, func() error { entries[i].Metadata = readMetadata(f.Path); return nil })
 		}
 		_ = json.NewEncoder(w).Encode(entries)
 		return
@@ -127,13 +138,14 @@ func (a *Agent) postFile(w http.ResponseWriter, r *http.Request) {
 
 // envdWritten is envd's answer for a file written (its EntryInfo).
 type envdWritten struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-	Type string `json:"type"`
+	Name     string            `json:"name"`
+	Path     string            `json:"path"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // postParts writes the files of a multipart body: see postFile.
-func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs.FileMode, envd bool) ([]written, error) {
+func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs.FileMode, envd bool, md map[string]string) ([]written, error) {
 	var out []written
 	seen := map[string]bool{}
 	for n := 0; ; n++ {
@@ -166,7 +178,7 @@ func (a *Agent) postParts(u *account, mr *multipart.Reader, path string, mode fs
 			return nil, badRequest("more than one file for %s in one upload; the files before it were written", p)
 		}
 		seen[p] = true
-		f, err := a.writeFile(u, p, mode, part, envd)
+		f, err := a.writeFile(u, p, mode, part, envd, md)
 		if err != nil {
 			return nil, err
 		}
@@ -249,9 +261,9 @@ func (g *gunzipBody) Read(p []byte) (int, error) {
 // and writes to an open file are not checked again, so the copy — which
 // waits on the network — does not hold a thread of its own for its
 // length.
-func (a *Agent) writeFile(u *account, path string, mode fs.FileMode, src io.Reader, envd bool) (written, error) {
+func (a *Agent) writeFile(u *account, path string, mode fs.FileMode, src io.Reader, envd bool, md map[string]string) (written, error) {
 	if envd {
-		return a.writeInPlace(u, path, mode, src)
+		return a.writeInPlace(u, path, mode, src, md)
 	}
 	var tmp *os.File
 	err := asUser(u, func() error {
@@ -308,8 +320,10 @@ func (a *Agent) writeFile(u *account, path string, mode fs.FileMode, src io.Read
 // (and the create of a new file) as it does with envd, not the create and
 // rename of a temporary file. mode 0 keeps an existing file's mode (0644
 // for a new one). The file itself is opened, and its mode set, as the
-// user: a file the user may not write stays refused.
-func (a *Agent) writeInPlace(u *account, path string, mode fs.FileMode, src io.Reader) (written, error) {
+// user: a file the user may not write stays refused. Its metadata is then
+// replaced with md (none clears it, as envd's O_TRUNC write does), as the
+// user.
+func (a *Agent) writeInPlace(u *account, path string, mode fs.FileMode, src io.Reader, md map[string]string) (written, error) {
 	if err := ensureParents(u, filepath.Dir(path)); err != nil {
 		return written{}, err
 	}
@@ -338,6 +352,15 @@ func (a *Agent) writeInPlace(u *account, path string, mode fs.FileMode, src io.R
 		return written{}, err
 	}
 	size, err := io.Copy(f, src)
+	if err == nil {
+		if merr := asUser(u, func() error { return writeMetadata(f, md) }); merr != nil {
+			if xattrUnsupported(merr) {
+				a.log.Warn("upload: the file system keeps no extended attributes; metadata not kept", "path", path)
+			} else {
+				err = merr
+			}
+		}
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

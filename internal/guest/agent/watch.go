@@ -136,9 +136,14 @@ func (w *watch) event(ev fsnotify.Event) *pb.FilesystemEvent {
 		return nil
 	}
 	if w.entries && out.Type != pb.EventType_EVENT_TYPE_REMOVE && out.Type != pb.EventType_EVENT_TYPE_RENAME {
-		if fi, err := os.Lstat(ev.Name); err == nil {
-			out.Entry = w.a.entry(ev.Name, fi, w.envd)
-		}
+		// As the user it watches as: what it may see of the entry (its
+		// metadata) is what it may see with Stat.
+		_ = asUser(w.u, func() error {
+			if fi, err := os.Lstat(ev.Name); err == nil {
+				out.Entry = w.a.entry(ev.Name, fi, w.envd)
+			}
+			return nil
+		})
 	}
 	return out
 }

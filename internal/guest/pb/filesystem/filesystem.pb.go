@@ -504,6 +504,9 @@ type EntryInfo struct {
 	ModifiedTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=modified_time,json=modifiedTime,proto3" json:"modified_time,omitempty"`
 	// If the entry is a symlink, the target of the symlink.
 	SymlinkTarget *string `protobuf:"bytes,10,opt,name=symlink_target,json=symlinkTarget,proto3,oneof" json:"symlink_target,omitempty"`
+	// User-defined metadata: the file's extended attributes under
+	// "user.e2b.", the prefix stripped (envd 0.6.2).
+	Metadata      map[string]string `protobuf:"bytes,11,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -606,6 +609,13 @@ func (x *EntryInfo) GetSymlinkTarget() string {
 		return *x.SymlinkTarget
 	}
 	return ""
+}
+
+func (x *EntryInfo) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
 }
 
 type ListDirRequest struct {
@@ -711,9 +721,12 @@ type WatchDirRequest struct {
 	Recursive bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
 	// Whether each event carries the EntryInfo of the entry, when it can be
 	// stat-ed.
-	IncludeEntry  bool `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	IncludeEntry bool `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	// Whether a directory on a network mount may be watched (envd 0.6.4):
+	// a sandbox's mounts are all local, so it changes nothing.
+	AllowNetworkMounts bool `protobuf:"varint,4,opt,name=allow_network_mounts,json=allowNetworkMounts,proto3" json:"allow_network_mounts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *WatchDirRequest) Reset() {
@@ -763,6 +776,13 @@ func (x *WatchDirRequest) GetRecursive() bool {
 func (x *WatchDirRequest) GetIncludeEntry() bool {
 	if x != nil {
 		return x.IncludeEntry
+	}
+	return false
+}
+
+func (x *WatchDirRequest) GetAllowNetworkMounts() bool {
+	if x != nil {
+		return x.AllowNetworkMounts
 	}
 	return false
 }
@@ -926,12 +946,15 @@ func (*WatchDirResponse_Filesystem) isWatchDirResponse_Event() {}
 func (*WatchDirResponse_Keepalive) isWatchDirResponse_Event() {}
 
 type CreateWatcherRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Recursive     bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
-	IncludeEntry  bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Path         string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive    bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	IncludeEntry bool                   `protobuf:"varint,3,opt,name=include_entry,json=includeEntry,proto3" json:"include_entry,omitempty"`
+	// Whether a directory on a network mount may be watched (envd 0.6.4):
+	// a sandbox's mounts are all local, so it changes nothing.
+	AllowNetworkMounts bool `protobuf:"varint,4,opt,name=allow_network_mounts,json=allowNetworkMounts,proto3" json:"allow_network_mounts,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateWatcherRequest) Reset() {
@@ -981,6 +1004,13 @@ func (x *CreateWatcherRequest) GetRecursive() bool {
 func (x *CreateWatcherRequest) GetIncludeEntry() bool {
 	if x != nil {
 		return x.IncludeEntry
+	}
+	return false
+}
+
+func (x *CreateWatcherRequest) GetAllowNetworkMounts() bool {
+	if x != nil {
+		return x.AllowNetworkMounts
 	}
 	return false
 }
@@ -1205,7 +1235,7 @@ type WatchDirResponse_StartEvent struct {
 
 func (x *WatchDirResponse_StartEvent) Reset() {
 	*x = WatchDirResponse_StartEvent{}
-	mi := &file_filesystem_filesystem_proto_msgTypes[20]
+	mi := &file_filesystem_filesystem_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1247,7 @@ func (x *WatchDirResponse_StartEvent) String() string {
 func (*WatchDirResponse_StartEvent) ProtoMessage() {}
 
 func (x *WatchDirResponse_StartEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_filesystem_filesystem_proto_msgTypes[20]
+	mi := &file_filesystem_filesystem_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1271,7 @@ type WatchDirResponse_KeepAlive struct {
 
 func (x *WatchDirResponse_KeepAlive) Reset() {
 	*x = WatchDirResponse_KeepAlive{}
-	mi := &file_filesystem_filesystem_proto_msgTypes[21]
+	mi := &file_filesystem_filesystem_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1283,7 @@ func (x *WatchDirResponse_KeepAlive) String() string {
 func (*WatchDirResponse_KeepAlive) ProtoMessage() {}
 
 func (x *WatchDirResponse_KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_filesystem_filesystem_proto_msgTypes[21]
+	mi := &file_filesystem_filesystem_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1320,7 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\vStatRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\";\n" +
 	"\fStatResponse\x12+\n" +
-	"\x05entry\x18\x01 \x01(\v2\x15.filesystem.EntryInfoR\x05entry\"\xd3\x02\n" +
+	"\x05entry\x18\x01 \x01(\v2\x15.filesystem.EntryInfoR\x05entry\"\xd1\x03\n" +
 	"\tEntryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x14.filesystem.FileTypeR\x04type\x12\x12\n" +
@@ -1302,17 +1332,22 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\x05group\x18\b \x01(\tR\x05group\x12?\n" +
 	"\rmodified_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fmodifiedTime\x12*\n" +
 	"\x0esymlink_target\x18\n" +
-	" \x01(\tH\x00R\rsymlinkTarget\x88\x01\x01B\x11\n" +
+	" \x01(\tH\x00R\rsymlinkTarget\x88\x01\x01\x12?\n" +
+	"\bmetadata\x18\v \x03(\v2#.filesystem.EntryInfo.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
 	"\x0f_symlink_target\":\n" +
 	"\x0eListDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
 	"\x05depth\x18\x02 \x01(\rR\x05depth\"B\n" +
 	"\x0fListDirResponse\x12/\n" +
-	"\aentries\x18\x01 \x03(\v2\x15.filesystem.EntryInfoR\aentries\"h\n" +
+	"\aentries\x18\x01 \x03(\v2\x15.filesystem.EntryInfoR\aentries\"\x9a\x01\n" +
 	"\x0fWatchDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
-	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\"\x8c\x01\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x120\n" +
+	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"\x8c\x01\n" +
 	"\x0fFilesystemEvent\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x15.filesystem.EventTypeR\x04type\x120\n" +
@@ -1327,11 +1362,12 @@ const file_filesystem_filesystem_proto_rawDesc = "" +
 	"\n" +
 	"StartEvent\x1a\v\n" +
 	"\tKeepAliveB\a\n" +
-	"\x05event\"m\n" +
+	"\x05event\"\x9f\x01\n" +
 	"\x14CreateWatcherRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x02 \x01(\bR\trecursive\x12#\n" +
-	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\"6\n" +
+	"\rinclude_entry\x18\x03 \x01(\bR\fincludeEntry\x120\n" +
+	"\x14allow_network_mounts\x18\x04 \x01(\bR\x12allowNetworkMounts\"6\n" +
 	"\x15CreateWatcherResponse\x12\x1d\n" +
 	"\n" +
 	"watcher_id\x18\x01 \x01(\tR\twatcherId\"8\n" +
@@ -1381,7 +1417,7 @@ func file_filesystem_filesystem_proto_rawDescGZIP() []byte {
 }
 
 var file_filesystem_filesystem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_filesystem_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_filesystem_filesystem_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_filesystem_filesystem_proto_goTypes = []any{
 	(FileType)(0),                       // 0: filesystem.FileType
 	(EventType)(0),                      // 1: filesystem.EventType
@@ -1405,46 +1441,48 @@ var file_filesystem_filesystem_proto_goTypes = []any{
 	(*GetWatcherEventsResponse)(nil),    // 19: filesystem.GetWatcherEventsResponse
 	(*RemoveWatcherRequest)(nil),        // 20: filesystem.RemoveWatcherRequest
 	(*RemoveWatcherResponse)(nil),       // 21: filesystem.RemoveWatcherResponse
-	(*WatchDirResponse_StartEvent)(nil), // 22: filesystem.WatchDirResponse.StartEvent
-	(*WatchDirResponse_KeepAlive)(nil),  // 23: filesystem.WatchDirResponse.KeepAlive
-	(*timestamppb.Timestamp)(nil),       // 24: google.protobuf.Timestamp
+	nil,                                 // 22: filesystem.EntryInfo.MetadataEntry
+	(*WatchDirResponse_StartEvent)(nil), // 23: filesystem.WatchDirResponse.StartEvent
+	(*WatchDirResponse_KeepAlive)(nil),  // 24: filesystem.WatchDirResponse.KeepAlive
+	(*timestamppb.Timestamp)(nil),       // 25: google.protobuf.Timestamp
 }
 var file_filesystem_filesystem_proto_depIdxs = []int32{
 	10, // 0: filesystem.MoveResponse.entry:type_name -> filesystem.EntryInfo
 	10, // 1: filesystem.MakeDirResponse.entry:type_name -> filesystem.EntryInfo
 	10, // 2: filesystem.StatResponse.entry:type_name -> filesystem.EntryInfo
 	0,  // 3: filesystem.EntryInfo.type:type_name -> filesystem.FileType
-	24, // 4: filesystem.EntryInfo.modified_time:type_name -> google.protobuf.Timestamp
-	10, // 5: filesystem.ListDirResponse.entries:type_name -> filesystem.EntryInfo
-	1,  // 6: filesystem.FilesystemEvent.type:type_name -> filesystem.EventType
-	10, // 7: filesystem.FilesystemEvent.entry:type_name -> filesystem.EntryInfo
-	22, // 8: filesystem.WatchDirResponse.start:type_name -> filesystem.WatchDirResponse.StartEvent
-	14, // 9: filesystem.WatchDirResponse.filesystem:type_name -> filesystem.FilesystemEvent
-	23, // 10: filesystem.WatchDirResponse.keepalive:type_name -> filesystem.WatchDirResponse.KeepAlive
-	14, // 11: filesystem.GetWatcherEventsResponse.events:type_name -> filesystem.FilesystemEvent
-	8,  // 12: filesystem.Filesystem.Stat:input_type -> filesystem.StatRequest
-	4,  // 13: filesystem.Filesystem.MakeDir:input_type -> filesystem.MakeDirRequest
-	2,  // 14: filesystem.Filesystem.Move:input_type -> filesystem.MoveRequest
-	11, // 15: filesystem.Filesystem.ListDir:input_type -> filesystem.ListDirRequest
-	6,  // 16: filesystem.Filesystem.Remove:input_type -> filesystem.RemoveRequest
-	13, // 17: filesystem.Filesystem.WatchDir:input_type -> filesystem.WatchDirRequest
-	16, // 18: filesystem.Filesystem.CreateWatcher:input_type -> filesystem.CreateWatcherRequest
-	18, // 19: filesystem.Filesystem.GetWatcherEvents:input_type -> filesystem.GetWatcherEventsRequest
-	20, // 20: filesystem.Filesystem.RemoveWatcher:input_type -> filesystem.RemoveWatcherRequest
-	9,  // 21: filesystem.Filesystem.Stat:output_type -> filesystem.StatResponse
-	5,  // 22: filesystem.Filesystem.MakeDir:output_type -> filesystem.MakeDirResponse
-	3,  // 23: filesystem.Filesystem.Move:output_type -> filesystem.MoveResponse
-	12, // 24: filesystem.Filesystem.ListDir:output_type -> filesystem.ListDirResponse
-	7,  // 25: filesystem.Filesystem.Remove:output_type -> filesystem.RemoveResponse
-	15, // 26: filesystem.Filesystem.WatchDir:output_type -> filesystem.WatchDirResponse
-	17, // 27: filesystem.Filesystem.CreateWatcher:output_type -> filesystem.CreateWatcherResponse
-	19, // 28: filesystem.Filesystem.GetWatcherEvents:output_type -> filesystem.GetWatcherEventsResponse
-	21, // 29: filesystem.Filesystem.RemoveWatcher:output_type -> filesystem.RemoveWatcherResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	25, // 4: filesystem.EntryInfo.modified_time:type_name -> google.protobuf.Timestamp
+	22, // 5: filesystem.EntryInfo.metadata:type_name -> filesystem.EntryInfo.MetadataEntry
+	10, // 6: filesystem.ListDirResponse.entries:type_name -> filesystem.EntryInfo
+	1,  // 7: filesystem.FilesystemEvent.type:type_name -> filesystem.EventType
+	10, // 8: filesystem.FilesystemEvent.entry:type_name -> filesystem.EntryInfo
+	23, // 9: filesystem.WatchDirResponse.start:type_name -> filesystem.WatchDirResponse.StartEvent
+	14, // 10: filesystem.WatchDirResponse.filesystem:type_name -> filesystem.FilesystemEvent
+	24, // 11: filesystem.WatchDirResponse.keepalive:type_name -> filesystem.WatchDirResponse.KeepAlive
+	14, // 12: filesystem.GetWatcherEventsResponse.events:type_name -> filesystem.FilesystemEvent
+	8,  // 13: filesystem.Filesystem.Stat:input_type -> filesystem.StatRequest
+	4,  // 14: filesystem.Filesystem.MakeDir:input_type -> filesystem.MakeDirRequest
+	2,  // 15: filesystem.Filesystem.Move:input_type -> filesystem.MoveRequest
+	11, // 16: filesystem.Filesystem.ListDir:input_type -> filesystem.ListDirRequest
+	6,  // 17: filesystem.Filesystem.Remove:input_type -> filesystem.RemoveRequest
+	13, // 18: filesystem.Filesystem.WatchDir:input_type -> filesystem.WatchDirRequest
+	16, // 19: filesystem.Filesystem.CreateWatcher:input_type -> filesystem.CreateWatcherRequest
+	18, // 20: filesystem.Filesystem.GetWatcherEvents:input_type -> filesystem.GetWatcherEventsRequest
+	20, // 21: filesystem.Filesystem.RemoveWatcher:input_type -> filesystem.RemoveWatcherRequest
+	9,  // 22: filesystem.Filesystem.Stat:output_type -> filesystem.StatResponse
+	5,  // 23: filesystem.Filesystem.MakeDir:output_type -> filesystem.MakeDirResponse
+	3,  // 24: filesystem.Filesystem.Move:output_type -> filesystem.MoveResponse
+	12, // 25: filesystem.Filesystem.ListDir:output_type -> filesystem.ListDirResponse
+	7,  // 26: filesystem.Filesystem.Remove:output_type -> filesystem.RemoveResponse
+	15, // 27: filesystem.Filesystem.WatchDir:output_type -> filesystem.WatchDirResponse
+	17, // 28: filesystem.Filesystem.CreateWatcher:output_type -> filesystem.CreateWatcherResponse
+	19, // 29: filesystem.Filesystem.GetWatcherEvents:output_type -> filesystem.GetWatcherEventsResponse
+	21, // 30: filesystem.Filesystem.RemoveWatcher:output_type -> filesystem.RemoveWatcherResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_filesystem_filesystem_proto_init() }
@@ -1465,7 +1503,7 @@ func file_filesystem_filesystem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_filesystem_filesystem_proto_rawDesc), len(file_filesystem_filesystem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
