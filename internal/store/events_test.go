@@ -3,6 +3,7 @@ package store_test
 import (
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -190,4 +191,30 @@ func TestEvents(t *testing.T) {
 			t.Fatalf("after the sweep: %+v", rest)
 		}
 	})
+}
+
+// TestTagKinds: a snapshot never takes a template's name:tag, nor a
+// template a snapshot's: the move is refused where it is made.
+func TestTagKinds(t *testing.T) {
+	s := storetest.Open(t, storetest.SQLiteDSN(t))
+	ctx := t.Context()
+	alice := mustAccount(t, s, store.AccountPersonal, "Alice")
+	tpl := store.Template{AccountID: alice.ID, Name: "x", Tag: "latest", Status: store.TemplateReady, Source: "registry.example/x"}
+	if err := s.CreateTemplate(ctx, &tpl); err != nil {
+		t.Fatal(err)
+	}
+	snap := store.Template{ID: store.NewID("tpl_"), AccountID: alice.ID, Name: "x", Status: store.TemplateReady, Source: "sandbox:sbx_1", Kind: store.TemplateKindSnapshot}
+	snap.Tag = store.UntaggedTag(snap.ID)
+	if err := s.CreateTemplate(ctx, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.TagTemplate(ctx, snap.ID, "latest"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a snapshot takes a template's tag: %v", err)
+	}
+	if got, _ := s.FindTemplate(ctx, alice.ID, "x", "latest"); got.ID != tpl.ID {
+		t.Fatalf("x:latest is now %s", got.ID)
+	}
+	if _, _, err := s.TagTemplate(ctx, snap.ID, "v2"); err != nil {
+		t.Fatalf("a free tag: %v", err)
+	}
 }

@@ -69,6 +69,14 @@ const TemplateKindSnapshot = "snapshot"
 // IsSnapshot reports whether t is a named snapshot.
 func (t Template) IsSnapshot() bool { return t.Kind == TemplateKindSnapshot }
 
+// kindName is how a message names a row of kind k.
+func kindName(k string) string {
+	if k == TemplateKindSnapshot {
+		return "snapshot"
+	}
+	return "template"
+}
+
 const templateCols = "id, account_id, name, tag, status, source, digest, config, failure_reason, build_log, node_id, definition, layers, build_id, kind, created_at, updated_at"
 
 func scanTemplate(s scanner) (Template, error) {
@@ -361,6 +369,10 @@ func (q *Queries) TagTemplate(ctx context.Context, id, tag string) (held, moved 
 		cur, err := scanTemplate(q.writeQueryRow(ctx, "SELECT "+templateCols+" FROM templates WHERE account_id = ? AND name = ? AND tag = ?",
 			self.AccountID, self.Name, tag))
 		switch {
+		case err == nil && cur.Kind != self.Kind:
+			// A template's name:tag is never a snapshot's, nor the other
+			// way round (checked here, where the move is made).
+			return fmt.Errorf("tag template %s: %w: %s:%s is held by a %s", id, ErrConflict, cur.Name, tag, kindName(cur.Kind))
 		case err == nil:
 			if _, err := q.exec(ctx, "UPDATE templates SET tag = ?, updated_at = ? WHERE id = ?", UntaggedTag(cur.ID), toMillis(nowMS()), cur.ID); err != nil {
 				return fmt.Errorf("tag template %s: untag %s: %w", id, cur.ID, mapErr(err))

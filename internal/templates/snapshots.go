@@ -46,6 +46,11 @@ func (s *Service) Snapshot(ctx context.Context, p auth.Principal, sandboxID, nam
 		return store.Template{}, err
 	}
 	held, moved, err := s.st.TagTemplate(context.WithoutCancel(ctx), t.ID, ref.Tag)
+	if errors.Is(err, store.ErrConflict) {
+		// A template took the name during the capture; the untagged
+		// snapshot is collected as any stray.
+		return store.Template{}, errdefs.Newf(errdefs.ErrConflict, "%s:%s is a template of the account, not a snapshot; choose another name", ref.Name, ref.Tag)
+	}
 	if err != nil {
 		return store.Template{}, fmt.Errorf("name snapshot %s:%s: %w", ref.Name, ref.Tag, err)
 	}
