@@ -2462,6 +2462,8 @@ type ClientInterface interface {
 
 	// GetWebhooks List the account's webhooks (sandboxd)
 	//
+	// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+	//
 	// Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
 	GetWebhooks(ctx context.Context, params *GetWebhooksParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2490,6 +2492,8 @@ type ClientInterface interface {
 
 	// GetWebhooksID Get a webhook (sandboxd)
 	//
+	// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+	//
 	// Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
 	GetWebhooksID(ctx context.Context, id string, params *GetWebhooksIDParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -2508,6 +2512,8 @@ type ClientInterface interface {
 	PatchWebhooksID(ctx context.Context, id string, body PatchWebhooksIDJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetWebhooksIDDeliveries A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+	//
+	// A sandbox's own key may not (as the webhook itself).
 	//
 	// Corresponds with GET /api/webhooks/{id}/deliveries (the `GetWebhooksIDDeliveries` operationId).
 	GetWebhooksIDDeliveries(ctx context.Context, id string, params *GetWebhooksIDDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3704,6 +3710,8 @@ func (c *Client) GetTemplatesIDLogs(ctx context.Context, id string, reqEditors .
 
 // GetWebhooks List the account's webhooks (sandboxd)
 //
+// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+//
 // Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
 func (c *Client) GetWebhooks(ctx context.Context, params *GetWebhooksParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetWebhooksRequest(c.Server, params)
@@ -3772,6 +3780,8 @@ func (c *Client) DeleteWebhooksID(ctx context.Context, id string, params *Delete
 
 // GetWebhooksID Get a webhook (sandboxd)
 //
+// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+//
 // Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
 func (c *Client) GetWebhooksID(ctx context.Context, id string, params *GetWebhooksIDParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetWebhooksIDRequest(c.Server, id, params)
@@ -3820,6 +3830,8 @@ func (c *Client) PatchWebhooksID(ctx context.Context, id string, body PatchWebho
 }
 
 // GetWebhooksIDDeliveries A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+//
+// A sandbox's own key may not (as the webhook itself).
 //
 // Corresponds with GET /api/webhooks/{id}/deliveries (the `GetWebhooksIDDeliveries` operationId).
 func (c *Client) GetWebhooksIDDeliveries(ctx context.Context, id string, params *GetWebhooksIDDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -7297,6 +7309,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetWebhooksWithResponse List the account's webhooks (sandboxd)
 	//
+	// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
@@ -7329,6 +7343,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetWebhooksIDWithResponse Get a webhook (sandboxd)
 	//
+	// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
@@ -7349,6 +7365,8 @@ type ClientWithResponsesInterface interface {
 	PatchWebhooksIDWithResponse(ctx context.Context, id string, body PatchWebhooksIDJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchWebhooksIDResult, error)
 
 	// GetWebhooksIDDeliveriesWithResponse A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+	//
+	// A sandbox's own key may not (as the webhook itself).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -12861,6 +12879,8 @@ func (c *ClientWithResponses) GetTemplatesIDLogsWithResponse(ctx context.Context
 
 // GetWebhooksWithResponse List the account's webhooks (sandboxd)
 //
+// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /api/webhooks (the `GetWebhooks` operationId).
@@ -12917,6 +12937,8 @@ func (c *ClientWithResponses) DeleteWebhooksIDWithResponse(ctx context.Context, 
 
 // GetWebhooksIDWithResponse Get a webhook (sandboxd)
 //
+// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /api/webhooks/{id} (the `GetWebhooksID` operationId).
@@ -12955,6 +12977,8 @@ func (c *ClientWithResponses) PatchWebhooksIDWithResponse(ctx context.Context, i
 }
 
 // GetWebhooksIDDeliveriesWithResponse A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+//
+// A sandbox's own key may not (as the webhook itself).
 //
 // Returns a wrapper object for the known response body format(s).
 //

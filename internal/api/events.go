@@ -24,6 +24,11 @@ type EventService interface {
 	Deliveries(ctx context.Context, accountID, id string, limit int) ([]store.Delivery, error)
 }
 
+// readsWebhooks is why a sandbox's own key may not read the account's
+// webhooks (route.acts): the code in the sandbox is untrusted, and a
+// webhook's URL may carry its receiver's token.
+const readsWebhooks = "it reads the account's webhooks, whose URLs may carry their receivers' tokens"
+
 // listEvents is GET /api/events: the account's events, paged.
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	q, account, err := bindQuery(s, w, r, contract.ParseEventsQuery)

@@ -46,8 +46,10 @@ func (a *API) controlPlane() http.Handler {
 	r.Get("/events/sandboxes", a.route(a.listEvents, false))
 	r.Get("/events/sandboxes/{id}", a.route(a.sandboxEvents, false))
 	r.Post("/events/webhooks", a.route(a.createWebhook, true))
-	r.Get("/events/webhooks", a.route(a.listWebhooks, false))
-	r.Get("/events/webhooks/{webhookID}", a.route(a.getWebhook, false))
+	// A sandbox's own key may not read webhooks (writes true): their URLs
+	// may carry their receivers' tokens.
+	r.Get("/events/webhooks", a.route(a.listWebhooks, true))
+	r.Get("/events/webhooks/{webhookID}", a.route(a.getWebhook, true))
 	r.Patch("/events/webhooks/{webhookID}", a.route(a.updateWebhook, true))
 	r.Delete("/events/webhooks/{webhookID}", a.route(a.deleteWebhook, true))
 	// The Template API (templatebuild.go).

@@ -772,7 +772,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List the account's webhooks (sandboxd) */
+        /**
+         * List the account's webhooks (sandboxd)
+         * @description A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+         */
         get: operations["getWebhooks"];
         put?: never;
         /**
@@ -793,7 +796,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Get a webhook (sandboxd) */
+        /**
+         * Get a webhook (sandboxd)
+         * @description A sandbox's own key may not: a webhook's URL may carry its receiver's token.
+         */
         get: operations["getWebhooksId"];
         put?: never;
         post?: never;
@@ -812,7 +818,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** A webhook's deliveries, newest first, with each one's attempts (sandboxd) */
+        /**
+         * A webhook's deliveries, newest first, with each one's attempts (sandboxd)
+         * @description A sandbox's own key may not (as the webhook itself).
+         */
         get: operations["getWebhooksIdDeliveries"];
         put?: never;
         post?: never;
