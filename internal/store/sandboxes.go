@@ -78,7 +78,7 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 		if sb.Task != "" {
 			data["task"] = sb.Task
 		}
-		return q.sandboxEvent(ctx, sb.ID, EventCreated, data, sb.CreatedAt)
+		return q.insertEvent(ctx, Event{AccountID: sb.AccountID, SandboxID: sb.ID, Type: EventCreated, CreatedAt: sb.CreatedAt}, data)
 	})
 }
 

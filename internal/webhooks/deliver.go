@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/riverqueue/river"
 
@@ -177,13 +178,7 @@ func (s *Service) send(ctx context.Context, wh store.Webhook, d store.Delivery, 
 	req.ContentLength = int64(len(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "sandboxd-webhooks/1")
-	client := &http.Client{
-		Timeout:   s.cfg.Timeout,
-		Transport: &http.Transport{DialContext: s.dialer().DialContext, DisableKeepAlives: true, ResponseHeaderTimeout: s.cfg.Timeout},
-		// A redirect is not followed: the receiver is the URL registered.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	resp, err := client.Do(req)
+	resp, err := s.client.Do(req)
 	if err != nil {
 		return 0, errors.New(reason(err))
 	}
@@ -217,10 +212,8 @@ func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8RuneStart(s[n]) {
+	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
 	return s[:n] + "…"
 }
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

@@ -14,6 +14,7 @@
 package webhooks
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -76,6 +78,9 @@ type Service struct {
 	st  *store.Store
 	box *sealbox.Box
 	log *slog.Logger
+	// client makes the deliveries: through the address guard, without
+	// keeping connections or following redirects (send).
+	client *http.Client
 }
 
 // New makes the service.
@@ -102,7 +107,14 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cfg: cfg, st: cfg.Store, box: box, log: cfg.Logger}, nil
+	s := &Service{cfg: cfg, st: cfg.Store, box: box, log: cfg.Logger}
+	s.client = &http.Client{
+		Timeout:   cfg.Timeout,
+		Transport: &http.Transport{DialContext: s.dialer().DialContext, DisableKeepAlives: true, ResponseHeaderTimeout: cfg.Timeout},
+		// A redirect is not followed: the receiver is the URL registered.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return s, nil
 }
 
 // Spec is a webhook as registered or changed. A nil field of a change
@@ -125,7 +137,7 @@ type Spec struct {
 // its secret (the one given, or the one made), which is never answered
 // again.
 func (s *Service) Create(ctx context.Context, accountID string, spec Spec) (store.Webhook, string, error) {
-	w := store.Webhook{AccountID: accountID, Enabled: true, Format: cmpOr(spec.Format, store.WebhookFormatSandboxd)}
+	w := store.Webhook{AccountID: accountID, Enabled: true, Format: cmp.Or(spec.Format, store.WebhookFormatSandboxd)}
 	if w.Format != store.WebhookFormatSandboxd && w.Format != store.WebhookFormatE2B {
 		return w, "", errdefs.Newf(errdefs.ErrInvalid, "format %q: want sandboxd or e2b", w.Format)
 	}
@@ -345,11 +357,4 @@ func (s *Service) Events(ctx context.Context, f store.EventFilter) ([]store.Even
 		}
 	}
 	return s.st.ListEvents(ctx, f)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
