@@ -168,11 +168,7 @@ func (s *Server) namedSnapshot(r *http.Request) (store.Template, string, error) 
 // snapshotRef is the path's {name}, unescaped: clients may escape the
 // ':' of a name:tag (%3A).
 func snapshotRef(r *http.Request) string {
-	v := chi.URLParam(r, "name")
-	if u, err := url.PathUnescape(v); err == nil {
-		return u
-	}
-	return v
+	return edge.Unescaped(chi.URLParam(r, "name"))
 }
 
 // getNamedSnapshot is GET /api/snapshots/{name}.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -55,17 +56,28 @@ func ParseEventsQuery(v url.Values) (EventsQuery, error) {
 		}
 		q.Order = o
 	}
-	for _, t := range strings.Split(q.Type, ",") {
+	var bad *edge.Error
+	if q.types, bad = ParseEventTypes(q.Type); bad != nil {
+		return q, bad
+	}
+	q.after, err = QueryCursor(q.Cursor)
+	return q, err
+}
+
+// ParseEventTypes reads a comma-separated list of event types (GET
+// /api/events' and list_events' type); an unknown one is 400.
+func ParseEventTypes(s string) ([]string, *edge.Error) {
+	var types []string
+	for _, t := range strings.Split(s, ",") {
 		if t = strings.TrimSpace(t); t == "" {
 			continue
 		}
 		if !slices.Contains(store.EventTypes, t) {
-			return q, BadRequest("type " + t + " is not an event type (" + strings.Join(store.EventTypes, ", ") + ")")
+			return nil, BadRequest("type " + t + " is not an event type (" + strings.Join(store.EventTypes, ", ") + ")")
 		}
-		q.types = append(q.types, t)
+		types = append(types, t)
 	}
-	q.after, err = QueryCursor(q.Cursor)
-	return q, err
+	return types, nil
 }
 
 // Event is one lifecycle event.

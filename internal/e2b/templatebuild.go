@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -539,9 +538,5 @@ func (a *API) ownTemplate(r *http.Request, c edge.Caller, templateID, buildID st
 // pathParam is the path parameter name, unescaped: the SDKs escape a
 // "name:tag" in a path (%3A).
 func pathParam(r *http.Request, name string) string {
-	v := chi.URLParam(r, name)
-	if u, err := url.PathUnescape(v); err == nil {
-		return u
-	}
-	return v
+	return edge.Unescaped(chi.URLParam(r, name))
 }

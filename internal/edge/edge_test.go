@@ -162,3 +162,13 @@ func TestForwarding(t *testing.T) {
 		t.Fatal("a single node placed elsewhere")
 	}
 }
+
+// TestUnescaped: an escaped path parameter is read as meant; one that is
+// not a valid escape is kept as sent.
+func TestUnescaped(t *testing.T) {
+	for in, want := range map[string]string{"work%3Alatest": "work:latest", "work:latest": "work:latest", "tpl_1": "tpl_1", "bad%zz": "bad%zz"} {
+		if got := Unescaped(in); got != want {
+			t.Errorf("Unescaped(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,6 +1,9 @@
 package edge
 
-import "context"
+import (
+	"context"
+	"net/url"
+)
 
 type requestIDKey struct{}
 
@@ -14,4 +17,15 @@ func WithRequestID(ctx context.Context, id string) context.Context {
 func RequestID(ctx context.Context) string {
 	id, _ := ctx.Value(requestIDKey{}).(string)
 	return id
+}
+
+// Unescaped is a path parameter as its client meant it: clients escape
+// characters of a value that the router hands over as sent (the ':' of a
+// template's or snapshot's name:tag is %3A); a value that is not a valid
+// escape is taken as it is.
+func Unescaped(v string) string {
+	if u, err := url.PathUnescape(v); err == nil {
+		return u
+	}
+	return v
 }

@@ -3,12 +3,11 @@ package mcpserver
 import (
 	"context"
 	"reflect"
-	"slices"
-	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/internal/contract"
+	"github.com/sandboxd/sandboxd/internal/edge"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
@@ -42,14 +41,10 @@ func (h *Handler) listEvents(ctx context.Context, c *call) (*mcp.CallToolResult,
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range strings.Split(types, ",") {
-		if t = strings.TrimSpace(t); t == "" {
-			continue
-		}
-		if !slices.Contains(store.EventTypes, t) {
-			return nil, contract.FieldError("type "+t+" is not an event type ("+strings.Join(store.EventTypes, ", ")+")", "type")
-		}
-		f.Types = append(f.Types, t)
+	var bad *edge.Error
+	if f.Types, bad = contract.ParseEventTypes(types); bad != nil {
+		bad.Fields = []any{"type"} // the tool's argument
+		return nil, bad
 	}
 	if n, ok, err := c.args.Int("limit"); err != nil {
 		return nil, err
