@@ -38,6 +38,8 @@ func (a *API) controlPlane() http.Handler {
 	r.Post("/sandboxes/{id}/fork", a.route(a.fork, true))
 	r.Put("/sandboxes/{id}/network", a.route(a.setNetwork, true))
 	r.Get("/sandboxes/{id}/metrics", a.route(a.metrics, false))
+	r.Get("/sandboxes/{id}/logs", a.route(a.logs, false))
+	r.Get("/v2/sandboxes/{id}/logs", a.route(a.logsV2, false))
 	r.Post("/sandboxes/{id}/snapshots", a.route(a.createSnapshot, true))
 	r.Get("/snapshots", a.route(a.listSnapshots, false))
 	r.Get("/templates", a.route(a.templates, false))

@@ -75,7 +75,7 @@ func Templates() []Template {
 		"jq", "less", "make", "nodejs", "npm", "openssh-client", "procps",
 		// python-is-python3: `python` is python3, as E2B's base has it
 		// (programs written for E2B call python).
-		"python3", "python-is-python3", "ripgrep", "unzip", "xz-utils", "zstd")
+		"python3", "python-is-python3", "ripgrep", "sudo", "unzip", "xz-utils", "zstd")
 	slices.Sort(base)
 
 	// Debian 12 ships Node.js 18, older than the agent CLIs accept
@@ -95,11 +95,21 @@ func Templates() []Template {
 		},
 		{
 			Name:        "base",
-			Description: "minimal plus Python 3, Node.js, npm and the command-line tools a coding agent expects",
+			Description: "minimal plus Python 3, Node.js, npm, sudo and the command-line tools a coding agent expects",
 			Suite:       "bookworm",
 			Variant:     "minbase",
 			Packages:    base,
-			Highlights:  []string{"git", "python3", "nodejs", "npm", "ripgrep", "jq"},
+			Steps: []Step{
+				// E2B's base lets its user run sudo without a password,
+				// and programs written for E2B call it. It gives the
+				// code in a sandbox nothing it lacks: an exec may run
+				// as root already, and root in a sandbox is the
+				// sandbox's own.
+				{Name: "passwordless sudo for " + userName, Argv: []string{"sh", "-ec",
+					"printf '%s ALL=(ALL:ALL) NOPASSWD: ALL\\n' " + userName + " > /etc/sudoers.d/" + userName +
+						"; chmod 0440 /etc/sudoers.d/" + userName + "; visudo -cf /etc/sudoers.d/" + userName}},
+			},
+			Highlights: []string{"git", "python3", "nodejs", "npm", "ripgrep", "jq", "sudo"},
 		},
 		{
 			Name:        "full",

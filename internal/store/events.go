@@ -141,8 +141,9 @@ type EventFilter struct {
 	Offset int
 	Limit  int
 	Asc    bool // oldest first; newest first by default
-	// Since keeps the events recorded at or after it (zero: all).
-	Since time.Time
+	// Since and Until keep the events recorded at or after, at or
+	// before them (zero: no bound).
+	Since, Until time.Time
 }
 
 // ListEvents returns the account's events the filter asks for.
@@ -161,6 +162,10 @@ func (q *Queries) ListEvents(ctx context.Context, f EventFilter) ([]Event, error
 	if !f.Since.IsZero() {
 		query += " AND created_at >= ?"
 		args = append(args, toMillis(ms(f.Since)))
+	}
+	if !f.Until.IsZero() {
+		query += " AND created_at <= ?"
+		args = append(args, toMillis(ms(f.Until)))
 	}
 	order, cmp := "DESC", "<"
 	if f.Asc {

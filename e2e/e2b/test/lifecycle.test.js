@@ -69,6 +69,10 @@ describe(title('lifecycle'), () => {
       assert.equal(r.stdout, 'user\n/home/user\n/home/user\n')
       // E2B's base has python as python3; programs written for it call it.
       assert.match((await sbx.commands.run('python --version')).stdout, /^Python 3\./)
+      // ...and its user may sudo without a password: a setuid binary
+      // must work in the sandbox (nothing sets no_new_privs, nosuid).
+      assert.equal((await sbx.commands.run('sudo -n id -u')).stdout, '0\n')
+      assert.equal((await sbx.commands.run('sudo -n -u nobody id -un')).stdout, 'nobody\n')
     } finally {
       await kill(sbx)
     }
