@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,10 +76,15 @@ func runE2BSDK(t *testing.T, node nodeInstall, dir string, flags, sdks []string)
 	if !strings.HasPrefix(k.Key, "e2b_") {
 		t.Fatalf("key create --format e2b made %q, want an e2b_ key", k.Key)
 	}
+	runtimeName := "gvisor"
+	if slices.Contains(flags, "microvm") {
+		runtimeName = "microvm"
+	}
 	for _, sdk := range sdks {
 		t.Run(sdk, func(t *testing.T) {
 			env := map[string]string{
 				"SDK":               sdk,
+				"SANDBOXD_RUNTIME":  runtimeName,
 				"E2B_API_URL":       s.base,
 				"E2B_SANDBOX_URL":   s.base,
 				"E2B_API_KEY":       k.Key,

@@ -159,7 +159,7 @@ func TestMCP(t *testing.T) {
 		}
 		slices.Sort(names)
 		want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates",
-			"prompt_sandbox", "read_file", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
+			"pause_sandbox", "prompt_sandbox", "read_file", "resume_sandbox", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
 		if !slices.Equal(names, want) {
 			t.Fatalf("tools %v, want %v", names, want)
 		}

@@ -77,6 +77,27 @@ func (e CopyInResponseStatus) Valid() bool {
 	}
 }
 
+// Defines values for CreateSandboxRequestOnTimeout.
+const (
+	CreateSandboxRequestOnTimeoutPause      CreateSandboxRequestOnTimeout = "pause"
+	CreateSandboxRequestOnTimeoutPauseFiles CreateSandboxRequestOnTimeout = "pause-files"
+	CreateSandboxRequestOnTimeoutStop       CreateSandboxRequestOnTimeout = "stop"
+)
+
+// Valid indicates whether the value is a known member of the CreateSandboxRequestOnTimeout enum.
+func (e CreateSandboxRequestOnTimeout) Valid() bool {
+	switch e {
+	case CreateSandboxRequestOnTimeoutPause:
+		return true
+	case CreateSandboxRequestOnTimeoutPauseFiles:
+		return true
+	case CreateSandboxRequestOnTimeoutStop:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DeleteSandboxesResponseStatus.
 const (
 	DeleteSandboxesResponseStatusSuccess DeleteSandboxesResponseStatus = "success"
@@ -473,6 +494,24 @@ func (e SandboxSandboxStatus) Valid() bool {
 	case SandboxSandboxStatusStopped:
 		return true
 	case SandboxSandboxStatusStopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxOnTimeout.
+const (
+	SandboxOnTimeoutPause      SandboxOnTimeout = "pause"
+	SandboxOnTimeoutPauseFiles SandboxOnTimeout = "pause-files"
+)
+
+// Valid indicates whether the value is a known member of the SandboxOnTimeout enum.
+func (e SandboxOnTimeout) Valid() bool {
+	switch e {
+	case SandboxOnTimeoutPause:
+		return true
+	case SandboxOnTimeoutPauseFiles:
 		return true
 	default:
 		return false
@@ -929,7 +968,13 @@ type CreateSandboxRequest struct {
 
 	// Snapshot Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd)
 	Snapshot *string `json:"snapshot,omitempty"`
+
+	// OnTimeout What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)
+	OnTimeout *CreateSandboxRequestOnTimeout `json:"on_timeout,omitempty"`
 }
+
+// CreateSandboxRequestOnTimeout What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)
+type CreateSandboxRequestOnTimeout string
 
 // CreateSnapshotRequest defines model for CreateSnapshotRequest.
 type CreateSnapshotRequest struct {
@@ -1200,7 +1245,7 @@ type PathStatResponseType string
 
 // PauseRequest defines model for PauseRequest.
 type PauseRequest struct {
-	// Memory Only true (the default): a pause keeps the sandbox's memory and processes; false (files only) is refused with 400
+	// Memory true (the default): the pause keeps the sandbox's memory and processes on its node; false: it keeps its files alone in the blob store and its processes start afresh when it resumes on any node
 	Memory    *bool   `json:"memory,omitempty"`
 	AccountID *string `json:"account_id,omitempty"`
 }
@@ -1328,8 +1373,14 @@ type Sandbox struct {
 	// ForkedFrom The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)
 	ForkedFrom *string `json:"forkedFrom,omitempty"`
 
-	// TemplateID The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image (sandboxd)
+	// TemplateID The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image; after a pause of its files alone: its saved files (sandboxd)
 	TemplateID *string `json:"templateId,omitempty"`
+
+	// PausedFiles Present (true) while it is paused with its files alone: its processes start afresh at the resume (sandboxd)
+	PausedFiles *bool `json:"pausedFiles,omitempty"`
+
+	// OnTimeout What its timeout does when it is not a stop (sandboxd)
+	OnTimeout *SandboxOnTimeout `json:"onTimeout,omitempty"`
 
 	// FailureReason Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)
 	FailureReason *string `json:"failureReason,omitempty"`
@@ -1337,6 +1388,9 @@ type Sandbox struct {
 
 // SandboxSandboxStatus Current lifecycle state of the sandbox (pausing/paused/resuming: sandboxd's pause of a running sandbox)
 type SandboxSandboxStatus string
+
+// SandboxOnTimeout What its timeout does when it is not a stop (sandboxd)
+type SandboxOnTimeout string
 
 // SandboxResponse defines model for SandboxResponse.
 type SandboxResponse struct {

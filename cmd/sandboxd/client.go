@@ -207,13 +207,23 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		}
 		return decoded(res.JSON200)
 	})
-	pause := act("pause", "pausing", "Pause a running sandbox with its memory: it stops running and its timeout stops", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
-		res, err := client.Check(cl.PostSandboxesIDPauseWithResponse(ctx, id, client.PauseRequest{AccountID: body.AccountID}))
+	var pauseMemory bool
+	pause := act("pause", "pausing", "Pause a running sandbox with its memory (or its files alone: --memory=false): it stops running and its timeout stops", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
+		req := client.PauseRequest{AccountID: body.AccountID}
+		if !pauseMemory {
+			req.Memory = &pauseMemory
+		}
+		res, err := client.Check(cl.PostSandboxesIDPauseWithResponse(ctx, id, req))
 		if err != nil {
 			return nil, err
 		}
 		return decoded(res.JSON200)
 	})
+	pause.Long = "Pause a running sandbox. By default its memory and processes are kept on its node and a resume brings it back\n" +
+		"where it was. With --memory=false its files alone are kept, in the blob store: its processes end, and a resume\n" +
+		"(on any node of a cluster) starts it again from its files, its processes afresh."
+	pause.Example += "\n  sandboxd sandbox pause --memory=false sbx_123"
+	pause.Flags().BoolVar(&pauseMemory, "memory", true, "keep the memory and processes; false keeps the files alone (resumed on any node)")
 	resume := act("resume", "resuming", "Resume a paused sandbox where it was", func(ctx context.Context, cl *client.ClientWithResponses, id string, body client.AccountRequest) (*client.SandboxResponse, error) {
 		res, err := client.Check(cl.PostSandboxesIDResumeWithResponse(ctx, id, body))
 		if err != nil {

@@ -22,6 +22,7 @@ type createOptions struct {
 	cwd, prompt, network string
 	template             string
 	snapshot             string
+	onTimeout            string
 	wait, follow         bool
 }
 
@@ -38,12 +39,14 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 			"NAME[:TAG]; `sandboxd snapshot ls`), optionally running COMMAND or --prompt in it as a\n" +
 			"run. --wait returns once the sandbox runs (an error when it failed, with the reason); --follow also\n" +
 			"follows the run's log to its end and exits with its command's status (the sandbox is named on stderr;\n" +
-			"with --json the sandbox and the run's record are printed at the end).",
+			"with --json the sandbox and the run's record are printed at the end). --on-timeout pause or pause-files pauses\n" +
+			"it at its timeout instead of stopping it (see sandbox pause).",
 		Example: "  sandboxd sandbox create --timeout 30m\n" +
 			"  sandboxd sandbox create --follow -- python3 -c 'print(6*7)'\n" +
 			"  sandboxd sandbox create --network allow=pypi.org,*.pythonhosted.org --json\n" +
 			"  sandboxd sandbox create --template py:3.12 --wait\n" +
-			"  sandboxd sandbox create --snapshot deps-installed --wait",
+			"  sandboxd sandbox create --snapshot deps-installed --wait\n" +
+			"  sandboxd sandbox create --timeout 1h --on-timeout pause-files",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.follow && len(args) == 0 && o.prompt == "" {
@@ -78,6 +81,8 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 	_ = fl.SetAnnotation("template", noEnv, []string{"true"})
 	_ = cmd.RegisterFlagCompletionFunc("template", c.templateRefs(true))
 	fl.StringVar(&o.snapshot, "snapshot", "", "start from this named snapshot of the account, NAME[:TAG] or id (see sandbox snapshot), not with --template")
+	fl.StringVar(&o.onTimeout, "on-timeout", "", "what the timeout does: stop (the default), pause (memory kept) or pause-files (files kept; resumed on any node)")
+	_ = cmd.RegisterFlagCompletionFunc("on-timeout", cobra.FixedCompletions([]string{"stop", "pause", "pause-files"}, cobra.ShellCompDirectiveNoFileComp))
 	fl.BoolVar(&o.wait, "wait", false, "return once the sandbox runs; fail, with the reason, when it failed")
 	fl.BoolVar(&o.follow, "follow", false, "wait, then follow the run's log to its end and exit with its command's status")
 	return cmd
@@ -95,6 +100,13 @@ func (o createOptions) body(args []string, account string) (client.CreateSandbox
 	}
 	if o.timeout > 0 {
 		body.Timeout = optional(int(o.timeout.Milliseconds()))
+	}
+	if o.onTimeout != "" {
+		v := client.CreateSandboxRequestOnTimeout(o.onTimeout)
+		if !v.Valid() {
+			return body, fmt.Errorf("--on-timeout %q: want stop, pause or pause-files", o.onTimeout)
+		}
+		body.OnTimeout = &v
 	}
 	if o.network != "" {
 		p, err := networkFlag(o.network)

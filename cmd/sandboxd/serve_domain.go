@@ -89,6 +89,8 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, builtin, workers, o.cluster.secret, log); err != nil {
 		return nil, err
 	}
+	// A pause of a sandbox's files alone saves them as templates do.
+	dom.mgr.SetFilesSaver(dom.tpls)
 	key, err := serverKey(d.stor, o.cluster.secret)
 	if err != nil {
 		return nil, err

@@ -508,7 +508,10 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	return actOnSandbox(s, w, r, contract.ParsePause, func(ctx context.Context, sb store.Sandbox, _ contract.PauseRequest) (store.Sandbox, error) {
+	return actOnSandbox(s, w, r, contract.ParsePause, func(ctx context.Context, sb store.Sandbox, req contract.PauseRequest) (store.Sandbox, error) {
+		if req.Memory != nil && !*req.Memory {
+			return s.opts.Sandboxes.PauseFiles(ctx, principal(r), sb.ID)
+		}
 		return s.opts.Sandboxes.Pause(ctx, principal(r), sb.ID)
 	})
 }

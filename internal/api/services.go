@@ -39,6 +39,7 @@ type SandboxService interface {
 	// stops it running and its deadline clock; a paused one is answered
 	// as it is.
 	Pause(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	PauseFiles(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	// Resume brings a paused sandbox back where it was; a running one is
 	// answered as it is.
 	Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)

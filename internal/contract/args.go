@@ -121,6 +121,8 @@ func ViewSandbox(sb store.Sandbox, now time.Time) Sandbox {
 		Runtime:       sb.Runtime,
 		ForkedFrom:    sb.ForkedFrom,
 		TemplateID:    sb.TemplateID,
+		PausedFiles:   sb.PausedFiles,
+		OnTimeout:     sb.OnTimeout,
 	}
 	if sb.Status == store.SandboxFailed {
 		// The column also says why a stopped sandbox stopped, which is

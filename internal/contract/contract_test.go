@@ -115,18 +115,51 @@ func TestParseExecPTY(t *testing.T) {
 	}
 }
 
-// TestParsePause: a pause keeps the memory; memory false (the files
-// alone) is refused, naming the field, never ignored.
+// TestParsePause: a pause keeps the memory unless memory is false (the
+// files alone); a memory that is not a boolean is refused, naming the
+// field.
 func TestParsePause(t *testing.T) {
-	for body, refused := range map[string]bool{`{}`: false, `{"memory":true}`: false, `{"memory":false}`: true, `{"memory":"no"}`: true} {
+	for body, want := range map[string]string{`{}`: "<nil>", `{"memory":true}`: "true", `{"memory":false}`: "false", `{"memory":"no"}`: "refused"} {
 		o, err := DecodeObject([]byte(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = ParsePause(o)
+		req, err := ParsePause(o)
 		var e *edge.Error
-		if refused != (errors.As(err, &e) && e.Status == 400 && fmt.Sprint(e.Fields) == "[memory]") {
-			t.Errorf("%s: %v", body, err)
+		got := "<nil>"
+		switch {
+		case errors.As(err, &e) && e.Status == 400 && fmt.Sprint(e.Fields) == "[memory]":
+			got = "refused"
+		case err != nil:
+			got = err.Error()
+		case req.Memory != nil:
+			got = fmt.Sprint(*req.Memory)
+		}
+		if got != want {
+			t.Errorf("%s: %s, want %s", body, got, want)
+		}
+	}
+}
+
+// TestParseOnTimeout: on_timeout is stop (none), pause or pause-files;
+// anything else is refused naming the field.
+func TestParseOnTimeout(t *testing.T) {
+	for body, want := range map[string]string{`{}`: "", `{"on_timeout":"stop"}`: "", `{"on_timeout":"pause"}`: "pause",
+		`{"on_timeout":"pause-files"}`: "pause-files", `{"on_timeout":"sleep"}`: "refused", `{"on_timeout":1}`: "refused"} {
+		o, err := DecodeObject([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := ParseCreateSandbox(o)
+		got := req.OnTimeout
+		var e *edge.Error
+		if errors.As(err, &e) && e.Status == 400 && fmt.Sprint(e.Fields) == "[on_timeout]" {
+			got = "refused"
+		} else if err != nil {
+			got = err.Error()
+		}
+		if got != want {
+			t.Errorf("%s: %q, want %q", body, got, want)
 		}
 	}
 }

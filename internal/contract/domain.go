@@ -16,7 +16,7 @@ func (r CreateSandboxRequest) Domain() sandbox.CreateRequest {
 	return sandbox.CreateRequest{
 		Lifetime: time.Duration(r.Timeout) * time.Millisecond,
 		Command:  r.Command, Args: r.Args, Cwd: r.Cwd, Prompt: r.Prompt, Network: r.Network,
-		Template: r.Template, Snapshot: r.Snapshot,
+		Template: r.Template, Snapshot: r.Snapshot, OnTimeout: r.OnTimeout,
 	}
 }
 

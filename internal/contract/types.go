@@ -30,7 +30,11 @@ type Sandbox struct {
 	// ForkedFrom is the sandbox it was forked from (sandboxd).
 	ForkedFrom string `json:"forkedFrom,omitempty" jsonschema:"description=The sandbox whose memory and filesystem it started from (POST /api/sandboxes/{id}/fork; sandboxd)"`
 	// TemplateID is the custom template it started from (sandboxd).
-	TemplateID string `json:"templateId,omitempty" jsonschema:"description=The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image (sandboxd)"`
+	TemplateID string `json:"templateId,omitempty" jsonschema:"description=The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image; after a pause of its files alone: its saved files (sandboxd)"`
+	// PausedFiles says its pause keeps its files alone (sandboxd).
+	PausedFiles bool `json:"pausedFiles,omitempty" jsonschema:"description=Present (true) while it is paused with its files alone: its processes start afresh at the resume (sandboxd)"`
+	// OnTimeout is what its timeout does, when not a stop (sandboxd).
+	OnTimeout string `json:"onTimeout,omitempty" jsonschema:"enum=pause,enum=pause-files,description=What its timeout does when it is not a stop (sandboxd)"`
 	// FailureReason says why a failed sandbox failed (sandboxd): a phrase
 	// for its user, never a host path or an internal error.
 	FailureReason string `json:"failureReason,omitempty" jsonschema:"description=Why the sandbox failed in words for its user; only when sandboxStatus is failed (sandboxd)"`
@@ -72,6 +76,8 @@ type CreateSandboxRequest struct {
 	Template string `json:"template,omitempty" jsonschema:"minLength=1,maxLength=192,description=Template to start from: name[:tag] of one of the account's templates or a public one; it must be ready (sandboxd)"`
 	// Snapshot starts the sandbox from a named snapshot (sandboxd).
 	Snapshot string `json:"snapshot,omitempty" jsonschema:"minLength=1,maxLength=192,description=Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd)"`
+	// OnTimeout is what the sandbox's deadline does (sandboxd).
+	OnTimeout string `json:"on_timeout,omitempty" jsonschema:"enum=stop,enum=pause,enum=pause-files,description=What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)"`
 }
 
 // SandboxesResponse answers POST /api/sandboxes.

@@ -12,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/store"
 )
 
 // maxUploadFiles bounds one upload request.
@@ -76,7 +77,18 @@ func ParseCreateSandbox(a Args) (CreateSandboxRequest, error) {
 	if hasTpl && hasSnap {
 		return req, FieldError("Cannot specify both template and snapshot", "snapshot")
 	}
-	req.Command, req.Prompt, req.Timeout, req.Template, req.Snapshot = cmd, prompt, timeout, tpl, snap
+	onTimeout, _, err := o.str("on_timeout")
+	if err != nil {
+		return req, err
+	}
+	switch onTimeout {
+	case "", "stop":
+		onTimeout = ""
+	case store.OnTimeoutPause, store.OnTimeoutPauseFiles:
+	default:
+		return req, FieldError("on_timeout must be stop, pause or pause-files", "on_timeout")
+	}
+	req.Command, req.Prompt, req.Timeout, req.Template, req.Snapshot, req.OnTimeout = cmd, prompt, timeout, tpl, snap, onTimeout
 	return req, nil
 }
 
@@ -107,9 +119,8 @@ func ParsePatchSandboxes(a Args) (PatchSandboxesRequest, error) {
 
 // PauseRequest is the body of POST /api/sandboxes/{id}/pause.
 type PauseRequest struct {
-	// Memory false asks for a pause of the files alone, which sandboxd
-	// does not do (400): a pause keeps the memory.
-	Memory    *bool  `json:"memory,omitempty" jsonschema:"description=Only true (the default): a pause keeps the sandbox's memory and processes; false (files only) is refused with 400"`
+	// Memory false asks for a pause of the files alone.
+	Memory    *bool  `json:"memory,omitempty" jsonschema:"description=true (the default): the pause keeps the sandbox's memory and processes on its node; false: it keeps its files alone in the blob store and its processes start afresh when it resumes on any node"`
 	AccountID string `json:"account_id,omitempty" jsonschema:"format=uuid"`
 }
 
@@ -123,9 +134,6 @@ func ParsePause(a Args) (PauseRequest, error) {
 	m, ok, err := o.bool("memory")
 	if err != nil {
 		return req, err
-	}
-	if ok && !m {
-		return req, FieldError("memory: false (a pause of the files alone, dropping the processes) is not supported: sandboxd's pause keeps the memory; save the files with POST /api/sandboxes/{id}/snapshots, then stop it", "memory")
 	}
 	if ok {
 		req.Memory = &m

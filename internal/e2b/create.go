@@ -101,9 +101,6 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 			return edge.Errorf(http.StatusBadRequest, "envVars: %q: names are letters, digits and _, not starting with a digit; values at most 32 KiB", k)
 		}
 	}
-	if req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
-		return edge.Errorf(http.StatusBadRequest, "autoPauseMemory false is not supported: sandboxd pauses a sandbox with its memory")
-	}
 	for k, v := range req.Metadata {
 		if len(k) == 0 || len(k) > 256 || len(v) > 4096 {
 			return edge.Errorf(http.StatusBadRequest, "metadata: keys of 1 to 256 bytes and values of at most 4096 bytes")
@@ -113,12 +110,23 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 		return edge.Errorf(http.StatusBadRequest, "metadata: at most 64 entries")
 	}
 	creq := sandbox.CreateRequest{Template: custom}
+	keepMemory := req.AutoPauseMemory == nil || *req.AutoPauseMemory
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = store.OnTimeoutPause
+		if !keepMemory {
+			// onTimeout {action: 'pause', keepMemory: false}: its
+			// files alone, resumed by connect on any node.
+			creq.OnTimeout = store.OnTimeoutPauseFiles
+		}
+	} else if !keepMemory {
+		return edge.Errorf(http.StatusBadRequest, "autoPauseMemory: only with autoPause (onTimeout: 'pause')")
 	}
 	autoResume := req.AutoResume != nil && req.AutoResume.Enabled != nil && *req.AutoResume.Enabled
-	if autoResume && creq.OnTimeout != store.OnTimeoutPause {
+	if autoResume && creq.OnTimeout == "" {
 		return edge.Errorf(http.StatusBadRequest, "autoResume: only with autoPause (onTimeout: 'pause'): a sandbox killed at its timeout has nothing to resume")
+	}
+	if autoResume && !keepMemory {
+		return edge.Errorf(http.StatusBadRequest, "autoResume: not with autoPauseMemory false (keepMemory: false): a sandbox paused with its files alone starts its processes afresh, so it is resumed by connect, not by traffic")
 	}
 	if req.Timeout != nil {
 		if creq.Lifetime, err = a.seconds("timeout", *req.Timeout); err != nil {

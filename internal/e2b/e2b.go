@@ -62,6 +62,7 @@ type Sandboxes interface {
 	Stop(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	SetTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (store.Sandbox, error)
 	Pause(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
+	PauseFiles(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error)
 	Stats(ctx context.Context, p auth.Principal, id string) (runtime.Stats, error)
 	// UsageHistory is a running sandbox's measures taken in [from, to]

@@ -89,6 +89,10 @@ func (f *fakeSandboxes) Pause(context.Context, auth.Principal, string) (store.Sa
 	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not pause")
 }
 
+func (f *fakeSandboxes) PauseFiles(context.Context, auth.Principal, string) (store.Sandbox, error) {
+	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not pause")
+}
+
 func (f *fakeSandboxes) Resume(context.Context, auth.Principal, string) (store.Sandbox, error) {
 	return store.Sandbox{}, errdefs.New(errdefs.ErrInvalid, "the fake does not resume")
 }
@@ -254,7 +258,10 @@ func TestControlPlaneAuthAndErrors(t *testing.T) {
 		{map[string]any{"templateID": "base", "envVars": map[string]string{"1BAD": "x"}}, 400},
 		{map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"1.2.3.4"}}}, 400},
 		{map[string]any{"templateID": "base", "timeout": 0}, 400},
-		{map[string]any{"templateID": "base", "autoPause": true, "autoPauseMemory": false}, 400},
+		// keepMemory false is only a pause's, and never resumed by
+		// traffic.
+		{map[string]any{"templateID": "base", "autoPauseMemory": false}, 400},
+		{map[string]any{"templateID": "base", "autoPause": true, "autoPauseMemory": false, "autoResume": map[string]any{"enabled": true}}, 400},
 	}
 	for _, c := range cases {
 		if resp := f.call("POST", "/v2/sandboxes", key, c.body, &e); resp.StatusCode != c.code || e.Code != c.code {

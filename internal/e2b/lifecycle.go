@@ -103,9 +103,6 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, c edge.Caller) error
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if req.Memory != nil && !*req.Memory {
-		return edge.Errorf(http.StatusBadRequest, "keepMemory: false (a pause of the files alone) is not supported: sandboxd's pause keeps the memory; createSnapshot saves the files")
-	}
 	sb, _, err := a.sandboxOf(r.Context(), c, chi.URLParam(r, "id"))
 	if err != nil {
 		return err
@@ -113,7 +110,13 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, c edge.Caller) error
 	if sb.Pause != "" {
 		return edge.Errorf(http.StatusConflict, "sandbox %s is already paused", envd.E2BID(sb.ID))
 	}
-	if _, err := a.opts.Sandboxes.Pause(r.Context(), c.Principal, sb.ID); err != nil {
+	pause := a.opts.Sandboxes.Pause
+	if req.Memory != nil && !*req.Memory {
+		// keepMemory: false: its files alone (the SDK: a resume
+		// "cold-boots" it).
+		pause = a.opts.Sandboxes.PauseFiles
+	}
+	if _, err := pause(r.Context(), c.Principal, sb.ID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

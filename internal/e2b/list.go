@@ -90,7 +90,7 @@ type lifecycle struct {
 }
 
 func lifecycleOf(sb store.Sandbox, e store.E2BSandbox) lifecycle {
-	if sb.OnTimeout == store.OnTimeoutPause {
+	if sb.OnTimeout == store.OnTimeoutPause || sb.OnTimeout == store.OnTimeoutPauseFiles {
 		return lifecycle{OnTimeout: "pause", AutoResume: e.AutoResume}
 	}
 	return lifecycle{OnTimeout: "kill"}

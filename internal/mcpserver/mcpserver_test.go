@@ -198,7 +198,7 @@ func TestToolsAndFiles(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates", "prompt_sandbox", "read_file", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
+	want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates", "pause_sandbox", "prompt_sandbox", "read_file", "resume_sandbox", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v", names)
 	}
@@ -350,7 +350,7 @@ func TestOtherAccounts(t *testing.T) {
 	if text, isErr := callTool(t, sbKey, "read_file", map[string]any{"path": "secret.md"}); isErr || text != "alice only\n" {
 		t.Fatalf("sandbox key read: %s", text)
 	}
-	for _, tool := range []string{"write_file", "upload_files", "run_command", "prompt_sandbox", "stop_sandbox", "build_template", "delete_template"} {
+	for _, tool := range []string{"write_file", "upload_files", "run_command", "prompt_sandbox", "stop_sandbox", "pause_sandbox", "resume_sandbox", "build_template", "delete_template"} {
 		text, isErr := callTool(t, sbKey, tool, map[string]any{"path": "x", "content": "x", "command": "ls", "prompt": "x", "sandbox_id": aliceSandbox, "name": "x", "image": "registry.example/x", "template": "x"})
 		if !isErr || !strings.Contains(text, "This key belongs to a sandbox") || !strings.Contains(text, "the "+tool+" tool needs an account key") {
 			t.Errorf("sandbox key %s: %v %q", tool, isErr, text)

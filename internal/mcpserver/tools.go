@@ -39,7 +39,7 @@ type tool struct {
 }
 
 func (h *Handler) addTools(srv *mcp.Server) {
-	all := append(h.tools(), h.codeTools()...)
+	all := append(append(h.tools(), h.pauseTools()...), h.codeTools()...)
 	if h.opts.Templates != nil {
 		all = append(all, h.templateTools()...)
 		all = append(all, h.snapshotTools()...)

@@ -39,9 +39,11 @@ func (workspaceHook) FailureReason() string { return "could not prepare its work
 
 func (h workspaceHook) Poststart(ctx context.Context, sb *store.Sandbox, rsb runtime.Sandbox, _ bool) error {
 	row := *sb
-	if row.ForkedFrom != "" {
+	if row.ForkedFrom != "" || row.Pause == store.PauseResuming {
 		// A fork's /workspace is its parent's as it was, prepared
-		// before the fork: doing it again would change the copy.
+		// before the fork, and a sandbox resumed from its saved files
+		// has its own as it was at the pause: doing it again would
+		// change them.
 		h.s.markPrepared(row.ID)
 		return nil
 	}

@@ -64,6 +64,18 @@ func (m *Manager) Pause(ctx context.Context, p auth.Principal, id string) (store
 	return m.pause(ctx, sb)
 }
 
+// PauseFiles pauses running sandbox id with its files alone: they are
+// saved in the blob store, its processes and memory end, and a resume
+// starts it again from them on any node (pausefiles.go); a paused one is
+// answered as it is.
+func (m *Manager) PauseFiles(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error) {
+	sb, err := m.sandboxFor(ctx, p, id)
+	if err != nil {
+		return sb, err
+	}
+	return m.pauseFiles(ctx, sb)
+}
+
 // Resume brings paused sandbox id back where it was; a running one is
 // answered as it is.
 func (m *Manager) Resume(ctx context.Context, p auth.Principal, id string) (store.Sandbox, error) {

@@ -176,6 +176,11 @@ type Manager struct {
 	warm warmDemand
 	// prewarmDemand sizes what is started ahead per account (prewarm.go).
 	prewarmDemand prewarmDemand
+	// filesSaver saves the files of a pause of the files alone; filesPausing
+	// names the sandboxes such a pause is saving on this node, which
+	// CaptureFiles reaches while their row says pausing (pausefiles.go).
+	filesSaver   FilesSaver
+	filesPausing sync.Map
 	// usage is the running sandboxes' measures over time (usage.go).
 	usage usageHistory
 }
@@ -295,13 +300,18 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	if req.Network != nil {
 		policy = *req.Network
 	}
-	if req.OnTimeout != "" {
-		if req.OnTimeout != store.OnTimeoutPause {
-			return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrInvalid, "on timeout %q: want pause or nothing", req.OnTimeout)
-		}
+	switch req.OnTimeout {
+	case "":
+	case store.OnTimeoutPause:
 		if _, err := m.pauser(); err != nil {
 			return store.Sandbox{}, "", err
 		}
+	case store.OnTimeoutPauseFiles:
+		if err := m.canPauseFiles(store.Sandbox{}); err != nil {
+			return store.Sandbox{}, "", err
+		}
+	default:
+		return store.Sandbox{}, "", errdefs.Newf(errdefs.ErrInvalid, "on timeout %q: want %s, %s or nothing", req.OnTimeout, store.OnTimeoutPause, store.OnTimeoutPauseFiles)
 	}
 	templateID, err := m.template(ctx, accountID, req.Template, req.Snapshot)
 	if err != nil {
@@ -504,7 +514,7 @@ func (m *Manager) Live(ctx context.Context, sbs []store.Sandbox) []store.Sandbox
 	var wg sync.WaitGroup
 	for i, sb := range sbs {
 		out[i] = sb
-		if sb.Status != store.SandboxRunning || sb.NodeID != m.cfg.NodeID {
+		if sb.Status != store.SandboxRunning || sb.NodeID != m.cfg.NodeID || sb.PausedFiles {
 			continue
 		}
 		wg.Go(func() {
@@ -571,7 +581,7 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 	if sb.Status != store.SandboxRunning {
 		return nil, errdefs.ErrNotRunning
 	}
-	if sb.NodeID != m.cfg.NodeID {
+	if sb.NodeID != m.cfg.NodeID && !filesPausedElsewhere(sb) {
 		return nil, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	}
 	if _, err := m.awake(ctx, sb); err != nil {

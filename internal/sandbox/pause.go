@@ -176,22 +176,32 @@ func (m *Manager) settledPause(ctx context.Context, id string) (store.Sandbox, e
 // waited for.
 func (m *Manager) resumeSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx)
-	p, err := m.pauser()
-	if err != nil {
-		return sb, err
-	}
 	if sb.Status != store.SandboxRunning {
 		return sb, errdefs.ErrNotRunning
 	}
-	if sb.NodeID != m.cfg.NodeID {
+	if sb.NodeID != m.cfg.NodeID && !filesPausedElsewhere(sb) {
 		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	}
 	deadline := time.Now().Add(resumeWait)
+	var err error
 	for {
-		switch sb.Pause {
-		case "":
+		switch {
+		case sb.Pause == "":
 			return sb, nil
-		case store.PausePaused:
+		case filesPausedElsewhere(sb):
+			// Its files are in the blob store: this node starts it.
+			ok, err := m.st.ClaimFilesResume(ctx, sb.ID, m.cfg.NodeID, m.now())
+			if err != nil {
+				return sb, err
+			}
+			if ok {
+				return m.resumeFiles(ctx, sb)
+			}
+		case sb.Pause == store.PausePaused:
+			p, err := m.pauser()
+			if err != nil {
+				return sb, err
+			}
 			ok, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PausePaused}, store.PauseResuming, m.now())
 			if err != nil {
 				return sb, err

@@ -44,7 +44,7 @@ func (m *Manager) reap(ctx context.Context) {
 	for _, sb := range expired {
 		go func() {
 			ctx := context.WithoutCancel(ctx)
-			if sb.OnTimeout == store.OnTimeoutPause && m.pauseAtDeadline(ctx, sb) {
+			if (sb.OnTimeout == store.OnTimeoutPause || sb.OnTimeout == store.OnTimeoutPauseFiles) && m.pauseAtDeadline(ctx, sb) {
 				return
 			}
 			if err := m.stop(ctx, sb, store.ReasonTimeout); err != nil {
@@ -76,6 +76,14 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	for _, sb := range rows {
 		switch sb.Status {
 		case store.SandboxRunning:
+			if sb.PausedFiles {
+				// Its files are saved: a pause of them alone caught
+				// before its end is finished (what is left of its
+				// runtime sandbox is destroyed as an orphan: it is not
+				// kept), or one caught resuming is paused again.
+				m.settleFilesPause(ctx, sb)
+				continue
+			}
 			if sb.Pause != "" && alive[sb.ID] {
 				// Kept paused, or caught in the middle of a pause or a
 				// resume: the row follows what the runtime has (paused,
@@ -136,7 +144,8 @@ func (m *Manager) DestroyOrphans(ctx context.Context) error {
 	}
 	keep := map[string]bool{}
 	for _, sb := range rows {
-		keep[sb.ID] = true
+		// A sandbox paused with its files alone has nothing here.
+		keep[sb.ID] = !(sb.PausedFiles && sb.Pause == store.PausePaused)
 	}
 	m.destroyOrphans(ctx, live, keep)
 	m.reconcileHooks(ctx, func(id string) bool { return keep[id] })
@@ -154,6 +163,18 @@ func (m *Manager) FailHostedBy(ctx context.Context, id, reason string) (int, err
 	}
 	gone := map[string]bool{}
 	for _, sb := range rows {
+		if sb.PausedFiles && sb.Status == store.SandboxRunning {
+			// Nothing of it was on the node: this one keeps it paused
+			// (its pause's time limit, its stop), and any node resumes
+			// it.
+			if ok, err := m.st.AdoptFilesPaused(ctx, sb.ID, id, m.cfg.NodeID); err != nil || !ok {
+				m.log.Warn("adopt a sandbox paused with its files", "sandbox_id", sb.ID, "node_id", id, "adopted", ok, "err", err)
+			}
+			if cur, err := m.st.GetSandbox(ctx, sb.ID); err == nil {
+				m.settleFilesPause(ctx, cur)
+			}
+			continue
+		}
 		m.markFailed(ctx, sb.ID, activeStatuses, reason)
 		gone[sb.ID] = true
 	}
@@ -201,7 +222,11 @@ func (m *Manager) pauseAtDeadline(ctx context.Context, sb store.Sandbox) bool {
 		return false
 	}
 	sb.Deadline = m.now().Add(m.cfg.Settings.DefaultTimeout)
-	if _, err := m.pause(ctx, sb); err != nil {
+	pause := m.pause
+	if sb.OnTimeout == store.OnTimeoutPauseFiles {
+		pause = m.pauseFiles
+	}
+	if _, err := pause(ctx, sb); err != nil {
 		m.log.Warn("pause expired sandbox: stopping it instead", "sandbox_id", sb.ID, "err", err)
 		return false
 	}

@@ -26,7 +26,8 @@ type CreateRequest struct {
 	Network *netpol.Policy // nil: the server's default policy
 	// OnTimeout is what the deadline does: "" stops the sandbox,
 	// store.OnTimeoutPause pauses it with its memory (the runtime must be
-	// able to).
+	// able to), store.OnTimeoutPauseFiles with its files alone
+	// (pausefiles.go).
 	OnTimeout string
 	// Template is "name[:tag]" of the account's (or a public) template to
 	// start from instead of the built-in image ("": the built-in one).

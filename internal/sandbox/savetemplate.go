@@ -55,7 +55,14 @@ func (m *Manager) CaptureFiles(ctx context.Context, sb store.Sandbox, w io.Write
 	if err := m.refuseWhileRunExecutes(ctx, cur, "save"); err != nil {
 		return snapshot.Manifest{}, err
 	}
-	rsb, err := m.Local(ctx, cur)
+	var rsb runtime.Sandbox
+	if _, ok := m.filesPausing.Load(sb.ID); ok && cur.Pause == store.PausePausing {
+		// The pause of its files alone saving them (pausefiles.go):
+		// nothing else acts on it while its row says pausing.
+		rsb, err = m.rt.Get(ctx, sb.ID)
+	} else {
+		rsb, err = m.Local(ctx, cur)
+	}
 	if err != nil {
 		return snapshot.Manifest{}, errdefs.Wrap(errdefs.ErrNotRunning, err, fmt.Sprintf("sandbox %s stopped before it was saved", sb.ID))
 	}

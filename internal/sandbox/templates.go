@@ -186,11 +186,23 @@ func (m *Manager) TemplateEnv(ctx context.Context, sb store.Sandbox) ([]string, 
 	return d.env, err
 }
 
+// StandsOnBuiltin says sb's template is the server's built-in image with
+// files over it and no image config of its own: a named snapshot of a
+// sandbox of the built-in image, or the files a pause of a sandbox's files
+// alone saved (pausefiles.go). Its commands' defaults are the built-in
+// image's (E2B's DefaultUser), not a template's root.
+func (m *Manager) StandsOnBuiltin(ctx context.Context, sb store.Sandbox) bool {
+	d, err := m.templateExec(ctx, sb)
+	return err == nil && d.builtin
+}
+
 // execDefaults are a template's directory, user and environment of the
-// commands a user runs.
+// commands a user runs, and whether it stands on the built-in image
+// (StandsOnBuiltin).
 type execDefaults struct {
 	cwd, user string
 	env       []string
+	builtin   bool
 }
 
 func (m *Manager) templateExec(ctx context.Context, sb store.Sandbox) (execDefaults, error) {
@@ -205,7 +217,8 @@ func (m *Manager) templateExec(ctx context.Context, sb store.Sandbox) (execDefau
 		return execDefaults{}, err
 	}
 	// A ready template's config never changes: keep it.
-	d := execDefaults{cwd: img.Config.WorkingDir, user: userName(img.Config.User), env: img.Config.Env}
+	d := execDefaults{cwd: img.Config.WorkingDir, user: userName(img.Config.User), env: img.Config.Env,
+		builtin: img.BaseImage != "" && img.BaseImage == m.cfg.BaseID && img.Config.User == "" && img.Config.WorkingDir == ""}
 	m.execDefaults.Store(sb.TemplateID, d)
 	return d, nil
 }

@@ -87,7 +87,7 @@ type Sandbox struct {
 	// or from nothing).
 	ForkedFrom string `json:"forked_from,omitempty"`
 	// OnTimeout is what its deadline does: "" stops it, OnTimeoutPause
-	// pauses it with its memory.
+	// pauses it with its memory, OnTimeoutPauseFiles with its files alone.
 	OnTimeout string `json:"on_timeout,omitempty"`
 	// Task is the service's task that started it for its account, as
 	// runs name tasks (SandboxTaskSetup, "coding-agent"); "" for one the
@@ -97,14 +97,23 @@ type Sandbox struct {
 	// image). A sandbox of a template never starts from, nor writes, its
 	// account's snapshot (docs/TEMPLATES.md).
 	TemplateID string `json:"template_id,omitempty"`
+	// PausedFiles says its pause kept its files alone: its processes and
+	// memory ended, its files are template TemplateID (saved when it
+	// paused), and a resume starts it again from them on any node.
+	PausedFiles bool `json:"paused_files,omitempty"`
 }
 
 // SandboxTaskSetup is the Task of the sandbox an account's setup runs in
 // (the setup-sandbox task): the account's lists leave it out.
 const SandboxTaskSetup = "setup-sandbox"
 
-// OnTimeoutPause: a sandbox paused at its deadline instead of stopped.
-const OnTimeoutPause = "pause"
+// What a sandbox's deadline does besides stopping it: OnTimeoutPause
+// pauses it with its memory, OnTimeoutPauseFiles with its files alone
+// (Sandbox.PausedFiles).
+const (
+	OnTimeoutPause      = "pause"
+	OnTimeoutPauseFiles = "pause-files"
+)
 
 // Pause states of a running sandbox, as the API names them.
 const (

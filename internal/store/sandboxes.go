@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -10,7 +11,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task, template_id"
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task, template_id, paused_files"
 
 func scanSandbox(s scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -18,7 +19,7 @@ func scanSandbox(s scanner) (Sandbox, error) {
 	var created, updated, deadline int64
 	var stopped, remaining sql.NullInt64
 	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
-		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task, &sb.TemplateID); err != nil {
+		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task, &sb.TemplateID, &sb.PausedFiles); err != nil {
 		return Sandbox{}, err
 	}
 	sb.PausedRemaining = time.Duration(remaining.Int64) * time.Millisecond
@@ -57,14 +58,14 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	sb.UpdatedAt = ms(sb.UpdatedAt)
 	sb.Deadline = ms(sb.Deadline)
 	sb.StoppedAt = msPtr(sb.StoppedAt)
-	sb.Pause, sb.PausedRemaining = "", 0 // a new sandbox is not paused
-	if sb.OnTimeout != "" && sb.OnTimeout != OnTimeoutPause {
+	sb.Pause, sb.PausedRemaining, sb.PausedFiles = "", 0, false // a new sandbox is not paused
+	if sb.OnTimeout != "" && sb.OnTimeout != OnTimeoutPause && sb.OnTimeout != OnTimeoutPauseFiles {
 		return fmt.Errorf("create sandbox: %w: on_timeout %q", ErrInvalid, sb.OnTimeout)
 	}
 	return q.atomically(ctx, func(q *Queries) error {
-		_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 			sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-			toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID)
+			toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID, false)
 		if err != nil {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 		}
@@ -315,7 +316,7 @@ func (q *Queries) TransitionPause(ctx context.Context, id string, from []string,
 	set := "pause = ?, updated_at = ?"
 	args := []any{to, t}
 	if to == "" {
-		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL, paused_at = NULL"
+		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL, paused_at = NULL, paused_files = FALSE"
 		args = append(args, t)
 	}
 	args = append(append(args, id, SandboxRunning), inArgs...)
@@ -340,6 +341,69 @@ func (q *Queries) TransitionPause(ctx context.Context, id string, from []string,
 		return nil
 	})
 	return moved, err
+}
+
+// SetPausingFiles records that sandbox id's pause, under way, is of its
+// files alone, saved as template templateID (its template from then on):
+// from here the pause is finished, never undone, also after a crash
+// (FinishFilesPause). It reports whether it did (false: the sandbox is no
+// longer pausing).
+func (q *Queries) SetPausingFiles(ctx context.Context, id, templateID string, at time.Time) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET paused_files = TRUE, template_id = ?, updated_at = ? WHERE id = ? AND status = ? AND pause = ?",
+		templateID, toMillis(ms(at)), id, SandboxRunning, PausePausing)
+	if err != nil {
+		return false, fmt.Errorf("record the saved files of sandbox %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// FinishFilesPause ends a pause of the files alone (SetPausingFiles):
+// sandbox id, pausing, is paused; its paused event says memory false and
+// names the template its files are. It reports whether it did.
+func (q *Queries) FinishFilesPause(ctx context.Context, id string, at time.Time) (bool, error) {
+	var moved bool
+	err := q.atomically(ctx, func(q *Queries) error {
+		var templateID string
+		err := q.writeQueryRow(ctx, "SELECT template_id FROM sandboxes WHERE id = ? AND status = ? AND pause = ? AND paused_files",
+			id, SandboxRunning, PausePausing).Scan(&templateID)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("finish the pause of sandbox %s's files: %w", id, err)
+		}
+		if _, err := q.exec(ctx, "UPDATE sandboxes SET pause = ?, updated_at = ? WHERE id = ?", PausePaused, toMillis(ms(at)), id); err != nil {
+			return fmt.Errorf("finish the pause of sandbox %s's files: %w", id, mapErr(err))
+		}
+		moved = true
+		return q.sandboxEvent(ctx, id, EventPaused, map[string]any{"memory": false, "template_id": templateID}, at)
+	})
+	return moved, err
+}
+
+// AdoptFilesPaused makes node to the host of sandbox id, paused with its
+// files alone (or pausing so) on node from, which is down: nothing of it
+// is on from, and its pause's time limit and stop are to's to keep. It
+// reports whether it did.
+func (q *Queries) AdoptFilesPaused(ctx context.Context, id, from, to string) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET node_id = ? WHERE id = ? AND node_id = ? AND status = ? AND paused_files",
+		to, id, from, SandboxRunning)
+	if err != nil {
+		return false, fmt.Errorf("adopt paused sandbox %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// ClaimFilesResume moves sandbox id, paused with its files alone, to
+// resuming on node nodeID, whichever node it was paused on (its files are
+// in the blob store), and reports whether it did.
+func (q *Queries) ClaimFilesResume(ctx context.Context, id, nodeID string, at time.Time) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET pause = ?, node_id = ?, updated_at = ? WHERE id = ? AND status = ? AND pause = ? AND paused_files",
+		PauseResuming, nodeID, toMillis(ms(at)), id, SandboxRunning, PausePaused)
+	if err != nil {
+		return false, fmt.Errorf("claim the resume of sandbox %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
 }
 
 // SetPausedRemaining sets the lifetime a paused sandbox will have when it

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -310,6 +311,74 @@ func TestPause(t *testing.T) {
 		}
 		if exp, err := s.ListExpiredSandboxes(ctx, "n1", resumed.Add(2*time.Minute)); err != nil || len(exp) != 1 {
 			t.Fatalf("expired after resume: %v %v", exp, err)
+		}
+	})
+}
+
+// TestFilesPause: a pause of the files alone ends with the saved files as
+// the sandbox's template (and its paused event says memory false); its
+// resume is claimed by any node, which then hosts it, only while it is
+// paused so; back to running, it is an ordinary sandbox of that template.
+func TestFilesPause(t *testing.T) {
+	storetest.Dialects(t, func(t *testing.T, dsn string) {
+		s := storetest.Open(t, dsn)
+		ctx := t.Context()
+		a := mustAccount(t, s, store.AccountPersonal, "filer")
+		sb := mustSandbox(t, s, a.ID, "n1", store.SandboxRunning, t0)
+		if ok, _ := s.SetPausingFiles(ctx, sb.ID, "tpl_saved", t0); ok {
+			t.Fatal("SetPausingFiles of a sandbox not pausing")
+		}
+		if ok, err := s.BeginPause(ctx, sb.ID, t0); !ok || err != nil {
+			t.Fatalf("BeginPause: %v %v", ok, err)
+		}
+		if ok, _ := s.ClaimFilesResume(ctx, sb.ID, "n2", t0); ok {
+			t.Fatal("resume claimed while pausing")
+		}
+		if ok, _ := s.FinishFilesPause(ctx, sb.ID, t0); ok {
+			t.Fatal("FinishFilesPause before SetPausingFiles")
+		}
+		if ok, err := s.SetPausingFiles(ctx, sb.ID, "tpl_saved", t0.Add(time.Second)); !ok || err != nil {
+			t.Fatalf("SetPausingFiles: %v %v", ok, err)
+		}
+		if ok, err := s.AdoptFilesPaused(ctx, sb.ID, "n1", "n4"); !ok || err != nil {
+			t.Fatalf("AdoptFilesPaused: %v %v", ok, err)
+		}
+		if ok, _ := s.AdoptFilesPaused(ctx, sb.ID, "n1", "n5"); ok {
+			t.Fatal("adopted from a node that no longer hosts it")
+		}
+		if ok, err := s.FinishFilesPause(ctx, sb.ID, t0.Add(time.Second)); !ok || err != nil {
+			t.Fatalf("FinishFilesPause: %v %v", ok, err)
+		}
+		got, _ := s.GetSandbox(ctx, sb.ID)
+		if got.Pause != store.PausePaused || !got.PausedFiles || got.TemplateID != "tpl_saved" || got.NodeID != "n4" {
+			t.Fatalf("paused row %+v", got)
+		}
+		evs, err := s.ListEvents(ctx, store.EventFilter{AccountID: a.ID, SandboxID: sb.ID, Types: []string{store.EventPaused}, Limit: 10})
+		if err != nil || len(evs) != 1 || !strings.Contains(string(evs[0].Data), `"memory":false`) || !strings.Contains(string(evs[0].Data), "tpl_saved") {
+			t.Fatalf("paused events %+v %v", evs, err)
+		}
+		if ok, err := s.ClaimFilesResume(ctx, sb.ID, "n2", t0.Add(2*time.Second)); !ok || err != nil {
+			t.Fatalf("ClaimFilesResume: %v %v", ok, err)
+		}
+		if ok, _ := s.ClaimFilesResume(ctx, sb.ID, "n3", t0.Add(2*time.Second)); ok {
+			t.Fatal("resume claimed twice")
+		}
+		if ok, err := s.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", t0.Add(3*time.Second)); !ok || err != nil {
+			t.Fatalf("resuming -> running: %v %v", ok, err)
+		}
+		got, _ = s.GetSandbox(ctx, sb.ID)
+		if got.Pause != "" || got.PausedFiles || got.NodeID != "n2" || got.TemplateID != "tpl_saved" {
+			t.Fatalf("resumed row %+v", got)
+		}
+		// A pause with its memory is not one a node claims.
+		if ok, _ := s.BeginPause(ctx, sb.ID, t0); !ok {
+			t.Fatal("BeginPause again")
+		}
+		if ok, _ := s.TransitionPause(ctx, sb.ID, []string{store.PausePausing}, store.PausePaused, t0); !ok {
+			t.Fatal("pausing -> paused")
+		}
+		if ok, _ := s.ClaimFilesResume(ctx, sb.ID, "n3", t0); ok {
+			t.Fatal("a memory pause claimed by another node")
 		}
 	})
 }

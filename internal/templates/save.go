@@ -65,6 +65,24 @@ func (s *Service) saveSandbox(ctx context.Context, p auth.Principal, sandboxID s
 	if err != nil {
 		return store.Template{}, err
 	}
+	return s.save(ctx, sb, t)
+}
+
+// SavePausedFiles saves the files of sandbox sb, which a pause of its
+// files alone is ending on this node (package sandbox checked the access
+// and the state), as an untagged snapshot: no list shows it, its row
+// keeps it while the sandbox lives (its template from then on), and it is
+// collected as any stray once the sandbox ends.
+func (s *Service) SavePausedFiles(ctx context.Context, sb store.Sandbox) (store.Template, error) {
+	if s.cfg.Blobs == nil {
+		return store.Template{}, errdefs.New(errdefs.ErrInvalid, "this server cannot save sandboxes' files (no blob store)")
+	}
+	id := store.NewID("tpl_")
+	return s.save(ctx, sb, store.Template{ID: id, Name: id, Tag: templatespec.DefaultTag, Kind: store.TemplateKindSnapshot})
+}
+
+// save is saveSandbox of sandbox sb, loaded and checked.
+func (s *Service) save(ctx context.Context, sb store.Sandbox, t store.Template) (store.Template, error) {
 	b, def, err := s.sandboxBase(ctx, sb)
 	if err != nil {
 		return store.Template{}, err

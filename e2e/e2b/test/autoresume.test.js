@@ -2,8 +2,10 @@
 // 'pause', autoResume: true }, traffic to its port through its E2B host,
 // and an SDK call (commands.run), resume it and go through; without
 // autoResume the port answers E2B's "not found" and the sandbox stays
-// paused. pause({ keepMemory: false }) is refused (sandboxd keeps the
-// memory) rather than ignored.
+// paused. pause({ keepMemory: false }) keeps the files alone: connect
+// starts the sandbox again from them, its processes afresh, as does a
+// create with lifecycle { onTimeout: { action: 'pause', keepMemory: false } }
+// at its timeout.
 import { after, describe, it } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
@@ -76,11 +78,32 @@ describe(title('auto-resume'), { skip: lacks.pause }, () => {
     }
   })
 
-  it('pause({ keepMemory: false }) is refused, not ignored', slow, async () => {
+  it('pause({ keepMemory: false }) keeps the files alone; connect starts it again from them', { ...slow, skip: lacks.connect }, async () => {
     const sbx = await create()
     try {
-      await assert.rejects(sbx.pause({ keepMemory: false }), /keepMemory: false/)
+      await sbx.files.write('/home/user/kept.txt', 'kept')
+      await sbx.commands.run('sleep 1000', { background: true })
+      assert.equal((await sbx.commands.run('pgrep -x sleep >/dev/null && echo up')).stdout, 'up\n')
+      await sbx.pause({ keepMemory: false })
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+      const back = await Sandbox.connect(sbx.sandboxId)
       assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running')
+      assert.equal(await back.files.read('/home/user/kept.txt'), 'kept')
+      assert.equal((await back.commands.run('pgrep -x sleep || echo gone')).stdout, 'gone\n')
+      // It runs as its user in its home again.
+      assert.equal((await back.commands.run('whoami; pwd')).stdout, 'user\n/home/user\n')
+    } finally {
+      await kill(sbx)
+    }
+  })
+
+  it("onTimeout { action: 'pause', keepMemory: false } pauses the files at the timeout", { ...slow, skip: lacks.connect }, async () => {
+    const sbx = await create({ timeoutMs: 4_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+    try {
+      await sbx.files.write('/home/user/at-timeout.txt', 'kept')
+      await waitFor('paused at its timeout', async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', { timeoutMs: 60_000, intervalMs: 500 })
+      const back = await Sandbox.connect(sbx.sandboxId)
+      assert.equal(await back.files.read('/home/user/at-timeout.txt'), 'kept')
     } finally {
       await kill(sbx)
     }

@@ -36,6 +36,8 @@ describe(title('snapshots'), { skip: lacks.snapshots }, () => {
       }
       const [one, two] = made
       assert.equal(await one.files.read('/home/user/snap/state.txt'), 'saved')
+      // A snapshot of a base sandbox runs commands as base's do.
+      assert.equal((await one.commands.run('whoami; pwd')).stdout, 'user\n/home/user\n')
       await one.files.write('/home/user/snap/state.txt', 'changed in one')
       assert.equal(await two.files.read('/home/user/snap/state.txt'), 'saved', 'each sandbox has its own copy')
 

@@ -159,6 +159,12 @@ func (p *Proxy) defaults(ctx context.Context, e store.E2BSandbox) (user, cwd str
 	if err != nil || sb.TemplateID == "" {
 		return p.opts.DefaultUser, "", nil
 	}
+	if b, ok := d.(builtinBased); ok && b.StandsOnBuiltin(ctx, sb) {
+		// The files of a sandbox of the built-in image, saved (a named
+		// snapshot, a pause of its files): its defaults are that
+		// sandbox's.
+		return p.opts.DefaultUser, "", nil
+	}
 	cwd, user, err = d.ExecDefaults(ctx, sb)
 	if err == nil {
 		env, err = d.TemplateEnv(ctx, sb)
@@ -171,6 +177,12 @@ func (p *Proxy) defaults(ctx context.Context, e store.E2BSandbox) (user, cwd str
 		user = "root"
 	}
 	return user, cwd, env
+}
+
+// builtinBased says a sandbox's template is the built-in image's files
+// saved (package sandbox's Manager: StandsOnBuiltin).
+type builtinBased interface {
+	StandsOnBuiltin(ctx context.Context, sb store.Sandbox) bool
 }
 
 // TemplateDefaults gives a sandbox's template's directory and user of the
