@@ -969,6 +969,11 @@ export interface components {
             /** @description Working directory (default /workspace */
             cwd?: string;
             network?: components["schemas"]["NetworkPolicy"];
+            /**
+             * @description What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)
+             * @enum {string}
+             */
+            on_timeout?: "stop" | "pause" | "pause-files";
             /** @description Prompt for opencode run (not with command) */
             prompt?: string;
             /** @description Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd) */
@@ -1225,7 +1230,7 @@ export interface components {
         PauseRequest: {
             /** Format: uuid */
             account_id?: string;
-            /** @description Only true (the default): a pause keeps the sandbox's memory and processes; false (files only) is refused with 400 */
+            /** @description true (the default): the pause keeps the sandbox's memory and processes on its node; false: it keeps its files alone in the blob store and its processes start afresh when it resumes on any node */
             memory?: boolean;
         };
         Port: {
@@ -1319,6 +1324,13 @@ export interface components {
             forkedFrom?: string;
             network?: components["schemas"]["NetworkPolicy"];
             network_bytes?: components["schemas"]["NetworkBytes"];
+            /**
+             * @description What its timeout does when it is not a stop (sandboxd)
+             * @enum {string}
+             */
+            onTimeout?: "pause" | "pause-files";
+            /** @description Present (true) while it is paused with its files alone: its processes start afresh at the resume (sandboxd) */
+            pausedFiles?: boolean;
             /** @description The sandbox's latest run (in the create's answer the one started with it); poll GET /api/tasks/runs?runId= */
             runId?: string;
             /** @description Isolation backend of the sandbox (sandboxd) */
@@ -1330,7 +1342,7 @@ export interface components {
              * @enum {string}
              */
             sandboxStatus: "pending" | "running" | "stopping" | "stopped" | "failed" | "pausing" | "paused" | "resuming";
-            /** @description The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image (sandboxd) */
+            /** @description The custom template it started from (its id: GET /api/templates/{id}); absent for the server's built-in image; after a pause of its files alone: its saved files (sandboxd) */
             templateId?: string;
             /** @description Milliseconds remaining before the sandbox stops automatically (0 once stopped; while paused the clock is stopped and this is what it will have when it resumes) */
             timeout: number;
