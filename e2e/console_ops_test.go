@@ -372,6 +372,15 @@ func consoleOperations(t *testing.T, s *server, k key, p *consoleProxy, b *conso
 		t.Errorf("the API says %s after the console resumed it", st)
 	}
 
+	// Pause its files alone, then resume: the page says which pause.
+	b.press("pause files only", "#sb-pause-files")
+	b.waitFor("paused with its files", `document.getElementById('view-sandbox').dataset.status === 'paused' && (document.querySelector('#sb-fields [data-field="pausedFiles"] dd') || {}).textContent.startsWith('its files alone')`, 2*time.Minute)
+	if sb := s.apiSandbox(k, id); sb["pausedFiles"] != true {
+		t.Errorf("the API says %v after the console paused its files", sb)
+	}
+	b.press("resume", "#sb-resume")
+	b.waitFor("running again", `document.getElementById('view-sandbox').dataset.status === 'running'`, 2*time.Minute)
+
 	// Fork it.
 	b.fill("how many", "#sb-fork-count", strconv.Itoa(forks))
 	b.press("fork", "#sb-fork")

@@ -528,6 +528,7 @@
     sandboxId: 'Id', sandboxStatus: 'Status', failureReason: 'Failure reason', timeout: 'Time left',
     createdAt: 'Created', runId: 'Run', runtime: 'Runtime', network: 'Network',
     network_bytes: 'Network traffic', forkedFrom: 'Forked from',
+    pausedFiles: 'Paused with', onTimeout: 'At its timeout',
   };
 
   // fieldValue renders one field of a sandbox as text (or links).
@@ -545,6 +546,8 @@
       case 'network': return policyText(v);
       case 'network_bytes': return v && typeof v === 'object' ? `sent ${fmtBytes(v.sent)}, received ${fmtBytes(v.received)}` : JSON.stringify(v);
       case 'sandboxStatus': return statusBadge(v);
+      case 'pausedFiles': return v ? 'its files alone (its processes start afresh at the resume)' : 'its memory';
+      case 'onTimeout': return v === 'pause-files' ? 'pauses with its files alone' : v === 'pause' ? 'pauses with its memory' : 'stops';
     }
     if (v === null || v === undefined) return '—';
     return typeof v === 'string' ? v : JSON.stringify(v);
@@ -625,6 +628,7 @@
     const on = {
       'sb-stop': live || st === 'pending',
       'sb-pause': st === 'running',
+      'sb-pause-files': st === 'running',
       'sb-resume': st === 'paused',
       'sb-terminal': st === 'running',
       'sb-run': !!sb.runId,
@@ -1815,6 +1819,7 @@
     $('sb-all').addEventListener('change', () => run(loadSandboxes()));
     $('sb-stop').addEventListener('click', sandboxAction('stop'));
     $('sb-pause').addEventListener('click', sandboxAction('pause'));
+    $('sb-pause-files').addEventListener('click', () => act('sb-pause-files', (sb) => api('POST', sbPath(sb.sandboxId, '/pause'), { memory: false })));
     $('sb-resume').addEventListener('click', sandboxAction('resume'));
     $('sb-terminal').addEventListener('click', () => { if (state.sandbox) location.hash = '#terminal/' + encodeURIComponent(state.sandbox.sandboxId); });
     $('sb-run').addEventListener('click', () => { if (state.sandbox && state.sandbox.runId) location.hash = '#runs/' + encodeURIComponent(state.sandbox.runId); });
