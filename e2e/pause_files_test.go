@@ -50,25 +50,27 @@ func pauseFilesOn(t *testing.T, flags []string, cli bool) {
 		return sb
 	}
 
+	// sleeping says whether a `sleep 1000` runs (the test image has no
+	// pgrep).
+	const sleeping = `for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < $f 2>/dev/null; echo; done | grep -q '^sleep 1000' && echo up || echo gone`
 	sid := s.createSandbox(k, map[string]any{"timeout": 600_000})["sandboxId"].(string)
 	sh(sid, "mkdir -p /opt/data && echo one > /opt/data/v && (setsid sleep 1000 >/dev/null 2>&1 &)")
-	if out := sh(sid, "pgrep -x sleep >/dev/null && echo up"); out != "up\n" {
+	if out := sh(sid, sleeping); out != "up\n" {
 		t.Fatalf("the background process before the pause: %q", out)
 	}
 	pauseFiles(sid)
-	if r := s.as(k, "GET", "/api/sandboxes/"+sid, nil); r.Status != 200 || r.Body["sandbox"].(map[string]any)["pausedFiles"] != true {
-		t.Fatalf("get while paused: %d %s", r.Status, r.Raw)
+	if sb := s.apiSandbox(k, sid); sb["pausedFiles"] != true || sb["sandboxStatus"] != "paused" {
+		t.Fatalf("get while paused: %v", sb)
 	}
 	r := s.as(k, "GET", "/api/events?type=sandbox.paused", nil)
 	if r.Status != 200 || !strings.Contains(string(r.Raw), `"memory":false`) {
 		t.Fatalf("paused event: %d %s", r.Status, r.Raw)
 	}
 	// An exec resumes it: its files, not its processes.
-	if out := sh(sid, "cat /opt/data/v; pgrep -x sleep || echo gone"); out != "one\ngone\n" {
+	if out := sh(sid, "cat /opt/data/v; "+sleeping); out != "one\ngone\n" {
 		t.Fatalf("after the resume: %q", out)
 	}
-	r = s.as(k, "GET", "/api/sandboxes/"+sid, nil)
-	if sb := r.Body["sandbox"].(map[string]any); sb["sandboxStatus"] != "running" || sb["pausedFiles"] != nil || sb["timeout"].(float64) < 500_000 {
+	if sb := s.apiSandbox(k, sid); sb["sandboxStatus"] != "running" || sb["pausedFiles"] != nil || sb["timeout"].(float64) < 500_000 {
 		t.Fatalf("resumed: %v", sb)
 	}
 	r = s.as(k, "GET", "/api/events?type=sandbox.resumed", nil)
@@ -82,8 +84,8 @@ func pauseFilesOn(t *testing.T, flags []string, cli bool) {
 	pauseFiles(sid)
 	s.stop()
 	s = startServerIn(t, s.dataDir, dsn, flags...)
-	if r := s.as(k, "GET", "/api/sandboxes/"+sid, nil); r.Body["sandbox"].(map[string]any)["sandboxStatus"] != "paused" {
-		t.Fatalf("after the restart: %s", r.Raw)
+	if st, _ := s.sandboxStatus(k, sid); st != "paused" {
+		t.Fatalf("after the restart: %s", st)
 	}
 	if r := s.as(k, "POST", "/api/sandboxes/"+sid+"/resume", nil); r.Status != 200 || r.Body["sandbox"].(map[string]any)["sandboxStatus"] != "running" {
 		t.Fatalf("resume after the restart: %d %s", r.Status, r.Raw)
@@ -97,10 +99,10 @@ func pauseFilesOn(t *testing.T, flags []string, cli bool) {
 
 	// on_timeout pause-files: paused so at its timeout, then resumed.
 	timed := s.createSandbox(k, map[string]any{"timeout": 4000, "on_timeout": "pause-files"})["sandboxId"].(string)
-	sh(timed, "echo kept > /opt/at-timeout")
+	sh(timed, "mkdir -p /opt && echo kept > /opt/at-timeout")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		sb := s.as(k, "GET", "/api/sandboxes/"+timed, nil).Body["sandbox"].(map[string]any)
+		sb := s.apiSandbox(k, timed)
 		if sb["sandboxStatus"] == "paused" && sb["pausedFiles"] == true && sb["onTimeout"] == "pause-files" {
 			break
 		}
@@ -134,7 +136,7 @@ func pauseFilesOn(t *testing.T, flags []string, cli bool) {
 
 	// MCP: pause_sandbox with memory false, then resume_sandbox.
 	m := s.createSandbox(k, map[string]any{})["sandboxId"].(string)
-	sh(m, "echo mcp > /opt/m")
+	sh(m, "mkdir -p /opt && echo mcp > /opt/m")
 	mc := s.mcpConnect(k)
 	a := mc.call(t, "pause_sandbox", map[string]any{"sandbox_id": m, "memory": false}, "")
 	if a.IsError || a.Data["sandbox"].(map[string]any)["pausedFiles"] != true {

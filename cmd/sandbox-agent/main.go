@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +31,10 @@ import (
 var version = "dev"
 
 func main() {
+	if filepath.Base(os.Args[0]) == "sudo" {
+		// Mounted over the image's sudo on gVisor (see agent.SudoMain).
+		os.Exit(agent.SudoMain(os.Args[1:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "version" {
 		fmt.Printf("sandbox-agent %s protocol %d\n", version, guest.Protocol)
 		switch {
@@ -91,6 +96,15 @@ func run(log *slog.Logger, socket, home, cwd string, opts agent.Options) error {
 	}
 	opts.Version, opts.Reap, opts.Cwd, opts.Logger = version, true, cwd, log
 	a := agent.New(opts)
+	if pid1 {
+		// sudo without setuid, for the image's sudoers (gVisor honours
+		// no setuid bit; the runtime mounts this binary over sudo).
+		go func() {
+			if err := agent.ServeSudo(ctx, agent.SudoSocket, "/etc", log.With("component", "sudo")); err != nil {
+				log.Warn("sudo not served", "err", err)
+			}
+		}()
+	}
 	if home != "" {
 		ln, err := agent.ListenHome(home)
 		if err != nil {

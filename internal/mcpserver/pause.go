@@ -52,11 +52,15 @@ func (h *Handler) pauseSandbox(ctx context.Context, c *call) (*mcp.CallToolResul
 		return nil, err
 	}
 	files := req.Memory != nil && !*req.Memory
-	return h.pauseOrResume(ctx, c, "pause", req, func(s PauseService, p auth.Principal, id string) (store.Sandbox, error) {
+	svc, err := h.pauser()
+	if err != nil {
+		return nil, err
+	}
+	return h.actOnSandbox(ctx, c, "pause", req, func(p auth.Principal, id string) (store.Sandbox, error) {
 		if files {
-			return s.PauseFiles(ctx, p, id)
+			return svc.PauseFiles(ctx, p, id)
 		}
-		return s.Pause(ctx, p, id)
+		return svc.Pause(ctx, p, id)
 	})
 }
 
@@ -65,14 +69,28 @@ func (h *Handler) resumeSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 	if err != nil {
 		return nil, err
 	}
-	return h.pauseOrResume(ctx, c, "resume", contract.AccountRequest{AccountID: requested}, func(s PauseService, p auth.Principal, id string) (store.Sandbox, error) {
-		return s.Resume(ctx, p, id)
+	svc, err := h.pauser()
+	if err != nil {
+		return nil, err
+	}
+	return h.actOnSandbox(ctx, c, "resume", contract.AccountRequest{AccountID: requested}, func(p auth.Principal, id string) (store.Sandbox, error) {
+		return svc.Resume(ctx, p, id)
 	})
 }
 
-// pauseOrResume does verb to the call's sandbox: on the node that hosts
-// it (body is the REST route's), else here with do.
-func (h *Handler) pauseOrResume(ctx context.Context, c *call, verb string, body any, do func(PauseService, auth.Principal, string) (store.Sandbox, error)) (*mcp.CallToolResult, error) {
+// pauser is the server's PauseService, or a clear refusal.
+func (h *Handler) pauser() (PauseService, error) {
+	svc, ok := h.opts.Sandboxes.(PauseService)
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrInvalid, "this server cannot pause sandboxes")
+	}
+	return svc, nil
+}
+
+// actOnSandbox does verb (stop, pause, resume) to the call's sandbox: on
+// the node that hosts it through its REST route (body is the route's),
+// else here with do; it answers the sandbox as it is then.
+func (h *Handler) actOnSandbox(ctx context.Context, c *call, verb string, body any, do func(auth.Principal, string) (store.Sandbox, error)) (*mcp.CallToolResult, error) {
 	id, err := requiredString(c.args, "sandbox_id")
 	if err != nil {
 		return nil, err
@@ -92,11 +110,7 @@ func (h *Handler) pauseOrResume(ctx context.Context, c *call, verb string, body 
 		}
 		return jsonResult(resp)
 	}
-	svc, ok := h.opts.Sandboxes.(PauseService)
-	if !ok {
-		return nil, errdefs.New(errdefs.ErrInvalid, "this server cannot pause sandboxes")
-	}
-	sb, err = do(svc, c.who.Principal, sb.ID)
+	sb, err = do(c.who.Principal, sb.ID)
 	if err != nil {
 		return nil, edge.Explained(err, "Sandbox not found")
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"reflect"
 	"sort"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandboxd/sandboxd/internal/auth"
 	"github.com/sandboxd/sandboxd/internal/capbuf"
 	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/edge"
@@ -441,30 +441,13 @@ func (h *Handler) getRun(ctx context.Context, c *call) (*mcp.CallToolResult, err
 }
 
 func (h *Handler) stopSandbox(ctx context.Context, c *call) (*mcp.CallToolResult, error) {
-	id, err := requiredString(c.args, "sandbox_id")
-	if err != nil {
-		return nil, err
-	}
 	requested, err := c.args.AccountID()
 	if err != nil {
 		return nil, err
 	}
-	sb, err := h.sandbox(ctx, c.who, requested, id)
-	if err != nil {
-		return nil, err
-	}
-	if node, ok := h.opts.Gate.Elsewhere(ctx, c.who, sb.ID); ok {
-		// The host stops it now; here it would only be marked stopping
-		// and left to a job on the host.
-		var resp contract.SandboxResponse
-		if err := h.callNode(ctx, node, c.who, false, http.MethodPost, sandboxPath(sb.ID, "stop"), contract.AccountRequest{AccountID: requested}, &resp); err != nil {
-			return nil, err
-		}
-		return jsonResult(resp)
-	}
-	sb, err = h.opts.Sandboxes.Stop(ctx, c.who.Principal, sb.ID)
-	if err != nil {
-		return nil, edge.Explained(err, "Sandbox not found")
-	}
-	return jsonResult(contract.SandboxResponse{Status: "success", Sandbox: contract.ViewSandbox(sb, h.opts.Now())})
+	// On its host: here it would only be marked stopping and left to a
+	// job on the host.
+	return h.actOnSandbox(ctx, c, "stop", contract.AccountRequest{AccountID: requested}, func(p auth.Principal, id string) (store.Sandbox, error) {
+		return h.opts.Sandboxes.Stop(ctx, p, id)
+	})
 }

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"log/slog"
 	"os"
 	"sync"
@@ -220,8 +221,13 @@ func (m *Membership) drainIfAsked(ctx context.Context) error {
 		return err
 	}
 	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, store.SandboxPending, store.SandboxRunning)
-	if err != nil || len(rows) == 0 {
+	if err != nil {
 		return err
+	}
+	// One paused with its files alone is not on this node: it stays.
+	rows = slices.DeleteFunc(rows, func(sb store.Sandbox) bool { return sb.PausedFiles && sb.Pause == store.PausePaused })
+	if len(rows) == 0 {
+		return nil
 	}
 	m.log.Info("draining this node: stopping its sandboxes", "node_id", m.cfg.NodeID, "sandboxes", len(rows))
 	return m.cfg.Sandboxes.StopAll(ctx, "its node was drained")

@@ -715,7 +715,9 @@ func (m *Manager) markFailed(ctx context.Context, id string, from []store.Sandbo
 	return ok
 }
 
-// StopAll stops every active sandbox of this node.
+// StopAll stops every active sandbox of this node (a shutdown without
+// --keep-sandboxes, a drain). One paused with its files alone is left
+// paused: nothing of it is on this node, and any node resumes it.
 func (m *Manager) StopAll(ctx context.Context, reason string) error {
 	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
 	if err != nil {
@@ -724,6 +726,9 @@ func (m *Manager) StopAll(ctx context.Context, reason string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(rows))
 	for i, sb := range rows {
+		if filesPausedElsewhere(sb) {
+			continue
+		}
 		wg.Go(func() { errs[i] = m.stop(ctx, sb, reason) })
 	}
 	wg.Wait()

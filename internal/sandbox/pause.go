@@ -45,14 +45,8 @@ func (m *Manager) pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox,
 	if err != nil {
 		return sb, err
 	}
-	if sb.Status != store.SandboxRunning {
-		return sb, errdefs.ErrNotRunning
-	}
-	switch sb.Pause {
-	case store.PausePaused, store.PausePausing:
-		return sb, nil
-	case store.PauseResuming:
-		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is resuming; pause it once it runs", sb.ID)
+	if done, err := pauseStarts(sb); done || err != nil {
+		return sb, err
 	}
 	if sb.NodeID != m.cfg.NodeID {
 		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
@@ -93,6 +87,22 @@ func (m *Manager) pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox,
 	}
 	m.log.Info("sandbox paused", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// pauseStarts says whether a pause of sb may begin: done for one in a
+// pause already (answered as it is), an error for one not running or
+// resuming.
+func pauseStarts(sb store.Sandbox) (done bool, err error) {
+	if sb.Status != store.SandboxRunning {
+		return false, errdefs.ErrNotRunning
+	}
+	switch sb.Pause {
+	case store.PausePaused, store.PausePausing:
+		return true, nil
+	case store.PauseResuming:
+		return false, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is resuming; pause it once it runs", sb.ID)
+	}
+	return false, nil
 }
 
 // readyForSave readies a running sandbox of this node to be saved (what:

@@ -61,14 +61,8 @@ func (m *Manager) canPauseFiles(sb store.Sandbox) error {
 func (m *Manager) pauseFiles(ctx context.Context, sb store.Sandbox) (_ store.Sandbox, err error) {
 	defer func(start time.Time) { m.ops.observe(opPause, start, err) }(m.now())
 	ctx = context.WithoutCancel(ctx)
-	if sb.Status != store.SandboxRunning {
-		return sb, errdefs.ErrNotRunning
-	}
-	switch sb.Pause {
-	case store.PausePaused, store.PausePausing:
-		return sb, nil
-	case store.PauseResuming:
-		return sb, errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s is resuming; pause it once it runs", sb.ID)
+	if done, err := pauseStarts(sb); done || err != nil {
+		return sb, err
 	}
 	if err := m.canPauseFiles(sb); err != nil {
 		return sb, err

@@ -28,11 +28,13 @@ var capabilities = []string{
 }
 
 // In-sandbox paths of what the runtime mounts. /run is a tmpfs, as on any
-// Linux system, so these mount points never reach the writable layer.
+// Linux system, so these mount points never reach the writable layer; nor
+// does guestSudo's, which the sentry keeps over the image's file.
 const (
 	guestBinDir    = "/run/sandboxd/bin"
 	guestSockDir   = "/run/sandboxd/sock"
 	guestAgent     = guestBinDir + "/sandbox-agent"
+	guestSudo      = "/usr/bin/sudo"
 	guestSocket    = guestSockDir + "/agent.sock"
 	guestHostsFile = "/etc/hosts"
 )
@@ -149,6 +151,12 @@ func buildSpec(s *meta, rootfs, binDir, sockDir, hostsFile, preload string, pids
 	}
 	if preload != "" {
 		mounts = append(mounts, specs.Mount{Destination: guestPreload, Type: "bind", Source: preload, Options: []string{"rbind", "ro"}})
+	}
+	// gVisor honours no setuid bit: the image's sudo would refuse to run,
+	// so the agent binary takes its place and asks the agent (PID 1) to
+	// run the command for what the image's sudoers grant (agent.SudoMain).
+	if fi, err := os.Lstat(filepath.Join(rootfs, guestSudo)); err == nil && fi.Mode().IsRegular() {
+		mounts = append(mounts, specs.Mount{Destination: guestSudo, Type: "bind", Source: filepath.Join(binDir, filepath.Base(guestAgent)), Options: []string{"rbind", "ro"}})
 	}
 	return &specs.Spec{
 		Version:  "1.0.2",
