@@ -23,9 +23,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
