@@ -1,14 +1,19 @@
 package agent
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestParseSudoArgs: sudo's options as programs pass them; an option this
@@ -153,5 +158,66 @@ func TestSudoRoundTrip(t *testing.T) {
 	}
 	if _, _, err := run(sudoRequest{Argv: []string{"id"}, User: "nobody-here"}); err == nil || !strings.Contains(err.Error(), "unknown user") {
 		t.Fatalf("an unknown user: %v", err)
+	}
+}
+
+// sudoHelperEnv names the socket a re-run of this test binary asks as an
+// unprivileged user (TestSudoRefusesTheUngranted).
+const sudoHelperEnv = "SANDBOXD_TEST_SUDO_SOCKET"
+
+// TestSudoRefusesTheUngranted: a user the image's sudoers grant nothing
+// without a password (bob) asks the agent's sudo to run a command as root
+// from a process of his own uid: refused, naming him, and nothing runs.
+func TestSudoRefusesTheUngranted(t *testing.T) {
+	if sock := os.Getenv(sudoHelperEnv); sock != "" {
+		// The re-run, as bob: ask, and print what the server said.
+		_, err := runSudo(sock, sudoRequest{Argv: []string{"touch", os.Getenv(sudoHelperEnv + "_MARK")}, Cwd: "/"}, [3]int{0, 1, 2})
+		fmt.Printf("answer: %v\n", err)
+		return
+	}
+	if os.Getuid() != 0 {
+		t.Skip("runs a process as another user: needs root")
+	}
+	securitytest.Attack(t, "sudo", "an unprivileged user in a gVisor sandbox asks the guest agent's sudo (which replaces setuid sudo there) to run a command as root without a sudoers grant",
+		"refused: the agent reads the caller's uid from the socket (SO_PEERCRED), never from the request, and runs only for a user the image's sudoers grant ALL without a password")
+	etc := sudoEtc(t)
+	dir, err := os.MkdirTemp("", "sudo-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	// bob reaches the socket and runs the copy of this binary.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "agent.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "sudo.sock")
+	go func() { _ = ServeSudo(t.Context(), sock, etc, slog.New(slog.DiscardHandler)) }()
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mark := filepath.Join(dir, "ran-as-root")
+	cmd := exec.Command(bin, "-test.run=^TestSudoRefusesTheUngranted$")
+	cmd.Env = []string{sudoHelperEnv + "=" + sock, sudoHelperEnv + "_MARK=" + mark}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1001, Gid: 1001}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the re-run as bob: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "bob is not allowed to run sudo") {
+		t.Fatalf("bob's sudo was not refused: %s", out)
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatal("bob's command ran")
 	}
 }
