@@ -100,7 +100,7 @@ func run(log *slog.Logger, socket, home, cwd string, opts agent.Options) error {
 		// sudo without setuid, for the image's sudoers (gVisor honours
 		// no setuid bit; the runtime mounts this binary over sudo).
 		go func() {
-			if err := agent.ServeSudo(ctx, agent.SudoSocket, "/etc", log.With("component", "sudo")); err != nil {
+			if err := a.ServeSudo(ctx, agent.SudoSocket); err != nil {
 				log.Warn("sudo not served", "err", err)
 			}
 		}()

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -67,9 +66,12 @@ type sudoMessage struct {
 	Error  string `json:"error,omitempty"`
 }
 
-// ServeSudo serves sudo on socket (SudoSocket) until ctx ends; etc is
-// where the passwd, group and sudoers files are.
-func ServeSudo(ctx context.Context, socket, etc string, log *slog.Logger) error {
+// ServeSudo serves sudo on socket (SudoSocket) until ctx ends, with the
+// passwd, group and sudoers files of Options.UserDB. The commands are the
+// agent's children like its other processes: its reaper collects them
+// (PID 1 reaps every child), so they are started and waited for through
+// its process table, in the sandbox's cgroup.
+func (a *Agent) ServeSudo(ctx context.Context, socket string) error {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
 		return err
 	}
@@ -92,12 +94,13 @@ func ServeSudo(ctx context.Context, socket, etc string, log *slog.Logger) error 
 			}
 			return fmt.Errorf("sudo: %w", err)
 		}
-		go serveSudo(c, etc, log)
+		go a.serveSudo(c)
 	}
 }
 
 // serveSudo runs one client's command.
-func serveSudo(c *net.UnixConn, etc string, log *slog.Logger) {
+func (a *Agent) serveSudo(c *net.UnixConn) {
+	etc, log := a.opts.UserDB, a.log.With("component", "sudo")
 	defer c.Close()
 	enc := json.NewEncoder(c)
 	fail := func(format string, args ...any) {
@@ -146,11 +149,19 @@ func serveSudo(c *net.UnixConn, etc string, log *slog.Logger) {
 		fail("%v", err)
 		return
 	}
-	if err := cmd.Start(); err != nil {
+	a.placeInCgroup(cmd)
+	wait, err := a.procs.start(cmd, cmd.Start)
+	if err != nil {
 		fail("%s: %v", req.Argv[0], err)
 		return
 	}
-	log.Info("sudo", "user", caller.name, "as", to.name, "argv", cmd.Args, "pid", cmd.Process.Pid)
+	// The command has its copies of the streams.
+	for _, f := range files {
+		f.Close()
+	}
+	files = nil
+	pid := cmd.Process.Pid
+	log.Info("sudo", "user", caller.name, "as", to.name, "argv", cmd.Args, "pid", pid)
 	// The client's signals go to the command; the client gone (killed,
 	// its terminal closed), the command's group ends with it.
 	done := make(chan struct{})
@@ -162,28 +173,20 @@ func serveSudo(c *net.UnixConn, etc string, log *slog.Logger) {
 				select {
 				case <-done:
 				default:
-					_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+					_ = syscall.Kill(-pid, syscall.SIGKILL)
 				}
 				return
 			}
 			if m.Signal > 0 && m.Signal < 65 {
-				_ = syscall.Kill(-cmd.Process.Pid, syscall.Signal(m.Signal))
+				_ = syscall.Kill(-pid, syscall.Signal(m.Signal))
 			}
 		}
 	}()
-	err = cmd.Wait()
+	ws := <-wait
 	close(done)
-	code := 0
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			code = 128 + int(ws.Signal())
-		}
-	case err != nil:
-		fail("%v", err)
-		return
+	code := ws.ExitStatus()
+	if ws.Signaled() {
+		code = 128 + int(ws.Signal())
 	}
 	_ = enc.Encode(sudoMessage{Exit: &code})
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,7 +124,8 @@ func TestSudoRoundTrip(t *testing.T) {
 	}
 	etc := sudoEtc(t)
 	sock := filepath.Join(t.TempDir(), "sudo.sock")
-	go func() { _ = ServeSudo(t.Context(), sock, etc, slog.New(slog.DiscardHandler)) }()
+	a := New(Options{UserDB: etc, Reap: false})
+	go func() { _ = a.ServeSudo(t.Context(), sock) }()
 	for i := 0; i < 100; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
@@ -199,7 +199,8 @@ func TestSudoRefusesTheUngranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "sudo.sock")
-	go func() { _ = ServeSudo(t.Context(), sock, etc, slog.New(slog.DiscardHandler)) }()
+	a := New(Options{UserDB: etc, Reap: false})
+	go func() { _ = a.ServeSudo(t.Context(), sock) }()
 	for i := 0; i < 100; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
