@@ -105,9 +105,11 @@ func RunLifetime(ctx context.Context, o LifetimeOptions) (_ LifetimeReport, err 
 	return rep, nil
 }
 
-// pauses creates a sandbox that writes o.FilesMiB MiB of random bytes,
-// then pauses it (body is the pause's) and resumes it o.N times, timing
-// each answer; a command after each resume checks the bytes are there.
+// pauses creates a sandbox, then o.N times has it write o.FilesMiB MiB
+// of new random bytes (not timed), pauses it (body is the pause's) and
+// resumes it, timing each answer; a command after each resume checks the
+// bytes are there. Each pause of the files so saves o.FilesMiB new MiB,
+// and each resume restores the chain of the layers saved so far.
 func (s *ttiServer) pauses(ctx context.Context, key string, body map[string]any, o LifetimeOptions) (LifetimeCase, error) {
 	var lc LifetimeCase
 	var c created
@@ -135,11 +137,12 @@ func (s *ttiServer) pauses(ctx context.Context, key string, body map[string]any,
 		}
 		return out.Stdout, nil
 	}
-	if _, err := exec(fmt.Sprintf("mkdir -p /opt/bench && head -c %d /dev/urandom > /opt/bench/data && sync", o.FilesMiB<<20)); err != nil {
-		return lc, err
-	}
 	var pauses, resumes []time.Duration
-	for range o.N {
+	for i := range o.N {
+		file := fmt.Sprintf("/opt/bench/data-%d", i)
+		if _, err := exec(fmt.Sprintf("mkdir -p /opt/bench && head -c %d /dev/urandom > %s && sync", o.FilesMiB<<20, file)); err != nil {
+			return lc, err
+		}
 		start := time.Now()
 		if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+id+"/pause", body, nil); err != nil {
 			return lc, fmt.Errorf("pause: %w", err)
@@ -151,8 +154,8 @@ func (s *ttiServer) pauses(ctx context.Context, key string, body map[string]any,
 		}
 		resumes = append(resumes, time.Since(start))
 		want := fmt.Sprint(o.FilesMiB << 20)
-		if out, err := exec("wc -c < /opt/bench/data"); err != nil || strings.TrimSpace(out) != want {
-			return lc, fmt.Errorf("after the resume, /opt/bench/data has %q bytes, want %s: %v", out, want, err)
+		if out, err := exec("wc -c < " + file); err != nil || strings.TrimSpace(out) != want {
+			return lc, fmt.Errorf("after the resume, %s has %q bytes, want %s: %v", file, out, want, err)
 		}
 	}
 	lc.Pause, lc.Resume = latency(pauses, o.N), latency(resumes, o.N)

@@ -27,9 +27,9 @@ func newBenchLifetimeCmd(g *globals) *cobra.Command {
 		Use:   "lifetime",
 		Short: "Measure pause and resume with the memory (on the node) and of the files alone (the blob store), next to the bare save of the files",
 		Long: `lifetime starts a sandboxd server of its own on a scratch data dir (SQLite; its blob
-store is that disk, as a single node's is) serving --template, creates a sandbox that writes
---files-mib MiB of random bytes under /opt, and times --n pauses and resumes of it, each
-from the request to the answer: POST /api/sandboxes/{id}/pause with its memory (runsc
+store is that disk, as a single node's is) serving --template, creates a sandbox and --n times
+has it write --files-mib MiB of new random bytes under /opt (not timed), then times a pause
+and a resume of it, each from the request to the answer: POST /api/sandboxes/{id}/pause with its memory (runsc
 checkpoint, kept on the node; resumed with runsc restore), then with {"memory": false} (its
 files saved as a layer in the blob store, its runtime sandbox destroyed; resumed by a new
 runtime sandbox from them: what lets any node of a cluster resume it). A command after each
