@@ -2,10 +2,12 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -111,7 +113,7 @@ func (a *Agent) serveSudo(c *net.UnixConn) {
 		fail("who is asking: %v", err)
 		return
 	}
-	req, files, err := readSudoRequest(c)
+	req, files, rest, err := readSudoRequest(c)
 	defer func() {
 		for _, f := range files {
 			f.Close()
@@ -166,7 +168,7 @@ func (a *Agent) serveSudo(c *net.UnixConn) {
 	// its terminal closed), the command's group ends with it.
 	done := make(chan struct{})
 	go func() {
-		dec := json.NewDecoder(c)
+		dec := json.NewDecoder(io.MultiReader(bytes.NewReader(rest), c))
 		for {
 			var m sudoMessage
 			if err := dec.Decode(&m); err != nil {
@@ -270,15 +272,13 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 
 // readSudoRequest reads the request line and the three streams passed
 // with it.
-func readSudoRequest(c *net.UnixConn) (sudoRequest, []*os.File, error) {
-	var req sudoRequest
-	buf := make([]byte, maxSudoRequest)
+func readSudoRequest(c *net.UnixConn) (req sudoRequest, files []*os.File, rest []byte, err error) {
+	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(3*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return req, nil, fmt.Errorf("read the request: %w", err)
+		return req, nil, nil, fmt.Errorf("read the request: %w", err)
 	}
-	var files []*os.File
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err == nil {
 		for _, m := range msgs {
@@ -292,16 +292,29 @@ func readSudoRequest(c *net.UnixConn) (sudoRequest, []*os.File, error) {
 		}
 	}
 	if len(files) != 3 {
-		return req, files, fmt.Errorf("the request came with %d streams, not 3", len(files))
+		return req, files, nil, fmt.Errorf("the request came with %d streams, not 3", len(files))
 	}
-	line, _, _ := strings.Cut(string(buf[:n]), "\n")
-	if err := json.Unmarshal([]byte(line), &req); err != nil {
-		return req, files, fmt.Errorf("a request that does not parse: %w", err)
+	// A stream socket may split the line: the rest follows, to its end.
+	data := buf[:n]
+	for !bytes.Contains(data, []byte("\n")) {
+		if len(data) >= maxSudoRequest {
+			return req, files, nil, fmt.Errorf("a request of more than %d bytes", maxSudoRequest)
+		}
+		more := make([]byte, min(64<<10, maxSudoRequest-len(data)))
+		m, err := c.Read(more)
+		if err != nil {
+			return req, files, nil, fmt.Errorf("read the request: %w", err)
+		}
+		data = append(data, more[:m]...)
+	}
+	line, rest, _ := bytes.Cut(data, []byte("\n"))
+	if err := json.Unmarshal(line, &req); err != nil {
+		return req, files, nil, fmt.Errorf("a request that does not parse: %w", err)
 	}
 	if len(req.Argv) == 0 && !req.Login && !req.Shell {
-		return req, files, errors.New("no command")
+		return req, files, nil, errors.New("no command")
 	}
-	return req, files, nil
+	return req, files, rest, nil
 }
 
 // userByUID is the passwd entry of uid.

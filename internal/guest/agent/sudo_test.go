@@ -153,6 +153,12 @@ func TestSudoRoundTrip(t *testing.T) {
 	if err != nil || code != 3 || out != "root root\n/\n" {
 		t.Fatalf("round trip: %d %q %v", code, out, err)
 	}
+	// A request larger than one read of the socket (a big environment,
+	// kept with -E) arrives whole.
+	big := sudoRequest{Argv: []string{"sh", "-c", "echo ${#BIG}"}, Cwd: "/", PreserveEnv: true, Env: []string{"PATH=/usr/bin:/bin", "BIG=" + strings.Repeat("x", 100<<10), "BIG2=" + strings.Repeat("y", 100<<10), "BIG3=" + strings.Repeat("z", 100<<10)}}
+	if code, out, err := run(big); err != nil || code != 0 || out != fmt.Sprintf("%d\n", 100<<10) {
+		t.Fatalf("a big request: %d %q %v", code, out, err)
+	}
 	if _, _, err := run(sudoRequest{Argv: []string{"no-such-command-here"}}); err == nil || !strings.Contains(err.Error(), "command not found") {
 		t.Fatalf("a missing command: %v", err)
 	}

@@ -154,8 +154,14 @@ func runSudo(socket string, req sudoRequest, fds [3]int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	rights := unix.UnixRights(fds[:]...)
-	if _, _, err := c.WriteMsgUnix(append(line, '\n'), rights, nil); err != nil {
+	// The streams go with the request's first bytes; one sendmsg on a
+	// stream socket may send part of a long request, the rest follows.
+	msg := append(line, '\n')
+	n, _, err := c.WriteMsgUnix(msg, unix.UnixRights(fds[:]...), nil)
+	if err == nil && n < len(msg) {
+		_, err = c.Write(msg[n:])
+	}
+	if err != nil {
 		return 0, fmt.Errorf("send the request: %w", err)
 	}
 	sigs := make(chan os.Signal, 8)
