@@ -225,7 +225,7 @@ func (m *Membership) drainIfAsked(ctx context.Context) error {
 		return err
 	}
 	// One paused with its files alone is not on this node: it stays.
-	rows = slices.DeleteFunc(rows, func(sb store.Sandbox) bool { return sb.PausedFiles && sb.Pause == store.PausePaused })
+	rows = slices.DeleteFunc(rows, store.Sandbox.FilesPaused)
 	if len(rows) == 0 {
 		return nil
 	}

@@ -426,25 +426,8 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 		sb.Status, sb.FailureReason = store.SandboxFailed, reason
 		return nil, fmt.Errorf("start sandbox %s: %s: %w", sb.ID, reason, err)
 	}
-	spec := m.baseSpec(*sb)
-	img, release, err := m.fromTemplate(ctx, *sb, &spec)
+	rsb, spec, restored, reason, err := m.place(ctx, sb, "could not open its template")
 	if err != nil {
-		return fail(errdefs.Message(err, "could not open its template"), err)
-	}
-	defer release()
-	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
-		return fail(reason, err)
-	}
-	rsb, restored, err := m.create(ctx, sb, spec)
-	if err != nil {
-		return fail(startFailure(err, reasonStartGeneric), err)
-	}
-	if reason, err := m.poststart(ctx, sb, rsb, restored); err != nil {
-		_ = rsb.Destroy(ctx)
-		return fail(reason, err)
-	}
-	if reason, err := m.startTemplate(ctx, rsb, img); err != nil {
-		_ = rsb.Destroy(ctx)
 		return fail(reason, err)
 	}
 	ok, err := m.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxPending}, store.SandboxRunning, "", m.now())
@@ -474,6 +457,37 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 	}
 	m.log.Info("sandbox running", "sandbox_id", sb.ID, "account_id", sb.AccountID, "runtime", rsb.Info().Backend, "snapshot_id", sb.SnapshotID)
 	return rsb, nil
+}
+
+// place puts sb on the runtime: its spec (its template's files, when it
+// has one; openFailure is the reason when they cannot be opened), what the
+// prestart hooks add, the runtime's create, the poststart hooks and its
+// template's start command. It answers the spec, whether the runtime took
+// its layers, or the user's reason for a failure, after which nothing of
+// the runtime sandbox is left. The row's status is the caller's.
+func (m *Manager) place(ctx context.Context, sb *store.Sandbox, openFailure string) (_ runtime.Sandbox, spec runtime.Spec, restored bool, reason string, err error) {
+	spec = m.baseSpec(*sb)
+	img, release, err := m.fromTemplate(ctx, *sb, &spec)
+	if err != nil {
+		return nil, spec, false, errdefs.Message(err, openFailure), err
+	}
+	defer release()
+	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
+		return nil, spec, false, reason, err
+	}
+	rsb, restored, err := m.create(ctx, sb, spec)
+	if err != nil {
+		return nil, spec, false, startFailure(err, reasonStartGeneric), err
+	}
+	if reason, err := m.poststart(ctx, sb, rsb, restored); err != nil {
+		_ = rsb.Destroy(ctx)
+		return nil, spec, false, reason, err
+	}
+	if reason, err := m.startTemplate(ctx, rsb, img); err != nil {
+		_ = rsb.Destroy(ctx)
+		return nil, spec, false, reason, err
+	}
+	return rsb, spec, restored, "", nil
 }
 
 // Prepare readies the sandbox's workspace (persistence's, which remembers
@@ -581,7 +595,7 @@ func (m *Manager) Local(ctx context.Context, sb store.Sandbox) (runtime.Sandbox,
 	if sb.Status != store.SandboxRunning {
 		return nil, errdefs.ErrNotRunning
 	}
-	if sb.NodeID != m.cfg.NodeID && !filesPausedElsewhere(sb) {
+	if sb.NodeID != m.cfg.NodeID && !sb.FilesPaused() {
 		return nil, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	}
 	if _, err := m.awake(ctx, sb); err != nil {
@@ -726,7 +740,7 @@ func (m *Manager) StopAll(ctx context.Context, reason string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(rows))
 	for i, sb := range rows {
-		if filesPausedElsewhere(sb) {
+		if sb.FilesPaused() {
 			continue
 		}
 		wg.Go(func() { errs[i] = m.stop(ctx, sb, reason) })

@@ -189,7 +189,7 @@ func (m *Manager) resumeSandbox(ctx context.Context, sb store.Sandbox) (store.Sa
 	if sb.Status != store.SandboxRunning {
 		return sb, errdefs.ErrNotRunning
 	}
-	if sb.NodeID != m.cfg.NodeID && !filesPausedElsewhere(sb) {
+	if sb.NodeID != m.cfg.NodeID && !sb.FilesPaused() {
 		return sb, fmt.Errorf("sandbox %s is hosted on node %s: %w", sb.ID, sb.NodeID, errdefs.ErrNotRunning)
 	}
 	deadline := time.Now().Add(resumeWait)
@@ -198,7 +198,7 @@ func (m *Manager) resumeSandbox(ctx context.Context, sb store.Sandbox) (store.Sa
 		switch {
 		case sb.Pause == "":
 			return sb, nil
-		case filesPausedElsewhere(sb):
+		case sb.FilesPaused():
 			// Its files are in the blob store: this node starts it.
 			ok, err := m.st.ClaimFilesResume(ctx, sb.ID, m.cfg.NodeID, m.now())
 			if err != nil {

@@ -35,12 +35,6 @@ type FilesSaver interface {
 // SandboxSaver). Without one such a pause is refused.
 func (m *Manager) SetFilesSaver(s FilesSaver) { m.filesSaver = s }
 
-// filesPausedElsewhere says sb is paused with its files alone: its node
-// holds nothing of it, so any node may resume it.
-func filesPausedElsewhere(sb store.Sandbox) bool {
-	return sb.Status == store.SandboxRunning && sb.PausedFiles && sb.Pause == store.PausePaused
-}
-
 // canPauseFiles refuses, with the reason, a pause of the files alone this
 // server cannot do.
 func (m *Manager) canPauseFiles(sb store.Sandbox) error {
@@ -145,9 +139,6 @@ func (m *Manager) resumeFiles(ctx context.Context, sb store.Sandbox) (_ store.Sa
 	sb.NodeID, sb.Pause = m.cfg.NodeID, store.PauseResuming
 	rsb, reason, err := m.startFromFiles(ctx, sb)
 	if err != nil {
-		if rsb != nil {
-			_ = rsb.Destroy(ctx)
-		}
 		_ = m.ended(ctx, sb.ID)
 		if _, terr := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, store.PausePaused, m.now()); terr != nil {
 			m.log.Error("resume of files: back to paused", "sandbox_id", sb.ID, "err", terr)
@@ -170,35 +161,18 @@ func (m *Manager) resumeFiles(ctx context.Context, sb store.Sandbox) (_ store.Sa
 }
 
 // startFromFiles places sandbox sb on the runtime from its template (its
-// saved files) as start does a new one, without the row's status change:
-// the hooks give it its key, network and environment again. reason is
-// the user's words for a failure.
+// saved files) as start does a new one (place: a template's sandbox never
+// restores the account's snapshot), without the row's status change: the
+// hooks give it its key, network and environment again. reason is the
+// user's words for a failure.
 func (m *Manager) startFromFiles(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, string, error) {
 	release, err := m.admitDisk(ctx, 1)
 	if err != nil {
 		return nil, "its node has no disk for it", err
 	}
 	release()
-	spec := m.baseSpec(sb)
-	img, closeLayers, err := m.fromTemplate(ctx, sb, &spec)
-	if err != nil {
-		return nil, errdefs.Message(err, "could not open its saved files"), err
-	}
-	defer closeLayers()
-	if reason, err := m.prestart(ctx, sb, &spec); err != nil {
-		return nil, reason, err
-	}
-	rsb, err := m.rt.Create(ctx, spec)
-	if err != nil {
-		return nil, startFailure(err, reasonStartGeneric), err
-	}
-	if reason, err := m.poststart(ctx, &sb, rsb, false); err != nil {
-		return rsb, reason, err
-	}
-	if reason, err := m.startTemplate(ctx, rsb, img); err != nil {
-		return rsb, reason, err
-	}
-	return rsb, "", nil
+	rsb, _, _, reason, err := m.place(ctx, &sb, "could not open its saved files")
+	return rsb, reason, err
 }
 
 // settleFilesPause finishes what a crash (or the loss of its node) cut

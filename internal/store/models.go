@@ -103,6 +103,12 @@ type Sandbox struct {
 	PausedFiles bool `json:"paused_files,omitempty"`
 }
 
+// FilesPaused says sb is paused with its files alone (PausedFiles, the
+// pause ended): nothing of it is on its node, and any node resumes it.
+func (sb Sandbox) FilesPaused() bool {
+	return sb.Status == SandboxRunning && sb.PausedFiles && sb.Pause == PausePaused
+}
+
 // SandboxTaskSetup is the Task of the sandbox an account's setup runs in
 // (the setup-sandbox task): the account's lists leave it out.
 const SandboxTaskSetup = "setup-sandbox"

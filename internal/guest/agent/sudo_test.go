@@ -114,6 +114,20 @@ func TestSudoEnv(t *testing.T) {
 	}
 }
 
+// serveSudoAt serves sudo for the files of etc on sock until the test
+// ends, and waits for the socket.
+func serveSudoAt(t *testing.T, etc, sock string) {
+	t.Helper()
+	a := New(Options{UserDB: etc, Reap: false})
+	go func() { _ = a.ServeSudo(t.Context(), sock) }()
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestSudoRoundTrip: a client's command runs through the server on the
 // client's streams and its exit status comes back; a command that is not
 // there is the client's error. The test runs as root, whom the server
@@ -124,14 +138,7 @@ func TestSudoRoundTrip(t *testing.T) {
 	}
 	etc := sudoEtc(t)
 	sock := filepath.Join(t.TempDir(), "sudo.sock")
-	a := New(Options{UserDB: etc, Reap: false})
-	go func() { _ = a.ServeSudo(t.Context(), sock) }()
-	for i := 0; i < 100; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	serveSudoAt(t, etc, sock)
 	run := func(req sudoRequest) (int, string, error) {
 		t.Helper()
 		r, w, err := os.Pipe()
@@ -205,14 +212,7 @@ func TestSudoRefusesTheUngranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "sudo.sock")
-	a := New(Options{UserDB: etc, Reap: false})
-	go func() { _ = a.ServeSudo(t.Context(), sock) }()
-	for i := 0; i < 100; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	serveSudoAt(t, etc, sock)
 	mark := filepath.Join(dir, "ran-as-root")
 	cmd := exec.Command(bin, "-test.run=^TestSudoRefusesTheUngranted$")
 	cmd.Env = []string{sudoHelperEnv + "=" + sock, sudoHelperEnv + "_MARK=" + mark}
