@@ -24,6 +24,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/templates"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 	"github.com/sandboxd/sandboxd/internal/webhooks"
 )
 
@@ -47,6 +48,7 @@ type domain struct {
 	tpls    *templates.Service
 	catalog *templates.Catalog // what sandboxes start from
 	hooks   *webhooks.Service  // lifecycle events and webhooks
+	volumes *volumes.Service   // the accounts' volumes
 }
 
 // domainDeps are the components the domain is built on.
@@ -84,6 +86,9 @@ func setupDomain(ctx context.Context, g *globals, o *serveOptions, d domainDeps,
 	// The setup runs: the manager starts an account's first, the tasks
 	// run them through the manager.
 	setups := agents.NewSetups(d.stor.st, dom.jobs)
+	if dom.volumes, err = setupVolumes(o, d, log); err != nil {
+		return nil, err
+	}
 	dom.mgr = setupManager(o, d, dom, setups, log)
 	// Templates build through the manager (their steps' sandboxes).
 	if dom.tpls, err = setupTemplates(o.templates, d.stor, dom.jobs, dom.mgr, builtin, workers, o.cluster.secret, log); err != nil {

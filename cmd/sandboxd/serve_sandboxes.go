@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -11,6 +12,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 )
 
 // sandboxOptions are the flags of the sandbox manager: sandboxes'
@@ -22,6 +24,9 @@ type sandboxOptions struct {
 	setupOnFirstUse                bool
 	// keep leaves the node's sandboxes running at shutdown (node.stop).
 	keep bool
+	// The accounts' volumes (internal/volumes).
+	volumesPerAccount            int
+	volumeQuotaGiB, volumeMaxGiB int64
 }
 
 func (o *sandboxOptions) register(f *pflag.FlagSet) {
@@ -32,6 +37,9 @@ func (o *sandboxOptions) register(f *pflag.FlagSet) {
 	f.Int64Var(&o.diskReserveMiB, "disk-reserve-mib", 1024, "MiB of the data directory's disk never promised to sandboxes: a create whose disk the node could not honour if every sandbox filled its own is refused (429), and so is a pause or fork whose saved memory it could not hold besides")
 	f.BoolVar(&o.keep, "keep-sandboxes", true, "leave this node's sandboxes running on shutdown (they are re-attached at the next start); false stops them")
 	f.BoolVar(&o.setupOnFirstUse, "setup-on-first-use", true, "run the setup-sandbox task for an account's first sandbox")
+	f.IntVar(&o.volumesPerAccount, "max-volumes-per-account", volumes.DefaultLimits.Count, "volumes an account may have; 0 unlimited")
+	f.Int64Var(&o.volumeQuotaGiB, "volume-quota-gib", volumes.DefaultLimits.Bytes/volumes.GiB, "GiB an account's volumes may take in all (their sizes summed); 0 unlimited")
+	f.Int64Var(&o.volumeMaxGiB, "max-volume-gib", volumes.DefaultLimits.MaxBytes/volumes.GiB, "GiB one volume may take; 0 unlimited")
 }
 
 func (o *sandboxOptions) check() error {
@@ -41,6 +49,9 @@ func (o *sandboxOptions) check() error {
 		atLeast("max-paused", o.maxPaused, 0, "0 (unlimited) or more"),
 		atLeast("max-sandboxes-per-account", o.perAccount, 0, "0 (unlimited) or more"),
 		atLeast("disk-reserve-mib", o.diskReserveMiB, 0, "0 or more"),
+		atLeast("max-volumes-per-account", o.volumesPerAccount, 0, "0 (unlimited) or more"),
+		atLeast("volume-quota-gib", o.volumeQuotaGiB, 0, "0 (unlimited) or more"),
+		atLeast("max-volume-gib", o.volumeMaxGiB, 0, "0 (unlimited) or more"),
 	)
 }
 
@@ -67,11 +78,24 @@ func setupManager(o *serveOptions, d domainDeps, dom *domain, setups *agents.Set
 		},
 		Persist:   dom.persist,
 		Templates: dom.catalog,
-		Hooks:     sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist),
+		Volumes:   dom.volumes,
+		Hooks:     append(sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist), dom.volumes),
 		Logger:    log.With("component", "sandbox"),
 
 		LogMaxBytes: r.logMaxMiB << 20,
 		Setups:      setups,
+	})
+}
+
+// setupVolumes builds the accounts' volumes: their images in the data
+// dir's volumes/, synced through the blob store between a cluster's nodes.
+func setupVolumes(o *serveOptions, d domainDeps, log *slog.Logger) (*volumes.Service, error) {
+	s := o.sandboxes
+	return volumes.New(volumes.Config{
+		Store: d.stor.st, Blobs: d.stor.blobs, Sync: o.cluster.enabled(), NodeID: d.stor.nodeID,
+		Dir: filepath.Join(d.stor.dataDir, "volumes"), Runtime: d.rt.rt.Name(),
+		Limits: volumes.Limits{Count: s.volumesPerAccount, Bytes: s.volumeQuotaGiB * volumes.GiB, MaxBytes: s.volumeMaxGiB * volumes.GiB},
+		Logger: log,
 	})
 }
 

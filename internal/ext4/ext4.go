@@ -15,6 +15,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Options say what the file system gets beyond mkfs.ext4's defaults. Every
@@ -40,6 +43,13 @@ type Options struct {
 	// NoJournal makes the file system without a journal: for a disk the
 	// guest mounts read-only (a base disk), a journal is space for nothing.
 	NoJournal bool
+	// BlockSize, when not 0, is the block size (-b): 4096 keeps a small
+	// file system that may grow on the same block size as a large one.
+	BlockSize int
+	// RootMode, when not 0, is the root directory's permission bits
+	// (unix: 0o1777 is world-writable and sticky, as /tmp), set with
+	// debugfs after mkfs, which makes it 0755 whatever From's is.
+	RootMode uint32
 	// Lazy leaves inode tables and the journal to be initialised by the
 	// kernel on first mount and skips discarding the blocks: mkfs then
 	// takes tens of milliseconds whatever the size, and a sparse file
@@ -83,6 +93,9 @@ func Format(ctx context.Context, path string, size int64, o Options) error {
 	if o.Inodes > 0 {
 		args = append(args, "-N", strconv.FormatInt(o.Inodes, 10))
 	}
+	if o.BlockSize > 0 {
+		args = append(args, "-b", strconv.Itoa(o.BlockSize))
+	}
 	if o.NoJournal {
 		args = append(args, "-O", "^has_journal")
 	}
@@ -116,6 +129,53 @@ func Format(ctx context.Context, path string, size int64, o Options) error {
 			return fmt.Errorf("mkfs.ext4 (install e2fsprogs): %w", err)
 		}
 		return fmt.Errorf("mkfs.ext4 (e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	if o.RootMode != 0 {
+		mode := fmt.Sprintf("sif / mode 0%o", syscall.S_IFDIR|o.RootMode&0o7777)
+		if out, err := exec.CommandContext(ctx, "debugfs", "-w", "-R", mode, path).CombinedOutput(); err != nil {
+			return fmt.Errorf("debugfs (e2fsprogs): set the root directory's mode: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// GrowImage grows the unmounted ext4 file system in the image at path to
+// the image's size, with resize2fs: for an image only the host's kernel
+// ever wrote (resize2fs reads the disk in user space, as root). Online
+// growth (Grow) needs CAP_SYS_RESOURCE, which a host in a container may
+// lack. An image already that size is left as it is.
+func GrowImage(ctx context.Context, path string) error {
+	cmd := exec.CommandContext(ctx, "resize2fs", "-f", path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs (e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// resizeFS is EXT4_IOC_RESIZE_FS: _IOW('f', 16, __u64).
+const resizeFS = 0x40086610
+
+// Grow grows the mounted ext4 file system at dir to size bytes (its
+// device's size, a whole number of its blocks) online, as resize2fs does
+// for a mounted one: through the kernel, never by reading the disk in user
+// space. A file system already that size is left as it is.
+func Grow(dir string, size int64) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("grow file system: %w", err)
+	}
+	defer f.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("grow file system %s: %w", dir, err)
+	}
+	if st.Bsize <= 0 {
+		return fmt.Errorf("grow file system %s: block size %d", dir, st.Bsize)
+	}
+	blocks := uint64(size / st.Bsize)
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), resizeFS, uintptr(unsafe.Pointer(&blocks))); errno != 0 {
+		return fmt.Errorf("grow file system %s to %d blocks: %w", dir, blocks, errno)
 	}
 	return nil
 }

@@ -24,6 +24,9 @@ import (
 	"io/fs"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -127,6 +130,22 @@ type Spec struct {
 	// Prewarmer started for one owner is handed only to a Create of the
 	// same owner; "" never gets one.
 	Owner string
+	// Volumes are ext4 disk images mounted into the sandbox (package
+	// volumes makes and syncs them). A sandbox with volumes is always
+	// created cold: nothing started ahead has them.
+	Volumes []VolumeMount
+}
+
+// VolumeMount is a volume's disk image mounted in a sandbox at Path. The
+// gVisor backend loop-mounts the image on the host (nosuid, nodev) and
+// binds the mount into the sandbox, so the image is only ever written by
+// the host's kernel; a microVM gets it as a virtio-blk disk its own
+// kernel mounts. A read-write mount grows the file system to the image's
+// size (the image may have been made larger since it was formatted).
+type VolumeMount struct {
+	Image    string `json:"image"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // WarmSizer is a Runtime whose built-in warm pool (sandboxes of its base
@@ -187,11 +206,11 @@ type PrewarmStats struct {
 // limits, hostname, restored layers), so that a prewarmed sandbox serves
 // exactly the specs that would make its twin; ok is false for a spec a
 // prewarmed sandbox can never serve: no owner, a network (its namespace
-// is the new sandbox's own), or a layer whose id is not a verified content
+// is the new sandbox's own), volumes, or a layer whose id is not a verified content
 // address (restoring checks a "sha256:" id against the stream, so equal
 // ids are equal files). Env, HomeSocket and ID are the claim's own.
 func PrewarmKey(spec Spec) (key string, ok bool) {
-	if spec.Owner == "" || spec.Network != nil {
+	if spec.Owner == "" || spec.Network != nil || len(spec.Volumes) > 0 {
 		return "", false
 	}
 	var b strings.Builder
@@ -254,10 +273,10 @@ type PoolStats struct {
 // PoolKey says what a sandbox started from spec is made of, for any
 // owner: template, base, limits, hostname and restored layers. ok is false
 // for a spec a pooled sandbox can never serve: a network (its namespace is
-// the new sandbox's own) or a layer whose id is not a verified content
+// the new sandbox's own), volumes, or a layer whose id is not a verified content
 // address. Owner, Env, HomeSocket and ID are the claim's.
 func PoolKey(spec Spec) (key string, ok bool) {
-	if spec.Network != nil {
+	if spec.Network != nil || len(spec.Volumes) > 0 {
 		return "", false
 	}
 	var b strings.Builder
@@ -539,4 +558,47 @@ type Stats struct {
 	Pids        int64         // host tasks (threads) of the sandbox
 	DiskBytes   int64         // bytes used by the writable layers
 	Processes   int           // processes inside, as the agent sees them
+}
+
+// volumePathPattern is what a volume's mount path may hold: it is given to
+// a microVM's init on its kernel command line, where a space or quote
+// would end it.
+var volumePathPattern = regexp.MustCompile(`^(/[A-Za-z0-9._@+=,-]+)+$`)
+
+// reservedPaths are where a volume may not be mounted, nor below: the
+// kernel's and the runtime's own file systems.
+var reservedPaths = []string{"/proc", "/sys", "/dev", "/run"}
+
+// CheckVolumePath says why path cannot be a volume's mount path: it must
+// be absolute and clean, of letters, digits and ._@+=,- between its
+// slashes, and neither "/" nor at or below /proc, /sys, /dev or /run.
+func CheckVolumePath(path string) error {
+	if !volumePathPattern.MatchString(path) || path != filepath.Clean(path) {
+		return fmt.Errorf("volume path %q: want an absolute, clean path of letters, digits and ._@+=,- between its slashes", path)
+	}
+	for _, r := range reservedPaths {
+		if path == r || strings.HasPrefix(path, r+"/") {
+			return fmt.Errorf("volume path %q: %s and below are the system's", path, r)
+		}
+	}
+	return nil
+}
+
+// CheckVolumes says why vs cannot be mounted: a bad path, two mounts at
+// one path or one inside another, or an image that is not a regular file.
+func CheckVolumes(vs []VolumeMount) error {
+	for i, v := range vs {
+		if err := CheckVolumePath(v.Path); err != nil {
+			return err
+		}
+		for _, w := range vs[:i] {
+			if v.Path == w.Path || strings.HasPrefix(v.Path, w.Path+"/") || strings.HasPrefix(w.Path, v.Path+"/") {
+				return fmt.Errorf("volume paths %q and %q overlap", w.Path, v.Path)
+			}
+		}
+		if fi, err := os.Stat(v.Image); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("volume image %s: not a regular file", v.Image)
+		}
+	}
+	return nil
 }

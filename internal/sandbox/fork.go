@@ -43,6 +43,13 @@ func (m *Manager) fork(ctx context.Context, parent store.Sandbox, count int, lif
 	if lifetime > m.cfg.Settings.MaxTimeout {
 		return nil, errdefs.Newf(errdefs.ErrInvalid, "timeout must be at most %d ms", m.cfg.Settings.MaxTimeout.Milliseconds())
 	}
+	if vols, err := m.st.SandboxVolumes(ctx, parent.ID); err != nil {
+		return nil, err
+	} else if len(vols) > 0 {
+		// A child would write the parent's volume beside it, or hold
+		// a copy of a disk its parent goes on changing.
+		return nil, errdefs.New(errdefs.ErrConflict, "a sandbox with volumes cannot be forked: fork its volumes (POST /api/volumes/{name}/fork) and create sandboxes on the copies")
+	}
 	if _, err := m.Local(ctx, parent); err != nil { // a paused parent is resumed first
 		return nil, err
 	}

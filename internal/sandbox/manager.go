@@ -32,6 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/runs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 )
 
 // Settings are the operator's limits and defaults.
@@ -132,6 +133,10 @@ type Config struct {
 	// Setups is the account setup task (internal/agents' Setups); nil:
 	// no setup on first use, and runs wait for none.
 	Setups Setups
+
+	// Volumes resolves a create's volumes (internal/volumes; also one of
+	// Hooks, which mounts them); nil: a create with volumes is refused.
+	Volumes *volumes.Service
 }
 
 // Manager drives the sandboxes of one node: the service behind the API's
@@ -317,7 +322,11 @@ func (m *Manager) Create(ctx context.Context, accountID string, req CreateReques
 	if err != nil {
 		return store.Sandbox{}, "", err
 	}
-	sb, _, err := m.launch(ctx, accountID, "", lifetime, 0, policy, req.OnTimeout, templateID)
+	vols, err := m.volumes(ctx, accountID, req.Volumes)
+	if err != nil {
+		return store.Sandbox{}, "", err
+	}
+	sb, _, err := m.launch(ctx, accountID, "", lifetime, 0, policy, req.OnTimeout, templateID, vols...)
 	if err != nil {
 		return sb, "", err
 	}
@@ -351,10 +360,23 @@ func (m *Manager) Launch(ctx context.Context, accountID, task string, lifetime t
 	return m.launch(ctx, accountID, task, lifetime, extra, policy, "", "")
 }
 
+// volumes resolves a create's volume mounts into the new sandbox's
+// attachments; a server without volumes refuses any.
+func (m *Manager) volumes(ctx context.Context, accountID string, mounts []volumes.Mount) ([]store.VolumeAttachment, error) {
+	if len(mounts) == 0 {
+		return nil, nil
+	}
+	if m.cfg.Volumes == nil {
+		return nil, errdefs.New(errdefs.ErrInvalid, "volumes are not enabled on this server")
+	}
+	return m.cfg.Volumes.Resolve(ctx, accountID, mounts)
+}
+
 // launch is Launch of a sandbox whose deadline does onTimeout; task is ""
 // for a sandbox the account asked for, templateID "" for one of the
-// built-in image.
-func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout, templateID string) (_ store.Sandbox, _ runtime.Sandbox, err error) {
+// built-in image; vols are the volumes it mounts (their leases are taken
+// with its row, or the create refused with 409).
+func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime time.Duration, extra int, policy netpol.Policy, onTimeout, templateID string, vols ...store.VolumeAttachment) (_ store.Sandbox, _ runtime.Sandbox, err error) {
 	defer func(start time.Time) { m.ops.observe(opCreate, start, err) }(time.Now())
 	if hasNetwork(policy) && !m.rt.Capabilities().Network {
 		return store.Sandbox{}, nil, errdefs.Newf(errdefs.ErrInvalid, `the %s runtime of this server does not support sandbox networks yet; create the sandbox with network "none"`, m.rt.Name())
@@ -371,7 +393,7 @@ func (m *Manager) launch(ctx context.Context, accountID, task string, lifetime t
 		ID: store.NewID("sbx_"), AccountID: accountID, NodeID: m.cfg.NodeID,
 		Status: store.SandboxPending, Runtime: m.rt.Name(), Network: string(network),
 		CreatedAt: now, UpdatedAt: now, Deadline: now.Add(lifetime), OnTimeout: onTimeout, Task: task,
-		TemplateID: templateID,
+		TemplateID: templateID, Volumes: vols,
 	}
 	release, err := m.admitDisk(ctx, 1)
 	if err != nil {
@@ -404,6 +426,10 @@ func (m *Manager) sandboxLimits(extra int) store.SandboxLimits {
 // figures); other errors keep their cause.
 func quotaError(err error) error {
 	var qe *store.QuotaError
+	var busy *store.VolumeBusyError
+	if errors.As(err, &busy) {
+		return errdefs.New(errdefs.ErrConflict, busy.Error())
+	}
 	if !errors.As(err, &qe) {
 		return fmt.Errorf("record sandbox: %w", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/volumes"
+
 	"github.com/sandboxd/sandboxd/internal/netpol"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 )
@@ -35,6 +37,8 @@ type CreateRequest struct {
 	// Snapshot is "name[:tag]" (or the id) of the account's named
 	// snapshot to start from instead (not with Template).
 	Snapshot string
+	// Volumes are the account's volumes to mount (package volumes).
+	Volumes []volumes.Mount
 }
 
 // ExecRequest is a command to run in a running sandbox.

@@ -101,6 +101,10 @@ type Sandbox struct {
 	// memory ended, its files are template TemplateID (saved when it
 	// paused), and a resume starts it again from them on any node.
 	PausedFiles bool `json:"paused_files,omitempty"`
+	// Volumes are the volumes to attach, in mount order: CreateSandbox
+	// records them (the leases) with the row, or refuses the row with a
+	// *VolumeBusyError. Not a column: SandboxVolumes reads them back.
+	Volumes []VolumeAttachment `json:"-"`
 }
 
 // FilesPaused says sb is paused with its files alone (PausedFiles, the

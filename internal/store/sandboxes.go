@@ -69,6 +69,9 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 		if err != nil {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 		}
+		if err := q.attachVolumes(ctx, sb); err != nil {
+			return err
+		}
 		data := map[string]any{"timeout_at": sb.Deadline}
 		if sb.TemplateID != "" {
 			data["template_id"] = sb.TemplateID

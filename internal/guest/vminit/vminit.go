@@ -39,6 +39,7 @@ import (
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/guest/agent"
 )
 
@@ -238,6 +239,9 @@ func vmInit(log *slog.Logger) error {
 	if err := mountTmp(params[paramMemory]); err != nil {
 		return err
 	}
+	if err := mountVolumes(log, params); err != nil {
+		return err
+	}
 	// vm-init keeps the whole VM's /proc; vm-agent mounts its own PID
 	// namespace's over it.
 	if err := unix.Mount("/proc", newRoot+"/proc", "", unix.MS_MOVE, ""); err != nil {
@@ -277,6 +281,60 @@ func vmInit(log *slog.Logger) error {
 	}
 	log.Info("root file system ready", "lowers", len(lowerDirs), "uptime", uptime())
 	return supervise(log, upper, port)
+}
+
+// mountVolumes mounts the sandbox's volumes (sandboxd.vol.<i>=<rw|ro>:<path>,
+// disk serial sandboxd-vol-<i>) in the new root at their paths, made in
+// the writable layer when missing and resolved inside the new root (a
+// link in the image cannot send a mount outside it), nosuid and nodev. A
+// read-write one grows to its disk's size (the volume may have been
+// resized since its file system was made); a read-only one is mounted
+// without replaying its journal, which it could not write.
+func mountVolumes(log *slog.Logger, params map[string]string) error {
+	for i := 0; ; i++ {
+		v, ok := params[fmt.Sprintf("sandboxd.vol.%d", i)]
+		if !ok {
+			return nil
+		}
+		mode, path, _ := strings.Cut(v, ":")
+		dev, err := findDisk(fmt.Sprintf("sandboxd-vol-%d", i))
+		if err != nil {
+			return err
+		}
+		target, err := securejoin.SecureJoin(newRoot, path)
+		if err != nil {
+			return fmt.Errorf("volume at %s: %w", path, err)
+		}
+		flags, data := uintptr(unix.MS_NOSUID|unix.MS_NODEV), ""
+		if mode == "ro" {
+			flags |= unix.MS_RDONLY
+			data = "noload"
+		}
+		if err := mount(dev, target, "ext4", flags, data); err != nil {
+			return fmt.Errorf("volume at %s: %w", path, err)
+		}
+		if mode != "ro" {
+			if err := growToDisk(dev, target); err != nil {
+				// The volume is usable at its old size: say so, go on.
+				log.Warn("grow volume", "path", path, "err", err)
+			}
+		}
+	}
+}
+
+// growToDisk grows the ext4 file system on dev, mounted at dir, to the
+// disk's size.
+func growToDisk(dev, dir string) error {
+	f, err := os.Open(dev)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	size, err := unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
+	if err != nil {
+		return fmt.Errorf("size of %s: %w", dev, err)
+	}
+	return ext4.Grow(dir, int64(size))
 }
 
 // mountPoints makes each of dirs in root a directory unless it is one. A

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/internal/ext4"
 	"github.com/sandboxd/sandboxd/internal/mountinfo"
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // makeDisk creates a sparse ext4 image of size bytes at img and mounts it at
@@ -34,6 +36,45 @@ func mountDisk(ctx context.Context, img, dir string) error {
 		return fmt.Errorf("mount disk image: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// volumeDir is where the sandbox's volume i is mounted on the host.
+func (s *sandbox) volumeDir(i int) string { return s.Path("volumes", strconv.Itoa(i)) }
+
+// mountVolumes mounts the sandbox's volume images on the host, each
+// through its own auto-clearing loop device, nosuid and nodev (read-only
+// when asked); buildSpec binds them into the sandbox. A read-write one is
+// grown to its image's size first (it may have been made larger since).
+// Only images the host's kernel alone wrote get here: package volumes
+// refuses a gVisor sandbox a volume a microVM had read-write.
+func (s *sandbox) mountVolumes(ctx context.Context, vs []runtime.VolumeMount) error {
+	for i, v := range vs {
+		dir := s.volumeDir(i)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		opts := "loop,nosuid,nodev"
+		if v.ReadOnly {
+			opts += ",ro"
+		} else if err := ext4.GrowImage(ctx, v.Image); err != nil {
+			return fmt.Errorf("volume at %s: %w", v.Path, err)
+		}
+		if out, err := exec.CommandContext(ctx, "mount", "-o", opts, v.Image, dir).CombinedOutput(); err != nil {
+			return fmt.Errorf("mount the volume for %s: %w: %s", v.Path, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// unmountVolumes unmounts what mountVolumes mounted for vs.
+func (s *sandbox) unmountVolumes(vs []runtime.VolumeMount) error {
+	var errs []error
+	for i := range vs {
+		if err := unmount(s.volumeDir(i)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // mountOverlay mounts base, the restored lowers (bottom first) and upper at

@@ -57,7 +57,7 @@ func (p *pool) warmSpec() runtime.Spec {
 // lowers, which cannot be added under a mounted overlay).
 func (p *pool) fits(spec runtime.Spec) bool {
 	w := p.warmSpec()
-	return spec.Template == "" && len(spec.Layers) == 0 && spec.Network == nil && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
+	return spec.Template == "" && len(spec.Layers) == 0 && spec.Network == nil && len(spec.Volumes) == 0 && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
 }
 
 // take returns a warm sandbox or nil, and asks for a replacement.

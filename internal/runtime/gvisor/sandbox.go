@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"golang.org/x/time/rate"
 
 	"github.com/sandboxd/sandboxd/internal/cgroup"
@@ -73,6 +75,9 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		m.Disk = true
 	}
 	if err := os.Mkdir(s.upperDir(), 0o755); err != nil {
+		return err
+	}
+	if err := s.mountVolumes(ctx, m.Volumes); err != nil {
 		return err
 	}
 	var secret [32]byte
@@ -135,6 +140,13 @@ func (s *sandbox) start(ctx context.Context, args ...string) error {
 		return err
 	}
 	spec := buildSpec(&m, s.Path("rootfs"), filepath.Join(s.r.StateDir(), "bin"), s.Path("sock"), s.Path("hosts"), s.r.preload, s.r.pidsCeiling)
+	for i, v := range m.Volumes {
+		opts := []string{"rbind", "rw", "nosuid", "nodev"}
+		if v.ReadOnly {
+			opts[1] = "ro"
+		}
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: v.Path, Type: "bind", Source: s.volumeDir(i), Options: opts})
+	}
 	network, err := withNetwork(spec, m.Network, s.Path("resolv.conf"))
 	if err != nil {
 		return err
@@ -530,7 +542,7 @@ func (s *sandbox) Stop(ctx context.Context) error {
 // Destroy implements runtime.Sandbox.
 func (s *sandbox) Destroy(ctx context.Context) error {
 	return host.Destroy(ctx, s.r.Base, s, &s.Attachment, s.Stop,
-		func(meta) error { return unmount(s.Path("layer")) },
+		func(m meta) error { return errors.Join(s.unmountVolumes(m.Volumes), unmount(s.Path("layer"))) },
 		// runsc delete ends what runsc knows of; a create cut short
 		// before runsc recorded its container leaves its sandbox and
 		// gofer processes running, in this group. Nothing of a destroyed

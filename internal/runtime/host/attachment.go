@@ -33,8 +33,10 @@ type Record struct {
 	Hostname   string         `json:"hostname"`
 	// Network is the sandbox's network namespace and addressing; nil:
 	// none.
-	Network    *runtime.Network `json:"network,omitempty"`
-	CgroupPath string           `json:"cgroup_path"`
+	Network *runtime.Network `json:"network,omitempty"`
+	// Volumes are the volume images mounted in it (Spec.Volumes).
+	Volumes    []runtime.VolumeMount `json:"volumes,omitempty"`
+	CgroupPath string                `json:"cgroup_path"`
 	Created    time.Time        `json:"created"`
 	Stopped    bool             `json:"stopped,omitempty"`
 }
@@ -45,7 +47,7 @@ func NewRecord(spec runtime.Spec, cid string) Record {
 	return Record{
 		ID: spec.ID, CID: cid, BaseDir: spec.BaseDir, BaseImage: spec.BaseImage,
 		Env: spec.Env, Limits: spec.Limits, HomeSocket: spec.HomeSocket, Hostname: spec.Hostname,
-		Network: spec.Network, CgroupPath: "/sandboxd/" + cid, Created: time.Now().UTC(),
+		Network: spec.Network, Volumes: spec.Volumes, CgroupPath: "/sandboxd/" + cid, Created: time.Now().UTC(),
 	}
 }
 

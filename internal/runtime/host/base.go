@@ -164,6 +164,9 @@ func (b *Base[S]) Check(spec *runtime.Spec) error {
 	if spec.BaseDir == "" {
 		return fmt.Errorf("create sandbox %s: BaseDir is required", spec.ID)
 	}
+	if err := runtime.CheckVolumes(spec.Volumes); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
 	spec.Limits = b.Limits(spec.Limits)
 	if spec.Hostname == "" {
 		spec.Hostname = "sandbox"

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/runtime"
 )
 
 // tcgCacheMiB is TCG's translation cache: QEMU's default for system
@@ -43,8 +45,13 @@ type vmConfig struct {
 	Memory   int64  `json:"memory"` // memory.max of the sandbox cgroup in the guest
 	// NIC: the VM has a virtio-net device (network.go); false only for
 	// VMs an older sandboxd made, whose saved memory has none.
-	NIC      bool   `json:"nic,omitempty"`
-	incoming bool   // restore from a memory snapshot (migrate-incoming)
+	NIC bool `json:"nic,omitempty"`
+	// Volumes are the volume images the VM has as disks, in order: each
+	// is a virtio-blk disk of serial sandboxd-vol-<i> that vm-init mounts
+	// at its path (sandboxd.vol.<i> on the kernel command line).
+	Volumes  []runtime.VolumeMount `json:"volumes,omitempty"`
+	volFDs   []int                 // each volume's image as QEMU's fd (an fd set of the same number)
+	incoming bool                  // restore from a memory snapshot (migrate-incoming)
 	tapFD    int    // the NIC's tap queue as QEMU's fd; 0: not wired
 	mac      string // the NIC's hardware address, with a tap
 }
@@ -61,6 +68,14 @@ func (c vmConfig) kernelCmdline() string {
 		"sandboxd.hostname=" + c.Hostname,
 		"sandboxd.pids=" + strconv.FormatInt(c.Pids, 10),
 		"sandboxd.memory=" + strconv.FormatInt(c.Memory, 10),
+	}
+	for i, v := range c.Volumes {
+		mode := "rw"
+		if v.ReadOnly {
+			mode = "ro"
+		}
+		// runtime.CheckVolumePath keeps spaces and quotes out of it.
+		args = append(args, fmt.Sprintf("sandboxd.vol.%d=%s:%s", i, mode, v.Path))
 	}
 	if c.Accel == "tcg" {
 		// TCG does not speculate: the mitigations would only cost, and
@@ -95,12 +110,24 @@ func (c vmConfig) qemuArgs() []string {
 		"-device", "virtio-blk-device,drive=base,serial=sandboxd-base",
 		"-drive", "id=layer,file=" + jailLayer + ",format=raw,if=none,discard=unmap",
 		"-device", "virtio-blk-device,drive=layer,serial=sandboxd-layer",
+	}
+	for i, fd := range c.volFDs {
+		// The image is opened by sandboxd and handed over: QEMU's uid
+		// has no right to the file itself.
+		drive := fmt.Sprintf("id=vol%d,file=/dev/fdset/%d,format=raw,if=none", i, fd)
+		if c.Volumes[i].ReadOnly {
+			drive += ",readonly=on"
+		}
+		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", fd, fd), "-drive", drive,
+			"-device", fmt.Sprintf("virtio-blk-device,drive=vol%d,serial=sandboxd-vol-%d", i, i))
+	}
+	args = append(args,
 		"-device", "virtio-serial-device,max_ports=2",
 		"-chardev", "socket,id=agent,path=" + jailAgent + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + agentPort,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng",
-	}
+	)
 	if c.NIC {
 		netdev, mac := "hubport,id=net0,hubid=0", unwiredMAC
 		if c.tapFD > 0 {

@@ -73,7 +73,7 @@ func (s *sandbox) create(ctx context.Context, layers []runtime.Layer) error {
 		Accel: s.r.accel, MemMiB: guestMiB, VCPUs: vcpus, TSCKHz: s.r.tscKHz, Hostname: m.Hostname,
 		// The agent counts as one of the sandbox's processes.
 		Pids: max(m.Limits.Pids-1, 1), Memory: m.Limits.MemoryBytes,
-		NIC: true,
+		NIC: true, Volumes: m.Volumes,
 	}
 	if err := s.SetMeta(func(m *meta) { m.Layers, m.VM = ids, cfg }); err != nil {
 		return err
@@ -135,6 +135,19 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 		defer nic.file.Close() // QEMU has its own copy
 		cfg.tapFD, cfg.mac = 3, nic.mac
 		extra = append(extra, nic.file)
+	}
+	for _, v := range cfg.Volumes {
+		flag := os.O_RDWR
+		if v.ReadOnly {
+			flag = os.O_RDONLY
+		}
+		f, err := os.OpenFile(v.Image, flag, 0)
+		if err != nil {
+			return fmt.Errorf("open the volume for %s: %w", v.Path, err)
+		}
+		defer f.Close() // QEMU has its own copy
+		cfg.volFDs = append(cfg.volFDs, 3+len(extra))
+		extra = append(extra, f)
 	}
 	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logw, extra...)
 	if err != nil {

@@ -86,7 +86,7 @@ func (t *templates) spec() runtime.Spec {
 // booted, and restored layers are overlay lowers mounted at boot.
 func (t *templates) fits(spec runtime.Spec) bool {
 	w := t.spec()
-	return len(spec.Layers) == 0 && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
+	return len(spec.Layers) == 0 && len(spec.Volumes) == 0 && spec.BaseDir == w.BaseDir && spec.Limits == w.Limits && spec.Hostname == w.Hostname
 }
 
 // ready returns the template once it is built.
