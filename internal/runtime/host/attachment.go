@@ -37,8 +37,8 @@ type Record struct {
 	// Volumes are the volume images mounted in it (Spec.Volumes).
 	Volumes    []runtime.VolumeMount `json:"volumes,omitempty"`
 	CgroupPath string                `json:"cgroup_path"`
-	Created    time.Time        `json:"created"`
-	Stopped    bool             `json:"stopped,omitempty"`
+	Created    time.Time             `json:"created"`
+	Stopped    bool                  `json:"stopped,omitempty"`
 }
 
 // NewRecord is the record of a new sandbox cid of spec; its host cgroup is

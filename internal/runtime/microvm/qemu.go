@@ -52,8 +52,8 @@ type vmConfig struct {
 	Volumes  []runtime.VolumeMount `json:"volumes,omitempty"`
 	volFDs   []int                 // each volume's image as QEMU's fd (an fd set of the same number)
 	incoming bool                  // restore from a memory snapshot (migrate-incoming)
-	tapFD    int    // the NIC's tap queue as QEMU's fd; 0: not wired
-	mac      string // the NIC's hardware address, with a tap
+	tapFD    int                   // the NIC's tap queue as QEMU's fd; 0: not wired
+	mac      string                // the NIC's hardware address, with a tap
 }
 
 // kernelCmdline is the guest kernel's command line. The sandboxd.*
@@ -123,8 +123,8 @@ func (c vmConfig) qemuArgs() []string {
 	}
 	args = append(args,
 		"-device", "virtio-serial-device,max_ports=2",
-		"-chardev", "socket,id=agent,path=" + jailAgent + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name=" + agentPort,
+		"-chardev", "socket,id=agent,path="+jailAgent+",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name="+agentPort,
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng",
 	)
