@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -101,7 +103,41 @@ func (s agentService) Health(context.Context, *connect.Request[agentv1.HealthReq
 
 func (s agentService) Sync(context.Context, *connect.Request[agentv1.SyncRequest]) (*connect.Response[agentv1.SyncResponse], error) {
 	unix.Sync()
+	checkpointDisks("/proc/self/mounts")
 	return connect.NewResponse(&agentv1.SyncResponse{}), nil
+}
+
+// The file system freeze ioctls: _IOWR('X', 119, int) and 120.
+const (
+	fiFreeze = 0xc0045877
+	fiThaw   = 0xc0045878
+)
+
+// checkpointDisks freezes and thaws each ext4 file system on a disk of
+// its own mounted read-write (a microVM's volumes), as listed in mounts:
+// freezing writes its journal's transactions in place, so that the disk,
+// once the VM is gone, reads whole without replaying the journal (a
+// read-only attach cannot replay it). Under gVisor nothing is listed: its
+// mounts are the host's.
+func checkpointDisks(mounts string) {
+	b, err := os.ReadFile(mounts)
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[2] != "ext4" || !strings.HasPrefix(f[0], "/dev/vd") || !slices.Contains(strings.Split(f[3], ","), "rw") {
+			continue
+		}
+		dir, err := os.Open(strings.ReplaceAll(f[1], "\\040", " "))
+		if err != nil {
+			continue
+		}
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, dir.Fd(), fiFreeze, 0); errno == 0 {
+			_, _, _ = unix.Syscall(unix.SYS_IOCTL, dir.Fd(), fiThaw, 0)
+		}
+		dir.Close()
+	}
 }
 
 func (s agentService) OOMKill(context.Context, *connect.Request[agentv1.OOMKillRequest]) (*connect.Response[agentv1.OOMKillResponse], error) {

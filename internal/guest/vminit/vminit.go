@@ -301,6 +301,7 @@ func mountVolumes(log *slog.Logger, params map[string]string) error {
 		if err != nil {
 			return err
 		}
+		dev = newRoot + dev // /dev has moved into the new root by now
 		target, err := securejoin.SecureJoin(newRoot, path)
 		if err != nil {
 			return fmt.Errorf("volume at %s: %w", path, err)

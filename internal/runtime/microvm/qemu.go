@@ -50,7 +50,7 @@ type vmConfig struct {
 	// is a virtio-blk disk of serial sandboxd-vol-<i> that vm-init mounts
 	// at its path (sandboxd.vol.<i> on the kernel command line).
 	Volumes  []runtime.VolumeMount `json:"volumes,omitempty"`
-	volFDs   []int                 // each volume's image as QEMU's fd (an fd set of the same number)
+	volFDs   [][]int               // each volume's image as QEMU's fds (read-only, and read-write for a writer)
 	incoming bool                  // restore from a memory snapshot (migrate-incoming)
 	tapFD    int                   // the NIC's tap queue as QEMU's fd; 0: not wired
 	mac      string                // the NIC's hardware address, with a tap
@@ -111,15 +111,18 @@ func (c vmConfig) qemuArgs() []string {
 		"-drive", "id=layer,file=" + jailLayer + ",format=raw,if=none,discard=unmap",
 		"-device", "virtio-blk-device,drive=layer,serial=sandboxd-layer",
 	}
-	for i, fd := range c.volFDs {
+	for i, fds := range c.volFDs {
 		// The image is opened by sandboxd and handed over: QEMU's uid
-		// has no right to the file itself.
-		drive := fmt.Sprintf("id=vol%d,file=/dev/fdset/%d,format=raw,if=none", i, fd)
+		// has no right to the file itself. The fd set is volume i's.
+		set := i + 1
+		for _, fd := range fds {
+			args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", fd, set))
+		}
+		drive := fmt.Sprintf("id=vol%d,file=/dev/fdset/%d,format=raw,if=none", i, set)
 		if c.Volumes[i].ReadOnly {
 			drive += ",readonly=on"
 		}
-		args = append(args, "-add-fd", fmt.Sprintf("fd=%d,set=%d", fd, fd), "-drive", drive,
-			"-device", fmt.Sprintf("virtio-blk-device,drive=vol%d,serial=sandboxd-vol-%d", i, i))
+		args = append(args, "-drive", drive, "-device", fmt.Sprintf("virtio-blk-device,drive=vol%d,serial=sandboxd-vol-%d", i, i))
 	}
 	args = append(args,
 		"-device", "virtio-serial-device,max_ports=2",

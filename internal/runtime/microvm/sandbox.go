@@ -137,17 +137,23 @@ func (s *sandbox) boot(ctx context.Context, incoming *restoreFrom) error {
 		extra = append(extra, nic.file)
 	}
 	for _, v := range cfg.Volumes {
-		flag := os.O_RDWR
-		if v.ReadOnly {
-			flag = os.O_RDONLY
+		// QEMU opens an image read-only before it reopens it to write:
+		// a writer's fd set has both.
+		flags := []int{os.O_RDONLY}
+		if !v.ReadOnly {
+			flags = append(flags, os.O_RDWR)
 		}
-		f, err := os.OpenFile(v.Image, flag, 0)
-		if err != nil {
-			return fmt.Errorf("open the volume for %s: %w", v.Path, err)
+		var fds []int
+		for _, flag := range flags {
+			f, err := os.OpenFile(v.Image, flag, 0)
+			if err != nil {
+				return fmt.Errorf("open the volume for %s: %w", v.Path, err)
+			}
+			defer f.Close() // QEMU has its own copy
+			fds = append(fds, 3+len(extra))
+			extra = append(extra, f)
 		}
-		defer f.Close() // QEMU has its own copy
-		cfg.volFDs = append(cfg.volFDs, 3+len(extra))
-		extra = append(extra, f)
+		cfg.volFDs = append(cfg.volFDs, fds)
 	}
 	proc, err := launch(s.r.qemu, jail, m.UID, cg, cfg, logw, extra...)
 	if err != nil {

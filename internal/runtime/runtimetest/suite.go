@@ -65,6 +65,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("MemoryBomb", s.testMemoryBomb)
 	t.Run("BigFile", s.testBigFile)
 	t.Run("Tmp", s.testTmp)
+	t.Run("Volumes", s.testVolumes)
 	t.Run("ForkBomb", s.testForkBomb)
 	t.Run("Snapshot", s.testSnapshot)
 	t.Run("LayerBounds", s.testLayerBounds)
