@@ -161,6 +161,17 @@ func (m *Manager) FailHostedBy(ctx context.Context, id, reason string) (int, err
 	if err != nil {
 		return 0, err
 	}
+	// Its sandboxes' volume leases go first, with the volumes' data
+	// there: what was written since a volume's last sync is lost with the
+	// node, and the volume is free at its last synced data as soon as its
+	// writer is failed below.
+	if lost, err := m.st.ReleaseVolumesOfNode(ctx, id); err != nil {
+		m.log.Error("release the volumes of a node that went down", "node_id", id, "err", err)
+	} else {
+		for _, v := range lost {
+			m.log.Warn("volume falls back to its last synced copy: its newest data was on a node that went down", "volume_id", v.ID, "name", v.Name, "node_id", id, "generation", v.Generation)
+		}
+	}
 	gone := map[string]bool{}
 	for _, sb := range rows {
 		if sb.PausedFiles && sb.Status == store.SandboxRunning {
@@ -177,15 +188,6 @@ func (m *Manager) FailHostedBy(ctx context.Context, id, reason string) (int, err
 		}
 		m.markFailed(ctx, sb.ID, activeStatuses, reason)
 		gone[sb.ID] = true
-	}
-	// Its sandboxes' volume leases go; what it wrote to a volume since
-	// its last sync is lost with it.
-	if lost, err := m.st.ReleaseVolumesOfNode(ctx, id); err != nil {
-		m.log.Error("release the volumes of a node that went down", "node_id", id, "err", err)
-	} else {
-		for _, v := range lost {
-			m.log.Warn("volume falls back to its last synced copy: its newest data was on a node that went down", "volume_id", v.ID, "name", v.Name, "node_id", id, "generation", v.Generation)
-		}
 	}
 	return len(rows), m.runs.CrashRunsOf(ctx, gone, "the command's sandbox was lost with its node: "+reason)
 }

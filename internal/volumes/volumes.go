@@ -349,6 +349,9 @@ func (s *Service) Resolve(ctx context.Context, account string, mounts []Mount) (
 		if err := s.checkBackend(v); err != nil {
 			return nil, err
 		}
+		if v.DataNode != "" && v.DataNode != s.cfg.NodeID {
+			return nil, errdefs.Newf(errdefs.ErrConflict, "volume %q's newest data is on node %s, not synced yet: a sandbox writes it there, or the node went down before it synced (it is released when the node is declared down)", v.Name, v.DataNode)
+		}
 		out = append(out, store.VolumeAttachment{VolumeID: v.ID, Path: m.Path, ReadOnly: m.ReadOnly})
 	}
 	for i, p := range out {

@@ -132,7 +132,7 @@ func TestFollowsTheSandbox(t *testing.T) {
 		t.Errorf("while written on A: %+v", v)
 	}
 	scribble(t, spec.Volumes[0].Image, "from-a")
-	if _, _, err := start(t, b, acct, Mount{Name: "data", Path: "/x", ReadOnly: true}); !errors.Is(err, store.ErrConflict) {
+	if _, _, err := start(t, b, acct, Mount{Name: "data", Path: "/x", ReadOnly: true}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("a reader on B while A writes: %v, want 409", err)
 	}
 	end(t, a, sb)
