@@ -677,6 +677,36 @@ func (e UploadFilesResponseStatus) Valid() bool {
 	}
 }
 
+// Defines values for VolumeResponseStatus.
+const (
+	VolumeResponseStatusSuccess VolumeResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the VolumeResponseStatus enum.
+func (e VolumeResponseStatus) Valid() bool {
+	switch e {
+	case VolumeResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for VolumesResponseStatus.
+const (
+	VolumesResponseStatusSuccess VolumesResponseStatus = "success"
+)
+
+// Valid indicates whether the value is a known member of the VolumesResponseStatus enum.
+func (e VolumesResponseStatus) Valid() bool {
+	switch e {
+	case VolumesResponseStatusSuccess:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebhookFormat.
 const (
 	WebhookFormatE2B      WebhookFormat = "e2b"
@@ -971,6 +1001,9 @@ type CreateSandboxRequest struct {
 
 	// OnTimeout What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)
 	OnTimeout *CreateSandboxRequestOnTimeout `json:"on_timeout,omitempty"`
+
+	// Volumes The account's volumes to mount (POST /api/volumes): 404 for one it does not have; 409 for one another sandbox has read-write (or has at all when this mount is read-write) and on a gVisor server for one a microVM had read-write; 400 for a bad or overlapping path or a volume named twice (sandboxd)
+	Volumes *[]VolumeMount `json:"volumes,omitempty"`
 }
 
 // CreateSandboxRequestOnTimeout What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)
@@ -980,6 +1013,16 @@ type CreateSandboxRequestOnTimeout string
 type CreateSnapshotRequest struct {
 	// Name name[:tag] of the snapshot (tag latest by default); a snapshot of that name and tag is replaced (the name moves to the new one); absent: the snapshot is named by its id. 409 when a template has that name and tag
 	Name      *string `json:"name,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
+// CreateVolumeRequest defines model for CreateVolumeRequest.
+type CreateVolumeRequest struct {
+	// Name 1 to 63 letters or digits or '.' or '_' or '-' starting with a letter or digit (not with vol_); 409 when the account has a volume of that name
+	Name string `json:"name"`
+
+	// SizeMb Size in MiB (default 1024); at most the server's bound for one volume; 429 when the account's volumes would pass its quota
+	SizeMb    *int    `json:"size_mb,omitempty"`
 	AccountID *string `json:"account_id,omitempty"`
 }
 
@@ -1098,6 +1141,13 @@ type ForkRequest struct {
 
 	// Timeout Lifetime of each new sandbox in milliseconds (default: the server's default lifetime)
 	Timeout   *int    `json:"timeout,omitempty"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
+// ForkVolumeRequest defines model for ForkVolumeRequest.
+type ForkVolumeRequest struct {
+	// Name The new volume's name (as a create's); 409 when the account has a volume of that name
+	Name      string  `json:"name"`
 	AccountID *string `json:"account_id,omitempty"`
 }
 
@@ -1288,6 +1338,13 @@ type ProcessesResponseStatus string
 type PromoteSnapshotRequest struct {
 	// Name name[:tag] of the new template (tag latest by default); 409 when the account has a template or snapshot of that name and tag
 	Name      string  `json:"name"`
+	AccountID *string `json:"account_id,omitempty"`
+}
+
+// ResizeVolumeRequest defines model for ResizeVolumeRequest.
+type ResizeVolumeRequest struct {
+	// SizeMb The new size in MiB: no less than the volume's (a volume only grows); its file system grows at its next attach. 409 while it is attached
+	SizeMb    int     `json:"size_mb"`
 	AccountID *string `json:"account_id,omitempty"`
 }
 
@@ -1599,6 +1656,64 @@ type UploadFilesResponse struct {
 // UploadFilesResponseStatus defines model for UploadFilesResponse.Status.
 type UploadFilesResponseStatus string
 
+// Volume defines model for Volume.
+type Volume struct {
+	// ID The volume's id (vol_...)
+	ID   string `json:"id"`
+	Name string `json:"name"`
+
+	// SizeMb Its size in MiB (a resize applies at its next attach)
+	SizeMb int `json:"size_mb"`
+
+	// Attachments The sandboxes it is mounted in now: one read-write or any number read-only
+	Attachments []VolumeAttachment `json:"attachments"`
+
+	// ForkedFrom The id of the volume it was forked from; empty when it was not
+	ForkedFrom string `json:"forked_from"`
+
+	// MicrovmWritten A microVM has had it read-write: a gVisor sandbox may no longer mount it (409)
+	MicrovmWritten bool   `json:"microvm_written"`
+	CreatedAt      string `json:"created_at"`
+	UpdatedAt      string `json:"updated_at"`
+}
+
+// VolumeAttachment defines model for VolumeAttachment.
+type VolumeAttachment struct {
+	SandboxID string `json:"sandbox_id"`
+	Path      string `json:"path"`
+	ReadOnly  bool   `json:"read_only"`
+}
+
+// VolumeMount defines model for VolumeMount.
+type VolumeMount struct {
+	// Name The volume's name or id (vol_...); 404 when the account has none
+	Name string `json:"name"`
+
+	// Path Where in the sandbox: an absolute clean path whose names hold letters or digits or ._@+=- or a comma; not / nor /proc or /sys or /dev or /run or /workspace or below them (400)
+	Path string `json:"path"`
+
+	// ReadOnly Mount it read-only: any number of sandboxes may; a read-write mount is the volume's only one
+	ReadOnly *bool `json:"read_only,omitempty"`
+}
+
+// VolumeResponse defines model for VolumeResponse.
+type VolumeResponse struct {
+	Status VolumeResponseStatus `json:"status"`
+	Volume Volume               `json:"volume"`
+}
+
+// VolumeResponseStatus defines model for VolumeResponse.Status.
+type VolumeResponseStatus string
+
+// VolumesResponse defines model for VolumesResponse.
+type VolumesResponse struct {
+	Status  VolumesResponseStatus `json:"status"`
+	Volumes []Volume              `json:"volumes"`
+}
+
+// VolumesResponseStatus defines model for VolumesResponse.Status.
+type VolumesResponseStatus string
+
 // Webhook defines model for Webhook.
 type Webhook struct {
 	ID   string `json:"id"`
@@ -1769,6 +1884,21 @@ type GetTasksRunsIDLogParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
 }
 
+// GetVolumesParams defines parameters for GetVolumes.
+type GetVolumesParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
+// DeleteVolumesNameParams defines parameters for DeleteVolumesName.
+type DeleteVolumesNameParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
+// GetVolumesNameParams defines parameters for GetVolumesName.
+type GetVolumesNameParams struct {
+	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
+}
+
 // GetWebhooksParams defines parameters for GetWebhooks.
 type GetWebhooksParams struct {
 	AccountID *string `form:"account_id,omitempty" json:"account_id,omitempty"`
@@ -1852,6 +1982,15 @@ type PostTasksCodingagentJSONRequestBody = CodingAgentRequest
 
 // PostTemplatesJSONRequestBody defines body for PostTemplates for application/json ContentType.
 type PostTemplatesJSONRequestBody = BuildTemplateRequest
+
+// PostVolumesJSONRequestBody defines body for PostVolumes for application/json ContentType.
+type PostVolumesJSONRequestBody = CreateVolumeRequest
+
+// PatchVolumesNameJSONRequestBody defines body for PatchVolumesName for application/json ContentType.
+type PatchVolumesNameJSONRequestBody = ResizeVolumeRequest
+
+// PostVolumesNameForkJSONRequestBody defines body for PostVolumesNameFork for application/json ContentType.
+type PostVolumesNameForkJSONRequestBody = ForkVolumeRequest
 
 // PostWebhooksJSONRequestBody defines body for PostWebhooks for application/json ContentType.
 type PostWebhooksJSONRequestBody = WebhookRequest
@@ -2058,7 +2197,7 @@ type ClientInterface interface {
 
 	// PostSandboxesWithBody Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2067,7 +2206,7 @@ type ClientInterface interface {
 
 	// PostSandboxes Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2514,6 +2653,81 @@ type ClientInterface interface {
 	// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
 	GetTemplatesIDLogs(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetVolumes List the account's volumes by name (sandboxd)
+	//
+	// Each volume with the sandboxes it is attached to now.
+	//
+	// Corresponds with GET /api/volumes (the `GetVolumes` operationId).
+	GetVolumes(ctx context.Context, params *GetVolumesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostVolumesWithBody Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+	//
+	// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+	PostVolumesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostVolumes Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+	//
+	// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+	PostVolumes(ctx context.Context, body PostVolumesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteVolumesName Delete a volume and its data (sandboxd)
+	//
+	// Answers the volume as it was. Its data is gone for good. 409 while a sandbox has it attached; 404 when the account has no such volume.
+	//
+	// Corresponds with DELETE /api/volumes/{name} (the `DeleteVolumesName` operationId).
+	DeleteVolumesName(ctx context.Context, name string, params *DeleteVolumesNameParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetVolumesName Get a volume with the sandboxes it is attached to (sandboxd)
+	//
+	// name is the volume's name or id (vol_...). 404 when the account has none (another account's is 404).
+	//
+	// Corresponds with GET /api/volumes/{name} (the `GetVolumesName` operationId).
+	GetVolumesName(ctx context.Context, name string, params *GetVolumesNameParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PatchVolumesNameWithBody Grow a volume (sandboxd)
+	//
+	// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+	PatchVolumesNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PatchVolumesName Grow a volume (sandboxd)
+	//
+	// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+	PatchVolumesName(ctx context.Context, name string, body PatchVolumesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostVolumesNameForkWithBody Copy a volume's data into a new volume (sandboxd)
+	//
+	// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+	PostVolumesNameForkWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostVolumesNameFork Copy a volume's data into a new volume (sandboxd)
+	//
+	// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+	PostVolumesNameFork(ctx context.Context, name string, body PostVolumesNameForkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetWebhooks List the account's webhooks (sandboxd)
 	//
 	// A sandbox's own key may not: a webhook's URL may carry its receiver's token.
@@ -2726,7 +2940,7 @@ func (c *Client) PatchSandboxes(ctx context.Context, body PatchSandboxesJSONRequ
 
 // PostSandboxesWithBody Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2745,7 +2959,7 @@ func (c *Client) PostSandboxesWithBody(ctx context.Context, contentType string, 
 
 // PostSandboxes Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3752,6 +3966,171 @@ func (c *Client) GetTemplatesID(ctx context.Context, id string, reqEditors ...Re
 // Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
 func (c *Client) GetTemplatesIDLogs(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplatesIDLogsRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetVolumes List the account's volumes by name (sandboxd)
+//
+// Each volume with the sandboxes it is attached to now.
+//
+// Corresponds with GET /api/volumes (the `GetVolumes` operationId).
+func (c *Client) GetVolumes(ctx context.Context, params *GetVolumesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetVolumesRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostVolumesWithBody Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+//
+// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+func (c *Client) PostVolumesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostVolumesRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostVolumes Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+//
+// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+func (c *Client) PostVolumes(ctx context.Context, body PostVolumesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostVolumesRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteVolumesName Delete a volume and its data (sandboxd)
+//
+// Answers the volume as it was. Its data is gone for good. 409 while a sandbox has it attached; 404 when the account has no such volume.
+//
+// Corresponds with DELETE /api/volumes/{name} (the `DeleteVolumesName` operationId).
+func (c *Client) DeleteVolumesName(ctx context.Context, name string, params *DeleteVolumesNameParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteVolumesNameRequest(c.Server, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetVolumesName Get a volume with the sandboxes it is attached to (sandboxd)
+//
+// name is the volume's name or id (vol_...). 404 when the account has none (another account's is 404).
+//
+// Corresponds with GET /api/volumes/{name} (the `GetVolumesName` operationId).
+func (c *Client) GetVolumesName(ctx context.Context, name string, params *GetVolumesNameParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetVolumesNameRequest(c.Server, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PatchVolumesNameWithBody Grow a volume (sandboxd)
+//
+// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+func (c *Client) PatchVolumesNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchVolumesNameRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PatchVolumesName Grow a volume (sandboxd)
+//
+// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+func (c *Client) PatchVolumesName(ctx context.Context, name string, body PatchVolumesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchVolumesNameRequest(c.Server, name, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostVolumesNameForkWithBody Copy a volume's data into a new volume (sandboxd)
+//
+// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+func (c *Client) PostVolumesNameForkWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostVolumesNameForkRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostVolumesNameFork Copy a volume's data into a new volume (sandboxd)
+//
+// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+func (c *Client) PostVolumesNameFork(ctx context.Context, name string, body PostVolumesNameForkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostVolumesNameForkRequest(c.Server, name, body)
 	if err != nil {
 		return nil, err
 	}
@@ -6376,6 +6755,316 @@ func NewGetTemplatesIDLogsRequest(server string, id string) (*http.Request, erro
 	return req, nil
 }
 
+// NewGetVolumesRequest constructs an http.Request for the GetVolumes method
+func NewGetVolumesRequest(server string, params *GetVolumesParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostVolumesRequest calls the generic PostVolumes builder with application/json body
+func NewPostVolumesRequest(server string, body PostVolumesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostVolumesRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPostVolumesRequestWithBody constructs an http.Request for the PostVolumes method, with any body, and a specified content type
+func NewPostVolumesRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteVolumesNameRequest constructs an http.Request for the DeleteVolumesName method
+func NewDeleteVolumesNameRequest(server string, name string, params *DeleteVolumesNameParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetVolumesNameRequest constructs an http.Request for the GetVolumesName method
+func NewGetVolumesNameRequest(server string, name string, params *GetVolumesNameParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.AccountID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "account_id", *params.AccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPatchVolumesNameRequest calls the generic PatchVolumesName builder with application/json body
+func NewPatchVolumesNameRequest(server string, name string, body PatchVolumesNameJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPatchVolumesNameRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPatchVolumesNameRequestWithBody constructs an http.Request for the PatchVolumesName method, with any body, and a specified content type
+func NewPatchVolumesNameRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewPostVolumesNameForkRequest calls the generic PostVolumesNameFork builder with application/json body
+func NewPostVolumesNameForkRequest(server string, name string, body PostVolumesNameForkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostVolumesNameForkRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPostVolumesNameForkRequestWithBody constructs an http.Request for the PostVolumesNameFork method, with any body, and a specified content type
+func NewPostVolumesNameForkRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/volumes/%s/fork", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetWebhooksRequest constructs an http.Request for the GetWebhooks method
 func NewGetWebhooksRequest(server string, params *GetWebhooksParams) (*http.Request, error) {
 	var err error
@@ -6865,7 +7554,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesWithBodyWithResponse Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6874,7 +7563,7 @@ type ClientWithResponsesInterface interface {
 
 	// PostSandboxesWithResponse Create a sandbox
 	//
-	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+	// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -7360,6 +8049,87 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /api/templates/{id}/logs (the `GetTemplatesIDLogs` operationId).
 	GetTemplatesIDLogsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTemplatesIDLogsResult, error)
+
+	// GetVolumesWithResponse List the account's volumes by name (sandboxd)
+	//
+	// Each volume with the sandboxes it is attached to now.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/volumes (the `GetVolumes` operationId).
+	GetVolumesWithResponse(ctx context.Context, params *GetVolumesParams, reqEditors ...RequestEditorFn) (*GetVolumesResult, error)
+
+	// PostVolumesWithBodyWithResponse Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+	//
+	// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+	PostVolumesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostVolumesResult, error)
+
+	// PostVolumesWithResponse Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+	//
+	// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+	PostVolumesWithResponse(ctx context.Context, body PostVolumesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostVolumesResult, error)
+
+	// DeleteVolumesNameWithResponse Delete a volume and its data (sandboxd)
+	//
+	// Answers the volume as it was. Its data is gone for good. 409 while a sandbox has it attached; 404 when the account has no such volume.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/volumes/{name} (the `DeleteVolumesName` operationId).
+	DeleteVolumesNameWithResponse(ctx context.Context, name string, params *DeleteVolumesNameParams, reqEditors ...RequestEditorFn) (*DeleteVolumesNameResult, error)
+
+	// GetVolumesNameWithResponse Get a volume with the sandboxes it is attached to (sandboxd)
+	//
+	// name is the volume's name or id (vol_...). 404 when the account has none (another account's is 404).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/volumes/{name} (the `GetVolumesName` operationId).
+	GetVolumesNameWithResponse(ctx context.Context, name string, params *GetVolumesNameParams, reqEditors ...RequestEditorFn) (*GetVolumesNameResult, error)
+
+	// PatchVolumesNameWithBodyWithResponse Grow a volume (sandboxd)
+	//
+	// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+	PatchVolumesNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchVolumesNameResult, error)
+
+	// PatchVolumesNameWithResponse Grow a volume (sandboxd)
+	//
+	// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+	PatchVolumesNameWithResponse(ctx context.Context, name string, body PatchVolumesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchVolumesNameResult, error)
+
+	// PostVolumesNameForkWithBodyWithResponse Copy a volume's data into a new volume (sandboxd)
+	//
+	// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+	PostVolumesNameForkWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostVolumesNameForkResult, error)
+
+	// PostVolumesNameForkWithResponse Copy a volume's data into a new volume (sandboxd)
+	//
+	// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+	PostVolumesNameForkWithResponse(ctx context.Context, name string, body PostVolumesNameForkJSONRequestBody, reqEditors ...RequestEditorFn) (*PostVolumesNameForkResult, error)
 
 	// GetWebhooksWithResponse List the account's webhooks (sandboxd)
 	//
@@ -11441,6 +12211,553 @@ func (r GetTemplatesIDLogsResult) ContentType() string {
 	return ""
 }
 
+type GetVolumesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumesResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetVolumesResult) GetJSON200() *VolumesResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetVolumesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetVolumesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetVolumesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetVolumesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetVolumesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetVolumesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetVolumesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetVolumesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetVolumesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetVolumesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostVolumesResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostVolumesResult) GetJSON200() *VolumeResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostVolumesResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostVolumesResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostVolumesResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostVolumesResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostVolumesResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostVolumesResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostVolumesResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostVolumesResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostVolumesResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostVolumesResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostVolumesResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostVolumesResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteVolumesNameResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON200() *VolumeResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteVolumesNameResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteVolumesNameResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteVolumesNameResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteVolumesNameResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteVolumesNameResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetVolumesNameResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetVolumesNameResult) GetJSON200() *VolumeResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetVolumesNameResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetVolumesNameResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetVolumesNameResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetVolumesNameResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetVolumesNameResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetVolumesNameResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetVolumesNameResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetVolumesNameResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetVolumesNameResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetVolumesNameResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PatchVolumesNameResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PatchVolumesNameResult) GetJSON200() *VolumeResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PatchVolumesNameResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PatchVolumesNameResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PatchVolumesNameResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PatchVolumesNameResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PatchVolumesNameResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PatchVolumesNameResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PatchVolumesNameResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PatchVolumesNameResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PatchVolumesNameResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PatchVolumesNameResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PatchVolumesNameResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PatchVolumesNameResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PostVolumesNameForkResult struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *ErrorBody
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ErrorBody
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ErrorBody
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *ErrorBody
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *ErrorBody
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *ErrorBody
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *ErrorBody
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON200() *VolumeResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON400() *ErrorBody {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON401() *ErrorBody {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON403() *ErrorBody {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON404() *ErrorBody {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON408() *ErrorBody {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON429() *ErrorBody {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PostVolumesNameForkResult) GetJSON500() *ErrorBody {
+	return r.JSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r PostVolumesNameForkResult) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostVolumesNameForkResult) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostVolumesNameForkResult) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostVolumesNameForkResult) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetWebhooksResult struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -12087,7 +13404,7 @@ func (c *ClientWithResponses) PatchSandboxesWithResponse(ctx context.Context, bo
 
 // PostSandboxesWithBodyWithResponse Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -12102,7 +13419,7 @@ func (c *ClientWithResponses) PostSandboxesWithBodyWithResponse(ctx context.Cont
 
 // PostSandboxesWithResponse Create a sandbox
 //
-// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+// Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -12929,6 +14246,141 @@ func (c *ClientWithResponses) GetTemplatesIDLogsWithResponse(ctx context.Context
 		return nil, err
 	}
 	return ParseGetTemplatesIDLogsResult(rsp)
+}
+
+// GetVolumesWithResponse List the account's volumes by name (sandboxd)
+//
+// Each volume with the sandboxes it is attached to now.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/volumes (the `GetVolumes` operationId).
+func (c *ClientWithResponses) GetVolumesWithResponse(ctx context.Context, params *GetVolumesParams, reqEditors ...RequestEditorFn) (*GetVolumesResult, error) {
+	rsp, err := c.GetVolumes(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetVolumesResult(rsp)
+}
+
+// PostVolumesWithBodyWithResponse Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+//
+// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+func (c *ClientWithResponses) PostVolumesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostVolumesResult, error) {
+	rsp, err := c.PostVolumesWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostVolumesResult(rsp)
+}
+
+// PostVolumesWithResponse Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+//
+// Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/volumes (the `PostVolumes` operationId).
+func (c *ClientWithResponses) PostVolumesWithResponse(ctx context.Context, body PostVolumesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostVolumesResult, error) {
+	rsp, err := c.PostVolumes(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostVolumesResult(rsp)
+}
+
+// DeleteVolumesNameWithResponse Delete a volume and its data (sandboxd)
+//
+// Answers the volume as it was. Its data is gone for good. 409 while a sandbox has it attached; 404 when the account has no such volume.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/volumes/{name} (the `DeleteVolumesName` operationId).
+func (c *ClientWithResponses) DeleteVolumesNameWithResponse(ctx context.Context, name string, params *DeleteVolumesNameParams, reqEditors ...RequestEditorFn) (*DeleteVolumesNameResult, error) {
+	rsp, err := c.DeleteVolumesName(ctx, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteVolumesNameResult(rsp)
+}
+
+// GetVolumesNameWithResponse Get a volume with the sandboxes it is attached to (sandboxd)
+//
+// name is the volume's name or id (vol_...). 404 when the account has none (another account's is 404).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/volumes/{name} (the `GetVolumesName` operationId).
+func (c *ClientWithResponses) GetVolumesNameWithResponse(ctx context.Context, name string, params *GetVolumesNameParams, reqEditors ...RequestEditorFn) (*GetVolumesNameResult, error) {
+	rsp, err := c.GetVolumesName(ctx, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetVolumesNameResult(rsp)
+}
+
+// PatchVolumesNameWithBodyWithResponse Grow a volume (sandboxd)
+//
+// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+func (c *ClientWithResponses) PatchVolumesNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchVolumesNameResult, error) {
+	rsp, err := c.PatchVolumesNameWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePatchVolumesNameResult(rsp)
+}
+
+// PatchVolumesNameWithResponse Grow a volume (sandboxd)
+//
+// Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/volumes/{name} (the `PatchVolumesName` operationId).
+func (c *ClientWithResponses) PatchVolumesNameWithResponse(ctx context.Context, name string, body PatchVolumesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchVolumesNameResult, error) {
+	rsp, err := c.PatchVolumesName(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePatchVolumesNameResult(rsp)
+}
+
+// PostVolumesNameForkWithBodyWithResponse Copy a volume's data into a new volume (sandboxd)
+//
+// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+func (c *ClientWithResponses) PostVolumesNameForkWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostVolumesNameForkResult, error) {
+	rsp, err := c.PostVolumesNameForkWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostVolumesNameForkResult(rsp)
+}
+
+// PostVolumesNameForkWithResponse Copy a volume's data into a new volume (sandboxd)
+//
+// Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/volumes/{name}/fork (the `PostVolumesNameFork` operationId).
+func (c *ClientWithResponses) PostVolumesNameForkWithResponse(ctx context.Context, name string, body PostVolumesNameForkJSONRequestBody, reqEditors ...RequestEditorFn) (*PostVolumesNameForkResult, error) {
+	rsp, err := c.PostVolumesNameFork(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostVolumesNameForkResult(rsp)
 }
 
 // GetWebhooksWithResponse List the account's webhooks (sandboxd)
@@ -16357,6 +17809,463 @@ func ParseGetTemplatesIDLogsResult(rsp *http.Response) (*GetTemplatesIDLogsResul
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetVolumesResult parses an HTTP response from a GetVolumesWithResponse call
+func ParseGetVolumesResult(rsp *http.Response) (*GetVolumesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetVolumesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumesResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostVolumesResult parses an HTTP response from a PostVolumesWithResponse call
+func ParsePostVolumesResult(rsp *http.Response) (*PostVolumesResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostVolumesResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteVolumesNameResult parses an HTTP response from a DeleteVolumesNameWithResponse call
+func ParseDeleteVolumesNameResult(rsp *http.Response) (*DeleteVolumesNameResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteVolumesNameResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetVolumesNameResult parses an HTTP response from a GetVolumesNameWithResponse call
+func ParseGetVolumesNameResult(rsp *http.Response) (*GetVolumesNameResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetVolumesNameResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePatchVolumesNameResult parses an HTTP response from a PatchVolumesNameWithResponse call
+func ParsePatchVolumesNameResult(rsp *http.Response) (*PatchVolumesNameResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PatchVolumesNameResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostVolumesNameForkResult parses an HTTP response from a PostVolumesNameForkWithResponse call
+func ParsePostVolumesNameForkResult(rsp *http.Response) (*PostVolumesNameForkResult, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostVolumesNameForkResult{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest ErrorBody

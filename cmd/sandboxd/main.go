@@ -48,6 +48,7 @@ func newRootCmd() *cobra.Command {
 		annotate(newSandboxCmd(g), "log-format"),
 		annotate(newTemplateCmd()),
 		annotate(newSnapshotCmd()),
+		annotate(newVolumeCmd(g), "log-format"),
 		annotate(newEventsCmd()),
 		annotate(newWebhookCmd()),
 		newBenchCmd(g),

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,6 +25,7 @@ type createOptions struct {
 	template             string
 	snapshot             string
 	onTimeout            string
+	volumes              []string
 	wait, follow         bool
 }
 
@@ -40,13 +43,15 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 			"run. --wait returns once the sandbox runs (an error when it failed, with the reason); --follow also\n" +
 			"follows the run's log to its end and exits with its command's status (the sandbox is named on stderr;\n" +
 			"with --json the sandbox and the run's record are printed at the end). --on-timeout pause or pause-files pauses\n" +
-			"it at its timeout instead of stopping it (see sandbox pause).",
+			"it at its timeout instead of stopping it (see sandbox pause). --volume NAME:/path mounts a volume of the account\n" +
+			"(`sandboxd volume ls`) at /path, read-write (one sandbox at a time) or, with :ro, read-only (any number).",
 		Example: "  sandboxd sandbox create --timeout 30m\n" +
 			"  sandboxd sandbox create --follow -- python3 -c 'print(6*7)'\n" +
 			"  sandboxd sandbox create --network allow=pypi.org,*.pythonhosted.org --json\n" +
 			"  sandboxd sandbox create --template py:3.12 --wait\n" +
 			"  sandboxd sandbox create --snapshot deps-installed --wait\n" +
-			"  sandboxd sandbox create --timeout 1h --on-timeout pause-files",
+			"  sandboxd sandbox create --timeout 1h --on-timeout pause-files\n" +
+			"  sandboxd sandbox create --volume data:/data --volume models:/models:ro --wait",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.follow && len(args) == 0 && o.prompt == "" {
@@ -83,6 +88,8 @@ func createCommand(g *globals, c *apiClient, f *clientFlags) *cobra.Command {
 	fl.StringVar(&o.snapshot, "snapshot", "", "start from this named snapshot of the account, NAME[:TAG] or id (see sandbox snapshot), not with --template")
 	fl.StringVar(&o.onTimeout, "on-timeout", "", "what the timeout does: stop (the default), pause (memory kept) or pause-files (files kept; resumed on any node)")
 	_ = cmd.RegisterFlagCompletionFunc("on-timeout", cobra.FixedCompletions([]string{"stop", "pause", "pause-files"}, cobra.ShellCompDirectiveNoFileComp))
+	fl.StringArrayVar(&o.volumes, "volume", nil, "mount a volume of the account, NAME:/PATH or NAME:/PATH:ro (read-only); repeatable")
+	_ = cmd.RegisterFlagCompletionFunc("volume", c.volumeMounts(f))
 	fl.BoolVar(&o.wait, "wait", false, "return once the sandbox runs; fail, with the reason, when it failed")
 	fl.BoolVar(&o.follow, "follow", false, "wait, then follow the run's log to its end and exit with its command's status")
 	return cmd
@@ -115,7 +122,66 @@ func (o createOptions) body(args []string, account string) (client.CreateSandbox
 		}
 		body.Network = &p
 	}
+	if len(o.volumes) > 0 {
+		mounts := make([]client.VolumeMount, 0, len(o.volumes))
+		for _, s := range o.volumes {
+			m, err := volumeFlag(s)
+			if err != nil {
+				return body, err
+			}
+			mounts = append(mounts, m)
+		}
+		body.Volumes = &mounts
+	}
 	return body, nil
+}
+
+// volumeFlag reads a --volume: NAME:/PATH, or NAME:/PATH:ro for a
+// read-only mount (:rw says read-write). The server checks the name and
+// the path.
+func volumeFlag(s string) (client.VolumeMount, error) {
+	name, path, ok := strings.Cut(s, ":")
+	readOnly := false
+	if rest, mode, found := strings.Cut(path, ":"); found {
+		switch mode {
+		case "ro":
+			readOnly = true
+		case "rw":
+		default:
+			return client.VolumeMount{}, &flagError{flags: []string{"volume"}, err: fmt.Errorf("--volume %q: the mode after the path is ro or rw, not %q", s, mode)}
+		}
+		path = rest
+	}
+	if !ok || name == "" || !strings.HasPrefix(path, "/") {
+		return client.VolumeMount{}, &flagError{flags: []string{"volume"}, err: fmt.Errorf("--volume %q: want NAME:/PATH or NAME:/PATH:ro", s)}
+	}
+	m := client.VolumeMount{Name: name, Path: path}
+	if readOnly {
+		m.ReadOnly = &readOnly
+	}
+	return m, nil
+}
+
+// volumeMounts completes a --volume's NAME: (the path is the user's).
+func (c *apiClient) volumeMounts(f *clientFlags) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if strings.Contains(toComplete, ":") || applyEnv(cmd.Flags(), os.LookupEnv) != nil || c.key == "" {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
+		defer cancel()
+		vs, err := c.listVolumes(ctx, f.account)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		var out []cobra.Completion
+		for _, v := range vs {
+			if strings.HasPrefix(v.Name, toComplete) {
+				out = append(out, cobra.CompletionWithDesc(v.Name+":", fmt.Sprintf("%d MiB, %s", v.SizeMb, attachedTo(v))))
+			}
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveNoSpace
+	}
 }
 
 // create sends the create request, showing the wait when it is long.

@@ -99,6 +99,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 		return nil, nil, err
 	}
 	mcpSrv, err := mcpserver.New(mcpserver.Options{Store: st, Gate: gate, Sandboxes: mgr, Code: mgr, Files: d.dom.files, Templates: d.dom.tpls, Events: d.dom.hooks,
+		Volumes: d.dom.volumes,
 		Version: version, Logger: log.With("component", "mcp")})
 	if err != nil {
 		return nil, nil, err
@@ -135,6 +136,7 @@ func setupFrontEnds(ctx context.Context, o *serveOptions, d frontEndDeps, log *s
 		Degraded:     degradedSummaries(d.rt.degraded),
 		Environments: d.dom.persist,
 		Templates:    d.dom.tpls,
+		Volumes:      d.dom.volumes,
 		Events:       d.dom.hooks,
 		Sandboxes:    mgr,
 		SandboxFiles: mgr,
@@ -187,6 +189,7 @@ func setupE2B(o *serveOptions, d frontEndDeps, gate *edge.Gate, portProxy *netpo
 		Custom:    d.dom.tpls,
 		Files:     d.dom.tpls,
 		Events:    d.dom.hooks,
+		Volumes:   d.dom.volumes,
 		CPUs:      int(math.Ceil(r.cpus)), MemoryMB: int(r.memoryMiB), DiskMB: int(r.diskMiB), MaxTimeout: o.sandboxes.maxTimeout,
 		DefaultUser: e2b.DefaultUserOf(d.rt.baseDir),
 		Logger:      log.With("component", "e2b"),

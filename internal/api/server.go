@@ -63,6 +63,9 @@ type Options struct {
 	// Templates builds and keeps the accounts' templates (/api/templates);
 	// nil answers 501.
 	Templates TemplateService
+	// Volumes keeps the accounts' volumes (/api/volumes); nil answers
+	// 501.
+	Volumes VolumeService
 	// Events lists the accounts' lifecycle events and keeps their
 	// webhooks (/api/events, /api/webhooks); nil answers 501.
 	Events EventService

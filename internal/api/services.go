@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/templates"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 )
 
 // Services return errdefs errors; edge.Explain tells them.
@@ -86,6 +87,21 @@ type TemplateService interface {
 	GetSnapshot(ctx context.Context, accountID, ref string) (store.Template, error)
 	DeleteSnapshot(ctx context.Context, accountID, ref string) (store.Template, error)
 	PromoteSnapshot(ctx context.Context, accountID, ref, name string) (store.Template, error)
+}
+
+// VolumeService keeps the accounts' volumes (internal/volumes): account
+// is the one the request acts for; ref a volume's name or id. Sizes are
+// in bytes.
+type VolumeService interface {
+	Create(ctx context.Context, account, name string, sizeBytes int64) (volumes.Info, error)
+	List(ctx context.Context, account string) ([]volumes.Info, error)
+	Get(ctx context.Context, account, ref string) (volumes.Info, error)
+	// Delete deletes the volume and its data; refused while attached.
+	Delete(ctx context.Context, account, ref string) (volumes.Info, error)
+	// Resize grows the volume; refused while attached.
+	Resize(ctx context.Context, account, ref string, sizeBytes int64) (volumes.Info, error)
+	// Fork makes volume name of account, a copy of ref's data now.
+	Fork(ctx context.Context, account, ref, name string) (volumes.Info, error)
 }
 
 // EnvironmentService owns the account's environment row (internal/persist).

@@ -43,7 +43,8 @@ func checkDecoded(t *testing.T, err error) {
 
 func FuzzCreateSandboxBody(f *testing.F) {
 	for _, seed := range []string{``, `{}`, `{"command":"ls","args":["-la"],"cwd":"/tmp"}`, `{"command":""}`,
-		`{"prompt":"x","command":"y"}`, `{"account_id":"6f1c0e2a-8b7d-4c1e-9a3f-2d5b6c7e8f90"}`, `{"timeout":1.5}`, `[1]`, `{"args":[1]}`} {
+		`{"prompt":"x","command":"y"}`, `{"account_id":"6f1c0e2a-8b7d-4c1e-9a3f-2d5b6c7e8f90"}`, `{"timeout":1.5}`, `[1]`, `{"args":[1]}`,
+		`{"volumes":[{"name":"a","path":"/a","read_only":true}]}`, `{"volumes":[{"name":1}]}`} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

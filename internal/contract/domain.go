@@ -6,6 +6,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/files"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/sandbox"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 )
 
 // The bodies, validated, in the services' terms: each field is parsed and
@@ -13,11 +14,15 @@ import (
 
 // Domain is the body as the sandbox manager's request.
 func (r CreateSandboxRequest) Domain() sandbox.CreateRequest {
-	return sandbox.CreateRequest{
+	req := sandbox.CreateRequest{
 		Lifetime: time.Duration(r.Timeout) * time.Millisecond,
 		Command:  r.Command, Args: r.Args, Cwd: r.Cwd, Prompt: r.Prompt, Network: r.Network,
 		Template: r.Template, Snapshot: r.Snapshot, OnTimeout: r.OnTimeout,
 	}
+	for _, v := range r.Volumes {
+		req.Volumes = append(req.Volumes, volumes.Mount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
+	return req
 }
 
 // Domain is the body as the sandbox manager's request.

@@ -78,6 +78,9 @@ type CreateSandboxRequest struct {
 	Snapshot string `json:"snapshot,omitempty" jsonschema:"minLength=1,maxLength=192,description=Named snapshot to start from: name[:tag] or id of one of the account's snapshots (POST /api/sandboxes/{id}/snapshots); not with template (sandboxd)"`
 	// OnTimeout is what the sandbox's deadline does (sandboxd).
 	OnTimeout string `json:"on_timeout,omitempty" jsonschema:"enum=stop,enum=pause,enum=pause-files,description=What the timeout does: stop (the default); pause (memory and processes kept; resumed by any use); pause-files (files kept in the blob store; processes start afresh at the resume on any node) (sandboxd)"`
+	// Volumes are the account's volumes mounted into the sandbox
+	// (sandboxd; POST /api/volumes).
+	Volumes []VolumeMount `json:"volumes,omitempty" jsonschema:"maxItems=8,description=The account's volumes to mount (POST /api/volumes): 404 for one it does not have; 409 for one another sandbox has read-write (or has at all when this mount is read-write) and on a gVisor server for one a microVM had read-write; 400 for a bad or overlapping path or a volume named twice (sandboxd)"`
 }
 
 // SandboxesResponse answers POST /api/sandboxes.

@@ -88,6 +88,9 @@ func ParseCreateSandbox(a Args) (CreateSandboxRequest, error) {
 	default:
 		return req, FieldError("on_timeout must be stop, pause or pause-files", "on_timeout")
 	}
+	if req.Volumes, err = parseVolumeMounts(o); err != nil {
+		return req, err
+	}
 	req.Command, req.Prompt, req.Timeout, req.Template, req.Snapshot, req.OnTimeout = cmd, prompt, timeout, tpl, snap, onTimeout
 	return req, nil
 }

@@ -90,7 +90,7 @@ export interface paths {
         put?: never;
         /**
          * Create a sandbox
-         * @description Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template.
+         * @description Creates a sandbox from the account's snapshot (or fresh) and, with command or prompt, starts a run-sandbox-command run whose id is returned as runId. With template (sandboxd), from that template instead (never the account's snapshot): 404 when the account has no such template and there is no public one, 409 while it builds or when its build failed, 400 on a backend that cannot run it. With snapshot (sandboxd), from the account's named snapshot (POST /api/sandboxes/{id}/snapshots): 404 when the account has none of that name or id; not with template. With volumes (sandboxd), the account's volumes (POST /api/volumes) are mounted at their paths: 404 for a volume the account does not have; 409 for one another sandbox has read-write, or has at all when this mount is read-write, and on a gVisor server for one a microVM wrote; 400 for a bad or overlapping path or a volume named twice.
          */
         post: operations["postSandboxes"];
         /** Remove the account's environment */
@@ -765,6 +765,78 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/volumes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the account's volumes by name (sandboxd)
+         * @description Each volume with the sandboxes it is attached to now.
+         */
+        get: operations["getVolumes"];
+        put?: never;
+        /**
+         * Create a volume: a persistent disk of the account that sandboxes mount (sandboxd)
+         * @description Records an ext4 volume of size_mb MiB (default 1024; a whole number of MiB and at least 64; at most the server's bound for one volume) named name; its disk is made at its first attach. POST /api/sandboxes mounts it (volumes): its data outlives every sandbox. 400 for a bad name or size; 409 when the account has a volume of that name; 429 over the account's volume count or the sum of their sizes.
+         */
+        post: operations["postVolumes"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/volumes/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get a volume with the sandboxes it is attached to (sandboxd)
+         * @description name is the volume's name or id (vol_...). 404 when the account has none (another account's is 404).
+         */
+        get: operations["getVolumesName"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a volume and its data (sandboxd)
+         * @description Answers the volume as it was. Its data is gone for good. 409 while a sandbox has it attached; 404 when the account has no such volume.
+         */
+        delete: operations["deleteVolumesName"];
+        options?: never;
+        head?: never;
+        /**
+         * Grow a volume (sandboxd)
+         * @description Sets the volume's size to size_mb MiB. A volume only grows (a smaller size is 400; the same size answers it as it is); its file system grows at its next attach. 409 while a sandbox has it attached; 404 when the account has no such volume; 429 past the account's quota.
+         */
+        patch: operations["patchVolumesName"];
+        trace?: never;
+    };
+    "/api/volumes/{name}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Copy a volume's data into a new volume (sandboxd)
+         * @description Makes the account's volume name (the body's), of the same size, with the volume's data as it is now; the two are independent from then on (forked_from names the source). A volume attached read-only may be forked. 409 when the account has a volume of that name, while a sandbox has the volume attached read-write (its data is changing), or when its newest data is on another node of a cluster; 404 when the account has no such volume; 429 past the account's quota.
+         */
+        post: operations["postVolumesNameFork"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/webhooks": {
         parameters: {
             query?: never;
@@ -982,12 +1054,22 @@ export interface components {
             template?: string;
             /** @description Lifetime in milliseconds (sandboxd; default 10 minutes) */
             timeout?: number;
+            /** @description The account's volumes to mount (POST /api/volumes): 404 for one it does not have; 409 for one another sandbox has read-write (or has at all when this mount is read-write) and on a gVisor server for one a microVM had read-write; 400 for a bad or overlapping path or a volume named twice (sandboxd) */
+            volumes?: components["schemas"]["VolumeMount"][];
         };
         CreateSnapshotRequest: {
             /** Format: uuid */
             account_id?: string;
             /** @description name[:tag] of the snapshot (tag latest by default); a snapshot of that name and tag is replaced (the name moves to the new one); absent: the snapshot is named by its id. 409 when a template has that name and tag */
             name?: string;
+        };
+        CreateVolumeRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description 1 to 63 letters or digits or '.' or '_' or '-' starting with a letter or digit (not with vol_); 409 when the account has a volume of that name */
+            name: string;
+            /** @description Size in MiB (default 1024); at most the server's bound for one volume; 429 when the account's volumes would pass its quota */
+            size_mb?: number;
         };
         DeleteSandboxesResponse: {
             deleted_snapshot: components["schemas"]["SnapshotRow"] | null;
@@ -1110,6 +1192,12 @@ export interface components {
             count: number;
             /** @description Lifetime of each new sandbox in milliseconds (default: the server's default lifetime) */
             timeout?: number;
+        };
+        ForkVolumeRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description The new volume's name (as a create's); 409 when the account has a volume of that name */
+            name: string;
         };
         HealthResponse: {
             /** @description What is wrong with this server's setup and what is lost; one line each and absent when nothing is: e.g. a fallback to Debian's 2022 gVisor (sandboxd) */
@@ -1261,6 +1349,12 @@ export interface components {
             account_id?: string;
             /** @description name[:tag] of the new template (tag latest by default); 409 when the account has a template or snapshot of that name and tag */
             name: string;
+        };
+        ResizeVolumeRequest: {
+            /** Format: uuid */
+            account_id?: string;
+            /** @description The new size in MiB: no less than the volume's (a volume only grows); its file system grows at its next attach. 409 while it is attached */
+            size_mb: number;
         };
         Run: {
             /** Format: date-time */
@@ -1510,6 +1604,46 @@ export interface components {
             /** @enum {string} */
             status: "success";
             uploaded: components["schemas"]["Committed"][];
+        };
+        Volume: {
+            /** @description The sandboxes it is mounted in now: one read-write or any number read-only */
+            attachments: components["schemas"]["VolumeAttachment"][];
+            /** Format: date-time */
+            created_at: string;
+            /** @description The id of the volume it was forked from; empty when it was not */
+            forked_from: string;
+            /** @description The volume's id (vol_...) */
+            id: string;
+            /** @description A microVM has had it read-write: a gVisor sandbox may no longer mount it (409) */
+            microvm_written: boolean;
+            name: string;
+            /** @description Its size in MiB (a resize applies at its next attach) */
+            size_mb: number;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        VolumeAttachment: {
+            path: string;
+            read_only: boolean;
+            sandbox_id: string;
+        };
+        VolumeMount: {
+            /** @description The volume's name or id (vol_...); 404 when the account has none */
+            name: string;
+            /** @description Where in the sandbox: an absolute clean path whose names hold letters or digits or ._@+=- or a comma; not / nor /proc or /sys or /dev or /run or /workspace or below them (400) */
+            path: string;
+            /** @description Mount it read-only: any number of sandboxes may; a read-write mount is the volume's only one */
+            read_only?: boolean;
+        };
+        VolumeResponse: {
+            /** @enum {string} */
+            status: "success";
+            volume: components["schemas"]["Volume"];
+        };
+        VolumesResponse: {
+            /** @enum {string} */
+            status: "success";
+            volumes: components["schemas"]["Volume"][];
         };
         Webhook: {
             /** Format: date-time */
@@ -5459,6 +5593,539 @@ export interface operations {
             };
             /** @description Not found, or not the caller's */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getVolumes: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumesResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postVolumes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CreateVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The account has a volume of that name */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getVolumesName: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    deleteVolumesName: {
+        parameters: {
+            query?: {
+                account_id?: string;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The volume is attached to a sandbox */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    patchVolumesName: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ResizeVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The volume is attached to a sandbox */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Over a quota */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Internal error (no details) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    postVolumesNameFork: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ForkVolumeRequest"];
+            };
+        };
+        responses: {
+            /** @description Success */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeResponse"];
+                };
+            };
+            /** @description Invalid request: the first failing field and the reason */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Missing, duplicated, unknown, expired or revoked API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The key may not act for account_id */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The request body stalled or trickled past its deadline */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The account has a volume of that name, or the volume is attached read-write */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
