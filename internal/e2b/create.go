@@ -39,6 +39,8 @@ type newSandboxRequest struct {
 	} `json:"autoResume"`
 	AllowInternetAccess *bool          `json:"allow_internet_access"`
 	Network             *networkConfig `json:"network"`
+	// VolumeMounts is E2B's SandboxVolumeMount[] (parseVolumeMounts).
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
 }
 
 // networkConfig is the part of E2B's SandboxNetworkConfig sandboxd's
@@ -109,7 +111,11 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, c edge.Caller) erro
 	if len(req.Metadata) > 64 {
 		return edge.Errorf(http.StatusBadRequest, "metadata: at most 64 entries")
 	}
-	creq := sandbox.CreateRequest{Template: custom}
+	mounts, err := parseVolumeMounts(req.VolumeMounts)
+	if err != nil {
+		return err
+	}
+	creq := sandbox.CreateRequest{Template: custom, Volumes: mounts}
 	keepMemory := req.AutoPauseMemory == nil || *req.AutoPauseMemory
 	if req.AutoPause != nil && *req.AutoPause {
 		creq.OnTimeout = store.OnTimeoutPause
@@ -250,7 +256,6 @@ func refuseUnsupported(raw []byte) error {
 	}
 	var refused []string
 	for _, o := range []struct{ name, why string }{
-		{"volumeMounts", "volumes are not supported"},
 		{"mcp", "E2B's MCP gateway in the sandbox is not served"},
 		{"iam", "E2B's IAM token transforms are not served"},
 	} {

@@ -6,7 +6,7 @@
 // Two planes, both on sandboxd's listener, in two packages:
 //   - the control plane, this package (create, list, get, kill, timeout,
 //     pause, resume, connect, fork, network, metrics, templates and their
-//     builds (the Template API, templatebuild.go); v1 and v2
+//     builds (the Template API, templatebuild.go), volumes; v1 and v2
 //     paths; one file per group of routes), authenticated with sandboxd's
 //     API keys (edge.Gate) and acting through the sandbox manager, so
 //     every sandbox keeps sandboxd's quotas, persistence, network policy
@@ -78,6 +78,10 @@ type Store interface {
 	ListSandboxesByID(ctx context.Context, ids []string) ([]store.Sandbox, error)
 	CreateE2BSandbox(ctx context.Context, e store.E2BSandbox) error
 	ListLiveE2BSandboxes(ctx context.Context, accountID string, page store.E2BPage) ([]store.E2BSandbox, error)
+	// SandboxVolumes and GetVolume say what a sandbox mounts (getInfo's
+	// volumeMounts).
+	SandboxVolumes(ctx context.Context, id string) ([]store.VolumeAttachment, error)
+	GetVolume(ctx context.Context, id string) (store.Volume, error)
 }
 
 // Options configure the API.
@@ -104,6 +108,10 @@ type Options struct {
 	// Events lists lifecycle events and keeps webhooks (events.go); nil:
 	// the /events routes answer 404.
 	Events Events
+	// Volumes are the accounts' volumes (volumes.go: E2B's /volumes and
+	// create's volumeMounts); nil: none, GET /volumes is empty and the
+	// other volume routes answer 404.
+	Volumes Volumes
 	// CPUs and MemoryMB are what a sandbox is given, as reported.
 	CPUs     int
 	MemoryMB int
@@ -168,16 +176,19 @@ func DefaultUserOf(rootfs string) string { return envd.DefaultUserOf(rootfs) }
 func (a *API) Routes() map[string]http.Handler {
 	cp := ownPattern(a.controlPlane())
 	routes := map[string]http.Handler{
-		"/sandboxes":      cp,
-		"/sandboxes/*":    cp,
-		"/v2/sandboxes":   cp,
-		"/v2/sandboxes/*": cp,
-		"/templates":      cp,
-		"/templates/*":    cp,
-		"/v3/templates":   cp,
-		"/v2/templates/*": cp,
-		"/snapshots":      cp,
-		"/events/*":       cp,
+		"/sandboxes":       cp,
+		"/sandboxes/*":     cp,
+		"/v2/sandboxes":    cp,
+		"/v2/sandboxes/*":  cp,
+		"/templates":       cp,
+		"/templates/*":     cp,
+		"/v3/templates":    cp,
+		"/v2/templates/*":  cp,
+		"/snapshots":       cp,
+		"/events/*":        cp,
+		"/volumes":         cp,
+		"/volumes/*":       cp,
+		"/volumecontent/*": cp,
 	}
 	maps.Copy(routes, a.envd.Routes())
 	return routes

@@ -28,6 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/sandbox"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 )
 
 // fakeSandboxes stands in for the sandbox manager: rows in the real
@@ -42,6 +43,9 @@ type fakeSandboxes struct {
 	netErr error
 	// usage is what UsageHistory keeps of every sandbox.
 	usage []sandbox.UsageSample
+	// vols, when set, resolves a create's volumes and releases them at
+	// the stop, as the manager and the volumes hook do (no disk is made).
+	vols *volumes.Service
 }
 
 func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbox.CreateRequest) (store.Sandbox, string, error) {
@@ -63,8 +67,24 @@ func (f *fakeSandboxes) Create(ctx context.Context, accountID string, req sandbo
 	}
 	now := time.Now()
 	sb := store.Sandbox{ID: store.NewID("sbx_"), AccountID: accountID, NodeID: f.node, Status: store.SandboxRunning, Runtime: "fake", CreatedAt: now, Deadline: now.Add(5 * time.Minute), OnTimeout: req.OnTimeout}
-	err := f.st.CreateSandbox(ctx, &sb)
-	return sb, "", err
+	if len(req.Volumes) > 0 {
+		if f.vols == nil {
+			return store.Sandbox{}, "", errdefs.New(errdefs.ErrInvalid, "volumes are not enabled on this server")
+		}
+		atts, err := f.vols.Resolve(ctx, accountID, req.Volumes)
+		if err != nil {
+			return store.Sandbox{}, "", err
+		}
+		sb.Volumes = atts
+	}
+	if err := f.st.CreateSandbox(ctx, &sb); err != nil {
+		var busy *store.VolumeBusyError
+		if errors.As(err, &busy) {
+			return store.Sandbox{}, "", errdefs.New(errdefs.ErrConflict, busy.Error())
+		}
+		return store.Sandbox{}, "", err
+	}
+	return sb, "", nil
 }
 
 func (f *fakeSandboxes) Live(_ context.Context, sbs []store.Sandbox) []store.Sandbox { return sbs }
@@ -76,6 +96,9 @@ func (f *fakeSandboxes) Stop(ctx context.Context, _ auth.Principal, id string) (
 	}
 	_, err = f.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxRunning}, store.SandboxStopped, "", time.Now())
 	sb.Status = store.SandboxStopped
+	if err == nil && f.vols != nil {
+		err = f.vols.Stop(ctx, sb.ID)
+	}
 	return sb, err
 }
 
@@ -274,7 +297,6 @@ func TestControlPlaneAuthAndErrors(t *testing.T) {
 		body map[string]any
 		want string
 	}{
-		{map[string]any{"volumeMounts": []any{map[string]any{"name": "data", "path": "/data"}}}, "volumeMounts"},
 		{map[string]any{"mcp": map[string]any{"github": map[string]any{}}}, "mcp"},
 		{map[string]any{"iam": map[string]any{"tokens": map[string]any{"t": "x"}}}, "iam"},
 		{map[string]any{"network": map[string]any{"rules": map[string]any{"a.com": []any{}}}}, "network.rules"},

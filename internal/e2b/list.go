@@ -52,6 +52,8 @@ type sandboxDetail struct {
 	// say it (getInfo's network).
 	AllowInternetAccess *bool          `json:"allowInternetAccess,omitempty"`
 	Network             *networkDetail `json:"network,omitempty"`
+	// VolumeMounts are the volumes it mounts (E2B's SandboxVolumeMount).
+	VolumeMounts []volumeMount `json:"volumeMounts"`
 }
 
 // networkDetail is E2B's SandboxNetworkConfig as sandboxd answers it: the
@@ -128,6 +130,9 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, c edge.Caller) error {
 	}
 	d := sandboxDetail{listedSandbox: a.listed(sb, e), Lifecycle: lifecycleOf(sb, e)}
 	d.AllowInternetAccess, d.Network = networkOf(sb, e)
+	if d.VolumeMounts, err = a.sandboxVolumeMounts(r.Context(), sb.ID); err != nil {
+		return err
+	}
 	if c.Scope() == auth.ScopeFull {
 		// A sandbox's key reads, never acts: the token would let it run
 		// commands as root in this sandbox, whatever its own scope says.

@@ -66,6 +66,12 @@ func (a *API) controlPlane() http.Handler {
 	r.Put("/templates/{templateID}/files/{hash}", a.uploadFiles)
 	r.Post("/templates/tags", a.route(a.assignTags, true))
 	r.Delete("/templates/tags", a.route(a.removeTags, true))
+	// Volumes (volumes.go); their content API is not served, and says so.
+	r.Post("/volumes", a.route(a.createVolume, true))
+	r.Get("/volumes", a.route(a.listVolumes, false))
+	r.Get("/volumes/{volumeID}", a.route(a.getVolume, false))
+	r.Delete("/volumes/{volumeID}", a.route(a.deleteVolume, true))
+	r.HandleFunc("/volumecontent/*", a.volumeContent)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, edge.Errorf(http.StatusNotFound, "%s %s is not part of the E2B API sandboxd serves (see docs/E2B.md)", r.Method, r.URL.Path))
 	})

@@ -122,11 +122,9 @@ describe(title('errors'), () => {
     assert.ok([400, 404].includes(status), `status ${status}: ${err.message}`)
   })
 
-  // e2b 2.51's create sends volumeMounts (read in its dist); older versions
-  // may drop it client-side. (autoResume is done: autoresume.test.js.)
+  // (autoResume is done: autoresume.test.js; volumeMounts: volumes.test.js.)
   it('options sandboxd does not implement are refused, named, not ignored', { ...slow, skip: which !== 'new' && `e2b@${sdkVersion} is checked with SDK=new only` }, async () => {
     for (const [opts, name] of [
-      [{ volumeMounts: { '/data': 'data' } }, 'volumeMounts'],
       [{ network: { maskRequestHost: 'app.example.com:${PORT}' } }, 'network.maskRequestHost'],
     ]) {
       const err = await Sandbox.create({ ...opts, metadata: tag, timeoutMs: 30_000 }).then(
