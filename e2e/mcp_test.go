@@ -158,8 +158,9 @@ func TestMCP(t *testing.T) {
 			names = append(names, tool.Name)
 		}
 		slices.Sort(names)
-		want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates",
-			"pause_sandbox", "prompt_sandbox", "read_file", "resume_sandbox", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
+		want := []string{"build_template", "create_volume", "delete_snapshot", "delete_template", "delete_volume", "fork_volume", "get_run", "get_template",
+			"list_events", "list_files", "list_snapshots", "list_templates", "list_volumes", "pause_sandbox", "prompt_sandbox", "read_file", "resize_volume",
+			"resume_sandbox", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
 		if !slices.Equal(names, want) {
 			t.Fatalf("tools %v, want %v", names, want)
 		}

@@ -132,3 +132,37 @@ func TestPageHasWhatTheAppUses(t *testing.T) {
 		}
 	}
 }
+
+// TestNavLinksHaveViews: every link of the navigation (Volumes among
+// them) opens a view the page has and the app's router loads.
+func TestNavLinksHaveViews(t *testing.T) {
+	html, err := fs.ReadFile(static, "static/index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := fs.ReadFile(static, "static/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := regexp.MustCompile(`<a href="#([a-z]+)" data-view="([a-z]+)">`).FindAllStringSubmatch(string(html), -1)
+	if len(links) < 7 {
+		t.Fatalf("found %d navigation links: is the nav still <a href=\"#view\" data-view=\"view\">?", len(links))
+	}
+	var names []string
+	for _, m := range links {
+		name := m[2]
+		names = append(names, name)
+		if m[1] != name {
+			t.Errorf("the link to #%s says data-view %q", m[1], name)
+		}
+		if !strings.Contains(string(html), `<section id="view-`+name+`" class="view"`) {
+			t.Errorf("no section view-%s for its link", name)
+		}
+		if !regexp.MustCompile(`\n    ` + name + `: \{ load: `).Match(js) {
+			t.Errorf("the app's views have no %s", name)
+		}
+	}
+	if !strings.Contains(strings.Join(names, ","), "templates,volumes") {
+		t.Errorf("navigation %v: no Volumes after Templates", names)
+	}
+}

@@ -2,18 +2,19 @@
 // Model Context Protocol: the Streamable HTTP transport at /mcp, with tools
 // that run prompts and commands in sandboxes, read and write the account's
 // repository, follow runs and stop sandboxes, build and manage the
-// account's templates, and the repository's files as resources.
+// account's templates and volumes, and the repository's files as
+// resources.
 //
 // It is a peer of the REST API over the same services (SandboxService,
-// FileService, TemplateService, the store's runs): every tool calls them
-// directly, speaks
-// the REST contract (internal/contract: its arguments are checked with the
-// routes' own rules and messages, its answers are the routes' views), and
-// asks the edge (internal/edge) who calls, whether the caller may see a
-// sandbox, and what a failure is told. A sandbox's own key keeps its
-// scope: it may use the reading tools only. In a cluster, what needs the
-// node that hosts a sandbox is sent there as the API request it stands
-// for (see cluster.go), so every node serves every tool.
+// FileService, TemplateService, VolumeService, the store's runs): every
+// tool calls them directly, speaks the REST contract (internal/contract:
+// its arguments are checked with the routes' own rules and messages, its
+// answers are the routes' views), and asks the edge (internal/edge) who
+// calls, whether the caller may see a sandbox, and what a failure is
+// told. A sandbox's own key keeps its scope: it may use the reading tools
+// only. In a cluster, what needs the node that hosts a sandbox is sent
+// there as the API request it stands for (see cluster.go), so every node
+// serves every tool.
 //
 // The transport is stateless: every HTTP request is authenticated on its
 // own and carries its principal in its context, so a session can never be
@@ -63,7 +64,10 @@ type Options struct {
 	// template tools are offered.
 	Templates TemplateService
 	// Events lists lifecycle events (list_events); nil: no such tool.
-	Events  EventService
+	Events EventService
+	// Volumes keeps the accounts' volumes (create_volume and the other
+	// volume tools); nil: no volume tools are offered.
+	Volumes VolumeService
 	Logger  *slog.Logger
 	Version string
 	// PollInterval is how often a waiting tool looks at its run and sends
@@ -134,7 +138,7 @@ func New(opts Options) (*Handler, error) {
 }
 
 const instructions = `sandboxd runs commands and prompts in ephemeral, isolated Linux sandboxes. Each account has a git repository that every sandbox starts from (/workspace) and that each run's changes are committed to.
-Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. A template (build_template from an OCI image or a Dockerfile, then list_templates, get_template, delete_template) is an environment of the account's own that run_command's template starts a sandbox from. list_events lists the sandboxes' lifecycle events. snapshot_sandbox saves a running sandbox's files as a named snapshot that run_command's snapshot starts new sandboxes from (list_snapshots, delete_snapshot). Tools act for the key's own account unless account_id names another the key may act for.`
+Use prompt_sandbox to have OpenCode do a task in a sandbox, run_command to run a program (in a new sandbox, or in a running one with sandbox_id), list_files/read_file to look at the repository, write_file/upload_files to add files to it, get_run to follow a run and stop_sandbox to end a sandbox early. A template (build_template from an OCI image or a Dockerfile, then list_templates, get_template, delete_template) is an environment of the account's own that run_command's template starts a sandbox from. list_events lists the sandboxes' lifecycle events. snapshot_sandbox saves a running sandbox's files as a named snapshot that run_command's snapshot starts new sandboxes from (list_snapshots, delete_snapshot). create_volume makes a named persistent volume (list_volumes, resize_volume, fork_volume, delete_volume) that run_command's or prompt_sandbox's volumes mount into a new sandbox, where its files outlive the sandbox. Tools act for the key's own account unless account_id names another the key may act for.`
 
 // ServeHTTP authenticates the request as the API does (edge.Gate: an API
 // key as Authorization: Bearer or x-api-key, or on the cluster listener

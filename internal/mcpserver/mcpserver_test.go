@@ -26,6 +26,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 	"github.com/sandboxd/sandboxd/internal/templates"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 	"github.com/sandboxd/sandboxd/internal/webhooks"
 )
 
@@ -44,6 +45,7 @@ type fixture struct {
 	alice store.Account
 	bob   store.Account
 	keys  map[string]string // alice, bob, alice-sandbox
+	vols  *volumes.Service
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -108,7 +110,15 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Templates: tpls, Events: events, Version: "test", PollInterval: 20 * time.Millisecond})
+	// The real volumes service: its volumes are rows until a sandbox
+	// attaches one, which none here does.
+	vols, err := volumes.New(volumes.Config{Store: st, NodeID: "here", Dir: filepath.Join(t.TempDir(), "volumes"), Runtime: "gvisor",
+		Limits: volumes.Limits{Count: 5, MaxBytes: 4 * volumes.GiB}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.vols = vols
+	h, err := New(Options{Store: st, Gate: gate, Sandboxes: noSandboxes{}, Files: fileSvc, Templates: tpls, Events: events, Volumes: vols, Version: "test", PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +208,7 @@ func TestToolsAndFiles(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	want := []string{"build_template", "delete_snapshot", "delete_template", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates", "pause_sandbox", "prompt_sandbox", "read_file", "resume_sandbox", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
+	want := []string{"build_template", "create_volume", "delete_snapshot", "delete_template", "delete_volume", "fork_volume", "get_run", "get_template", "list_events", "list_files", "list_snapshots", "list_templates", "list_volumes", "pause_sandbox", "prompt_sandbox", "read_file", "resize_volume", "resume_sandbox", "run_code", "run_command", "snapshot_sandbox", "stop_sandbox", "upload_files", "write_file"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("tools %v", names)
 	}
@@ -350,8 +360,9 @@ func TestOtherAccounts(t *testing.T) {
 	if text, isErr := callTool(t, sbKey, "read_file", map[string]any{"path": "secret.md"}); isErr || text != "alice only\n" {
 		t.Fatalf("sandbox key read: %s", text)
 	}
-	for _, tool := range []string{"write_file", "upload_files", "run_command", "prompt_sandbox", "stop_sandbox", "pause_sandbox", "resume_sandbox", "build_template", "delete_template"} {
-		text, isErr := callTool(t, sbKey, tool, map[string]any{"path": "x", "content": "x", "command": "ls", "prompt": "x", "sandbox_id": aliceSandbox, "name": "x", "image": "registry.example/x", "template": "x"})
+	for _, tool := range []string{"write_file", "upload_files", "run_command", "prompt_sandbox", "stop_sandbox", "pause_sandbox", "resume_sandbox", "build_template", "delete_template",
+		"create_volume", "delete_volume", "resize_volume", "fork_volume"} {
+		text, isErr := callTool(t, sbKey, tool, map[string]any{"path": "x", "content": "x", "command": "ls", "prompt": "x", "sandbox_id": aliceSandbox, "name": "x", "image": "registry.example/x", "template": "x", "size_mb": 128, "new_name": "y"})
 		if !isErr || !strings.Contains(text, "This key belongs to a sandbox") || !strings.Contains(text, "the "+tool+" tool needs an account key") {
 			t.Errorf("sandbox key %s: %v %q", tool, isErr, text)
 		}

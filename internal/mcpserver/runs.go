@@ -27,11 +27,12 @@ import (
 // pointer's schema "null" only (see networkSchema).
 
 type promptArgs struct {
-	Prompt    string        `json:"prompt" jsonschema:"The task for OpenCode, as one would type it; it runs in /workspace, a checkout of the account's repository"`
-	Timeout   int64         `json:"timeout,omitempty" jsonschema:"Lifetime of the sandbox in milliseconds (default: the server's, 10 minutes)"`
-	Network   netpol.Policy `json:"network,omitempty"`
-	Wait      *bool         `json:"wait,omitempty" jsonschema:"Wait for the run to finish, with progress notifications (default true); false answers at once with the run's id for get_run"`
-	AccountID string        `json:"account_id,omitempty" jsonschema:"Act for this account (an organization key for a member, say); default: the key's own"`
+	Prompt    string           `json:"prompt" jsonschema:"The task for OpenCode, as one would type it; it runs in /workspace, a checkout of the account's repository"`
+	Timeout   int64            `json:"timeout,omitempty" jsonschema:"Lifetime of the sandbox in milliseconds (default: the server's, 10 minutes)"`
+	Network   netpol.Policy    `json:"network,omitempty"`
+	Wait      *bool            `json:"wait,omitempty" jsonschema:"Wait for the run to finish, with progress notifications (default true); false answers at once with the run's id for get_run"`
+	Volumes   []volumeMountArg `json:"volumes,omitempty" jsonschema:"The account's volumes to mount in the sandbox (create_volume): their files outlive it"`
+	AccountID string           `json:"account_id,omitempty" jsonschema:"Act for this account (an organization key for a member, say); default: the key's own"`
 }
 
 type commandArgs struct {
@@ -46,6 +47,7 @@ type commandArgs struct {
 	Template  string            `json:"template,omitempty" jsonschema:"For a new sandbox: start it from this template (name[:tag], the account's or a public one, ready) instead of the server's image"`
 	Snapshot  string            `json:"snapshot,omitempty" jsonschema:"For a new sandbox: start it from this named snapshot of the account (name[:tag] or id: snapshot_sandbox) instead (not with template)"`
 	Wait      *bool             `json:"wait,omitempty" jsonschema:"For a new sandbox: wait for the run to finish (default true)"`
+	Volumes   []volumeMountArg  `json:"volumes,omitempty" jsonschema:"For a new sandbox: the account's volumes to mount in it (create_volume); their files outlive it"`
 	AccountID string            `json:"account_id,omitempty" jsonschema:"Act for this account; default: the key's own"`
 }
 
@@ -133,7 +135,7 @@ func (h *Handler) promptSandbox(ctx context.Context, c *call) (*mcp.CallToolResu
 
 func (h *Handler) runCommand(ctx context.Context, c *call) (*mcp.CallToolResult, error) {
 	if c.args.Has("sandbox_id") {
-		for _, name := range []string{"template", "snapshot"} {
+		for _, name := range []string{"template", "snapshot", "volumes"} {
 			if c.args.Has(name) {
 				return nil, contract.FieldError(name+" is for a new sandbox, not with sandbox_id", name)
 			}

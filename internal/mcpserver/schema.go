@@ -7,7 +7,9 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 
+	"github.com/sandboxd/sandboxd/internal/contract"
 	"github.com/sandboxd/sandboxd/internal/netpol"
+	"github.com/sandboxd/sandboxd/internal/volumes"
 )
 
 // The input schemas are what clients validate arguments against before
@@ -72,6 +74,7 @@ var argRules = map[string]func(*jsonschema.Schema){
 	"template":   minLength(1),
 	"snapshot":   minLength(1),
 	"name":       minLength(1),
+	"new_name":   minLength(1),
 	// Milliseconds: a positive number of them.
 	"timeout": func(s *jsonschema.Schema) { s.Minimum = jsonschema.Ptr(1.0) },
 	"limit": func(s *jsonschema.Schema) {
@@ -91,6 +94,19 @@ var argRules = map[string]func(*jsonschema.Schema){
 		item.Properties["type"].Enum = templateStepKinds
 		args := item.Properties["args"]
 		args.Type, args.Types = "array", nil
+	},
+	// A volume's size in MiB: at least the smallest volume (the largest
+	// is the server's to say).
+	"size_mb": func(s *jsonschema.Schema) { s.Minimum = jsonschema.Ptr(float64(volumes.MinSize / volumes.MiB)) },
+	// A new sandbox's volumes, as POST /api/sandboxes takes them: a few,
+	// each naming one and saying where it goes, an absolute path other
+	// than /.
+	"volumes": func(s *jsonschema.Schema) {
+		s.MaxItems = jsonschema.Ptr(contract.MaxCreateVolumes)
+		item := s.Items
+		item.Properties["name"].MinLength = jsonschema.Ptr(1)
+		path := item.Properties["path"]
+		path.MinLength, path.Pattern = jsonschema.Ptr(2), "^/"
 	},
 	// As POST /api/sandboxes/files: 1 to 100 files, never null.
 	"files": func(s *jsonschema.Schema) {

@@ -47,6 +47,9 @@ func (h *Handler) addTools(srv *mcp.Server) {
 	if h.opts.Events != nil {
 		all = append(all, h.eventTools()...)
 	}
+	if h.opts.Volumes != nil {
+		all = append(all, h.volumeTools()...)
+	}
 	for _, t := range all {
 		destructive := t.changes
 		srv.AddTool(&mcp.Tool{

@@ -49,6 +49,9 @@
     templateTimer: null, // the detail's next look while it builds
     templateChoices: '', // the ready templates the create form offers, as last listed
     createTemplate: '', // the template to choose in the create form when it shows
+    volumeChoices: '', // the volumes the create form offers, as last listed
+    createVolume: '', // the volume to choose in the create form when it shows
+    volumeDelete: null, // the name of the volume whose delete waits for a yes
   };
 
   // ---- small DOM helpers -------------------------------------------------
@@ -310,10 +313,17 @@
     disconnectTerminal();
     clearPreview();
     for (const id of ['sandboxes-body', 'runs-body', 'tree', 'preview-body', 'snapshots-body', 'run-log',
-      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'snapshot-result', 'events-body', 'templates-body', 'tpl-fields', 'tpl-log']) $(id).replaceChildren();
+      'sb-fields', 'exec-output', 'procs-body', 'fork-result', 'snapshot-result', 'events-body', 'templates-body', 'tpl-fields', 'tpl-log',
+      'volumes-body']) $(id).replaceChildren();
     state.template = null;
     state.templateChoices = '';
     state.createTemplate = '';
+    state.volumeChoices = '';
+    state.createVolume = '';
+    state.volumeDelete = null;
+    $('vol-confirm').hidden = true;
+    $('new-volume').replaceChildren(el('option', { value: '', text: 'none' }));
+    $('new-volume-row').hidden = true;
     state.sandboxes = [];
     state.sandbox = null;
     state.runs = [];
@@ -339,6 +349,7 @@
     templates: { load: loadTemplates, refresh: true },
     // The detail looks again by itself, faster while it builds.
     template: { load: (arg) => loadTemplate(arg), nav: 'templates' },
+    volumes: { load: (arg, refreshing) => loadVolumes(arg, refreshing), refresh: true },
     terminal: { load: (arg) => loadTerminal(arg) },
   };
 
@@ -427,7 +438,7 @@
     }
     state.sandboxes = list;
     renderSandboxes();
-    await loadTemplateChoices();
+    await Promise.all([loadTemplateChoices(), loadVolumeChoices()]);
   }
 
   function renderSandboxes() {
@@ -499,6 +510,11 @@
     if (kind === 'prompt' && text) body.prompt = text;
     if ($('new-network').value !== 'none') body.network = policyOf('new-network', 'new-allow');
     if ($('new-template').value) body.template = $('new-template').value;
+    if ($('new-volume').value) {
+      const mount = { name: $('new-volume').value, path: $('new-volume-path').value.trim() || '/data' };
+      if ($('new-volume-ro').checked) mount.read_only = true;
+      body.volumes = [mount];
+    }
     await busy('create', async () => {
       let data;
       try {
@@ -509,6 +525,10 @@
       }
       const sb = (data.sandboxes || [])[0];
       $('new-command').value = '';
+      // A volume read-write is one sandbox's at a time: the next create
+      // chooses again.
+      $('new-volume').value = '';
+      volumeChoiceChanged();
       if (sb && sb.runId) location.hash = '#runs/' + encodeURIComponent(sb.runId);
       else if (sb) location.hash = '#sandbox/' + encodeURIComponent(sb.sandboxId);
       else await loadSandboxes();
@@ -1678,6 +1698,157 @@
     }
   }
 
+  // ---- volumes: the account's disks that outlive its sandboxes --------------
+
+  const volPath = (name) => `/api/volumes/${encodeURIComponent(name)}`;
+
+  // fmtMiB says a size in MiB: whole GiB as GiB.
+  function fmtMiB(n) {
+    if (typeof n !== 'number') return '—';
+    return n >= 1024 && n % 1024 === 0 ? `${n / 1024} GiB` : `${n} MiB`;
+  }
+
+  // attachmentsOf lists the sandboxes a volume is mounted in, each a link.
+  function attachmentsOf(v) {
+    const list = Array.isArray(v.attachments) ? v.attachments : [];
+    if (!list.length) return '—';
+    return el('ul', { class: 'inline-list' }, ...list.map((a) => el('li', { dataset: { sandbox: a.sandbox_id } },
+      link('#sandbox/' + encodeURIComponent(a.sandbox_id), a.sandbox_id, 'mono'),
+      ` at ${a.path}${a.read_only ? ' (read-only)' : ''}`)));
+  }
+
+  async function loadVolumes(arg, refreshing) {
+    if (!refreshing) {
+      say('vol-error', '');
+      state.volumeDelete = null;
+      $('vol-confirm').hidden = true;
+    }
+    const data = await api('GET', '/api/volumes');
+    if (state.view !== 'volumes') return;
+    const list = data.volumes || [];
+    const names = new Map(list.map((v) => [v.id, v.name]));
+    const rows = list.map((v) => {
+      const attached = Array.isArray(v.attachments) && v.attachments.length > 0;
+      const name = el('td', { class: 'mono', title: v.id }, v.name);
+      if (v.forked_from) name.append(el('span', { class: 'note', text: ` (a fork of ${names.get(v.forked_from) || v.forked_from})` }));
+      if (v.microvm_written) {
+        name.append(' ', el('span', { class: 'badge', text: 'microVM', title: 'A microVM has written it: only microVM sandboxes may mount it' }));
+      }
+      const mount = el('button', { type: 'button', text: 'New sandbox', title: 'The new sandbox form, with this volume chosen', dataset: { action: 'mount' }, onclick: () => newSandboxWith(v) });
+      const del = el('button', { type: 'button', class: 'danger', text: 'Delete', dataset: { action: 'delete' }, onclick: () => askDeleteVolume(v) });
+      return el('tr', { dataset: { volume: v.name, id: v.id, attached: attached ? 'yes' : 'no' } },
+        name,
+        el('td', { class: 'nowrap', text: fmtMiB(v.size_mb) }),
+        el('td', null, attachmentsOf(v)),
+        el('td', { class: 'opt', text: fmtTime(v.created_at) }),
+        el('td', { class: 'actions' }, mount, ' ', del));
+    });
+    $('volumes-body').replaceChildren(...rows);
+    $('volumes-empty').hidden = rows.length > 0;
+  }
+
+  async function createVolume(ev) {
+    ev.preventDefault();
+    say('vol-create-error', '');
+    const body = { name: $('vol-name').value.trim() };
+    const size = $('vol-size').value.trim();
+    if (size !== '') {
+      const mb = Number(size);
+      if (!Number.isInteger(mb) || mb <= 0) {
+        say('vol-create-error', 'The size must be a whole number of MiB.');
+        return;
+      }
+      body.size_mb = mb;
+    }
+    await busy('vol-create', async () => {
+      try {
+        await api('POST', '/api/volumes', body);
+      } catch (e) {
+        say('vol-create-error', e.message);
+        return;
+      }
+      $('vol-name').value = '';
+      $('vol-size').value = '';
+      await loadVolumes('', true);
+    });
+  }
+
+  function askDeleteVolume(v) {
+    say('vol-error', '');
+    delete $('vol-error').dataset.status;
+    state.volumeDelete = v.name;
+    const attached = Array.isArray(v.attachments) && v.attachments.length > 0;
+    $('vol-confirm-text').textContent = `Delete ${v.name} and its data? It cannot be undone.` +
+      (attached ? ' A sandbox has it now: the server refuses until it stops.' : '');
+    $('vol-confirm').hidden = false;
+    $('vol-delete-yes').focus();
+  }
+
+  function keepVolume() {
+    state.volumeDelete = null;
+    $('vol-confirm').hidden = true;
+  }
+
+  // deleteVolume deletes the volume the confirmation names; the server's
+  // refusal (409 while a sandbox has it) is shown as it says it.
+  async function deleteVolume() {
+    const name = state.volumeDelete;
+    if (!name) return;
+    await busy('vol-delete-yes', async () => {
+      try {
+        await api('DELETE', volPath(name));
+      } catch (e) {
+        say('vol-error', e.status === 409 ? `${name} was not deleted: ${e.message}` : e.message);
+        $('vol-error').dataset.status = String(e.status || '');
+      }
+      keepVolume();
+      await loadVolumes('', true);
+    });
+  }
+
+  // newSandboxWith opens the create form with the volume chosen.
+  function newSandboxWith(v) {
+    state.createVolume = v.name;
+    location.hash = '#sandboxes';
+  }
+
+  // loadVolumeChoices offers the account's volumes in the create form
+  // (none, or a server without volumes: the choice is hidden). As the
+  // templates, the options are made again only when the list changed.
+  async function loadVolumeChoices() {
+    let names = [];
+    try {
+      names = ((await api('GET', '/api/volumes')).volumes || []).map((v) => v.name);
+    } catch (e) {
+      if (e.status === 401) throw e;
+      names = [];
+    }
+    const sig = JSON.stringify(names);
+    const select = $('new-volume');
+    if (sig !== state.volumeChoices) {
+      state.volumeChoices = sig;
+      const keep = select.value;
+      select.replaceChildren(el('option', { value: '', text: 'none' }), ...names.map((n) => el('option', { value: n, text: n })));
+      select.value = names.includes(keep) ? keep : '';
+    }
+    $('new-volume-row').hidden = names.length === 0;
+    if (state.createVolume && names.includes(state.createVolume)) {
+      select.value = state.createVolume;
+      state.createVolume = '';
+      $('new-volume-path').disabled = false;
+      $('new-volume-path').focus();
+    }
+    volumeChoiceChanged();
+  }
+
+  // volumeChoiceChanged enables the mount's path and mode once a volume is
+  // chosen.
+  function volumeChoiceChanged() {
+    const on = !!$('new-volume').value;
+    $('new-volume-path').disabled = !on;
+    $('new-volume-ro').disabled = !on;
+  }
+
   // ---- terminal ------------------------------------------------------------------
 
   async function loadTerminal(id) {
@@ -1844,6 +2015,10 @@
     $('tpl-delete').addEventListener('click', askDeleteTemplate);
     $('tpl-delete-no').addEventListener('click', keepTemplate);
     $('tpl-delete-yes').addEventListener('click', () => run(deleteTemplate()));
+    $('vol-form').addEventListener('submit', (e) => run(createVolume(e)));
+    $('vol-delete-yes').addEventListener('click', () => run(deleteVolume()));
+    $('vol-delete-no').addEventListener('click', keepVolume);
+    $('new-volume').addEventListener('change', volumeChoiceChanged);
     $('term-form').addEventListener('submit', connectTerminal);
     $('term-disconnect').addEventListener('click', disconnectTerminal);
     $('term').addEventListener('keydown', termKey);
