@@ -123,20 +123,7 @@ func (s *ttiServer) pauses(ctx context.Context, key string, body map[string]any,
 	defer func() {
 		_, _ = s.call(context.WithoutCancel(ctx), key, http.MethodPost, "/api/sandboxes/"+id+"/stop", map[string]any{}, nil)
 	}()
-	exec := func(script string) (string, error) {
-		var out struct {
-			ExitCode int    `json:"exitCode"`
-			Stdout   string `json:"stdout"`
-			Stderr   string `json:"stderr"`
-		}
-		if _, err := s.call(ctx, key, http.MethodPost, "/api/sandboxes/"+id+"/exec", map[string]any{"command": "sh", "args": []string{"-c", script}}, &out); err != nil {
-			return "", err
-		}
-		if out.ExitCode != 0 {
-			return "", fmt.Errorf("%q exited %d: %s", script, out.ExitCode, out.Stderr)
-		}
-		return out.Stdout, nil
-	}
+	exec := func(script string) (string, error) { return s.exec(ctx, key, id, script) }
 	var pauses, resumes []time.Duration
 	for i := range o.N {
 		file := fmt.Sprintf("/opt/bench/data-%d", i)

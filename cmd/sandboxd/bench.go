@@ -67,7 +67,7 @@ builds itself; --rootfs points it at another (e.g. a built base image).`,
 	f.IntVar(&iterations, "iterations", 20, "samples per timing")
 	f.IntVar(&concurrent, "concurrent", 50, "sandboxes started at once")
 	f.IntVar(&layerMiB, "layer-mib", 100, "MiB changed before the snapshot")
-	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g), newBenchWorkloadsCmd(g), newBenchPauseCmd(g), newBenchClusterCmd(g), newBenchExecCmd(g), newBenchCodeCmd(g), newBenchLifetimeCmd(g))
+	cmd.AddCommand(newBenchTTICmd(g), newBenchDensityCmd(g), newBenchWorkloadsCmd(g), newBenchPauseCmd(g), newBenchClusterCmd(g), newBenchExecCmd(g), newBenchCodeCmd(g), newBenchLifetimeCmd(g), newBenchVolumesCmd(g))
 	return cmd
 }
 
