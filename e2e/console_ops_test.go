@@ -554,6 +554,62 @@ func consoleOperations(t *testing.T, s *server, k key, p *consoleProxy, b *conso
 	b.goTo("#snapshots")
 	b.waitFor("the snapshots", `document.getElementById('snapshots-current').textContent !== ''`, 30*time.Second)
 	b.noOverflow("the snapshots")
+
+	consoleVolumes(t, s, k, b, size)
+}
+
+// consoleVolumes: a volume created on the Volumes page, a second of its
+// name refused with the API's message, mounted in a new sandbox from its
+// row, its delete refused while the sandbox holds it (409 shown), deleted
+// once the sandbox stopped.
+func consoleVolumes(t *testing.T, s *server, k key, b *consoleBrowser, size string) {
+	name := "vol-" + size
+	row := fmt.Sprintf(`#volumes-body tr[data-volume=%q]`, name)
+	b.goTo("#volumes")
+	b.fill("a volume's name", "#vol-name", name)
+	b.fill("its size", "#vol-size", "128")
+	b.press("create the volume", "#vol-create")
+	b.waitFor("its row", fmt.Sprintf(`!!document.querySelector('%s')`, row), time.Minute)
+	if r := s.as(k, "GET", "/api/volumes/"+name, nil); r.Status != 200 || r.Body["volume"].(map[string]any)["size_mb"] != 128.0 {
+		t.Fatalf("the volume the console created: %d %s", r.Status, r.Raw)
+	}
+	b.fill("the same name", "#vol-name", name)
+	b.press("create it again", "#vol-create")
+	b.waitFor("the refusal", `!document.getElementById('vol-create-error').hidden && document.getElementById('vol-create-error').textContent.includes('has a volume called')`, time.Minute)
+	b.noOverflow("the volumes")
+	b.shot(size + "-volumes")
+
+	b.press("mount it in a new sandbox", row+` button[data-action="mount"]`)
+	b.waitFor("the create form with it chosen", fmt.Sprintf(`location.hash === '#sandboxes' && document.getElementById('new-volume').value === %q`, name), time.Minute)
+	b.fill("choose nothing to run", "#new-kind", "none")
+	b.fill("its path", "#new-volume-path", "/mnt/data")
+	b.press("create", "#create")
+	b.waitFor("the new sandbox's page", `location.hash.startsWith('#sandbox/') && document.getElementById('view-sandbox').dataset.status === 'running'`, 2*time.Minute)
+	id := strings.TrimPrefix(b.eval(`location.hash`).(string), "#sandbox/")
+	if out := shIn(t, s, k, id, "echo from-console > /mnt/data/x && cat /mnt/data/x"); out != "from-console\n" {
+		t.Errorf("the volume in the sandbox the console created: %q", out)
+	}
+
+	b.goTo("#volumes")
+	b.waitFor("it attached", fmt.Sprintf(`document.querySelector('%s')?.dataset.attached === 'yes' && !!document.querySelector('%s li[data-sandbox=%q]')`, row, row, id), time.Minute)
+	b.press("delete it", row+` button[data-action="delete"]`)
+	b.press("confirm", "#vol-delete-yes")
+	b.waitFor("the 409", `document.getElementById('vol-error').dataset.status === '409'`, time.Minute)
+	if msg := b.text("#vol-error"); !strings.Contains(msg, id) {
+		t.Errorf("the refusal says %q, want the sandbox holding it", msg)
+	}
+	if r := s.as(k, "POST", "/api/sandboxes/"+id+"/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Raw)
+	}
+	b.goTo("#runs")
+	b.goTo("#volumes")
+	b.waitFor("it free", fmt.Sprintf(`document.querySelector('%s')?.dataset.attached === 'no'`, row), time.Minute)
+	b.press("delete it", row+` button[data-action="delete"]`)
+	b.press("confirm", "#vol-delete-yes")
+	b.waitFor("its row gone", fmt.Sprintf(`!document.querySelector('%s')`, row), time.Minute)
+	if r := s.as(k, "GET", "/api/volumes/"+name, nil); r.Status != 404 {
+		t.Errorf("after the console deleted it: %d %s", r.Status, r.Raw)
+	}
 }
 
 // sandboxOfRun is the sandbox a run ran in, as the API's run says (its

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -137,9 +138,74 @@ func volumesOn(t *testing.T, flags []string) {
 	}
 	want(s.as(k, "DELETE", "/api/volumes/data", nil), 200, "delete")
 	want(s.as(k, "GET", "/api/volumes/data", nil), 404, "get after delete")
+	if flags == nil {
+		volumesCLIAndMCP(t, s, k)
+	}
 	other := s.createKey(s.createAccount("stranger", false).ID)
 	want(s.as(other, "GET", "/api/volumes/copy", nil), 404, "another account's volume")
 	want(s.as(other, "POST", "/api/sandboxes", mount("copy", "/c", true)), 404, "another account's volume in a create")
+}
+
+// volumesCLIAndMCP: the CLI's volume commands and sandbox create --volume,
+// and MCP's volume tools with run_command's volumes.
+func volumesCLIAndMCP(t *testing.T, s *server, k key) {
+	cli := func(args ...string) cliResult {
+		t.Helper()
+		return runCLI(t, nil, nil, append(args, "--url", s.base, "--key", k.Key)...)
+	}
+	decode := func(res cliResult, what string) map[string]any {
+		t.Helper()
+		var v map[string]any
+		if res.code != 0 || json.Unmarshal([]byte(res.stdout), &v) != nil {
+			t.Fatalf("%s: exit %d\n%s\n%s", what, res.code, res.stdout, res.stderr)
+		}
+		return v
+	}
+	if v := decode(cli("volume", "create", "clivol", "--size-mb", "64", "--json"), "volume create"); v["name"] != "clivol" || v["size_mb"] != 64.0 {
+		t.Fatalf("volume create: %v", v)
+	}
+	sid, _ := decode(cli("sandbox", "create", "--volume", "clivol:/v", "--json"), "sandbox create --volume")["sandboxId"].(string)
+	if sid == "" {
+		t.Fatal("sandbox create --volume answered no sandbox")
+	}
+	shIn(t, s, k, sid, "echo via-cli > /v/x")
+	if res := cli("volume", "ls"); res.code != 0 || !strings.Contains(res.stdout, "clivol") || !strings.Contains(res.stdout, sid+":/v") {
+		t.Errorf("volume ls: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli("volume", "rm", "clivol"); res.code == 0 || !strings.Contains(res.stderr, "attached") {
+		t.Errorf("volume rm while attached: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	if res := cli("sandbox", "create", "--volume", "clivol"); res.code == 0 {
+		t.Errorf("sandbox create --volume without a path: %d %s", res.code, res.stdout)
+	}
+	if r := s.as(k, "POST", "/api/sandboxes/"+sid+"/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Raw)
+	}
+	if v := decode(cli("volume", "fork", "clivol", "clicopy", "--json"), "volume fork"); v["name"] != "clicopy" {
+		t.Errorf("volume fork: %v", v)
+	}
+	if v := decode(cli("volume", "resize", "clicopy", "--size-mb", "128", "--json"), "volume resize"); v["size_mb"] != 128.0 {
+		t.Errorf("volume resize: %v", v)
+	}
+	if res := cli("volume", "rm", "clivol", "clicopy"); res.code != 0 {
+		t.Errorf("volume rm: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+
+	mc := s.mcpConnect(k)
+	if a := mc.call(t, "create_volume", map[string]any{"name": "mcpvol", "size_mb": 64}, ""); a.IsError {
+		t.Fatalf("create_volume: %+v", a)
+	}
+	a := mc.call(t, "run_command", map[string]any{"command": "sh", "args": []string{"-c", "echo via-mcp > /m/x && cat /m/x"},
+		"volumes": []map[string]any{{"name": "mcpvol", "path": "/m"}}}, "")
+	if a.IsError || !strings.Contains(a.Text, "via-mcp") {
+		t.Fatalf("run_command with a volume: %+v", a)
+	}
+	if a := mc.call(t, "list_volumes", map[string]any{}, ""); a.IsError || !strings.Contains(a.Text, "mcpvol") {
+		t.Errorf("list_volumes: %+v", a)
+	}
+	if a := mc.call(t, "delete_volume", map[string]any{"name": "nope"}, ""); !a.IsError {
+		t.Errorf("delete_volume of a missing volume: %+v", a)
+	}
 }
 
 func atoiE2E(t *testing.T, s string) int {
