@@ -111,8 +111,8 @@ func RunVolumes(ctx context.Context, o VolumesOptions) (_ VolumesReport, err err
 		name string
 		body map[string]any
 	}{
-		{"sandboxd: create, no volume", map[string]any{}},
-		{fmt.Sprintf("sandboxd: create with the %d MiB volume (its image on the node)", o.SizeMiB), mount},
+		{"sandboxd: create, no volume (cold)", map[string]any{}},
+		{fmt.Sprintf("sandboxd: create with the %d MiB volume (cold; its image on the node)", o.SizeMiB), mount},
 	} {
 		var ds []time.Duration
 		for range o.N {

@@ -30,7 +30,8 @@ func newBenchVolumesCmd(g *globals) *cobra.Command {
 serving --template, creates a volume of --size-mib MiB and has a sandbox write --fill-mib MiB
 of random bytes in it (not timed), then times --n creates of a sandbox with the volume
 mounted read-write (its image on the node's disk: the attach of a single node) and --n
-without, each from the request to the answer. Then it moves the same image between two
+without, each from the request to the answer; the server starts no sandbox ahead (a
+create with a volume never takes one), so both are cold starts. Then it moves the same image between two
 nodes of a cluster as sandboxd does, with the volumes package itself on a database and a blob
 store of its own on the same disk: the sync of a writer's end (the image's data extents,
 zstd-compressed, into the blob store) and the fetch of a sandbox's start on the other node
@@ -50,7 +51,9 @@ Needs root, runsc and the sandbox-agent binary next to sandboxd.`,
 				runsc = gvisor.DefaultRunsc()
 			}
 			rep, err := bench.RunVolumes(cmd.Context(), bench.VolumesOptions{
-				Sandboxd: self, ServeArgs: []string{"--template", template, "--runsc", runsc}, Platform: platform,
+				// No sandboxes started ahead: a create with a volume is
+				// always cold, and so is the one it is set beside.
+				Sandboxd: self, ServeArgs: []string{"--template", template, "--runsc", runsc, "--warm-pool", "0", "--warm-pool-max", "0", "--prewarm", "0"}, Platform: platform,
 				StateDir: filepath.Join(scratch, "state"), N: n, SizeMiB: sizeMiB, FillMiB: fillMiB, Progress: tracker,
 			})
 			if err != nil {
