@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -196,5 +198,75 @@ func TestPauseFilesCluster(t *testing.T) {
 		t.Fatalf("sandbox %s is on %s after its resume, not node B", sid, got)
 	}
 	// Node A back: its start reconciles what the kill left.
+	startServerIn(t, a.dataDir, a.dsn, a.flags...)
+}
+
+// TestPauseMemoryCluster: a sandbox paused with its memory on node A is
+// resumed by node B after A is SIGKILLed: its state was saved in the blob
+// store with the pause, B adopts the sandbox when it declares A down, and
+// the first use through B restores it there — its file, a file in /tmp
+// (memory) and a process counting in a shell, which carries on from where
+// it was.
+func TestPauseMemoryCluster(t *testing.T) {
+	nodes, st, _ := startTemplateCluster(t, "5s")
+	a, b := nodes[0], nodes[1]
+	ids := map[*server]string{a.server: nodeIDOf(t, a.server), b.server: nodeIDOf(t, b.server)}
+	acct := a.createAccount("sleeper", false)
+	k := a.createKey(acct.ID)
+
+	sid := onlyOn(t, a, ids, ids[a.server], func() string {
+		return a.createSandbox(k, map[string]any{})["sandboxId"].(string)
+	})
+	exec := func(n *clusterNode, script string) response {
+		t.Helper()
+		return n.as(k, "POST", "/api/sandboxes/"+sid+"/exec", map[string]any{"command": "sh", "args": []string{"-c", script}})
+	}
+	if r := exec(b, "mkdir -p /opt && echo from-node-a > /opt/where && echo in-memory > /tmp/m && (setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &)"); r.Status != 200 {
+		t.Fatalf("exec on A through B: %d %s", r.Status, r.Raw)
+	}
+	time.Sleep(time.Second)
+	if r := b.as(k, "POST", "/api/sandboxes/"+sid+"/pause", nil); r.Status != 200 || r.Body["sandbox"].(map[string]any)["sandboxStatus"] != "paused" {
+		t.Fatalf("pause through B: %d %s", r.Status, r.Raw)
+	}
+	row, err := st.GetSandbox(t.Context(), sid)
+	if err != nil || row.PausedState == "" {
+		t.Fatalf("after the pause: %+v %v; want its state in the blob store", row, err)
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.cmd.Wait()
+	deadline := time.Now().Add(90 * time.Second)
+	var r response
+	for {
+		r = exec(b, "cat /opt/where /tmp/m /tmp/count")
+		if r.Status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never resumed on node B: %d %s", r.Status, r.Raw)
+		}
+		time.Sleep(time.Second)
+	}
+	f := strings.Fields(fmt.Sprint(r.Body["stdout"]))
+	if len(f) != 3 || f[0] != "from-node-a" || f[1] != "in-memory" {
+		t.Fatalf("resumed on B: %s", r.Raw)
+	}
+	first, _ := strconv.Atoi(f[2])
+	time.Sleep(time.Second)
+	later := exec(b, "cat /tmp/count")
+	if n, _ := strconv.Atoi(strings.TrimSpace(fmt.Sprint(later.Body["stdout"]))); first < 5 || n <= first {
+		t.Fatalf("the counter resumed at %d, then %s: want it carried on from before the pause", first, later.Raw)
+	}
+	if got := nodeOf(t, st, sid); got != ids[b.server] {
+		t.Fatalf("sandbox %s is on %s after its resume, not node B", sid, got)
+	}
+	if row, _ := st.GetSandbox(t.Context(), sid); row.PausedState != "" || row.Pause != "" {
+		t.Errorf("after the resume: pause %q, state %q", row.Pause, row.PausedState)
+	}
+	if r := b.as(k, "POST", "/api/sandboxes/"+sid+"/stop", nil); r.Status != 200 {
+		t.Fatalf("stop: %d %s", r.Status, r.Raw)
+	}
+	// Node A back: its start destroys what is left of the sandbox there.
 	startServerIn(t, a.dataDir, a.dsn, a.flags...)
 }

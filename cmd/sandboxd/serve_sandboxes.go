@@ -79,8 +79,11 @@ func setupManager(o *serveOptions, d domainDeps, dom *domain, setups *agents.Set
 		Persist:   dom.persist,
 		Templates: dom.catalog,
 		Volumes:   dom.volumes,
-		Hooks:     append(sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist), dom.volumes),
-		Logger:    log.With("component", "sandbox"),
+		// A cluster's nodes resume each other's paused sandboxes from the
+		// blob store they share.
+		Blobs: d.stor.blobs, MovePauses: o.cluster.enabled(),
+		Hooks:  append(sandboxHooks(d.stor.st, o.models.anthropicProxy(), d.nw, dom.persist), dom.volumes),
+		Logger: log.With("component", "sandbox"),
 
 		LogMaxBytes: r.logMaxMiB << 20,
 		Setups:      setups,

@@ -405,6 +405,24 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// Mover is a Pauser whose paused sandboxes can be resumed on another host:
+// SaveMovable writes a paused sandbox's saved state (its memory, its
+// writable layer, what restoring them needs) as regular files into dir,
+// which the caller moves (package sandbox: through the blob store);
+// RestoreMoved makes sandbox spec.ID from such a dir and runs it, as a
+// fork restores a child: its own state directory, container id, cgroup,
+// agent socket and network namespace (the restored network stack takes
+// the namespace's addresses), the saved processes and memory. The spec's
+// base must hold the same files as the saved sandbox's (the same image);
+// its Layers are ignored (the saved writable layer holds them), its
+// Limits and Hostname must be the saved sandbox's. Both hosts run the same
+// runtime build.
+type Mover interface {
+	Pauser
+	SaveMovable(ctx context.Context, id, dir string) error
+	RestoreMoved(ctx context.Context, spec Spec, dir string) (Sandbox, error)
+}
+
 // Forker is a Runtime that copies a running sandbox whole: Fork starts one
 // new sandbox per child spec from the parent's memory, processes and
 // filesystem as they were at one moment (a process counting in memory

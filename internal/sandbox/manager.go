@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/auth"
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/image"
 	"github.com/sandboxd/sandboxd/internal/jobs"
@@ -137,6 +138,14 @@ type Config struct {
 	// Volumes resolves a create's volumes (internal/volumes; also one of
 	// Hooks, which mounts them); nil: a create with volumes is refused.
 	Volumes *volumes.Service
+
+	// Blobs, with MovePauses, holds the saved state of memory pauses, so
+	// that another node resumes them once theirs is gone (pausemove.go).
+	Blobs blob.Store
+	// MovePauses: this node is one of a cluster's, whose nodes share
+	// Blobs: a pause with the memory saves the sandbox's state there too
+	// when the runtime can move it (runtime.Mover).
+	MovePauses bool
 }
 
 // Manager drives the sandboxes of one node: the service behind the API's
@@ -492,6 +501,14 @@ func (m *Manager) start(ctx context.Context, sb *store.Sandbox) (runtime.Sandbox
 // its layers, or the user's reason for a failure, after which nothing of
 // the runtime sandbox is left. The row's status is the caller's.
 func (m *Manager) place(ctx context.Context, sb *store.Sandbox, openFailure string) (_ runtime.Sandbox, spec runtime.Spec, restored bool, reason string, err error) {
+	return m.placeFrom(ctx, sb, openFailure, "")
+}
+
+// placeFrom is place, or, with moved (a paused sandbox's state saved by
+// runtime.Mover), the restore of that state: its processes carry on, so
+// its template's start command does not run again, and the layers the
+// hooks would restore are in its saved writable layer already.
+func (m *Manager) placeFrom(ctx context.Context, sb *store.Sandbox, openFailure, moved string) (_ runtime.Sandbox, spec runtime.Spec, restored bool, reason string, err error) {
 	spec = m.baseSpec(*sb)
 	img, release, err := m.fromTemplate(ctx, *sb, &spec)
 	if err != nil {
@@ -501,7 +518,18 @@ func (m *Manager) place(ctx context.Context, sb *store.Sandbox, openFailure stri
 	if reason, err := m.prestart(ctx, *sb, &spec); err != nil {
 		return nil, spec, false, reason, err
 	}
-	rsb, restored, err := m.create(ctx, sb, spec)
+	var rsb runtime.Sandbox
+	if moved != "" {
+		closeLayers(spec.Layers)
+		spec.Layers = nil
+		mv, _ := m.rt.(runtime.Mover)
+		if mv == nil {
+			return nil, spec, false, reasonStartGeneric, fmt.Errorf("the %s runtime cannot restore a moved sandbox", m.rt.Name())
+		}
+		rsb, err = mv.RestoreMoved(ctx, spec, moved)
+	} else {
+		rsb, restored, err = m.create(ctx, sb, spec)
+	}
 	if err != nil {
 		return nil, spec, false, startFailure(err, reasonStartGeneric), err
 	}
@@ -509,11 +537,22 @@ func (m *Manager) place(ctx context.Context, sb *store.Sandbox, openFailure stri
 		_ = rsb.Destroy(ctx)
 		return nil, spec, false, reason, err
 	}
-	if reason, err := m.startTemplate(ctx, rsb, img); err != nil {
-		_ = rsb.Destroy(ctx)
-		return nil, spec, false, reason, err
+	if moved == "" {
+		if reason, err := m.startTemplate(ctx, rsb, img); err != nil {
+			_ = rsb.Destroy(ctx)
+			return nil, spec, false, reason, err
+		}
 	}
 	return rsb, spec, restored, "", nil
+}
+
+// closeLayers closes the layer streams a spec will not restore.
+func closeLayers(layers []runtime.Layer) {
+	for _, l := range layers {
+		if c, ok := l.R.(io.Closer); ok {
+			_ = c.Close()
+		}
+	}
 }
 
 // Prepare readies the sandbox's workspace (persistence's, which remembers
@@ -687,6 +726,8 @@ func (m *Manager) stop(ctx context.Context, sb store.Sandbox, reason string) err
 	if _, err := m.st.TransitionSandbox(ctx, sb.ID, []store.SandboxStatus{store.SandboxPending, store.SandboxRunning}, store.SandboxStopping, reason, m.now()); err != nil {
 		return fmt.Errorf("mark sandbox %s stopping: %w", sb.ID, err)
 	}
+	// A pause's state in the blob store goes with it.
+	m.collectPausedState(ctx, sb.PausedState)
 	// What must end with the decision (the key) ends now, not when the
 	// node gets round to it.
 	m.preKill(ctx, sb.ID)
@@ -767,6 +808,11 @@ func (m *Manager) StopAll(ctx context.Context, reason string) error {
 	errs := make([]error, len(rows))
 	for i, sb := range rows {
 		if sb.FilesPaused() {
+			continue
+		}
+		if sb.Movable() {
+			// Its state is in the blob store: it stays paused, and
+			// any node resumes it once this one is down.
 			continue
 		}
 		wg.Go(func() { errs[i] = m.stop(ctx, sb, reason) })

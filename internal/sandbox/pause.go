@@ -85,6 +85,8 @@ func (m *Manager) pause(ctx context.Context, sb store.Sandbox) (_ store.Sandbox,
 	if _, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PausePausing}, store.PausePaused, m.now()); err != nil {
 		return sb, err
 	}
+	// In a cluster its state goes to the blob store too (pausemove.go).
+	m.savePausedState(ctx, sb)
 	m.log.Info("sandbox paused", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
 }
@@ -216,6 +218,11 @@ func (m *Manager) resumeSandbox(ctx context.Context, sb store.Sandbox) (store.Sa
 			if err != nil {
 				return sb, err
 			}
+			if ok && m.movedHere(ctx, sb) {
+				// Adopted from a node that went down: its state is
+				// in the blob store.
+				return m.resumeMoved(ctx, sb)
+			}
 			if ok {
 				return m.resume(ctx, p, sb)
 			}
@@ -244,6 +251,8 @@ func (m *Manager) resume(ctx context.Context, p runtime.Pauser, sb store.Sandbox
 	if _, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", m.now()); err != nil {
 		return sb, err
 	}
+	// Resumed: its state in the blob store, if any, is of no more use.
+	m.collectPausedState(ctx, sb.PausedState)
 	m.log.Info("sandbox resumed", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
 }

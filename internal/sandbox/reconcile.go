@@ -84,6 +84,18 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				m.settleFilesPause(ctx, sb)
 				continue
 			}
+			if sb.PausedState != "" && !alive[sb.ID] && (sb.Pause == store.PausePaused || sb.Pause == store.PauseResuming) {
+				// Adopted from a node that went down, its state in the
+				// blob store: paused until a resume restores it (one
+				// cut short by a crash is paused again).
+				if sb.Pause == store.PauseResuming {
+					_ = m.ended(ctx, sb.ID)
+					if _, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, store.PausePaused, m.now()); err != nil {
+						m.log.Error("settle a resume from the blob store", "sandbox_id", sb.ID, "err", err)
+					}
+				}
+				continue
+			}
 			if sb.Pause != "" && alive[sb.ID] {
 				// Kept paused, or caught in the middle of a pause or a
 				// resume: the row follows what the runtime has (paused,
@@ -174,6 +186,14 @@ func (m *Manager) FailHostedBy(ctx context.Context, id, reason string) (int, err
 	}
 	gone := map[string]bool{}
 	for _, sb := range rows {
+		if sb.Movable() {
+			// Its state is in the blob store: this node keeps it
+			// paused and restores it from there at its resume.
+			if ok, err := m.st.AdoptMovedPause(ctx, sb.ID, id, m.cfg.NodeID); err != nil || !ok {
+				m.log.Warn("adopt a paused sandbox whose state is in the blob store", "sandbox_id", sb.ID, "node_id", id, "adopted", ok, "err", err)
+			}
+			continue
+		}
 		if sb.PausedFiles && sb.Status == store.SandboxRunning {
 			// Nothing of it was on the node: this one keeps it paused
 			// (its pause's time limit, its stop), and any node resumes

@@ -101,6 +101,11 @@ type Sandbox struct {
 	// memory ended, its files are template TemplateID (saved when it
 	// paused), and a resume starts it again from them on any node.
 	PausedFiles bool `json:"paused_files,omitempty"`
+	// PausedState is the blob store's key of a memory pause's saved state
+	// (memory and files), kept besides the node's own copy in a cluster:
+	// another node resumes it from there once its node is gone ("": the
+	// pause is its node's alone).
+	PausedState string `json:"paused_state,omitempty"`
 	// Volumes are the volumes to attach, in mount order: CreateSandbox
 	// records them (the leases) with the row, or refuses the row with a
 	// *VolumeBusyError. Not a column: SandboxVolumes reads them back.
@@ -111,6 +116,12 @@ type Sandbox struct {
 // pause ended): nothing of it is on its node, and any node resumes it.
 func (sb Sandbox) FilesPaused() bool {
 	return sb.Status == SandboxRunning && sb.PausedFiles && sb.Pause == PausePaused
+}
+
+// Movable says sb is paused with its memory and its saved state is in the
+// blob store (PausedState): another node resumes it once its own is gone.
+func (sb Sandbox) Movable() bool {
+	return sb.Status == SandboxRunning && sb.Pause == PausePaused && sb.PausedState != ""
 }
 
 // SandboxTaskSetup is the Task of the sandbox an account's setup runs in

@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task, template_id, paused_files"
+const sandboxCols = "id, account_id, node_id, status, runtime, failure_reason, snapshot_id, created_at, updated_at, deadline, stopped_at, network, pause, paused_remaining_ms, forked_from, on_timeout, task, template_id, paused_files, paused_state"
 
 func scanSandbox(s scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -19,7 +19,7 @@ func scanSandbox(s scanner) (Sandbox, error) {
 	var created, updated, deadline int64
 	var stopped, remaining sql.NullInt64
 	if err := s.Scan(&sb.ID, &sb.AccountID, &sb.NodeID, &sb.Status, &sb.Runtime, &sb.FailureReason, &snapshotID,
-		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task, &sb.TemplateID, &sb.PausedFiles); err != nil {
+		&created, &updated, &deadline, &stopped, &sb.Network, &sb.Pause, &remaining, &sb.ForkedFrom, &sb.OnTimeout, &sb.Task, &sb.TemplateID, &sb.PausedFiles, &sb.PausedState); err != nil {
 		return Sandbox{}, err
 	}
 	sb.PausedRemaining = time.Duration(remaining.Int64) * time.Millisecond
@@ -58,14 +58,14 @@ func (q *Queries) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	sb.UpdatedAt = ms(sb.UpdatedAt)
 	sb.Deadline = ms(sb.Deadline)
 	sb.StoppedAt = msPtr(sb.StoppedAt)
-	sb.Pause, sb.PausedRemaining, sb.PausedFiles = "", 0, false // a new sandbox is not paused
+	sb.Pause, sb.PausedRemaining, sb.PausedFiles, sb.PausedState = "", 0, false, "" // a new sandbox is not paused
 	if sb.OnTimeout != "" && sb.OnTimeout != OnTimeoutPause && sb.OnTimeout != OnTimeoutPauseFiles {
 		return fmt.Errorf("create sandbox: %w: on_timeout %q", ErrInvalid, sb.OnTimeout)
 	}
 	return q.atomically(ctx, func(q *Queries) error {
-		_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+		_, err := q.exec(ctx, "INSERT INTO sandboxes ("+sandboxCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 			sb.ID, sb.AccountID, sb.NodeID, sb.Status, sb.Runtime, sb.FailureReason, nullString(sb.SnapshotID),
-			toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID, false)
+			toMillis(sb.CreatedAt), toMillis(sb.UpdatedAt), toMillis(sb.Deadline), nullMillis(sb.StoppedAt), sb.Network, "", nil, sb.ForkedFrom, sb.OnTimeout, sb.Task, sb.TemplateID, false, "")
 		if err != nil {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, mapErr(err))
 		}
@@ -319,7 +319,7 @@ func (q *Queries) TransitionPause(ctx context.Context, id string, from []string,
 	set := "pause = ?, updated_at = ?"
 	args := []any{to, t}
 	if to == "" {
-		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL, paused_at = NULL, paused_files = FALSE"
+		set += ", deadline = ? + COALESCE(paused_remaining_ms, 0), paused_remaining_ms = NULL, paused_at = NULL, paused_files = FALSE, paused_state = ''"
 		args = append(args, t)
 	}
 	args = append(append(args, id, SandboxRunning), inArgs...)
@@ -391,6 +391,30 @@ func (q *Queries) FinishFilesPause(ctx context.Context, id string, at time.Time)
 func (q *Queries) AdoptFilesPaused(ctx context.Context, id, from, to string) (bool, error) {
 	n, err := q.execCount(ctx, "UPDATE sandboxes SET node_id = ? WHERE id = ? AND node_id = ? AND status = ? AND paused_files",
 		to, id, from, SandboxRunning)
+	if err != nil {
+		return false, fmt.Errorf("adopt paused sandbox %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// SetPausedState records key as paused sandbox id's saved state in the
+// blob store (its memory and files: any node can resume it from there),
+// and reports whether the sandbox is still paused.
+func (q *Queries) SetPausedState(ctx context.Context, id, key string) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET paused_state = ? WHERE id = ? AND status = ? AND pause = ?",
+		key, id, SandboxRunning, PausePaused)
+	if err != nil {
+		return false, fmt.Errorf("record the saved state of sandbox %s: %w", id, mapErr(err))
+	}
+	return n == 1, nil
+}
+
+// AdoptMovedPause makes node to the host of sandbox id, paused with its
+// memory and its saved state in the blob store, while node from (which
+// went down) still is; it reports whether it did.
+func (q *Queries) AdoptMovedPause(ctx context.Context, id, from, to string) (bool, error) {
+	n, err := q.execCount(ctx, "UPDATE sandboxes SET node_id = ? WHERE id = ? AND node_id = ? AND status = ? AND pause = ? AND paused_state <> ''",
+		to, id, from, SandboxRunning, PausePaused)
 	if err != nil {
 		return false, fmt.Errorf("adopt paused sandbox %s: %w", id, mapErr(err))
 	}

@@ -3,7 +3,6 @@ package volumes
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,27 +11,20 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/extents"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
 	"github.com/sandboxd/sandboxd/internal/store"
 )
 
-// A volume's copy in the blob store is its image's data extents, zstd
-// compressed: a sparse image of 1 GiB with little written is a small blob,
-// and only the extents are read (SEEK_DATA), never the holes.
-//
-//	magic "sandboxd-volume-1\n"
-//	size  uint64: the image's size
-//	then per extent: offset uint64, length uint64, the bytes
-//	end   offset 0xffffffffffffffff
-//
-// All integers big-endian. A download is hostile input to this node (the
+// A volume's copy in the blob store is "sandboxd-volume-1\n" and its
+// image's data extents (package extents), zstd compressed: a sparse image
+// of 1 GiB with little written is a small blob, and only the extents are
+// read, never the holes. A download is hostile input to this node (the
 // blob store is shared by the cluster): the blob is verified against its
-// key by the store, and the extents must lie in order inside the size,
-// which may not pass the volume's.
+// key by the store, and the extents must lie in order inside the image's
+// size, which may not pass the volume's.
 
 const syncMagic = "sandboxd-volume-1\n"
-
-const endOfExtents = ^uint64(0)
 
 // maxWindow bounds the decoder's memory, as the snapshots' does.
 const maxWindow = 8 << 20
@@ -57,48 +49,15 @@ func (s *Service) upload(ctx context.Context, v store.Volume) (string, error) {
 
 // writeExtents writes image f in the copy's format to w.
 func writeExtents(w io.Writer, f *os.File) error {
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
 	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(maxWindow))
 	if err != nil {
 		return err
 	}
 	bw := bufio.NewWriterSize(zw, 1<<20)
-	var hdr [16]byte
 	if _, err := bw.WriteString(syncMagic); err != nil {
 		return err
 	}
-	size := fi.Size()
-	binary.BigEndian.PutUint64(hdr[:8], uint64(size))
-	if _, err := bw.Write(hdr[:8]); err != nil {
-		return err
-	}
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole remains
-		}
-		if err != nil {
-			return fmt.Errorf("read the image: %w", err)
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("read the image: %w", err)
-		}
-		binary.BigEndian.PutUint64(hdr[:8], uint64(data))
-		binary.BigEndian.PutUint64(hdr[8:], uint64(hole-data))
-		if _, err := bw.Write(hdr[:]); err != nil {
-			return err
-		}
-		if n, err := io.Copy(bw, io.NewSectionReader(f, data, hole-data)); err != nil || n != hole-data {
-			return fmt.Errorf("read the image: %d of %d bytes: %v", n, hole-data, err)
-		}
-		off = hole
-	}
-	binary.BigEndian.PutUint64(hdr[:8], endOfExtents)
-	if _, err := bw.Write(hdr[:8]); err != nil {
+	if err := extents.Write(bw, f); err != nil {
 		return err
 	}
 	if err := bw.Flush(); err != nil {
@@ -150,38 +109,10 @@ func readExtents(r io.Reader, f *os.File, maxSize int64) error {
 	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != syncMagic {
 		return errors.New("not a volume's copy")
 	}
-	var hdr [16]byte
-	if _, err := io.ReadFull(br, hdr[:8]); err != nil {
-		return fmt.Errorf("the copy's size: %w", err)
+	if _, err := extents.Read(br, f, maxSize); err != nil {
+		return fmt.Errorf("the copy: %w", err)
 	}
-	size := binary.BigEndian.Uint64(hdr[:8])
-	if size > uint64(maxSize) {
-		return fmt.Errorf("the copy is of %d bytes, more than the volume's %d", size, maxSize)
-	}
-	if err := f.Truncate(int64(size)); err != nil {
-		return err
-	}
-	var next uint64
-	for {
-		if _, err := io.ReadFull(br, hdr[:8]); err != nil {
-			return fmt.Errorf("the copy is cut short: %w", err)
-		}
-		off := binary.BigEndian.Uint64(hdr[:8])
-		if off == endOfExtents {
-			return nil
-		}
-		if _, err := io.ReadFull(br, hdr[8:]); err != nil {
-			return fmt.Errorf("the copy is cut short: %w", err)
-		}
-		n := binary.BigEndian.Uint64(hdr[8:])
-		if off < next || n == 0 || off > size || n > size-off {
-			return fmt.Errorf("the copy's extent at %d of %d bytes is out of order or past its size %d", off, n, size)
-		}
-		if _, err := io.CopyN(io.NewOffsetWriter(f, int64(off)), br, int64(n)); err != nil {
-			return fmt.Errorf("the copy is cut short: %w", err)
-		}
-		next = off + n
-	}
+	return nil
 }
 
 // copyImage copies image src to dst (which must not exist), sharing its

@@ -358,7 +358,7 @@ func TestHostileCopy(t *testing.T) {
 			raw.Write(bytes.Repeat([]byte{'x'}, int(min(e.n, 4096))))
 		}
 		if end {
-			_ = binary.Write(&raw, binary.BigEndian, endOfExtents)
+			_ = binary.Write(&raw, binary.BigEndian, ^uint64(0))
 		}
 		var z bytes.Buffer
 		zw, _ := zstd.NewWriter(&z)

@@ -73,6 +73,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Pool", s.testPool)
 	t.Run("PauseResume", s.testPauseResume)
 	t.Run("Fork", s.testFork)
+	t.Run("Move", s.testMove)
 	t.Run("StopThenSnapshot", s.testStop)
 	t.Run("Destroy", s.testDestroy)
 	t.Run("Reattach", s.testReattach)

@@ -1,0 +1,237 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/sandboxd/sandboxd/internal/errdefs"
+	"github.com/sandboxd/sandboxd/internal/extents"
+	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/store"
+)
+
+// A pause with the memory, in a cluster (Config.MovePauses), also saves
+// the sandbox's state in the blob store when the runtime can move it
+// (runtime.Mover: gVisor): its checkpoint and writable layer, packed as
+// their data extents (package extents), zstd-compressed, the key on its
+// row (PausedState). Its node keeps its own copy and resumes from it as
+// any pause; when the node goes down, the node that declares it so adopts
+// the sandbox paused (FailHostedBy) instead of failing it, and a resume
+// there — any use, as for any pause — restores it from the blob store
+// (resumeMoved): the same id, processes and memory, its network stack on
+// the new node's namespace, a new key for what it starts from then on.
+// A sandbox with volumes is not moved (its volumes' writes since their
+// last sync are on its node), nor one without a disk limit (its layer is
+// a directory); their pauses stay their node's, as on one node.
+
+// stateMagic starts a paused sandbox's state in the blob store.
+const stateMagic = "sandboxd-paused-state-1\n"
+
+// mover is the runtime's Mover when pauses are moved on this server.
+func (m *Manager) mover() (runtime.Mover, bool) {
+	if !m.cfg.MovePauses || m.cfg.Blobs == nil {
+		return nil, false
+	}
+	mv, ok := m.rt.(runtime.Mover)
+	return mv, ok
+}
+
+// savePausedState saves paused sandbox sb's state to the blob store and
+// records it on its row; a failure leaves the pause its node's alone
+// (logged: the sandbox is paused either way).
+func (m *Manager) savePausedState(ctx context.Context, sb store.Sandbox) {
+	mv, ok := m.mover()
+	if !ok {
+		return
+	}
+	if vols, err := m.st.SandboxVolumes(ctx, sb.ID); err != nil || len(vols) > 0 {
+		return
+	}
+	start := m.now()
+	key, size, err := m.packPausedState(ctx, mv, sb.ID)
+	if err == nil {
+		var ok bool
+		if ok, err = m.st.SetPausedState(ctx, sb.ID, key); err == nil && !ok {
+			err = errors.New("it left its pause meanwhile")
+		}
+		if err != nil {
+			m.collectPausedState(ctx, key)
+		}
+	}
+	if err != nil {
+		m.log.Warn("pause: its state is kept on this node alone (another node cannot resume it)", "sandbox_id", sb.ID, "err", err)
+		return
+	}
+	m.log.Info("pause: state saved to the blob store", "sandbox_id", sb.ID, "bytes", size, "elapsed", m.now().Sub(start))
+}
+
+// packPausedState writes the runtime's saved state of sandbox id into the
+// blob store and answers its key and stored size.
+func (m *Manager) packPausedState(ctx context.Context, mv runtime.Mover, id string) (string, int64, error) {
+	dir, err := os.MkdirTemp(m.moveDir(), "save-")
+	if err != nil {
+		return "", 0, err
+	}
+	defer os.RemoveAll(dir)
+	if err := mv.SaveMovable(ctx, id, dir); err != nil {
+		return "", 0, err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(packDir(pw, dir)) }()
+	info, err := m.cfg.Blobs.Put(ctx, pr)
+	pr.CloseWithError(errors.New("upload ended"))
+	if err != nil {
+		return "", 0, fmt.Errorf("upload its state: %w", err)
+	}
+	return info.Key, info.Size, nil
+}
+
+// moveDir is where a node stages states it saves or restores (the data
+// dir's disk, as the runtime's state).
+func (m *Manager) moveDir() string {
+	dir := filepath.Join(m.cfg.DataDir, "moves")
+	_ = os.MkdirAll(dir, 0o700)
+	return dir
+}
+
+// packDir writes dir in the state's format to w.
+func packDir(w io.Writer, dir string) error {
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(stateWindow))
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(zw, 1<<20)
+	if _, err := bw.WriteString(stateMagic); err != nil {
+		return err
+	}
+	if err := extents.WriteDir(bw, dir); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return zw.Close()
+}
+
+// stateWindow bounds the zstd window of a state, and so a decoder's
+// memory.
+const stateWindow = 8 << 20
+
+// unpackDir writes the state r into dir, checked as hostile input: at
+// most maxBytes in a few files, two directories deep.
+func unpackDir(r io.Reader, dir string, maxBytes int64) error {
+	zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(stateWindow), zstd.WithDecoderMaxMemory(stateWindow*2), zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return err
+	}
+	defer zr.Close()
+	br := bufio.NewReaderSize(zr, 1<<20)
+	magic := make([]byte, len(stateMagic))
+	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != stateMagic {
+		return errors.New("not a paused sandbox's state")
+	}
+	return extents.ReadDir(br, dir, extents.DirLimits{Files: 4096, Depth: 2, Bytes: maxBytes})
+}
+
+// maxStateBytes bounds a state read from the blob store: the memory a
+// save may write, the sandbox's disk, and room for the checkpoint's own.
+func (m *Manager) maxStateBytes() int64 {
+	l := m.cfg.Settings.Limits
+	n := l.DiskBytes + 256<<20
+	if s, ok := m.rt.(runtime.SaveSizer); ok {
+		n += s.MaxSaveBytes(l)
+	} else {
+		n += l.MemoryBytes * 2
+	}
+	return n
+}
+
+// movedHere says paused sandbox sb's state is not on this node's runtime
+// but in the blob store: a resume here restores it from there.
+func (m *Manager) movedHere(ctx context.Context, sb store.Sandbox) bool {
+	if sb.PausedState == "" {
+		return false
+	}
+	if _, ok := m.mover(); !ok {
+		return false
+	}
+	_, err := m.rt.Get(ctx, sb.ID)
+	return errors.Is(err, runtime.ErrNotFound)
+}
+
+// resumeMoved restores sandbox sb, whose resume this node has claimed
+// (paused → resuming), from its state in the blob store. A restore that
+// fails leaves it paused, its state kept, for another try.
+func (m *Manager) resumeMoved(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	start := m.now()
+	sb.NodeID, sb.Pause = m.cfg.NodeID, store.PauseResuming
+	rsb, reason, err := m.restoreMoved(ctx, sb)
+	if err != nil {
+		_ = m.ended(ctx, sb.ID)
+		if _, terr := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, store.PausePaused, m.now()); terr != nil {
+			m.log.Error("resume from the blob store: back to paused", "sandbox_id", sb.ID, "err", terr)
+		}
+		m.log.Warn("resume from the blob store failed; the sandbox stays paused", "sandbox_id", sb.ID, "reason", reason, "err", err)
+		return sb, errdefs.Wrap(nil, err, fmt.Sprintf("sandbox %s could not be resumed (%s); it stays paused", sb.ID, reason))
+	}
+	ok, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", m.now())
+	if err != nil || !ok {
+		_ = rsb.Destroy(ctx)
+		_ = m.ended(ctx, sb.ID)
+		if err == nil {
+			err = errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s was stopped while it resumed", sb.ID)
+		}
+		return sb, err
+	}
+	m.collectPausedState(ctx, sb.PausedState)
+	m.log.Info("sandbox resumed from its state in the blob store", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
+	return m.st.GetSandbox(ctx, sb.ID)
+}
+
+// restoreMoved fetches sb's state and places it on the runtime through
+// the hooks (a key, a network, on this node); reason is the user's words
+// for a failure.
+func (m *Manager) restoreMoved(ctx context.Context, sb store.Sandbox) (runtime.Sandbox, string, error) {
+	release, err := m.admitDisk(ctx, 1)
+	if err != nil {
+		return nil, "its node has no disk for it", err
+	}
+	release()
+	dir, err := os.MkdirTemp(m.moveDir(), "restore-")
+	if err != nil {
+		return nil, reasonStartGeneric, err
+	}
+	defer os.RemoveAll(dir)
+	fetch := time.Now()
+	rc, err := m.cfg.Blobs.Get(ctx, sb.PausedState)
+	if err != nil {
+		return nil, "its saved state could not be read", err
+	}
+	err = unpackDir(rc, dir, m.maxStateBytes())
+	rc.Close()
+	if err != nil {
+		return nil, "its saved state could not be read", err
+	}
+	m.log.Debug("resume: state fetched from the blob store", "sandbox_id", sb.ID, "elapsed", time.Since(fetch))
+	rsb, _, _, reason, err := m.placeFrom(ctx, &sb, "could not open its template", dir)
+	return rsb, reason, err
+}
+
+// collectPausedState deletes a pause's state from the blob store (it
+// was resumed or stopped): a state is one pause's alone.
+func (m *Manager) collectPausedState(ctx context.Context, key string) {
+	if key == "" || m.cfg.Blobs == nil {
+		return
+	}
+	if err := m.cfg.Blobs.Delete(context.WithoutCancel(ctx), key); err != nil {
+		m.log.Warn("delete a paused sandbox's state", "blob", key, "err", err)
+	}
+}
