@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -10,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/progress"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/gvisor"
+	"github.com/sandboxd/sandboxd/internal/sandbox"
 )
 
 // PauseOptions say what RunPause measures and where.
@@ -44,6 +47,16 @@ type PauseReport struct {
 	ResumeTouched Timing `json:"resume_touched"` //
 	ForkIdle      Timing `json:"fork_idle"`      // Fork of ForkCount until every child's agent answers
 	ForkTouched   Timing `json:"fork_touched"`   //
+	// A cluster's pause also saves the paused sandbox's state to the blob
+	// store (SaveMovable, packed, stored; after the pause above), and
+	// another node restores it from there (fetched, unpacked,
+	// RestoreMoved on another runtime, until its agent answers): the blob
+	// store on this disk, as a single node's.
+	SaveIdle       Timing   `json:"save_to_blob_store_idle"`
+	SaveTouched    Timing   `json:"save_to_blob_store_touched"`
+	RestoreIdle    Timing   `json:"restore_from_blob_store_idle"`
+	RestoreTouched Timing   `json:"restore_from_blob_store_touched"`
+	StateBytes     [2]int64 `json:"state_bytes"` // the stored state, idle and touched
 
 	Baseline struct {
 		Checkpoint Timing `json:"runsc_checkpoint"` // bare runsc checkpoint of an idle container
@@ -62,7 +75,7 @@ func RunPause(ctx context.Context, o PauseOptions) (_ PauseReport, err error) {
 	if o.ForkCount <= 0 {
 		o.ForkCount = 5
 	}
-	ph := startPhases(progress.Or(o.Progress), "bench pause", 3)
+	ph := startPhases(progress.Or(o.Progress), "bench pause", 5)
 	defer func() { ph.done(err) }()
 	rep := PauseReport{CPUs: goruntime.NumCPU(), TouchMiB: o.TouchMiB, ForkCount: o.ForkCount}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
@@ -81,18 +94,33 @@ func RunPause(ctx context.Context, o PauseOptions) (_ PauseReport, err error) {
 	defer rt.Close()
 	rep.Backend, rep.Platform, rep.Runsc = rt.Name(), b.rep.Platform, rt.Runsc().String()
 	touch := fmt.Sprintf("head -c %d /dev/urandom > /run/blob", o.TouchMiB<<20)
-	for _, c := range []struct {
+	other, err := b.newRuntime(ctx, "other-node", 0)
+	if err != nil {
+		return rep, err
+	}
+	defer other.Close()
+	blobs, err := blob.NewLocal(filepath.Join(o.StateDir, "blobs"))
+	if err != nil {
+		return rep, err
+	}
+	mv := mover{from: rt, to: other, blobs: blobs, dir: filepath.Join(o.StateDir, "moves"), maxBytes: limits.DiskBytes + 2*limits.MemoryBytes + 256<<20}
+	for i, c := range []struct {
 		name          string
 		setup         string
 		pause, resume *Timing
 		fork          *Timing
+		save, restore *Timing
 	}{
-		{"idle", "true", &rep.PauseIdle, &rep.ResumeIdle, &rep.ForkIdle},
-		{fmt.Sprintf("%d MiB touched", o.TouchMiB), touch, &rep.PauseTouched, &rep.ResumeTouched, &rep.ForkTouched},
+		{"idle", "true", &rep.PauseIdle, &rep.ResumeIdle, &rep.ForkIdle, &rep.SaveIdle, &rep.RestoreIdle},
+		{fmt.Sprintf("%d MiB touched", o.TouchMiB), touch, &rep.PauseTouched, &rep.ResumeTouched, &rep.ForkTouched, &rep.SaveTouched, &rep.RestoreTouched},
 	} {
 		ph.next(fmt.Sprintf("pause, resume and fork of %d, %s", o.ForkCount, c.name))
 		if err := b.pauseAndFork(ctx, rt, c.setup, o.ForkCount, c.pause, c.resume, c.fork); err != nil {
 			return rep, fmt.Errorf("bench pause (%s): %w", c.name, err)
+		}
+		ph.next(fmt.Sprintf("a pause's state to the blob store and restored on another node, %s", c.name))
+		if rep.StateBytes[i], err = b.moves(ctx, mv, c.setup, c.save, c.restore); err != nil {
+			return rep, fmt.Errorf("bench pause, moved (%s): %w", c.name, err)
 		}
 	}
 	ph.next("runsc checkpoint and restore baseline")
@@ -148,6 +176,98 @@ func (b *bencher) pauseAndFork(ctx context.Context, rt *gvisor.Runtime, setup st
 	}
 	*fork = timing(fs)
 	return shell(ctx, sb, "true") // the parent runs on
+}
+
+// mover moves paused sandboxes of one runtime to another through a blob
+// store, as package sandbox does between a cluster's nodes.
+type mover struct {
+	from, to *gvisor.Runtime
+	blobs    blob.Store
+	dir      string
+	maxBytes int64
+}
+
+// moves times, for a sandbox prepared by setup, paused each time (not
+// timed): its state saved to the blob store, then its restore on the other
+// runtime from there until its agent answers. It answers the state's
+// stored size.
+func (b *bencher) moves(ctx context.Context, mv mover, setup string, save, restore *Timing) (int64, error) {
+	sb, err := mv.from.Create(ctx, b.spec("move"))
+	if err != nil {
+		return 0, err
+	}
+	defer sb.Destroy(context.WithoutCancel(ctx))
+	if err := shell(ctx, sb, setup); err != nil {
+		return 0, err
+	}
+	var ss, rs []time.Duration
+	var size int64
+	for range b.o.Iterations {
+		if err := mv.from.Pause(ctx, sb.ID()); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		key, n, err := mv.save(ctx, sb.ID())
+		if err != nil {
+			return 0, err
+		}
+		ss, size = append(ss, time.Since(start)), n
+		if err := mv.from.Resume(ctx, sb.ID()); err != nil {
+			return 0, err
+		}
+		start = time.Now()
+		moved, err := mv.restore(ctx, key, b.spec("moved"))
+		if err != nil {
+			return 0, err
+		}
+		if err := shell(ctx, moved, "test -e /run"); err != nil {
+			return 0, fmt.Errorf("the restored sandbox does not answer: %w", err)
+		}
+		rs = append(rs, time.Since(start))
+		_ = moved.Destroy(ctx)
+		_ = mv.blobs.Delete(ctx, key)
+	}
+	*save, *restore = timing(ss), timing(rs)
+	return size, nil
+}
+
+// save writes paused sandbox id's state to the blob store.
+func (mv mover) save(ctx context.Context, id string) (string, int64, error) {
+	if err := os.MkdirAll(mv.dir, 0o700); err != nil {
+		return "", 0, err
+	}
+	dir, err := os.MkdirTemp(mv.dir, "save-")
+	if err != nil {
+		return "", 0, err
+	}
+	defer os.RemoveAll(dir)
+	if err := mv.from.SaveMovable(ctx, id, dir); err != nil {
+		return "", 0, err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(sandbox.PackState(pw, dir)) }()
+	info, err := mv.blobs.Put(ctx, pr)
+	pr.Close()
+	return info.Key, info.Size, err
+}
+
+// restore makes spec on the other runtime from the state key.
+func (mv mover) restore(ctx context.Context, key string, spec runtime.Spec) (runtime.Sandbox, error) {
+	dir, err := os.MkdirTemp(mv.dir, "restore-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	rc, err := mv.blobs.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	err = sandbox.UnpackState(rc, dir, sandbox.StateLimits(mv.maxBytes))
+	rc.Close()
+	if err != nil {
+		return nil, err
+	}
+	return mv.to.RestoreMoved(ctx, spec, dir)
 }
 
 // shell runs script in sb and fails unless it exits 0.

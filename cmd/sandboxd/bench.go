@@ -378,6 +378,8 @@ func printPause(w io.Writer, r bench.PauseReport) {
 	row("pause", r.PauseIdle, r.PauseTouched)
 	row("resume", r.ResumeIdle, r.ResumeTouched)
 	row(fmt.Sprintf("fork of %d", r.ForkCount), r.ForkIdle, r.ForkTouched)
+	row(fmt.Sprintf("a cluster's pause: its state to the blob store, after the pause (%d / %d MiB stored)", r.StateBytes[0]>>20, r.StateBytes[1]>>20), r.SaveIdle, r.SaveTouched)
+	row("its restore on another node from the blob store", r.RestoreIdle, r.RestoreTouched)
 	fmt.Fprintf(tw, "bare runsc, idle container\tcheckpoint %.0f / %.0f, restore %.0f / %.0f\t\n",
 		r.Baseline.Checkpoint.P50, r.Baseline.Checkpoint.P90, r.Baseline.Restore.P50, r.Baseline.Restore.P90)
 	tw.Flush()

@@ -8,10 +8,12 @@
 // A file is its size, then per extent its offset, its length and its
 // bytes, then an end mark; a directory is, per regular file in it, its
 // relative name before the file, then an empty name. Integers are
-// big-endian uint64 (a name's length uint16). Compression is the caller's.
+// big-endian uint64 (a name's length uint16). PackDir and UnpackDir add a
+// magic line and zstd.
 package extents
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -21,6 +23,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 )
 
@@ -189,4 +192,43 @@ func ReadDir(r io.Reader, dir string, lim DirLimits) error {
 		}
 		total += size
 	}
+}
+
+// packWindow bounds the zstd window of a packed directory, and so a
+// decoder's memory.
+const packWindow = 8 << 20
+
+// PackDir writes magic, then dir (WriteDir), zstd-compressed, to w.
+func PackDir(w io.Writer, dir, magic string) error {
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(packWindow))
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(zw, 1<<20)
+	if _, err := bw.WriteString(magic); err != nil {
+		return err
+	}
+	if err := WriteDir(bw, dir); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return zw.Close()
+}
+
+// UnpackDir reads what PackDir wrote with magic from r into dir (ReadDir,
+// within lim).
+func UnpackDir(r io.Reader, dir, magic string, lim DirLimits) error {
+	zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(packWindow), zstd.WithDecoderMaxMemory(packWindow*2), zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return err
+	}
+	defer zr.Close()
+	br := bufio.NewReaderSize(zr, 1<<20)
+	got := make([]byte, len(magic))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != magic {
+		return fmt.Errorf("not a %q stream", strings.TrimSpace(magic))
+	}
+	return ReadDir(br, dir, lim)
 }

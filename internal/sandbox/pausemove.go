@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-
-	"github.com/klauspost/compress/zstd"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/extents"
@@ -34,6 +31,21 @@ import (
 
 // stateMagic starts a paused sandbox's state in the blob store.
 const stateMagic = "sandboxd-paused-state-1\n"
+
+// StateLimits bound a paused sandbox's state read back, maxBytes in all: a
+// checkpoint's few files and a disk, two directories deep.
+func StateLimits(maxBytes int64) extents.DirLimits {
+	return extents.DirLimits{Files: 4096, Depth: 2, Bytes: maxBytes}
+}
+
+// PackState and UnpackState are a paused sandbox's state's format in the
+// blob store (for the benchmark, which moves one as a cluster does).
+func PackState(w io.Writer, dir string) error { return extents.PackDir(w, dir, stateMagic) }
+
+// UnpackState reads PackState's stream r into dir within lim.
+func UnpackState(r io.Reader, dir string, lim extents.DirLimits) error {
+	return extents.UnpackDir(r, dir, stateMagic, lim)
+}
 
 // mover is the runtime's Mover when pauses are moved on this server.
 func (m *Manager) mover() (runtime.Mover, bool) {
@@ -85,7 +97,7 @@ func (m *Manager) packPausedState(ctx context.Context, mv runtime.Mover, id stri
 		return "", 0, err
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(packDir(pw, dir)) }()
+	go func() { pw.CloseWithError(extents.PackDir(pw, dir, stateMagic)) }()
 	info, err := m.cfg.Blobs.Put(ctx, pr)
 	pr.CloseWithError(errors.New("upload ended"))
 	if err != nil {
@@ -100,45 +112,6 @@ func (m *Manager) moveDir() string {
 	dir := filepath.Join(m.cfg.DataDir, "moves")
 	_ = os.MkdirAll(dir, 0o700)
 	return dir
-}
-
-// packDir writes dir in the state's format to w.
-func packDir(w io.Writer, dir string) error {
-	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithWindowSize(stateWindow))
-	if err != nil {
-		return err
-	}
-	bw := bufio.NewWriterSize(zw, 1<<20)
-	if _, err := bw.WriteString(stateMagic); err != nil {
-		return err
-	}
-	if err := extents.WriteDir(bw, dir); err != nil {
-		return err
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	return zw.Close()
-}
-
-// stateWindow bounds the zstd window of a state, and so a decoder's
-// memory.
-const stateWindow = 8 << 20
-
-// unpackDir writes the state r into dir, checked as hostile input: at
-// most maxBytes in a few files, two directories deep.
-func unpackDir(r io.Reader, dir string, maxBytes int64) error {
-	zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(stateWindow), zstd.WithDecoderMaxMemory(stateWindow*2), zstd.WithDecoderConcurrency(1))
-	if err != nil {
-		return err
-	}
-	defer zr.Close()
-	br := bufio.NewReaderSize(zr, 1<<20)
-	magic := make([]byte, len(stateMagic))
-	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != stateMagic {
-		return errors.New("not a paused sandbox's state")
-	}
-	return extents.ReadDir(br, dir, extents.DirLimits{Files: 4096, Depth: 2, Bytes: maxBytes})
 }
 
 // maxStateBytes bounds a state read from the blob store: the memory a
@@ -215,7 +188,7 @@ func (m *Manager) restoreMoved(ctx context.Context, sb store.Sandbox) (runtime.S
 	if err != nil {
 		return nil, "its saved state could not be read", err
 	}
-	err = unpackDir(rc, dir, m.maxStateBytes())
+	err = extents.UnpackDir(rc, dir, stateMagic, StateLimits(m.maxStateBytes()))
 	rc.Close()
 	if err != nil {
 		return nil, "its saved state could not be read", err
