@@ -120,33 +120,17 @@ func newSnapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			deleted := []client.NamedSnapshot{}
-			failed := 0
-			for _, ref := range args {
+			return removeEach(cmd, args, f.asJSON, func(ref string) (client.NamedSnapshot, string, error) {
 				res, err := client.Check(cl.DeleteSnapshotsNameWithResponse(cmd.Context(), ref, &client.DeleteSnapshotsNameParams{AccountID: optional(f.account)}))
-				var out *client.NamedSnapshotResponse
-				if err == nil {
-					out, err = decoded(res.JSON200)
-				}
 				if err != nil {
-					reportError(cmd.ErrOrStderr(), fmt.Errorf("rm %s: %w", ref, err), f.asJSON)
-					failed++
-					continue
+					return client.NamedSnapshot{}, "", err
 				}
-				deleted = append(deleted, out.Snapshot)
-				if !f.asJSON {
-					fmt.Fprintln(cmd.OutOrStdout(), out.Snapshot.ID)
+				out, err := decoded(res.JSON200)
+				if err != nil {
+					return client.NamedSnapshot{}, "", err
 				}
-			}
-			if f.asJSON {
-				if err := printJSON(cmd.OutOrStdout(), deleted); err != nil {
-					return err
-				}
-			}
-			if failed > 0 {
-				return &exitError{code: 1} // each failure was reported
-			}
-			return nil
+				return out.Snapshot, out.Snapshot.ID, nil
+			})
 		},
 	}
 
@@ -208,4 +192,34 @@ func printSnapshots(w io.Writer, list []client.NamedSnapshot, asJSON, single boo
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.ID, s.Ref, s.SandboxID, s.CreatedAt)
 	}
 	return tw.Flush()
+}
+
+// removeEach deletes each of refs with del, which answers what it deleted
+// and its id: each id is printed (or, with asJSON, the list of what was
+// deleted at the end), each failure reported as it comes; the exit status
+// is 1 when any failed.
+func removeEach[T any](cmd *cobra.Command, refs []string, asJSON bool, del func(ref string) (T, string, error)) error {
+	deleted := []T{}
+	failed := 0
+	for _, ref := range refs {
+		out, id, err := del(ref)
+		if err != nil {
+			reportError(cmd.ErrOrStderr(), fmt.Errorf("rm %s: %w", ref, err), asJSON)
+			failed++
+			continue
+		}
+		deleted = append(deleted, out)
+		if !asJSON {
+			fmt.Fprintln(cmd.OutOrStdout(), id)
+		}
+	}
+	if asJSON {
+		if err := printJSON(cmd.OutOrStdout(), deleted); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return &exitError{code: 1} // each failure was reported
+	}
+	return nil
 }

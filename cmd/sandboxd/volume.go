@@ -108,33 +108,17 @@ func newVolumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			deleted := []client.Volume{}
-			failed := 0
-			for _, ref := range args {
+			return removeEach(cmd, args, f.asJSON, func(ref string) (client.Volume, string, error) {
 				res, err := client.Check(cl.DeleteVolumesNameWithResponse(cmd.Context(), ref, &client.DeleteVolumesNameParams{AccountID: optional(f.account)}))
-				var out *client.VolumeResponse
-				if err == nil {
-					out, err = decoded(res.JSON200)
-				}
 				if err != nil {
-					reportError(cmd.ErrOrStderr(), fmt.Errorf("rm %s: %w", ref, err), f.asJSON)
-					failed++
-					continue
+					return client.Volume{}, "", err
 				}
-				deleted = append(deleted, out.Volume)
-				if !f.asJSON {
-					fmt.Fprintln(cmd.OutOrStdout(), out.Volume.ID)
+				out, err := decoded(res.JSON200)
+				if err != nil {
+					return client.Volume{}, "", err
 				}
-			}
-			if f.asJSON {
-				if err := printJSON(cmd.OutOrStdout(), deleted); err != nil {
-					return err
-				}
-			}
-			if failed > 0 {
-				return &exitError{code: 1} // each failure was reported
-			}
-			return nil
+				return out.Volume, out.Volume.ID, nil
+			})
 		},
 	}
 

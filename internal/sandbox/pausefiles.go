@@ -134,17 +134,26 @@ func (m *Manager) finishFilesPause(ctx context.Context, id string) error {
 // resumeFiles starts sandbox sb, whose resume this node has claimed
 // (ClaimFilesResume), again from its saved files. A start that fails
 // leaves it paused as it was, for another try.
-func (m *Manager) resumeFiles(ctx context.Context, sb store.Sandbox) (_ store.Sandbox, err error) {
+func (m *Manager) resumeFiles(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	return m.resumeElsewhere(ctx, sb, "from its files", "it stays paused with its files", m.startFromFiles)
+}
+
+// resumeElsewhere ends the resume of sandbox sb this node has claimed
+// (resuming) where its runtime sandbox is not here: place (from its files,
+// from its state in the blob store) puts it on the runtime; a failure
+// undoes what the hooks made and leaves it paused (kept says how, for the
+// user), a success marks it running. how names the resume in the log.
+func (m *Manager) resumeElsewhere(ctx context.Context, sb store.Sandbox, how, kept string, place func(context.Context, store.Sandbox) (runtime.Sandbox, string, error)) (store.Sandbox, error) {
 	start := m.now()
 	sb.NodeID, sb.Pause = m.cfg.NodeID, store.PauseResuming
-	rsb, reason, err := m.startFromFiles(ctx, sb)
+	rsb, reason, err := place(ctx, sb)
 	if err != nil {
 		_ = m.ended(ctx, sb.ID)
 		if _, terr := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, store.PausePaused, m.now()); terr != nil {
-			m.log.Error("resume of files: back to paused", "sandbox_id", sb.ID, "err", terr)
+			m.log.Error("resume "+how+": back to paused", "sandbox_id", sb.ID, "err", terr)
 		}
-		m.log.Warn("resume of files failed; the sandbox stays paused", "sandbox_id", sb.ID, "reason", reason, "err", err)
-		return sb, errdefs.Wrap(nil, err, fmt.Sprintf("sandbox %s could not be resumed (%s); it stays paused with its files", sb.ID, reason))
+		m.log.Warn("resume "+how+" failed; the sandbox stays paused", "sandbox_id", sb.ID, "reason", reason, "err", err)
+		return sb, errdefs.Wrap(nil, err, fmt.Sprintf("sandbox %s could not be resumed (%s); %s", sb.ID, reason, kept))
 	}
 	ok, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", m.now())
 	if err != nil || !ok {
@@ -156,7 +165,7 @@ func (m *Manager) resumeFiles(ctx context.Context, sb store.Sandbox) (_ store.Sa
 		}
 		return sb, err
 	}
-	m.log.Info("sandbox resumed from its files", "sandbox_id", sb.ID, "template_id", sb.TemplateID, "elapsed", m.now().Sub(start))
+	m.log.Info("sandbox resumed "+how, "sandbox_id", sb.ID, "template_id", sb.TemplateID, "elapsed", m.now().Sub(start))
 	return m.st.GetSandbox(ctx, sb.ID)
 }
 

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/extents"
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/store"
@@ -144,29 +143,11 @@ func (m *Manager) movedHere(ctx context.Context, sb store.Sandbox) bool {
 // (paused → resuming), from its state in the blob store. A restore that
 // fails leaves it paused, its state kept, for another try.
 func (m *Manager) resumeMoved(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
-	start := m.now()
-	sb.NodeID, sb.Pause = m.cfg.NodeID, store.PauseResuming
-	rsb, reason, err := m.restoreMoved(ctx, sb)
-	if err != nil {
-		_ = m.ended(ctx, sb.ID)
-		if _, terr := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, store.PausePaused, m.now()); terr != nil {
-			m.log.Error("resume from the blob store: back to paused", "sandbox_id", sb.ID, "err", terr)
-		}
-		m.log.Warn("resume from the blob store failed; the sandbox stays paused", "sandbox_id", sb.ID, "reason", reason, "err", err)
-		return sb, errdefs.Wrap(nil, err, fmt.Sprintf("sandbox %s could not be resumed (%s); it stays paused", sb.ID, reason))
+	out, err := m.resumeElsewhere(ctx, sb, "from its state in the blob store", "it stays paused", m.restoreMoved)
+	if err == nil {
+		m.collectPausedState(ctx, sb.PausedState)
 	}
-	ok, err := m.st.TransitionPause(ctx, sb.ID, []string{store.PauseResuming}, "", m.now())
-	if err != nil || !ok {
-		_ = rsb.Destroy(ctx)
-		_ = m.ended(ctx, sb.ID)
-		if err == nil {
-			err = errdefs.Newf(errdefs.ErrNotRunning, "sandbox %s was stopped while it resumed", sb.ID)
-		}
-		return sb, err
-	}
-	m.collectPausedState(ctx, sb.PausedState)
-	m.log.Info("sandbox resumed from its state in the blob store", "sandbox_id", sb.ID, "elapsed", m.now().Sub(start))
-	return m.st.GetSandbox(ctx, sb.ID)
+	return out, err
 }
 
 // restoreMoved fetches sb's state and places it on the runtime through
