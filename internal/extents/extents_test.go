@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 )
 
 // TestDirRoundTrip: a directory of a sparse file and small files reads
@@ -54,6 +56,9 @@ func TestDirRoundTrip(t *testing.T) {
 // twice, too many files or bytes, and a symbolic link to write are all
 // refused; nothing is written outside the directory.
 func TestHostileDir(t *testing.T) {
+	securitytest.Attack(t, "cluster",
+		"a paused sandbox's state read from the blob store names files outside its directory, too deep or twice, holds too many files or bytes, or is cut short",
+		"every such stream is refused before a byte lands outside the directory; a symbolic link is never written into one")
 	file := func(name string, size uint64) []byte {
 		var b bytes.Buffer
 		_ = binary.Write(&b, binary.BigEndian, uint16(len(name)))

@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/internal/blob"
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/runtime"
+	"github.com/sandboxd/sandboxd/internal/securitytest"
 	"github.com/sandboxd/sandboxd/internal/store"
 	"github.com/sandboxd/sandboxd/internal/store/storetest"
 )
@@ -277,6 +278,9 @@ func TestOneNode(t *testing.T) {
 
 // TestRefusals: what a create's mounts and the volume calls refuse.
 func TestRefusals(t *testing.T) {
+	securitytest.Attack(t, "volumes",
+		"a create mounts a volume over /proc, /workspace, a relative or unclean path, two volumes one inside the other, another account's volume, or on gVisor a volume a microVM's kernel wrote",
+		"each is refused (400, 404, 409) before a row or a mount exists; the host's kernel never mounts a disk a guest wrote")
 	st := storetest.Open(t, storetest.SQLiteDSN(t))
 	s := node(t, st, nil, "n", "gvisor", false)
 	acct := account(t, st)
@@ -347,6 +351,9 @@ func TestRefusals(t *testing.T) {
 // a byte lands outside its image: extents out of order, past its size, a
 // size past the volume's, a wrong header, a cut stream.
 func TestHostileCopy(t *testing.T) {
+	securitytest.Attack(t, "cluster",
+		"a volume's copy from the blob store has extents out of order, past its size or wrapping around, a size past the volume's, a wrong header or a cut stream",
+		"each is refused as it is read; the image written never grows past the volume's size")
 	type ext struct{ off, n uint64 }
 	build := func(magic string, size uint64, exts []ext, end bool) []byte {
 		var raw bytes.Buffer
