@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
@@ -60,6 +62,10 @@ func (m *Manager) reap(ctx context.Context) {
 // sandbox without such a row is destroyed; runs that were executing when the
 // process died are marked CRASHED, since their output stream is lost.
 func (m *Manager) Reconcile(ctx context.Context) error {
+	// States staged for a move by the last process (pausemove.go).
+	if m.cfg.DataDir != "" {
+		_ = os.RemoveAll(filepath.Join(m.cfg.DataDir, "moves"))
+	}
 	rows, err := m.st.ListSandboxesByNode(ctx, m.cfg.NodeID, activeStatuses...)
 	if err != nil {
 		return fmt.Errorf("list sandboxes of node: %w", err)
