@@ -201,14 +201,25 @@ func TestPauseFilesCluster(t *testing.T) {
 	startServerIn(t, a.dataDir, a.dsn, a.flags...)
 }
 
-// TestPauseMemoryCluster: a sandbox paused with its memory on node A is
-// resumed by node B after A is SIGKILLed: its state was saved in the blob
+// TestMovedPause: a sandbox paused with its memory on node A is resumed
+// by node B after A is SIGKILLed, on gVisor and a microVM (the test's name
+// stays short: the sandboxes' sockets live under its temporary directory): its state was saved in the blob
 // store with the pause, B adopts the sandbox when it declares A down, and
 // the first use through B restores it there — its file, a file in /tmp
 // (memory) and a process counting in a shell, which carries on from where
 // it was.
-func TestPauseMemoryCluster(t *testing.T) {
-	nodes, st, _ := startTemplateCluster(t, "5s")
+func TestMovedPause(t *testing.T) {
+	t.Run("gvisor", func(t *testing.T) { pauseMemoryCluster(t) })
+	t.Run("microvm", func(t *testing.T) {
+		if !microVMReady(t) {
+			return
+		}
+		pauseMemoryCluster(t, "--runtime", "microvm")
+	})
+}
+
+func pauseMemoryCluster(t *testing.T, flags ...string) {
+	nodes, st, _ := startTemplateCluster(t, "5s", flags...)
 	a, b := nodes[0], nodes[1]
 	ids := map[*server]string{a.server: nodeIDOf(t, a.server), b.server: nodeIDOf(t, b.server)}
 	acct := a.createAccount("sleeper", false)

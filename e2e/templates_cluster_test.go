@@ -60,7 +60,7 @@ func templateNotBuilding(tpl map[string]any) bool { return tpl["status"] != "bui
 // startTemplateCluster starts two nodes on one PostgreSQL and one S3
 // store, with the network pools of this file's tests and the registry
 // flag, a node declared down after downAfter without a heartbeat.
-func startTemplateCluster(t *testing.T, downAfter string) ([]*clusterNode, *store.Store, string) {
+func startTemplateCluster(t *testing.T, downAfter string, extra ...string) ([]*clusterNode, *store.Store, string) {
 	t.Helper()
 	dsn := storetest.PostgresDSN(t)
 	s3 := blobtest.StartS3(t)
@@ -72,6 +72,7 @@ func startTemplateCluster(t *testing.T, downAfter string) ([]*clusterNode, *stor
 	for _, pool := range []string{"10.242.0.0/16", "10.243.0.0/16"} {
 		flags := []string{"--cluster-listen", freeAddr(t), "--cluster-secret-file", secret, "--blob-store", s3,
 			"--node-down-after", downAfter, "--network-pool", pool, "--templates-allow-private-registries"}
+		flags = append(flags, extra...)
 		nodes = append(nodes, &clusterNode{server: startServer(t, dsn, flags...), flags: flags})
 	}
 	st, err := store.Open(context.Background(), dsn, nil)

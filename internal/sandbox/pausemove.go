@@ -16,17 +16,18 @@ import (
 
 // A pause with the memory, in a cluster (Config.MovePauses), also saves
 // the sandbox's state in the blob store when the runtime can move it
-// (runtime.Mover: gVisor): its checkpoint and writable layer, packed as
+// (runtime.Mover: gVisor's checkpoint and writable layer, a microVM's
+// memory state and layer disk), packed as
 // their data extents (package extents), zstd-compressed, the key on its
 // row (PausedState). Its node keeps its own copy and resumes from it as
 // any pause; when the node goes down, the node that declares it so adopts
 // the sandbox paused (FailHostedBy) instead of failing it, and a resume
 // there — any use, as for any pause — restores it from the blob store
-// (resumeMoved): the same id, processes and memory, its network stack on
-// the new node's namespace, a new key for what it starts from then on.
-// A sandbox with volumes is not moved (its volumes' writes since their
-// last sync are on its node), nor one without a disk limit (its layer is
-// a directory); their pauses stay their node's, as on one node.
+// (resumeMoved): the same id, processes and memory, its network on the
+// new node's, a new key for what it starts from then on. A sandbox with
+// volumes is not moved (its volumes' writes since their last sync are on
+// its node), nor a gVisor one without a disk limit (its layer is a
+// directory); their pauses stay their node's, as on one node.
 
 // stateMagic starts a paused sandbox's state in the blob store.
 const stateMagic = "sandboxd-paused-state-1\n"
