@@ -222,6 +222,9 @@ func (n *node) run(ctx context.Context) error {
 	// the others, what no template needs in the shared store), and the
 	// template builds that lost their tags.
 	go n.dom.tpls.RunCollector(runCtx)
+	// In a cluster, each node syncs again the volumes a failed sync left
+	// on it.
+	go n.dom.volumes.Run(runCtx)
 	// Every node dispatches the deliveries its events made (and any node's
 	// left pending), and works their jobs.
 	go func() {

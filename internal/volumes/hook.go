@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/errdefs"
 	"github.com/sandboxd/sandboxd/internal/ext4"
@@ -198,19 +199,53 @@ func (s *Service) Reconcile(ctx context.Context, keep func(id string) bool) erro
 		}
 	}
 	if s.cfg.Sync {
-		vs, err := s.st.ListVolumesOnNode(ctx, s.cfg.NodeID)
-		if err != nil {
-			return err
-		}
-		for _, v := range vs {
-			held, err := s.st.VolumeAttachments(ctx, v.ID)
-			if err != nil || len(held) > 0 {
-				continue
-			}
-			errs = append(errs, s.sync(ctx, v.ID))
-		}
+		errs = append(errs, s.syncLeft(ctx))
 	}
 	s.removeDeleted(ctx)
+	return errors.Join(errs...)
+}
+
+// retryEvery is how often a node tries again the syncs that failed.
+const retryEvery = time.Minute
+
+// Run tries again, every minute until ctx ends, to sync the volumes whose
+// newest data is on this node and that no sandbox holds: a sync that
+// failed at a writer's end (the blob store was unreachable) leaves the
+// volume refused to the other nodes until it succeeds. On one node there
+// is nothing to do.
+func (s *Service) Run(ctx context.Context) {
+	if !s.cfg.Sync {
+		return
+	}
+	t := time.NewTicker(retryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.syncLeft(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("sync the volumes left on this node", "err", err)
+		}
+	}
+}
+
+// syncLeft syncs the volumes whose newest data is on this node and that
+// no sandbox holds.
+func (s *Service) syncLeft(ctx context.Context) error {
+	vs, err := s.st.ListVolumesOnNode(ctx, s.cfg.NodeID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range vs {
+		held, err := s.st.VolumeAttachments(ctx, v.ID)
+		if err != nil || len(held) > 0 {
+			continue
+		}
+		errs = append(errs, s.sync(ctx, v.ID))
+	}
 	return errors.Join(errs...)
 }
 

@@ -2,8 +2,10 @@ package volumes
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -436,5 +438,63 @@ func TestExtentsRoundTrip(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(dir, "dst"))
 	if !bytes.Equal(a, b) {
 		t.Error("the copy read back differs")
+	}
+}
+
+// flakyBlobs is a blob store whose Put fails while down is set (a test's
+// stand-in for an unreachable S3).
+type flakyBlobs struct {
+	blob.Store
+	down bool
+}
+
+func (f *flakyBlobs) Put(ctx context.Context, r io.Reader) (blob.Info, error) {
+	if f.down {
+		_, _ = io.Copy(io.Discard, r)
+		return blob.Info{}, errors.New("blob store unreachable")
+	}
+	return f.Store.Put(ctx, r)
+}
+
+// TestSyncRetried: a writer that ends while the blob store is unreachable
+// ends all the same, its data left on its node (another node's attach is
+// refused, naming it); the node's retry syncs it once the store is back,
+// and the other node then reads it.
+func TestSyncRetried(t *testing.T) {
+	requireE2fsprogs(t)
+	st := storetest.Open(t, storetest.SQLiteDSN(t))
+	local, err := blob.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobs := &flakyBlobs{Store: local, down: true}
+	a := node(t, st, blobs, "node-a", "gvisor", true)
+	b := node(t, st, blobs, "node-b", "gvisor", true)
+	acct := account(t, st)
+	if _, err := a.Create(t.Context(), acct, "data", 64*MiB); err != nil {
+		t.Fatal(err)
+	}
+	sb, spec, err := start(t, a, acct, Mount{Name: "data", Path: "/data"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scribble(t, spec.Volumes[0].Image, "late")
+	end(t, a, sb) // the sync fails; the end does not
+	if v, _ := a.Get(t.Context(), acct, "data"); v.DataNode != "node-a" || len(v.Attachments) != 0 {
+		t.Fatalf("after a failed sync: %+v", v)
+	}
+	if _, _, err := start(t, b, acct, Mount{Name: "data", Path: "/data"}); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("an attach on B before the sync: %v", err)
+	}
+	blobs.down = false
+	if err := a.syncLeft(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, spec, err = start(t, b, acct, Mount{Name: "data", Path: "/data", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAt(t, spec.Volumes[0].Image, 4); got != "late" {
+		t.Errorf("B read %q after the retried sync", got)
 	}
 }
