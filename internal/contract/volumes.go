@@ -38,6 +38,12 @@ func parseVolumeMounts(o object) ([]VolumeMount, error) {
 	}
 	out := make([]VolumeMount, 0, len(items))
 	for i, it := range items {
+		// A misspelt read_only must not mount a volume read-write.
+		for key := range it {
+			if key != "name" && key != "path" && key != "read_only" {
+				return nil, FieldError(fmt.Sprintf("volumes[%d].%s: unknown field; a volume takes name, path and read_only", i, clipField(key)), "volumes", i, key)
+			}
+		}
 		var m VolumeMount
 		name, ok, err := it.str("name", "volumes", i)
 		if err != nil {

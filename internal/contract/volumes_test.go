@@ -68,6 +68,7 @@ func TestParseCreateSandboxVolumes(t *testing.T) {
 		`{"volumes":[{"name":"a","path":"/a"},{"name":"b"}]}`:      "refused [volumes 1 path]: Each volume must have a path",
 		`{"volumes":[{"name":1,"path":"/a"}]}`:                     "refused [volumes 0 name]: Expected string, received number",
 		`{"volumes":[{"name":"a","path":"/a","read_only":"yes"}]}`: "refused [volumes 0 read_only]: Expected boolean, received string",
+		`{"volumes":[{"name":"a","path":"/a","readonly":true}]}`:   "refused [volumes 0 readonly]: volumes[0].readonly: unknown field; a volume takes name, path and read_only",
 	} {
 		o, err := DecodeObject([]byte(body))
 		if err != nil {
