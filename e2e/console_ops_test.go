@@ -290,12 +290,14 @@ func consoleOperations(t *testing.T, s *server, k key, p *consoleProxy, b *conso
 	if sb["network"] != "egress" || sb["timeout"].(float64) < 29*60000 || sb["timeout"].(float64) > 30*60000 {
 		t.Errorf("the sandbox the console created: network %v, timeout %v ms; want egress, 30 minutes", sb["network"], sb["timeout"])
 	}
-	// Every field the API gives is on its page.
+	// Every field the API gives is on its page (waited for as one: the
+	// page renders its fields again as it refreshes).
+	fields := make([]string, 0, len(sb))
 	for field := range sb {
-		if b.eval(fmt.Sprintf(`!!document.querySelector('#sb-fields [data-field=%q]')`, field)) != true {
-			t.Errorf("the sandbox's page does not show its field %s", field)
-		}
+		fields = append(fields, field)
 	}
+	list, _ := json.Marshal(fields)
+	b.waitFor("every field on the page", fmt.Sprintf(`%s.every((f) => !!document.querySelector('#sb-fields [data-field="' + f + '"]'))`, list), 30*time.Second)
 	if got := b.text(`#sb-fields [data-field="sandboxId"] dd`); got != id {
 		t.Errorf("the page shows id %q, want %q", got, id)
 	}
