@@ -51,6 +51,10 @@ var (
 	// (a pause, a fork) in its present state, or on a runtime that
 	// cannot save it; it keeps running as it was, and the error says why.
 	ErrCannotPause = errors.New("the sandbox cannot be paused now")
+	// ErrNotMovable means a Mover refused to save or restore a sandbox to
+	// move it (not paused, volumes mounted, another accelerator); the
+	// error says why.
+	ErrNotMovable = errors.New("sandbox cannot be moved")
 )
 
 // Runtime creates sandboxes of one backend on this host.

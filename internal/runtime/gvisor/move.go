@@ -2,8 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,18 +20,13 @@ import (
 
 var _ runtime.Mover = (*Runtime)(nil)
 
-// movedManifest is the meta a moved sandbox takes from the one saved.
+// movedManifest is the meta a moved sandbox takes from the one saved (its
+// directory's host.WriteMovedManifest).
 type movedManifest struct {
 	AgentSecret     string   `json:"agent_secret"`
 	Layers          []string `json:"layers,omitempty"`
 	AgentTTYSignals bool     `json:"agent_tty_signals,omitempty"`
 }
-
-// movedManifestName is the manifest's file in a moved sandbox's directory.
-const movedManifestName = "moved.json"
-
-// ErrNotMovable is SaveMovable's refusal of a sandbox it cannot move.
-var ErrNotMovable = errors.New("sandbox cannot be moved")
 
 // SaveMovable implements runtime.Mover.
 func (r *Runtime) SaveMovable(ctx context.Context, id, dir string) error {
@@ -46,11 +39,11 @@ func (r *Runtime) SaveMovable(ctx context.Context, id, dir string) error {
 	m := s.Meta()
 	switch {
 	case !m.Paused:
-		return fmt.Errorf("save sandbox %s: %w: it is not paused", id, ErrNotMovable)
+		return fmt.Errorf("save sandbox %s: %w: it is not paused", id, runtime.ErrNotMovable)
 	case !m.Disk:
-		return fmt.Errorf("save sandbox %s: %w: its writable layer is a directory, not a disk (no disk limit)", id, ErrNotMovable)
+		return fmt.Errorf("save sandbox %s: %w: its writable layer is a directory, not a disk (no disk limit)", id, runtime.ErrNotMovable)
 	case len(m.Volumes) > 0:
-		return fmt.Errorf("save sandbox %s: %w: it has volumes mounted", id, ErrNotMovable)
+		return fmt.Errorf("save sandbox %s: %w: it has volumes mounted", id, runtime.ErrNotMovable)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -61,11 +54,7 @@ func (r *Runtime) SaveMovable(ctx context.Context, id, dir string) error {
 	if err := s.copyLayer(ctx, dir); err != nil {
 		return fmt.Errorf("save sandbox %s: its writable layer: %w", id, err)
 	}
-	b, err := json.Marshal(movedManifest{AgentSecret: m.AgentSecret, Layers: m.Layers, AgentTTYSignals: m.AgentTTYSignals})
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, movedManifestName), b, 0o600)
+	return host.WriteMovedManifest(dir, movedManifest{AgentSecret: m.AgentSecret, Layers: m.Layers, AgentTTYSignals: m.AgentTTYSignals})
 }
 
 // copyFiles makes dst a tree of links to the files of src, or of copies
@@ -84,14 +73,10 @@ func (r *Runtime) RestoreMoved(ctx context.Context, spec runtime.Spec, dir strin
 		return nil, err
 	}
 	if len(spec.Volumes) > 0 {
-		return nil, fmt.Errorf("restore sandbox %s: %w: volumes are not moved", spec.ID, ErrNotMovable)
+		return nil, fmt.Errorf("restore sandbox %s: %w: volumes are not moved", spec.ID, runtime.ErrNotMovable)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, movedManifestName))
-	if err != nil {
-		return nil, fmt.Errorf("restore sandbox %s: %w", spec.ID, err)
-	}
-	var man movedManifest
-	if err := json.Unmarshal(b, &man); err != nil || man.AgentSecret == "" {
+	man, err := host.ReadMovedManifest[movedManifest](dir)
+	if err != nil || man.AgentSecret == "" {
 		return nil, fmt.Errorf("restore sandbox %s: its manifest: %v", spec.ID, err)
 	}
 	cid := host.NewCID("sbx-")

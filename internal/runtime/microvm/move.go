@@ -2,11 +2,8 @@ package microvm
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/sandboxd/sandboxd/internal/runtime"
 	"github.com/sandboxd/sandboxd/internal/runtime/host"
@@ -14,7 +11,7 @@ import (
 
 // A paused VM moved to another host, as a fork's child is made: SaveMovable
 // writes the pause's memory state, a copy of the layer disk (nothing writes
-// to it while the VM is parked) and what the restore needs (moved.json:
+// to it while the VM is parked) and what the restore needs (its manifest:
 // the VM's configuration, the parked agent's hello, the restored layers)
 // into a directory; RestoreMoved makes the sandbox from it the way a
 // sandbox is made from a template: QEMU started from the saved memory over
@@ -22,12 +19,6 @@ import (
 // entropy given, and its link configured for the new host's network.
 
 var _ runtime.Mover = (*Runtime)(nil)
-
-// movedManifestName is the restore's template in a moved VM's directory.
-const movedManifestName = "moved.json"
-
-// ErrNotMovable is SaveMovable's refusal of a sandbox it cannot move.
-var ErrNotMovable = errors.New("sandbox cannot be moved")
 
 // SaveMovable implements runtime.Mover.
 func (r *Runtime) SaveMovable(ctx context.Context, id, dir string) error {
@@ -40,9 +31,9 @@ func (r *Runtime) SaveMovable(ctx context.Context, id, dir string) error {
 	m := s.Meta()
 	switch {
 	case !m.Paused:
-		return fmt.Errorf("save sandbox %s: %w: it is not paused", id, ErrNotMovable)
+		return fmt.Errorf("save sandbox %s: %w: it is not paused", id, runtime.ErrNotMovable)
 	case len(m.Volumes) > 0:
-		return fmt.Errorf("save sandbox %s: %w: it has volumes", id, ErrNotMovable)
+		return fmt.Errorf("save sandbox %s: %w: it has volumes", id, runtime.ErrNotMovable)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -54,11 +45,7 @@ func (r *Runtime) SaveMovable(ctx context.Context, id, dir string) error {
 	if err := host.CopySparse(s.jail("disk", "layer.ext4"), tp.layer(), 0o600); err != nil {
 		return fmt.Errorf("save sandbox %s: its disk: %w", id, err)
 	}
-	b, err := json.Marshal(tp)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, movedManifestName), b, 0o600)
+	return host.WriteMovedManifest(dir, tp)
 }
 
 // RestoreMoved implements runtime.Mover.
@@ -70,18 +57,14 @@ func (r *Runtime) RestoreMoved(ctx context.Context, spec runtime.Spec, dir strin
 		return nil, fmt.Errorf("restore sandbox %s: %w", spec.ID, err)
 	}
 	if len(spec.Volumes) > 0 {
-		return nil, fmt.Errorf("restore sandbox %s: %w: volumes are not moved", spec.ID, ErrNotMovable)
+		return nil, fmt.Errorf("restore sandbox %s: %w: volumes are not moved", spec.ID, runtime.ErrNotMovable)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, movedManifestName))
+	tp, err := host.ReadMovedManifest[template](dir)
 	if err != nil {
-		return nil, fmt.Errorf("restore sandbox %s: %w", spec.ID, err)
-	}
-	var tp template
-	if err := json.Unmarshal(b, &tp); err != nil {
 		return nil, fmt.Errorf("restore sandbox %s: its manifest: %w", spec.ID, err)
 	}
 	if tp.VM.Accel != r.accel {
-		return nil, fmt.Errorf("restore sandbox %s: %w: it was saved under %s, and this host runs %s", spec.ID, ErrNotMovable, tp.VM.Accel, r.accel)
+		return nil, fmt.Errorf("restore sandbox %s: %w: it was saved under %s, and this host runs %s", spec.ID, runtime.ErrNotMovable, tp.VM.Accel, r.accel)
 	}
 	// The VM is the saved one: its limits and hostname were fixed when it
 	// booted, and its base is this host's copy of the same image.
