@@ -609,17 +609,32 @@ func CheckVolumePath(path string) error {
 // CheckVolumes says why vs cannot be mounted: a bad path, two mounts at
 // one path or one inside another, or an image that is not a regular file.
 func CheckVolumes(vs []VolumeMount) error {
+	paths := make([]string, len(vs))
 	for i, v := range vs {
 		if err := CheckVolumePath(v.Path); err != nil {
 			return err
 		}
-		for _, w := range vs[:i] {
-			if v.Path == w.Path || strings.HasPrefix(v.Path, w.Path+"/") || strings.HasPrefix(w.Path, v.Path+"/") {
-				return fmt.Errorf("volume paths %q and %q overlap", w.Path, v.Path)
-			}
-		}
+		paths[i] = v.Path
+	}
+	if err := CheckVolumeOverlap(paths); err != nil {
+		return err
+	}
+	for _, v := range vs {
 		if fi, err := os.Stat(v.Image); err != nil || !fi.Mode().IsRegular() {
 			return fmt.Errorf("volume image %s: not a regular file", v.Image)
+		}
+	}
+	return nil
+}
+
+// CheckVolumeOverlap says which two of paths are one, or one inside the
+// other: no two volumes of a sandbox may be.
+func CheckVolumeOverlap(paths []string) error {
+	for i, p := range paths {
+		for _, q := range paths[:i] {
+			if p == q || strings.HasPrefix(p, q+"/") || strings.HasPrefix(q, p+"/") {
+				return fmt.Errorf("volume paths %q and %q overlap", q, p)
+			}
 		}
 	}
 	return nil

@@ -354,12 +354,12 @@ func (s *Service) Resolve(ctx context.Context, account string, mounts []Mount) (
 		}
 		out = append(out, store.VolumeAttachment{VolumeID: v.ID, Path: m.Path, ReadOnly: m.ReadOnly})
 	}
-	for i, p := range out {
-		for _, q := range out[:i] {
-			if p.Path == q.Path || strings.HasPrefix(p.Path, q.Path+"/") || strings.HasPrefix(q.Path, p.Path+"/") {
-				return nil, errdefs.Newf(errdefs.ErrInvalid, "volume paths %q and %q overlap", q.Path, p.Path)
-			}
-		}
+	paths := make([]string, len(out))
+	for i, a := range out {
+		paths[i] = a.Path
+	}
+	if err := runtime.CheckVolumeOverlap(paths); err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalid, err.Error())
 	}
 	return out, nil
 }
